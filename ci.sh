@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One entry point for CI and humans: ./ci.sh test | lint | bench
+set -euo pipefail
+cd "$(dirname "$0")"
+export CARGO_TERM_COLOR=never
+
+# System packages the tests need (none yet beyond the Rust toolchain and gcc).
+need_pkgs=()
+install_pkgs() {
+    [ ${#need_pkgs[@]} -eq 0 ] && return 0
+    if [ "$(id -u)" = 0 ]; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_pkgs[@]}"
+    else
+        echo "missing packages: ${need_pkgs[*]} (run as root to install them)" >&2
+        exit 1
+    fi
+}
+
+lint() {
+    cargo fmt --all -- --check
+    cargo clippy --workspace --all-targets -- -D warnings
+}
+
+case "${1:-test}" in
+    test)
+        install_pkgs
+        lint
+        cargo test --workspace --release
+        cargo run --release -p rdma-emu --example demo
+        ;;
+    lint) lint ;;
+    bench) cargo run --release -p rdma-emu-benches --bin ratios -- "${@:2}" ;;
+    *) echo "usage: $0 [test|lint|bench]" >&2; exit 2 ;;
+esac

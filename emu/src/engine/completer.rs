@@ -1,0 +1,189 @@
+//! The completer (after `rxe_comp.c`): matches ACKs, NAKs and responses to outstanding WQEs,
+//! completes them in order, and decides on retries.
+
+use std::sync::Arc;
+
+use super::{
+    Driver, PSN_MASK, enter_error,
+    packet::{Kind, NakCode, Packet, Payload, Syndrome},
+    psn_add, psn_diff, rnr_delay_ns,
+    sgl::{self, SglError},
+    wc, wc_ok,
+};
+use crate::{
+    qp::{QpInner, QpShared},
+    types::{QpState, SendFlags, WcFlags, WcOpcode, WcStatus, WrOpcode},
+};
+
+/// Handles a response packet (ACK/NAK, READ response, atomic ACK).
+pub(crate) fn receive(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>) {
+    if !matches!(g.state, QpState::RTS | QpState::SQD | QpState::SQE) {
+        return;
+    }
+    let before = psn_add(pkt.psn, PSN_MASK);
+    match (pkt.kind, pkt.syndrome) {
+        (Kind::Ack, Syndrome::Ack) => ack_through(qp, g, pkt.psn),
+        (Kind::Ack, Syndrome::Rnr(timer)) => {
+            ack_through(qp, g, before);
+            if tail_holds(g, pkt.psn) {
+                rnr(qp, g, timer, drv);
+            }
+        }
+        (Kind::Ack, Syndrome::Nak(NakCode::PsnSequenceError)) => {
+            ack_through(qp, g, before);
+            if g.sq.in_flight() > 0 {
+                retry(qp, g);
+            }
+        }
+        (Kind::Ack, Syndrome::Nak(code)) => {
+            ack_through(qp, g, before);
+            if tail_holds(g, pkt.psn) {
+                let status = match code {
+                    NakCode::InvalidRequest => WcStatus::REM_INV_REQ_ERR,
+                    NakCode::RemoteAccessError => WcStatus::REM_ACCESS_ERR,
+                    _ => WcStatus::REM_OP_ERR,
+                };
+                fail_wqe(qp, g, g.sq.tail, status);
+            }
+        }
+        (Kind::ReadResponse | Kind::AtomicAck, _) => {
+            ack_through(qp, g, before);
+            if g.sq.in_flight() == 0 || g.sq.ring.at(g.sq.tail).first_psn != pkt.psn {
+                return; // a duplicate of a response already taken
+            }
+            let tail = g.sq.tail;
+            let wqe = g.sq.ring.at(tail);
+            let data = match (pkt.kind, wqe.opcode) {
+                (Kind::ReadResponse, WrOpcode::RDMA_READ) => pkt.payload,
+                (
+                    Kind::AtomicAck,
+                    WrOpcode::ATOMIC_CMP_AND_SWP | WrOpcode::ATOMIC_FETCH_AND_ADD,
+                ) => Payload::Bytes(Box::new(pkt.orig.to_ne_bytes())),
+                _ => {
+                    fail_wqe(qp, g, tail, WcStatus::BAD_RESP_ERR);
+                    return;
+                }
+            };
+            let len = if pkt.kind == Kind::AtomicAck { 8 } else { pkt.len };
+            match sgl::scatter(qp, &wqe.sges, &data, len) {
+                Ok(()) => complete_ok(qp, g),
+                Err(SglError::Protection | SglError::TooLong) => {
+                    fail_wqe(qp, g, tail, WcStatus::LOC_PROT_ERR)
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Whether the oldest outstanding WQE is the one the response at `psn` is about.
+fn tail_holds(g: &QpInner, psn: u32) -> bool {
+    if g.sq.in_flight() == 0 {
+        return false;
+    }
+    let w = g.sq.ring.at(g.sq.tail);
+    psn_diff(psn, w.first_psn) >= 0 && psn_diff(psn, w.last_psn) <= 0
+}
+
+/// Completes, in order, every SEND/WRITE WQE whose last PSN is at or before `psn`. A READ or
+/// atomic reached this way lost its response: that is an implicit NAK, and the requester
+/// retransmits from it.
+fn ack_through(qp: &Arc<QpShared>, g: &mut QpInner, psn: u32) {
+    while g.sq.in_flight() > 0 {
+        let w = g.sq.ring.at(g.sq.tail);
+        if psn_diff(w.last_psn, psn) > 0 {
+            break;
+        }
+        if w.is_read_or_atomic() {
+            retry(qp, g);
+            break;
+        }
+        complete_ok(qp, g);
+    }
+}
+
+/// Completes the tail WQE successfully and records forward progress.
+fn complete_ok(qp: &QpShared, g: &mut QpInner) {
+    let tail = g.sq.tail;
+    let w = g.sq.ring.at(tail);
+    if w.is_read_or_atomic() {
+        g.req.rd_atomic_in_flight -= 1;
+    }
+    if qp.sq_sig_all || w.flags.contains(SendFlags::SIGNALED) {
+        let (opcode, flags) = match w.opcode {
+            WrOpcode::SEND => (WcOpcode::SEND, WcFlags::empty()),
+            WrOpcode::SEND_WITH_IMM => (WcOpcode::SEND, WcFlags::WITH_IMM),
+            WrOpcode::RDMA_WRITE => (WcOpcode::RDMA_WRITE, WcFlags::empty()),
+            WrOpcode::RDMA_WRITE_WITH_IMM => (WcOpcode::RDMA_WRITE, WcFlags::WITH_IMM),
+            WrOpcode::RDMA_READ => (WcOpcode::RDMA_READ, WcFlags::empty()),
+            WrOpcode::ATOMIC_CMP_AND_SWP => (WcOpcode::COMP_SWAP, WcFlags::empty()),
+            _ => (WcOpcode::FETCH_ADD, WcFlags::empty()),
+        };
+        // A lost send completion (CQ overrun) does not stop the QP, as in rxe.
+        let _ = qp.send_cq.push(wc_ok(qp, w.wr_id, opcode, w.length, flags), false);
+    }
+    g.sq.tail = tail.wrapping_add(1);
+    g.req.retry_left = g.attr.retry_cnt;
+    g.req.rnr_retry_left = g.attr.rnr_retry;
+    g.req.retrans_at = None;
+}
+
+/// Completes the WQE at `idx` (the oldest outstanding, or the next to send) with `status`
+/// and moves the QP to ERR, flushing the rest.
+pub(crate) fn fail_wqe(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, status: WcStatus) {
+    debug_assert_eq!(idx, g.sq.tail, "WQEs fail in order");
+    let w = g.sq.ring.at(idx);
+    let _ = qp.send_cq.push(wc(qp, w.wr_id, status), false);
+    g.sq.tail = idx.wrapping_add(1);
+    if g.sq.next == idx {
+        g.sq.next = g.sq.tail;
+    }
+    enter_error(qp, g);
+}
+
+/// Completes every WQE left on the send queue with `IBV_WC_WR_FLUSH_ERR`.
+pub(crate) fn flush_send_queue(qp: &QpShared, g: &mut QpInner) {
+    while g.sq.tail != g.sq.head {
+        let w = g.sq.ring.at(g.sq.tail);
+        let _ = qp.send_cq.push(wc(qp, w.wr_id, WcStatus::WR_FLUSH_ERR), false);
+        g.sq.tail = g.sq.tail.wrapping_add(1);
+    }
+    g.sq.next = g.sq.tail;
+    g.req.rd_atomic_in_flight = 0;
+}
+
+/// Resends from the oldest outstanding WQE, or fails it with `IBV_WC_RETRY_EXC_ERR` once
+/// `retry_cnt` retries are spent (IBA 9.7.6.1.3; unlike rxe, 7 means seven retries).
+pub(crate) fn retry(qp: &Arc<QpShared>, g: &mut QpInner) {
+    if g.req.retry_left == 0 {
+        fail_wqe(qp, g, g.sq.tail, WcStatus::RETRY_EXC_ERR);
+        return;
+    }
+    g.req.retry_left -= 1;
+    rewind(g);
+}
+
+/// After an RNR NAK: wait the responder's RNR timer, then resend; or fail with
+/// `IBV_WC_RNR_RETRY_EXC_ERR` when `rnr_retry` retries are spent (7 = retry forever).
+fn rnr(qp: &Arc<QpShared>, g: &mut QpInner, timer: u8, drv: &mut Driver<'_>) {
+    if g.req.rnr_retry_left == 0 {
+        fail_wqe(qp, g, g.sq.tail, WcStatus::RNR_RETRY_EXC_ERR);
+        return;
+    }
+    if g.req.rnr_retry_left != 7 {
+        g.req.rnr_retry_left -= 1;
+    }
+    rewind(g);
+    g.req.rnr_until = Some(drv.now() + rnr_delay_ns(timer));
+    drv.needs_timer(qp);
+}
+
+/// Makes the oldest outstanding WQE the next to send, with its original PSN.
+fn rewind(g: &mut QpInner) {
+    g.sq.next = g.sq.tail;
+    if g.sq.tail != g.sq.head {
+        g.req.psn = g.sq.ring.at(g.sq.tail).first_psn;
+    }
+    g.req.rd_atomic_in_flight = 0;
+    g.req.retrans_at = None;
+}

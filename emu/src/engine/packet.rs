@@ -1,0 +1,170 @@
+//! What travels on the fabric: one packet per message (or per run of consecutive packets of a
+//! message), carrying the fields the wire headers would (BTH, RETH, AtomicETH, AETH,
+//! AtomicAckETH, ImmDt).
+//!
+//! A message longer than the path MTU occupies `npkts` PSNs exactly as its packets would on
+//! the wire; the engine moves it as one unit so that a large transfer costs one copy. Payload
+//! is carried by reference to the source memory (the requester's registered buffer, already
+//! checked), so the responder copies straight from source to destination.
+
+use std::sync::Arc;
+
+use crate::mem::MemRegion;
+
+/// What a message is, at the granularity the engine moves it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// SEND (ONLY or FIRST..LAST), with or without ImmDt.
+    Send,
+    /// RDMA WRITE, with or without ImmDt.
+    Write,
+    ReadRequest,
+    ReadResponse,
+    CompareSwap,
+    FetchAdd,
+    /// ACK / NAK (an AETH).
+    Ack,
+    /// ATOMIC ACKNOWLEDGE (AETH + AtomicAckETH).
+    AtomicAck,
+}
+
+impl Kind {
+    /// Requests go to the responder, everything else to the completer.
+    pub(crate) fn is_request(self) -> bool {
+        matches!(
+            self,
+            Kind::Send | Kind::Write | Kind::ReadRequest | Kind::CompareSwap | Kind::FetchAdd
+        )
+    }
+}
+
+/// NAK codes of the AETH (IBA 9.7.5.2.8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NakCode {
+    PsnSequenceError,
+    InvalidRequest,
+    RemoteAccessError,
+    RemoteOperationalError,
+}
+
+/// The AETH syndrome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Syndrome {
+    Ack,
+    /// RNR NAK with the responder's 5-bit timer code.
+    Rnr(u8),
+    Nak(NakCode),
+}
+
+/// A piece of source memory a payload is gathered from.
+#[derive(Debug, Clone)]
+pub(crate) struct MemRef {
+    pub(crate) region: Arc<MemRegion>,
+    pub(crate) offset: usize,
+    pub(crate) len: usize,
+}
+
+/// Message payload.
+#[derive(Debug, Clone, Default)]
+pub(crate) enum Payload {
+    #[default]
+    None,
+    /// Bytes copied at post time (inline data).
+    Bytes(Box<[u8]>),
+    /// One source range (the common single-SGE case, without an allocation).
+    One(MemRef),
+    /// Several source ranges, in order.
+    Gather(Vec<MemRef>),
+}
+
+impl Payload {
+    /// Visits the payload as consecutive pieces: `(source, offset-or-bytes)`.
+    pub(crate) fn pieces(&self) -> impl Iterator<Item = Piece<'_>> {
+        let (bytes, one, many): (Option<&[u8]>, Option<&MemRef>, &[MemRef]) = match self {
+            Payload::None => (None, None, &[]),
+            Payload::Bytes(b) => (Some(b), None, &[]),
+            Payload::One(m) => (None, Some(m), &[]),
+            Payload::Gather(v) => (None, None, v),
+        };
+        bytes
+            .map(Piece::Bytes)
+            .into_iter()
+            .chain(one.map(Piece::Mem))
+            .chain(many.iter().map(Piece::Mem))
+    }
+}
+
+/// One contiguous piece of a payload.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Piece<'a> {
+    Bytes(&'a [u8]),
+    Mem(&'a MemRef),
+}
+
+impl Piece<'_> {
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Piece::Bytes(b) => b.len(),
+            Piece::Mem(m) => m.len,
+        }
+    }
+}
+
+/// A packet (or a run of consecutive packets of one message).
+#[derive(Debug, Clone)]
+pub(crate) struct Packet {
+    pub(crate) kind: Kind,
+    pub(crate) src_dev: u32,
+    pub(crate) src_qpn: u32,
+    /// Source port's LID (0 on Ethernet), reported as `wc.slid`.
+    pub(crate) src_lid: u16,
+    pub(crate) dst_dev: u32,
+    pub(crate) dst_qpn: u32,
+    /// BTH PSN of the first packet.
+    pub(crate) psn: u32,
+    /// How many PSNs the message occupies (>= 1).
+    pub(crate) npkts: u32,
+    /// BTH SE bit.
+    pub(crate) solicited: bool,
+    /// ImmDt, when present.
+    pub(crate) imm: Option<u32>,
+    /// RETH / AtomicETH virtual address, rkey and DMA length.
+    pub(crate) va: u64,
+    pub(crate) rkey: u32,
+    pub(crate) len: u32,
+    /// AtomicETH operands.
+    pub(crate) swap_add: u64,
+    pub(crate) compare: u64,
+    /// AETH.
+    pub(crate) syndrome: Syndrome,
+    pub(crate) msn: u32,
+    /// AtomicAckETH: the value the target held before the atomic.
+    pub(crate) orig: u64,
+    pub(crate) payload: Payload,
+}
+
+impl Packet {
+    pub(crate) fn new(kind: Kind) -> Packet {
+        Packet {
+            kind,
+            src_dev: 0,
+            src_qpn: 0,
+            src_lid: 0,
+            dst_dev: 0,
+            dst_qpn: 0,
+            psn: 0,
+            npkts: 1,
+            solicited: false,
+            imm: None,
+            va: 0,
+            rkey: 0,
+            len: 0,
+            swap_add: 0,
+            compare: 0,
+            syndrome: Syndrome::Ack,
+            msn: 0,
+            orig: 0,
+            payload: Payload::None,
+        }
+    }
+}

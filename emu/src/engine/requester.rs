@@ -1,0 +1,281 @@
+//! The requester (after `rxe_req.c`): turns send WQEs into request packets, assigns PSNs,
+//! honours fences and the `max_rd_atomic` limit, and owns the retry timers.
+
+use std::sync::Arc;
+
+use super::{
+    Driver, completer,
+    packet::{Kind, Packet, Payload},
+    packets_for, psn_add,
+    sgl::{self, SglError},
+};
+use crate::{
+    error::{Errno, Error, Result, einval},
+    qp::{QpInner, QpShared, SendWr},
+    types::{EventType, QpState, SendFlags, WcStatus, WrOpcode},
+};
+
+#[derive(Debug, Default)]
+pub(crate) struct Requester {
+    /// PSN of the next packet to send (`sq_psn`).
+    pub(crate) psn: u32,
+    /// Retries left after a timeout or PSN-sequence NAK (reset on progress).
+    pub(crate) retry_left: u8,
+    /// RNR retries left (7 = infinite).
+    pub(crate) rnr_retry_left: u8,
+    /// READ/atomic WQEs transmitted and not yet completed.
+    pub(crate) rd_atomic_in_flight: u32,
+    /// After an RNR NAK: nothing is sent before this time.
+    pub(crate) rnr_until: Option<u64>,
+    /// When the oldest unacknowledged request times out.
+    pub(crate) retrans_at: Option<u64>,
+    /// The earliest deadline handed to the timer and not yet fired.
+    pub(crate) armed: Option<u64>,
+    /// SQ_DRAINED was raised for the current SQD episode.
+    pub(crate) drained_reported: bool,
+}
+
+impl Requester {
+    pub(crate) fn clear_timers(&mut self) {
+        self.rnr_until = None;
+        self.retrans_at = None;
+    }
+}
+
+/// Validates `wr` the way rxe's provider and kernel do and queues it.
+pub(crate) fn post(qp: &QpShared, g: &mut QpInner, wr: &SendWr<'_>) -> Result<()> {
+    if matches!(g.state, QpState::RESET | QpState::INIT | QpState::RTR) {
+        return Err(einval("QP is not ready to send (state below RTS)"));
+    }
+    let cap = &qp.cap;
+    if wr.sg_list.len() > cap.max_send_sge as usize {
+        return Err(einval("num_sge above max_send_sge"));
+    }
+    match wr.opcode {
+        WrOpcode::SEND
+        | WrOpcode::SEND_WITH_IMM
+        | WrOpcode::RDMA_WRITE
+        | WrOpcode::RDMA_WRITE_WITH_IMM
+        | WrOpcode::RDMA_READ
+        | WrOpcode::ATOMIC_CMP_AND_SWP
+        | WrOpcode::ATOMIC_FETCH_AND_ADD => {}
+        WrOpcode::LOCAL_INV
+        | WrOpcode::BIND_MW
+        | WrOpcode::SEND_WITH_INV
+        | WrOpcode::TSO
+        | WrOpcode::FLUSH
+        | WrOpcode::ATOMIC_WRITE => {
+            return Err(Error::new(Errno::EOPNOTSUPP, "opcode not implemented yet"));
+        }
+        _ => return Err(einval("invalid opcode")),
+    }
+    let inline = wr.send_flags.contains(SendFlags::INLINE);
+    let length: u64 = if inline {
+        wr.inline_data.len() as u64
+    } else {
+        wr.sg_list.iter().map(|s| s.length as u64).sum()
+    };
+    let is_atomic =
+        matches!(wr.opcode, WrOpcode::ATOMIC_CMP_AND_SWP | WrOpcode::ATOMIC_FETCH_AND_ADD);
+    if is_atomic && (length < 8 || wr.remote_addr & 7 != 0) {
+        return Err(einval("atomic needs 8 bytes at an 8-byte aligned remote address"));
+    }
+    if inline {
+        if length > cap.max_inline_data as u64 {
+            return Err(einval("inline data above max_inline_data"));
+        }
+        if !matches!(
+            wr.opcode,
+            WrOpcode::SEND
+                | WrOpcode::SEND_WITH_IMM
+                | WrOpcode::RDMA_WRITE
+                | WrOpcode::RDMA_WRITE_WITH_IMM
+        ) {
+            return Err(einval("IBV_SEND_INLINE is only valid for SEND and RDMA WRITE"));
+        }
+    }
+    if length > u32::MAX as u64 {
+        return Err(einval("message longer than 4 GiB"));
+    }
+    let sq = &mut g.sq;
+    if sq.len() >= sq.depth {
+        return Err(Error::new(Errno::ENOMEM, "send queue is full"));
+    }
+    let head = sq.head;
+    let wqe = sq.ring.at_mut(head);
+    wqe.wr_id = wr.wr_id;
+    wqe.opcode = wr.opcode;
+    wqe.flags = wr.send_flags;
+    wqe.sges.clear();
+    wqe.inline.clear();
+    if inline {
+        wqe.inline.extend_from_slice(wr.inline_data);
+    } else {
+        wqe.sges.extend_from_slice(wr.sg_list);
+    }
+    wqe.imm = wr.imm_data;
+    wqe.remote_addr = wr.remote_addr;
+    wqe.rkey = wr.rkey;
+    wqe.compare_add = wr.compare_add;
+    wqe.swap = wr.swap;
+    wqe.length = length as u32;
+    wqe.status = WcStatus::SUCCESS;
+    sq.head = head.wrapping_add(1);
+    Ok(())
+}
+
+/// Sends every WQE the state, the fence and the `max_rd_atomic` window allow.
+pub(crate) fn run(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>) {
+    match g.state {
+        QpState::RTS => {}
+        QpState::ERR => {
+            completer::flush_send_queue(qp, g);
+            return;
+        }
+        QpState::SQD => {
+            if g.sq.in_flight() == 0 && !g.req.drained_reported {
+                g.req.drained_reported = true;
+                if g.attr.en_sqd_async_notify != 0 {
+                    qp.raise(EventType::SQ_DRAINED);
+                }
+            }
+            return;
+        }
+        _ => return,
+    }
+    g.req.drained_reported = false;
+    if g.req.rnr_until.is_some() {
+        return;
+    }
+    while g.sq.next != g.sq.head {
+        let idx = g.sq.next;
+        let wqe = g.sq.ring.at(idx);
+        if wqe.flags.contains(SendFlags::FENCE) && g.req.rd_atomic_in_flight > 0 {
+            break;
+        }
+        let rd_atomic = wqe.is_read_or_atomic();
+        if rd_atomic && g.req.rd_atomic_in_flight >= g.attr.max_rd_atomic as u32 {
+            break;
+        }
+        match build(qp, g, idx) {
+            Ok(pkt) => {
+                g.sq.next = idx.wrapping_add(1);
+                if rd_atomic {
+                    g.req.rd_atomic_in_flight += 1;
+                }
+                drv.send(pkt);
+            }
+            Err(status) => {
+                completer::fail_wqe(qp, g, idx, status);
+                return;
+            }
+        }
+    }
+    if g.sq.in_flight() > 0 {
+        drv.needs_timer(qp);
+    }
+}
+
+/// Builds the request packet for the WQE at `idx` and assigns its PSNs.
+fn build(qp: &QpShared, g: &mut QpInner, idx: u32) -> Result<Packet, WcStatus> {
+    let max_msg = qp.ctx.device.port(1).map(|p| p.attr.lock().max_msg_sz).unwrap_or(0);
+    let mtu = g.mtu;
+    let wqe = g.sq.ring.at(idx);
+    if wqe.length > max_msg {
+        return Err(WcStatus::LOC_LEN_ERR);
+    }
+    let (kind, imm) = match wqe.opcode {
+        WrOpcode::SEND => (Kind::Send, None),
+        WrOpcode::SEND_WITH_IMM => (Kind::Send, Some(wqe.imm)),
+        WrOpcode::RDMA_WRITE => (Kind::Write, None),
+        WrOpcode::RDMA_WRITE_WITH_IMM => (Kind::Write, Some(wqe.imm)),
+        WrOpcode::RDMA_READ => (Kind::ReadRequest, None),
+        WrOpcode::ATOMIC_CMP_AND_SWP => (Kind::CompareSwap, None),
+        WrOpcode::ATOMIC_FETCH_AND_ADD => (Kind::FetchAdd, None),
+        _ => return Err(WcStatus::LOC_QP_OP_ERR),
+    };
+    let mut pkt = Packet::new(kind);
+    pkt.imm = imm;
+    pkt.len = wqe.length;
+    match kind {
+        Kind::Send | Kind::Write => {
+            pkt.payload = if wqe.flags.contains(SendFlags::INLINE) {
+                Payload::Bytes(wqe.inline.clone().into_boxed_slice())
+            } else {
+                sgl::gather(qp, &wqe.sges).map_err(|e| match e {
+                    SglError::Protection => WcStatus::LOC_PROT_ERR,
+                    SglError::TooLong => WcStatus::LOC_LEN_ERR,
+                })?
+            };
+            pkt.npkts = packets_for(wqe.length, mtu);
+            pkt.solicited =
+                wqe.flags.contains(SendFlags::SOLICITED) && (kind == Kind::Send || imm.is_some());
+        }
+        Kind::ReadRequest => pkt.npkts = packets_for(wqe.length, mtu),
+        _ => {
+            pkt.len = 8;
+            pkt.swap_add = if kind == Kind::CompareSwap { wqe.swap } else { wqe.compare_add };
+            pkt.compare = wqe.compare_add;
+        }
+    }
+    if kind != Kind::Send {
+        pkt.va = wqe.remote_addr;
+        pkt.rkey = wqe.rkey;
+    }
+    pkt.src_dev = qp.device_index();
+    pkt.src_qpn = qp.qpn;
+    pkt.src_lid = qp.ctx.device.port(1).map(|p| p.attr.lock().lid).unwrap_or(0);
+    pkt.dst_dev = g.dest_dev.unwrap_or(u32::MAX);
+    pkt.dst_qpn = g.attr.dest_qp_num;
+    pkt.psn = g.req.psn;
+    let npkts = pkt.npkts;
+    let wqe = g.sq.ring.at_mut(idx);
+    wqe.first_psn = pkt.psn;
+    wqe.last_psn = psn_add(pkt.psn, npkts - 1);
+    g.req.psn = psn_add(pkt.psn, npkts);
+    Ok(pkt)
+}
+
+/// Arms the timer for whatever deadline the QP now has (called once the fabric is quiet).
+pub(crate) fn arm_timers(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>) {
+    if !matches!(g.state, QpState::RTS | QpState::SQD) {
+        g.req.clear_timers();
+        return;
+    }
+    if g.sq.in_flight() == 0 {
+        g.req.retrans_at = None;
+    } else if g.req.retrans_at.is_none() {
+        if let Some(t) = super::ack_timeout_ns(g.attr.timeout) {
+            g.req.retrans_at = Some(drv.now() + t);
+        }
+    }
+    let deadline = match (g.req.rnr_until, g.req.retrans_at) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    if let Some(d) = deadline {
+        if g.req.armed.is_none_or(|a| d < a) {
+            g.req.armed = Some(d);
+            qp.ctx.fabric.timer.arm(d, qp);
+        }
+    }
+}
+
+/// A timer deadline passed: end an RNR wait, or retransmit after an ACK timeout.
+pub(crate) fn on_timer(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>) {
+    g.req.armed = None;
+    if !matches!(g.state, QpState::RTS | QpState::SQD) {
+        return;
+    }
+    let now = drv.now();
+    if g.req.rnr_until.is_some_and(|t| now >= t) {
+        g.req.rnr_until = None;
+    }
+    if g.req.retrans_at.is_some_and(|t| now >= t) {
+        g.req.retrans_at = None;
+        if g.sq.in_flight() > 0 {
+            completer::retry(qp, g);
+        }
+    }
+    drv.needs_timer(qp);
+}

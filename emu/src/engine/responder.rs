@@ -1,0 +1,372 @@
+//! The responder (after `rxe_resp.c`): checks PSNs, access and keys of incoming requests,
+//! executes them against registered memory, consumes receive WQEs, and answers with ACKs,
+//! NAKs, READ responses and atomic ACKs. Duplicates are answered without executing twice.
+
+use std::{collections::VecDeque, sync::Arc};
+
+use super::{
+    Driver, enter_error, is_roce,
+    packet::{Kind, MemRef, NakCode, Packet, Payload, Syndrome},
+    psn_add, psn_diff, raises_qp_errors,
+    sgl::{self, SglError},
+    wc, wc_ok,
+};
+use crate::{
+    error::{Errno, Error, Result, einval},
+    mem::{MemFault, MemRegion},
+    qp::{QpInner, QpShared, RecvWr},
+    types::{AccessFlags, EventType, QpState, WcFlags, WcOpcode, WcStatus},
+};
+
+/// What a READ request asked for.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ReadReq {
+    psn: u32,
+    npkts: u32,
+    va: u64,
+    rkey: u32,
+    len: u32,
+}
+
+impl ReadReq {
+    fn of(pkt: &Packet) -> ReadReq {
+        ReadReq { psn: pkt.psn, npkts: pkt.npkts, va: pkt.va, rkey: pkt.rkey, len: pkt.len }
+    }
+}
+
+/// A READ or atomic already executed, kept to answer a retransmitted duplicate.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Replay {
+    Read(ReadReq),
+    Atomic { psn: u32, orig: u64 },
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Responder {
+    /// Expected PSN of the next new request (`rq_psn`).
+    pub(crate) epsn: u32,
+    /// Message sequence number: messages completed so far.
+    pub(crate) msn: u32,
+    /// A PSN-sequence NAK was sent and no in-order packet has arrived since.
+    pub(crate) nak_seq_sent: bool,
+    /// Recently executed READs and atomics (bounded by `max_dest_rd_atomic`).
+    pub(crate) replay: VecDeque<Replay>,
+}
+
+/// Validates and queues a receive WQE (rxe provider semantics).
+pub(crate) fn post_recv(qp: &Arc<QpShared>, g: &mut QpInner, wr: &RecvWr<'_>) -> Result<()> {
+    if g.state == QpState::RESET {
+        return Err(einval("QP is in RESET"));
+    }
+    if g.rq.len() >= g.rq.depth {
+        return Err(Error::new(Errno::ENOMEM, "receive queue is full"));
+    }
+    if wr.sg_list.len() > qp.cap.max_recv_sge as usize {
+        return Err(einval("num_sge above max_recv_sge"));
+    }
+    let head = g.rq.head;
+    let wqe = g.rq.ring.at_mut(head);
+    wqe.wr_id = wr.wr_id;
+    wqe.sges.clear();
+    wqe.sges.extend_from_slice(wr.sg_list);
+    g.rq.head = head.wrapping_add(1);
+    if g.state == QpState::ERR {
+        flush_recv_queue(qp, g);
+    }
+    Ok(())
+}
+
+/// Completes every posted receive with `IBV_WC_WR_FLUSH_ERR`.
+pub(crate) fn flush_recv_queue(qp: &QpShared, g: &mut QpInner) {
+    while g.rq.tail != g.rq.head {
+        let w = g.rq.ring.at(g.rq.tail);
+        let _ = qp.recv_cq.push(wc(qp, w.wr_id, WcStatus::WR_FLUSH_ERR), true);
+        g.rq.tail = g.rq.tail.wrapping_add(1);
+    }
+}
+
+/// Handles a request packet.
+pub(crate) fn receive(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>) {
+    // Requests to a QP that is not at least RTR (or is in ERR) are dropped, as on the wire.
+    if !matches!(g.state, QpState::RTR | QpState::RTS | QpState::SQD | QpState::SQE) {
+        return;
+    }
+    let d = psn_diff(pkt.psn, g.resp.epsn);
+    if d > 0 {
+        if !g.resp.nak_seq_sent {
+            g.resp.nak_seq_sent = true;
+            let epsn = g.resp.epsn;
+            drv.send(reply(g, &pkt, Kind::Ack, epsn, Syndrome::Nak(NakCode::PsnSequenceError)));
+        }
+        return;
+    }
+    if d < 0 {
+        duplicate(qp, g, &pkt, drv);
+        return;
+    }
+    g.resp.nak_seq_sent = false;
+    match pkt.kind {
+        Kind::Send => send(qp, g, pkt, drv),
+        Kind::Write => write(qp, g, pkt, drv),
+        Kind::ReadRequest => read(qp, g, pkt, drv),
+        Kind::CompareSwap | Kind::FetchAdd => atomic(qp, g, pkt, drv),
+        _ => {}
+    }
+}
+
+/// A response to `req`, addressed back to its sender.
+fn reply(g: &QpInner, req: &Packet, kind: Kind, psn: u32, syndrome: Syndrome) -> Packet {
+    let mut p = Packet::new(kind);
+    p.src_dev = req.dst_dev;
+    p.src_qpn = req.dst_qpn;
+    p.dst_dev = req.src_dev;
+    p.dst_qpn = req.src_qpn;
+    p.psn = psn;
+    p.syndrome = syndrome;
+    p.msn = g.resp.msn;
+    p
+}
+
+/// The request executed: advance the expected PSN and the MSN.
+fn advance(g: &mut QpInner, pkt: &Packet) {
+    g.resp.epsn = psn_add(pkt.psn, pkt.npkts);
+    g.resp.msn = g.resp.msn.wrapping_add(1) & super::PSN_MASK;
+}
+
+fn ack(g: &mut QpInner, pkt: &Packet, drv: &mut Driver<'_>) {
+    advance(g, pkt);
+    let last = psn_add(pkt.psn, pkt.npkts - 1);
+    drv.send(reply(g, pkt, Kind::Ack, last, Syndrome::Ack));
+}
+
+/// An error the responder detects (IBA 9.7.5.2): NAK the request, complete the receive WQE it
+/// consumed (if any) with `recv_status`, move the QP to ERR, and raise the affiliated event.
+fn fail(
+    qp: &Arc<QpShared>,
+    g: &mut QpInner,
+    pkt: &Packet,
+    code: NakCode,
+    recv_status: Option<WcStatus>,
+    drv: &mut Driver<'_>,
+) {
+    drv.send(reply(g, pkt, Kind::Ack, pkt.psn, Syndrome::Nak(code)));
+    if let Some(status) = recv_status {
+        if let Some(wr_id) = take_recv(g) {
+            let _ = qp.recv_cq.push(wc(qp, wr_id, status), true);
+        }
+    }
+    enter_error(qp, g);
+    if raises_qp_errors(qp) {
+        qp.raise(match code {
+            NakCode::RemoteAccessError => EventType::QP_ACCESS_ERR,
+            NakCode::InvalidRequest => EventType::QP_REQ_ERR,
+            _ => EventType::QP_FATAL,
+        });
+    }
+}
+
+fn take_recv(g: &mut QpInner) -> Option<u64> {
+    (g.rq.len() > 0).then(|| {
+        let id = g.rq.ring.at(g.rq.tail).wr_id;
+        g.rq.tail = g.rq.tail.wrapping_add(1);
+        id
+    })
+}
+
+fn rnr(g: &mut QpInner, pkt: &Packet, drv: &mut Driver<'_>) {
+    let t = g.attr.min_rnr_timer;
+    drv.send(reply(g, pkt, Kind::Ack, pkt.psn, Syndrome::Rnr(t)));
+}
+
+/// The flags a receive completion carries.
+fn recv_flags(qp: &QpShared, pkt: &Packet) -> WcFlags {
+    let mut f = WcFlags::empty();
+    if is_roce(qp) {
+        f |= WcFlags::GRH;
+    }
+    if pkt.imm.is_some() {
+        f |= WcFlags::WITH_IMM;
+    }
+    f
+}
+
+fn complete_recv(qp: &Arc<QpShared>, g: &mut QpInner, pkt: &Packet, opcode: WcOpcode) {
+    let wr_id = take_recv(g).expect("checked by the caller");
+    let mut w = wc_ok(qp, wr_id, opcode, pkt.len, recv_flags(qp, pkt));
+    w.imm_data = pkt.imm.unwrap_or(0);
+    w.slid = pkt.src_lid;
+    if qp.recv_cq.push(w, pkt.solicited).is_err() {
+        // rxe: a receive completion lost to a CQ overrun puts the QP in ERR.
+        enter_error(qp, g);
+    }
+}
+
+fn send(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>) {
+    if g.rq.len() == 0 {
+        rnr(g, &pkt, drv);
+        return;
+    }
+    let sges = std::mem::take(&mut g.rq.ring.at_mut(g.rq.tail).sges);
+    let res = sgl::scatter(qp, &sges, &pkt.payload, pkt.len);
+    g.rq.ring.at_mut(g.rq.tail).sges = sges;
+    match res {
+        Ok(()) => {
+            complete_recv(qp, g, &pkt, WcOpcode::RECV);
+            ack(g, &pkt, drv);
+        }
+        // IBA 9.7.5.2.2: a message longer than the receive buffer is a Local Length Error on
+        // the responder and an Invalid Request for the requester.
+        Err(SglError::TooLong) => {
+            fail(qp, g, &pkt, NakCode::InvalidRequest, Some(WcStatus::LOC_LEN_ERR), drv)
+        }
+        Err(SglError::Protection) => {
+            fail(qp, g, &pkt, NakCode::RemoteOperationalError, Some(WcStatus::LOC_PROT_ERR), drv)
+        }
+    }
+}
+
+/// Looks up the MR behind `rkey` for `[va, va+len)` with `access`; `Ok(None)` for a
+/// zero-length access, which IBA does not check.
+fn target(
+    qp: &QpShared,
+    rkey: u32,
+    va: u64,
+    len: u32,
+    access: AccessFlags,
+) -> Result<Option<(Arc<MemRegion>, usize)>, ()> {
+    if len == 0 {
+        return Ok(None);
+    }
+    let keys = qp.ctx.device.keys.read();
+    let mr = keys.get(rkey).ok_or(())?;
+    if mr.rkey != rkey || !Arc::ptr_eq(&mr.pd, &qp.pd) || !mr.access.contains(access) {
+        return Err(());
+    }
+    let off = mr.offset_of(va, len as u64).ok_or(())?;
+    Ok(Some((mr.region.clone(), off)))
+}
+
+fn write(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>) {
+    if !g.attr.qp_access_flags.contains(AccessFlags::REMOTE_WRITE) {
+        return fail(qp, g, &pkt, NakCode::InvalidRequest, None, drv);
+    }
+    let with_imm = pkt.imm.is_some();
+    if with_imm && g.rq.len() == 0 {
+        rnr(g, &pkt, drv);
+        return;
+    }
+    let recv_status = with_imm.then_some(WcStatus::REM_ACCESS_ERR);
+    match target(qp, pkt.rkey, pkt.va, pkt.len, AccessFlags::REMOTE_WRITE) {
+        Ok(Some((region, off))) => {
+            let dst = std::iter::once((&region, off, pkt.len as usize));
+            if sgl::copy_into(&pkt.payload, dst).is_err() {
+                return fail(qp, g, &pkt, NakCode::RemoteAccessError, recv_status, drv);
+            }
+        }
+        Ok(None) => {}
+        Err(()) => return fail(qp, g, &pkt, NakCode::RemoteAccessError, recv_status, drv),
+    }
+    if with_imm {
+        complete_recv(qp, g, &pkt, WcOpcode::RECV_RDMA_WITH_IMM);
+    }
+    ack(g, &pkt, drv);
+}
+
+fn remember(g: &mut QpInner, r: Replay) {
+    let cap = (g.attr.max_dest_rd_atomic as usize).max(1);
+    while g.resp.replay.len() >= cap {
+        g.resp.replay.pop_front();
+    }
+    g.resp.replay.push_back(r);
+}
+
+fn read_response(qp: &QpShared, g: &QpInner, req: &Packet, r: ReadReq) -> Result<Packet, ()> {
+    let mut p = reply(g, req, Kind::ReadResponse, r.psn, Syndrome::Ack);
+    p.npkts = r.npkts;
+    p.len = r.len;
+    if let Some((region, offset)) = target(qp, r.rkey, r.va, r.len, AccessFlags::REMOTE_READ)? {
+        p.payload = Payload::One(MemRef { region, offset, len: r.len as usize });
+    }
+    Ok(p)
+}
+
+fn read(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>) {
+    if !g.attr.qp_access_flags.contains(AccessFlags::REMOTE_READ) || g.attr.max_dest_rd_atomic == 0
+    {
+        return fail(qp, g, &pkt, NakCode::InvalidRequest, None, drv);
+    }
+    let r = ReadReq::of(&pkt);
+    match read_response(qp, g, &pkt, r) {
+        Ok(resp) => {
+            remember(g, Replay::Read(r));
+            advance(g, &pkt);
+            let mut resp = resp;
+            resp.msn = g.resp.msn;
+            drv.send(resp);
+        }
+        Err(()) => fail(qp, g, &pkt, NakCode::RemoteAccessError, None, drv),
+    }
+}
+
+fn atomic(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>) {
+    if !g.attr.qp_access_flags.contains(AccessFlags::REMOTE_ATOMIC)
+        || g.attr.max_dest_rd_atomic == 0
+        || pkt.va & 7 != 0
+    {
+        return fail(qp, g, &pkt, NakCode::InvalidRequest, None, drv);
+    }
+    let (region, off) = match target(qp, pkt.rkey, pkt.va, 8, AccessFlags::REMOTE_ATOMIC) {
+        Ok(Some(t)) => t,
+        _ => return fail(qp, g, &pkt, NakCode::RemoteAccessError, None, drv),
+    };
+    let res = if pkt.kind == Kind::CompareSwap {
+        region.compare_swap(off, pkt.compare, pkt.swap_add)
+    } else {
+        region.fetch_add(off, pkt.swap_add)
+    };
+    let orig = match res {
+        Ok(v) => v,
+        Err(MemFault::Misaligned) => return fail(qp, g, &pkt, NakCode::InvalidRequest, None, drv),
+        Err(MemFault::OutOfBounds) => {
+            return fail(qp, g, &pkt, NakCode::RemoteAccessError, None, drv);
+        }
+    };
+    remember(g, Replay::Atomic { psn: pkt.psn, orig });
+    advance(g, &pkt);
+    let mut resp = reply(g, &pkt, Kind::AtomicAck, pkt.psn, Syndrome::Ack);
+    resp.orig = orig;
+    drv.send(resp);
+}
+
+/// A request whose PSN is behind the expected one: re-ACK SENDs and WRITEs, answer READs and
+/// atomics from the saved results (an atomic is never executed twice).
+fn duplicate(qp: &Arc<QpShared>, g: &mut QpInner, pkt: &Packet, drv: &mut Driver<'_>) {
+    match pkt.kind {
+        Kind::Send | Kind::Write => {
+            let last_done = psn_add(g.resp.epsn, super::PSN_MASK);
+            drv.send(reply(g, pkt, Kind::Ack, last_done, Syndrome::Ack));
+        }
+        Kind::ReadRequest => {
+            let saved = g.resp.replay.iter().find_map(|r| match *r {
+                Replay::Read(r) if r.psn == pkt.psn => Some(r),
+                _ => None,
+            });
+            // The memory is read again, as rxe does: a READ has no side effect to protect.
+            if let Some(Ok(resp)) = saved.map(|r| read_response(qp, g, pkt, r)) {
+                drv.send(resp);
+            }
+        }
+        Kind::CompareSwap | Kind::FetchAdd => {
+            let saved = g.resp.replay.iter().find_map(|r| match *r {
+                Replay::Atomic { psn, orig } if psn == pkt.psn => Some(orig),
+                _ => None,
+            });
+            if let Some(orig) = saved {
+                let mut resp = reply(g, pkt, Kind::AtomicAck, pkt.psn, Syndrome::Ack);
+                resp.orig = orig;
+                drv.send(resp);
+            }
+        }
+        _ => {}
+    }
+}

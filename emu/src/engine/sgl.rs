@@ -1,0 +1,93 @@
+//! Local scatter/gather lists: resolving SGEs against the QP's MRs (lkey, PD, access, bounds)
+//! and moving payloads into them.
+
+use super::packet::{MemRef, Payload, Piece};
+use crate::{
+    mem::MemRegion,
+    qp::QpShared,
+    types::{AccessFlags, Sge},
+};
+
+/// Why a local SGE list could not be used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SglError {
+    /// An lkey that names no MR of the QP's PD, lacks the access, or a range outside the MR.
+    Protection,
+    /// The payload is longer than the SGEs can hold.
+    TooLong,
+}
+
+/// Resolves a gather list into payload pieces (source memory for SEND/WRITE).
+pub(crate) fn gather(qp: &QpShared, sges: &[Sge]) -> Result<Payload, SglError> {
+    let keys = qp.ctx.device.keys.read();
+    let mut refs = Vec::new();
+    for sge in sges.iter().filter(|s| s.length > 0) {
+        let mr = keys.get(sge.lkey).ok_or(SglError::Protection)?;
+        if !std::sync::Arc::ptr_eq(&mr.pd, &qp.pd) {
+            return Err(SglError::Protection);
+        }
+        let offset = mr.offset_of(sge.addr, sge.length as u64).ok_or(SglError::Protection)?;
+        refs.push(MemRef { region: mr.region.clone(), offset, len: sge.length as usize });
+    }
+    Ok(match refs.len() {
+        0 => Payload::None,
+        1 => Payload::One(refs.pop().expect("one")),
+        _ => Payload::Gather(refs),
+    })
+}
+
+/// Copies `payload` (of `len` bytes) into the local SGEs, which need `LOCAL_WRITE`.
+pub(crate) fn scatter(
+    qp: &QpShared,
+    sges: &[Sge],
+    payload: &Payload,
+    len: u32,
+) -> Result<(), SglError> {
+    let room: u64 = sges.iter().map(|s| s.length as u64).sum();
+    if len as u64 > room {
+        return Err(SglError::TooLong);
+    }
+    let keys = qp.ctx.device.keys.read();
+    // Resolve every SGE that receives data before copying, so a bad SGE writes nothing.
+    let mut dst = Vec::with_capacity(sges.len());
+    let mut left = len as u64;
+    for sge in sges.iter().filter(|s| s.length > 0) {
+        if left == 0 {
+            break;
+        }
+        let mr = keys.get(sge.lkey).ok_or(SglError::Protection)?;
+        if !std::sync::Arc::ptr_eq(&mr.pd, &qp.pd) || !mr.access.contains(AccessFlags::LOCAL_WRITE)
+        {
+            return Err(SglError::Protection);
+        }
+        let off = mr.offset_of(sge.addr, sge.length as u64).ok_or(SglError::Protection)?;
+        let take = left.min(sge.length as u64);
+        dst.push((&mr.region, off, take as usize));
+        left -= take;
+    }
+    copy_into(payload, dst.into_iter()).map_err(|_| SglError::Protection)
+}
+
+/// Copies `payload` into consecutive destination ranges `(region, offset, len)`.
+pub(crate) fn copy_into<'a>(
+    payload: &Payload,
+    mut dst: impl Iterator<Item = (&'a std::sync::Arc<MemRegion>, usize, usize)>,
+) -> Result<(), crate::mem::MemFault> {
+    let mut cur = dst.next();
+    for piece in payload.pieces() {
+        let mut done = 0usize;
+        while done < piece.len() {
+            let Some((region, off, room)) = cur else {
+                return Ok(());
+            };
+            let n = room.min(piece.len() - done);
+            match piece {
+                Piece::Bytes(b) => region.write(off, &b[done..done + n])?,
+                Piece::Mem(m) => MemRegion::copy(&m.region, m.offset + done, region, off, n)?,
+            }
+            done += n;
+            cur = if n == room { dst.next() } else { Some((region, off + n, room - n)) };
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,85 @@
+//! # rdma-emu: a software-emulated RDMA verbs provider
+//!
+//! Devices, protection domains, memory regions, completion queues, completion channels, async
+//! events and RC queue pairs with a real transport (PSNs, ACK/NAK, RNR and retransmission
+//! timers, READ/atomic responder resources), on a fabric that lives in this process. No NIC, no
+//! kernel module, no root.
+//!
+//! ```
+//! use rdma_emu::*;
+//! let fabric = Fabric::new(FabricConfig::default());
+//! let dev = &fabric.devices()[0];
+//! let ctx = dev.open().unwrap();
+//! let pd = ctx.alloc_pd().unwrap();
+//! let mr = pd.reg_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE).unwrap();
+//! assert_eq!(mr.length(), 4096);
+//! assert_eq!(pd.dealloc().unwrap_err().errno(), Errno::EBUSY); // the MR still uses it
+//! ```
+//!
+//! ## Layers
+//!
+//! | module | what it holds |
+//! |---|---|
+//! | [`profile`] | device and port attribute tables (`rxe` exact, `full`) |
+//! | `objects` | device, context, PD, MR (key space), CQ, completion channel, async events |
+//! | [`qp`] | the QP object; [`qp::state`] holds the `const` state-transition tables |
+//! | `engine` | requester / responder / completer, the inline driver, packets |
+//! | `fabric` | routing between devices by GID/LID + QPN; the timer that fires retries |
+//! | `mem` | the one place that reads and writes registered memory |
+//!
+//! ## Thread safety
+//!
+//! Every handle is `Send + Sync` and cheap to clone; verbs may be called from any number of
+//! threads at once, as with libibverbs. Each QP and CQ has its own lock; no thread ever holds
+//! two QP locks, so concurrent traffic between any set of QPs cannot deadlock, and packets
+//! between two QPs are delivered in order.
+//!
+//! ## Progress
+//!
+//! Work runs inline: a `post_send` carries its message through the fabric, the responder and
+//! the completer before it returns (the *inline driver*), so a single-threaded program sees
+//! completions with no helper thread. Deadlines (RNR back-off, retransmission timeouts) are
+//! served by one timer thread per fabric, started the first time a deadline is armed, so
+//! retries fire even while the application is blocked.
+//!
+//! ## Resource cleanup
+//!
+//! Objects are destroyed explicitly, in the verbs order (QPs, then CQs and MRs, then PDs and
+//! channels): destroying an object still in use fails with `EBUSY`, and using a destroyed one
+//! fails with `EINVAL`. Dropping the last handle of an object that was never destroyed
+//! releases it too. `Qp::destroy` and `Cq::destroy` wait until every event handed to the
+//! application about them was acknowledged, as the man pages specify.
+//!
+//! ## Errors
+//!
+//! Every fallible verb returns [`Error`], whose [`Error::errno`] is what rdma-core's rxe
+//! provider returns for the same failure. Work-completion statuses are those rxe produces,
+//! except where the InfiniBand specification says otherwise (see `docs/divergences.md`).
+#![deny(unsafe_code)]
+
+mod engine;
+mod error;
+mod fabric;
+mod mem;
+mod objects;
+pub mod profile;
+pub mod qp;
+mod sys;
+mod types;
+
+pub use crate::{
+    error::{Errno, Error, Result},
+    fabric::{Fabric, FabricConfig},
+    mem::RawMemory,
+    objects::{
+        channel::CompChannel,
+        context::{AsyncEvent, Context, EventElement},
+        cq::Cq,
+        device::Device,
+        mr::{Mr, Rereg},
+        pd::Pd,
+    },
+    profile::{DeviceAttr, GidEntry, PortAttr, Profile},
+    qp::{Endpoint, Qp, QpAttr, QpCap, QpInitAttr, RcParams, RecvWr, SendWr},
+    types::*,
+};

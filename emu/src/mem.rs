@@ -1,0 +1,213 @@
+//! The one place that reads and writes registered memory.
+//!
+//! A [`MemRegion`] is a range of host memory that an MR names. Every byte copied by the engine
+//! (SEND payloads, RDMA WRITE/READ data, atomics) goes through the functions here, which check
+//! bounds against the region before touching memory. Callers (the engine) have already checked
+//! keys, protection domains and access flags; this module only guarantees that no access leaves
+//! a registered range.
+//!
+//! Memory registered from C is memory the application promised to keep mapped until it
+//! deregisters the MR (that is the contract of `ibv_reg_mr`), so the registration itself is the
+//! `unsafe` step ([`MemRegion::from_raw`]); everything after it is safe. Memory registered
+//! through the safe Rust API is owned by the region.
+//!
+//! Concurrent access by the application and the emulator to the same bytes is the same
+//! situation as a NIC's DMA: the verbs contract says the application must not touch a buffer
+//! while a work request uses it; the emulator does not add locking.
+#![allow(unsafe_code)]
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A range of host memory that may be read and written through the checked functions below.
+pub(crate) struct MemRegion {
+    /// Start of the range. Valid for reads and writes of `len` bytes while `self` lives
+    /// (guaranteed by `from_raw`'s caller, or by `_owned`).
+    base: *mut u8,
+    len: usize,
+    /// Backing storage when the region owns its memory (8-byte aligned for atomics).
+    _owned: Option<Box<[AtomicU64]>>,
+}
+
+// SAFETY: the region is a plain address range; all access goes through the copy functions,
+// which are sound from any thread (the verbs contract makes concurrent use the app's concern).
+unsafe impl Send for MemRegion {}
+// SAFETY: as above; `&MemRegion` exposes only checked copies and atomics.
+unsafe impl Sync for MemRegion {}
+
+impl std::fmt::Debug for MemRegion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "MemRegion({:p}, {})", self.base, self.len)
+    }
+}
+
+/// Why a memory access was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MemFault {
+    /// The access runs outside the region.
+    OutOfBounds,
+    /// An atomic on an address that is not 8-byte aligned.
+    Misaligned,
+}
+
+impl MemRegion {
+    /// A region over memory the caller owns.
+    ///
+    /// # Safety
+    /// `base..base+len` must stay valid for reads and writes until the returned region (and
+    /// every clone of the `Arc` that will hold it) is dropped.
+    pub(crate) unsafe fn from_raw(base: *mut u8, len: usize) -> MemRegion {
+        MemRegion { base, len, _owned: None }
+    }
+
+    /// A zeroed region of `len` bytes that owns its memory.
+    pub(crate) fn owned(len: usize) -> MemRegion {
+        let words = len.div_ceil(8).max(1);
+        let store: Box<[AtomicU64]> = (0..words).map(|_| AtomicU64::new(0)).collect();
+        // `AtomicU64` is an `UnsafeCell`, so writing through a pointer derived from a shared
+        // reference is allowed; the pointer stays valid because the box is never moved out.
+        let base = store.as_ptr() as *mut u8;
+        MemRegion { base, len, _owned: Some(store) }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The host address of the first byte.
+    pub(crate) fn host_addr(&self) -> u64 {
+        self.base as u64
+    }
+
+    fn check(&self, off: usize, len: usize) -> Result<*mut u8, MemFault> {
+        match off.checked_add(len) {
+            Some(end) if end <= self.len => {
+                // SAFETY: off <= len of the region, so the result is within (or one past)
+                // the allocation described by base..base+len.
+                Ok(unsafe { self.base.add(off) })
+            }
+            _ => Err(MemFault::OutOfBounds),
+        }
+    }
+
+    /// Copies `dst.len()` bytes at `off` into `dst`.
+    pub(crate) fn read(&self, off: usize, dst: &mut [u8]) -> Result<(), MemFault> {
+        let p = self.check(off, dst.len())?;
+        // SAFETY: `check` proved p..p+len lies in the region, valid for reads by the region's
+        // invariant; `dst` is a distinct Rust buffer, so `copy` (memmove) is sound.
+        unsafe { std::ptr::copy(p, dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+
+    /// Copies `src` into the region at `off`.
+    pub(crate) fn write(&self, off: usize, src: &[u8]) -> Result<(), MemFault> {
+        let p = self.check(off, src.len())?;
+        // SAFETY: `check` proved p..p+len lies in the region, valid for writes.
+        unsafe { std::ptr::copy(src.as_ptr(), p, src.len()) };
+        Ok(())
+    }
+
+    /// Copies `len` bytes from `src` at `src_off` to `dst` at `dst_off`. The two regions may
+    /// overlap (two MRs over the same buffer, or loopback).
+    pub(crate) fn copy(
+        src: &MemRegion,
+        src_off: usize,
+        dst: &MemRegion,
+        dst_off: usize,
+        len: usize,
+    ) -> Result<(), MemFault> {
+        let s = src.check(src_off, len)?;
+        let d = dst.check(dst_off, len)?;
+        // SAFETY: both ranges were checked against their regions (valid for read / write);
+        // `copy` has memmove semantics, so overlap is allowed.
+        unsafe { std::ptr::copy(s, d, len) };
+        Ok(())
+    }
+
+    fn atomic_at(&self, off: usize) -> Result<&AtomicU64, MemFault> {
+        let p = self.check(off, 8)?;
+        if (p as usize) % 8 != 0 {
+            return Err(MemFault::Misaligned);
+        }
+        // SAFETY: p is in bounds for 8 bytes, 8-byte aligned, and valid for the region's
+        // lifetime, which bounds the returned reference's lifetime.
+        Ok(unsafe { &*(p as *const AtomicU64) })
+    }
+
+    /// Atomically adds `add` to the 64-bit word at `off`; returns the old value.
+    pub(crate) fn fetch_add(&self, off: usize, add: u64) -> Result<u64, MemFault> {
+        Ok(self.atomic_at(off)?.fetch_add(add, Ordering::SeqCst))
+    }
+
+    /// Atomically replaces the 64-bit word at `off` with `swap` if it equals `compare`;
+    /// returns the old value either way.
+    pub(crate) fn compare_swap(
+        &self,
+        off: usize,
+        compare: u64,
+        swap: u64,
+    ) -> Result<u64, MemFault> {
+        let a = self.atomic_at(off)?;
+        Ok(match a.compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst) {
+            Ok(v) | Err(v) => v,
+        })
+    }
+}
+
+/// Memory the application owns and lends to an MR: the one `unsafe` step of registering raw
+/// memory (what `ibv_reg_mr` does in C). Pass it to [`crate::Pd::reg_mr_raw`].
+#[derive(Debug)]
+pub struct RawMemory(pub(crate) MemRegion);
+
+impl RawMemory {
+    /// # Safety
+    /// `addr..addr+len` must stay valid for reads and writes until the MR it is registered as
+    /// has been deregistered and every handle to that MR dropped (the `ibv_reg_mr` contract).
+    pub unsafe fn new(addr: *mut u8, len: usize) -> RawMemory {
+        // SAFETY: forwarded from the caller's contract.
+        RawMemory(unsafe { MemRegion::from_raw(addr, len) })
+    }
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+
+    #[test]
+    fn test_bounds_are_enforced() {
+        let r = MemRegion::owned(16);
+        assert_eq!(r.write(8, &[1; 8]), Ok(()));
+        assert_eq!(r.write(9, &[1; 8]), Err(MemFault::OutOfBounds));
+        assert_eq!(r.write(usize::MAX, &[1]), Err(MemFault::OutOfBounds));
+        let mut b = [0u8; 8];
+        assert_eq!(r.read(8, &mut b), Ok(()));
+        assert_eq!(b, [1; 8]);
+        assert_eq!(r.read(12, &mut b), Err(MemFault::OutOfBounds));
+    }
+
+    #[test]
+    fn test_atomics_need_alignment() {
+        let r = MemRegion::owned(24);
+        assert_eq!(r.fetch_add(8, 5), Ok(0));
+        assert_eq!(r.fetch_add(8, 5), Ok(5));
+        assert_eq!(r.compare_swap(8, 10, 7), Ok(10));
+        assert_eq!(r.compare_swap(8, 10, 9), Ok(7));
+        assert_eq!(r.fetch_add(4, 1), Err(MemFault::Misaligned));
+        assert_eq!(r.fetch_add(20, 1), Err(MemFault::OutOfBounds));
+    }
+
+    #[test]
+    fn test_copy_between_regions_and_overlapping() {
+        let a = MemRegion::owned(8);
+        let b = MemRegion::owned(8);
+        a.write(0, &[1, 2, 3, 4, 5, 6, 7, 8]).unwrap();
+        MemRegion::copy(&a, 2, &b, 0, 4).unwrap();
+        let mut out = [0u8; 4];
+        b.read(0, &mut out).unwrap();
+        assert_eq!(out, [3, 4, 5, 6]);
+        MemRegion::copy(&a, 0, &a, 1, 7).unwrap();
+        let mut all = [0u8; 8];
+        a.read(0, &mut all).unwrap();
+        assert_eq!(all, [1, 1, 2, 3, 4, 5, 6, 7]);
+        assert_eq!(MemRegion::copy(&a, 4, &b, 0, 5), Err(MemFault::OutOfBounds));
+    }
+}

@@ -1,0 +1,157 @@
+//! A device context (`struct ibv_context`) and its asynchronous event queue.
+
+use std::{
+    os::fd::{AsRawFd, RawFd},
+    sync::Arc,
+};
+
+use super::{
+    channel::{ChannelInner, CompChannel},
+    cq::Cq,
+    device::{Device, DeviceInner, ResourceCounts},
+    event::EventQueue,
+    pd::{Pd, PdInner},
+};
+use crate::{
+    error::Result,
+    fabric::FabricInner,
+    profile::{DeviceAttr, PortAttr},
+    qp::Qp,
+    types::EventType,
+};
+
+/// What an asynchronous event is about (`ibv_async_event.element`).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum EventElement {
+    Qp(Qp),
+    Cq(Cq),
+    /// A port number.
+    Port(u8),
+    Device,
+}
+
+/// An asynchronous event (`struct ibv_async_event`).
+#[derive(Debug, Clone)]
+pub struct AsyncEvent {
+    pub event_type: EventType,
+    pub element: EventElement,
+}
+
+#[derive(Debug)]
+pub(crate) struct ContextInner {
+    pub(crate) device: Arc<DeviceInner>,
+    pub(crate) fabric: Arc<FabricInner>,
+    pub(crate) async_q: EventQueue<AsyncEvent>,
+}
+
+impl ContextInner {
+    /// Queues an async event.
+    pub(crate) fn raise(&self, ev: AsyncEvent) {
+        self.async_q.push(ev);
+    }
+
+    /// Drops the unread events about an object being destroyed (the kernel does the same).
+    pub(crate) fn discard_events(&self, is_about: impl Fn(&EventElement) -> bool) {
+        self.async_q.remove_if(|ev| is_about(&ev.element));
+    }
+}
+
+/// An open device (`struct ibv_context`). Cheap to clone; all clones are the same context.
+#[derive(Clone, Debug)]
+pub struct Context(pub(crate) Arc<ContextInner>);
+
+impl Context {
+    pub(crate) fn open(dev: &Device) -> Result<Context> {
+        Ok(Context(Arc::new(ContextInner {
+            device: dev.inner.clone(),
+            fabric: dev.fabric.clone(),
+            async_q: EventQueue::new()?,
+        })))
+    }
+
+    /// The device this context was opened on.
+    pub fn device(&self) -> Device {
+        Device { inner: self.0.device.clone(), fabric: self.0.fabric.clone() }
+    }
+
+    /// `ibv_query_device`.
+    pub fn query_device(&self) -> DeviceAttr {
+        self.0.device.attr.clone()
+    }
+
+    /// `ibv_query_port`.
+    pub fn query_port(&self, port: u8) -> Result<PortAttr> {
+        self.device().query_port(port)
+    }
+
+    /// `ibv_alloc_pd`.
+    pub fn alloc_pd(&self) -> Result<Pd> {
+        let dev = &self.0.device;
+        ResourceCounts::take(&dev.counts.pd, dev.attr.max_pd, "too many protection domains")?;
+        Ok(Pd(Arc::new(PdInner { ctx: self.0.clone(), life: Default::default() })))
+    }
+
+    /// `ibv_create_comp_channel`.
+    pub fn create_comp_channel(&self) -> Result<CompChannel> {
+        Ok(CompChannel(Arc::new(ChannelInner {
+            ctx: self.0.clone(),
+            queue: EventQueue::new()?,
+            life: Default::default(),
+        })))
+    }
+
+    /// `ibv_create_cq`: a CQ of at least `cqe` entries (the granted size is `Cq::cqe`).
+    pub fn create_cq(
+        &self,
+        cqe: i32,
+        channel: Option<&CompChannel>,
+        comp_vector: u32,
+    ) -> Result<Cq> {
+        Cq::create(self, cqe, channel, comp_vector)
+    }
+
+    /// `ibv_get_async_event`: blocks until an event arrives unless the async fd was made
+    /// non-blocking (then fails with `EAGAIN` when none is pending).
+    pub fn get_async_event(&self) -> Result<AsyncEvent> {
+        let ev = self.0.async_q.pop()?;
+        // Counted when handed out: the object's destroy waits for this event's ack.
+        match &ev.element {
+            EventElement::Qp(qp) => qp.0.async_events.reported(),
+            EventElement::Cq(cq) => cq.0.async_events.reported(),
+            EventElement::Port(_) | EventElement::Device => {}
+        }
+        Ok(ev)
+    }
+
+    /// `ibv_ack_async_event`.
+    pub fn ack_async_event(&self, ev: &AsyncEvent) {
+        match &ev.element {
+            EventElement::Qp(qp) => qp.0.async_events.ack(1),
+            EventElement::Cq(cq) => cq.0.async_events.ack(1),
+            EventElement::Port(_) | EventElement::Device => {}
+        }
+    }
+
+    /// Sets or clears `O_NONBLOCK` on the async event fd (same as fcntl on `async_fd`).
+    pub fn set_async_nonblocking(&self, on: bool) -> Result<()> {
+        self.0.async_q.set_nonblocking(on)
+    }
+
+    /// Raises a port or device event as the hardware would (for testing handlers).
+    pub fn inject_event(&self, event_type: EventType, element: EventElement) {
+        self.0.raise(AsyncEvent { event_type, element });
+    }
+
+    /// Whether two handles name the same context.
+    pub fn same(&self, other: &Context) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl AsRawFd for Context {
+    /// The async event fd (`ibv_context.async_fd`).
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.async_q.as_raw_fd()
+    }
+}

@@ -1,0 +1,273 @@
+//! Completion queues.
+
+use std::{
+    collections::VecDeque,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+};
+
+use parking_lot::Mutex;
+
+use super::{
+    Lifecycle,
+    channel::{ChannelInner, CompChannel},
+    context::{AsyncEvent, Context, ContextInner, EventElement},
+    device::ResourceCounts,
+    event::EventCount,
+};
+use crate::{
+    error::{Result, einval},
+    types::{EventType, Wc, WcStatus},
+};
+
+/// What `ibv_req_notify_cq` armed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Notify {
+    None,
+    /// The next completion of any kind.
+    Next,
+    /// The next solicited or unsuccessful completion.
+    Solicited,
+}
+
+#[derive(Debug)]
+struct CqState {
+    ring: VecDeque<Wc>,
+    /// Entries the CQ holds (what `ibv_cq.cqe` reports).
+    cqe: u32,
+    notify: Notify,
+}
+
+#[derive(Debug)]
+pub(crate) struct CqInner {
+    pub(crate) ctx: Arc<ContextInner>,
+    channel: Option<Arc<ChannelInner>>,
+    comp_vector: u32,
+    st: Mutex<CqState>,
+    /// Set on the first overrun: the CQ is in error and its CQ_ERR event was raised.
+    overrun: AtomicBool,
+    /// Dependents: QPs using the CQ.
+    pub(crate) life: Lifecycle,
+    pub(crate) comp_events: EventCount,
+    pub(crate) async_events: EventCount,
+}
+
+/// rxe sizes a CQ ring to a power of two with one slot kept empty, and reports the usable
+/// count: the smallest `2^n - 1 >= cqe`.
+fn granted_cqe(cqe: u32) -> u32 {
+    (cqe + 1).next_power_of_two() - 1
+}
+
+/// A completion could not be queued because the CQ is full (or already overrun).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Overrun;
+
+impl CqInner {
+    /// Queues a completion. On overrun the completion is lost, the CQ enters the error state
+    /// and `IBV_EVENT_CQ_ERR` is raised once (IBA 11.4.2.1); the caller decides what happens
+    /// to the QP.
+    pub(crate) fn push(self: &Arc<CqInner>, wc: Wc, solicited: bool) -> Result<(), Overrun> {
+        let mut st = self.st.lock();
+        if st.ring.len() >= st.cqe as usize || self.overrun.load(Ordering::Relaxed) {
+            drop(st);
+            if !self.overrun.swap(true, Ordering::AcqRel) {
+                self.ctx.raise(AsyncEvent {
+                    event_type: EventType::CQ_ERR,
+                    element: EventElement::Cq(Cq(self.clone())),
+                });
+            }
+            return Err(Overrun);
+        }
+        st.ring.push_back(wc);
+        let fire = match st.notify {
+            Notify::None => false,
+            Notify::Next => true,
+            Notify::Solicited => solicited || wc.status != WcStatus::SUCCESS,
+        };
+        if fire {
+            st.notify = Notify::None;
+        }
+        drop(st);
+        if fire {
+            if let Some(ch) = &self.channel {
+                ch.queue.push(self.clone());
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for CqInner {
+    fn drop(&mut self) {
+        if self.life.destroy().is_ok() {
+            self.release();
+        }
+    }
+}
+
+impl CqInner {
+    fn release(&self) {
+        if let Some(ch) = &self.channel {
+            ch.life.put();
+        }
+        ResourceCounts::give(&self.ctx.device.counts.cq);
+    }
+}
+
+/// A completion queue (`struct ibv_cq`).
+#[derive(Clone, Debug)]
+pub struct Cq(pub(crate) Arc<CqInner>);
+
+impl Cq {
+    pub(crate) fn create(
+        ctx: &Context,
+        cqe: i32,
+        channel: Option<&CompChannel>,
+        comp_vector: u32,
+    ) -> Result<Cq> {
+        let dev = &ctx.0.device;
+        if cqe < 1 || cqe as u32 > dev.attr.max_cqe {
+            return Err(einval("cqe out of range"));
+        }
+        if comp_vector >= dev.attr.num_comp_vectors {
+            return Err(einval("no such completion vector"));
+        }
+        if let Some(ch) = channel {
+            if !Arc::ptr_eq(&ch.0.ctx, &ctx.0) {
+                return Err(einval("completion channel belongs to another context"));
+            }
+        }
+        ResourceCounts::take(&dev.counts.cq, dev.attr.max_cq, "too many completion queues")?;
+        if let Some(ch) = channel {
+            if let Err(e) = ch.0.life.get() {
+                ResourceCounts::give(&dev.counts.cq);
+                return Err(e);
+            }
+        }
+        let granted = granted_cqe(cqe as u32);
+        Ok(Cq(Arc::new(CqInner {
+            ctx: ctx.0.clone(),
+            channel: channel.map(|c| c.0.clone()),
+            comp_vector,
+            st: Mutex::new(CqState {
+                ring: VecDeque::with_capacity(granted.min(4096) as usize),
+                cqe: granted,
+                notify: Notify::None,
+            }),
+            overrun: AtomicBool::new(false),
+            life: Lifecycle::default(),
+            comp_events: EventCount::default(),
+            async_events: EventCount::default(),
+        })))
+    }
+
+    /// `ibv_poll_cq`: moves up to `out.len()` completions into `out`, oldest first; returns how
+    /// many.
+    pub fn poll(&self, out: &mut [Wc]) -> usize {
+        let mut st = self.0.st.lock();
+        let n = out.len().min(st.ring.len());
+        for (slot, wc) in out.iter_mut().zip(st.ring.drain(..n)) {
+            *slot = wc;
+        }
+        n
+    }
+
+    /// Polls one completion.
+    pub fn poll_one(&self) -> Option<Wc> {
+        self.0.st.lock().ring.pop_front()
+    }
+
+    /// `ibv_req_notify_cq`: arms the CQ to put an event on its channel at the next completion
+    /// (or the next solicited or unsuccessful one).
+    pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
+        self.0.life.check()?;
+        self.0.st.lock().notify = if solicited_only { Notify::Solicited } else { Notify::Next };
+        Ok(())
+    }
+
+    /// `ibv_ack_cq_events`.
+    pub fn ack_events(&self, n: u32) {
+        self.0.comp_events.ack(n as u64);
+    }
+
+    /// Number of entries the CQ holds (`ibv_cq.cqe`).
+    pub fn cqe(&self) -> u32 {
+        self.0.st.lock().cqe
+    }
+
+    /// Completion vector given at creation.
+    pub fn comp_vector(&self) -> u32 {
+        self.0.comp_vector
+    }
+
+    /// Whether the CQ overran and is in the error state.
+    pub fn is_overrun(&self) -> bool {
+        self.0.overrun.load(Ordering::Acquire)
+    }
+
+    /// The channel the CQ reports to.
+    pub fn channel(&self) -> Option<CompChannel> {
+        self.0.channel.clone().map(CompChannel)
+    }
+
+    /// `ibv_resize_cq`: fails with `EINVAL` when the new size cannot hold the completions
+    /// already queued, or exceeds `max_cqe`.
+    pub fn resize(&self, cqe: i32) -> Result<u32> {
+        self.0.life.check()?;
+        if cqe < 1 || cqe as u32 > self.0.ctx.device.attr.max_cqe {
+            return Err(einval("cqe out of range"));
+        }
+        let mut st = self.0.st.lock();
+        let granted = granted_cqe(cqe as u32);
+        if (granted as usize) < st.ring.len() {
+            return Err(einval("new size is smaller than the queued completions"));
+        }
+        st.cqe = granted;
+        Ok(granted)
+    }
+
+    /// `ibv_destroy_cq`: fails with `EBUSY` while a QP uses the CQ; otherwise discards the
+    /// CQ's unread channel events and waits until every event already handed to the
+    /// application has been acknowledged.
+    pub fn destroy(&self) -> Result<()> {
+        self.0.life.destroy()?;
+        if let Some(ch) = &self.0.channel {
+            ch.queue.remove_if(|cq| Arc::ptr_eq(cq, &self.0));
+        }
+        self.0
+            .ctx
+            .discard_events(|e| matches!(e, EventElement::Cq(c) if Arc::ptr_eq(&c.0, &self.0)));
+        self.0.comp_events.wait_all_acked();
+        self.0.async_events.wait_all_acked();
+        self.0.st.lock().ring.clear();
+        self.0.release();
+        Ok(())
+    }
+
+    /// The context the CQ belongs to.
+    pub fn context(&self) -> Context {
+        Context(self.0.ctx.clone())
+    }
+
+    /// Whether two handles name the same CQ.
+    pub fn same(&self, other: &Cq) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+#[cfg(test)]
+mod test {
+    use super::granted_cqe;
+
+    #[test]
+    fn test_cqe_rounds_like_rxe() {
+        assert_eq!(granted_cqe(1), 1);
+        assert_eq!(granted_cqe(2), 3);
+        assert_eq!(granted_cqe(10), 15);
+        assert_eq!(granted_cqe(15), 15);
+        assert_eq!(granted_cqe(16), 31);
+        assert_eq!(granted_cqe(32767), 32767);
+    }
+}

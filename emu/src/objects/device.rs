@@ -1,0 +1,167 @@
+//! Devices and their ports: identity, attribute tables, GID and P_Key tables, the key space.
+
+use std::sync::{
+    Arc,
+    atomic::{AtomicU32, Ordering},
+};
+
+use parking_lot::{Mutex, RwLock};
+
+use super::{context::Context, mr::KeyTable};
+use crate::{
+    error::{Errno, Error, Result, einval},
+    fabric::FabricInner,
+    profile::{DeviceAttr, DeviceIdentity, GidEntry, PortAttr, Profile},
+    types::Gid,
+};
+
+/// One port of a device. Ports are numbered from 1 as in verbs.
+#[derive(Debug)]
+pub(crate) struct PortInner {
+    pub(crate) attr: Mutex<PortAttr>,
+    pub(crate) gids: Vec<GidEntry>,
+    pub(crate) pkeys: Vec<u16>,
+}
+
+/// Counters that enforce the device's `max_*` limits.
+#[derive(Debug, Default)]
+pub(crate) struct ResourceCounts {
+    pub(crate) pd: AtomicU32,
+    pub(crate) mr: AtomicU32,
+    pub(crate) cq: AtomicU32,
+    pub(crate) qp: AtomicU32,
+}
+
+impl ResourceCounts {
+    /// Takes one unit of `counter` unless `max` are in use (then `ENOMEM`, as rxe's pools do).
+    pub(crate) fn take(counter: &AtomicU32, max: u32, what: &'static str) -> Result<()> {
+        counter
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| (c < max).then_some(c + 1))
+            .map(|_| ())
+            .map_err(|_| Error::new(Errno::ENOMEM, what))
+    }
+
+    pub(crate) fn give(counter: &AtomicU32) {
+        counter.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct DeviceInner {
+    pub(crate) name: String,
+    pub(crate) profile: Profile,
+    pub(crate) id: DeviceIdentity,
+    pub(crate) attr: DeviceAttr,
+    pub(crate) ports: Vec<PortInner>,
+    /// lkeys and rkeys of this device's MRs (one key space, as in rxe).
+    pub(crate) keys: RwLock<KeyTable>,
+    pub(crate) counts: ResourceCounts,
+}
+
+impl DeviceInner {
+    pub(crate) fn new(index: u32, profile: Profile) -> DeviceInner {
+        let id = DeviceIdentity::new(index);
+        let port = PortInner {
+            attr: Mutex::new(profile.port_attr(&id)),
+            gids: profile.gid_table(&id),
+            pkeys: profile.pkey_table(),
+        };
+        DeviceInner {
+            name: format!("emu{index}"),
+            profile,
+            attr: profile.device_attr(&id),
+            id,
+            ports: vec![port],
+            keys: RwLock::new(KeyTable::default()),
+            counts: ResourceCounts::default(),
+        }
+    }
+
+    /// The port numbered `num` (1-based), or `EINVAL`.
+    pub(crate) fn port(&self, num: u8) -> Result<&PortInner> {
+        (num as usize).checked_sub(1).and_then(|i| self.ports.get(i)).ok_or(einval("no such port"))
+    }
+
+    pub(crate) fn has_gid(&self, gid: &Gid) -> Option<u8> {
+        self.ports.iter().position(|p| p.gids.iter().any(|e| e.gid == *gid)).map(|i| i as u8 + 1)
+    }
+
+    pub(crate) fn has_lid(&self, lid: u16) -> Option<u8> {
+        if lid == 0 {
+            return None;
+        }
+        self.ports.iter().position(|p| p.attr.lock().lid == lid).map(|i| i as u8 + 1)
+    }
+}
+
+/// An emulated RDMA device on a fabric (`struct ibv_device`).
+#[derive(Clone, Debug)]
+pub struct Device {
+    pub(crate) inner: Arc<DeviceInner>,
+    pub(crate) fabric: Arc<FabricInner>,
+}
+
+impl Device {
+    /// Kernel-style name, `emu0`, `emu1`, ...
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Index of the device on its fabric.
+    pub fn index(&self) -> u32 {
+        self.inner.id.index
+    }
+
+    /// Node GUID in host byte order.
+    pub fn guid(&self) -> u64 {
+        self.inner.attr.node_guid
+    }
+
+    /// The profile this device reports.
+    pub fn profile(&self) -> Profile {
+        self.inner.profile
+    }
+
+    /// `ibv_query_device`.
+    pub fn attr(&self) -> &DeviceAttr {
+        &self.inner.attr
+    }
+
+    /// `ibv_query_port`.
+    pub fn query_port(&self, port: u8) -> Result<PortAttr> {
+        Ok(self.inner.port(port)?.attr.lock().clone())
+    }
+
+    /// `ibv_query_gid`: an index inside the table that holds no GID reads as zero.
+    pub fn query_gid(&self, port: u8, index: u32) -> Result<Gid> {
+        Ok(self.query_gid_entry(port, index)?.map_or(Gid::ZERO, |e| e.gid))
+    }
+
+    /// `ibv_query_gid_ex`: `Ok(None)` for an index inside the table that holds no GID.
+    pub fn query_gid_entry(&self, port: u8, index: u32) -> Result<Option<GidEntry>> {
+        let p = self.inner.port(port)?;
+        if index >= p.attr.lock().gid_tbl_len {
+            return Err(einval("GID index beyond the table"));
+        }
+        Ok(p.gids.iter().find(|e| e.index == index).copied())
+    }
+
+    /// The populated GID entries of `port` (`ibv_query_gid_table`).
+    pub fn gid_table(&self, port: u8) -> Result<Vec<GidEntry>> {
+        Ok(self.inner.port(port)?.gids.clone())
+    }
+
+    /// `ibv_query_pkey`.
+    pub fn query_pkey(&self, port: u8, index: u16) -> Result<u16> {
+        let p = self.inner.port(port)?;
+        if index >= p.attr.lock().pkey_tbl_len {
+            return Err(einval("P_Key index beyond the table"));
+        }
+        Ok(p.pkeys.get(index as usize).copied().unwrap_or(0))
+    }
+
+    /// `ibv_open_device`.
+    pub fn open(&self) -> Result<Context> {
+        Context::open(self)
+    }
+}

@@ -1,0 +1,318 @@
+//! Memory regions and the device's key space.
+
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
+use super::{
+    Lifecycle,
+    device::{DeviceInner, ResourceCounts},
+    pd::{Pd, PdInner},
+};
+use crate::{
+    error::{Errno, Error, Result, einval},
+    mem::{MemRegion, RawMemory},
+    types::AccessFlags,
+};
+
+/// The registration an lkey/rkey names: immutable, replaced as a whole by `rereg`.
+#[derive(Debug)]
+pub(crate) struct MrInner {
+    pub(crate) pd: Arc<PdInner>,
+    pub(crate) region: Arc<MemRegion>,
+    /// Address of the first byte in the MR's own address space (what SGEs and RETHs use).
+    pub(crate) iova: u64,
+    pub(crate) access: AccessFlags,
+    pub(crate) lkey: u32,
+    pub(crate) rkey: u32,
+}
+
+impl MrInner {
+    /// Offset into the region of `[va, va+len)`, if the range lies inside the MR.
+    pub(crate) fn offset_of(&self, va: u64, len: u64) -> Option<usize> {
+        let off = va.checked_sub(self.iova)?;
+        let end = off.checked_add(len)?;
+        (end <= self.region.len() as u64).then_some(off as usize)
+    }
+}
+
+/// Keys are `index << 8 | tag`; the tag changes each time a slot is reused, so a stale key
+/// never names a newer registration (as rxe's 8-bit key part does).
+#[derive(Debug, Default)]
+pub(crate) struct KeyTable {
+    slots: Vec<(u8, Option<Arc<MrInner>>)>,
+    /// Free slot indices, reused last-freed-first (deterministic).
+    free: Vec<u32>,
+}
+
+/// Index 0 is never handed out, so key 0 is never valid.
+const FIRST_INDEX: u32 = 1;
+const MAX_INDEX: u32 = (1 << 24) - 1;
+
+impl KeyTable {
+    /// Reserves a key for a registration that `fill` will build.
+    pub(crate) fn insert(&mut self, fill: impl FnOnce(u32) -> Arc<MrInner>) -> Result<u32> {
+        let index = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                let i = self.slots.len() as u32 + FIRST_INDEX;
+                if i > MAX_INDEX {
+                    return Err(Error::new(Errno::ENOMEM, "key space exhausted"));
+                }
+                self.slots.push((0, None));
+                i
+            }
+        };
+        let slot = &mut self.slots[(index - FIRST_INDEX) as usize];
+        slot.0 = slot.0.wrapping_add(1);
+        let key = index << 8 | slot.0 as u32;
+        slot.1 = Some(fill(key));
+        Ok(key)
+    }
+
+    pub(crate) fn get(&self, key: u32) -> Option<&Arc<MrInner>> {
+        let index = (key >> 8).checked_sub(FIRST_INDEX)?;
+        match self.slots.get(index as usize)? {
+            (tag, Some(mr)) if *tag == key as u8 => Some(mr),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn replace(&mut self, key: u32, mr: Arc<MrInner>) {
+        let index = (key >> 8) - FIRST_INDEX;
+        self.slots[index as usize].1 = Some(mr);
+    }
+
+    pub(crate) fn remove(&mut self, key: u32) {
+        if self.get(key).is_some() {
+            let index = (key >> 8) - FIRST_INDEX;
+            self.slots[index as usize].1 = None;
+            self.free.push(index + FIRST_INDEX);
+        }
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct MrShared {
+    dev: Arc<DeviceInner>,
+    key: u32,
+    cur: RwLock<Arc<MrInner>>,
+    life: Lifecycle,
+}
+
+impl MrShared {
+    fn teardown(&self) {
+        self.dev.keys.write().remove(self.key);
+        self.cur.read().pd.life.put();
+        ResourceCounts::give(&self.dev.counts.mr);
+    }
+}
+
+impl Drop for MrShared {
+    fn drop(&mut self) {
+        if self.life.destroy().is_ok() {
+            self.teardown();
+        }
+    }
+}
+
+/// What `rereg` changes.
+#[derive(Debug)]
+pub enum Rereg<'a> {
+    /// `IBV_REREG_MR_CHANGE_ACCESS`.
+    Access(AccessFlags),
+    /// `IBV_REREG_MR_CHANGE_PD`.
+    Pd(&'a Pd),
+    /// Both.
+    PdAndAccess(&'a Pd, AccessFlags),
+}
+
+/// A registered memory region (`struct ibv_mr`). Deregistered by [`Mr::dereg`], or when the
+/// last handle is dropped.
+#[derive(Clone, Debug)]
+pub struct Mr(pub(crate) Arc<MrShared>);
+
+/// Access flags `ibv_reg_mr` accepts (bits 0..7 and relaxed ordering), as the kernel's
+/// `IB_ACCESS_SUPPORTED` in Linux 6.1.
+const SUPPORTED_ACCESS: u32 = 0xff | AccessFlags::RELAXED_ORDERING.bits();
+
+fn check_access(access: AccessFlags) -> Result<()> {
+    if access.bits() & !SUPPORTED_ACCESS != 0 {
+        return Err(einval("unsupported access flags"));
+    }
+    if access.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
+        && !access.contains(AccessFlags::LOCAL_WRITE)
+    {
+        return Err(einval("remote write or atomic access needs local write"));
+    }
+    if access.contains(AccessFlags::ON_DEMAND) {
+        return Err(einval("on-demand paging is not supported"));
+    }
+    Ok(())
+}
+
+/// rxe hands out an rkey only to MRs with a remote access right; others report rkey 0.
+fn rkey_for(key: u32, access: AccessFlags) -> u32 {
+    let remote = AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
+    if access.intersects(remote) { key } else { 0 }
+}
+
+impl Mr {
+    fn register(pd: &Pd, region: MemRegion, iova: u64, access: AccessFlags) -> Result<Mr> {
+        check_access(access)?;
+        if region.len() == 0 {
+            return Err(einval("zero-length memory region"));
+        }
+        if iova.checked_add(region.len() as u64 - 1).is_none() {
+            return Err(einval("iova range overflows"));
+        }
+        let dev = pd.0.ctx.device.clone();
+        ResourceCounts::take(&dev.counts.mr, dev.attr.max_mr, "too many memory regions")?;
+        if let Err(e) = pd.0.life.get() {
+            ResourceCounts::give(&dev.counts.mr);
+            return Err(e);
+        }
+        let region = Arc::new(region);
+        let mut made = None;
+        let inserted = dev.keys.write().insert(|key| {
+            let mr = Arc::new(MrInner {
+                pd: pd.0.clone(),
+                region,
+                iova,
+                access,
+                lkey: key,
+                rkey: rkey_for(key, access),
+            });
+            made = Some(mr.clone());
+            mr
+        });
+        let key = match inserted {
+            Ok(k) => k,
+            Err(e) => {
+                pd.0.life.put();
+                ResourceCounts::give(&dev.counts.mr);
+                return Err(e);
+            }
+        };
+        let cur = made.expect("filled by insert");
+        Ok(Mr(Arc::new(MrShared { dev, key, cur: RwLock::new(cur), life: Lifecycle::default() })))
+    }
+
+    pub(crate) fn register_owned(pd: &Pd, len: usize, access: AccessFlags) -> Result<Mr> {
+        let region = MemRegion::owned(len);
+        let iova = region.host_addr();
+        Mr::register(pd, region, iova, access)
+    }
+
+    pub(crate) fn register_raw(
+        pd: &Pd,
+        mem: RawMemory,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<Mr> {
+        Mr::register(pd, mem.0, iova, access)
+    }
+
+    fn snapshot(&self) -> Arc<MrInner> {
+        self.0.cur.read().clone()
+    }
+
+    /// The local key (`ibv_mr.lkey`).
+    pub fn lkey(&self) -> u32 {
+        self.0.key
+    }
+
+    /// The remote key (`ibv_mr.rkey`): the lkey when the MR grants a remote access right,
+    /// else 0 (as rxe reports).
+    pub fn rkey(&self) -> u32 {
+        self.snapshot().rkey
+    }
+
+    /// The address SGEs and remote peers use for the first byte (the iova).
+    pub fn addr(&self) -> u64 {
+        self.snapshot().iova
+    }
+
+    /// Length in bytes.
+    pub fn length(&self) -> usize {
+        self.snapshot().region.len()
+    }
+
+    /// Access flags.
+    pub fn access(&self) -> AccessFlags {
+        self.snapshot().access
+    }
+
+    /// The PD the MR is registered in.
+    pub fn pd(&self) -> Pd {
+        Pd(self.snapshot().pd.clone())
+    }
+
+    /// Copies `data` into the region at byte `offset` (local CPU access, not an RDMA access).
+    pub fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
+        self.snapshot().region.write(offset, data).map_err(|_| einval("outside the region"))
+    }
+
+    /// Copies bytes from the region at `offset` into `out`.
+    pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.snapshot().region.read(offset, out).map_err(|_| einval("outside the region"))
+    }
+
+    /// Reads the native-endian 64-bit word at `offset` (what atomics operate on).
+    pub fn read_u64(&self, offset: usize) -> Result<u64> {
+        let mut b = [0u8; 8];
+        self.read(offset, &mut b)?;
+        Ok(u64::from_ne_bytes(b))
+    }
+
+    /// Writes a native-endian 64-bit word at `offset`.
+    pub fn write_u64(&self, offset: usize, v: u64) -> Result<()> {
+        self.write(offset, &v.to_ne_bytes())
+    }
+
+    /// `ibv_rereg_mr` without a new translation: changes the PD and/or the access flags; the
+    /// lkey stays the same. The rxe profile has no rereg (rdma-core answers `EOPNOTSUPP`).
+    pub fn rereg(&self, what: Rereg<'_>) -> Result<()> {
+        self.0.life.check()?;
+        if self.0.dev.profile == crate::Profile::Rxe {
+            return Err(Error::new(Errno::EOPNOTSUPP, "rxe does not support rereg_mr"));
+        }
+        let old = self.snapshot();
+        let (new_pd, access) = match what {
+            Rereg::Access(a) => (None, a),
+            Rereg::Pd(pd) => (Some(pd), old.access),
+            Rereg::PdAndAccess(pd, a) => (Some(pd), a),
+        };
+        check_access(access)?;
+        let pd = match new_pd {
+            Some(p) => {
+                if !Arc::ptr_eq(&p.0.ctx.device, &self.0.dev) {
+                    return Err(einval("PD belongs to another device"));
+                }
+                p.0.life.get()?;
+                old.pd.life.put();
+                p.0.clone()
+            }
+            None => old.pd.clone(),
+        };
+        let new = Arc::new(MrInner {
+            pd,
+            region: old.region.clone(),
+            iova: old.iova,
+            access,
+            lkey: old.lkey,
+            rkey: rkey_for(old.lkey, access),
+        });
+        let mut keys = self.0.dev.keys.write();
+        keys.replace(self.0.key, new.clone());
+        *self.0.cur.write() = new;
+        Ok(())
+    }
+
+    /// `ibv_dereg_mr`. After it returns no RDMA operation reads or writes the memory.
+    pub fn dereg(&self) -> Result<()> {
+        self.0.life.destroy()?;
+        self.0.teardown();
+        Ok(())
+    }
+}

@@ -1,0 +1,67 @@
+//! Protection domains.
+
+use std::sync::Arc;
+
+use super::{
+    Lifecycle,
+    context::{Context, ContextInner},
+    device::ResourceCounts,
+    mr::Mr,
+};
+use crate::{
+    error::Result,
+    mem::RawMemory,
+    qp::{Qp, QpInitAttr},
+    types::AccessFlags,
+};
+
+#[derive(Debug)]
+pub(crate) struct PdInner {
+    pub(crate) ctx: Arc<ContextInner>,
+    /// Dependents: MRs and QPs.
+    pub(crate) life: Lifecycle,
+}
+
+impl Drop for PdInner {
+    fn drop(&mut self) {
+        ResourceCounts::give(&self.ctx.device.counts.pd);
+    }
+}
+
+/// A protection domain (`struct ibv_pd`).
+#[derive(Clone, Debug)]
+pub struct Pd(pub(crate) Arc<PdInner>);
+
+impl Pd {
+    /// The context the PD belongs to.
+    pub fn context(&self) -> Context {
+        Context(self.0.ctx.clone())
+    }
+
+    /// `ibv_dealloc_pd`: fails with `EBUSY` while MRs or QPs use the PD.
+    pub fn dealloc(&self) -> Result<()> {
+        self.0.life.destroy()
+    }
+
+    /// Registers a new zeroed buffer of `len` bytes owned by the MR (`ibv_reg_mr` on memory the
+    /// emulator allocates, so that no unsafe code is needed). Use [`Mr::addr`] for SGEs.
+    pub fn reg_mr(&self, len: usize, access: AccessFlags) -> Result<Mr> {
+        Mr::register_owned(self, len, access)
+    }
+
+    /// `ibv_reg_mr` / `ibv_reg_mr_iova2` over memory the caller owns: `iova` is the address
+    /// SGEs and remote peers use for its first byte.
+    pub fn reg_mr_raw(&self, mem: RawMemory, iova: u64, access: AccessFlags) -> Result<Mr> {
+        Mr::register_raw(self, mem, iova, access)
+    }
+
+    /// `ibv_create_qp`.
+    pub fn create_qp(&self, init: &QpInitAttr<'_>) -> Result<Qp> {
+        Qp::create(self, init)
+    }
+
+    /// Whether two handles name the same PD.
+    pub fn same(&self, other: &Pd) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}

@@ -1,0 +1,300 @@
+//! Device profiles: every device and port attribute as one table per profile.
+//!
+//! * [`Profile::Rxe`] reports exactly what the kernel's Soft-RoCE (`rxe`, Linux 6.1, rdma-core 44)
+//!   reports: RoCE v2 on an Ethernet link layer, LID 0, a 1024-entry GID table.
+//! * [`Profile::Full`] (the default) is everything the emulator implements; its ports use the
+//!   InfiniBand link layer with LIDs, so programs that address peers by LID (the rdma-core
+//!   examples without `-g`) work unchanged, and GIDs route as well.
+//!
+//! Every limit the emulator enforces comes from here, never from a literal elsewhere.
+
+use crate::types::{AtomicCap, Gid, GidType, LinkLayer, Mtu, PortState};
+
+/// Which device the emulator pretends to be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Profile {
+    /// Exactly the kernel's rxe.
+    Rxe,
+    /// Everything the emulator implements (default).
+    #[default]
+    Full,
+}
+
+impl Profile {
+    /// Parses `rxe` or `full`.
+    pub fn from_name(s: &str) -> Option<Profile> {
+        match s {
+            "rxe" => Some(Profile::Rxe),
+            "full" => Some(Profile::Full),
+            _ => None,
+        }
+    }
+
+    /// The profile's name as [`Profile::from_name`] accepts it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Profile::Rxe => "rxe",
+            Profile::Full => "full",
+        }
+    }
+}
+
+/// `ibv_device_cap_flags` bits used in the tables.
+pub mod cap_flags {
+    pub const BAD_PKEY_CNTR: u32 = 1 << 1;
+    pub const BAD_QKEY_CNTR: u32 = 1 << 2;
+    pub const AUTO_PATH_MIG: u32 = 1 << 4;
+    pub const CHANGE_PHY_PORT: u32 = 1 << 5;
+    pub const UD_AV_PORT_ENFORCE: u32 = 1 << 6;
+    pub const CURR_QP_STATE_MOD: u32 = 1 << 7;
+    pub const SHUTDOWN_PORT: u32 = 1 << 8;
+    pub const PORT_ACTIVE_EVENT: u32 = 1 << 10;
+    pub const SYS_IMAGE_GUID: u32 = 1 << 11;
+    pub const RC_RNR_NAK_GEN: u32 = 1 << 12;
+    pub const SRQ_RESIZE: u32 = 1 << 13;
+    pub const N_NOTIFY_CQ: u32 = 1 << 14;
+    pub const MEM_WINDOW: u32 = 1 << 17;
+    pub const UD_IP_CSUM: u32 = 1 << 18;
+    pub const XRC: u32 = 1 << 20;
+    pub const MEM_MGT_EXTENSIONS: u32 = 1 << 21;
+    pub const MEM_WINDOW_TYPE_2B: u32 = 1 << 24;
+}
+
+/// `struct ibv_device_attr`, field for field.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceAttr {
+    pub fw_ver: &'static str,
+    /// In host byte order; the C mirror stores it big-endian.
+    pub node_guid: u64,
+    pub sys_image_guid: u64,
+    pub max_mr_size: u64,
+    pub page_size_cap: u64,
+    pub vendor_id: u32,
+    pub vendor_part_id: u32,
+    pub hw_ver: u32,
+    pub max_qp: u32,
+    pub max_qp_wr: u32,
+    pub device_cap_flags: u32,
+    pub max_sge: u32,
+    pub max_sge_rd: u32,
+    pub max_cq: u32,
+    pub max_cqe: u32,
+    pub max_mr: u32,
+    pub max_pd: u32,
+    pub max_qp_rd_atom: u32,
+    pub max_ee_rd_atom: u32,
+    pub max_res_rd_atom: u32,
+    pub max_qp_init_rd_atom: u32,
+    pub max_ee_init_rd_atom: u32,
+    pub atomic_cap: AtomicCap,
+    pub max_ee: u32,
+    pub max_rdd: u32,
+    pub max_mw: u32,
+    pub max_raw_ipv6_qp: u32,
+    pub max_raw_ethy_qp: u32,
+    pub max_mcast_grp: u32,
+    pub max_mcast_qp_attach: u32,
+    pub max_total_mcast_qp_attach: u32,
+    pub max_ah: u32,
+    pub max_fmr: u32,
+    pub max_map_per_fmr: u32,
+    pub max_srq: u32,
+    pub max_srq_wr: u32,
+    pub max_srq_sge: u32,
+    pub max_pkeys: u16,
+    pub local_ca_ack_delay: u8,
+    pub phys_port_cnt: u8,
+    /// Largest `max_inline_data` a QP may ask for (rxe: the SGE area of a maximal WQE).
+    pub max_inline_data: u32,
+    /// Number of completion vectors (`ibv_context.num_comp_vectors`).
+    pub num_comp_vectors: u32,
+}
+
+/// `struct ibv_port_attr`, field for field.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortAttr {
+    pub state: PortState,
+    pub max_mtu: Mtu,
+    pub active_mtu: Mtu,
+    pub gid_tbl_len: u32,
+    pub port_cap_flags: u32,
+    pub max_msg_sz: u32,
+    pub bad_pkey_cntr: u32,
+    pub qkey_viol_cntr: u32,
+    pub pkey_tbl_len: u16,
+    pub lid: u16,
+    pub sm_lid: u16,
+    pub lmc: u8,
+    pub max_vl_num: u8,
+    pub sm_sl: u8,
+    pub subnet_timeout: u8,
+    pub init_type_reply: u8,
+    pub active_width: u8,
+    pub active_speed: u8,
+    pub phys_state: u8,
+    pub link_layer: LinkLayer,
+    pub flags: u8,
+    pub port_cap_flags2: u16,
+    pub active_speed_ex: u32,
+}
+
+/// One GID table entry as `ibv_query_gid_ex` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GidEntry {
+    pub gid: Gid,
+    pub index: u32,
+    pub gid_type: GidType,
+}
+
+/// Values shared by both profiles (the rxe ones, from `rxe_param.h` and `ibv_devinfo -v`).
+const RXE_MAX_SGE: u32 = 32;
+/// rxe's inline limit: the SGE area of a WQE with `RXE_MAX_SGE` entries of 16 bytes.
+const RXE_MAX_INLINE: u32 = RXE_MAX_SGE * 16;
+
+/// The device's identity on the fabric, derived from its index so that runs are reproducible.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceIdentity {
+    pub index: u32,
+    /// Locally administered MAC 02:00:00:00:hi:lo.
+    pub mac: [u8; 6],
+    /// EUI-64 of the MAC (the U/L bit flipped), as rxe derives its node GUID.
+    pub guid: u64,
+    /// IPv4 address on the emulated link (TEST-NET-1, never routed).
+    pub ipv4: [u8; 4],
+}
+
+impl DeviceIdentity {
+    pub fn new(index: u32) -> DeviceIdentity {
+        let n = index + 1;
+        let mac = [0x02, 0, 0, 0, (n >> 8) as u8, n as u8];
+        let eui = [mac[0] ^ 0x02, mac[1], mac[2], 0xff, 0xfe, mac[3], mac[4], mac[5]];
+        DeviceIdentity {
+            index,
+            mac,
+            guid: u64::from_be_bytes(eui),
+            ipv4: [192, 0, 2, (n % 254) as u8 + 1],
+        }
+    }
+}
+
+impl Profile {
+    /// The device attribute table for a device with identity `id`.
+    pub fn device_attr(self, id: &DeviceIdentity) -> DeviceAttr {
+        let rxe = DeviceAttr {
+            fw_ver: "0.0.0",
+            node_guid: id.guid,
+            sys_image_guid: id.guid,
+            max_mr_size: u64::MAX,
+            page_size_cap: 0xffff_f000,
+            vendor_id: 0x00ff_ffff,
+            vendor_part_id: 0,
+            hw_ver: 0,
+            max_qp: 1_048_560,
+            max_qp_wr: 1_048_576,
+            device_cap_flags: 0x0122_3c76,
+            max_sge: RXE_MAX_SGE,
+            max_sge_rd: RXE_MAX_SGE,
+            max_cq: 1_048_576,
+            max_cqe: 32_767,
+            max_mr: 524_287,
+            max_pd: 1_048_576,
+            max_qp_rd_atom: 128,
+            max_ee_rd_atom: 0,
+            max_res_rd_atom: 258_048,
+            max_qp_init_rd_atom: 128,
+            max_ee_init_rd_atom: 0,
+            atomic_cap: AtomicCap::HCA,
+            max_ee: 0,
+            max_rdd: 0,
+            max_mw: 524_287,
+            max_raw_ipv6_qp: 0,
+            max_raw_ethy_qp: 0,
+            max_mcast_grp: 8192,
+            max_mcast_qp_attach: 56,
+            max_total_mcast_qp_attach: 458_752,
+            max_ah: 32_767,
+            max_fmr: 0,
+            max_map_per_fmr: 0,
+            max_srq: 917_503,
+            max_srq_wr: 1_048_576,
+            max_srq_sge: 27,
+            max_pkeys: 64,
+            local_ca_ack_delay: 15,
+            phys_port_cnt: 1,
+            max_inline_data: RXE_MAX_INLINE,
+            num_comp_vectors: 2,
+        };
+        match self {
+            Profile::Rxe => rxe,
+            Profile::Full => DeviceAttr {
+                fw_ver: "1.0.0",
+                vendor_id: 0x00ff_ffff,
+                vendor_part_id: 0x454d, // "EM"
+                device_cap_flags: rxe.device_cap_flags | cap_flags::XRC,
+                ..rxe
+            },
+        }
+    }
+
+    /// The attributes of port 1 of the device with identity `id`.
+    pub fn port_attr(self, id: &DeviceIdentity) -> PortAttr {
+        let rxe = PortAttr {
+            state: PortState::ACTIVE,
+            max_mtu: Mtu::MTU_4096,
+            active_mtu: Mtu::MTU_1024,
+            gid_tbl_len: 1024,
+            port_cap_flags: 0x0001_0000, // IB_PORT_CM_SUP
+            max_msg_sz: 0x80_0000,
+            bad_pkey_cntr: 0,
+            qkey_viol_cntr: 0,
+            pkey_tbl_len: 1,
+            lid: 0,
+            sm_lid: 0,
+            lmc: 0,
+            max_vl_num: 1,
+            sm_sl: 0,
+            subnet_timeout: 0,
+            init_type_reply: 0,
+            active_width: 1,
+            active_speed: 1,
+            phys_state: 5, // LinkUp
+            link_layer: LinkLayer::ETHERNET,
+            flags: 0,
+            port_cap_flags2: 0,
+            active_speed_ex: 0,
+        };
+        match self {
+            Profile::Rxe => rxe,
+            Profile::Full => PortAttr {
+                active_mtu: Mtu::MTU_4096,
+                gid_tbl_len: 16,
+                port_cap_flags: 0x0001_0000 | 0x0000_0002 | 0x0400_0000, // CM, SM, CAP_MASK2
+                max_msg_sz: 0x4000_0000,
+                lid: (id.index + 1) as u16,
+                sm_lid: 1,
+                link_layer: LinkLayer::INFINIBAND,
+                active_width: 2,  // 4X
+                active_speed: 32, // EDR
+                ..rxe
+            },
+        }
+    }
+
+    /// The populated GID table entries of port 1.
+    pub fn gid_table(self, id: &DeviceIdentity) -> Vec<GidEntry> {
+        match self {
+            Profile::Rxe => vec![
+                GidEntry { gid: Gid::link_local(id.guid), index: 0, gid_type: GidType::ROCE_V2 },
+                GidEntry { gid: Gid::ipv4_mapped(id.ipv4), index: 1, gid_type: GidType::ROCE_V2 },
+            ],
+            Profile::Full => {
+                vec![GidEntry { gid: Gid::link_local(id.guid), index: 0, gid_type: GidType::IB }]
+            }
+        }
+    }
+
+    /// The P_Key table of port 1: the default full-membership key only.
+    pub fn pkey_table(self) -> Vec<u16> {
+        vec![0xffff]
+    }
+}

@@ -1,0 +1,569 @@
+//! Queue pairs: the QP object, its attributes, and `modify` through the state tables.
+//!
+//! The data path lives in `engine`; this module owns creation, validation of attributes, state
+//! transitions and their side effects, and the entry points `post_send` / `post_recv`.
+
+mod connect;
+pub(crate) mod queue;
+pub mod state;
+mod wr;
+
+use std::{collections::VecDeque, sync::Arc};
+
+use parking_lot::Mutex;
+
+use self::queue::{RecvQueue, SendQueue};
+pub use self::{
+    connect::{Endpoint, RcParams},
+    wr::{RecvWr, SendWr},
+};
+use crate::{
+    engine::{self, Driver, packet::Packet, requester::Requester, responder::Responder},
+    error::{Errno, Error, Result, einval},
+    objects::{
+        Lifecycle,
+        context::{AsyncEvent, ContextInner, EventElement},
+        cq::{Cq, CqInner},
+        device::ResourceCounts,
+        event::EventCount,
+        pd::{Pd, PdInner},
+    },
+    types::{AccessFlags, AhAttr, EventType, LinkLayer, Mtu, QpAttrMask, QpState, QpType},
+};
+
+/// Queue sizes (`struct ibv_qp_cap`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QpCap {
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+    pub max_inline_data: u32,
+}
+
+/// What `ibv_create_qp` takes.
+#[derive(Debug, Clone, Copy)]
+pub struct QpInitAttr<'a> {
+    pub qp_type: QpType,
+    pub send_cq: &'a Cq,
+    pub recv_cq: &'a Cq,
+    pub cap: QpCap,
+    /// `sq_sig_all`: every send WR generates a completion.
+    pub sq_sig_all: bool,
+}
+
+/// `struct ibv_qp_attr`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QpAttr {
+    pub qp_state: QpState,
+    pub cur_qp_state: QpState,
+    pub path_mtu: Mtu,
+    pub path_mig_state: u32,
+    pub qkey: u32,
+    pub rq_psn: u32,
+    pub sq_psn: u32,
+    pub dest_qp_num: u32,
+    pub qp_access_flags: AccessFlags,
+    pub cap: QpCap,
+    pub ah_attr: AhAttr,
+    pub alt_ah_attr: AhAttr,
+    pub pkey_index: u16,
+    pub alt_pkey_index: u16,
+    pub en_sqd_async_notify: u8,
+    pub sq_draining: u8,
+    pub max_rd_atomic: u8,
+    pub max_dest_rd_atomic: u8,
+    pub min_rnr_timer: u8,
+    pub port_num: u8,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub alt_port_num: u8,
+    pub alt_timeout: u8,
+    pub rate_limit: u32,
+}
+
+/// Per-QP state, guarded by `QpShared::inner`.
+#[derive(Debug)]
+pub(crate) struct QpInner {
+    pub(crate) state: QpState,
+    /// Attributes as last set by `modify` (what `query` reports, with live PSNs).
+    pub(crate) attr: QpAttr,
+    pub(crate) sq: SendQueue,
+    pub(crate) rq: RecvQueue,
+    pub(crate) req: Requester,
+    pub(crate) resp: Responder,
+    /// Path MTU in bytes (from `path_mtu`).
+    pub(crate) mtu: u32,
+    /// The device the address vector leads to, resolved when the AV is set.
+    pub(crate) dest_dev: Option<u32>,
+}
+
+#[derive(Debug)]
+pub(crate) struct QpShared {
+    pub(crate) qpn: u32,
+    pub(crate) qp_type: QpType,
+    pub(crate) ctx: Arc<ContextInner>,
+    pub(crate) pd: Arc<PdInner>,
+    pub(crate) send_cq: Arc<CqInner>,
+    pub(crate) recv_cq: Arc<CqInner>,
+    pub(crate) sq_sig_all: bool,
+    pub(crate) cap: QpCap,
+    pub(crate) inner: Mutex<QpInner>,
+    /// Packets delivered by the fabric, drained in order by whoever services the QP.
+    pub(crate) inbox: Mutex<VecDeque<Packet>>,
+    pub(crate) life: Lifecycle,
+    pub(crate) async_events: EventCount,
+}
+
+impl QpShared {
+    pub(crate) fn device_index(&self) -> u32 {
+        self.ctx.device.id.index
+    }
+
+    /// Raises an affiliated async event on this QP.
+    pub(crate) fn raise(self: &Arc<QpShared>, event_type: EventType) {
+        self.ctx.raise(AsyncEvent { event_type, element: EventElement::Qp(Qp(self.clone())) });
+    }
+
+    fn release(&self) {
+        self.ctx.fabric.unregister_qp(self.qpn);
+        self.send_cq.life.put();
+        self.recv_cq.life.put();
+        self.pd.life.put();
+        ResourceCounts::give(&self.ctx.device.counts.qp);
+    }
+}
+
+impl Drop for QpShared {
+    fn drop(&mut self) {
+        if self.life.destroy().is_ok() {
+            self.release();
+        }
+    }
+}
+
+/// rxe sizes each queue to a power of two with one slot kept empty; the usable depth is the
+/// smallest `2^n - 1 >= requested` (at least 1).
+fn granted_depth(n: u32) -> u32 {
+    (n.max(1) + 1).next_power_of_two() - 1
+}
+
+/// The caps rxe grants: the send WQE is sized for `max(sge * 16, inline)` bytes, and both
+/// `max_send_sge` and `max_inline_data` are reported as what that size holds.
+fn granted_cap(req: &QpCap) -> QpCap {
+    let wqe = (req.max_send_sge * 16).max(req.max_inline_data);
+    QpCap {
+        max_send_wr: granted_depth(req.max_send_wr),
+        max_recv_wr: granted_depth(req.max_recv_wr),
+        max_send_sge: wqe / 16,
+        max_recv_sge: req.max_recv_sge,
+        max_inline_data: wqe,
+    }
+}
+
+/// A queue pair (`struct ibv_qp`). Cheap to clone; all clones are the same QP.
+#[derive(Clone, Debug)]
+pub struct Qp(pub(crate) Arc<QpShared>);
+
+impl Qp {
+    pub(crate) fn create(pd: &Pd, init: &QpInitAttr<'_>) -> Result<Qp> {
+        let ctx = &pd.0.ctx;
+        let dev = &ctx.device;
+        match init.qp_type {
+            QpType::RC => {}
+            QpType::UC | QpType::UD | QpType::XRC_SEND | QpType::XRC_RECV | QpType::RAW_PACKET => {
+                return Err(Error::new(Errno::EOPNOTSUPP, "QP type not implemented yet"));
+            }
+            _ => return Err(einval("unknown QP type")),
+        }
+        for cq in [init.send_cq, init.recv_cq] {
+            if !Arc::ptr_eq(&cq.0.ctx, ctx) {
+                return Err(einval("CQ belongs to another context"));
+            }
+        }
+        let a = &dev.attr;
+        let c = &init.cap;
+        if c.max_send_wr > a.max_qp_wr || c.max_recv_wr > a.max_qp_wr {
+            return Err(einval("max_send_wr / max_recv_wr above max_qp_wr"));
+        }
+        if c.max_send_sge > a.max_sge || c.max_recv_sge > a.max_sge {
+            return Err(einval("max_send_sge / max_recv_sge above max_sge"));
+        }
+        if c.max_inline_data > a.max_inline_data {
+            return Err(einval("max_inline_data above the device limit"));
+        }
+        let cap = granted_cap(c);
+        ResourceCounts::take(&dev.counts.qp, a.max_qp, "too many queue pairs")?;
+        // Take the dependents' references in order, undoing on failure.
+        let mut taken: Vec<&Lifecycle> = Vec::with_capacity(3);
+        for life in [&pd.0.life, &init.send_cq.0.life, &init.recv_cq.0.life] {
+            if let Err(e) = life.get() {
+                taken.iter().for_each(|l| l.put());
+                ResourceCounts::give(&dev.counts.qp);
+                return Err(e);
+            }
+            taken.push(life);
+        }
+        let made = ctx.fabric.register_qp(|qpn| {
+            Arc::new(QpShared {
+                qpn,
+                qp_type: init.qp_type,
+                ctx: ctx.clone(),
+                pd: pd.0.clone(),
+                send_cq: init.send_cq.0.clone(),
+                recv_cq: init.recv_cq.0.clone(),
+                sq_sig_all: init.sq_sig_all,
+                cap,
+                inner: Mutex::new(QpInner {
+                    state: QpState::RESET,
+                    attr: QpAttr { cap, port_num: 1, ..Default::default() },
+                    sq: SendQueue::new(cap.max_send_wr, cap.max_send_sge, cap.max_inline_data),
+                    rq: RecvQueue::new(cap.max_recv_wr, cap.max_recv_sge),
+                    req: Requester::default(),
+                    resp: Responder::default(),
+                    mtu: 256,
+                    dest_dev: None,
+                }),
+                inbox: Mutex::new(VecDeque::new()),
+                life: Lifecycle::default(),
+                async_events: EventCount::default(),
+            })
+        });
+        match made {
+            Some(qp) => Ok(Qp(qp)),
+            None => {
+                taken.iter().for_each(|l| l.put());
+                ResourceCounts::give(&dev.counts.qp);
+                Err(Error::new(Errno::ENOMEM, "QP numbers exhausted"))
+            }
+        }
+    }
+
+    /// The QP number.
+    pub fn qp_num(&self) -> u32 {
+        self.0.qpn
+    }
+
+    pub fn qp_type(&self) -> QpType {
+        self.0.qp_type
+    }
+
+    /// Current state.
+    pub fn state(&self) -> QpState {
+        self.0.inner.lock().state
+    }
+
+    /// The caps granted at creation.
+    pub fn cap(&self) -> QpCap {
+        self.0.cap
+    }
+
+    pub fn send_cq(&self) -> Cq {
+        Cq(self.0.send_cq.clone())
+    }
+
+    pub fn recv_cq(&self) -> Cq {
+        Cq(self.0.recv_cq.clone())
+    }
+
+    pub fn pd(&self) -> Pd {
+        Pd(self.0.pd.clone())
+    }
+
+    /// Whether every send WR generates a completion.
+    pub fn sq_sig_all(&self) -> bool {
+        self.0.sq_sig_all
+    }
+
+    /// Whether two handles name the same QP.
+    pub fn same(&self, other: &Qp) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
+    /// `ibv_query_qp`: the attributes, with the current state and PSNs.
+    pub fn query(&self) -> Result<QpAttr> {
+        self.0.life.check()?;
+        let g = self.0.inner.lock();
+        let mut a = g.attr;
+        a.qp_state = g.state;
+        a.cur_qp_state = g.state;
+        a.cap = self.0.cap;
+        a.sq_psn = g.req.psn;
+        a.rq_psn = g.resp.epsn;
+        a.sq_draining = (g.state == QpState::SQD && g.sq.in_flight() > 0) as u8;
+        Ok(a)
+    }
+
+    /// `ibv_modify_qp`.
+    pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
+        self.0.life.check()?;
+        let qp = &self.0;
+        let mut drv = Driver::new(&qp.ctx.fabric);
+        {
+            let mut g = qp.inner.lock();
+            let cur = g.state;
+            if mask.contains(QpAttrMask::CUR_STATE) && attr.cur_qp_state != cur {
+                return Err(einval("cur_qp_state is not the QP's state"));
+            }
+            let next = if mask.contains(QpAttrMask::STATE) { attr.qp_state } else { cur };
+            if next.0 > QpState::ERR.0 {
+                return Err(einval("qp_state out of range"));
+            }
+            state::check(qp.qp_type, cur, next, mask)
+                .map_err(|_| einval("invalid state transition or attribute mask"))?;
+            self.check_values(attr, mask)?;
+            apply(qp, &mut g, attr, mask);
+            transition(qp, &mut g, cur, next, &mut drv);
+        }
+        drv.finish();
+        Ok(())
+    }
+
+    fn check_values(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
+        let dev = &self.0.ctx.device;
+        let port_num = if mask.contains(QpAttrMask::PORT) { attr.port_num } else { 1 };
+        let port = dev.port(port_num)?;
+        let pattr = port.attr.lock().clone();
+        if mask.contains(QpAttrMask::PKEY_INDEX) && attr.pkey_index >= pattr.pkey_tbl_len {
+            return Err(einval("pkey_index beyond the P_Key table"));
+        }
+        if mask.contains(QpAttrMask::PATH_MTU)
+            && (attr.path_mtu.bytes().is_none() || attr.path_mtu > pattr.max_mtu)
+        {
+            return Err(einval("path_mtu invalid or above the port's max_mtu"));
+        }
+        if mask.contains(QpAttrMask::MAX_QP_RD_ATOMIC)
+            && attr.max_rd_atomic as u32 > dev.attr.max_qp_init_rd_atom
+        {
+            return Err(einval("max_rd_atomic above max_qp_init_rd_atom"));
+        }
+        if mask.contains(QpAttrMask::MAX_DEST_RD_ATOMIC)
+            && attr.max_dest_rd_atomic as u32 > dev.attr.max_qp_rd_atom
+        {
+            return Err(einval("max_dest_rd_atomic above max_qp_rd_atom"));
+        }
+        if mask.contains(QpAttrMask::TIMEOUT) && attr.timeout > 31 {
+            return Err(einval("timeout above 31"));
+        }
+        if mask.contains(QpAttrMask::RETRY_CNT) && attr.retry_cnt > 7 {
+            return Err(einval("retry_cnt above 7"));
+        }
+        if mask.contains(QpAttrMask::RNR_RETRY) && attr.rnr_retry > 7 {
+            return Err(einval("rnr_retry above 7"));
+        }
+        if mask.contains(QpAttrMask::MIN_RNR_TIMER) && attr.min_rnr_timer > 31 {
+            return Err(einval("min_rnr_timer above 31"));
+        }
+        if mask.contains(QpAttrMask::AV) {
+            let ah = &attr.ah_attr;
+            if pattr.link_layer == LinkLayer::ETHERNET && !ah.is_global {
+                return Err(einval("RoCE address vectors need a GRH"));
+            }
+            if ah.is_global && ah.sgid_index as u32 >= pattr.gid_tbl_len {
+                return Err(einval("sgid_index beyond the GID table"));
+            }
+            if ah.is_global && !port.gids.iter().any(|e| e.index == ah.sgid_index as u32) {
+                return Err(einval("sgid_index names an empty GID entry"));
+            }
+        }
+        Ok(())
+    }
+
+    /// `ibv_post_send` of one WR.
+    pub fn post_send(&self, wr: &SendWr<'_>) -> Result<()> {
+        self.post_send_list(std::slice::from_ref(wr)).map_err(|(_, e)| e)
+    }
+
+    /// `ibv_post_send` of a list: on failure, the index of the first WR not posted (`bad_wr`)
+    /// and why. WRs before it were posted.
+    pub fn post_send_list(&self, wrs: &[SendWr<'_>]) -> Result<(), (usize, Error)> {
+        let qp = &self.0;
+        let mut drv = Driver::new(&qp.ctx.fabric);
+        let mut res = Ok(());
+        {
+            let mut g = qp.inner.lock();
+            for (i, wr) in wrs.iter().enumerate() {
+                if let Err(e) = engine::requester::post(qp, &mut g, wr) {
+                    res = Err((i, e));
+                    break;
+                }
+            }
+            engine::step(qp, &mut g, &mut drv);
+        }
+        drv.finish();
+        res
+    }
+
+    /// `ibv_post_recv` of one WR.
+    pub fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()> {
+        self.post_recv_list(std::slice::from_ref(wr)).map_err(|(_, e)| e)
+    }
+
+    /// `ibv_post_recv` of a list; see [`Qp::post_send_list`] for the failure index.
+    pub fn post_recv_list(&self, wrs: &[RecvWr<'_>]) -> Result<(), (usize, Error)> {
+        let qp = &self.0;
+        let mut drv = Driver::new(&qp.ctx.fabric);
+        let mut res = Ok(());
+        {
+            let mut g = qp.inner.lock();
+            for (i, wr) in wrs.iter().enumerate() {
+                if let Err(e) = engine::responder::post_recv(qp, &mut g, wr) {
+                    res = Err((i, e));
+                    break;
+                }
+            }
+            engine::step(qp, &mut g, &mut drv);
+        }
+        drv.finish();
+        res
+    }
+
+    /// `ibv_destroy_qp`: the QP leaves the fabric at once (packets to it are dropped, its
+    /// queued WRs are discarded without completions), then the call waits until every async
+    /// event reported on the QP has been acknowledged.
+    pub fn destroy(&self) -> Result<()> {
+        self.0.life.destroy()?;
+        self.0.ctx.fabric.unregister_qp(self.0.qpn);
+        {
+            let mut g = self.0.inner.lock();
+            g.state = QpState::RESET;
+            g.sq.clear();
+            g.rq.clear();
+            self.0.inbox.lock().clear();
+        }
+        self.0
+            .ctx
+            .discard_events(|e| matches!(e, EventElement::Qp(q) if Arc::ptr_eq(&q.0, &self.0)));
+        self.0.async_events.wait_all_acked();
+        self.0.release();
+        Ok(())
+    }
+}
+
+/// Stores the attributes named by `mask`.
+fn apply(qp: &QpShared, g: &mut QpInner, attr: &QpAttr, mask: QpAttrMask) {
+    let a = &mut g.attr;
+    if mask.contains(QpAttrMask::ACCESS_FLAGS) {
+        a.qp_access_flags = attr.qp_access_flags;
+    }
+    if mask.contains(QpAttrMask::PKEY_INDEX) {
+        a.pkey_index = attr.pkey_index;
+    }
+    if mask.contains(QpAttrMask::PORT) {
+        a.port_num = attr.port_num;
+    }
+    if mask.contains(QpAttrMask::QKEY) {
+        a.qkey = attr.qkey;
+    }
+    if mask.contains(QpAttrMask::AV) {
+        a.ah_attr = attr.ah_attr;
+        g.dest_dev = qp.ctx.fabric.route(&attr.ah_attr);
+    }
+    if mask.contains(QpAttrMask::ALT_PATH) {
+        a.alt_ah_attr = attr.alt_ah_attr;
+        a.alt_pkey_index = attr.alt_pkey_index;
+        a.alt_port_num = attr.alt_port_num;
+        a.alt_timeout = attr.alt_timeout;
+    }
+    if mask.contains(QpAttrMask::PATH_MTU) {
+        a.path_mtu = attr.path_mtu;
+        g.mtu = attr.path_mtu.bytes().expect("checked");
+    }
+    if mask.contains(QpAttrMask::PATH_MIG_STATE) {
+        a.path_mig_state = attr.path_mig_state;
+    }
+    if mask.contains(QpAttrMask::TIMEOUT) {
+        a.timeout = attr.timeout;
+    }
+    if mask.contains(QpAttrMask::RETRY_CNT) {
+        a.retry_cnt = attr.retry_cnt;
+        g.req.retry_left = attr.retry_cnt;
+    }
+    if mask.contains(QpAttrMask::RNR_RETRY) {
+        a.rnr_retry = attr.rnr_retry;
+        g.req.rnr_retry_left = attr.rnr_retry;
+    }
+    if mask.contains(QpAttrMask::RQ_PSN) {
+        a.rq_psn = attr.rq_psn & engine::PSN_MASK;
+        g.resp.epsn = a.rq_psn;
+    }
+    if mask.contains(QpAttrMask::SQ_PSN) {
+        a.sq_psn = attr.sq_psn & engine::PSN_MASK;
+        g.req.psn = a.sq_psn;
+    }
+    if mask.contains(QpAttrMask::MAX_QP_RD_ATOMIC) {
+        a.max_rd_atomic = attr.max_rd_atomic;
+    }
+    if mask.contains(QpAttrMask::MAX_DEST_RD_ATOMIC) {
+        a.max_dest_rd_atomic = attr.max_dest_rd_atomic;
+    }
+    if mask.contains(QpAttrMask::MIN_RNR_TIMER) {
+        a.min_rnr_timer = attr.min_rnr_timer;
+    }
+    if mask.contains(QpAttrMask::DEST_QPN) {
+        a.dest_qp_num = attr.dest_qp_num & engine::PSN_MASK;
+    }
+    if mask.contains(QpAttrMask::EN_SQD_ASYNC_NOTIFY) {
+        a.en_sqd_async_notify = attr.en_sqd_async_notify;
+    }
+    if mask.contains(QpAttrMask::RATE_LIMIT) {
+        a.rate_limit = attr.rate_limit;
+    }
+}
+
+/// Side effects of entering `next` from `cur`.
+fn transition(
+    qp: &Arc<QpShared>,
+    g: &mut QpInner,
+    cur: QpState,
+    next: QpState,
+    drv: &mut Driver<'_>,
+) {
+    if cur == next && next != QpState::SQD {
+        return;
+    }
+    match next {
+        QpState::RESET => {
+            g.state = QpState::RESET;
+            g.sq.clear();
+            g.rq.clear();
+            g.req = Requester::default();
+            g.resp = Responder::default();
+            g.attr = QpAttr { cap: qp.cap, port_num: g.attr.port_num, ..Default::default() };
+            qp.inbox.lock().clear();
+        }
+        QpState::ERR => engine::enter_error(qp, g),
+        QpState::SQD => {
+            g.state = QpState::SQD;
+            engine::step(qp, g, drv);
+        }
+        _ => {
+            g.state = next;
+            // Work queued while the QP could not send (e.g. posted in SQD) goes out now.
+            engine::step(qp, g, drv);
+        }
+    }
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+
+    #[test]
+    fn test_granted_caps_follow_rxe_sizing() {
+        let c = granted_cap(&QpCap {
+            max_send_wr: 10,
+            max_recv_wr: 16,
+            max_send_sge: 2,
+            max_recv_sge: 3,
+            max_inline_data: 100,
+        });
+        assert_eq!(c.max_send_wr, 15);
+        assert_eq!(c.max_recv_wr, 31);
+        assert_eq!(c.max_inline_data, 100);
+        assert_eq!(c.max_send_sge, 6);
+        assert_eq!(c.max_recv_sge, 3);
+        assert_eq!(granted_depth(0), 1);
+    }
+}

@@ -1,0 +1,145 @@
+//! The send and receive queues: fixed rings of preallocated WQE slots, so posting never
+//! allocates (a NIC's queues are fixed-size too).
+
+use crate::types::{SendFlags, Sge, WcStatus, WrOpcode};
+
+/// A send WQE: the posted request plus what the requester recorded when it transmitted it.
+#[derive(Debug, Default)]
+pub(crate) struct SendWqe {
+    pub(crate) wr_id: u64,
+    pub(crate) opcode: WrOpcode,
+    pub(crate) flags: SendFlags,
+    /// Capacity `max_send_sge`, reused across posts.
+    pub(crate) sges: Vec<Sge>,
+    /// Capacity `max_inline_data`, reused across posts.
+    pub(crate) inline: Vec<u8>,
+    pub(crate) imm: u32,
+    pub(crate) remote_addr: u64,
+    pub(crate) rkey: u32,
+    pub(crate) compare_add: u64,
+    pub(crate) swap: u64,
+    /// Total message length.
+    pub(crate) length: u32,
+    /// First and last PSN the message (and, for a READ, its response) occupies.
+    pub(crate) first_psn: u32,
+    pub(crate) last_psn: u32,
+    /// Status to complete with when the WQE is flushed or failed.
+    pub(crate) status: WcStatus,
+}
+
+impl SendWqe {
+    pub(crate) fn is_read_or_atomic(&self) -> bool {
+        matches!(
+            self.opcode,
+            WrOpcode::RDMA_READ | WrOpcode::ATOMIC_CMP_AND_SWP | WrOpcode::ATOMIC_FETCH_AND_ADD
+        )
+    }
+}
+
+/// A receive WQE.
+#[derive(Debug, Default)]
+pub(crate) struct RecvWqe {
+    pub(crate) wr_id: u64,
+    /// Capacity `max_recv_sge`, reused across posts.
+    pub(crate) sges: Vec<Sge>,
+}
+
+/// A ring of `cap` slots addressed by free-running `u32` counters (`idx % cap`).
+#[derive(Debug)]
+pub(crate) struct Ring<T> {
+    slots: Vec<T>,
+}
+
+impl<T> Ring<T> {
+    pub(crate) fn new(cap: u32, mut make: impl FnMut() -> T) -> Ring<T> {
+        Ring { slots: (0..cap.max(1)).map(|_| make()).collect() }
+    }
+
+    pub(crate) fn cap(&self) -> u32 {
+        self.slots.len() as u32
+    }
+
+    pub(crate) fn at(&self, idx: u32) -> &T {
+        &self.slots[(idx % self.cap()) as usize]
+    }
+
+    pub(crate) fn at_mut(&mut self, idx: u32) -> &mut T {
+        let cap = self.cap();
+        &mut self.slots[(idx % cap) as usize]
+    }
+}
+
+/// The send queue. Invariant: `tail <= next <= head` (wrapping counters):
+/// `tail..next` were transmitted and await completion, `next..head` wait to be transmitted.
+#[derive(Debug)]
+pub(crate) struct SendQueue {
+    pub(crate) ring: Ring<SendWqe>,
+    /// Usable depth (`cap.max_send_wr`).
+    pub(crate) depth: u32,
+    pub(crate) head: u32,
+    pub(crate) next: u32,
+    pub(crate) tail: u32,
+}
+
+impl SendQueue {
+    pub(crate) fn new(depth: u32, max_sge: u32, max_inline: u32) -> SendQueue {
+        SendQueue {
+            ring: Ring::new(depth, || SendWqe {
+                sges: Vec::with_capacity(max_sge as usize),
+                inline: Vec::with_capacity(max_inline as usize),
+                ..Default::default()
+            }),
+            depth,
+            head: 0,
+            next: 0,
+            tail: 0,
+        }
+    }
+
+    pub(crate) fn len(&self) -> u32 {
+        self.head.wrapping_sub(self.tail)
+    }
+
+    /// WQEs transmitted and not yet completed.
+    pub(crate) fn in_flight(&self) -> u32 {
+        self.next.wrapping_sub(self.tail)
+    }
+
+    pub(crate) fn clear(&mut self) {
+        self.head = 0;
+        self.next = 0;
+        self.tail = 0;
+    }
+}
+
+/// The receive queue: `tail..head` are posted and unconsumed.
+#[derive(Debug)]
+pub(crate) struct RecvQueue {
+    pub(crate) ring: Ring<RecvWqe>,
+    pub(crate) depth: u32,
+    pub(crate) head: u32,
+    pub(crate) tail: u32,
+}
+
+impl RecvQueue {
+    pub(crate) fn new(depth: u32, max_sge: u32) -> RecvQueue {
+        RecvQueue {
+            ring: Ring::new(depth, || RecvWqe {
+                wr_id: 0,
+                sges: Vec::with_capacity(max_sge as usize),
+            }),
+            depth,
+            head: 0,
+            tail: 0,
+        }
+    }
+
+    pub(crate) fn len(&self) -> u32 {
+        self.head.wrapping_sub(self.tail)
+    }
+
+    pub(crate) fn clear(&mut self) {
+        self.head = 0;
+        self.tail = 0;
+    }
+}

@@ -1,0 +1,119 @@
+//! Work requests as the application posts them.
+
+use crate::types::{SendFlags, Sge, WrOpcode};
+
+/// A send work request (`struct ibv_send_wr`, one element of the list).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SendWr<'a> {
+    pub wr_id: u64,
+    pub opcode: WrOpcode,
+    pub send_flags: SendFlags,
+    /// Gather list. Every element is checked against its MR when the WR executes.
+    pub sg_list: &'a [Sge],
+    /// With `SendFlags::INLINE`: the bytes to send, copied at post time (the C shim gathers
+    /// the application's SGEs into it; no lkey is needed).
+    pub inline_data: &'a [u8],
+    /// Immediate data for `*_WITH_IMM`, as the application wrote it (network order in C).
+    pub imm_data: u32,
+    /// RDMA and atomic target address and key.
+    pub remote_addr: u64,
+    pub rkey: u32,
+    /// `compare_add` for both atomics; `swap` for compare-and-swap.
+    pub compare_add: u64,
+    pub swap: u64,
+}
+
+impl<'a> SendWr<'a> {
+    /// A SEND of `sg_list`.
+    pub fn send(wr_id: u64, sg_list: &'a [Sge]) -> Self {
+        SendWr { wr_id, opcode: WrOpcode::SEND, sg_list, ..Default::default() }
+    }
+
+    /// An RDMA WRITE of `sg_list` to `remote_addr` under `rkey`.
+    pub fn write(wr_id: u64, sg_list: &'a [Sge], remote_addr: u64, rkey: u32) -> Self {
+        SendWr {
+            wr_id,
+            opcode: WrOpcode::RDMA_WRITE,
+            sg_list,
+            remote_addr,
+            rkey,
+            ..Default::default()
+        }
+    }
+
+    /// An RDMA READ from `remote_addr` under `rkey` into `sg_list`.
+    pub fn read(wr_id: u64, sg_list: &'a [Sge], remote_addr: u64, rkey: u32) -> Self {
+        SendWr {
+            wr_id,
+            opcode: WrOpcode::RDMA_READ,
+            sg_list,
+            remote_addr,
+            rkey,
+            ..Default::default()
+        }
+    }
+
+    /// An atomic fetch-and-add of `add` at `remote_addr`; the old value lands in `sg_list`.
+    pub fn fetch_add(
+        wr_id: u64,
+        sg_list: &'a [Sge],
+        remote_addr: u64,
+        rkey: u32,
+        add: u64,
+    ) -> Self {
+        SendWr {
+            wr_id,
+            opcode: WrOpcode::ATOMIC_FETCH_AND_ADD,
+            sg_list,
+            remote_addr,
+            rkey,
+            compare_add: add,
+            ..Default::default()
+        }
+    }
+
+    /// An atomic compare-and-swap at `remote_addr`; the old value lands in `sg_list`.
+    pub fn cmp_swap(
+        wr_id: u64,
+        sg_list: &'a [Sge],
+        remote_addr: u64,
+        rkey: u32,
+        compare: u64,
+        swap: u64,
+    ) -> Self {
+        SendWr {
+            wr_id,
+            opcode: WrOpcode::ATOMIC_CMP_AND_SWP,
+            sg_list,
+            remote_addr,
+            rkey,
+            compare_add: compare,
+            swap,
+            ..Default::default()
+        }
+    }
+
+    /// Adds `IBV_SEND_SIGNALED`.
+    pub fn signaled(mut self) -> Self {
+        self.send_flags |= SendFlags::SIGNALED;
+        self
+    }
+
+    /// Sets the opcode's `_WITH_IMM` variant's immediate data and opcode.
+    pub fn with_imm(mut self, imm: u32) -> Self {
+        self.imm_data = imm;
+        self.opcode = match self.opcode {
+            WrOpcode::SEND => WrOpcode::SEND_WITH_IMM,
+            WrOpcode::RDMA_WRITE => WrOpcode::RDMA_WRITE_WITH_IMM,
+            other => other,
+        };
+        self
+    }
+}
+
+/// A receive work request (`struct ibv_recv_wr`, one element of the list).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RecvWr<'a> {
+    pub wr_id: u64,
+    pub sg_list: &'a [Sge],
+}

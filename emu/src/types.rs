@@ -1,0 +1,276 @@
+//! Value types of the verbs interface, with the numeric values of `<infiniband/verbs.h>`.
+//!
+//! Enumerations that a C caller can hand us are open newtypes (`WcStatus(u32)` with named
+//! constants), never Rust enums: an out-of-range value from C must be representable so that it
+//! can be rejected with `EINVAL` instead of being undefined behaviour.
+
+use bitflags::bitflags;
+
+/// Declares an open enumeration: a transparent newtype with named constants and a `Debug` that
+/// prints the constant's name.
+macro_rules! open_enum {
+    ($(#[$m:meta])* $name:ident($repr:ty) { $($(#[$vm:meta])* $v:ident = $val:expr,)* }) => {
+        $(#[$m])*
+        #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+        #[repr(transparent)]
+        pub struct $name(pub $repr);
+        impl $name {
+            $($(#[$vm])* pub const $v: $name = $name($val);)*
+            /// The constant's name, if the value is a known one.
+            pub fn name(self) -> Option<&'static str> {
+                match self.0 { $(x if x == $val => Some(stringify!($v)),)* _ => None }
+            }
+        }
+        impl std::fmt::Debug for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                match self.name() {
+                    Some(n) => f.write_str(n),
+                    None => write!(f, "{}({})", stringify!($name), self.0),
+                }
+            }
+        }
+    };
+}
+
+open_enum! {
+    /// `enum ibv_wc_status`.
+    WcStatus(u32) {
+        SUCCESS = 0, LOC_LEN_ERR = 1, LOC_QP_OP_ERR = 2, LOC_EEC_OP_ERR = 3, LOC_PROT_ERR = 4,
+        WR_FLUSH_ERR = 5, MW_BIND_ERR = 6, BAD_RESP_ERR = 7, LOC_ACCESS_ERR = 8,
+        REM_INV_REQ_ERR = 9, REM_ACCESS_ERR = 10, REM_OP_ERR = 11, RETRY_EXC_ERR = 12,
+        RNR_RETRY_EXC_ERR = 13, LOC_RDD_VIOL_ERR = 14, REM_INV_RD_REQ_ERR = 15,
+        REM_ABORT_ERR = 16, INV_EECN_ERR = 17, INV_EEC_STATE_ERR = 18, FATAL_ERR = 19,
+        RESP_TIMEOUT_ERR = 20, GENERAL_ERR = 21,
+    }
+}
+
+open_enum! {
+    /// `enum ibv_wc_opcode`.
+    WcOpcode(u32) {
+        SEND = 0, RDMA_WRITE = 1, RDMA_READ = 2, COMP_SWAP = 3, FETCH_ADD = 4, BIND_MW = 5,
+        LOCAL_INV = 6, TSO = 7, ATOMIC_WRITE = 9, RECV = 128, RECV_RDMA_WITH_IMM = 129,
+    }
+}
+
+open_enum! {
+    /// `enum ibv_wr_opcode`.
+    WrOpcode(u32) {
+        RDMA_WRITE = 0, RDMA_WRITE_WITH_IMM = 1, SEND = 2, SEND_WITH_IMM = 3, RDMA_READ = 4,
+        ATOMIC_CMP_AND_SWP = 5, ATOMIC_FETCH_AND_ADD = 6, LOCAL_INV = 7, BIND_MW = 8,
+        SEND_WITH_INV = 9, TSO = 10, DRIVER1 = 11, FLUSH = 14, ATOMIC_WRITE = 15,
+    }
+}
+
+open_enum! {
+    /// `enum ibv_qp_type`.
+    QpType(u32) {
+        RC = 2, UC = 3, UD = 4, RAW_PACKET = 8, XRC_SEND = 9, XRC_RECV = 10, DRIVER = 0xff,
+    }
+}
+
+open_enum! {
+    /// `enum ibv_qp_state`.
+    QpState(u32) {
+        RESET = 0, INIT = 1, RTR = 2, RTS = 3, SQD = 4, SQE = 5, ERR = 6, UNKNOWN = 7,
+    }
+}
+
+open_enum! {
+    /// `enum ibv_mtu`.
+    Mtu(u32) { MTU_256 = 1, MTU_512 = 2, MTU_1024 = 3, MTU_2048 = 4, MTU_4096 = 5, }
+}
+
+impl Mtu {
+    /// The MTU in bytes, or `None` for a value outside `ibv_mtu`.
+    pub fn bytes(self) -> Option<u32> {
+        match self.0 {
+            1..=5 => Some(128 << self.0),
+            _ => None,
+        }
+    }
+}
+
+open_enum! {
+    /// `enum ibv_port_state`.
+    PortState(u32) { NOP = 0, DOWN = 1, INIT = 2, ARMED = 3, ACTIVE = 4, ACTIVE_DEFER = 5, }
+}
+
+open_enum! {
+    /// `IBV_LINK_LAYER_*`.
+    LinkLayer(u8) { UNSPECIFIED = 0, INFINIBAND = 1, ETHERNET = 2, }
+}
+
+open_enum! {
+    /// `enum ibv_event_type`.
+    EventType(u32) {
+        CQ_ERR = 0, QP_FATAL = 1, QP_REQ_ERR = 2, QP_ACCESS_ERR = 3, COMM_EST = 4,
+        SQ_DRAINED = 5, PATH_MIG = 6, PATH_MIG_ERR = 7, DEVICE_FATAL = 8, PORT_ACTIVE = 9,
+        PORT_ERR = 10, LID_CHANGE = 11, PKEY_CHANGE = 12, SM_CHANGE = 13, SRQ_ERR = 14,
+        SRQ_LIMIT_REACHED = 15, QP_LAST_WQE_REACHED = 16, CLIENT_REREGISTER = 17,
+        GID_CHANGE = 18, WQ_FATAL = 19,
+    }
+}
+
+open_enum! {
+    /// `enum ibv_atomic_cap`.
+    AtomicCap(u32) { NONE = 0, HCA = 1, GLOB = 2, }
+}
+
+open_enum! {
+    /// `enum ibv_gid_type` as reported by `ibv_query_gid_ex`.
+    GidType(u32) { IB = 0, ROCE_V1 = 1, ROCE_V2 = 2, }
+}
+
+bitflags! {
+    /// `enum ibv_access_flags`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct AccessFlags: u32 {
+        const LOCAL_WRITE = 1;
+        const REMOTE_WRITE = 1 << 1;
+        const REMOTE_READ = 1 << 2;
+        const REMOTE_ATOMIC = 1 << 3;
+        const MW_BIND = 1 << 4;
+        const ZERO_BASED = 1 << 5;
+        const ON_DEMAND = 1 << 6;
+        const HUGETLB = 1 << 7;
+        const FLUSH_GLOBAL = 1 << 8;
+        const FLUSH_PERSISTENT = 1 << 9;
+        const RELAXED_ORDERING = 1 << 20;
+    }
+}
+
+bitflags! {
+    /// `enum ibv_send_flags`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct SendFlags: u32 {
+        const FENCE = 1;
+        const SIGNALED = 1 << 1;
+        const SOLICITED = 1 << 2;
+        const INLINE = 1 << 3;
+        const IP_CSUM = 1 << 4;
+    }
+}
+
+bitflags! {
+    /// `enum ibv_wc_flags`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct WcFlags: u32 {
+        const GRH = 1;
+        const WITH_IMM = 1 << 1;
+        const IP_CSUM_OK = 1 << 2;
+        const WITH_INV = 1 << 3;
+    }
+}
+
+bitflags! {
+    /// `enum ibv_qp_attr_mask`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct QpAttrMask: u32 {
+        const STATE = 1;
+        const CUR_STATE = 1 << 1;
+        const EN_SQD_ASYNC_NOTIFY = 1 << 2;
+        const ACCESS_FLAGS = 1 << 3;
+        const PKEY_INDEX = 1 << 4;
+        const PORT = 1 << 5;
+        const QKEY = 1 << 6;
+        const AV = 1 << 7;
+        const PATH_MTU = 1 << 8;
+        const TIMEOUT = 1 << 9;
+        const RETRY_CNT = 1 << 10;
+        const RNR_RETRY = 1 << 11;
+        const RQ_PSN = 1 << 12;
+        const MAX_QP_RD_ATOMIC = 1 << 13;
+        const ALT_PATH = 1 << 14;
+        const MIN_RNR_TIMER = 1 << 15;
+        const SQ_PSN = 1 << 16;
+        const MAX_DEST_RD_ATOMIC = 1 << 17;
+        const PATH_MIG_STATE = 1 << 18;
+        const CAP = 1 << 19;
+        const DEST_QPN = 1 << 20;
+        const RATE_LIMIT = 1 << 25;
+    }
+}
+
+/// A 128-bit GID, in network byte order as in `union ibv_gid`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+pub struct Gid(pub [u8; 16]);
+
+impl Gid {
+    /// The all-zero GID (an unused table entry).
+    pub const ZERO: Gid = Gid([0; 16]);
+
+    /// `fe80::` followed by the 64-bit interface identifier `guid`.
+    pub fn link_local(guid: u64) -> Gid {
+        let mut g = [0u8; 16];
+        g[0] = 0xfe;
+        g[1] = 0x80;
+        g[8..].copy_from_slice(&guid.to_be_bytes());
+        Gid(g)
+    }
+
+    /// The IPv4-mapped IPv6 address `::ffff:a.b.c.d` (a RoCE v2 IPv4 GID).
+    pub fn ipv4_mapped(ip: [u8; 4]) -> Gid {
+        let mut g = [0u8; 16];
+        g[10] = 0xff;
+        g[11] = 0xff;
+        g[12..].copy_from_slice(&ip);
+        Gid(g)
+    }
+
+    /// The 64-bit interface identifier (the low half).
+    pub fn interface_id(&self) -> u64 {
+        u64::from_be_bytes(self.0[8..].try_into().expect("8 bytes"))
+    }
+}
+
+impl std::fmt::Debug for Gid {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&std::net::Ipv6Addr::from(self.0), f)
+    }
+}
+
+/// A scatter/gather element: `struct ibv_sge`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Sge {
+    /// Start address, in the address space of the MR named by `lkey` (its iova).
+    pub addr: u64,
+    pub length: u32,
+    pub lkey: u32,
+}
+
+/// A work completion: the fields of `struct ibv_wc`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Wc {
+    pub wr_id: u64,
+    pub status: WcStatus,
+    /// Valid only when `status` is `SUCCESS` (as in verbs.h), but always filled.
+    pub opcode: WcOpcode,
+    pub vendor_err: u32,
+    pub byte_len: u32,
+    /// Immediate data (or the invalidated rkey), exactly as the sender passed it.
+    pub imm_data: u32,
+    pub qp_num: u32,
+    pub src_qp: u32,
+    pub wc_flags: WcFlags,
+    pub pkey_index: u16,
+    pub slid: u16,
+    pub sl: u8,
+    pub dlid_path_bits: u8,
+}
+
+/// Address vector: `struct ibv_ah_attr` with its `ibv_global_route`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AhAttr {
+    pub dgid: Gid,
+    pub flow_label: u32,
+    pub sgid_index: u8,
+    pub hop_limit: u8,
+    pub traffic_class: u8,
+    pub dlid: u16,
+    pub sl: u8,
+    pub src_path_bits: u8,
+    pub static_rate: u8,
+    /// Whether the GRH fields (`dgid`, ...) are valid.
+    pub is_global: bool,
+    pub port_num: u8,
+}
