@@ -78,6 +78,15 @@ pub(crate) enum Payload {
 }
 
 impl Payload {
+    /// The memory ranges of a `One`/`Gather` payload, in order.
+    pub(crate) fn ranges(&self) -> &[MemRef] {
+        match self {
+            Payload::One(m) => std::slice::from_ref(m),
+            Payload::Gather(v) => v,
+            Payload::None | Payload::Bytes(_) => &[],
+        }
+    }
+
     /// Visits the payload as consecutive pieces: `(source, offset-or-bytes)`.
     pub(crate) fn pieces(&self) -> impl Iterator<Item = Piece<'_>> {
         let (bytes, one, many): (Option<&[u8]>, Option<&MemRef>, &[MemRef]) = match self {
@@ -140,6 +149,9 @@ pub(crate) struct Packet {
     pub(crate) msn: u32,
     /// AtomicAckETH: the value the target held before the atomic.
     pub(crate) orig: u64,
+    /// SEND/WRITE: the data. READ request: where the requester wants the data; the responder
+    /// places it there when it executes the READ, as a NIC's DMA would, so the data is the
+    /// memory as it was at that point of the responder's order.
     pub(crate) payload: Payload,
 }
 

@@ -202,7 +202,7 @@ fn build(qp: &QpShared, g: &mut QpInner, idx: u32) -> Result<Packet, WcStatus> {
             pkt.payload = if wqe.flags.contains(SendFlags::INLINE) {
                 Payload::Bytes(wqe.inline.clone().into_boxed_slice())
             } else {
-                sgl::gather(qp, &wqe.sges).map_err(|e| match e {
+                sgl::resolve(qp, &wqe.sges, false).map_err(|e| match e {
                     SglError::Protection => WcStatus::LOC_PROT_ERR,
                     SglError::TooLong => WcStatus::LOC_LEN_ERR,
                 })?
@@ -211,7 +211,10 @@ fn build(qp: &QpShared, g: &mut QpInner, idx: u32) -> Result<Packet, WcStatus> {
             pkt.solicited =
                 wqe.flags.contains(SendFlags::SOLICITED) && (kind == Kind::Send || imm.is_some());
         }
-        Kind::ReadRequest => pkt.npkts = packets_for(wqe.length, mtu),
+        Kind::ReadRequest => {
+            pkt.payload = sgl::resolve(qp, &wqe.sges, true).map_err(|_| WcStatus::LOC_PROT_ERR)?;
+            pkt.npkts = packets_for(wqe.length, mtu);
+        }
         _ => {
             pkt.len = 8;
             pkt.swap_add = if kind == Kind::CompareSwap { wqe.swap } else { wqe.compare_add };

@@ -280,12 +280,17 @@ fn remember(g: &mut QpInner, r: Replay) {
     g.resp.replay.push_back(r);
 }
 
+/// Executes a READ: copies the target range straight into the destination the request
+/// carries, and builds the response.
 fn read_response(qp: &QpShared, g: &QpInner, req: &Packet, r: ReadReq) -> Result<Packet, ()> {
     let mut p = reply(g, req, Kind::ReadResponse, r.psn, Syndrome::Ack);
     p.npkts = r.npkts;
     p.len = r.len;
     if let Some((region, offset)) = target(qp, r.rkey, r.va, r.len, AccessFlags::REMOTE_READ)? {
-        p.payload = Payload::One(MemRef { region, offset, len: r.len as usize });
+        let src = Payload::One(MemRef { region, offset, len: r.len as usize });
+        let dst = req.payload.ranges().iter().map(|m| (&m.region, m.offset, m.len));
+        // The destination was checked by the requester, so this cannot fault.
+        sgl::copy_into(&src, dst).map_err(|_| ())?;
     }
     Ok(p)
 }

@@ -17,13 +17,16 @@ pub(crate) enum SglError {
     TooLong,
 }
 
-/// Resolves a gather list into payload pieces (source memory for SEND/WRITE).
-pub(crate) fn gather(qp: &QpShared, sges: &[Sge]) -> Result<Payload, SglError> {
+/// Resolves a local SGE list into memory ranges: the source of a SEND/WRITE, or (with
+/// `LOCAL_WRITE` required) the destination of a READ, which the responder fills directly.
+pub(crate) fn resolve(qp: &QpShared, sges: &[Sge], need_write: bool) -> Result<Payload, SglError> {
     let keys = qp.ctx.device.keys.read();
     let mut refs = Vec::new();
     for sge in sges.iter().filter(|s| s.length > 0) {
         let mr = keys.get(sge.lkey).ok_or(SglError::Protection)?;
-        if !std::sync::Arc::ptr_eq(&mr.pd, &qp.pd) {
+        if !std::sync::Arc::ptr_eq(&mr.pd, &qp.pd)
+            || (need_write && !mr.access.contains(AccessFlags::LOCAL_WRITE))
+        {
             return Err(SglError::Protection);
         }
         let offset = mr.offset_of(sge.addr, sge.length as u64).ok_or(SglError::Protection)?;

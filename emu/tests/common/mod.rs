@@ -1,0 +1,101 @@
+//! Helpers shared by the integration tests: connected RC pairs and bounded waits.
+#![allow(dead_code)]
+
+use std::time::{Duration, Instant};
+
+use rdma_emu::*;
+
+pub const ALL_ACCESS: AccessFlags = AccessFlags::LOCAL_WRITE
+    .union(AccessFlags::REMOTE_WRITE)
+    .union(AccessFlags::REMOTE_READ)
+    .union(AccessFlags::REMOTE_ATOMIC);
+
+pub struct Node {
+    pub ctx: Context,
+    pub pd: Pd,
+    pub cq: Cq,
+    pub qp: Qp,
+    pub mr: Mr,
+}
+
+pub fn cap(depth: u32) -> QpCap {
+    QpCap {
+        max_send_wr: depth,
+        max_recv_wr: depth,
+        max_send_sge: 4,
+        max_recv_sge: 4,
+        max_inline_data: 64,
+    }
+}
+
+pub fn node_on(dev: &Device, mr_len: usize) -> Node {
+    let ctx = dev.open().unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(1024, None, 0).unwrap();
+    let mr = pd.reg_mr(mr_len, ALL_ACCESS).unwrap();
+    let qp = pd
+        .create_qp(&QpInitAttr {
+            qp_type: QpType::RC,
+            send_cq: &cq,
+            recv_cq: &cq,
+            cap: cap(64),
+            sq_sig_all: false,
+        })
+        .unwrap();
+    Node { ctx, pd, cq, qp, mr }
+}
+
+pub fn connect(a: &Qp, b: &Qp, pa: &RcParams, pb: &RcParams) {
+    a.connect_rc(0x10, &b.endpoint(0x20), pa).unwrap();
+    b.connect_rc(0x20, &a.endpoint(0x10), pb).unwrap();
+}
+
+/// Two nodes on two devices of one fabric, connected with default parameters.
+pub fn pair(profile: Profile) -> (Fabric, Node, Node) {
+    pair_with(profile, &RcParams::default(), &RcParams::default())
+}
+
+pub fn pair_with(profile: Profile, pa: &RcParams, pb: &RcParams) -> (Fabric, Node, Node) {
+    let fabric = Fabric::new(FabricConfig { devices: 2, profile });
+    let devs = fabric.devices();
+    let a = node_on(&devs[0], 1 << 16);
+    let b = node_on(&devs[1], 1 << 16);
+    connect(&a.qp, &b.qp, pa, pb);
+    (fabric, a, b)
+}
+
+pub fn sge(mr: &Mr, off: usize, len: usize) -> Sge {
+    Sge { addr: mr.addr() + off as u64, length: len as u32, lkey: mr.lkey() }
+}
+
+/// Polls until `n` completions arrived. Gives up after 20 s so that a bug fails the test
+/// instead of hanging it (a guard, not a timing assertion).
+pub fn wait_n(cq: &Cq, n: usize) -> Vec<Wc> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut out = Vec::new();
+    while out.len() < n {
+        if let Some(wc) = cq.poll_one() {
+            out.push(wc);
+        } else {
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {n} completions, got {out:?}"
+            );
+            std::thread::yield_now();
+        }
+    }
+    out
+}
+
+pub fn wait1(cq: &Cq) -> Wc {
+    wait_n(cq, 1).pop().unwrap()
+}
+
+/// Asserts that no completion is queued.
+pub fn assert_empty(cq: &Cq) {
+    assert_eq!(cq.poll_one(), None);
+}
+
+pub fn post_recv(qp: &Qp, wr_id: u64, sges: &[Sge]) {
+    qp.post_recv(&RecvWr { wr_id, sg_list: sges }).unwrap();
+}

@@ -1,0 +1,302 @@
+//! Every RC error status, provoked through real traffic, with the state each side ends in.
+
+mod common;
+use common::*;
+use rdma_emu::*;
+
+fn expect_flushed(cq: &Cq, wr_ids: &[u64]) {
+    let wcs = wait_n(cq, wr_ids.len());
+    for (wc, id) in wcs.iter().zip(wr_ids) {
+        assert_eq!((wc.wr_id, wc.status), (*id, WcStatus::WR_FLUSH_ERR), "{wc:?}");
+        assert_eq!((wc.opcode, wc.byte_len), (WcOpcode::SEND, 0), "rxe reports 0 for both");
+    }
+}
+
+#[test]
+fn bad_rkey_gives_rem_access_err_flushes_and_raises_access_event() {
+    let (_f, a, b) = pair(Profile::Full);
+    let src = [sge(&a.mr, 0, 8)];
+    let wrs = [
+        SendWr::write(1, &src, b.mr.addr(), b.mr.rkey() ^ 0x100),
+        SendWr::write(2, &src, b.mr.addr(), b.mr.rkey()),
+    ];
+    a.qp.post_send_list(&wrs).unwrap();
+    let e = wait1(&a.cq);
+    assert_eq!(
+        (e.wr_id, e.status),
+        (1, WcStatus::REM_ACCESS_ERR),
+        "errors complete even unsignaled"
+    );
+    assert_eq!((e.opcode, e.byte_len), (WcOpcode::SEND, 0));
+    expect_flushed(&a.cq, &[2]);
+    assert_eq!(a.qp.state(), QpState::ERR);
+    assert_eq!(b.qp.state(), QpState::ERR, "the responder's QP goes to ERR too");
+    let ev = b.ctx.get_async_event().unwrap();
+    assert_eq!(ev.event_type, EventType::QP_ACCESS_ERR);
+    assert!(matches!(&ev.element, EventElement::Qp(q) if q.same(&b.qp)));
+    b.ctx.ack_async_event(&ev);
+}
+
+#[test]
+fn rxe_profile_raises_no_qp_error_events() {
+    let (_f, a, b) = pair(Profile::Rxe);
+    a.qp.post_send(&SendWr::write(1, &[sge(&a.mr, 0, 8)], b.mr.addr(), 0x4242)).unwrap();
+    assert_eq!(wait1(&a.cq).status, WcStatus::REM_ACCESS_ERR);
+    b.ctx.set_async_nonblocking(true).unwrap();
+    assert_eq!(b.ctx.get_async_event().unwrap_err().errno(), Errno::EAGAIN);
+}
+
+#[test]
+fn remote_access_checks_range_and_rights() {
+    // Beyond the MR, WRITE to an MR without REMOTE_WRITE, READ without REMOTE_READ, atomic
+    // without REMOTE_ATOMIC: each is a remote access error.
+    type Case = fn(&Mr) -> SendWr<'static>;
+    let cases: [(&str, AccessFlags, Case); 4] = [
+        ("write past the end", ALL_ACCESS, |mr| {
+            SendWr::write(1, &[], mr.addr() + mr.length() as u64 - 4, mr.rkey())
+        }),
+        ("write without REMOTE_WRITE", AccessFlags::REMOTE_READ, |mr| {
+            SendWr::write(1, &[], mr.addr(), mr.rkey())
+        }),
+        ("read without REMOTE_READ", AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE, |mr| {
+            SendWr::read(1, &[], mr.addr(), mr.rkey())
+        }),
+        ("atomic without REMOTE_ATOMIC", AccessFlags::REMOTE_READ, |mr| {
+            SendWr::fetch_add(1, &[], mr.addr(), mr.rkey(), 1)
+        }),
+    ];
+    for (what, access, make) in cases {
+        let (_f, a, b) = pair(Profile::Full);
+        let target = b.pd.reg_mr(4096, access).unwrap();
+        let sg = [sge(&a.mr, 0, 8)];
+        let mut wr = make(&target);
+        wr.sg_list = &sg;
+        a.qp.post_send(&wr).unwrap();
+        let wc = wait1(&a.cq);
+        assert_eq!(wc.status, WcStatus::REM_ACCESS_ERR, "{what}");
+    }
+}
+
+#[test]
+fn qp_without_remote_rights_gives_rem_inv_req_err() {
+    let pb = RcParams { access: AccessFlags::LOCAL_WRITE, ..Default::default() };
+    let (_f, a, b) = pair_with(Profile::Full, &RcParams::default(), &pb);
+    a.qp.post_send(&SendWr::write(1, &[sge(&a.mr, 0, 8)], b.mr.addr(), b.mr.rkey())).unwrap();
+    assert_eq!(wait1(&a.cq).status, WcStatus::REM_INV_REQ_ERR);
+    assert_eq!(b.qp.state(), QpState::ERR);
+    let ev = b.ctx.get_async_event().unwrap();
+    assert_eq!(ev.event_type, EventType::QP_REQ_ERR);
+    b.ctx.ack_async_event(&ev);
+}
+
+#[test]
+fn send_longer_than_receive_buffer_is_loc_len_err_and_rem_inv_req_err() {
+    let (_f, a, b) = pair(Profile::Full);
+    post_recv(&b.qp, 10, &[sge(&b.mr, 0, 16)]);
+    post_recv(&b.qp, 11, &[sge(&b.mr, 0, 16)]);
+    a.qp.post_send(&SendWr::send(1, &[sge(&a.mr, 0, 17)])).unwrap();
+    assert_eq!(wait1(&a.cq).status, WcStatus::REM_INV_REQ_ERR);
+    let r = wait_n(&b.cq, 2);
+    assert_eq!((r[0].wr_id, r[0].status), (10, WcStatus::LOC_LEN_ERR));
+    assert_eq!((r[1].wr_id, r[1].status), (11, WcStatus::WR_FLUSH_ERR));
+}
+
+#[test]
+fn bad_local_lkey_is_loc_prot_err() {
+    let (_f, a, b) = pair(Profile::Full);
+    let bad = [Sge { addr: a.mr.addr(), length: 8, lkey: a.mr.lkey() + 0x100 }];
+    a.qp.post_send(&SendWr::write(1, &bad, b.mr.addr(), b.mr.rkey())).unwrap();
+    assert_eq!(wait1(&a.cq).status, WcStatus::LOC_PROT_ERR);
+    assert_eq!(a.qp.state(), QpState::ERR);
+    // The responder saw nothing and is still fine.
+    assert_eq!(b.qp.state(), QpState::RTS);
+
+    // READ into an MR without LOCAL_WRITE.
+    let (_f, a, b) = pair(Profile::Full);
+    let ro = a.pd.reg_mr(64, AccessFlags::empty()).unwrap();
+    assert_eq!(ro.rkey(), 0, "no remote right, no rkey");
+    a.qp.post_send(&SendWr::read(2, &[sge(&ro, 0, 8)], b.mr.addr(), b.mr.rkey())).unwrap();
+    assert_eq!(wait1(&a.cq).status, WcStatus::LOC_PROT_ERR);
+}
+
+#[test]
+fn bad_receive_sge_is_loc_prot_err_there_and_rem_op_err_here() {
+    let (_f, a, b) = pair(Profile::Full);
+    post_recv(&b.qp, 3, &[Sge { addr: b.mr.addr(), length: 64, lkey: 0x7700 }]);
+    a.qp.post_send(&SendWr::send(1, &[sge(&a.mr, 0, 8)])).unwrap();
+    assert_eq!(wait1(&a.cq).status, WcStatus::REM_OP_ERR);
+    let r = wait1(&b.cq);
+    assert_eq!((r.wr_id, r.status), (3, WcStatus::LOC_PROT_ERR));
+}
+
+#[test]
+fn misaligned_or_out_of_range_atomics_are_rejected_at_post() {
+    let (_f, a, b) = pair(Profile::Full);
+    let res = [sge(&a.mr, 0, 8)];
+    let err =
+        a.qp.post_send(&SendWr::fetch_add(1, &res, b.mr.addr() + 4, b.mr.rkey(), 1)).unwrap_err();
+    assert_eq!(err.errno(), Errno::EINVAL);
+    let short = [sge(&a.mr, 0, 4)];
+    let err =
+        a.qp.post_send(&SendWr::fetch_add(1, &short, b.mr.addr(), b.mr.rkey(), 1)).unwrap_err();
+    assert_eq!(err.errno(), Errno::EINVAL);
+}
+
+#[test]
+fn rnr_retry_zero_fails_at_the_first_rnr_nak() {
+    let p = RcParams { rnr_retry: 0, ..Default::default() };
+    let (_f, a, b) = pair_with(Profile::Full, &p, &p);
+    a.qp.post_send(&SendWr::send(1, &[sge(&a.mr, 0, 8)])).unwrap();
+    a.qp.post_send(&SendWr::send(2, &[sge(&a.mr, 0, 8)])).unwrap();
+    assert_eq!(wait1(&a.cq).status, WcStatus::RNR_RETRY_EXC_ERR);
+    expect_flushed(&a.cq, &[2]);
+    assert_eq!(b.qp.state(), QpState::RTS, "an RNR NAK does not hurt the responder");
+}
+
+#[test]
+fn rnr_retries_are_counted_and_timed_by_the_timer() {
+    // 10 us RNR timer, 3 retries: four attempts, then RNR_RETRY_EXC_ERR, with nothing polled
+    // in between (the timer thread drives the retries).
+    let pa = RcParams { rnr_retry: 3, ..Default::default() };
+    let pb = RcParams { min_rnr_timer: 1, ..Default::default() };
+    let (_f, a, b) = pair_with(Profile::Full, &pa, &pb);
+    a.qp.post_send(&SendWr::send(1, &[sge(&a.mr, 0, 8)])).unwrap();
+    assert_eq!(wait1(&a.cq).status, WcStatus::RNR_RETRY_EXC_ERR);
+    assert_empty(&b.cq);
+}
+
+#[test]
+fn rnr_then_receive_posted_completes_successfully() {
+    let pb = RcParams { min_rnr_timer: 1, ..Default::default() };
+    let (_f, a, b) = pair_with(Profile::Full, &RcParams::default(), &pb);
+    a.mr.write(0, b"late").unwrap();
+    a.qp.post_send(&SendWr::send(1, &[sge(&a.mr, 0, 4)]).signaled()).unwrap();
+    assert_empty(&a.cq);
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    post_recv(&b.qp, 2, &[sge(&b.mr, 0, 64)]);
+    assert_eq!(wait1(&a.cq).status, WcStatus::SUCCESS);
+    assert_eq!(wait1(&b.cq).byte_len, 4);
+    let mut got = [0u8; 4];
+    b.mr.read(0, &mut got).unwrap();
+    assert_eq!(&got, b"late");
+}
+
+#[test]
+fn unreachable_peer_exhausts_retries_with_retry_exc_err() {
+    let pa = RcParams { timeout: 1, retry_cnt: 2, ..Default::default() };
+    let (_f, a, b) = pair_with(Profile::Full, &pa, &RcParams::default());
+    b.qp.modify(&QpAttr { qp_state: QpState::RESET, ..Default::default() }, QpAttrMask::STATE)
+        .unwrap();
+    a.qp.post_send(&SendWr::write(1, &[sge(&a.mr, 0, 8)], b.mr.addr(), b.mr.rkey())).unwrap();
+    a.qp.post_send(&SendWr::send(2, &[sge(&a.mr, 0, 8)])).unwrap();
+    assert_eq!(wait1(&a.cq).status, WcStatus::RETRY_EXC_ERR);
+    expect_flushed(&a.cq, &[2]);
+    assert_eq!(a.qp.state(), QpState::ERR);
+}
+
+#[test]
+fn modify_to_err_flushes_both_queues_and_later_posts_flush_at_once() {
+    let (_f, a, _b) = pair(Profile::Full);
+    post_recv(&a.qp, 100, &[sge(&a.mr, 0, 8)]);
+    post_recv(&a.qp, 101, &[sge(&a.mr, 0, 8)]);
+    a.qp.modify(&QpAttr { qp_state: QpState::ERR, ..Default::default() }, QpAttrMask::STATE)
+        .unwrap();
+    expect_flushed(&a.cq, &[100, 101]);
+    a.qp.post_send(&SendWr::send(7, &[sge(&a.mr, 0, 8)])).unwrap();
+    expect_flushed(&a.cq, &[7]);
+    post_recv(&a.qp, 8, &[]);
+    expect_flushed(&a.cq, &[8]);
+}
+
+#[test]
+fn posting_in_states_that_forbid_it_gives_einval() {
+    let fabric = Fabric::new(FabricConfig::default());
+    let n = node_on(&fabric.devices()[0], 4096);
+    let s = [sge(&n.mr, 0, 8)];
+    let send = SendWr::send(1, &s);
+    assert_eq!(n.qp.post_send(&send).unwrap_err().errno(), Errno::EINVAL, "RESET");
+    assert_eq!(
+        n.qp.post_recv(&RecvWr { wr_id: 1, sg_list: &s }).unwrap_err().errno(),
+        Errno::EINVAL
+    );
+    let init = QpAttr { qp_state: QpState::INIT, port_num: 1, ..Default::default() };
+    n.qp.modify(
+        &init,
+        QpAttrMask::STATE | QpAttrMask::PORT | QpAttrMask::PKEY_INDEX | QpAttrMask::ACCESS_FLAGS,
+    )
+    .unwrap();
+    assert_eq!(n.qp.post_send(&send).unwrap_err().errno(), Errno::EINVAL, "INIT");
+    n.qp.post_recv(&RecvWr { wr_id: 1, sg_list: &s }).unwrap();
+}
+
+#[test]
+fn queue_limits_and_bad_wr_index() {
+    let (_f, a, b) = pair(Profile::Full);
+    let cap = a.qp.cap();
+    assert_eq!(cap.max_send_wr, 127, "64 rounds up to 2^7 - 1");
+    let s = [sge(&a.mr, 0, 8)];
+    let too_many = [s[0]; 5];
+    let mut wr = SendWr::send(1, &too_many);
+    assert_eq!(a.qp.post_send(&wr).unwrap_err().errno(), Errno::EINVAL, "5 SGEs > max 4");
+    wr.sg_list = &s;
+    wr.send_flags = SendFlags::INLINE;
+    let big = vec![0u8; cap.max_inline_data as usize + 1];
+    wr.inline_data = &big;
+    assert_eq!(a.qp.post_send(&wr).unwrap_err().errno(), Errno::EINVAL, "inline too long");
+    let bad_op = SendWr { opcode: WrOpcode(77), ..SendWr::send(1, &s) };
+    assert_eq!(a.qp.post_send(&bad_op).unwrap_err().errno(), Errno::EINVAL);
+    // Fill the SQ with RNR-stalled SENDs (no receive at B): the 128th post is ENOMEM.
+    let wrs: Vec<SendWr<'_>> =
+        (0..cap.max_send_wr as u64 + 1).map(|i| SendWr::send(i, &s)).collect();
+    let (bad, err) = a.qp.post_send_list(&wrs).unwrap_err();
+    assert_eq!((bad, err.errno()), (cap.max_send_wr as usize, Errno::ENOMEM));
+    // B's receives would be consumed by A's RNR-stalled SENDs, so fill a fresh QP's RQ.
+    let rwrs: Vec<RecvWr<'_>> = (0..8).map(|i| RecvWr { wr_id: i, sg_list: &[] }).collect();
+    let q =
+        b.pd.create_qp(&QpInitAttr {
+            qp_type: QpType::RC,
+            send_cq: &b.cq,
+            recv_cq: &b.cq,
+            cap: cap(4),
+            sq_sig_all: false,
+        })
+        .unwrap();
+    q.modify(
+        &QpAttr { qp_state: QpState::INIT, port_num: 1, ..Default::default() },
+        QpAttrMask::STATE | QpAttrMask::PORT | QpAttrMask::PKEY_INDEX | QpAttrMask::ACCESS_FLAGS,
+    )
+    .unwrap();
+    let (bad, err) = q.post_recv_list(&rwrs).unwrap_err();
+    assert_eq!((bad, err.errno()), (7, Errno::ENOMEM), "depth 4 rounds to 7");
+}
+
+#[test]
+fn cq_overrun_loses_the_completion_and_raises_cq_err() {
+    let fabric = Fabric::new(FabricConfig::default());
+    let devs = fabric.devices();
+    let a = node_on(&devs[0], 4096);
+    let b = node_on(&devs[1], 4096);
+    let small = a.ctx.create_cq(1, None, 0).unwrap();
+    assert_eq!(small.cqe(), 1);
+    let qp =
+        a.pd.create_qp(&QpInitAttr {
+            qp_type: QpType::RC,
+            send_cq: &small,
+            recv_cq: &small,
+            cap: cap(8),
+            sq_sig_all: true,
+        })
+        .unwrap();
+    connect(&qp, &b.qp, &RcParams::default(), &RcParams::default());
+    let s = [sge(&a.mr, 0, 8)];
+    qp.post_send(&SendWr::write(1, &s, b.mr.addr(), b.mr.rkey())).unwrap();
+    qp.post_send(&SendWr::write(2, &s, b.mr.addr(), b.mr.rkey())).unwrap();
+    let ev = a.ctx.get_async_event().unwrap();
+    assert_eq!(ev.event_type, EventType::CQ_ERR);
+    assert!(matches!(&ev.element, EventElement::Cq(c) if c.same(&small)));
+    a.ctx.ack_async_event(&ev);
+    assert!(small.is_overrun());
+    assert_eq!(small.poll_one().map(|w| w.wr_id), Some(1));
+    assert_eq!(small.poll_one(), None, "the second completion was lost");
+    assert_eq!(qp.state(), QpState::RTS, "a lost send completion does not stop the QP (rxe)");
+}

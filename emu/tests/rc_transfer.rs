@@ -1,0 +1,266 @@
+//! RC data transfer: every opcode, its completion fields, and the memory it leaves behind.
+
+mod common;
+use common::*;
+use rdma_emu::*;
+
+#[test]
+fn send_recv_delivers_bytes_and_exact_completions() {
+    let (_f, a, b) = pair(Profile::Full);
+    a.mr.write(0, b"hello, rdma").unwrap();
+    post_recv(&b.qp, 77, &[sge(&b.mr, 100, 64)]);
+    a.qp.post_send(&SendWr::send(5, &[sge(&a.mr, 0, 11)]).signaled()).unwrap();
+    let s = wait1(&a.cq);
+    assert_eq!(
+        s,
+        Wc {
+            wr_id: 5,
+            status: WcStatus::SUCCESS,
+            opcode: WcOpcode::SEND,
+            byte_len: 11,
+            qp_num: a.qp.qp_num(),
+            ..Default::default()
+        }
+    );
+    let r = wait1(&b.cq);
+    assert_eq!(r.wr_id, 77);
+    assert_eq!(r.status, WcStatus::SUCCESS);
+    assert_eq!(r.opcode, WcOpcode::RECV);
+    assert_eq!(r.byte_len, 11);
+    assert_eq!(r.qp_num, b.qp.qp_num());
+    assert_eq!(r.src_qp, 0, "rxe reports src_qp only for UD");
+    assert_eq!(r.wc_flags, WcFlags::empty(), "InfiniBand link layer: no GRH flag on RC");
+    assert_eq!(r.slid, 1, "slid is the sender's LID");
+    let mut got = [0u8; 11];
+    b.mr.read(100, &mut got).unwrap();
+    assert_eq!(&got, b"hello, rdma");
+}
+
+#[test]
+fn send_with_imm_and_roce_grh_flag() {
+    let (_f, a, b) = pair(Profile::Rxe);
+    post_recv(&b.qp, 1, &[sge(&b.mr, 0, 64)]);
+    a.qp.post_send(&SendWr::send(2, &[sge(&a.mr, 0, 8)]).with_imm(0xdead_beef).signaled()).unwrap();
+    let s = wait1(&a.cq);
+    assert_eq!((s.opcode, s.wc_flags), (WcOpcode::SEND, WcFlags::WITH_IMM));
+    let r = wait1(&b.cq);
+    assert_eq!(r.opcode, WcOpcode::RECV);
+    assert_eq!(r.imm_data, 0xdead_beef);
+    assert_eq!(r.wc_flags, WcFlags::GRH | WcFlags::WITH_IMM, "rxe sets GRH on every RoCE receive");
+    assert_eq!(r.slid, 0);
+}
+
+#[test]
+fn unsignaled_sends_complete_silently_and_sq_sig_all_overrides() {
+    let (_f, a, b) = pair(Profile::Full);
+    for i in 0..3 {
+        post_recv(&b.qp, i, &[sge(&b.mr, 0, 64)]);
+    }
+    a.qp.post_send(&SendWr::send(1, &[sge(&a.mr, 0, 4)])).unwrap();
+    assert_empty(&a.cq);
+    assert_eq!(wait1(&b.cq).wr_id, 0);
+
+    let cq = a.ctx.create_cq(16, None, 0).unwrap();
+    let qp =
+        a.pd.create_qp(&QpInitAttr {
+            qp_type: QpType::RC,
+            send_cq: &cq,
+            recv_cq: &cq,
+            cap: cap(8),
+            sq_sig_all: true,
+        })
+        .unwrap();
+    let qp_b =
+        b.pd.create_qp(&QpInitAttr {
+            qp_type: QpType::RC,
+            send_cq: &b.cq,
+            recv_cq: &b.cq,
+            cap: cap(8),
+            sq_sig_all: false,
+        })
+        .unwrap();
+    connect(&qp, &qp_b, &RcParams::default(), &RcParams::default());
+    post_recv(&qp_b, 9, &[sge(&b.mr, 0, 64)]);
+    qp.post_send(&SendWr::send(3, &[sge(&a.mr, 0, 4)])).unwrap();
+    assert_eq!(wait1(&cq).wr_id, 3, "sq_sig_all signals every WR");
+}
+
+#[test]
+fn rdma_write_and_write_with_imm() {
+    let (_f, a, b) = pair(Profile::Full);
+    let data: Vec<u8> = (0..5000u32).map(|i| (i % 251) as u8).collect();
+    a.mr.write(0, &data).unwrap();
+    a.qp.post_send(
+        &SendWr::write(1, &[sge(&a.mr, 0, 5000)], b.mr.addr() + 10, b.mr.rkey()).signaled(),
+    )
+    .unwrap();
+    let w = wait1(&a.cq);
+    assert_eq!((w.status, w.opcode, w.byte_len), (WcStatus::SUCCESS, WcOpcode::RDMA_WRITE, 5000));
+    assert_empty(&b.cq);
+    let mut got = vec![0u8; 5000];
+    b.mr.read(10, &mut got).unwrap();
+    assert_eq!(got, data);
+
+    post_recv(&b.qp, 42, &[]);
+    a.qp.post_send(
+        &SendWr::write(2, &[sge(&a.mr, 0, 300)], b.mr.addr(), b.mr.rkey()).with_imm(7).signaled(),
+    )
+    .unwrap();
+    let w = wait1(&a.cq);
+    assert_eq!((w.opcode, w.wc_flags), (WcOpcode::RDMA_WRITE, WcFlags::WITH_IMM));
+    let r = wait1(&b.cq);
+    assert_eq!(r.wr_id, 42);
+    assert_eq!(r.opcode, WcOpcode::RECV_RDMA_WITH_IMM);
+    assert_eq!(r.byte_len, 300, "byte_len of WRITE_WITH_IMM is the written length");
+    assert_eq!(r.imm_data, 7);
+    assert_eq!(r.wc_flags, WcFlags::WITH_IMM);
+}
+
+#[test]
+fn rdma_read_gathers_into_several_sges() {
+    let (_f, a, b) = pair(Profile::Full);
+    let data: Vec<u8> = (0..3000u32).map(|i| (i * 13) as u8).collect();
+    b.mr.write(1000, &data).unwrap();
+    let dst = [sge(&a.mr, 0, 1000), sge(&a.mr, 5000, 0), sge(&a.mr, 8000, 2000)];
+    a.qp.post_send(&SendWr::read(9, &dst, b.mr.addr() + 1000, b.mr.rkey()).signaled()).unwrap();
+    let w = wait1(&a.cq);
+    assert_eq!((w.status, w.opcode, w.byte_len), (WcStatus::SUCCESS, WcOpcode::RDMA_READ, 3000));
+    let mut first = vec![0u8; 1000];
+    let mut second = vec![0u8; 2000];
+    a.mr.read(0, &mut first).unwrap();
+    a.mr.read(8000, &mut second).unwrap();
+    assert_eq!(first, data[..1000]);
+    assert_eq!(second, data[1000..]);
+}
+
+#[test]
+fn atomics_fetch_add_and_compare_swap() {
+    let (_f, a, b) = pair(Profile::Full);
+    b.mr.write_u64(64, 40).unwrap();
+    let res = [sge(&a.mr, 0, 8)];
+    a.qp.post_send(&SendWr::fetch_add(1, &res, b.mr.addr() + 64, b.mr.rkey(), 2).signaled())
+        .unwrap();
+    let w = wait1(&a.cq);
+    assert_eq!((w.status, w.opcode, w.byte_len), (WcStatus::SUCCESS, WcOpcode::FETCH_ADD, 8));
+    assert_eq!(a.mr.read_u64(0).unwrap(), 40);
+    assert_eq!(b.mr.read_u64(64).unwrap(), 42);
+
+    // A failing compare leaves memory alone and returns the current value.
+    a.qp.post_send(&SendWr::cmp_swap(2, &res, b.mr.addr() + 64, b.mr.rkey(), 1, 99).signaled())
+        .unwrap();
+    assert_eq!(wait1(&a.cq).opcode, WcOpcode::COMP_SWAP);
+    assert_eq!((a.mr.read_u64(0).unwrap(), b.mr.read_u64(64).unwrap()), (42, 42));
+    a.qp.post_send(&SendWr::cmp_swap(3, &res, b.mr.addr() + 64, b.mr.rkey(), 42, 99).signaled())
+        .unwrap();
+    wait1(&a.cq);
+    assert_eq!((a.mr.read_u64(0).unwrap(), b.mr.read_u64(64).unwrap()), (42, 99));
+}
+
+#[test]
+fn inline_data_needs_no_lkey() {
+    let (_f, a, b) = pair(Profile::Full);
+    post_recv(&b.qp, 1, &[sge(&b.mr, 0, 64)]);
+    let wr = SendWr {
+        wr_id: 4,
+        opcode: WrOpcode::SEND,
+        send_flags: SendFlags::INLINE | SendFlags::SIGNALED,
+        inline_data: b"inline!",
+        ..Default::default()
+    };
+    a.qp.post_send(&wr).unwrap();
+    assert_eq!(wait1(&a.cq).byte_len, 7);
+    assert_eq!(wait1(&b.cq).byte_len, 7);
+    let mut got = [0u8; 7];
+    b.mr.read(0, &mut got).unwrap();
+    assert_eq!(&got, b"inline!");
+}
+
+#[test]
+fn multi_packet_messages_advance_psns_by_packet_count() {
+    let (_f, a, b) = pair(Profile::Full); // path MTU 1024
+    let before = a.qp.query().unwrap().sq_psn;
+    a.qp.post_send(&SendWr::write(1, &[sge(&a.mr, 0, 4097)], b.mr.addr(), b.mr.rkey())).unwrap();
+    assert_eq!(a.qp.query().unwrap().sq_psn, before + 5);
+    assert_eq!(b.qp.query().unwrap().rq_psn, before + 5);
+    // A READ of 2048 bytes reserves two response PSNs.
+    a.qp.post_send(&SendWr::read(2, &[sge(&a.mr, 0, 2048)], b.mr.addr(), b.mr.rkey()).signaled())
+        .unwrap();
+    wait1(&a.cq);
+    assert_eq!(a.qp.query().unwrap().sq_psn, before + 7);
+}
+
+#[test]
+fn loopback_between_two_qps_of_one_device() {
+    let fabric = Fabric::new(FabricConfig { devices: 1, profile: Profile::Rxe });
+    let dev = &fabric.devices()[0];
+    let a = node_on(dev, 4096);
+    let b = node_on(dev, 4096);
+    connect(&a.qp, &b.qp, &RcParams::default(), &RcParams::default());
+    a.mr.write(0, b"loop").unwrap();
+    a.qp.post_send(&SendWr::write(1, &[sge(&a.mr, 0, 4)], b.mr.addr(), b.mr.rkey()).signaled())
+        .unwrap();
+    assert_eq!(wait1(&a.cq).status, WcStatus::SUCCESS);
+    let mut got = [0u8; 4];
+    b.mr.read(0, &mut got).unwrap();
+    assert_eq!(&got, b"loop");
+}
+
+#[test]
+fn fence_waits_for_outstanding_reads_and_order_is_kept() {
+    let (_f, a, b) = pair(Profile::Full);
+    b.mr.write_u64(0, 1).unwrap();
+    let wrs =
+        [SendWr::read(1, &[], 0, 0), SendWr::fetch_add(2, &[], 0, 0, 0), SendWr::send(3, &[])];
+    let r = [sge(&a.mr, 0, 8)];
+    let f = [sge(&a.mr, 8, 8)];
+    let mut wrs = wrs;
+    wrs[0] = SendWr::read(1, &r, b.mr.addr(), b.mr.rkey()).signaled();
+    wrs[1] = SendWr::fetch_add(2, &f, b.mr.addr(), b.mr.rkey(), 5).signaled();
+    wrs[2] = SendWr::write(3, &r, b.mr.addr() + 64, b.mr.rkey()).signaled();
+    wrs[2].send_flags |= SendFlags::FENCE;
+    a.qp.post_send_list(&wrs).unwrap();
+    let wcs = wait_n(&a.cq, 3);
+    assert_eq!(wcs.iter().map(|w| w.wr_id).collect::<Vec<_>>(), vec![1, 2, 3]);
+    assert_eq!(a.mr.read_u64(0).unwrap(), 1, "READ saw memory before the atomic");
+    assert_eq!(a.mr.read_u64(8).unwrap(), 1);
+    assert_eq!(b.mr.read_u64(64).unwrap(), 1, "fenced WRITE used the READ's result");
+}
+
+#[test]
+fn max_rd_atomic_limits_reads_in_flight_but_all_complete() {
+    let params = RcParams { max_rd_atomic: 1, ..Default::default() };
+    let (_f, a, b) = pair_with(Profile::Full, &params, &params);
+    let dst: Vec<[Sge; 1]> = (0..8).map(|i| [sge(&a.mr, i * 8, 8)]).collect();
+    let wrs: Vec<SendWr<'_>> = dst
+        .iter()
+        .enumerate()
+        .map(|(i, d)| SendWr::read(i as u64, d, b.mr.addr(), b.mr.rkey()).signaled())
+        .collect();
+    a.qp.post_send_list(&wrs).unwrap();
+    let wcs = wait_n(&a.cq, 8);
+    assert!(wcs.iter().all(|w| w.status == WcStatus::SUCCESS));
+    assert_eq!(wcs.iter().map(|w| w.wr_id).collect::<Vec<_>>(), (0..8).collect::<Vec<_>>());
+}
+
+#[test]
+fn max_rd_atomic_zero_never_issues_reads() {
+    // rxe: with max_rd_atomic 0 the requester never sends a READ; nothing completes.
+    let params = RcParams { max_rd_atomic: 0, ..Default::default() };
+    let (_f, a, b) = pair_with(Profile::Full, &params, &params);
+    a.qp.post_send(&SendWr::read(1, &[sge(&a.mr, 0, 8)], b.mr.addr(), b.mr.rkey()).signaled())
+        .unwrap();
+    assert_empty(&a.cq);
+    assert_eq!(a.qp.query().unwrap().sq_psn, 0x10, "no PSN was consumed");
+}
+
+#[test]
+fn zero_length_send_and_write() {
+    let (_f, a, b) = pair(Profile::Full);
+    post_recv(&b.qp, 1, &[]);
+    a.qp.post_send(&SendWr::send(1, &[]).signaled()).unwrap();
+    assert_eq!(wait1(&a.cq).byte_len, 0);
+    assert_eq!((wait1(&b.cq).byte_len, b.cq.poll_one()), (0, None));
+    // Zero-length WRITE: the rkey is not checked (IBA 9.7.4.1.4).
+    a.qp.post_send(&SendWr::write(2, &[], 0, 0xdead).signaled()).unwrap();
+    assert_eq!(wait1(&a.cq).status, WcStatus::SUCCESS);
+}
