@@ -257,7 +257,7 @@ fn queue_limits_and_bad_wr_index() {
             qp_type: QpType::RC,
             send_cq: &b.cq,
             recv_cq: &b.cq,
-            cap: cap(4),
+            cap: common::cap(4),
             sq_sig_all: false,
         })
         .unwrap();
