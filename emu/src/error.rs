@@ -26,6 +26,7 @@ impl Errno {
     pub const ENOSYS: Errno = Errno(libc::ENOSYS);
     pub const EOPNOTSUPP: Errno = Errno(libc::EOPNOTSUPP);
     pub const ETIMEDOUT: Errno = Errno(libc::ETIMEDOUT);
+    pub const ENODATA: Errno = Errno(libc::ENODATA);
 
     /// The raw (positive) value.
     pub fn raw(self) -> i32 {
@@ -49,6 +50,7 @@ impl Errno {
             libc::ENOSYS => "ENOSYS",
             libc::EOPNOTSUPP => "EOPNOTSUPP",
             libc::ETIMEDOUT => "ETIMEDOUT",
+            libc::ENODATA => "ENODATA",
             _ => return None,
         })
     }

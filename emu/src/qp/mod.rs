@@ -303,6 +303,13 @@ impl Qp {
         {
             let mut g = qp.inner.lock();
             let cur = g.state;
+            // The kernel's IB_QP_ATTR_STANDARD_BITS: attributes 0..20.
+            if mask.bits() & !((1 << 21) - 1) != 0 {
+                return Err(Error::new(
+                    Errno::EOPNOTSUPP,
+                    "attribute mask bit beyond the standard set",
+                ));
+            }
             if mask.contains(QpAttrMask::CUR_STATE) && attr.cur_qp_state != cur {
                 return Err(einval("cur_qp_state is not the QP's state"));
             }
@@ -355,6 +362,9 @@ impl Qp {
         if mask.contains(QpAttrMask::MIN_RNR_TIMER) && attr.min_rnr_timer > 31 {
             return Err(einval("min_rnr_timer above 31"));
         }
+        if mask.contains(QpAttrMask::ALT_PATH) && pattr.link_layer == LinkLayer::ETHERNET {
+            return Err(einval("no alternate path on RoCE"));
+        }
         if mask.contains(QpAttrMask::AV) {
             let ah = &attr.ah_attr;
             if pattr.link_layer == LinkLayer::ETHERNET && !ah.is_global {
@@ -364,7 +374,7 @@ impl Qp {
                 return Err(einval("sgid_index beyond the GID table"));
             }
             if ah.is_global && !port.gids.iter().any(|e| e.index == ah.sgid_index as u32) {
-                return Err(einval("sgid_index names an empty GID entry"));
+                return Err(Error::new(Errno::ENODATA, "sgid_index names an empty GID entry"));
             }
         }
         Ok(())

@@ -1,0 +1,207 @@
+//! Completion channels and async events: eventfds that work with poll(2), O_NONBLOCK, solicited
+//! notification, and destroys that wait for acknowledgements.
+
+mod common;
+use std::{
+    os::fd::AsRawFd,
+    sync::{Arc, atomic::AtomicBool, atomic::Ordering},
+    time::Duration,
+};
+
+use common::*;
+use rdma_emu::*;
+
+/// poll(2) for readability with a timeout in milliseconds; true if readable.
+fn readable(fd: &impl AsRawFd, timeout_ms: i32) -> bool {
+    let mut p = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    // SAFETY: `p` is a valid pollfd for the duration of the call; nfds is 1.
+    let n = unsafe { libc::poll(&mut p, 1, timeout_ms) };
+    assert!(n >= 0, "poll failed");
+    n == 1 && p.revents & libc::POLLIN != 0
+}
+
+struct EvNode {
+    ch: CompChannel,
+    cq: Cq,
+    qp: Qp,
+    mr: Mr,
+}
+
+fn ev_pair() -> (Fabric, EvNode, EvNode) {
+    let f = Fabric::new(FabricConfig::default());
+    let devs = f.devices();
+    let mk = |d: &Device| {
+        let ctx = d.open().unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let ch = ctx.create_comp_channel().unwrap();
+        let cq = ctx.create_cq(64, Some(&ch), 0).unwrap();
+        let mr = pd.reg_mr(4096, ALL_ACCESS).unwrap();
+        let qp = pd
+            .create_qp(&QpInitAttr {
+                qp_type: QpType::RC,
+                send_cq: &cq,
+                recv_cq: &cq,
+                cap: cap(16),
+                sq_sig_all: false,
+            })
+            .unwrap();
+        EvNode { ch, cq, qp, mr }
+    };
+    let (a, b) = (mk(&devs[0]), mk(&devs[1]));
+    connect(&a.qp, &b.qp, &RcParams::default(), &RcParams::default());
+    (f, a, b)
+}
+
+#[test]
+fn channel_fd_becomes_readable_only_when_an_armed_cq_completes() {
+    let (_f, a, b) = ev_pair();
+    post_recv(&b.qp, 1, &[sge(&b.mr, 0, 64)]);
+    post_recv(&b.qp, 2, &[sge(&b.mr, 0, 64)]);
+    // Not armed: a completion arrives but the fd stays quiet.
+    a.qp.post_send(&SendWr::send(1, &[sge(&a.mr, 0, 8)])).unwrap();
+    assert_eq!(wait1(&b.cq).wr_id, 1);
+    assert!(!readable(&b.ch, 0));
+    // Armed: the next completion makes it readable; get_cq_event returns the CQ.
+    b.cq.req_notify(false).unwrap();
+    assert!(!readable(&b.ch, 0));
+    a.qp.post_send(&SendWr::send(2, &[sge(&a.mr, 0, 8)])).unwrap();
+    assert!(readable(&b.ch, 1000));
+    let cq = b.ch.get_cq_event().unwrap();
+    assert!(cq.same(&b.cq));
+    assert!(!readable(&b.ch, 0), "one event per arm");
+    assert_eq!(wait1(&cq).wr_id, 2);
+    cq.ack_events(1);
+}
+
+#[test]
+fn solicited_only_arm_ignores_unsolicited_receives() {
+    let (_f, a, b) = ev_pair();
+    for i in 0..2 {
+        post_recv(&b.qp, i, &[sge(&b.mr, 0, 64)]);
+    }
+    b.cq.req_notify(true).unwrap();
+    a.qp.post_send(&SendWr::send(1, &[sge(&a.mr, 0, 8)])).unwrap();
+    assert!(!readable(&b.ch, 0), "not solicited");
+    let mut wr = SendWr::send(2, &[]);
+    wr.send_flags = SendFlags::SOLICITED;
+    a.qp.post_send(&wr).unwrap();
+    assert!(readable(&b.ch, 1000));
+    b.ch.get_cq_event().unwrap().ack_events(1);
+    // Send-side completions never satisfy a solicited-only arm (rxe).
+    a.cq.req_notify(true).unwrap();
+    a.qp.post_send(&SendWr::write(3, &[sge(&a.mr, 0, 8)], b.mr.addr(), b.mr.rkey()).signaled())
+        .unwrap();
+    assert!(!readable(&a.ch, 0));
+}
+
+#[test]
+fn nonblocking_channel_gives_eagain_and_blocking_get_waits() {
+    let (_f, a, b) = ev_pair();
+    b.ch.set_nonblocking(true).unwrap();
+    assert_eq!(b.ch.get_cq_event().unwrap_err().errno(), Errno::EAGAIN);
+    b.ch.set_nonblocking(false).unwrap();
+    b.cq.req_notify(false).unwrap();
+    post_recv(&b.qp, 1, &[sge(&b.mr, 0, 64)]);
+    let ch = b.ch.clone();
+    let got = Arc::new(AtomicBool::new(false));
+    let got2 = got.clone();
+    let waiter = std::thread::spawn(move || {
+        let cq = ch.get_cq_event().unwrap();
+        got2.store(true, Ordering::SeqCst);
+        cq
+    });
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(!got.load(Ordering::SeqCst), "get_cq_event blocks while nothing happened");
+    a.qp.post_send(&SendWr::send(1, &[])).unwrap();
+    let cq = waiter.join().unwrap();
+    assert!(cq.same(&b.cq));
+    cq.ack_events(1);
+}
+
+#[test]
+fn channel_with_cqs_is_busy_and_cq_destroy_waits_for_acks() {
+    let f = Fabric::new(FabricConfig::default());
+    let ctx = f.devices()[0].open().unwrap();
+    let ch = ctx.create_comp_channel().unwrap();
+    let cq = ctx.create_cq(4, Some(&ch), 0).unwrap();
+    assert_eq!(ch.destroy().unwrap_err().errno(), Errno::EBUSY);
+    // Produce an event: a loopback QP pair on one device.
+    let pd = ctx.alloc_pd().unwrap();
+    let mr = pd.reg_mr(64, ALL_ACCESS).unwrap();
+    let mk = || {
+        pd.create_qp(&QpInitAttr {
+            qp_type: QpType::RC,
+            send_cq: &cq,
+            recv_cq: &cq,
+            cap: cap(4),
+            sq_sig_all: true,
+        })
+        .unwrap()
+    };
+    let (q1, q2) = (mk(), mk());
+    connect(&q1, &q2, &RcParams::default(), &RcParams::default());
+    cq.req_notify(false).unwrap();
+    q1.post_send(&SendWr::write(1, &[sge(&mr, 0, 8)], mr.addr(), mr.rkey())).unwrap();
+    let ev_cq = ch.get_cq_event().unwrap();
+    wait1(&cq);
+    q1.destroy().unwrap();
+    q2.destroy().unwrap();
+    // The event was handed out and not acked: destroy blocks until the ack.
+    let done = Arc::new(AtomicBool::new(false));
+    let (cq2, done2) = (cq.clone(), done.clone());
+    let t = std::thread::spawn(move || {
+        cq2.destroy().unwrap();
+        done2.store(true, Ordering::SeqCst);
+    });
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(!done.load(Ordering::SeqCst), "destroy waits for ibv_ack_cq_events");
+    ev_cq.ack_events(1);
+    t.join().unwrap();
+    assert!(done.load(Ordering::SeqCst));
+    ch.destroy().unwrap();
+}
+
+#[test]
+fn async_events_wake_poll_and_injected_port_events_arrive() {
+    let f = Fabric::new(FabricConfig::default());
+    let ctx = f.devices()[0].open().unwrap();
+    assert!(!readable(&ctx, 0));
+    ctx.set_async_nonblocking(true).unwrap();
+    assert_eq!(ctx.get_async_event().unwrap_err().errno(), Errno::EAGAIN);
+    ctx.inject_event(EventType::PORT_ERR, EventElement::Port(1));
+    assert!(readable(&ctx, 1000));
+    let ev = ctx.get_async_event().unwrap();
+    assert_eq!(ev.event_type, EventType::PORT_ERR);
+    assert!(matches!(ev.element, EventElement::Port(1)));
+    ctx.ack_async_event(&ev);
+    assert!(!readable(&ctx, 0));
+}
+
+#[test]
+fn qp_destroy_waits_for_its_async_events_to_be_acked() {
+    let (_f, a, b) = pair(Profile::Full);
+    a.qp.post_send(&SendWr::write(1, &[sge(&a.mr, 0, 8)], b.mr.addr(), 0xbad00)).unwrap();
+    assert_eq!(wait1(&a.cq).status, WcStatus::REM_ACCESS_ERR);
+    let ev = b.ctx.get_async_event().unwrap();
+    assert_eq!(ev.event_type, EventType::QP_ACCESS_ERR);
+    let done = Arc::new(AtomicBool::new(false));
+    let (qp, done2) = (b.qp.clone(), done.clone());
+    let t = std::thread::spawn(move || {
+        qp.destroy().unwrap();
+        done2.store(true, Ordering::SeqCst);
+    });
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(!done.load(Ordering::SeqCst));
+    b.ctx.ack_async_event(&ev);
+    t.join().unwrap();
+}
+
+#[test]
+fn unread_events_of_a_destroyed_qp_are_discarded() {
+    let (_f, a, b) = pair(Profile::Full);
+    a.qp.post_send(&SendWr::write(1, &[sge(&a.mr, 0, 8)], b.mr.addr(), 0xbad00)).unwrap();
+    wait1(&a.cq);
+    b.qp.destroy().unwrap(); // nothing was handed out: no wait
+    b.ctx.set_async_nonblocking(true).unwrap();
+    assert_eq!(b.ctx.get_async_event().unwrap_err().errno(), Errno::EAGAIN);
+}

@@ -1,0 +1,295 @@
+//! Devices, ports, PDs, MRs, CQs and QP modify validation.
+
+mod common;
+use common::*;
+use rdma_emu::*;
+
+#[test]
+fn rxe_profile_reports_exactly_what_rxe_reports() {
+    let f = Fabric::new(FabricConfig { devices: 1, profile: Profile::Rxe });
+    let d = &f.devices()[0];
+    assert_eq!(d.name(), "emu0");
+    let a = d.attr();
+    assert_eq!(
+        (a.max_qp, a.max_qp_wr, a.max_cq, a.max_cqe, a.max_mr, a.max_pd),
+        (1_048_560, 1_048_576, 1_048_576, 32_767, 524_287, 1_048_576)
+    );
+    assert_eq!(
+        (a.max_sge, a.max_sge_rd, a.max_srq_sge, a.max_ah, a.max_mw),
+        (32, 32, 27, 32_767, 524_287)
+    );
+    assert_eq!((a.max_qp_rd_atom, a.max_qp_init_rd_atom, a.max_res_rd_atom), (128, 128, 258_048));
+    assert_eq!(
+        (a.max_mcast_grp, a.max_mcast_qp_attach, a.max_pkeys, a.local_ca_ack_delay),
+        (8192, 56, 64, 15)
+    );
+    assert_eq!(
+        (a.device_cap_flags, a.atomic_cap, a.vendor_id),
+        (0x0122_3c76, AtomicCap::HCA, 0xff_ffff)
+    );
+    assert_eq!(a.max_mr_size, u64::MAX);
+    let p = d.query_port(1).unwrap();
+    assert_eq!(
+        (p.state, p.max_mtu, p.active_mtu),
+        (PortState::ACTIVE, Mtu::MTU_4096, Mtu::MTU_1024)
+    );
+    assert_eq!((p.gid_tbl_len, p.pkey_tbl_len, p.max_msg_sz, p.lid), (1024, 1, 0x80_0000, 0));
+    assert_eq!(p.link_layer, LinkLayer::ETHERNET);
+    // GID 0: link-local from the MAC's EUI-64; GID 1: the IPv4-mapped address; both RoCE v2.
+    let g0 = d.query_gid_entry(1, 0).unwrap().unwrap();
+    let g1 = d.query_gid_entry(1, 1).unwrap().unwrap();
+    assert_eq!(g0.gid_type, GidType::ROCE_V2);
+    assert_eq!(&g0.gid.0[..8], &[0xfe, 0x80, 0, 0, 0, 0, 0, 0]);
+    assert_eq!(g0.gid.interface_id(), d.guid());
+    assert_eq!(&g1.gid.0[..12], &[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff]);
+    assert_eq!(d.query_gid_entry(1, 2).unwrap(), None, "an empty entry");
+    assert_eq!(d.query_gid(1, 2).unwrap(), Gid::ZERO);
+    assert_eq!(d.query_gid(1, 1024).unwrap_err().errno(), Errno::EINVAL);
+    assert_eq!(d.query_pkey(1, 0).unwrap(), 0xffff);
+    assert_eq!(d.query_pkey(1, 1).unwrap_err().errno(), Errno::EINVAL);
+    assert_eq!(d.query_port(2).unwrap_err().errno(), Errno::EINVAL);
+}
+
+#[test]
+fn full_profile_uses_infiniband_lids_and_unique_guids() {
+    let f = Fabric::new(FabricConfig { devices: 3, profile: Profile::Full });
+    let devs = f.devices();
+    let lids: Vec<u16> = devs.iter().map(|d| d.query_port(1).unwrap().lid).collect();
+    assert_eq!(lids, vec![1, 2, 3]);
+    assert_eq!(devs[0].query_port(1).unwrap().link_layer, LinkLayer::INFINIBAND);
+    assert_ne!(devs[0].guid(), devs[1].guid());
+    assert_eq!(f.device("emu2").unwrap().index(), 2);
+    assert_eq!(devs[0].query_gid_entry(1, 0).unwrap().unwrap().gid_type, GidType::IB);
+}
+
+#[test]
+fn pd_in_use_cannot_be_deallocated_and_destroyed_objects_refuse_use() {
+    let f = Fabric::new(FabricConfig::default());
+    let ctx = f.devices()[0].open().unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let mr = pd.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    assert_eq!(pd.dealloc().unwrap_err().errno(), Errno::EBUSY);
+    mr.dereg().unwrap();
+    assert_eq!(mr.dereg().unwrap_err().errno(), Errno::EINVAL, "double dereg");
+    pd.dealloc().unwrap();
+    assert_eq!(pd.dealloc().unwrap_err().errno(), Errno::EINVAL);
+    assert_eq!(pd.reg_mr(64, AccessFlags::empty()).unwrap_err().errno(), Errno::EINVAL);
+}
+
+#[test]
+fn mr_access_flags_are_validated_like_the_kernel() {
+    let f = Fabric::new(FabricConfig::default());
+    let pd = f.devices()[0].open().unwrap().alloc_pd().unwrap();
+    for bad in [AccessFlags::REMOTE_WRITE, AccessFlags::REMOTE_ATOMIC, AccessFlags::ON_DEMAND] {
+        assert_eq!(pd.reg_mr(64, bad).unwrap_err().errno(), Errno::EINVAL, "{bad:?}");
+    }
+    assert_eq!(
+        pd.reg_mr(64, AccessFlags::from_bits_retain(1 << 12)).unwrap_err().errno(),
+        Errno::EINVAL
+    );
+    assert_eq!(pd.reg_mr(0, AccessFlags::LOCAL_WRITE).unwrap_err().errno(), Errno::EINVAL);
+    let mr = pd.reg_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ).unwrap();
+    assert_eq!(mr.rkey(), mr.lkey());
+    assert_eq!(
+        mr.write(60, &[0; 5]).unwrap_err().errno(),
+        Errno::EINVAL,
+        "local access is bounded"
+    );
+}
+
+#[test]
+fn keys_of_a_freed_slot_never_name_the_new_mr() {
+    let f = Fabric::new(FabricConfig::default());
+    let pd = f.devices()[0].open().unwrap().alloc_pd().unwrap();
+    let a = pd.reg_mr(64, ALL_ACCESS).unwrap();
+    let old = a.lkey();
+    a.dereg().unwrap();
+    let b = pd.reg_mr(64, ALL_ACCESS).unwrap();
+    assert_eq!(b.lkey() >> 8, old >> 8, "the slot is reused");
+    assert_ne!(b.lkey(), old, "with a new key byte");
+}
+
+#[test]
+fn rereg_changes_access_and_pd_in_full_and_is_eopnotsupp_in_rxe() {
+    let (_f, a, b) = pair(Profile::Full);
+    let target = b.pd.reg_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ).unwrap();
+    let src = [sge(&a.mr, 0, 8)];
+    target.rereg(Rereg::Access(ALL_ACCESS)).unwrap();
+    assert_eq!(target.access(), ALL_ACCESS);
+    a.qp.post_send(&SendWr::write(1, &src, target.addr(), target.rkey()).signaled()).unwrap();
+    assert_eq!(wait1(&a.cq).status, WcStatus::SUCCESS, "the new access right is in force");
+    let other = b.ctx.alloc_pd().unwrap();
+    target.rereg(Rereg::Pd(&other)).unwrap();
+    assert!(target.pd().same(&other));
+    a.qp.post_send(&SendWr::write(2, &src, target.addr(), target.rkey())).unwrap();
+    assert_eq!(wait1(&a.cq).status, WcStatus::REM_ACCESS_ERR, "now in a PD the QP is not in");
+
+    let f = Fabric::new(FabricConfig { devices: 1, profile: Profile::Rxe });
+    let pd = f.devices()[0].open().unwrap().alloc_pd().unwrap();
+    let mr = pd.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    assert_eq!(mr.rereg(Rereg::Access(ALL_ACCESS)).unwrap_err().errno(), Errno::EOPNOTSUPP);
+}
+
+#[test]
+fn raw_memory_registration_reads_and_writes_the_callers_buffer() {
+    let (_f, a, b) = pair(Profile::Full);
+    let mut buf = vec![0u64; 8];
+    // SAFETY: `buf` outlives the MR: it is deregistered before `buf` is dropped below.
+    let raw = unsafe { RawMemory::new(buf.as_mut_ptr().cast(), 64) };
+    let iova = 0x1000_0000;
+    let mr = b.pd.reg_mr_raw(raw, iova, ALL_ACCESS).unwrap();
+    assert_eq!(mr.addr(), iova, "SGEs and peers use the iova");
+    a.mr.write_u64(0, 0x1122_3344_5566_7788).unwrap();
+    a.qp.post_send(&SendWr::write(1, &[sge(&a.mr, 0, 8)], iova + 16, mr.rkey()).signaled())
+        .unwrap();
+    assert_eq!(wait1(&a.cq).status, WcStatus::SUCCESS);
+    mr.dereg().unwrap();
+    assert_eq!(buf[2], 0x1122_3344_5566_7788);
+}
+
+#[test]
+fn cq_sizes_limits_and_resize() {
+    let f = Fabric::new(FabricConfig { devices: 1, profile: Profile::Rxe });
+    let ctx = f.devices()[0].open().unwrap();
+    assert_eq!(ctx.create_cq(0, None, 0).unwrap_err().errno(), Errno::EINVAL);
+    assert_eq!(ctx.create_cq(32_768, None, 0).unwrap_err().errno(), Errno::EINVAL);
+    assert_eq!(
+        ctx.create_cq(4, None, 2).unwrap_err().errno(),
+        Errno::EINVAL,
+        "2 completion vectors"
+    );
+    let cq = ctx.create_cq(10, None, 1).unwrap();
+    assert_eq!(cq.cqe(), 15);
+    assert_eq!(cq.resize(100).unwrap(), 127);
+    assert_eq!(cq.resize(0).unwrap_err().errno(), Errno::EINVAL);
+}
+
+#[test]
+fn resize_below_the_queued_count_is_refused() {
+    let (_f, a, b) = pair(Profile::Full);
+    for i in 0..5 {
+        a.qp.post_send(&SendWr::write(i, &[sge(&a.mr, 0, 8)], b.mr.addr(), b.mr.rkey()).signaled())
+            .unwrap();
+    }
+    assert_eq!(a.cq.resize(3).unwrap_err().errno(), Errno::EINVAL);
+    assert_eq!(a.cq.resize(7).unwrap(), 7);
+    assert_eq!(wait_n(&a.cq, 5).len(), 5);
+}
+
+#[test]
+fn cq_and_pd_used_by_a_qp_are_busy_until_it_is_destroyed() {
+    let (_f, a, _b) = pair(Profile::Full);
+    assert_eq!(a.cq.destroy().unwrap_err().errno(), Errno::EBUSY);
+    a.qp.destroy().unwrap();
+    assert_eq!(a.qp.destroy().unwrap_err().errno(), Errno::EINVAL);
+    assert_eq!(a.qp.query().unwrap_err().errno(), Errno::EINVAL);
+    a.cq.destroy().unwrap();
+    a.mr.dereg().unwrap();
+    a.pd.dealloc().unwrap();
+}
+
+#[test]
+fn create_qp_validates_caps_and_types() {
+    let f = Fabric::new(FabricConfig { devices: 1, profile: Profile::Rxe });
+    let ctx = f.devices()[0].open().unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(8, None, 0).unwrap();
+    let mk = |qp_type, cap| {
+        pd.create_qp(&QpInitAttr { qp_type, send_cq: &cq, recv_cq: &cq, cap, sq_sig_all: false })
+    };
+    let ok = common::cap(8);
+    for bad in [
+        QpCap { max_send_wr: 1_048_577, ..ok },
+        QpCap { max_recv_wr: 1_048_577, ..ok },
+        QpCap { max_send_sge: 33, ..ok },
+        QpCap { max_recv_sge: 33, ..ok },
+        QpCap { max_inline_data: 513, ..ok },
+    ] {
+        assert_eq!(mk(QpType::RC, bad).unwrap_err().errno(), Errno::EINVAL, "{bad:?}");
+    }
+    assert_eq!(mk(QpType::UD, ok).unwrap_err().errno(), Errno::EOPNOTSUPP);
+    assert_eq!(mk(QpType(77), ok).unwrap_err().errno(), Errno::EINVAL);
+    let qp = mk(QpType::RC, QpCap { max_send_sge: 2, max_inline_data: 100, ..ok }).unwrap();
+    assert_eq!(qp.cap().max_send_sge, 6, "rxe sizes the WQE for max(sge * 16, inline)");
+    assert_eq!(qp.cap().max_inline_data, 100);
+    assert!(qp.qp_num() >= 0x11);
+    let other = mk(QpType::RC, ok).unwrap();
+    assert_ne!(qp.qp_num(), other.qp_num());
+}
+
+#[test]
+fn modify_checks_transitions_masks_and_values() {
+    use QpAttrMask as M;
+    let f = Fabric::new(FabricConfig { devices: 2, profile: Profile::Rxe });
+    let n = node_on(&f.devices()[0], 64);
+    let peer = node_on(&f.devices()[1], 64);
+    let einval = |r: Result<()>| assert_eq!(r.unwrap_err().errno(), Errno::EINVAL);
+    let to = |s| QpAttr { qp_state: s, port_num: 1, ..Default::default() };
+    einval(n.qp.modify(&to(QpState::RTR), M::STATE));
+    einval(n.qp.modify(&to(QpState::ERR), M::STATE));
+    einval(n.qp.modify(&to(QpState::INIT), M::STATE | M::PORT));
+    einval(n.qp.modify(
+        &QpAttr { port_num: 2, ..to(QpState::INIT) },
+        M::STATE | M::PORT | M::PKEY_INDEX | M::ACCESS_FLAGS,
+    ));
+    einval(n.qp.modify(
+        &QpAttr { pkey_index: 1, ..to(QpState::INIT) },
+        M::STATE | M::PORT | M::PKEY_INDEX | M::ACCESS_FLAGS,
+    ));
+    einval(n.qp.modify(&QpAttr { qp_state: QpState(9), ..to(QpState::INIT) }, M::STATE));
+    n.qp.modify(&to(QpState::INIT), M::STATE | M::PORT | M::PKEY_INDEX | M::ACCESS_FLAGS).unwrap();
+    let ep = peer.qp.endpoint(0);
+    let rtr = QpAttr {
+        qp_state: QpState::RTR,
+        path_mtu: Mtu::MTU_1024,
+        dest_qp_num: ep.qpn,
+        ah_attr: AhAttr { is_global: true, dgid: ep.gid, port_num: 1, ..Default::default() },
+        max_dest_rd_atomic: 1,
+        ..Default::default()
+    };
+    let m = M::STATE
+        | M::AV
+        | M::PATH_MTU
+        | M::DEST_QPN
+        | M::RQ_PSN
+        | M::MAX_DEST_RD_ATOMIC
+        | M::MIN_RNR_TIMER;
+    einval(n.qp.modify(&QpAttr { path_mtu: Mtu(6), ..rtr }, m));
+    einval(n.qp.modify(&QpAttr { ah_attr: AhAttr { is_global: false, ..rtr.ah_attr }, ..rtr }, m));
+    assert_eq!(
+        n.qp.modify(&QpAttr { ah_attr: AhAttr { sgid_index: 5, ..rtr.ah_attr }, ..rtr }, m)
+            .unwrap_err()
+            .errno(),
+        Errno::ENODATA,
+        "an empty GID entry"
+    );
+    assert_eq!(n.qp.modify(&rtr, m | M::RATE_LIMIT).unwrap_err().errno(), Errno::EOPNOTSUPP);
+    einval(n.qp.modify(&rtr, m | M::ALT_PATH));
+    einval(n.qp.modify(&QpAttr { max_dest_rd_atomic: 129, ..rtr }, m));
+    n.qp.modify(&rtr, m).unwrap();
+    let rts = QpAttr {
+        qp_state: QpState::RTS,
+        timeout: 14,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        max_rd_atomic: 1,
+        ..Default::default()
+    };
+    let m = M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC;
+    einval(n.qp.modify(&QpAttr { max_rd_atomic: 129, ..rts }, m));
+    einval(n.qp.modify(&QpAttr { timeout: 32, ..rts }, m));
+    n.qp.modify(&QpAttr { sq_psn: 0x1ff_ffff, ..rts }, m).unwrap();
+    let q = n.qp.query().unwrap();
+    assert_eq!(
+        (q.qp_state, q.sq_psn, q.dest_qp_num, q.path_mtu),
+        (QpState::RTS, 0xff_ffff, ep.qpn, Mtu::MTU_1024)
+    );
+    // CUR_STATE must match the real state, and is allowed in RTS.
+    einval(n.qp.modify(&QpAttr { cur_qp_state: QpState::RTR, ..q }, M::CUR_STATE));
+    n.qp.modify(&q, M::CUR_STATE).unwrap();
+    // To SQD and back; to RESET clears the QP.
+    n.qp.modify(&to(QpState::SQD), M::STATE).unwrap();
+    n.qp.modify(&to(QpState::RTS), M::STATE).unwrap();
+    n.qp.modify(&to(QpState::RESET), M::STATE).unwrap();
+    assert_eq!(n.qp.state(), QpState::RESET);
+}
