@@ -175,7 +175,6 @@ fn rnr(qp: &Arc<QpShared>, g: &mut QpInner, timer: u8, drv: &mut Driver<'_>) {
     }
     rewind(g);
     g.req.rnr_until = Some(drv.now() + rnr_delay_ns(timer));
-    drv.needs_timer(qp);
 }
 
 /// Makes the oldest outstanding WQE the next to send, with its original PSN.

@@ -23,7 +23,7 @@ use crate::{
     fabric::FabricInner,
     profile::Profile,
     qp::{QpInner, QpShared},
-    types::{LinkLayer, QpState, Wc, WcFlags, WcOpcode, WcStatus},
+    types::{QpState, Wc, WcFlags, WcOpcode, WcStatus},
 };
 
 /// PSNs are 24 bits.
@@ -60,19 +60,36 @@ pub(crate) fn ack_timeout_ns(timeout: u8) -> Option<u64> {
 }
 
 /// Runs QPs until no packet is left in flight, then arms the timers work still needs.
+///
+/// A packet goes into its destination's inbox. If this driver is not already inside another
+/// delivery and the destination's lock is free (`try_lock`, so no lock-order deadlock is
+/// possible), the destination is serviced at once, while the sender's lock is still held;
+/// replies to the sender land in its inbox and the sender's own `step` loop drains them. Any
+/// destination that was busy is serviced in `finish`.
 #[derive(Debug)]
 pub(crate) struct Driver<'f> {
     fabric: &'f FabricInner,
-    /// QPs that were handed packets and must be serviced.
+    /// QPs that were handed packets and must still be serviced.
     ready: Vec<Arc<QpShared>>,
-    /// QPs that may need a timer once the fabric is quiet.
+    /// QPs whose last service left work that needs a timer.
     check_timers: Vec<Arc<QpShared>>,
+    /// The QPs this driver is servicing right now (outermost first): their `step` loops will
+    /// drain what is delivered to them.
+    active: [*const QpShared; 2],
+    depth: usize,
     now: Option<u64>,
 }
 
 impl<'f> Driver<'f> {
     pub(crate) fn new(fabric: &'f FabricInner) -> Driver<'f> {
-        Driver { fabric, ready: Vec::new(), check_timers: Vec::new(), now: None }
+        Driver {
+            fabric,
+            ready: Vec::new(),
+            check_timers: Vec::new(),
+            active: [std::ptr::null(); 2],
+            depth: 0,
+            now: None,
+        }
     }
 
     /// The time, read once per drive (the engine sees a consistent instant).
@@ -80,51 +97,122 @@ impl<'f> Driver<'f> {
         *self.now.get_or_insert_with(|| self.fabric.now())
     }
 
-    /// Hands `pkt` to its destination QP. A packet with no live destination is lost, as on a
-    /// wire; the sender's timers take care of it.
-    pub(crate) fn send(&mut self, pkt: Packet) {
-        if let Some(dst) = self.fabric.lookup_qp(pkt.dst_dev, pkt.dst_qpn) {
-            dst.inbox.lock().push_back(pkt);
-            self.ready.push(dst);
+    /// Hands `pkt` to its destination QP, found through `route` (the sender's cache). A packet
+    /// with no live destination is lost, as on a wire; the sender's timers take care of it.
+    pub(crate) fn send(&mut self, route: &mut Route, pkt: Packet) {
+        let Some(dst) = route.resolve(self.fabric, pkt.dst_dev, pkt.dst_qpn) else { return };
+        dst.inbox.lock().push_back(pkt);
+        let ptr = Arc::as_ptr(&dst);
+        if self.active[..self.depth].contains(&ptr) {
+            return; // its step loop is running below us and drains the inbox
+        }
+        if self.depth == 1 {
+            if let Some(mut g) = dst.inner.try_lock() {
+                self.service(&dst, &mut g);
+                return;
+            }
+        }
+        self.ready.push(dst);
+    }
+
+    fn enter(&mut self, qp: *const QpShared) {
+        self.active[self.depth] = qp;
+        self.depth += 1;
+    }
+
+    /// Records whether `qp` (just serviced) still needs a timer.
+    fn note_timer(&mut self, qp: &Arc<QpShared>, needed: bool) {
+        let pos = self.check_timers.iter().position(|q| Arc::ptr_eq(q, qp));
+        match (needed, pos) {
+            (true, None) => self.check_timers.push(qp.clone()),
+            (false, Some(i)) => {
+                self.check_timers.swap_remove(i);
+            }
+            _ => {}
         }
     }
 
-    pub(crate) fn needs_timer(&mut self, qp: &Arc<QpShared>) {
-        if !self.check_timers.iter().any(|q| Arc::ptr_eq(q, qp)) {
-            self.check_timers.push(qp.clone());
-        }
+    /// Services `qp`, which the caller has locked (`g`). Call `finish` afterwards, without
+    /// the lock, for whatever could not be serviced inline.
+    pub(crate) fn service(&mut self, qp: &Arc<QpShared>, g: &mut QpInner) {
+        self.enter(Arc::as_ptr(qp));
+        step(qp, g, self);
+        self.depth -= 1;
     }
 
     /// Services every QP that has packets until none has, then arms timers.
     pub(crate) fn finish(mut self) {
         while let Some(qp) = self.ready.pop() {
             let mut g = qp.inner.lock();
-            step(&qp, &mut g, &mut self);
+            self.service(&qp, &mut g);
         }
-        let qps = std::mem::take(&mut self.check_timers);
-        for qp in qps {
+        for qp in std::mem::take(&mut self.check_timers) {
             let mut g = qp.inner.lock();
             requester::arm_timers(&qp, &mut g, &mut self);
         }
     }
 }
 
-/// Processes the QP's inbox in order, then lets the requester send what it can.
+impl Drop for Driver<'_> {
+    /// Finishing is what makes progress; a driver is never dropped with work pending.
+    fn drop(&mut self) {
+        if !self.ready.is_empty() || !self.check_timers.is_empty() {
+            let d = Driver {
+                fabric: self.fabric,
+                ready: std::mem::take(&mut self.ready),
+                check_timers: std::mem::take(&mut self.check_timers),
+                active: [std::ptr::null(); 2],
+                depth: 0,
+                now: self.now,
+            };
+            d.finish();
+        }
+    }
+}
+
+/// A QP's cached route to its peer: the fabric lookup happens once per connection, later
+/// packets only upgrade a `Weak`.
+#[derive(Debug, Default)]
+pub(crate) struct Route {
+    dev: u32,
+    qpn: u32,
+    qp: std::sync::Weak<QpShared>,
+}
+
+impl Route {
+    fn resolve(&mut self, fabric: &FabricInner, dev: u32, qpn: u32) -> Option<Arc<QpShared>> {
+        if self.dev == dev && self.qpn == qpn {
+            if let Some(qp) = self.qp.upgrade() {
+                if qp.life.is_alive() {
+                    return Some(qp);
+                }
+            }
+        }
+        let qp = fabric.lookup_qp(dev, qpn)?;
+        *self = Route { dev, qpn, qp: Arc::downgrade(&qp) };
+        Some(qp)
+    }
+}
+
+/// Processes the QP's inbox in order and lets the requester send, until neither has work.
 pub(crate) fn step(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>) {
     loop {
-        let batch = std::mem::take(&mut *qp.inbox.lock());
-        if batch.is_empty() {
-            break;
-        }
-        for pkt in batch {
+        std::mem::swap(&mut *qp.inbox.lock(), &mut g.batch);
+        let had = !g.batch.is_empty();
+        while let Some(pkt) = g.batch.pop_front() {
             if pkt.kind.is_request() {
                 responder::receive(qp, g, pkt, drv);
             } else {
                 completer::receive(qp, g, pkt, drv);
             }
         }
+        let sent = requester::run(qp, g, drv);
+        if !had && !sent {
+            break;
+        }
     }
-    requester::run(qp, g, drv);
+    let waiting = g.sq.in_flight() > 0 || g.req.rnr_until.is_some();
+    drv.note_timer(qp, waiting && matches!(g.state, QpState::RTS | QpState::SQD));
 }
 
 /// A deadline armed by this QP passed: retry after RNR back-off or retransmit on timeout.
@@ -133,7 +221,7 @@ pub(crate) fn on_timer(qp: &Arc<QpShared>) {
     {
         let mut g = qp.inner.lock();
         requester::on_timer(qp, &mut g, &mut drv);
-        step(qp, &mut g, &mut drv);
+        drv.service(qp, &mut g);
     }
     drv.finish();
 }
@@ -145,12 +233,6 @@ pub(crate) fn enter_error(qp: &Arc<QpShared>, g: &mut QpInner) {
     g.req.clear_timers();
     completer::flush_send_queue(qp, g);
     responder::flush_recv_queue(qp, g);
-}
-
-/// Whether the port speaks RoCE (every packet carries a GRH, so receive completions have
-/// `IBV_WC_GRH`, as rxe reports).
-pub(crate) fn is_roce(qp: &QpShared) -> bool {
-    qp.ctx.device.port(1).map(|p| p.attr.lock().link_layer == LinkLayer::ETHERNET).unwrap_or(false)
 }
 
 /// Whether affiliated async errors of IBA 11.6.3 (`QP_REQ_ERR`, `QP_ACCESS_ERR`, `QP_FATAL`)

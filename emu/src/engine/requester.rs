@@ -124,13 +124,14 @@ pub(crate) fn post(qp: &QpShared, g: &mut QpInner, wr: &SendWr<'_>) -> Result<()
     Ok(())
 }
 
-/// Sends every WQE the state, the fence and the `max_rd_atomic` window allow.
-pub(crate) fn run(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>) {
+/// Sends every WQE the state, the fence and the `max_rd_atomic` window allow; returns whether
+/// it sent anything.
+pub(crate) fn run(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>) -> bool {
     match g.state {
         QpState::RTS => {}
         QpState::ERR => {
             completer::flush_send_queue(qp, g);
-            return;
+            return false;
         }
         QpState::SQD => {
             if g.sq.in_flight() == 0 && !g.req.drained_reported {
@@ -139,14 +140,15 @@ pub(crate) fn run(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>) {
                     qp.raise(EventType::SQ_DRAINED);
                 }
             }
-            return;
+            return false;
         }
-        _ => return,
+        _ => return false,
     }
     g.req.drained_reported = false;
     if g.req.rnr_until.is_some() {
-        return;
+        return false;
     }
+    let mut sent = false;
     while g.sq.next != g.sq.head {
         let idx = g.sq.next;
         let wqe = g.sq.ring.at(idx);
@@ -163,25 +165,23 @@ pub(crate) fn run(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>) {
                 if rd_atomic {
                     g.req.rd_atomic_in_flight += 1;
                 }
-                drv.send(pkt);
+                sent = true;
+                drv.send(&mut g.route, pkt);
             }
             Err(status) => {
                 completer::fail_wqe(qp, g, idx, status);
-                return;
+                return sent;
             }
         }
     }
-    if g.sq.in_flight() > 0 {
-        drv.needs_timer(qp);
-    }
+    sent
 }
 
 /// Builds the request packet for the WQE at `idx` and assigns its PSNs.
 fn build(qp: &QpShared, g: &mut QpInner, idx: u32) -> Result<Packet, WcStatus> {
-    let max_msg = qp.ctx.device.port(1).map(|p| p.attr.lock().max_msg_sz).unwrap_or(0);
     let mtu = g.mtu;
     let wqe = g.sq.ring.at(idx);
-    if wqe.length > max_msg {
+    if wqe.length > qp.port.max_msg_sz {
         return Err(WcStatus::LOC_LEN_ERR);
     }
     let (kind, imm) = match wqe.opcode {
@@ -227,7 +227,7 @@ fn build(qp: &QpShared, g: &mut QpInner, idx: u32) -> Result<Packet, WcStatus> {
     }
     pkt.src_dev = qp.device_index();
     pkt.src_qpn = qp.qpn;
-    pkt.src_lid = qp.ctx.device.port(1).map(|p| p.attr.lock().lid).unwrap_or(0);
+    pkt.src_lid = qp.port.lid;
     pkt.dst_dev = g.dest_dev.unwrap_or(u32::MAX);
     pkt.dst_qpn = g.attr.dest_qp_num;
     pkt.psn = g.req.psn;
@@ -280,5 +280,4 @@ pub(crate) fn on_timer(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>
             completer::retry(qp, g);
         }
     }
-    drv.needs_timer(qp);
 }

@@ -5,7 +5,7 @@
 use std::{collections::VecDeque, sync::Arc};
 
 use super::{
-    Driver, enter_error, is_roce,
+    Driver, enter_error,
     packet::{Kind, MemRef, NakCode, Packet, Payload, Syndrome},
     psn_add, psn_diff, raises_qp_errors,
     sgl::{self, SglError},
@@ -96,7 +96,8 @@ pub(crate) fn receive(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mu
         if !g.resp.nak_seq_sent {
             g.resp.nak_seq_sent = true;
             let epsn = g.resp.epsn;
-            drv.send(reply(g, &pkt, Kind::Ack, epsn, Syndrome::Nak(NakCode::PsnSequenceError)));
+            let r = reply(g, &pkt, Kind::Ack, epsn, Syndrome::Nak(NakCode::PsnSequenceError));
+            drv.send(&mut g.route, r);
         }
         return;
     }
@@ -136,7 +137,8 @@ fn advance(g: &mut QpInner, pkt: &Packet) {
 fn ack(g: &mut QpInner, pkt: &Packet, drv: &mut Driver<'_>) {
     advance(g, pkt);
     let last = psn_add(pkt.psn, pkt.npkts - 1);
-    drv.send(reply(g, pkt, Kind::Ack, last, Syndrome::Ack));
+    let r = reply(g, pkt, Kind::Ack, last, Syndrome::Ack);
+    drv.send(&mut g.route, r);
 }
 
 /// An error the responder detects (IBA 9.7.5.2): NAK the request, complete the receive WQE it
@@ -149,7 +151,8 @@ fn fail(
     recv_status: Option<WcStatus>,
     drv: &mut Driver<'_>,
 ) {
-    drv.send(reply(g, pkt, Kind::Ack, pkt.psn, Syndrome::Nak(code)));
+    let r = reply(g, pkt, Kind::Ack, pkt.psn, Syndrome::Nak(code));
+    drv.send(&mut g.route, r);
     if let Some(status) = recv_status {
         if let Some(wr_id) = take_recv(g) {
             let _ = qp.recv_cq.push(wc(qp, wr_id, status), true);
@@ -175,13 +178,14 @@ fn take_recv(g: &mut QpInner) -> Option<u64> {
 
 fn rnr(g: &mut QpInner, pkt: &Packet, drv: &mut Driver<'_>) {
     let t = g.attr.min_rnr_timer;
-    drv.send(reply(g, pkt, Kind::Ack, pkt.psn, Syndrome::Rnr(t)));
+    let r = reply(g, pkt, Kind::Ack, pkt.psn, Syndrome::Rnr(t));
+    drv.send(&mut g.route, r);
 }
 
 /// The flags a receive completion carries.
 fn recv_flags(qp: &QpShared, pkt: &Packet) -> WcFlags {
     let mut f = WcFlags::empty();
-    if is_roce(qp) {
+    if qp.port.roce {
         f |= WcFlags::GRH;
     }
     if pkt.imm.is_some() {
@@ -307,7 +311,7 @@ fn read(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>) 
             advance(g, &pkt);
             let mut resp = resp;
             resp.msn = g.resp.msn;
-            drv.send(resp);
+            drv.send(&mut g.route, resp);
         }
         Err(()) => fail(qp, g, &pkt, NakCode::RemoteAccessError, None, drv),
     }
@@ -340,7 +344,7 @@ fn atomic(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>
     advance(g, &pkt);
     let mut resp = reply(g, &pkt, Kind::AtomicAck, pkt.psn, Syndrome::Ack);
     resp.orig = orig;
-    drv.send(resp);
+    drv.send(&mut g.route, resp);
 }
 
 /// A request whose PSN is behind the expected one: re-ACK SENDs and WRITEs, answer READs and
@@ -349,7 +353,8 @@ fn duplicate(qp: &Arc<QpShared>, g: &mut QpInner, pkt: &Packet, drv: &mut Driver
     match pkt.kind {
         Kind::Send | Kind::Write => {
             let last_done = psn_add(g.resp.epsn, super::PSN_MASK);
-            drv.send(reply(g, pkt, Kind::Ack, last_done, Syndrome::Ack));
+            let r = reply(g, pkt, Kind::Ack, last_done, Syndrome::Ack);
+            drv.send(&mut g.route, r);
         }
         Kind::ReadRequest => {
             let saved = g.resp.replay.iter().find_map(|r| match *r {
@@ -358,7 +363,7 @@ fn duplicate(qp: &Arc<QpShared>, g: &mut QpInner, pkt: &Packet, drv: &mut Driver
             });
             // The memory is read again, as rxe does: a READ has no side effect to protect.
             if let Some(Ok(resp)) = saved.map(|r| read_response(qp, g, pkt, r)) {
-                drv.send(resp);
+                drv.send(&mut g.route, resp);
             }
         }
         Kind::CompareSwap | Kind::FetchAdd => {
@@ -369,7 +374,7 @@ fn duplicate(qp: &Arc<QpShared>, g: &mut QpInner, pkt: &Packet, drv: &mut Driver
             if let Some(orig) = saved {
                 let mut resp = reply(g, pkt, Kind::AtomicAck, pkt.psn, Syndrome::Ack);
                 resp.orig = orig;
-                drv.send(resp);
+                drv.send(&mut g.route, resp);
             }
         }
         _ => {}

@@ -21,7 +21,7 @@ pub(crate) enum SglError {
 /// `LOCAL_WRITE` required) the destination of a READ, which the responder fills directly.
 pub(crate) fn resolve(qp: &QpShared, sges: &[Sge], need_write: bool) -> Result<Payload, SglError> {
     let keys = qp.ctx.device.keys.read();
-    let mut refs = Vec::new();
+    let mut out = Payload::None;
     for sge in sges.iter().filter(|s| s.length > 0) {
         let mr = keys.get(sge.lkey).ok_or(SglError::Protection)?;
         if !std::sync::Arc::ptr_eq(&mr.pd, &qp.pd)
@@ -30,13 +30,19 @@ pub(crate) fn resolve(qp: &QpShared, sges: &[Sge], need_write: bool) -> Result<P
             return Err(SglError::Protection);
         }
         let offset = mr.offset_of(sge.addr, sge.length as u64).ok_or(SglError::Protection)?;
-        refs.push(MemRef { region: mr.region.clone(), offset, len: sge.length as usize });
+        let m = MemRef { region: mr.region.clone(), offset, len: sge.length as usize };
+        // The common single-SGE case allocates nothing.
+        out = match out {
+            Payload::None => Payload::One(m),
+            Payload::One(first) => Payload::Gather(vec![first, m]),
+            Payload::Gather(mut v) => {
+                v.push(m);
+                Payload::Gather(v)
+            }
+            Payload::Bytes(_) => unreachable!("resolve never builds bytes"),
+        };
     }
-    Ok(match refs.len() {
-        0 => Payload::None,
-        1 => Payload::One(refs.pop().expect("one")),
-        _ => Payload::Gather(refs),
-    })
+    Ok(out)
 }
 
 /// Copies `payload` (of `len` bytes) into the local SGEs, which need `LOCAL_WRITE`.

@@ -18,7 +18,7 @@ pub use self::{
     wr::{RecvWr, SendWr},
 };
 use crate::{
-    engine::{self, Driver, packet::Packet, requester::Requester, responder::Responder},
+    engine::{self, Driver, Route, packet::Packet, requester::Requester, responder::Responder},
     error::{Errno, Error, Result, einval},
     objects::{
         Lifecycle,
@@ -97,6 +97,19 @@ pub(crate) struct QpInner {
     pub(crate) mtu: u32,
     /// The device the address vector leads to, resolved when the AV is set.
     pub(crate) dest_dev: Option<u32>,
+    /// Cached route to the peer QP.
+    pub(crate) route: Route,
+    /// Packets taken from the inbox and being processed (kept to reuse its allocation).
+    pub(crate) batch: VecDeque<Packet>,
+}
+
+/// Port attributes the data path needs, read once when the QP is created.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PortInfo {
+    pub(crate) lid: u16,
+    pub(crate) max_msg_sz: u32,
+    /// RoCE: every packet carries a GRH, so receive completions have `IBV_WC_GRH` (as rxe).
+    pub(crate) roce: bool,
 }
 
 #[derive(Debug)]
@@ -109,6 +122,7 @@ pub(crate) struct QpShared {
     pub(crate) recv_cq: Arc<CqInner>,
     pub(crate) sq_sig_all: bool,
     pub(crate) cap: QpCap,
+    pub(crate) port: PortInfo,
     pub(crate) inner: Mutex<QpInner>,
     /// Packets delivered by the fabric, drained in order by whoever services the QP.
     pub(crate) inbox: Mutex<VecDeque<Packet>>,
@@ -194,6 +208,12 @@ impl Qp {
             return Err(einval("max_inline_data above the device limit"));
         }
         let cap = granted_cap(c);
+        let pattr = dev.port(1)?.attr.lock().clone();
+        let port = PortInfo {
+            lid: pattr.lid,
+            max_msg_sz: pattr.max_msg_sz,
+            roce: pattr.link_layer == LinkLayer::ETHERNET,
+        };
         ResourceCounts::take(&dev.counts.qp, a.max_qp, "too many queue pairs")?;
         // Take the dependents' references in order, undoing on failure.
         let mut taken: Vec<&Lifecycle> = Vec::with_capacity(3);
@@ -215,6 +235,7 @@ impl Qp {
                 recv_cq: init.recv_cq.0.clone(),
                 sq_sig_all: init.sq_sig_all,
                 cap,
+                port,
                 inner: Mutex::new(QpInner {
                     state: QpState::RESET,
                     attr: QpAttr { cap, port_num: 1, ..Default::default() },
@@ -224,6 +245,8 @@ impl Qp {
                     resp: Responder::default(),
                     mtu: 256,
                     dest_dev: None,
+                    route: Route::default(),
+                    batch: VecDeque::new(),
                 }),
                 inbox: Mutex::new(VecDeque::new()),
                 life: Lifecycle::default(),
@@ -399,7 +422,7 @@ impl Qp {
                     break;
                 }
             }
-            engine::step(qp, &mut g, &mut drv);
+            drv.service(qp, &mut g);
         }
         drv.finish();
         res
@@ -423,7 +446,7 @@ impl Qp {
                     break;
                 }
             }
-            engine::step(qp, &mut g, &mut drv);
+            drv.service(qp, &mut g);
         }
         drv.finish();
         res
@@ -546,12 +569,12 @@ fn transition(
         QpState::ERR => engine::enter_error(qp, g),
         QpState::SQD => {
             g.state = QpState::SQD;
-            engine::step(qp, g, drv);
+            drv.service(qp, g);
         }
         _ => {
             g.state = next;
             // Work queued while the QP could not send (e.g. posted in SQD) goes out now.
-            engine::step(qp, g, drv);
+            drv.service(qp, g);
         }
     }
 }

@@ -1,0 +1,350 @@
+//! Ratio benchmarks: each goal of shared/design/performance.md measures its baseline in the same
+//! process, right next to the emulator figure, and reports emulator / baseline.
+//!
+//!     cargo run --release -p rdma-emu-benches --bin ratios [-- --quick] [-- --only G3]
+//!
+//! Threads are pinned (core 0 and core 1). Each goal takes 7 samples (3 with `--quick`); the
+//! table gives the median ratio and the min..max of the ratios. Never used as a test.
+
+use std::{
+    hint::black_box,
+    os::fd::AsRawFd,
+    sync::{
+        Arc, Barrier,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Instant,
+};
+
+use rdma_emu::*;
+
+mod baseline;
+
+struct Opts {
+    samples: usize,
+    quick: bool,
+    only: Option<String>,
+}
+
+fn pin(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes inside it; the call reads
+    // it for the current thread only.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
+/// One goal's result: samples of (emulator, baseline) figures in the goal's unit.
+struct Row {
+    goal: &'static str,
+    what: String,
+    unit: &'static str,
+    /// Whether a bigger figure is better (bandwidth, rate) or worse (latency).
+    higher_better: bool,
+    target: &'static str,
+    emu: Vec<f64>,
+    base: Vec<f64>,
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    s[s.len() / 2]
+}
+
+impl Row {
+    fn ratios(&self) -> Vec<f64> {
+        self.emu.iter().zip(&self.base).map(|(e, b)| e / b).collect()
+    }
+
+    fn print(&self) {
+        let r = self.ratios();
+        let (lo, hi) = r.iter().fold((f64::MAX, f64::MIN), |(a, b), x| (a.min(*x), b.max(*x)));
+        println!(
+            "| {} | {} | {:.3} {} | {:.3} {} | **{:.3}x** | {:.3}..{:.3} | {} |",
+            self.goal,
+            self.what,
+            median(&self.emu),
+            self.unit,
+            median(&self.base),
+            self.unit,
+            median(&r),
+            lo,
+            hi,
+            self.target
+        );
+        let _ = self.higher_better;
+    }
+}
+
+/// A connected RC pair on two devices of one fabric, with one MR each of `len` bytes.
+struct Pair {
+    _f: Fabric,
+    a: Side,
+    b: Side,
+}
+
+struct Side {
+    ctx: Context,
+    cq: Cq,
+    qp: Qp,
+    mr: Mr,
+    ch: CompChannel,
+}
+
+fn pair(len: usize) -> Pair {
+    let f = Fabric::new(FabricConfig { devices: 2, profile: Profile::Full });
+    let devs = f.devices();
+    let access = AccessFlags::LOCAL_WRITE
+        | AccessFlags::REMOTE_WRITE
+        | AccessFlags::REMOTE_READ
+        | AccessFlags::REMOTE_ATOMIC;
+    let mk = |d: &Device| {
+        let ctx = d.open().unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let ch = ctx.create_comp_channel().unwrap();
+        let cq = ctx.create_cq(4096, Some(&ch), 0).unwrap();
+        let mr = pd.reg_mr(len, access).unwrap();
+        let cap = QpCap {
+            max_send_wr: 256,
+            max_recv_wr: 256,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let qp = pd
+            .create_qp(&QpInitAttr {
+                qp_type: QpType::RC,
+                send_cq: &cq,
+                recv_cq: &cq,
+                cap,
+                sq_sig_all: false,
+            })
+            .unwrap();
+        Side { ctx, cq, qp, mr, ch }
+    };
+    let (a, b) = (mk(&devs[0]), mk(&devs[1]));
+    let p = RcParams::default();
+    a.qp.connect_rc(1, &b.qp.endpoint(2), &p).unwrap();
+    b.qp.connect_rc(2, &a.qp.endpoint(1), &p).unwrap();
+    Pair { _f: f, a, b }
+}
+
+fn sge(mr: &Mr, off: usize, len: usize) -> Sge {
+    Sge { addr: mr.addr() + off as u64, length: len as u32, lkey: mr.lkey() }
+}
+
+fn spin_poll(cq: &Cq) -> Wc {
+    loop {
+        if let Some(wc) = cq.poll_one() {
+            debug_assert_eq!(wc.status, WcStatus::SUCCESS);
+            return wc;
+        }
+        std::hint::spin_loop();
+    }
+}
+
+/// G1 / G1b: WRITE bandwidth in GB/s at `size`, against memcpy of the same size.
+fn write_bw(o: &Opts, goal: &'static str, size: usize, target: &'static str) -> Row {
+    let p = pair(size);
+    let total: usize = if o.quick { 256 << 20 } else { 1 << 30 };
+    let iters = (total / size).max(4);
+    let src = [sge(&p.a.mr, 0, size)];
+    let wr = SendWr::write(0, &src, p.b.mr.addr(), p.b.mr.rkey()).signaled();
+    let bsrc = vec![1u8; size];
+    let mut bdst = vec![0u8; size];
+    let mut row = Row {
+        goal,
+        what: format!("RDMA WRITE {} KiB, 1 QP", size / 1024),
+        unit: "GB/s",
+        higher_better: true,
+        target,
+        emu: vec![],
+        base: vec![],
+    };
+    for _ in 0..o.samples {
+        row.base.push(baseline::memcpy_gbps(&bsrc, &mut bdst, iters));
+        let t = Instant::now();
+        for _ in 0..iters {
+            p.a.qp.post_send(&wr).unwrap();
+            spin_poll(&p.a.cq);
+        }
+        row.emu.push((iters * size) as f64 / t.elapsed().as_secs_f64() / 1e9);
+    }
+    row
+}
+
+/// G3: 8-byte WRITE, post one + poll one, one thread, in Mops/s.
+fn msg_rate(o: &Opts, p: &Pair, wr: &SendWr<'_>, iters: usize) -> f64 {
+    let _ = o;
+    let t = Instant::now();
+    for _ in 0..iters {
+        p.a.qp.post_send(wr).unwrap();
+        black_box(spin_poll(&p.a.cq));
+    }
+    iters as f64 / t.elapsed().as_secs_f64() / 1e6
+}
+
+fn g3_and_g7(o: &Opts) -> Vec<Row> {
+    let p = pair(4096);
+    let iters = if o.quick { 200_000 } else { 1_000_000 };
+    let src = [sge(&p.a.mr, 0, 8)];
+    let res = [sge(&p.a.mr, 64, 8)];
+    let write = SendWr::write(0, &src, p.b.mr.addr(), p.b.mr.rkey()).signaled();
+    let fadd = SendWr::fetch_add(0, &res, p.b.mr.addr() + 128, p.b.mr.rkey(), 1).signaled();
+    let cswp = SendWr::cmp_swap(0, &res, p.b.mr.addr() + 128, p.b.mr.rkey(), 0, 0).signaled();
+    let mk = |goal, what: &str, target| Row {
+        goal,
+        what: what.to_string(),
+        unit: "Mops/s",
+        higher_better: true,
+        target,
+        emu: vec![],
+        base: vec![],
+    };
+    let mut g3 = mk("G3", "8 B WRITE, post 1 + poll 1, Rust API", ">= 0.25x");
+    let mut g7f = mk("G7", "8 B FETCH_ADD rate (baseline: G3)", ">= 0.5x");
+    let mut g7c = mk("G7", "8 B CMP_SWP rate (baseline: G3)", ">= 0.5x");
+    for _ in 0..o.samples {
+        g3.base.push(baseline::lockfree_model_mops(iters));
+        let w = msg_rate(o, &p, &write, iters);
+        g3.emu.push(w);
+        g7f.base.push(w);
+        g7c.base.push(w);
+        g7f.emu.push(msg_rate(o, &p, &fadd, iters));
+        g7c.emu.push(msg_rate(o, &p, &cswp, iters));
+    }
+    vec![g3, g7f, g7c]
+}
+
+/// G4: polled SEND ping-pong round trip in microseconds, two threads on two cores.
+fn g4(o: &Opts) -> Row {
+    let iters = if o.quick { 50_000 } else { 200_000 };
+    let mut row = Row {
+        goal: "G4",
+        what: "polled SEND ping-pong RTT, 2 threads".into(),
+        unit: "us",
+        higher_better: false,
+        target: "<= 2.0x",
+        emu: vec![],
+        base: vec![],
+    };
+    for _ in 0..o.samples {
+        row.base.push(baseline::spin_pingpong_us(iters));
+        row.emu.push(pingpong_us(iters, false));
+    }
+    row
+}
+
+/// G5: the same ping-pong, each side blocking in `get_cq_event` instead of spinning on the CQ.
+fn g5(o: &Opts) -> Row {
+    let iters = if o.quick { 5_000 } else { 20_000 };
+    let mut row = Row {
+        goal: "G5",
+        what: "event-driven RTT (req_notify + get_cq_event + ack + poll)".into(),
+        unit: "us",
+        higher_better: false,
+        target: "<= 1.3x",
+        emu: vec![],
+        base: vec![],
+    };
+    for _ in 0..o.samples {
+        row.base.push(baseline::eventfd_rtt_us(iters));
+        row.emu.push(pingpong_us(iters, true));
+    }
+    row
+}
+
+fn pingpong_us(iters: usize, events: bool) -> f64 {
+    let p = Arc::new(pair(4096));
+    let go = Arc::new(Barrier::new(2));
+    let wait = move |s: &Side| {
+        if events {
+            // Arm, then look once more: a completion that raced the arm is already queued.
+            s.cq.req_notify(false).unwrap();
+            if let Some(wc) = s.cq.poll_one() {
+                return wc;
+            }
+            let cq = s.ch.get_cq_event().unwrap();
+            cq.ack_events(1);
+            spin_poll(&cq)
+        } else {
+            spin_poll(&s.cq)
+        }
+    };
+    let peer = {
+        let (p, go) = (p.clone(), go.clone());
+        std::thread::spawn(move || {
+            pin(1);
+            let b = &p.b;
+            let s = [sge(&b.mr, 0, 8)];
+            let r = [sge(&b.mr, 64, 8)];
+            for _ in 0..4 {
+                b.qp.post_recv(&RecvWr { wr_id: 0, sg_list: &r }).unwrap();
+            }
+            go.wait();
+            for _ in 0..iters {
+                wait(b);
+                b.qp.post_recv(&RecvWr { wr_id: 0, sg_list: &r }).unwrap();
+                b.qp.post_send(&SendWr::send(0, &s)).unwrap();
+            }
+        })
+    };
+    pin(0);
+    let a = &p.a;
+    let s = [sge(&a.mr, 0, 8)];
+    let r = [sge(&a.mr, 64, 8)];
+    for _ in 0..4 {
+        a.qp.post_recv(&RecvWr { wr_id: 0, sg_list: &r }).unwrap();
+    }
+    go.wait();
+    let t = Instant::now();
+    for _ in 0..iters {
+        a.qp.post_send(&SendWr::send(0, &s)).unwrap();
+        wait(a);
+        a.qp.post_recv(&RecvWr { wr_id: 0, sg_list: &r }).unwrap();
+    }
+    let us = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
+    peer.join().unwrap();
+    let _ = (&p.a.ctx, p.a.ch.as_raw_fd());
+    us
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let only = args.iter().position(|a| a == "--only").and_then(|i| args.get(i + 1).cloned());
+    let o = Opts { samples: if quick { 3 } else { 7 }, quick, only };
+    pin(0);
+    let want = |g: &str| o.only.as_deref().is_none_or(|x| x.eq_ignore_ascii_case(g));
+    println!(
+        "| goal | what | emulator (median) | baseline (median) | ratio (median) | ratio min..max | goal |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    if want("G1") {
+        let sizes: &[usize] =
+            if o.quick { &[64 << 10, 1 << 20] } else { &[64 << 10, 1 << 20, 64 << 20] };
+        for &s in sizes {
+            write_bw(&o, "G1", s, ">= 0.90x").print();
+        }
+    }
+    if want("G1b") {
+        write_bw(&o, "G1b", 4096, ">= 0.5x").print();
+    }
+    if want("G3") || want("G7") {
+        for r in g3_and_g7(&o) {
+            r.print();
+        }
+    }
+    if want("G4") {
+        g4(&o).print();
+    }
+    if want("G5") {
+        g5(&o).print();
+    }
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!("\nsamples per goal: {}; load average at the end: {}", o.samples, load.trim());
+    let _ = AtomicU64::new(0).load(Ordering::Relaxed);
+}
