@@ -9,62 +9,111 @@ use std::{
     time::Instant,
 };
 
-/// memcpy bandwidth in GB/s, copying `src` into `dst` `iters` times (what one RDMA WRITE of
-/// the same size must do at the least).
-pub fn memcpy_gbps(src: &[u8], dst: &mut [u8], iters: usize) -> f64 {
+/// memcpy bandwidth in GB/s, copying `len` bytes from `src` to `dst` `iters` times (what one
+/// RDMA WRITE of the same size must do at the least).
+///
+/// # Safety
+/// `src` and `dst` must be valid for `len` bytes and must not overlap.
+pub unsafe fn memcpy_gbps(src: *const u8, dst: *mut u8, len: usize, iters: usize) -> f64 {
     let t = Instant::now();
     for _ in 0..iters {
-        dst.copy_from_slice(black_box(src));
-        black_box(&mut *dst);
+        // SAFETY: guaranteed by the caller.
+        unsafe { std::ptr::copy_nonoverlapping(black_box(src), black_box(dst), len) };
     }
-    (iters * src.len()) as f64 / t.elapsed().as_secs_f64() / 1e9
+    (iters * len) as f64 / t.elapsed().as_secs_f64() / 1e9
 }
 
-/// A minimal lock-free model of post_send -> copy -> poll_cq for an 8-byte WRITE, one thread:
-/// a WQE ring published with a release store, an "engine" that consumes it, copies 8 bytes and
-/// publishes a CQE, and a poll that consumes the CQE. Returns Mops/s.
+/// A minimal lock-free model of post_send -> copy -> poll_cq for an 8-byte WRITE, one thread,
+/// shaped like a real provider: heap rings of 64-byte WQEs (wr_id, opcode, flags, one SGE,
+/// remote address, rkey) and 48-byte CQEs (the size of `ibv_wc`), indices published with release
+/// stores and read with acquire loads, the copy done through the WQE's addresses. Mops/s.
 pub fn lockfree_model_mops(iters: usize) -> f64 {
-    const N: usize = 64;
+    const N: usize = 256;
     #[derive(Clone, Copy, Default)]
+    #[repr(C, align(64))]
     struct Wqe {
         wr_id: u64,
-        src: usize,
-        dst: usize,
+        opcode: u32,
+        flags: u32,
+        addr: u64,
+        length: u32,
+        lkey: u32,
+        remote_addr: u64,
+        rkey: u32,
+        _pad: [u32; 5],
     }
     #[derive(Clone, Copy, Default)]
+    #[repr(C)]
     struct Cqe {
         wr_id: u64,
         status: u32,
+        opcode: u32,
+        vendor_err: u32,
+        byte_len: u32,
+        imm: u32,
+        qp_num: u32,
+        src_qp: u32,
+        wc_flags: u32,
+        misc: u64,
     }
-    let mut sq = [Wqe::default(); N];
-    let mut cq = [Cqe::default(); N];
-    let (sq_head, sq_tail, cq_head, cq_tail) =
-        (AtomicU32::new(0), AtomicU32::new(0), AtomicU32::new(0), AtomicU32::new(0));
-    let mut mem = [0u64; 16];
+    struct Rings {
+        sq: Vec<Wqe>,
+        cq: Vec<Cqe>,
+        sq_head: AtomicU32,
+        sq_tail: AtomicU32,
+        cq_head: AtomicU32,
+        cq_tail: AtomicU32,
+        mem: Vec<u64>,
+    }
+    let mut r = Box::new(Rings {
+        sq: vec![Wqe::default(); N],
+        cq: vec![Cqe::default(); N],
+        sq_head: AtomicU32::new(0),
+        sq_tail: AtomicU32::new(0),
+        cq_head: AtomicU32::new(0),
+        cq_tail: AtomicU32::new(0),
+        mem: vec![0u64; 1024],
+    });
+    let r: &mut Rings = black_box(&mut r);
+    let base = r.mem.as_mut_ptr() as u64;
     let t = Instant::now();
     for i in 0..iters {
-        // post
-        let h = sq_head.load(Ordering::Relaxed);
-        sq[h as usize % N] = Wqe { wr_id: i as u64, src: i % 8, dst: 8 + i % 8 };
-        sq_head.store(h + 1, Ordering::Release);
-        // engine
-        let tl = sq_tail.load(Ordering::Relaxed);
-        if sq_head.load(Ordering::Acquire) != tl {
-            let w = sq[tl as usize % N];
-            mem[w.dst] = black_box(mem[w.src]);
-            let ch = cq_head.load(Ordering::Relaxed);
-            cq[ch as usize % N] = Cqe { wr_id: w.wr_id, status: 0 };
-            cq_head.store(ch + 1, Ordering::Release);
-            sq_tail.store(tl + 1, Ordering::Release);
+        // post_send
+        let h = r.sq_head.load(Ordering::Relaxed);
+        r.sq[h as usize % N] = Wqe {
+            wr_id: i as u64,
+            opcode: 0,
+            flags: 2,
+            addr: base,
+            length: 8,
+            lkey: 1,
+            remote_addr: base + 8 * (1 + (i % 512) as u64),
+            rkey: 1,
+            _pad: [0; 5],
+        };
+        r.sq_head.store(h + 1, Ordering::Release);
+        // the engine
+        let tl = r.sq_tail.load(Ordering::Relaxed);
+        if r.sq_head.load(Ordering::Acquire) != tl {
+            let w = r.sq[tl as usize % N];
+            // SAFETY: both addresses point into `r.mem` (8-byte words inside its length).
+            unsafe {
+                std::ptr::copy_nonoverlapping(w.addr as *const u8, w.remote_addr as *mut u8, w.length as usize)
+            };
+            let ch = r.cq_head.load(Ordering::Relaxed);
+            r.cq[ch as usize % N] =
+                Cqe { wr_id: w.wr_id, byte_len: w.length, opcode: 1, qp_num: 17, ..Default::default() };
+            r.cq_head.store(ch + 1, Ordering::Release);
+            r.sq_tail.store(tl + 1, Ordering::Release);
         }
-        // poll
-        let ct = cq_tail.load(Ordering::Relaxed);
-        if cq_head.load(Ordering::Acquire) != ct {
-            black_box(cq[ct as usize % N].wr_id + cq[ct as usize % N].status as u64);
-            cq_tail.store(ct + 1, Ordering::Release);
+        // poll_cq
+        let ct = r.cq_tail.load(Ordering::Relaxed);
+        if r.cq_head.load(Ordering::Acquire) != ct {
+            black_box(r.cq[ct as usize % N]);
+            r.cq_tail.store(ct + 1, Ordering::Release);
         }
     }
-    black_box(&mem);
+    black_box(&r.mem);
     iters as f64 / t.elapsed().as_secs_f64() / 1e6
 }
 
