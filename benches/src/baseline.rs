@@ -98,11 +98,20 @@ pub fn lockfree_model_mops(iters: usize) -> f64 {
             let w = r.sq[tl as usize % N];
             // SAFETY: both addresses point into `r.mem` (8-byte words inside its length).
             unsafe {
-                std::ptr::copy_nonoverlapping(w.addr as *const u8, w.remote_addr as *mut u8, w.length as usize)
+                std::ptr::copy_nonoverlapping(
+                    w.addr as *const u8,
+                    w.remote_addr as *mut u8,
+                    w.length as usize,
+                )
             };
             let ch = r.cq_head.load(Ordering::Relaxed);
-            r.cq[ch as usize % N] =
-                Cqe { wr_id: w.wr_id, byte_len: w.length, opcode: 1, qp_num: 17, ..Default::default() };
+            r.cq[ch as usize % N] = Cqe {
+                wr_id: w.wr_id,
+                byte_len: w.length,
+                opcode: 1,
+                qp_num: 17,
+                ..Default::default()
+            };
             r.cq_head.store(ch + 1, Ordering::Release);
             r.sq_tail.store(tl + 1, Ordering::Release);
         }
