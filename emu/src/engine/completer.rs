@@ -186,3 +186,90 @@ fn rewind(g: &mut QpInner) {
     g.req.rd_atomic_in_flight = 0;
     g.req.retrans_at = None;
 }
+
+#[cfg(test)]
+mod test {
+    use super::*;
+    use crate::{
+        QpAttr, QpAttrMask, SendWr, Sge,
+        engine::testkit::{feed, pair, request},
+    };
+
+    /// Three WRITEs sent while the peer is unreachable (RESET): all in flight, PSNs 100..102.
+    fn three_in_flight()
+    -> (crate::Fabric, crate::engine::testkit::Side, crate::engine::testkit::Side) {
+        let (f, a, b) = pair();
+        b.qp.modify(&QpAttr { qp_state: QpState::RESET, ..Default::default() }, QpAttrMask::STATE)
+            .unwrap();
+        let s = [Sge { addr: a.mr.addr(), length: 8, lkey: a.mr.lkey() }];
+        for i in 0..3 {
+            a.qp.post_send(&SendWr::write(i, &s, b.mr.addr(), b.mr.rkey()).signaled()).unwrap();
+        }
+        assert_eq!(a.qp.0.inner.lock().sq.in_flight(), 3);
+        (f, a, b)
+    }
+
+    fn ack(
+        a: &crate::engine::testkit::Side,
+        b: &crate::engine::testkit::Side,
+        psn: u32,
+        s: Syndrome,
+    ) {
+        let mut p = request(Kind::Ack, &b.qp, &a.qp, psn);
+        p.syndrome = s;
+        feed(&a.qp, &b.qp, p);
+    }
+
+    #[test]
+    fn test_check_ack_completes_in_order_through_the_acked_psn() {
+        let (_f, a, b) = three_in_flight();
+        ack(&a, &b, 101, Syndrome::Ack);
+        let ids: Vec<u64> = std::iter::from_fn(|| a.cq.poll_one()).map(|w| w.wr_id).collect();
+        assert_eq!(ids, vec![0, 1], "a coalesced ACK completes every WQE it covers");
+        ack(&a, &b, 100, Syndrome::Ack);
+        assert_eq!(a.cq.poll_one(), None, "a stale ACK changes nothing");
+    }
+
+    #[test]
+    fn test_error_retry_psn_sequence_nak_rewinds_and_spends_a_retry() {
+        let (_f, a, b) = three_in_flight();
+        ack(&a, &b, 101, Syndrome::Nak(NakCode::PsnSequenceError));
+        assert_eq!(a.cq.poll_one().map(|w| w.wr_id), Some(0), "implicitly acked");
+        let g = a.qp.0.inner.lock();
+        // The resend went out at once (and was lost again): PSNs 101, 102 were reused.
+        assert_eq!(g.req.psn, 103);
+        assert_eq!(g.req.retry_left, 6);
+        assert_eq!(g.sq.in_flight(), 2);
+    }
+
+    #[test]
+    fn test_rnr_retry_waits_then_resends() {
+        let (_f, a, b) = three_in_flight();
+        ack(&a, &b, 100, Syndrome::Rnr(1));
+        let g = a.qp.0.inner.lock();
+        assert!(g.req.rnr_until.is_some());
+        assert_eq!(g.sq.in_flight(), 0, "rewound: nothing is in flight during the wait");
+        assert_eq!(g.req.psn, 100);
+        assert_eq!(g.req.rnr_retry_left, 7, "7 means retry forever");
+    }
+
+    #[test]
+    fn test_nak_remote_access_fails_the_wqe_and_flushes_the_rest() {
+        let (_f, a, b) = three_in_flight();
+        ack(&a, &b, 100, Syndrome::Nak(NakCode::RemoteAccessError));
+        let st: Vec<WcStatus> = std::iter::from_fn(|| a.cq.poll_one()).map(|w| w.status).collect();
+        assert_eq!(
+            st,
+            vec![WcStatus::REM_ACCESS_ERR, WcStatus::WR_FLUSH_ERR, WcStatus::WR_FLUSH_ERR]
+        );
+        assert_eq!(a.qp.state(), QpState::ERR);
+    }
+
+    #[test]
+    fn test_response_to_a_non_read_wqe_is_a_bad_response() {
+        let (_f, a, b) = three_in_flight();
+        let p = request(Kind::ReadResponse, &b.qp, &a.qp, 100);
+        feed(&a.qp, &b.qp, p);
+        assert_eq!(a.cq.poll_one().map(|w| w.status), Some(WcStatus::BAD_RESP_ERR));
+    }
+}

@@ -15,6 +15,8 @@ pub(crate) mod packet;
 pub(crate) mod requester;
 pub(crate) mod responder;
 pub(crate) mod sgl;
+#[cfg(test)]
+pub(crate) mod testkit;
 
 use std::sync::Arc;
 
@@ -115,7 +117,7 @@ impl<'f> Driver<'f> {
         self.ready.push(dst);
     }
 
-    fn enter(&mut self, qp: *const QpShared) {
+    pub(crate) fn enter(&mut self, qp: *const QpShared) {
         self.active[self.depth] = qp;
         self.depth += 1;
     }

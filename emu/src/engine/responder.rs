@@ -380,3 +380,107 @@ fn duplicate(qp: &Arc<QpShared>, g: &mut QpInner, pkt: &Packet, drv: &mut Driver
         _ => {}
     }
 }
+
+#[cfg(test)]
+mod test {
+    use super::*;
+    use crate::engine::testkit::{bytes, feed, pair, request};
+
+    #[test]
+    fn test_check_psn_duplicate_atomic_is_answered_from_saved_result() {
+        let (_f, a, b) = pair();
+        b.mr.write_u64(0, 10).unwrap();
+        let mut p = request(Kind::FetchAdd, &a.qp, &b.qp, 100);
+        (p.va, p.rkey, p.len, p.swap_add) = (b.mr.addr(), b.mr.rkey(), 8, 5);
+        let first = feed(&b.qp, &a.qp, p.clone());
+        let again = feed(&b.qp, &a.qp, p);
+        assert_eq!(b.mr.read_u64(0).unwrap(), 15, "executed once");
+        for r in [&first[0], &again[0]] {
+            assert_eq!((r.kind, r.psn, r.orig), (Kind::AtomicAck, 100, 10));
+        }
+        assert_eq!(b.qp.query().unwrap().rq_psn, 101);
+    }
+
+    #[test]
+    fn test_check_psn_duplicate_write_is_acked_not_executed() {
+        let (_f, a, b) = pair();
+        let mut p = request(Kind::Write, &a.qp, &b.qp, 100);
+        (p.va, p.rkey, p.len, p.payload) = (b.mr.addr(), b.mr.rkey(), 3, bytes(b"abc"));
+        let first = feed(&b.qp, &a.qp, p.clone());
+        assert_eq!(
+            (first[0].kind, first[0].psn, first[0].syndrome),
+            (Kind::Ack, 100, Syndrome::Ack)
+        );
+        b.mr.write(0, b"xyz").unwrap();
+        let again = feed(&b.qp, &a.qp, p);
+        assert_eq!(
+            (again[0].kind, again[0].psn, again[0].syndrome),
+            (Kind::Ack, 100, Syndrome::Ack)
+        );
+        let mut got = [0u8; 3];
+        b.mr.read(0, &mut got).unwrap();
+        assert_eq!(&got, b"xyz", "a duplicate WRITE must not be executed again");
+    }
+
+    #[test]
+    fn test_check_psn_ahead_naks_once_and_drops() {
+        let (_f, a, b) = pair();
+        let mut p = request(Kind::Write, &a.qp, &b.qp, 105);
+        (p.va, p.rkey, p.len, p.payload) = (b.mr.addr(), b.mr.rkey(), 1, bytes(b"!"));
+        let first = feed(&b.qp, &a.qp, p.clone());
+        assert_eq!(first.len(), 1);
+        assert_eq!(
+            (first[0].psn, first[0].syndrome),
+            (100, Syndrome::Nak(NakCode::PsnSequenceError)),
+            "NAK names the expected PSN"
+        );
+        assert!(feed(&b.qp, &a.qp, p).is_empty(), "one NAK per gap");
+        assert_eq!(b.mr.read_u64(0).unwrap(), 0);
+        assert_eq!(b.qp.state(), QpState::RTS, "a sequence error does not hurt the QP");
+    }
+
+    #[test]
+    fn test_send_without_receive_gets_rnr_nak_with_min_rnr_timer() {
+        let (_f, a, b) = pair();
+        let mut p = request(Kind::Send, &a.qp, &b.qp, 100);
+        (p.len, p.payload) = (2, bytes(b"hi"));
+        let out = feed(&b.qp, &a.qp, p);
+        assert_eq!((out[0].psn, out[0].syndrome), (100, Syndrome::Rnr(12)));
+        assert_eq!(b.qp.query().unwrap().rq_psn, 100, "the PSN is not consumed");
+    }
+
+    #[test]
+    fn test_duplicate_read_reads_current_memory_into_the_new_destination() {
+        let (_f, a, b) = pair();
+        b.mr.write(0, b"one").unwrap();
+        let dst = sgl::resolve(
+            &a.qp.0,
+            &[crate::Sge { addr: a.mr.addr(), length: 3, lkey: a.mr.lkey() }],
+            true,
+        )
+        .unwrap();
+        let mut p = request(Kind::ReadRequest, &a.qp, &b.qp, 100);
+        (p.va, p.rkey, p.len, p.payload) = (b.mr.addr(), b.mr.rkey(), 3, dst);
+        let out = feed(&b.qp, &a.qp, p.clone());
+        assert_eq!((out[0].kind, out[0].psn, out[0].len), (Kind::ReadResponse, 100, 3));
+        b.mr.write(0, b"two").unwrap();
+        let again = feed(&b.qp, &a.qp, p);
+        assert_eq!(again[0].kind, Kind::ReadResponse);
+        let mut got = [0u8; 3];
+        a.mr.read(0, &mut got).unwrap();
+        assert_eq!(&got, b"two");
+        assert_eq!(b.qp.query().unwrap().rq_psn, 101);
+    }
+
+    #[test]
+    fn test_requests_to_a_qp_below_rtr_are_dropped() {
+        let (_f, a, b) = pair();
+        b.qp.modify(
+            &crate::QpAttr { qp_state: QpState::RESET, ..Default::default() },
+            crate::QpAttrMask::STATE,
+        )
+        .unwrap();
+        let p = request(Kind::Send, &a.qp, &b.qp, 100);
+        assert!(feed(&b.qp, &a.qp, p).is_empty());
+    }
+}

@@ -1,0 +1,85 @@
+//! Test helpers for the engine's unit tests: a connected RC pair, hand-made packets, and a way
+//! to feed one packet to one QP and look at what came out, with nothing else running.
+
+use std::sync::Arc;
+
+use super::{
+    Driver,
+    packet::{Kind, Packet, Payload},
+};
+use crate::{qp::QpShared, *};
+
+pub(crate) struct Side {
+    pub(crate) qp: Qp,
+    pub(crate) mr: Mr,
+    pub(crate) cq: Cq,
+}
+
+pub(crate) fn pair() -> (Fabric, Side, Side) {
+    let f = Fabric::new(FabricConfig::default());
+    let devs = f.devices();
+    let mk = |d: &Device| {
+        let ctx = d.open().unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(64, None, 0).unwrap();
+        let all = AccessFlags::LOCAL_WRITE
+            | AccessFlags::REMOTE_WRITE
+            | AccessFlags::REMOTE_READ
+            | AccessFlags::REMOTE_ATOMIC;
+        let mr = pd.reg_mr(4096, all).unwrap();
+        let cap = QpCap {
+            max_send_wr: 16,
+            max_recv_wr: 16,
+            max_send_sge: 2,
+            max_recv_sge: 2,
+            max_inline_data: 0,
+        };
+        let qp = pd
+            .create_qp(&QpInitAttr {
+                qp_type: QpType::RC,
+                send_cq: &cq,
+                recv_cq: &cq,
+                cap,
+                sq_sig_all: false,
+            })
+            .unwrap();
+        Side { qp, mr, cq }
+    };
+    let (a, b) = (mk(&devs[0]), mk(&devs[1]));
+    a.qp.connect_rc(100, &b.qp.endpoint(200), &RcParams::default()).unwrap();
+    b.qp.connect_rc(200, &a.qp.endpoint(100), &RcParams::default()).unwrap();
+    (f, a, b)
+}
+
+/// A request packet from `from` to `to` with PSN `psn`.
+pub(crate) fn request(kind: Kind, from: &Qp, to: &Qp, psn: u32) -> Packet {
+    let mut p = Packet::new(kind);
+    p.src_dev = from.0.device_index();
+    p.src_qpn = from.qp_num();
+    p.dst_dev = to.0.device_index();
+    p.dst_qpn = to.qp_num();
+    p.psn = psn;
+    p
+}
+
+/// Bytes as a payload.
+pub(crate) fn bytes(b: &[u8]) -> Payload {
+    Payload::Bytes(b.to_vec().into_boxed_slice())
+}
+
+/// Hands `pkt` to `qp` as the fabric would, services only `qp`, and returns the packets it sent
+/// back to `peer` (taken out of the peer's inbox, which nothing else drains).
+pub(crate) fn feed(qp: &Qp, peer: &Qp, pkt: Packet) -> Vec<Packet> {
+    let shared: &Arc<QpShared> = &qp.0;
+    let fabric = shared.ctx.fabric.clone();
+    let mut drv = Driver::new(&fabric);
+    {
+        // Mark the peer active so that nothing is delivered to it inline.
+        drv.enter(Arc::as_ptr(&peer.0));
+        shared.inbox.lock().push_back(pkt);
+        let mut g = shared.inner.lock();
+        drv.service(shared, &mut g);
+    }
+    std::mem::forget(drv); // leave the peer's inbox alone
+    peer.0.inbox.lock().drain(..).collect()
+}
