@@ -25,7 +25,8 @@ case "${1:-test}" in
     test)
         install_pkgs
         lint
-        cargo test --workspace --release
+        # A hang must fail CI quickly, not eat its 90 minutes.
+        timeout 1200 cargo test --workspace --release
         cargo run --release -p rdma-emu --example demo
         ;;
     lint) lint ;;

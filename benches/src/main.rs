@@ -95,7 +95,7 @@ struct Side {
 }
 
 fn pair(len: usize) -> Pair {
-    let f = Fabric::new(FabricConfig { devices: 2, profile: Profile::Full });
+    let f = Fabric::new(FabricConfig { devices: 2, profile: Profile::Full, ..Default::default() });
     let devs = f.devices();
     let access = AccessFlags::LOCAL_WRITE
         | AccessFlags::REMOTE_WRITE

@@ -58,7 +58,8 @@ fn sge(mr: &Mr, off: usize, len: usize) -> Sge {
 }
 
 fn main() -> Result<()> {
-    let fabric = Fabric::new(FabricConfig { devices: 2, profile: Profile::Full });
+    let fabric =
+        Fabric::new(FabricConfig { devices: 2, profile: Profile::Full, ..Default::default() });
     let devs = fabric.devices();
     for d in &devs {
         let p = d.query_port(1)?;

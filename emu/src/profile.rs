@@ -178,8 +178,16 @@ impl DeviceIdentity {
 }
 
 impl Profile {
-    /// The device attribute table for a device with identity `id`.
-    pub fn device_attr(self, id: &DeviceIdentity) -> DeviceAttr {
+    /// Ports a device of this profile has when `wanted` are asked for (rxe has exactly one).
+    pub fn port_count(self, wanted: u8) -> u8 {
+        match self {
+            Profile::Rxe => 1,
+            Profile::Full => wanted.clamp(1, 4),
+        }
+    }
+
+    /// The device attribute table for a device with identity `id` and `ports` ports.
+    pub fn device_attr(self, id: &DeviceIdentity, ports: u8) -> DeviceAttr {
         let rxe = DeviceAttr {
             fw_ver: "0.0.0",
             node_guid: id.guid,
@@ -224,6 +232,7 @@ impl Profile {
             max_inline_data: RXE_MAX_INLINE,
             num_comp_vectors: 2,
         };
+        let rxe = DeviceAttr { phys_port_cnt: self.port_count(ports), ..rxe };
         match self {
             Profile::Rxe => rxe,
             Profile::Full => DeviceAttr {
@@ -236,8 +245,9 @@ impl Profile {
         }
     }
 
-    /// The attributes of port 1 of the device with identity `id`.
-    pub fn port_attr(self, id: &DeviceIdentity) -> PortAttr {
+    /// The attributes of port `port` (1-based) of the device with identity `id` and `ports`
+    /// ports. LIDs are unique on the fabric: device-major, port-minor, from 1.
+    pub fn port_attr(self, id: &DeviceIdentity, port: u8, ports: u8) -> PortAttr {
         let rxe = PortAttr {
             state: PortState::ACTIVE,
             max_mtu: Mtu::MTU_4096,
@@ -270,7 +280,7 @@ impl Profile {
                 gid_tbl_len: 16,
                 port_cap_flags: 0x0001_0000 | 0x0000_0002 | 0x0400_0000, // CM, SM, CAP_MASK2
                 max_msg_sz: 0x4000_0000,
-                lid: (id.index + 1) as u16,
+                lid: (id.index * self.port_count(ports) as u32 + port as u32) as u16,
                 sm_lid: 1,
                 link_layer: LinkLayer::INFINIBAND,
                 active_width: 2,  // 4X
@@ -280,15 +290,17 @@ impl Profile {
         }
     }
 
-    /// The populated GID table entries of port 1.
-    pub fn gid_table(self, id: &DeviceIdentity) -> Vec<GidEntry> {
+    /// The populated GID table entries of port `port`: GID 0 is the link-local GID of the
+    /// port GUID (the node GUID plus the port index).
+    pub fn gid_table(self, id: &DeviceIdentity, port: u8) -> Vec<GidEntry> {
+        let port_guid = id.guid + (port as u64 - 1);
         match self {
             Profile::Rxe => vec![
-                GidEntry { gid: Gid::link_local(id.guid), index: 0, gid_type: GidType::ROCE_V2 },
+                GidEntry { gid: Gid::link_local(port_guid), index: 0, gid_type: GidType::ROCE_V2 },
                 GidEntry { gid: Gid::ipv4_mapped(id.ipv4), index: 1, gid_type: GidType::ROCE_V2 },
             ],
             Profile::Full => {
-                vec![GidEntry { gid: Gid::link_local(id.guid), index: 0, gid_type: GidType::IB }]
+                vec![GidEntry { gid: Gid::link_local(port_guid), index: 0, gid_type: GidType::IB }]
             }
         }
     }

@@ -61,7 +61,7 @@ struct World {
 
 impl World {
     fn new(profile: Profile) -> World {
-        let fabric = Fabric::new(FabricConfig { devices: 2, profile });
+        let fabric = Fabric::new(FabricConfig { devices: 2, profile, ..Default::default() });
         let devs = fabric.devices();
         let ctx: Vec<Context> = devs.iter().map(|d| d.open().unwrap()).collect();
         let pd: Vec<Pd> = ctx.iter().map(|c| c.alloc_pd().unwrap()).collect();

@@ -6,7 +6,7 @@ use rdma_emu::*;
 
 #[test]
 fn rxe_profile_reports_exactly_what_rxe_reports() {
-    let f = Fabric::new(FabricConfig { devices: 1, profile: Profile::Rxe });
+    let f = Fabric::new(FabricConfig { devices: 1, profile: Profile::Rxe, ..Default::default() });
     let d = &f.devices()[0];
     assert_eq!(d.name(), "emu0");
     let a = d.attr();
@@ -52,7 +52,7 @@ fn rxe_profile_reports_exactly_what_rxe_reports() {
 
 #[test]
 fn full_profile_uses_infiniband_lids_and_unique_guids() {
-    let f = Fabric::new(FabricConfig { devices: 3, profile: Profile::Full });
+    let f = Fabric::new(FabricConfig { devices: 3, profile: Profile::Full, ..Default::default() });
     let devs = f.devices();
     let lids: Vec<u16> = devs.iter().map(|d| d.query_port(1).unwrap().lid).collect();
     assert_eq!(lids, vec![1, 2, 3]);
@@ -124,7 +124,7 @@ fn rereg_changes_access_and_pd_in_full_and_is_eopnotsupp_in_rxe() {
     a.qp.post_send(&SendWr::write(2, &src, target.addr(), target.rkey())).unwrap();
     assert_eq!(wait1(&a.cq).status, WcStatus::REM_ACCESS_ERR, "now in a PD the QP is not in");
 
-    let f = Fabric::new(FabricConfig { devices: 1, profile: Profile::Rxe });
+    let f = Fabric::new(FabricConfig { devices: 1, profile: Profile::Rxe, ..Default::default() });
     let pd = f.devices()[0].open().unwrap().alloc_pd().unwrap();
     let mr = pd.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
     assert_eq!(mr.rereg(Rereg::Access(ALL_ACCESS)).unwrap_err().errno(), Errno::EOPNOTSUPP);
@@ -149,7 +149,7 @@ fn raw_memory_registration_reads_and_writes_the_callers_buffer() {
 
 #[test]
 fn cq_sizes_limits_and_resize() {
-    let f = Fabric::new(FabricConfig { devices: 1, profile: Profile::Rxe });
+    let f = Fabric::new(FabricConfig { devices: 1, profile: Profile::Rxe, ..Default::default() });
     let ctx = f.devices()[0].open().unwrap();
     assert_eq!(ctx.create_cq(0, None, 0).unwrap_err().errno(), Errno::EINVAL);
     assert_eq!(ctx.create_cq(32_768, None, 0).unwrap_err().errno(), Errno::EINVAL);
@@ -190,7 +190,7 @@ fn cq_and_pd_used_by_a_qp_are_busy_until_it_is_destroyed() {
 
 #[test]
 fn create_qp_validates_caps_and_types() {
-    let f = Fabric::new(FabricConfig { devices: 1, profile: Profile::Rxe });
+    let f = Fabric::new(FabricConfig { devices: 1, profile: Profile::Rxe, ..Default::default() });
     let ctx = f.devices()[0].open().unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(8, None, 0).unwrap();
@@ -220,7 +220,7 @@ fn create_qp_validates_caps_and_types() {
 #[test]
 fn modify_checks_transitions_masks_and_values() {
     use QpAttrMask as M;
-    let f = Fabric::new(FabricConfig { devices: 2, profile: Profile::Rxe });
+    let f = Fabric::new(FabricConfig { devices: 2, profile: Profile::Rxe, ..Default::default() });
     let n = node_on(&f.devices()[0], 64);
     let peer = node_on(&f.devices()[1], 64);
     let einval = |r: Result<()>| assert_eq!(r.unwrap_err().errno(), Errno::EINVAL);
@@ -292,4 +292,72 @@ fn modify_checks_transitions_masks_and_values() {
     n.qp.modify(&to(QpState::RTS), M::STATE).unwrap();
     n.qp.modify(&to(QpState::RESET), M::STATE).unwrap();
     assert_eq!(n.qp.state(), QpState::RESET);
+}
+
+#[test]
+fn several_ports_per_device_route_by_lid_and_gid() {
+    let f = Fabric::new(FabricConfig { devices: 2, profile: Profile::Full, ports: 2 });
+    let devs = f.devices();
+    assert_eq!(devs[0].attr().phys_port_cnt, 2);
+    let lids: Vec<u16> =
+        devs.iter().flat_map(|d| (1..=2).map(move |p| d.query_port(p).unwrap().lid)).collect();
+    assert_eq!(lids, vec![1, 2, 3, 4], "LIDs are unique on the fabric");
+    assert_ne!(devs[0].query_gid(1, 0).unwrap(), devs[0].query_gid(2, 0).unwrap());
+    assert_eq!(devs[0].query_port(3).unwrap_err().errno(), Errno::EINVAL);
+
+    // Port 2 of device 0 to port 2 of device 1, and loopback port 1 -> port 2 of device 0.
+    let a = node_on(&devs[0], 4096);
+    let b = node_on(&devs[1], 4096);
+    let c = node_on(&devs[0], 4096);
+    let p2 = RcParams { port_num: 2, ..Default::default() };
+    let p1 = RcParams::default();
+    a.qp.connect_rc(1, &b.qp.endpoint_on(2, 2).unwrap(), &p2).unwrap();
+    b.qp.connect_rc(2, &a.qp.endpoint_on(2, 1).unwrap(), &p2).unwrap();
+    a.mr.write(0, b"port2").unwrap();
+    a.qp.post_send(&SendWr::write(1, &[sge(&a.mr, 0, 5)], b.mr.addr(), b.mr.rkey()).signaled())
+        .unwrap();
+    assert_eq!(wait1(&a.cq).status, WcStatus::SUCCESS);
+    let mut got = [0u8; 5];
+    b.mr.read(0, &mut got).unwrap();
+    assert_eq!(&got, b"port2");
+    post_recv(&b.qp, 7, &[sge(&b.mr, 100, 16)]);
+    a.qp.post_send(&SendWr::send(2, &[sge(&a.mr, 0, 5)])).unwrap();
+    assert_eq!(wait1(&b.cq).slid, 2, "slid is the sending port's LID");
+
+    // A peer that addresses the wrong port of C's device never reaches C.
+    let d = node_on(&devs[1], 4096);
+    let pd = RcParams { timeout: 1, retry_cnt: 1, ..Default::default() };
+    d.qp.connect_rc(3, &c.qp.endpoint_on(2, 4).unwrap(), &pd).unwrap();
+    c.qp.connect_rc(4, &d.qp.endpoint(3), &p1).unwrap(); // C is on port 1
+    d.qp.post_send(&SendWr::write(3, &[sge(&d.mr, 0, 4)], c.mr.addr(), c.mr.rkey())).unwrap();
+    assert_eq!(wait1(&d.cq).status, WcStatus::RETRY_EXC_ERR);
+}
+
+#[test]
+fn address_vector_port_must_be_the_qps_port() {
+    let f = Fabric::new(FabricConfig { devices: 2, profile: Profile::Full, ports: 2 });
+    let devs = f.devices();
+    let a = node_on(&devs[0], 64);
+    let b = node_on(&devs[1], 64);
+    let mut ep = b.qp.endpoint(0);
+    ep.lid = 3;
+    let init = QpAttr { qp_state: QpState::INIT, port_num: 1, ..Default::default() };
+    use QpAttrMask as M;
+    a.qp.modify(&init, M::STATE | M::PORT | M::PKEY_INDEX | M::ACCESS_FLAGS).unwrap();
+    let rtr = QpAttr {
+        qp_state: QpState::RTR,
+        path_mtu: Mtu::MTU_1024,
+        dest_qp_num: ep.qpn,
+        ah_attr: AhAttr { dlid: ep.lid, port_num: 2, ..Default::default() },
+        ..Default::default()
+    };
+    let m = M::STATE
+        | M::AV
+        | M::PATH_MTU
+        | M::DEST_QPN
+        | M::RQ_PSN
+        | M::MAX_DEST_RD_ATOMIC
+        | M::MIN_RNR_TIMER;
+    assert_eq!(a.qp.modify(&rtr, m).unwrap_err().errno(), Errno::EINVAL);
+    a.qp.modify(&QpAttr { ah_attr: AhAttr { port_num: 1, ..rtr.ah_attr }, ..rtr }, m).unwrap();
 }

@@ -191,7 +191,8 @@ fn multi_packet_messages_advance_psns_by_packet_count() {
 
 #[test]
 fn loopback_between_two_qps_of_one_device() {
-    let fabric = Fabric::new(FabricConfig { devices: 1, profile: Profile::Rxe });
+    let fabric =
+        Fabric::new(FabricConfig { devices: 1, profile: Profile::Rxe, ..Default::default() });
     let dev = &fabric.devices()[0];
     let a = node_on(dev, 4096);
     let b = node_on(dev, 4096);

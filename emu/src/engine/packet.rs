@@ -127,7 +127,9 @@ pub(crate) struct Packet {
     pub(crate) src_qpn: u32,
     /// Source port's LID (0 on Ethernet), reported as `wc.slid`.
     pub(crate) src_lid: u16,
+    pub(crate) src_port: u8,
     pub(crate) dst_dev: u32,
+    pub(crate) dst_port: u8,
     pub(crate) dst_qpn: u32,
     /// BTH PSN of the first packet.
     pub(crate) psn: u32,
@@ -162,7 +164,9 @@ impl Packet {
             src_dev: 0,
             src_qpn: 0,
             src_lid: 0,
+            src_port: 1,
             dst_dev: 0,
+            dst_port: 1,
             dst_qpn: 0,
             psn: 0,
             npkts: 1,

@@ -181,7 +181,7 @@ pub(crate) fn run(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>) -> 
 fn build(qp: &QpShared, g: &mut QpInner, idx: u32) -> Result<Packet, WcStatus> {
     let mtu = g.mtu;
     let wqe = g.sq.ring.at(idx);
-    if wqe.length > qp.port.max_msg_sz {
+    if wqe.length > g.port.max_msg_sz {
         return Err(WcStatus::LOC_LEN_ERR);
     }
     let (kind, imm) = match wqe.opcode {
@@ -227,8 +227,9 @@ fn build(qp: &QpShared, g: &mut QpInner, idx: u32) -> Result<Packet, WcStatus> {
     }
     pkt.src_dev = qp.device_index();
     pkt.src_qpn = qp.qpn;
-    pkt.src_lid = qp.port.lid;
-    pkt.dst_dev = g.dest_dev.unwrap_or(u32::MAX);
+    pkt.src_lid = g.port.lid;
+    pkt.src_port = g.attr.port_num;
+    (pkt.dst_dev, pkt.dst_port) = g.dest.unwrap_or((u32::MAX, 0));
     pkt.dst_qpn = g.attr.dest_qp_num;
     pkt.psn = g.req.psn;
     let npkts = pkt.npkts;

@@ -88,7 +88,9 @@ pub(crate) fn flush_recv_queue(qp: &QpShared, g: &mut QpInner) {
 /// Handles a request packet.
 pub(crate) fn receive(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>) {
     // Requests to a QP that is not at least RTR (or is in ERR) are dropped, as on the wire.
-    if !matches!(g.state, QpState::RTR | QpState::RTS | QpState::SQD | QpState::SQE) {
+    if !matches!(g.state, QpState::RTR | QpState::RTS | QpState::SQD | QpState::SQE)
+        || pkt.dst_port != g.attr.port_num
+    {
         return;
     }
     let d = psn_diff(pkt.psn, g.resp.epsn);
@@ -119,8 +121,10 @@ pub(crate) fn receive(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mu
 fn reply(g: &QpInner, req: &Packet, kind: Kind, psn: u32, syndrome: Syndrome) -> Packet {
     let mut p = Packet::new(kind);
     p.src_dev = req.dst_dev;
+    p.src_port = req.dst_port;
     p.src_qpn = req.dst_qpn;
     p.dst_dev = req.src_dev;
+    p.dst_port = req.src_port;
     p.dst_qpn = req.src_qpn;
     p.psn = psn;
     p.syndrome = syndrome;
@@ -183,9 +187,9 @@ fn rnr(g: &mut QpInner, pkt: &Packet, drv: &mut Driver<'_>) {
 }
 
 /// The flags a receive completion carries.
-fn recv_flags(qp: &QpShared, pkt: &Packet) -> WcFlags {
+fn recv_flags(g: &QpInner, pkt: &Packet) -> WcFlags {
     let mut f = WcFlags::empty();
-    if qp.port.roce {
+    if g.port.roce {
         f |= WcFlags::GRH;
     }
     if pkt.imm.is_some() {
@@ -196,7 +200,7 @@ fn recv_flags(qp: &QpShared, pkt: &Packet) -> WcFlags {
 
 fn complete_recv(qp: &Arc<QpShared>, g: &mut QpInner, pkt: &Packet, opcode: WcOpcode) {
     let wr_id = take_recv(g).expect("checked by the caller");
-    let mut w = wc_ok(qp, wr_id, opcode, pkt.len, recv_flags(qp, pkt));
+    let mut w = wc_ok(qp, wr_id, opcode, pkt.len, recv_flags(g, pkt));
     w.imm_data = pkt.imm.unwrap_or(0);
     w.slid = pkt.src_lid;
     if qp.recv_cq.push(w, pkt.solicited).is_err() {

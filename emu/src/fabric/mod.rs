@@ -27,11 +27,13 @@ pub struct FabricConfig {
     pub devices: u32,
     /// What the devices report.
     pub profile: Profile,
+    /// Ports per device (1 to 4; the rxe profile always has 1, as rxe).
+    pub ports: u8,
 }
 
 impl Default for FabricConfig {
     fn default() -> Self {
-        FabricConfig { devices: 2, profile: Profile::Full }
+        FabricConfig { devices: 2, profile: Profile::Full, ports: 1 }
     }
 }
 
@@ -78,18 +80,13 @@ impl FabricInner {
         (qp.device_index() == dev).then_some(qp)
     }
 
-    /// The device an address vector leads to: by GID when it carries a GRH, else by LID.
-    pub(crate) fn route(&self, ah: &AhAttr) -> Option<u32> {
-        self.devices
-            .iter()
-            .find(|d| {
-                if ah.is_global {
-                    d.has_gid(&ah.dgid).is_some()
-                } else {
-                    d.has_lid(ah.dlid).is_some()
-                }
-            })
-            .map(|d| d.id.index)
+    /// The device and port an address vector leads to: by GID when it carries a GRH, else by
+    /// LID.
+    pub(crate) fn route(&self, ah: &AhAttr) -> Option<(u32, u8)> {
+        self.devices.iter().find_map(|d| {
+            let port = if ah.is_global { d.has_gid(&ah.dgid) } else { d.has_lid(ah.dlid) };
+            port.map(|p| (d.id.index, p))
+        })
     }
 
     /// Nanoseconds since the fabric started (the real-time drivers' clock).
@@ -108,8 +105,9 @@ pub struct Fabric(pub(crate) Arc<FabricInner>);
 impl Fabric {
     /// A fabric with `cfg.devices` devices named `emu0`, `emu1`, ...
     pub fn new(cfg: FabricConfig) -> Fabric {
-        let devices =
-            (0..cfg.devices).map(|i| Arc::new(DeviceInner::new(i, cfg.profile))).collect();
+        let devices = (0..cfg.devices)
+            .map(|i| Arc::new(DeviceInner::new(i, cfg.profile, cfg.ports)))
+            .collect();
         Fabric(Arc::new(FabricInner {
             devices,
             qps: RwLock::new(HashMap::new()),

@@ -59,19 +59,22 @@ pub(crate) struct DeviceInner {
 }
 
 impl DeviceInner {
-    pub(crate) fn new(index: u32, profile: Profile) -> DeviceInner {
+    pub(crate) fn new(index: u32, profile: Profile, ports: u8) -> DeviceInner {
         let id = DeviceIdentity::new(index);
-        let port = PortInner {
-            attr: Mutex::new(profile.port_attr(&id)),
-            gids: profile.gid_table(&id),
-            pkeys: profile.pkey_table(),
-        };
+        let n = profile.port_count(ports);
+        let ports = (1..=n)
+            .map(|p| PortInner {
+                attr: Mutex::new(profile.port_attr(&id, p, n)),
+                gids: profile.gid_table(&id, p),
+                pkeys: profile.pkey_table(),
+            })
+            .collect();
         DeviceInner {
             name: format!("emu{index}"),
             profile,
-            attr: profile.device_attr(&id),
+            attr: profile.device_attr(&id, n),
             id,
-            ports: vec![port],
+            ports,
             keys: RwLock::new(KeyTable::default()),
             counts: ResourceCounts::default(),
         }

@@ -30,6 +30,8 @@ pub struct RcParams {
     pub max_dest_rd_atomic: u8,
     /// GID index used as the source on RoCE.
     pub sgid_index: u8,
+    /// The local port (1-based).
+    pub port_num: u8,
 }
 
 impl Default for RcParams {
@@ -47,6 +49,7 @@ impl Default for RcParams {
             max_rd_atomic: 16,
             max_dest_rd_atomic: 16,
             sgid_index: 0,
+            port_num: 1,
         }
     }
 }
@@ -54,21 +57,26 @@ impl Default for RcParams {
 impl Qp {
     /// This QP's endpoint on port 1, sending from `psn`.
     pub fn endpoint(&self, psn: u32) -> Endpoint {
+        self.endpoint_on(1, psn).expect("port 1 exists")
+    }
+
+    /// This QP's endpoint on `port`, sending from `psn`.
+    pub fn endpoint_on(&self, port: u8, psn: u32) -> Result<Endpoint> {
         let dev = &self.0.ctx.device;
-        let port = dev.port(1).expect("port 1 exists");
+        let port = dev.port(port)?;
         let lid = port.attr.lock().lid;
         let gid = port.gids.first().map(|e| e.gid).unwrap_or_default();
-        Endpoint { qpn: self.0.qpn, lid, gid, psn }
+        Ok(Endpoint { qpn: self.0.qpn, lid, gid, psn })
     }
 
     /// Moves a RESET RC QP to RTS, connected to `remote`; `local_psn` is this side's first
     /// send PSN (the one its `endpoint` advertised).
     pub fn connect_rc(&self, local_psn: u32, remote: &Endpoint, p: &RcParams) -> Result<()> {
-        let link = self.0.ctx.device.port(1)?.attr.lock().link_layer;
+        let link = self.0.ctx.device.port(p.port_num)?.attr.lock().link_layer;
         let init = QpAttr {
             qp_state: QpState::INIT,
             pkey_index: 0,
-            port_num: 1,
+            port_num: p.port_num,
             qp_access_flags: p.access,
             ..Default::default()
         };
@@ -80,7 +88,7 @@ impl Qp {
             sgid_index: p.sgid_index,
             hop_limit: 64,
             dlid: remote.lid,
-            port_num: 1,
+            port_num: p.port_num,
             ..Default::default()
         };
         let rtr = QpAttr {

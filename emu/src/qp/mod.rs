@@ -95,15 +95,17 @@ pub(crate) struct QpInner {
     pub(crate) resp: Responder,
     /// Path MTU in bytes (from `path_mtu`).
     pub(crate) mtu: u32,
-    /// The device the address vector leads to, resolved when the AV is set.
-    pub(crate) dest_dev: Option<u32>,
+    /// The device and port the address vector leads to, resolved when the AV is set.
+    pub(crate) dest: Option<(u32, u8)>,
+    /// Attributes of the QP's own port (`port_num`).
+    pub(crate) port: PortInfo,
     /// Cached route to the peer QP.
     pub(crate) route: Route,
     /// Packets taken from the inbox and being processed (kept to reuse its allocation).
     pub(crate) batch: VecDeque<Packet>,
 }
 
-/// Port attributes the data path needs, read once when the QP is created.
+/// Port attributes the data path needs, read when the QP is bound to its port.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct PortInfo {
     pub(crate) lid: u16,
@@ -122,7 +124,6 @@ pub(crate) struct QpShared {
     pub(crate) recv_cq: Arc<CqInner>,
     pub(crate) sq_sig_all: bool,
     pub(crate) cap: QpCap,
-    pub(crate) port: PortInfo,
     pub(crate) inner: Mutex<QpInner>,
     /// Packets delivered by the fabric, drained in order by whoever services the QP.
     pub(crate) inbox: Mutex<VecDeque<Packet>>,
@@ -176,6 +177,17 @@ fn granted_cap(req: &QpCap) -> QpCap {
     }
 }
 
+impl PortInfo {
+    pub(crate) fn of(dev: &crate::objects::device::DeviceInner, port: u8) -> Result<PortInfo> {
+        let a = dev.port(port)?.attr.lock().clone();
+        Ok(PortInfo {
+            lid: a.lid,
+            max_msg_sz: a.max_msg_sz,
+            roce: a.link_layer == LinkLayer::ETHERNET,
+        })
+    }
+}
+
 /// A queue pair (`struct ibv_qp`). Cheap to clone; all clones are the same QP.
 #[derive(Clone, Debug)]
 pub struct Qp(pub(crate) Arc<QpShared>);
@@ -208,12 +220,7 @@ impl Qp {
             return Err(einval("max_inline_data above the device limit"));
         }
         let cap = granted_cap(c);
-        let pattr = dev.port(1)?.attr.lock().clone();
-        let port = PortInfo {
-            lid: pattr.lid,
-            max_msg_sz: pattr.max_msg_sz,
-            roce: pattr.link_layer == LinkLayer::ETHERNET,
-        };
+        let port = PortInfo::of(dev, 1)?;
         ResourceCounts::take(&dev.counts.qp, a.max_qp, "too many queue pairs")?;
         // Take the dependents' references in order, undoing on failure.
         let mut taken: Vec<&Lifecycle> = Vec::with_capacity(3);
@@ -235,7 +242,6 @@ impl Qp {
                 recv_cq: init.recv_cq.0.clone(),
                 sq_sig_all: init.sq_sig_all,
                 cap,
-                port,
                 inner: Mutex::new(QpInner {
                     state: QpState::RESET,
                     attr: QpAttr { cap, port_num: 1, ..Default::default() },
@@ -244,7 +250,8 @@ impl Qp {
                     req: Requester::default(),
                     resp: Responder::default(),
                     mtu: 256,
-                    dest_dev: None,
+                    dest: None,
+                    port,
                     route: Route::default(),
                     batch: VecDeque::new(),
                 }),
@@ -342,7 +349,7 @@ impl Qp {
             }
             state::check(qp.qp_type, cur, next, mask)
                 .map_err(|_| einval("invalid state transition or attribute mask"))?;
-            self.check_values(attr, mask)?;
+            self.check_values(attr, mask, g.attr.port_num)?;
             apply(qp, &mut g, attr, mask);
             transition(qp, &mut g, cur, next, &mut drv);
         }
@@ -350,9 +357,10 @@ impl Qp {
         Ok(())
     }
 
-    fn check_values(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
+    /// Checks attribute values; `cur_port` is the QP's port before this modify.
+    fn check_values(&self, attr: &QpAttr, mask: QpAttrMask, cur_port: u8) -> Result<()> {
         let dev = &self.0.ctx.device;
-        let port_num = if mask.contains(QpAttrMask::PORT) { attr.port_num } else { 1 };
+        let port_num = if mask.contains(QpAttrMask::PORT) { attr.port_num } else { cur_port };
         let port = dev.port(port_num)?;
         let pattr = port.attr.lock().clone();
         if mask.contains(QpAttrMask::PKEY_INDEX) && attr.pkey_index >= pattr.pkey_tbl_len {
@@ -390,6 +398,9 @@ impl Qp {
         }
         if mask.contains(QpAttrMask::AV) {
             let ah = &attr.ah_attr;
+            if ah.port_num != 0 && ah.port_num != port_num {
+                return Err(einval("the address vector's port is not the QP's port"));
+            }
             if pattr.link_layer == LinkLayer::ETHERNET && !ah.is_global {
                 return Err(einval("RoCE address vectors need a GRH"));
             }
@@ -485,13 +496,14 @@ fn apply(qp: &QpShared, g: &mut QpInner, attr: &QpAttr, mask: QpAttrMask) {
     }
     if mask.contains(QpAttrMask::PORT) {
         a.port_num = attr.port_num;
+        g.port = PortInfo::of(&qp.ctx.device, attr.port_num).expect("checked");
     }
     if mask.contains(QpAttrMask::QKEY) {
         a.qkey = attr.qkey;
     }
     if mask.contains(QpAttrMask::AV) {
         a.ah_attr = attr.ah_attr;
-        g.dest_dev = qp.ctx.fabric.route(&attr.ah_attr);
+        g.dest = qp.ctx.fabric.route(&attr.ah_attr);
     }
     if mask.contains(QpAttrMask::ALT_PATH) {
         a.alt_ah_attr = attr.alt_ah_attr;

@@ -56,7 +56,7 @@ pub fn pair(profile: Profile) -> (Fabric, Node, Node) {
 }
 
 pub fn pair_with(profile: Profile, pa: &RcParams, pb: &RcParams) -> (Fabric, Node, Node) {
-    let fabric = Fabric::new(FabricConfig { devices: 2, profile });
+    let fabric = Fabric::new(FabricConfig { devices: 2, profile, ..Default::default() });
     let devs = fabric.devices();
     let a = node_on(&devs[0], 1 << 16);
     let b = node_on(&devs[1], 1 << 16);
