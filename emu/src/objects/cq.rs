@@ -4,7 +4,7 @@ use std::{
     collections::VecDeque,
     sync::{
         Arc,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicUsize, Ordering},
     },
 };
 
@@ -46,6 +46,9 @@ pub(crate) struct CqInner {
     channel: Option<Arc<ChannelInner>>,
     comp_vector: u32,
     st: Mutex<CqState>,
+    /// Number of queued completions, written under `st` and read without it, so that polling
+    /// an empty CQ takes no lock (a polling thread then does not fight the producer for it).
+    queued: AtomicUsize,
     /// Set on the first overrun: the CQ is in error and its CQ_ERR event was raised.
     overrun: AtomicBool,
     /// Dependents: QPs using the CQ.
@@ -81,6 +84,7 @@ impl CqInner {
             return Err(Overrun);
         }
         st.ring.push_back(wc);
+        self.queued.store(st.ring.len(), Ordering::Release);
         let fire = match st.notify {
             Notify::None => false,
             Notify::Next => true,
@@ -156,6 +160,7 @@ impl Cq {
                 cqe: granted,
                 notify: Notify::None,
             }),
+            queued: AtomicUsize::new(0),
             overrun: AtomicBool::new(false),
             life: Lifecycle::default(),
             comp_events: EventCount::default(),
@@ -166,17 +171,22 @@ impl Cq {
     /// `ibv_poll_cq`: moves up to `out.len()` completions into `out`, oldest first; returns how
     /// many.
     pub fn poll(&self, out: &mut [Wc]) -> usize {
+        if self.0.queued.load(Ordering::Acquire) == 0 {
+            return 0;
+        }
         let mut st = self.0.st.lock();
         let n = out.len().min(st.ring.len());
         for (slot, wc) in out.iter_mut().zip(st.ring.drain(..n)) {
             *slot = wc;
         }
+        self.0.queued.store(st.ring.len(), Ordering::Release);
         n
     }
 
     /// Polls one completion.
     pub fn poll_one(&self) -> Option<Wc> {
-        self.0.st.lock().ring.pop_front()
+        let mut wc = [Wc::default()];
+        (self.poll(&mut wc) == 1).then_some(wc[0])
     }
 
     /// `ibv_req_notify_cq`: arms the CQ to put an event on its channel at the next completion
@@ -242,6 +252,7 @@ impl Cq {
         self.0.comp_events.wait_all_acked();
         self.0.async_events.wait_all_acked();
         self.0.st.lock().ring.clear();
+        self.0.queued.store(0, Ordering::Release);
         self.0.release();
         Ok(())
     }
