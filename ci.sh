@@ -4,8 +4,12 @@ set -euo pipefail
 cd "$(dirname "$0")"
 export CARGO_TERM_COLOR=never
 
-# System packages the tests need (none yet beyond the Rust toolchain and gcc).
+# System packages the tests need: readelf (binutils) for the export-table test, the verbs
+# header and link library for the C tests, and Debian's ibverbs-utils to run unmodified.
 need_pkgs=()
+for p in binutils gcc libibverbs-dev ibverbs-utils; do
+    dpkg -s "$p" >/dev/null 2>&1 || need_pkgs+=("$p")
+done
 install_pkgs() {
     [ ${#need_pkgs[@]} -eq 0 ] && return 0
     if [ "$(id -u)" = 0 ]; then

@@ -1,0 +1,64 @@
+//! The built library exports exactly the versioned symbols of rdma-core 44's libibverbs.so.1
+//! (abi/ibverbs_exports.txt): every name, every version node, nothing more.
+
+mod common;
+use std::process::Command;
+
+fn dynamic_symbols() -> Vec<String> {
+    let out = Command::new("readelf")
+        .args(["--dyn-syms", "-W"])
+        .arg(common::cdylib())
+        .output()
+        .expect("run readelf (binutils)");
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).expect("utf-8");
+    let mut syms: Vec<String> = text
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            // Num: Value Size Type Bind Vis Ndx Name
+            (f.len() >= 8 && f[6] != "UND" && f[0].trim_end_matches(':').parse::<u32>().is_ok())
+                .then(|| f[7].to_string())
+        })
+        .collect();
+    syms.sort();
+    syms
+}
+
+#[test]
+fn dynamic_symbol_table_is_exactly_rdma_core_44s() {
+    let want = include_str!("../abi/ibverbs_exports.txt");
+    let mut want: Vec<String> =
+        want.lines().filter(|l| l.contains('@')).map(str::to_string).collect();
+    want.sort();
+    let got = dynamic_symbols();
+    let missing: Vec<_> = want.iter().filter(|s| !got.contains(s)).collect();
+    let extra: Vec<_> = got.iter().filter(|s| !want.contains(s)).collect();
+    assert!(missing.is_empty() && extra.is_empty(), "missing: {missing:?}\nextra: {extra:?}");
+    assert_eq!(got.len(), 180);
+}
+
+#[test]
+fn soname_and_version_nodes() {
+    let out =
+        Command::new("readelf").args(["-d", "-V", "-W"]).arg(common::cdylib()).output().unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("Library soname: [libibverbs.so.1]"));
+    for node in [
+        "IBVERBS_1.0",
+        "IBVERBS_1.1",
+        "IBVERBS_1.5",
+        "IBVERBS_1.6",
+        "IBVERBS_1.7",
+        "IBVERBS_1.8",
+        "IBVERBS_1.9",
+        "IBVERBS_1.10",
+        "IBVERBS_1.11",
+        "IBVERBS_1.12",
+        "IBVERBS_1.13",
+        "IBVERBS_1.14",
+        "IBVERBS_PRIVATE_34",
+    ] {
+        assert!(text.contains(&format!("Name: {node}\n")), "version node {node} missing");
+    }
+}
