@@ -4,6 +4,7 @@
 // In the unit-test build the exports are not bound (no version script), so they look unused.
 #![cfg_attr(test, allow(dead_code))]
 
+pub mod abi;
 mod boundary;
 
 include!(concat!(env!("OUT_DIR"), "/exports.rs"));

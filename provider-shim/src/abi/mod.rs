@@ -1,0 +1,454 @@
+//! `#[repr(C)]` mirrors of `<infiniband/verbs.h>` (rdma-core 44, x86_64).
+//!
+//! Every field keeps its C name. Enumerations are plain integers (`u32`/`c_int`): a value from C
+//! is checked before it becomes an emulator type, never transmuted. The layouts are checked
+//! against the real header by `tests/layout.rs`, which compiles C with `offsetof`/`sizeof`.
+
+use core::ffi::{c_char, c_int, c_uint, c_void};
+
+use libc::{pthread_cond_t, pthread_mutex_t};
+
+/// Declares `#[repr(C)]` structs and a `LAYOUTS` table (C name, field, offset, size) that the
+/// layout test compares with the C compiler's view.
+macro_rules! mirrors {
+    ($( $(#[$m:meta])* $name:ident = $cname:literal { $( $(#[$fm:meta])* $f:ident : $t:ty ),* $(,)? } )*) => {
+        $(
+            $(#[$m])*
+            #[repr(C)]
+            #[allow(non_camel_case_types, missing_debug_implementations)]
+            pub struct $name { $( $(#[$fm])* pub $f: $t ),* }
+        )*
+        /// (C struct, field, offset, size) of every mirrored field, plus ("", size, align) rows.
+        #[cfg(test)]
+        pub const LAYOUTS: &[(&str, &str, usize, usize)] = &[
+            $(
+                ($cname, "", core::mem::size_of::<$name>(), core::mem::align_of::<$name>()),
+                $( ($cname, stringify!($f), core::mem::offset_of!($name, $f), size_of_field::<$name, $t>(|s: &$name| &s.$f)), )*
+            )*
+        ];
+    };
+}
+
+/// `union ibv_gid`: 16 bytes in network order, 8-aligned (it also holds two `__be64`).
+#[repr(C, align(8))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[allow(non_camel_case_types)]
+pub struct ibv_gid {
+    pub raw: [u8; 16],
+}
+
+#[cfg(test)]
+const fn size_of_field<S, T>(_: fn(&S) -> &T) -> usize {
+    core::mem::size_of::<T>()
+}
+
+mirrors! {
+    ibv_device = "struct ibv_device" {
+        _ops: [*mut c_void; 2],
+        node_type: c_int,
+        transport_type: c_int,
+        name: [c_char; 64],
+        dev_name: [c_char; 64],
+        dev_path: [c_char; 256],
+        ibdev_path: [c_char; 256],
+    }
+    ibv_context_ops = "struct ibv_context_ops" {
+        _compat_query_device: *mut c_void,
+        _compat_query_port: *mut c_void,
+        _compat_alloc_pd: *mut c_void,
+        _compat_dealloc_pd: *mut c_void,
+        _compat_reg_mr: *mut c_void,
+        _compat_rereg_mr: *mut c_void,
+        _compat_dereg_mr: *mut c_void,
+        alloc_mw: *mut c_void,
+        bind_mw: *mut c_void,
+        dealloc_mw: *mut c_void,
+        _compat_create_cq: *mut c_void,
+        poll_cq: Option<unsafe extern "C" fn(*mut ibv_cq, c_int, *mut ibv_wc) -> c_int>,
+        req_notify_cq: Option<unsafe extern "C" fn(*mut ibv_cq, c_int) -> c_int>,
+        _compat_cq_event: *mut c_void,
+        _compat_resize_cq: *mut c_void,
+        _compat_destroy_cq: *mut c_void,
+        _compat_create_srq: *mut c_void,
+        _compat_modify_srq: *mut c_void,
+        _compat_query_srq: *mut c_void,
+        _compat_destroy_srq: *mut c_void,
+        post_srq_recv: *mut c_void,
+        _compat_create_qp: *mut c_void,
+        _compat_query_qp: *mut c_void,
+        _compat_modify_qp: *mut c_void,
+        _compat_destroy_qp: *mut c_void,
+        post_send: Option<unsafe extern "C" fn(*mut ibv_qp, *mut ibv_send_wr, *mut *mut ibv_send_wr) -> c_int>,
+        post_recv: Option<unsafe extern "C" fn(*mut ibv_qp, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int>,
+        _compat_create_ah: *mut c_void,
+        _compat_destroy_ah: *mut c_void,
+        _compat_attach_mcast: *mut c_void,
+        _compat_detach_mcast: *mut c_void,
+        _compat_async_event: *mut c_void,
+    }
+    ibv_context = "struct ibv_context" {
+        device: *mut ibv_device,
+        ops: ibv_context_ops,
+        cmd_fd: c_int,
+        async_fd: c_int,
+        num_comp_vectors: c_int,
+        mutex: pthread_mutex_t,
+        abi_compat: *mut c_void,
+    }
+    verbs_context = "struct verbs_context" {
+        query_port: Option<unsafe extern "C" fn(*mut ibv_context, u8, *mut ibv_port_attr, usize) -> c_int>,
+        advise_mr: *mut c_void,
+        alloc_null_mr: *mut c_void,
+        read_counters: *mut c_void,
+        attach_counters_point_flow: *mut c_void,
+        create_counters: *mut c_void,
+        destroy_counters: *mut c_void,
+        reg_dm_mr: *mut c_void,
+        alloc_dm: *mut c_void,
+        free_dm: *mut c_void,
+        modify_flow_action_esp: *mut c_void,
+        destroy_flow_action: *mut c_void,
+        create_flow_action_esp: *mut c_void,
+        modify_qp_rate_limit: *mut c_void,
+        alloc_parent_domain: *mut c_void,
+        dealloc_td: *mut c_void,
+        alloc_td: *mut c_void,
+        modify_cq: *mut c_void,
+        post_srq_ops: *mut c_void,
+        destroy_rwq_ind_table: *mut c_void,
+        create_rwq_ind_table: *mut c_void,
+        destroy_wq: *mut c_void,
+        modify_wq: *mut c_void,
+        create_wq: *mut c_void,
+        query_rt_values: *mut c_void,
+        create_cq_ex: *mut c_void,
+        priv_: *mut c_void,
+        query_device_ex: Option<
+            unsafe extern "C" fn(*mut ibv_context, *const c_void, *mut ibv_device_attr_ex, usize) -> c_int,
+        >,
+        ibv_destroy_flow: *mut c_void,
+        ABI_placeholder2: *mut c_void,
+        ibv_create_flow: *mut c_void,
+        ABI_placeholder1: *mut c_void,
+        open_qp: *mut c_void,
+        create_qp_ex: *mut c_void,
+        get_srq_num: *mut c_void,
+        create_srq_ex: *mut c_void,
+        open_xrcd: *mut c_void,
+        close_xrcd: *mut c_void,
+        _ABI_placeholder3: u64,
+        sz: usize,
+        context: ibv_context,
+    }
+    ibv_device_attr = "struct ibv_device_attr" {
+        fw_ver: [c_char; 64],
+        node_guid: u64,
+        sys_image_guid: u64,
+        max_mr_size: u64,
+        page_size_cap: u64,
+        vendor_id: u32,
+        vendor_part_id: u32,
+        hw_ver: u32,
+        max_qp: c_int,
+        max_qp_wr: c_int,
+        device_cap_flags: c_uint,
+        max_sge: c_int,
+        max_sge_rd: c_int,
+        max_cq: c_int,
+        max_cqe: c_int,
+        max_mr: c_int,
+        max_pd: c_int,
+        max_qp_rd_atom: c_int,
+        max_ee_rd_atom: c_int,
+        max_res_rd_atom: c_int,
+        max_qp_init_rd_atom: c_int,
+        max_ee_init_rd_atom: c_int,
+        atomic_cap: u32,
+        max_ee: c_int,
+        max_rdd: c_int,
+        max_mw: c_int,
+        max_raw_ipv6_qp: c_int,
+        max_raw_ethy_qp: c_int,
+        max_mcast_grp: c_int,
+        max_mcast_qp_attach: c_int,
+        max_total_mcast_qp_attach: c_int,
+        max_ah: c_int,
+        max_fmr: c_int,
+        max_map_per_fmr: c_int,
+        max_srq: c_int,
+        max_srq_wr: c_int,
+        max_srq_sge: c_int,
+        max_pkeys: u16,
+        local_ca_ack_delay: u8,
+        phys_port_cnt: u8,
+    }
+    /// Only the leading `orig_attr` is filled; the rest reports no extended capabilities.
+    ibv_device_attr_ex = "struct ibv_device_attr_ex" {
+        orig_attr: ibv_device_attr,
+        comp_mask: u32,
+        rest: [u8; 164],
+    }
+    ibv_port_attr = "struct ibv_port_attr" {
+        state: u32,
+        max_mtu: u32,
+        active_mtu: u32,
+        gid_tbl_len: c_int,
+        port_cap_flags: u32,
+        max_msg_sz: u32,
+        bad_pkey_cntr: u32,
+        qkey_viol_cntr: u32,
+        pkey_tbl_len: u16,
+        lid: u16,
+        sm_lid: u16,
+        lmc: u8,
+        max_vl_num: u8,
+        sm_sl: u8,
+        subnet_timeout: u8,
+        init_type_reply: u8,
+        active_width: u8,
+        active_speed: u8,
+        phys_state: u8,
+        link_layer: u8,
+        flags: u8,
+        port_cap_flags2: u16,
+    }
+    ibv_gid_entry = "struct ibv_gid_entry" {
+        gid: ibv_gid,
+        gid_index: u32,
+        port_num: u32,
+        gid_type: u32,
+        ndev_ifindex: u32,
+    }
+    ibv_pd = "struct ibv_pd" {
+        context: *mut ibv_context,
+        handle: u32,
+    }
+    ibv_mr = "struct ibv_mr" {
+        context: *mut ibv_context,
+        pd: *mut ibv_pd,
+        addr: *mut c_void,
+        length: usize,
+        handle: u32,
+        lkey: u32,
+        rkey: u32,
+    }
+    ibv_comp_channel = "struct ibv_comp_channel" {
+        context: *mut ibv_context,
+        fd: c_int,
+        refcnt: c_int,
+    }
+    ibv_cq = "struct ibv_cq" {
+        context: *mut ibv_context,
+        channel: *mut ibv_comp_channel,
+        cq_context: *mut c_void,
+        handle: u32,
+        cqe: c_int,
+        mutex: pthread_mutex_t,
+        cond: pthread_cond_t,
+        comp_events_completed: u32,
+        async_events_completed: u32,
+    }
+    ibv_wc = "struct ibv_wc" {
+        wr_id: u64,
+        status: u32,
+        opcode: u32,
+        vendor_err: u32,
+        byte_len: u32,
+        imm_data: u32,
+        qp_num: u32,
+        src_qp: u32,
+        wc_flags: c_uint,
+        pkey_index: u16,
+        slid: u16,
+        sl: u8,
+        dlid_path_bits: u8,
+    }
+    ibv_sge = "struct ibv_sge" {
+        addr: u64,
+        length: u32,
+        lkey: u32,
+    }
+    /// `wr` is the union of rdma / atomic / ud; read it through the accessors below.
+    ibv_send_wr = "struct ibv_send_wr" {
+        wr_id: u64,
+        next: *mut ibv_send_wr,
+        sg_list: *mut ibv_sge,
+        num_sge: c_int,
+        opcode: u32,
+        send_flags: c_uint,
+        imm_data: u32,
+        wr: [u64; 4],
+        qp_type: u32,
+        bind_mw: [u64; 6],
+    }
+    ibv_recv_wr = "struct ibv_recv_wr" {
+        wr_id: u64,
+        next: *mut ibv_recv_wr,
+        sg_list: *mut ibv_sge,
+        num_sge: c_int,
+    }
+    ibv_qp = "struct ibv_qp" {
+        context: *mut ibv_context,
+        qp_context: *mut c_void,
+        pd: *mut ibv_pd,
+        send_cq: *mut ibv_cq,
+        recv_cq: *mut ibv_cq,
+        srq: *mut c_void,
+        handle: u32,
+        qp_num: u32,
+        state: u32,
+        qp_type: u32,
+        mutex: pthread_mutex_t,
+        cond: pthread_cond_t,
+        events_completed: u32,
+    }
+    ibv_qp_cap = "struct ibv_qp_cap" {
+        max_send_wr: u32,
+        max_recv_wr: u32,
+        max_send_sge: u32,
+        max_recv_sge: u32,
+        max_inline_data: u32,
+    }
+    ibv_qp_init_attr = "struct ibv_qp_init_attr" {
+        qp_context: *mut c_void,
+        send_cq: *mut ibv_cq,
+        recv_cq: *mut ibv_cq,
+        srq: *mut c_void,
+        cap: ibv_qp_cap,
+        qp_type: u32,
+        sq_sig_all: c_int,
+    }
+    ibv_global_route = "struct ibv_global_route" {
+        dgid: ibv_gid,
+        flow_label: u32,
+        sgid_index: u8,
+        hop_limit: u8,
+        traffic_class: u8,
+    }
+    ibv_ah_attr = "struct ibv_ah_attr" {
+        grh: ibv_global_route,
+        dlid: u16,
+        sl: u8,
+        src_path_bits: u8,
+        static_rate: u8,
+        is_global: u8,
+        port_num: u8,
+    }
+    ibv_qp_attr = "struct ibv_qp_attr" {
+        qp_state: u32,
+        cur_qp_state: u32,
+        path_mtu: u32,
+        path_mig_state: u32,
+        qkey: u32,
+        rq_psn: u32,
+        sq_psn: u32,
+        dest_qp_num: u32,
+        qp_access_flags: c_uint,
+        cap: ibv_qp_cap,
+        ah_attr: ibv_ah_attr,
+        alt_ah_attr: ibv_ah_attr,
+        pkey_index: u16,
+        alt_pkey_index: u16,
+        en_sqd_async_notify: u8,
+        sq_draining: u8,
+        max_rd_atomic: u8,
+        max_dest_rd_atomic: u8,
+        min_rnr_timer: u8,
+        port_num: u8,
+        timeout: u8,
+        retry_cnt: u8,
+        rnr_retry: u8,
+        alt_port_num: u8,
+        alt_timeout: u8,
+        rate_limit: u32,
+    }
+    /// `element` is the union of cq / qp / srq / wq pointers and `port_num`.
+    ibv_async_event = "struct ibv_async_event" {
+        element: *mut c_void,
+        event_type: u32,
+    }
+}
+
+impl ibv_send_wr {
+    /// `wr.rdma.remote_addr` / `wr.atomic.remote_addr`.
+    pub fn remote_addr(&self) -> u64 {
+        self.wr[0]
+    }
+    /// `wr.rdma.rkey` (the low half of the second word).
+    pub fn rdma_rkey(&self) -> u32 {
+        self.wr[1] as u32
+    }
+    /// `wr.atomic.compare_add`.
+    pub fn compare_add(&self) -> u64 {
+        self.wr[1]
+    }
+    /// `wr.atomic.swap`.
+    pub fn swap(&self) -> u64 {
+        self.wr[2]
+    }
+    /// `wr.atomic.rkey`.
+    pub fn atomic_rkey(&self) -> u32 {
+        self.wr[3] as u32
+    }
+}
+
+#[cfg(test)]
+mod layout_test {
+    //! Compiles C against the system's `<infiniband/verbs.h>` and compares size, alignment and
+    //! every mirrored field's offset and size with the Rust mirrors.
+
+    use std::{fmt::Write as _, process::Command};
+
+    /// Mirror fields that are not C members (the tail of a struct we do not mirror in detail).
+    const NOT_IN_C: &[&str] = &["rest"];
+
+    fn c_field(f: &str) -> &str {
+        if f == "priv_" { "priv" } else { f }
+    }
+
+    #[test]
+    fn every_mirror_matches_the_c_compiler() {
+        let mut c = String::from(
+            "#include <stdio.h>\n#include <stddef.h>\n#include <infiniband/verbs.h>\nint main(void) {\n",
+        );
+        let rows: Vec<_> = super::LAYOUTS.iter().filter(|r| !NOT_IN_C.contains(&r.1)).collect();
+        for (s, f, _, _) in &rows {
+            if f.is_empty() {
+                writeln!(c, "printf(\"%zu %zu\\n\", sizeof({s}), _Alignof({s}));").unwrap();
+            } else {
+                let f = c_field(f);
+                writeln!(c, "printf(\"%zu %zu\\n\", offsetof({s}, {f}), sizeof((({s} *)0)->{f}));")
+                    .unwrap();
+            }
+        }
+        c.push_str("return 0; }\n");
+        let dir = std::env::temp_dir().join(format!("rdma-emu-layout-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("layout.c"), c).unwrap();
+        let exe = dir.join("layout");
+        let cc = Command::new("cc")
+            .arg(dir.join("layout.c"))
+            .arg("-o")
+            .arg(&exe)
+            .output()
+            .expect("run cc");
+        assert!(
+            cc.status.success(),
+            "cc failed (is libibverbs-dev installed?): {}",
+            String::from_utf8_lossy(&cc.stderr)
+        );
+        let out = Command::new(&exe).output().unwrap();
+        let text = String::from_utf8(out.stdout).unwrap();
+        let mut bad = Vec::new();
+        for ((s, f, a, b), line) in rows.iter().zip(text.lines()) {
+            let mut it = line.split(' ').map(|x| x.parse::<usize>().unwrap());
+            let (ca, cb) = (it.next().unwrap(), it.next().unwrap());
+            if (ca, cb) != (*a, *b) {
+                bad.push(format!("{s}.{f}: C ({ca}, {cb}) vs Rust ({a}, {b})"));
+            }
+        }
+        assert_eq!(text.lines().count(), rows.len());
+        assert!(bad.is_empty(), "layout mismatches:\n{}", bad.join("\n"));
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
