@@ -229,8 +229,9 @@ impl std::fmt::Debug for Gid {
     }
 }
 
-/// A scatter/gather element: `struct ibv_sge`.
+/// A scatter/gather element: `struct ibv_sge` (same layout, so C lists can be read in place).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(C)]
 pub struct Sge {
     /// Start address, in the address space of the MR named by `lkey` (its iova).
     pub addr: u64,

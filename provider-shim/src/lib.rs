@@ -6,5 +6,10 @@
 
 pub mod abi;
 mod boundary;
+mod objects;
+mod verbs;
+
+#[allow(unused_imports)]
+use verbs::*;
 
 include!(concat!(env!("OUT_DIR"), "/exports.rs"));

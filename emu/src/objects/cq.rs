@@ -55,6 +55,8 @@ pub(crate) struct CqInner {
     pub(crate) life: Lifecycle,
     pub(crate) comp_events: EventCount,
     pub(crate) async_events: EventCount,
+    /// An opaque word for the embedding layer (the C shim keeps its `ibv_cq` pointer here).
+    user_data: AtomicUsize,
 }
 
 /// rxe sizes a CQ ring to a power of two with one slot kept empty, and reports the usable
@@ -165,6 +167,7 @@ impl Cq {
             life: Lifecycle::default(),
             comp_events: EventCount::default(),
             async_events: EventCount::default(),
+            user_data: AtomicUsize::new(0),
         })))
     }
 
@@ -260,6 +263,16 @@ impl Cq {
     /// The context the CQ belongs to.
     pub fn context(&self) -> Context {
         Context(self.0.ctx.clone())
+    }
+
+    /// The opaque word set by [`Cq::set_user_data`] (0 until set).
+    pub fn user_data(&self) -> usize {
+        self.0.user_data.load(Ordering::Acquire)
+    }
+
+    /// Stores an opaque word with the CQ (for layers that wrap it, such as the C shim).
+    pub fn set_user_data(&self, v: usize) {
+        self.0.user_data.store(v, Ordering::Release);
     }
 
     /// Whether two handles name the same CQ.

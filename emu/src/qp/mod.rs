@@ -129,6 +129,8 @@ pub(crate) struct QpShared {
     pub(crate) inbox: Mutex<VecDeque<Packet>>,
     pub(crate) life: Lifecycle,
     pub(crate) async_events: EventCount,
+    /// An opaque word for the embedding layer (the C shim keeps its `ibv_qp` pointer here).
+    user_data: std::sync::atomic::AtomicUsize,
 }
 
 impl QpShared {
@@ -258,6 +260,7 @@ impl Qp {
                 inbox: Mutex::new(VecDeque::new()),
                 life: Lifecycle::default(),
                 async_events: EventCount::default(),
+                user_data: Default::default(),
             })
         });
         match made {
@@ -304,6 +307,16 @@ impl Qp {
     /// Whether every send WR generates a completion.
     pub fn sq_sig_all(&self) -> bool {
         self.0.sq_sig_all
+    }
+
+    /// The opaque word set by [`Qp::set_user_data`] (0 until set).
+    pub fn user_data(&self) -> usize {
+        self.0.user_data.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Stores an opaque word with the QP (for layers that wrap it, such as the C shim).
+    pub fn set_user_data(&self, v: usize) {
+        self.0.user_data.store(v, std::sync::atomic::Ordering::Release);
     }
 
     /// Whether two handles name the same QP.

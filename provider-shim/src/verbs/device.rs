@@ -1,0 +1,486 @@
+//! Devices and contexts: the device list, open/close, every query, the string helpers.
+
+use core::ffi::{c_char, c_int, c_void};
+use std::{ptr, sync::OnceLock};
+
+use rdma_emu::{Fabric, FabricConfig, Profile};
+
+use crate::{
+    abi::*,
+    boundary::{ffi, null_with, set_errno},
+    objects::*,
+    verbs::ops,
+};
+
+/// The emulated devices of this process, created on first use from the environment:
+/// `RDMA_EMU_DEVICES` (default 2), `RDMA_EMU_PROFILE` (`full` or `rxe`, default `full`),
+/// `RDMA_EMU_PORTS` (default 1). They live as long as the process.
+fn devices() -> &'static [ShimDevice] {
+    // Never resized after creation, so the addresses handed to C stay valid.
+    static DEVICES: OnceLock<Vec<ShimDevice>> = OnceLock::new();
+    DEVICES.get_or_init(|| {
+        let env = |k: &str| std::env::var(k).ok();
+        let cfg = FabricConfig {
+            devices: env("RDMA_EMU_DEVICES").and_then(|v| v.parse().ok()).unwrap_or(2),
+            profile: env("RDMA_EMU_PROFILE")
+                .and_then(|v| Profile::from_name(&v))
+                .unwrap_or_default(),
+            ports: env("RDMA_EMU_PORTS").and_then(|v| v.parse().ok()).unwrap_or(1),
+        };
+        let fabric = Fabric::new(cfg);
+        fabric
+            .devices()
+            .into_iter()
+            .map(|emu| {
+                let mut dev = ibv_device {
+                    _ops: [ptr::null_mut(); 2],
+                    node_type: 1,      // IBV_NODE_CA
+                    transport_type: 0, // IBV_TRANSPORT_IB
+                    name: [0; 64],
+                    dev_name: [0; 64],
+                    dev_path: [0; 256],
+                    ibdev_path: [0; 256],
+                };
+                let i = emu.index();
+                copy_str(&mut dev.name, emu.name());
+                copy_str(&mut dev.dev_name, &format!("uverbs{i}"));
+                copy_str(&mut dev.dev_path, &format!("/sys/class/infiniband_verbs/uverbs{i}"));
+                copy_str(&mut dev.ibdev_path, &format!("/sys/class/infiniband/{}", emu.name()));
+                ShimDevice { dev, emu }
+            })
+            .collect()
+    })
+}
+
+fn copy_str(dst: &mut [c_char], s: &str) {
+    let n = dst.len() - 1;
+    for (d, b) in dst.iter_mut().zip(s.bytes().take(n)) {
+        *d = b as c_char;
+    }
+}
+
+/// `ibv_get_device_list(num_devices)`: a NULL-terminated array freed by
+/// `ibv_free_device_list`.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_get_device_list(
+    num: *mut c_int,
+) -> *mut *mut ibv_device {
+    ffi!(ptr::null_mut(), {
+        let devs = devices();
+        // SAFETY: calloc of n+1 pointers; checked for NULL below.
+        let list = unsafe { libc::calloc(devs.len() + 1, size_of::<*mut ibv_device>()) }
+            as *mut *mut ibv_device;
+        if list.is_null() {
+            set_errno(libc::ENOMEM);
+            return ptr::null_mut();
+        }
+        for (i, d) in devs.iter().enumerate() {
+            // SAFETY: i < n+1 slots; the devices live for the whole process.
+            unsafe { *list.add(i) = &d.dev as *const ibv_device as *mut ibv_device };
+        }
+        if !num.is_null() {
+            // SAFETY: the caller passed a writable int (or NULL, checked).
+            unsafe { *num = devs.len() as c_int };
+        }
+        list
+    })
+}
+
+/// `ibv_free_device_list(list)`.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_free_device_list(list: *mut *mut ibv_device) {
+    // SAFETY: the list came from calloc in ibv_get_device_list (or is NULL).
+    unsafe { libc::free(list.cast()) };
+}
+
+/// `ibv_get_device_name(device)`.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_get_device_name(
+    dev: *mut ibv_device,
+) -> *const c_char {
+    // SAFETY: NULL or one of our devices (the verbs contract).
+    match unsafe { obj::<_, ShimDevice>(dev) } {
+        Some(d) => d.dev.name.as_ptr(),
+        None => {
+            set_errno(libc::EINVAL);
+            ptr::null()
+        }
+    }
+}
+
+/// `ibv_get_device_guid(device)`: the node GUID in network byte order.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_get_device_guid(dev: *mut ibv_device) -> u64 {
+    // SAFETY: as above.
+    unsafe { obj::<_, ShimDevice>(dev) }.map_or(0, |d| d.emu.guid().to_be())
+}
+
+/// `ibv_get_device_index(device)`.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_get_device_index(dev: *mut ibv_device) -> c_int {
+    // SAFETY: as above.
+    unsafe { obj::<_, ShimDevice>(dev) }.map_or(-1, |d| d.emu.index() as c_int)
+}
+
+/// `ibv_open_device(device)`.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_open_device(
+    dev: *mut ibv_device,
+) -> *mut ibv_context {
+    ffi!(ptr::null_mut(), {
+        // SAFETY: NULL or one of our devices.
+        let Some(d) = (unsafe { obj::<_, ShimDevice>(dev) }) else {
+            set_errno(libc::EINVAL);
+            return ptr::null_mut();
+        };
+        let emu = match d.emu.open() {
+            Ok(c) => c,
+            Err(e) => return null_with(e),
+        };
+        // SAFETY: all-zero is a valid value for every field of verbs_context (NULL pointers,
+        // zero integers, an all-zero pthread mutex is overwritten by init below).
+        let mut vctx: verbs_context = unsafe { std::mem::zeroed() };
+        ops::fill(&mut vctx);
+        let c = &mut vctx.context;
+        c.device = dev;
+        c.cmd_fd = -1;
+        c.async_fd = std::os::fd::AsRawFd::as_raw_fd(&emu);
+        c.num_comp_vectors = d.emu.attr().num_comp_vectors as c_int;
+        c.abi_compat = usize::MAX as *mut c_void;
+        vctx.sz = size_of::<verbs_context>();
+        let p = leak(ShimContext { vctx, emu });
+        // SAFETY: p was just allocated and is not shared yet.
+        unsafe { init_sync(&mut (*p).vctx.context.mutex, ptr::null_mut()) };
+        // SAFETY: as above.
+        unsafe { &mut (*p).vctx.context }
+    })
+}
+
+/// `ibv_close_device(context)`.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_close_device(c: *mut ibv_context) -> c_int {
+    ffi!(libc::EIO, {
+        // SAFETY: NULL or a live context.
+        let Some(s) = (unsafe { ctx(c) }) else { return libc::EINVAL };
+        // SAFETY: the context is not used after close (the verbs contract).
+        unsafe { free(s as *const ShimContext) };
+        0
+    })
+}
+
+fn fill_device_attr(a: &rdma_emu::DeviceAttr, out: &mut ibv_device_attr) {
+    // SAFETY: ibv_device_attr is plain data; all-zero is valid.
+    *out = unsafe { std::mem::zeroed() };
+    copy_str(&mut out.fw_ver, a.fw_ver);
+    out.node_guid = a.node_guid.to_be();
+    out.sys_image_guid = a.sys_image_guid.to_be();
+    out.max_mr_size = a.max_mr_size;
+    out.page_size_cap = a.page_size_cap;
+    out.vendor_id = a.vendor_id;
+    out.vendor_part_id = a.vendor_part_id;
+    out.hw_ver = a.hw_ver;
+    let i = |v: u32| v.min(i32::MAX as u32) as c_int;
+    out.max_qp = i(a.max_qp);
+    out.max_qp_wr = i(a.max_qp_wr);
+    out.device_cap_flags = a.device_cap_flags;
+    out.max_sge = i(a.max_sge);
+    out.max_sge_rd = i(a.max_sge_rd);
+    out.max_cq = i(a.max_cq);
+    out.max_cqe = i(a.max_cqe);
+    out.max_mr = i(a.max_mr);
+    out.max_pd = i(a.max_pd);
+    out.max_qp_rd_atom = i(a.max_qp_rd_atom);
+    out.max_ee_rd_atom = i(a.max_ee_rd_atom);
+    out.max_res_rd_atom = i(a.max_res_rd_atom);
+    out.max_qp_init_rd_atom = i(a.max_qp_init_rd_atom);
+    out.max_ee_init_rd_atom = i(a.max_ee_init_rd_atom);
+    out.atomic_cap = a.atomic_cap.0;
+    out.max_ee = i(a.max_ee);
+    out.max_rdd = i(a.max_rdd);
+    out.max_mw = i(a.max_mw);
+    out.max_raw_ipv6_qp = i(a.max_raw_ipv6_qp);
+    out.max_raw_ethy_qp = i(a.max_raw_ethy_qp);
+    out.max_mcast_grp = i(a.max_mcast_grp);
+    out.max_mcast_qp_attach = i(a.max_mcast_qp_attach);
+    out.max_total_mcast_qp_attach = i(a.max_total_mcast_qp_attach);
+    out.max_ah = i(a.max_ah);
+    out.max_fmr = i(a.max_fmr);
+    out.max_map_per_fmr = i(a.max_map_per_fmr);
+    out.max_srq = i(a.max_srq);
+    out.max_srq_wr = i(a.max_srq_wr);
+    out.max_srq_sge = i(a.max_srq_sge);
+    out.max_pkeys = a.max_pkeys;
+    out.local_ca_ack_delay = a.local_ca_ack_delay;
+    out.phys_port_cnt = a.phys_port_cnt;
+}
+
+/// `ibv_query_device(context, device_attr)`.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_query_device(
+    c: *mut ibv_context,
+    out: *mut ibv_device_attr,
+) -> c_int {
+    ffi!(libc::EIO, {
+        // SAFETY: NULL or a live context; `out` NULL or writable.
+        let (Some(s), Some(out)) = (unsafe { ctx(c) }, unsafe { out.as_mut() }) else {
+            return libc::EINVAL;
+        };
+        fill_device_attr(&s.emu.query_device(), out);
+        0
+    })
+}
+
+/// The `query_device_ex` slot of `verbs_context`: fills `attr_size` bytes (the base attributes,
+/// no extended capabilities).
+pub(crate) unsafe extern "C" fn query_device_ex(
+    c: *mut ibv_context,
+    _input: *const c_void,
+    out: *mut ibv_device_attr_ex,
+    attr_size: usize,
+) -> c_int {
+    ffi!(libc::EIO, {
+        // SAFETY: as in ibv_query_device.
+        let Some(s) = (unsafe { ctx(c) }) else { return libc::EINVAL };
+        if out.is_null() || attr_size < size_of::<ibv_device_attr>() {
+            return libc::EINVAL;
+        }
+        let n = attr_size.min(size_of::<ibv_device_attr_ex>());
+        // SAFETY: the caller provides attr_size writable bytes; we write at most n of them.
+        unsafe { ptr::write_bytes(out as *mut u8, 0, n) };
+        // SAFETY: ibv_device_attr is plain data; all-zero is valid.
+        let mut base: ibv_device_attr = unsafe { std::mem::zeroed() };
+        fill_device_attr(&s.emu.query_device(), &mut base);
+        // SAFETY: orig_attr is the first field and n >= its size.
+        unsafe { ptr::write(&mut (*out).orig_attr, base) };
+        0
+    })
+}
+
+/// Fills `len` bytes of a port attribute struct (48 for the compat export, 52 for the slot).
+fn fill_port(s: &ShimContext, port: u8, out: *mut ibv_port_attr, len: usize) -> c_int {
+    let a = match s.emu.query_port(port) {
+        Ok(a) => a,
+        Err(e) => return e.errno().raw(),
+    };
+    let p = ibv_port_attr {
+        state: a.state.0,
+        max_mtu: a.max_mtu.0,
+        active_mtu: a.active_mtu.0,
+        gid_tbl_len: a.gid_tbl_len as c_int,
+        port_cap_flags: a.port_cap_flags,
+        max_msg_sz: a.max_msg_sz,
+        bad_pkey_cntr: a.bad_pkey_cntr,
+        qkey_viol_cntr: a.qkey_viol_cntr,
+        pkey_tbl_len: a.pkey_tbl_len,
+        lid: a.lid,
+        sm_lid: a.sm_lid,
+        lmc: a.lmc,
+        max_vl_num: a.max_vl_num,
+        sm_sl: a.sm_sl,
+        subnet_timeout: a.subnet_timeout,
+        init_type_reply: a.init_type_reply,
+        active_width: a.active_width,
+        active_speed: a.active_speed,
+        phys_state: a.phys_state,
+        link_layer: a.link_layer.0,
+        flags: a.flags,
+        port_cap_flags2: a.port_cap_flags2,
+    };
+    let n = len.min(size_of::<ibv_port_attr>());
+    // SAFETY: `out` has `len` writable bytes (the caller's contract); `p` is a local.
+    unsafe { ptr::copy_nonoverlapping(&p as *const ibv_port_attr as *const u8, out as *mut u8, n) };
+    0
+}
+
+/// `ibv_query_port(context, port_num, port_attr)` as exported: the 48-byte compat layout.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_query_port(
+    c: *mut ibv_context,
+    port: u8,
+    out: *mut ibv_port_attr,
+) -> c_int {
+    ffi!(libc::EIO, {
+        // SAFETY: NULL or a live context.
+        let Some(s) = (unsafe { ctx(c) }) else { return libc::EINVAL };
+        if out.is_null() {
+            return libc::EINVAL;
+        }
+        fill_port(s, port, out, 48)
+    })
+}
+
+/// The `query_port` slot of `verbs_context` (what the inline `ibv_query_port` calls).
+pub(crate) unsafe extern "C" fn query_port(
+    c: *mut ibv_context,
+    port: u8,
+    out: *mut ibv_port_attr,
+    len: usize,
+) -> c_int {
+    ffi!(libc::EIO, {
+        // SAFETY: NULL or a live context.
+        let Some(s) = (unsafe { ctx(c) }) else { return libc::EINVAL };
+        if out.is_null() {
+            return libc::EINVAL;
+        }
+        fill_port(s, port, out, len)
+    })
+}
+
+/// `ibv_query_gid(context, port_num, index, gid)`.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_query_gid(
+    c: *mut ibv_context,
+    port: u8,
+    index: c_int,
+    gid: *mut ibv_gid,
+) -> c_int {
+    ffi!(-1, {
+        // SAFETY: NULL or a live context; `gid` NULL or writable.
+        let (Some(s), Some(gid)) = (unsafe { ctx(c) }, unsafe { gid.as_mut() }) else { return -1 };
+        match s.emu.device().query_gid(port, index as u32) {
+            Ok(g) => {
+                gid.raw = g.0;
+                0
+            }
+            Err(_) => -1,
+        }
+    })
+}
+
+/// `_ibv_query_gid_ex(context, port_num, gid_index, entry, flags, entry_size)`.
+pub(crate) unsafe extern "C" fn rdma_emu_shim___ibv_query_gid_ex(
+    c: *mut ibv_context,
+    port: u32,
+    index: u32,
+    entry: *mut ibv_gid_entry,
+    flags: u32,
+    entry_size: usize,
+) -> c_int {
+    ffi!(libc::EIO, {
+        // SAFETY: NULL or a live context; `entry` NULL or writable.
+        let (Some(s), Some(entry)) = (unsafe { ctx(c) }, unsafe { entry.as_mut() }) else {
+            return libc::EINVAL;
+        };
+        if flags != 0 || entry_size < size_of::<ibv_gid_entry>() || port > u8::MAX as u32 {
+            return libc::EINVAL;
+        }
+        match s.emu.device().query_gid_entry(port as u8, index) {
+            Ok(Some(e)) => {
+                *entry = ibv_gid_entry {
+                    gid: ibv_gid { raw: e.gid.0 },
+                    gid_index: index,
+                    port_num: port,
+                    gid_type: e.gid_type.0,
+                    ndev_ifindex: 0,
+                };
+                0
+            }
+            Ok(None) => libc::ENODATA,
+            Err(e) => e.errno().raw(),
+        }
+    })
+}
+
+/// `_ibv_query_gid_table(context, entries, max_entries, flags, entry_size)`.
+pub(crate) unsafe extern "C" fn rdma_emu_shim___ibv_query_gid_table(
+    c: *mut ibv_context,
+    entries: *mut ibv_gid_entry,
+    max: usize,
+    flags: u32,
+    entry_size: usize,
+) -> isize {
+    ffi!(-(libc::EIO as isize), {
+        // SAFETY: NULL or a live context.
+        let Some(s) = (unsafe { ctx(c) }) else { return -(libc::EINVAL as isize) };
+        if flags != 0 || entry_size < size_of::<ibv_gid_entry>() || entries.is_null() {
+            return -(libc::EINVAL as isize);
+        }
+        let dev = s.emu.device();
+        let mut n = 0usize;
+        for port in 1..=dev.attr().phys_port_cnt {
+            for e in dev.gid_table(port).unwrap_or_default() {
+                if n == max {
+                    return -(libc::EINVAL as isize);
+                }
+                let out = ibv_gid_entry {
+                    gid: ibv_gid { raw: e.gid.0 },
+                    gid_index: e.index,
+                    port_num: port as u32,
+                    gid_type: e.gid_type.0,
+                    ndev_ifindex: 0,
+                };
+                // SAFETY: n < max entries of entry_size bytes each were provided.
+                unsafe {
+                    ptr::write((entries as *mut u8).add(n * entry_size) as *mut ibv_gid_entry, out)
+                };
+                n += 1;
+            }
+        }
+        n as isize
+    })
+}
+
+/// `ibv_query_gid_type(context, port_num, index, type)` (IBVERBS_PRIVATE_34).
+pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_query_gid_type(
+    c: *mut ibv_context,
+    port: u8,
+    index: u32,
+    ty: *mut u32,
+) -> c_int {
+    ffi!(-1, {
+        // SAFETY: NULL or a live context; `ty` NULL or writable.
+        let (Some(s), Some(ty)) = (unsafe { ctx(c) }, unsafe { ty.as_mut() }) else { return -1 };
+        match s.emu.device().query_gid_entry(port, index) {
+            Ok(Some(e)) => {
+                *ty = e.gid_type.0;
+                0
+            }
+            _ => -1,
+        }
+    })
+}
+
+/// `ibv_query_pkey(context, port_num, index, pkey)`: the P_Key in network order.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_query_pkey(
+    c: *mut ibv_context,
+    port: u8,
+    index: c_int,
+    pkey: *mut u16,
+) -> c_int {
+    ffi!(-1, {
+        // SAFETY: NULL or a live context; `pkey` NULL or writable.
+        let (Some(s), Some(pkey)) = (unsafe { ctx(c) }, unsafe { pkey.as_mut() }) else {
+            return -1;
+        };
+        match s.emu.device().query_pkey(port, index as u16) {
+            Ok(k) => {
+                *pkey = k.to_be();
+                0
+            }
+            Err(_) => -1,
+        }
+    })
+}
+
+/// `ibv_read_sysfs_file` / `ibv_read_ibdev_sysfs_file`: there is no sysfs for emulated
+/// devices; -1 with `ENOENT`, as for a missing file.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_read_sysfs_file() -> c_int {
+    set_errno(libc::ENOENT);
+    -1
+}
+
+/// See `ibv_read_sysfs_file`.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_read_ibdev_sysfs_file() -> c_int {
+    set_errno(libc::ENOENT);
+    -1
+}
+
+/// `ibv_fork_init()`: nothing is pinned, so fork needs no preparation.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_fork_init() -> c_int {
+    0
+}
+
+/// `ibv_is_fork_initialized()`: `IBV_FORK_UNNEEDED`.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_is_fork_initialized() -> c_int {
+    2
+}
+
+/// `ibv_dontfork_range` / `ibv_dofork_range`: nothing to do.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_dontfork_range() -> c_int {
+    0
+}
+
+/// See `ibv_dontfork_range`.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_dofork_range() -> c_int {
+    0
+}

@@ -1,0 +1,14 @@
+//! The exported C functions, grouped like the verbs they implement. Each is thin: check
+//! pointers, recover the object, call the emulator, map the result to an errno or NULL.
+
+pub(crate) mod cq;
+pub(crate) mod device;
+pub(crate) mod events;
+pub(crate) mod ops;
+pub(crate) mod pd_mr;
+pub(crate) mod qp;
+pub(crate) mod strings;
+
+// Only the generated trampolines use these (not in the unit-test build).
+#[allow(unused_imports)]
+pub(crate) use self::{cq::*, device::*, events::*, pd_mr::*, qp::*, strings::*};

@@ -1,0 +1,15 @@
+//! The function tables libibverbs' inline verbs call through: `ibv_context.ops` and the
+//! `verbs_context` slots in front of it (see shared/design/abi.md §2).
+
+use crate::abi::verbs_context;
+
+/// Fills the slots of a new context.
+pub(crate) fn fill(v: &mut verbs_context) {
+    let ops = &mut v.context.ops;
+    ops.poll_cq = Some(super::cq::poll_cq);
+    ops.req_notify_cq = Some(super::cq::req_notify_cq);
+    ops.post_send = Some(super::qp::post_send);
+    ops.post_recv = Some(super::qp::post_recv);
+    v.query_port = Some(super::device::query_port);
+    v.query_device_ex = Some(super::device::query_device_ex);
+}

@@ -1,0 +1,362 @@
+//! Queue pairs: create / modify / query / destroy, and the `post_send` / `post_recv` slots.
+
+use core::ffi::c_int;
+use std::ptr;
+
+use rdma_emu::{
+    AccessFlags, AhAttr, Gid, Mtu, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr,
+    SendFlags, SendWr, Sge, WrOpcode,
+};
+
+use crate::{
+    abi::*,
+    boundary::{ffi, null_with, set_errno},
+    objects::*,
+};
+
+fn cap_to_c(c: &QpCap) -> ibv_qp_cap {
+    ibv_qp_cap {
+        max_send_wr: c.max_send_wr,
+        max_recv_wr: c.max_recv_wr,
+        max_send_sge: c.max_send_sge,
+        max_recv_sge: c.max_recv_sge,
+        max_inline_data: c.max_inline_data,
+    }
+}
+
+/// `ibv_create_qp(pd, qp_init_attr)`: writes the granted caps back into `qp_init_attr->cap`.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_create_qp(
+    pd: *mut ibv_pd,
+    init: *mut ibv_qp_init_attr,
+) -> *mut ibv_qp {
+    ffi!(ptr::null_mut(), {
+        // SAFETY: NULL or a live PD; `init` NULL or a valid init attr.
+        let (Some(p), Some(init)) = (unsafe { obj::<_, ShimPd>(pd) }, unsafe { init.as_mut() })
+        else {
+            set_errno(libc::EINVAL);
+            return ptr::null_mut();
+        };
+        // SAFETY: NULL or live CQs.
+        let (Some(scq), Some(rcq)) =
+            (unsafe { obj::<_, ShimCq>(init.send_cq) }, unsafe { obj::<_, ShimCq>(init.recv_cq) })
+        else {
+            set_errno(libc::EINVAL);
+            return ptr::null_mut();
+        };
+        if !init.srq.is_null() {
+            set_errno(libc::EOPNOTSUPP); // SRQs are not implemented yet
+            return ptr::null_mut();
+        }
+        let c = &init.cap;
+        let attr = QpInitAttr {
+            qp_type: QpType(init.qp_type),
+            send_cq: &scq.emu,
+            recv_cq: &rcq.emu,
+            cap: QpCap {
+                max_send_wr: c.max_send_wr,
+                max_recv_wr: c.max_recv_wr,
+                max_send_sge: c.max_send_sge,
+                max_recv_sge: c.max_recv_sge,
+                max_inline_data: c.max_inline_data,
+            },
+            sq_sig_all: init.sq_sig_all != 0,
+        };
+        let emu = match p.emu.create_qp(&attr) {
+            Ok(q) => q,
+            Err(e) => return null_with(e),
+        };
+        init.cap = cap_to_c(&emu.cap());
+        // SAFETY: ibv_qp is plain data; pthread objects are initialised below.
+        let mut qp: ibv_qp = unsafe { std::mem::zeroed() };
+        qp.context = p.pd.context;
+        qp.qp_context = init.qp_context;
+        qp.pd = pd;
+        qp.send_cq = init.send_cq;
+        qp.recv_cq = init.recv_cq;
+        qp.qp_num = emu.qp_num();
+        qp.state = QpState::RESET.0;
+        qp.qp_type = init.qp_type;
+        let s = leak(ShimQp { qp, emu });
+        // SAFETY: s is ours and not shared yet.
+        unsafe {
+            init_sync(&mut (*s).qp.mutex, &mut (*s).qp.cond);
+            (*s).emu.set_user_data(s as usize);
+        }
+        s.cast()
+    })
+}
+
+/// `ibv_destroy_qp(qp)`: waits for the QP's acknowledged async events.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
+    ffi!(libc::EIO, {
+        // SAFETY: NULL or a live QP.
+        let Some(s) = (unsafe { obj::<_, ShimQp>(qp) }) else { return libc::EINVAL };
+        match s.emu.destroy() {
+            Ok(()) => {
+                // SAFETY: destroyed; not used again.
+                unsafe { free(s as *const ShimQp) };
+                0
+            }
+            Err(e) => e.errno().raw(),
+        }
+    })
+}
+
+fn ah_from_c(a: &ibv_ah_attr) -> AhAttr {
+    AhAttr {
+        dgid: Gid(a.grh.dgid.raw),
+        flow_label: a.grh.flow_label,
+        sgid_index: a.grh.sgid_index,
+        hop_limit: a.grh.hop_limit,
+        traffic_class: a.grh.traffic_class,
+        dlid: a.dlid,
+        sl: a.sl,
+        src_path_bits: a.src_path_bits,
+        static_rate: a.static_rate,
+        is_global: a.is_global != 0,
+        port_num: a.port_num,
+    }
+}
+
+fn ah_to_c(a: &AhAttr) -> ibv_ah_attr {
+    ibv_ah_attr {
+        grh: ibv_global_route {
+            dgid: ibv_gid { raw: a.dgid.0 },
+            flow_label: a.flow_label,
+            sgid_index: a.sgid_index,
+            hop_limit: a.hop_limit,
+            traffic_class: a.traffic_class,
+        },
+        dlid: a.dlid,
+        sl: a.sl,
+        src_path_bits: a.src_path_bits,
+        static_rate: a.static_rate,
+        is_global: a.is_global as u8,
+        port_num: a.port_num,
+    }
+}
+
+/// `ibv_modify_qp(qp, attr, attr_mask)`.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_modify_qp(
+    qp: *mut ibv_qp,
+    a: *mut ibv_qp_attr,
+    mask: c_int,
+) -> c_int {
+    ffi!(libc::EIO, {
+        // SAFETY: NULL or a live QP; `a` NULL or a valid attr.
+        let (Some(s), Some(a)) = (unsafe { obj::<_, ShimQp>(qp) }, unsafe { a.as_ref() }) else {
+            return libc::EINVAL;
+        };
+        let attr = QpAttr {
+            qp_state: QpState(a.qp_state),
+            cur_qp_state: QpState(a.cur_qp_state),
+            path_mtu: Mtu(a.path_mtu),
+            path_mig_state: a.path_mig_state,
+            qkey: a.qkey,
+            rq_psn: a.rq_psn,
+            sq_psn: a.sq_psn,
+            dest_qp_num: a.dest_qp_num,
+            qp_access_flags: AccessFlags::from_bits_retain(a.qp_access_flags),
+            cap: QpCap::default(),
+            ah_attr: ah_from_c(&a.ah_attr),
+            alt_ah_attr: ah_from_c(&a.alt_ah_attr),
+            pkey_index: a.pkey_index,
+            alt_pkey_index: a.alt_pkey_index,
+            en_sqd_async_notify: a.en_sqd_async_notify,
+            sq_draining: a.sq_draining,
+            max_rd_atomic: a.max_rd_atomic,
+            max_dest_rd_atomic: a.max_dest_rd_atomic,
+            min_rnr_timer: a.min_rnr_timer,
+            port_num: a.port_num,
+            timeout: a.timeout,
+            retry_cnt: a.retry_cnt,
+            rnr_retry: a.rnr_retry,
+            alt_port_num: a.alt_port_num,
+            alt_timeout: a.alt_timeout,
+            rate_limit: a.rate_limit,
+        };
+        let mask = QpAttrMask::from_bits_retain(mask as u32);
+        match s.emu.modify(&attr, mask) {
+            Ok(()) => {
+                if mask.contains(QpAttrMask::STATE) {
+                    // SAFETY: `qp` is a live ShimQp; `state` is the cached state C reads.
+                    unsafe { (*qp).state = a.qp_state };
+                }
+                0
+            }
+            Err(e) => e.errno().raw(),
+        }
+    })
+}
+
+/// `ibv_query_qp(qp, attr, attr_mask, init_attr)`: fills every attribute.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_query_qp(
+    qp: *mut ibv_qp,
+    out: *mut ibv_qp_attr,
+    _mask: c_int,
+    init: *mut ibv_qp_init_attr,
+) -> c_int {
+    ffi!(libc::EIO, {
+        // SAFETY: NULL or a live QP; out pointers NULL or writable.
+        let (Some(s), Some(out), Some(init)) =
+            (unsafe { obj::<_, ShimQp>(qp) }, unsafe { out.as_mut() }, unsafe { init.as_mut() })
+        else {
+            return libc::EINVAL;
+        };
+        let a = match s.emu.query() {
+            Ok(a) => a,
+            Err(e) => return e.errno().raw(),
+        };
+        *out = ibv_qp_attr {
+            qp_state: a.qp_state.0,
+            cur_qp_state: a.cur_qp_state.0,
+            path_mtu: a.path_mtu.0,
+            path_mig_state: a.path_mig_state,
+            qkey: a.qkey,
+            rq_psn: a.rq_psn,
+            sq_psn: a.sq_psn,
+            dest_qp_num: a.dest_qp_num,
+            qp_access_flags: a.qp_access_flags.bits(),
+            cap: cap_to_c(&a.cap),
+            ah_attr: ah_to_c(&a.ah_attr),
+            alt_ah_attr: ah_to_c(&a.alt_ah_attr),
+            pkey_index: a.pkey_index,
+            alt_pkey_index: a.alt_pkey_index,
+            en_sqd_async_notify: a.en_sqd_async_notify,
+            sq_draining: a.sq_draining,
+            max_rd_atomic: a.max_rd_atomic,
+            max_dest_rd_atomic: a.max_dest_rd_atomic,
+            min_rnr_timer: a.min_rnr_timer,
+            port_num: a.port_num,
+            timeout: a.timeout,
+            retry_cnt: a.retry_cnt,
+            rnr_retry: a.rnr_retry,
+            alt_port_num: a.alt_port_num,
+            alt_timeout: a.alt_timeout,
+            rate_limit: a.rate_limit,
+        };
+        init.qp_context = s.qp.qp_context;
+        init.send_cq = s.qp.send_cq;
+        init.recv_cq = s.qp.recv_cq;
+        init.srq = ptr::null_mut();
+        init.cap = cap_to_c(&a.cap);
+        init.qp_type = s.qp.qp_type;
+        init.sq_sig_all = s.emu.sq_sig_all() as c_int;
+        0
+    })
+}
+
+/// Reads a C SGE list.
+///
+/// # Safety
+/// `sg` points to `n` readable SGEs (or `n` is 0).
+unsafe fn sges<'a>(sg: *const ibv_sge, n: usize) -> &'a [Sge] {
+    if n == 0 || sg.is_null() {
+        return &[];
+    }
+    const _: () = assert!(size_of::<Sge>() == 16 && std::mem::offset_of!(Sge, lkey) == 12);
+    // SAFETY: ibv_sge and Sge have the same layout (u64, u32, u32; checked by the layout test
+    // for ibv_sge and by the assertion above for Sge); the caller guarantees n readable entries.
+    unsafe { std::slice::from_raw_parts(sg as *const Sge, n) }
+}
+
+/// The `post_send` slot: `ibv_post_send(qp, wr, bad_wr)`.
+pub(crate) unsafe extern "C" fn post_send(
+    qp: *mut ibv_qp,
+    mut wr: *mut ibv_send_wr,
+    bad: *mut *mut ibv_send_wr,
+) -> c_int {
+    ffi!(libc::EIO, {
+        // SAFETY: a live QP.
+        let Some(s) = (unsafe { obj::<_, ShimQp>(qp) }) else { return libc::EINVAL };
+        let max_sge = s.emu.cap().max_send_sge as c_int;
+        let mut inline_buf = Vec::new();
+        let fail = |w: *mut ibv_send_wr, e: c_int| {
+            if !bad.is_null() {
+                // SAFETY: bad_wr is writable when non-NULL.
+                unsafe { *bad = w };
+            }
+            e
+        };
+        while !wr.is_null() {
+            // SAFETY: each element of the application's list is a valid ibv_send_wr.
+            let w = unsafe { &*wr };
+            if w.num_sge < 0 || w.num_sge > max_sge {
+                return fail(wr, libc::EINVAL);
+            }
+            // SAFETY: num_sge readable entries (the verbs contract), bounded above.
+            let sg = unsafe { sges(w.sg_list, w.num_sge as usize) };
+            let flags = SendFlags::from_bits_retain(w.send_flags);
+            let opcode = WrOpcode(w.opcode);
+            let atomic =
+                matches!(opcode, WrOpcode::ATOMIC_CMP_AND_SWP | WrOpcode::ATOMIC_FETCH_AND_ADD);
+            inline_buf.clear();
+            if flags.contains(SendFlags::INLINE) {
+                let total: u64 = sg.iter().map(|e| e.length as u64).sum();
+                if total > s.emu.cap().max_inline_data as u64 {
+                    return fail(wr, libc::EINVAL);
+                }
+                for e in sg {
+                    // SAFETY: with IBV_SEND_INLINE the application promises each SGE's
+                    // addr..addr+length is readable now; no lkey is involved.
+                    let bytes = unsafe {
+                        std::slice::from_raw_parts(e.addr as *const u8, e.length as usize)
+                    };
+                    inline_buf.extend_from_slice(bytes);
+                }
+            }
+            let ewr = SendWr {
+                wr_id: w.wr_id,
+                opcode,
+                send_flags: flags,
+                sg_list: sg,
+                inline_data: &inline_buf,
+                imm_data: w.imm_data,
+                remote_addr: w.remote_addr(),
+                rkey: if atomic { w.atomic_rkey() } else { w.rdma_rkey() },
+                compare_add: w.compare_add(),
+                swap: w.swap(),
+            };
+            if let Err(e) = s.emu.post_send(&ewr) {
+                return fail(wr, e.errno().raw());
+            }
+            wr = w.next;
+        }
+        0
+    })
+}
+
+/// The `post_recv` slot: `ibv_post_recv(qp, wr, bad_wr)`.
+pub(crate) unsafe extern "C" fn post_recv(
+    qp: *mut ibv_qp,
+    mut wr: *mut ibv_recv_wr,
+    bad: *mut *mut ibv_recv_wr,
+) -> c_int {
+    ffi!(libc::EIO, {
+        // SAFETY: a live QP.
+        let Some(s) = (unsafe { obj::<_, ShimQp>(qp) }) else { return libc::EINVAL };
+        let max_sge = s.emu.cap().max_recv_sge as c_int;
+        while !wr.is_null() {
+            // SAFETY: each element of the application's list is a valid ibv_recv_wr.
+            let w = unsafe { &*wr };
+            let res = if w.num_sge < 0 || w.num_sge > max_sge {
+                Err(libc::EINVAL)
+            } else {
+                // SAFETY: num_sge readable entries, bounded above.
+                let sg = unsafe { sges(w.sg_list, w.num_sge as usize) };
+                s.emu
+                    .post_recv(&RecvWr { wr_id: w.wr_id, sg_list: sg })
+                    .map_err(|e| e.errno().raw())
+            };
+            if let Err(e) = res {
+                if !bad.is_null() {
+                    // SAFETY: bad_wr is writable when non-NULL.
+                    unsafe { *bad = wr };
+                }
+                return e;
+            }
+            wr = w.next;
+        }
+        0
+    })
+}
