@@ -29,6 +29,8 @@ case "${1:-test}" in
     test)
         install_pkgs
         lint
+        # The shim's tests run the built libibverbs.so, which `cargo test` does not rebuild.
+        cargo build --workspace --release
         # A hang must fail CI quickly, not eat its 90 minutes.
         timeout 1200 cargo test --workspace --release
         cargo run --release -p rdma-emu --example demo

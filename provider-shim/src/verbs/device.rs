@@ -410,7 +410,10 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim___ibv_query_gid_table(
     })
 }
 
-/// `ibv_query_gid_type(context, port_num, index, type)` (IBVERBS_PRIVATE_34).
+/// `ibv_query_gid_type(context, port_num, index, type)` (IBVERBS_PRIVATE_34): the type in the
+/// sysfs encoding rdma-core uses here (`IBV_GID_TYPE_SYSFS_IB_ROCE_V1` 0,
+/// `IBV_GID_TYPE_SYSFS_ROCE_V2` 1). An empty entry reports the port's kind, as the kernel's
+/// per-index sysfs attribute does.
 pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_query_gid_type(
     c: *mut ibv_context,
     port: u8,
@@ -420,13 +423,17 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_query_gid_type(
     ffi!(-1, {
         // SAFETY: NULL or a live context; `ty` NULL or writable.
         let (Some(s), Some(ty)) = (unsafe { ctx(c) }, unsafe { ty.as_mut() }) else { return -1 };
-        match s.emu.device().query_gid_entry(port, index) {
-            Ok(Some(e)) => {
-                *ty = e.gid_type.0;
-                0
-            }
-            _ => -1,
-        }
+        let dev = s.emu.device();
+        let roce_v2 = match dev.query_gid_entry(port, index) {
+            Ok(Some(e)) => e.gid_type == rdma_emu::GidType::ROCE_V2,
+            Ok(None) => dev
+                .query_port(port)
+                .map(|p| p.link_layer == rdma_emu::LinkLayer::ETHERNET)
+                .unwrap_or(false),
+            Err(_) => return -1,
+        };
+        *ty = roce_v2 as u32;
+        0
     })
 }
 

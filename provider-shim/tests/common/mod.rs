@@ -1,7 +1,7 @@
 //! Locating the built `libibverbs.so.1` from an integration test.
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// `target/<profile>/`: the test binary lives in `target/<profile>/deps/`.
 pub fn profile_dir() -> PathBuf {
@@ -9,11 +9,42 @@ pub fn profile_dir() -> PathBuf {
     exe.parent().and_then(|d| d.parent()).expect("target/<profile>").to_path_buf()
 }
 
-/// The cdylib as cargo builds it.
+/// The cdylib as cargo builds it. `cargo test` does not rebuild a cdylib-only crate, so this
+/// refuses a library older than the shim's or the emulator's sources (run `cargo build` first;
+/// `./ci.sh test` does).
 pub fn cdylib() -> PathBuf {
     let p = profile_dir().join("libibverbs.so");
-    assert!(p.exists(), "{} was not built", p.display());
+    assert!(p.exists(), "{} was not built: run cargo build -p rdma-emu-shim first", p.display());
+    let built = std::fs::metadata(&p).and_then(|m| m.modified()).expect("library mtime");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for dir in [root.join("src"), root.join("../emu/src")] {
+        if let Some(newer) = newest(&dir).filter(|(t, _)| *t > built) {
+            panic!(
+                "{} is older than {}: run cargo build -p rdma-emu-shim first",
+                p.display(),
+                newer.1.display()
+            );
+        }
+    }
     p
+}
+
+fn newest(dir: &Path) -> Option<(std::time::SystemTime, PathBuf)> {
+    let mut best: Option<(std::time::SystemTime, PathBuf)> = None;
+    for e in std::fs::read_dir(dir).ok()?.flatten() {
+        let p = e.path();
+        let cand = if p.is_dir() {
+            newest(&p)
+        } else {
+            e.metadata().ok()?.modified().ok().map(|t| (t, p))
+        };
+        if let Some(c) = cand {
+            if best.as_ref().is_none_or(|b| c.0 > b.0) {
+                best = Some(c);
+            }
+        }
+    }
+    best
 }
 
 /// A directory holding `libibverbs.so.1` (a link to the cdylib), for `LD_LIBRARY_PATH`.
@@ -21,7 +52,16 @@ pub fn lib_dir() -> PathBuf {
     let dir = profile_dir().join("shim");
     std::fs::create_dir_all(&dir).expect("create the shim directory");
     let link = dir.join("libibverbs.so.1");
-    let _ = std::fs::remove_file(&link);
-    std::os::unix::fs::symlink(cdylib(), &link).expect("link libibverbs.so.1");
+    if std::fs::read_link(&link).ok() != Some(cdylib()) {
+        // Tests run in parallel: build the link under a private name, then rename it in place.
+        let tmp = dir.join(format!(
+            ".libibverbs.so.1.{}.{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let _ = std::fs::remove_file(&tmp);
+        std::os::unix::fs::symlink(cdylib(), &tmp).expect("link libibverbs.so.1");
+        std::fs::rename(&tmp, &link).expect("move the link in place");
+    }
     dir
 }

@@ -1,0 +1,277 @@
+/* One process, two emulated devices, two connected RC QPs: SEND/RECV (with immediate data),
+ * RDMA WRITE/READ, both atomics, completion events through a channel and poll(2), and the
+ * errnos of bad input. Compiled against the system's <infiniband/verbs.h> and linked with
+ * -libverbs, so every inline verb is the real inline code. Exits 0 and prints "ok". */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <infiniband/verbs.h>
+#include <poll.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CHECK(c)                                                                        \
+	do {                                                                            \
+		if (!(c)) {                                                             \
+			fprintf(stderr, "%s:%d: CHECK(%s) failed, errno %d (%s)\n", __FILE__, \
+				__LINE__, #c, errno, strerror(errno));                  \
+			exit(1);                                                        \
+		}                                                                       \
+	} while (0)
+
+#define BUF 4096
+#define ALL_ACCESS (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | \
+		    IBV_ACCESS_REMOTE_ATOMIC)
+
+struct side {
+	struct ibv_context *ctx;
+	struct ibv_pd *pd;
+	struct ibv_comp_channel *ch;
+	struct ibv_cq *cq;
+	struct ibv_qp *qp;
+	struct ibv_mr *mr;
+	char *buf;
+	struct ibv_port_attr port;
+	union ibv_gid gid;
+};
+
+static void setup(struct side *s, struct ibv_device *dev)
+{
+	struct ibv_qp_init_attr init = {
+		.cap = { .max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 2, .max_recv_sge = 2,
+			 .max_inline_data = 64 },
+		.qp_type = IBV_QPT_RC,
+	};
+
+	CHECK(s->ctx = ibv_open_device(dev));
+	CHECK(ibv_query_port(s->ctx, 1, &s->port) == 0);
+	CHECK(s->port.state == IBV_PORT_ACTIVE);
+	CHECK(ibv_query_gid(s->ctx, 1, 0, &s->gid) == 0);
+	CHECK(s->pd = ibv_alloc_pd(s->ctx));
+	CHECK(s->ch = ibv_create_comp_channel(s->ctx));
+	CHECK(s->cq = ibv_create_cq(s->ctx, 32, s, s->ch, 0));
+	CHECK(s->cq->cqe >= 32);
+	CHECK(s->buf = aligned_alloc(4096, BUF));
+	memset(s->buf, 0, BUF);
+	CHECK(s->mr = ibv_reg_mr(s->pd, s->buf, BUF, ALL_ACCESS));
+	init.send_cq = init.recv_cq = s->cq;
+	CHECK(s->qp = ibv_create_qp(s->pd, &init));
+	CHECK(init.cap.max_send_wr >= 16 && init.cap.max_inline_data >= 64);
+	CHECK(s->qp->state == IBV_QPS_RESET);
+}
+
+static void connect_to(struct side *a, struct side *b)
+{
+	struct ibv_qp_attr attr = {
+		.qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1, .qp_access_flags = ALL_ACCESS,
+	};
+
+	CHECK(ibv_modify_qp(a->qp, &attr,
+			    IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) == 0);
+	memset(&attr, 0, sizeof(attr));
+	attr.qp_state = IBV_QPS_RTR;
+	attr.path_mtu = IBV_MTU_1024;
+	attr.dest_qp_num = b->qp->qp_num;
+	attr.rq_psn = 0;
+	attr.max_dest_rd_atomic = 4;
+	attr.min_rnr_timer = 12;
+	attr.ah_attr.port_num = 1;
+	attr.ah_attr.dlid = b->port.lid;
+	if (b->port.link_layer == IBV_LINK_LAYER_ETHERNET) {
+		attr.ah_attr.is_global = 1;
+		attr.ah_attr.grh.dgid = b->gid;
+		attr.ah_attr.grh.hop_limit = 1;
+	}
+	CHECK(ibv_modify_qp(a->qp, &attr,
+			    IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+				    IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) == 0);
+	memset(&attr, 0, sizeof(attr));
+	attr.qp_state = IBV_QPS_RTS;
+	attr.timeout = 14;
+	attr.retry_cnt = 7;
+	attr.rnr_retry = 7;
+	attr.sq_psn = 0;
+	attr.max_rd_atomic = 4;
+	CHECK(ibv_modify_qp(a->qp, &attr,
+			    IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+				    IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC) == 0);
+	CHECK(a->qp->state == IBV_QPS_RTS);
+}
+
+static struct ibv_wc wait_wc(struct ibv_cq *cq)
+{
+	struct ibv_wc wc;
+	for (long i = 0; i < 100000000L; i++) {
+		int n = ibv_poll_cq(cq, 1, &wc);
+		CHECK(n >= 0);
+		if (n == 1)
+			return wc;
+	}
+	fprintf(stderr, "no completion\n");
+	exit(1);
+}
+
+static int post(struct side *s, enum ibv_wr_opcode op, uint64_t id, uint32_t off, uint32_t len,
+		struct side *peer, uint32_t roff)
+{
+	struct ibv_sge sge = { .addr = (uintptr_t)s->buf + off, .length = len, .lkey = s->mr->lkey };
+	struct ibv_send_wr wr = { .wr_id = id, .sg_list = &sge, .num_sge = 1, .opcode = op,
+				  .send_flags = IBV_SEND_SIGNALED }, *bad = NULL;
+
+	if (op == IBV_WR_ATOMIC_FETCH_AND_ADD || op == IBV_WR_ATOMIC_CMP_AND_SWP) {
+		wr.wr.atomic.remote_addr = (uintptr_t)peer->buf + roff;
+		wr.wr.atomic.rkey = peer->mr->rkey;
+	} else if (peer) {
+		wr.wr.rdma.remote_addr = (uintptr_t)peer->buf + roff;
+		wr.wr.rdma.rkey = peer->mr->rkey;
+	}
+	if (op == IBV_WR_ATOMIC_FETCH_AND_ADD)
+		wr.wr.atomic.compare_add = 5;
+	if (op == IBV_WR_ATOMIC_CMP_AND_SWP) {
+		wr.wr.atomic.compare_add = 47;
+		wr.wr.atomic.swap = 1000;
+	}
+	if (op == IBV_WR_SEND_WITH_IMM)
+		wr.imm_data = htonl(0x1234);
+	return ibv_post_send(s->qp, &wr, &bad);
+}
+
+static void post_recv(struct side *s, uint64_t id, uint32_t off, uint32_t len)
+{
+	struct ibv_sge sge = { .addr = (uintptr_t)s->buf + off, .length = len, .lkey = s->mr->lkey };
+	struct ibv_recv_wr wr = { .wr_id = id, .sg_list = &sge, .num_sge = 1 }, *bad;
+	CHECK(ibv_post_recv(s->qp, &wr, &bad) == 0);
+}
+
+int main(void)
+{
+	struct side a = { 0 }, b = { 0 };
+	struct ibv_wc wc;
+	int n;
+	struct ibv_device **list = ibv_get_device_list(&n);
+
+	CHECK(list && n >= 2);
+	CHECK(strcmp(ibv_get_device_name(list[0]), "emu0") == 0);
+	CHECK(ibv_get_device_guid(list[0]) != 0);
+	setup(&a, list[0]);
+	setup(&b, list[1]);
+	connect_to(&a, &b);
+	connect_to(&b, &a);
+
+	/* SEND / RECV with immediate data. */
+	strcpy(a.buf, "hello from a");
+	post_recv(&b, 7, 1024, 64);
+	CHECK(post(&a, IBV_WR_SEND_WITH_IMM, 1, 0, 13, NULL, 0) == 0);
+	wc = wait_wc(a.cq);
+	CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 1 && wc.opcode == IBV_WC_SEND && wc.byte_len == 13);
+	wc = wait_wc(b.cq);
+	CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 7 && wc.opcode == IBV_WC_RECV);
+	CHECK(wc.byte_len == 13 && (wc.wc_flags & IBV_WC_WITH_IMM) && ntohl(wc.imm_data) == 0x1234);
+	CHECK(wc.qp_num == b.qp->qp_num);
+	CHECK(strcmp(b.buf + 1024, "hello from a") == 0);
+
+	/* RDMA WRITE, then READ it back elsewhere. */
+	for (int i = 0; i < 256; i++)
+		a.buf[2048 + i] = (char)i;
+	CHECK(post(&a, IBV_WR_RDMA_WRITE, 2, 2048, 256, &b, 0) == 0);
+	wc = wait_wc(a.cq);
+	CHECK(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RDMA_WRITE);
+	CHECK(memcmp(a.buf + 2048, b.buf, 256) == 0);
+	CHECK(post(&b, IBV_WR_RDMA_READ, 3, 512, 256, &a, 2048) == 0);
+	wc = wait_wc(b.cq);
+	CHECK(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RDMA_READ && wc.byte_len == 256);
+	CHECK(memcmp(b.buf + 512, a.buf + 2048, 256) == 0);
+
+	/* Atomics on b.buf[3072]. */
+	*(uint64_t *)(b.buf + 3072) = 42;
+	CHECK(post(&a, IBV_WR_ATOMIC_FETCH_AND_ADD, 4, 3584, 8, &b, 3072) == 0);
+	wc = wait_wc(a.cq);
+	CHECK(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_FETCH_ADD);
+	CHECK(*(uint64_t *)(a.buf + 3584) == 42 && *(uint64_t *)(b.buf + 3072) == 47);
+	CHECK(post(&a, IBV_WR_ATOMIC_CMP_AND_SWP, 5, 3584, 8, &b, 3072) == 0);
+	wc = wait_wc(a.cq);
+	CHECK(wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_COMP_SWAP);
+	CHECK(*(uint64_t *)(a.buf + 3584) == 47 && *(uint64_t *)(b.buf + 3072) == 1000);
+
+	/* Completion events: arm, complete, poll(2) on the channel fd, get and ack the event. */
+	{
+		struct pollfd pfd = { .fd = b.ch->fd, .events = POLLIN };
+		struct ibv_cq *ev_cq;
+		void *ev_ctx;
+
+		CHECK(ibv_req_notify_cq(b.cq, 0) == 0);
+		CHECK(poll(&pfd, 1, 0) == 0);
+		post_recv(&b, 8, 1024, 64);
+		CHECK(post(&a, IBV_WR_SEND, 6, 0, 4, NULL, 0) == 0);
+		CHECK(poll(&pfd, 1, 5000) == 1 && (pfd.revents & POLLIN));
+		CHECK(ibv_get_cq_event(b.ch, &ev_cq, &ev_ctx) == 0);
+		CHECK(ev_cq == b.cq && ev_ctx == &b);
+		ibv_ack_cq_events(ev_cq, 1);
+		wc = wait_wc(b.cq);
+		CHECK(wc.wr_id == 8 && wc.status == IBV_WC_SUCCESS);
+		wc = wait_wc(a.cq);
+		CHECK(wc.wr_id == 6);
+	}
+
+	/* Bad input gets rdma-core's errnos. */
+	{
+		struct ibv_sge sge = { .addr = (uintptr_t)a.buf, .length = 8, .lkey = a.mr->lkey };
+		struct ibv_send_wr wr = { .wr_id = 9, .sg_list = &sge, .num_sge = 100,
+					  .opcode = IBV_WR_SEND }, *bad = NULL;
+		struct ibv_qp_attr attr = { .qp_state = IBV_QPS_RTR };
+
+		CHECK(ibv_post_send(a.qp, &wr, &bad) == EINVAL && bad == &wr);
+		CHECK(ibv_dealloc_pd(a.pd) == EBUSY);
+		errno = 0;
+		CHECK(ibv_reg_mr(a.pd, a.buf, 64, IBV_ACCESS_REMOTE_WRITE) == NULL && errno == EINVAL);
+		errno = 0;
+		CHECK(ibv_create_cq(a.ctx, 0, NULL, NULL, 0) == NULL && errno == EINVAL);
+		CHECK(ibv_destroy_comp_channel(a.ch) == EBUSY);
+		CHECK(ibv_modify_qp(a.qp, &attr, IBV_QP_STATE) == EINVAL);
+		CHECK(strcmp(ibv_wc_status_str(IBV_WC_REM_ACCESS_ERR), "remote access error") == 0);
+		CHECK(strcmp(ibv_event_type_str(IBV_EVENT_QP_ACCESS_ERR),
+			     "local access violation work queue error") == 0);
+	}
+
+	/* A bad rkey: REM_ACCESS_ERR, then the QP is in ERR and later WRs flush. */
+	{
+		struct ibv_sge sge = { .addr = (uintptr_t)a.buf, .length = 8, .lkey = a.mr->lkey };
+		struct ibv_send_wr wr = { .wr_id = 10, .sg_list = &sge, .num_sge = 1,
+					  .opcode = IBV_WR_RDMA_WRITE }, *bad;
+		struct ibv_qp_attr qattr;
+		struct ibv_qp_init_attr qinit;
+		struct ibv_async_event ev;
+
+		wr.wr.rdma.remote_addr = (uintptr_t)b.buf;
+		wr.wr.rdma.rkey = b.mr->rkey ^ 0x100;
+		CHECK(ibv_post_send(a.qp, &wr, &bad) == 0);
+		wc = wait_wc(a.cq);
+		CHECK(wc.wr_id == 10 && wc.status == IBV_WC_REM_ACCESS_ERR);
+		CHECK(ibv_query_qp(a.qp, &qattr, IBV_QP_STATE, &qinit) == 0);
+		CHECK(qattr.qp_state == IBV_QPS_ERR && qinit.send_cq == a.cq);
+		const char *profile = getenv("RDMA_EMU_PROFILE");
+		if (profile && strcmp(profile, "rxe") == 0) {
+			/* Like rxe, the rxe profile raises no QP error event: nothing is pending. */
+			int fl = fcntl(b.ctx->async_fd, F_GETFL);
+			CHECK(fcntl(b.ctx->async_fd, F_SETFL, fl | O_NONBLOCK) == 0);
+			CHECK(ibv_get_async_event(b.ctx, &ev) == -1 && errno == EAGAIN);
+		} else {
+			/* The responder raised QP_ACCESS_ERR on b's QP (IBA 11.6.3). */
+			CHECK(ibv_get_async_event(b.ctx, &ev) == 0);
+			CHECK(ev.event_type == IBV_EVENT_QP_ACCESS_ERR && ev.element.qp == b.qp);
+			ibv_ack_async_event(&ev);
+		}
+	}
+
+	CHECK(ibv_destroy_qp(a.qp) == 0 && ibv_destroy_qp(b.qp) == 0);
+	CHECK(ibv_destroy_cq(a.cq) == 0 && ibv_destroy_cq(b.cq) == 0);
+	CHECK(ibv_destroy_comp_channel(a.ch) == 0 && ibv_destroy_comp_channel(b.ch) == 0);
+	CHECK(ibv_dereg_mr(a.mr) == 0 && ibv_dereg_mr(b.mr) == 0);
+	CHECK(ibv_dealloc_pd(a.pd) == 0 && ibv_dealloc_pd(b.pd) == 0);
+	CHECK(ibv_close_device(a.ctx) == 0 && ibv_close_device(b.ctx) == 0);
+	ibv_free_device_list(list);
+	printf("rc_basic ok\n");
+	return 0;
+}

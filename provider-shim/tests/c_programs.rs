@@ -1,0 +1,106 @@
+//! C programs compiled against the system's <infiniband/verbs.h>, linked with -libverbs, and
+//! run on the shim; and Debian's unmodified ibverbs-utils run on it (needs libibverbs-dev and
+//! ibverbs-utils, which ci.sh installs).
+
+mod common;
+use std::{path::Path, process::Command};
+
+/// Compiles `tests/c/<name>.c` and returns the executable's path.
+fn build(name: &str) -> std::path::PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c").join(format!("{name}.c"));
+    let out_dir = common::profile_dir().join("c-tests");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let exe = out_dir.join(name);
+    let cc = Command::new("cc")
+        .args(["-std=gnu11", "-O1", "-Wall", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .arg("-libverbs")
+        .output()
+        .expect("run cc");
+    assert!(
+        cc.status.success(),
+        "compiling {name}.c failed:\n{}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    exe
+}
+
+/// Runs `cmd` on the shim through LD_LIBRARY_PATH; returns stdout, asserting success.
+fn run_on_shim(cmd: &mut Command) -> String {
+    let out = cmd.env("LD_LIBRARY_PATH", common::lib_dir()).output().expect("run the program");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\nstdout:\n{stdout}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+#[test]
+fn rc_basic_c_program_runs_on_the_shim() {
+    let exe = build("rc_basic");
+    for profile in ["full", "rxe"] {
+        let out = run_on_shim(Command::new(&exe).env("RDMA_EMU_PROFILE", profile));
+        assert!(out.contains("rc_basic ok"), "{profile}: {out}");
+    }
+}
+
+fn util(name: &str) -> String {
+    let path = format!("/usr/bin/{name}");
+    assert!(Path::new(&path).exists(), "{path} is missing: install Debian's ibverbs-utils");
+    path
+}
+
+#[test]
+fn debian_ibv_devices_lists_the_emulated_devices() {
+    let out = run_on_shim(Command::new(util("ibv_devices")).env("RDMA_EMU_DEVICES", "3"));
+    for (name, guid) in
+        [("emu0", "000000fffe000001"), ("emu1", "000000fffe000002"), ("emu2", "000000fffe000003")]
+    {
+        assert!(
+            out.lines().any(|l| l.contains(name) && l.contains(guid)),
+            "{name} missing:\n{out}"
+        );
+    }
+}
+
+#[test]
+fn debian_ibv_devinfo_verbose_prints_the_rxe_profile() {
+    let out = run_on_shim(
+        Command::new(util("ibv_devinfo"))
+            .arg("-v")
+            .env("RDMA_EMU_PROFILE", "rxe")
+            .env("RDMA_EMU_DEVICES", "1"),
+    );
+    for want in [
+        "hca_id:\temu0",
+        "max_qp:\t\t\t\t1048560",
+        "max_cqe:\t\t\t32767",
+        "device_cap_flags:\t\t0x01223c76",
+        "state:\t\t\tPORT_ACTIVE (4)",
+        "active_mtu:\t\t1024 (3)",
+        "link_layer:\t\tEthernet",
+        "gid_tbl_len:\t\t1024",
+        "GID[  1]:",
+    ] {
+        assert!(out.contains(want), "missing {want:?} in:\n{out}");
+    }
+}
+
+#[test]
+fn works_as_ld_preload_over_the_real_libibverbs() {
+    let out = Command::new(util("ibv_devices"))
+        .env("LD_PRELOAD", common::cdylib())
+        .env_remove("LD_LIBRARY_PATH")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("emu0"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
