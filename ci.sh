@@ -33,7 +33,7 @@ case "${1:-test}" in
         cargo build --workspace --release
         # A hang must fail CI quickly, not eat its 90 minutes.
         timeout 1200 cargo test --workspace --release
-        cargo run --release -p rdma-emu --example demo
+        ./target/release/rdma-emu demo
         ;;
     lint) lint ;;
     bench) cargo run --release -p rdma-emu-benches --bin ratios -- "${@:2}" ;;

@@ -1,8 +1,6 @@
-//! The emulator end to end: two devices on the in-process fabric, two connected RC QPs, a
-//! SEND/RECV ping-pong, RDMA WRITE and READ with verification, and both atomics. Prints what
-//! happened and the rates it saw.
-//!
-//!     cargo run --release -p rdma-emu --example demo
+//! `rdma-emu demo`: the emulator end to end. Two devices on the in-process fabric, two
+//! connected RC QPs, a SEND/RECV ping-pong, RDMA WRITE and READ with verification, and both
+//! atomics; prints what happened and the rates it saw.
 
 use std::time::Instant;
 
@@ -57,7 +55,7 @@ fn sge(mr: &Mr, off: usize, len: usize) -> Sge {
     Sge { addr: mr.addr() + off as u64, length: len as u32, lkey: mr.lkey() }
 }
 
-fn main() -> Result<()> {
+pub fn run() -> Result<()> {
     let fabric =
         Fabric::new(FabricConfig { devices: 2, profile: Profile::Full, ..Default::default() });
     let devs = fabric.devices();
