@@ -104,3 +104,17 @@ fn works_as_ld_preload_over_the_real_libibverbs() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn pure_helpers_equal_rdma_cores() {
+    let exe = build("pure_functions");
+    let real = Command::new(&exe).env_remove("LD_LIBRARY_PATH").output().unwrap();
+    assert!(real.status.success());
+    let ours = run_on_shim(&mut Command::new(&exe));
+    let real = String::from_utf8_lossy(&real.stdout);
+    let diff: Vec<_> = real.lines().zip(ours.lines()).filter(|(a, b)| a != b).collect();
+    assert!(
+        diff.is_empty() && real.lines().count() == ours.lines().count(),
+        "real vs shim: {diff:#?}"
+    );
+}

@@ -7,8 +7,9 @@ pub(crate) mod events;
 pub(crate) mod ops;
 pub(crate) mod pd_mr;
 pub(crate) mod qp;
+pub(crate) mod rates;
 pub(crate) mod strings;
 
 // Only the generated trampolines use these (not in the unit-test build).
 #[allow(unused_imports)]
-pub(crate) use self::{cq::*, device::*, events::*, pd_mr::*, qp::*, strings::*};
+pub(crate) use self::{cq::*, device::*, events::*, pd_mr::*, qp::*, rates::*, strings::*};

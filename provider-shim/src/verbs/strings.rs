@@ -1,4 +1,5 @@
-//! The `*_str` helpers, with rdma-core's exact strings.
+//! The `*_str` helpers, with rdma-core's exact strings (a test compares them with the real
+//! library's over the whole input range).
 
 use core::ffi::c_char;
 
@@ -57,12 +58,12 @@ pub(crate) extern "C" fn rdma_emu_shim__ibv_node_type_str(t: i32) -> *const c_ch
 /// `ibv_port_state_str(port_state)`.
 pub(crate) extern "C" fn rdma_emu_shim__ibv_port_state_str(s: u32) -> *const c_char {
     match s {
-        0 => cstr!("PORT_NOP"),
-        1 => cstr!("PORT_DOWN"),
-        2 => cstr!("PORT_INIT"),
-        3 => cstr!("PORT_ARMED"),
-        4 => cstr!("PORT_ACTIVE"),
-        5 => cstr!("PORT_ACTIVE_DEFER"),
+        0 => cstr!("no state change (NOP)"),
+        1 => cstr!("down"),
+        2 => cstr!("init"),
+        3 => cstr!("armed"),
+        4 => cstr!("active"),
+        5 => cstr!("active defer"),
         _ => cstr!("unknown"),
     }
 }
