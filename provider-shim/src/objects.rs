@@ -42,16 +42,25 @@ pub(crate) struct ShimChannel {
     pub(crate) emu: rdma_emu::CompChannel,
 }
 
+/// Every CQ is an `ibv_cq_ex` (which starts with `ibv_cq`), so both APIs work on it.
 #[repr(C)]
 pub(crate) struct ShimCq {
-    pub(crate) cq: ibv_cq,
+    pub(crate) cq: ibv_cq_ex,
     pub(crate) emu: rdma_emu::Cq,
+    /// The completion `start_poll`/`next_poll` made current, for the `read_*` functions. Only
+    /// the thread inside a start/end poll pair touches it (the verbs contract).
+    pub(crate) cur: std::cell::Cell<rdma_emu::Wc>,
 }
 
+/// Every QP is an `ibv_qp_ex` (which starts with `ibv_qp`).
 #[repr(C)]
 pub(crate) struct ShimQp {
-    pub(crate) qp: ibv_qp,
+    pub(crate) qp: ibv_qp_ex,
     pub(crate) emu: rdma_emu::Qp,
+    /// Created through `ibv_create_qp_ex` with send ops: `ibv_qp_to_qp_ex` returns it.
+    pub(crate) extended: bool,
+    /// The `ibv_wr_*` batch being built between `wr_start` and `wr_complete`.
+    pub(crate) batch: parking_lot::Mutex<crate::verbs::wr::Batch>,
 }
 
 /// Recovers the object behind a C pointer.

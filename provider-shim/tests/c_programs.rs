@@ -118,3 +118,10 @@ fn pure_helpers_equal_rdma_cores() {
         "real vs shim: {diff:#?}"
     );
 }
+
+#[test]
+fn extended_cq_and_qp_api_runs_on_the_shim() {
+    let exe = build("extended");
+    let out = run_on_shim(&mut Command::new(&exe));
+    assert!(out.contains("extended ok"), "{out}");
+}

@@ -71,20 +71,143 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_create_cq(
             Ok(q) => q,
             Err(e) => return null_with(e),
         };
-        // SAFETY: ibv_cq is plain data (pointers, integers, pthread objects initialised below).
-        let mut cq: ibv_cq = unsafe { std::mem::zeroed() };
+        new_cq(c, ch, cq_context, emu).cast()
+    })
+}
+
+/// Wraps an emulator CQ into the `ibv_cq_ex` C sees, with the extended polling functions.
+fn new_cq(
+    c: *mut ibv_context,
+    ch: *mut ibv_comp_channel,
+    cq_context: *mut c_void,
+    emu: rdma_emu::Cq,
+) -> *mut ShimCq {
+    {
+        // SAFETY: ibv_cq_ex is plain data (pointers, integers, function pointers, pthread
+        // objects initialised below); all-zero is valid for each.
+        let mut cq: ibv_cq_ex = unsafe { std::mem::zeroed() };
         cq.context = c;
         cq.channel = ch;
         cq.cq_context = cq_context;
         cq.cqe = emu.cqe() as c_int;
-        let p = leak(ShimCq { cq, emu });
+        cq.start_poll = Some(start_poll);
+        cq.next_poll = Some(next_poll);
+        cq.end_poll = Some(end_poll);
+        cq.read_opcode = Some(read_opcode);
+        cq.read_vendor_err = Some(read_vendor_err);
+        cq.read_byte_len = Some(read_byte_len);
+        cq.read_imm_data = Some(read_imm_data);
+        cq.read_qp_num = Some(read_qp_num);
+        cq.read_src_qp = Some(read_src_qp);
+        cq.read_wc_flags = Some(read_wc_flags);
+        cq.read_slid = Some(read_slid);
+        cq.read_sl = Some(read_sl);
+        cq.read_dlid_path_bits = Some(read_dlid_path_bits);
+        let p = leak(ShimCq { cq, emu, cur: Default::default() });
         // SAFETY: p is ours and not shared yet.
         unsafe {
             init_sync(&mut (*p).cq.mutex, &mut (*p).cq.cond);
             (*p).emu.set_user_data(p as usize);
         }
-        p.cast()
+        p
+    }
+}
+
+/// `IBV_WC_EX_WITH_*` flags the CQ can report: byte_len, imm, qp_num, src_qp, slid, sl,
+/// dlid_path_bits (no timestamps, cvlan, flow tag or tag matching).
+const SUPPORTED_WC_FLAGS: u64 = 0x7f;
+const IBV_CQ_INIT_ATTR_MASK_FLAGS: u32 = 1;
+
+/// The `create_cq_ex` slot: `ibv_create_cq_ex(context, cq_attr)`.
+pub(crate) unsafe extern "C" fn create_cq_ex(
+    c: *mut ibv_context,
+    attr: *mut ibv_cq_init_attr_ex,
+) -> *mut ibv_cq_ex {
+    ffi!(ptr::null_mut(), {
+        // SAFETY: NULL or a live context; `attr` NULL or a valid init attr.
+        let (Some(s), Some(a)) = (unsafe { ctx(c) }, unsafe { attr.as_ref() }) else {
+            set_errno(libc::EINVAL);
+            return ptr::null_mut();
+        };
+        if a.wc_flags & !SUPPORTED_WC_FLAGS != 0
+            || a.comp_mask & !IBV_CQ_INIT_ATTR_MASK_FLAGS != 0
+            || (a.comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS != 0 && a.flags != 0)
+        {
+            set_errno(libc::EOPNOTSUPP);
+            return ptr::null_mut();
+        }
+        // SAFETY: NULL or a live channel.
+        let channel = unsafe { obj::<_, ShimChannel>(a.channel) }.map(|c| &c.emu);
+        match s.emu.create_cq(a.cqe.min(i32::MAX as u32) as c_int, channel, a.comp_vector) {
+            Ok(emu) => new_cq(c, a.channel, a.cq_context, emu).cast(),
+            Err(e) => null_with(e),
+        }
     })
+}
+
+/// Makes the next completion current: 0, or `ENOENT` when the CQ is empty.
+fn advance(cq: *mut ibv_cq_ex) -> c_int {
+    // SAFETY: a live CQ (start/next_poll are called on CQs this library created).
+    let Some(s) = (unsafe { obj::<_, ShimCq>(cq) }) else { return libc::EINVAL };
+    match s.emu.poll_one() {
+        Some(w) => {
+            s.cur.set(w);
+            // SAFETY: `cq` is live; status and wr_id are the public fields C reads next.
+            unsafe {
+                (*cq).status = w.status.0;
+                (*cq).wr_id = w.wr_id;
+            }
+            0
+        }
+        None => libc::ENOENT,
+    }
+}
+
+unsafe extern "C" fn start_poll(cq: *mut ibv_cq_ex, _attr: *mut c_void) -> c_int {
+    ffi!(libc::EIO, { advance(cq) })
+}
+
+unsafe extern "C" fn next_poll(cq: *mut ibv_cq_ex) -> c_int {
+    ffi!(libc::EIO, { advance(cq) })
+}
+
+unsafe extern "C" fn end_poll(_cq: *mut ibv_cq_ex) {}
+
+/// The current completion of a CQ inside a start/end poll pair.
+fn cur(cq: *mut ibv_cq_ex) -> rdma_emu::Wc {
+    // SAFETY: a live CQ of ours.
+    unsafe { obj::<_, ShimCq>(cq) }.map(|s| s.cur.get()).unwrap_or_default()
+}
+
+unsafe extern "C" fn read_opcode(cq: *mut ibv_cq_ex) -> u32 {
+    cur(cq).opcode.0
+}
+unsafe extern "C" fn read_vendor_err(cq: *mut ibv_cq_ex) -> u32 {
+    cur(cq).vendor_err
+}
+unsafe extern "C" fn read_byte_len(cq: *mut ibv_cq_ex) -> u32 {
+    cur(cq).byte_len
+}
+unsafe extern "C" fn read_imm_data(cq: *mut ibv_cq_ex) -> u32 {
+    cur(cq).imm_data
+}
+unsafe extern "C" fn read_qp_num(cq: *mut ibv_cq_ex) -> u32 {
+    cur(cq).qp_num
+}
+unsafe extern "C" fn read_src_qp(cq: *mut ibv_cq_ex) -> u32 {
+    cur(cq).src_qp
+}
+unsafe extern "C" fn read_wc_flags(cq: *mut ibv_cq_ex) -> core::ffi::c_uint {
+    cur(cq).wc_flags.bits()
+}
+unsafe extern "C" fn read_slid(cq: *mut ibv_cq_ex) -> u32 {
+    cur(cq).slid as u32
+}
+unsafe extern "C" fn read_sl(cq: *mut ibv_cq_ex) -> u8 {
+    cur(cq).sl
+}
+unsafe extern "C" fn read_dlid_path_bits(cq: *mut ibv_cq_ex) -> u8 {
+    cur(cq).dlid_path_bits
 }
 
 /// `ibv_destroy_cq(cq)`: `EBUSY` while a QP uses it; waits for acknowledged events.

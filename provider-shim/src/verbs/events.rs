@@ -62,7 +62,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_ack_async_event(ev: *mut ibv_
                 let Some(q) = (unsafe { obj::<_, ShimQp>(ev.element as *mut ibv_qp) }) else {
                     return;
                 };
-                (q.qp.context, EventElement::Qp(q.emu.clone()))
+                (q.qp.qp_base.context, EventElement::Qp(q.emu.clone()))
             }
             EventType::CQ_ERR => {
                 // SAFETY: as above, for a CQ.

@@ -9,6 +9,7 @@ pub(crate) mod pd_mr;
 pub(crate) mod qp;
 pub(crate) mod rates;
 pub(crate) mod strings;
+pub(crate) mod wr;
 
 // Only the generated trampolines use these (not in the unit-test build).
 #[allow(unused_imports)]

@@ -12,4 +12,6 @@ pub(crate) fn fill(v: &mut verbs_context) {
     ops.post_recv = Some(super::qp::post_recv);
     v.query_port = Some(super::device::query_port);
     v.query_device_ex = Some(super::device::query_device_ex);
+    v.create_cq_ex = Some(super::cq::create_cq_ex);
+    v.create_qp_ex = Some(super::qp::create_qp_ex);
 }

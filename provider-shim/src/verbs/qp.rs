@@ -30,60 +30,153 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_create_qp(
     init: *mut ibv_qp_init_attr,
 ) -> *mut ibv_qp {
     ffi!(ptr::null_mut(), {
-        // SAFETY: NULL or a live PD; `init` NULL or a valid init attr.
-        let (Some(p), Some(init)) = (unsafe { obj::<_, ShimPd>(pd) }, unsafe { init.as_mut() })
-        else {
+        // SAFETY: NULL or a valid init attr.
+        let Some(i) = (unsafe { init.as_mut() }) else {
             set_errno(libc::EINVAL);
             return ptr::null_mut();
         };
-        // SAFETY: NULL or live CQs.
-        let (Some(scq), Some(rcq)) =
-            (unsafe { obj::<_, ShimCq>(init.send_cq) }, unsafe { obj::<_, ShimCq>(init.recv_cq) })
-        else {
-            set_errno(libc::EINVAL);
-            return ptr::null_mut();
-        };
-        if !init.srq.is_null() {
-            set_errno(libc::EOPNOTSUPP); // SRQs are not implemented yet
-            return ptr::null_mut();
-        }
-        let c = &init.cap;
-        let attr = QpInitAttr {
-            qp_type: QpType(init.qp_type),
-            send_cq: &scq.emu,
-            recv_cq: &rcq.emu,
-            cap: QpCap {
-                max_send_wr: c.max_send_wr,
-                max_recv_wr: c.max_recv_wr,
-                max_send_sge: c.max_send_sge,
-                max_recv_sge: c.max_recv_sge,
-                max_inline_data: c.max_inline_data,
-            },
-            sq_sig_all: init.sq_sig_all != 0,
-        };
-        let emu = match p.emu.create_qp(&attr) {
-            Ok(q) => q,
-            Err(e) => return null_with(e),
-        };
-        init.cap = cap_to_c(&emu.cap());
-        // SAFETY: ibv_qp is plain data; pthread objects are initialised below.
-        let mut qp: ibv_qp = unsafe { std::mem::zeroed() };
-        qp.context = p.pd.context;
-        qp.qp_context = init.qp_context;
-        qp.pd = pd;
-        qp.send_cq = init.send_cq;
-        qp.recv_cq = init.recv_cq;
-        qp.qp_num = emu.qp_num();
-        qp.state = QpState::RESET.0;
-        qp.qp_type = init.qp_type;
-        let s = leak(ShimQp { qp, emu });
-        // SAFETY: s is ours and not shared yet.
+        // SAFETY: forwarded pointers, checked inside.
         unsafe {
-            init_sync(&mut (*s).qp.mutex, &mut (*s).qp.cond);
-            (*s).emu.set_user_data(s as usize);
+            create(
+                pd,
+                i.qp_context,
+                i.send_cq,
+                i.recv_cq,
+                i.srq,
+                &mut i.cap,
+                i.qp_type,
+                i.sq_sig_all,
+                false,
+            )
         }
-        s.cast()
     })
+}
+
+/// `ibv_create_qp_ex` comp_mask bits and send ops the emulator takes.
+const IBV_QP_INIT_ATTR_PD: u32 = 1;
+const IBV_QP_INIT_ATTR_CREATE_FLAGS: u32 = 4;
+const IBV_QP_INIT_ATTR_SEND_OPS_FLAGS: u32 = 64;
+/// RDMA WRITE (with imm), SEND (with imm), RDMA READ, both atomics.
+const SUPPORTED_SEND_OPS: u64 = 0x7f;
+
+/// The `create_qp_ex` slot: `ibv_create_qp_ex(context, qp_init_attr_ex)`.
+pub(crate) unsafe extern "C" fn create_qp_ex(
+    _c: *mut ibv_context,
+    init: *mut ibv_qp_init_attr_ex,
+) -> *mut ibv_qp {
+    ffi!(ptr::null_mut(), {
+        // SAFETY: NULL or a valid init attr.
+        let Some(i) = (unsafe { init.as_mut() }) else {
+            set_errno(libc::EINVAL);
+            return ptr::null_mut();
+        };
+        let allowed =
+            IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+        if i.comp_mask & IBV_QP_INIT_ATTR_PD == 0 {
+            set_errno(libc::EINVAL);
+            return ptr::null_mut();
+        }
+        let ops =
+            if i.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0 { i.send_ops_flags } else { 0 };
+        let flags =
+            if i.comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 { i.create_flags } else { 0 };
+        if i.comp_mask & !allowed != 0 || flags != 0 || ops & !SUPPORTED_SEND_OPS != 0 {
+            set_errno(libc::EOPNOTSUPP);
+            return ptr::null_mut();
+        }
+        let extended = i.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0;
+        // SAFETY: forwarded pointers, checked inside.
+        unsafe {
+            create(
+                i.pd,
+                i.qp_context,
+                i.send_cq,
+                i.recv_cq,
+                i.srq,
+                &mut i.cap,
+                i.qp_type,
+                i.sq_sig_all,
+                extended,
+            )
+        }
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe fn create(
+    pd: *mut ibv_pd,
+    qp_context: *mut core::ffi::c_void,
+    send_cq: *mut ibv_cq,
+    recv_cq: *mut ibv_cq,
+    srq: *mut core::ffi::c_void,
+    cap: &mut ibv_qp_cap,
+    qp_type: u32,
+    sq_sig_all: c_int,
+    extended: bool,
+) -> *mut ibv_qp {
+    // SAFETY: NULL or a live PD and CQs (the verbs contract).
+    let (Some(p), Some(scq), Some(rcq)) =
+        (unsafe { obj::<_, ShimPd>(pd) }, unsafe { obj::<_, ShimCq>(send_cq) }, unsafe {
+            obj::<_, ShimCq>(recv_cq)
+        })
+    else {
+        set_errno(libc::EINVAL);
+        return ptr::null_mut();
+    };
+    if !srq.is_null() {
+        set_errno(libc::EOPNOTSUPP); // SRQs are not implemented yet
+        return ptr::null_mut();
+    }
+    let attr = QpInitAttr {
+        qp_type: QpType(qp_type),
+        send_cq: &scq.emu,
+        recv_cq: &rcq.emu,
+        cap: QpCap {
+            max_send_wr: cap.max_send_wr,
+            max_recv_wr: cap.max_recv_wr,
+            max_send_sge: cap.max_send_sge,
+            max_recv_sge: cap.max_recv_sge,
+            max_inline_data: cap.max_inline_data,
+        },
+        sq_sig_all: sq_sig_all != 0,
+    };
+    let emu = match p.emu.create_qp(&attr) {
+        Ok(q) => q,
+        Err(e) => return null_with(e),
+    };
+    *cap = cap_to_c(&emu.cap());
+    // SAFETY: ibv_qp_ex is plain data (pointers, integers, function pointers, pthread objects
+    // initialised below); all-zero is valid for each.
+    let mut qp: ibv_qp_ex = unsafe { std::mem::zeroed() };
+    let b = &mut qp.qp_base;
+    b.context = p.pd.context;
+    b.qp_context = qp_context;
+    b.pd = pd;
+    b.send_cq = send_cq;
+    b.recv_cq = recv_cq;
+    b.qp_num = emu.qp_num();
+    b.state = QpState::RESET.0;
+    b.qp_type = qp_type;
+    if extended {
+        super::wr::fill(&mut qp);
+    }
+    let s = leak(ShimQp { qp, emu, extended, batch: Default::default() });
+    // SAFETY: s is ours and not shared yet.
+    unsafe {
+        init_sync(&mut (*s).qp.qp_base.mutex, &mut (*s).qp.qp_base.cond);
+        (*s).emu.set_user_data(s as usize);
+    }
+    s.cast()
+}
+
+/// `ibv_qp_to_qp_ex(qp)`: the extended QP, or NULL unless it was created by
+/// `ibv_create_qp_ex` with `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS` (as libibverbs).
+pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
+    // SAFETY: NULL or a live QP.
+    match unsafe { obj::<_, ShimQp>(qp) } {
+        Some(s) if s.extended => qp.cast(),
+        _ => ptr::null_mut(),
+    }
 }
 
 /// `ibv_destroy_qp(qp)`: waits for the QP's acknowledged async events.
@@ -235,12 +328,13 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_query_qp(
             alt_timeout: a.alt_timeout,
             rate_limit: a.rate_limit,
         };
-        init.qp_context = s.qp.qp_context;
-        init.send_cq = s.qp.send_cq;
-        init.recv_cq = s.qp.recv_cq;
+        let b = &s.qp.qp_base;
+        init.qp_context = b.qp_context;
+        init.send_cq = b.send_cq;
+        init.recv_cq = b.recv_cq;
         init.srq = ptr::null_mut();
         init.cap = cap_to_c(&a.cap);
-        init.qp_type = s.qp.qp_type;
+        init.qp_type = b.qp_type;
         init.sq_sig_all = s.emu.sq_sig_all() as c_int;
         0
     })

@@ -1,0 +1,255 @@
+//! The `ibv_wr_*` work-request API of `ibv_qp_ex`: WRs are built between `wr_start` and
+//! `wr_complete` (which posts them) or `wr_abort` (which drops them).
+
+use core::ffi::{c_int, c_void};
+
+use rdma_emu::{SendFlags, SendWr, Sge, WrOpcode};
+
+use crate::{abi::*, boundary::ffi, objects::*};
+
+/// One WR under construction.
+#[derive(Debug, Default)]
+pub(crate) struct Pending {
+    wr_id: u64,
+    opcode: WrOpcode,
+    flags: u32,
+    remote_addr: u64,
+    rkey: u32,
+    compare_add: u64,
+    swap: u64,
+    imm: u32,
+    sges: Vec<Sge>,
+    inline: Option<Vec<u8>>,
+}
+
+/// The batch of a QP between `wr_start` and `wr_complete`.
+#[derive(Debug, Default)]
+pub(crate) struct Batch {
+    wrs: Vec<Pending>,
+    /// First error met while building (`wr_complete` returns it and posts nothing).
+    err: c_int,
+}
+
+/// Fills the `wr_*` slots of a new extended QP.
+pub(crate) fn fill(q: &mut ibv_qp_ex) {
+    q.wr_start = Some(wr_start);
+    q.wr_complete = Some(wr_complete);
+    q.wr_abort = Some(wr_abort);
+    q.wr_rdma_write = Some(wr_rdma_write);
+    q.wr_rdma_write_imm = Some(wr_rdma_write_imm);
+    q.wr_send = Some(wr_send);
+    q.wr_send_imm = Some(wr_send_imm);
+    q.wr_rdma_read = Some(wr_rdma_read);
+    q.wr_atomic_cmp_swp = Some(wr_atomic_cmp_swp);
+    q.wr_atomic_fetch_add = Some(wr_atomic_fetch_add);
+    q.wr_set_sge = Some(wr_set_sge);
+    q.wr_set_sge_list = Some(wr_set_sge_list);
+    q.wr_set_inline_data = Some(wr_set_inline_data);
+    q.wr_set_inline_data_list = Some(wr_set_inline_data_list);
+}
+
+/// Runs `f` on the QP's batch.
+fn with(qp: *mut ibv_qp_ex, f: impl FnOnce(&ShimQp, &mut Batch)) {
+    // SAFETY: a live extended QP (these slots exist only on QPs this library created).
+    if let Some(s) = unsafe { obj::<_, ShimQp>(qp) } {
+        f(s, &mut s.batch.lock());
+    }
+}
+
+/// Starts a new WR with the `wr_id` and `wr_flags` the application set on the QP.
+fn begin(
+    qp: *mut ibv_qp_ex,
+    opcode: WrOpcode,
+    remote_addr: u64,
+    rkey: u32,
+    fill: impl FnOnce(&mut Pending),
+) {
+    ffi!((), {
+        with(qp, |s, b| {
+            let mut p = Pending {
+                wr_id: s.qp.wr_id,
+                opcode,
+                flags: s.qp.wr_flags,
+                remote_addr,
+                rkey,
+                ..Default::default()
+            };
+            fill(&mut p);
+            if b.wrs.len() >= s.emu.cap().max_send_wr as usize && b.err == 0 {
+                b.err = libc::ENOSPC;
+            }
+            b.wrs.push(p);
+        })
+    })
+}
+
+unsafe extern "C" fn wr_start(qp: *mut ibv_qp_ex) {
+    ffi!((), {
+        with(qp, |_, b| {
+            b.wrs.clear();
+            b.err = 0;
+        })
+    })
+}
+
+unsafe extern "C" fn wr_abort(qp: *mut ibv_qp_ex) {
+    ffi!((), {
+        with(qp, |_, b| {
+            b.wrs.clear();
+            b.err = 0;
+        })
+    })
+}
+
+/// Posts the batch; returns 0 or the errno of the first failure (later WRs are not posted).
+unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
+    ffi!(libc::EIO, {
+        let mut rc = 0;
+        with(qp, |s, b| {
+            let wrs = std::mem::take(&mut b.wrs);
+            if b.err != 0 {
+                rc = std::mem::take(&mut b.err);
+                return;
+            }
+            for p in &wrs {
+                let mut flags = SendFlags::from_bits_retain(p.flags);
+                if p.inline.is_some() {
+                    flags |= SendFlags::INLINE;
+                }
+                let wr = SendWr {
+                    wr_id: p.wr_id,
+                    opcode: p.opcode,
+                    send_flags: flags,
+                    sg_list: &p.sges,
+                    inline_data: p.inline.as_deref().unwrap_or(&[]),
+                    imm_data: p.imm,
+                    remote_addr: p.remote_addr,
+                    rkey: p.rkey,
+                    compare_add: p.compare_add,
+                    swap: p.swap,
+                };
+                if let Err(e) = s.emu.post_send(&wr) {
+                    rc = match e.errno().raw() {
+                        libc::ENOMEM => libc::ENOSPC,
+                        other => other,
+                    };
+                    return;
+                }
+            }
+        });
+        rc
+    })
+}
+
+unsafe extern "C" fn wr_rdma_write(qp: *mut ibv_qp_ex, rkey: u32, addr: u64) {
+    begin(qp, WrOpcode::RDMA_WRITE, addr, rkey, |_| {});
+}
+
+unsafe extern "C" fn wr_rdma_write_imm(qp: *mut ibv_qp_ex, rkey: u32, addr: u64, imm: u32) {
+    begin(qp, WrOpcode::RDMA_WRITE_WITH_IMM, addr, rkey, |p| p.imm = imm);
+}
+
+unsafe extern "C" fn wr_send(qp: *mut ibv_qp_ex) {
+    begin(qp, WrOpcode::SEND, 0, 0, |_| {});
+}
+
+unsafe extern "C" fn wr_send_imm(qp: *mut ibv_qp_ex, imm: u32) {
+    begin(qp, WrOpcode::SEND_WITH_IMM, 0, 0, |p| p.imm = imm);
+}
+
+unsafe extern "C" fn wr_rdma_read(qp: *mut ibv_qp_ex, rkey: u32, addr: u64) {
+    begin(qp, WrOpcode::RDMA_READ, addr, rkey, |_| {});
+}
+
+unsafe extern "C" fn wr_atomic_cmp_swp(
+    qp: *mut ibv_qp_ex,
+    rkey: u32,
+    addr: u64,
+    compare: u64,
+    swap: u64,
+) {
+    begin(qp, WrOpcode::ATOMIC_CMP_AND_SWP, addr, rkey, |p| {
+        p.compare_add = compare;
+        p.swap = swap;
+    });
+}
+
+unsafe extern "C" fn wr_atomic_fetch_add(qp: *mut ibv_qp_ex, rkey: u32, addr: u64, add: u64) {
+    begin(qp, WrOpcode::ATOMIC_FETCH_AND_ADD, addr, rkey, |p| p.compare_add = add);
+}
+
+/// Applies `f` to the last WR started (an error when there is none).
+fn last(qp: *mut ibv_qp_ex, f: impl FnOnce(&ShimQp, &mut Pending) -> c_int) {
+    ffi!((), {
+        with(qp, |s, b| {
+            let rc = match b.wrs.last_mut() {
+                Some(p) => f(s, p),
+                None => libc::EINVAL,
+            };
+            if rc != 0 && b.err == 0 {
+                b.err = rc;
+            }
+        })
+    })
+}
+
+unsafe extern "C" fn wr_set_sge(qp: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
+    last(qp, |_, p| {
+        p.inline = None;
+        p.sges.clear();
+        p.sges.push(Sge { addr, length, lkey });
+        0
+    });
+}
+
+unsafe extern "C" fn wr_set_sge_list(qp: *mut ibv_qp_ex, n: usize, list: *const ibv_sge) {
+    last(qp, |s, p| {
+        if n > s.emu.cap().max_send_sge as usize || (n > 0 && list.is_null()) {
+            return libc::ENOSPC;
+        }
+        p.inline = None;
+        p.sges.clear();
+        for i in 0..n {
+            // SAFETY: the application passes n readable SGEs.
+            let e = unsafe { &*list.add(i) };
+            p.sges.push(Sge { addr: e.addr, length: e.length, lkey: e.lkey });
+        }
+        0
+    });
+}
+
+/// Copies inline data from the application's buffers at the time of the call.
+fn set_inline(qp: *mut ibv_qp_ex, bufs: &[(*const u8, usize)]) {
+    last(qp, |s, p| {
+        let total: usize = bufs.iter().map(|b| b.1).sum();
+        if total > s.emu.cap().max_inline_data as usize {
+            return libc::ENOSPC;
+        }
+        let mut data = Vec::with_capacity(total);
+        for &(addr, len) in bufs {
+            if len > 0 {
+                // SAFETY: the application passes readable buffers of the given lengths.
+                data.extend_from_slice(unsafe { std::slice::from_raw_parts(addr, len) });
+            }
+        }
+        p.sges.clear();
+        p.inline = Some(data);
+        0
+    });
+}
+
+unsafe extern "C" fn wr_set_inline_data(qp: *mut ibv_qp_ex, addr: *mut c_void, length: usize) {
+    set_inline(qp, &[(addr as *const u8, length)]);
+}
+
+unsafe extern "C" fn wr_set_inline_data_list(
+    qp: *mut ibv_qp_ex,
+    n: usize,
+    list: *const ibv_data_buf,
+) {
+    let bufs: Vec<(*const u8, usize)> = (0..n)
+        // SAFETY: the application passes n readable ibv_data_buf entries.
+        .map(|i| unsafe { ((*list.add(i)).addr as *const u8, (*list.add(i)).length) })
+        .collect();
+    set_inline(qp, &bufs);
+}

@@ -1,0 +1,150 @@
+/* The extended verbs: ibv_query_device_ex, ibv_create_cq_ex with start/next/end_poll and the
+ * ibv_wc_read_* functions, ibv_create_qp_ex + ibv_qp_to_qp_ex and the ibv_wr_* API (SEND with
+ * an SGE and with inline data, RDMA WRITE, FETCH_ADD), and their errors. Prints "ok". */
+#include "common.h"
+
+#define WC_FLAGS (IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM | IBV_WC_EX_WITH_QP_NUM | \
+		  IBV_WC_EX_WITH_SRC_QP | IBV_WC_EX_WITH_SLID)
+
+static void setup_ex(struct side *s, struct ibv_device *dev)
+{
+	struct ibv_cq_init_attr_ex cq_attr = { .cqe = 64, .cq_context = s, .wc_flags = WC_FLAGS };
+	struct ibv_qp_init_attr_ex qp_attr = {
+		.qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 1, .max_recv_sge = 1,
+			 .max_inline_data = 64 },
+		.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+		.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_WRITE |
+				  IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_SEND_WITH_IMM,
+	};
+	struct ibv_cq_ex *cq;
+
+	setup_base(s, dev);
+	CHECK(cq = ibv_create_cq_ex(s->ctx, &cq_attr));
+	s->cqx = cq;
+	s->cq = ibv_cq_ex_to_cq(cq);
+	qp_attr.pd = s->pd;
+	qp_attr.send_cq = qp_attr.recv_cq = s->cq;
+	CHECK(s->qp = ibv_create_qp_ex(s->ctx, &qp_attr));
+}
+
+/* Polls one completion through the extended API. */
+static void wait_ex(struct ibv_cq_ex *cx, uint64_t wr_id, enum ibv_wc_opcode op, uint32_t len)
+{
+	struct ibv_poll_cq_attr attr = { 0 };
+	long i = 0;
+
+	while (ibv_start_poll(cx, &attr) == ENOENT)
+		CHECK(++i < 100000000L);
+	CHECK(cx->status == IBV_WC_SUCCESS && cx->wr_id == wr_id);
+	CHECK(ibv_wc_read_opcode(cx) == op && ibv_wc_read_byte_len(cx) == len);
+	ibv_end_poll(cx);
+}
+
+int main(void)
+{
+	struct side a = { 0 }, b = { 0 };
+	struct ibv_device_attr_ex dattr;
+	int n;
+	struct ibv_device **list = ibv_get_device_list(&n);
+
+	CHECK(list && n >= 2);
+	setup_ex(&a, list[0]);
+	setup_ex(&b, list[1]);
+	CHECK(ibv_query_device_ex(a.ctx, NULL, &dattr) == 0);
+	CHECK(dattr.orig_attr.max_qp_wr > 0 && dattr.orig_attr.phys_port_cnt == 1);
+	connect_to(&a, &b);
+	connect_to(&b, &a);
+
+	struct ibv_qp_ex *qx = ibv_qp_to_qp_ex(a.qp);
+	CHECK(qx);
+
+	/* A batch: SEND from an SGE, SEND_WITH_IMM of inline data, RDMA WRITE, FETCH_ADD. */
+	struct ibv_sge rsge = { .addr = (uintptr_t)b.buf, .length = 64, .lkey = b.mr->lkey }, rsge2 = rsge;
+	struct ibv_recv_wr rwr = { .wr_id = 100, .sg_list = &rsge, .num_sge = 1 }, rwr2 = rwr, *bad;
+	rsge2.addr += 64;
+	rwr2.wr_id = 101;
+	rwr2.sg_list = &rsge2;
+	CHECK(ibv_post_recv(b.qp, &rwr, &bad) == 0 && ibv_post_recv(b.qp, &rwr2, &bad) == 0);
+	strcpy(a.buf, "via sge");
+	*(uint64_t *)(b.buf + 1024) = 10;
+
+	ibv_wr_start(qx);
+	qx->wr_id = 1;
+	qx->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_send(qx);
+	ibv_wr_set_sge(qx, a.mr->lkey, (uintptr_t)a.buf, 8);
+	qx->wr_id = 2;
+	ibv_wr_send_imm(qx, htobe32(77));
+	ibv_wr_set_inline_data(qx, "inline!", 8);
+	qx->wr_id = 3;
+	ibv_wr_rdma_write(qx, b.mr->rkey, (uintptr_t)b.buf + 512);
+	ibv_wr_set_sge(qx, a.mr->lkey, (uintptr_t)a.buf, 8);
+	qx->wr_id = 4;
+	ibv_wr_atomic_fetch_add(qx, b.mr->rkey, (uintptr_t)b.buf + 1024, 5);
+	ibv_wr_set_sge(qx, a.mr->lkey, (uintptr_t)a.buf + 2048, 8);
+	CHECK(ibv_wr_complete(qx) == 0);
+
+	wait_ex(a.cqx, 1, IBV_WC_SEND, 8);
+	wait_ex(a.cqx, 2, IBV_WC_SEND, 8);
+	wait_ex(a.cqx, 3, IBV_WC_RDMA_WRITE, 8);
+	wait_ex(a.cqx, 4, IBV_WC_FETCH_ADD, 8);
+	{
+		struct ibv_poll_cq_attr attr = { 0 };
+		CHECK(ibv_start_poll(a.cqx, &attr) == ENOENT);
+	}
+	CHECK(strcmp(b.buf, "via sge") == 0 && strcmp(b.buf + 64, "inline!") == 0);
+	CHECK(strcmp(b.buf + 512, "via sge") == 0);
+	CHECK(*(uint64_t *)(a.buf + 2048) == 10 && *(uint64_t *)(b.buf + 1024) == 15);
+	{
+		struct ibv_cq_ex *cx = b.cqx;
+		struct ibv_poll_cq_attr attr = { 0 };
+		CHECK(ibv_start_poll(cx, &attr) == 0 && cx->wr_id == 100);
+		CHECK(ibv_wc_read_opcode(cx) == IBV_WC_RECV && ibv_wc_read_byte_len(cx) == 8);
+		CHECK(ibv_wc_read_qp_num(cx) == b.qp->qp_num);
+		CHECK(ibv_next_poll(cx) == 0 && cx->wr_id == 101);
+		CHECK((ibv_wc_read_wc_flags(cx) & IBV_WC_WITH_IMM) && be32toh(ibv_wc_read_imm_data(cx)) == 77);
+		ibv_end_poll(cx);
+	}
+
+	/* Aborted batches post nothing; an oversized inline batch fails at complete. */
+	ibv_wr_start(qx);
+	qx->wr_id = 9;
+	ibv_wr_send(qx);
+	ibv_wr_set_sge(qx, a.mr->lkey, (uintptr_t)a.buf, 8);
+	ibv_wr_abort(qx);
+	{
+		char big[4096] = { 0 };
+		ibv_wr_start(qx);
+		ibv_wr_send(qx);
+		ibv_wr_set_inline_data(qx, big, sizeof(big));
+		CHECK(ibv_wr_complete(qx) == ENOSPC);
+	}
+	{
+		struct ibv_wc wc;
+		CHECK(ibv_poll_cq(a.cq, 1, &wc) == 0);
+	}
+
+	/* What the emulator cannot do is refused, not faked. */
+	{
+		struct ibv_cq_init_attr_ex ts = { .cqe = 4, .wc_flags = IBV_WC_EX_WITH_COMPLETION_TIMESTAMP };
+		errno = 0;
+		CHECK(ibv_create_cq_ex(a.ctx, &ts) == NULL && errno == EOPNOTSUPP);
+		struct ibv_qp_init_attr_ex bind = {
+			.qp_type = IBV_QPT_RC, .send_cq = a.cq, .recv_cq = a.cq, .pd = a.pd,
+			.cap = { .max_send_wr = 1, .max_recv_wr = 1, .max_send_sge = 1, .max_recv_sge = 1 },
+			.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+			.send_ops_flags = IBV_QP_EX_WITH_BIND_MW,
+		};
+		errno = 0;
+		CHECK(ibv_create_qp_ex(a.ctx, &bind) == NULL && errno == EOPNOTSUPP);
+		struct ibv_qp_init_attr plain = { .send_cq = a.cq, .recv_cq = a.cq, .qp_type = IBV_QPT_RC,
+			.cap = { .max_send_wr = 1, .max_recv_wr = 1, .max_send_sge = 1, .max_recv_sge = 1 } };
+		struct ibv_qp *p;
+		CHECK(p = ibv_create_qp(a.pd, &plain));
+		CHECK(ibv_qp_to_qp_ex(p) == NULL);
+		CHECK(ibv_destroy_qp(p) == 0);
+	}
+	printf("extended ok\n");
+	return 0;
+}
