@@ -319,6 +319,70 @@ fn pingpong_us(iters: usize, events: bool) -> f64 {
     us
 }
 
+/// Compiles `benches/c/cabi.c` against the system headers and runs it on the shim built next to
+/// this binary; returns (8-byte WRITE Mops/s, ping-pong RTT in us) through the C ABI.
+fn cabi(rate_iters: usize, rtt_iters: usize) -> Result<(f64, f64), String> {
+    let exe_dir = std::env::current_exe().map_err(|e| e.to_string())?.parent().unwrap().to_path_buf();
+    let lib = exe_dir.join("libibverbs.so");
+    if !lib.exists() {
+        return Err(format!("{} missing: cargo build --release -p rdma-emu-shim", lib.display()));
+    }
+    let shim = exe_dir.join("shim");
+    std::fs::create_dir_all(&shim).map_err(|e| e.to_string())?;
+    let link = shim.join("libibverbs.so.1");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(&lib, &link).map_err(|e| e.to_string())?;
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("c/cabi.c");
+    let bin = exe_dir.join("cabi-bench");
+    let cc = std::process::Command::new("cc")
+        .args(["-O2", "-pthread", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .arg("-libverbs")
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !cc.status.success() {
+        return Err(String::from_utf8_lossy(&cc.stderr).into_owned());
+    }
+    let out = std::process::Command::new(&bin)
+        .args([rate_iters.to_string(), rtt_iters.to_string()])
+        .env("LD_LIBRARY_PATH", &shim)
+        .output()
+        .map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let get = |k: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(k).and_then(|v| v.trim().parse::<f64>().ok()))
+            .ok_or(format!("no {k} in {text}"))
+    };
+    Ok((get("mops")?, get("rtt_us")?))
+}
+
+/// G3b (C-ABI message rate against the lock-free model) and G6 (C-ABI ping-pong RTT against the
+/// Rust API's, both measured here).
+fn g3b_and_g6(o: &Opts) -> Result<Vec<Row>, String> {
+    let (rate_iters, rtt_iters) = if o.quick { (200_000, 20_000) } else { (1_000_000, 100_000) };
+    let mk = |goal, what: &str, unit, higher_better, target| Row {
+        goal,
+        what: what.to_string(),
+        unit,
+        higher_better,
+        target,
+        emu: vec![],
+        base: vec![],
+    };
+    let mut g3b = mk("G3b", "8 B WRITE, post 1 + poll 1, C ABI", "Mops/s", true, ">= 0.12x");
+    let mut g6 = mk("G6", "ping-pong RTT, C ABI (baseline: Rust API)", "us", false, "<= 1.15x");
+    for _ in 0..o.samples {
+        g3b.base.push(baseline::lockfree_model_mops(rate_iters));
+        let (mops, rtt) = cabi(rate_iters, rtt_iters)?;
+        g3b.emu.push(mops);
+        g6.emu.push(rtt);
+        g6.base.push(pingpong_us(rtt_iters, false));
+    }
+    Ok(vec![g3b, g6])
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
@@ -350,6 +414,12 @@ fn main() {
     }
     if want("G5") {
         g5(&o).print();
+    }
+    if want("G3b") || want("G6") {
+        match g3b_and_g6(&o) {
+            Ok(rows) => rows.iter().for_each(Row::print),
+            Err(e) => eprintln!("G3b/G6 skipped: {e}"),
+        }
     }
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!("\nsamples per goal: {}; load average at the end: {}", o.samples, load.trim());
