@@ -322,7 +322,8 @@ fn pingpong_us(iters: usize, events: bool) -> f64 {
 /// Compiles `benches/c/cabi.c` against the system headers and runs it on the shim built next to
 /// this binary; returns (8-byte WRITE Mops/s, ping-pong RTT in us) through the C ABI.
 fn cabi(rate_iters: usize, rtt_iters: usize) -> Result<(f64, f64), String> {
-    let exe_dir = std::env::current_exe().map_err(|e| e.to_string())?.parent().unwrap().to_path_buf();
+    let exe_dir =
+        std::env::current_exe().map_err(|e| e.to_string())?.parent().unwrap().to_path_buf();
     let lib = exe_dir.join("libibverbs.so");
     if !lib.exists() {
         return Err(format!("{} missing: cargo build --release -p rdma-emu-shim", lib.display()));

@@ -1,7 +1,7 @@
 //! The objects handed to C: each embeds its `ibv_*` struct first (`#[repr(C)]`), so the
 //! pointer C holds is also the pointer to the whole object, and keeps the emulator handle.
 
-use std::mem::offset_of;
+use std::{any::TypeId, collections::HashMap, mem::offset_of, sync::OnceLock};
 
 use crate::abi::*;
 
@@ -63,13 +63,32 @@ pub(crate) struct ShimQp {
     pub(crate) batch: parking_lot::Mutex<crate::verbs::wr::Batch>,
 }
 
-/// Recovers the object behind a C pointer.
+/// Every object handed to C and not destroyed yet, with its type, so that a destroyed, foreign
+/// or mistyped pointer passed to an exported verb gets `EINVAL` instead of a use-after-free.
+/// (Inline verbs such as `ibv_post_send` read the object before calling us; for those the
+/// application's pointer must be valid, as with every provider.)
+fn live() -> &'static parking_lot::RwLock<HashMap<usize, TypeId>> {
+    static LIVE: OnceLock<parking_lot::RwLock<HashMap<usize, TypeId>>> = OnceLock::new();
+    LIVE.get_or_init(Default::default)
+}
+
+/// Records an object handed to C.
+pub(crate) fn register<S: 'static>(p: *const S) {
+    live().write().insert(p as usize, TypeId::of::<S>());
+}
+
+/// Recovers the object behind a C pointer, if it is a live object of type `S`.
 ///
 /// # Safety
-/// `p` must be NULL or a pointer this library handed out for an object of type `S` that was
-/// not destroyed yet (the verbs contract).
-pub(crate) unsafe fn obj<'a, C, S>(p: *mut C) -> Option<&'a S> {
-    // SAFETY: every S here is #[repr(C)] with its C struct first, so the addresses coincide.
+/// If `p` names a live object of type `S` (as the registry says), the object is not freed while
+/// the returned reference is used: C must not destroy an object while using it (the verbs
+/// contract).
+pub(crate) unsafe fn obj<'a, C, S: 'static>(p: *mut C) -> Option<&'a S> {
+    if live().read().get(&(p as usize)) != Some(&TypeId::of::<S>()) {
+        return None;
+    }
+    // SAFETY: the registry holds only pointers of live, boxed S objects; every S here is
+    // #[repr(C)] with its C struct first, so the C pointer is the object's address.
     unsafe { (p as *const S).as_ref() }
 }
 
@@ -82,20 +101,24 @@ pub(crate) unsafe fn ctx<'a>(p: *mut ibv_context) -> Option<&'a ShimContext> {
         return None;
     }
     let off = offset_of!(ShimContext, vctx) + offset_of!(verbs_context, context);
-    // SAFETY: `p` points at `vctx.context` inside a live ShimContext, `off` bytes in.
-    unsafe { (p.byte_sub(off) as *const ShimContext).as_ref() }
+    let base = (p as usize).wrapping_sub(off) as *mut ShimContext;
+    // SAFETY: checked against the registry inside `obj`.
+    unsafe { obj::<ShimContext, ShimContext>(base) }
 }
 
-/// Boxes an object and returns the pointer C will hold.
-pub(crate) fn leak<S>(s: S) -> *mut S {
-    Box::into_raw(Box::new(s))
+/// Boxes an object, records it as live, and returns the pointer C will hold.
+pub(crate) fn leak<S: 'static>(s: S) -> *mut S {
+    let p = Box::into_raw(Box::new(s));
+    register(p);
+    p
 }
 
-/// Frees an object created by [`leak`].
+/// Forgets and frees an object created by [`leak`].
 ///
 /// # Safety
 /// `p` came from `leak::<S>` and is not used afterwards.
-pub(crate) unsafe fn free<S>(p: *const S) {
+pub(crate) unsafe fn free<S: 'static>(p: *const S) {
+    live().write().remove(&(p as usize));
     // SAFETY: by the caller's contract `p` is a live Box<S> allocation.
     drop(unsafe { Box::from_raw(p as *mut S) });
 }

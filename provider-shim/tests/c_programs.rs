@@ -125,3 +125,10 @@ fn extended_cq_and_qp_api_runs_on_the_shim() {
     let out = run_on_shim(&mut Command::new(&exe));
     assert!(out.contains("extended ok"), "{out}");
 }
+
+#[test]
+fn null_destroyed_and_foreign_handles_get_errnos() {
+    let exe = build("bad_input");
+    let out = run_on_shim(&mut Command::new(&exe));
+    assert!(out.contains("bad_input ok"), "{out}");
+}

@@ -18,7 +18,7 @@ use crate::{
 fn devices() -> &'static [ShimDevice] {
     // Never resized after creation, so the addresses handed to C stay valid.
     static DEVICES: OnceLock<Vec<ShimDevice>> = OnceLock::new();
-    DEVICES.get_or_init(|| {
+    let devs = DEVICES.get_or_init(|| {
         let env = |k: &str| std::env::var(k).ok();
         let cfg = FabricConfig {
             devices: env("RDMA_EMU_DEVICES").and_then(|v| v.parse().ok()).unwrap_or(2),
@@ -49,7 +49,10 @@ fn devices() -> &'static [ShimDevice] {
                 ShimDevice { dev, emu }
             })
             .collect()
-    })
+    });
+    static REGISTERED: std::sync::Once = std::sync::Once::new();
+    REGISTERED.call_once(|| devs.iter().for_each(|d| register(d as *const ShimDevice)));
+    devs
 }
 
 fn copy_str(dst: &mut [c_char], s: &str) {

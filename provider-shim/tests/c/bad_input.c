@@ -1,0 +1,65 @@
+/* NULL, destroyed and foreign handles passed to exported verbs give an errno (or NULL with
+ * errno), never a crash. Prints "ok". */
+#include "common.h"
+
+int main(void)
+{
+	int n;
+	struct ibv_device **list = ibv_get_device_list(&n);
+	struct side a = { 0 };
+	char junk[256] = { 0 };
+	struct ibv_async_event ev;
+
+	CHECK(list && n >= 1);
+	setup(&a, list[0]);
+
+	/* NULL pointers. */
+	errno = 0;
+	CHECK(ibv_alloc_pd(NULL) == NULL && errno == EINVAL);
+	errno = 0;
+	CHECK(ibv_reg_mr(NULL, a.buf, 64, IBV_ACCESS_LOCAL_WRITE) == NULL && errno == EINVAL);
+	errno = 0;
+	CHECK(ibv_create_qp(a.pd, NULL) == NULL && errno == EINVAL);
+	errno = 0;
+	CHECK(ibv_create_cq(NULL, 4, NULL, NULL, 0) == NULL && errno == EINVAL);
+	CHECK(ibv_modify_qp(NULL, NULL, IBV_QP_STATE) == EINVAL);
+	CHECK(ibv_query_device(a.ctx, NULL) == EINVAL);
+	CHECK(ibv_get_device_name(NULL) == NULL);
+	CHECK(ibv_get_async_event(a.ctx, NULL) == -1 && errno == EINVAL);
+	CHECK(ibv_dealloc_pd(NULL) == EINVAL && ibv_dereg_mr(NULL) == EINVAL);
+	CHECK(ibv_destroy_cq(NULL) == EINVAL && ibv_destroy_qp(NULL) == EINVAL);
+
+	/* Foreign pointers: memory this library never handed out. */
+	CHECK(ibv_dealloc_pd((struct ibv_pd *)junk) == EINVAL);
+	CHECK(ibv_destroy_cq((struct ibv_cq *)junk) == EINVAL);
+	CHECK(ibv_close_device((struct ibv_context *)junk) == EINVAL);
+	/* A handle of the wrong type. */
+	CHECK(ibv_dealloc_pd((struct ibv_pd *)a.mr) == EINVAL);
+	CHECK(ibv_dereg_mr(a.mr) == 0);
+
+	/* Destroyed handles. */
+	CHECK(ibv_dereg_mr(a.mr) == EINVAL);
+	CHECK(ibv_destroy_qp(a.qp) == 0);
+	CHECK(ibv_destroy_qp(a.qp) == EINVAL);
+	{
+		struct ibv_qp_attr attr = { .qp_state = IBV_QPS_INIT };
+		CHECK(ibv_modify_qp(a.qp, &attr, IBV_QP_STATE) == EINVAL);
+	}
+	CHECK(ibv_destroy_cq(a.cq) == 0);
+	CHECK(ibv_destroy_cq(a.cq) == EINVAL);
+	CHECK(ibv_destroy_comp_channel(a.ch) == 0);
+	CHECK(ibv_destroy_comp_channel(a.ch) == EINVAL);
+	{
+		struct ibv_cq *cq;
+		void *cq_ctx;
+		CHECK(ibv_get_cq_event(a.ch, &cq, &cq_ctx) == -1 && errno == EINVAL);
+	}
+	CHECK(ibv_dealloc_pd(a.pd) == 0);
+	CHECK(ibv_dealloc_pd(a.pd) == EINVAL);
+	CHECK(ibv_close_device(a.ctx) == 0);
+	CHECK(ibv_close_device(a.ctx) == EINVAL);
+	CHECK(ibv_get_async_event(a.ctx, &ev) == -1 && errno == EINVAL);
+	ibv_free_device_list(list);
+	printf("bad_input ok\n");
+	return 0;
+}
