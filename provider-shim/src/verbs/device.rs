@@ -494,3 +494,21 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_dontfork_range() -> c_int {
 pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_dofork_range() -> c_int {
     0
 }
+
+/// `ibv_get_pkey_index(context, port_num, pkey)`: the index of `pkey` (network order) in the
+/// port's P_Key table, or -1.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_get_pkey_index(
+    c: *mut ibv_context,
+    port: u8,
+    pkey: u16,
+) -> c_int {
+    ffi!(-1, {
+        // SAFETY: NULL or a live context.
+        let Some(s) = (unsafe { ctx(c) }) else { return -1 };
+        let dev = s.emu.device();
+        let len = dev.query_port(port).map(|p| p.pkey_tbl_len).unwrap_or(0);
+        (0..len)
+            .find(|&i| dev.query_pkey(port, i).ok() == Some(u16::from_be(pkey)))
+            .map_or(-1, |i| i as c_int)
+    })
+}

@@ -132,3 +132,79 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_dereg_mr(mr: *mut ibv_mr) -> 
         }
     })
 }
+
+/// `enum ibv_rereg_mr_err_code`.
+const IBV_REREG_MR_ERR_INPUT: c_int = -1;
+const IBV_REREG_MR_ERR_CMD: c_int = -4;
+const IBV_REREG_MR_CHANGE_TRANSLATION: c_int = 1;
+const IBV_REREG_MR_CHANGE_PD: c_int = 2;
+const IBV_REREG_MR_CHANGE_ACCESS: c_int = 4;
+
+/// `ibv_rereg_mr(mr, flags, pd, addr, length, access)`: changes the PD and/or the access flags
+/// (keys unchanged). A new translation is not supported (`EOPNOTSUPP`), nor is rereg at all in
+/// the rxe profile, as rdma-core answers for rxe. Returns 0 or an `IBV_REREG_MR_ERR_*` code
+/// with `errno` set.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_rereg_mr(
+    mr: *mut ibv_mr,
+    flags: c_int,
+    pd: *mut ibv_pd,
+    _addr: *mut c_void,
+    _length: usize,
+    access: c_int,
+) -> c_int {
+    ffi!(IBV_REREG_MR_ERR_CMD, {
+        let all =
+            IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD | IBV_REREG_MR_CHANGE_ACCESS;
+        // SAFETY: NULL or a live MR.
+        let Some(s) = (unsafe { obj::<_, ShimMr>(mr) }) else {
+            set_errno(libc::EINVAL);
+            return IBV_REREG_MR_ERR_INPUT;
+        };
+        if flags == 0 || flags & !all != 0 {
+            set_errno(libc::EINVAL);
+            return IBV_REREG_MR_ERR_INPUT;
+        }
+        if flags & IBV_REREG_MR_CHANGE_TRANSLATION != 0 {
+            set_errno(libc::EOPNOTSUPP);
+            return IBV_REREG_MR_ERR_INPUT;
+        }
+        let new_pd = if flags & IBV_REREG_MR_CHANGE_PD != 0 {
+            // SAFETY: NULL or a live PD.
+            match unsafe { obj::<_, ShimPd>(pd) } {
+                Some(p) => Some(p),
+                None => {
+                    set_errno(libc::EINVAL);
+                    return IBV_REREG_MR_ERR_INPUT;
+                }
+            }
+        } else {
+            None
+        };
+        let acc = AccessFlags::from_bits_retain(access as u32 & !IBV_ACCESS_OPTIONAL_RANGE);
+        let what = match (new_pd, flags & IBV_REREG_MR_CHANGE_ACCESS != 0) {
+            (Some(p), true) => rdma_emu::Rereg::PdAndAccess(&p.emu, acc),
+            (Some(p), false) => rdma_emu::Rereg::Pd(&p.emu),
+            (None, _) => rdma_emu::Rereg::Access(acc),
+        };
+        match s.emu.rereg(what) {
+            Ok(()) => {
+                // SAFETY: `mr` is a live ShimMr; C reads these fields after the call.
+                unsafe {
+                    if new_pd.is_some() {
+                        (*mr).pd = pd;
+                    }
+                    (*mr).rkey = s.emu.rkey();
+                }
+                0
+            }
+            Err(e) if e.errno() == rdma_emu::Errno::EOPNOTSUPP => {
+                set_errno(libc::EOPNOTSUPP);
+                IBV_REREG_MR_ERR_INPUT
+            }
+            Err(e) => {
+                set_errno(e.errno().raw());
+                IBV_REREG_MR_ERR_CMD
+            }
+        }
+    })
+}

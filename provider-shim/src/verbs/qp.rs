@@ -454,3 +454,13 @@ pub(crate) unsafe extern "C" fn post_recv(
         0
     })
 }
+
+/// `ibv_query_qp_data_in_order(qp, op, flags)`: 0, no in-order placement promise (what rxe
+/// reports; the flag is an optimisation hint, so 0 is always correct).
+pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_query_qp_data_in_order(
+    _qp: *mut ibv_qp,
+    _op: u32,
+    _flags: u32,
+) -> c_int {
+    0
+}
