@@ -103,6 +103,13 @@ fn new_cq(
         cq.read_slid = Some(read_slid);
         cq.read_sl = Some(read_sl);
         cq.read_dlid_path_bits = Some(read_dlid_path_bits);
+        // Fields a CQ cannot be created with (create_cq_ex refuses those wc_flags); the slots
+        // still answer, with 0, so that no call through them can crash.
+        cq.read_completion_ts = Some(read_zero_u64);
+        cq.read_completion_wallclock_ns = Some(read_zero_u64);
+        cq.read_cvlan = Some(read_zero_u16);
+        cq.read_flow_tag = Some(read_zero_u32);
+        cq.read_tm_info = Some(read_tm_info);
         let p = leak(ShimCq { cq, emu, cur: Default::default() });
         // SAFETY: p is ours and not shared yet.
         unsafe {
@@ -208,6 +215,21 @@ unsafe extern "C" fn read_sl(cq: *mut ibv_cq_ex) -> u8 {
 }
 unsafe extern "C" fn read_dlid_path_bits(cq: *mut ibv_cq_ex) -> u8 {
     cur(cq).dlid_path_bits
+}
+unsafe extern "C" fn read_zero_u64(_cq: *mut ibv_cq_ex) -> u64 {
+    0
+}
+unsafe extern "C" fn read_zero_u32(_cq: *mut ibv_cq_ex) -> u32 {
+    0
+}
+unsafe extern "C" fn read_zero_u16(_cq: *mut ibv_cq_ex) -> u16 {
+    0
+}
+unsafe extern "C" fn read_tm_info(_cq: *mut ibv_cq_ex, info: *mut c_void) {
+    if !info.is_null() {
+        // SAFETY: the caller passes a writable struct ibv_wc_tm_info (16 bytes).
+        unsafe { ptr::write_bytes(info as *mut u8, 0, 16) };
+    }
 }
 
 /// `ibv_destroy_cq(cq)`: `EBUSY` while a QP uses it; waits for acknowledged events.

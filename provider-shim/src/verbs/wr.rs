@@ -46,6 +46,58 @@ pub(crate) fn fill(q: &mut ibv_qp_ex) {
     q.wr_set_sge_list = Some(wr_set_sge_list);
     q.wr_set_inline_data = Some(wr_set_inline_data);
     q.wr_set_inline_data_list = Some(wr_set_inline_data_list);
+    // Operations of features not implemented yet: the batch fails with EOPNOTSUPP at
+    // wr_complete (inline callers invoke these slots unconditionally, so none may be NULL).
+    q.wr_bind_mw = Some(wr_bind_mw);
+    q.wr_local_inv = Some(wr_local_inv);
+    q.wr_send_inv = Some(wr_send_inv);
+    q.wr_send_tso = Some(wr_send_tso);
+    q.wr_set_ud_addr = Some(wr_set_ud_addr);
+    q.wr_set_xrc_srqn = Some(wr_set_xrc_srqn);
+    q.wr_atomic_write = Some(wr_atomic_write);
+}
+
+/// Marks the batch failed with `EOPNOTSUPP`.
+fn unsupported(qp: *mut ibv_qp_ex) {
+    ffi!((), {
+        with(qp, |_, b| {
+            if b.err == 0 {
+                b.err = libc::EOPNOTSUPP;
+            }
+        })
+    })
+}
+
+unsafe extern "C" fn wr_bind_mw(
+    qp: *mut ibv_qp_ex,
+    _mw: *mut c_void,
+    _rkey: u32,
+    _info: *const c_void,
+) {
+    unsupported(qp);
+}
+unsafe extern "C" fn wr_local_inv(qp: *mut ibv_qp_ex, _rkey: u32) {
+    unsupported(qp);
+}
+unsafe extern "C" fn wr_send_inv(qp: *mut ibv_qp_ex, _rkey: u32) {
+    unsupported(qp);
+}
+unsafe extern "C" fn wr_send_tso(qp: *mut ibv_qp_ex, _hdr: *mut c_void, _hdr_sz: u16, _mss: u16) {
+    unsupported(qp);
+}
+unsafe extern "C" fn wr_set_ud_addr(qp: *mut ibv_qp_ex, _ah: *mut c_void, _qpn: u32, _qkey: u32) {
+    unsupported(qp);
+}
+unsafe extern "C" fn wr_set_xrc_srqn(qp: *mut ibv_qp_ex, _srqn: u32) {
+    unsupported(qp);
+}
+unsafe extern "C" fn wr_atomic_write(
+    qp: *mut ibv_qp_ex,
+    _rkey: u32,
+    _addr: u64,
+    _data: *const c_void,
+) {
+    unsupported(qp);
 }
 
 /// Runs `f` on the QP's batch.

@@ -120,9 +120,27 @@ int main(void)
 		ibv_wr_set_inline_data(qx, big, sizeof(big));
 		CHECK(ibv_wr_complete(qx) == ENOSPC);
 	}
+	/* An operation of a feature not implemented yet fails the batch, it does not crash. */
+	ibv_wr_start(qx);
+	ibv_wr_local_inv(qx, 1234);
+	CHECK(ibv_wr_complete(qx) == EOPNOTSUPP);
 	{
 		struct ibv_wc wc;
 		CHECK(ibv_poll_cq(a.cq, 1, &wc) == 0);
+	}
+	/* The other queries of the device. */
+	{
+		struct ibv_gid_entry e, table[8];
+		CHECK(ibv_get_device_index(list[1]) == 1);
+		CHECK(ibv_query_gid_ex(a.ctx, 1, 0, &e, 0) == 0 && e.gid_index == 0 && e.port_num == 1);
+		CHECK(memcmp(&e.gid, &a.gid, 16) == 0);
+		CHECK(ibv_query_gid_ex(a.ctx, 1, 5, &e, 0) == ENODATA);
+		ssize_t k = ibv_query_gid_table(a.ctx, table, 8, 0);
+		CHECK(k >= 1 && memcmp(&table[0].gid, &a.gid, 16) == 0);
+		CHECK(ibv_query_gid_table(a.ctx, table, 0, 0) < 0);
+		struct ibv_mr *m = ibv_reg_mr_iova2(a.pd, a.buf, 64, 0x10000, IBV_ACCESS_LOCAL_WRITE);
+		CHECK(m && m->addr == a.buf && m->length == 64);
+		CHECK(ibv_dereg_mr(m) == 0);
 	}
 
 	/* What the emulator cannot do is refused, not faked. */
