@@ -127,8 +127,8 @@ fn pair(len: usize) -> Pair {
     };
     let (a, b) = (mk(&devs[0]), mk(&devs[1]));
     let p = RcParams::default();
-    a.qp.connect_rc(1, &b.qp.endpoint(2), &p).unwrap();
-    b.qp.connect_rc(2, &a.qp.endpoint(1), &p).unwrap();
+    a.qp.connect(1, &b.qp.endpoint(2), &p).unwrap();
+    b.qp.connect(2, &a.qp.endpoint(1), &p).unwrap();
     Pair { _f: f, a, b }
 }
 

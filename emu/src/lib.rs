@@ -1,7 +1,7 @@
 //! # rdma-emu: a software-emulated RDMA verbs provider
 //!
 //! Devices, protection domains, memory regions, completion queues, completion channels, async
-//! events and RC queue pairs with a real transport (PSNs, ACK/NAK, RNR and retransmission
+//! events, UC queue pairs, and RC queue pairs with a real transport (PSNs, ACK/NAK, RNR and retransmission
 //! timers, READ/atomic responder resources), on a fabric that lives in this process. No NIC, no
 //! kernel module, no root.
 //!

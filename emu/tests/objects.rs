@@ -311,8 +311,8 @@ fn several_ports_per_device_route_by_lid_and_gid() {
     let c = node_on(&devs[0], 4096);
     let p2 = RcParams { port_num: 2, ..Default::default() };
     let p1 = RcParams::default();
-    a.qp.connect_rc(1, &b.qp.endpoint_on(2, 2).unwrap(), &p2).unwrap();
-    b.qp.connect_rc(2, &a.qp.endpoint_on(2, 1).unwrap(), &p2).unwrap();
+    a.qp.connect(1, &b.qp.endpoint_on(2, 2).unwrap(), &p2).unwrap();
+    b.qp.connect(2, &a.qp.endpoint_on(2, 1).unwrap(), &p2).unwrap();
     a.mr.write(0, b"port2").unwrap();
     a.qp.post_send(&SendWr::write(1, &[sge(&a.mr, 0, 5)], b.mr.addr(), b.mr.rkey()).signaled())
         .unwrap();
@@ -327,8 +327,8 @@ fn several_ports_per_device_route_by_lid_and_gid() {
     // A peer that addresses the wrong port of C's device never reaches C.
     let d = node_on(&devs[1], 4096);
     let pd = RcParams { timeout: 1, retry_cnt: 1, ..Default::default() };
-    d.qp.connect_rc(3, &c.qp.endpoint_on(2, 4).unwrap(), &pd).unwrap();
-    c.qp.connect_rc(4, &d.qp.endpoint(3), &p1).unwrap(); // C is on port 1
+    d.qp.connect(3, &c.qp.endpoint_on(2, 4).unwrap(), &pd).unwrap();
+    c.qp.connect(4, &d.qp.endpoint(3), &p1).unwrap(); // C is on port 1
     d.qp.post_send(&SendWr::write(3, &[sge(&d.mr, 0, 4)], c.mr.addr(), c.mr.rkey())).unwrap();
     assert_eq!(wait1(&d.cq).status, WcStatus::RETRY_EXC_ERR);
 }

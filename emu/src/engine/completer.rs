@@ -103,7 +103,7 @@ fn ack_through(qp: &Arc<QpShared>, g: &mut QpInner, psn: u32) {
 }
 
 /// Completes the tail WQE successfully and records forward progress.
-fn complete_ok(qp: &QpShared, g: &mut QpInner) {
+pub(crate) fn complete_ok(qp: &QpShared, g: &mut QpInner) {
     let tail = g.sq.tail;
     let w = g.sq.ring.at(tail);
     if w.is_read_or_atomic() {

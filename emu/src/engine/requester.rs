@@ -12,7 +12,7 @@ use super::{
 use crate::{
     error::{Errno, Error, Result, einval},
     qp::{QpInner, QpShared, SendWr},
-    types::{EventType, QpState, SendFlags, WcStatus, WrOpcode},
+    types::{EventType, QpState, QpType, SendFlags, WcStatus, WrOpcode},
 };
 
 #[derive(Debug, Default)]
@@ -68,6 +68,17 @@ pub(crate) fn post(qp: &QpShared, g: &mut QpInner, wr: &SendWr<'_>) -> Result<()
             return Err(Error::new(Errno::EOPNOTSUPP, "opcode not implemented yet"));
         }
         _ => return Err(einval("invalid opcode")),
+    }
+    if qp.qp_type == QpType::UC
+        && !matches!(
+            wr.opcode,
+            WrOpcode::SEND
+                | WrOpcode::SEND_WITH_IMM
+                | WrOpcode::RDMA_WRITE
+                | WrOpcode::RDMA_WRITE_WITH_IMM
+        )
+    {
+        return Err(einval("UC carries only SEND and RDMA WRITE"));
     }
     let inline = wr.send_flags.contains(SendFlags::INLINE);
     let length: u64 = if inline {
@@ -167,6 +178,10 @@ pub(crate) fn run(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>) -> 
                 }
                 sent = true;
                 drv.send(&mut g.route, pkt);
+                if qp.qp_type == QpType::UC {
+                    // Unreliable: the WR is complete once its message is on the wire.
+                    completer::complete_ok(qp, g);
+                }
             }
             Err(status) => {
                 completer::fail_wqe(qp, g, idx, status);

@@ -15,7 +15,7 @@ use crate::{
     error::{Errno, Error, Result, einval},
     mem::{MemFault, MemRegion},
     qp::{QpInner, QpShared, RecvWr},
-    types::{AccessFlags, EventType, QpState, WcFlags, WcOpcode, WcStatus},
+    types::{AccessFlags, EventType, QpState, QpType, WcFlags, WcOpcode, WcStatus},
 };
 
 /// What a READ request asked for.
@@ -93,6 +93,17 @@ pub(crate) fn receive(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mu
     {
         return;
     }
+    if !reliable(qp) {
+        // UC: no ACKs, no retransmissions; a gap means earlier messages were lost, and the
+        // responder simply takes the next message (IBA 9.8.3).
+        g.resp.epsn = pkt.psn;
+        match pkt.kind {
+            Kind::Send => send(qp, g, pkt, drv),
+            Kind::Write => write(qp, g, pkt, drv),
+            _ => {} // UC carries no READ or atomic
+        }
+        return;
+    }
     let d = psn_diff(pkt.psn, g.resp.epsn);
     if d > 0 {
         if !g.resp.nak_seq_sent {
@@ -138,8 +149,16 @@ fn advance(g: &mut QpInner, pkt: &Packet) {
     g.resp.msn = g.resp.msn.wrapping_add(1) & super::PSN_MASK;
 }
 
-fn ack(g: &mut QpInner, pkt: &Packet, drv: &mut Driver<'_>) {
+/// RC answers with ACKs, NAKs and RNR NAKs; UC never answers.
+fn reliable(qp: &QpShared) -> bool {
+    qp.qp_type == QpType::RC
+}
+
+fn ack(qp: &QpShared, g: &mut QpInner, pkt: &Packet, drv: &mut Driver<'_>) {
     advance(g, pkt);
+    if !reliable(qp) {
+        return;
+    }
     let last = psn_add(pkt.psn, pkt.npkts - 1);
     let r = reply(g, pkt, Kind::Ack, last, Syndrome::Ack);
     drv.send(&mut g.route, r);
@@ -155,6 +174,20 @@ fn fail(
     recv_status: Option<WcStatus>,
     drv: &mut Driver<'_>,
 ) {
+    if !reliable(qp) {
+        // UC (IBA 9.8.3): a bad rkey drops the message silently; a receive that cannot take
+        // the message completes in error and the QP goes to ERR (as rxe).
+        if code == NakCode::RemoteAccessError {
+            return;
+        }
+        if let Some(status) = recv_status {
+            if let Some(wr_id) = take_recv(g) {
+                let _ = qp.recv_cq.push(wc(qp, wr_id, status), true);
+            }
+        }
+        enter_error(qp, g);
+        return;
+    }
     let r = reply(g, pkt, Kind::Ack, pkt.psn, Syndrome::Nak(code));
     drv.send(&mut g.route, r);
     if let Some(status) = recv_status {
@@ -180,7 +213,10 @@ fn take_recv(g: &mut QpInner) -> Option<u64> {
     })
 }
 
-fn rnr(g: &mut QpInner, pkt: &Packet, drv: &mut Driver<'_>) {
+fn rnr(qp: &QpShared, g: &mut QpInner, pkt: &Packet, drv: &mut Driver<'_>) {
+    if !reliable(qp) {
+        return; // UC: no receive posted, the message is dropped
+    }
     let t = g.attr.min_rnr_timer;
     let r = reply(g, pkt, Kind::Ack, pkt.psn, Syndrome::Rnr(t));
     drv.send(&mut g.route, r);
@@ -211,7 +247,7 @@ fn complete_recv(qp: &Arc<QpShared>, g: &mut QpInner, pkt: &Packet, opcode: WcOp
 
 fn send(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>) {
     if g.rq.len() == 0 {
-        rnr(g, &pkt, drv);
+        rnr(qp, g, &pkt, drv);
         return;
     }
     let sges = std::mem::take(&mut g.rq.ring.at_mut(g.rq.tail).sges);
@@ -220,7 +256,7 @@ fn send(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>) 
     match res {
         Ok(()) => {
             complete_recv(qp, g, &pkt, WcOpcode::RECV);
-            ack(g, &pkt, drv);
+            ack(qp, g, &pkt, drv);
         }
         // IBA 9.7.5.2.2: a message longer than the receive buffer is a Local Length Error on
         // the responder and an Invalid Request for the requester.
@@ -260,7 +296,7 @@ fn write(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>)
     }
     let with_imm = pkt.imm.is_some();
     if with_imm && g.rq.len() == 0 {
-        rnr(g, &pkt, drv);
+        rnr(qp, g, &pkt, drv);
         return;
     }
     let recv_status = with_imm.then_some(WcStatus::REM_ACCESS_ERR);
@@ -277,7 +313,7 @@ fn write(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>)
     if with_imm {
         complete_recv(qp, g, &pkt, WcOpcode::RECV_RDMA_WITH_IMM);
     }
-    ack(g, &pkt, drv);
+    ack(qp, g, &pkt, drv);
 }
 
 fn remember(g: &mut QpInner, r: Replay) {

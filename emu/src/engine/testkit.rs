@@ -46,8 +46,8 @@ pub(crate) fn pair() -> (Fabric, Side, Side) {
         Side { qp, mr, cq }
     };
     let (a, b) = (mk(&devs[0]), mk(&devs[1]));
-    a.qp.connect_rc(100, &b.qp.endpoint(200), &RcParams::default()).unwrap();
-    b.qp.connect_rc(200, &a.qp.endpoint(100), &RcParams::default()).unwrap();
+    a.qp.connect(100, &b.qp.endpoint(200), &RcParams::default()).unwrap();
+    b.qp.connect(200, &a.qp.endpoint(100), &RcParams::default()).unwrap();
     (f, a, b)
 }
 

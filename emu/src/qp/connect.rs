@@ -4,7 +4,7 @@
 use super::{Qp, QpAttr};
 use crate::{
     error::Result,
-    types::{AccessFlags, AhAttr, Gid, LinkLayer, Mtu, QpAttrMask as M, QpState},
+    types::{AccessFlags, AhAttr, Gid, LinkLayer, Mtu, QpAttrMask as M, QpState, QpType},
 };
 
 /// What a peer must learn about a QP to connect to it (what programs exchange over TCP).
@@ -69,9 +69,11 @@ impl Qp {
         Ok(Endpoint { qpn: self.0.qpn, lid, gid, psn })
     }
 
-    /// Moves a RESET RC QP to RTS, connected to `remote`; `local_psn` is this side's first
-    /// send PSN (the one its `endpoint` advertised).
-    pub fn connect_rc(&self, local_psn: u32, remote: &Endpoint, p: &RcParams) -> Result<()> {
+    /// Moves a RESET RC or UC QP to RTS, connected to `remote`; `local_psn` is this side's
+    /// first send PSN (the one its `endpoint` advertised). UC takes only the attributes its
+    /// transitions allow (no RDMA-read, RNR or retry settings).
+    pub fn connect(&self, local_psn: u32, remote: &Endpoint, p: &RcParams) -> Result<()> {
+        let rc = self.qp_type() == QpType::RC;
         let link = self.0.ctx.device.port(p.port_num)?.attr.lock().link_layer;
         let init = QpAttr {
             qp_state: QpState::INIT,
@@ -101,16 +103,9 @@ impl Qp {
             ah_attr,
             ..Default::default()
         };
-        self.modify(
-            &rtr,
-            M::STATE
-                | M::AV
-                | M::PATH_MTU
-                | M::DEST_QPN
-                | M::RQ_PSN
-                | M::MAX_DEST_RD_ATOMIC
-                | M::MIN_RNR_TIMER,
-        )?;
+        let rtr_mask = M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN;
+        let rtr_rc = M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER;
+        self.modify(&rtr, if rc { rtr_mask | rtr_rc } else { rtr_mask })?;
         let rts = QpAttr {
             qp_state: QpState::RTS,
             sq_psn: local_psn,
@@ -120,9 +115,7 @@ impl Qp {
             max_rd_atomic: p.max_rd_atomic,
             ..Default::default()
         };
-        self.modify(
-            &rts,
-            M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
-        )
+        let rts_rc = M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC;
+        self.modify(&rts, if rc { M::STATE | M::SQ_PSN | rts_rc } else { M::STATE | M::SQ_PSN })
     }
 }

@@ -199,8 +199,8 @@ impl Qp {
         let ctx = &pd.0.ctx;
         let dev = &ctx.device;
         match init.qp_type {
-            QpType::RC => {}
-            QpType::UC | QpType::UD | QpType::XRC_SEND | QpType::XRC_RECV | QpType::RAW_PACKET => {
+            QpType::RC | QpType::UC => {}
+            QpType::UD | QpType::XRC_SEND | QpType::XRC_RECV | QpType::RAW_PACKET => {
                 return Err(Error::new(Errno::EOPNOTSUPP, "QP type not implemented yet"));
             }
             _ => return Err(einval("unknown QP type")),

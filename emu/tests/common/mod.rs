@@ -46,8 +46,8 @@ pub fn node_on(dev: &Device, mr_len: usize) -> Node {
 }
 
 pub fn connect(a: &Qp, b: &Qp, pa: &RcParams, pb: &RcParams) {
-    a.connect_rc(0x10, &b.endpoint(0x20), pa).unwrap();
-    b.connect_rc(0x20, &a.endpoint(0x10), pb).unwrap();
+    a.connect(0x10, &b.endpoint(0x20), pa).unwrap();
+    b.connect(0x20, &a.endpoint(0x10), pb).unwrap();
 }
 
 /// Two nodes on two devices of one fabric, connected with default parameters.

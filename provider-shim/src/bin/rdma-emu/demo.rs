@@ -74,8 +74,8 @@ pub fn run() -> Result<()> {
     let a = node(&devs[0])?;
     let b = node(&devs[1])?;
     let params = RcParams::default();
-    a.qp.connect_rc(0x100, &b.qp.endpoint(0x200), &params)?;
-    b.qp.connect_rc(0x200, &a.qp.endpoint(0x100), &params)?;
+    a.qp.connect(0x100, &b.qp.endpoint(0x200), &params)?;
+    b.qp.connect(0x200, &a.qp.endpoint(0x100), &params)?;
     println!(
         "connected RC QP {:#x} on {} <-> QP {:#x} on {} ({:?} / {:?})",
         a.qp.qp_num(),

@@ -1,0 +1,111 @@
+//! UC: no ACKs, no retries, no RNR; a WR completes once sent; errors drop the message.
+
+mod common;
+use common::*;
+use rdma_emu::*;
+
+fn uc_pair() -> (Fabric, Node, Node) {
+    let f = Fabric::new(FabricConfig::default());
+    let devs = f.devices();
+    let mk = |d: &Device| {
+        let n = node_on(d, 4096);
+        let qp =
+            n.pd.create_qp(&QpInitAttr {
+                qp_type: QpType::UC,
+                send_cq: &n.cq,
+                recv_cq: &n.cq,
+                cap: cap(16),
+                sq_sig_all: true,
+            })
+            .unwrap();
+        Node { qp, ..n }
+    };
+    let (a, b) = (mk(&devs[0]), mk(&devs[1]));
+    connect(&a.qp, &b.qp, &RcParams::default(), &RcParams::default());
+    (f, a, b)
+}
+
+#[test]
+fn uc_send_and_write_with_imm_deliver() {
+    let (_f, a, b) = uc_pair();
+    assert_eq!((a.qp.qp_type(), a.qp.state()), (QpType::UC, QpState::RTS));
+    a.mr.write(0, b"uc data").unwrap();
+    post_recv(&b.qp, 1, &[sge(&b.mr, 100, 64)]);
+    a.qp.post_send(&SendWr::send(1, &[sge(&a.mr, 0, 7)])).unwrap();
+    assert_eq!((wait1(&a.cq).opcode, wait1(&b.cq).byte_len), (WcOpcode::SEND, 7));
+    post_recv(&b.qp, 2, &[]);
+    a.qp.post_send(
+        &SendWr::write(2, &[sge(&a.mr, 0, 7)], b.mr.addr() + 200, b.mr.rkey()).with_imm(5),
+    )
+    .unwrap();
+    assert_eq!(wait1(&a.cq).status, WcStatus::SUCCESS);
+    let r = wait1(&b.cq);
+    assert_eq!((r.opcode, r.imm_data, r.byte_len), (WcOpcode::RECV_RDMA_WITH_IMM, 5, 7));
+    let mut got = [0u8; 7];
+    b.mr.read(200, &mut got).unwrap();
+    assert_eq!(&got, b"uc data");
+}
+
+#[test]
+fn uc_rejects_read_and_atomics_at_post() {
+    let (_f, a, b) = uc_pair();
+    let s = [sge(&a.mr, 0, 8)];
+    for wr in [
+        SendWr::read(1, &s, b.mr.addr(), b.mr.rkey()),
+        SendWr::fetch_add(1, &s, b.mr.addr(), b.mr.rkey(), 1),
+    ] {
+        assert_eq!(a.qp.post_send(&wr).unwrap_err().errno(), Errno::EINVAL);
+    }
+}
+
+#[test]
+fn uc_without_a_receive_drops_the_message_and_carries_on() {
+    let (_f, a, b) = uc_pair();
+    a.qp.post_send(&SendWr::send(1, &[sge(&a.mr, 0, 4)])).unwrap();
+    assert_eq!(wait1(&a.cq).status, WcStatus::SUCCESS, "no RNR on UC: the sender just completes");
+    assert_empty(&b.cq);
+    post_recv(&b.qp, 9, &[sge(&b.mr, 0, 64)]);
+    a.qp.post_send(&SendWr::send(2, &[sge(&a.mr, 0, 4)])).unwrap();
+    wait1(&a.cq);
+    assert_eq!(wait1(&b.cq).wr_id, 9, "the next message arrives");
+}
+
+#[test]
+fn uc_bad_rkey_is_dropped_silently() {
+    let (_f, a, b) = uc_pair();
+    b.mr.write(0, &[7; 8]).unwrap();
+    a.qp.post_send(&SendWr::write(1, &[sge(&a.mr, 100, 8)], b.mr.addr(), b.mr.rkey() ^ 0x100))
+        .unwrap();
+    assert_eq!(wait1(&a.cq).status, WcStatus::SUCCESS);
+    assert_eq!((a.qp.state(), b.qp.state()), (QpState::RTS, QpState::RTS));
+    assert_eq!(b.mr.read_u64(0).unwrap(), u64::from_ne_bytes([7; 8]));
+}
+
+#[test]
+fn uc_too_long_send_fails_the_receive_and_errors_the_receiver() {
+    let (_f, a, b) = uc_pair();
+    post_recv(&b.qp, 3, &[sge(&b.mr, 0, 4)]);
+    a.qp.post_send(&SendWr::send(1, &[sge(&a.mr, 0, 8)])).unwrap();
+    assert_eq!(wait1(&a.cq).status, WcStatus::SUCCESS);
+    let r = wait1(&b.cq);
+    assert_eq!((r.wr_id, r.status), (3, WcStatus::LOC_LEN_ERR));
+    assert_eq!(b.qp.state(), QpState::ERR);
+}
+
+#[test]
+fn uc_to_an_unreachable_peer_completes_without_retries() {
+    let (_f, a, b) = uc_pair();
+    b.qp.modify(&QpAttr { qp_state: QpState::RESET, ..Default::default() }, QpAttrMask::STATE)
+        .unwrap();
+    a.qp.post_send(&SendWr::send(1, &[sge(&a.mr, 0, 4)])).unwrap();
+    assert_eq!(wait1(&a.cq).status, WcStatus::SUCCESS);
+    assert_eq!(a.qp.state(), QpState::RTS);
+}
+
+#[test]
+fn uc_transitions_refuse_rc_only_attributes() {
+    let (_f, a, _b) = uc_pair();
+    let m = QpAttrMask::CUR_STATE | QpAttrMask::MIN_RNR_TIMER;
+    let attr = QpAttr { cur_qp_state: QpState::RTS, ..Default::default() };
+    assert_eq!(a.qp.modify(&attr, m).unwrap_err().errno(), Errno::EINVAL);
+}
