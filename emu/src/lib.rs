@@ -72,6 +72,7 @@ pub use crate::{
     fabric::{Fabric, FabricConfig},
     mem::RawMemory,
     objects::{
+        ah::Ah,
         channel::CompChannel,
         context::{AsyncEvent, Context, EventElement},
         cq::Cq,
@@ -80,6 +81,6 @@ pub use crate::{
         pd::Pd,
     },
     profile::{DeviceAttr, GidEntry, PortAttr, Profile},
-    qp::{Endpoint, Qp, QpAttr, QpCap, QpInitAttr, RcParams, RecvWr, SendWr},
+    qp::{Endpoint, Qp, QpAttr, QpCap, QpInitAttr, RcParams, RecvWr, SendWr, UdDest},
     types::*,
 };

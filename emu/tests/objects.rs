@@ -207,7 +207,7 @@ fn create_qp_validates_caps_and_types() {
     ] {
         assert_eq!(mk(QpType::RC, bad).unwrap_err().errno(), Errno::EINVAL, "{bad:?}");
     }
-    assert_eq!(mk(QpType::UD, ok).unwrap_err().errno(), Errno::EOPNOTSUPP);
+    assert_eq!(mk(QpType::XRC_SEND, ok).unwrap_err().errno(), Errno::EOPNOTSUPP);
     assert_eq!(mk(QpType(77), ok).unwrap_err().errno(), Errno::EINVAL);
     let qp = mk(QpType::RC, QpCap { max_send_sge: 2, max_inline_data: 100, ..ok }).unwrap();
     assert_eq!(qp.cap().max_send_sge, 6, "rxe sizes the WQE for max(sge * 16, inline)");

@@ -42,6 +42,12 @@ pub(crate) struct ShimChannel {
     pub(crate) emu: rdma_emu::CompChannel,
 }
 
+#[repr(C)]
+pub(crate) struct ShimAh {
+    pub(crate) ah: ibv_ah,
+    pub(crate) emu: rdma_emu::Ah,
+}
+
 /// Every CQ is an `ibv_cq_ex` (which starts with `ibv_cq`), so both APIs work on it.
 #[repr(C)]
 pub(crate) struct ShimCq {

@@ -132,3 +132,12 @@ fn null_destroyed_and_foreign_handles_get_errnos() {
     let out = run_on_shim(&mut Command::new(&exe));
     assert!(out.contains("bad_input ok"), "{out}");
 }
+
+#[test]
+fn ud_datagrams_through_the_c_abi() {
+    let exe = build("ud");
+    for profile in ["full", "rxe"] {
+        let out = run_on_shim(Command::new(&exe).env("RDMA_EMU_PROFILE", profile));
+        assert!(out.contains("ud ok"), "{profile}: {out}");
+    }
+}

@@ -128,6 +128,14 @@ pub(crate) fn complete_ok(qp: &QpShared, g: &mut QpInner) {
     g.req.retrans_at = None;
 }
 
+/// Completes the tail WQE with `status` and leaves the QP as it is (a UD send that failed
+/// alone).
+pub(crate) fn complete_err(qp: &QpShared, g: &mut QpInner, status: WcStatus) {
+    let w = g.sq.ring.at(g.sq.tail);
+    let _ = qp.send_cq.push(wc(qp, w.wr_id, status), false);
+    g.sq.tail = g.sq.tail.wrapping_add(1);
+}
+
 /// Completes the WQE at `idx` (the oldest outstanding, or the next to send) with `status`
 /// and moves the QP to ERR, flushing the rest.
 pub(crate) fn fail_wqe(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, status: WcStatus) {

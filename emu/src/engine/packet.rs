@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use crate::mem::MemRegion;
+use crate::{mem::MemRegion, types::Gid};
 
 /// What a message is, at the granularity the engine moves it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -151,6 +151,10 @@ pub(crate) struct Packet {
     pub(crate) msn: u32,
     /// AtomicAckETH: the value the target held before the atomic.
     pub(crate) orig: u64,
+    /// DETH Q_Key (UD).
+    pub(crate) qkey: u32,
+    /// GRH source and destination GIDs (UD; what the receiver finds in its first 40 bytes).
+    pub(crate) grh: Option<Box<(Gid, Gid)>>,
     /// SEND/WRITE: the data. READ request: where the requester wants the data; the responder
     /// places it there when it executes the READ, as a NIC's DMA would, so the data is the
     /// memory as it was at that point of the responder's order.
@@ -180,6 +184,8 @@ impl Packet {
             syndrome: Syndrome::Ack,
             msn: 0,
             orig: 0,
+            qkey: 0,
+            grh: None,
             payload: Payload::None,
         }
     }

@@ -69,6 +69,33 @@ pub(crate) fn post(qp: &QpShared, g: &mut QpInner, wr: &SendWr<'_>) -> Result<()
         }
         _ => return Err(einval("invalid opcode")),
     }
+    let ud = if qp.qp_type == QpType::UD {
+        if !matches!(wr.opcode, WrOpcode::SEND | WrOpcode::SEND_WITH_IMM) {
+            return Err(einval("UD carries only SEND"));
+        }
+        let Some(u) = wr.ud else { return Err(einval("a UD send needs an address handle")) };
+        u.ah.check()?;
+        if !Arc::ptr_eq(&u.ah.0.pd, &qp.pd) {
+            return Err(einval("the address handle belongs to another PD"));
+        }
+        let a = &u.ah.0.attr;
+        let sgid = qp
+            .ctx
+            .device
+            .port(g.attr.port_num)
+            .ok()
+            .and_then(|p| p.gids.iter().find(|e| e.index == a.sgid_index as u32).map(|e| e.gid))
+            .unwrap_or_default();
+        let dest = u.ah.0.dest.unwrap_or((u32::MAX, 0));
+        Some((
+            dest,
+            u.remote_qpn,
+            u.remote_qkey,
+            if a.is_global { Some((sgid, a.dgid)) } else { None },
+        ))
+    } else {
+        None
+    };
     if qp.qp_type == QpType::UC
         && !matches!(
             wr.opcode,
@@ -131,6 +158,7 @@ pub(crate) fn post(qp: &QpShared, g: &mut QpInner, wr: &SendWr<'_>) -> Result<()
     wqe.swap = wr.swap;
     wqe.length = length as u32;
     wqe.status = WcStatus::SUCCESS;
+    wqe.ud = ud;
     sq.head = head.wrapping_add(1);
     Ok(())
 }
@@ -178,10 +206,16 @@ pub(crate) fn run(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>) -> 
                 }
                 sent = true;
                 drv.send(&mut g.route, pkt);
-                if qp.qp_type == QpType::UC {
+                if qp.qp_type != QpType::RC {
                     // Unreliable: the WR is complete once its message is on the wire.
                     completer::complete_ok(qp, g);
                 }
+            }
+            Err(status) if qp.qp_type == QpType::UD => {
+                // A UD send that cannot go (longer than the MTU) fails alone with a local
+                // length error; the QP keeps running.
+                g.sq.next = idx.wrapping_add(1);
+                completer::complete_err(qp, g, status);
             }
             Err(status) => {
                 completer::fail_wqe(qp, g, idx, status);
@@ -196,7 +230,7 @@ pub(crate) fn run(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>) -> 
 fn build(qp: &QpShared, g: &mut QpInner, idx: u32) -> Result<Packet, WcStatus> {
     let mtu = g.mtu;
     let wqe = g.sq.ring.at(idx);
-    if wqe.length > g.port.max_msg_sz {
+    if wqe.length > g.port.max_msg_sz || (wqe.ud.is_some() && wqe.length > g.port.mtu) {
         return Err(WcStatus::LOC_LEN_ERR);
     }
     let (kind, imm) = match wqe.opcode {
@@ -244,8 +278,20 @@ fn build(qp: &QpShared, g: &mut QpInner, idx: u32) -> Result<Packet, WcStatus> {
     pkt.src_qpn = qp.qpn;
     pkt.src_lid = g.port.lid;
     pkt.src_port = g.attr.port_num;
-    (pkt.dst_dev, pkt.dst_port) = g.dest.unwrap_or((u32::MAX, 0));
-    pkt.dst_qpn = g.attr.dest_qp_num;
+    match g.sq.ring.at(idx).ud {
+        Some((dest, qpn, qkey, grh)) => {
+            (pkt.dst_dev, pkt.dst_port) = dest;
+            pkt.dst_qpn = qpn;
+            // A Q_Key with the high bit set means "use the QP's own" (IBA 10.2.5).
+            pkt.qkey = if qkey & 0x8000_0000 != 0 { g.attr.qkey } else { qkey };
+            pkt.grh = grh.map(Box::new);
+            pkt.npkts = 1;
+        }
+        None => {
+            (pkt.dst_dev, pkt.dst_port) = g.dest.unwrap_or((u32::MAX, 0));
+            pkt.dst_qpn = g.attr.dest_qp_num;
+        }
+    }
     pkt.psn = g.req.psn;
     let npkts = pkt.npkts;
     let wqe = g.sq.ring.at_mut(idx);

@@ -6,7 +6,7 @@ use std::{collections::VecDeque, sync::Arc};
 
 use super::{
     Driver, enter_error,
-    packet::{Kind, MemRef, NakCode, Packet, Payload, Syndrome},
+    packet::{Kind, MemRef, NakCode, Packet, Payload, Piece, Syndrome},
     psn_add, psn_diff, raises_qp_errors,
     sgl::{self, SglError},
     wc, wc_ok,
@@ -93,6 +93,10 @@ pub(crate) fn receive(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mu
     {
         return;
     }
+    if qp.qp_type == QpType::UD {
+        ud_receive(qp, g, &pkt);
+        return;
+    }
     if !reliable(qp) {
         // UC: no ACKs, no retransmissions; a gap means earlier messages were lost, and the
         // responder simply takes the next message (IBA 9.8.3).
@@ -147,6 +151,73 @@ fn reply(g: &QpInner, req: &Packet, kind: Kind, psn: u32, syndrome: Syndrome) ->
 fn advance(g: &mut QpInner, pkt: &Packet) {
     g.resp.epsn = psn_add(pkt.psn, pkt.npkts);
     g.resp.msn = g.resp.msn.wrapping_add(1) & super::PSN_MASK;
+}
+
+/// The 40 bytes a UD receive buffer starts with: an IB GRH (IBA 8.3) carrying the source and
+/// destination GIDs (IPVer 6, next header 0x1B).
+fn grh_bytes(sgid: &crate::types::Gid, dgid: &crate::types::Gid, paylen: u32) -> [u8; 40] {
+    let mut h = [0u8; 40];
+    h[0] = 0x60;
+    h[4..6].copy_from_slice(&(paylen.min(u16::MAX as u32) as u16).to_be_bytes());
+    h[6] = 0x1b;
+    h[7] = 64;
+    h[8..24].copy_from_slice(&sgid.0);
+    h[24..40].copy_from_slice(&dgid.0);
+    h
+}
+
+/// A UD datagram: checked against the Q_Key, dropped without a receive, delivered after the
+/// 40-byte GRH area with the sender's QPN in `src_qp` (IBA 9.8.5, 11.4.2).
+fn ud_receive(qp: &Arc<QpShared>, g: &mut QpInner, pkt: &Packet) {
+    if pkt.kind != Kind::Send || pkt.qkey != g.attr.qkey || g.rq.len() == 0 {
+        return;
+    }
+    let total = 40 + pkt.len as usize;
+    let mut data = vec![0u8; total];
+    if let Some(grh) = &pkt.grh {
+        data[..40].copy_from_slice(&grh_bytes(&grh.0, &grh.1, pkt.len));
+    }
+    let mut off = 40;
+    for piece in pkt.payload.pieces() {
+        let n = piece.len();
+        match piece {
+            Piece::Bytes(b) => data[off..off + n].copy_from_slice(b),
+            Piece::Mem(m) => {
+                if m.region.read(m.offset, &mut data[off..off + n]).is_err() {
+                    return;
+                }
+            }
+        }
+        off += n;
+    }
+    let sges = std::mem::take(&mut g.rq.ring.at_mut(g.rq.tail).sges);
+    let res = sgl::scatter(qp, &sges, &Payload::Bytes(data.into_boxed_slice()), total as u32);
+    g.rq.ring.at_mut(g.rq.tail).sges = sges;
+    let wr_id = take_recv(g).expect("checked above");
+    let status = match res {
+        Ok(()) => WcStatus::SUCCESS,
+        Err(SglError::TooLong) => WcStatus::LOC_LEN_ERR,
+        Err(SglError::Protection) => WcStatus::LOC_PROT_ERR,
+    };
+    if status != WcStatus::SUCCESS {
+        let _ = qp.recv_cq.push(wc(qp, wr_id, status), true);
+        enter_error(qp, g);
+        return;
+    }
+    let mut flags = WcFlags::empty();
+    if pkt.grh.is_some() || g.port.roce {
+        flags |= WcFlags::GRH;
+    }
+    if pkt.imm.is_some() {
+        flags |= WcFlags::WITH_IMM;
+    }
+    let mut w = wc_ok(qp, wr_id, WcOpcode::RECV, total as u32, flags);
+    w.imm_data = pkt.imm.unwrap_or(0);
+    w.src_qp = pkt.src_qpn;
+    w.slid = pkt.src_lid;
+    if qp.recv_cq.push(w, pkt.solicited).is_err() {
+        enter_error(qp, g);
+    }
 }
 
 /// RC answers with ACKs, NAKs and RNR NAKs; UC never answers.

@@ -30,6 +30,7 @@ pub(crate) struct ResourceCounts {
     pub(crate) mr: AtomicU32,
     pub(crate) cq: AtomicU32,
     pub(crate) qp: AtomicU32,
+    pub(crate) ah: AtomicU32,
 }
 
 impl ResourceCounts {

@@ -5,6 +5,7 @@
 //! that others still use fails with `EBUSY`, as the kernel's `usecnt` makes it fail; using a
 //! destroyed object fails with `EINVAL`.
 
+pub(crate) mod ah;
 pub(crate) mod channel;
 pub(crate) mod context;
 pub(crate) mod cq;

@@ -55,6 +55,11 @@ impl Pd {
         Mr::register_raw(self, mem, iova, access)
     }
 
+    /// `ibv_create_ah`.
+    pub fn create_ah(&self, attr: &crate::AhAttr) -> Result<super::ah::Ah> {
+        super::ah::Ah::create(self, attr)
+    }
+
     /// `ibv_create_qp`.
     pub fn create_qp(&self, init: &QpInitAttr<'_>) -> Result<Qp> {
         Qp::create(self, init)

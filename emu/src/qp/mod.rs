@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 use self::queue::{RecvQueue, SendQueue};
 pub use self::{
     connect::{Endpoint, RcParams},
-    wr::{RecvWr, SendWr},
+    wr::{RecvWr, SendWr, UdDest},
 };
 use crate::{
     engine::{self, Driver, Route, packet::Packet, requester::Requester, responder::Responder},
@@ -112,6 +112,8 @@ pub(crate) struct PortInfo {
     pub(crate) max_msg_sz: u32,
     /// RoCE: every packet carries a GRH, so receive completions have `IBV_WC_GRH` (as rxe).
     pub(crate) roce: bool,
+    /// Active MTU in bytes (the limit of a UD message).
+    pub(crate) mtu: u32,
 }
 
 #[derive(Debug)]
@@ -186,6 +188,7 @@ impl PortInfo {
             lid: a.lid,
             max_msg_sz: a.max_msg_sz,
             roce: a.link_layer == LinkLayer::ETHERNET,
+            mtu: a.active_mtu.bytes().unwrap_or(256),
         })
     }
 }
@@ -199,8 +202,8 @@ impl Qp {
         let ctx = &pd.0.ctx;
         let dev = &ctx.device;
         match init.qp_type {
-            QpType::RC | QpType::UC => {}
-            QpType::UD | QpType::XRC_SEND | QpType::XRC_RECV | QpType::RAW_PACKET => {
+            QpType::RC | QpType::UC | QpType::UD => {}
+            QpType::XRC_SEND | QpType::XRC_RECV | QpType::RAW_PACKET => {
                 return Err(Error::new(Errno::EOPNOTSUPP, "QP type not implemented yet"));
             }
             _ => return Err(einval("unknown QP type")),

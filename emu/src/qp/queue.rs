@@ -3,6 +3,10 @@
 
 use crate::types::{SendFlags, Sge, WcStatus, WrOpcode};
 
+/// A UD destination captured at post time: (device, port), QPN, Q_Key, and the GRH's
+/// (source, destination) GIDs when the address handle has one.
+pub(crate) type UdTarget = ((u32, u8), u32, u32, Option<(crate::types::Gid, crate::types::Gid)>);
+
 /// A send WQE: the posted request plus what the requester recorded when it transmitted it.
 #[derive(Debug, Default)]
 pub(crate) struct SendWqe {
@@ -25,6 +29,8 @@ pub(crate) struct SendWqe {
     pub(crate) last_psn: u32,
     /// Status to complete with when the WQE is flushed or failed.
     pub(crate) status: WcStatus,
+    /// UD: destination (device, port), QPN and Q_Key, captured at post time.
+    pub(crate) ud: Option<UdTarget>,
 }
 
 impl SendWqe {

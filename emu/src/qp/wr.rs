@@ -21,6 +21,17 @@ pub struct SendWr<'a> {
     /// `compare_add` for both atomics; `swap` for compare-and-swap.
     pub compare_add: u64,
     pub swap: u64,
+    /// UD: where the message goes.
+    pub ud: Option<UdDest<'a>>,
+}
+
+/// The destination of a UD send (`wr.ud` of `struct ibv_send_wr`).
+#[derive(Debug, Clone, Copy)]
+pub struct UdDest<'a> {
+    pub ah: &'a crate::Ah,
+    pub remote_qpn: u32,
+    /// With the high bit set, the QP's own Q_Key is used instead (IBA 10.2.5).
+    pub remote_qkey: u32,
 }
 
 impl<'a> SendWr<'a> {
@@ -89,6 +100,23 @@ impl<'a> SendWr<'a> {
             rkey,
             compare_add: compare,
             swap,
+            ..Default::default()
+        }
+    }
+
+    /// A UD SEND of `sg_list` to `remote_qpn` behind `ah`.
+    pub fn send_ud(
+        wr_id: u64,
+        sg_list: &'a [Sge],
+        ah: &'a crate::Ah,
+        remote_qpn: u32,
+        remote_qkey: u32,
+    ) -> Self {
+        SendWr {
+            wr_id,
+            opcode: WrOpcode::SEND,
+            sg_list,
+            ud: Some(UdDest { ah, remote_qpn, remote_qkey }),
             ..Default::default()
         }
     }

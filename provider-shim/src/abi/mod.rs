@@ -453,6 +453,11 @@ mirrors! {
         alt_timeout: u8,
         rate_limit: u32,
     }
+    ibv_ah = "struct ibv_ah" {
+        context: *mut ibv_context,
+        pd: *mut ibv_pd,
+        handle: u32,
+    }
     /// `element` is the union of cq / qp / srq / wq pointers and `port_num`.
     ibv_async_event = "struct ibv_async_event" {
         element: *mut c_void,
@@ -480,6 +485,18 @@ impl ibv_send_wr {
     /// `wr.atomic.rkey`.
     pub fn atomic_rkey(&self) -> u32 {
         self.wr[3] as u32
+    }
+    /// `wr.ud.ah`.
+    pub fn ud_ah(&self) -> *mut ibv_ah {
+        self.wr[0] as usize as *mut ibv_ah
+    }
+    /// `wr.ud.remote_qpn`.
+    pub fn ud_remote_qpn(&self) -> u32 {
+        self.wr[1] as u32
+    }
+    /// `wr.ud.remote_qkey`.
+    pub fn ud_remote_qkey(&self) -> u32 {
+        (self.wr[1] >> 32) as u32
     }
 }
 

@@ -5,7 +5,7 @@ use std::ptr;
 
 use rdma_emu::{
     AccessFlags, AhAttr, Gid, Mtu, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr,
-    SendFlags, SendWr, Sge, WrOpcode,
+    SendFlags, SendWr, Sge, UdDest, WrOpcode,
 };
 
 use crate::{
@@ -399,6 +399,19 @@ pub(crate) unsafe extern "C" fn post_send(
                     inline_buf.extend_from_slice(bytes);
                 }
             }
+            let ah = if s.emu.qp_type() == QpType::UD {
+                // SAFETY: for UD the application sets wr.ud.ah to one of its address handles.
+                match unsafe { obj::<_, ShimAh>(w.ud_ah()) } {
+                    Some(a) => Some(UdDest {
+                        ah: &a.emu,
+                        remote_qpn: w.ud_remote_qpn(),
+                        remote_qkey: w.ud_remote_qkey(),
+                    }),
+                    None => return fail(wr, libc::EINVAL),
+                }
+            } else {
+                None
+            };
             let ewr = SendWr {
                 wr_id: w.wr_id,
                 opcode,
@@ -410,6 +423,7 @@ pub(crate) unsafe extern "C" fn post_send(
                 rkey: if atomic { w.atomic_rkey() } else { w.rdma_rkey() },
                 compare_add: w.compare_add(),
                 swap: w.swap(),
+                ud: ah,
             };
             if let Err(e) = s.emu.post_send(&ewr) {
                 return fail(wr, e.errno().raw());
@@ -452,6 +466,42 @@ pub(crate) unsafe extern "C" fn post_recv(
             wr = w.next;
         }
         0
+    })
+}
+
+/// `ibv_create_ah(pd, attr)`.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_create_ah(
+    pd: *mut ibv_pd,
+    attr: *mut ibv_ah_attr,
+) -> *mut ibv_ah {
+    ffi!(ptr::null_mut(), {
+        // SAFETY: NULL or a live PD; `attr` NULL or a valid attr.
+        let (Some(p), Some(a)) = (unsafe { obj::<_, ShimPd>(pd) }, unsafe { attr.as_ref() }) else {
+            set_errno(libc::EINVAL);
+            return ptr::null_mut();
+        };
+        match p.emu.create_ah(&ah_from_c(a)) {
+            Ok(emu) => {
+                leak(ShimAh { ah: ibv_ah { context: p.pd.context, pd, handle: 0 }, emu }).cast()
+            }
+            Err(e) => null_with(e),
+        }
+    })
+}
+
+/// `ibv_destroy_ah(ah)`.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
+    ffi!(libc::EIO, {
+        // SAFETY: NULL or a live AH.
+        let Some(s) = (unsafe { obj::<_, ShimAh>(ah) }) else { return libc::EINVAL };
+        match s.emu.destroy() {
+            Ok(()) => {
+                // SAFETY: destroyed; not used again.
+                unsafe { free(s as *const ShimAh) };
+                0
+            }
+            Err(e) => e.errno().raw(),
+        }
     })
 }
 

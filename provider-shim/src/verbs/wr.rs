@@ -179,6 +179,7 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
                     rkey: p.rkey,
                     compare_add: p.compare_add,
                     swap: p.swap,
+                    ud: None,
                 };
                 if let Err(e) = s.emu.post_send(&wr) {
                     rc = match e.errno().raw() {

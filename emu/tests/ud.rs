@@ -1,0 +1,161 @@
+//! UD: address handles, Q_Keys, the 40-byte GRH area, `src_qp`, the MTU limit, silent drops.
+
+mod common;
+use common::*;
+use rdma_emu::*;
+
+const QKEY: u32 = 0x1111_2222;
+
+struct Ud {
+    n: Node,
+    qp: Qp,
+}
+
+fn ud_qp(n: &Node) -> Qp {
+    let qp =
+        n.pd.create_qp(&QpInitAttr {
+            qp_type: QpType::UD,
+            send_cq: &n.cq,
+            recv_cq: &n.cq,
+            cap: cap(16),
+            sq_sig_all: true,
+        })
+        .unwrap();
+    use QpAttrMask as M;
+    let a = QpAttr { qp_state: QpState::INIT, port_num: 1, qkey: QKEY, ..Default::default() };
+    qp.modify(&a, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY).unwrap();
+    qp.modify(&QpAttr { qp_state: QpState::RTR, ..Default::default() }, M::STATE).unwrap();
+    qp.modify(
+        &QpAttr { qp_state: QpState::RTS, sq_psn: 7, ..Default::default() },
+        M::STATE | M::SQ_PSN,
+    )
+    .unwrap();
+    qp
+}
+
+fn pair(profile: Profile) -> (Fabric, Ud, Ud) {
+    let f = Fabric::new(FabricConfig { devices: 2, profile, ..Default::default() });
+    let devs = f.devices();
+    let mk = |d: &Device| {
+        let n = node_on(d, 8192);
+        let qp = ud_qp(&n);
+        Ud { n, qp }
+    };
+    let (a, b) = (mk(&devs[0]), mk(&devs[1]));
+    (f, a, b)
+}
+
+/// An address handle on `from`'s PD that leads to `to`'s port 1.
+fn ah_to(from: &Ud, to: &Ud) -> Ah {
+    let ep = to.qp.endpoint(0);
+    let roce = to.n.ctx.query_port(1).unwrap().link_layer == LinkLayer::ETHERNET;
+    let attr = AhAttr {
+        is_global: roce,
+        dgid: ep.gid,
+        dlid: ep.lid,
+        port_num: 1,
+        hop_limit: 64,
+        ..Default::default()
+    };
+    from.n.pd.create_ah(&attr).unwrap()
+}
+
+#[test]
+fn ud_datagram_lands_after_the_grh_with_src_qp() {
+    for profile in [Profile::Full, Profile::Rxe] {
+        let (_f, a, b) = pair(profile);
+        let ah = ah_to(&a, &b);
+        a.n.mr.write(0, b"datagram!").unwrap();
+        post_recv(&b.qp, 5, &[sge(&b.n.mr, 0, 40 + 64)]);
+        a.qp.post_send(&SendWr::send_ud(1, &[sge(&a.n.mr, 0, 9)], &ah, b.qp.qp_num(), QKEY))
+            .unwrap();
+        let s = wait1(&a.n.cq);
+        assert_eq!((s.status, s.opcode, s.byte_len), (WcStatus::SUCCESS, WcOpcode::SEND, 9));
+        let r = wait1(&b.n.cq);
+        assert_eq!((r.wr_id, r.status, r.opcode), (5, WcStatus::SUCCESS, WcOpcode::RECV));
+        assert_eq!(r.byte_len, 40 + 9, "byte_len counts the GRH area");
+        assert_eq!(r.src_qp, a.qp.qp_num());
+        let mut got = [0u8; 9];
+        b.n.mr.read(40, &mut got).unwrap();
+        assert_eq!(&got, b"datagram!");
+        if profile == Profile::Rxe {
+            assert!(r.wc_flags.contains(WcFlags::GRH));
+            let mut grh = [0u8; 40];
+            b.n.mr.read(0, &mut grh).unwrap();
+            assert_eq!(grh[0] >> 4, 6, "IP version 6");
+            assert_eq!(&grh[8..24], &a.qp.endpoint(0).gid.0, "source GID");
+            assert_eq!(&grh[24..40], &b.qp.endpoint(0).gid.0, "destination GID");
+        } else {
+            assert!(!r.wc_flags.contains(WcFlags::GRH), "LID-routed: no GRH");
+            assert_eq!(r.slid, a.qp.endpoint(0).lid);
+        }
+    }
+}
+
+#[test]
+fn ud_checks_qkeys_and_uses_the_qps_own_when_the_high_bit_is_set() {
+    let (_f, a, b) = pair(Profile::Full);
+    let ah = ah_to(&a, &b);
+    post_recv(&b.qp, 1, &[sge(&b.n.mr, 0, 256)]);
+    a.qp.post_send(&SendWr::send_ud(1, &[sge(&a.n.mr, 0, 4)], &ah, b.qp.qp_num(), QKEY ^ 1))
+        .unwrap();
+    assert_eq!(wait1(&a.n.cq).status, WcStatus::SUCCESS);
+    assert_empty(&b.n.cq);
+    // The sender's QP Q_Key is the same as the receiver's here.
+    a.qp.post_send(&SendWr::send_ud(2, &[sge(&a.n.mr, 0, 4)], &ah, b.qp.qp_num(), 0x8000_0000))
+        .unwrap();
+    wait1(&a.n.cq);
+    assert_eq!(wait1(&b.n.cq).wr_id, 1);
+}
+
+#[test]
+fn ud_drops_without_a_receive_and_limits_messages_to_the_mtu() {
+    let (_f, a, b) = pair(Profile::Rxe); // active MTU 1024
+    let ah = ah_to(&a, &b);
+    a.qp.post_send(&SendWr::send_ud(1, &[sge(&a.n.mr, 0, 8)], &ah, b.qp.qp_num(), QKEY)).unwrap();
+    assert_eq!(wait1(&a.n.cq).status, WcStatus::SUCCESS);
+    assert_empty(&b.n.cq);
+    a.qp.post_send(&SendWr::send_ud(2, &[sge(&a.n.mr, 0, 1025)], &ah, b.qp.qp_num(), QKEY))
+        .unwrap();
+    assert_eq!(wait1(&a.n.cq).status, WcStatus::LOC_LEN_ERR);
+    assert_eq!(a.qp.state(), QpState::RTS, "a too-long datagram fails alone");
+    post_recv(&b.qp, 9, &[sge(&b.n.mr, 0, 40 + 1024)]);
+    a.qp.post_send(&SendWr::send_ud(3, &[sge(&a.n.mr, 0, 1024)], &ah, b.qp.qp_num(), QKEY))
+        .unwrap();
+    assert_eq!(wait1(&a.n.cq).status, WcStatus::SUCCESS);
+    assert_eq!(wait1(&b.n.cq).byte_len, 40 + 1024);
+}
+
+#[test]
+fn ud_too_small_receive_buffer_is_a_local_length_error() {
+    let (_f, a, b) = pair(Profile::Full);
+    let ah = ah_to(&a, &b);
+    post_recv(&b.qp, 4, &[sge(&b.n.mr, 0, 40 + 3)]);
+    a.qp.post_send(&SendWr::send_ud(1, &[sge(&a.n.mr, 0, 4)], &ah, b.qp.qp_num(), QKEY)).unwrap();
+    wait1(&a.n.cq);
+    let r = wait1(&b.n.cq);
+    assert_eq!((r.wr_id, r.status), (4, WcStatus::LOC_LEN_ERR));
+}
+
+#[test]
+fn ud_posting_and_address_handle_errors() {
+    let (_f, a, b) = pair(Profile::Rxe);
+    let s = [sge(&a.n.mr, 0, 8)];
+    assert_eq!(a.qp.post_send(&SendWr::send(1, &s)).unwrap_err().errno(), Errno::EINVAL, "no AH");
+    let ah = ah_to(&a, &b);
+    let mut w = SendWr::send_ud(1, &s, &ah, b.qp.qp_num(), QKEY);
+    w.opcode = WrOpcode::RDMA_WRITE;
+    assert_eq!(a.qp.post_send(&w).unwrap_err().errno(), Errno::EINVAL, "UD carries only SEND");
+    let no_grh = AhAttr { dlid: 1, port_num: 1, ..Default::default() };
+    assert_eq!(a.n.pd.create_ah(&no_grh).unwrap_err().errno(), Errno::EINVAL, "RoCE needs a GRH");
+    let bad_port = AhAttr { port_num: 2, ..ah.attr() };
+    assert_eq!(a.n.pd.create_ah(&bad_port).unwrap_err().errno(), Errno::EINVAL);
+    assert_eq!(a.n.pd.dealloc().unwrap_err().errno(), Errno::EBUSY, "the AH uses the PD");
+    ah.destroy().unwrap();
+    assert_eq!(ah.destroy().unwrap_err().errno(), Errno::EINVAL);
+    assert_eq!(
+        a.qp.post_send(&SendWr::send_ud(1, &s, &ah, b.qp.qp_num(), QKEY)).unwrap_err().errno(),
+        Errno::EINVAL,
+        "a destroyed AH"
+    );
+}

@@ -1,0 +1,81 @@
+/* UD through the C ABI: address handles, a datagram with its 40-byte GRH area and src_qp,
+ * Q_Key mismatch dropped, the AH keeping its PD busy. Prints "ok". */
+#include "common.h"
+
+#define QKEY 0x11111111
+
+static struct ibv_qp *ud_qp(struct side *s)
+{
+	struct ibv_qp_init_attr init = { .send_cq = s->cq, .recv_cq = s->cq, .qp_type = IBV_QPT_UD,
+		.cap = { .max_send_wr = 8, .max_recv_wr = 8, .max_send_sge = 1, .max_recv_sge = 1 } };
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = 1, .qkey = QKEY };
+	struct ibv_qp *qp;
+
+	CHECK(qp = ibv_create_qp(s->pd, &init));
+	CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY) == 0);
+	a.qp_state = IBV_QPS_RTR;
+	CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE) == 0);
+	a.qp_state = IBV_QPS_RTS;
+	a.sq_psn = 1;
+	CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN) == 0);
+	return qp;
+}
+
+static int send_to(struct side *a, struct ibv_ah *ah, uint32_t qpn, uint32_t qkey, uint64_t id)
+{
+	struct ibv_sge sge = { (uintptr_t)a->buf, 9, a->mr->lkey };
+	struct ibv_send_wr wr = { .wr_id = id, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND,
+				  .send_flags = IBV_SEND_SIGNALED }, *bad;
+	wr.wr.ud.ah = ah;
+	wr.wr.ud.remote_qpn = qpn;
+	wr.wr.ud.remote_qkey = qkey;
+	return ibv_post_send(a->qp, &wr, &bad);
+}
+
+int main(void)
+{
+	int n;
+	struct ibv_device **list = ibv_get_device_list(&n);
+	struct side a = { 0 }, b = { 0 };
+	struct ibv_wc wc;
+
+	CHECK(list && n >= 2);
+	setup(&a, list[0]);
+	setup(&b, list[1]);
+	CHECK(ibv_destroy_qp(a.qp) == 0 && ibv_destroy_qp(b.qp) == 0);
+	a.qp = ud_qp(&a);
+	b.qp = ud_qp(&b);
+
+	struct ibv_ah_attr ah_attr = { .dlid = b.port.lid, .port_num = 1 };
+	if (b.port.link_layer == IBV_LINK_LAYER_ETHERNET) {
+		ah_attr.is_global = 1;
+		ah_attr.grh.dgid = b.gid;
+		ah_attr.grh.hop_limit = 1;
+	}
+	struct ibv_ah *ah = ibv_create_ah(a.pd, &ah_attr);
+	CHECK(ah && ah->pd == a.pd);
+
+	struct ibv_sge rsge = { (uintptr_t)b.buf, 40 + 64, b.mr->lkey };
+	struct ibv_recv_wr rwr = { .wr_id = 7, .sg_list = &rsge, .num_sge = 1 }, *rbad;
+	CHECK(ibv_post_recv(b.qp, &rwr, &rbad) == 0);
+	strcpy(a.buf, "datagram");
+
+	/* A wrong Q_Key is dropped; the right one is delivered after the GRH area. */
+	CHECK(send_to(&a, ah, b.qp->qp_num, QKEY + 1, 1) == 0);
+	wc = wait_wc(a.cq);
+	CHECK(wc.wr_id == 1 && wc.status == IBV_WC_SUCCESS);
+	CHECK(ibv_poll_cq(b.cq, 1, &wc) == 0);
+	CHECK(send_to(&a, ah, b.qp->qp_num, QKEY, 2) == 0);
+	wc = wait_wc(a.cq);
+	CHECK(wc.wr_id == 2 && wc.status == IBV_WC_SUCCESS);
+	wc = wait_wc(b.cq);
+	CHECK(wc.wr_id == 7 && wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RECV);
+	CHECK(wc.byte_len == 40 + 9 && wc.src_qp == a.qp->qp_num);
+	CHECK(strcmp(b.buf + 40, "datagram") == 0);
+
+	CHECK(ibv_dealloc_pd(a.pd) == EBUSY);
+	CHECK(ibv_destroy_ah(ah) == 0);
+	CHECK(ibv_destroy_ah(ah) == EINVAL);
+	printf("ud ok\n");
+	return 0;
+}
