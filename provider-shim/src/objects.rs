@@ -129,6 +129,28 @@ pub(crate) unsafe fn free<S: 'static>(p: *const S) {
     drop(unsafe { Box::from_raw(p as *mut S) });
 }
 
+/// The body of every `ibv_destroy_*` / `ibv_dealloc_*` / `ibv_dereg_mr`: recover the object
+/// (`EINVAL` for NULL, destroyed or foreign pointers), destroy it in the emulator, and free it
+/// once that succeeded; the emulator's errno otherwise (e.g. `EBUSY`).
+///
+/// # Safety
+/// As [`obj`]: C does not use `p` again after a successful destroy.
+pub(crate) unsafe fn destroy<C, S: 'static>(
+    p: *mut C,
+    f: impl FnOnce(&S) -> rdma_emu::Result<()>,
+) -> core::ffi::c_int {
+    // SAFETY: forwarded contract.
+    let Some(s) = (unsafe { obj::<C, S>(p) }) else { return libc::EINVAL };
+    match f(s) {
+        Ok(()) => {
+            // SAFETY: destroyed in the emulator; C does not use the pointer again.
+            unsafe { free(s as *const S) };
+            0
+        }
+        Err(e) => e.errno().raw(),
+    }
+}
+
 /// Initialises a pthread mutex and condition variable embedded in a C object.
 pub(crate) fn init_sync(m: *mut libc::pthread_mutex_t, c: *mut libc::pthread_cond_t) {
     // SAFETY: both point into an object we own and have not shared yet.

@@ -33,18 +33,8 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_create_comp_channel(
 pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_destroy_comp_channel(
     ch: *mut ibv_comp_channel,
 ) -> c_int {
-    ffi!(libc::EIO, {
-        // SAFETY: NULL or a live channel.
-        let Some(s) = (unsafe { obj::<_, ShimChannel>(ch) }) else { return libc::EINVAL };
-        match s.emu.destroy() {
-            Ok(()) => {
-                // SAFETY: destroyed; not used again.
-                unsafe { free(s as *const ShimChannel) };
-                0
-            }
-            Err(e) => e.errno().raw(),
-        }
-    })
+    // SAFETY: NULL or an object of this library (checked by `destroy`).
+    ffi!(libc::EIO, { unsafe { destroy(ch, |s: &ShimChannel| s.emu.destroy()) } })
 }
 
 /// `ibv_create_cq(context, cqe, cq_context, channel, comp_vector)`.
@@ -234,18 +224,8 @@ unsafe extern "C" fn read_tm_info(_cq: *mut ibv_cq_ex, info: *mut c_void) {
 
 /// `ibv_destroy_cq(cq)`: `EBUSY` while a QP uses it; waits for acknowledged events.
 pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
-    ffi!(libc::EIO, {
-        // SAFETY: NULL or a live CQ.
-        let Some(s) = (unsafe { obj::<_, ShimCq>(cq) }) else { return libc::EINVAL };
-        match s.emu.destroy() {
-            Ok(()) => {
-                // SAFETY: destroyed; not used again.
-                unsafe { free(s as *const ShimCq) };
-                0
-            }
-            Err(e) => e.errno().raw(),
-        }
-    })
+    // SAFETY: NULL or an object of this library (checked by `destroy`).
+    ffi!(libc::EIO, { unsafe { destroy(cq, |s: &ShimCq| s.emu.destroy()) } })
 }
 
 /// `ibv_resize_cq(cq, cqe)`.

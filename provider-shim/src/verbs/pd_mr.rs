@@ -28,18 +28,8 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_alloc_pd(c: *mut ibv_context)
 
 /// `ibv_dealloc_pd(pd)`: `EBUSY` while MRs or QPs use it.
 pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
-    ffi!(libc::EIO, {
-        // SAFETY: NULL or a live PD.
-        let Some(s) = (unsafe { obj::<_, ShimPd>(pd) }) else { return libc::EINVAL };
-        match s.emu.dealloc() {
-            Ok(()) => {
-                // SAFETY: destroyed; C does not use the pointer again.
-                unsafe { free(s as *const ShimPd) };
-                0
-            }
-            Err(e) => e.errno().raw(),
-        }
-    })
+    // SAFETY: NULL or an object of this library (checked by `destroy`).
+    ffi!(libc::EIO, { unsafe { destroy(pd, |s: &ShimPd| s.emu.dealloc()) } })
 }
 
 /// Access bits that libibverbs drops when the device does not support them.
@@ -119,18 +109,8 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_reg_mr_iova2(
 
 /// `ibv_dereg_mr(mr)`.
 pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
-    ffi!(libc::EIO, {
-        // SAFETY: NULL or a live MR.
-        let Some(s) = (unsafe { obj::<_, ShimMr>(mr) }) else { return libc::EINVAL };
-        match s.emu.dereg() {
-            Ok(()) => {
-                // SAFETY: deregistered; C does not use the pointer again.
-                unsafe { free(s as *const ShimMr) };
-                0
-            }
-            Err(e) => e.errno().raw(),
-        }
-    })
+    // SAFETY: NULL or an object of this library (checked by `destroy`).
+    ffi!(libc::EIO, { unsafe { destroy(mr, |s: &ShimMr| s.emu.dereg()) } })
 }
 
 /// `enum ibv_rereg_mr_err_code`.

@@ -181,18 +181,8 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_qp_to_qp_ex(qp: *mut ibv_qp) 
 
 /// `ibv_destroy_qp(qp)`: waits for the QP's acknowledged async events.
 pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
-    ffi!(libc::EIO, {
-        // SAFETY: NULL or a live QP.
-        let Some(s) = (unsafe { obj::<_, ShimQp>(qp) }) else { return libc::EINVAL };
-        match s.emu.destroy() {
-            Ok(()) => {
-                // SAFETY: destroyed; not used again.
-                unsafe { free(s as *const ShimQp) };
-                0
-            }
-            Err(e) => e.errno().raw(),
-        }
-    })
+    // SAFETY: NULL or an object of this library (checked by `destroy`).
+    ffi!(libc::EIO, { unsafe { destroy(qp, |s: &ShimQp| s.emu.destroy()) } })
 }
 
 fn ah_from_c(a: &ibv_ah_attr) -> AhAttr {
@@ -229,6 +219,68 @@ fn ah_to_c(a: &AhAttr) -> ibv_ah_attr {
     }
 }
 
+fn qp_attr_from_c(a: &ibv_qp_attr) -> QpAttr {
+    QpAttr {
+        qp_state: QpState(a.qp_state),
+        cur_qp_state: QpState(a.cur_qp_state),
+        path_mtu: Mtu(a.path_mtu),
+        path_mig_state: a.path_mig_state,
+        qkey: a.qkey,
+        rq_psn: a.rq_psn,
+        sq_psn: a.sq_psn,
+        dest_qp_num: a.dest_qp_num,
+        qp_access_flags: AccessFlags::from_bits_retain(a.qp_access_flags),
+        cap: QpCap::default(),
+        ah_attr: ah_from_c(&a.ah_attr),
+        alt_ah_attr: ah_from_c(&a.alt_ah_attr),
+        pkey_index: a.pkey_index,
+        alt_pkey_index: a.alt_pkey_index,
+        en_sqd_async_notify: a.en_sqd_async_notify,
+        sq_draining: a.sq_draining,
+        max_rd_atomic: a.max_rd_atomic,
+        max_dest_rd_atomic: a.max_dest_rd_atomic,
+        min_rnr_timer: a.min_rnr_timer,
+        port_num: a.port_num,
+        timeout: a.timeout,
+        retry_cnt: a.retry_cnt,
+        rnr_retry: a.rnr_retry,
+        alt_port_num: a.alt_port_num,
+        alt_timeout: a.alt_timeout,
+        rate_limit: a.rate_limit,
+    }
+}
+
+fn qp_attr_to_c(a: &QpAttr) -> ibv_qp_attr {
+    ibv_qp_attr {
+        qp_state: a.qp_state.0,
+        cur_qp_state: a.cur_qp_state.0,
+        path_mtu: a.path_mtu.0,
+        path_mig_state: a.path_mig_state,
+        qkey: a.qkey,
+        rq_psn: a.rq_psn,
+        sq_psn: a.sq_psn,
+        dest_qp_num: a.dest_qp_num,
+        qp_access_flags: a.qp_access_flags.bits(),
+        cap: cap_to_c(&a.cap),
+        ah_attr: ah_to_c(&a.ah_attr),
+        alt_ah_attr: ah_to_c(&a.alt_ah_attr),
+        pkey_index: a.pkey_index,
+        alt_pkey_index: a.alt_pkey_index,
+        en_sqd_async_notify: a.en_sqd_async_notify,
+        sq_draining: a.sq_draining,
+        max_rd_atomic: a.max_rd_atomic,
+        max_dest_rd_atomic: a.max_dest_rd_atomic,
+        min_rnr_timer: a.min_rnr_timer,
+        port_num: a.port_num,
+        timeout: a.timeout,
+        retry_cnt: a.retry_cnt,
+        rnr_retry: a.rnr_retry,
+        alt_port_num: a.alt_port_num,
+        alt_timeout: a.alt_timeout,
+        rate_limit: a.rate_limit,
+    }
+}
+
 /// `ibv_modify_qp(qp, attr, attr_mask)`.
 pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_modify_qp(
     qp: *mut ibv_qp,
@@ -240,34 +292,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_modify_qp(
         let (Some(s), Some(a)) = (unsafe { obj::<_, ShimQp>(qp) }, unsafe { a.as_ref() }) else {
             return libc::EINVAL;
         };
-        let attr = QpAttr {
-            qp_state: QpState(a.qp_state),
-            cur_qp_state: QpState(a.cur_qp_state),
-            path_mtu: Mtu(a.path_mtu),
-            path_mig_state: a.path_mig_state,
-            qkey: a.qkey,
-            rq_psn: a.rq_psn,
-            sq_psn: a.sq_psn,
-            dest_qp_num: a.dest_qp_num,
-            qp_access_flags: AccessFlags::from_bits_retain(a.qp_access_flags),
-            cap: QpCap::default(),
-            ah_attr: ah_from_c(&a.ah_attr),
-            alt_ah_attr: ah_from_c(&a.alt_ah_attr),
-            pkey_index: a.pkey_index,
-            alt_pkey_index: a.alt_pkey_index,
-            en_sqd_async_notify: a.en_sqd_async_notify,
-            sq_draining: a.sq_draining,
-            max_rd_atomic: a.max_rd_atomic,
-            max_dest_rd_atomic: a.max_dest_rd_atomic,
-            min_rnr_timer: a.min_rnr_timer,
-            port_num: a.port_num,
-            timeout: a.timeout,
-            retry_cnt: a.retry_cnt,
-            rnr_retry: a.rnr_retry,
-            alt_port_num: a.alt_port_num,
-            alt_timeout: a.alt_timeout,
-            rate_limit: a.rate_limit,
-        };
+        let attr = qp_attr_from_c(a);
         let mask = QpAttrMask::from_bits_retain(mask as u32);
         match s.emu.modify(&attr, mask) {
             Ok(()) => {
@@ -300,34 +325,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_query_qp(
             Ok(a) => a,
             Err(e) => return e.errno().raw(),
         };
-        *out = ibv_qp_attr {
-            qp_state: a.qp_state.0,
-            cur_qp_state: a.cur_qp_state.0,
-            path_mtu: a.path_mtu.0,
-            path_mig_state: a.path_mig_state,
-            qkey: a.qkey,
-            rq_psn: a.rq_psn,
-            sq_psn: a.sq_psn,
-            dest_qp_num: a.dest_qp_num,
-            qp_access_flags: a.qp_access_flags.bits(),
-            cap: cap_to_c(&a.cap),
-            ah_attr: ah_to_c(&a.ah_attr),
-            alt_ah_attr: ah_to_c(&a.alt_ah_attr),
-            pkey_index: a.pkey_index,
-            alt_pkey_index: a.alt_pkey_index,
-            en_sqd_async_notify: a.en_sqd_async_notify,
-            sq_draining: a.sq_draining,
-            max_rd_atomic: a.max_rd_atomic,
-            max_dest_rd_atomic: a.max_dest_rd_atomic,
-            min_rnr_timer: a.min_rnr_timer,
-            port_num: a.port_num,
-            timeout: a.timeout,
-            retry_cnt: a.retry_cnt,
-            rnr_retry: a.rnr_retry,
-            alt_port_num: a.alt_port_num,
-            alt_timeout: a.alt_timeout,
-            rate_limit: a.rate_limit,
-        };
+        *out = qp_attr_to_c(&a);
         let b = &s.qp.qp_base;
         init.qp_context = b.qp_context;
         init.send_cq = b.send_cq;
@@ -491,18 +489,8 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_create_ah(
 
 /// `ibv_destroy_ah(ah)`.
 pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
-    ffi!(libc::EIO, {
-        // SAFETY: NULL or a live AH.
-        let Some(s) = (unsafe { obj::<_, ShimAh>(ah) }) else { return libc::EINVAL };
-        match s.emu.destroy() {
-            Ok(()) => {
-                // SAFETY: destroyed; not used again.
-                unsafe { free(s as *const ShimAh) };
-                0
-            }
-            Err(e) => e.errno().raw(),
-        }
-    })
+    // SAFETY: NULL or an object of this library (checked by `destroy`).
+    ffi!(libc::EIO, { unsafe { destroy(ah, |s: &ShimAh| s.emu.destroy()) } })
 }
 
 /// `ibv_query_qp_data_in_order(qp, op, flags)`: 0, no in-order placement promise (what rxe
