@@ -121,6 +121,7 @@ fn pair(len: usize) -> Pair {
                 recv_cq: &cq,
                 cap,
                 sq_sig_all: false,
+                srq: None,
             })
             .unwrap();
         Side { ctx, cq, qp, mr, ch }

@@ -79,6 +79,7 @@ pub use crate::{
         device::Device,
         mr::{Mr, Rereg},
         pd::Pd,
+        srq::{Srq, SrqAttr, srq_attr_mask},
     },
     profile::{DeviceAttr, GidEntry, PortAttr, Profile},
     qp::{Endpoint, Qp, QpAttr, QpCap, QpInitAttr, RcParams, RecvWr, SendWr, UdDest},

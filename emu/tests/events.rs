@@ -43,6 +43,7 @@ fn ev_pair() -> (Fabric, EvNode, EvNode) {
                 recv_cq: &cq,
                 cap: cap(16),
                 sq_sig_all: false,
+                srq: None,
             })
             .unwrap();
         EvNode { ch, cq, qp, mr }
@@ -135,6 +136,7 @@ fn channel_with_cqs_is_busy_and_cq_destroy_waits_for_acks() {
             recv_cq: &cq,
             cap: cap(4),
             sq_sig_all: true,
+            srq: None,
         })
         .unwrap()
     };

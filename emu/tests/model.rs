@@ -77,6 +77,7 @@ impl World {
                         recv_cq: &cq[s],
                         cap: cap(8),
                         sq_sig_all: true,
+                        srq: None,
                     })
                     .unwrap()
             };
@@ -265,6 +266,7 @@ fn concurrent_threads_on_their_own_qps_and_one_shared_counter() {
                         recv_cq: &tcq,
                         cap: cap(16),
                         sq_sig_all: false,
+                        srq: None,
                     })
                     .unwrap();
                 connect(&me.qp, &peer, &RcParams::default(), &RcParams::default());
@@ -320,6 +322,7 @@ fn concurrent_posters_on_one_qp_keep_every_completion() {
             recv_cq: &cq,
             cap: cap(64),
             sq_sig_all: false,
+            srq: None,
         })
         .unwrap();
     connect(&qp, &b.qp, &RcParams::default(), &RcParams::default());

@@ -195,7 +195,14 @@ fn create_qp_validates_caps_and_types() {
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(8, None, 0).unwrap();
     let mk = |qp_type, cap| {
-        pd.create_qp(&QpInitAttr { qp_type, send_cq: &cq, recv_cq: &cq, cap, sq_sig_all: false })
+        pd.create_qp(&QpInitAttr {
+            qp_type,
+            send_cq: &cq,
+            recv_cq: &cq,
+            cap,
+            sq_sig_all: false,
+            srq: None,
+        })
     };
     let ok = common::cap(8);
     for bad in [

@@ -259,6 +259,7 @@ fn queue_limits_and_bad_wr_index() {
             recv_cq: &b.cq,
             cap: common::cap(4),
             sq_sig_all: false,
+            srq: None,
         })
         .unwrap();
     q.modify(
@@ -285,6 +286,7 @@ fn cq_overrun_loses_the_completion_and_raises_cq_err() {
             recv_cq: &small,
             cap: cap(8),
             sq_sig_all: true,
+            srq: None,
         })
         .unwrap();
     connect(&qp, &b.qp, &RcParams::default(), &RcParams::default());

@@ -68,6 +68,7 @@ fn unsignaled_sends_complete_silently_and_sq_sig_all_overrides() {
             recv_cq: &cq,
             cap: cap(8),
             sq_sig_all: true,
+            srq: None,
         })
         .unwrap();
     let qp_b =
@@ -77,6 +78,7 @@ fn unsignaled_sends_complete_silently_and_sq_sig_all_overrides() {
             recv_cq: &b.cq,
             cap: cap(8),
             sq_sig_all: false,
+            srq: None,
         })
         .unwrap();
     connect(&qp, &qp_b, &RcParams::default(), &RcParams::default());

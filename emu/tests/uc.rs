@@ -16,6 +16,7 @@ fn uc_pair() -> (Fabric, Node, Node) {
                 recv_cq: &n.cq,
                 cap: cap(16),
                 sq_sig_all: true,
+                srq: None,
             })
             .unwrap();
         Node { qp, ..n }

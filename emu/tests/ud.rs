@@ -19,6 +19,7 @@ fn ud_qp(n: &Node) -> Qp {
             recv_cq: &n.cq,
             cap: cap(16),
             sq_sig_all: true,
+            srq: None,
         })
         .unwrap();
     use QpAttrMask as M;

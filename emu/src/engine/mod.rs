@@ -231,7 +231,12 @@ pub(crate) fn on_timer(qp: &Arc<QpShared>) {
 /// Moves the QP to ERR and flushes both queues (IBA 10.3.1: every outstanding WR completes
 /// with `IBV_WC_WR_FLUSH_ERR`).
 pub(crate) fn enter_error(qp: &Arc<QpShared>, g: &mut QpInner) {
+    let was = g.state;
     g.state = QpState::ERR;
+    // IBA 11.6.3: a QP on an SRQ reports that no further WQE will be taken for it.
+    if qp.srq.is_some() && was != QpState::ERR && raises_qp_errors(qp) {
+        qp.raise(crate::types::EventType::QP_LAST_WQE_REACHED);
+    }
     g.req.clear_timers();
     completer::flush_send_queue(qp, g);
     responder::flush_recv_queue(qp, g);

@@ -15,7 +15,7 @@ use crate::{
     error::{Errno, Error, Result, einval},
     mem::{MemFault, MemRegion},
     qp::{QpInner, QpShared, RecvWr},
-    types::{AccessFlags, EventType, QpState, QpType, WcFlags, WcOpcode, WcStatus},
+    types::{AccessFlags, EventType, QpState, QpType, Sge, WcFlags, WcOpcode, WcStatus},
 };
 
 /// What a READ request asked for.
@@ -55,6 +55,9 @@ pub(crate) struct Responder {
 
 /// Validates and queues a receive WQE (rxe provider semantics).
 pub(crate) fn post_recv(qp: &Arc<QpShared>, g: &mut QpInner, wr: &RecvWr<'_>) -> Result<()> {
+    if qp.srq.is_some() {
+        return Err(einval("the QP takes its receives from an SRQ"));
+    }
     if g.state == QpState::RESET {
         return Err(einval("QP is in RESET"));
     }
@@ -169,7 +172,7 @@ fn grh_bytes(sgid: &crate::types::Gid, dgid: &crate::types::Gid, paylen: u32) ->
 /// A UD datagram: checked against the Q_Key, dropped without a receive, delivered after the
 /// 40-byte GRH area with the sender's QPN in `src_qp` (IBA 9.8.5, 11.4.2).
 fn ud_receive(qp: &Arc<QpShared>, g: &mut QpInner, pkt: &Packet) {
-    if pkt.kind != Kind::Send || pkt.qkey != g.attr.qkey || g.rq.len() == 0 {
+    if pkt.kind != Kind::Send || pkt.qkey != g.attr.qkey {
         return;
     }
     let total = 40 + pkt.len as usize;
@@ -190,10 +193,10 @@ fn ud_receive(qp: &Arc<QpShared>, g: &mut QpInner, pkt: &Packet) {
         }
         off += n;
     }
-    let sges = std::mem::take(&mut g.rq.ring.at_mut(g.rq.tail).sges);
-    let res = sgl::scatter(qp, &sges, &Payload::Bytes(data.into_boxed_slice()), total as u32);
-    g.rq.ring.at_mut(g.rq.tail).sges = sges;
-    let wr_id = take_recv(g).expect("checked above");
+    let Some(r) = pop_recv(qp, g) else { return }; // no receive: the datagram is dropped
+    let res = sgl::scatter(qp, &r.sges, &Payload::Bytes(data.into_boxed_slice()), total as u32);
+    let wr_id = r.wr_id;
+    done_recv(g, r);
     let status = match res {
         Ok(()) => WcStatus::SUCCESS,
         Err(SglError::TooLong) => WcStatus::LOC_LEN_ERR,
@@ -236,13 +239,13 @@ fn ack(qp: &QpShared, g: &mut QpInner, pkt: &Packet, drv: &mut Driver<'_>) {
 }
 
 /// An error the responder detects (IBA 9.7.5.2): NAK the request, complete the receive WQE it
-/// consumed (if any) with `recv_status`, move the QP to ERR, and raise the affiliated event.
+/// consumed (if any) with its status, move the QP to ERR, and raise the affiliated event.
 fn fail(
     qp: &Arc<QpShared>,
     g: &mut QpInner,
     pkt: &Packet,
     code: NakCode,
-    recv_status: Option<WcStatus>,
+    recv: Option<(WcStatus, u64)>,
     drv: &mut Driver<'_>,
 ) {
     if !reliable(qp) {
@@ -251,20 +254,16 @@ fn fail(
         if code == NakCode::RemoteAccessError {
             return;
         }
-        if let Some(status) = recv_status {
-            if let Some(wr_id) = take_recv(g) {
-                let _ = qp.recv_cq.push(wc(qp, wr_id, status), true);
-            }
+        if let Some((status, wr_id)) = recv {
+            let _ = qp.recv_cq.push(wc(qp, wr_id, status), true);
         }
         enter_error(qp, g);
         return;
     }
     let r = reply(g, pkt, Kind::Ack, pkt.psn, Syndrome::Nak(code));
     drv.send(&mut g.route, r);
-    if let Some(status) = recv_status {
-        if let Some(wr_id) = take_recv(g) {
-            let _ = qp.recv_cq.push(wc(qp, wr_id, status), true);
-        }
+    if let Some((status, wr_id)) = recv {
+        let _ = qp.recv_cq.push(wc(qp, wr_id, status), true);
     }
     enter_error(qp, g);
     if raises_qp_errors(qp) {
@@ -276,12 +275,35 @@ fn fail(
     }
 }
 
-fn take_recv(g: &mut QpInner) -> Option<u64> {
-    (g.rq.len() > 0).then(|| {
-        let id = g.rq.ring.at(g.rq.tail).wr_id;
-        g.rq.tail = g.rq.tail.wrapping_add(1);
-        id
-    })
+/// A receive WQE taken off the SRQ or the RQ.
+struct Recv {
+    wr_id: u64,
+    sges: Vec<Sge>,
+    /// The RQ slot it came from, to give the SGE vector back (an SRQ slot may already be
+    /// reposted by another thread, so SRQ vectors are simply dropped).
+    rq_slot: Option<u32>,
+}
+
+/// Takes the next receive WQE, from the QP's SRQ if it has one.
+fn pop_recv(qp: &QpShared, g: &mut QpInner) -> Option<Recv> {
+    if let Some(srq) = &qp.srq {
+        return srq.pop().map(|(wr_id, sges)| Recv { wr_id, sges, rq_slot: None });
+    }
+    if g.rq.len() == 0 {
+        return None;
+    }
+    let tail = g.rq.tail;
+    let w = g.rq.ring.at_mut(tail);
+    let r = Recv { wr_id: w.wr_id, sges: std::mem::take(&mut w.sges), rq_slot: Some(tail) };
+    g.rq.tail = tail.wrapping_add(1);
+    Some(r)
+}
+
+/// Returns a taken WQE's SGE vector to its RQ slot (keeping its allocation).
+fn done_recv(g: &mut QpInner, r: Recv) {
+    if let Some(slot) = r.rq_slot {
+        g.rq.ring.at_mut(slot).sges = r.sges;
+    }
 }
 
 fn rnr(qp: &QpShared, g: &mut QpInner, pkt: &Packet, drv: &mut Driver<'_>) {
@@ -305,8 +327,7 @@ fn recv_flags(g: &QpInner, pkt: &Packet) -> WcFlags {
     f
 }
 
-fn complete_recv(qp: &Arc<QpShared>, g: &mut QpInner, pkt: &Packet, opcode: WcOpcode) {
-    let wr_id = take_recv(g).expect("checked by the caller");
+fn complete_recv(qp: &Arc<QpShared>, g: &mut QpInner, pkt: &Packet, opcode: WcOpcode, wr_id: u64) {
     let mut w = wc_ok(qp, wr_id, opcode, pkt.len, recv_flags(g, pkt));
     w.imm_data = pkt.imm.unwrap_or(0);
     w.slid = pkt.src_lid;
@@ -317,26 +338,31 @@ fn complete_recv(qp: &Arc<QpShared>, g: &mut QpInner, pkt: &Packet, opcode: WcOp
 }
 
 fn send(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>) {
-    if g.rq.len() == 0 {
+    let Some(r) = pop_recv(qp, g) else {
         rnr(qp, g, &pkt, drv);
         return;
-    }
-    let sges = std::mem::take(&mut g.rq.ring.at_mut(g.rq.tail).sges);
-    let res = sgl::scatter(qp, &sges, &pkt.payload, pkt.len);
-    g.rq.ring.at_mut(g.rq.tail).sges = sges;
+    };
+    let res = sgl::scatter(qp, &r.sges, &pkt.payload, pkt.len);
+    let wr_id = r.wr_id;
+    done_recv(g, r);
     match res {
         Ok(()) => {
-            complete_recv(qp, g, &pkt, WcOpcode::RECV);
+            complete_recv(qp, g, &pkt, WcOpcode::RECV, wr_id);
             ack(qp, g, &pkt, drv);
         }
         // IBA 9.7.5.2.2: a message longer than the receive buffer is a Local Length Error on
         // the responder and an Invalid Request for the requester.
         Err(SglError::TooLong) => {
-            fail(qp, g, &pkt, NakCode::InvalidRequest, Some(WcStatus::LOC_LEN_ERR), drv)
+            fail(qp, g, &pkt, NakCode::InvalidRequest, Some((WcStatus::LOC_LEN_ERR, wr_id)), drv)
         }
-        Err(SglError::Protection) => {
-            fail(qp, g, &pkt, NakCode::RemoteOperationalError, Some(WcStatus::LOC_PROT_ERR), drv)
-        }
+        Err(SglError::Protection) => fail(
+            qp,
+            g,
+            &pkt,
+            NakCode::RemoteOperationalError,
+            Some((WcStatus::LOC_PROT_ERR, wr_id)),
+            drv,
+        ),
     }
 }
 
@@ -365,12 +391,20 @@ fn write(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>)
     if !g.attr.qp_access_flags.contains(AccessFlags::REMOTE_WRITE) {
         return fail(qp, g, &pkt, NakCode::InvalidRequest, None, drv);
     }
-    let with_imm = pkt.imm.is_some();
-    if with_imm && g.rq.len() == 0 {
-        rnr(qp, g, &pkt, drv);
-        return;
-    }
-    let recv_status = with_imm.then_some(WcStatus::REM_ACCESS_ERR);
+    // WRITE_WITH_IMM consumes a receive WQE, taken before the data lands.
+    let recv = if pkt.imm.is_some() {
+        match pop_recv(qp, g) {
+            Some(r) => {
+                let id = r.wr_id;
+                done_recv(g, r);
+                Some(id)
+            }
+            None => return rnr(qp, g, &pkt, drv),
+        }
+    } else {
+        None
+    };
+    let recv_status = recv.map(|id| (WcStatus::REM_ACCESS_ERR, id));
     match target(qp, pkt.rkey, pkt.va, pkt.len, AccessFlags::REMOTE_WRITE) {
         Ok(Some((region, off))) => {
             let dst = std::iter::once((&region, off, pkt.len as usize));
@@ -381,8 +415,8 @@ fn write(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>)
         Ok(None) => {}
         Err(()) => return fail(qp, g, &pkt, NakCode::RemoteAccessError, recv_status, drv),
     }
-    if with_imm {
-        complete_recv(qp, g, &pkt, WcOpcode::RECV_RDMA_WITH_IMM);
+    if let Some(wr_id) = recv {
+        complete_recv(qp, g, &pkt, WcOpcode::RECV_RDMA_WITH_IMM, wr_id);
     }
     ack(qp, g, &pkt, drv);
 }

@@ -41,6 +41,7 @@ pub(crate) fn pair() -> (Fabric, Side, Side) {
                 recv_cq: &cq,
                 cap,
                 sq_sig_all: false,
+                srq: None,
             })
             .unwrap();
         Side { qp, mr, cq }

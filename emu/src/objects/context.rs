@@ -26,6 +26,7 @@ use crate::{
 pub enum EventElement {
     Qp(Qp),
     Cq(Cq),
+    Srq(super::srq::Srq),
     /// A port number.
     Port(u8),
     Device,
@@ -119,6 +120,7 @@ impl Context {
         match &ev.element {
             EventElement::Qp(qp) => qp.0.async_events.reported(),
             EventElement::Cq(cq) => cq.0.async_events.reported(),
+            EventElement::Srq(s) => s.0.async_events.reported(),
             EventElement::Port(_) | EventElement::Device => {}
         }
         Ok(ev)
@@ -129,6 +131,7 @@ impl Context {
         match &ev.element {
             EventElement::Qp(qp) => qp.0.async_events.ack(1),
             EventElement::Cq(cq) => cq.0.async_events.ack(1),
+            EventElement::Srq(s) => s.0.async_events.ack(1),
             EventElement::Port(_) | EventElement::Device => {}
         }
     }

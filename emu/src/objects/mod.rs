@@ -13,6 +13,7 @@ pub(crate) mod device;
 pub(crate) mod event;
 pub(crate) mod mr;
 pub(crate) mod pd;
+pub(crate) mod srq;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 

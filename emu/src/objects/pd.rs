@@ -60,6 +60,12 @@ impl Pd {
         super::ah::Ah::create(self, attr)
     }
 
+    /// `ibv_create_srq`: `attr.max_wr` and `attr.max_sge` are what the application asks for;
+    /// [`Srq::query`] reports what was granted.
+    pub fn create_srq(&self, attr: &super::srq::SrqAttr) -> Result<super::srq::Srq> {
+        super::srq::Srq::create(self, attr)
+    }
+
     /// `ibv_create_qp`.
     pub fn create_qp(&self, init: &QpInitAttr<'_>) -> Result<Qp> {
         Qp::create(self, init)

@@ -50,6 +50,8 @@ pub struct QpInitAttr<'a> {
     pub cap: QpCap,
     /// `sq_sig_all`: every send WR generates a completion.
     pub sq_sig_all: bool,
+    /// Receives come from this shared receive queue instead of the QP's own.
+    pub srq: Option<&'a crate::Srq>,
 }
 
 /// `struct ibv_qp_attr`.
@@ -124,6 +126,7 @@ pub(crate) struct QpShared {
     pub(crate) pd: Arc<PdInner>,
     pub(crate) send_cq: Arc<CqInner>,
     pub(crate) recv_cq: Arc<CqInner>,
+    pub(crate) srq: Option<Arc<crate::objects::srq::SrqInner>>,
     pub(crate) sq_sig_all: bool,
     pub(crate) cap: QpCap,
     pub(crate) inner: Mutex<QpInner>,
@@ -149,6 +152,9 @@ impl QpShared {
         self.ctx.fabric.unregister_qp(self.qpn);
         self.send_cq.life.put();
         self.recv_cq.life.put();
+        if let Some(s) = &self.srq {
+            s.life.put();
+        }
         self.pd.life.put();
         ResourceCounts::give(&self.ctx.device.counts.qp);
     }
@@ -228,8 +234,18 @@ impl Qp {
         let port = PortInfo::of(dev, 1)?;
         ResourceCounts::take(&dev.counts.qp, a.max_qp, "too many queue pairs")?;
         // Take the dependents' references in order, undoing on failure.
-        let mut taken: Vec<&Lifecycle> = Vec::with_capacity(3);
-        for life in [&pd.0.life, &init.send_cq.0.life, &init.recv_cq.0.life] {
+        if let Some(s) = init.srq {
+            if !Arc::ptr_eq(&s.0.pd.ctx, ctx) {
+                return Err(einval("SRQ belongs to another context"));
+            }
+        }
+        let srq_life = init.srq.map(|s| &s.0.life);
+        let mut taken: Vec<&Lifecycle> = Vec::with_capacity(4);
+        for life in
+            [Some(&pd.0.life), Some(&init.send_cq.0.life), Some(&init.recv_cq.0.life), srq_life]
+                .into_iter()
+                .flatten()
+        {
             if let Err(e) = life.get() {
                 taken.iter().for_each(|l| l.put());
                 ResourceCounts::give(&dev.counts.qp);
@@ -245,6 +261,7 @@ impl Qp {
                 pd: pd.0.clone(),
                 send_cq: init.send_cq.0.clone(),
                 recv_cq: init.recv_cq.0.clone(),
+                srq: init.srq.map(|s| s.0.clone()),
                 sq_sig_all: init.sq_sig_all,
                 cap,
                 inner: Mutex::new(QpInner {

@@ -40,6 +40,7 @@ pub fn node_on(dev: &Device, mr_len: usize) -> Node {
             recv_cq: &cq,
             cap: cap(64),
             sq_sig_all: false,
+            srq: None,
         })
         .unwrap();
     Node { ctx, pd, cq, qp, mr }

@@ -139,6 +139,7 @@ unsafe fn create(
             max_inline_data: cap.max_inline_data,
         },
         sq_sig_all: sq_sig_all != 0,
+        srq: None,
     };
     let emu = match p.emu.create_qp(&attr) {
         Ok(q) => q,

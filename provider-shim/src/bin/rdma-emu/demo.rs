@@ -37,6 +37,7 @@ fn node(dev: &Device) -> Result<Node> {
         recv_cq: &cq,
         cap,
         sq_sig_all: false,
+        srq: None,
     })?;
     Ok(Node { name: dev.name().to_string(), cq, qp, mr })
 }

@@ -1,0 +1,217 @@
+//! Shared receive queues (`struct ibv_srq`).
+
+use std::sync::{
+    Arc,
+    atomic::{AtomicUsize, Ordering},
+};
+
+use parking_lot::Mutex;
+
+use super::{
+    Lifecycle,
+    context::{AsyncEvent, EventElement},
+    event::EventCount,
+    pd::{Pd, PdInner},
+};
+use crate::{
+    error::{Errno, Error, Result, einval},
+    qp::{RecvWr, queue::RecvQueue},
+    types::{EventType, Sge},
+};
+
+/// `struct ibv_srq_attr`: sizes and the limit that arms `IBV_EVENT_SRQ_LIMIT_REACHED`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SrqAttr {
+    pub max_wr: u32,
+    pub max_sge: u32,
+    pub srq_limit: u32,
+}
+
+/// `enum ibv_srq_attr_mask`.
+pub mod srq_attr_mask {
+    pub const MAX_WR: u32 = 1;
+    pub const LIMIT: u32 = 2;
+}
+
+#[derive(Debug)]
+struct SrqState {
+    rq: RecvQueue,
+    max_sge: u32,
+    /// 0: disarmed.
+    limit: u32,
+}
+
+#[derive(Debug)]
+pub(crate) struct SrqInner {
+    pub(crate) pd: Arc<PdInner>,
+    st: Mutex<SrqState>,
+    /// Dependents: QPs using the SRQ.
+    pub(crate) life: Lifecycle,
+    pub(crate) async_events: EventCount,
+    user_data: AtomicUsize,
+}
+
+impl Drop for SrqInner {
+    fn drop(&mut self) {
+        if self.life.destroy().is_ok() {
+            self.pd.life.put();
+        }
+    }
+}
+
+/// rxe's ring sizing: the smallest `2^n - 1 >= n`.
+fn granted(n: u32) -> u32 {
+    (n.max(1) + 1).next_power_of_two() - 1
+}
+
+impl SrqInner {
+    /// Takes the oldest receive WQE, raising `SRQ_LIMIT_REACHED` once when the count falls
+    /// below an armed limit (IBA 10.2.9.2).
+    pub(crate) fn pop(self: &Arc<SrqInner>) -> Option<(u64, Vec<Sge>)> {
+        let mut st = self.st.lock();
+        if st.rq.len() == 0 {
+            return None;
+        }
+        let tail = st.rq.tail;
+        let w = st.rq.ring.at_mut(tail);
+        let taken = (w.wr_id, std::mem::take(&mut w.sges));
+        st.rq.tail = tail.wrapping_add(1);
+        let fire = st.limit > 0 && st.rq.len() < st.limit;
+        if fire {
+            st.limit = 0;
+        }
+        drop(st);
+        if fire {
+            self.pd.ctx.raise(AsyncEvent {
+                event_type: EventType::SRQ_LIMIT_REACHED,
+                element: EventElement::Srq(Srq(self.clone())),
+            });
+        }
+        Some(taken)
+    }
+}
+
+/// A shared receive queue.
+#[derive(Clone, Debug)]
+pub struct Srq(pub(crate) Arc<SrqInner>);
+
+impl Srq {
+    pub(crate) fn create(pd: &Pd, init: &SrqAttr) -> Result<Srq> {
+        let a = &pd.0.ctx.device.attr;
+        if init.max_wr == 0 || init.max_wr > a.max_srq_wr || init.max_sge > a.max_srq_sge {
+            return Err(einval("max_wr or max_sge out of range"));
+        }
+        pd.0.life.get()?;
+        let max_wr = granted(init.max_wr);
+        let max_sge = init.max_sge.max(1);
+        Ok(Srq(Arc::new(SrqInner {
+            pd: pd.0.clone(),
+            st: Mutex::new(SrqState {
+                rq: RecvQueue::new(max_wr, max_sge),
+                max_sge,
+                limit: init.srq_limit,
+            }),
+            life: Lifecycle::default(),
+            async_events: EventCount::default(),
+            user_data: AtomicUsize::new(0),
+        })))
+    }
+
+    /// `ibv_post_srq_recv` of one WR: `ENOMEM` when full, `EINVAL` for too many SGEs.
+    pub fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()> {
+        self.0.life.check()?;
+        let mut st = self.0.st.lock();
+        if st.rq.len() >= st.rq.depth {
+            return Err(Error::new(Errno::ENOMEM, "shared receive queue is full"));
+        }
+        if wr.sg_list.len() > st.max_sge as usize {
+            return Err(einval("num_sge above max_sge"));
+        }
+        let head = st.rq.head;
+        let w = st.rq.ring.at_mut(head);
+        w.wr_id = wr.wr_id;
+        w.sges.clear();
+        w.sges.extend_from_slice(wr.sg_list);
+        st.rq.head = head.wrapping_add(1);
+        Ok(())
+    }
+
+    /// `ibv_query_srq`.
+    pub fn query(&self) -> Result<SrqAttr> {
+        self.0.life.check()?;
+        let st = self.0.st.lock();
+        Ok(SrqAttr { max_wr: st.rq.depth, max_sge: st.max_sge, srq_limit: st.limit })
+    }
+
+    /// `ibv_modify_srq`: resize (`MAX_WR`, never below the queued count) and/or arm the limit
+    /// (`LIMIT`, at most the size).
+    pub fn modify(&self, attr: &SrqAttr, mask: u32) -> Result<()> {
+        use srq_attr_mask::*;
+        self.0.life.check()?;
+        if mask & !(MAX_WR | LIMIT) != 0 {
+            return Err(einval("unknown SRQ attribute"));
+        }
+        let max = self.0.pd.ctx.device.attr.max_srq_wr;
+        let mut st = self.0.st.lock();
+        let new_depth = if mask & MAX_WR != 0 {
+            if attr.max_wr == 0 || attr.max_wr > max {
+                return Err(einval("max_wr out of range"));
+            }
+            let d = granted(attr.max_wr);
+            if d < st.rq.len() {
+                return Err(einval("the new size cannot hold the queued WRs"));
+            }
+            d
+        } else {
+            st.rq.depth
+        };
+        if mask & LIMIT != 0 && attr.srq_limit > new_depth {
+            return Err(einval("srq_limit above the queue size"));
+        }
+        if new_depth != st.rq.depth {
+            let mut rq = RecvQueue::new(new_depth, st.max_sge);
+            while st.rq.tail != st.rq.head {
+                let t = st.rq.tail;
+                let w = st.rq.ring.at_mut(t);
+                let h = rq.head;
+                let n = rq.ring.at_mut(h);
+                n.wr_id = w.wr_id;
+                n.sges = std::mem::take(&mut w.sges);
+                rq.head = h.wrapping_add(1);
+                st.rq.tail = t.wrapping_add(1);
+            }
+            st.rq = rq;
+        }
+        if mask & LIMIT != 0 {
+            st.limit = attr.srq_limit;
+        }
+        Ok(())
+    }
+
+    /// `ibv_destroy_srq`: `EBUSY` while a QP uses it; waits for acknowledged events.
+    pub fn destroy(&self) -> Result<()> {
+        self.0.life.destroy()?;
+        self.0
+            .pd
+            .ctx
+            .discard_events(|e| matches!(e, EventElement::Srq(s) if Arc::ptr_eq(&s.0, &self.0)));
+        self.0.async_events.wait_all_acked();
+        self.0.pd.life.put();
+        Ok(())
+    }
+
+    /// The opaque word set by [`Srq::set_user_data`].
+    pub fn user_data(&self) -> usize {
+        self.0.user_data.load(Ordering::Acquire)
+    }
+
+    /// Stores an opaque word with the SRQ (for layers that wrap it, such as the C shim).
+    pub fn set_user_data(&self, v: usize) {
+        self.0.user_data.store(v, Ordering::Release);
+    }
+
+    /// Whether two handles name the same SRQ.
+    pub fn same(&self, other: &Srq) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
