@@ -43,6 +43,12 @@ pub(crate) struct ShimChannel {
 }
 
 #[repr(C)]
+pub(crate) struct ShimSrq {
+    pub(crate) srq: ibv_srq,
+    pub(crate) emu: rdma_emu::Srq,
+}
+
+#[repr(C)]
 pub(crate) struct ShimAh {
     pub(crate) ah: ibv_ah,
     pub(crate) emu: rdma_emu::Ah,

@@ -141,3 +141,10 @@ fn ud_datagrams_through_the_c_abi() {
         assert!(out.contains("ud ok"), "{profile}: {out}");
     }
 }
+
+#[test]
+fn srq_through_the_c_abi() {
+    let exe = build("srq");
+    let out = run_on_shim(&mut Command::new(&exe));
+    assert!(out.contains("srq ok"), "{out}");
+}

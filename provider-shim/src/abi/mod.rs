@@ -73,7 +73,7 @@ mirrors! {
         _compat_modify_srq: *mut c_void,
         _compat_query_srq: *mut c_void,
         _compat_destroy_srq: *mut c_void,
-        post_srq_recv: *mut c_void,
+        post_srq_recv: Option<unsafe extern "C" fn(*mut ibv_srq, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int>,
         _compat_create_qp: *mut c_void,
         _compat_query_qp: *mut c_void,
         _compat_modify_qp: *mut c_void,
@@ -452,6 +452,24 @@ mirrors! {
         alt_port_num: u8,
         alt_timeout: u8,
         rate_limit: u32,
+    }
+    ibv_srq = "struct ibv_srq" {
+        context: *mut ibv_context,
+        srq_context: *mut c_void,
+        pd: *mut ibv_pd,
+        handle: u32,
+        mutex: pthread_mutex_t,
+        cond: pthread_cond_t,
+        events_completed: u32,
+    }
+    ibv_srq_attr = "struct ibv_srq_attr" {
+        max_wr: u32,
+        max_sge: u32,
+        srq_limit: u32,
+    }
+    ibv_srq_init_attr = "struct ibv_srq_init_attr" {
+        srq_context: *mut c_void,
+        attr: ibv_srq_attr,
     }
     ibv_ah = "struct ibv_ah" {
         context: *mut ibv_context,

@@ -28,6 +28,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_get_async_event(
                 ev.element = match &e.element {
                     EventElement::Qp(q) => q.user_data() as *mut _,
                     EventElement::Cq(q) => q.user_data() as *mut _,
+                    EventElement::Srq(q) => q.user_data() as *mut _,
                     EventElement::Port(p) => *p as usize as *mut _,
                     _ => std::ptr::null_mut(),
                 };
@@ -63,6 +64,13 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_ack_async_event(ev: *mut ibv_
                     return;
                 };
                 (q.qp.qp_base.context, EventElement::Qp(q.emu.clone()))
+            }
+            EventType::SRQ_ERR | EventType::SRQ_LIMIT_REACHED => {
+                // SAFETY: as above, for an SRQ.
+                let Some(q) = (unsafe { obj::<_, ShimSrq>(ev.element as *mut ibv_srq) }) else {
+                    return;
+                };
+                (q.srq.context, EventElement::Srq(q.emu.clone()))
             }
             EventType::CQ_ERR => {
                 // SAFETY: as above, for a CQ.

@@ -8,9 +8,10 @@ pub(crate) mod ops;
 pub(crate) mod pd_mr;
 pub(crate) mod qp;
 pub(crate) mod rates;
+pub(crate) mod srq;
 pub(crate) mod strings;
 pub(crate) mod wr;
 
 // Only the generated trampolines use these (not in the unit-test build).
 #[allow(unused_imports)]
-pub(crate) use self::{cq::*, device::*, events::*, pd_mr::*, qp::*, rates::*, strings::*};
+pub(crate) use self::{cq::*, device::*, events::*, pd_mr::*, qp::*, rates::*, srq::*, strings::*};

@@ -10,6 +10,7 @@ pub(crate) fn fill(v: &mut verbs_context) {
     ops.req_notify_cq = Some(super::cq::req_notify_cq);
     ops.post_send = Some(super::qp::post_send);
     ops.post_recv = Some(super::qp::post_recv);
+    ops.post_srq_recv = Some(super::srq::post_srq_recv);
     v.query_port = Some(super::device::query_port);
     v.query_device_ex = Some(super::device::query_device_ex);
     v.create_cq_ex = Some(super::cq::create_cq_ex);

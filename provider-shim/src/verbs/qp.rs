@@ -123,8 +123,12 @@ unsafe fn create(
         set_errno(libc::EINVAL);
         return ptr::null_mut();
     };
-    if !srq.is_null() {
-        set_errno(libc::EOPNOTSUPP); // SRQs are not implemented yet
+    let srq_raw = srq;
+    let srq_ptr_is_null = srq.is_null();
+    // SAFETY: NULL or a live SRQ.
+    let srq = unsafe { obj::<_, ShimSrq>(srq) };
+    if srq.is_none() && !srq_ptr_is_null {
+        set_errno(libc::EINVAL);
         return ptr::null_mut();
     }
     let attr = QpInitAttr {
@@ -139,7 +143,7 @@ unsafe fn create(
             max_inline_data: cap.max_inline_data,
         },
         sq_sig_all: sq_sig_all != 0,
-        srq: None,
+        srq: srq.map(|s| &s.emu),
     };
     let emu = match p.emu.create_qp(&attr) {
         Ok(q) => q,
@@ -155,6 +159,7 @@ unsafe fn create(
     b.pd = pd;
     b.send_cq = send_cq;
     b.recv_cq = recv_cq;
+    b.srq = srq_raw;
     b.qp_num = emu.qp_num();
     b.state = QpState::RESET.0;
     b.qp_type = qp_type;
@@ -331,7 +336,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_query_qp(
         init.qp_context = b.qp_context;
         init.send_cq = b.send_cq;
         init.recv_cq = b.recv_cq;
-        init.srq = ptr::null_mut();
+        init.srq = b.srq;
         init.cap = cap_to_c(&a.cap);
         init.qp_type = b.qp_type;
         init.sq_sig_all = s.emu.sq_sig_all() as c_int;
@@ -343,7 +348,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_query_qp(
 ///
 /// # Safety
 /// `sg` points to `n` readable SGEs (or `n` is 0).
-unsafe fn sges<'a>(sg: *const ibv_sge, n: usize) -> &'a [Sge] {
+pub(crate) unsafe fn sges<'a>(sg: *const ibv_sge, n: usize) -> &'a [Sge] {
     if n == 0 || sg.is_null() {
         return &[];
     }

@@ -1,0 +1,127 @@
+//! Shared receive queues, including the `post_srq_recv` slot.
+
+use core::ffi::c_int;
+use std::ptr;
+
+use rdma_emu::{RecvWr, SrqAttr};
+
+use crate::{
+    abi::*,
+    boundary::{ffi, null_with, set_errno},
+    objects::*,
+};
+
+/// `ibv_create_srq(pd, srq_init_attr)`: writes the granted sizes back into the attr.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_create_srq(
+    pd: *mut ibv_pd,
+    init: *mut ibv_srq_init_attr,
+) -> *mut ibv_srq {
+    ffi!(ptr::null_mut(), {
+        // SAFETY: NULL or a live PD; `init` NULL or a valid attr.
+        let (Some(p), Some(i)) = (unsafe { obj::<_, ShimPd>(pd) }, unsafe { init.as_mut() }) else {
+            set_errno(libc::EINVAL);
+            return ptr::null_mut();
+        };
+        let a =
+            SrqAttr { max_wr: i.attr.max_wr, max_sge: i.attr.max_sge, srq_limit: i.attr.srq_limit };
+        let emu = match p.emu.create_srq(&a) {
+            Ok(s) => s,
+            Err(e) => return null_with(e),
+        };
+        let got = emu.query().unwrap_or(a);
+        i.attr.max_wr = got.max_wr;
+        i.attr.max_sge = got.max_sge;
+        // SAFETY: ibv_srq is plain data (pointers, integers, pthread objects initialised below).
+        let mut srq: ibv_srq = unsafe { std::mem::zeroed() };
+        srq.context = p.pd.context;
+        srq.srq_context = i.srq_context;
+        srq.pd = pd;
+        let s = leak(ShimSrq { srq, emu });
+        // SAFETY: s is ours and not shared yet.
+        unsafe {
+            init_sync(&mut (*s).srq.mutex, &mut (*s).srq.cond);
+            (*s).emu.set_user_data(s as usize);
+        }
+        s.cast()
+    })
+}
+
+/// `ibv_modify_srq(srq, attr, mask)`: resize (`IBV_SRQ_MAX_WR`) and/or arm (`IBV_SRQ_LIMIT`).
+pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_modify_srq(
+    srq: *mut ibv_srq,
+    attr: *mut ibv_srq_attr,
+    mask: c_int,
+) -> c_int {
+    ffi!(libc::EIO, {
+        // SAFETY: NULL or a live SRQ; `attr` NULL or valid.
+        let (Some(s), Some(a)) = (unsafe { obj::<_, ShimSrq>(srq) }, unsafe { attr.as_ref() })
+        else {
+            return libc::EINVAL;
+        };
+        let a = SrqAttr { max_wr: a.max_wr, max_sge: a.max_sge, srq_limit: a.srq_limit };
+        s.emu.modify(&a, mask as u32).map_or_else(|e| e.errno().raw(), |()| 0)
+    })
+}
+
+/// `ibv_query_srq(srq, attr)`.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_query_srq(
+    srq: *mut ibv_srq,
+    attr: *mut ibv_srq_attr,
+) -> c_int {
+    ffi!(libc::EIO, {
+        // SAFETY: NULL or a live SRQ; `attr` NULL or writable.
+        let (Some(s), Some(out)) = (unsafe { obj::<_, ShimSrq>(srq) }, unsafe { attr.as_mut() })
+        else {
+            return libc::EINVAL;
+        };
+        match s.emu.query() {
+            Ok(a) => {
+                *out =
+                    ibv_srq_attr { max_wr: a.max_wr, max_sge: a.max_sge, srq_limit: a.srq_limit };
+                0
+            }
+            Err(e) => e.errno().raw(),
+        }
+    })
+}
+
+/// `ibv_destroy_srq(srq)`: `EBUSY` while QPs use it.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
+    // SAFETY: NULL or an object of this library (checked by `destroy`).
+    ffi!(libc::EIO, { unsafe { destroy(srq, |s: &ShimSrq| s.emu.destroy()) } })
+}
+
+/// The `post_srq_recv` slot: `ibv_post_srq_recv(srq, wr, bad_wr)`.
+pub(crate) unsafe extern "C" fn post_srq_recv(
+    srq: *mut ibv_srq,
+    mut wr: *mut ibv_recv_wr,
+    bad: *mut *mut ibv_recv_wr,
+) -> c_int {
+    ffi!(libc::EIO, {
+        // SAFETY: a live SRQ.
+        let Some(s) = (unsafe { obj::<_, ShimSrq>(srq) }) else { return libc::EINVAL };
+        let max_sge = s.emu.query().map(|a| a.max_sge as c_int).unwrap_or(0);
+        while !wr.is_null() {
+            // SAFETY: each element of the application's list is a valid ibv_recv_wr.
+            let w = unsafe { &*wr };
+            let res = if w.num_sge < 0 || w.num_sge > max_sge {
+                Err(libc::EINVAL)
+            } else {
+                // SAFETY: num_sge readable entries, bounded above.
+                let sg = unsafe { super::qp::sges(w.sg_list, w.num_sge as usize) };
+                s.emu
+                    .post_recv(&RecvWr { wr_id: w.wr_id, sg_list: sg })
+                    .map_err(|e| e.errno().raw())
+            };
+            if let Err(e) = res {
+                if !bad.is_null() {
+                    // SAFETY: bad_wr is writable when non-NULL.
+                    unsafe { *bad = wr };
+                }
+                return e;
+            }
+            wr = w.next;
+        }
+        0
+    })
+}
