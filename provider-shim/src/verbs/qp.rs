@@ -493,6 +493,85 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_create_ah(
     })
 }
 
+/// `ibv_init_ah_from_wc(context, port_num, wc, grh, ah_attr)`: the address that answers the
+/// sender of a received UD completion. With `IBV_WC_GRH`, the GRH's source GID becomes the
+/// destination and its destination GID names our source GID index.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_init_ah_from_wc(
+    c: *mut ibv_context,
+    port: u8,
+    wc: *const ibv_wc,
+    grh: *const u8,
+    out: *mut ibv_ah_attr,
+) -> c_int {
+    ffi!(-1, {
+        // SAFETY: NULL or a live context; `wc` and `out` NULL or valid.
+        let (Some(s), Some(wc), Some(out)) =
+            (unsafe { ctx(c) }, unsafe { wc.as_ref() }, unsafe { out.as_mut() })
+        else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        // SAFETY: ibv_ah_attr is plain data; all-zero is valid.
+        *out = unsafe { std::mem::zeroed() };
+        out.dlid = wc.slid;
+        out.sl = wc.sl;
+        out.src_path_bits = wc.dlid_path_bits;
+        out.port_num = port;
+        if wc.wc_flags & rdma_emu::WcFlags::GRH.bits() != 0 {
+            if grh.is_null() {
+                set_errno(libc::EINVAL);
+                return -1;
+            }
+            // SAFETY: with IBV_WC_GRH the application passes the 40 bytes the datagram began with.
+            let g = unsafe { std::slice::from_raw_parts(grh, 40) };
+            let word0 = u32::from_be_bytes([g[0], g[1], g[2], g[3]]);
+            let dgid: [u8; 16] = g[24..40].try_into().expect("16 bytes");
+            let dev = s.emu.device();
+            let Some(index) = dev
+                .gid_table(port)
+                .ok()
+                .and_then(|t| t.iter().find(|e| e.gid.0 == dgid).map(|e| e.index))
+            else {
+                set_errno(libc::ENOENT);
+                return -1;
+            };
+            out.is_global = 1;
+            out.grh.dgid = ibv_gid { raw: g[8..24].try_into().expect("16 bytes") };
+            out.grh.sgid_index = index as u8;
+            out.grh.flow_label = word0 & 0xf_ffff;
+            out.grh.traffic_class = (word0 >> 20) as u8;
+            out.grh.hop_limit = 0xff;
+        }
+        0
+    })
+}
+
+/// `ibv_create_ah_from_wc(pd, wc, grh, port_num)`.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_create_ah_from_wc(
+    pd: *mut ibv_pd,
+    wc: *const ibv_wc,
+    grh: *const u8,
+    port: u8,
+) -> *mut ibv_ah {
+    ffi!(ptr::null_mut(), {
+        // SAFETY: NULL or a live PD.
+        let Some(p) = (unsafe { obj::<_, ShimPd>(pd) }) else {
+            set_errno(libc::EINVAL);
+            return ptr::null_mut();
+        };
+        // SAFETY: ibv_ah_attr is plain data; the other pointers are forwarded.
+        let mut attr: ibv_ah_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: forwarded pointers, checked inside.
+        if unsafe { rdma_emu_shim__ibv_init_ah_from_wc(p.pd.context, port, wc, grh, &mut attr) }
+            != 0
+        {
+            return ptr::null_mut();
+        }
+        // SAFETY: forwarded.
+        unsafe { rdma_emu_shim__ibv_create_ah(pd, &mut attr) }
+    })
+}
+
 /// `ibv_destroy_ah(ah)`.
 pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
     // SAFETY: NULL or an object of this library (checked by `destroy`).

@@ -73,6 +73,32 @@ int main(void)
 	CHECK(wc.byte_len == 40 + 9 && wc.src_qp == a.qp->qp_num);
 	CHECK(strcmp(b.buf + 40, "datagram") == 0);
 
+	/* Answer the sender with an AH built from the completion and the GRH area. */
+	{
+		struct ibv_ah_attr back;
+		CHECK(ibv_init_ah_from_wc(b.ctx, 1, &wc, (struct ibv_grh *)b.buf, &back) == 0);
+		CHECK(back.dlid == a.port.lid && back.port_num == 1);
+		if (b.port.link_layer == IBV_LINK_LAYER_ETHERNET)
+			CHECK(back.is_global && memcmp(&back.grh.dgid, &a.gid, 16) == 0);
+		struct ibv_ah *reply = ibv_create_ah_from_wc(b.pd, &wc, (struct ibv_grh *)b.buf, 1);
+		CHECK(reply);
+		struct ibv_sge rs = { (uintptr_t)a.buf + 512, 64, a.mr->lkey };
+		struct ibv_recv_wr rw = { .wr_id = 8, .sg_list = &rs, .num_sge = 1 }, *rb;
+		CHECK(ibv_post_recv(a.qp, &rw, &rb) == 0);
+		strcpy(b.buf + 1024, "reply");
+		struct ibv_sge ss = { (uintptr_t)b.buf + 1024, 6, b.mr->lkey };
+		struct ibv_send_wr sw = { .wr_id = 9, .sg_list = &ss, .num_sge = 1, .opcode = IBV_WR_SEND,
+					  .send_flags = IBV_SEND_SIGNALED }, *sb;
+		sw.wr.ud.ah = reply;
+		sw.wr.ud.remote_qpn = wc.src_qp;
+		sw.wr.ud.remote_qkey = QKEY;
+		CHECK(ibv_post_send(b.qp, &sw, &sb) == 0);
+		CHECK(wait_wc(b.cq).status == IBV_WC_SUCCESS);
+		struct ibv_wc r = wait_wc(a.cq);
+		CHECK(r.wr_id == 8 && r.status == IBV_WC_SUCCESS && strcmp(a.buf + 512 + 40, "reply") == 0);
+		CHECK(ibv_destroy_ah(reply) == 0);
+	}
+
 	CHECK(ibv_dealloc_pd(a.pd) == EBUSY);
 	CHECK(ibv_destroy_ah(ah) == 0);
 	CHECK(ibv_destroy_ah(ah) == EINVAL);
