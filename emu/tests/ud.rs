@@ -160,3 +160,64 @@ fn ud_posting_and_address_handle_errors() {
         "a destroyed AH"
     );
 }
+
+#[test]
+fn multicast_reaches_every_attached_qp_until_detached() {
+    let (f, a, b) = pair(Profile::Full);
+    let c = {
+        let n = node_on(&f.devices()[0], 8192);
+        let qp = ud_qp(&n);
+        Ud { n, qp }
+    };
+    let mut mgid = Gid::ZERO;
+    mgid.0[0] = 0xff;
+    mgid.0[15] = 7;
+    b.qp.attach_mcast(&mgid, 0xc001).unwrap();
+    c.qp.attach_mcast(&mgid, 0xc001).unwrap();
+    let ah =
+        a.n.pd
+            .create_ah(&AhAttr {
+                is_global: true,
+                dgid: mgid,
+                dlid: 0xc001,
+                port_num: 1,
+                ..Default::default()
+            })
+            .unwrap();
+    for (q, n) in [(&b.qp, &b.n), (&c.qp, &c.n)] {
+        post_recv(q, 1, &[sge(&n.mr, 0, 40 + 64)]);
+        post_recv(q, 2, &[sge(&n.mr, 128, 40 + 64)]);
+    }
+    a.n.mr.write(0, b"to all").unwrap();
+    a.qp.post_send(&SendWr::send_ud(1, &[sge(&a.n.mr, 0, 6)], &ah, 0xff_ffff, QKEY)).unwrap();
+    assert_eq!(wait1(&a.n.cq).status, WcStatus::SUCCESS);
+    for n in [&b.n, &c.n] {
+        let r = wait1(&n.cq);
+        assert_eq!((r.wr_id, r.byte_len, r.src_qp), (1, 46, a.qp.qp_num()));
+        assert!(r.wc_flags.contains(WcFlags::GRH));
+        let mut got = [0u8; 6];
+        n.mr.read(40, &mut got).unwrap();
+        assert_eq!(&got, b"to all");
+    }
+    c.qp.detach_mcast(&mgid, 0xc001).unwrap();
+    a.qp.post_send(&SendWr::send_ud(2, &[sge(&a.n.mr, 0, 6)], &ah, 0xff_ffff, QKEY)).unwrap();
+    wait1(&a.n.cq);
+    assert_eq!(wait1(&b.n.cq).wr_id, 2);
+    assert_empty(&c.n.cq);
+}
+
+#[test]
+fn multicast_attach_rules() {
+    let (_f, a, b) = pair(Profile::Full);
+    let mut mgid = Gid::ZERO;
+    mgid.0[0] = 0xff;
+    let e = |r: Result<()>| r.unwrap_err().errno();
+    assert_eq!(e(a.qp.attach_mcast(&Gid::link_local(1), 0)), Errno::EINVAL, "not a multicast GID");
+    assert_eq!(e(a.n.qp.attach_mcast(&mgid, 0)), Errno::EINVAL, "an RC QP");
+    assert_eq!(e(a.qp.detach_mcast(&mgid, 0)), Errno::EINVAL, "not attached");
+    b.qp.attach_mcast(&mgid, 0).unwrap();
+    assert_eq!(e(b.qp.attach_mcast(&mgid, 0)), Errno::EINVAL, "already attached");
+    assert_eq!(e(b.qp.destroy()), Errno::EBUSY, "attached QPs cannot be destroyed");
+    b.qp.detach_mcast(&mgid, 0).unwrap();
+    b.qp.destroy().unwrap();
+}

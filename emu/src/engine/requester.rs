@@ -42,6 +42,9 @@ impl Requester {
     }
 }
 
+/// The destination QPN of datagrams sent to a multicast group.
+const MULTICAST_QPN: u32 = 0x00ff_ffff;
+
 /// Validates `wr` the way rxe's provider and kernel do and queues it.
 pub(crate) fn post(qp: &QpShared, g: &mut QpInner, wr: &SendWr<'_>) -> Result<()> {
     if matches!(g.state, QpState::RESET | QpState::INIT | QpState::RTR) {
@@ -205,7 +208,19 @@ pub(crate) fn run(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>) -> 
                     g.req.rd_atomic_in_flight += 1;
                 }
                 sent = true;
-                drv.send(&mut g.route, pkt);
+                if pkt.dst_qpn == MULTICAST_QPN {
+                    // A datagram to a multicast group: one copy to every attached QP.
+                    let mgid = pkt.grh.as_ref().map(|g| g.1.0).unwrap_or_default();
+                    for (m, port) in qp.ctx.fabric.mcast_members(&mgid) {
+                        let mut copy = pkt.clone();
+                        copy.dst_dev = m.device_index();
+                        copy.dst_port = port;
+                        copy.dst_qpn = m.qpn;
+                        drv.send(&mut Default::default(), copy);
+                    }
+                } else {
+                    drv.send(&mut g.route, pkt);
+                }
                 if qp.qp_type != QpType::RC {
                     // Unreliable: the WR is complete once its message is on the wire.
                     completer::complete_ok(qp, g);

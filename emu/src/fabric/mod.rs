@@ -41,11 +41,17 @@ impl Default for FabricConfig {
 const FIRST_QPN: u32 = 0x11;
 const MAX_QPN: u32 = 0x00ff_ffff;
 
+/// A QP attached to a multicast group, and its port.
+type Member = (Weak<QpShared>, u8);
+
 #[derive(Debug)]
 pub(crate) struct FabricInner {
     pub(crate) devices: Vec<Arc<DeviceInner>>,
     qps: RwLock<HashMap<u32, Weak<QpShared>>>,
     next_qpn: Mutex<u32>,
+    /// Multicast groups: MGID -> attached (QP, its port), in attach order (a BTreeMap: no
+    /// hash order).
+    mcast: Mutex<std::collections::BTreeMap<[u8; 16], Vec<Member>>>,
     pub(crate) timer: timer::Timer,
 }
 
@@ -89,6 +95,54 @@ impl FabricInner {
         })
     }
 
+    /// Adds `qp` to the group `mgid`; `EINVAL` if it is already a member, `ENOMEM` past the
+    /// device's limits.
+    pub(crate) fn mcast_attach(
+        &self,
+        mgid: [u8; 16],
+        qp: &Arc<QpShared>,
+        port: u8,
+        max_qps: u32,
+        max_groups: u32,
+    ) -> crate::Result<()> {
+        let mut m = self.mcast.lock();
+        if !m.contains_key(&mgid) && m.len() as u32 >= max_groups {
+            return Err(crate::Error::new(crate::Errno::ENOMEM, "too many multicast groups"));
+        }
+        let members = m.entry(mgid).or_default();
+        members.retain(|(w, _)| w.strong_count() > 0);
+        if members.iter().any(|(w, _)| std::ptr::eq(w.as_ptr(), Arc::as_ptr(qp))) {
+            return Err(crate::error::einval("the QP is already attached to this group"));
+        }
+        if members.len() as u32 >= max_qps {
+            return Err(crate::Error::new(crate::Errno::ENOMEM, "too many QPs on this group"));
+        }
+        members.push((Arc::downgrade(qp), port));
+        Ok(())
+    }
+
+    /// Removes `qp` from `mgid`; `EINVAL` if it was not attached.
+    pub(crate) fn mcast_detach(&self, mgid: [u8; 16], qp: &Arc<QpShared>) -> crate::Result<()> {
+        let mut m = self.mcast.lock();
+        let members = m.get_mut(&mgid).ok_or(crate::error::einval("no such multicast group"))?;
+        let before = members.len();
+        members.retain(|(w, _)| !std::ptr::eq(w.as_ptr(), Arc::as_ptr(qp)));
+        if members.len() == before {
+            return Err(crate::error::einval("the QP is not attached to this group"));
+        }
+        if members.is_empty() {
+            m.remove(&mgid);
+        }
+        Ok(())
+    }
+
+    /// The live members of `mgid` and their ports, in attach order.
+    pub(crate) fn mcast_members(&self, mgid: &[u8; 16]) -> Vec<(Arc<QpShared>, u8)> {
+        let m = self.mcast.lock();
+        let members = m.get(mgid).map(Vec::as_slice).unwrap_or_default();
+        members.iter().filter_map(|(w, p)| w.upgrade().map(|q| (q, *p))).collect()
+    }
+
     /// Nanoseconds since the fabric started (the real-time drivers' clock).
     pub(crate) fn now(&self) -> u64 {
         self.timer.now()
@@ -112,6 +166,7 @@ impl Fabric {
             devices,
             qps: RwLock::new(HashMap::new()),
             next_qpn: Mutex::new(FIRST_QPN),
+            mcast: Mutex::new(Default::default()),
             timer: timer::Timer::new(),
         }))
     }

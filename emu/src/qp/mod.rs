@@ -344,6 +344,33 @@ impl Qp {
         Arc::ptr_eq(&self.0, &other.0)
     }
 
+    /// `ibv_attach_mcast`: the UD QP receives datagrams sent to the multicast group `gid`
+    /// (`ff..`). While attached, the QP cannot be destroyed (`EBUSY`).
+    pub fn attach_mcast(&self, gid: &crate::Gid, _lid: u16) -> Result<()> {
+        self.0.life.check()?;
+        if self.0.qp_type != QpType::UD || gid.0[0] != 0xff {
+            return Err(einval("multicast needs a UD QP and a multicast GID"));
+        }
+        let a = &self.0.ctx.device.attr;
+        let port = self.0.inner.lock().attr.port_num;
+        self.0.ctx.fabric.mcast_attach(
+            gid.0,
+            &self.0,
+            port,
+            a.max_mcast_qp_attach,
+            a.max_mcast_grp,
+        )?;
+        self.0.life.get()?; // an attachment keeps the QP from being destroyed
+        Ok(())
+    }
+
+    /// `ibv_detach_mcast`.
+    pub fn detach_mcast(&self, gid: &crate::Gid, _lid: u16) -> Result<()> {
+        self.0.ctx.fabric.mcast_detach(gid.0, &self.0)?;
+        self.0.life.put();
+        Ok(())
+    }
+
     /// `ibv_query_qp`: the attributes, with the current state and PSNs.
     pub fn query(&self) -> Result<QpAttr> {
         self.0.life.check()?;

@@ -587,3 +587,33 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_query_qp_data_in_order(
 ) -> c_int {
     0
 }
+
+/// `ibv_attach_mcast(qp, gid, lid)`.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_attach_mcast(
+    qp: *mut ibv_qp,
+    gid: *const ibv_gid,
+    lid: u16,
+) -> c_int {
+    ffi!(libc::EIO, {
+        // SAFETY: NULL or a live QP; `gid` NULL or readable.
+        let (Some(s), Some(g)) = (unsafe { obj::<_, ShimQp>(qp) }, unsafe { gid.as_ref() }) else {
+            return libc::EINVAL;
+        };
+        s.emu.attach_mcast(&Gid(g.raw), lid).map_or_else(|e| e.errno().raw(), |()| 0)
+    })
+}
+
+/// `ibv_detach_mcast(qp, gid, lid)`.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_detach_mcast(
+    qp: *mut ibv_qp,
+    gid: *const ibv_gid,
+    lid: u16,
+) -> c_int {
+    ffi!(libc::EIO, {
+        // SAFETY: NULL or a live QP; `gid` NULL or readable.
+        let (Some(s), Some(g)) = (unsafe { obj::<_, ShimQp>(qp) }, unsafe { gid.as_ref() }) else {
+            return libc::EINVAL;
+        };
+        s.emu.detach_mcast(&Gid(g.raw), lid).map_or_else(|e| e.errno().raw(), |()| 0)
+    })
+}

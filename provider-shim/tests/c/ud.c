@@ -99,6 +99,28 @@ int main(void)
 		CHECK(ibv_destroy_ah(reply) == 0);
 	}
 
+	/* Multicast: b attaches to a group and receives what a sends to it. */
+	{
+		union ibv_gid mgid = { .raw = { 0xff, 0x12 } };
+		struct ibv_ah_attr mattr = { .is_global = 1, .dlid = 0xc001, .port_num = 1 };
+		mattr.grh.dgid = mgid;
+		CHECK(ibv_attach_mcast(b.qp, &mgid, 0xc001) == 0);
+		CHECK(ibv_attach_mcast(b.qp, &mgid, 0xc001) == EINVAL);
+		struct ibv_ah *mah = ibv_create_ah(a.pd, &mattr);
+		CHECK(mah);
+		struct ibv_sge rs = { (uintptr_t)b.buf + 2048, 40 + 64, b.mr->lkey };
+		struct ibv_recv_wr rw = { .wr_id = 11, .sg_list = &rs, .num_sge = 1 }, *rb;
+		CHECK(ibv_post_recv(b.qp, &rw, &rb) == 0);
+		CHECK(send_to(&a, mah, 0xffffff, QKEY, 12) == 0);
+		CHECK(wait_wc(a.cq).wr_id == 12);
+		struct ibv_wc m = wait_wc(b.cq);
+		CHECK(m.wr_id == 11 && m.status == IBV_WC_SUCCESS && strcmp(b.buf + 2048 + 40, "datagram") == 0);
+		CHECK(ibv_destroy_qp(b.qp) == EBUSY);
+		CHECK(ibv_detach_mcast(b.qp, &mgid, 0xc001) == 0);
+		CHECK(ibv_detach_mcast(b.qp, &mgid, 0xc001) == EINVAL);
+		CHECK(ibv_destroy_ah(mah) == 0);
+	}
+
 	CHECK(ibv_dealloc_pd(a.pd) == EBUSY);
 	CHECK(ibv_destroy_ah(ah) == 0);
 	CHECK(ibv_destroy_ah(ah) == EINVAL);
