@@ -207,3 +207,79 @@ fn unread_events_of_a_destroyed_qp_are_discarded() {
     b.ctx.set_async_nonblocking(true).unwrap();
     assert_eq!(b.ctx.get_async_event().unwrap_err().errno(), Errno::EAGAIN);
 }
+
+#[test]
+fn sqd_drains_and_reports_sq_drained_when_asked() {
+    let (_f, a, b) = pair(Profile::Full);
+    // Make a WR stay in flight: the peer stops answering.
+    b.qp.modify(&QpAttr { qp_state: QpState::RESET, ..Default::default() }, QpAttrMask::STATE)
+        .unwrap();
+    a.qp.post_send(&SendWr::write(1, &[sge(&a.mr, 0, 8)], b.mr.addr(), b.mr.rkey())).unwrap();
+    let sqd = QpAttr { qp_state: QpState::SQD, en_sqd_async_notify: 1, ..Default::default() };
+    a.qp.modify(&sqd, QpAttrMask::STATE | QpAttrMask::EN_SQD_ASYNC_NOTIFY).unwrap();
+    let q = a.qp.query().unwrap();
+    assert_eq!((q.qp_state, q.sq_draining), (QpState::SQD, 1), "still draining");
+    a.ctx.set_async_nonblocking(true).unwrap();
+    assert_eq!(a.ctx.get_async_event().unwrap_err().errno(), Errno::EAGAIN, "not drained yet");
+    // With nothing in flight, SQD is drained at once and SQ_DRAINED fires.
+    let (_g, c, d) = pair(Profile::Full);
+    c.qp.modify(&sqd, QpAttrMask::STATE | QpAttrMask::EN_SQD_ASYNC_NOTIFY).unwrap();
+    let ev = c.ctx.get_async_event().unwrap();
+    assert_eq!(ev.event_type, EventType::SQ_DRAINED);
+    assert!(matches!(&ev.element, EventElement::Qp(q) if q.same(&c.qp)));
+    c.ctx.ack_async_event(&ev);
+    assert_eq!(c.qp.query().unwrap().sq_draining, 0);
+    // Work posted in SQD waits, and goes out when the QP is back in RTS.
+    post_recv(&d.qp, 9, &[sge(&d.mr, 0, 64)]);
+    c.qp.post_send(&SendWr::send(3, &[sge(&c.mr, 0, 8)]).signaled()).unwrap();
+    assert_empty(&c.cq);
+    c.qp.modify(&QpAttr { qp_state: QpState::RTS, ..Default::default() }, QpAttrMask::STATE)
+        .unwrap();
+    assert_eq!(wait1(&c.cq).wr_id, 3);
+    assert_eq!(wait1(&d.cq).wr_id, 9);
+}
+
+#[test]
+fn first_packet_at_an_rtr_qp_raises_comm_est_once() {
+    let f = Fabric::new(FabricConfig::default());
+    let devs = f.devices();
+    let a = node_on(&devs[0], 4096);
+    let b = node_on(&devs[1], 4096);
+    connect(&a.qp, &b.qp, &RcParams::default(), &RcParams::default());
+    // Bring B only to RTR.
+    use QpAttrMask as M;
+    let to =
+        |s| QpAttr { qp_state: s, port_num: 1, qp_access_flags: ALL_ACCESS, ..Default::default() };
+    b.qp.modify(&to(QpState::RESET), M::STATE).unwrap();
+    b.qp.modify(&to(QpState::INIT), M::STATE | M::PORT | M::PKEY_INDEX | M::ACCESS_FLAGS).unwrap();
+    let ep = a.qp.endpoint(0x10);
+    let rtr = QpAttr {
+        qp_state: QpState::RTR,
+        path_mtu: Mtu::MTU_1024,
+        dest_qp_num: ep.qpn,
+        rq_psn: 0x10,
+        ah_attr: AhAttr { dlid: ep.lid, port_num: 1, ..Default::default() },
+        ..Default::default()
+    };
+    b.qp.modify(
+        &rtr,
+        M::STATE
+            | M::AV
+            | M::PATH_MTU
+            | M::DEST_QPN
+            | M::RQ_PSN
+            | M::MAX_DEST_RD_ATOMIC
+            | M::MIN_RNR_TIMER,
+    )
+    .unwrap();
+    for i in 0..2 {
+        a.qp.post_send(&SendWr::write(i, &[sge(&a.mr, 0, 8)], b.mr.addr(), b.mr.rkey()).signaled())
+            .unwrap();
+        assert_eq!(wait1(&a.cq).status, WcStatus::SUCCESS, "an RTR QP receives");
+    }
+    let ev = b.ctx.get_async_event().unwrap();
+    assert_eq!(ev.event_type, EventType::COMM_EST);
+    b.ctx.ack_async_event(&ev);
+    b.ctx.set_async_nonblocking(true).unwrap();
+    assert_eq!(b.ctx.get_async_event().unwrap_err().errno(), Errno::EAGAIN, "once");
+}

@@ -51,6 +51,8 @@ pub(crate) struct Responder {
     pub(crate) nak_seq_sent: bool,
     /// Recently executed READs and atomics (bounded by `max_dest_rd_atomic`).
     pub(crate) replay: VecDeque<Replay>,
+    /// COMM_EST was raised (once per connection).
+    pub(crate) comm_est: bool,
 }
 
 /// Validates and queues a receive WQE (rxe provider semantics).
@@ -95,6 +97,16 @@ pub(crate) fn receive(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mu
         || pkt.dst_port != g.attr.port_num
     {
         return;
+    }
+    // IBA 11.6.3: the first packet to arrive at a connected QP still in RTR establishes the
+    // connection (rxe raises no such event, so the rxe profile does not either).
+    if g.state == QpState::RTR
+        && qp.qp_type != QpType::UD
+        && !g.resp.comm_est
+        && raises_qp_errors(qp)
+    {
+        g.resp.comm_est = true;
+        qp.raise(EventType::COMM_EST);
     }
     if qp.qp_type == QpType::UD {
         ud_receive(qp, g, &pkt);
