@@ -31,6 +31,7 @@ pub(crate) struct ResourceCounts {
     pub(crate) cq: AtomicU32,
     pub(crate) qp: AtomicU32,
     pub(crate) ah: AtomicU32,
+    pub(crate) srq: AtomicU32,
 }
 
 impl ResourceCounts {
@@ -167,5 +168,20 @@ impl Device {
     /// `ibv_open_device`.
     pub fn open(&self) -> Result<Context> {
         Context::open(self)
+    }
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+
+    #[test]
+    fn test_resource_counts_refuse_past_the_limit_with_enomem() {
+        let c = AtomicU32::new(0);
+        ResourceCounts::take(&c, 2, "x").unwrap();
+        ResourceCounts::take(&c, 2, "x").unwrap();
+        assert_eq!(ResourceCounts::take(&c, 2, "x").unwrap_err().errno(), Errno::ENOMEM);
+        ResourceCounts::give(&c);
+        ResourceCounts::take(&c, 2, "x").unwrap();
     }
 }

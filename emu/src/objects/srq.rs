@@ -10,6 +10,7 @@ use parking_lot::Mutex;
 use super::{
     Lifecycle,
     context::{AsyncEvent, EventElement},
+    device::ResourceCounts,
     event::EventCount,
     pd::{Pd, PdInner},
 };
@@ -54,8 +55,15 @@ pub(crate) struct SrqInner {
 impl Drop for SrqInner {
     fn drop(&mut self) {
         if self.life.destroy().is_ok() {
-            self.pd.life.put();
+            self.release();
         }
+    }
+}
+
+impl SrqInner {
+    fn release(&self) {
+        self.pd.life.put();
+        ResourceCounts::give(&self.pd.ctx.device.counts.srq);
     }
 }
 
@@ -101,7 +109,12 @@ impl Srq {
         if init.max_wr == 0 || init.max_wr > a.max_srq_wr || init.max_sge > a.max_srq_sge {
             return Err(einval("max_wr or max_sge out of range"));
         }
-        pd.0.life.get()?;
+        let counts = &pd.0.ctx.device.counts;
+        ResourceCounts::take(&counts.srq, a.max_srq, "too many shared receive queues")?;
+        if let Err(e) = pd.0.life.get() {
+            ResourceCounts::give(&counts.srq);
+            return Err(e);
+        }
         let max_wr = granted(init.max_wr);
         let max_sge = init.max_sge.max(1);
         Ok(Srq(Arc::new(SrqInner {
@@ -196,7 +209,7 @@ impl Srq {
             .ctx
             .discard_events(|e| matches!(e, EventElement::Srq(s) if Arc::ptr_eq(&s.0, &self.0)));
         self.0.async_events.wait_all_acked();
-        self.0.pd.life.put();
+        self.0.release();
         Ok(())
     }
 
