@@ -283,3 +283,37 @@ fn first_packet_at_an_rtr_qp_raises_comm_est_once() {
     b.ctx.set_async_nonblocking(true).unwrap();
     assert_eq!(b.ctx.get_async_event().unwrap_err().errno(), Errno::EAGAIN, "once");
 }
+
+#[test]
+fn port_down_raises_port_err_and_loses_traffic_until_it_comes_back() {
+    let p = RcParams { timeout: 1, retry_cnt: 2, ..Default::default() };
+    let (f, a, b) = pair_with(Profile::Full, &p, &p);
+    let dev1 = f.devices()[1].clone();
+    a.ctx.set_async_nonblocking(true).unwrap();
+    b.ctx.set_async_nonblocking(true).unwrap();
+
+    dev1.set_port_state(1, PortState::DOWN).unwrap();
+    let ev = b.ctx.get_async_event().unwrap();
+    assert_eq!(ev.event_type, EventType::PORT_ERR);
+    assert!(matches!(ev.element, EventElement::Port(1)));
+    b.ctx.ack_async_event(&ev);
+    assert_eq!(a.ctx.get_async_event().unwrap_err().errno(), Errno::EAGAIN, "another device");
+    let pa = dev1.query_port(1).unwrap();
+    assert_eq!((pa.state, pa.phys_state), (PortState::DOWN, 3));
+    dev1.set_port_state(1, PortState::DOWN).unwrap();
+    assert_eq!(b.ctx.get_async_event().unwrap_err().errno(), Errno::EAGAIN, "no change, no event");
+
+    a.qp.post_send(&SendWr::write(1, &[sge(&a.mr, 0, 8)], b.mr.addr(), b.mr.rkey())).unwrap();
+    assert_eq!(wait1(&a.cq).status, WcStatus::RETRY_EXC_ERR, "the peer's link is down");
+
+    dev1.set_port_state(1, PortState::ACTIVE).unwrap();
+    assert_eq!(b.ctx.get_async_event().unwrap().event_type, EventType::PORT_ACTIVE);
+    assert_eq!(dev1.set_port_state(1, PortState::INIT).unwrap_err().errno(), Errno::EINVAL);
+    // A new connection over the restored link works.
+    let c = node_on(&f.devices()[0], 4096);
+    let d = node_on(&dev1, 4096);
+    connect(&c.qp, &d.qp, &RcParams::default(), &RcParams::default());
+    c.qp.post_send(&SendWr::write(2, &[sge(&c.mr, 0, 8)], d.mr.addr(), d.mr.rkey()).signaled())
+        .unwrap();
+    assert_eq!(wait1(&c.cq).status, WcStatus::SUCCESS);
+}

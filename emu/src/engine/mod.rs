@@ -102,6 +102,14 @@ impl<'f> Driver<'f> {
     /// Hands `pkt` to its destination QP, found through `route` (the sender's cache). A packet
     /// with no live destination is lost, as on a wire; the sender's timers take care of it.
     pub(crate) fn send(&mut self, route: &mut Route, pkt: Packet) {
+        // A packet leaving or reaching a port that is down is lost on the wire.
+        let devs = &self.fabric.devices;
+        let up = |dev: u32, port: u8| {
+            devs.get(dev as usize).is_some_and(|d| crate::objects::device::Device::port_up(d, port))
+        };
+        if !up(pkt.src_dev, pkt.src_port) || !up(pkt.dst_dev, pkt.dst_port) {
+            return;
+        }
         let Some(dst) = route.resolve(self.fabric, pkt.dst_dev, pkt.dst_qpn) else { return };
         dst.inbox.lock().push_back(pkt);
         let ptr = Arc::as_ptr(&dst);

@@ -64,11 +64,13 @@ pub struct Context(pub(crate) Arc<ContextInner>);
 
 impl Context {
     pub(crate) fn open(dev: &Device) -> Result<Context> {
-        Ok(Context(Arc::new(ContextInner {
+        let c = Arc::new(ContextInner {
             device: dev.inner.clone(),
             fabric: dev.fabric.clone(),
             async_q: EventQueue::new()?,
-        })))
+        });
+        dev.inner.contexts.lock().push(Arc::downgrade(&c));
+        Ok(Context(c))
     }
 
     /// The device this context was opened on.

@@ -21,6 +21,8 @@ pub(crate) struct PortInner {
     pub(crate) attr: Mutex<PortAttr>,
     pub(crate) gids: Vec<GidEntry>,
     pub(crate) pkeys: Vec<u16>,
+    /// Whether the link is up (ACTIVE), readable per packet without the attribute lock.
+    pub(crate) up: std::sync::atomic::AtomicBool,
 }
 
 /// Counters that enforce the device's `max_*` limits.
@@ -58,6 +60,8 @@ pub(crate) struct DeviceInner {
     /// lkeys and rkeys of this device's MRs (one key space, as in rxe).
     pub(crate) keys: RwLock<KeyTable>,
     pub(crate) counts: ResourceCounts,
+    /// Open contexts, to deliver port and device events to.
+    pub(crate) contexts: Mutex<Vec<std::sync::Weak<super::context::ContextInner>>>,
 }
 
 impl DeviceInner {
@@ -69,6 +73,7 @@ impl DeviceInner {
                 attr: Mutex::new(profile.port_attr(&id, p, n)),
                 gids: profile.gid_table(&id, p),
                 pkeys: profile.pkey_table(),
+                up: std::sync::atomic::AtomicBool::new(true),
             })
             .collect();
         DeviceInner {
@@ -79,6 +84,7 @@ impl DeviceInner {
             ports,
             keys: RwLock::new(KeyTable::default()),
             counts: ResourceCounts::default(),
+            contexts: Mutex::new(Vec::new()),
         }
     }
 
@@ -168,6 +174,43 @@ impl Device {
     /// `ibv_open_device`.
     pub fn open(&self) -> Result<Context> {
         Context::open(self)
+    }
+
+    /// Takes port `port` down (`PortState::DOWN`) or brings it back (`PortState::ACTIVE`), as a
+    /// cable pull would: every open context of the device gets `IBV_EVENT_PORT_ERR` or
+    /// `IBV_EVENT_PORT_ACTIVE`, and while the port is down every packet to or from it is lost
+    /// (RC retries and then fails with `RETRY_EXC_ERR`; UC and UD lose the message).
+    pub fn set_port_state(&self, port: u8, state: crate::PortState) -> Result<()> {
+        use crate::{EventType, PortState};
+        let p = self.inner.port(port)?;
+        let (up, event, phys) = match state {
+            PortState::ACTIVE => (true, EventType::PORT_ACTIVE, 5),
+            PortState::DOWN => (false, EventType::PORT_ERR, 3),
+            _ => return Err(einval("a port can be set ACTIVE or DOWN")),
+        };
+        {
+            let mut a = p.attr.lock();
+            if a.state == state {
+                return Ok(());
+            }
+            a.state = state;
+            a.phys_state = phys;
+        }
+        p.up.store(up, std::sync::atomic::Ordering::Release);
+        let mut ctxs = self.inner.contexts.lock();
+        ctxs.retain(|w| w.strong_count() > 0);
+        for c in ctxs.iter().filter_map(std::sync::Weak::upgrade) {
+            c.raise(super::context::AsyncEvent {
+                event_type: event,
+                element: super::context::EventElement::Port(port),
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether port `port` is up (packets pass).
+    pub(crate) fn port_up(inner: &DeviceInner, port: u8) -> bool {
+        inner.port(port).map(|p| p.up.load(std::sync::atomic::Ordering::Acquire)).unwrap_or(false)
     }
 }
 
