@@ -61,7 +61,7 @@ impl Pd {
     }
 
     /// `ibv_create_srq`: `attr.max_wr` and `attr.max_sge` are what the application asks for;
-    /// [`Srq::query`] reports what was granted.
+    /// [`Srq::query`](crate::Srq::query) reports what was granted.
     pub fn create_srq(&self, attr: &super::srq::SrqAttr) -> Result<super::srq::Srq> {
         super::srq::Srq::create(self, attr)
     }
