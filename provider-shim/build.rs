@@ -54,8 +54,11 @@ fn implemented(dir: &Path, out: &mut BTreeSet<String>) {
 fn main() {
     println!("cargo:rerun-if-changed=abi/ibverbs_exports.txt");
     println!("cargo:rerun-if-changed=abi/ibverbs_kinds.txt");
+    println!("cargo:rerun-if-changed=abi/rdma_emu_exports.txt");
     println!("cargo:rerun-if-changed=src");
-    let exports = fs::read_to_string("abi/ibverbs_exports.txt").expect("export table");
+    // rdma-core's exports, then the emulator's own control functions in their private node.
+    let exports = fs::read_to_string("abi/ibverbs_exports.txt").expect("export table")
+        + &fs::read_to_string("abi/rdma_emu_exports.txt").expect("control export table");
     let kinds: BTreeMap<String, String> = fs::read_to_string("abi/ibverbs_kinds.txt")
         .expect("kinds table")
         .lines()
@@ -141,6 +144,8 @@ fn main() {
     let private: String =
         nodes["IBVERBS_PRIVATE_34"].iter().map(|s| format!("    {s};\n")).collect();
     map.push_str(&format!("IBVERBS_PRIVATE_34 {{\n  global:\n{private}}};\n"));
+    let control: String = nodes["RDMA_EMU_1.0"].iter().map(|s| format!("    {s};\n")).collect();
+    map.push_str(&format!("RDMA_EMU_1.0 {{\n  global:\n{control}}};\n"));
 
     let out = env::var("OUT_DIR").expect("OUT_DIR");
     fs::write(Path::new(&out).join("exports.rs"), code).expect("write exports.rs");

@@ -12,7 +12,9 @@ fn build(name: &str) -> std::path::PathBuf {
     std::fs::create_dir_all(&out_dir).unwrap();
     let exe = out_dir.join(name);
     let cc = Command::new("cc")
-        .args(["-std=gnu11", "-O1", "-Wall", "-Werror", "-o"])
+        .args(["-std=gnu11", "-O1", "-Wall", "-Werror"])
+        .arg(format!("-I{}", Path::new(env!("CARGO_MANIFEST_DIR")).join("include").display()))
+        .arg("-o")
         .arg(&exe)
         .arg(&src)
         .arg("-libverbs")
@@ -147,4 +149,11 @@ fn srq_through_the_c_abi() {
     let exe = build("srq");
     let out = run_on_shim(&mut Command::new(&exe));
     assert!(out.contains("srq ok"), "{out}");
+}
+
+#[test]
+fn control_functions_raise_port_and_device_events() {
+    let exe = build("control");
+    let out = run_on_shim(&mut Command::new(&exe));
+    assert!(out.contains("control ok"), "{out}");
 }

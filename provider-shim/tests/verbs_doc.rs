@@ -5,7 +5,11 @@ use std::collections::BTreeSet;
 
 #[test]
 fn verbs_table_matches_the_library() {
-    let doc = include_str!("../../docs/verbs.md");
+    // The exports table ends where the section on the emulator's own functions begins.
+    let doc = include_str!("../../docs/verbs.md")
+        .split("## The emulator's own control functions")
+        .next()
+        .unwrap();
     let stubs: BTreeSet<&str> =
         include_str!(concat!(env!("OUT_DIR"), "/stubs.txt")).lines().collect();
     let exports: BTreeSet<&str> = include_str!("../abi/ibverbs_exports.txt")

@@ -197,13 +197,36 @@ impl Device {
             a.phys_state = phys;
         }
         p.up.store(up, std::sync::atomic::Ordering::Release);
+        self.raise_event(event, Some(port))
+    }
+
+    /// Raises a port event (`LID_CHANGE`, `PKEY_CHANGE`, `GID_CHANGE`, `SM_CHANGE`,
+    /// `CLIENT_REREGISTER`, `PORT_ACTIVE`, `PORT_ERR`, with `Some(port)`) or `DEVICE_FATAL`
+    /// (with `None`) on every open context of the device, so that handlers can be tested.
+    /// Events that traffic raises (QP, CQ, SRQ events) are refused with `EINVAL`.
+    pub fn raise_event(&self, event_type: crate::EventType, port: Option<u8>) -> Result<()> {
+        use crate::EventType as E;
+        let element = match (event_type, port) {
+            (
+                E::PORT_ACTIVE
+                | E::PORT_ERR
+                | E::LID_CHANGE
+                | E::PKEY_CHANGE
+                | E::GID_CHANGE
+                | E::SM_CHANGE
+                | E::CLIENT_REREGISTER,
+                Some(p),
+            ) => {
+                self.inner.port(p)?;
+                super::context::EventElement::Port(p)
+            }
+            (E::DEVICE_FATAL, None) => super::context::EventElement::Device,
+            _ => return Err(einval("not a port or device event (or the port is missing)")),
+        };
         let mut ctxs = self.inner.contexts.lock();
         ctxs.retain(|w| w.strong_count() > 0);
         for c in ctxs.iter().filter_map(std::sync::Weak::upgrade) {
-            c.raise(super::context::AsyncEvent {
-                event_type: event,
-                element: super::context::EventElement::Port(port),
-            });
+            c.raise(super::context::AsyncEvent { event_type, element: element.clone() });
         }
         Ok(())
     }

@@ -1,6 +1,7 @@
 //! The exported C functions, grouped like the verbs they implement. Each is thin: check
 //! pointers, recover the object, call the emulator, map the result to an errno or NULL.
 
+pub(crate) mod control;
 pub(crate) mod cq;
 pub(crate) mod device;
 pub(crate) mod events;
@@ -14,4 +15,6 @@ pub(crate) mod wr;
 
 // Only the generated trampolines use these (not in the unit-test build).
 #[allow(unused_imports)]
-pub(crate) use self::{cq::*, device::*, events::*, pd_mr::*, qp::*, rates::*, srq::*, strings::*};
+pub(crate) use self::{
+    control::*, cq::*, device::*, events::*, pd_mr::*, qp::*, rates::*, srq::*, strings::*,
+};
