@@ -148,6 +148,11 @@ int main(void)
 		struct ibv_cq_init_attr_ex ts = { .cqe = 4, .wc_flags = IBV_WC_EX_WITH_COMPLETION_TIMESTAMP };
 		errno = 0;
 		CHECK(ibv_create_cq_ex(a.ctx, &ts) == NULL && errno == EOPNOTSUPP);
+		struct ibv_modify_cq_attr moderate = { .attr_mask = IBV_CQ_ATTR_MODERATE,
+			.moderate = { .cq_count = 8, .cq_period = 16 } };
+		CHECK(ibv_modify_cq(a.cq, &moderate) == EOPNOTSUPP);
+		struct ibv_values_ex clock = { .comp_mask = IBV_VALUES_MASK_RAW_CLOCK };
+		CHECK(ibv_query_rt_values_ex(a.ctx, &clock) == EOPNOTSUPP);
 		struct ibv_qp_init_attr_ex bind = {
 			.qp_type = IBV_QPT_RC, .send_cq = a.cq, .recv_cq = a.cq, .pd = a.pd,
 			.cap = { .max_send_wr = 1, .max_recv_wr = 1, .max_send_sge = 1, .max_recv_sge = 1 },
