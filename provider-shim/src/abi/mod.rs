@@ -182,11 +182,17 @@ mirrors! {
         local_ca_ack_delay: u8,
         phys_port_cnt: u8,
     }
-    /// Only the leading `orig_attr` is filled; the rest reports no extended capabilities.
+    /// `orig_attr`, `device_cap_flags_ex` and `phys_port_cnt_ex` are filled; every other
+    /// extended capability (ODP, timestamps, TSO, RSS, WQs, tag matching...) is reported absent.
     ibv_device_attr_ex = "struct ibv_device_attr_ex" {
         orig_attr: ibv_device_attr,
         comp_mask: u32,
-        rest: [u8; 164],
+        odp_caps: [u64; 3],
+        completion_timestamp_mask: u64,
+        hca_core_clock: u64,
+        device_cap_flags_ex: u64,
+        rest: [u8; 108],
+        phys_port_cnt_ex: u32,
     }
     ibv_port_attr = "struct ibv_port_attr" {
         state: u32,

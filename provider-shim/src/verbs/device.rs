@@ -1,7 +1,7 @@
 //! Devices and contexts: the device list, open/close, every query, the string helpers.
 
 use core::ffi::{c_char, c_int, c_void};
-use std::{ptr, sync::OnceLock};
+use std::{mem::offset_of, ptr, sync::OnceLock};
 
 use rdma_emu::{Fabric, FabricConfig, Profile};
 
@@ -226,7 +226,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_query_device(
 }
 
 /// The `query_device_ex` slot of `verbs_context`: fills `attr_size` bytes (the base attributes,
-/// no extended capabilities).
+/// the 64-bit capability flags and the port count; no other extended capability).
 pub(crate) unsafe extern "C" fn query_device_ex(
     c: *mut ibv_context,
     _input: *const c_void,
@@ -245,8 +245,19 @@ pub(crate) unsafe extern "C" fn query_device_ex(
         // SAFETY: ibv_device_attr is plain data; all-zero is valid.
         let mut base: ibv_device_attr = unsafe { std::mem::zeroed() };
         fill_device_attr(&s.emu.query_device(), &mut base);
+        let (flags, ports) = (u64::from(base.device_cap_flags), u32::from(base.phys_port_cnt));
         // SAFETY: orig_attr is the first field and n >= its size.
         unsafe { ptr::write(&mut (*out).orig_attr, base) };
+        // Fields past orig_attr are written only when the caller's struct holds them (older
+        // callers pass a shorter attr_size), as rdma-core does.
+        if n >= offset_of!(ibv_device_attr_ex, device_cap_flags_ex) + size_of::<u64>() {
+            // SAFETY: inside the n bytes the caller provided.
+            unsafe { ptr::write(&mut (*out).device_cap_flags_ex, flags) };
+        }
+        if n >= offset_of!(ibv_device_attr_ex, phys_port_cnt_ex) + size_of::<u32>() {
+            // SAFETY: inside the n bytes the caller provided.
+            unsafe { ptr::write(&mut (*out).phys_port_cnt_ex, ports) };
+        }
         0
     })
 }

@@ -53,6 +53,11 @@ int main(void)
 	setup_ex(&b, list[1]);
 	CHECK(ibv_query_device_ex(a.ctx, NULL, &dattr) == 0);
 	CHECK(dattr.orig_attr.max_qp_wr > 0 && dattr.orig_attr.phys_port_cnt == 1);
+	CHECK(dattr.device_cap_flags_ex == dattr.orig_attr.device_cap_flags && dattr.phys_port_cnt_ex == 1);
+	/* No capability of a feature the emulator refuses is claimed. */
+	CHECK(!(dattr.device_cap_flags_ex & (IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B |
+					       IBV_DEVICE_XRC)) && dattr.orig_attr.max_mw == 0);
+	CHECK(dattr.completion_timestamp_mask == 0 && dattr.hca_core_clock == 0 && dattr.max_wq_type_rq == 0);
 	connect_to(&a, &b);
 	connect_to(&b, &a);
 
