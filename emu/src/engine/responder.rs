@@ -12,7 +12,7 @@ use super::{
     wc, wc_ok,
 };
 use crate::{
-    error::{Errno, Error, Result, einval},
+    error::{Result, einval},
     mem::{MemFault, MemRegion},
     qp::{QpInner, QpShared, RecvWr},
     types::{AccessFlags, EventType, QpState, QpType, Sge, WcFlags, WcOpcode, WcStatus},
@@ -63,18 +63,7 @@ pub(crate) fn post_recv(qp: &Arc<QpShared>, g: &mut QpInner, wr: &RecvWr<'_>) ->
     if g.state == QpState::RESET {
         return Err(einval("QP is in RESET"));
     }
-    if g.rq.len() >= g.rq.depth {
-        return Err(Error::new(Errno::ENOMEM, "receive queue is full"));
-    }
-    if wr.sg_list.len() > qp.cap.max_recv_sge as usize {
-        return Err(einval("num_sge above max_recv_sge"));
-    }
-    let head = g.rq.head;
-    let wqe = g.rq.ring.at_mut(head);
-    wqe.wr_id = wr.wr_id;
-    wqe.sges.clear();
-    wqe.sges.extend_from_slice(wr.sg_list);
-    g.rq.head = head.wrapping_add(1);
+    g.rq.post(wr, qp.cap.max_recv_sge, "receive queue is full")?;
     if g.state == QpState::ERR {
         flush_recv_queue(qp, g);
     }

@@ -15,7 +15,7 @@ use super::{
     pd::{Pd, PdInner},
 };
 use crate::{
-    error::{Errno, Error, Result, einval},
+    error::{Result, einval},
     qp::{RecvWr, queue::RecvQueue},
     types::{EventType, Sge},
 };
@@ -133,20 +133,8 @@ impl Srq {
     /// `ibv_post_srq_recv` of one WR: `ENOMEM` when full, `EINVAL` for too many SGEs.
     pub fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()> {
         self.0.life.check()?;
-        let mut st = self.0.st.lock();
-        if st.rq.len() >= st.rq.depth {
-            return Err(Error::new(Errno::ENOMEM, "shared receive queue is full"));
-        }
-        if wr.sg_list.len() > st.max_sge as usize {
-            return Err(einval("num_sge above max_sge"));
-        }
-        let head = st.rq.head;
-        let w = st.rq.ring.at_mut(head);
-        w.wr_id = wr.wr_id;
-        w.sges.clear();
-        w.sges.extend_from_slice(wr.sg_list);
-        st.rq.head = head.wrapping_add(1);
-        Ok(())
+        let st = &mut *self.0.st.lock();
+        st.rq.post(wr, st.max_sge, "shared receive queue is full")
     }
 
     /// `ibv_query_srq`.

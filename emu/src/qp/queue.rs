@@ -1,7 +1,11 @@
 //! The send and receive queues: fixed rings of preallocated WQE slots, so posting never
 //! allocates (a NIC's queues are fixed-size too).
 
-use crate::types::{SendFlags, Sge, WcStatus, WrOpcode};
+use crate::{
+    error::{Errno, Error, Result, einval},
+    qp::RecvWr,
+    types::{SendFlags, Sge, WcStatus, WrOpcode},
+};
 
 /// A UD destination captured at post time: (device, port), QPN, Q_Key, and the GRH's
 /// (source, destination) GIDs when the address handle has one.
@@ -147,5 +151,23 @@ impl RecvQueue {
     pub(crate) fn clear(&mut self) {
         self.head = 0;
         self.tail = 0;
+    }
+
+    /// Copies a receive request into the next free slot: `ENOMEM` when the queue is full,
+    /// `EINVAL` when it has more than `max_sge` SGEs. `what` names the queue in the error.
+    pub(crate) fn post(&mut self, wr: &RecvWr<'_>, max_sge: u32, what: &'static str) -> Result<()> {
+        if self.len() >= self.depth {
+            return Err(Error::new(Errno::ENOMEM, what));
+        }
+        if wr.sg_list.len() > max_sge as usize {
+            return Err(einval("num_sge above max_sge"));
+        }
+        let head = self.head;
+        let wqe = self.ring.at_mut(head);
+        wqe.wr_id = wr.wr_id;
+        wqe.sges.clear();
+        wqe.sges.extend_from_slice(wr.sg_list);
+        self.head = head.wrapping_add(1);
+        Ok(())
     }
 }

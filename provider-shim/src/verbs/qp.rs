@@ -441,36 +441,50 @@ pub(crate) unsafe extern "C" fn post_send(
 /// The `post_recv` slot: `ibv_post_recv(qp, wr, bad_wr)`.
 pub(crate) unsafe extern "C" fn post_recv(
     qp: *mut ibv_qp,
-    mut wr: *mut ibv_recv_wr,
+    wr: *mut ibv_recv_wr,
     bad: *mut *mut ibv_recv_wr,
 ) -> c_int {
     ffi!(libc::EIO, {
         // SAFETY: a live QP.
         let Some(s) = (unsafe { obj::<_, ShimQp>(qp) }) else { return libc::EINVAL };
         let max_sge = s.emu.cap().max_recv_sge as c_int;
-        while !wr.is_null() {
-            // SAFETY: each element of the application's list is a valid ibv_recv_wr.
-            let w = unsafe { &*wr };
-            let res = if w.num_sge < 0 || w.num_sge > max_sge {
-                Err(libc::EINVAL)
-            } else {
-                // SAFETY: num_sge readable entries, bounded above.
-                let sg = unsafe { sges(w.sg_list, w.num_sge as usize) };
-                s.emu
-                    .post_recv(&RecvWr { wr_id: w.wr_id, sg_list: sg })
-                    .map_err(|e| e.errno().raw())
-            };
-            if let Err(e) = res {
-                if !bad.is_null() {
-                    // SAFETY: bad_wr is writable when non-NULL.
-                    unsafe { *bad = wr };
-                }
-                return e;
-            }
-            wr = w.next;
-        }
-        0
+        // SAFETY: the application's list and bad_wr, as ibv_post_recv requires.
+        unsafe { post_recv_list(wr, bad, max_sge, |r| s.emu.post_recv(r)) }
     })
+}
+
+/// Posts an application's list of receive requests one by one with `post` (the QP's or the
+/// SRQ's): on the first failure `*bad` (when non-NULL) names the failing request and its
+/// errno is returned; the requests before it stay posted.
+///
+/// # Safety
+/// `wr` is NULL or a valid `ibv_recv_wr` list; `bad` is NULL or writable.
+pub(crate) unsafe fn post_recv_list(
+    mut wr: *mut ibv_recv_wr,
+    bad: *mut *mut ibv_recv_wr,
+    max_sge: c_int,
+    mut post: impl FnMut(&RecvWr<'_>) -> rdma_emu::Result<()>,
+) -> c_int {
+    while !wr.is_null() {
+        // SAFETY: each element of the application's list is a valid ibv_recv_wr.
+        let w = unsafe { &*wr };
+        let res = if w.num_sge < 0 || w.num_sge > max_sge {
+            Err(libc::EINVAL)
+        } else {
+            // SAFETY: num_sge readable entries, bounded above.
+            let sg = unsafe { sges(w.sg_list, w.num_sge as usize) };
+            post(&RecvWr { wr_id: w.wr_id, sg_list: sg }).map_err(|e| e.errno().raw())
+        };
+        if let Err(e) = res {
+            if !bad.is_null() {
+                // SAFETY: bad_wr is writable when non-NULL.
+                unsafe { *bad = wr };
+            }
+            return e;
+        }
+        wr = w.next;
+    }
+    0
 }
 
 /// `ibv_create_ah(pd, attr)`.

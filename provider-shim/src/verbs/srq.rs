@@ -3,7 +3,7 @@
 use core::ffi::c_int;
 use std::ptr;
 
-use rdma_emu::{RecvWr, SrqAttr};
+use rdma_emu::SrqAttr;
 
 use crate::{
     abi::*,
@@ -94,34 +94,14 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_destroy_srq(srq: *mut ibv_srq
 /// The `post_srq_recv` slot: `ibv_post_srq_recv(srq, wr, bad_wr)`.
 pub(crate) unsafe extern "C" fn post_srq_recv(
     srq: *mut ibv_srq,
-    mut wr: *mut ibv_recv_wr,
+    wr: *mut ibv_recv_wr,
     bad: *mut *mut ibv_recv_wr,
 ) -> c_int {
     ffi!(libc::EIO, {
         // SAFETY: a live SRQ.
         let Some(s) = (unsafe { obj::<_, ShimSrq>(srq) }) else { return libc::EINVAL };
         let max_sge = s.emu.query().map(|a| a.max_sge as c_int).unwrap_or(0);
-        while !wr.is_null() {
-            // SAFETY: each element of the application's list is a valid ibv_recv_wr.
-            let w = unsafe { &*wr };
-            let res = if w.num_sge < 0 || w.num_sge > max_sge {
-                Err(libc::EINVAL)
-            } else {
-                // SAFETY: num_sge readable entries, bounded above.
-                let sg = unsafe { super::qp::sges(w.sg_list, w.num_sge as usize) };
-                s.emu
-                    .post_recv(&RecvWr { wr_id: w.wr_id, sg_list: sg })
-                    .map_err(|e| e.errno().raw())
-            };
-            if let Err(e) = res {
-                if !bad.is_null() {
-                    // SAFETY: bad_wr is writable when non-NULL.
-                    unsafe { *bad = wr };
-                }
-                return e;
-            }
-            wr = w.next;
-        }
-        0
+        // SAFETY: the application's list and bad_wr, as ibv_post_srq_recv requires.
+        unsafe { super::qp::post_recv_list(wr, bad, max_sge, |r| s.emu.post_recv(r)) }
     })
 }
