@@ -36,16 +36,7 @@ fn ev_pair() -> (Fabric, EvNode, EvNode) {
         let ch = ctx.create_comp_channel().unwrap();
         let cq = ctx.create_cq(64, Some(&ch), 0).unwrap();
         let mr = pd.reg_mr(4096, ALL_ACCESS).unwrap();
-        let qp = pd
-            .create_qp(&QpInitAttr {
-                qp_type: QpType::RC,
-                send_cq: &cq,
-                recv_cq: &cq,
-                cap: cap(16),
-                sq_sig_all: false,
-                srq: None,
-            })
-            .unwrap();
+        let qp = new_qp(&pd, &cq, QpType::RC, 16, false);
         EvNode { ch, cq, qp, mr }
     };
     let (a, b) = (mk(&devs[0]), mk(&devs[1]));
@@ -129,17 +120,7 @@ fn channel_with_cqs_is_busy_and_cq_destroy_waits_for_acks() {
     // Produce an event: a loopback QP pair on one device.
     let pd = ctx.alloc_pd().unwrap();
     let mr = pd.reg_mr(64, ALL_ACCESS).unwrap();
-    let mk = || {
-        pd.create_qp(&QpInitAttr {
-            qp_type: QpType::RC,
-            send_cq: &cq,
-            recv_cq: &cq,
-            cap: cap(4),
-            sq_sig_all: true,
-            srq: None,
-        })
-        .unwrap()
-    };
+    let mk = || new_qp(&pd, &cq, QpType::RC, 4, true);
     let (q1, q2) = (mk(), mk());
     connect(&q1, &q2, &RcParams::default(), &RcParams::default());
     cq.req_notify(false).unwrap();

@@ -69,18 +69,7 @@ impl World {
         let mr: Vec<Mr> = pd.iter().map(|p| p.reg_mr(MEM, ALL_ACCESS).unwrap()).collect();
         let mut qps = Vec::new();
         for _ in 0..PAIRS {
-            let mk = |s: usize| {
-                pd[s]
-                    .create_qp(&QpInitAttr {
-                        qp_type: QpType::RC,
-                        send_cq: &cq[s],
-                        recv_cq: &cq[s],
-                        cap: cap(8),
-                        sq_sig_all: true,
-                        srq: None,
-                    })
-                    .unwrap()
-            };
+            let mk = |s: usize| new_qp(&pd[s], &cq[s], QpType::RC, 8, true);
             let pair = [mk(0), mk(1)];
             connect(&pair[0], &pair[1], &RcParams::default(), &RcParams::default());
             qps.push(pair);
@@ -259,16 +248,7 @@ fn concurrent_threads_on_their_own_qps_and_one_shared_counter() {
             let (addr, rkey) = (target.mr.addr(), target.mr.rkey());
             std::thread::spawn(move || {
                 let me = node_on(&dev, 4096);
-                let peer = tpd
-                    .create_qp(&QpInitAttr {
-                        qp_type: QpType::RC,
-                        send_cq: &tcq,
-                        recv_cq: &tcq,
-                        cap: cap(16),
-                        sq_sig_all: false,
-                        srq: None,
-                    })
-                    .unwrap();
+                let peer = new_qp(&tpd, &tcq, QpType::RC, 16, false);
                 connect(&me.qp, &peer, &RcParams::default(), &RcParams::default());
                 me.mr.write(0, &[t as u8 + 1; 64]).unwrap();
                 for i in 0..iters {
@@ -315,16 +295,7 @@ fn concurrent_posters_on_one_qp_keep_every_completion() {
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(16_384, None, 0).unwrap();
     let mr = pd.reg_mr(64, ALL_ACCESS).unwrap();
-    let qp = pd
-        .create_qp(&QpInitAttr {
-            qp_type: QpType::RC,
-            send_cq: &cq,
-            recv_cq: &cq,
-            cap: cap(64),
-            sq_sig_all: false,
-            srq: None,
-        })
-        .unwrap();
+    let qp = new_qp(&pd, &cq, QpType::RC, 64, false);
     connect(&qp, &b.qp, &RcParams::default(), &RcParams::default());
     let (addr, rkey) = (b.mr.addr(), b.mr.rkey());
     let handles: Vec<_> = (0..2)

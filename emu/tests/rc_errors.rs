@@ -252,16 +252,7 @@ fn queue_limits_and_bad_wr_index() {
     assert_eq!((bad, err.errno()), (cap.max_send_wr as usize, Errno::ENOMEM));
     // B's receives would be consumed by A's RNR-stalled SENDs, so fill a fresh QP's RQ.
     let rwrs: Vec<RecvWr<'_>> = (0..8).map(|i| RecvWr { wr_id: i, sg_list: &[] }).collect();
-    let q =
-        b.pd.create_qp(&QpInitAttr {
-            qp_type: QpType::RC,
-            send_cq: &b.cq,
-            recv_cq: &b.cq,
-            cap: common::cap(4),
-            sq_sig_all: false,
-            srq: None,
-        })
-        .unwrap();
+    let q = new_qp(&b.pd, &b.cq, QpType::RC, 4, false);
     q.modify(
         &QpAttr { qp_state: QpState::INIT, port_num: 1, ..Default::default() },
         QpAttrMask::STATE | QpAttrMask::PORT | QpAttrMask::PKEY_INDEX | QpAttrMask::ACCESS_FLAGS,
@@ -279,16 +270,7 @@ fn cq_overrun_loses_the_completion_and_raises_cq_err() {
     let b = node_on(&devs[1], 4096);
     let small = a.ctx.create_cq(1, None, 0).unwrap();
     assert_eq!(small.cqe(), 1);
-    let qp =
-        a.pd.create_qp(&QpInitAttr {
-            qp_type: QpType::RC,
-            send_cq: &small,
-            recv_cq: &small,
-            cap: cap(8),
-            sq_sig_all: true,
-            srq: None,
-        })
-        .unwrap();
+    let qp = new_qp(&a.pd, &small, QpType::RC, 8, true);
     connect(&qp, &b.qp, &RcParams::default(), &RcParams::default());
     let s = [sge(&a.mr, 0, 8)];
     qp.post_send(&SendWr::write(1, &s, b.mr.addr(), b.mr.rkey())).unwrap();

@@ -61,26 +61,8 @@ fn unsignaled_sends_complete_silently_and_sq_sig_all_overrides() {
     assert_eq!(wait1(&b.cq).wr_id, 0);
 
     let cq = a.ctx.create_cq(16, None, 0).unwrap();
-    let qp =
-        a.pd.create_qp(&QpInitAttr {
-            qp_type: QpType::RC,
-            send_cq: &cq,
-            recv_cq: &cq,
-            cap: cap(8),
-            sq_sig_all: true,
-            srq: None,
-        })
-        .unwrap();
-    let qp_b =
-        b.pd.create_qp(&QpInitAttr {
-            qp_type: QpType::RC,
-            send_cq: &b.cq,
-            recv_cq: &b.cq,
-            cap: cap(8),
-            sq_sig_all: false,
-            srq: None,
-        })
-        .unwrap();
+    let qp = new_qp(&a.pd, &cq, QpType::RC, 8, true);
+    let qp_b = new_qp(&b.pd, &b.cq, QpType::RC, 8, false);
     connect(&qp, &qp_b, &RcParams::default(), &RcParams::default());
     post_recv(&qp_b, 9, &[sge(&b.mr, 0, 64)]);
     qp.post_send(&SendWr::send(3, &[sge(&a.mr, 0, 4)])).unwrap();

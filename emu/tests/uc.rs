@@ -9,16 +9,7 @@ fn uc_pair() -> (Fabric, Node, Node) {
     let devs = f.devices();
     let mk = |d: &Device| {
         let n = node_on(d, 4096);
-        let qp =
-            n.pd.create_qp(&QpInitAttr {
-                qp_type: QpType::UC,
-                send_cq: &n.cq,
-                recv_cq: &n.cq,
-                cap: cap(16),
-                sq_sig_all: true,
-                srq: None,
-            })
-            .unwrap();
+        let qp = new_qp(&n.pd, &n.cq, QpType::UC, 16, true);
         Node { qp, ..n }
     };
     let (a, b) = (mk(&devs[0]), mk(&devs[1]));

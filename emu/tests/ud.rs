@@ -12,16 +12,7 @@ struct Ud {
 }
 
 fn ud_qp(n: &Node) -> Qp {
-    let qp =
-        n.pd.create_qp(&QpInitAttr {
-            qp_type: QpType::UD,
-            send_cq: &n.cq,
-            recv_cq: &n.cq,
-            cap: cap(16),
-            sq_sig_all: true,
-            srq: None,
-        })
-        .unwrap();
+    let qp = new_qp(&n.pd, &n.cq, QpType::UD, 16, true);
     use QpAttrMask as M;
     let a = QpAttr { qp_state: QpState::INIT, port_num: 1, qkey: QKEY, ..Default::default() };
     qp.modify(&a, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY).unwrap();

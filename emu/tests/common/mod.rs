@@ -28,6 +28,13 @@ pub fn cap(depth: u32) -> QpCap {
     }
 }
 
+/// A QP on `pd` whose send and receive completions go to `cq`, with `depth` WRs each way.
+pub fn new_qp(pd: &Pd, cq: &Cq, qp_type: QpType, depth: u32, sq_sig_all: bool) -> Qp {
+    let attr =
+        QpInitAttr { qp_type, send_cq: cq, recv_cq: cq, cap: cap(depth), sq_sig_all, srq: None };
+    pd.create_qp(&attr).unwrap()
+}
+
 pub fn node_on(dev: &Device, mr_len: usize) -> Node {
     let ctx = dev.open().unwrap();
     let pd = ctx.alloc_pd().unwrap();
