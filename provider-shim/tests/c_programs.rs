@@ -93,6 +93,51 @@ fn debian_ibv_devinfo_verbose_prints_the_rxe_profile() {
     }
 }
 
+/// `ibv_devinfo -v` on the rxe profile prints what it prints on the kernel's rxe
+/// (conformance/golden/rxe), line for line: only the device's identity (name, GUIDs, GID
+/// addresses) and the deliberate divergences may differ.
+#[test]
+fn rxe_profile_devinfo_matches_the_golden_rxe_output() {
+    let golden_path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../conformance/golden/rxe/ibv_devinfo-v.txt");
+    let golden = std::fs::read_to_string(&golden_path).unwrap();
+    let ours = run_on_shim(
+        Command::new(util("ibv_devinfo"))
+            .arg("-v")
+            .env("RDMA_EMU_PROFILE", "rxe")
+            .env("RDMA_EMU_DEVICES", "1"),
+    );
+    // The identity of a device is its own; the value after the key is not compared.
+    const IDENTITY: [&str; 4] = ["hca_id:", "node_guid:", "sys_image_guid:", "GID["];
+    // Divergence 13 (docs/divergences.md): no memory-window capability until they exist.
+    const DIVERGENT: [(&str, &str); 5] = [
+        ("\tdevice_cap_flags:\t\t0x01223c76", "\tdevice_cap_flags:\t\t0x00203c76"),
+        ("\t\t\t\t\tMEM_WINDOW", ""),
+        ("\t\t\t\t\tMEM_WINDOW_TYPE_2B", ""),
+        ("\tmax_mw:\t\t\t\t524287", "\tmax_mw:\t\t\t\t0"),
+        ("\tdevice_cap_flags_ex:\t\t0x1223C76", "\tdevice_cap_flags_ex:\t\t0x203C76"),
+    ];
+    let normalize = |l: &str| match IDENTITY.iter().find(|k| l.trim_start().starts_with(*k)) {
+        Some(k) => format!("{}{k}", &l[..l.len() - l.trim_start().len()]),
+        None => l.to_string(),
+    };
+    let expected: Vec<String> = golden
+        .lines()
+        .filter_map(|l| match DIVERGENT.iter().find(|(rxe, _)| *rxe == l) {
+            Some((_, "")) => None,
+            Some((_, emu)) => Some(emu.to_string()),
+            None => Some(l.to_string()),
+        })
+        .map(|l| normalize(&l))
+        .collect();
+    let got: Vec<String> = ours.lines().map(normalize).collect();
+    assert!(DIVERGENT.iter().all(|(rxe, _)| golden.lines().any(|l| l == *rxe)));
+    for (i, (e, g)) in expected.iter().zip(&got).enumerate() {
+        assert_eq!(e, g, "line {} differs from rxe; ours:\n{ours}", i + 1);
+    }
+    assert_eq!(expected.len(), got.len(), "line count differs from rxe; ours:\n{ours}");
+}
+
 #[test]
 fn works_as_ld_preload_over_the_real_libibverbs() {
     let out = Command::new(util("ibv_devices"))
