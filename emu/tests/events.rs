@@ -242,17 +242,7 @@ fn first_packet_at_an_rtr_qp_raises_comm_est_once() {
         ah_attr: AhAttr { dlid: ep.lid, port_num: 1, ..Default::default() },
         ..Default::default()
     };
-    b.qp.modify(
-        &rtr,
-        M::STATE
-            | M::AV
-            | M::PATH_MTU
-            | M::DEST_QPN
-            | M::RQ_PSN
-            | M::MAX_DEST_RD_ATOMIC
-            | M::MIN_RNR_TIMER,
-    )
-    .unwrap();
+    b.qp.modify(&rtr, RC_RTR_MASK).unwrap();
     for i in 0..2 {
         a.qp.post_send(&SendWr::write(i, &[sge(&a.mr, 0, 8)], b.mr.addr(), b.mr.rkey()).signaled())
             .unwrap();

@@ -255,13 +255,7 @@ fn modify_checks_transitions_masks_and_values() {
         max_dest_rd_atomic: 1,
         ..Default::default()
     };
-    let m = M::STATE
-        | M::AV
-        | M::PATH_MTU
-        | M::DEST_QPN
-        | M::RQ_PSN
-        | M::MAX_DEST_RD_ATOMIC
-        | M::MIN_RNR_TIMER;
+    let m = RC_RTR_MASK;
     einval(n.qp.modify(&QpAttr { path_mtu: Mtu(6), ..rtr }, m));
     einval(n.qp.modify(&QpAttr { ah_attr: AhAttr { is_global: false, ..rtr.ah_attr }, ..rtr }, m));
     assert_eq!(
@@ -359,13 +353,7 @@ fn address_vector_port_must_be_the_qps_port() {
         ah_attr: AhAttr { dlid: ep.lid, port_num: 2, ..Default::default() },
         ..Default::default()
     };
-    let m = M::STATE
-        | M::AV
-        | M::PATH_MTU
-        | M::DEST_QPN
-        | M::RQ_PSN
-        | M::MAX_DEST_RD_ATOMIC
-        | M::MIN_RNR_TIMER;
+    let m = RC_RTR_MASK;
     assert_eq!(a.qp.modify(&rtr, m).unwrap_err().errno(), Errno::EINVAL);
     a.qp.modify(&QpAttr { ah_attr: AhAttr { port_num: 1, ..rtr.ah_attr }, ..rtr }, m).unwrap();
 }

@@ -28,6 +28,15 @@ pub fn cap(depth: u32) -> QpCap {
     }
 }
 
+/// The attributes an RC QP must be given on its way to RTR (IBA 11.2.4.2, as rdma-core checks).
+pub const RC_RTR_MASK: QpAttrMask = QpAttrMask::STATE
+    .union(QpAttrMask::AV)
+    .union(QpAttrMask::PATH_MTU)
+    .union(QpAttrMask::DEST_QPN)
+    .union(QpAttrMask::RQ_PSN)
+    .union(QpAttrMask::MAX_DEST_RD_ATOMIC)
+    .union(QpAttrMask::MIN_RNR_TIMER);
+
 /// A QP on `pd` whose send and receive completions go to `cq`, with `depth` WRs each way.
 pub fn new_qp(pd: &Pd, cq: &Cq, qp_type: QpType, depth: u32, sq_sig_all: bool) -> Qp {
     let attr =
