@@ -5,9 +5,10 @@ cd "$(dirname "$0")"
 export CARGO_TERM_COLOR=never
 
 # System packages the tests need: readelf (binutils) for the export-table test, the verbs
-# header and link library for the C tests, and Debian's ibverbs-utils to run unmodified.
+# header and link library for the C tests, and Debian's ibverbs-utils and perftest to run
+# unmodified, as server and client processes.
 need_pkgs=()
-for p in binutils gcc libibverbs-dev ibverbs-utils; do
+for p in binutils gcc libibverbs-dev ibverbs-utils perftest; do
     dpkg -s "$p" >/dev/null 2>&1 || need_pkgs+=("$p")
 done
 install_pkgs() {

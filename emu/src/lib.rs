@@ -69,7 +69,7 @@ mod types;
 
 pub use crate::{
     error::{Errno, Error, Result},
-    fabric::{Fabric, FabricConfig},
+    fabric::{Fabric, FabricConfig, host::fabric_dir},
     mem::RawMemory,
     objects::{
         ah::Ah,

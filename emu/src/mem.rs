@@ -125,7 +125,7 @@ impl MemRegion {
 
     fn atomic_at(&self, off: usize) -> Result<&AtomicU64, MemFault> {
         let p = self.check(off, 8)?;
-        if (p as usize) % 8 != 0 {
+        if !(p as usize).is_multiple_of(8) {
             return Err(MemFault::Misaligned);
         }
         // SAFETY: p is in bounds for 8 bytes, 8-byte aligned, and valid for the region's

@@ -1,4 +1,4 @@
-//! The operating-system pieces the objects need: an eventfd.
+//! The operating-system pieces the objects need: an eventfd, the user id.
 //!
 //! Completion channels and the context's async-event queue are eventfds, so applications can
 //! use them with poll/epoll/select and set `O_NONBLOCK` with fcntl, as with a kernel device.
@@ -82,5 +82,27 @@ impl EventFd {
 impl AsRawFd for EventFd {
     fn as_raw_fd(&self) -> RawFd {
         self.fd.as_raw_fd()
+    }
+}
+
+/// The real user id of this process (names its host fabric directory).
+pub(crate) fn uid() -> u32 {
+    // SAFETY: getuid takes no arguments and cannot fail.
+    unsafe { libc::getuid() }
+}
+
+/// Blocks until `fd` is readable (or reports an error or hang-up).
+pub(crate) fn wait_readable(fd: RawFd) -> io::Result<()> {
+    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    loop {
+        // SAFETY: one live pollfd, count 1, no timeout.
+        let n = unsafe { libc::poll(&mut p, 1, -1) };
+        if n >= 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
     }
 }

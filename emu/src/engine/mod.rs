@@ -110,17 +110,21 @@ impl<'f> Driver<'f> {
         if !up(pkt.src_dev, pkt.src_port) || !up(pkt.dst_dev, pkt.dst_port) {
             return;
         }
+        if let Some(node) = self.fabric.remote_node(pkt.dst_qpn) {
+            node.send(&pkt);
+            return;
+        }
         let Some(dst) = route.resolve(self.fabric, pkt.dst_dev, pkt.dst_qpn) else { return };
         dst.inbox.lock().push_back(pkt);
         let ptr = Arc::as_ptr(&dst);
         if self.active[..self.depth].contains(&ptr) {
             return; // its step loop is running below us and drains the inbox
         }
-        if self.depth == 1 {
-            if let Some(mut g) = dst.inner.try_lock() {
-                self.service(&dst, &mut g);
-                return;
-            }
+        if self.depth == 1
+            && let Some(mut g) = dst.inner.try_lock()
+        {
+            self.service(&dst, &mut g);
+            return;
         }
         self.ready.push(dst);
     }
@@ -191,12 +195,12 @@ pub(crate) struct Route {
 
 impl Route {
     fn resolve(&mut self, fabric: &FabricInner, dev: u32, qpn: u32) -> Option<Arc<QpShared>> {
-        if self.dev == dev && self.qpn == qpn {
-            if let Some(qp) = self.qp.upgrade() {
-                if qp.life.is_alive() {
-                    return Some(qp);
-                }
-            }
+        if self.dev == dev
+            && self.qpn == qpn
+            && let Some(qp) = self.qp.upgrade()
+            && qp.life.is_alive()
+        {
+            return Some(qp);
         }
         let qp = fabric.lookup_qp(dev, qpn)?;
         *self = Route { dev, qpn, qp: Arc::downgrade(&qp) };

@@ -75,6 +75,9 @@ pub(crate) enum Payload {
     One(MemRef),
     /// Several source ranges, in order.
     Gather(Vec<MemRef>),
+    /// A READ request from another process: the destination lies there, so the response
+    /// carries the bytes instead of placing them.
+    Remote,
 }
 
 impl Payload {
@@ -83,14 +86,14 @@ impl Payload {
         match self {
             Payload::One(m) => std::slice::from_ref(m),
             Payload::Gather(v) => v,
-            Payload::None | Payload::Bytes(_) => &[],
+            Payload::None | Payload::Bytes(_) | Payload::Remote => &[],
         }
     }
 
     /// Visits the payload as consecutive pieces: `(source, offset-or-bytes)`.
     pub(crate) fn pieces(&self) -> impl Iterator<Item = Piece<'_>> {
         let (bytes, one, many): (Option<&[u8]>, Option<&MemRef>, &[MemRef]) = match self {
-            Payload::None => (None, None, &[]),
+            Payload::None | Payload::Remote => (None, None, &[]),
             Payload::Bytes(b) => (Some(b), None, &[]),
             Payload::One(m) => (None, Some(m), &[]),
             Payload::Gather(v) => (None, None, v),

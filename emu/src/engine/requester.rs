@@ -324,20 +324,20 @@ pub(crate) fn arm_timers(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'
     }
     if g.sq.in_flight() == 0 {
         g.req.retrans_at = None;
-    } else if g.req.retrans_at.is_none() {
-        if let Some(t) = super::ack_timeout_ns(g.attr.timeout) {
-            g.req.retrans_at = Some(drv.now() + t);
-        }
+    } else if g.req.retrans_at.is_none()
+        && let Some(t) = super::ack_timeout_ns(g.attr.timeout)
+    {
+        g.req.retrans_at = Some(drv.now() + t);
     }
     let deadline = match (g.req.rnr_until, g.req.retrans_at) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     };
-    if let Some(d) = deadline {
-        if g.req.armed.is_none_or(|a| d < a) {
-            g.req.armed = Some(d);
-            qp.ctx.fabric.timer.arm(d, qp);
-        }
+    if let Some(d) = deadline
+        && g.req.armed.is_none_or(|a| d < a)
+    {
+        g.req.armed = Some(d);
+        qp.ctx.fabric.timer.arm(d, qp);
     }
 }
 

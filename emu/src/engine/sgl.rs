@@ -39,7 +39,7 @@ pub(crate) fn resolve(qp: &QpShared, sges: &[Sge], need_write: bool) -> Result<P
                 v.push(m);
                 Payload::Gather(v)
             }
-            Payload::Bytes(_) => unreachable!("resolve never builds bytes"),
+            Payload::Bytes(_) | Payload::Remote => unreachable!("resolve builds neither"),
         };
     }
     Ok(out)

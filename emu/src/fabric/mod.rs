@@ -3,12 +3,18 @@
 //! The in-process fabric is a pure router: it never buffers, reorders or drops on its own. A
 //! packet is handed to the destination QP's inbox, and the driver (see `engine`) services that
 //! QP. Lookups are by key only; nothing depends on map iteration order.
+//!
+//! A fabric configured with a host fabric name also joins the fabrics of other processes
+//! (see `host`): packets for their QPs leave through a socket, the rest stays in-process.
 
+pub(crate) mod host;
 pub(crate) mod timer;
+mod wire;
 
 use std::{
     collections::HashMap,
-    sync::{Arc, Weak},
+    path::PathBuf,
+    sync::{Arc, OnceLock, Weak},
 };
 
 use parking_lot::{Mutex, RwLock};
@@ -29,11 +35,37 @@ pub struct FabricConfig {
     pub profile: Profile,
     /// Ports per device (1 to 4; the rxe profile always has 1, as rxe).
     pub ports: u8,
+    /// The host-wide fabric to join (a name, or an absolute directory; see
+    /// [`fabric_dir`](crate::fabric_dir)), so that fabrics of other processes with the same name, the
+    /// same devices and the same profile reach this one. `None`: this process only.
+    pub host: Option<String>,
 }
 
 impl Default for FabricConfig {
     fn default() -> Self {
-        FabricConfig { devices: 2, profile: Profile::Full, ports: 1 }
+        FabricConfig { devices: 2, profile: Profile::Full, ports: 1, host: None }
+    }
+}
+
+impl FabricConfig {
+    /// The configuration the C library reads from its environment, looked up through `var`:
+    /// `RDMA_EMU_DEVICES` (default 2), `RDMA_EMU_PROFILE` (`full` or `rxe`, default `full`),
+    /// `RDMA_EMU_PORTS` (default 1) and `RDMA_EMU_FABRIC`: the host fabric to join, `default`
+    /// when unset or empty, `none` for this process only.
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> FabricConfig {
+        let host = match var("RDMA_EMU_FABRIC").unwrap_or_default().as_str() {
+            "none" => None,
+            "" => Some("default".to_owned()),
+            name => Some(name.to_owned()),
+        };
+        FabricConfig {
+            devices: var("RDMA_EMU_DEVICES").and_then(|v| v.parse().ok()).unwrap_or(2),
+            profile: var("RDMA_EMU_PROFILE")
+                .and_then(|v| Profile::from_name(&v))
+                .unwrap_or_default(),
+            ports: var("RDMA_EMU_PORTS").and_then(|v| v.parse().ok()).unwrap_or(1),
+            host,
+        }
     }
 }
 
@@ -53,27 +85,65 @@ pub(crate) struct FabricInner {
     /// hash order).
     mcast: Mutex<std::collections::BTreeMap<[u8; 16], Vec<Member>>>,
     pub(crate) timer: timer::Timer,
+    /// The host fabric's directory, when configured; joined at the first QP.
+    host: Option<PathBuf>,
+    node: OnceLock<host::Node>,
+    this: Weak<FabricInner>,
 }
 
 impl FabricInner {
     /// Registers a QP and returns its fabric-wide unique number (next-fit, as rxe's index
-    /// allocator: numbers are not reused until the space wraps).
+    /// allocator: numbers are not reused until the space wraps). On a host fabric the
+    /// numbers carry this node's slot, and the first QP joins it.
     pub(crate) fn register_qp(
         &self,
         make: impl FnOnce(u32) -> Arc<QpShared>,
-    ) -> Option<Arc<QpShared>> {
+    ) -> crate::Result<Arc<QpShared>> {
         let mut qps = self.qps.write();
+        let (first, last) = match self.joined()? {
+            Some(node) => {
+                let base = u32::from(node.slot) << 16;
+                (base | 1, base | 0xffff)
+            }
+            None => (FIRST_QPN, MAX_QPN),
+        };
         let mut next = self.next_qpn.lock();
-        for _ in 0..=(MAX_QPN - FIRST_QPN) {
+        if !(first..=last).contains(&*next) {
+            *next = first;
+        }
+        for _ in 0..=(last - first) {
             let qpn = *next;
-            *next = if qpn >= MAX_QPN { FIRST_QPN } else { qpn + 1 };
+            *next = if qpn >= last { first } else { qpn + 1 };
             if let std::collections::hash_map::Entry::Vacant(slot) = qps.entry(qpn) {
                 let qp = make(qpn);
                 slot.insert(Arc::downgrade(&qp));
-                return Some(qp);
+                return Ok(qp);
             }
         }
-        None
+        Err(crate::Error::new(crate::Errno::ENOMEM, "QP numbers exhausted"))
+    }
+
+    /// This fabric's node on the host fabric, joining it on first use; `None` when the
+    /// fabric is in-process only.
+    fn joined(&self) -> crate::Result<Option<&host::Node>> {
+        let Some(dir) = &self.host else { return Ok(None) };
+        if self.node.get().is_none() {
+            // Callers hold the QP table's write lock, so only one thread joins.
+            let node = host::Node::join(dir, self.this.clone())?;
+            let _ = self.node.set(node);
+        }
+        Ok(self.node.get())
+    }
+
+    /// Moves inbound host-fabric packets on the calling thread; whether any arrived.
+    pub(crate) fn progress(&self) -> bool {
+        self.node.get().is_some_and(|n| n.progress(self))
+    }
+
+    /// The node owning `qpn`, when it is another process's (or another fabric's) on the host
+    /// fabric.
+    pub(crate) fn remote_node(&self, qpn: u32) -> Option<&host::Node> {
+        self.node.get().filter(|n| host::slot_of(qpn) != n.slot)
     }
 
     pub(crate) fn unregister_qp(&self, qpn: u32) {
@@ -162,18 +232,28 @@ impl Fabric {
         let devices = (0..cfg.devices)
             .map(|i| Arc::new(DeviceInner::new(i, cfg.profile, cfg.ports)))
             .collect();
-        Fabric(Arc::new(FabricInner {
+        Fabric(Arc::new_cyclic(|this| FabricInner {
             devices,
             qps: RwLock::new(HashMap::new()),
             next_qpn: Mutex::new(FIRST_QPN),
             mcast: Mutex::new(Default::default()),
             timer: timer::Timer::new(),
+            host: cfg.host.as_deref().map(host::fabric_dir),
+            node: OnceLock::new(),
+            this: this.clone(),
         }))
     }
 
     /// `ibv_get_device_list`.
     pub fn devices(&self) -> Vec<Device> {
         self.0.devices.iter().map(|d| Device { inner: d.clone(), fabric: self.0.clone() }).collect()
+    }
+
+    /// Waits, at most `limit`, until every packet this fabric queued for other processes on
+    /// the host fabric has left the process; whether it got there. A process about to exit
+    /// calls this so its last messages (an ACK, say) are not lost with it.
+    pub fn flush(&self, limit: std::time::Duration) -> bool {
+        self.0.node.get().is_none_or(|n| n.flush(limit))
     }
 
     /// The device called `name`.

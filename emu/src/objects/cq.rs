@@ -96,10 +96,8 @@ impl CqInner {
             st.notify = Notify::None;
         }
         drop(st);
-        if fire {
-            if let Some(ch) = &self.channel {
-                ch.queue.push(self.clone());
-            }
+        if fire && let Some(ch) = &self.channel {
+            ch.queue.push(self.clone());
         }
         Ok(())
     }
@@ -140,17 +138,17 @@ impl Cq {
         if comp_vector >= dev.attr.num_comp_vectors {
             return Err(einval("no such completion vector"));
         }
-        if let Some(ch) = channel {
-            if !Arc::ptr_eq(&ch.0.ctx, &ctx.0) {
-                return Err(einval("completion channel belongs to another context"));
-            }
+        if let Some(ch) = channel
+            && !Arc::ptr_eq(&ch.0.ctx, &ctx.0)
+        {
+            return Err(einval("completion channel belongs to another context"));
         }
         ResourceCounts::take(&dev.counts.cq, dev.attr.max_cq, "too many completion queues")?;
-        if let Some(ch) = channel {
-            if let Err(e) = ch.0.life.get() {
-                ResourceCounts::give(&dev.counts.cq);
-                return Err(e);
-            }
+        if let Some(ch) = channel
+            && let Err(e) = ch.0.life.get()
+        {
+            ResourceCounts::give(&dev.counts.cq);
+            return Err(e);
         }
         let granted = granted_cqe(cqe as u32);
         Ok(Cq(Arc::new(CqInner {
@@ -174,7 +172,11 @@ impl Cq {
     /// `ibv_poll_cq`: moves up to `out.len()` completions into `out`, oldest first; returns how
     /// many.
     pub fn poll(&self, out: &mut [Wc]) -> usize {
-        if self.0.queued.load(Ordering::Acquire) == 0 {
+        // On a host fabric an empty poll moves inbound packets itself: the spinning caller
+        // may hold the CPU the node's reader thread is waiting for.
+        if self.0.queued.load(Ordering::Acquire) == 0
+            && !(self.0.ctx.fabric.progress() && self.0.queued.load(Ordering::Acquire) > 0)
+        {
             return 0;
         }
         let mut st = self.0.st.lock();

@@ -234,10 +234,10 @@ impl Qp {
         let port = PortInfo::of(dev, 1)?;
         ResourceCounts::take(&dev.counts.qp, a.max_qp, "too many queue pairs")?;
         // Take the dependents' references in order, undoing on failure.
-        if let Some(s) = init.srq {
-            if !Arc::ptr_eq(&s.0.pd.ctx, ctx) {
-                return Err(einval("SRQ belongs to another context"));
-            }
+        if let Some(s) = init.srq
+            && !Arc::ptr_eq(&s.0.pd.ctx, ctx)
+        {
+            return Err(einval("SRQ belongs to another context"));
         }
         let srq_life = init.srq.map(|s| &s.0.life);
         let mut taken: Vec<&Lifecycle> = Vec::with_capacity(4);
@@ -284,11 +284,11 @@ impl Qp {
             })
         });
         match made {
-            Some(qp) => Ok(Qp(qp)),
-            None => {
+            Ok(qp) => Ok(Qp(qp)),
+            Err(e) => {
                 taken.iter().for_each(|l| l.put());
                 ResourceCounts::give(&dev.counts.qp);
-                Err(Error::new(Errno::ENOMEM, "QP numbers exhausted"))
+                Err(e)
             }
         }
     }

@@ -3,7 +3,7 @@
 use core::ffi::{c_char, c_int, c_void};
 use std::{mem::offset_of, ptr, sync::OnceLock};
 
-use rdma_emu::{Fabric, FabricConfig, Profile};
+use rdma_emu::{Fabric, FabricConfig};
 
 use crate::{
     abi::*,
@@ -12,22 +12,18 @@ use crate::{
     verbs::ops,
 };
 
-/// The emulated devices of this process, created on first use from the environment:
-/// `RDMA_EMU_DEVICES` (default 2), `RDMA_EMU_PROFILE` (`full` or `rxe`, default `full`),
-/// `RDMA_EMU_PORTS` (default 1). They live as long as the process.
+/// The emulated devices of this process, created on first use from the environment (see
+/// `FabricConfig::from_vars`). They live as long as the process.
 fn devices() -> &'static [ShimDevice] {
     // Never resized after creation, so the addresses handed to C stay valid.
     static DEVICES: OnceLock<Vec<ShimDevice>> = OnceLock::new();
     let devs = DEVICES.get_or_init(|| {
-        let env = |k: &str| std::env::var(k).ok();
-        let cfg = FabricConfig {
-            devices: env("RDMA_EMU_DEVICES").and_then(|v| v.parse().ok()).unwrap_or(2),
-            profile: env("RDMA_EMU_PROFILE")
-                .and_then(|v| Profile::from_name(&v))
-                .unwrap_or_default(),
-            ports: env("RDMA_EMU_PORTS").and_then(|v| v.parse().ok()).unwrap_or(1),
-        };
+        let cfg = FabricConfig::from_vars(|k| std::env::var(k).ok());
         let fabric = Fabric::new(cfg);
+        if FABRIC.set(fabric.clone()).is_ok() {
+            // SAFETY: registers a plain function with no captured state; it may run at exit.
+            unsafe { libc::atexit(flush_at_exit) };
+        }
         fabric
             .devices()
             .into_iter()
@@ -53,6 +49,18 @@ fn devices() -> &'static [ShimDevice] {
     static REGISTERED: std::sync::Once = std::sync::Once::new();
     REGISTERED.call_once(|| devs.iter().for_each(|d| register(d as *const ShimDevice)));
     devs
+}
+
+static FABRIC: OnceLock<Fabric> = OnceLock::new();
+
+/// At exit, lets the packets still queued for other processes (a final ACK, say) leave
+/// before the process and its queues are gone, within a bound.
+extern "C" fn flush_at_exit() {
+    let _ = std::panic::catch_unwind(|| {
+        if let Some(f) = FABRIC.get() {
+            f.flush(std::time::Duration::from_secs(2));
+        }
+    });
 }
 
 fn copy_str(dst: &mut [c_char], s: &str) {

@@ -38,10 +38,10 @@ fn newest(dir: &Path) -> Option<(std::time::SystemTime, PathBuf)> {
         } else {
             e.metadata().ok()?.modified().ok().map(|t| (t, p))
         };
-        if let Some(c) = cand {
-            if best.as_ref().is_none_or(|b| c.0 > b.0) {
-                best = Some(c);
-            }
+        if let Some(c) = cand
+            && best.as_ref().is_none_or(|b| c.0 > b.0)
+        {
+            best = Some(c);
         }
     }
     best

@@ -1,7 +1,7 @@
 //! `rdma-emu`: run programs on the emulator, list its devices, or run the demo.
 //!
 //! ```text
-//! rdma-emu run [--devices N] [--profile rxe|full] [--ports N] -- PROGRAM [ARGS...]
+//! rdma-emu run [--devices N] [--profile rxe|full] [--ports N] [--fabric NAME] -- PROGRAM [ARGS...]
 //! rdma-emu devices [--devices N] [--profile rxe|full] [--ports N]
 //! rdma-emu demo
 //! ```
@@ -9,7 +9,8 @@
 //! `run` executes PROGRAM with the emulator's `libibverbs.so.1` first on `LD_LIBRARY_PATH`
 //! (found next to this executable, or named by `RDMA_EMU_LIB`) and the options passed on as the
 //! environment variables the library reads: `RDMA_EMU_DEVICES`, `RDMA_EMU_PROFILE`,
-//! `RDMA_EMU_PORTS`.
+//! `RDMA_EMU_PORTS`, `RDMA_EMU_FABRIC` (programs run this way meet on the host fabric of that
+//! name, `default` unless given; `none` keeps each process to itself).
 
 mod demo;
 
@@ -22,7 +23,7 @@ use std::{
 use rdma_emu::{Fabric, FabricConfig, Profile};
 
 const USAGE: &str = "usage:
-  rdma-emu run [--devices N] [--profile rxe|full] [--ports N] -- PROGRAM [ARGS...]
+  rdma-emu run [--devices N] [--profile rxe|full] [--ports N] [--fabric NAME] -- PROGRAM [ARGS...]
   rdma-emu devices [--devices N] [--profile rxe|full] [--ports N]
   rdma-emu demo";
 
@@ -52,6 +53,7 @@ fn parse_opts(args: &mut std::slice::Iter<'_, String>) -> Result<(Opts, Vec<Stri
                 Profile::from_name(&v).ok_or(format!("--profile: rxe or full, not {v}"))?;
                 o.env.push(("RDMA_EMU_PROFILE", v));
             }
+            "--fabric" => o.env.push(("RDMA_EMU_FABRIC", value("--fabric")?)),
             "--" => return Ok((o, args.cloned().collect())),
             other if other.starts_with('-') => return Err(format!("unknown option {other}")),
             other => {
@@ -113,11 +115,8 @@ fn devices(opts: Opts) -> Result<ExitCode, String> {
     let get = |k: &str| {
         opts.env.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone()).or(std::env::var(k).ok())
     };
-    let cfg = FabricConfig {
-        devices: get("RDMA_EMU_DEVICES").and_then(|v| v.parse().ok()).unwrap_or(2),
-        profile: get("RDMA_EMU_PROFILE").and_then(|v| Profile::from_name(&v)).unwrap_or_default(),
-        ports: get("RDMA_EMU_PORTS").and_then(|v| v.parse().ok()).unwrap_or(1),
-    };
+    // Listing devices creates no QP, so it never joins the host fabric.
+    let cfg = FabricConfig::from_vars(get);
     println!("    {:<16}\t   node GUID\t\tprofile\tports", "device");
     println!("    {:<16}\t----------------\t-------\t-----", "------");
     for d in Fabric::new(cfg).devices() {

@@ -1,0 +1,560 @@
+//! The host-wide fabric: fabrics in different processes (or several in one) that share a
+//! name meet in one directory and exchange packets over Unix datagram sockets.
+//!
+//! # Layout
+//! The directory (`<runtime>/rdma-emu-<uid>/<name>`, mode 0700, or an absolute path) holds,
+//! per node slot `s` in 1..=255, `s.lock` (held with `flock` by the live owner, so the kernel
+//! releases it when the process dies, however it dies) and `s.sock` (its inbound socket).
+//! A node's QPNs are `s << 16 | n`, so any node routes a packet by its destination QPN alone,
+//! without a shared table.
+//!
+//! # Progress and back-pressure
+//! Each node has a reader thread that receives, reassembles and services the destination QP,
+//! so one-sided operations complete while the owning application is blocked elsewhere. The
+//! reader never blocks on a send (that could deadlock two readers sending to each other): all
+//! sends are non-blocking, and what a full peer refuses waits in that peer's backlog, which a
+//! per-peer flusher thread pushes with blocking sends. Per peer, datagrams leave in order.
+
+use std::{
+    collections::{HashMap, VecDeque},
+    fs::{DirBuilder, File, OpenOptions},
+    io,
+    os::unix::{
+        fs::{DirBuilderExt, MetadataExt, PermissionsExt},
+        io::AsRawFd,
+        net::UnixDatagram,
+    },
+    path::{Path, PathBuf},
+    sync::{
+        Arc, Weak,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use parking_lot::{Condvar, Mutex};
+
+use super::{FabricInner, wire};
+use crate::{
+    engine::{Driver, packet::Packet},
+    error::{Errno, Error},
+};
+
+/// Node slots (the top 8 bits of a 24-bit QPN); 0 is the in-process-only numbering.
+const SLOTS: u8 = 255;
+/// Payload bytes per datagram: well under the default socket send buffer (~208 KiB).
+const FRAGMENT: usize = 60 * 1024;
+const MAGIC: u32 = u32::from_le_bytes(*b"REMU");
+const HEADER: usize = 16;
+const FIRST: u8 = 1;
+const LAST: u8 = 2;
+
+/// The node slot that owns `qpn`.
+pub(crate) fn slot_of(qpn: u32) -> u8 {
+    (qpn >> 16) as u8
+}
+
+/// Where the fabric called `name` lives: an absolute path as given, else
+/// `$RDMA_EMU_RUNTIME_DIR`, `$XDG_RUNTIME_DIR` or `/tmp`, then `rdma-emu-<uid>/<name>`.
+pub fn fabric_dir(name: &str) -> PathBuf {
+    if name.starts_with('/') {
+        return PathBuf::from(name);
+    }
+    let base = ["RDMA_EMU_RUNTIME_DIR", "XDG_RUNTIME_DIR"]
+        .iter()
+        .find_map(|k| std::env::var_os(k).filter(|v| !v.is_empty()))
+        .map_or_else(|| PathBuf::from("/tmp"), PathBuf::from);
+    base.join(format!("rdma-emu-{}", crate::sys::uid())).join(name)
+}
+
+/// Creates `dir` (0700) if needed and refuses one that another user owns or that others may
+/// write: joining it would let them inject packets into this process's memory.
+fn prepare_dir(dir: &Path) -> io::Result<()> {
+    if let Some(parent) = dir.parent()
+        && !parent.exists()
+    {
+        DirBuilder::new().recursive(true).mode(0o700).create(parent)?;
+    }
+    match DirBuilder::new().mode(0o700).create(dir) {
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+        _ => {}
+    }
+    let meta = std::fs::metadata(dir)?;
+    let me = crate::sys::uid();
+    if meta.uid() != me {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("it belongs to uid {}, not to this process's uid {me}", meta.uid()),
+        ));
+    }
+    if meta.permissions().mode() & 0o022 != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            "other users may write to it (it must not be group- or world-writable)",
+        ));
+    }
+    Ok(())
+}
+
+/// This fabric's membership of a host fabric: its slot, its socket, its peers.
+#[derive(Debug)]
+pub(crate) struct Node {
+    pub(crate) slot: u8,
+    dir: PathBuf,
+    /// Held (flock) while this node lives; the kernel drops it with the process.
+    _lock: File,
+    inbound: Arc<Inbound>,
+    peers: Mutex<HashMap<u8, Arc<Peer>>>,
+}
+
+/// The receiving side, shared by the reader thread and the threads that poll a CQ.
+#[derive(Debug)]
+struct Inbound {
+    /// Non-blocking; the reader waits for it with poll(2).
+    sock: UnixDatagram,
+    /// Held by whoever is receiving, so datagrams are taken and reassembled in order.
+    rx: Mutex<Rx>,
+    quit: AtomicBool,
+}
+
+#[derive(Debug)]
+struct Rx {
+    buf: Vec<u8>,
+    /// Per source slot, the message being reassembled (its fragments arrive in order).
+    partial: HashMap<u8, Vec<u8>>,
+}
+
+impl Node {
+    /// Claims the lowest free slot in `dir`, binds its socket, clears what dead nodes left,
+    /// and starts the reader thread.
+    pub(crate) fn join(dir: &Path, fabric: Weak<FabricInner>) -> crate::Result<Node> {
+        Node::try_join(dir, fabric).map_err(|e| {
+            eprintln!("rdma-emu: cannot join the host fabric at {}: {e}", dir.display());
+            let errno = e.raw_os_error().map_or(Errno::EACCES, Errno);
+            Error::new(errno, "cannot join the host fabric (see RDMA_EMU_FABRIC)")
+        })
+    }
+
+    fn try_join(dir: &Path, fabric: Weak<FabricInner>) -> io::Result<Node> {
+        prepare_dir(dir)?;
+        let mut claimed = None;
+        for slot in 1..=SLOTS {
+            let lock = lock_file(dir, slot)?;
+            if lock.try_lock().is_ok() {
+                match claimed {
+                    None => claimed = Some((slot, lock)),
+                    // A dead node's socket: nobody will read it again.
+                    Some(_) => remove_if_exists(&sock_path(dir, slot))?,
+                }
+            }
+        }
+        let Some((slot, lock)) = claimed else {
+            return Err(io::Error::new(io::ErrorKind::OutOfMemory, "all 255 node slots are taken"));
+        };
+        let path = sock_path(dir, slot);
+        remove_if_exists(&path)?;
+        let sock = UnixDatagram::bind(&path)
+            .map_err(|e| io::Error::new(e.kind(), format!("binding {}: {e}", path.display())))?;
+        sock.set_nonblocking(true)?;
+        let rx = Mutex::new(Rx { buf: vec![0; HEADER + FRAGMENT], partial: HashMap::new() });
+        let inbound = Arc::new(Inbound { sock, rx, quit: AtomicBool::new(false) });
+        let reader = inbound.clone();
+        std::thread::Builder::new()
+            .name(format!("rdma-emu-node{slot}"))
+            .spawn(move || read_loop(&reader, &fabric))?;
+        Ok(Node { slot, dir: dir.to_owned(), _lock: lock, inbound, peers: Mutex::default() })
+    }
+
+    /// Receives and services whatever has arrived, unless another thread is already at it;
+    /// whether anything was delivered. Called by threads that poll an empty CQ: a spinning
+    /// application may hold the CPU the reader thread would need.
+    pub(crate) fn progress(&self, fabric: &FabricInner) -> bool {
+        match self.inbound.rx.try_lock() {
+            Some(mut rx) => receive(&self.inbound.sock, &mut rx, fabric),
+            None => false,
+        }
+    }
+
+    /// Sends `pkt` to the node owning its destination QPN. A peer that is gone loses it, as
+    /// a wire would; the sender's timers notice.
+    pub(crate) fn send(&self, pkt: &Packet) {
+        let mut msg = Vec::with_capacity(128);
+        if wire::encode(pkt, &mut msg).is_err() {
+            return;
+        }
+        let peer = self.peer(slot_of(pkt.dst_qpn));
+        let total = msg.len() as u32;
+        let mut offset = 0;
+        let frames = std::iter::from_fn(|| {
+            if offset >= msg.len() {
+                return None;
+            }
+            let end = (offset + FRAGMENT).min(msg.len());
+            let mut flags = if offset == 0 { FIRST } else { 0 };
+            if end == msg.len() {
+                flags |= LAST;
+            }
+            let mut d = Vec::with_capacity(HEADER + end - offset);
+            d.extend_from_slice(&MAGIC.to_le_bytes());
+            d.extend_from_slice(&[self.slot, flags, 0, 0]);
+            d.extend_from_slice(&total.to_le_bytes());
+            d.extend_from_slice(&(offset as u32).to_le_bytes());
+            d.extend_from_slice(&msg[offset..end]);
+            offset = end;
+            Some(d)
+        });
+        peer.send(frames);
+    }
+
+    fn peer(&self, slot: u8) -> Arc<Peer> {
+        self.peers
+            .lock()
+            .entry(slot)
+            .or_insert_with(|| Arc::new(Peer::new(sock_path(&self.dir, slot))))
+            .clone()
+    }
+}
+
+impl Node {
+    /// Waits, at most `limit`, until nothing this node sent is still queued in the process
+    /// (every backlog pushed to its peer's socket); whether it got there.
+    pub(crate) fn flush(&self, limit: Duration) -> bool {
+        let deadline = std::time::Instant::now() + limit;
+        // A thread servicing inbound packets holds this: its replies are about to be sent.
+        drop(self.inbound.rx.try_lock_for(limit));
+        let peers: Vec<Arc<Peer>> = self.peers.lock().values().cloned().collect();
+        for p in peers {
+            loop {
+                let tx = p.tx.lock();
+                if tx.backlog.is_empty() && !tx.flushing {
+                    break;
+                }
+                drop(tx);
+                if std::time::Instant::now() > deadline {
+                    return false;
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+        true
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        // What the application handed over before letting go (final ACKs too) still leaves.
+        self.flush(Duration::from_secs(1));
+        self.inbound.quit.store(true, Ordering::Release);
+        let path = sock_path(&self.dir, self.slot);
+        // Wake the reader (it sees `quit`), then remove the socket before the lock goes, so
+        // the next owner of the slot never finds ours.
+        if let Ok(s) = UnixDatagram::unbound() {
+            let _ = s.send_to(&[], &path);
+        }
+        let _ = std::fs::remove_file(&path);
+        for p in self.peers.lock().values() {
+            p.tx.lock().shutdown = true;
+            p.cv.notify_all();
+        }
+    }
+}
+
+fn lock_file(dir: &Path, slot: u8) -> io::Result<File> {
+    OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join(format!("{slot}.lock")))
+}
+
+fn sock_path(dir: &Path, slot: u8) -> PathBuf {
+    dir.join(format!("{slot}.sock"))
+}
+
+fn remove_if_exists(path: &Path) -> io::Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// Waits for datagrams and services them until the node quits or its fabric is gone.
+fn read_loop(inbound: &Inbound, fabric: &Weak<FabricInner>) {
+    loop {
+        if crate::sys::wait_readable(inbound.sock.as_raw_fd()).is_err() {
+            return;
+        }
+        if inbound.quit.load(Ordering::Acquire) {
+            return;
+        }
+        let Some(fabric) = fabric.upgrade() else { return };
+        let mut rx = inbound.rx.lock();
+        receive(&inbound.sock, &mut rx, &fabric);
+    }
+}
+
+/// Takes every datagram waiting, hands each complete packet to its QP's inbox (in arrival
+/// order), then services those QPs; whether any packet was delivered.
+fn receive(sock: &UnixDatagram, rx: &mut Rx, fabric: &FabricInner) -> bool {
+    let mut ready: Vec<Arc<crate::qp::QpShared>> = Vec::new();
+    loop {
+        let n = match sock.recv(&mut rx.buf) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        };
+        let Rx { buf, partial } = rx;
+        let Some(msg) = reassemble(partial, &buf[..n]) else { continue };
+        let Some(pkt) = wire::decode(&msg) else { continue };
+        let up = fabric
+            .devices
+            .get(pkt.dst_dev as usize)
+            .is_some_and(|d| crate::objects::device::Device::port_up(d, pkt.dst_port));
+        if !up {
+            continue;
+        }
+        let Some(qp) = fabric.lookup_qp(pkt.dst_dev, pkt.dst_qpn) else { continue };
+        qp.inbox.lock().push_back(pkt);
+        if !ready.iter().any(|q| Arc::ptr_eq(q, &qp)) {
+            ready.push(qp);
+        }
+    }
+    let delivered = !ready.is_empty();
+    let mut drv = Driver::new(fabric);
+    for qp in ready {
+        let mut g = qp.inner.lock();
+        drv.service(&qp, &mut g);
+    }
+    drv.finish();
+    delivered
+}
+
+/// Adds one datagram to its source's message; the whole message once its last fragment is in.
+/// A fragment that does not continue the message in progress is dropped (its source died
+/// mid-message, or the slot changed hands).
+fn reassemble(partial: &mut HashMap<u8, Vec<u8>>, d: &[u8]) -> Option<Vec<u8>> {
+    let (head, body) = d.split_first_chunk::<HEADER>()?;
+    let word = |i: usize| u32::from_le_bytes(head[i..i + 4].try_into().expect("4 bytes"));
+    let (magic, src, flags, total, offset) = (word(0), head[4], head[5], word(8), word(12));
+    if magic != MAGIC {
+        return None;
+    }
+    if flags & FIRST != 0 {
+        if flags & LAST != 0 {
+            partial.remove(&src);
+            return (body.len() == total as usize).then(|| body.to_vec());
+        }
+        let mut v = Vec::with_capacity(total as usize);
+        v.extend_from_slice(body);
+        partial.insert(src, v);
+        return None;
+    }
+    let cur = partial.get_mut(&src)?;
+    if cur.len() != offset as usize || cur.len() + body.len() > total as usize {
+        partial.remove(&src);
+        return None;
+    }
+    cur.extend_from_slice(body);
+    if flags & LAST == 0 {
+        return None;
+    }
+    let msg = partial.remove(&src)?;
+    (msg.len() == total as usize).then_some(msg)
+}
+
+/// Another node, as a destination.
+#[derive(Debug)]
+struct Peer {
+    path: PathBuf,
+    tx: Mutex<PeerTx>,
+    cv: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct PeerTx {
+    /// Connected and non-blocking; `None` until first used or after the peer went away.
+    sock: Option<UnixDatagram>,
+    /// Datagrams the peer had no room for, in order.
+    backlog: VecDeque<Vec<u8>>,
+    /// The flusher took a datagram off the backlog and is sending it: later ones must queue.
+    flushing: bool,
+    flusher_started: bool,
+    shutdown: bool,
+}
+
+/// What a non-blocking send came to.
+enum Sent {
+    Done,
+    Full,
+    Gone,
+}
+
+impl Peer {
+    fn new(path: PathBuf) -> Peer {
+        Peer { path, tx: Mutex::default(), cv: Condvar::new() }
+    }
+
+    /// Sends `frames` (one message) in order; what does not fit now goes to the backlog.
+    fn send(self: &Arc<Self>, frames: impl Iterator<Item = Vec<u8>>) {
+        let mut tx = self.tx.lock();
+        for d in frames {
+            if tx.backlog.is_empty() && !tx.flushing {
+                match try_send(&mut tx.sock, &self.path, &d) {
+                    Sent::Done => continue,
+                    Sent::Gone => return,
+                    Sent::Full => {}
+                }
+            }
+            tx.backlog.push_back(d);
+        }
+        if !tx.backlog.is_empty() {
+            if !tx.flusher_started {
+                tx.flusher_started = true;
+                let me = self.clone();
+                let spawned = std::thread::Builder::new()
+                    .name("rdma-emu-flush".into())
+                    .spawn(move || me.flush_loop());
+                if spawned.is_err() {
+                    // No thread to push it: the backlog is lost, as on a congested wire.
+                    tx.backlog.clear();
+                    tx.flusher_started = false;
+                }
+            }
+            self.cv.notify_one();
+        }
+    }
+
+    /// Pushes the backlog with blocking sends, so the threads that send never block.
+    fn flush_loop(&self) {
+        let mut sock: Option<UnixDatagram> = None;
+        loop {
+            let d = {
+                let mut tx = self.tx.lock();
+                tx.flushing = false;
+                let d = loop {
+                    if tx.shutdown {
+                        return;
+                    }
+                    if let Some(d) = tx.backlog.pop_front() {
+                        break d;
+                    }
+                    self.cv.wait(&mut tx);
+                };
+                tx.flushing = true;
+                d
+            };
+            if !send_blocking(&mut sock, &self.path, &d) {
+                // The peer is gone: so is everything queued for it.
+                self.tx.lock().backlog.clear();
+            }
+        }
+    }
+}
+
+fn connect(path: &Path, nonblocking: bool) -> io::Result<UnixDatagram> {
+    let s = UnixDatagram::unbound()?;
+    s.connect(path)?;
+    s.set_nonblocking(nonblocking)?;
+    if !nonblocking {
+        // Bounded, so a flusher re-checks a peer that stopped reading without dying.
+        s.set_write_timeout(Some(Duration::from_millis(100)))?;
+    }
+    Ok(s)
+}
+
+/// One non-blocking send; reconnects once if the peer's socket changed hands.
+fn try_send(sock: &mut Option<UnixDatagram>, path: &Path, d: &[u8]) -> Sent {
+    for _ in 0..2 {
+        if sock.is_none() {
+            match connect(path, true) {
+                Ok(s) => *sock = Some(s),
+                Err(_) => return Sent::Gone,
+            }
+        }
+        match sock.as_ref().map(|s| s.send(d)) {
+            Some(Ok(_)) => return Sent::Done,
+            Some(Err(e)) if e.kind() == io::ErrorKind::WouldBlock => return Sent::Full,
+            _ => *sock = None,
+        }
+    }
+    Sent::Gone
+}
+
+/// Sends `d`, waiting for room; `false` if the peer is gone.
+fn send_blocking(sock: &mut Option<UnixDatagram>, path: &Path, d: &[u8]) -> bool {
+    let mut reconnects = 0;
+    loop {
+        if sock.is_none() {
+            match connect(path, false) {
+                Ok(s) => *sock = Some(s),
+                Err(_) => return false,
+            }
+        }
+        match sock.as_ref().map(|s| s.send(d)) {
+            Some(Ok(_)) => return true,
+            Some(Err(e))
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
+                        | io::ErrorKind::Interrupted
+                ) => {}
+            _ => {
+                *sock = None;
+                reconnects += 1;
+                if reconnects > 1 {
+                    return false;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+
+    fn frame(src: u8, flags: u8, total: u32, offset: u32, body: &[u8]) -> Vec<u8> {
+        let mut d = MAGIC.to_le_bytes().to_vec();
+        d.extend_from_slice(&[src, flags, 0, 0]);
+        d.extend_from_slice(&total.to_le_bytes());
+        d.extend_from_slice(&offset.to_le_bytes());
+        d.extend_from_slice(body);
+        d
+    }
+
+    #[test]
+    fn test_fragments_reassemble_per_source_and_gaps_are_dropped() {
+        let mut p = HashMap::new();
+        assert_eq!(reassemble(&mut p, &frame(1, FIRST | LAST, 2, 0, b"ab")), Some(b"ab".to_vec()));
+        assert_eq!(reassemble(&mut p, &frame(1, FIRST, 4, 0, b"ab")), None);
+        assert_eq!(reassemble(&mut p, &frame(2, FIRST, 2, 0, b"x")), None);
+        assert_eq!(reassemble(&mut p, &frame(1, LAST, 4, 2, b"cd")), Some(b"abcd".to_vec()));
+        assert_eq!(reassemble(&mut p, &frame(2, LAST, 2, 1, b"y")), Some(b"xy".to_vec()));
+        // A middle fragment with no start, a gap, a bad magic: nothing.
+        assert_eq!(reassemble(&mut p, &frame(3, LAST, 4, 2, b"cd")), None);
+        assert_eq!(reassemble(&mut p, &frame(1, FIRST, 6, 0, b"ab")), None);
+        assert_eq!(reassemble(&mut p, &frame(1, LAST, 6, 4, b"ef")), None);
+        let mut bad = frame(1, FIRST | LAST, 1, 0, b"z");
+        bad[0] ^= 1;
+        assert_eq!(reassemble(&mut p, &bad), None);
+    }
+
+    #[test]
+    fn test_qpns_name_their_node() {
+        assert_eq!(slot_of(0x03_0011), 3);
+        assert_eq!(slot_of(0x11), 0);
+    }
+
+    #[test]
+    fn test_a_directory_of_another_user_or_writable_by_others_is_refused() {
+        let dir = std::env::temp_dir().join(format!("rdma-emu-dirtest-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        prepare_dir(&dir).unwrap();
+        assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700);
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = prepare_dir(&dir).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

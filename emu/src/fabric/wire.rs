@@ -1,0 +1,181 @@
+//! The byte form of a packet between processes: the header fields the wire would carry, then
+//! the payload gathered from the sender's memory at the moment it leaves (as a NIC's DMA read).
+//!
+//! A READ request carries no payload: its destination is in the requester's process, so the
+//! decoded request says [`Payload::Remote`] and the responder answers with the bytes.
+
+use crate::{
+    engine::packet::{Kind, NakCode, Packet, Payload, Piece, Syndrome},
+    mem::MemFault,
+    types::Gid,
+};
+
+/// Bumped whenever the layout below changes; a mismatching packet is dropped.
+const VERSION: u8 = 1;
+
+/// Appends `pkt` to `out`. Fails only if the payload's source memory faults, which the
+/// requester's checks rule out.
+pub(crate) fn encode(pkt: &Packet, out: &mut Vec<u8>) -> Result<(), MemFault> {
+    let kind = match pkt.kind {
+        Kind::Send => 0,
+        Kind::Write => 1,
+        Kind::ReadRequest => 2,
+        Kind::ReadResponse => 3,
+        Kind::CompareSwap => 4,
+        Kind::FetchAdd => 5,
+        Kind::Ack => 6,
+        Kind::AtomicAck => 7,
+    };
+    let (syn, syn_arg) = match pkt.syndrome {
+        Syndrome::Ack => (0, 0),
+        Syndrome::Rnr(t) => (1, t),
+        Syndrome::Nak(NakCode::PsnSequenceError) => (2, 0),
+        Syndrome::Nak(NakCode::InvalidRequest) => (2, 1),
+        Syndrome::Nak(NakCode::RemoteAccessError) => (2, 2),
+        Syndrome::Nak(NakCode::RemoteOperationalError) => (2, 3),
+    };
+    let flags = u8::from(pkt.solicited) | u8::from(pkt.imm.is_some()) << 1;
+    out.extend_from_slice(&[VERSION, kind, syn, syn_arg, flags, pkt.src_port, pkt.dst_port]);
+    out.push(u8::from(pkt.grh.is_some()));
+    for v in [pkt.src_dev, pkt.src_qpn, pkt.dst_dev, pkt.dst_qpn, pkt.psn, pkt.npkts] {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    for v in [pkt.imm.unwrap_or(0), pkt.rkey, pkt.len, pkt.msn, pkt.qkey] {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    out.extend_from_slice(&pkt.src_lid.to_le_bytes());
+    for v in [pkt.va, pkt.swap_add, pkt.compare, pkt.orig] {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    if let Some(grh) = &pkt.grh {
+        out.extend_from_slice(&grh.0.0);
+        out.extend_from_slice(&grh.1.0);
+    }
+    if pkt.kind == Kind::ReadRequest {
+        return Ok(());
+    }
+    for piece in pkt.payload.pieces() {
+        match piece {
+            Piece::Bytes(b) => out.extend_from_slice(b),
+            Piece::Mem(m) => {
+                let at = out.len();
+                out.resize(at + m.len, 0);
+                m.region.read(m.offset, &mut out[at..])?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Reads fixed-size fields off the front of a byte slice.
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take<const N: usize>(&mut self) -> Option<[u8; N]> {
+        let (head, rest) = self.0.split_first_chunk::<N>()?;
+        self.0 = rest;
+        Some(*head)
+    }
+    fn u16(&mut self) -> Option<u16> {
+        self.take().map(u16::from_le_bytes)
+    }
+    fn u32(&mut self) -> Option<u32> {
+        self.take().map(u32::from_le_bytes)
+    }
+    fn u64(&mut self) -> Option<u64> {
+        self.take().map(u64::from_le_bytes)
+    }
+}
+
+/// The packet in `bytes`, or `None` if they are not one (another version, or truncated).
+pub(crate) fn decode(bytes: &[u8]) -> Option<Packet> {
+    let mut r = Reader(bytes);
+    let [version, kind, syn, syn_arg, flags, src_port, dst_port, has_grh] = r.take::<8>()?;
+    if version != VERSION {
+        return None;
+    }
+    let kind = match kind {
+        0 => Kind::Send,
+        1 => Kind::Write,
+        2 => Kind::ReadRequest,
+        3 => Kind::ReadResponse,
+        4 => Kind::CompareSwap,
+        5 => Kind::FetchAdd,
+        6 => Kind::Ack,
+        7 => Kind::AtomicAck,
+        _ => return None,
+    };
+    let mut p = Packet::new(kind);
+    p.syndrome = match (syn, syn_arg) {
+        (0, _) => Syndrome::Ack,
+        (1, t) => Syndrome::Rnr(t),
+        (2, 0) => Syndrome::Nak(NakCode::PsnSequenceError),
+        (2, 1) => Syndrome::Nak(NakCode::InvalidRequest),
+        (2, 2) => Syndrome::Nak(NakCode::RemoteAccessError),
+        (2, 3) => Syndrome::Nak(NakCode::RemoteOperationalError),
+        _ => return None,
+    };
+    p.solicited = flags & 1 != 0;
+    (p.src_port, p.dst_port) = (src_port, dst_port);
+    (p.src_dev, p.src_qpn, p.dst_dev) = (r.u32()?, r.u32()?, r.u32()?);
+    (p.dst_qpn, p.psn, p.npkts) = (r.u32()?, r.u32()?, r.u32()?);
+    let imm = r.u32()?;
+    p.imm = (flags & 2 != 0).then_some(imm);
+    (p.rkey, p.len, p.msn, p.qkey) = (r.u32()?, r.u32()?, r.u32()?, r.u32()?);
+    p.src_lid = r.u16()?;
+    (p.va, p.swap_add, p.compare, p.orig) = (r.u64()?, r.u64()?, r.u64()?, r.u64()?);
+    if has_grh != 0 {
+        let (src, dst) = (Gid(r.take()?), Gid(r.take()?));
+        p.grh = Some(Box::new((src, dst)));
+    }
+    p.payload = if kind == Kind::ReadRequest {
+        Payload::Remote
+    } else if r.0.is_empty() {
+        Payload::None
+    } else {
+        Payload::Bytes(r.0.into())
+    };
+    Some(p)
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+
+    #[test]
+    fn test_every_field_survives_a_round_trip() {
+        let mut p = Packet::new(Kind::Send);
+        (p.src_dev, p.src_qpn, p.src_lid, p.src_port) = (1, 0x10011, 7, 2);
+        (p.dst_dev, p.dst_port, p.dst_qpn, p.psn, p.npkts) = (0, 1, 0x20012, 0xabcdef, 3);
+        (p.solicited, p.imm, p.va, p.rkey, p.len) = (true, Some(0x1234), 0xdead_beef, 9, 5);
+        (p.swap_add, p.compare, p.msn, p.orig, p.qkey) = (11, 12, 13, 14, 0x1111_1111);
+        p.syndrome = Syndrome::Nak(NakCode::RemoteAccessError);
+        p.grh = Some(Box::new((Gid([1; 16]), Gid([2; 16]))));
+        p.payload = Payload::Bytes(b"hello".as_slice().into());
+        let mut bytes = Vec::new();
+        encode(&p, &mut bytes).unwrap();
+        let q = decode(&bytes).unwrap();
+        assert_eq!(format!("{p:?}"), format!("{q:?}"));
+    }
+
+    #[test]
+    fn test_a_read_request_leaves_its_destination_behind() {
+        let mut p = Packet::new(Kind::ReadRequest);
+        p.syndrome = Syndrome::Rnr(14);
+        p.payload = Payload::Bytes(b"not sent".as_slice().into());
+        let mut bytes = Vec::new();
+        encode(&p, &mut bytes).unwrap();
+        let q = decode(&bytes).unwrap();
+        assert!(matches!(q.payload, Payload::Remote));
+        assert_eq!((q.syndrome, q.imm, q.grh.is_none()), (Syndrome::Rnr(14), None, true));
+    }
+
+    #[test]
+    fn test_garbage_is_not_a_packet() {
+        assert!(decode(&[]).is_none());
+        assert!(decode(&[VERSION + 1; 100]).is_none());
+        let mut bytes = Vec::new();
+        encode(&Packet::new(Kind::Ack), &mut bytes).unwrap();
+        assert!(decode(&bytes[..bytes.len() - 1]).is_none());
+    }
+}

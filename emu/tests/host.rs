@@ -1,0 +1,178 @@
+//! The host fabric: fabrics joined under one name reach each other through sockets, exactly as
+//! two processes do (each fabric is its own node), and fabrics under other names never do.
+
+mod common;
+use std::{
+    path::PathBuf,
+    sync::atomic::{AtomicU32, Ordering},
+};
+
+use common::*;
+use rdma_emu::*;
+
+/// A fresh host fabric directory for one test, removed when dropped.
+struct HostDir(PathBuf);
+
+impl HostDir {
+    fn new() -> HostDir {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("rdma-emu-host-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        HostDir(dir)
+    }
+
+    fn fabric(&self, profile: Profile) -> Fabric {
+        let host = Some(self.0.to_str().unwrap().to_owned());
+        Fabric::new(FabricConfig { devices: 2, profile, host, ..Default::default() })
+    }
+}
+
+impl Drop for HostDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Two fabrics on one host fabric, each with a node on its `emu0` (as two processes that both
+/// open the first device), connected.
+fn host_pair(dir: &HostDir, profile: Profile, p: &RcParams) -> (Fabric, Node, Fabric, Node) {
+    let (fa, fb) = (dir.fabric(profile), dir.fabric(profile));
+    let a = node_on(&fa.devices()[0], 1 << 20);
+    let b = node_on(&fb.devices()[0], 1 << 20);
+    connect(&a.qp, &b.qp, p, p);
+    (fa, a, fb, b)
+}
+
+#[test]
+fn every_rc_operation_crosses_between_fabrics() {
+    let dir = HostDir::new();
+    for profile in [Profile::Full, Profile::Rxe] {
+        let (_fa, a, _fb, b) = host_pair(&dir, profile, &RcParams::default());
+        assert_ne!(a.qp.qp_num() >> 16, b.qp.qp_num() >> 16, "each node numbers its own QPs");
+
+        a.mr.write(0, b"over the host fabric").unwrap();
+        post_recv(&b.qp, 9, &[sge(&b.mr, 0, 64)]);
+        a.qp.post_send(&SendWr::send(1, &[sge(&a.mr, 0, 20)]).with_imm(7).signaled()).unwrap();
+        assert_eq!(wait1(&a.cq).status, WcStatus::SUCCESS);
+        let r = wait1(&b.cq);
+        assert_eq!((r.wr_id, r.status, r.byte_len, r.imm_data), (9, WcStatus::SUCCESS, 20, 7));
+        let mut got = [0u8; 20];
+        b.mr.read(0, &mut got).unwrap();
+        assert_eq!(&got, b"over the host fabric");
+
+        // Larger than one datagram both ways: a WRITE, then a READ of it back.
+        let big: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        a.mr.write(0, &big).unwrap();
+        let w_sg = [sge(&a.mr, 0, big.len())];
+        let w = SendWr::write(2, &w_sg, b.mr.addr() + 4096, b.mr.rkey());
+        a.qp.post_send(&w.signaled()).unwrap();
+        assert_eq!(wait1(&a.cq).status, WcStatus::SUCCESS);
+        let mut back = vec![0u8; big.len()];
+        b.mr.read(4096, &mut back).unwrap();
+        assert!(back == big, "the WRITE landed intact");
+        let rd_sg = [sge(&a.mr, 500_000, big.len())];
+        let rd = SendWr::read(3, &rd_sg, b.mr.addr() + 4096, b.mr.rkey());
+        a.qp.post_send(&rd.signaled()).unwrap();
+        let c = wait1(&a.cq);
+        assert_eq!(
+            (c.status, c.opcode, c.byte_len),
+            (WcStatus::SUCCESS, WcOpcode::RDMA_READ, 300_000)
+        );
+        a.mr.read(500_000, &mut back).unwrap();
+        assert!(back == big, "the READ brought it back");
+
+        // Atomics: the target's old value comes back, the target's memory changes.
+        b.mr.write(8, &40u64.to_ne_bytes()).unwrap();
+        let fa_sg = [sge(&a.mr, 0, 8)];
+        let fa = SendWr::fetch_add(4, &fa_sg, b.mr.addr() + 8, b.mr.rkey(), 2);
+        a.qp.post_send(&fa.signaled()).unwrap();
+        assert_eq!(wait1(&a.cq).status, WcStatus::SUCCESS);
+        let cs_sg = [sge(&a.mr, 16, 8)];
+        let cs = SendWr::cmp_swap(5, &cs_sg, b.mr.addr() + 8, b.mr.rkey(), 42, 99);
+        a.qp.post_send(&cs.signaled()).unwrap();
+        assert_eq!(wait1(&a.cq).status, WcStatus::SUCCESS);
+        let mut v = [0u8; 8];
+        a.mr.read(0, &mut v).unwrap();
+        assert_eq!(u64::from_ne_bytes(v), 40);
+        a.mr.read(16, &mut v).unwrap();
+        assert_eq!(u64::from_ne_bytes(v), 42);
+        b.mr.read(8, &mut v).unwrap();
+        assert_eq!(u64::from_ne_bytes(v), 99);
+
+        // A bad rkey is refused by the target, as in-process.
+        let bad_sg = [sge(&a.mr, 0, 8)];
+        let bad = SendWr::write(6, &bad_sg, b.mr.addr(), b.mr.rkey() ^ 0x100);
+        a.qp.post_send(&bad.signaled()).unwrap();
+        assert_eq!(wait1(&a.cq).status, WcStatus::REM_ACCESS_ERR);
+    }
+}
+
+#[test]
+fn a_peer_that_is_gone_ends_in_retry_exceeded_not_a_hang() {
+    let dir = HostDir::new();
+    let p = RcParams { timeout: 8, retry_cnt: 2, ..Default::default() };
+    let (_fa, a, fb, b) = host_pair(&dir, Profile::Full, &p);
+    drop((b, fb));
+    let w_sg = [sge(&a.mr, 0, 8)];
+    let w = SendWr::write(1, &w_sg, 0x1000, 0x1234);
+    a.qp.post_send(&w.signaled()).unwrap();
+    assert_eq!(wait1(&a.cq).status, WcStatus::RETRY_EXC_ERR);
+    // The slot it held is free again: a new fabric takes it, and its socket is fresh.
+    let fc = dir.fabric(Profile::Full);
+    let c = node_on(&fc.devices()[0], 4096);
+    assert_eq!(c.qp.qp_num() >> 16, 2, "the lowest free slot (1 is taken by the survivor)");
+}
+
+#[test]
+fn fabrics_under_different_names_never_meet() {
+    let (d1, d2) = (HostDir::new(), HostDir::new());
+    let p = RcParams { timeout: 8, retry_cnt: 1, ..Default::default() };
+    let (f1, f2) = (d1.fabric(Profile::Full), d2.fabric(Profile::Full));
+    let a = node_on(&f1.devices()[0], 4096);
+    // Both fabrics number from the same slot: skip one QPN so that b's number is not a's
+    // own (which would be a loopback connection, not a leak).
+    let _skip = node_on(&f2.devices()[0], 4096);
+    let b = node_on(&f2.devices()[0], 4096);
+    assert_ne!(a.qp.qp_num(), b.qp.qp_num());
+    connect(&a.qp, &b.qp, &p, &p);
+    a.mr.write(0, b"leak").unwrap();
+    let w_sg = [sge(&a.mr, 0, 4)];
+    let w = SendWr::write(1, &w_sg, b.mr.addr(), b.mr.rkey());
+    a.qp.post_send(&w.signaled()).unwrap();
+    assert_eq!(wait1(&a.cq).status, WcStatus::RETRY_EXC_ERR);
+    let mut got = [0u8; 4];
+    b.mr.read(0, &mut got).unwrap();
+    assert_eq!(got, [0; 4]);
+}
+
+#[test]
+fn ud_datagrams_cross_between_fabrics() {
+    let dir = HostDir::new();
+    let (fa, fb) = (dir.fabric(Profile::Rxe), dir.fabric(Profile::Rxe));
+    let (a, b) = (node_on(&fa.devices()[0], 4096), node_on(&fb.devices()[0], 4096));
+    let ud = |n: &Node| {
+        let qp = new_qp(&n.pd, &n.cq, QpType::UD, 8, true);
+        use QpAttrMask as M;
+        let init = QpAttr { qp_state: QpState::INIT, port_num: 1, qkey: 5, ..Default::default() };
+        qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY).unwrap();
+        qp.modify(&QpAttr { qp_state: QpState::RTR, ..Default::default() }, M::STATE).unwrap();
+        let rts = QpAttr { qp_state: QpState::RTS, ..Default::default() };
+        qp.modify(&rts, M::STATE | M::SQ_PSN).unwrap();
+        qp
+    };
+    let (qa, qb) = (ud(&a), ud(&b));
+    let ep = qb.endpoint(0);
+    let attr =
+        AhAttr { is_global: true, dgid: ep.gid, port_num: 1, hop_limit: 1, ..Default::default() };
+    let ah = a.pd.create_ah(&attr).unwrap();
+    qb.post_recv(&RecvWr { wr_id: 3, sg_list: &[sge(&b.mr, 0, 100)] }).unwrap();
+    a.mr.write(0, b"dgram").unwrap();
+    qa.post_send(&SendWr::send_ud(1, &[sge(&a.mr, 0, 5)], &ah, ep.qpn, 5)).unwrap();
+    assert_eq!(wait1(&a.cq).status, WcStatus::SUCCESS);
+    let r = wait1(&b.cq);
+    assert_eq!((r.status, r.byte_len, r.src_qp), (WcStatus::SUCCESS, 45, qa.qp_num()));
+    let mut got = [0u8; 5];
+    b.mr.read(40, &mut got).unwrap();
+    assert_eq!(&got, b"dgram");
+}

@@ -1,0 +1,227 @@
+//! Unmodified binaries from Debian's packages (`ibverbs-utils`, `perftest`) run as server and
+//! client, two processes meeting on the host fabric under `rdma-emu run`, and must report
+//! success: every program and option combination the programs themselves accept.
+
+mod common;
+use std::{
+    io::Read,
+    net::TcpListener,
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    sync::atomic::{AtomicU32, Ordering},
+    time::{Duration, Instant},
+};
+
+/// A host fabric name used by one test only, removed afterwards.
+struct Fabric(String);
+
+impl Fabric {
+    fn new() -> Fabric {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        Fabric(format!("legacy-{}-{n}", std::process::id()))
+    }
+
+    fn dir(&self) -> PathBuf {
+        rdma_emu::fabric_dir(&self.0)
+    }
+}
+
+impl Drop for Fabric {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(self.dir());
+    }
+}
+
+/// A TCP port nobody listens on right now, for the programs' own connection setup.
+fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+/// Whether something listens on TCP `port` (read from /proc: a probe connection would be
+/// taken as the client by the one-shot servers).
+fn listening(port: u16) -> bool {
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+        std::fs::read_to_string(f).unwrap_or_default().lines().skip(1).any(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            cols.len() > 3
+                && cols[3] == "0A"
+                && cols[1].rsplit(':').next() == Some(&format!("{port:04X}"))
+        })
+    })
+}
+
+fn program(fabric: &Fabric, profile: &str, prog: &str, args: &[&str], port: u16) -> Command {
+    assert!(
+        Command::new("sh")
+            .args(["-c", &format!("command -v {prog}")])
+            .output()
+            .unwrap()
+            .status
+            .success(),
+        "{prog} is not installed (Debian packages ibverbs-utils and perftest; ./ci.sh installs them)"
+    );
+    let mut c = Command::new(env!("CARGO_BIN_EXE_rdma-emu"));
+    c.env("RDMA_EMU_LIB", common::cdylib()).env_remove("LD_LIBRARY_PATH");
+    c.args(["run", "--profile", profile, "--fabric", &fabric.0, "--", prog]);
+    c.args(args).args(["-p", &port.to_string()]);
+    c.stdout(Stdio::piped()).stderr(Stdio::piped());
+    c
+}
+
+/// Waits for `child` to exit within `limit` (a guard against hangs, not a timing assertion);
+/// its status and combined output.
+fn finish(mut child: Child, limit: Duration, who: &str) -> (bool, String) {
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break Some(s);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut out = String::new();
+    child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    child.stderr.take().unwrap().read_to_string(&mut out).unwrap();
+    match status {
+        Some(s) => (s.success(), out),
+        None => (false, format!("{who} did not finish within {limit:?}\n{out}")),
+    }
+}
+
+/// Runs `prog args` as server, then as client of it; both must succeed. The client's output.
+fn server_and_client(profile: &str, prog: &str, args: &[&str]) -> String {
+    let fabric = Fabric::new();
+    let port = free_port();
+    let server = program(&fabric, profile, prog, args, port).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !listening(port) {
+        assert!(Instant::now() < deadline, "{prog} server never listened on {port}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let client = program(&fabric, profile, prog, args, port).arg("localhost").spawn().unwrap();
+    let (c_ok, c_out) = finish(client, Duration::from_secs(120), "client");
+    let (s_ok, s_out) = finish(server, Duration::from_secs(20), "server");
+    assert!(c_ok && s_ok, "{prog} {args:?}\n--- client:\n{c_out}\n--- server:\n{s_out}");
+    c_out
+}
+
+/// The data rows of perftest's result table (lines that start with a message size).
+fn result_rows(out: &str) -> usize {
+    out.lines()
+        .filter(|l| {
+            let mut w = l.split_whitespace();
+            w.next().is_some_and(|a| a.parse::<u64>().is_ok())
+                && w.next().is_some_and(|b| b.parse::<u64>().is_ok())
+        })
+        .count()
+}
+
+fn pingpong(prog: &str, extra: &[&str]) {
+    for profile in ["full", "rxe"] {
+        let mut args = vec!["-n", "20"];
+        if profile == "rxe" {
+            args.extend(["-g", "0"]); // RoCE: addressed by GID
+        }
+        args.extend(extra);
+        let out = server_and_client(profile, prog, &args);
+        assert!(out.contains("20 iters in"), "{prog} {args:?}: {out}");
+    }
+}
+
+/// A perftest program with `extra` options; with `-a`, one result row per size from 2 bytes
+/// to 8 MiB.
+fn perftest(prog: &str, extra: &[&str]) {
+    let mut args = vec!["-n", "10"];
+    args.extend(extra);
+    let out = server_and_client("full", prog, &args);
+    let rows = result_rows(&out);
+    let want = if extra.contains(&"-a") { 23 } else { 1 };
+    assert_eq!(rows, want, "{prog} {args:?}: {out}");
+}
+
+/// The same under the rxe profile: RoCE, so perftest addresses its peer by GID.
+fn perftest_rxe(prog: &str, extra: &[&str]) {
+    let mut args = vec!["-n", "10"];
+    args.extend(extra);
+    let out = server_and_client("rxe", prog, &args);
+    assert_eq!(result_rows(&out), 1, "{prog} {args:?}: {out}");
+}
+
+macro_rules! legacy_tests {
+    ($runner:ident: $($name:ident => $prog:literal [$($opt:literal),*];)*) => {$(
+        #[test]
+        fn $name() {
+            $runner($prog, &[$($opt),*]);
+        }
+    )*};
+}
+
+legacy_tests! { pingpong:
+    rc_pingpong => "ibv_rc_pingpong" [];
+    rc_pingpong_events => "ibv_rc_pingpong" ["-e"];
+    uc_pingpong => "ibv_uc_pingpong" [];
+    uc_pingpong_events => "ibv_uc_pingpong" ["-e"];
+    ud_pingpong => "ibv_ud_pingpong" [];
+    ud_pingpong_events => "ibv_ud_pingpong" ["-e"];
+    srq_pingpong => "ibv_srq_pingpong" [];
+    srq_pingpong_events => "ibv_srq_pingpong" ["-e"];
+}
+
+legacy_tests! { perftest:
+    write_bw => "ib_write_bw" [];
+    write_bw_all_sizes => "ib_write_bw" ["-a"];
+    write_bw_4_qps => "ib_write_bw" ["-q", "4"];
+    write_bw_bidirectional => "ib_write_bw" ["-b"];
+    write_bw_old_post_send => "ib_write_bw" ["--use_old_post_send"];
+    write_bw_uc => "ib_write_bw" ["-c", "UC"];
+    write_lat => "ib_write_lat" [];
+    write_lat_all_sizes => "ib_write_lat" ["-a"];
+    write_lat_old_post_send => "ib_write_lat" ["--use_old_post_send"];
+    write_lat_uc => "ib_write_lat" ["-c", "UC"];
+    read_bw => "ib_read_bw" [];
+    read_bw_all_sizes => "ib_read_bw" ["-a"];
+    read_bw_4_qps => "ib_read_bw" ["-q", "4"];
+    read_bw_bidirectional => "ib_read_bw" ["-b"];
+    read_bw_events => "ib_read_bw" ["-e"];
+    read_bw_old_post_send => "ib_read_bw" ["--use_old_post_send"];
+    read_lat => "ib_read_lat" [];
+    read_lat_all_sizes => "ib_read_lat" ["-a"];
+    read_lat_events => "ib_read_lat" ["-e"];
+    read_lat_old_post_send => "ib_read_lat" ["--use_old_post_send"];
+    send_bw => "ib_send_bw" [];
+    send_bw_all_sizes => "ib_send_bw" ["-a"];
+    send_bw_4_qps => "ib_send_bw" ["-q", "4"];
+    send_bw_bidirectional => "ib_send_bw" ["-b"];
+    send_bw_events => "ib_send_bw" ["-e"];
+    send_bw_old_post_send => "ib_send_bw" ["--use_old_post_send"];
+    send_bw_uc => "ib_send_bw" ["-c", "UC"];
+    send_bw_ud => "ib_send_bw" ["-c", "UD"];
+    send_lat => "ib_send_lat" [];
+    send_lat_all_sizes => "ib_send_lat" ["-a"];
+    send_lat_events => "ib_send_lat" ["-e"];
+    send_lat_old_post_send => "ib_send_lat" ["--use_old_post_send"];
+    send_lat_uc => "ib_send_lat" ["-c", "UC"];
+    send_lat_ud => "ib_send_lat" ["-c", "UD"];
+    atomic_bw => "ib_atomic_bw" [];
+    atomic_bw_4_qps => "ib_atomic_bw" ["-q", "4"];
+    atomic_bw_bidirectional => "ib_atomic_bw" ["-b"];
+    atomic_bw_events => "ib_atomic_bw" ["-e"];
+    atomic_bw_old_post_send => "ib_atomic_bw" ["--use_old_post_send"];
+    atomic_lat => "ib_atomic_lat" [];
+    atomic_lat_events => "ib_atomic_lat" ["-e"];
+    atomic_lat_old_post_send => "ib_atomic_lat" ["--use_old_post_send"];
+}
+
+legacy_tests! { perftest_rxe:
+    write_bw_rxe => "ib_write_bw" [];
+    read_lat_rxe => "ib_read_lat" [];
+    send_bw_ud_rxe => "ib_send_bw" ["-c", "UD"];
+    send_lat_rxe => "ib_send_lat" [];
+    atomic_bw_rxe => "ib_atomic_bw" [];
+}
