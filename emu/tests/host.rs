@@ -109,16 +109,44 @@ fn every_rc_operation_crosses_between_fabrics() {
 }
 
 #[test]
+fn a_peer_that_dies_fails_the_survivors_qps_instead_of_leaving_them_waiting() {
+    let dir = HostDir::new();
+    for (profile, fatal) in [(Profile::Full, true), (Profile::Rxe, false)] {
+        let (_fa, a, fb, b) = host_pair(&dir, profile, &RcParams::default());
+        // The survivor waits for a message that will never come.
+        post_recv(&a.qp, 41, &[sge(&a.mr, 0, 64)]);
+        drop((b, fb));
+        let wc = wait1(&a.cq);
+        assert_eq!((wc.wr_id, wc.status), (41, WcStatus::WR_FLUSH_ERR));
+        assert_eq!(a.qp.query().unwrap().qp_state, QpState::ERR);
+        a.ctx.set_async_nonblocking(true).unwrap();
+        let ev = a.ctx.get_async_event();
+        assert_eq!(ev.as_ref().ok().map(|e| e.event_type), fatal.then_some(EventType::QP_FATAL));
+        if let Ok(ev) = ev {
+            a.ctx.ack_async_event(&ev);
+        }
+    }
+}
+
+#[test]
 fn a_peer_that_is_gone_ends_in_retry_exceeded_not_a_hang() {
     let dir = HostDir::new();
+    let (fa, fb) = (dir.fabric(Profile::Full), dir.fabric(Profile::Full));
+    let a = node_on(&fa.devices()[0], 4096);
+    let b = node_on(&fb.devices()[0], 4096);
     let p = RcParams { timeout: 8, retry_cnt: 2, ..Default::default() };
-    let (_fa, a, fb, b) = host_pair(&dir, Profile::Full, &p);
-    drop((b, fb));
-    let w_sg = [sge(&a.mr, 0, 8)];
+    // Connected to a QP number in b's node that no QP holds: nothing answers, and b lives on,
+    // so only the retry timer can end it.
+    let mut ghost = b.qp.endpoint(0);
+    ghost.qpn += 100;
+    a.qp.connect(0, &ghost, &p).unwrap();
+    a.mr.write(0, b"lost").unwrap();
+    let w_sg = [sge(&a.mr, 0, 4)];
     let w = SendWr::write(1, &w_sg, 0x1000, 0x1234);
     a.qp.post_send(&w.signaled()).unwrap();
     assert_eq!(wait1(&a.cq).status, WcStatus::RETRY_EXC_ERR);
-    // The slot it held is free again: a new fabric takes it, and its socket is fresh.
+    // A node that goes away frees its slot for the next one; its socket is gone with it.
+    drop((b, fb));
     let fc = dir.fabric(Profile::Full);
     let c = node_on(&fc.devices()[0], 4096);
     assert_eq!(c.qp.qp_num() >> 16, 2, "the lowest free slot (1 is taken by the survivor)");

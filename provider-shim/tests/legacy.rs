@@ -111,6 +111,40 @@ fn server_and_client(profile: &str, prog: &str, args: &[&str]) -> String {
     c_out
 }
 
+/// Kills the server with SIGKILL while it transfers: the client must not hang, and must fail.
+fn kill_server_mid_transfer(prog: &str, args: &[&str]) -> String {
+    let fabric = Fabric::new();
+    let port = free_port();
+    let mut server = program(&fabric, "full", prog, args, port).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !listening(port) {
+        assert!(Instant::now() < deadline, "{prog} server never listened on {port}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let client = program(&fabric, "full", prog, args, port).arg("localhost").spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    server.kill().unwrap();
+    server.wait().unwrap();
+    let (ok, out) = finish(client, Duration::from_secs(30), "client");
+    assert!(!ok, "{prog}: the client cannot succeed without its server\n{out}");
+    assert!(!out.contains("did not finish"), "{prog}: the client hung\n{out}");
+    assert!(out.contains("remote address"), "{prog}: killed before connecting\n{out}");
+    out
+}
+
+#[test]
+fn a_pingpong_server_killed_mid_transfer_leaves_the_client_with_error_completions() {
+    let out = kill_server_mid_transfer("ibv_rc_pingpong", &["-n", "100000000"]);
+    // The client's outstanding work requests complete in error (flushed once its peer's
+    // death is noticed, or out of retries).
+    assert!(out.contains("Failed status"), "{out}");
+}
+
+#[test]
+fn a_perftest_server_killed_mid_transfer_does_not_hang_the_client() {
+    kill_server_mid_transfer("ib_write_bw", &["-D", "60"]);
+}
+
 /// The data rows of perftest's result table (lines that start with a message size).
 fn result_rows(out: &str) -> usize {
     out.lines()

@@ -36,8 +36,9 @@ use parking_lot::{Condvar, Mutex};
 
 use super::{FabricInner, wire};
 use crate::{
-    engine::{Driver, packet::Packet},
+    engine::{self, Driver, packet::Packet},
     error::{Errno, Error},
+    types::{EventType, QpState, QpType},
 };
 
 /// Node slots (the top 8 bits of a 24-bit QPN); 0 is the in-process-only numbering.
@@ -105,6 +106,7 @@ pub(crate) struct Node {
     _lock: File,
     inbound: Arc<Inbound>,
     peers: Mutex<HashMap<u8, Arc<Peer>>>,
+    fabric: Weak<FabricInner>,
 }
 
 /// The receiving side, shared by the reader thread and the threads that poll a CQ.
@@ -141,16 +143,14 @@ impl Node {
         for slot in 1..=SLOTS {
             let lock = lock_file(dir, slot)?;
             if lock.try_lock().is_ok() {
-                match claimed {
-                    None => claimed = Some((slot, lock)),
-                    // A dead node's socket: nobody will read it again.
-                    Some(_) => remove_if_exists(&sock_path(dir, slot))?,
-                }
+                claimed = Some((slot, lock));
+                break;
             }
         }
         let Some((slot, lock)) = claimed else {
             return Err(io::Error::new(io::ErrorKind::OutOfMemory, "all 255 node slots are taken"));
         };
+        sweep(dir, slot)?;
         let path = sock_path(dir, slot);
         remove_if_exists(&path)?;
         let sock = UnixDatagram::bind(&path)
@@ -158,11 +158,12 @@ impl Node {
         sock.set_nonblocking(true)?;
         let rx = Mutex::new(Rx { buf: vec![0; HEADER + FRAGMENT], partial: HashMap::new() });
         let inbound = Arc::new(Inbound { sock, rx, quit: AtomicBool::new(false) });
-        let reader = inbound.clone();
+        let (reader, weak) = (inbound.clone(), fabric.clone());
         std::thread::Builder::new()
             .name(format!("rdma-emu-node{slot}"))
-            .spawn(move || read_loop(&reader, &fabric))?;
-        Ok(Node { slot, dir: dir.to_owned(), _lock: lock, inbound, peers: Mutex::default() })
+            .spawn(move || read_loop(&reader, &weak))?;
+        let peers = Mutex::default();
+        Ok(Node { slot, dir: dir.to_owned(), _lock: lock, inbound, peers, fabric })
     }
 
     /// Receives and services whatever has arrived, unless another thread is already at it;
@@ -206,12 +207,46 @@ impl Node {
         peer.send(frames);
     }
 
+    /// The node in `slot`, as a destination; the first use starts watching for its death.
     fn peer(&self, slot: u8) -> Arc<Peer> {
-        self.peers
-            .lock()
-            .entry(slot)
-            .or_insert_with(|| Arc::new(Peer::new(sock_path(&self.dir, slot))))
-            .clone()
+        let mut peers = self.peers.lock();
+        if let Some(p) = peers.get(&slot) {
+            return p.clone();
+        }
+        let p = Arc::new(Peer::new(sock_path(&self.dir, slot)));
+        peers.insert(slot, p.clone());
+        drop(peers);
+        self.spawn_watcher(slot);
+        p
+    }
+
+    /// Makes sure the death of the node in `slot` will be noticed.
+    pub(crate) fn watch(&self, slot: u8) {
+        self.peer(slot);
+    }
+
+    /// A thread that waits for the lock of the node in `slot`: the kernel releases it when
+    /// that process dies, however it dies. Then every QP connected there fails (see
+    /// `peer_died`), so a survivor waiting for a message that will never come is not left
+    /// hanging.
+    fn spawn_watcher(&self, slot: u8) {
+        let path = self.dir.join(format!("{slot}.lock"));
+        let fabric = self.fabric.clone();
+        let spawned = std::thread::Builder::new().name(format!("rdma-emu-watch{slot}")).spawn(
+            move || {
+                let gone = File::open(&path).map_or(true, |f| f.lock_shared().is_ok());
+                let Some(fabric) = fabric.upgrade() else { return };
+                if !gone {
+                    return;
+                }
+                if let Some(node) = fabric.node.get() {
+                    node.peers.lock().remove(&slot);
+                }
+                peer_died(&fabric, slot);
+            },
+        );
+        // Without the thread a dead peer is still noticed by the senders' retry timers.
+        drop(spawned);
     }
 }
 
@@ -257,6 +292,23 @@ impl Drop for Node {
             p.cv.notify_all();
         }
     }
+}
+
+/// Removes the sockets of dead nodes (their lock is free): nobody will read them again.
+fn sweep(dir: &Path, mine: u8) -> io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let name = entry?.file_name();
+        let slot = name.to_str().and_then(|n| n.strip_suffix(".sock")?.parse::<u8>().ok());
+        let Some(slot) = slot.filter(|&s| s != mine) else { continue };
+        let dead = match File::open(dir.join(format!("{slot}.lock"))) {
+            Ok(f) => f.try_lock().is_ok(),
+            Err(e) => e.kind() == io::ErrorKind::NotFound,
+        };
+        if dead {
+            remove_if_exists(&sock_path(dir, slot))?;
+        }
+    }
+    Ok(())
 }
 
 fn lock_file(dir: &Path, slot: u8) -> io::Result<File> {
@@ -360,6 +412,28 @@ fn reassemble(partial: &mut HashMap<u8, Vec<u8>>, d: &[u8]) -> Option<Vec<u8>> {
     }
     let msg = partial.remove(&src)?;
     (msg.len() == total as usize).then_some(msg)
+}
+
+/// The node in `slot` is gone: every RC/UC QP connected to a QP there goes to the error
+/// state, flushing its work requests (and, in the full profile, raising `QP_FATAL`), as a
+/// NIC whose peer vanished would report once it found out.
+fn peer_died(fabric: &FabricInner, slot: u8) {
+    let qps: Vec<_> = fabric.qps.read().values().filter_map(Weak::upgrade).collect();
+    for qp in qps {
+        if !matches!(qp.qp_type, QpType::RC | QpType::UC) {
+            continue;
+        }
+        let mut g = qp.inner.lock();
+        let connected = matches!(g.state, QpState::RTR | QpState::RTS | QpState::SQD | QpState::SQE);
+        if !connected || slot_of(g.attr.dest_qp_num) != slot {
+            continue;
+        }
+        // The event first: whoever sees a flushed completion finds the event queued too.
+        if engine::raises_qp_errors(&qp) {
+            qp.raise(EventType::QP_FATAL);
+        }
+        engine::enter_error(&qp, &mut g);
+    }
 }
 
 /// Another node, as a destination.

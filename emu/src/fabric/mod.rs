@@ -140,6 +140,13 @@ impl FabricInner {
         self.node.get().is_some_and(|n| n.progress(self))
     }
 
+    /// Makes sure the death of the process owning `qpn` (if another's) is noticed.
+    pub(crate) fn watch_peer_of(&self, qpn: u32) {
+        if let Some(node) = self.remote_node(qpn) {
+            node.watch(host::slot_of(qpn));
+        }
+    }
+
     /// The node owning `qpn`, when it is another process's (or another fabric's) on the host
     /// fabric.
     pub(crate) fn remote_node(&self, qpn: u32) -> Option<&host::Node> {

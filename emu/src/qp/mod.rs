@@ -608,6 +608,8 @@ fn apply(qp: &QpShared, g: &mut QpInner, attr: &QpAttr, mask: QpAttrMask) {
     }
     if mask.contains(QpAttrMask::DEST_QPN) {
         a.dest_qp_num = attr.dest_qp_num & engine::PSN_MASK;
+        // A peer in another process: learn at once if that process dies.
+        qp.ctx.fabric.watch_peer_of(a.dest_qp_num);
     }
     if mask.contains(QpAttrMask::EN_SQD_ASYNC_NOTIFY) {
         a.en_sqd_async_notify = attr.en_sqd_async_notify;
