@@ -50,3 +50,94 @@ fn bad_usage_exits_2_with_a_message() {
         assert!(String::from_utf8_lossy(&out.stderr).starts_with("rdma-emu:"), "{args:?}");
     }
 }
+
+/// A host fabric directory for one test, removed afterwards.
+struct HostDir(std::path::PathBuf);
+
+impl HostDir {
+    fn new(tag: &str) -> HostDir {
+        let d = std::env::temp_dir().join(format!("rdma-emu-cli-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        HostDir(d)
+    }
+    fn name(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for HostDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Waits (bounded: a guard, not a timing assertion) until `f` holds.
+fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !f() {
+        assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn event_and_port_reach_ibv_asyncwatch_in_another_process() {
+    let dir = HostDir::new("asyncwatch");
+    let log = dir.0.with_extension("log");
+    let mut watch = rdma_emu()
+        .args(["run", "--fabric", dir.name(), "--", "stdbuf", "-oL", "ibv_asyncwatch"])
+        .stdout(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    // It has the device open once its node's socket exists.
+    wait_until("ibv_asyncwatch to join", || dir.0.join("1.sock").exists());
+    for args in
+        [&["event", "LID_CHANGE"][..], &["event", "IBV_EVENT_DEVICE_FATAL"], &["port", "down"]]
+    {
+        let mut c = rdma_emu();
+        let out = c.args(&args[..1]).args(["--fabric", dir.name()]).args(&args[1..]).output();
+        let out = out.unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(text.contains("in 1 other process"), "{args:?}: {text}");
+    }
+    let want = [
+        "event_type IBV_EVENT_LID_CHANGE (11), port 1",
+        "event_type IBV_EVENT_DEVICE_FATAL (8), port 0",
+        "event_type IBV_EVENT_PORT_ERR (10), port 1",
+    ];
+    wait_until("the events", || {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        want.iter().all(|w| text.contains(w))
+    });
+    watch.kill().unwrap();
+    watch.wait().unwrap();
+    let text = std::fs::read_to_string(&log).unwrap();
+    let order: Vec<usize> = want.iter().map(|w| text.find(w).unwrap()).collect();
+    assert!(order.windows(2).all(|p| p[0] < p[1]), "in the order raised: {text}");
+    let _ = std::fs::remove_file(&log);
+}
+
+#[test]
+fn event_refuses_unknown_events_traffic_events_and_foreign_fabrics() {
+    let dir = HostDir::new("refuse");
+    let run = |args: &[&str]| {
+        let mut c = rdma_emu();
+        let out = c.args(&args[..1]).args(["--fabric", dir.name()]).args(&args[1..]).output();
+        let out = out.unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (code, err) = run(&["event", "NOT_AN_EVENT"]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("unknown event"), "{err}");
+    let (code, err) = run(&["event", "QP_FATAL"]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("not a port or device event"), "{err}");
+    // A fabric directory others may write to is refused with a reason, never joined.
+    std::fs::create_dir_all(&dir.0).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let (code, err) = run(&["port", "down"]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("other users may write to it"), "{err}");
+}

@@ -34,7 +34,10 @@ use std::{
 
 use parking_lot::{Condvar, Mutex};
 
-use super::{FabricInner, wire};
+use super::{
+    FabricInner, wire,
+    wire::{Control, Message, encode_control},
+};
 use crate::{
     engine::{self, Driver, packet::Packet},
     error::{Errno, Error},
@@ -207,6 +210,27 @@ impl Node {
         peer.send(frames);
     }
 
+    /// Sends a control message to every other live node; how many took it.
+    pub(crate) fn broadcast(&self, c: Control) -> usize {
+        let msg = encode_control(c);
+        let mut d = Vec::with_capacity(HEADER + msg.len());
+        d.extend_from_slice(&MAGIC.to_le_bytes());
+        d.extend_from_slice(&[self.slot, FIRST | LAST, 0, 0]);
+        d.extend_from_slice(&(msg.len() as u32).to_le_bytes());
+        d.extend_from_slice(&0u32.to_le_bytes());
+        d.extend_from_slice(&msg);
+        let Ok(sock) = UnixDatagram::unbound() else { return 0 };
+        let Ok(entries) = std::fs::read_dir(&self.dir) else { return 0 };
+        entries
+            .filter_map(|e| {
+                let name = e.ok()?.file_name();
+                name.to_str()?.strip_suffix(".sock")?.parse::<u8>().ok()
+            })
+            .filter(|&slot| slot != self.slot)
+            .filter(|&slot| sock.send_to(&d, sock_path(&self.dir, slot)).is_ok())
+            .count()
+    }
+
     /// The node in `slot`, as a destination; the first use starts watching for its death.
     fn peer(&self, slot: u8) -> Arc<Peer> {
         let mut peers = self.peers.lock();
@@ -232,8 +256,8 @@ impl Node {
     fn spawn_watcher(&self, slot: u8) {
         let path = self.dir.join(format!("{slot}.lock"));
         let fabric = self.fabric.clone();
-        let spawned = std::thread::Builder::new().name(format!("rdma-emu-watch{slot}")).spawn(
-            move || {
+        let spawned =
+            std::thread::Builder::new().name(format!("rdma-emu-watch{slot}")).spawn(move || {
                 let gone = File::open(&path).map_or(true, |f| f.lock_shared().is_ok());
                 let Some(fabric) = fabric.upgrade() else { return };
                 if !gone {
@@ -243,8 +267,7 @@ impl Node {
                     node.peers.lock().remove(&slot);
                 }
                 peer_died(&fabric, slot);
-            },
-        );
+            });
         // Without the thread a dead peer is still noticed by the senders' retry timers.
         drop(spawned);
     }
@@ -357,7 +380,14 @@ fn receive(sock: &UnixDatagram, rx: &mut Rx, fabric: &FabricInner) -> bool {
         };
         let Rx { buf, partial } = rx;
         let Some(msg) = reassemble(partial, &buf[..n]) else { continue };
-        let Some(pkt) = wire::decode(&msg) else { continue };
+        let pkt = match wire::decode_message(&msg) {
+            Some(Message::Packet(p)) => p,
+            Some(Message::Control(c)) => {
+                apply(fabric, c);
+                continue;
+            }
+            None => continue,
+        };
         let up = fabric
             .devices
             .get(pkt.dst_dev as usize)
@@ -414,6 +444,29 @@ fn reassemble(partial: &mut HashMap<u8, Vec<u8>>, d: &[u8]) -> Option<Vec<u8>> {
     (msg.len() == total as usize).then_some(msg)
 }
 
+/// Carries out a control message from another node, as the local control API would.
+fn apply(fabric: &FabricInner, c: Control) {
+    let dev_index = match c {
+        Control::Event { dev, .. } | Control::PortState { dev, .. } => dev,
+    };
+    let (Some(inner), Some(fabric)) =
+        (fabric.devices.get(dev_index as usize), fabric.this.upgrade())
+    else {
+        return;
+    };
+    let dev = crate::Device { inner: inner.clone(), fabric };
+    // Invalid requests were refused by the sender's own checks; nothing to report here.
+    let _ = match c {
+        Control::Event { port, event, .. } => {
+            dev.raise_event(EventType(event), (port != 0).then_some(port))
+        }
+        Control::PortState { port, up, .. } => {
+            let state = if up { crate::PortState::ACTIVE } else { crate::PortState::DOWN };
+            dev.set_port_state(port, state)
+        }
+    };
+}
+
 /// The node in `slot` is gone: every RC/UC QP connected to a QP there goes to the error
 /// state, flushing its work requests (and, in the full profile, raising `QP_FATAL`), as a
 /// NIC whose peer vanished would report once it found out.
@@ -424,7 +477,8 @@ fn peer_died(fabric: &FabricInner, slot: u8) {
             continue;
         }
         let mut g = qp.inner.lock();
-        let connected = matches!(g.state, QpState::RTR | QpState::RTS | QpState::SQD | QpState::SQE);
+        let connected =
+            matches!(g.state, QpState::RTR | QpState::RTS | QpState::SQD | QpState::SQE);
         if !connected || slot_of(g.attr.dest_qp_num) != slot {
             continue;
         }

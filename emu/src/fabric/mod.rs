@@ -9,7 +9,7 @@
 
 pub(crate) mod host;
 pub(crate) mod timer;
-mod wire;
+pub(crate) mod wire;
 
 use std::{
     collections::HashMap,
@@ -99,8 +99,9 @@ impl FabricInner {
         &self,
         make: impl FnOnce(u32) -> Arc<QpShared>,
     ) -> crate::Result<Arc<QpShared>> {
+        let node = self.joined()?;
         let mut qps = self.qps.write();
-        let (first, last) = match self.joined()? {
+        let (first, last) = match node {
             Some(node) => {
                 let base = u32::from(node.slot) << 16;
                 (base | 1, base | 0xffff)
@@ -125,10 +126,14 @@ impl FabricInner {
 
     /// This fabric's node on the host fabric, joining it on first use; `None` when the
     /// fabric is in-process only.
-    fn joined(&self) -> crate::Result<Option<&host::Node>> {
+    pub(crate) fn joined(&self) -> crate::Result<Option<&host::Node>> {
         let Some(dir) = &self.host else { return Ok(None) };
         if self.node.get().is_none() {
-            // Callers hold the QP table's write lock, so only one thread joins.
+            // One thread joins at a time (the QP table's lock); a loser finds the node set.
+            let _qps = self.qps.write();
+            if let Some(node) = self.node.get() {
+                return Ok(Some(node));
+            }
             let node = host::Node::join(dir, self.this.clone())?;
             let _ = self.node.set(node);
         }

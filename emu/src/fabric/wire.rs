@@ -12,6 +12,51 @@ use crate::{
 
 /// Bumped whenever the layout below changes; a mismatching packet is dropped.
 const VERSION: u8 = 1;
+/// First byte of a control message (see [`Control`]).
+const CONTROL: u8 = 0x81;
+
+/// What a control message asks every node of the host fabric to do (the `rdma-emu` command
+/// sends them, so events can be raised in a running program).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Control {
+    /// `Device::raise_event` on device `dev` (port 0: a device event).
+    Event { dev: u32, port: u8, event: u32 },
+    /// `Device::set_port_state`.
+    PortState { dev: u32, port: u8, up: bool },
+}
+
+/// A message between nodes.
+#[derive(Debug)]
+pub(crate) enum Message {
+    Packet(Packet),
+    Control(Control),
+}
+
+pub(crate) fn encode_control(c: Control) -> Vec<u8> {
+    let (kind, dev, port, value) = match c {
+        Control::Event { dev, port, event } => (0, dev, port, event),
+        Control::PortState { dev, port, up } => (1, dev, port, u32::from(up)),
+    };
+    let mut out = vec![CONTROL, kind, port];
+    out.extend_from_slice(&dev.to_le_bytes());
+    out.extend_from_slice(&value.to_le_bytes());
+    out
+}
+
+/// The message in `bytes`, or `None` if they are not one.
+pub(crate) fn decode_message(bytes: &[u8]) -> Option<Message> {
+    if bytes.first() != Some(&CONTROL) {
+        return decode(bytes).map(Message::Packet);
+    }
+    let mut r = Reader(&bytes[1..]);
+    let [kind, port] = r.take::<2>()?;
+    let (dev, value) = (r.u32()?, r.u32()?);
+    match kind {
+        0 => Some(Message::Control(Control::Event { dev, port, event: value })),
+        1 => Some(Message::Control(Control::PortState { dev, port, up: value != 0 })),
+        _ => None,
+    }
+}
 
 /// Appends `pkt` to `out`. Fails only if the payload's source memory faults, which the
 /// requester's checks rule out.
@@ -168,6 +213,22 @@ mod test {
         let q = decode(&bytes).unwrap();
         assert!(matches!(q.payload, Payload::Remote));
         assert_eq!((q.syndrome, q.imm, q.grh.is_none()), (Syndrome::Rnr(14), None, true));
+    }
+
+    #[test]
+    fn test_control_messages_round_trip() {
+        for c in [
+            Control::Event { dev: 1, port: 2, event: 10 },
+            Control::PortState { dev: 0, port: 1, up: false },
+        ] {
+            match decode_message(&encode_control(c)) {
+                Some(Message::Control(d)) => assert_eq!(c, d),
+                other => panic!("{other:?}"),
+            }
+        }
+        let mut bytes = Vec::new();
+        encode(&Packet::new(Kind::Ack), &mut bytes).unwrap();
+        assert!(matches!(decode_message(&bytes), Some(Message::Packet(_))));
     }
 
     #[test]

@@ -64,6 +64,10 @@ pub struct Context(pub(crate) Arc<ContextInner>);
 
 impl Context {
     pub(crate) fn open(dev: &Device) -> Result<Context> {
+        // An open context is a member of its host fabric (if configured), so that events
+        // raised from other processes reach it before it creates any QP. A failure to join
+        // is reported by the first QP, which cannot work without it.
+        let _ = dev.fabric.joined();
         let c = Arc::new(ContextInner {
             device: dev.inner.clone(),
             fabric: dev.fabric.clone(),

@@ -1,5 +1,6 @@
 //! Devices and their ports: identity, attribute tables, GID and P_Key tables, the key space.
 
+use crate::fabric::wire::Control;
 use std::sync::{
     Arc,
     atomic::{AtomicU32, Ordering},
@@ -229,6 +230,31 @@ impl Device {
             c.raise(super::context::AsyncEvent { event_type, element: element.clone() });
         }
         Ok(())
+    }
+
+    /// [`set_port_state`](Self::set_port_state) in this process and in every other process
+    /// on the same host fabric (joining it if needed), as one cable pull seen by all; how
+    /// many other processes were reached.
+    pub fn set_port_state_host_wide(&self, port: u8, state: crate::PortState) -> Result<usize> {
+        self.set_port_state(port, state)?;
+        let up = state == crate::PortState::ACTIVE;
+        self.broadcast(Control::PortState { dev: self.inner.id.index, port, up })
+    }
+
+    /// [`raise_event`](Self::raise_event) in this process and in every other process on the
+    /// same host fabric (joining it if needed); how many other processes were reached.
+    pub fn raise_event_host_wide(
+        &self,
+        event_type: crate::EventType,
+        port: Option<u8>,
+    ) -> Result<usize> {
+        self.raise_event(event_type, port)?;
+        let (dev, port) = (self.inner.id.index, port.unwrap_or(0));
+        self.broadcast(Control::Event { dev, port, event: event_type.0 })
+    }
+
+    fn broadcast(&self, c: Control) -> Result<usize> {
+        Ok(self.fabric.joined()?.map_or(0, |node| node.broadcast(c)))
     }
 
     /// Whether port `port` is up (packets pass).

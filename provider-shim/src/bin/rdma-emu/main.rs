@@ -3,6 +3,8 @@
 //! ```text
 //! rdma-emu run [--devices N] [--profile rxe|full] [--ports N] [--fabric NAME] -- PROGRAM [ARGS...]
 //! rdma-emu devices [--devices N] [--profile rxe|full] [--ports N]
+//! rdma-emu event [--fabric NAME] [--device DEV] [--port N] EVENT
+//! rdma-emu port [--fabric NAME] [--device DEV] [--port N] up|down
 //! rdma-emu demo
 //! ```
 //!
@@ -11,6 +13,9 @@
 //! environment variables the library reads: `RDMA_EMU_DEVICES`, `RDMA_EMU_PROFILE`,
 //! `RDMA_EMU_PORTS`, `RDMA_EMU_FABRIC` (programs run this way meet on the host fabric of that
 //! name, `default` unless given; `none` keeps each process to itself).
+//!
+//! `event` and `port` reach every process on the host fabric that has the device open: a port
+//! or device event to test handlers with (`ibv_asyncwatch` prints it), or a port going down.
 
 mod demo;
 
@@ -25,12 +30,17 @@ use rdma_emu::{Fabric, FabricConfig, Profile};
 const USAGE: &str = "usage:
   rdma-emu run [--devices N] [--profile rxe|full] [--ports N] [--fabric NAME] -- PROGRAM [ARGS...]
   rdma-emu devices [--devices N] [--profile rxe|full] [--ports N]
+  rdma-emu event [--fabric NAME] [--device DEV] [--port N] EVENT   (e.g. PORT_ERR, DEVICE_FATAL)
+  rdma-emu port [--fabric NAME] [--device DEV] [--port N] up|down
   rdma-emu demo";
 
-/// Options shared by `run` and `devices`, as environment variables for the library.
+/// Options: the fabric's, as environment variables for the library; `--device`/`--port` name
+/// the target of `event` and `port`.
 #[derive(Default)]
 struct Opts {
     env: Vec<(&'static str, String)>,
+    device: Option<String>,
+    port: Option<u8>,
 }
 
 fn parse_opts(args: &mut std::slice::Iter<'_, String>) -> Result<(Opts, Vec<String>), String> {
@@ -54,6 +64,11 @@ fn parse_opts(args: &mut std::slice::Iter<'_, String>) -> Result<(Opts, Vec<Stri
                 o.env.push(("RDMA_EMU_PROFILE", v));
             }
             "--fabric" => o.env.push(("RDMA_EMU_FABRIC", value("--fabric")?)),
+            "--device" => o.device = Some(value("--device")?),
+            "--port" => {
+                let v = value("--port")?;
+                o.port = Some(v.parse().map_err(|_| format!("--port: not a port number: {v}"))?);
+            }
             "--" => return Ok((o, args.cloned().collect())),
             other if other.starts_with('-') => return Err(format!("unknown option {other}")),
             other => {
@@ -111,12 +126,57 @@ fn run(opts: Opts, argv: Vec<String>) -> Result<ExitCode, String> {
     Err(format!("{prog}: {err}"))
 }
 
-fn devices(opts: Opts) -> Result<ExitCode, String> {
-    let get = |k: &str| {
+/// The fabric the options and the environment describe (options win).
+fn fabric_config(opts: &Opts) -> FabricConfig {
+    FabricConfig::from_vars(|k: &str| {
         opts.env.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone()).or(std::env::var(k).ok())
+    })
+}
+
+/// `event` and `port`: the device and port named by the options (`emu0`, port 1 by default),
+/// on a fabric that joins the host fabric to reach the other processes.
+fn target(opts: &Opts) -> Result<(rdma_emu::Device, u8), String> {
+    let cfg = fabric_config(opts);
+    if cfg.host.is_none() {
+        return Err("RDMA_EMU_FABRIC=none: there are no other processes to reach".into());
+    }
+    let name = opts.device.as_deref().unwrap_or("emu0");
+    let dev = Fabric::new(cfg).device(name).ok_or(format!("no device {name}"))?;
+    Ok((dev, opts.port.unwrap_or(1)))
+}
+
+/// `rdma-emu event [--device D] [--port N] EVENT`: raises a port or device event in every
+/// process on the host fabric that has the device open.
+fn event(opts: Opts, rest: &[String]) -> Result<ExitCode, String> {
+    let [name] = rest else { return Err("event: give one event name, e.g. PORT_ERR".into()) };
+    let ev = (0..=19)
+        .map(rdma_emu::EventType)
+        .find(|e| e.name() == Some(name.trim_start_matches("IBV_EVENT_")))
+        .ok_or(format!("event: unknown event {name}"))?;
+    let (dev, port) = target(&opts)?;
+    let port = (ev != rdma_emu::EventType::DEVICE_FATAL).then_some(port);
+    let n = dev.raise_event_host_wide(ev, port).map_err(|e| format!("event {name}: {e}"))?;
+    println!("raised {ev:?} on {} in {n} other process(es)", dev.name());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `rdma-emu port [--device D] [--port N] up|down`: a cable pull (or plug) seen by every
+/// process on the host fabric.
+fn port(opts: Opts, rest: &[String]) -> Result<ExitCode, String> {
+    let state = match rest {
+        [s] if s == "up" => rdma_emu::PortState::ACTIVE,
+        [s] if s == "down" => rdma_emu::PortState::DOWN,
+        _ => return Err("port: give up or down".into()),
     };
-    // Listing devices creates no QP, so it never joins the host fabric.
-    let cfg = FabricConfig::from_vars(get);
+    let (dev, port) = target(&opts)?;
+    let n = dev.set_port_state_host_wide(port, state).map_err(|e| format!("port: {e}"))?;
+    println!("port {port} of {} is {state:?} in {n} other process(es)", dev.name());
+    Ok(ExitCode::SUCCESS)
+}
+
+fn devices(opts: Opts) -> Result<ExitCode, String> {
+    // Listing devices opens no context, so it never joins the host fabric.
+    let cfg = fabric_config(&opts);
     println!("    {:<16}\t   node GUID\t\tprofile\tports", "device");
     println!("    {:<16}\t----------------\t-------\t-----", "------");
     for d in Fabric::new(cfg).devices() {
@@ -153,6 +213,8 @@ fn main() -> ExitCode {
         Some("devices") => parse_opts(&mut it).and_then(|(o, rest)| {
             if rest.is_empty() { devices(o) } else { Err(format!("devices: unexpected {rest:?}")) }
         }),
+        Some("event") => parse_opts(&mut it).and_then(|(o, rest)| event(o, &rest)),
+        Some("port") => parse_opts(&mut it).and_then(|(o, rest)| port(o, &rest)),
         Some("demo") => {
             demo::run().map(|()| ExitCode::SUCCESS).map_err(|e| format!("demo failed: {e}"))
         }
