@@ -19,6 +19,7 @@ use std::{
 use rdma_emu::*;
 
 mod baseline;
+mod perftest;
 
 struct Opts {
     samples: usize,
@@ -385,6 +386,51 @@ fn g3b_and_g6(o: &Opts) -> Result<Vec<Row>, String> {
     Ok(vec![g3b, g6])
 }
 
+/// G2: `ib_write_bw -s 1048576` between two processes on the shim, against memcpy of 1 MiB.
+fn g2(o: &Opts) -> Result<Row, String> {
+    let iters = if o.quick { "500" } else { "2000" };
+    let mut row = Row {
+        goal: "G2",
+        what: "cross-process `ib_write_bw -s 1048576` (perftest, shim)".into(),
+        unit: "GB/s",
+        higher_better: true,
+        target: ">= 0.55x",
+        emu: vec![],
+        base: vec![],
+    };
+    let size = 1 << 20;
+    let (src, mut dst) = (vec![1u8; size], vec![0u8; size]);
+    for _ in 0..o.samples {
+        // SAFETY: two live, distinct heap buffers of `size` bytes.
+        row.base.push(unsafe { baseline::memcpy_gbps(src.as_ptr(), dst.as_mut_ptr(), size, 500) });
+        let out = perftest::run("ib_write_bw", &["-s", "1048576", "-n", iters])?;
+        // BW average, in MB/s of 2^20 bytes.
+        row.emu.push(perftest::result(&out, 3)? * (1 << 20) as f64 / 1e9);
+    }
+    Ok(row)
+}
+
+/// G4b: `ib_send_lat` between two processes (it reports half the round trip), against the spin
+/// ping-pong's round trip.
+fn g4b(o: &Opts) -> Result<Row, String> {
+    let iters = if o.quick { "2000" } else { "10000" };
+    let mut row = Row {
+        goal: "G4b",
+        what: "cross-process `ib_send_lat` RTT (2 x t_typical)".into(),
+        unit: "us",
+        higher_better: false,
+        target: "<= 2.5x",
+        emu: vec![],
+        base: vec![],
+    };
+    for _ in 0..o.samples {
+        row.base.push(baseline::spin_pingpong_us(200_000));
+        let out = perftest::run("ib_send_lat", &["-n", iters])?;
+        row.emu.push(2.0 * perftest::result(&out, 4)?);
+    }
+    Ok(row)
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
@@ -421,6 +467,18 @@ fn main() {
         match g3b_and_g6(&o) {
             Ok(rows) => rows.iter().for_each(Row::print),
             Err(e) => eprintln!("G3b/G6 skipped: {e}"),
+        }
+    }
+    if want("G2") {
+        match g2(&o) {
+            Ok(r) => r.print(),
+            Err(e) => eprintln!("G2 skipped: {e}"),
+        }
+    }
+    if want("G4b") {
+        match g4b(&o) {
+            Ok(r) => r.print(),
+            Err(e) => eprintln!("G4b skipped: {e}"),
         }
     }
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
