@@ -94,16 +94,21 @@ fn finish(mut child: Child, limit: Duration, who: &str) -> (bool, String) {
     }
 }
 
-/// Runs `prog args` as server, then as client of it; both must succeed. The client's output.
-fn server_and_client(profile: &str, prog: &str, args: &[&str]) -> String {
-    let fabric = Fabric::new();
-    let port = free_port();
-    let server = program(&fabric, profile, prog, args, port).spawn().unwrap();
+/// Starts `prog args` as the server and waits until it listens on `port`.
+fn start_server(fabric: &Fabric, profile: &str, prog: &str, args: &[&str], port: u16) -> Child {
+    let server = program(fabric, profile, prog, args, port).spawn().unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     while !listening(port) {
         assert!(Instant::now() < deadline, "{prog} server never listened on {port}");
         std::thread::sleep(Duration::from_millis(10));
     }
+    server
+}
+
+/// Runs `prog args` as server, then as client of it; both must succeed. The client's output.
+fn server_and_client(profile: &str, prog: &str, args: &[&str]) -> String {
+    let (fabric, port) = (Fabric::new(), free_port());
+    let server = start_server(&fabric, profile, prog, args, port);
     let client = program(&fabric, profile, prog, args, port).arg("localhost").spawn().unwrap();
     let (c_ok, c_out) = finish(client, Duration::from_secs(120), "client");
     let (s_ok, s_out) = finish(server, Duration::from_secs(20), "server");
@@ -113,14 +118,8 @@ fn server_and_client(profile: &str, prog: &str, args: &[&str]) -> String {
 
 /// Kills the server with SIGKILL while it transfers: the client must not hang, and must fail.
 fn kill_server_mid_transfer(prog: &str, args: &[&str]) -> String {
-    let fabric = Fabric::new();
-    let port = free_port();
-    let mut server = program(&fabric, "full", prog, args, port).spawn().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !listening(port) {
-        assert!(Instant::now() < deadline, "{prog} server never listened on {port}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let (fabric, port) = (Fabric::new(), free_port());
+    let mut server = start_server(&fabric, "full", prog, args, port);
     let client = program(&fabric, "full", prog, args, port).arg("localhost").spawn().unwrap();
     std::thread::sleep(Duration::from_millis(1500));
     server.kill().unwrap();

@@ -103,11 +103,8 @@ impl<'f> Driver<'f> {
     /// with no live destination is lost, as on a wire; the sender's timers take care of it.
     pub(crate) fn send(&mut self, route: &mut Route, pkt: Packet) {
         // A packet leaving or reaching a port that is down is lost on the wire.
-        let devs = &self.fabric.devices;
-        let up = |dev: u32, port: u8| {
-            devs.get(dev as usize).is_some_and(|d| crate::objects::device::Device::port_up(d, port))
-        };
-        if !up(pkt.src_dev, pkt.src_port) || !up(pkt.dst_dev, pkt.dst_port) {
+        let f = self.fabric;
+        if !f.port_up(pkt.src_dev, pkt.src_port) || !f.port_up(pkt.dst_dev, pkt.dst_port) {
             return;
         }
         if let Some(node) = self.fabric.remote_node(pkt.dst_qpn) {

@@ -353,7 +353,14 @@ pub(crate) fn on_timer(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>
     }
     if g.req.retrans_at.is_some_and(|t| now >= t) {
         g.req.retrans_at = None;
-        if g.sq.in_flight() > 0 {
+        let timeout = super::ack_timeout_ns(g.attr.timeout).unwrap_or(0);
+        let heard = qp.heard.load(std::sync::atomic::Ordering::Relaxed);
+        if heard != 0 && heard >= now.saturating_sub(timeout) {
+            // Another process is still delivering to this QP (a large response moves as one
+            // message of many datagrams): on a wire each of its packets would have restarted
+            // the timer, so this is not a timeout yet.
+            g.req.retrans_at = Some(now + timeout);
+        } else if g.sq.in_flight() > 0 {
             completer::retry(qp, g);
         }
     }

@@ -49,7 +49,7 @@ const SLOTS: u8 = 255;
 /// Payload bytes per datagram: well under the default socket send buffer (~208 KiB).
 const FRAGMENT: usize = 60 * 1024;
 const MAGIC: u32 = u32::from_le_bytes(*b"REMU");
-const HEADER: usize = 16;
+const HEADER: usize = 20;
 const FIRST: u8 = 1;
 const LAST: u8 = 2;
 
@@ -174,7 +174,7 @@ impl Node {
     /// application may hold the CPU the reader thread would need.
     pub(crate) fn progress(&self, fabric: &FabricInner) -> bool {
         match self.inbound.rx.try_lock() {
-            Some(mut rx) => receive(&self.inbound.sock, &mut rx, fabric),
+            Some(mut rx) => receive(&self.inbound, &mut rx, fabric),
             None => false,
         }
     }
@@ -198,12 +198,7 @@ impl Node {
             if end == msg.len() {
                 flags |= LAST;
             }
-            let mut d = Vec::with_capacity(HEADER + end - offset);
-            d.extend_from_slice(&MAGIC.to_le_bytes());
-            d.extend_from_slice(&[self.slot, flags, 0, 0]);
-            d.extend_from_slice(&total.to_le_bytes());
-            d.extend_from_slice(&(offset as u32).to_le_bytes());
-            d.extend_from_slice(&msg[offset..end]);
+            let d = frame(self.slot, flags, total, offset as u32, pkt.dst_qpn, &msg[offset..end]);
             offset = end;
             Some(d)
         });
@@ -213,12 +208,7 @@ impl Node {
     /// Sends a control message to every other live node; how many took it.
     pub(crate) fn broadcast(&self, c: Control) -> usize {
         let msg = encode_control(c);
-        let mut d = Vec::with_capacity(HEADER + msg.len());
-        d.extend_from_slice(&MAGIC.to_le_bytes());
-        d.extend_from_slice(&[self.slot, FIRST | LAST, 0, 0]);
-        d.extend_from_slice(&(msg.len() as u32).to_le_bytes());
-        d.extend_from_slice(&0u32.to_le_bytes());
-        d.extend_from_slice(&msg);
+        let d = frame(self.slot, FIRST | LAST, msg.len() as u32, 0, 0, &msg);
         let Ok(sock) = UnixDatagram::unbound() else { return 0 };
         let Ok(entries) = std::fs::read_dir(&self.dir) else { return 0 };
         entries
@@ -334,6 +324,19 @@ fn sweep(dir: &Path, mine: u8) -> io::Result<()> {
     Ok(())
 }
 
+/// One datagram: the header (magic, source slot, FIRST/LAST flags, the message's total
+/// length, this fragment's offset in it, the destination QPN) and the fragment.
+fn frame(src: u8, flags: u8, total: u32, offset: u32, dst_qpn: u32, body: &[u8]) -> Vec<u8> {
+    let mut d = Vec::with_capacity(HEADER + body.len());
+    d.extend_from_slice(&MAGIC.to_le_bytes());
+    d.extend_from_slice(&[src, flags, 0, 0]);
+    d.extend_from_slice(&total.to_le_bytes());
+    d.extend_from_slice(&offset.to_le_bytes());
+    d.extend_from_slice(&dst_qpn.to_le_bytes());
+    d.extend_from_slice(body);
+    d
+}
+
 fn lock_file(dir: &Path, slot: u8) -> io::Result<File> {
     OpenOptions::new()
         .create(true)
@@ -364,13 +367,14 @@ fn read_loop(inbound: &Inbound, fabric: &Weak<FabricInner>) {
         }
         let Some(fabric) = fabric.upgrade() else { return };
         let mut rx = inbound.rx.lock();
-        receive(&inbound.sock, &mut rx, &fabric);
+        receive(inbound, &mut rx, &fabric);
     }
 }
 
 /// Takes every datagram waiting, hands each complete packet to its QP's inbox (in arrival
 /// order), then services those QPs; whether any packet was delivered.
-fn receive(sock: &UnixDatagram, rx: &mut Rx, fabric: &FabricInner) -> bool {
+fn receive(inbound: &Inbound, rx: &mut Rx, fabric: &FabricInner) -> bool {
+    let sock = &inbound.sock;
     let mut ready: Vec<Arc<crate::qp::QpShared>> = Vec::new();
     loop {
         let n = match sock.recv(&mut rx.buf) {
@@ -378,6 +382,12 @@ fn receive(sock: &UnixDatagram, rx: &mut Rx, fabric: &FabricInner) -> bool {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(_) => break,
         };
+        if n >= HEADER {
+            let dst = u32::from_le_bytes(rx.buf[16..20].try_into().expect("4 bytes"));
+            if let Some(qp) = fabric.lookup_qp_any(dst) {
+                qp.heard.store(fabric.now().max(1), Ordering::Relaxed);
+            }
+        }
         let Rx { buf, partial } = rx;
         let Some(msg) = reassemble(partial, &buf[..n]) else { continue };
         let pkt = match wire::decode_message(&msg) {
@@ -388,11 +398,7 @@ fn receive(sock: &UnixDatagram, rx: &mut Rx, fabric: &FabricInner) -> bool {
             }
             None => continue,
         };
-        let up = fabric
-            .devices
-            .get(pkt.dst_dev as usize)
-            .is_some_and(|d| crate::objects::device::Device::port_up(d, pkt.dst_port));
-        if !up {
+        if !fabric.port_up(pkt.dst_dev, pkt.dst_port) {
             continue;
         }
         let Some(qp) = fabric.lookup_qp(pkt.dst_dev, pkt.dst_qpn) else { continue };
@@ -642,28 +648,22 @@ fn send_blocking(sock: &mut Option<UnixDatagram>, path: &Path, d: &[u8]) -> bool
 mod test {
     use super::*;
 
-    fn frame(src: u8, flags: u8, total: u32, offset: u32, body: &[u8]) -> Vec<u8> {
-        let mut d = MAGIC.to_le_bytes().to_vec();
-        d.extend_from_slice(&[src, flags, 0, 0]);
-        d.extend_from_slice(&total.to_le_bytes());
-        d.extend_from_slice(&offset.to_le_bytes());
-        d.extend_from_slice(body);
-        d
-    }
-
     #[test]
     fn test_fragments_reassemble_per_source_and_gaps_are_dropped() {
         let mut p = HashMap::new();
-        assert_eq!(reassemble(&mut p, &frame(1, FIRST | LAST, 2, 0, b"ab")), Some(b"ab".to_vec()));
-        assert_eq!(reassemble(&mut p, &frame(1, FIRST, 4, 0, b"ab")), None);
-        assert_eq!(reassemble(&mut p, &frame(2, FIRST, 2, 0, b"x")), None);
-        assert_eq!(reassemble(&mut p, &frame(1, LAST, 4, 2, b"cd")), Some(b"abcd".to_vec()));
-        assert_eq!(reassemble(&mut p, &frame(2, LAST, 2, 1, b"y")), Some(b"xy".to_vec()));
+        assert_eq!(
+            reassemble(&mut p, &frame(1, FIRST | LAST, 2, 0, 0, b"ab")),
+            Some(b"ab".to_vec())
+        );
+        assert_eq!(reassemble(&mut p, &frame(1, FIRST, 4, 0, 0, b"ab")), None);
+        assert_eq!(reassemble(&mut p, &frame(2, FIRST, 2, 0, 0, b"x")), None);
+        assert_eq!(reassemble(&mut p, &frame(1, LAST, 4, 2, 0, b"cd")), Some(b"abcd".to_vec()));
+        assert_eq!(reassemble(&mut p, &frame(2, LAST, 2, 1, 0, b"y")), Some(b"xy".to_vec()));
         // A middle fragment with no start, a gap, a bad magic: nothing.
-        assert_eq!(reassemble(&mut p, &frame(3, LAST, 4, 2, b"cd")), None);
-        assert_eq!(reassemble(&mut p, &frame(1, FIRST, 6, 0, b"ab")), None);
-        assert_eq!(reassemble(&mut p, &frame(1, LAST, 6, 4, b"ef")), None);
-        let mut bad = frame(1, FIRST | LAST, 1, 0, b"z");
+        assert_eq!(reassemble(&mut p, &frame(3, LAST, 4, 2, 0, b"cd")), None);
+        assert_eq!(reassemble(&mut p, &frame(1, FIRST, 6, 0, 0, b"ab")), None);
+        assert_eq!(reassemble(&mut p, &frame(1, LAST, 6, 4, 0, b"ef")), None);
+        let mut bad = frame(1, FIRST | LAST, 1, 0, 0, b"z");
         bad[0] ^= 1;
         assert_eq!(reassemble(&mut p, &bad), None);
     }

@@ -140,6 +140,11 @@ impl FabricInner {
         Ok(self.node.get())
     }
 
+    /// Whether port `port` of device `dev` exists here and is up (packets pass).
+    pub(crate) fn port_up(&self, dev: u32, port: u8) -> bool {
+        self.devices.get(dev as usize).is_some_and(|d| Device::port_up(d, port))
+    }
+
     /// Moves inbound host-fabric packets on the calling thread; whether any arrived.
     pub(crate) fn progress(&self) -> bool {
         self.node.get().is_some_and(|n| n.progress(self))
@@ -166,6 +171,11 @@ impl FabricInner {
     pub(crate) fn lookup_qp(&self, dev: u32, qpn: u32) -> Option<Arc<QpShared>> {
         let qp = self.qps.read().get(&qpn)?.upgrade()?;
         (qp.device_index() == dev).then_some(qp)
+    }
+
+    /// The live QP numbered `qpn`, on whichever device.
+    pub(crate) fn lookup_qp_any(&self, qpn: u32) -> Option<Arc<QpShared>> {
+        self.qps.read().get(&qpn)?.upgrade()
     }
 
     /// The device and port an address vector leads to: by GID when it carries a GRH, else by

@@ -132,6 +132,9 @@ pub(crate) struct QpShared {
     pub(crate) inner: Mutex<QpInner>,
     /// Packets delivered by the fabric, drained in order by whoever services the QP.
     pub(crate) inbox: Mutex<VecDeque<Packet>>,
+    /// When (fabric time) a datagram for this QP last arrived from another process, part of
+    /// a message or a whole one: the wire was making progress toward it.
+    pub(crate) heard: std::sync::atomic::AtomicU64,
     pub(crate) life: Lifecycle,
     pub(crate) async_events: EventCount,
     /// An opaque word for the embedding layer (the C shim keeps its `ibv_qp` pointer here).
@@ -280,6 +283,7 @@ impl Qp {
                 inbox: Mutex::new(VecDeque::new()),
                 life: Lifecycle::default(),
                 async_events: EventCount::default(),
+                heard: Default::default(),
                 user_data: Default::default(),
             })
         });
