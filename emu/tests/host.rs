@@ -112,12 +112,17 @@ fn every_rc_operation_crosses_between_fabrics() {
 fn a_peer_that_dies_fails_the_survivors_qps_instead_of_leaving_them_waiting() {
     let dir = HostDir::new();
     for (profile, fatal) in [(Profile::Full, true), (Profile::Rxe, false)] {
-        let (_fa, a, fb, b) = host_pair(&dir, profile, &RcParams::default());
-        // The survivor waits for a message that will never come.
+        let p = RcParams { rnr_retry: 7, ..Default::default() };
+        let (_fa, a, fb, b) = host_pair(&dir, profile, &p);
+        // The survivor's SEND finds no receive and is retried forever (rnr_retry 7), and
+        // its own receive waits for a message that will never come.
         post_recv(&a.qp, 41, &[sge(&a.mr, 0, 64)]);
+        a.qp.post_send(&SendWr::send(42, &[sge(&a.mr, 0, 8)]).signaled()).unwrap();
         drop((b, fb));
-        let wc = wait1(&a.cq);
-        assert_eq!((wc.wr_id, wc.status), (41, WcStatus::WR_FLUSH_ERR));
+        let wcs = wait_n(&a.cq, 2);
+        let got: Vec<_> = wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+        assert!(got.contains(&(42, WcStatus::WR_FLUSH_ERR)), "{got:?}");
+        assert!(got.contains(&(41, WcStatus::WR_FLUSH_ERR)), "{got:?}");
         assert_eq!(a.qp.query().unwrap().qp_state, QpState::ERR);
         a.ctx.set_async_nonblocking(true).unwrap();
         let ev = a.ctx.get_async_event();

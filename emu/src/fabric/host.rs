@@ -255,6 +255,10 @@ impl Node {
                 }
                 if let Some(node) = fabric.node.get() {
                     node.peers.lock().remove(&slot);
+                    // What it sent before it went (its last ACKs) is queued here: take it in
+                    // before judging what is still outstanding.
+                    let mut rx = node.inbound.rx.lock();
+                    receive(&node.inbound, &mut rx, &fabric);
                 }
                 peer_died(&fabric, slot);
             });
@@ -268,8 +272,14 @@ impl Node {
     /// (every backlog pushed to its peer's socket); whether it got there.
     pub(crate) fn flush(&self, limit: Duration) -> bool {
         let deadline = std::time::Instant::now() + limit;
-        // A thread servicing inbound packets holds this: its replies are about to be sent.
-        drop(self.inbound.rx.try_lock_for(limit));
+        // Take in what has arrived, so that it is acknowledged as a NIC would have done
+        // before the QPs go (a thread servicing inbound packets holds this lock: its replies
+        // are about to be sent).
+        if let Some(mut rx) = self.inbound.rx.try_lock_for(limit)
+            && let Some(fabric) = self.fabric.upgrade()
+        {
+            receive(&self.inbound, &mut rx, &fabric);
+        }
         let peers: Vec<Arc<Peer>> = self.peers.lock().values().cloned().collect();
         for p in peers {
             loop {
@@ -473,9 +483,11 @@ fn apply(fabric: &FabricInner, c: Control) {
     };
 }
 
-/// The node in `slot` is gone: every RC/UC QP connected to a QP there goes to the error
-/// state, flushing its work requests (and, in the full profile, raising `QP_FATAL`), as a
-/// NIC whose peer vanished would report once it found out.
+/// The node in `slot` is gone: every RC/UC QP connected to a QP there that still has send work
+/// outstanding (work that can never complete) goes to the error state, flushing its work
+/// requests (and, in the full profile, raising `QP_FATAL`), instead of retrying into the void.
+/// A QP with only receives posted is left alone: a peer that finished and exited leaves the
+/// survivor's spare receives posted, as on real hardware.
 fn peer_died(fabric: &FabricInner, slot: u8) {
     let qps: Vec<_> = fabric.qps.read().values().filter_map(Weak::upgrade).collect();
     for qp in qps {
@@ -485,7 +497,8 @@ fn peer_died(fabric: &FabricInner, slot: u8) {
         let mut g = qp.inner.lock();
         let connected =
             matches!(g.state, QpState::RTR | QpState::RTS | QpState::SQD | QpState::SQE);
-        if !connected || slot_of(g.attr.dest_qp_num) != slot {
+        let send_work = g.sq.in_flight() > 0 || g.sq.next != g.sq.head;
+        if !connected || !send_work || slot_of(g.attr.dest_qp_num) != slot {
             continue;
         }
         // The event first: whoever sees a flushed completion finds the event queued too.
