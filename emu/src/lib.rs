@@ -78,6 +78,7 @@ pub use crate::{
         cq::Cq,
         device::Device,
         mr::{Mr, Rereg},
+        mw::{Mw, MwBind, MwBindInfo},
         pd::Pd,
         srq::{Srq, SrqAttr, srq_attr_mask},
     },

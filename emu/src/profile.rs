@@ -60,10 +60,6 @@ pub mod cap_flags {
     pub const MEM_WINDOW_TYPE_2B: u32 = 1 << 24;
 }
 
-/// Capabilities the devices would have but the emulator does not implement yet: never
-/// reported (divergence 13 in docs/divergences.md).
-pub const NOT_IMPLEMENTED_CAPS: u32 = cap_flags::MEM_WINDOW | cap_flags::MEM_WINDOW_TYPE_2B;
-
 /// `struct ibv_device_attr`, field for field.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceAttr {
@@ -112,6 +108,13 @@ pub struct DeviceAttr {
     pub max_inline_data: u32,
     /// Number of completion vectors (`ibv_context.num_comp_vectors`).
     pub num_comp_vectors: u32,
+}
+
+impl DeviceAttr {
+    /// Whether memory windows can be allocated (`max_mw` > 0).
+    pub fn has_memory_windows(&self) -> bool {
+        self.max_mw > 0
+    }
 }
 
 /// `struct ibv_port_attr`, field for field.
@@ -205,7 +208,7 @@ impl Profile {
             max_qp_wr: 1_048_576,
             // rxe reports 0x0122_3c76; the memory-window bits stay off until memory windows
             // are implemented, so that no program is told to use a verb that is refused.
-            device_cap_flags: 0x0122_3c76 & !NOT_IMPLEMENTED_CAPS,
+            device_cap_flags: 0x0122_3c76,
             max_sge: RXE_MAX_SGE,
             max_sge_rd: RXE_MAX_SGE,
             max_cq: 1_048_576,
@@ -220,7 +223,7 @@ impl Profile {
             atomic_cap: AtomicCap::HCA,
             max_ee: 0,
             max_rdd: 0,
-            max_mw: 0, // rxe: 524_287 (memory windows are not implemented yet)
+            max_mw: 524_287,
             max_raw_ipv6_qp: 0,
             max_raw_ethy_qp: 0,
             max_mcast_grp: 8192,

@@ -62,6 +62,11 @@ open_enum! {
 }
 
 open_enum! {
+    /// `enum ibv_mw_type`.
+    MwType(u32) { TYPE_1 = 1, TYPE_2 = 2, }
+}
+
+open_enum! {
     /// `enum ibv_qp_type`.
     QpType(u32) {
         RC = 2, UC = 3, UD = 4, RAW_PACKET = 8, XRC_SEND = 9, XRC_RECV = 10, DRIVER = 0xff,

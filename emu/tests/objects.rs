@@ -17,7 +17,7 @@ fn rxe_profile_reports_what_rxe_reports() {
     );
     assert_eq!(
         (a.max_sge, a.max_sge_rd, a.max_srq_sge, a.max_ah, a.max_mw),
-        (32, 32, 27, 32_767, 0)
+        (32, 32, 27, 32_767, 524_287)
     );
     assert_eq!((a.max_qp_rd_atom, a.max_qp_init_rd_atom, a.max_res_rd_atom), (128, 128, 258_048));
     assert_eq!(
@@ -26,7 +26,7 @@ fn rxe_profile_reports_what_rxe_reports() {
     );
     assert_eq!(
         (a.device_cap_flags, a.atomic_cap, a.vendor_id),
-        (0x0020_3c76, AtomicCap::HCA, 0xff_ffff)
+        (0x0122_3c76, AtomicCap::HCA, 0xff_ffff)
     );
     assert_eq!(a.max_mr_size, u64::MAX);
     let p = d.query_port(1).unwrap();

@@ -49,6 +49,12 @@ pub(crate) struct ShimSrq {
 }
 
 #[repr(C)]
+pub(crate) struct ShimMw {
+    pub(crate) mw: ibv_mw,
+    pub(crate) emu: rdma_emu::Mw,
+}
+
+#[repr(C)]
 pub(crate) struct ShimAh {
     pub(crate) ah: ibv_ah,
     pub(crate) emu: rdma_emu::Ah,

@@ -81,8 +81,8 @@ fn debian_ibv_devinfo_verbose_prints_the_rxe_profile() {
         "hca_id:\temu0",
         "max_qp:\t\t\t\t1048560",
         "max_cqe:\t\t\t32767",
-        "device_cap_flags:\t\t0x00203c76",
-        "device_cap_flags_ex:\t\t0x203C76",
+        "device_cap_flags:\t\t0x01223c76",
+        "device_cap_flags_ex:\t\t0x1223C76",
         "state:\t\t\tPORT_ACTIVE (4)",
         "active_mtu:\t\t1024 (3)",
         "link_layer:\t\tEthernet",
@@ -95,7 +95,7 @@ fn debian_ibv_devinfo_verbose_prints_the_rxe_profile() {
 
 /// `ibv_devinfo -v` on the rxe profile prints what it prints on the kernel's rxe
 /// (conformance/golden/rxe), line for line: only the device's identity (name, GUIDs, GID
-/// addresses) and the deliberate divergences may differ.
+/// addresses) may differ.
 #[test]
 fn rxe_profile_devinfo_matches_the_golden_rxe_output() {
     let golden_path =
@@ -109,29 +109,12 @@ fn rxe_profile_devinfo_matches_the_golden_rxe_output() {
     );
     // The identity of a device is its own; the value after the key is not compared.
     const IDENTITY: [&str; 4] = ["hca_id:", "node_guid:", "sys_image_guid:", "GID["];
-    // Divergence 13 (docs/divergences.md): no memory-window capability until they exist.
-    const DIVERGENT: [(&str, &str); 5] = [
-        ("\tdevice_cap_flags:\t\t0x01223c76", "\tdevice_cap_flags:\t\t0x00203c76"),
-        ("\t\t\t\t\tMEM_WINDOW", ""),
-        ("\t\t\t\t\tMEM_WINDOW_TYPE_2B", ""),
-        ("\tmax_mw:\t\t\t\t524287", "\tmax_mw:\t\t\t\t0"),
-        ("\tdevice_cap_flags_ex:\t\t0x1223C76", "\tdevice_cap_flags_ex:\t\t0x203C76"),
-    ];
     let normalize = |l: &str| match IDENTITY.iter().find(|k| l.trim_start().starts_with(*k)) {
         Some(k) => format!("{}{k}", &l[..l.len() - l.trim_start().len()]),
         None => l.to_string(),
     };
-    let expected: Vec<String> = golden
-        .lines()
-        .filter_map(|l| match DIVERGENT.iter().find(|(rxe, _)| *rxe == l) {
-            Some((_, "")) => None,
-            Some((_, emu)) => Some(emu.to_string()),
-            None => Some(l.to_string()),
-        })
-        .map(|l| normalize(&l))
-        .collect();
+    let expected: Vec<String> = golden.lines().map(normalize).collect();
     let got: Vec<String> = ours.lines().map(normalize).collect();
-    assert!(DIVERGENT.iter().all(|(rxe, _)| golden.lines().any(|l| l == *rxe)));
     for (i, (e, g)) in expected.iter().zip(&got).enumerate() {
         assert_eq!(e, g, "line {} differs from rxe; ours:\n{ours}", i + 1);
     }
@@ -195,6 +178,15 @@ fn srq_through_the_c_abi() {
     let exe = build("srq");
     let out = run_on_shim(&mut Command::new(&exe));
     assert!(out.contains("srq ok"), "{out}");
+}
+
+#[test]
+fn memory_windows_through_the_c_abi() {
+    let exe = build("mw");
+    for profile in ["full", "rxe"] {
+        let out = run_on_shim(Command::new(&exe).env("RDMA_EMU_PROFILE", profile));
+        assert!(out.contains("mw ok"), "{profile}: {out}");
+    }
 }
 
 #[test]

@@ -111,7 +111,9 @@ pub(crate) fn complete_ok(qp: &QpShared, g: &mut QpInner) {
     }
     if qp.sq_sig_all || w.flags.contains(SendFlags::SIGNALED) {
         let (opcode, flags) = match w.opcode {
-            WrOpcode::SEND => (WcOpcode::SEND, WcFlags::empty()),
+            WrOpcode::SEND | WrOpcode::SEND_WITH_INV => (WcOpcode::SEND, WcFlags::empty()),
+            WrOpcode::BIND_MW => (WcOpcode::BIND_MW, WcFlags::empty()),
+            WrOpcode::LOCAL_INV => (WcOpcode::LOCAL_INV, WcFlags::empty()),
             WrOpcode::SEND_WITH_IMM => (WcOpcode::SEND, WcFlags::WITH_IMM),
             WrOpcode::RDMA_WRITE => (WcOpcode::RDMA_WRITE, WcFlags::empty()),
             WrOpcode::RDMA_WRITE_WITH_IMM => (WcOpcode::RDMA_WRITE, WcFlags::WITH_IMM),

@@ -142,6 +142,8 @@ pub(crate) struct Packet {
     pub(crate) solicited: bool,
     /// ImmDt, when present.
     pub(crate) imm: Option<u32>,
+    /// IETH: the rkey a SEND_WITH_INV invalidates at the responder.
+    pub(crate) inv: Option<u32>,
     /// RETH / AtomicETH virtual address, rkey and DMA length.
     pub(crate) va: u64,
     pub(crate) rkey: u32,
@@ -179,6 +181,7 @@ impl Packet {
             npkts: 1,
             solicited: false,
             imm: None,
+            inv: None,
             va: 0,
             rkey: 0,
             len: 0,

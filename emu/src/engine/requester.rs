@@ -11,6 +11,7 @@ use super::{
 };
 use crate::{
     error::{Errno, Error, Result, einval},
+    objects::mw,
     qp::{QpInner, QpShared, SendWr},
     types::{EventType, QpState, QpType, SendFlags, WcStatus, WrOpcode},
 };
@@ -62,12 +63,21 @@ pub(crate) fn post(qp: &QpShared, g: &mut QpInner, wr: &SendWr<'_>) -> Result<()
         | WrOpcode::RDMA_READ
         | WrOpcode::ATOMIC_CMP_AND_SWP
         | WrOpcode::ATOMIC_FETCH_AND_ADD => {}
-        WrOpcode::LOCAL_INV
-        | WrOpcode::BIND_MW
-        | WrOpcode::SEND_WITH_INV
-        | WrOpcode::TSO
-        | WrOpcode::FLUSH
-        | WrOpcode::ATOMIC_WRITE => {
+        WrOpcode::BIND_MW | WrOpcode::LOCAL_INV | WrOpcode::SEND_WITH_INV => {
+            if !qp.ctx.device.attr.has_memory_windows() {
+                return Err(Error::new(Errno::EOPNOTSUPP, "the device has no memory windows"));
+            }
+            if qp.qp_type == QpType::UD {
+                return Err(einval("memory-window operations need a connected QP"));
+            }
+            if wr.opcode == WrOpcode::SEND_WITH_INV && qp.qp_type != QpType::RC {
+                return Err(einval("SEND with invalidate is an RC operation"));
+            }
+            if wr.opcode == WrOpcode::BIND_MW && wr.bind.is_none() {
+                return Err(einval("a BIND_MW request names no window"));
+            }
+        }
+        WrOpcode::TSO | WrOpcode::FLUSH | WrOpcode::ATOMIC_WRITE => {
             return Err(Error::new(Errno::EOPNOTSUPP, "opcode not implemented yet"));
         }
         _ => return Err(einval("invalid opcode")),
@@ -162,6 +172,8 @@ pub(crate) fn post(qp: &QpShared, g: &mut QpInner, wr: &SendWr<'_>) -> Result<()
     wqe.length = length as u32;
     wqe.status = WcStatus::SUCCESS;
     wqe.ud = ud;
+    wqe.bind = wr.bind.map(|b| b.args()).unwrap_or_default();
+    wqe.inv_rkey = wr.invalidate_rkey;
     sq.head = head.wrapping_add(1);
     Ok(())
 }
@@ -194,6 +206,22 @@ pub(crate) fn run(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>) -> 
     while g.sq.next != g.sq.head {
         let idx = g.sq.next;
         let wqe = g.sq.ring.at(idx);
+        if wqe.is_local() {
+            // Local operations run once every earlier WR has completed (a stronger order than
+            // the fence IBA asks for), so a window changes exactly between two messages.
+            if g.sq.in_flight() > 0 {
+                break;
+            }
+            g.sq.next = idx.wrapping_add(1);
+            match local_op(qp, g, idx) {
+                Ok(()) => completer::complete_ok(qp, g),
+                Err(status) => {
+                    completer::fail_wqe(qp, g, idx, status);
+                    return sent;
+                }
+            }
+            continue;
+        }
         if wqe.flags.contains(SendFlags::FENCE) && g.req.rd_atomic_in_flight > 0 {
             break;
         }
@@ -241,6 +269,17 @@ pub(crate) fn run(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>) -> 
     sent
 }
 
+/// Executes the bind or local invalidation of the WQE at `idx` (rxe_do_local_ops).
+fn local_op(qp: &QpShared, g: &QpInner, idx: u32) -> Result<(), WcStatus> {
+    let wqe = g.sq.ring.at(idx);
+    let keys = qp.ctx.device.keys.read();
+    if wqe.opcode == WrOpcode::BIND_MW {
+        mw::bind(&keys, &qp.pd, qp.qpn, &wqe.bind).map_err(|()| WcStatus::MW_BIND_ERR)
+    } else {
+        mw::invalidate(&keys, wqe.inv_rkey).map_err(|()| WcStatus::LOC_QP_OP_ERR)
+    }
+}
+
 /// Builds the request packet for the WQE at `idx` and assigns its PSNs.
 fn build(qp: &QpShared, g: &mut QpInner, idx: u32) -> Result<Packet, WcStatus> {
     let mtu = g.mtu;
@@ -251,6 +290,7 @@ fn build(qp: &QpShared, g: &mut QpInner, idx: u32) -> Result<Packet, WcStatus> {
     let (kind, imm) = match wqe.opcode {
         WrOpcode::SEND => (Kind::Send, None),
         WrOpcode::SEND_WITH_IMM => (Kind::Send, Some(wqe.imm)),
+        WrOpcode::SEND_WITH_INV => (Kind::Send, None),
         WrOpcode::RDMA_WRITE => (Kind::Write, None),
         WrOpcode::RDMA_WRITE_WITH_IMM => (Kind::Write, Some(wqe.imm)),
         WrOpcode::RDMA_READ => (Kind::ReadRequest, None),
@@ -260,6 +300,7 @@ fn build(qp: &QpShared, g: &mut QpInner, idx: u32) -> Result<Packet, WcStatus> {
     };
     let mut pkt = Packet::new(kind);
     pkt.imm = imm;
+    pkt.inv = (wqe.opcode == WrOpcode::SEND_WITH_INV).then_some(wqe.inv_rkey);
     pkt.len = wqe.length;
     match kind {
         Kind::Send | Kind::Write => {

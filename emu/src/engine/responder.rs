@@ -14,6 +14,7 @@ use super::{
 use crate::{
     error::{Result, einval},
     mem::{MemFault, MemRegion},
+    objects::mw,
     qp::{QpInner, QpShared, RecvWr},
     types::{AccessFlags, EventType, QpState, QpType, Sge, WcFlags, WcOpcode, WcStatus},
 };
@@ -325,12 +326,16 @@ fn recv_flags(g: &QpInner, pkt: &Packet) -> WcFlags {
     if pkt.imm.is_some() {
         f |= WcFlags::WITH_IMM;
     }
+    if pkt.inv.is_some() {
+        f |= WcFlags::WITH_INV;
+    }
     f
 }
 
 fn complete_recv(qp: &Arc<QpShared>, g: &mut QpInner, pkt: &Packet, opcode: WcOpcode, wr_id: u64) {
     let mut w = wc_ok(qp, wr_id, opcode, pkt.len, recv_flags(g, pkt));
-    w.imm_data = pkt.imm.unwrap_or(0);
+    // `imm_data` and `invalidated_rkey` share the completion's union.
+    w.imm_data = pkt.imm.or(pkt.inv).unwrap_or(0);
     w.slid = pkt.src_lid;
     if qp.recv_cq.push(w, pkt.solicited).is_err() {
         // rxe: a receive completion lost to a CQ overrun puts the QP in ERR.
@@ -348,6 +353,13 @@ fn send(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>) 
     done_recv(g, r);
     match res {
         Ok(()) => {
+            if let Some(rkey) = pkt.inv
+                && mw::invalidate(&qp.ctx.device.keys.read(), rkey).is_err()
+            {
+                // The rkey names no window this SEND may invalidate: an invalid request.
+                let status = Some((WcStatus::REM_INV_REQ_ERR, wr_id));
+                return fail(qp, g, &pkt, NakCode::InvalidRequest, status, drv);
+            }
             complete_recv(qp, g, &pkt, WcOpcode::RECV, wr_id);
             ack(qp, g, &pkt, drv);
         }
@@ -380,7 +392,12 @@ fn target(
         return Ok(None);
     }
     let keys = qp.ctx.device.keys.read();
-    let mr = keys.get(rkey).ok_or(())?;
+    let Some(mr) = keys.mr(rkey) else {
+        // Not a memory region: perhaps a memory window.
+        return mw::resolve(&keys, &qp.pd, qp.qpn, rkey, va, len as u64, access)
+            .map(Some)
+            .ok_or(());
+    };
     if mr.rkey != rkey || !Arc::ptr_eq(&mr.pd, &qp.pd) || !mr.access.contains(access) {
         return Err(());
     }

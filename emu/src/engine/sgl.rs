@@ -23,7 +23,7 @@ pub(crate) fn resolve(qp: &QpShared, sges: &[Sge], need_write: bool) -> Result<P
     let keys = qp.ctx.device.keys.read();
     let mut out = Payload::None;
     for sge in sges.iter().filter(|s| s.length > 0) {
-        let mr = keys.get(sge.lkey).ok_or(SglError::Protection)?;
+        let mr = keys.mr(sge.lkey).ok_or(SglError::Protection)?;
         if !std::sync::Arc::ptr_eq(&mr.pd, &qp.pd)
             || (need_write && !mr.access.contains(AccessFlags::LOCAL_WRITE))
         {
@@ -64,7 +64,7 @@ pub(crate) fn scatter(
         if left == 0 {
             break;
         }
-        let mr = keys.get(sge.lkey).ok_or(SglError::Protection)?;
+        let mr = keys.mr(sge.lkey).ok_or(SglError::Protection)?;
         if !std::sync::Arc::ptr_eq(&mr.pd, &qp.pd) || !mr.access.contains(AccessFlags::LOCAL_WRITE)
         {
             return Err(SglError::Protection);

@@ -79,13 +79,16 @@ pub(crate) fn encode(pkt: &Packet, out: &mut Vec<u8>) -> Result<(), MemFault> {
         Syndrome::Nak(NakCode::RemoteAccessError) => (2, 2),
         Syndrome::Nak(NakCode::RemoteOperationalError) => (2, 3),
     };
-    let flags = u8::from(pkt.solicited) | u8::from(pkt.imm.is_some()) << 1;
+    // ImmDt and IETH never travel together; one word carries whichever is present.
+    let flags = u8::from(pkt.solicited)
+        | u8::from(pkt.imm.is_some()) << 1
+        | u8::from(pkt.inv.is_some()) << 2;
     out.extend_from_slice(&[VERSION, kind, syn, syn_arg, flags, pkt.src_port, pkt.dst_port]);
     out.push(u8::from(pkt.grh.is_some()));
     for v in [pkt.src_dev, pkt.src_qpn, pkt.dst_dev, pkt.dst_qpn, pkt.psn, pkt.npkts] {
         out.extend_from_slice(&v.to_le_bytes());
     }
-    for v in [pkt.imm.unwrap_or(0), pkt.rkey, pkt.len, pkt.msn, pkt.qkey] {
+    for v in [pkt.imm.or(pkt.inv).unwrap_or(0), pkt.rkey, pkt.len, pkt.msn, pkt.qkey] {
         out.extend_from_slice(&v.to_le_bytes());
     }
     out.extend_from_slice(&pkt.src_lid.to_le_bytes());
@@ -166,6 +169,7 @@ pub(crate) fn decode(bytes: &[u8]) -> Option<Packet> {
     (p.dst_qpn, p.psn, p.npkts) = (r.u32()?, r.u32()?, r.u32()?);
     let imm = r.u32()?;
     p.imm = (flags & 2 != 0).then_some(imm);
+    p.inv = (flags & 4 != 0).then_some(imm);
     (p.rkey, p.len, p.msn, p.qkey) = (r.u32()?, r.u32()?, r.u32()?, r.u32()?);
     p.src_lid = r.u16()?;
     (p.va, p.swap_add, p.compare, p.orig) = (r.u64()?, r.u64()?, r.u64()?, r.u64()?);

@@ -8,7 +8,7 @@ use std::sync::{
 
 use parking_lot::{Mutex, RwLock};
 
-use super::{context::Context, mr::KeyTable};
+use super::{context::Context, keys::KeyTable};
 use crate::{
     error::{Errno, Error, Result, einval},
     fabric::FabricInner,
@@ -35,6 +35,7 @@ pub(crate) struct ResourceCounts {
     pub(crate) qp: AtomicU32,
     pub(crate) ah: AtomicU32,
     pub(crate) srq: AtomicU32,
+    pub(crate) mw: AtomicU32,
 }
 
 impl ResourceCounts {
@@ -58,7 +59,7 @@ pub(crate) struct DeviceInner {
     pub(crate) id: DeviceIdentity,
     pub(crate) attr: DeviceAttr,
     pub(crate) ports: Vec<PortInner>,
-    /// lkeys and rkeys of this device's MRs (one key space, as in rxe).
+    /// lkeys and rkeys of this device's MRs and MWs (one key space, as in rxe).
     pub(crate) keys: RwLock<KeyTable>,
     pub(crate) counts: ResourceCounts,
     /// Open contexts, to deliver port and device events to.

@@ -11,7 +11,9 @@ pub(crate) mod context;
 pub(crate) mod cq;
 pub(crate) mod device;
 pub(crate) mod event;
+pub(crate) mod keys;
 pub(crate) mod mr;
+pub(crate) mod mw;
 pub(crate) mod pd;
 pub(crate) mod srq;
 

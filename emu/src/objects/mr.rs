@@ -1,12 +1,16 @@
 //! Memory regions and the device's key space.
 
-use std::sync::Arc;
+use std::sync::{
+    Arc,
+    atomic::{AtomicU32, Ordering},
+};
 
 use parking_lot::RwLock;
 
 use super::{
     Lifecycle,
     device::{DeviceInner, ResourceCounts},
+    keys::{KeyEntry, KeyTable},
     pd::{Pd, PdInner},
 };
 use crate::{
@@ -25,6 +29,9 @@ pub(crate) struct MrInner {
     pub(crate) access: AccessFlags,
     pub(crate) lkey: u32,
     pub(crate) rkey: u32,
+    /// Memory windows bound to the registration (shared by its `rereg` successors): an MR
+    /// with windows bound cannot be deregistered.
+    pub(crate) windows: Arc<AtomicU32>,
 }
 
 impl MrInner {
@@ -33,62 +40,6 @@ impl MrInner {
         let off = va.checked_sub(self.iova)?;
         let end = off.checked_add(len)?;
         (end <= self.region.len() as u64).then_some(off as usize)
-    }
-}
-
-/// Keys are `index << 8 | tag`; the tag changes each time a slot is reused, so a stale key
-/// never names a newer registration (as rxe's 8-bit key part does).
-#[derive(Debug, Default)]
-pub(crate) struct KeyTable {
-    slots: Vec<(u8, Option<Arc<MrInner>>)>,
-    /// Free slot indices, reused last-freed-first (deterministic).
-    free: Vec<u32>,
-}
-
-/// Index 0 is never handed out, so key 0 is never valid.
-const FIRST_INDEX: u32 = 1;
-const MAX_INDEX: u32 = (1 << 24) - 1;
-
-impl KeyTable {
-    /// Reserves a key for a registration that `fill` will build.
-    pub(crate) fn insert(&mut self, fill: impl FnOnce(u32) -> Arc<MrInner>) -> Result<u32> {
-        let index = match self.free.pop() {
-            Some(i) => i,
-            None => {
-                let i = self.slots.len() as u32 + FIRST_INDEX;
-                if i > MAX_INDEX {
-                    return Err(Error::new(Errno::ENOMEM, "key space exhausted"));
-                }
-                self.slots.push((0, None));
-                i
-            }
-        };
-        let slot = &mut self.slots[(index - FIRST_INDEX) as usize];
-        slot.0 = slot.0.wrapping_add(1);
-        let key = index << 8 | slot.0 as u32;
-        slot.1 = Some(fill(key));
-        Ok(key)
-    }
-
-    pub(crate) fn get(&self, key: u32) -> Option<&Arc<MrInner>> {
-        let index = (key >> 8).checked_sub(FIRST_INDEX)?;
-        match self.slots.get(index as usize)? {
-            (tag, Some(mr)) if *tag == key as u8 => Some(mr),
-            _ => None,
-        }
-    }
-
-    pub(crate) fn replace(&mut self, key: u32, mr: Arc<MrInner>) {
-        let index = (key >> 8) - FIRST_INDEX;
-        self.slots[index as usize].1 = Some(mr);
-    }
-
-    pub(crate) fn remove(&mut self, key: u32) {
-        if self.get(key).is_some() {
-            let index = (key >> 8) - FIRST_INDEX;
-            self.slots[index as usize].1 = None;
-            self.free.push(index + FIRST_INDEX);
-        }
     }
 }
 
@@ -101,8 +52,9 @@ pub(crate) struct MrShared {
 }
 
 impl MrShared {
-    fn teardown(&self) {
-        self.dev.keys.write().remove(self.key);
+    /// Frees the key (under the key table's lock, `keys`) and the references.
+    fn teardown(&self, keys: &mut KeyTable) {
+        keys.remove(self.key);
         self.cur.read().pd.life.put();
         ResourceCounts::give(&self.dev.counts.mr);
     }
@@ -111,7 +63,7 @@ impl MrShared {
 impl Drop for MrShared {
     fn drop(&mut self) {
         if self.life.destroy().is_ok() {
-            self.teardown();
+            self.teardown(&mut self.dev.keys.write());
         }
     }
 }
@@ -182,9 +134,10 @@ impl Mr {
                 access,
                 lkey: key,
                 rkey: rkey_for(key, access),
+                windows: Arc::default(),
             });
             made = Some(mr.clone());
-            mr
+            KeyEntry::Mr(mr)
         });
         let key = match inserted {
             Ok(k) => k,
@@ -302,17 +255,25 @@ impl Mr {
             access,
             lkey: old.lkey,
             rkey: rkey_for(old.lkey, access),
+            windows: old.windows.clone(),
         });
         let mut keys = self.0.dev.keys.write();
-        keys.replace(self.0.key, new.clone());
+        keys.replace(self.0.key, KeyEntry::Mr(new.clone()));
         *self.0.cur.write() = new;
         Ok(())
     }
 
-    /// `ibv_dereg_mr`. After it returns no RDMA operation reads or writes the memory.
+    /// `ibv_dereg_mr`. After it returns no RDMA operation reads or writes the memory. An MR
+    /// with memory windows bound to it stays registered (`EINVAL`, as rxe; IBA 10.6.7.2.6).
     pub fn dereg(&self) -> Result<()> {
+        // Under the key table's write lock no bind can take a window onto the MR.
+        let mut keys = self.0.dev.keys.write();
+        self.0.life.check()?;
+        if self.snapshot().windows.load(Ordering::Acquire) > 0 {
+            return Err(einval("memory windows are bound to the MR"));
+        }
         self.0.life.destroy()?;
-        self.0.teardown();
+        self.0.teardown(&mut keys);
         Ok(())
     }
 }

@@ -55,6 +55,11 @@ impl Pd {
         Mr::register_raw(self, mem, iova, access)
     }
 
+    /// `ibv_alloc_mw`: a window of `mw_type` (1 or 2) in this PD, not bound yet.
+    pub fn alloc_mw(&self, mw_type: crate::MwType) -> Result<super::mw::Mw> {
+        super::mw::Mw::alloc(self, mw_type)
+    }
+
     /// `ibv_create_ah`.
     pub fn create_ah(&self, attr: &crate::AhAttr) -> Result<super::ah::Ah> {
         super::ah::Ah::create(self, attr)

@@ -503,6 +503,42 @@ impl Qp {
         res
     }
 
+    /// `ibv_bind_mw`: binds the type 1 window `mw` as a posted BIND_MW request (completing
+    /// with `IBV_WC_BIND_MW`, or `IBV_WC_MW_BIND_ERR` when the bind is refused), and returns
+    /// the window's new rkey, which [`Mw::rkey`](crate::Mw::rkey) reports from now on. As in
+    /// rdma-core: a type 2 window, an address or length without an MR, or `ZERO_BASED` access
+    /// is `EINVAL`; an MR of another PD is `EPERM`.
+    pub fn bind_mw(
+        &self,
+        mw: &crate::Mw,
+        wr_id: u64,
+        send_flags: crate::SendFlags,
+        info: &crate::MwBindInfo<'_>,
+    ) -> Result<u32> {
+        if mw.mw_type() != crate::MwType::TYPE_1 {
+            return Err(einval("ibv_bind_mw binds type 1 windows only"));
+        }
+        if info.mr.is_none() && (info.addr != 0 || info.length != 0) {
+            return Err(einval("an address range needs an MR"));
+        }
+        if info.mr.is_some_and(|mr| !mr.pd().same(&mw.pd())) {
+            return Err(Error::new(Errno::EPERM, "the MR belongs to another PD than the window"));
+        }
+        if info.access.contains(AccessFlags::ZERO_BASED) {
+            return Err(einval("a type 1 window is never zero based"));
+        }
+        let old = mw.rkey();
+        // ibv_inc_rkey: the same index with the next 8-bit tag.
+        let rkey = (old & !0xff) | (old.wrapping_add(1) & 0xff);
+        let wr = SendWr {
+            send_flags,
+            ..SendWr::bind_mw(wr_id, crate::MwBind { mw, rkey, info: *info })
+        };
+        self.post_send(&wr)?;
+        mw.set_rkey(rkey);
+        Ok(rkey)
+    }
+
     /// `ibv_post_recv` of one WR.
     pub fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()> {
         self.post_recv_list(std::slice::from_ref(wr)).map_err(|(_, e)| e)

@@ -35,9 +35,18 @@ pub(crate) struct SendWqe {
     pub(crate) status: WcStatus,
     /// UD: destination (device, port), QPN and Q_Key, captured at post time.
     pub(crate) ud: Option<UdTarget>,
+    /// BIND_MW: the bind, executed when the WQE's turn comes.
+    pub(crate) bind: crate::objects::mw::BindArgs,
+    /// LOCAL_INV / SEND_WITH_INV: the rkey to invalidate.
+    pub(crate) inv_rkey: u32,
 }
 
 impl SendWqe {
+    /// Operations the requester executes itself, without a packet.
+    pub(crate) fn is_local(&self) -> bool {
+        matches!(self.opcode, WrOpcode::BIND_MW | WrOpcode::LOCAL_INV)
+    }
+
     pub(crate) fn is_read_or_atomic(&self) -> bool {
         matches!(
             self.opcode,

@@ -1,6 +1,9 @@
 //! Work requests as the application posts them.
 
-use crate::types::{SendFlags, Sge, WrOpcode};
+use crate::{
+    objects::mw::MwBind,
+    types::{SendFlags, Sge, WrOpcode},
+};
 
 /// A send work request (`struct ibv_send_wr`, one element of the list).
 #[derive(Debug, Clone, Copy, Default)]
@@ -23,6 +26,10 @@ pub struct SendWr<'a> {
     pub swap: u64,
     /// UD: where the message goes.
     pub ud: Option<UdDest<'a>>,
+    /// `IBV_WR_BIND_MW`: the window, its new rkey and where it goes.
+    pub bind: Option<MwBind<'a>>,
+    /// `IBV_WR_LOCAL_INV` / `IBV_WR_SEND_WITH_INV`: the rkey to invalidate.
+    pub invalidate_rkey: u32,
 }
 
 /// The destination of a UD send (`wr.ud` of `struct ibv_send_wr`).
@@ -117,6 +124,28 @@ impl<'a> SendWr<'a> {
             opcode: WrOpcode::SEND,
             sg_list,
             ud: Some(UdDest { ah, remote_qpn, remote_qkey }),
+            ..Default::default()
+        }
+    }
+
+    /// An `IBV_WR_BIND_MW` (type 2 windows; type 1 windows are bound by
+    /// [`Qp::bind_mw`](crate::Qp::bind_mw)).
+    pub fn bind_mw(wr_id: u64, bind: MwBind<'a>) -> Self {
+        SendWr { wr_id, opcode: WrOpcode::BIND_MW, bind: Some(bind), ..Default::default() }
+    }
+
+    /// An `IBV_WR_LOCAL_INV` of the type 2 window `rkey`.
+    pub fn local_inv(wr_id: u64, rkey: u32) -> Self {
+        SendWr { wr_id, opcode: WrOpcode::LOCAL_INV, invalidate_rkey: rkey, ..Default::default() }
+    }
+
+    /// An `IBV_WR_SEND_WITH_INV`: a SEND that invalidates the responder's window `rkey`.
+    pub fn send_inv(wr_id: u64, sg_list: &'a [Sge], rkey: u32) -> Self {
+        SendWr {
+            wr_id,
+            opcode: WrOpcode::SEND_WITH_INV,
+            sg_list,
+            invalidate_rkey: rkey,
             ..Default::default()
         }
     }

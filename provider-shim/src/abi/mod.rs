@@ -60,9 +60,9 @@ mirrors! {
         _compat_reg_mr: *mut c_void,
         _compat_rereg_mr: *mut c_void,
         _compat_dereg_mr: *mut c_void,
-        alloc_mw: *mut c_void,
-        bind_mw: *mut c_void,
-        dealloc_mw: *mut c_void,
+        alloc_mw: Option<unsafe extern "C" fn(*mut ibv_pd, u32) -> *mut ibv_mw>,
+        bind_mw: Option<unsafe extern "C" fn(*mut ibv_qp, *mut ibv_mw, *mut ibv_mw_bind) -> c_int>,
+        dealloc_mw: Option<unsafe extern "C" fn(*mut ibv_mw) -> c_int>,
         _compat_create_cq: *mut c_void,
         poll_cq: Option<unsafe extern "C" fn(*mut ibv_cq, c_int, *mut ibv_wc) -> c_int>,
         req_notify_cq: Option<unsafe extern "C" fn(*mut ibv_cq, c_int) -> c_int>,
@@ -357,7 +357,8 @@ mirrors! {
         wr_flags: c_uint,
         wr_atomic_cmp_swp: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, u64, u64)>,
         wr_atomic_fetch_add: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, u64)>,
-        wr_bind_mw: Option<unsafe extern "C" fn(*mut ibv_qp_ex, *mut c_void, u32, *const c_void)>,
+        wr_bind_mw:
+            Option<unsafe extern "C" fn(*mut ibv_qp_ex, *mut ibv_mw, u32, *const ibv_mw_bind_info)>,
         wr_local_inv: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32)>,
         wr_rdma_read: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64)>,
         wr_rdma_write: Option<unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64)>,
@@ -477,6 +478,24 @@ mirrors! {
         srq_context: *mut c_void,
         attr: ibv_srq_attr,
     }
+    ibv_mw = "struct ibv_mw" {
+        context: *mut ibv_context,
+        pd: *mut ibv_pd,
+        rkey: u32,
+        handle: u32,
+        type_: u32,
+    }
+    ibv_mw_bind_info = "struct ibv_mw_bind_info" {
+        mr: *mut ibv_mr,
+        addr: u64,
+        length: u64,
+        mw_access_flags: c_uint,
+    }
+    ibv_mw_bind = "struct ibv_mw_bind" {
+        wr_id: u64,
+        send_flags: c_uint,
+        bind_info: ibv_mw_bind_info,
+    }
     ibv_ah = "struct ibv_ah" {
         context: *mut ibv_context,
         pd: *mut ibv_pd,
@@ -522,6 +541,27 @@ impl ibv_send_wr {
     pub fn ud_remote_qkey(&self) -> u32 {
         (self.wr[1] >> 32) as u32
     }
+    /// `invalidate_rkey` (shares its union with `imm_data`).
+    pub fn invalidate_rkey(&self) -> u32 {
+        self.imm_data
+    }
+    /// `bind_mw.mw`.
+    pub fn bind_mw_mw(&self) -> *mut ibv_mw {
+        self.bind_mw[0] as usize as *mut ibv_mw
+    }
+    /// `bind_mw.rkey`.
+    pub fn bind_mw_rkey(&self) -> u32 {
+        self.bind_mw[1] as u32
+    }
+    /// `bind_mw.bind_info`.
+    pub fn bind_mw_info(&self) -> ibv_mw_bind_info {
+        ibv_mw_bind_info {
+            mr: self.bind_mw[2] as usize as *mut ibv_mr,
+            addr: self.bind_mw[3],
+            length: self.bind_mw[4],
+            mw_access_flags: self.bind_mw[5] as u32,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -535,7 +575,11 @@ mod layout_test {
     const NOT_IN_C: &[&str] = &["rest"];
 
     fn c_field(f: &str) -> &str {
-        if f == "priv_" { "priv" } else { f }
+        match f {
+            "priv_" => "priv",
+            "type_" => "type",
+            _ => f,
+        }
     }
 
     #[test]

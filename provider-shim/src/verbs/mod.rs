@@ -5,6 +5,7 @@ pub(crate) mod control;
 pub(crate) mod cq;
 pub(crate) mod device;
 pub(crate) mod events;
+pub(crate) mod mw;
 pub(crate) mod ops;
 pub(crate) mod pd_mr;
 pub(crate) mod qp;

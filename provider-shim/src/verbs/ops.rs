@@ -11,6 +11,9 @@ pub(crate) fn fill(v: &mut verbs_context) {
     ops.post_send = Some(super::qp::post_send);
     ops.post_recv = Some(super::qp::post_recv);
     ops.post_srq_recv = Some(super::srq::post_srq_recv);
+    ops.alloc_mw = Some(super::mw::alloc_mw);
+    ops.bind_mw = Some(super::mw::bind_mw);
+    ops.dealloc_mw = Some(super::mw::dealloc_mw);
     v.query_port = Some(super::device::query_port);
     v.query_device_ex = Some(super::device::query_device_ex);
     v.create_cq_ex = Some(super::cq::create_cq_ex);

@@ -56,8 +56,9 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_create_qp(
 const IBV_QP_INIT_ATTR_PD: u32 = 1;
 const IBV_QP_INIT_ATTR_CREATE_FLAGS: u32 = 4;
 const IBV_QP_INIT_ATTR_SEND_OPS_FLAGS: u32 = 64;
-/// RDMA WRITE (with imm), SEND (with imm), RDMA READ, both atomics.
-const SUPPORTED_SEND_OPS: u64 = 0x7f;
+/// RDMA WRITE (with imm), SEND (with imm), RDMA READ, both atomics, LOCAL_INV, BIND_MW,
+/// SEND_WITH_INV.
+const SUPPORTED_SEND_OPS: u64 = 0x3ff;
 
 /// The `create_qp_ex` slot: `ibv_create_qp_ex(context, qp_init_attr_ex)`.
 pub(crate) unsafe extern "C" fn create_qp_ex(
@@ -416,6 +417,18 @@ pub(crate) unsafe extern "C" fn post_send(
             } else {
                 None
             };
+            let bind = if opcode == WrOpcode::BIND_MW {
+                // SAFETY: for BIND_MW the application sets bind_mw.mw and bind_info.mr to its
+                // own objects (checked against the registry).
+                match unsafe {
+                    super::mw::bind_request(w.bind_mw_mw(), w.bind_mw_rkey(), &w.bind_mw_info())
+                } {
+                    Some(b) => Some(b),
+                    None => return fail(wr, libc::EINVAL),
+                }
+            } else {
+                None
+            };
             let ewr = SendWr {
                 wr_id: w.wr_id,
                 opcode,
@@ -428,6 +441,8 @@ pub(crate) unsafe extern "C" fn post_send(
                 compare_add: w.compare_add(),
                 swap: w.swap(),
                 ud: ah,
+                bind,
+                invalidate_rkey: w.invalidate_rkey(),
             };
             if let Err(e) = s.emu.post_send(&ewr) {
                 return fail(wr, e.errno().raw());

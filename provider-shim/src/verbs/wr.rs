@@ -8,7 +8,7 @@ use rdma_emu::{SendFlags, SendWr, Sge, WrOpcode};
 use crate::{abi::*, boundary::ffi, objects::*};
 
 /// One WR under construction.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub(crate) struct Pending {
     wr_id: u64,
     opcode: WrOpcode,
@@ -20,6 +20,16 @@ pub(crate) struct Pending {
     imm: u32,
     sges: Vec<Sge>,
     inline: Option<Vec<u8>>,
+    /// `wr_bind_mw`: the window, its new rkey and the bind info, resolved at `wr_complete`.
+    bind: Option<(*mut ibv_mw, u32, ibv_mw_bind_info)>,
+    /// `wr_local_inv` / `wr_send_inv`.
+    invalidate_rkey: u32,
+}
+
+impl std::fmt::Debug for Pending {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pending").field("wr_id", &self.wr_id).field("opcode", &self.opcode).finish()
+    }
 }
 
 /// The batch of a QP between `wr_start` and `wr_complete`.
@@ -46,11 +56,11 @@ pub(crate) fn fill(q: &mut ibv_qp_ex) {
     q.wr_set_sge_list = Some(wr_set_sge_list);
     q.wr_set_inline_data = Some(wr_set_inline_data);
     q.wr_set_inline_data_list = Some(wr_set_inline_data_list);
-    // Operations of features not implemented yet: the batch fails with EOPNOTSUPP at
-    // wr_complete (inline callers invoke these slots unconditionally, so none may be NULL).
     q.wr_bind_mw = Some(wr_bind_mw);
     q.wr_local_inv = Some(wr_local_inv);
     q.wr_send_inv = Some(wr_send_inv);
+    // Operations of features not implemented yet: the batch fails with EOPNOTSUPP at
+    // wr_complete (inline callers invoke these slots unconditionally, so none may be NULL).
     q.wr_send_tso = Some(wr_send_tso);
     q.wr_set_ud_addr = Some(wr_set_ud_addr);
     q.wr_set_xrc_srqn = Some(wr_set_xrc_srqn);
@@ -68,20 +78,6 @@ fn unsupported(qp: *mut ibv_qp_ex) {
     })
 }
 
-unsafe extern "C" fn wr_bind_mw(
-    qp: *mut ibv_qp_ex,
-    _mw: *mut c_void,
-    _rkey: u32,
-    _info: *const c_void,
-) {
-    unsupported(qp);
-}
-unsafe extern "C" fn wr_local_inv(qp: *mut ibv_qp_ex, _rkey: u32) {
-    unsupported(qp);
-}
-unsafe extern "C" fn wr_send_inv(qp: *mut ibv_qp_ex, _rkey: u32) {
-    unsupported(qp);
-}
 unsafe extern "C" fn wr_send_tso(qp: *mut ibv_qp_ex, _hdr: *mut c_void, _hdr_sz: u16, _mss: u16) {
     unsupported(qp);
 }
@@ -168,6 +164,18 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
                 if p.inline.is_some() {
                     flags |= SendFlags::INLINE;
                 }
+                let bind = match p.bind {
+                    // SAFETY: the application passed its own window and MR (checked against
+                    // the registry).
+                    Some((mw, rkey, ref info)) => unsafe {
+                        super::mw::bind_request(mw, rkey, info)
+                    },
+                    None => None,
+                };
+                if p.opcode == WrOpcode::BIND_MW && bind.is_none() {
+                    rc = libc::EINVAL;
+                    return;
+                }
                 let wr = SendWr {
                     wr_id: p.wr_id,
                     opcode: p.opcode,
@@ -180,6 +188,8 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
                     compare_add: p.compare_add,
                     swap: p.swap,
                     ud: None,
+                    bind,
+                    invalidate_rkey: p.invalidate_rkey,
                 };
                 if let Err(e) = s.emu.post_send(&wr) {
                     rc = match e.errno().raw() {
@@ -192,6 +202,28 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
         });
         rc
     })
+}
+
+unsafe extern "C" fn wr_bind_mw(
+    qp: *mut ibv_qp_ex,
+    mw: *mut ibv_mw,
+    rkey: u32,
+    info: *const ibv_mw_bind_info,
+) {
+    // SAFETY: NULL or the application's bind info, copied now (the API lets it go after the
+    // call).
+    let info = unsafe { info.as_ref() }.map(|i| ibv_mw_bind_info { ..*i });
+    begin(qp, WrOpcode::BIND_MW, 0, 0, |p| {
+        p.bind = info.map(|i| (mw, rkey, i));
+    });
+}
+
+unsafe extern "C" fn wr_local_inv(qp: *mut ibv_qp_ex, rkey: u32) {
+    begin(qp, WrOpcode::LOCAL_INV, 0, 0, |p| p.invalidate_rkey = rkey);
+}
+
+unsafe extern "C" fn wr_send_inv(qp: *mut ibv_qp_ex, rkey: u32) {
+    begin(qp, WrOpcode::SEND_WITH_INV, 0, 0, |p| p.invalidate_rkey = rkey);
 }
 
 unsafe extern "C" fn wr_rdma_write(qp: *mut ibv_qp_ex, rkey: u32, addr: u64) {
