@@ -81,6 +81,7 @@ pub use crate::{
         mw::{Mw, MwBind, MwBindInfo},
         pd::Pd,
         srq::{Srq, SrqAttr, srq_attr_mask},
+        xrcd::{FileId, Xrcd, xrcd_oflags},
     },
     profile::{DeviceAttr, GidEntry, PortAttr, Profile},
     qp::{Endpoint, Qp, QpAttr, QpCap, QpInitAttr, RcParams, RecvWr, SendWr, UdDest},

@@ -111,6 +111,11 @@ pub struct DeviceAttr {
 }
 
 impl DeviceAttr {
+    /// Whether the device offers XRC (`IBV_DEVICE_XRC`).
+    pub fn has_xrc(&self) -> bool {
+        self.device_cap_flags & cap_flags::XRC != 0
+    }
+
     /// Whether memory windows can be allocated (`max_mw` > 0).
     pub fn has_memory_windows(&self) -> bool {
         self.max_mw > 0
@@ -248,7 +253,7 @@ impl Profile {
                 fw_ver: "1.0.0",
                 vendor_id: 0x00ff_ffff,
                 vendor_part_id: 0x454d, // "EM"
-                // The XRC capability joins the full profile's flags when XRC QPs are implemented.
+                device_cap_flags: rxe.device_cap_flags | cap_flags::XRC,
                 ..rxe
             },
         }

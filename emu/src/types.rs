@@ -73,6 +73,13 @@ open_enum! {
     }
 }
 
+impl QpType {
+    /// Reliable transports: ACKs, retransmission, RDMA READ and atomics.
+    pub fn is_reliable(self) -> bool {
+        matches!(self, QpType::RC | QpType::XRC_SEND | QpType::XRC_RECV)
+    }
+}
+
 open_enum! {
     /// `enum ibv_qp_state`.
     QpState(u32) {

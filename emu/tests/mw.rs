@@ -138,6 +138,7 @@ fn type2_window_belongs_to_the_qp_that_bound_it() {
     b.qp.post_send(&SendWr::bind_mw(4, bind).signaled()).unwrap();
     let wc = wait1(&b.cq);
     assert_eq!((wc.status, wc.opcode), (WcStatus::SUCCESS, WcOpcode::BIND_MW));
+    assert_eq!(mw.rkey(), rkey, "the window takes the posted bind's rkey");
     assert_eq!(remote_write(&a, target.addr() + 8, rkey, b"mine"), WcStatus::SUCCESS);
     // A second QP pair between the same PDs: the window is not bound to b's other QP.
     let a2 = new_qp(&a.pd, &a.cq, QpType::RC, 8, false);
@@ -148,7 +149,7 @@ fn type2_window_belongs_to_the_qp_that_bound_it() {
     assert_eq!(wait1(&a.cq).status, WcStatus::REM_ACCESS_ERR);
     // Binding an already bound type 2 window fails.
     let again = type2_bind(&mw, &target, 0, 8, AccessFlags::REMOTE_READ);
-    b.qp.post_send(&SendWr::bind_mw(5, MwBind { rkey: rkey + 1, ..again })).unwrap();
+    b.qp.post_send(&SendWr::bind_mw(5, again)).unwrap();
     assert_eq!(wait1(&b.cq).status, WcStatus::MW_BIND_ERR);
     drop(f);
 }

@@ -4,7 +4,7 @@ mod common;
 use common::*;
 use rdma_emu::*;
 
-/// What rxe reports, except the capabilities of features not implemented yet (divergence 13).
+/// What rxe reports.
 #[test]
 fn rxe_profile_reports_what_rxe_reports() {
     let f = Fabric::new(FabricConfig { devices: 1, profile: Profile::Rxe, ..Default::default() });

@@ -49,6 +49,12 @@ pub(crate) struct ShimSrq {
 }
 
 #[repr(C)]
+pub(crate) struct ShimXrcd {
+    pub(crate) xrcd: ibv_xrcd,
+    pub(crate) emu: rdma_emu::Xrcd,
+}
+
+#[repr(C)]
 pub(crate) struct ShimMw {
     pub(crate) mw: ibv_mw,
     pub(crate) emu: rdma_emu::Mw,

@@ -190,6 +190,13 @@ fn memory_windows_through_the_c_abi() {
 }
 
 #[test]
+fn xrc_through_the_c_abi() {
+    let exe = build("xrc");
+    let out = run_on_shim(&mut Command::new(&exe));
+    assert!(out.contains("xrc ok"), "{out}");
+}
+
+#[test]
 fn control_functions_raise_port_and_device_events() {
     let exe = build("control");
     let out = run_on_shim(&mut Command::new(&exe));

@@ -167,6 +167,23 @@ fn pingpong(prog: &str, extra: &[&str]) {
     }
 }
 
+/// `ibv_xsrq_pingpong`: XRC, so the full profile only (rxe has no XRC; see below). Its
+/// default single client; the server sends first, the client answers, both print "success".
+fn xsrq(prog: &str, extra: &[&str]) {
+    let mut args = vec!["-n", "20"];
+    args.extend(extra);
+    let out = server_and_client("full", prog, &args);
+    assert!(out.lines().any(|l| l == "success"), "{prog} {args:?}: {out}");
+}
+
+#[test]
+fn xsrq_pingpong_on_the_rxe_profile_fails_cleanly_without_xrc() {
+    let (fabric, port) = (Fabric::new(), free_port());
+    let server = program(&fabric, "rxe", "ibv_xsrq_pingpong", &[], port).spawn().unwrap();
+    let (ok, out) = finish(server, Duration::from_secs(20), "server");
+    assert!(!ok && out.contains("Couldn't Open the XRC Domain 95"), "{out}"); // EOPNOTSUPP
+}
+
 /// A perftest program with `extra` options; with `-a`, one result row per size from 2 bytes
 /// to 8 MiB.
 fn perftest(prog: &str, extra: &[&str]) {
@@ -204,6 +221,12 @@ legacy_tests! { pingpong:
     ud_pingpong_events => "ibv_ud_pingpong" ["-e"];
     srq_pingpong => "ibv_srq_pingpong" [];
     srq_pingpong_events => "ibv_srq_pingpong" ["-e"];
+}
+
+legacy_tests! { xsrq:
+    xsrq_pingpong => "ibv_xsrq_pingpong" [];
+    xsrq_pingpong_events => "ibv_xsrq_pingpong" ["-e"];
+    xsrq_pingpong_large => "ibv_xsrq_pingpong" ["-s", "65536", "-m", "4096"];
 }
 
 legacy_tests! { perftest:

@@ -144,6 +144,8 @@ pub(crate) struct Packet {
     pub(crate) imm: Option<u32>,
     /// IETH: the rkey a SEND_WITH_INV invalidates at the responder.
     pub(crate) inv: Option<u32>,
+    /// XRCETH: the XRC SRQ a request to an XRC target QP goes to.
+    pub(crate) xrc_srqn: u32,
     /// RETH / AtomicETH virtual address, rkey and DMA length.
     pub(crate) va: u64,
     pub(crate) rkey: u32,
@@ -182,6 +184,7 @@ impl Packet {
             solicited: false,
             imm: None,
             inv: None,
+            xrc_srqn: 0,
             va: 0,
             rkey: 0,
             len: 0,

@@ -48,6 +48,9 @@ const MULTICAST_QPN: u32 = 0x00ff_ffff;
 
 /// Validates `wr` the way rxe's provider and kernel do and queues it.
 pub(crate) fn post(qp: &QpShared, g: &mut QpInner, wr: &SendWr<'_>) -> Result<()> {
+    if qp.qp_type == QpType::XRC_RECV {
+        return Err(einval("an XRC target QP has no send queue"));
+    }
     if matches!(g.state, QpState::RESET | QpState::INIT | QpState::RTR) {
         return Err(einval("QP is not ready to send (state below RTS)"));
     }
@@ -70,8 +73,8 @@ pub(crate) fn post(qp: &QpShared, g: &mut QpInner, wr: &SendWr<'_>) -> Result<()
             if qp.qp_type == QpType::UD {
                 return Err(einval("memory-window operations need a connected QP"));
             }
-            if wr.opcode == WrOpcode::SEND_WITH_INV && qp.qp_type != QpType::RC {
-                return Err(einval("SEND with invalidate is an RC operation"));
+            if wr.opcode == WrOpcode::SEND_WITH_INV && !qp.qp_type.is_reliable() {
+                return Err(einval("SEND with invalidate is an RC and XRC operation"));
             }
             if wr.opcode == WrOpcode::BIND_MW && wr.bind.is_none() {
                 return Err(einval("a BIND_MW request names no window"));
@@ -173,7 +176,12 @@ pub(crate) fn post(qp: &QpShared, g: &mut QpInner, wr: &SendWr<'_>) -> Result<()
     wqe.status = WcStatus::SUCCESS;
     wqe.ud = ud;
     wqe.bind = wr.bind.map(|b| b.args()).unwrap_or_default();
+    if let Some(b) = wr.bind {
+        // The window's rkey is the posted bind's from now on (what `ibv_mw.rkey` holds).
+        b.mw.set_rkey(b.rkey);
+    }
     wqe.inv_rkey = wr.invalidate_rkey;
+    wqe.xrc_srqn = wr.xrc_remote_srqn;
     sq.head = head.wrapping_add(1);
     Ok(())
 }
@@ -249,7 +257,7 @@ pub(crate) fn run(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>) -> 
                 } else {
                     drv.send(&mut g.route, pkt);
                 }
-                if qp.qp_type != QpType::RC {
+                if !qp.qp_type.is_reliable() {
                     // Unreliable: the WR is complete once its message is on the wire.
                     completer::complete_ok(qp, g);
                 }
@@ -301,6 +309,7 @@ fn build(qp: &QpShared, g: &mut QpInner, idx: u32) -> Result<Packet, WcStatus> {
     let mut pkt = Packet::new(kind);
     pkt.imm = imm;
     pkt.inv = (wqe.opcode == WrOpcode::SEND_WITH_INV).then_some(wqe.inv_rkey);
+    pkt.xrc_srqn = wqe.xrc_srqn;
     pkt.len = wqe.length;
     match kind {
         Kind::Send | Kind::Write => {

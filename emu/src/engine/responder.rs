@@ -14,7 +14,7 @@ use super::{
 use crate::{
     error::{Result, einval},
     mem::{MemFault, MemRegion},
-    objects::mw,
+    objects::{cq::CqInner, mw, pd::PdInner, srq::SrqInner},
     qp::{QpInner, QpShared, RecvWr},
     types::{AccessFlags, EventType, QpState, QpType, Sge, WcFlags, WcOpcode, WcStatus},
 };
@@ -54,10 +54,16 @@ pub(crate) struct Responder {
     pub(crate) replay: VecDeque<Replay>,
     /// COMM_EST was raised (once per connection).
     pub(crate) comm_est: bool,
+    /// XRC target QP: the SRQ the request being handled names (its PD checks keys, its CQ
+    /// takes the completion).
+    pub(crate) xrc: Option<Arc<SrqInner>>,
 }
 
 /// Validates and queues a receive WQE (rxe provider semantics).
 pub(crate) fn post_recv(qp: &Arc<QpShared>, g: &mut QpInner, wr: &RecvWr<'_>) -> Result<()> {
+    if matches!(qp.qp_type, QpType::XRC_SEND | QpType::XRC_RECV) {
+        return Err(einval("XRC QPs have no receive queue (receives go to XRC SRQs)"));
+    }
     if qp.srq.is_some() {
         return Err(einval("the QP takes its receives from an SRQ"));
     }
@@ -122,6 +128,16 @@ pub(crate) fn receive(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mu
             drv.send(&mut g.route, r);
         }
         return;
+    }
+    if let Some(xrcd) = &qp.xrcd {
+        // XRCETH: the SRQ must exist in the target QP's domain.
+        g.resp.xrc = xrcd.srq(pkt.xrc_srqn);
+        if g.resp.xrc.is_none() {
+            if d == 0 {
+                fail(qp, g, &pkt, NakCode::RemoteAccessError, None, drv);
+            }
+            return;
+        }
     }
     if d < 0 {
         duplicate(qp, g, &pkt, drv);
@@ -196,7 +212,8 @@ fn ud_receive(qp: &Arc<QpShared>, g: &mut QpInner, pkt: &Packet) {
         off += n;
     }
     let Some(r) = pop_recv(qp, g) else { return }; // no receive: the datagram is dropped
-    let res = sgl::scatter(qp, &r.sges, &Payload::Bytes(data.into_boxed_slice()), total as u32);
+    let res =
+        sgl::scatter(qp, &qp.pd, &r.sges, &Payload::Bytes(data.into_boxed_slice()), total as u32);
     let wr_id = r.wr_id;
     done_recv(g, r);
     let status = match res {
@@ -225,9 +242,22 @@ fn ud_receive(qp: &Arc<QpShared>, g: &mut QpInner, pkt: &Packet) {
     }
 }
 
-/// RC answers with ACKs, NAKs and RNR NAKs; UC never answers.
+/// RC and XRC answer with ACKs, NAKs and RNR NAKs; UC never answers.
 fn reliable(qp: &QpShared) -> bool {
-    qp.qp_type == QpType::RC
+    qp.qp_type.is_reliable()
+}
+
+/// The CQ that receive completions go to: the XRC SRQ's, or the QP's.
+fn recv_cq(qp: &QpShared, g: &QpInner) -> Arc<CqInner> {
+    match &g.resp.xrc {
+        Some(s) => s.xrc.as_ref().map_or_else(|| qp.recv_cq.clone(), |x| x.1.clone()),
+        None => qp.recv_cq.clone(),
+    }
+}
+
+/// The PD remote keys are checked against: the XRC SRQ's, or the QP's.
+fn key_pd(qp: &QpShared, g: &QpInner) -> Arc<PdInner> {
+    g.resp.xrc.as_ref().map_or_else(|| qp.pd.clone(), |s| s.pd.clone())
 }
 
 fn ack(qp: &QpShared, g: &mut QpInner, pkt: &Packet, drv: &mut Driver<'_>) {
@@ -265,7 +295,7 @@ fn fail(
     let r = reply(g, pkt, Kind::Ack, pkt.psn, Syndrome::Nak(code));
     drv.send(&mut g.route, r);
     if let Some((status, wr_id)) = recv {
-        let _ = qp.recv_cq.push(wc(qp, wr_id, status), true);
+        let _ = recv_cq(qp, g).push(wc(qp, wr_id, status), true);
     }
     enter_error(qp, g);
     if raises_qp_errors(qp) {
@@ -288,7 +318,7 @@ struct Recv {
 
 /// Takes the next receive WQE, from the QP's SRQ if it has one.
 fn pop_recv(qp: &QpShared, g: &mut QpInner) -> Option<Recv> {
-    if let Some(srq) = &qp.srq {
+    if let Some(srq) = g.resp.xrc.as_ref().or(qp.srq.as_ref()) {
         return srq.pop().map(|(wr_id, sges)| Recv { wr_id, sges, rq_slot: None });
     }
     if g.rq.len() == 0 {
@@ -337,7 +367,7 @@ fn complete_recv(qp: &Arc<QpShared>, g: &mut QpInner, pkt: &Packet, opcode: WcOp
     // `imm_data` and `invalidated_rkey` share the completion's union.
     w.imm_data = pkt.imm.or(pkt.inv).unwrap_or(0);
     w.slid = pkt.src_lid;
-    if qp.recv_cq.push(w, pkt.solicited).is_err() {
+    if recv_cq(qp, g).push(w, pkt.solicited).is_err() {
         // rxe: a receive completion lost to a CQ overrun puts the QP in ERR.
         enter_error(qp, g);
     }
@@ -348,7 +378,7 @@ fn send(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>) 
         rnr(qp, g, &pkt, drv);
         return;
     };
-    let res = sgl::scatter(qp, &r.sges, &pkt.payload, pkt.len);
+    let res = sgl::scatter(qp, &key_pd(qp, g), &r.sges, &pkt.payload, pkt.len);
     let wr_id = r.wr_id;
     done_recv(g, r);
     match res {
@@ -383,6 +413,7 @@ fn send(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>) 
 /// zero-length access, which IBA does not check.
 fn target(
     qp: &QpShared,
+    g: &QpInner,
     rkey: u32,
     va: u64,
     len: u32,
@@ -391,14 +422,13 @@ fn target(
     if len == 0 {
         return Ok(None);
     }
+    let pd = key_pd(qp, g);
     let keys = qp.ctx.device.keys.read();
     let Some(mr) = keys.mr(rkey) else {
         // Not a memory region: perhaps a memory window.
-        return mw::resolve(&keys, &qp.pd, qp.qpn, rkey, va, len as u64, access)
-            .map(Some)
-            .ok_or(());
+        return mw::resolve(&keys, &pd, qp.qpn, rkey, va, len as u64, access).map(Some).ok_or(());
     };
-    if mr.rkey != rkey || !Arc::ptr_eq(&mr.pd, &qp.pd) || !mr.access.contains(access) {
+    if mr.rkey != rkey || !Arc::ptr_eq(&mr.pd, &pd) || !mr.access.contains(access) {
         return Err(());
     }
     let off = mr.offset_of(va, len as u64).ok_or(())?;
@@ -423,7 +453,7 @@ fn write(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>)
         None
     };
     let recv_status = recv.map(|id| (WcStatus::REM_ACCESS_ERR, id));
-    match target(qp, pkt.rkey, pkt.va, pkt.len, AccessFlags::REMOTE_WRITE) {
+    match target(qp, g, pkt.rkey, pkt.va, pkt.len, AccessFlags::REMOTE_WRITE) {
         Ok(Some((region, off))) => {
             let dst = std::iter::once((&region, off, pkt.len as usize));
             if sgl::copy_into(&pkt.payload, dst).is_err() {
@@ -454,7 +484,7 @@ fn read_response(qp: &QpShared, g: &QpInner, req: &Packet, r: ReadReq) -> Result
     let mut p = reply(g, req, Kind::ReadResponse, r.psn, Syndrome::Ack);
     p.npkts = r.npkts;
     p.len = r.len;
-    if let Some((region, offset)) = target(qp, r.rkey, r.va, r.len, AccessFlags::REMOTE_READ)? {
+    if let Some((region, offset)) = target(qp, g, r.rkey, r.va, r.len, AccessFlags::REMOTE_READ)? {
         if matches!(req.payload, Payload::Remote) {
             let mut bytes = vec![0; r.len as usize];
             region.read(offset, &mut bytes).map_err(|_| ())?;
@@ -494,7 +524,7 @@ fn atomic(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>
     {
         return fail(qp, g, &pkt, NakCode::InvalidRequest, None, drv);
     }
-    let (region, off) = match target(qp, pkt.rkey, pkt.va, 8, AccessFlags::REMOTE_ATOMIC) {
+    let (region, off) = match target(qp, g, pkt.rkey, pkt.va, 8, AccessFlags::REMOTE_ATOMIC) {
         Ok(Some(t)) => t,
         _ => return fail(qp, g, &pkt, NakCode::RemoteAccessError, None, drv),
     };

@@ -45,9 +45,11 @@ pub(crate) fn resolve(qp: &QpShared, sges: &[Sge], need_write: bool) -> Result<P
     Ok(out)
 }
 
-/// Copies `payload` (of `len` bytes) into the local SGEs, which need `LOCAL_WRITE`.
+/// Copies `payload` (of `len` bytes) into the local SGEs, which need `LOCAL_WRITE` and must be
+/// in `pd` (the QP's, or for an XRC target the SRQ's).
 pub(crate) fn scatter(
     qp: &QpShared,
+    pd: &std::sync::Arc<crate::objects::pd::PdInner>,
     sges: &[Sge],
     payload: &Payload,
     len: u32,
@@ -65,8 +67,7 @@ pub(crate) fn scatter(
             break;
         }
         let mr = keys.mr(sge.lkey).ok_or(SglError::Protection)?;
-        if !std::sync::Arc::ptr_eq(&mr.pd, &qp.pd) || !mr.access.contains(AccessFlags::LOCAL_WRITE)
-        {
+        if !std::sync::Arc::ptr_eq(&mr.pd, pd) || !mr.access.contains(AccessFlags::LOCAL_WRITE) {
             return Err(SglError::Protection);
         }
         let off = mr.offset_of(sge.addr, sge.length as u64).ok_or(SglError::Protection)?;

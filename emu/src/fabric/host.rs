@@ -491,7 +491,7 @@ fn apply(fabric: &FabricInner, c: Control) {
 fn peer_died(fabric: &FabricInner, slot: u8) {
     let qps: Vec<_> = fabric.qps.read().values().filter_map(Weak::upgrade).collect();
     for qp in qps {
-        if !matches!(qp.qp_type, QpType::RC | QpType::UC) {
+        if !qp.qp_type.is_reliable() && qp.qp_type != QpType::UC {
             continue;
         }
         let mut g = qp.inner.lock();

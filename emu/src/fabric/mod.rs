@@ -124,6 +124,15 @@ impl FabricInner {
         Err(crate::Error::new(crate::Errno::ENOMEM, "QP numbers exhausted"))
     }
 
+    /// The SRQ number for the `n`th SRQ of a device: on a host fabric it carries this node's
+    /// slot, as QPNs do, so an XRC request naming another process's SRQ finds no SRQ here.
+    pub(crate) fn srq_number(&self, n: u32) -> u32 {
+        match self.joined() {
+            Ok(Some(node)) => u32::from(node.slot) << 16 | (n & 0xffff),
+            _ => n & 0x00ff_ffff,
+        }
+    }
+
     /// This fabric's node on the host fabric, joining it on first use; `None` when the
     /// fabric is in-process only.
     pub(crate) fn joined(&self) -> crate::Result<Option<&host::Node>> {

@@ -88,7 +88,8 @@ pub(crate) fn encode(pkt: &Packet, out: &mut Vec<u8>) -> Result<(), MemFault> {
     for v in [pkt.src_dev, pkt.src_qpn, pkt.dst_dev, pkt.dst_qpn, pkt.psn, pkt.npkts] {
         out.extend_from_slice(&v.to_le_bytes());
     }
-    for v in [pkt.imm.or(pkt.inv).unwrap_or(0), pkt.rkey, pkt.len, pkt.msn, pkt.qkey] {
+    for v in [pkt.imm.or(pkt.inv).unwrap_or(0), pkt.rkey, pkt.len, pkt.msn, pkt.qkey, pkt.xrc_srqn]
+    {
         out.extend_from_slice(&v.to_le_bytes());
     }
     out.extend_from_slice(&pkt.src_lid.to_le_bytes());
@@ -171,6 +172,7 @@ pub(crate) fn decode(bytes: &[u8]) -> Option<Packet> {
     p.imm = (flags & 2 != 0).then_some(imm);
     p.inv = (flags & 4 != 0).then_some(imm);
     (p.rkey, p.len, p.msn, p.qkey) = (r.u32()?, r.u32()?, r.u32()?, r.u32()?);
+    p.xrc_srqn = r.u32()?;
     p.src_lid = r.u16()?;
     (p.va, p.swap_add, p.compare, p.orig) = (r.u64()?, r.u64()?, r.u64()?, r.u64()?);
     if has_grh != 0 {

@@ -93,6 +93,16 @@ impl Context {
     }
 
     /// `ibv_alloc_pd`.
+    /// `ibv_open_xrcd`; see [`Xrcd`](crate::Xrcd) for how `file` and `oflags` decide between
+    /// a new domain and a shared one.
+    pub fn open_xrcd(
+        &self,
+        file: Option<super::xrcd::FileId>,
+        oflags: i32,
+    ) -> Result<super::xrcd::Xrcd> {
+        super::xrcd::Xrcd::open(self, file, oflags)
+    }
+
     pub fn alloc_pd(&self) -> Result<Pd> {
         let dev = &self.0.device;
         ResourceCounts::take(&dev.counts.pd, dev.attr.max_pd, "too many protection domains")?;

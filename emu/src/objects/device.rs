@@ -61,6 +61,10 @@ pub(crate) struct DeviceInner {
     pub(crate) ports: Vec<PortInner>,
     /// lkeys and rkeys of this device's MRs and MWs (one key space, as in rxe).
     pub(crate) keys: RwLock<KeyTable>,
+    /// XRC domains opened on a file, by the file's identity (shared by every open of it).
+    pub(crate) xrcds: Mutex<Vec<(super::xrcd::FileId, std::sync::Weak<super::xrcd::XrcdInner>)>>,
+    /// The next SRQ number.
+    pub(crate) next_srqn: AtomicU32,
     pub(crate) counts: ResourceCounts,
     /// Open contexts, to deliver port and device events to.
     pub(crate) contexts: Mutex<Vec<std::sync::Weak<super::context::ContextInner>>>,
@@ -85,6 +89,8 @@ impl DeviceInner {
             id,
             ports,
             keys: RwLock::new(KeyTable::default()),
+            xrcds: Mutex::new(Vec::new()),
+            next_srqn: AtomicU32::new(1),
             counts: ResourceCounts::default(),
             contexts: Mutex::new(Vec::new()),
         }

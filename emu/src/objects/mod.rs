@@ -16,6 +16,7 @@ pub(crate) mod mr;
 pub(crate) mod mw;
 pub(crate) mod pd;
 pub(crate) mod srq;
+pub(crate) mod xrcd;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 

@@ -26,10 +26,13 @@ use crate::{
     types::{AccessFlags, MwType},
 };
 
-/// Access rights a window can grant (rxe's `RXE_ACCESS_SUPPORTED_MW`).
-const SUPPORTED_ACCESS: AccessFlags = AccessFlags::REMOTE_READ
+/// Access bits a bind may carry (the access bits of `ibv_reg_mr`, as rxe's later
+/// `RXE_ACCESS_SUPPORTED_MW`); only the remote rights and `ZERO_BASED` mean anything here.
+const SUPPORTED_ACCESS: AccessFlags = AccessFlags::LOCAL_WRITE
+    .union(AccessFlags::REMOTE_READ)
     .union(AccessFlags::REMOTE_WRITE)
     .union(AccessFlags::REMOTE_ATOMIC)
+    .union(AccessFlags::MW_BIND)
     .union(AccessFlags::ZERO_BASED);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -202,7 +205,8 @@ impl Mw {
         Ok(Mw(Arc::new(MwHandle(made.expect("filled by insert")))))
     }
 
-    /// The rkey the application uses (`ibv_mw.rkey`).
+    /// The rkey the application uses (`ibv_mw.rkey`): the one the last posted bind gives the
+    /// window (a bind that then fails leaves it to the application to undo, as in rdma-core).
     pub fn rkey(&self) -> u32 {
         self.0.posted_rkey.load(Ordering::Acquire)
     }

@@ -42,9 +42,15 @@ struct SrqState {
     limit: u32,
 }
 
+/// What an XRC SRQ adds: its domain, and the CQ its receive completions go to.
+pub(crate) type XrcPart = (Arc<super::xrcd::XrcdInner>, Arc<super::cq::CqInner>);
+
 #[derive(Debug)]
 pub(crate) struct SrqInner {
     pub(crate) pd: Arc<PdInner>,
+    /// The SRQ number (`ibv_get_srq_num`), unique on the device.
+    pub(crate) num: u32,
+    pub(crate) xrc: Option<XrcPart>,
     st: Mutex<SrqState>,
     /// Dependents: QPs using the SRQ.
     pub(crate) life: Lifecycle,
@@ -62,6 +68,11 @@ impl Drop for SrqInner {
 
 impl SrqInner {
     fn release(&self) {
+        if let Some((xrcd, cq)) = &self.xrc {
+            xrcd.forget_srq(self.num);
+            cq.life.put();
+            xrcd.life.put();
+        }
         self.pd.life.put();
         ResourceCounts::give(&self.pd.ctx.device.counts.srq);
     }
@@ -105,6 +116,12 @@ pub struct Srq(pub(crate) Arc<SrqInner>);
 
 impl Srq {
     pub(crate) fn create(pd: &Pd, init: &SrqAttr) -> Result<Srq> {
+        Srq::create_in(pd, init, None)
+    }
+
+    /// Creates a basic SRQ, or with `xrc` an XRC SRQ (the caller holds the references `xrc`
+    /// names; they are released with the SRQ).
+    pub(crate) fn create_in(pd: &Pd, init: &SrqAttr, xrc: Option<XrcPart>) -> Result<Srq> {
         let a = &pd.0.ctx.device.attr;
         if init.max_wr == 0 || init.max_wr > a.max_srq_wr || init.max_sge > a.max_srq_sge {
             return Err(einval("max_wr or max_sge out of range"));
@@ -117,8 +134,12 @@ impl Srq {
         }
         let max_wr = granted(init.max_wr);
         let max_sge = init.max_sge.max(1);
+        let ctx = &pd.0.ctx;
+        let num = ctx.fabric.srq_number(ctx.device.next_srqn.fetch_add(1, Ordering::AcqRel));
         Ok(Srq(Arc::new(SrqInner {
             pd: pd.0.clone(),
+            num,
+            xrc,
             st: Mutex::new(SrqState {
                 rq: RecvQueue::new(max_wr, max_sge),
                 max_sge,
@@ -199,6 +220,21 @@ impl Srq {
         self.0.async_events.wait_all_acked();
         self.0.release();
         Ok(())
+    }
+
+    /// `ibv_get_srq_num`: the number XRC senders name the SRQ by (`EOPNOTSUPP` on a device
+    /// without XRC, as rxe's provider answers).
+    pub fn srq_num(&self) -> Result<u32> {
+        self.0.life.check()?;
+        if !self.0.pd.ctx.device.attr.has_xrc() {
+            return Err(crate::Error::new(crate::Errno::EOPNOTSUPP, "the device has no XRC"));
+        }
+        Ok(self.0.num)
+    }
+
+    /// Whether this is an XRC SRQ.
+    pub fn is_xrc(&self) -> bool {
+        self.0.xrc.is_some()
     }
 
     /// The opaque word set by [`Srq::set_user_data`].

@@ -4,7 +4,7 @@
 use super::{Qp, QpAttr};
 use crate::{
     error::Result,
-    types::{AccessFlags, AhAttr, Gid, LinkLayer, Mtu, QpAttrMask as M, QpState, QpType},
+    types::{AccessFlags, AhAttr, Gid, LinkLayer, Mtu, QpAttrMask as M, QpState},
 };
 
 /// What a peer must learn about a QP to connect to it (what programs exchange over TCP).
@@ -69,11 +69,11 @@ impl Qp {
         Ok(Endpoint { qpn: self.0.qpn, lid, gid, psn })
     }
 
-    /// Moves a RESET RC or UC QP to RTS, connected to `remote`; `local_psn` is this side's
+    /// Moves a RESET RC, UC or XRC QP to RTS, connected to `remote`; `local_psn` is this side's
     /// first send PSN (the one its `endpoint` advertised). UC takes only the attributes its
     /// transitions allow (no RDMA-read, RNR or retry settings).
     pub fn connect(&self, local_psn: u32, remote: &Endpoint, p: &RcParams) -> Result<()> {
-        let rc = self.qp_type() == QpType::RC;
+        let rc = self.qp_type().is_reliable();
         let link = self.0.ctx.device.port(p.port_num)?.attr.lock().link_layer;
         let init = QpAttr {
             qp_state: QpState::INIT,

@@ -127,6 +127,10 @@ pub(crate) struct QpShared {
     pub(crate) send_cq: Arc<CqInner>,
     pub(crate) recv_cq: Arc<CqInner>,
     pub(crate) srq: Option<Arc<crate::objects::srq::SrqInner>>,
+    /// XRC target QPs: the domain whose SRQs requests name.
+    pub(crate) xrcd: Option<Arc<crate::objects::xrcd::XrcdInner>>,
+    /// Handles on the QP (`ibv_open_qp` adds one to a target QP); destroyed with the last.
+    pub(crate) handles: std::sync::atomic::AtomicU32,
     pub(crate) sq_sig_all: bool,
     pub(crate) cap: QpCap,
     pub(crate) inner: Mutex<QpInner>,
@@ -157,6 +161,9 @@ impl QpShared {
         self.recv_cq.life.put();
         if let Some(s) = &self.srq {
             s.life.put();
+        }
+        if let Some(x) = &self.xrcd {
+            x.life.put();
         }
         self.pd.life.put();
         ResourceCounts::give(&self.ctx.device.counts.qp);
@@ -208,15 +215,50 @@ pub struct Qp(pub(crate) Arc<QpShared>);
 
 impl Qp {
     pub(crate) fn create(pd: &Pd, init: &QpInitAttr<'_>) -> Result<Qp> {
+        Qp::create_in(pd, init, None)
+    }
+
+    /// An XRC target QP of `xrcd` (it has no PD, CQs or queues; it holds the domain's
+    /// placeholders).
+    pub(crate) fn create_target(xrcd: &crate::Xrcd) -> Result<Qp> {
+        let x = &xrcd.0;
+        let init = QpInitAttr {
+            qp_type: QpType::XRC_RECV,
+            send_cq: &x.holder_cq,
+            recv_cq: &x.holder_cq,
+            cap: QpCap::default(),
+            sq_sig_all: false,
+            srq: None,
+        };
+        Qp::create_in(&x.holder_pd, &init, Some(x))
+    }
+
+    fn create_in(
+        pd: &Pd,
+        init: &QpInitAttr<'_>,
+        xrcd: Option<&Arc<crate::objects::xrcd::XrcdInner>>,
+    ) -> Result<Qp> {
         let ctx = &pd.0.ctx;
         let dev = &ctx.device;
+        let mut init = *init;
         match init.qp_type {
             QpType::RC | QpType::UC | QpType::UD => {}
-            QpType::XRC_SEND | QpType::XRC_RECV | QpType::RAW_PACKET => {
+            QpType::XRC_SEND | QpType::XRC_RECV if !dev.attr.has_xrc() => {
+                return Err(Error::new(Errno::EOPNOTSUPP, "the device has no XRC"));
+            }
+            QpType::XRC_SEND => {
+                // An initiator has no receive side: no RQ, no SRQ, receive CQ = send CQ.
+                (init.recv_cq, init.srq) = (init.send_cq, None);
+                (init.cap.max_recv_wr, init.cap.max_recv_sge) = (0, 0);
+            }
+            QpType::XRC_RECV if xrcd.is_some() => {}
+            QpType::XRC_RECV => return Err(einval("an XRC target QP is created in an XRC domain")),
+            QpType::RAW_PACKET => {
                 return Err(Error::new(Errno::EOPNOTSUPP, "QP type not implemented yet"));
             }
             _ => return Err(einval("unknown QP type")),
         }
+        let init = &init;
         for cq in [init.send_cq, init.recv_cq] {
             if !Arc::ptr_eq(&cq.0.ctx, ctx) {
                 return Err(einval("CQ belongs to another context"));
@@ -233,7 +275,13 @@ impl Qp {
         if c.max_inline_data > a.max_inline_data {
             return Err(einval("max_inline_data above the device limit"));
         }
-        let cap = granted_cap(c);
+        let mut cap = granted_cap(c);
+        match init.qp_type {
+            // No receive side; a target has no send side either.
+            QpType::XRC_SEND => (cap.max_recv_wr, cap.max_recv_sge) = (0, 0),
+            QpType::XRC_RECV => cap = QpCap::default(),
+            _ => {}
+        }
         let port = PortInfo::of(dev, 1)?;
         ResourceCounts::take(&dev.counts.qp, a.max_qp, "too many queue pairs")?;
         // Take the dependents' references in order, undoing on failure.
@@ -243,11 +291,17 @@ impl Qp {
             return Err(einval("SRQ belongs to another context"));
         }
         let srq_life = init.srq.map(|s| &s.0.life);
-        let mut taken: Vec<&Lifecycle> = Vec::with_capacity(4);
-        for life in
-            [Some(&pd.0.life), Some(&init.send_cq.0.life), Some(&init.recv_cq.0.life), srq_life]
-                .into_iter()
-                .flatten()
+        let xrcd_life = xrcd.map(|x| &x.life);
+        let mut taken: Vec<&Lifecycle> = Vec::with_capacity(5);
+        for life in [
+            Some(&pd.0.life),
+            Some(&init.send_cq.0.life),
+            Some(&init.recv_cq.0.life),
+            srq_life,
+            xrcd_life,
+        ]
+        .into_iter()
+        .flatten()
         {
             if let Err(e) = life.get() {
                 taken.iter().for_each(|l| l.put());
@@ -265,6 +319,8 @@ impl Qp {
                 send_cq: init.send_cq.0.clone(),
                 recv_cq: init.recv_cq.0.clone(),
                 srq: init.srq.map(|s| s.0.clone()),
+                xrcd: xrcd.cloned(),
+                handles: std::sync::atomic::AtomicU32::new(1),
                 sq_sig_all: init.sq_sig_all,
                 cap,
                 inner: Mutex::new(QpInner {
@@ -411,6 +467,7 @@ impl Qp {
             if next.0 > QpState::ERR.0 {
                 return Err(einval("qp_state out of range"));
             }
+            let mask = mask - state::ignored_attrs(qp.qp_type);
             state::check(qp.qp_type, cur, next, mask)
                 .map_err(|_| einval("invalid state transition or attribute mask"))?;
             self.check_values(attr, mask, g.attr.port_num)?;
@@ -535,7 +592,6 @@ impl Qp {
             ..SendWr::bind_mw(wr_id, crate::MwBind { mw, rkey, info: *info })
         };
         self.post_send(&wr)?;
-        mw.set_rkey(rkey);
         Ok(rkey)
     }
 
@@ -567,6 +623,21 @@ impl Qp {
     /// queued WRs are discarded without completions), then the call waits until every async
     /// event reported on the QP has been acknowledged.
     pub fn destroy(&self) -> Result<()> {
+        self.0.life.check()?;
+        // Another handle (ibv_open_qp) keeps a target QP alive.
+        let handles = &self.0.handles;
+        let mut n = handles.load(std::sync::atomic::Ordering::Acquire);
+        while n > 1 {
+            match handles.compare_exchange(
+                n,
+                n - 1,
+                std::sync::atomic::Ordering::AcqRel,
+                std::sync::atomic::Ordering::Acquire,
+            ) {
+                Ok(_) => return Ok(()),
+                Err(cur) => n = cur,
+            }
+        }
         self.0.life.destroy()?;
         self.0.ctx.fabric.unregister_qp(self.0.qpn);
         {

@@ -39,6 +39,8 @@ pub(crate) struct SendWqe {
     pub(crate) bind: crate::objects::mw::BindArgs,
     /// LOCAL_INV / SEND_WITH_INV: the rkey to invalidate.
     pub(crate) inv_rkey: u32,
+    /// XRC: the SRQ number the request names.
+    pub(crate) xrc_srqn: u32,
 }
 
 impl SendWqe {

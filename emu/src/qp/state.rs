@@ -117,12 +117,65 @@ pub const UD: Table = {
     tb
 };
 
+/// XRC initiator (`IBV_QPT_XRC_SEND`): RC's send side, with no responder attributes
+/// (`qp_state_table`, `IB_QPT_XRC_INI`).
+pub const XRC_INI: Table = {
+    let mut tb = base();
+    tb[RESET][INIT] = t(PKP_AF, M::empty());
+    tb[INIT][INIT] = t(M::empty(), PKP_AF);
+    tb[INIT][RTR] = t(RTR_UC, RTR_OPT);
+    tb[RTR][RTS] = t(RTS_RC, CUR_ALT_AF_MIG);
+    tb[RTS][RTS] = t(M::empty(), CUR_ALT_AF_MIG);
+    tb[RTS][SQD] = t(M::empty(), M::EN_SQD_ASYNC_NOTIFY);
+    tb[SQD][RTS] = t(M::empty(), CUR_ALT_AF_MIG);
+    tb[SQD][SQD] = t(
+        M::empty(),
+        M::from_bits_truncate(
+            SQD_RC.bits() & !(M::MAX_DEST_RD_ATOMIC.bits() | M::MIN_RNR_TIMER.bits()),
+        ),
+    );
+    tb
+};
+
+/// XRC target (`IBV_QPT_XRC_RECV`): RC's receive side, with no retry attributes
+/// (`qp_state_table`, `IB_QPT_XRC_TGT`).
+pub const XRC_TGT: Table = {
+    let mut tb = base();
+    tb[RESET][INIT] = t(PKP_AF, M::empty());
+    tb[INIT][INIT] = t(M::empty(), PKP_AF);
+    tb[INIT][RTR] = t(RTR_RC, RTR_OPT);
+    tb[RTR][RTS] = t(or(M::TIMEOUT, M::SQ_PSN), or(CUR_ALT_AF_MIG, M::MIN_RNR_TIMER));
+    tb[RTS][RTS] = t(M::empty(), or(CUR_ALT_AF_MIG, M::MIN_RNR_TIMER));
+    tb[RTS][SQD] = t(M::empty(), M::EN_SQD_ASYNC_NOTIFY);
+    tb[SQD][RTS] = t(M::empty(), or(CUR_ALT_AF_MIG, M::MIN_RNR_TIMER));
+    tb[SQD][SQD] = t(
+        M::empty(),
+        M::from_bits_truncate(
+            SQD_RC.bits()
+                & !(M::RETRY_CNT.bits() | M::RNR_RETRY.bits() | M::MAX_QP_RD_ATOMIC.bits()),
+        ),
+    );
+    tb
+};
+
+/// Attributes the kernel drops from a modify's mask before checking it, because the QP type
+/// has no use for them (`modify_qp_mask` in uverbs_cmd.c): RC-style code can pass them.
+pub fn ignored_attrs(qp_type: QpType) -> M {
+    match qp_type {
+        QpType::XRC_SEND => or(M::MAX_DEST_RD_ATOMIC, M::MIN_RNR_TIMER),
+        QpType::XRC_RECV => or(or(M::MAX_QP_RD_ATOMIC, M::RETRY_CNT), M::RNR_RETRY),
+        _ => M::empty(),
+    }
+}
+
 /// The table for a QP type, if the type has one.
 pub fn table_for(qp_type: QpType) -> Option<&'static Table> {
     match qp_type {
         QpType::RC => Some(&RC),
         QpType::UC => Some(&UC),
         QpType::UD => Some(&UD),
+        QpType::XRC_SEND => Some(&XRC_INI),
+        QpType::XRC_RECV => Some(&XRC_TGT),
         _ => None,
     }
 }

@@ -30,6 +30,8 @@ pub struct SendWr<'a> {
     pub bind: Option<MwBind<'a>>,
     /// `IBV_WR_LOCAL_INV` / `IBV_WR_SEND_WITH_INV`: the rkey to invalidate.
     pub invalidate_rkey: u32,
+    /// XRC_SEND QPs: the number of the XRC SRQ the request goes to (`qp_type.xrc.remote_srqn`).
+    pub xrc_remote_srqn: u32,
 }
 
 /// The destination of a UD send (`wr.ud` of `struct ibv_send_wr`).
@@ -148,6 +150,12 @@ impl<'a> SendWr<'a> {
             invalidate_rkey: rkey,
             ..Default::default()
         }
+    }
+
+    /// Sets the XRC SRQ number an XRC_SEND QP's request goes to.
+    pub fn to_srq(mut self, srqn: u32) -> Self {
+        self.xrc_remote_srqn = srqn;
+        self
     }
 
     /// Adds `IBV_SEND_SIGNALED`.

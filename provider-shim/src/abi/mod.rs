@@ -130,12 +130,14 @@ mirrors! {
         ABI_placeholder2: *mut c_void,
         ibv_create_flow: *mut c_void,
         ABI_placeholder1: *mut c_void,
-        open_qp: *mut c_void,
+        open_qp: Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_qp_open_attr) -> *mut ibv_qp>,
         create_qp_ex: Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_qp_init_attr_ex) -> *mut ibv_qp>,
-        get_srq_num: *mut c_void,
-        create_srq_ex: *mut c_void,
-        open_xrcd: *mut c_void,
-        close_xrcd: *mut c_void,
+        get_srq_num: Option<unsafe extern "C" fn(*mut ibv_srq, *mut u32) -> c_int>,
+        create_srq_ex:
+            Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_srq_init_attr_ex) -> *mut ibv_srq>,
+        open_xrcd:
+            Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_xrcd_init_attr) -> *mut ibv_xrcd>,
+        close_xrcd: Option<unsafe extern "C" fn(*mut ibv_xrcd) -> c_int>,
         _ABI_placeholder3: u64,
         sz: usize,
         context: ibv_context,
@@ -392,7 +394,7 @@ mirrors! {
         sq_sig_all: c_int,
         comp_mask: u32,
         pd: *mut ibv_pd,
-        xrcd: *mut c_void,
+        xrcd: *mut ibv_xrcd,
         create_flags: u32,
         max_tso_header: u16,
         rwq_ind_tbl: *mut c_void,
@@ -477,6 +479,31 @@ mirrors! {
     ibv_srq_init_attr = "struct ibv_srq_init_attr" {
         srq_context: *mut c_void,
         attr: ibv_srq_attr,
+    }
+    ibv_srq_init_attr_ex = "struct ibv_srq_init_attr_ex" {
+        srq_context: *mut c_void,
+        attr: ibv_srq_attr,
+        comp_mask: u32,
+        srq_type: u32,
+        pd: *mut ibv_pd,
+        xrcd: *mut ibv_xrcd,
+        cq: *mut ibv_cq,
+        tm_cap: [u32; 2],
+    }
+    ibv_xrcd = "struct ibv_xrcd" {
+        context: *mut ibv_context,
+    }
+    ibv_xrcd_init_attr = "struct ibv_xrcd_init_attr" {
+        comp_mask: u32,
+        fd: c_int,
+        oflags: c_int,
+    }
+    ibv_qp_open_attr = "struct ibv_qp_open_attr" {
+        comp_mask: u32,
+        qp_num: u32,
+        xrcd: *mut ibv_xrcd,
+        qp_context: *mut c_void,
+        qp_type: u32,
     }
     ibv_mw = "struct ibv_mw" {
         context: *mut ibv_context,

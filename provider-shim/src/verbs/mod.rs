@@ -13,6 +13,7 @@ pub(crate) mod rates;
 pub(crate) mod srq;
 pub(crate) mod strings;
 pub(crate) mod wr;
+pub(crate) mod xrc;
 
 // Only the generated trampolines use these (not in the unit-test build).
 #[allow(unused_imports)]

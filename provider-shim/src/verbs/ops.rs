@@ -18,4 +18,9 @@ pub(crate) fn fill(v: &mut verbs_context) {
     v.query_device_ex = Some(super::device::query_device_ex);
     v.create_cq_ex = Some(super::cq::create_cq_ex);
     v.create_qp_ex = Some(super::qp::create_qp_ex);
+    v.open_xrcd = Some(super::xrc::open_xrcd);
+    v.close_xrcd = Some(super::xrc::close_xrcd);
+    v.create_srq_ex = Some(super::xrc::create_srq_ex);
+    v.get_srq_num = Some(super::xrc::get_srq_num);
+    v.open_qp = Some(super::xrc::open_qp);
 }

@@ -54,6 +54,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_create_qp(
 
 /// `ibv_create_qp_ex` comp_mask bits and send ops the emulator takes.
 const IBV_QP_INIT_ATTR_PD: u32 = 1;
+const IBV_QP_INIT_ATTR_XRCD: u32 = 2;
 const IBV_QP_INIT_ATTR_CREATE_FLAGS: u32 = 4;
 const IBV_QP_INIT_ATTR_SEND_OPS_FLAGS: u32 = 64;
 /// RDMA WRITE (with imm), SEND (with imm), RDMA READ, both atomics, LOCAL_INV, BIND_MW,
@@ -62,7 +63,7 @@ const SUPPORTED_SEND_OPS: u64 = 0x3ff;
 
 /// The `create_qp_ex` slot: `ibv_create_qp_ex(context, qp_init_attr_ex)`.
 pub(crate) unsafe extern "C" fn create_qp_ex(
-    _c: *mut ibv_context,
+    c: *mut ibv_context,
     init: *mut ibv_qp_init_attr_ex,
 ) -> *mut ibv_qp {
     ffi!(ptr::null_mut(), {
@@ -71,9 +72,16 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
             set_errno(libc::EINVAL);
             return ptr::null_mut();
         };
-        let allowed =
-            IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
-        if i.comp_mask & IBV_QP_INIT_ATTR_PD == 0 {
+        let allowed = IBV_QP_INIT_ATTR_PD
+            | IBV_QP_INIT_ATTR_XRCD
+            | IBV_QP_INIT_ATTR_CREATE_FLAGS
+            | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+        let needed = if i.qp_type == QpType::XRC_RECV.0 {
+            IBV_QP_INIT_ATTR_XRCD
+        } else {
+            IBV_QP_INIT_ATTR_PD
+        };
+        if i.comp_mask & needed == 0 {
             set_errno(libc::EINVAL);
             return ptr::null_mut();
         }
@@ -86,6 +94,10 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
             return ptr::null_mut();
         }
         let extended = i.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0;
+        if i.qp_type == QpType::XRC_RECV.0 {
+            // SAFETY: NULL or an XRC domain of this library.
+            return unsafe { super::xrc::create_recv_qp(c, i.xrcd, i.qp_context, extended) };
+        }
         // SAFETY: forwarded pointers, checked inside.
         unsafe {
             create(
@@ -115,6 +127,10 @@ unsafe fn create(
     sq_sig_all: c_int,
     extended: bool,
 ) -> *mut ibv_qp {
+    // An XRC initiator has no receive side: its receive CQ and SRQ are ignored (the kernel
+    // uses the send CQ), so they may be NULL.
+    let xrc_send = QpType(qp_type) == QpType::XRC_SEND;
+    let (recv_cq, srq) = if xrc_send { (send_cq, ptr::null_mut()) } else { (recv_cq, srq) };
     // SAFETY: NULL or a live PD and CQs (the verbs contract).
     let (Some(p), Some(scq), Some(rcq)) =
         (unsafe { obj::<_, ShimPd>(pd) }, unsafe { obj::<_, ShimCq>(send_cq) }, unsafe {
@@ -124,6 +140,10 @@ unsafe fn create(
         set_errno(libc::EINVAL);
         return ptr::null_mut();
     };
+    if QpType(qp_type) == QpType::XRC_RECV {
+        set_errno(libc::EINVAL); // made in an XRC domain (IBV_QP_INIT_ATTR_XRCD)
+        return ptr::null_mut();
+    }
     let srq_raw = srq;
     let srq_ptr_is_null = srq.is_null();
     // SAFETY: NULL or a live SRQ.
@@ -151,19 +171,36 @@ unsafe fn create(
         Err(e) => return null_with(e),
     };
     *cap = cap_to_c(&emu.cap());
+    let recv_cq = if xrc_send { ptr::null_mut() } else { recv_cq };
+    let parts = QpParts { context: p.pd.context, qp_context, pd, send_cq, recv_cq, srq: srq_raw };
+    wrap(parts, emu, extended)
+}
+
+/// The C-visible objects an `ibv_qp` names.
+pub(crate) struct QpParts {
+    pub(crate) context: *mut ibv_context,
+    pub(crate) qp_context: *mut core::ffi::c_void,
+    pub(crate) pd: *mut ibv_pd,
+    pub(crate) send_cq: *mut ibv_cq,
+    pub(crate) recv_cq: *mut ibv_cq,
+    pub(crate) srq: *mut core::ffi::c_void,
+}
+
+/// Hands a new emulator QP to C as an `ibv_qp_ex` (with the `ibv_wr_*` table if `extended`).
+pub(crate) fn wrap(c: QpParts, emu: rdma_emu::Qp, extended: bool) -> *mut ibv_qp {
     // SAFETY: ibv_qp_ex is plain data (pointers, integers, function pointers, pthread objects
     // initialised below); all-zero is valid for each.
     let mut qp: ibv_qp_ex = unsafe { std::mem::zeroed() };
     let b = &mut qp.qp_base;
-    b.context = p.pd.context;
-    b.qp_context = qp_context;
-    b.pd = pd;
-    b.send_cq = send_cq;
-    b.recv_cq = recv_cq;
-    b.srq = srq_raw;
+    b.context = c.context;
+    b.qp_context = c.qp_context;
+    b.pd = c.pd;
+    b.send_cq = c.send_cq;
+    b.recv_cq = c.recv_cq;
+    b.srq = c.srq;
     b.qp_num = emu.qp_num();
     b.state = QpState::RESET.0;
-    b.qp_type = qp_type;
+    b.qp_type = emu.qp_type().0;
     if extended {
         super::wr::fill(&mut qp);
     }
@@ -171,7 +208,10 @@ unsafe fn create(
     // SAFETY: s is ours and not shared yet.
     unsafe {
         init_sync(&mut (*s).qp.qp_base.mutex, &mut (*s).qp.qp_base.cond);
-        (*s).emu.set_user_data(s as usize);
+        // Events name the QP by its first handle (ibv_open_qp handles share the QP).
+        if (*s).emu.user_data() == 0 {
+            (*s).emu.set_user_data(s as usize);
+        }
     }
     s.cast()
 }
@@ -443,6 +483,7 @@ pub(crate) unsafe extern "C" fn post_send(
                 ud: ah,
                 bind,
                 invalidate_rkey: w.invalidate_rkey(),
+                xrc_remote_srqn: w.qp_type,
             };
             if let Err(e) = s.emu.post_send(&ewr) {
                 return fail(wr, e.errno().raw());

@@ -28,22 +28,33 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_create_srq(
             Ok(s) => s,
             Err(e) => return null_with(e),
         };
-        let got = emu.query().unwrap_or(a);
-        i.attr.max_wr = got.max_wr;
-        i.attr.max_sge = got.max_sge;
-        // SAFETY: ibv_srq is plain data (pointers, integers, pthread objects initialised below).
-        let mut srq: ibv_srq = unsafe { std::mem::zeroed() };
-        srq.context = p.pd.context;
-        srq.srq_context = i.srq_context;
-        srq.pd = pd;
-        let s = leak(ShimSrq { srq, emu });
-        // SAFETY: s is ours and not shared yet.
-        unsafe {
-            init_sync(&mut (*s).srq.mutex, &mut (*s).srq.cond);
-            (*s).emu.set_user_data(s as usize);
-        }
-        s.cast()
+        wrap(p.pd.context, i.srq_context, pd, emu, &mut i.attr)
     })
+}
+
+/// Hands a new emulator SRQ to C, writing the granted sizes back into `attr`.
+pub(crate) fn wrap(
+    context: *mut ibv_context,
+    srq_context: *mut core::ffi::c_void,
+    pd: *mut ibv_pd,
+    emu: rdma_emu::Srq,
+    attr: &mut ibv_srq_attr,
+) -> *mut ibv_srq {
+    if let Ok(got) = emu.query() {
+        (attr.max_wr, attr.max_sge) = (got.max_wr, got.max_sge);
+    }
+    // SAFETY: ibv_srq is plain data (pointers, integers, pthread objects initialised below).
+    let mut srq: ibv_srq = unsafe { std::mem::zeroed() };
+    srq.context = context;
+    srq.srq_context = srq_context;
+    srq.pd = pd;
+    let s = leak(ShimSrq { srq, emu });
+    // SAFETY: s is ours and not shared yet.
+    unsafe {
+        init_sync(&mut (*s).srq.mutex, &mut (*s).srq.cond);
+        (*s).emu.set_user_data(s as usize);
+    }
+    s.cast()
 }
 
 /// `ibv_modify_srq(srq, attr, mask)`: resize (`IBV_SRQ_MAX_WR`) and/or arm (`IBV_SRQ_LIMIT`).

@@ -24,6 +24,8 @@ pub(crate) struct Pending {
     bind: Option<(*mut ibv_mw, u32, ibv_mw_bind_info)>,
     /// `wr_local_inv` / `wr_send_inv`.
     invalidate_rkey: u32,
+    /// `wr_set_xrc_srqn`.
+    xrc_srqn: u32,
 }
 
 impl std::fmt::Debug for Pending {
@@ -59,11 +61,11 @@ pub(crate) fn fill(q: &mut ibv_qp_ex) {
     q.wr_bind_mw = Some(wr_bind_mw);
     q.wr_local_inv = Some(wr_local_inv);
     q.wr_send_inv = Some(wr_send_inv);
+    q.wr_set_xrc_srqn = Some(wr_set_xrc_srqn);
     // Operations of features not implemented yet: the batch fails with EOPNOTSUPP at
     // wr_complete (inline callers invoke these slots unconditionally, so none may be NULL).
     q.wr_send_tso = Some(wr_send_tso);
     q.wr_set_ud_addr = Some(wr_set_ud_addr);
-    q.wr_set_xrc_srqn = Some(wr_set_xrc_srqn);
     q.wr_atomic_write = Some(wr_atomic_write);
 }
 
@@ -82,9 +84,6 @@ unsafe extern "C" fn wr_send_tso(qp: *mut ibv_qp_ex, _hdr: *mut c_void, _hdr_sz:
     unsupported(qp);
 }
 unsafe extern "C" fn wr_set_ud_addr(qp: *mut ibv_qp_ex, _ah: *mut c_void, _qpn: u32, _qkey: u32) {
-    unsupported(qp);
-}
-unsafe extern "C" fn wr_set_xrc_srqn(qp: *mut ibv_qp_ex, _srqn: u32) {
     unsupported(qp);
 }
 unsafe extern "C" fn wr_atomic_write(
@@ -190,6 +189,7 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
                     ud: None,
                     bind,
                     invalidate_rkey: p.invalidate_rkey,
+                    xrc_remote_srqn: p.xrc_srqn,
                 };
                 if let Err(e) = s.emu.post_send(&wr) {
                     rc = match e.errno().raw() {
@@ -276,6 +276,13 @@ fn last(qp: *mut ibv_qp_ex, f: impl FnOnce(&ShimQp, &mut Pending) -> c_int) {
             }
         })
     })
+}
+
+unsafe extern "C" fn wr_set_xrc_srqn(qp: *mut ibv_qp_ex, srqn: u32) {
+    last(qp, |_, p| {
+        p.xrc_srqn = srqn;
+        0
+    });
 }
 
 unsafe extern "C" fn wr_set_sge(qp: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
