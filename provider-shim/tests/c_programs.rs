@@ -41,13 +41,18 @@ fn run_on_shim(cmd: &mut Command) -> String {
     stdout
 }
 
+/// Builds `tests/c/<name>.c` and runs it under each of `profiles`; it must print "<name> ok".
+fn c_program(name: &str, profiles: &[&str]) {
+    let exe = build(name);
+    for profile in profiles {
+        let out = run_on_shim(Command::new(&exe).env("RDMA_EMU_PROFILE", profile));
+        assert!(out.contains(&format!("{name} ok")), "{profile}: {out}");
+    }
+}
+
 #[test]
 fn rc_basic_c_program_runs_on_the_shim() {
-    let exe = build("rc_basic");
-    for profile in ["full", "rxe"] {
-        let out = run_on_shim(Command::new(&exe).env("RDMA_EMU_PROFILE", profile));
-        assert!(out.contains("rc_basic ok"), "{profile}: {out}");
-    }
+    c_program("rc_basic", &["full", "rxe"]);
 }
 
 fn util(name: &str) -> String {
@@ -152,53 +157,35 @@ fn pure_helpers_equal_rdma_cores() {
 
 #[test]
 fn extended_cq_and_qp_api_runs_on_the_shim() {
-    let exe = build("extended");
-    let out = run_on_shim(&mut Command::new(&exe));
-    assert!(out.contains("extended ok"), "{out}");
+    c_program("extended", &["full"]);
 }
 
 #[test]
 fn null_destroyed_and_foreign_handles_get_errnos() {
-    let exe = build("bad_input");
-    let out = run_on_shim(&mut Command::new(&exe));
-    assert!(out.contains("bad_input ok"), "{out}");
+    c_program("bad_input", &["full"]);
 }
 
 #[test]
 fn ud_datagrams_through_the_c_abi() {
-    let exe = build("ud");
-    for profile in ["full", "rxe"] {
-        let out = run_on_shim(Command::new(&exe).env("RDMA_EMU_PROFILE", profile));
-        assert!(out.contains("ud ok"), "{profile}: {out}");
-    }
+    c_program("ud", &["full", "rxe"]);
 }
 
 #[test]
 fn srq_through_the_c_abi() {
-    let exe = build("srq");
-    let out = run_on_shim(&mut Command::new(&exe));
-    assert!(out.contains("srq ok"), "{out}");
+    c_program("srq", &["full"]);
 }
 
 #[test]
 fn memory_windows_through_the_c_abi() {
-    let exe = build("mw");
-    for profile in ["full", "rxe"] {
-        let out = run_on_shim(Command::new(&exe).env("RDMA_EMU_PROFILE", profile));
-        assert!(out.contains("mw ok"), "{profile}: {out}");
-    }
+    c_program("mw", &["full", "rxe"]);
 }
 
 #[test]
 fn xrc_through_the_c_abi() {
-    let exe = build("xrc");
-    let out = run_on_shim(&mut Command::new(&exe));
-    assert!(out.contains("xrc ok"), "{out}");
+    c_program("xrc", &["full"]);
 }
 
 #[test]
 fn control_functions_raise_port_and_device_events() {
-    let exe = build("control");
-    let out = run_on_shim(&mut Command::new(&exe));
-    assert!(out.contains("control ok"), "{out}");
+    c_program("control", &["full"]);
 }
