@@ -26,6 +26,8 @@ pub(crate) struct Pending {
     invalidate_rkey: u32,
     /// `wr_set_xrc_srqn`.
     xrc_srqn: u32,
+    /// `wr_set_ud_addr`: address handle, remote QPN and Q_Key, resolved at `wr_complete`.
+    ud: Option<(*mut ibv_ah, u32, u32)>,
 }
 
 impl std::fmt::Debug for Pending {
@@ -62,10 +64,10 @@ pub(crate) fn fill(q: &mut ibv_qp_ex) {
     q.wr_local_inv = Some(wr_local_inv);
     q.wr_send_inv = Some(wr_send_inv);
     q.wr_set_xrc_srqn = Some(wr_set_xrc_srqn);
+    q.wr_set_ud_addr = Some(wr_set_ud_addr);
     // Operations of features not implemented yet: the batch fails with EOPNOTSUPP at
     // wr_complete (inline callers invoke these slots unconditionally, so none may be NULL).
     q.wr_send_tso = Some(wr_send_tso);
-    q.wr_set_ud_addr = Some(wr_set_ud_addr);
     q.wr_atomic_write = Some(wr_atomic_write);
 }
 
@@ -81,9 +83,6 @@ fn unsupported(qp: *mut ibv_qp_ex) {
 }
 
 unsafe extern "C" fn wr_send_tso(qp: *mut ibv_qp_ex, _hdr: *mut c_void, _hdr_sz: u16, _mss: u16) {
-    unsupported(qp);
-}
-unsafe extern "C" fn wr_set_ud_addr(qp: *mut ibv_qp_ex, _ah: *mut c_void, _qpn: u32, _qkey: u32) {
     unsupported(qp);
 }
 unsafe extern "C" fn wr_atomic_write(
@@ -175,6 +174,18 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
                     rc = libc::EINVAL;
                     return;
                 }
+                let ud = match p.ud {
+                    // SAFETY: the application passed one of its address handles (checked
+                    // against the registry).
+                    Some((ah, remote_qpn, remote_qkey)) => match unsafe { obj::<_, ShimAh>(ah) } {
+                        Some(a) => Some(rdma_emu::UdDest { ah: &a.emu, remote_qpn, remote_qkey }),
+                        None => {
+                            rc = libc::EINVAL;
+                            return;
+                        }
+                    },
+                    None => None,
+                };
                 let wr = SendWr {
                     wr_id: p.wr_id,
                     opcode: p.opcode,
@@ -186,7 +197,7 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
                     rkey: p.rkey,
                     compare_add: p.compare_add,
                     swap: p.swap,
-                    ud: None,
+                    ud,
                     bind,
                     invalidate_rkey: p.invalidate_rkey,
                     xrc_remote_srqn: p.xrc_srqn,
@@ -276,6 +287,13 @@ fn last(qp: *mut ibv_qp_ex, f: impl FnOnce(&ShimQp, &mut Pending) -> c_int) {
             }
         })
     })
+}
+
+unsafe extern "C" fn wr_set_ud_addr(qp: *mut ibv_qp_ex, ah: *mut ibv_ah, qpn: u32, qkey: u32) {
+    last(qp, |_, p| {
+        p.ud = Some((ah, qpn, qkey));
+        0
+    });
 }
 
 unsafe extern "C" fn wr_set_xrc_srqn(qp: *mut ibv_qp_ex, srqn: u32) {

@@ -121,6 +121,44 @@ int main(void)
 		CHECK(ibv_destroy_ah(mah) == 0);
 	}
 
+	/* The same datagram through the ibv_wr_* API and ibv_wr_set_ud_addr. */
+	{
+		struct ibv_qp_init_attr_ex x = { .qp_type = IBV_QPT_UD, .send_cq = a.cq, .recv_cq = a.cq,
+			.cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1 },
+			.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS, .pd = a.pd,
+			.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM };
+		struct ibv_qp *xq = ibv_create_qp_ex(a.ctx, &x);
+		CHECK(xq);
+		struct ibv_qp_attr qa = { .qp_state = IBV_QPS_INIT, .port_num = 1, .qkey = QKEY };
+		CHECK(ibv_modify_qp(xq, &qa, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY) == 0);
+		qa.qp_state = IBV_QPS_RTR;
+		CHECK(ibv_modify_qp(xq, &qa, IBV_QP_STATE) == 0);
+		qa.qp_state = IBV_QPS_RTS;
+		CHECK(ibv_modify_qp(xq, &qa, IBV_QP_STATE | IBV_QP_SQ_PSN) == 0);
+		struct ibv_sge rs = { (uintptr_t)b.buf + 1024, 40 + 64, b.mr->lkey };
+		struct ibv_recv_wr rw = { .wr_id = 21, .sg_list = &rs, .num_sge = 1 }, *rb;
+		CHECK(ibv_post_recv(b.qp, &rw, &rb) == 0);
+		struct ibv_qp_ex *qx = ibv_qp_to_qp_ex(xq);
+		ibv_wr_start(qx);
+		qx->wr_id = 22;
+		qx->wr_flags = IBV_SEND_SIGNALED;
+		ibv_wr_send_imm(qx, htobe32(0x1234));
+		ibv_wr_set_ud_addr(qx, ah, b.qp->qp_num, QKEY);
+		ibv_wr_set_sge(qx, a.mr->lkey, (uintptr_t)a.buf, 9);
+		CHECK(ibv_wr_complete(qx) == 0);
+		CHECK(wait_wc(a.cq).wr_id == 22);
+		struct ibv_wc w = wait_wc(b.cq);
+		CHECK(w.wr_id == 21 && w.status == IBV_WC_SUCCESS && w.src_qp == xq->qp_num &&
+		      (w.wc_flags & IBV_WC_WITH_IMM) && be32toh(w.imm_data) == 0x1234 && w.byte_len == 40 + 9);
+		CHECK(strcmp(b.buf + 1024 + 40, "datagram") == 0);
+		/* A UD WR without an address fails the batch. */
+		ibv_wr_start(qx);
+		ibv_wr_send(qx);
+		ibv_wr_set_sge(qx, a.mr->lkey, (uintptr_t)a.buf, 9);
+		CHECK(ibv_wr_complete(qx) == EINVAL);
+		CHECK(ibv_destroy_qp(xq) == 0);
+	}
+
 	CHECK(ibv_dealloc_pd(a.pd) == EBUSY);
 	CHECK(ibv_destroy_ah(ah) == 0);
 	CHECK(ibv_destroy_ah(ah) == EINVAL);
