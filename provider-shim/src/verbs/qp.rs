@@ -57,9 +57,17 @@ const IBV_QP_INIT_ATTR_PD: u32 = 1;
 const IBV_QP_INIT_ATTR_XRCD: u32 = 2;
 const IBV_QP_INIT_ATTR_CREATE_FLAGS: u32 = 4;
 const IBV_QP_INIT_ATTR_SEND_OPS_FLAGS: u32 = 64;
-/// RDMA WRITE (with imm), SEND (with imm), RDMA READ, both atomics, LOCAL_INV, BIND_MW,
-/// SEND_WITH_INV.
-const SUPPORTED_SEND_OPS: u64 = 0x3ff;
+/// The `IBV_QP_EX_WITH_*` send ops a QP type takes (rxe's provider's table; XRC_SEND as RC):
+/// RC every op through SEND_WITH_INV (0x3ff); UC WRITE (with imm), SEND (with imm), BIND_MW,
+/// SEND_WITH_INV; UD SEND (with imm). Others are `EOPNOTSUPP`.
+fn supported_send_ops(qp_type: u32) -> u64 {
+    match QpType(qp_type) {
+        QpType::RC | QpType::XRC_SEND => 0x3ff,
+        QpType::UC => 0x30f,
+        QpType::UD => 0x00c,
+        _ => 0,
+    }
+}
 
 /// The `create_qp_ex` slot: `ibv_create_qp_ex(context, qp_init_attr_ex)`.
 pub(crate) unsafe extern "C" fn create_qp_ex(
@@ -89,7 +97,7 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
             if i.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0 { i.send_ops_flags } else { 0 };
         let flags =
             if i.comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 { i.create_flags } else { 0 };
-        if i.comp_mask & !allowed != 0 || flags != 0 || ops & !SUPPORTED_SEND_OPS != 0 {
+        if i.comp_mask & !allowed != 0 || flags != 0 || ops & !supported_send_ops(i.qp_type) != 0 {
             set_errno(libc::EOPNOTSUPP);
             return ptr::null_mut();
         }

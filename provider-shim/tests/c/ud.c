@@ -127,6 +127,9 @@ int main(void)
 			.cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1 },
 			.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS, .pd = a.pd,
 			.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM };
+		struct ibv_qp_init_attr_ex rdma = x;
+		rdma.send_ops_flags |= IBV_QP_EX_WITH_RDMA_WRITE; /* UD has no RDMA */
+		CHECK(ibv_create_qp_ex(a.ctx, &rdma) == NULL && errno == EOPNOTSUPP);
 		struct ibv_qp *xq = ibv_create_qp_ex(a.ctx, &x);
 		CHECK(xq);
 		struct ibv_qp_attr qa = { .qp_state = IBV_QPS_INIT, .port_num = 1, .qkey = QKEY };
