@@ -625,18 +625,9 @@ impl Qp {
     pub fn destroy(&self) -> Result<()> {
         self.0.life.check()?;
         // Another handle (ibv_open_qp) keeps a target QP alive.
-        let handles = &self.0.handles;
-        let mut n = handles.load(std::sync::atomic::Ordering::Acquire);
-        while n > 1 {
-            match handles.compare_exchange(
-                n,
-                n - 1,
-                std::sync::atomic::Ordering::AcqRel,
-                std::sync::atomic::Ordering::Acquire,
-            ) {
-                Ok(_) => return Ok(()),
-                Err(cur) => n = cur,
-            }
+        use std::sync::atomic::Ordering::{AcqRel, Acquire};
+        if self.0.handles.fetch_update(AcqRel, Acquire, |n| (n > 1).then(|| n - 1)).is_ok() {
+            return Ok(());
         }
         self.0.life.destroy()?;
         self.0.ctx.fabric.unregister_qp(self.0.qpn);

@@ -51,22 +51,20 @@ pub(crate) unsafe extern "C" fn bind_mw(
     bind: *mut ibv_mw_bind,
 ) -> c_int {
     ffi!(libc::EIO, {
-        // SAFETY: NULL or live objects of this library; `bind` NULL or readable.
-        let (Some(q), Some(m), Some(b)) =
-            (unsafe { obj::<_, ShimQp>(qp) }, unsafe { obj::<_, ShimMw>(mw) }, unsafe {
-                bind.as_ref()
-            })
-        else {
+        // SAFETY: NULL or a live QP; `bind` NULL or readable.
+        let (Some(q), Some(b)) = (unsafe { obj::<_, ShimQp>(qp) }, unsafe { bind.as_ref() }) else {
             return libc::EINVAL;
         };
-        // SAFETY: as above; the MR pointer is NULL or the application's MR.
-        let Some(info) = (unsafe { bind_info(&b.bind_info) }) else { return libc::EINVAL };
-        // SAFETY: the application's copy of the rkey is the one a bind names.
-        m.emu.set_rkey(unsafe { (*mw).rkey });
-        match q.emu.bind_mw(&m.emu, b.wr_id, SendFlags::from_bits_retain(b.send_flags), &info) {
+        // SAFETY: the window and the MR are NULL or the application's objects; the new rkey
+        // is chosen by `bind_mw` below, so the request's own is unused.
+        let Some(req) = (unsafe { bind_request(mw, 0, &b.bind_info) }) else {
+            return libc::EINVAL;
+        };
+        let flags = SendFlags::from_bits_retain(b.send_flags);
+        match q.emu.bind_mw(req.mw, b.wr_id, flags, &req.info) {
             Ok(rkey) => {
-                // SAFETY: a live window of this library (checked above); no reference into it
-                // is used after this write.
+                // SAFETY: a live window of this library (checked by `bind_request`); no
+                // reference into it is used after this write.
                 unsafe { (*mw).rkey = rkey };
                 0
             }

@@ -407,6 +407,20 @@ pub(crate) unsafe fn sges<'a>(sg: *const ibv_sge, n: usize) -> &'a [Sge] {
     unsafe { std::slice::from_raw_parts(sg as *const Sge, n) }
 }
 
+/// A UD destination: `None` when `ah` is not a live address handle of this library.
+///
+/// # Safety
+/// `ah` is NULL or a pointer the application got from this library.
+pub(crate) unsafe fn ud_dest<'a>(
+    ah: *mut ibv_ah,
+    remote_qpn: u32,
+    remote_qkey: u32,
+) -> Option<UdDest<'a>> {
+    // SAFETY: forwarded contract.
+    let a = unsafe { obj::<_, ShimAh>(ah) }?;
+    Some(UdDest { ah: &a.emu, remote_qpn, remote_qkey })
+}
+
 /// The `post_send` slot: `ibv_post_send(qp, wr, bad_wr)`.
 pub(crate) unsafe extern "C" fn post_send(
     qp: *mut ibv_qp,
@@ -454,12 +468,8 @@ pub(crate) unsafe extern "C" fn post_send(
             }
             let ah = if s.emu.qp_type() == QpType::UD {
                 // SAFETY: for UD the application sets wr.ud.ah to one of its address handles.
-                match unsafe { obj::<_, ShimAh>(w.ud_ah()) } {
-                    Some(a) => Some(UdDest {
-                        ah: &a.emu,
-                        remote_qpn: w.ud_remote_qpn(),
-                        remote_qkey: w.ud_remote_qkey(),
-                    }),
+                match unsafe { ud_dest(w.ud_ah(), w.ud_remote_qpn(), w.ud_remote_qkey()) } {
+                    Some(d) => Some(d),
                     None => return fail(wr, libc::EINVAL),
                 }
             } else {

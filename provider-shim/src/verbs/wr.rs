@@ -177,8 +177,8 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
                 let ud = match p.ud {
                     // SAFETY: the application passed one of its address handles (checked
                     // against the registry).
-                    Some((ah, remote_qpn, remote_qkey)) => match unsafe { obj::<_, ShimAh>(ah) } {
-                        Some(a) => Some(rdma_emu::UdDest { ah: &a.emu, remote_qpn, remote_qkey }),
+                    Some((ah, qpn, qkey)) => match unsafe { super::qp::ud_dest(ah, qpn, qkey) } {
+                        Some(d) => Some(d),
                         None => {
                             rc = libc::EINVAL;
                             return;
