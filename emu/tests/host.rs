@@ -133,6 +133,100 @@ fn a_peer_that_dies_fails_the_survivors_qps_instead_of_leaving_them_waiting() {
     }
 }
 
+fn endpoint_text(e: &Endpoint) -> String {
+    let gid: String = e.gid.0.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{} {} {} {gid}", e.qpn, e.lid, e.psn)
+}
+
+fn endpoint_parse(s: &str) -> Endpoint {
+    let f: Vec<&str> = s.split_whitespace().collect();
+    let mut gid = [0u8; 16];
+    for (i, b) in gid.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&f[3][2 * i..2 * i + 2], 16).unwrap();
+    }
+    Endpoint {
+        qpn: f[0].parse().unwrap(),
+        lid: f[1].parse().unwrap(),
+        psn: f[2].parse().unwrap(),
+        gid: Gid(gid),
+    }
+}
+
+/// The other process of `a_killed_peer_breaks_its_connections_but_not_the_ones_it_closed`:
+/// does nothing unless that test started this binary as its child.
+#[test]
+fn peer_process_for_the_kill_test() {
+    use std::io::Write;
+    let Ok(spec) = std::env::var("RDMA_EMU_TEST_PEER") else { return };
+    let parts: Vec<&str> = spec.split(';').collect();
+    let host = Some(parts[0].to_owned());
+    let fabric = Fabric::new(FabricConfig {
+        devices: 1,
+        profile: Profile::Full,
+        host,
+        ..Default::default()
+    });
+    let nodes: Vec<Node> = (0..2).map(|_| node_on(&fabric.devices()[0], 4096)).collect();
+    let mut out = std::io::stdout().lock();
+    for (n, theirs) in nodes.iter().zip(&parts[1..]) {
+        n.qp.connect(0, &endpoint_parse(theirs), &RcParams::default()).unwrap();
+        // After a marker: the test harness may have begun the line.
+        writeln!(out, "endpoint: {}", endpoint_text(&n.qp.endpoint(0))).unwrap();
+    }
+    let mut nodes = nodes.into_iter();
+    let closed = nodes.next().unwrap();
+    closed.qp.destroy().unwrap();
+    writeln!(out, "closed").unwrap();
+    out.flush().unwrap();
+    // Killed here, with the second QP still open.
+    std::thread::sleep(std::time::Duration::from_secs(60));
+}
+
+#[test]
+fn a_killed_peer_breaks_its_connections_but_not_the_ones_it_closed() {
+    use std::io::{BufRead, BufReader};
+    let dir = HostDir::new();
+    let fa = dir.fabric(Profile::Full);
+    let (parted, broken) = (node_on(&fa.devices()[0], 4096), node_on(&fa.devices()[0], 4096));
+    let spec = format!(
+        "{};{};{}",
+        dir.0.display(),
+        endpoint_text(&parted.qp.endpoint(0)),
+        endpoint_text(&broken.qp.endpoint(0))
+    );
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "peer_process_for_the_kill_test", "--nocapture", "--test-threads=1"])
+        .env("RDMA_EMU_TEST_PEER", spec)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines().map(Result::unwrap);
+    let mut next_endpoint = || loop {
+        let l = lines.next().expect("the peer process ended early");
+        if let Some((_, e)) = l.split_once("endpoint: ") {
+            break e.to_owned();
+        }
+    };
+    for n in [&parted, &broken] {
+        n.qp.connect(0, &endpoint_parse(&next_endpoint()), &RcParams::default()).unwrap();
+        post_recv(&n.qp, 7, &[sge(&n.mr, 0, 64)]);
+    }
+    assert!(lines.any(|l| l == "closed"), "the peer process ended early");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // Only receives posted on both; the connection whose peer was still open is broken.
+    let wc = wait1(&broken.cq);
+    assert_eq!((wc.wr_id, wc.status), (7, WcStatus::WR_FLUSH_ERR));
+    assert_eq!(broken.qp.query().unwrap().qp_state, QpState::ERR);
+    broken.ctx.set_async_nonblocking(true).unwrap();
+    let ev = broken.ctx.get_async_event().unwrap();
+    assert_eq!(ev.event_type, EventType::QP_FATAL);
+    broken.ctx.ack_async_event(&ev);
+    // The death was handled for both QPs at once (one node): the parted one kept its receive.
+    assert_eq!(parted.qp.query().unwrap().qp_state, QpState::RTS);
+    assert_empty(&parted.cq);
+}
+
 #[test]
 fn a_peer_that_is_gone_ends_in_retry_exceeded_not_a_hang() {
     let dir = HostDir::new();

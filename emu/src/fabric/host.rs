@@ -16,7 +16,7 @@
 //! per-peer flusher thread pushes with blocking sends. Per peer, datagrams leave in order.
 
 use std::{
-    collections::{HashMap, VecDeque},
+    collections::{HashMap, HashSet, VecDeque},
     fs::{DirBuilder, File, OpenOptions},
     io,
     os::unix::{
@@ -109,6 +109,8 @@ pub(crate) struct Node {
     _lock: File,
     inbound: Arc<Inbound>,
     peers: Mutex<HashMap<u8, Arc<Peer>>>,
+    /// Remote QPs whose owner destroyed them while connected here ([`Control::QpClosed`]).
+    closed: Mutex<HashSet<u32>>,
     fabric: Weak<FabricInner>,
 }
 
@@ -166,7 +168,8 @@ impl Node {
             .name(format!("rdma-emu-node{slot}"))
             .spawn(move || read_loop(&reader, &weak))?;
         let peers = Mutex::default();
-        Ok(Node { slot, dir: dir.to_owned(), _lock: lock, inbound, peers, fabric })
+        let closed = Mutex::default();
+        Ok(Node { slot, dir: dir.to_owned(), _lock: lock, inbound, peers, closed, fabric })
     }
 
     /// Receives and services whatever has arrived, unless another thread is already at it;
@@ -203,6 +206,14 @@ impl Node {
             Some(d)
         });
         peer.send(frames);
+    }
+
+    /// Tells the node of `dest_qpn` that our QP `qpn`, connected to it, was destroyed: after
+    /// the packets already sent to it, so it arrives after the last ACKs.
+    pub(crate) fn part(&self, qpn: u32, dest_qpn: u32) {
+        let msg = encode_control(Control::QpClosed { qpn });
+        let d = frame(self.slot, FIRST | LAST, msg.len() as u32, 0, dest_qpn, &msg);
+        self.peer(slot_of(dest_qpn)).send(std::iter::once(d));
     }
 
     /// Sends a control message to every other live node; how many took it.
@@ -464,6 +475,12 @@ fn reassemble(partial: &mut HashMap<u8, Vec<u8>>, d: &[u8]) -> Option<Vec<u8>> {
 fn apply(fabric: &FabricInner, c: Control) {
     let dev_index = match c {
         Control::Event { dev, .. } | Control::PortState { dev, .. } => dev,
+        Control::QpClosed { qpn } => {
+            if let Some(node) = fabric.node.get() {
+                node.closed.lock().insert(qpn);
+            }
+            return;
+        }
     };
     let (Some(inner), Some(fabric)) =
         (fabric.devices.get(dev_index as usize), fabric.this.upgrade())
@@ -480,15 +497,27 @@ fn apply(fabric: &FabricInner, c: Control) {
             let state = if up { crate::PortState::ACTIVE } else { crate::PortState::DOWN };
             dev.set_port_state(port, state)
         }
+        Control::QpClosed { .. } => return,
     };
 }
 
-/// The node in `slot` is gone: every RC/UC QP connected to a QP there that still has send work
-/// outstanding (work that can never complete) goes to the error state, flushing its work
-/// requests (and, in the full profile, raising `QP_FATAL`), instead of retrying into the void.
-/// A QP with only receives posted is left alone: a peer that finished and exited leaves the
-/// survivor's spare receives posted, as on real hardware.
+/// The node in `slot` is gone. An RC/UC QP connected to a QP there goes to the error state,
+/// flushing its work requests (and, in the full profile, raising `QP_FATAL`) instead of
+/// waiting or retrying into the void, when the connection broke: its peer QP was still open
+/// when its process died, or it still has send work outstanding (work that can never
+/// complete). A QP whose peer was destroyed first and that has only receives posted is left
+/// alone: a peer that finished and exited leaves the survivor's spare receives posted, as on
+/// real hardware.
 fn peer_died(fabric: &FabricInner, slot: u8) {
+    let closed: HashSet<u32> = match fabric.node.get() {
+        Some(node) => {
+            let mut closed = node.closed.lock();
+            let (theirs, rest) = closed.drain().partition(|&q| slot_of(q) == slot);
+            *closed = rest;
+            theirs
+        }
+        None => HashSet::new(),
+    };
     let qps: Vec<_> = fabric.qps.read().values().filter_map(Weak::upgrade).collect();
     for qp in qps {
         if !qp.qp_type.is_reliable() && qp.qp_type != QpType::UC {
@@ -498,7 +527,8 @@ fn peer_died(fabric: &FabricInner, slot: u8) {
         let connected =
             matches!(g.state, QpState::RTR | QpState::RTS | QpState::SQD | QpState::SQE);
         let send_work = g.sq.in_flight() > 0 || g.sq.next != g.sq.head;
-        if !connected || !send_work || slot_of(g.attr.dest_qp_num) != slot {
+        let parted = closed.contains(&g.attr.dest_qp_num);
+        if !connected || slot_of(g.attr.dest_qp_num) != slot || (parted && !send_work) {
             continue;
         }
         // The event first: whoever sees a flushed completion finds the event queued too.

@@ -172,6 +172,14 @@ impl FabricInner {
         self.node.get().filter(|n| host::slot_of(qpn) != n.slot)
     }
 
+    /// Our QP `qpn`, connected to `dest_qpn`, is being destroyed: a peer in another process
+    /// hears of it (see `host::Node::part`).
+    pub(crate) fn part(&self, qpn: u32, dest_qpn: u32) {
+        if let Some(node) = self.remote_node(dest_qpn) {
+            node.part(qpn, dest_qpn);
+        }
+    }
+
     pub(crate) fn unregister_qp(&self, qpn: u32) {
         self.qps.write().remove(&qpn);
     }

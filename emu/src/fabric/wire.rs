@@ -23,6 +23,9 @@ pub(crate) enum Control {
     Event { dev: u32, port: u8, event: u32 },
     /// `Device::set_port_state`.
     PortState { dev: u32, port: u8, up: bool },
+    /// Sent to its peer's node only: the connected QP `qpn` was destroyed by its owner, so
+    /// the peer's death later is a parting, not a broken connection.
+    QpClosed { qpn: u32 },
 }
 
 /// A message between nodes.
@@ -36,6 +39,7 @@ pub(crate) fn encode_control(c: Control) -> Vec<u8> {
     let (kind, dev, port, value) = match c {
         Control::Event { dev, port, event } => (0, dev, port, event),
         Control::PortState { dev, port, up } => (1, dev, port, u32::from(up)),
+        Control::QpClosed { qpn } => (2, 0, 0, qpn),
     };
     let mut out = vec![CONTROL, kind, port];
     out.extend_from_slice(&dev.to_le_bytes());
@@ -54,6 +58,7 @@ pub(crate) fn decode_message(bytes: &[u8]) -> Option<Message> {
     match kind {
         0 => Some(Message::Control(Control::Event { dev, port, event: value })),
         1 => Some(Message::Control(Control::PortState { dev, port, up: value != 0 })),
+        2 => Some(Message::Control(Control::QpClosed { qpn: value })),
         _ => None,
     }
 }
@@ -226,6 +231,7 @@ mod test {
         for c in [
             Control::Event { dev: 1, port: 2, event: 10 },
             Control::PortState { dev: 0, port: 1, up: false },
+            Control::QpClosed { qpn: 0x2_0011 },
         ] {
             match decode_message(&encode_control(c)) {
                 Some(Message::Control(d)) => assert_eq!(c, d),

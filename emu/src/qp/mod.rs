@@ -170,9 +170,24 @@ impl QpShared {
     }
 }
 
+impl QpShared {
+    /// Before the QP goes: tells a connected peer in another process that this end closed.
+    fn part(&self, g: &QpInner) {
+        let connected = matches!(
+            g.state,
+            QpState::RTR | QpState::RTS | QpState::SQD | QpState::SQE | QpState::ERR
+        );
+        let transport = self.qp_type.is_reliable() || self.qp_type == QpType::UC;
+        if connected && transport && g.attr.dest_qp_num != 0 {
+            self.ctx.fabric.part(self.qpn, g.attr.dest_qp_num);
+        }
+    }
+}
+
 impl Drop for QpShared {
     fn drop(&mut self) {
         if self.life.destroy().is_ok() {
+            self.part(&self.inner.lock());
             self.release();
         }
     }
@@ -633,6 +648,7 @@ impl Qp {
         self.0.ctx.fabric.unregister_qp(self.0.qpn);
         {
             let mut g = self.0.inner.lock();
+            self.0.part(&g);
             g.state = QpState::RESET;
             g.sq.clear();
             g.rq.clear();
