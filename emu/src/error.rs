@@ -115,6 +115,25 @@ impl From<Error> for std::io::Error {
     }
 }
 
+/// A configuration that cannot be used (a malformed fault rule, `RDMA_EMU_SEED` that is not
+/// a number), with what is wrong in it. As a verb error it is `EINVAL`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError(pub String);
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+impl From<ConfigError> for Error {
+    fn from(_: ConfigError) -> Error {
+        Error::new(Errno::EINVAL, "malformed configuration (fault rules or seed)")
+    }
+}
+
 /// Result of a verb.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 

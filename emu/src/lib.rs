@@ -24,7 +24,7 @@
 //! | `objects` | device, context, PD, MR (key space), CQ, completion channel, async events |
 //! | [`qp`] | the QP object; [`qp::state`] holds the `const` state-transition tables |
 //! | `engine` | requester / responder / completer, the inline driver, packets |
-//! | `fabric` | routing between devices by GID/LID + QPN; the timer that fires retries |
+//! | `fabric` | routing between devices by GID/LID + QPN; the clock and timer that fire retries; fault rules; packet traces (pcap) |
 //! | `mem` | the one place that reads and writes registered memory |
 //!
 //! ## Thread safety
@@ -41,6 +41,14 @@
 //! completions with no helper thread. Deadlines (RNR back-off, retransmission timeouts) are
 //! served by one timer thread per fabric, started the first time a deadline is armed, so
 //! retries fire even while the application is blocked.
+//!
+//! ## Faults and simulation
+//!
+//! [`FaultRule`]s make the fabric drop, corrupt, delay, duplicate or reorder packets, partition
+//! devices, force RNR NAKs, take ports down, fail devices and overrun CQs
+//! ([`Fabric::set_faults`]). With [`FabricConfig::seed`] the fabric is a simulation: time is
+//! virtual (it jumps to the next deadline when the program polls an empty CQ) and every random
+//! choice comes from the seed, so a single-threaded program replays exactly.
 //!
 //! ## Resource cleanup
 //!
@@ -68,8 +76,12 @@ mod sys;
 mod types;
 
 pub use crate::{
-    error::{Errno, Error, Result},
-    fabric::{Fabric, FabricConfig, host::fabric_dir},
+    error::{ConfigError, Errno, Error, Result},
+    fabric::{
+        Fabric, FabricConfig,
+        faults::{FaultAction, FaultRule, PacketClass},
+        host::fabric_dir,
+    },
     mem::RawMemory,
     objects::{
         ah::Ah,

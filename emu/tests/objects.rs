@@ -298,7 +298,7 @@ fn modify_checks_transitions_masks_and_values() {
 
 #[test]
 fn several_ports_per_device_route_by_lid_and_gid() {
-    let f = Fabric::new(FabricConfig { devices: 2, profile: Profile::Full, ports: 2, host: None });
+    let f = Fabric::new(FabricConfig { ports: 2, ..Default::default() });
     let devs = f.devices();
     assert_eq!(devs[0].attr().phys_port_cnt, 2);
     let lids: Vec<u16> =
@@ -337,7 +337,7 @@ fn several_ports_per_device_route_by_lid_and_gid() {
 
 #[test]
 fn address_vector_port_must_be_the_qps_port() {
-    let f = Fabric::new(FabricConfig { devices: 2, profile: Profile::Full, ports: 2, host: None });
+    let f = Fabric::new(FabricConfig { ports: 2, ..Default::default() });
     let devs = f.devices();
     let a = node_on(&devs[0], 64);
     let b = node_on(&devs[1], 64);

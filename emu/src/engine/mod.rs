@@ -101,7 +101,58 @@ impl<'f> Driver<'f> {
 
     /// Hands `pkt` to its destination QP, found through `route` (the sender's cache). A packet
     /// with no live destination is lost, as on a wire; the sender's timers take care of it.
+    ///
+    /// On the way, the packet is written to the packet trace and meets the fault rules.
     pub(crate) fn send(&mut self, route: &mut Route, pkt: Packet) {
+        use crate::fabric::{faults::Verdict, timer::Job};
+        let f = self.fabric;
+        if !f.faults.active() {
+            if let Some(pcap) = &f.pcap {
+                pcap.record(f, &pkt, self.now(), false);
+            }
+            return self.transmit(route, pkt);
+        }
+        let now = self.now();
+        let verdict = f.faults.judge(&pkt, now);
+        if let Some(pcap) = &f.pcap {
+            pcap.record(f, &pkt, now, verdict == Verdict::Corrupt);
+            if verdict == Verdict::Duplicate {
+                pcap.record(f, &pkt, now, false);
+            }
+        }
+        match verdict {
+            Verdict::Pass => {
+                let held = f.faults.release_after(&pkt);
+                self.transmit(route, pkt);
+                for h in held {
+                    self.transmit(&mut Route::default(), h);
+                }
+            }
+            // A damaged packet fails the receiver's ICRC check: dropped there.
+            Verdict::Drop | Verdict::Corrupt => {}
+            Verdict::Delay(ns) => f.timer.schedule(now + ns, Job::Packet(Box::new(pkt))),
+            Verdict::Duplicate => {
+                self.transmit(route, pkt.clone());
+                self.transmit(route, pkt);
+            }
+            Verdict::Reorder(ns) => {
+                let (flow, psn) = ((pkt.src_dev, pkt.src_qpn, pkt.dst_qpn), pkt.psn);
+                f.faults.hold(pkt);
+                f.timer.schedule(now + ns, Job::Unhold { flow, psn });
+            }
+        }
+    }
+
+    /// Whether a fault rule makes the responder treat the SEND `pkt` as finding no receive.
+    pub(crate) fn forced_rnr(&mut self, pkt: &Packet) -> bool {
+        self.fabric.faults.active() && {
+            let now = self.now();
+            self.fabric.faults.force_rnr(pkt, now)
+        }
+    }
+
+    /// Puts `pkt` on the wire to its destination.
+    fn transmit(&mut self, route: &mut Route, pkt: Packet) {
         // A packet leaving or reaching a port that is down is lost on the wire.
         let f = self.fabric;
         if !f.port_up(pkt.src_dev, pkt.src_port) || !f.port_up(pkt.dst_dev, pkt.dst_port) {
@@ -224,6 +275,13 @@ pub(crate) fn step(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>) {
     }
     let waiting = g.sq.in_flight() > 0 || g.req.rnr_until.is_some();
     drv.note_timer(qp, waiting && matches!(g.state, QpState::RTS | QpState::SQD));
+}
+
+/// A packet that a fault delayed arrives now.
+pub(crate) fn deliver_late(fabric: &FabricInner, pkt: Packet) {
+    let mut drv = Driver::new(fabric);
+    drv.transmit(&mut Route::default(), pkt);
+    drv.finish();
 }
 
 /// A deadline armed by this QP passed: retry after RNR back-off or retransmit on timeout.

@@ -78,6 +78,9 @@ pub(crate) enum Payload {
     /// A READ request from another process: the destination lies there, so the response
     /// carries the bytes instead of placing them.
     Remote,
+    /// A READ response within one process: the responder already placed the data at the
+    /// requester (as the NIC's DMA would); this is where it came from, for packet traces.
+    Placed(MemRef),
 }
 
 impl Payload {
@@ -86,14 +89,14 @@ impl Payload {
         match self {
             Payload::One(m) => std::slice::from_ref(m),
             Payload::Gather(v) => v,
-            Payload::None | Payload::Bytes(_) | Payload::Remote => &[],
+            Payload::None | Payload::Bytes(_) | Payload::Remote | Payload::Placed(_) => &[],
         }
     }
 
     /// Visits the payload as consecutive pieces: `(source, offset-or-bytes)`.
     pub(crate) fn pieces(&self) -> impl Iterator<Item = Piece<'_>> {
         let (bytes, one, many): (Option<&[u8]>, Option<&MemRef>, &[MemRef]) = match self {
-            Payload::None | Payload::Remote => (None, None, &[]),
+            Payload::None | Payload::Remote | Payload::Placed(_) => (None, None, &[]),
             Payload::Bytes(b) => (Some(b), None, &[]),
             Payload::One(m) => (None, Some(m), &[]),
             Payload::Gather(v) => (None, None, v),
@@ -138,6 +141,8 @@ pub(crate) struct Packet {
     pub(crate) psn: u32,
     /// How many PSNs the message occupies (>= 1).
     pub(crate) npkts: u32,
+    /// The path MTU it was cut into `npkts` packets by (packet traces show each packet).
+    pub(crate) mtu: u32,
     /// BTH SE bit.
     pub(crate) solicited: bool,
     /// ImmDt, when present.
@@ -181,6 +186,7 @@ impl Packet {
             dst_qpn: 0,
             psn: 0,
             npkts: 1,
+            mtu: 0,
             solicited: false,
             imm: None,
             inv: None,

@@ -165,6 +165,7 @@ fn reply(g: &QpInner, req: &Packet, kind: Kind, psn: u32, syndrome: Syndrome) ->
     p.psn = psn;
     p.syndrome = syndrome;
     p.msn = g.resp.msn;
+    p.mtu = g.mtu;
     p
 }
 
@@ -374,6 +375,10 @@ fn complete_recv(qp: &Arc<QpShared>, g: &mut QpInner, pkt: &Packet, opcode: WcOp
 }
 
 fn send(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>) {
+    if drv.forced_rnr(&pkt) {
+        rnr(qp, g, &pkt, drv);
+        return;
+    }
     let Some(r) = pop_recv(qp, g) else {
         rnr(qp, g, &pkt, drv);
         return;
@@ -490,10 +495,11 @@ fn read_response(qp: &QpShared, g: &QpInner, req: &Packet, r: ReadReq) -> Result
             region.read(offset, &mut bytes).map_err(|_| ())?;
             p.payload = Payload::Bytes(bytes.into());
         } else {
-            let src = Payload::One(MemRef { region, offset, len: r.len as usize });
+            let src = MemRef { region, offset, len: r.len as usize };
             let dst = req.payload.ranges().iter().map(|m| (&m.region, m.offset, m.len));
             // The destination was checked by the requester, so this cannot fault.
-            sgl::copy_into(&src, dst).map_err(|_| ())?;
+            sgl::copy_into(&Payload::One(src.clone()), dst).map_err(|_| ())?;
+            p.payload = Payload::Placed(src);
         }
     }
     Ok(p)

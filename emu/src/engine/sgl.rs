@@ -39,7 +39,9 @@ pub(crate) fn resolve(qp: &QpShared, sges: &[Sge], need_write: bool) -> Result<P
                 v.push(m);
                 Payload::Gather(v)
             }
-            Payload::Bytes(_) | Payload::Remote => unreachable!("resolve builds neither"),
+            Payload::Bytes(_) | Payload::Remote | Payload::Placed(_) => {
+                unreachable!("resolve builds neither")
+            }
         };
     }
     Ok(out)

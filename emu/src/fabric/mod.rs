@@ -7,7 +7,9 @@
 //! A fabric configured with a host fabric name also joins the fabrics of other processes
 //! (see `host`): packets for their QPs leave through a socket, the rest stays in-process.
 
+pub(crate) mod faults;
 pub(crate) mod host;
+pub(crate) mod pcap;
 pub(crate) mod timer;
 pub(crate) mod wire;
 
@@ -39,11 +41,27 @@ pub struct FabricConfig {
     /// [`fabric_dir`](crate::fabric_dir)), so that fabrics of other processes with the same name, the
     /// same devices and the same profile reach this one. `None`: this process only.
     pub host: Option<String>,
+    /// Simulation: virtual time (see `timer`) and this seed for every random choice, so the
+    /// same program replays byte for byte. `None`: real time, and a seed drawn from the clock
+    /// (see [`Fabric::seed`]).
+    pub seed: Option<u64>,
+    /// Fault rules set from the start (see [`FaultRule::parse`](crate::FaultRule::parse)).
+    pub faults: Vec<crate::FaultRule>,
+    /// Writes every packet this fabric sends to this file as RoCE v2 frames (pcap format).
+    pub pcap: Option<PathBuf>,
 }
 
 impl Default for FabricConfig {
     fn default() -> Self {
-        FabricConfig { devices: 2, profile: Profile::Full, ports: 1, host: None }
+        FabricConfig {
+            devices: 2,
+            profile: Profile::Full,
+            ports: 1,
+            host: None,
+            seed: None,
+            faults: Vec::new(),
+            pcap: None,
+        }
     }
 }
 
@@ -51,7 +69,27 @@ impl FabricConfig {
     /// The configuration the C library reads from its environment, looked up through `var`:
     /// `RDMA_EMU_DEVICES` (default 2), `RDMA_EMU_PROFILE` (`full` or `rxe`, default `full`),
     /// `RDMA_EMU_PORTS` (default 1) and `RDMA_EMU_FABRIC`: the host fabric to join, `default`
-    /// when unset or empty, `none` for this process only.
+    /// when unset or empty, `none` for this process only; `RDMA_EMU_SEED` (simulation with
+    /// that seed), `RDMA_EMU_FAULTS` (fault rules) and `RDMA_EMU_PCAP` (a packet trace file).
+    /// A malformed `RDMA_EMU_SEED` or `RDMA_EMU_FAULTS` is an error, never silently ignored.
+    pub fn try_from_vars(
+        var: impl Fn(&str) -> Option<String>,
+    ) -> Result<FabricConfig, crate::ConfigError> {
+        let mut cfg = FabricConfig::from_vars(&var);
+        if let Some(s) = var("RDMA_EMU_SEED").filter(|s| !s.is_empty()) {
+            let seed = s
+                .parse()
+                .map_err(|_| crate::ConfigError(format!("RDMA_EMU_SEED={s:?} is not a number")))?;
+            cfg.seed = Some(seed);
+        }
+        if let Some(f) = var("RDMA_EMU_FAULTS") {
+            cfg.faults = crate::FaultRule::parse(&f)?;
+        }
+        cfg.pcap = var("RDMA_EMU_PCAP").filter(|p| !p.is_empty()).map(PathBuf::from);
+        Ok(cfg)
+    }
+
+    /// [`try_from_vars`](Self::try_from_vars) without the seed, faults and packet trace.
     pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> FabricConfig {
         let host = match var("RDMA_EMU_FABRIC").unwrap_or_default().as_str() {
             "none" => None,
@@ -65,6 +103,7 @@ impl FabricConfig {
                 .unwrap_or_default(),
             ports: var("RDMA_EMU_PORTS").and_then(|v| v.parse().ok()).unwrap_or(1),
             host,
+            ..Default::default()
         }
     }
 }
@@ -85,6 +124,8 @@ pub(crate) struct FabricInner {
     /// hash order).
     mcast: Mutex<std::collections::BTreeMap<[u8; 16], Vec<Member>>>,
     pub(crate) timer: timer::Timer,
+    pub(crate) faults: faults::Faults,
+    pub(crate) pcap: Option<pcap::Pcap>,
     /// The host fabric's directory, when configured; joined at the first QP.
     host: Option<PathBuf>,
     node: OnceLock<host::Node>,
@@ -154,9 +195,22 @@ impl FabricInner {
         self.devices.get(dev as usize).is_some_and(|d| Device::port_up(d, port))
     }
 
-    /// Moves inbound host-fabric packets on the calling thread; whether any arrived.
+    /// Called by a thread that found nothing to do (an empty CQ): moves inbound host-fabric
+    /// packets itself, and in simulation lets virtual time run to the next deadline;
+    /// whether anything happened.
     pub(crate) fn progress(&self) -> bool {
-        self.node.get().is_some_and(|n| n.progress(self))
+        self.node.get().is_some_and(|n| n.progress(self)) || self.timer.advance()
+    }
+
+    /// Device fatal: every QP of device `dev` enters the error state, its work flushed.
+    pub(crate) fn fail_device_qps(&self, dev: u32) {
+        let qps: Vec<_> = self.qps.read().values().filter_map(Weak::upgrade).collect();
+        for qp in qps.iter().filter(|q| q.device_index() == dev) {
+            let mut g = qp.inner.lock();
+            if g.state != crate::QpState::RESET {
+                crate::engine::enter_error(qp, &mut g);
+            }
+        }
     }
 
     /// Makes sure the death of the process owning `qpn` (if another's) is noticed.
@@ -268,19 +322,59 @@ pub struct Fabric(pub(crate) Arc<FabricInner>);
 impl Fabric {
     /// A fabric with `cfg.devices` devices named `emu0`, `emu1`, ...
     pub fn new(cfg: FabricConfig) -> Fabric {
+        Fabric::try_new(cfg).expect("a fabric with a packet trace file that cannot be created")
+    }
+
+    /// [`new`](Self::new), failing only if the packet trace file cannot be created.
+    pub fn try_new(cfg: FabricConfig) -> crate::Result<Fabric> {
         let devices = (0..cfg.devices)
             .map(|i| Arc::new(DeviceInner::new(i, cfg.profile, cfg.ports)))
             .collect();
-        Fabric(Arc::new_cyclic(|this| FabricInner {
+        let pcap = cfg.pcap.as_deref().map(pcap::Pcap::create).transpose()?;
+        let seed = cfg.seed.unwrap_or_else(faults::clock_seed);
+        let fabric = Fabric(Arc::new_cyclic(|this| FabricInner {
             devices,
             qps: RwLock::new(HashMap::new()),
             next_qpn: Mutex::new(FIRST_QPN),
             mcast: Mutex::new(Default::default()),
-            timer: timer::Timer::new(),
+            timer: timer::Timer::new(cfg.seed.is_some(), this.clone()),
+            faults: faults::Faults::new(seed),
+            pcap,
             host: cfg.host.as_deref().map(host::fabric_dir),
             node: OnceLock::new(),
             this: this.clone(),
-        }))
+        }));
+        if !cfg.faults.is_empty() {
+            fabric.set_faults(cfg.faults);
+        }
+        Ok(fabric)
+    }
+
+    /// Replaces the fault rules (an empty list clears them); `after=` counts from now.
+    pub fn set_faults(&self, rules: Vec<crate::FaultRule>) {
+        self.0.faults.set(&self.0, rules);
+    }
+
+    /// How many times each fault rule has hit so far, in the order they were given.
+    pub fn fault_hits(&self) -> Vec<u64> {
+        self.0.faults.hits()
+    }
+
+    /// The seed of every random choice (fault probabilities): the configured one, or one
+    /// drawn from the clock. Give it as [`FabricConfig::seed`] (`RDMA_EMU_SEED`) to replay a
+    /// run in simulation.
+    pub fn seed(&self) -> u64 {
+        self.0.faults.seed()
+    }
+
+    /// Whether time is virtual (a seeded simulation).
+    pub fn simulated(&self) -> bool {
+        self.0.timer.simulated()
+    }
+
+    /// The fabric's clock, in nanoseconds since it started (virtual in simulation).
+    pub fn now_ns(&self) -> u64 {
+        self.0.now()
     }
 
     /// `ibv_get_device_list`.

@@ -1,25 +1,72 @@
-//! The real-time driver's timer: one lazily started thread that sleeps until the earliest
-//! deadline (an RNR back-off or a retransmission timeout) and then services that QP, so that
-//! retries fire even while the application is blocked and calls no verb.
+//! The fabric's clock and its deadlines: RNR back-offs, retransmission timeouts, delayed
+//! packets and timed faults.
+//!
+//! In real time one lazily started thread sleeps until the earliest deadline and runs it, so
+//! that retries fire even while the application is blocked and calls no verb. In simulation
+//! (a seeded fabric) time is virtual: it stands still while the program works and jumps to
+//! the next deadline when the program waits (a poll of an empty CQ, see [`Timer::advance`]),
+//! so a run depends only on the program and the seed. A program that waits where the
+//! emulator cannot see it (poll(2) on a channel's fd) is not left hanging: after
+//! [`IDLE_ADVANCE`] of real time without any advance the clock moves on by itself.
 //!
 //! The engine never reads this clock itself: the driver reads it and passes `now` in.
 
 use std::{
     cmp::Ordering,
     collections::BinaryHeap,
-    sync::{Arc, Weak},
+    sync::{
+        Arc, Weak,
+        atomic::{AtomicU64, Ordering::Relaxed},
+    },
     time::{Duration, Instant},
 };
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::qp::QpShared;
+use super::FabricInner;
+use crate::{engine::packet::Packet, qp::QpShared};
+
+/// In simulation, how long the program may wait unseen before virtual time moves by itself.
+const IDLE_ADVANCE: Duration = Duration::from_millis(50);
+
+/// What a deadline does.
+#[derive(Debug)]
+pub(crate) enum Job {
+    /// Services the QP's requester (RNR back-off over, or ACK timeout).
+    Qp(Weak<QpShared>),
+    /// Delivers a packet that a fault delayed.
+    Packet(Box<Packet>),
+    /// Delivers a packet held back to be reordered, if no later packet of its flow has
+    /// released it yet.
+    Unhold { flow: (u32, u32, u32), psn: u32 },
+    /// Carries out a timed fault rule (see `faults`), unless the rules were replaced since.
+    Fault { generation: u64, rule: usize },
+}
+
+impl Job {
+    fn run(self, fabric: &FabricInner) {
+        match self {
+            Job::Qp(qp) => {
+                if let Some(qp) = qp.upgrade() {
+                    crate::engine::on_timer(&qp);
+                }
+            }
+            Job::Packet(pkt) => crate::engine::deliver_late(fabric, *pkt),
+            Job::Unhold { flow, psn } => {
+                if let Some(pkt) = fabric.faults.take_held(flow, psn) {
+                    crate::engine::deliver_late(fabric, pkt);
+                }
+            }
+            Job::Fault { generation, rule } => super::faults::fire_timed(fabric, generation, rule),
+        }
+    }
+}
 
 #[derive(Debug)]
 struct Entry {
     deadline: u64,
     seq: u64,
-    qp: Weak<QpShared>,
+    job: Job,
 }
 
 impl PartialEq for Entry {
@@ -51,47 +98,106 @@ struct State {
 #[derive(Debug)]
 struct Shared {
     epoch: Instant,
+    /// Virtual nanoseconds, in simulation.
+    virtual_now: Option<AtomicU64>,
+    /// Bumped by every advance of virtual time (the idle watcher's sign of life).
+    advances: AtomicU64,
     st: Mutex<State>,
     cv: Condvar,
+}
+
+impl Shared {
+    fn now(&self) -> u64 {
+        match &self.virtual_now {
+            Some(v) => v.load(Relaxed),
+            None => self.epoch.elapsed().as_nanos() as u64,
+        }
+    }
 }
 
 #[derive(Debug)]
 pub(crate) struct Timer {
     shared: Arc<Shared>,
+    fabric: Weak<FabricInner>,
 }
 
 impl Timer {
-    pub(crate) fn new() -> Timer {
+    /// A real-time clock, or a virtual one (`simulated`) starting at 0.
+    pub(crate) fn new(simulated: bool, fabric: Weak<FabricInner>) -> Timer {
         Timer {
             shared: Arc::new(Shared {
                 epoch: Instant::now(),
+                virtual_now: simulated.then(|| AtomicU64::new(0)),
+                advances: AtomicU64::new(0),
                 st: Mutex::new(State::default()),
                 cv: Condvar::new(),
             }),
+            fabric,
         }
     }
 
     pub(crate) fn now(&self) -> u64 {
-        self.shared.epoch.elapsed().as_nanos() as u64
+        self.shared.now()
+    }
+
+    pub(crate) fn simulated(&self) -> bool {
+        self.shared.virtual_now.is_some()
     }
 
     /// Services `qp` once `now() >= deadline`.
     pub(crate) fn arm(&self, deadline: u64, qp: &Arc<QpShared>) {
+        self.schedule(deadline, Job::Qp(Arc::downgrade(qp)));
+    }
+
+    /// Runs `job` once `now() >= deadline`.
+    pub(crate) fn schedule(&self, deadline: u64, job: Job) {
         let mut st = self.shared.st.lock();
         st.seq += 1;
         let seq = st.seq;
-        st.heap.push(Entry { deadline, seq, qp: Arc::downgrade(qp) });
+        st.heap.push(Entry { deadline, seq, job });
         if !st.started {
             st.started = true;
-            let shared = self.shared.clone();
-            std::thread::Builder::new()
-                .name("rdma-emu-timer".into())
-                .spawn(move || run(&shared))
-                .expect("spawn the rdma-emu timer thread");
+            let (shared, fabric) = (self.shared.clone(), self.fabric.clone());
+            let spawned =
+                std::thread::Builder::new().name("rdma-emu-timer".into()).spawn(move || {
+                    if shared.virtual_now.is_some() {
+                        watch_idle(&shared, &fabric)
+                    } else {
+                        run(&shared, &fabric)
+                    }
+                });
+            spawned.expect("spawn the rdma-emu timer thread");
         }
         drop(st);
         self.shared.cv.notify_one();
     }
+
+    /// In simulation: moves virtual time to the earliest deadline and runs every job due
+    /// then, in the order they were scheduled; whether there was one. In real time: nothing.
+    pub(crate) fn advance(&self) -> bool {
+        let Some(fabric) = self.fabric.upgrade() else { return false };
+        advance(&self.shared, &fabric)
+    }
+}
+
+fn advance(shared: &Shared, fabric: &FabricInner) -> bool {
+    let Some(v) = &shared.virtual_now else { return false };
+    let due = {
+        let mut st = shared.st.lock();
+        let Some(first) = st.heap.peek() else { return false };
+        let at = first.deadline.max(v.load(Relaxed));
+        v.store(at, Relaxed);
+        shared.advances.fetch_add(1, Relaxed);
+        let mut due = Vec::new();
+        while st.heap.peek().is_some_and(|e| e.deadline <= at) {
+            due.push(st.heap.pop().expect("peeked").job);
+        }
+        due
+    };
+    for job in due {
+        job.run(fabric);
+    }
+    true
 }
 
 impl Drop for Timer {
@@ -101,7 +207,7 @@ impl Drop for Timer {
     }
 }
 
-fn run(shared: &Shared) {
+fn run(shared: &Shared, fabric: &Weak<FabricInner>) {
     let mut due = Vec::new();
     loop {
         {
@@ -110,7 +216,7 @@ fn run(shared: &Shared) {
                 if st.shutdown {
                     return;
                 }
-                let now = shared.epoch.elapsed().as_nanos() as u64;
+                let now = shared.now();
                 match st.heap.peek() {
                     None => shared.cv.wait(&mut st),
                     Some(e) if e.deadline > now => {
@@ -120,15 +226,33 @@ fn run(shared: &Shared) {
                     Some(_) => break,
                 }
             }
-            let now = shared.epoch.elapsed().as_nanos() as u64;
+            let now = shared.now();
             while st.heap.peek().is_some_and(|e| e.deadline <= now) {
-                due.push(st.heap.pop().expect("peeked").qp);
+                due.push(st.heap.pop().expect("peeked").job);
             }
         }
-        for qp in due.drain(..) {
-            if let Some(qp) = qp.upgrade() {
-                crate::engine::on_timer(&qp);
-            }
+        let Some(fabric) = fabric.upgrade() else { return };
+        for job in due.drain(..) {
+            job.run(&fabric);
         }
+    }
+}
+
+/// Simulation's fallback: advances virtual time when deadlines wait and nothing advanced it
+/// for [`IDLE_ADVANCE`] of real time (the program waits where the emulator cannot see it).
+fn watch_idle(shared: &Shared, fabric: &Weak<FabricInner>) {
+    let mut seen = u64::MAX;
+    loop {
+        // A plain sleep: being woken by each new deadline would shorten the idle period.
+        std::thread::sleep(IDLE_ADVANCE);
+        if shared.st.lock().shutdown {
+            return;
+        }
+        let now = shared.advances.load(Relaxed);
+        if now == seen {
+            let Some(fabric) = fabric.upgrade() else { return };
+            advance(shared, &fabric);
+        }
+        seen = shared.advances.load(Relaxed);
     }
 }

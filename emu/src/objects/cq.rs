@@ -70,6 +70,17 @@ fn granted_cqe(cqe: u32) -> u32 {
 pub(crate) struct Overrun;
 
 impl CqInner {
+    /// A fault overruns the CQ now: `IBV_EVENT_CQ_ERR` (once), and the completions that
+    /// follow are lost as if it were full.
+    pub(crate) fn overrun_now(self: &Arc<CqInner>) {
+        if !self.overrun.swap(true, Ordering::AcqRel) {
+            self.ctx.raise(AsyncEvent {
+                event_type: EventType::CQ_ERR,
+                element: EventElement::Cq(Cq(self.clone())),
+            });
+        }
+    }
+
     /// Queues a completion. On overrun the completion is lost, the CQ enters the error state
     /// and `IBV_EVENT_CQ_ERR` is raised once (IBA 11.4.2.1); the caller decides what happens
     /// to the QP.

@@ -1,0 +1,469 @@
+//! Packet traces: every packet the fabric sends, written as the RoCE v2 frames a NIC would put
+//! on the wire (Ethernet, IPv4 or IPv6 from the GIDs, UDP to port 4791, BTH and the extended
+//! headers, payload, ICRC), in the classic pcap format that Wireshark and tshark read.
+//!
+//! A message the engine moves as one unit is written as its packets (FIRST/MIDDLE/LAST at the
+//! path MTU, consecutive PSNs). A packet a fault corrupts is written with a wrong ICRC, as the
+//! receiver would see it. Each frame is written with one `write` as it is sent, so a trace
+//! survives a process that is killed.
+
+use std::{fs::File, io::Write, path::Path};
+
+use parking_lot::Mutex;
+
+use super::FabricInner;
+use crate::{
+    engine::packet::{Kind, NakCode, Packet, Payload, Piece, Syndrome},
+    error::Result,
+    types::{Gid, QpType},
+};
+
+/// The UDP port of RoCE v2.
+pub(crate) const ROCE_V2_PORT: u16 = 4791;
+
+#[derive(Debug)]
+pub(crate) struct Pcap {
+    file: Mutex<File>,
+}
+
+impl Pcap {
+    /// Creates (or truncates) `path` and writes the pcap file header (Ethernet link type).
+    pub(crate) fn create(path: &Path) -> Result<Pcap> {
+        let fail = |e: std::io::Error| {
+            crate::Error::new(
+                crate::Errno(e.raw_os_error().unwrap_or(libc::EIO)),
+                "cannot write the packet trace file",
+            )
+        };
+        let mut file = File::create(path).map_err(fail)?;
+        let mut h = Vec::with_capacity(24);
+        h.extend_from_slice(&0xa1b2_c3d4u32.to_le_bytes());
+        h.extend_from_slice(&2u16.to_le_bytes());
+        h.extend_from_slice(&4u16.to_le_bytes());
+        h.extend_from_slice(&0i32.to_le_bytes());
+        h.extend_from_slice(&0u32.to_le_bytes());
+        h.extend_from_slice(&65535u32.to_le_bytes());
+        h.extend_from_slice(&1u32.to_le_bytes()); // LINKTYPE_ETHERNET
+        file.write_all(&h).map_err(fail)?;
+        Ok(Pcap { file: Mutex::new(file) })
+    }
+
+    /// Writes `pkt` as it leaves at `now` (nanoseconds); `damaged`: with a wrong ICRC.
+    pub(crate) fn record(&self, fabric: &FabricInner, pkt: &Packet, now: u64, damaged: bool) {
+        let ends = Ends::of(fabric, pkt);
+        let transport = fabric.lookup_qp_any(pkt.src_qpn).map_or(QpType::RC, |q| q.qp_type);
+        let payload = payload_bytes(pkt);
+        let mut out = Vec::new();
+        for seg in segments(pkt, transport, payload.len()) {
+            let data = &payload[seg.data.clone()];
+            let frame = frame(&ends, &seg.headers, data, damaged);
+            out.extend_from_slice(&((now / 1_000_000_000) as u32).to_le_bytes());
+            out.extend_from_slice(&((now / 1000 % 1_000_000) as u32).to_le_bytes());
+            out.extend_from_slice(&(frame.len() as u32).to_le_bytes());
+            out.extend_from_slice(&(frame.len() as u32).to_le_bytes());
+            out.extend_from_slice(&frame);
+        }
+        // A trace that cannot be written loses frames, never the traffic.
+        let _ = self.file.lock().write_all(&out);
+    }
+}
+
+/// The addresses of both ends.
+struct Ends {
+    src: Gid,
+    dst: Gid,
+    src_port: u16,
+}
+
+impl Ends {
+    fn of(fabric: &FabricInner, pkt: &Packet) -> Ends {
+        let gid = |dev: u32, port: u8| {
+            let d = fabric.devices.get(dev as usize)?;
+            d.port(port).ok()?.gids.first().map(|e| e.gid)
+        };
+        let (src, dst) = match &pkt.grh {
+            Some(g) => (g.0, g.1),
+            None => (
+                gid(pkt.src_dev, pkt.src_port).unwrap_or_default(),
+                gid(pkt.dst_dev, pkt.dst_port).unwrap_or_default(),
+            ),
+        };
+        // As rxe: a source port from the QP, in the dynamic range.
+        let src_port = 0xc000 | (pkt.src_qpn & 0x3fff) as u16;
+        Ends { src, dst, src_port }
+    }
+}
+
+/// One packet of a message: its transport headers (BTH onwards) and its part of the payload.
+struct Segment {
+    headers: Vec<u8>,
+    data: std::ops::Range<usize>,
+}
+
+/// The payload as bytes (read from memory where the packet refers to it).
+fn payload_bytes(pkt: &Packet) -> Vec<u8> {
+    fn read(out: &mut Vec<u8>, m: &crate::engine::packet::MemRef) {
+        let start = out.len();
+        out.resize(start + m.len, 0);
+        let _ = m.region.read(m.offset, &mut out[start..]);
+    }
+    let mut out = Vec::new();
+    match &pkt.payload {
+        Payload::Placed(m) => read(&mut out, m),
+        p => {
+            for piece in p.pieces() {
+                match piece {
+                    Piece::Bytes(b) => out.extend_from_slice(b),
+                    Piece::Mem(m) => read(&mut out, m),
+                }
+            }
+        }
+    }
+    out
+}
+
+/// BTH opcodes' low five bits (IBA 9.2, Table 38).
+mod op {
+    pub(super) const SEND_FIRST: u8 = 0x00;
+    pub(super) const SEND_MIDDLE: u8 = 0x01;
+    pub(super) const SEND_LAST: u8 = 0x02;
+    pub(super) const SEND_LAST_IMM: u8 = 0x03;
+    pub(super) const SEND_ONLY: u8 = 0x04;
+    pub(super) const SEND_ONLY_IMM: u8 = 0x05;
+    pub(super) const WRITE_FIRST: u8 = 0x06;
+    pub(super) const WRITE_MIDDLE: u8 = 0x07;
+    pub(super) const WRITE_LAST: u8 = 0x08;
+    pub(super) const WRITE_LAST_IMM: u8 = 0x09;
+    pub(super) const WRITE_ONLY: u8 = 0x0a;
+    pub(super) const WRITE_ONLY_IMM: u8 = 0x0b;
+    pub(super) const READ_REQUEST: u8 = 0x0c;
+    pub(super) const READ_RESP_FIRST: u8 = 0x0d;
+    pub(super) const READ_RESP_MIDDLE: u8 = 0x0e;
+    pub(super) const READ_RESP_LAST: u8 = 0x0f;
+    pub(super) const READ_RESP_ONLY: u8 = 0x10;
+    pub(super) const ACK: u8 = 0x11;
+    pub(super) const ATOMIC_ACK: u8 = 0x12;
+    pub(super) const COMPARE_SWAP: u8 = 0x13;
+    pub(super) const FETCH_ADD: u8 = 0x14;
+    pub(super) const SEND_LAST_INV: u8 = 0x16;
+    pub(super) const SEND_ONLY_INV: u8 = 0x17;
+}
+
+/// Where a packet stands in its message.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Place {
+    Only,
+    First,
+    Middle,
+    Last,
+}
+
+/// The packets of `pkt`, with their headers, as they would be on the wire.
+fn segments(pkt: &Packet, transport: QpType, payload_len: usize) -> Vec<Segment> {
+    let prefix = match transport {
+        QpType::UC => 0x20,
+        QpType::UD => 0x60,
+        QpType::XRC_SEND | QpType::XRC_RECV => 0xa0,
+        _ => 0x00,
+    };
+    // A READ request is one packet whatever the length it asks for; so are atomics and ACKs.
+    let carries_data = matches!(pkt.kind, Kind::Send | Kind::Write | Kind::ReadResponse);
+    let n = if carries_data { pkt.npkts.max(1) as usize } else { 1 };
+    let mtu = if pkt.mtu > 0 { pkt.mtu as usize } else { payload_len.div_ceil(n).max(1) };
+    (0..n)
+        .map(|i| {
+            let place = match (n, i) {
+                (1, _) => Place::Only,
+                (_, 0) => Place::First,
+                (_, i) if i == n - 1 => Place::Last,
+                _ => Place::Middle,
+            };
+            let start = (i * mtu).min(payload_len);
+            let end = if place == Place::Last || place == Place::Only {
+                payload_len
+            } else {
+                ((i + 1) * mtu).min(payload_len)
+            };
+            let data = if carries_data { start..end } else { 0..0 };
+            let psn = (pkt.psn + i as u32) & crate::engine::PSN_MASK;
+            Segment { headers: headers(pkt, prefix, place, psn, data.len()), data }
+        })
+        .collect()
+}
+
+fn headers(pkt: &Packet, prefix: u8, place: Place, psn: u32, data_len: usize) -> Vec<u8> {
+    use Place::*;
+    let last = matches!(place, Only | Last);
+    let first = matches!(place, Only | First);
+    let (code, reth, imm, inv, aeth) = match pkt.kind {
+        Kind::Send => {
+            let code = match (place, pkt.imm.is_some(), pkt.inv.is_some()) {
+                (First, ..) => op::SEND_FIRST,
+                (Middle, ..) => op::SEND_MIDDLE,
+                (Last, true, _) => op::SEND_LAST_IMM,
+                (Last, _, true) => op::SEND_LAST_INV,
+                (Last, ..) => op::SEND_LAST,
+                (Only, true, _) => op::SEND_ONLY_IMM,
+                (Only, _, true) => op::SEND_ONLY_INV,
+                (Only, ..) => op::SEND_ONLY,
+            };
+            (code, false, last && pkt.imm.is_some(), last && pkt.inv.is_some(), false)
+        }
+        Kind::Write => {
+            let code = match (place, pkt.imm.is_some()) {
+                (First, _) => op::WRITE_FIRST,
+                (Middle, _) => op::WRITE_MIDDLE,
+                (Last, true) => op::WRITE_LAST_IMM,
+                (Last, false) => op::WRITE_LAST,
+                (Only, true) => op::WRITE_ONLY_IMM,
+                (Only, false) => op::WRITE_ONLY,
+            };
+            (code, first, last && pkt.imm.is_some(), false, false)
+        }
+        Kind::ReadRequest => (op::READ_REQUEST, true, false, false, false),
+        Kind::ReadResponse => {
+            let code = match place {
+                First => op::READ_RESP_FIRST,
+                Middle => op::READ_RESP_MIDDLE,
+                Last => op::READ_RESP_LAST,
+                Only => op::READ_RESP_ONLY,
+            };
+            (code, false, false, false, place != Middle)
+        }
+        Kind::CompareSwap => (op::COMPARE_SWAP, false, false, false, false),
+        Kind::FetchAdd => (op::FETCH_ADD, false, false, false, false),
+        Kind::Ack => (op::ACK, false, false, false, true),
+        Kind::AtomicAck => (op::ATOMIC_ACK, false, false, false, true),
+    };
+    let ud = prefix == 0x60;
+    let pad = ((4 - data_len % 4) % 4) as u8;
+    let mut h = Vec::with_capacity(64);
+    // BTH: opcode; SE, MigReq, PadCnt, TVer; P_Key; reserved; DestQP; AckReq; PSN.
+    h.push(prefix | code);
+    let se = pkt.solicited && last && matches!(pkt.kind, Kind::Send | Kind::Write);
+    h.push(u8::from(se) << 7 | pad << 4);
+    h.extend_from_slice(&0xffffu16.to_be_bytes());
+    h.push(0);
+    h.extend_from_slice(&pkt.dst_qpn.to_be_bytes()[1..]);
+    let ack_req = pkt.kind.is_request() && last && !ud && prefix != 0x20;
+    h.push(u8::from(ack_req) << 7);
+    h.extend_from_slice(&psn.to_be_bytes()[1..]);
+    if prefix == 0xa0 && pkt.kind.is_request() {
+        h.push(0);
+        h.extend_from_slice(&pkt.xrc_srqn.to_be_bytes()[1..]);
+    }
+    if ud {
+        h.extend_from_slice(&pkt.qkey.to_be_bytes());
+        h.push(0);
+        h.extend_from_slice(&pkt.src_qpn.to_be_bytes()[1..]);
+    }
+    if reth {
+        h.extend_from_slice(&pkt.va.to_be_bytes());
+        h.extend_from_slice(&pkt.rkey.to_be_bytes());
+        h.extend_from_slice(&pkt.len.to_be_bytes());
+    }
+    if matches!(pkt.kind, Kind::CompareSwap | Kind::FetchAdd) {
+        h.extend_from_slice(&pkt.va.to_be_bytes());
+        h.extend_from_slice(&pkt.rkey.to_be_bytes());
+        h.extend_from_slice(&pkt.swap_add.to_be_bytes());
+        h.extend_from_slice(&pkt.compare.to_be_bytes());
+    }
+    if aeth {
+        let syndrome = match pkt.syndrome {
+            Syndrome::Ack => 0x1f, // ACK, credits not tracked ("invalid" count)
+            Syndrome::Rnr(t) => 0x20 | (t & 0x1f),
+            Syndrome::Nak(c) => {
+                0x60 | match c {
+                    NakCode::PsnSequenceError => 0,
+                    NakCode::InvalidRequest => 1,
+                    NakCode::RemoteAccessError => 2,
+                    NakCode::RemoteOperationalError => 3,
+                }
+            }
+        };
+        h.push(syndrome);
+        h.extend_from_slice(&pkt.msn.to_be_bytes()[1..]);
+    }
+    if pkt.kind == Kind::AtomicAck {
+        h.extend_from_slice(&pkt.orig.to_be_bytes());
+    }
+    if imm {
+        h.extend_from_slice(&pkt.imm.unwrap_or(0).to_be_bytes());
+    }
+    if inv {
+        h.extend_from_slice(&pkt.inv.unwrap_or(0).to_be_bytes());
+    }
+    h
+}
+
+/// The IPv4 address of an IPv4-mapped GID (`::ffff:a.b.c.d`).
+fn ipv4_of(g: &Gid) -> Option<[u8; 4]> {
+    (g.0[..10] == [0; 10] && g.0[10..12] == [0xff, 0xff])
+        .then(|| [g.0[12], g.0[13], g.0[14], g.0[15]])
+}
+
+/// The MAC address behind a GID: the EUI-64 interface identifier of a link-local GID, or a
+/// locally administered address from its last bytes.
+fn mac_of(g: &Gid) -> [u8; 6] {
+    let b = &g.0;
+    if b[11] == 0xff && b[12] == 0xfe {
+        [b[8] ^ 0x02, b[9], b[10], b[13], b[14], b[15]]
+    } else {
+        [0x02, 0, b[12], b[13], b[14], b[15]]
+    }
+}
+
+fn ones_complement_sum(mut sum: u32, bytes: &[u8]) -> u32 {
+    for c in bytes.chunks(2) {
+        sum += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
+    }
+    sum
+}
+
+fn fold(mut sum: u32) -> u16 {
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// One Ethernet frame: Ethernet, IP, UDP, the transport headers, payload, pad and ICRC.
+fn frame(ends: &Ends, transport: &[u8], data: &[u8], damaged: bool) -> Vec<u8> {
+    let pad = (4 - data.len() % 4) % 4;
+    let udp_len = 8 + transport.len() + data.len() + pad + 4;
+    let v4 = ipv4_of(&ends.src).zip(ipv4_of(&ends.dst));
+    let mut f = Vec::with_capacity(14 + 40 + udp_len);
+    f.extend_from_slice(&mac_of(&ends.dst));
+    f.extend_from_slice(&mac_of(&ends.src));
+    f.extend_from_slice(&(if v4.is_some() { 0x0800u16 } else { 0x86dd }).to_be_bytes());
+    let ip_start = f.len();
+    let pseudo = match v4 {
+        Some((s, d)) => {
+            let total = (20 + udp_len) as u16;
+            f.extend_from_slice(&[0x45, 0]);
+            f.extend_from_slice(&total.to_be_bytes());
+            f.extend_from_slice(&[0, 0, 0x40, 0, 64, 17, 0, 0]); // DF, TTL 64, UDP
+            f.extend_from_slice(&s);
+            f.extend_from_slice(&d);
+            let csum = fold(ones_complement_sum(0, &f[ip_start..]));
+            f[ip_start + 10..ip_start + 12].copy_from_slice(&csum.to_be_bytes());
+            let mut p = ones_complement_sum(0, &s);
+            p = ones_complement_sum(p, &d);
+            p + 17 + udp_len as u32
+        }
+        None => {
+            f.extend_from_slice(&[0x60, 0, 0, 0]);
+            f.extend_from_slice(&(udp_len as u16).to_be_bytes());
+            f.extend_from_slice(&[17, 64]);
+            f.extend_from_slice(&ends.src.0);
+            f.extend_from_slice(&ends.dst.0);
+            let mut p = ones_complement_sum(0, &ends.src.0);
+            p = ones_complement_sum(p, &ends.dst.0);
+            p + 17 + udp_len as u32
+        }
+    };
+    let udp_start = f.len();
+    f.extend_from_slice(&ends.src_port.to_be_bytes());
+    f.extend_from_slice(&ROCE_V2_PORT.to_be_bytes());
+    f.extend_from_slice(&(udp_len as u16).to_be_bytes());
+    f.extend_from_slice(&[0, 0]);
+    f.extend_from_slice(transport);
+    f.extend_from_slice(data);
+    f.extend(std::iter::repeat_n(0, pad));
+    let mut icrc = icrc(&f[ip_start..], v4.is_some(), udp_start - ip_start);
+    if damaged {
+        icrc = !icrc;
+    }
+    f.extend_from_slice(&icrc.to_le_bytes());
+    let csum = match fold(ones_complement_sum(pseudo, &f[udp_start..])) {
+        0 => 0xffff,
+        c => c,
+    };
+    f[udp_start + 6..udp_start + 8].copy_from_slice(&csum.to_be_bytes());
+    f
+}
+
+/// The invariant CRC of RoCE v2 (IBA Annex A17.3.3): CRC-32 over 64 one-bits standing for the
+/// LRH, then the IP and UDP headers and the BTH with every field a router may change masked
+/// to ones (IPv4 TOS, TTL and checksum; IPv6 traffic class, flow label and hop limit; UDP
+/// checksum; the BTH's reserved byte), then the rest of the packet. Computed before the UDP
+/// checksum is filled in, which it masks anyway.
+fn icrc(ip_onwards: &[u8], v4: bool, udp_at: usize) -> u32 {
+    let mut masked = ip_onwards.to_vec();
+    if v4 {
+        masked[1] = 0xff;
+        masked[8] = 0xff;
+        masked[10] = 0xff;
+        masked[11] = 0xff;
+    } else {
+        masked[0] |= 0x0f;
+        masked[1] = 0xff;
+        masked[2] = 0xff;
+        masked[3] = 0xff;
+        masked[7] = 0xff;
+    }
+    masked[udp_at + 6] = 0xff;
+    masked[udp_at + 7] = 0xff;
+    masked[udp_at + 8 + 4] = 0xff;
+    let mut h = crc32fast::Hasher::new();
+    h.update(&[0xff; 8]);
+    h.update(&masked);
+    h.finalize()
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+
+    #[test]
+    fn test_a_write_is_cut_at_the_mtu_with_reth_only_on_the_first_packet() {
+        let mut p = Packet::new(Kind::Write);
+        (p.npkts, p.mtu, p.psn, p.dst_qpn, p.len, p.imm) =
+            (3, 1024, 0xff_fffe, 0x12, 2500, Some(7));
+        let segs = segments(&p, QpType::RC, 2500);
+        let ops: Vec<u8> = segs.iter().map(|s| s.headers[0]).collect();
+        assert_eq!(ops, [op::WRITE_FIRST, op::WRITE_MIDDLE, op::WRITE_LAST_IMM]);
+        let lens: Vec<usize> = segs.iter().map(|s| s.headers.len()).collect();
+        assert_eq!(lens, [12 + 16, 12, 12 + 4]);
+        let psns: Vec<&[u8]> = segs.iter().map(|s| &s.headers[9..12]).collect();
+        assert_eq!(psns, [&[0xff, 0xff, 0xfe][..], &[0xff, 0xff, 0xff], &[0, 0, 0]]);
+        assert_eq!(segs[2].data, 2048..2500);
+        assert_eq!(segs[2].headers[8] & 0x80, 0x80, "AckReq on the last packet");
+        assert_eq!(segs[2].headers[1] >> 4 & 3, 0, "2500 - 2048 = 452: no pad");
+    }
+
+    #[test]
+    fn test_ud_sends_carry_a_deth_and_acks_an_aeth() {
+        let mut p = Packet::new(Kind::Send);
+        (p.qkey, p.src_qpn, p.dst_qpn) = (0x1111_1111, 0x22, 0x33);
+        let h = &segments(&p, QpType::UD, 5)[0].headers;
+        assert_eq!(h[0], 0x64);
+        assert_eq!(&h[12..20], &[0x11, 0x11, 0x11, 0x11, 0, 0, 0, 0x22]);
+        assert_eq!(h[1] >> 4 & 3, 3, "5 bytes of payload take 3 of pad");
+        let mut a = Packet::new(Kind::Ack);
+        (a.syndrome, a.msn) = (Syndrome::Rnr(12), 9);
+        assert_eq!(&segments(&a, QpType::RC, 0)[0].headers[12..], &[0x2c, 0, 0, 9]);
+    }
+
+    #[test]
+    fn test_frame_checksums_verify() {
+        let v4 = |a: u8| {
+            let mut g = [0u8; 16];
+            g[10..12].copy_from_slice(&[0xff, 0xff]);
+            g[12..].copy_from_slice(&[10, 0, 0, a]);
+            Gid(g)
+        };
+        let ends = Ends { src: v4(1), dst: v4(2), src_port: 0xc011 };
+        let f = frame(&ends, &[0x04, 0, 0xff, 0xff, 0, 0, 0, 0x12, 0x80, 0, 0, 1], b"abcd", false);
+        assert_eq!(&f[12..14], &[0x08, 0x00]);
+        assert_eq!(fold(ones_complement_sum(0, &f[14..34])), 0, "IPv4 header checksum");
+        assert_eq!(&f[36..38], &4791u16.to_be_bytes());
+        let udp = &f[34..];
+        let mut p = ones_complement_sum(0, &f[26..34]);
+        p += 17 + udp.len() as u32;
+        assert_eq!(fold(ones_complement_sum(p, udp)), 0, "UDP checksum");
+        let bad = frame(&ends, &[0x04, 0, 0xff, 0xff, 0, 0, 0, 0x12, 0x80, 0, 0, 1], b"abcd", true);
+        assert_eq!(f.len(), bad.len());
+        assert_ne!(f[f.len() - 4..], bad[bad.len() - 4..]);
+    }
+}
