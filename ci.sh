@@ -5,10 +5,10 @@ cd "$(dirname "$0")"
 export CARGO_TERM_COLOR=never
 
 # System packages the tests need: readelf (binutils) for the export-table test, the verbs
-# header and link library for the C tests, and Debian's ibverbs-utils and perftest to run
-# unmodified, as server and client processes.
+# header and link library for the C tests, Debian's ibverbs-utils and perftest to run
+# unmodified, as server and client processes, and tshark to decode the packet traces.
 need_pkgs=()
-for p in binutils gcc libibverbs-dev ibverbs-utils perftest; do
+for p in binutils gcc libibverbs-dev ibverbs-utils perftest tshark; do
     dpkg -s "$p" >/dev/null 2>&1 || need_pkgs+=("$p")
 done
 install_pkgs() {

@@ -189,3 +189,117 @@ fn xrc_through_the_c_abi() {
 fn control_functions_raise_port_and_device_events() {
     c_program("control", &["full"]);
 }
+
+/// Runs `exe` on the shim with `envs`, in a fabric of its own; its stdout and stderr,
+/// asserting success.
+fn run_with(exe: &Path, profile: &str, envs: &[(&str, &str)]) -> (String, String) {
+    // Without address space randomization: the buffers' addresses travel in the packets
+    // (RETH), and one program should give one trace.
+    let out = Command::new("setarch")
+        .arg("-R")
+        .arg(exe)
+        .env("LD_LIBRARY_PATH", common::lib_dir())
+        .env("RDMA_EMU_PROFILE", profile)
+        .env("RDMA_EMU_FABRIC", "none")
+        .envs(envs.iter().copied())
+        .output()
+        .expect("run the program");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert!(out.status.success(), "{exe:?} ({profile}) failed:\n{stdout}\n{stderr}");
+    (stdout, stderr)
+}
+
+#[test]
+fn faults_from_c_in_simulation_and_the_same_seed_gives_the_same_packet_trace() {
+    let exe = build("faults");
+    let dir = common::profile_dir().join("c-tests");
+    for profile in ["full", "rxe"] {
+        let mut traces = Vec::new();
+        for run in 0..2 {
+            let pcap = dir.join(format!("faults-{profile}-{run}.pcap"));
+            let (out, err) = run_with(
+                &exe,
+                profile,
+                &[
+                    ("RDMA_EMU_SEED", "7"),
+                    ("RDMA_EMU_FAULTS", "drop:op=write,nth=1"),
+                    ("RDMA_EMU_PCAP", pcap.to_str().unwrap()),
+                ],
+            );
+            assert!(out.contains("faults ok"), "{out}");
+            assert!(err.contains("rdma-emu: seed 7 (simulation); replay with RDMA_EMU_SEED=7"));
+            traces.push(std::fs::read(&pcap).unwrap());
+        }
+        assert!(traces[0].len() > 1000, "{profile}: a trace of every packet");
+        assert!(traces[0] == traces[1], "{profile}: one seed, one trace, byte for byte");
+    }
+}
+
+#[test]
+fn malformed_fault_rules_or_seed_leave_the_program_without_devices_and_say_why() {
+    let exe = build("rc_basic");
+    for (var, value, why) in [
+        ("RDMA_EMU_FAULTS", "drop:p=3", "fault rule \"drop:p=3\": p= is a probability"),
+        ("RDMA_EMU_SEED", "soon", "RDMA_EMU_SEED=\"soon\" is not a number"),
+    ] {
+        let out = Command::new(&exe)
+            .env("LD_LIBRARY_PATH", common::lib_dir())
+            .env(var, value)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(err.contains(&format!("rdma-emu: {why}")), "{err}");
+    }
+}
+
+/// `tshark`'s reading of `pcap`: one line per frame, the fields `fields` separated by tabs.
+fn tshark(pcap: &Path, fields: &[&str]) -> Vec<String> {
+    let mut cmd = Command::new("tshark");
+    cmd.args(["-n", "-r"]).arg(pcap).args(["-T", "fields"]);
+    for f in fields {
+        cmd.args(["-e", f]);
+    }
+    let out = cmd.output().expect("tshark is missing: install Debian's tshark package");
+    assert!(out.status.success(), "tshark: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).lines().map(str::to_owned).collect()
+}
+
+#[test]
+fn tshark_decodes_the_packet_trace_as_roce_v2_with_opcodes_and_psns() {
+    let exe = build("rc_basic");
+    // Both profiles address by GID index 0, a link-local IPv6 address.
+    for (profile, ip) in [("full", "ipv6"), ("rxe", "ipv6")] {
+        let pcap = common::profile_dir().join("c-tests").join(format!("rc_basic-{profile}.pcap"));
+        let (out, _) = run_with(&exe, profile, &[("RDMA_EMU_PCAP", pcap.to_str().unwrap())]);
+        assert!(out.contains("rc_basic ok"));
+        let fields = ["frame.protocols", "infiniband.bth.opcode", "infiniband.bth.psn"];
+        let frames = tshark(&pcap, &[fields[0], fields[1], fields[2], "infiniband.bth.destqp"]);
+        assert!(frames.len() > 10, "{frames:?}");
+        let mut opcodes = std::collections::BTreeSet::new();
+        let mut request_psns: std::collections::HashMap<String, Vec<u32>> = Default::default();
+        for f in &frames {
+            let cols: Vec<&str> = f.split('\t').collect();
+            assert_eq!(cols.len(), 4, "{f}");
+            assert!(cols[0].starts_with(&format!("eth:ethertype:{ip}:udp:infiniband")), "{f}");
+            let (op, psn): (u32, u32) = (cols[1].parse().unwrap(), cols[2].parse().unwrap());
+            opcodes.insert(op);
+            if !(0x0d..=0x12).contains(&op) {
+                request_psns.entry(cols[3].to_owned()).or_default().push(psn);
+            }
+        }
+        // Without faults, each QP's requests start at its first PSN (0) and move forward.
+        for (qp, psns) in &request_psns {
+            assert_eq!(psns[0], 0, "{profile}: requests to QP {qp}: {psns:?}");
+            assert!(psns.windows(2).all(|w| w[0] < w[1]), "{profile}: to {qp}: {psns:?}");
+        }
+        // SEND ONLY, RDMA WRITE ONLY, READ REQUEST, READ RESPONSE ONLY, ACK, ATOMIC ACK,
+        // COMPARE SWAP, FETCH ADD: rc_basic does each.
+        for op in [0x04, 0x0a, 0x0c, 0x10, 0x11, 0x12, 0x13, 0x14] {
+            assert!(opcodes.contains(&op), "{profile}: no opcode {op:#x} in {opcodes:?}");
+        }
+    }
+}

@@ -23,6 +23,23 @@ fn run_puts_the_shim_under_an_unmodified_program() {
 }
 
 #[test]
+fn run_hands_seed_faults_and_packet_trace_to_the_program() {
+    let env = rdma_emu()
+        .args(["run", "--seed", "5", "--faults", "drop:op=ack,p=0.5", "--pcap", "t.pcap", "--"])
+        .args(["sh", "-c", "echo $RDMA_EMU_SEED/$RDMA_EMU_FAULTS/$RDMA_EMU_PCAP"])
+        .output()
+        .unwrap();
+    let cwd = std::env::current_dir().unwrap();
+    let expected = format!("5/drop:op=ack,p=0.5/{}\n", cwd.join("t.pcap").display());
+    assert_eq!(String::from_utf8_lossy(&env.stdout), expected);
+    // The library reports the seed of a simulated run, so that it can be replayed.
+    let out = rdma_emu().args(["run", "--seed", "5", "--", "ibv_devices"]).output().unwrap();
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("rdma-emu: seed 5 (simulation); replay with RDMA_EMU_SEED=5"), "{err}");
+}
+
+#[test]
 fn run_passes_the_exit_status_through() {
     let out = rdma_emu().args(["run", "--", "sh", "-c", "exit 7"]).output().unwrap();
     assert_eq!(out.status.code(), Some(7));
@@ -44,6 +61,8 @@ fn bad_usage_exits_2_with_a_message() {
         &["run"],
         &["frobnicate"],
         &["run", "--devices"],
+        &["run", "--seed", "x", "--", "true"],
+        &["run", "--faults", "drop:p=9", "--", "true"],
     ] {
         let out = rdma_emu().args(args).output().unwrap();
         assert_eq!(out.status.code(), Some(2), "{args:?}");

@@ -121,6 +121,11 @@ pub struct Device {
 }
 
 impl Device {
+    /// The fabric the device is on.
+    pub fn fabric(&self) -> crate::Fabric {
+        crate::Fabric(self.fabric.clone())
+    }
+
     /// Kernel-style name, `emu0`, `emu1`, ...
     pub fn name(&self) -> &str {
         &self.inner.name

@@ -1,7 +1,7 @@
 //! The emulator's own control functions (version node `RDMA_EMU_1.0`, declared in
-//! `include/rdma_emu.h`): what a test needs to provoke port and device events.
+//! `include/rdma_emu.h`): what a test needs to provoke port and device events, and faults.
 
-use core::ffi::c_int;
+use core::ffi::{c_char, c_int};
 
 use rdma_emu::{EventType, PortState};
 
@@ -36,5 +36,63 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_raise_event(
         let ev = EventType(event);
         let port = (ev != EventType::DEVICE_FATAL).then_some(port);
         s.emu.device().raise_event(ev, port).map_or_else(|e| e.errno().raw(), |()| 0)
+    })
+}
+
+/// `rdma_emu_set_faults(context, rules)`: replaces the fault rules of the context's fabric
+/// (NULL or "" clears them); `EINVAL`, with the reason on stderr, for malformed rules.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_set_faults(
+    c: *mut ibv_context,
+    rules: *const c_char,
+) -> c_int {
+    ffi!(libc::EIO, {
+        // SAFETY: NULL or a live context.
+        let Some(s) = (unsafe { ctx(c) }) else { return libc::EINVAL };
+        let text = if rules.is_null() {
+            String::new()
+        } else {
+            // SAFETY: the caller passes a NUL-terminated string.
+            unsafe { std::ffi::CStr::from_ptr(rules) }.to_string_lossy().into_owned()
+        };
+        match rdma_emu::FaultRule::parse(&text) {
+            Ok(r) => {
+                s.emu.device().fabric().set_faults(r);
+                0
+            }
+            Err(e) => {
+                eprintln!("rdma-emu: {e}");
+                libc::EINVAL
+            }
+        }
+    })
+}
+
+/// `rdma_emu_fault_hits(context, hits, n)`: copies how often each of the first `n` rules hit
+/// into `hits`; the number of rules, or -1 for a NULL context.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_fault_hits(
+    c: *mut ibv_context,
+    hits: *mut u64,
+    n: c_int,
+) -> c_int {
+    ffi!(-1, {
+        // SAFETY: NULL or a live context.
+        let Some(s) = (unsafe { ctx(c) }) else { return -1 };
+        let all = s.emu.device().fabric().fault_hits();
+        if !hits.is_null() {
+            for (i, h) in all.iter().take(n.max(0) as usize).enumerate() {
+                // SAFETY: the caller gives room for `n` counts.
+                unsafe { hits.add(i).write(*h) };
+            }
+        }
+        all.len() as c_int
+    })
+}
+
+/// `rdma_emu_seed(context)`: the seed of the context's fabric (0 for a NULL context).
+pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_seed(c: *mut ibv_context) -> u64 {
+    ffi!(0, {
+        // SAFETY: NULL or a live context.
+        let Some(s) = (unsafe { ctx(c) }) else { return 0 };
+        s.emu.device().fabric().seed()
     })
 }

@@ -18,8 +18,7 @@ fn devices() -> &'static [ShimDevice] {
     // Never resized after creation, so the addresses handed to C stay valid.
     static DEVICES: OnceLock<Vec<ShimDevice>> = OnceLock::new();
     let devs = DEVICES.get_or_init(|| {
-        let cfg = FabricConfig::from_vars(|k| std::env::var(k).ok());
-        let fabric = Fabric::new(cfg);
+        let Some(fabric) = fabric_from_env() else { return Vec::new() };
         if FABRIC.set(fabric.clone()).is_ok() {
             // SAFETY: registers a plain function with no captured state; it may run at exit.
             unsafe { libc::atexit(flush_at_exit) };
@@ -52,6 +51,35 @@ fn devices() -> &'static [ShimDevice] {
 }
 
 static FABRIC: OnceLock<Fabric> = OnceLock::new();
+
+/// The fabric the environment describes. A configuration that cannot be used (a malformed
+/// `RDMA_EMU_FAULTS`, say) is reported on stderr and leaves the process with no devices,
+/// rather than running without the faults the user asked for. A run with a seed or faults
+/// reports its seed, so that it can be replayed.
+fn fabric_from_env() -> Option<Fabric> {
+    let var = |k: &str| std::env::var(k).ok();
+    let cfg = match FabricConfig::try_from_vars(var) {
+        Ok(cfg) => cfg,
+        Err(e) => {
+            eprintln!("rdma-emu: {e}; no devices");
+            return None;
+        }
+    };
+    let noisy = cfg.seed.is_some() || !cfg.faults.is_empty();
+    let fabric = match Fabric::try_new(cfg) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("rdma-emu: RDMA_EMU_PCAP: {e}; no devices");
+            return None;
+        }
+    };
+    if noisy {
+        let seed = fabric.seed();
+        let mode = if fabric.simulated() { "simulation" } else { "real time" };
+        eprintln!("rdma-emu: seed {seed} ({mode}); replay with RDMA_EMU_SEED={seed}");
+    }
+    Some(fabric)
+}
 
 /// At exit, lets the packets still queued for other processes (a final ACK, say) leave
 /// before the process and its queues are gone, within a bound.

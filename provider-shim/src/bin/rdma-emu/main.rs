@@ -1,7 +1,8 @@
 //! `rdma-emu`: run programs on the emulator, list its devices, or run the demo.
 //!
 //! ```text
-//! rdma-emu run [--devices N] [--profile rxe|full] [--ports N] [--fabric NAME] -- PROGRAM [ARGS...]
+//! rdma-emu run [--devices N] [--profile rxe|full] [--ports N] [--fabric NAME]
+//!              [--seed S] [--faults RULES] [--pcap FILE] -- PROGRAM [ARGS...]
 //! rdma-emu devices [--devices N] [--profile rxe|full] [--ports N]
 //! rdma-emu event [--fabric NAME] [--device DEV] [--port N] EVENT
 //! rdma-emu port [--fabric NAME] [--device DEV] [--port N] up|down
@@ -12,7 +13,9 @@
 //! (found next to this executable, or named by `RDMA_EMU_LIB`) and the options passed on as the
 //! environment variables the library reads: `RDMA_EMU_DEVICES`, `RDMA_EMU_PROFILE`,
 //! `RDMA_EMU_PORTS`, `RDMA_EMU_FABRIC` (programs run this way meet on the host fabric of that
-//! name, `default` unless given; `none` keeps each process to itself).
+//! name, `default` unless given; `none` keeps each process to itself), `RDMA_EMU_SEED`
+//! (simulation: virtual time, seeded choices), `RDMA_EMU_FAULTS` (fault rules, see
+//! `docs/faults.md`) and `RDMA_EMU_PCAP` (a packet trace).
 //!
 //! `event` and `port` reach every process on the host fabric that has the device open: a port
 //! or device event to test handlers with (`ibv_asyncwatch` prints it), or a port going down.
@@ -28,7 +31,8 @@ use std::{
 use rdma_emu::{Fabric, FabricConfig, Profile};
 
 const USAGE: &str = "usage:
-  rdma-emu run [--devices N] [--profile rxe|full] [--ports N] [--fabric NAME] -- PROGRAM [ARGS...]
+  rdma-emu run [--devices N] [--profile rxe|full] [--ports N] [--fabric NAME]
+               [--seed S] [--faults RULES] [--pcap FILE] -- PROGRAM [ARGS...]
   rdma-emu devices [--devices N] [--profile rxe|full] [--ports N]
   rdma-emu event [--fabric NAME] [--device DEV] [--port N] EVENT   (e.g. PORT_ERR, DEVICE_FATAL)
   rdma-emu port [--fabric NAME] [--device DEV] [--port N] up|down
@@ -64,6 +68,22 @@ fn parse_opts(args: &mut std::slice::Iter<'_, String>) -> Result<(Opts, Vec<Stri
                 o.env.push(("RDMA_EMU_PROFILE", v));
             }
             "--fabric" => o.env.push(("RDMA_EMU_FABRIC", value("--fabric")?)),
+            "--seed" => {
+                let v = value("--seed")?;
+                v.parse::<u64>().map_err(|_| format!("--seed: not a number: {v}"))?;
+                o.env.push(("RDMA_EMU_SEED", v));
+            }
+            "--faults" => {
+                let v = value("--faults")?;
+                rdma_emu::FaultRule::parse(&v).map_err(|e| format!("--faults: {e}"))?;
+                o.env.push(("RDMA_EMU_FAULTS", v));
+            }
+            "--pcap" => {
+                let v = value("--pcap")?;
+                // The program may change directory: hand it an absolute path.
+                let abs = std::path::absolute(&v).map_err(|e| format!("--pcap {v}: {e}"))?;
+                o.env.push(("RDMA_EMU_PCAP", abs.to_string_lossy().into_owned()));
+            }
             "--device" => o.device = Some(value("--device")?),
             "--port" => {
                 let v = value("--port")?;

@@ -1,0 +1,145 @@
+/* Fault injection from C, in simulation (run with RDMA_EMU_SEED=7 and
+ * RDMA_EMU_FAULTS="drop:op=write,nth=1"): a lost WRITE retransmitted, a dead link ending in
+ * IBV_WC_RETRY_EXC_ERR and a flush, an RNR storm ridden out, a port flap with its events,
+ * and the control functions' errors. The control functions are looked up with dlsym, as a
+ * program that also runs on real hardware would. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+
+#include "common.h"
+#include "rdma_emu.h"
+
+static typeof(rdma_emu_set_faults) *set_faults;
+static typeof(rdma_emu_fault_hits) *fault_hits;
+static typeof(rdma_emu_seed) *seed_of;
+
+static void pair(struct ibv_device **list, struct side *a, struct side *b)
+{
+	memset(a, 0, sizeof(*a));
+	memset(b, 0, sizeof(*b));
+	setup(a, list[0]);
+	setup(b, list[1]);
+	connect_to(a, b);
+	connect_to(b, a);
+}
+
+static void teardown(struct side *s)
+{
+	CHECK(ibv_destroy_qp(s->qp) == 0);
+	CHECK(ibv_destroy_cq(s->cq) == 0);
+	CHECK(ibv_destroy_comp_channel(s->ch) == 0);
+	CHECK(ibv_dereg_mr(s->mr) == 0);
+	CHECK(ibv_dealloc_pd(s->pd) == 0);
+	CHECK(ibv_close_device(s->ctx) == 0);
+	free(s->buf);
+}
+
+static void post_write(struct side *a, struct side *b, uint64_t id)
+{
+	struct ibv_sge sge = { (uintptr_t)a->buf, 8, a->mr->lkey };
+	struct ibv_send_wr wr = { .wr_id = id, .sg_list = &sge, .num_sge = 1,
+				  .opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED };
+	struct ibv_send_wr *bad;
+	wr.wr.rdma.remote_addr = (uintptr_t)b->buf;
+	wr.wr.rdma.rkey = b->mr->rkey;
+	CHECK(ibv_post_send(a->qp, &wr, &bad) == 0);
+}
+
+static void post_recv(struct side *s, uint64_t id)
+{
+	struct ibv_sge sge = { (uintptr_t)s->buf + 64, 64, s->mr->lkey };
+	struct ibv_recv_wr wr = { .wr_id = id, .sg_list = &sge, .num_sge = 1 }, *bad;
+	CHECK(ibv_post_recv(s->qp, &wr, &bad) == 0);
+}
+
+/* Waits for the next async event of `s`, polling `cq` meanwhile (an empty poll lets virtual
+ * time run to the next deadline). */
+static enum ibv_event_type next_event(struct side *s, struct ibv_cq *cq)
+{
+	struct ibv_async_event ev;
+	struct ibv_wc wc;
+	for (long i = 0; i < 10000000L; i++) {
+		if (ibv_get_async_event(s->ctx, &ev) == 0) {
+			enum ibv_event_type t = ev.event_type;
+			ibv_ack_async_event(&ev);
+			return t;
+		}
+		CHECK(errno == EAGAIN);
+		CHECK(ibv_poll_cq(cq, 1, &wc) == 0);
+	}
+	fprintf(stderr, "no event\n");
+	exit(1);
+}
+
+int main(void)
+{
+	int n;
+	struct ibv_device **list = ibv_get_device_list(&n);
+	struct side a, b;
+	struct ibv_wc wc;
+	uint64_t hits[4] = { 0 };
+	struct ibv_qp_attr attr;
+	struct ibv_qp_init_attr init;
+
+	set_faults = dlsym(RTLD_DEFAULT, "rdma_emu_set_faults");
+	fault_hits = dlsym(RTLD_DEFAULT, "rdma_emu_fault_hits");
+	seed_of = dlsym(RTLD_DEFAULT, "rdma_emu_seed");
+	CHECK(set_faults && fault_hits && seed_of);
+	CHECK(list && n >= 2);
+	pair(list, &a, &b);
+	CHECK(seed_of(a.ctx) == 7);
+
+	/* RDMA_EMU_FAULTS drops the first WRITE: it is retransmitted after the ACK timeout. */
+	memcpy(a.buf, "payload!", 8);
+	post_write(&a, &b, 1);
+	wc = wait_wc(a.cq);
+	CHECK(wc.wr_id == 1 && wc.status == IBV_WC_SUCCESS);
+	CHECK(memcmp(b.buf, "payload!", 8) == 0);
+	CHECK(fault_hits(a.ctx, hits, 4) == 1 && hits[0] == 1);
+
+	/* Every SEND is refused twice with an RNR NAK, then taken. */
+	CHECK(set_faults(a.ctx, "rnr:count=2") == 0);
+	post_recv(&b, 7);
+	{
+		struct ibv_sge sge = { (uintptr_t)a.buf, 8, a.mr->lkey };
+		struct ibv_send_wr wr = { .wr_id = 2, .sg_list = &sge, .num_sge = 1,
+					  .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED }, *bad;
+		CHECK(ibv_post_send(a.qp, &wr, &bad) == 0);
+	}
+	wc = wait_wc(a.cq);
+	CHECK(wc.wr_id == 2 && wc.status == IBV_WC_SUCCESS);
+	wc = wait_wc(b.cq);
+	CHECK(wc.wr_id == 7 && wc.status == IBV_WC_SUCCESS && wc.byte_len == 8);
+	CHECK(fault_hits(a.ctx, hits, 4) == 1 && hits[0] == 2);
+
+	/* A port flap: PORT_ERR, then PORT_ACTIVE 10 ms (virtual) later. */
+	CHECK(set_faults(a.ctx, "port-down:dev=emu1,port=1,for=10ms") == 0);
+	CHECK(next_event(&b, a.cq) == IBV_EVENT_PORT_ERR);
+	CHECK(next_event(&b, a.cq) == IBV_EVENT_PORT_ACTIVE);
+
+	/* A dead link: the WRITE is retried retry_cnt (7) times, then fails; the next flushes. */
+	CHECK(set_faults(a.ctx, "drop:op=request") == 0);
+	post_write(&a, &b, 3);
+	post_write(&a, &b, 4);
+	wc = wait_wc(a.cq);
+	CHECK(wc.wr_id == 3 && wc.status == IBV_WC_RETRY_EXC_ERR);
+	wc = wait_wc(a.cq);
+	CHECK(wc.wr_id == 4 && wc.status == IBV_WC_WR_FLUSH_ERR);
+	CHECK(ibv_query_qp(a.qp, &attr, IBV_QP_STATE, &init) == 0 && attr.qp_state == IBV_QPS_ERR);
+	CHECK(fault_hits(a.ctx, hits, 4) == 1 && hits[0] == 16);
+
+	/* Bad input. */
+	CHECK(set_faults(a.ctx, "drop:p=7") == EINVAL);
+	CHECK(set_faults(a.ctx, "explode") == EINVAL);
+	CHECK(set_faults(NULL, "drop") == EINVAL);
+	CHECK(fault_hits(NULL, hits, 4) == -1);
+	CHECK(fault_hits(a.ctx, NULL, 0) == 1);
+	CHECK(set_faults(a.ctx, NULL) == 0);
+	CHECK(fault_hits(a.ctx, hits, 4) == 0);
+
+	teardown(&a);
+	teardown(&b);
+	ibv_free_device_list(list);
+	printf("faults ok\n");
+	return 0;
+}
