@@ -291,3 +291,42 @@ fn the_same_seed_replays_the_same_faulty_run_and_another_seed_differs() {
     // Exactly-once despite the faults: ten fetch-and-adds added ten.
     assert!(first.contains("adds 10 "), "{first}");
 }
+
+#[test]
+fn ud_loses_a_dropped_datagram_and_delivers_the_next() {
+    let fabric = Fabric::new(FabricConfig {
+        seed: Some(13),
+        faults: FaultRule::parse("drop:op=send,nth=1").unwrap(),
+        ..Default::default()
+    });
+    let devs = fabric.devices();
+    let (a, b) = (node_on(&devs[0], 4096), node_on(&devs[1], 4096));
+    let ud = |n: &Node| {
+        let qp = new_qp(&n.pd, &n.cq, QpType::UD, 8, true);
+        use QpAttrMask as M;
+        let init = QpAttr { qp_state: QpState::INIT, port_num: 1, qkey: 5, ..Default::default() };
+        qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY).unwrap();
+        qp.modify(&QpAttr { qp_state: QpState::RTR, ..Default::default() }, M::STATE).unwrap();
+        let rts = QpAttr { qp_state: QpState::RTS, ..Default::default() };
+        qp.modify(&rts, M::STATE | M::SQ_PSN).unwrap();
+        qp
+    };
+    let (qa, qb) = (ud(&a), ud(&b));
+    let ep = qb.endpoint(0);
+    let attr = AhAttr { dlid: ep.lid, port_num: 1, ..Default::default() };
+    let ah = a.pd.create_ah(&attr).unwrap();
+    post_recv(&qb, 1, &[sge(&b.mr, 0, 100)]);
+    post_recv(&qb, 2, &[sge(&b.mr, 100, 100)]);
+    for (id, text) in [(10, b"lost"), (11, b"kept")] {
+        a.mr.write(0, text).unwrap();
+        qa.post_send(&SendWr::send_ud(id, &[sge(&a.mr, 0, 4)], &ah, ep.qpn, 5)).unwrap();
+        assert_eq!(wait1(&a.cq).status, WcStatus::SUCCESS, "UD has no ACKs to miss");
+    }
+    let r = wait1(&b.cq);
+    assert_eq!((r.wr_id, r.status, r.byte_len), (1, WcStatus::SUCCESS, 44));
+    let mut got = [0u8; 4];
+    b.mr.read(40, &mut got).unwrap();
+    assert_eq!(&got, b"kept");
+    assert_empty(&b.cq);
+    assert_eq!(fabric.fault_hits(), [1]);
+}
