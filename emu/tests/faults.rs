@@ -101,7 +101,8 @@ fn a_dead_link_ends_in_retry_exceeded_then_flushes_the_rest() {
 fn an_rnr_storm_is_ridden_out_with_min_rnr_timer_back_off_or_ends_in_rnr_retry_exceeded() {
     let pa = RcParams { rnr_retry: 7, ..Default::default() };
     let pb = RcParams { min_rnr_timer: 14, ..Default::default() }; // 1.28 ms
-    let (f, a, b) = sim(5, "rnr:count=3", &pa, &pb);
+    // More RNR NAKs than rnr_retry could count: 7 means "retry forever".
+    let (f, a, b) = sim(5, "rnr:count=9", &pa, &pb);
     post_recv(&b.qp, 9, &[sge(&b.mr, 0, 64)]);
     let start = f.now_ns();
     a.qp.post_send(&SendWr::send(1, &[sge(&a.mr, 0, 4)]).signaled()).unwrap();
@@ -109,10 +110,10 @@ fn an_rnr_storm_is_ridden_out_with_min_rnr_timer_back_off_or_ends_in_rnr_retry_e
     assert_eq!(wait1(&b.cq).wr_id, 9);
     let waited = f.now_ns() - start;
     assert!(
-        (3 * 1_280_000..4 * 1_280_000).contains(&waited),
-        "{waited}: three back-offs of 1.28 ms"
+        (9 * 1_280_000..10 * 1_280_000).contains(&waited),
+        "{waited}: nine back-offs of 1.28 ms"
     );
-    assert_eq!(f.fault_hits(), [3]);
+    assert_eq!(f.fault_hits(), [9]);
 
     let pa = RcParams { rnr_retry: 2, ..Default::default() };
     let (f, a, b) = sim(5, "rnr", &pa, &pb);
