@@ -302,16 +302,7 @@ fn ud_loses_a_dropped_datagram_and_delivers_the_next() {
     });
     let devs = fabric.devices();
     let (a, b) = (node_on(&devs[0], 4096), node_on(&devs[1], 4096));
-    let ud = |n: &Node| {
-        let qp = new_qp(&n.pd, &n.cq, QpType::UD, 8, true);
-        use QpAttrMask as M;
-        let init = QpAttr { qp_state: QpState::INIT, port_num: 1, qkey: 5, ..Default::default() };
-        qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY).unwrap();
-        qp.modify(&QpAttr { qp_state: QpState::RTR, ..Default::default() }, M::STATE).unwrap();
-        let rts = QpAttr { qp_state: QpState::RTS, ..Default::default() };
-        qp.modify(&rts, M::STATE | M::SQ_PSN).unwrap();
-        qp
-    };
+    let ud = |n: &Node| ud_qp(n, 5, 8);
     let (qa, qb) = (ud(&a), ud(&b));
     let ep = qb.endpoint(0);
     let attr = AhAttr { dlid: ep.lid, port_num: 1, ..Default::default() };

@@ -278,16 +278,7 @@ fn ud_datagrams_cross_between_fabrics() {
     let dir = HostDir::new();
     let (fa, fb) = (dir.fabric(Profile::Rxe), dir.fabric(Profile::Rxe));
     let (a, b) = (node_on(&fa.devices()[0], 4096), node_on(&fb.devices()[0], 4096));
-    let ud = |n: &Node| {
-        let qp = new_qp(&n.pd, &n.cq, QpType::UD, 8, true);
-        use QpAttrMask as M;
-        let init = QpAttr { qp_state: QpState::INIT, port_num: 1, qkey: 5, ..Default::default() };
-        qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY).unwrap();
-        qp.modify(&QpAttr { qp_state: QpState::RTR, ..Default::default() }, M::STATE).unwrap();
-        let rts = QpAttr { qp_state: QpState::RTS, ..Default::default() };
-        qp.modify(&rts, M::STATE | M::SQ_PSN).unwrap();
-        qp
-    };
+    let ud = |n: &Node| ud_qp(n, 5, 8);
     let (qa, qb) = (ud(&a), ud(&b));
     let ep = qb.endpoint(0);
     let attr =

@@ -11,26 +11,12 @@ struct Ud {
     qp: Qp,
 }
 
-fn ud_qp(n: &Node) -> Qp {
-    let qp = new_qp(&n.pd, &n.cq, QpType::UD, 16, true);
-    use QpAttrMask as M;
-    let a = QpAttr { qp_state: QpState::INIT, port_num: 1, qkey: QKEY, ..Default::default() };
-    qp.modify(&a, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY).unwrap();
-    qp.modify(&QpAttr { qp_state: QpState::RTR, ..Default::default() }, M::STATE).unwrap();
-    qp.modify(
-        &QpAttr { qp_state: QpState::RTS, sq_psn: 7, ..Default::default() },
-        M::STATE | M::SQ_PSN,
-    )
-    .unwrap();
-    qp
-}
-
 fn pair(profile: Profile) -> (Fabric, Ud, Ud) {
     let f = Fabric::new(FabricConfig { devices: 2, profile, ..Default::default() });
     let devs = f.devices();
     let mk = |d: &Device| {
         let n = node_on(d, 8192);
-        let qp = ud_qp(&n);
+        let qp = ud_qp(&n, QKEY, 16);
         Ud { n, qp }
     };
     let (a, b) = (mk(&devs[0]), mk(&devs[1]));
@@ -157,7 +143,7 @@ fn multicast_reaches_every_attached_qp_until_detached() {
     let (f, a, b) = pair(Profile::Full);
     let c = {
         let n = node_on(&f.devices()[0], 8192);
-        let qp = ud_qp(&n);
+        let qp = ud_qp(&n, QKEY, 16);
         Ud { n, qp }
     };
     let mut mgid = Gid::ZERO;

@@ -44,6 +44,18 @@ pub fn new_qp(pd: &Pd, cq: &Cq, qp_type: QpType, depth: u32, sq_sig_all: bool) -
     pd.create_qp(&attr).unwrap()
 }
 
+/// A UD QP of `n` with Q_Key `qkey` and `depth` WRs each way, taken to RTS.
+pub fn ud_qp(n: &Node, qkey: u32, depth: u32) -> Qp {
+    let qp = new_qp(&n.pd, &n.cq, QpType::UD, depth, true);
+    use QpAttrMask as M;
+    let a = QpAttr { qp_state: QpState::INIT, port_num: 1, qkey, ..Default::default() };
+    qp.modify(&a, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY).unwrap();
+    qp.modify(&QpAttr { qp_state: QpState::RTR, ..Default::default() }, M::STATE).unwrap();
+    let rts = QpAttr { qp_state: QpState::RTS, sq_psn: 7, ..Default::default() };
+    qp.modify(&rts, M::STATE | M::SQ_PSN).unwrap();
+    qp
+}
+
 pub fn node_on(dev: &Device, mr_len: usize) -> Node {
     let ctx = dev.open().unwrap();
     let pd = ctx.alloc_pd().unwrap();

@@ -104,6 +104,17 @@ static inline void connect_to(struct side *a, struct side *b)
 	CHECK(a->qp->state == IBV_QPS_RTS);
 }
 
+/* Two sides on the first two devices, connected to each other. */
+static inline void setup_pair(struct ibv_device **list, struct side *a, struct side *b)
+{
+	memset(a, 0, sizeof(*a));
+	memset(b, 0, sizeof(*b));
+	setup(a, list[0]);
+	setup(b, list[1]);
+	connect_to(a, b);
+	connect_to(b, a);
+}
+
 static inline struct ibv_wc wait_wc(struct ibv_cq *cq)
 {
 	struct ibv_wc wc;

@@ -15,16 +15,6 @@ static typeof(rdma_emu_set_faults) *set_faults;
 static typeof(rdma_emu_fault_hits) *fault_hits;
 static typeof(rdma_emu_seed) *seed_of;
 
-static void pair(struct ibv_device **list, struct side *a, struct side *b)
-{
-	memset(a, 0, sizeof(*a));
-	memset(b, 0, sizeof(*b));
-	setup(a, list[0]);
-	setup(b, list[1]);
-	connect_to(a, b);
-	connect_to(b, a);
-}
-
 static void teardown(struct side *s)
 {
 	CHECK(ibv_destroy_qp(s->qp) == 0);
@@ -135,7 +125,7 @@ int main(void)
 	seed_of = dlsym(RTLD_DEFAULT, "rdma_emu_seed");
 	CHECK(set_faults && fault_hits && seed_of);
 	CHECK(list && n >= 2);
-	pair(list, &a, &b);
+	setup_pair(list, &a, &b);
 	CHECK(seed_of(a.ctx) == 7);
 
 	/* RDMA_EMU_FAULTS drops the first WRITE: it is retransmitted after the ACK timeout. */

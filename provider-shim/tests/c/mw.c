@@ -16,16 +16,6 @@ static int remote_write(struct side *a, uint64_t addr, uint32_t rkey, int len)
 	return wait_wc(a->cq).status;
 }
 
-static void pair(struct ibv_device **list, struct side *a, struct side *b)
-{
-	memset(a, 0, sizeof(*a));
-	memset(b, 0, sizeof(*b));
-	setup(a, list[0]);
-	setup(b, list[1]);
-	connect_to(a, b);
-	connect_to(b, a);
-}
-
 int main(void)
 {
 	int n;
@@ -38,7 +28,7 @@ int main(void)
 	struct ibv_wc wc;
 
 	CHECK(list && n >= 2 && tbuf);
-	pair(list, &a, &b);
+	setup_pair(list, &a, &b);
 	CHECK(ibv_query_device(b.ctx, &da) == 0);
 	CHECK(da.max_mw > 0 && (da.device_cap_flags & IBV_DEVICE_MEM_WINDOW));
 	CHECK(target = ibv_reg_mr(b.pd, tbuf, BUF, ALL_ACCESS | IBV_ACCESS_MW_BIND));
@@ -71,7 +61,7 @@ int main(void)
 	CHECK(remote_write(&a, (uintptr_t)tbuf + 256 + 511, mw1->rkey, 2) == IBV_WC_REM_ACCESS_ERR);
 
 	/* Type 2 on a fresh pair: IBV_WR_BIND_MW, then LOCAL_INV. */
-	pair(list, &a, &b);
+	setup_pair(list, &a, &b);
 	CHECK(target = ibv_reg_mr(b.pd, tbuf, BUF, ALL_ACCESS | IBV_ACCESS_MW_BIND));
 	CHECK(mw2 = ibv_alloc_mw(b.pd, IBV_MW_TYPE_2));
 	CHECK(ibv_bind_mw(b.qp, mw2, &bind) == EINVAL); /* type 2 is bound by a work request */
@@ -94,7 +84,7 @@ int main(void)
 	CHECK(remote_write(&a, (uintptr_t)tbuf, rkey2, 7) == IBV_WC_REM_ACCESS_ERR);
 
 	/* Type 2 by ibv_wr_bind_mw on an extended QP, invalidated by the peer's SEND_WITH_INV. */
-	pair(list, &a, &b);
+	setup_pair(list, &a, &b);
 	CHECK(target = ibv_reg_mr(b.pd, tbuf, BUF, ALL_ACCESS | IBV_ACCESS_MW_BIND));
 	CHECK(mw2 = ibv_alloc_mw(b.pd, IBV_MW_TYPE_2));
 	{
