@@ -317,6 +317,12 @@ struct Armed {
     down: bool,
 }
 
+impl Armed {
+    fn new(rule: FaultRule) -> Armed {
+        Armed { rule, seen: 0, hits: 0, down: false }
+    }
+}
+
 #[derive(Debug, Default)]
 struct State {
     rules: Vec<Armed>,
@@ -362,8 +368,7 @@ impl Faults {
         let mut st = self.st.lock();
         st.generation += 1;
         st.since = now;
-        st.rules =
-            rules.into_iter().map(|rule| Armed { rule, seen: 0, hits: 0, down: false }).collect();
+        st.rules = rules.into_iter().map(Armed::new).collect();
         for (i, a) in st.rules.iter().enumerate() {
             if a.rule.is_timed() {
                 let job = Job::Fault { generation: st.generation, rule: i };
@@ -547,8 +552,7 @@ mod test {
     fn test_nth_count_and_probability_select_packets() {
         let f = Faults::new(1);
         let rules = FaultRule::parse("drop:op=send,nth=2; dup:op=write,count=1").unwrap();
-        f.st.lock().rules =
-            rules.into_iter().map(|rule| Armed { rule, seen: 0, hits: 0, down: false }).collect();
+        f.st.lock().rules = rules.into_iter().map(Armed::new).collect();
         let send = Packet::new(Kind::Send);
         let write = Packet::new(Kind::Write);
         let got: Vec<_> = (0..3).map(|_| f.judge(&send, 0)).collect();
@@ -557,12 +561,7 @@ mod test {
         assert_eq!(f.judge(&write, 0), Verdict::Pass);
         assert_eq!(f.hits(), [1, 1]);
         let half = Faults::new(3);
-        half.st.lock().rules = vec![Armed {
-            rule: FaultRule::parse("drop:p=0.5").unwrap().remove(0),
-            seen: 0,
-            hits: 0,
-            down: false,
-        }];
+        half.st.lock().rules = vec![Armed::new(FaultRule::parse("drop:p=0.5").unwrap().remove(0))];
         let drops = (0..1000).filter(|_| half.judge(&send, 0) == Verdict::Drop).count();
         assert!((400..600).contains(&drops), "{drops}");
     }

@@ -518,8 +518,7 @@ fn peer_died(fabric: &FabricInner, slot: u8) {
         }
         None => HashSet::new(),
     };
-    let qps: Vec<_> = fabric.qps.read().values().filter_map(Weak::upgrade).collect();
-    for qp in qps {
+    for qp in fabric.live_qps() {
         if !qp.qp_type.is_reliable() && qp.qp_type != QpType::UC {
             continue;
         }

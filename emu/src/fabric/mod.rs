@@ -202,10 +202,14 @@ impl FabricInner {
         self.node.get().is_some_and(|n| n.progress(self)) || self.timer.advance()
     }
 
+    /// The QPs alive now, taken out of the table so that each can be locked without it.
+    pub(crate) fn live_qps(&self) -> Vec<Arc<QpShared>> {
+        self.qps.read().values().filter_map(Weak::upgrade).collect()
+    }
+
     /// Device fatal: every QP of device `dev` enters the error state, its work flushed.
     pub(crate) fn fail_device_qps(&self, dev: u32) {
-        let qps: Vec<_> = self.qps.read().values().filter_map(Weak::upgrade).collect();
-        for qp in qps.iter().filter(|q| q.device_index() == dev) {
+        for qp in self.live_qps().iter().filter(|q| q.device_index() == dev) {
             let mut g = qp.inner.lock();
             if g.state != crate::QpState::RESET {
                 crate::engine::enter_error(qp, &mut g);
