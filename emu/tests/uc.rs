@@ -39,15 +39,17 @@ fn uc_send_and_write_with_imm_deliver() {
 }
 
 #[test]
-fn uc_rejects_read_and_atomics_at_post() {
+fn uc_fails_read_and_atomics_with_a_local_qp_operation_error() {
+    // As rxe (conformance scenario uc_refuses_read_and_atomics): the post takes them, the
+    // first fails with LOC_QP_OP_ERR, the QP goes to ERR and the rest flush.
     let (_f, a, b) = uc_pair();
     let s = [sge(&a.mr, 0, 8)];
-    for wr in [
-        SendWr::read(1, &s, b.mr.addr(), b.mr.rkey()),
-        SendWr::fetch_add(1, &s, b.mr.addr(), b.mr.rkey(), 1),
-    ] {
-        assert_eq!(a.qp.post_send(&wr).unwrap_err().errno(), Errno::EINVAL);
-    }
+    a.qp.post_send(&SendWr::read(1, &s, b.mr.addr(), b.mr.rkey())).unwrap();
+    a.qp.post_send(&SendWr::fetch_add(2, &s, b.mr.addr(), b.mr.rkey(), 1)).unwrap();
+    let (first, second) = (wait1(&a.cq), wait1(&a.cq));
+    assert_eq!((first.wr_id, first.status), (1, WcStatus::LOC_QP_OP_ERR));
+    assert_eq!((second.wr_id, second.status), (2, WcStatus::WR_FLUSH_ERR));
+    assert_eq!(a.qp.query().unwrap().qp_state, QpState::ERR);
 }
 
 #[test]

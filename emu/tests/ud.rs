@@ -123,7 +123,10 @@ fn ud_posting_and_address_handle_errors() {
     let ah = ah_to(&a, &b);
     let mut w = SendWr::send_ud(1, &s, &ah, b.qp.qp_num(), QKEY);
     w.opcode = WrOpcode::RDMA_WRITE;
-    assert_eq!(a.qp.post_send(&w).unwrap_err().errno(), Errno::EINVAL, "UD carries only SEND");
+    // As on rxe: the post takes it, the WR fails with a local QP operation error, QP to ERR.
+    a.qp.post_send(&w).unwrap();
+    assert_eq!(wait1(&a.n.cq).status, WcStatus::LOC_QP_OP_ERR, "UD carries only SEND");
+    assert_eq!(a.qp.query().unwrap().qp_state, QpState::ERR);
     let no_grh = AhAttr { dlid: 1, port_num: 1, ..Default::default() };
     assert_eq!(a.n.pd.create_ah(&no_grh).unwrap_err().errno(), Errno::EINVAL, "RoCE needs a GRH");
     let bad_port = AhAttr { port_num: 2, ..ah.attr() };

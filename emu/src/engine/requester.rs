@@ -70,11 +70,10 @@ pub(crate) fn post(qp: &QpShared, g: &mut QpInner, wr: &SendWr<'_>) -> Result<()
             if !qp.ctx.device.attr.has_memory_windows() {
                 return Err(Error::new(Errno::EOPNOTSUPP, "the device has no memory windows"));
             }
-            if qp.qp_type == QpType::UD {
-                return Err(einval("memory-window operations need a connected QP"));
-            }
-            if wr.opcode == WrOpcode::SEND_WITH_INV && !qp.qp_type.is_reliable() {
-                return Err(einval("SEND with invalidate is an RC and XRC operation"));
+            if qp.qp_type == QpType::UD && wr.opcode == WrOpcode::BIND_MW {
+                // rxe's provider refuses a bind on UD at the post; a LOCAL_INV or a SEND with
+                // invalidate it takes and fails (see `carries`).
+                return Err(einval("a window is bound through a connected QP"));
             }
             if wr.opcode == WrOpcode::BIND_MW && wr.bind.is_none() {
                 return Err(einval("a BIND_MW request names no window"));
@@ -86,9 +85,6 @@ pub(crate) fn post(qp: &QpShared, g: &mut QpInner, wr: &SendWr<'_>) -> Result<()
         _ => return Err(einval("invalid opcode")),
     }
     let ud = if qp.qp_type == QpType::UD {
-        if !matches!(wr.opcode, WrOpcode::SEND | WrOpcode::SEND_WITH_IMM) {
-            return Err(einval("UD carries only SEND"));
-        }
         let Some(u) = wr.ud else { return Err(einval("a UD send needs an address handle")) };
         u.ah.check()?;
         if !Arc::ptr_eq(&u.ah.0.pd, &qp.pd) {
@@ -112,17 +108,6 @@ pub(crate) fn post(qp: &QpShared, g: &mut QpInner, wr: &SendWr<'_>) -> Result<()
     } else {
         None
     };
-    if qp.qp_type == QpType::UC
-        && !matches!(
-            wr.opcode,
-            WrOpcode::SEND
-                | WrOpcode::SEND_WITH_IMM
-                | WrOpcode::RDMA_WRITE
-                | WrOpcode::RDMA_WRITE_WITH_IMM
-        )
-    {
-        return Err(einval("UC carries only SEND and RDMA WRITE"));
-    }
     let inline = wr.send_flags.contains(SendFlags::INLINE);
     let length: u64 = if inline {
         wr.inline_data.len() as u64
@@ -214,6 +199,13 @@ pub(crate) fn run(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>) -> 
     while g.sq.next != g.sq.head {
         let idx = g.sq.next;
         let wqe = g.sq.ring.at(idx);
+        if !carries(qp.qp_type, wqe.opcode) {
+            // An opcode the transport lacks (a READ on UC, a WRITE on UD) is taken by the post,
+            // as rxe and hardware take it, and fails here: a local QP operation error. (Only
+            // UC and UD lack any, and their WRs leave nothing in flight.)
+            completer::fail_wqe(qp, g, idx, WcStatus::LOC_QP_OP_ERR);
+            return sent;
+        }
         if wqe.is_local() {
             // Local operations run once every earlier WR has completed (a stronger order than
             // the fence IBA asks for), so a window changes exactly between two messages.
@@ -262,9 +254,9 @@ pub(crate) fn run(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>) -> 
                     completer::complete_ok(qp, g);
                 }
             }
-            Err(status) if qp.qp_type == QpType::UD => {
+            Err(status) if qp.qp_type == QpType::UD && status == WcStatus::LOC_LEN_ERR => {
                 // A UD send that cannot go (longer than the MTU) fails alone with a local
-                // length error; the QP keeps running.
+                // length error; the QP keeps running. (A protection error fails the QP.)
                 g.sq.next = idx.wrapping_add(1);
                 completer::complete_err(qp, g, status);
             }
@@ -275,6 +267,26 @@ pub(crate) fn run(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>) -> 
         }
     }
     sent
+}
+
+/// Whether a QP of `ty` carries requests of `op`: UC no READ, atomics or SEND with invalidate,
+/// UD nothing but SEND
+/// (binds, which `post` refuses on UD, do not get here).
+fn carries(ty: QpType, op: WrOpcode) -> bool {
+    let rdma = matches!(
+        op,
+        WrOpcode::RDMA_WRITE
+            | WrOpcode::RDMA_WRITE_WITH_IMM
+            | WrOpcode::RDMA_READ
+            | WrOpcode::ATOMIC_CMP_AND_SWP
+            | WrOpcode::ATOMIC_FETCH_AND_ADD
+    );
+    let read_atomic = rdma && !matches!(op, WrOpcode::RDMA_WRITE | WrOpcode::RDMA_WRITE_WITH_IMM);
+    match ty {
+        QpType::UD => matches!(op, WrOpcode::SEND | WrOpcode::SEND_WITH_IMM),
+        QpType::UC => !read_atomic && op != WrOpcode::SEND_WITH_INV,
+        _ => true,
+    }
 }
 
 /// Executes the bind or local invalidation of the WQE at `idx` (rxe_do_local_ops).

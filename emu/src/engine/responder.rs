@@ -444,6 +444,14 @@ fn write(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>)
     if !g.attr.qp_access_flags.contains(AccessFlags::REMOTE_WRITE) {
         return fail(qp, g, &pkt, NakCode::InvalidRequest, None, drv);
     }
+    // A WRITE of several packets carries its RETH in the first and its immediate in the last:
+    // the first is checked (and NAKed) before the last needs a receive WQE.
+    if pkt.imm.is_some()
+        && pkt.npkts > 1
+        && target(qp, g, pkt.rkey, pkt.va, pkt.len, AccessFlags::REMOTE_WRITE).is_err()
+    {
+        return fail(qp, g, &pkt, NakCode::RemoteAccessError, None, drv);
+    }
     // WRITE_WITH_IMM consumes a receive WQE, taken before the data lands.
     let recv = if pkt.imm.is_some() {
         match pop_recv(qp, g) {
