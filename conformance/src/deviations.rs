@@ -1,0 +1,201 @@
+//! Deviations as data: where the emulator differs from rxe on purpose, `conformance/deviations.txt`
+//! says which programs and call, what rxe prints, what the emulator prints, why, and the reference.
+//!
+//! ```text
+//! [mw-type1-write-past-window]
+//! programs = mw_type1_*
+//! call = poll cq0
+//! rxe = wc qa wr=3 SUCCESS op=WRITE
+//! emu = wc qa wr=3 REM_ACCESS_ERR
+//! why = remote access through a window is bounded by the window
+//! ref = IBA 1.4 10.6.7.2
+//! ```
+//!
+//! `programs` and `call` may be given more than once (any of them matches). `*` matches any
+//! run of characters. A deviation explains a pair of differing blocks (the same
+//! call, see [`crate::trace::Block`]) when the program and call match and, once the lines only
+//! one side prints are set aside (`rxe_only =` / `emu_only =`, detail lines; the count a `poll`
+//! or `events` prints is then not compared), every line that still differs matches an
+//! `rxe =` / `emu =` pair of it, position by position.
+
+/// One documented difference.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Deviation {
+    pub id: String,
+    /// The programs it may explain (any of these globs).
+    pub programs: Vec<String>,
+    /// The calls it may explain (any of these globs).
+    pub call: Vec<String>,
+    pub rxe: Vec<String>,
+    pub emu: Vec<String>,
+    pub rxe_only: Vec<String>,
+    pub emu_only: Vec<String>,
+    pub why: String,
+    pub reference: String,
+}
+
+/// Parses the deviations file; every entry needs each key, and as many `rxe` as `emu` lines.
+pub fn parse(text: &str) -> Result<Vec<Deviation>, String> {
+    let mut out: Vec<Deviation> = Vec::new();
+    for (i, raw) in text.lines().enumerate() {
+        let line = raw.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let at = || format!("deviations line {}: {raw}", i + 1);
+        if let Some(id) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            if out.iter().any(|d| d.id == id) {
+                return Err(format!("{}: a second entry {id}", at()));
+            }
+            out.push(Deviation {
+                id: id.to_string(),
+                programs: Vec::new(),
+                call: Vec::new(),
+                rxe: Vec::new(),
+                emu: Vec::new(),
+                rxe_only: Vec::new(),
+                emu_only: Vec::new(),
+                why: String::new(),
+                reference: String::new(),
+            });
+            continue;
+        }
+        let (key, value) =
+            line.split_once(" = ").ok_or_else(|| format!("{}: not `key = value`", at()))?;
+        let d = out.last_mut().ok_or_else(|| format!("{}: before the first [entry]", at()))?;
+        let value = value.trim().to_string();
+        match key.trim() {
+            "programs" => d.programs.push(value),
+            "call" => d.call.push(value),
+            "rxe" => d.rxe.push(value),
+            "emu" => d.emu.push(value),
+            "rxe_only" => d.rxe_only.push(value),
+            "emu_only" => d.emu_only.push(value),
+            "why" => d.why = value,
+            "ref" => d.reference = value,
+            other => return Err(format!("{}: unknown key {other}", at())),
+        }
+    }
+    for d in &out {
+        if d.programs.is_empty() || d.call.is_empty() || d.why.is_empty() || d.reference.is_empty()
+        {
+            return Err(format!("deviation {} needs programs, call, why and ref", d.id));
+        }
+        if d.rxe.len() != d.emu.len() {
+            return Err(format!("deviation {} needs as many rxe as emu lines", d.id));
+        }
+        if d.rxe.is_empty() && d.rxe_only.is_empty() && d.emu_only.is_empty() {
+            return Err(format!("deviation {} names no line", d.id));
+        }
+    }
+    Ok(out)
+}
+
+impl Deviation {
+    /// Whether this deviation explains the differing blocks `rxe` and `emu` (each as
+    /// [`crate::trace::Block::lines`], detail lines without their indentation) of `program`.
+    pub fn explains(&self, program: &str, call: &str, rxe: &[String], emu: &[String]) -> bool {
+        if !self.programs.iter().any(|p| glob(p, program))
+            || !self.call.iter().any(|c| glob(c, call))
+        {
+            return false;
+        }
+        let only = !self.rxe_only.is_empty() || !self.emu_only.is_empty();
+        let keep = |lines: &[String], drop: &[String]| -> Vec<String> {
+            lines
+                .iter()
+                .enumerate()
+                .filter(|(i, l)| *i == 0 || !drop.iter().any(|g| glob(g, l.trim())))
+                .map(|(i, l)| if i == 0 && only { uncounted(l) } else { l.trim().to_string() })
+                .collect()
+        };
+        let (rxe, emu) = (keep(rxe, &self.rxe_only), keep(emu, &self.emu_only));
+        rxe.len() == emu.len()
+            && rxe.iter().zip(&emu).filter(|(r, e)| r != e).all(|(r, e)| {
+                (0..self.rxe.len()).any(|j| glob(&self.rxe[j], r) && glob(&self.emu[j], e))
+            })
+    }
+}
+
+/// A call line without the count it printed (`poll cq0 => 3` -> `poll cq0 => #`).
+fn uncounted(line: &str) -> String {
+    match line.rsplit_once(" => ") {
+        Some((call, n)) if n.parse::<u32>().is_ok() => format!("{call} => #"),
+        _ => line.to_string(),
+    }
+}
+
+/// `*` matches any run of characters; everything else matches itself.
+pub fn glob(pattern: &str, text: &str) -> bool {
+    let mut parts = pattern.split('*');
+    let first = parts.next().unwrap_or("");
+    let Some(mut rest) = text.strip_prefix(first) else { return false };
+    let parts: Vec<&str> = parts.collect();
+    for (i, part) in parts.iter().enumerate() {
+        if i + 1 == parts.len() {
+            return rest.ends_with(part);
+        }
+        match rest.find(part) {
+            Some(at) => rest = &rest[at + part.len()..],
+            None => return false,
+        }
+    }
+    rest.is_empty()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs() {
+        assert!(glob("a*c", "abbbc"));
+        assert!(glob("*", ""));
+        assert!(glob("poll *", "poll cq0"));
+        assert!(!glob("poll *", "pd pd0"));
+        assert!(glob("a*b*c", "a-b-c"));
+        assert!(!glob("a*b*c", "a-c-b"));
+        assert!(glob("exact", "exact"));
+        assert!(!glob("exact", "exactly"));
+    }
+
+    const ONE: &str = "[d]\nprograms = mw_*\ncall = poll *\nrxe = wc qa wr=3 SUCCESS op=WRITE\nemu = wc qa wr=3 REM_ACCESS_ERR\nwhy = bounded\nref = IBA\n";
+
+    #[test]
+    fn explains_only_the_lines_it_names() {
+        let d = &parse(ONE).unwrap()[0];
+        let rxe = ["poll cq0 => 1".to_string(), "  wc qa wr=3 SUCCESS op=WRITE".into()];
+        let emu = ["poll cq0 => 1".to_string(), "  wc qa wr=3 REM_ACCESS_ERR".into()];
+        assert!(d.explains("mw_a", "poll cq0", &rxe, &emu));
+        assert!(!d.explains("other", "poll cq0", &rxe, &emu));
+        let emu2 = ["poll cq0 => 1".to_string(), "  wc qa wr=3 LOC_LEN_ERR".into()];
+        assert!(!d.explains("mw_a", "poll cq0", &rxe, &emu2));
+        assert!(!d.explains("mw_a", "poll cq0", &rxe, &emu[..1]));
+    }
+
+    #[test]
+    fn lines_one_side_only() {
+        let d = &parse("[f]\nprograms = *\ncall = poll *\nemu_only = wc * wr=10* WR_FLUSH_ERR\nwhy = w\nref = r\n").unwrap()[0];
+        let rxe = ["poll cq0 => 1".to_string(), "  wc qa wr=1 SUCCESS op=SEND".into()];
+        let emu = [
+            "poll cq0 => 2".to_string(),
+            "  wc qa wr=1 SUCCESS op=SEND".into(),
+            "  wc qa wr=1001 WR_FLUSH_ERR".into(),
+        ];
+        assert!(d.explains("p", "poll cq0", &rxe, &emu));
+        let other = [
+            "poll cq0 => 2".to_string(),
+            "  wc qa wr=1 SUCCESS op=SEND".into(),
+            "  wc qa wr=5 WR_FLUSH_ERR".into(),
+        ];
+        assert!(!d.explains("p", "poll cq0", &rxe, &other));
+    }
+
+    #[test]
+    fn refuses_incomplete_entries() {
+        assert!(parse("[d]\nprograms = *\n").is_err());
+        assert!(parse("programs = *\n").is_err());
+        assert!(parse(&ONE.replace("emu = ", "# ")).is_err());
+        assert!(parse(&format!("{ONE}{ONE}")).unwrap_err().contains("second"));
+    }
+}
