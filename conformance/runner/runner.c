@@ -463,18 +463,22 @@ static void sleep_ms(int ms)
 	nanosleep(&ts, NULL);
 }
 
+/* Files the object a create verb returned under its reserved name; NULL is the verb's errno. */
+static int created(struct obj *o, enum kind kind, void *p)
+{
+	if (!p)
+		return errno;
+	o->kind = kind;
+	o->p = p;
+	return 0;
+}
+
 static int verb_pd(struct args *a)
 {
 	struct obj *o = make(pos(a, 0));
-	struct ibv_pd *pd;
 	if (!o || bad_arg)
 		return (bad_arg = 1);
-	pd = ibv_alloc_pd(ctx);
-	if (!pd)
-		return errno;
-	o->kind = K_PD;
-	o->p = pd;
-	return 0;
+	return created(o, K_PD, ibv_alloc_pd(ctx));
 }
 
 static int verb_mr(struct args *a)
@@ -507,30 +511,23 @@ static int verb_cq(struct args *a)
 	int cqe = num(pos(a, 1));
 	const char *ch = opt(a, "chan");
 	struct obj *chan = ch ? obj_arg(ch, K_CHAN) : NULL, *o;
-	struct ibv_cq *cq;
 	if (bad_arg || !(o = make(name)))
 		return (bad_arg = 1);
-	cq = ibv_create_cq(ctx, cqe, NULL, chan ? chan->p : NULL, 0);
-	if (!cq)
-		return errno;
-	o->kind = K_CQ;
-	o->p = cq;
-	return 0;
+	return created(o, K_CQ, ibv_create_cq(ctx, cqe, NULL, chan ? chan->p : NULL, 0));
 }
 
 static int verb_chan(struct args *a)
 {
 	struct obj *o = make(pos(a, 0));
-	struct ibv_comp_channel *ch;
+	int ret;
 	if (!o || bad_arg)
 		return (bad_arg = 1);
-	ch = ibv_create_comp_channel(ctx);
-	if (!ch)
-		return errno;
-	fcntl(ch->fd, F_SETFL, fcntl(ch->fd, F_GETFL) | O_NONBLOCK);
-	o->kind = K_CHAN;
-	o->p = ch;
-	return 0;
+	ret = created(o, K_CHAN, ibv_create_comp_channel(ctx));
+	if (!ret) {
+		struct ibv_comp_channel *ch = o->p;
+		fcntl(ch->fd, F_SETFL, fcntl(ch->fd, F_GETFL) | O_NONBLOCK);
+	}
+	return ret;
 }
 
 static int verb_srq(struct args *a)
@@ -538,18 +535,12 @@ static int verb_srq(struct args *a)
 	const char *name = pos(a, 0);
 	struct obj *pd = obj_arg(pos(a, 1), K_PD), *o;
 	struct ibv_srq_init_attr init = { 0 };
-	struct ibv_srq *srq;
 	init.attr.max_wr = num(pos(a, 2));
 	init.attr.max_sge = num(pos(a, 3));
 	init.attr.srq_limit = opt_num(a, "limit", 0);
 	if (bad_arg || !(o = make(name)))
 		return (bad_arg = 1);
-	srq = ibv_create_srq(pd->p, &init);
-	if (!srq)
-		return errno;
-	o->kind = K_SRQ;
-	o->p = srq;
-	return 0;
+	return created(o, K_SRQ, ibv_create_srq(pd->p, &init));
 }
 
 static int verb_qp(struct args *a)
@@ -560,7 +551,6 @@ static int verb_qp(struct args *a)
 		   *rcq = obj_arg(pos(a, 4), K_CQ), *srq = NULL, *o;
 	const char *s = opt(a, "srq");
 	struct ibv_qp_init_attr init = { 0 };
-	struct ibv_qp *qp;
 	if (s)
 		srq = obj_arg(s, K_SRQ);
 	init.qp_type = type;
@@ -575,14 +565,9 @@ static int verb_qp(struct args *a)
 	init.sq_sig_all = flag(a, "sigall");
 	if (bad_arg || !(o = make(name)))
 		return (bad_arg = 1);
-	qp = ibv_create_qp(pd->p, &init);
-	if (!qp)
-		return errno;
-	o->kind = K_QP;
-	o->p = qp;
 	o->qp_type = type;
 	o->sig_all = init.sq_sig_all;
-	return 0;
+	return created(o, K_QP, ibv_create_qp(pd->p, &init));
 }
 
 static int verb_ah(struct args *a)
@@ -590,39 +575,29 @@ static int verb_ah(struct args *a)
 	const char *name = pos(a, 0);
 	struct obj *pd = obj_arg(pos(a, 1), K_PD), *o;
 	struct ibv_ah_attr attr = { .port_num = opt_num(a, "port", 1), .is_global = 1 };
-	struct ibv_ah *ah;
 	attr.grh.sgid_index = opt_num(a, "gid", gid_index);
 	attr.grh.hop_limit = 64;
 	if (bad_arg || !(o = make(name)))
 		return (bad_arg = 1);
 	if (ibv_query_gid(ctx, 1, gid_index, &attr.grh.dgid))
 		return errno;
-	ah = ibv_create_ah(pd->p, &attr);
-	if (!ah)
-		return errno;
-	o->kind = K_AH;
-	o->p = ah;
-	return 0;
+	return created(o, K_AH, ibv_create_ah(pd->p, &attr));
 }
 
 static int verb_mw(struct args *a)
 {
 	const char *name = pos(a, 0);
 	struct obj *pd = obj_arg(pos(a, 1), K_PD), *o;
-	int type = num(pos(a, 2));
-	struct ibv_mw *mw;
+	int type = num(pos(a, 2)), ret;
 	if (bad_arg || !(o = make(name)))
 		return (bad_arg = 1);
-	mw = ibv_alloc_mw(pd->p, type == 1 ? IBV_MW_TYPE_1 : type == 2 ? IBV_MW_TYPE_2 : type);
-	if (!mw)
-		return errno;
-	o->kind = K_MW;
-	o->p = mw;
-	o->mw_rkey = mw->rkey;
-	return 0;
+	ret = created(o, K_MW, ibv_alloc_mw(pd->p, type == 1 ? IBV_MW_TYPE_1 : type == 2 ? IBV_MW_TYPE_2 : type));
+	if (!ret)
+		o->mw_rkey = ((struct ibv_mw *)o->p)->rkey;
+	return ret;
 }
 
-/* Destroys an object of `kind` named by the first argument; it stays if the verb fails. */
+/* Destroys `o` with its kind's verb; it stays if the verb fails. */
 static int destroy(struct obj *o)
 {
 	int ret;
