@@ -71,6 +71,43 @@ fn ud_datagram_lands_after_the_grh_with_src_qp() {
 }
 
 #[test]
+fn ud_over_ipv4_roce_lays_the_ipv4_header_in_the_grh_area_as_rxe() {
+    // RoCE v2 over IPv4 (GID index 1 of the rxe profile): 20 zero bytes, then the packet's IPv4
+    // header (the conformance suite compares these bytes with rxe's).
+    let (_f, a, b) = pair(Profile::Rxe);
+    let (sgid, dgid) =
+        (a.n.ctx.device().query_gid(1, 1).unwrap(), b.n.ctx.device().query_gid(1, 1).unwrap());
+    let attr = AhAttr {
+        is_global: true,
+        dgid,
+        sgid_index: 1,
+        port_num: 1,
+        hop_limit: 64,
+        ..Default::default()
+    };
+    let ah = a.n.pd.create_ah(&attr).unwrap();
+    post_recv(&b.qp, 5, &[sge(&b.n.mr, 0, 40 + 64)]);
+    a.qp.post_send(&SendWr::send_ud(1, &[sge(&a.n.mr, 0, 9)], &ah, b.qp.qp_num(), QKEY)).unwrap();
+    wait1(&a.n.cq);
+    assert_eq!(wait1(&b.n.cq).status, WcStatus::SUCCESS);
+    let mut grh = [0u8; 40];
+    b.n.mr.read(0, &mut grh).unwrap();
+    assert_eq!(grh[..20], [0; 20]);
+    let ip = &grh[20..];
+    assert_eq!(ip[0], 0x45, "IPv4, 20-byte header");
+    // IP 20 + UDP 8 + BTH 12 + DETH 8 + 9 bytes + 3 pad + ICRC 4
+    assert_eq!(u16::from_be_bytes([ip[2], ip[3]]), 20 + 8 + 12 + 8 + 9 + 3 + 4);
+    assert_eq!((ip[8], ip[9]), (64, 17), "TTL, UDP");
+    assert_eq!(&ip[12..16], &sgid.0[12..], "source address");
+    assert_eq!(&ip[16..20], &dgid.0[12..], "destination address");
+    let mut sum: u32 = ip.chunks(2).map(|c| u32::from(u16::from_be_bytes([c[0], c[1]]))).sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    assert_eq!(sum, 0xffff, "header checksum");
+}
+
+#[test]
 fn ud_checks_qkeys_and_uses_the_qps_own_when_the_high_bit_is_set() {
     let (_f, a, b) = pair(Profile::Full);
     let ah = ah_to(&a, &b);

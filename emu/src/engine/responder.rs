@@ -176,9 +176,24 @@ fn advance(g: &mut QpInner, pkt: &Packet) {
 }
 
 /// The 40 bytes a UD receive buffer starts with: an IB GRH (IBA 8.3) carrying the source and
-/// destination GIDs (IPVer 6, next header 0x1B).
-fn grh_bytes(sgid: &crate::types::Gid, dgid: &crate::types::Gid, paylen: u32) -> [u8; 40] {
+/// destination GIDs (IPVer 6, next header 0x1B); between IPv4-mapped GIDs (RoCE v2 over IPv4),
+/// 20 zero bytes and then the packet's IPv4 header, as rxe and the RoCE v2 annex lay it out.
+/// `headers` is the length of BTH and the extended headers after it.
+fn grh_bytes(
+    sgid: &crate::types::Gid,
+    dgid: &crate::types::Gid,
+    paylen: u32,
+    headers: u32,
+) -> [u8; 40] {
     let mut h = [0u8; 40];
+    if let (Some(s), Some(d)) =
+        (crate::fabric::pcap::ipv4_of(sgid), crate::fabric::pcap::ipv4_of(dgid))
+    {
+        let pad = (4 - paylen % 4) % 4;
+        let udp_len = 8 + headers + paylen + pad + 4; // UDP, headers, payload, pad, ICRC
+        h[20..].copy_from_slice(&crate::fabric::pcap::ipv4_header(s, d, udp_len as usize));
+        return h;
+    }
     h[0] = 0x60;
     h[4..6].copy_from_slice(&(paylen.min(u16::MAX as u32) as u16).to_be_bytes());
     h[6] = 0x1b;
@@ -197,7 +212,9 @@ fn ud_receive(qp: &Arc<QpShared>, g: &mut QpInner, pkt: &Packet) {
     let total = 40 + pkt.len as usize;
     let mut data = vec![0u8; total];
     if let Some(grh) = &pkt.grh {
-        data[..40].copy_from_slice(&grh_bytes(&grh.0, &grh.1, pkt.len));
+        // BTH, DETH and the immediate data, if any.
+        let headers = 12 + 8 + if pkt.imm.is_some() { 4 } else { 0 };
+        data[..40].copy_from_slice(&grh_bytes(&grh.0, &grh.1, pkt.len, headers));
     }
     let mut off = 40;
     for piece in pkt.payload.pieces() {

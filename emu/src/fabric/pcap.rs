@@ -297,7 +297,7 @@ fn headers(pkt: &Packet, prefix: u8, place: Place, psn: u32, data_len: usize) ->
 }
 
 /// The IPv4 address of an IPv4-mapped GID (`::ffff:a.b.c.d`).
-fn ipv4_of(g: &Gid) -> Option<[u8; 4]> {
+pub(crate) fn ipv4_of(g: &Gid) -> Option<[u8; 4]> {
     (g.0[..10] == [0; 10] && g.0[10..12] == [0xff, 0xff])
         .then(|| [g.0[12], g.0[13], g.0[14], g.0[15]])
 }
@@ -327,6 +327,19 @@ fn fold(mut sum: u32) -> u16 {
     !(sum as u16)
 }
 
+/// The IPv4 header of a RoCE v2 packet carrying `udp_len` bytes of UDP: DF, TTL 64, checksum.
+pub(crate) fn ipv4_header(src: [u8; 4], dst: [u8; 4], udp_len: usize) -> [u8; 20] {
+    let mut h = [0u8; 20];
+    h[..2].copy_from_slice(&[0x45, 0]);
+    h[2..4].copy_from_slice(&((20 + udp_len) as u16).to_be_bytes());
+    h[4..12].copy_from_slice(&[0, 0, 0x40, 0, 64, 17, 0, 0]); // DF, TTL 64, UDP
+    h[12..16].copy_from_slice(&src);
+    h[16..20].copy_from_slice(&dst);
+    let csum = fold(ones_complement_sum(0, &h));
+    h[10..12].copy_from_slice(&csum.to_be_bytes());
+    h
+}
+
 /// One Ethernet frame: Ethernet, IP, UDP, the transport headers, payload, pad and ICRC.
 fn frame(ends: &Ends, transport: &[u8], data: &[u8], damaged: bool) -> Vec<u8> {
     let pad = (4 - data.len() % 4) % 4;
@@ -339,14 +352,7 @@ fn frame(ends: &Ends, transport: &[u8], data: &[u8], damaged: bool) -> Vec<u8> {
     let ip_start = f.len();
     let pseudo = match v4 {
         Some((s, d)) => {
-            let total = (20 + udp_len) as u16;
-            f.extend_from_slice(&[0x45, 0]);
-            f.extend_from_slice(&total.to_be_bytes());
-            f.extend_from_slice(&[0, 0, 0x40, 0, 64, 17, 0, 0]); // DF, TTL 64, UDP
-            f.extend_from_slice(&s);
-            f.extend_from_slice(&d);
-            let csum = fold(ones_complement_sum(0, &f[ip_start..]));
-            f[ip_start + 10..ip_start + 12].copy_from_slice(&csum.to_be_bytes());
+            f.extend_from_slice(&ipv4_header(s, d, udp_len));
             let mut p = ones_complement_sum(0, &s);
             p = ones_complement_sum(p, &d);
             p + 17 + udp_len as u32
