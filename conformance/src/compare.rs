@@ -22,9 +22,12 @@ pub enum Outcome {
     },
 }
 
-/// Compares the emulator's trace of a program with rxe's.
+/// Compares the emulator's trace of a program with rxe's. A deviation marked `then =
+/// continue` lets the comparison go on; the program's outcome is then the first deviation's,
+/// unless a later difference is unexplained.
 pub fn compare(rxe: &Trace, emu: &Trace, deviations: &[Deviation]) -> Outcome {
     let n = rxe.blocks.len().max(emu.blocks.len());
+    let mut first: Option<String> = None;
     for i in 0..n {
         let (r, e) = (rxe.blocks.get(i), emu.blocks.get(i));
         if r == e {
@@ -33,12 +36,15 @@ pub fn compare(rxe: &Trace, emu: &Trace, deviations: &[Deviation]) -> Outcome {
         let lines = |b: Option<&crate::trace::Block>| b.map(|b| b.lines()).unwrap_or_default();
         let (rl, el) = (lines(r), lines(e));
         let call = r.or(e).map(|b| b.call().to_string()).unwrap_or_default();
-        if let Some(d) = deviations.iter().find(|d| d.explains(&rxe.program, &call, &rl, &el)) {
-            return Outcome::Explained(d.id.clone());
+        let Some(d) = deviations.iter().find(|d| d.explains(&rxe.program, &call, &rl, &el)) else {
+            return Outcome::Differs { block: i, rxe: rl, emu: el };
+        };
+        let id = first.get_or_insert_with(|| d.id.clone()).clone();
+        if !d.continues {
+            return Outcome::Explained(id);
         }
-        return Outcome::Differs { block: i, rxe: rl, emu: el };
     }
-    Outcome::Equal
+    first.map_or(Outcome::Equal, Outcome::Explained)
 }
 
 /// The score of a comparison run.
@@ -104,6 +110,24 @@ mod tests {
         )
         .unwrap();
         assert_eq!(compare(&rxe, &emu, &devs), Outcome::Explained("d".into()));
+        let later = one(
+            "program mw_a\npd pd0 => ok\npoll cq0 => 1\n  wc qa wr=3 REM_ACCESS_ERR\npd pd1 => EBUSY\nend\n",
+        );
+        let rxe_later = one(
+            "program mw_a\npd pd0 => ok\npoll cq0 => 1\n  wc qa wr=3 SUCCESS op=WRITE\npd pd1 => ok\nend\n",
+        );
+        assert_eq!(
+            compare(&rxe_later, &later, &devs),
+            Outcome::Explained("d".into()),
+            "stops at d"
+        );
+        let mut going_on = devs.clone();
+        going_on[0].continues = true;
+        assert!(matches!(
+            compare(&rxe_later, &later, &going_on),
+            Outcome::Differs { block: 2, .. }
+        ));
+        assert_eq!(compare(&rxe, &emu, &going_on), Outcome::Explained("d".into()));
         let cut = one("program mw_a\npd pd0 => ok\n");
         assert!(matches!(compare(&rxe, &cut, &devs), Outcome::Differs { block: 1, .. }));
     }

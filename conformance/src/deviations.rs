@@ -11,6 +11,9 @@
 //! ref = IBA 1.4 10.6.7.2
 //! ```
 //!
+//! `then = continue` marks a difference after which both sides are in the same state: the
+//! comparison goes on past it instead of stopping there.
+//!
 //! `programs` and `call` may be given more than once (any of them matches). `*` matches any
 //! run of characters. A deviation explains a pair of differing blocks (the same
 //! call, see [`crate::trace::Block`]) when the program and call match and, once the lines only
@@ -32,6 +35,9 @@ pub struct Deviation {
     pub emu_only: Vec<String>,
     pub why: String,
     pub reference: String,
+    /// `then = continue`: the difference leaves both sides in the same state (a failed call
+    /// failed on both, an event counted differently), so the calls after it are compared too.
+    pub continues: bool,
 }
 
 /// Parses the deviations file; every entry needs each key, and as many `rxe` as `emu` lines.
@@ -57,6 +63,7 @@ pub fn parse(text: &str) -> Result<Vec<Deviation>, String> {
                 emu_only: Vec::new(),
                 why: String::new(),
                 reference: String::new(),
+                continues: false,
             });
             continue;
         }
@@ -73,6 +80,7 @@ pub fn parse(text: &str) -> Result<Vec<Deviation>, String> {
             "emu_only" => d.emu_only.push(value),
             "why" => d.why = value,
             "ref" => d.reference = value,
+            "then" if value == "continue" => d.continues = true,
             other => return Err(format!("{}: unknown key {other}", at())),
         }
     }
