@@ -430,10 +430,15 @@ impl Builder<'_> {
                     let qkey = if remote.2 % 8 == 7 { "0x22222222" } else { "0x11111111" };
                     call.push_str(&format!(" ah=ah0 dqp={peer} qkey={qkey}"));
                 }
+                let inline_op = matches!(op, "SEND" | "SEND_IMM" | "WRITE" | "WRITE_IMM");
                 call.push_str(match flags {
                     0 => "",
                     1 => " flags=sig|sol",
-                    2 => " flags=sig|inl",
+                    // Inline only where it is defined: rxe takes it on any opcode (a documented
+                    // deviation, scenario rc_inline_flag_on_other_opcodes), which would end the
+                    // comparison of every program that tried it.
+                    2 if inline_op => " flags=sig|inl",
+                    2 => " flags=sig|fence",
                     3 => " flags=sig|fence",
                     // Unsignaled only where sigall signals it anyway: an unsignaled WR that
                     // fails completes whenever the failure is found, which no poll can wait for.

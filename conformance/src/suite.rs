@@ -187,12 +187,15 @@ impl Rxe {
                 let work = exe.parent().expect("the runner's directory").to_path_buf();
                 let shards =
                     programs.chunks(programs.len().div_ceil(VM_SHARDS).max(1)).collect::<Vec<_>>();
+                let mut inputs = Vec::new();
+                for (k, shard) in shards.iter().enumerate() {
+                    let input = work.join(format!("record-in-{k}.verbs"));
+                    std::fs::write(&input, runner::input_text(shard)).map_err(|e| e.to_string())?;
+                    inputs.push(input);
+                }
                 let mut cmd = String::new();
                 for run in 1..=2 {
-                    for (k, shard) in shards.iter().enumerate() {
-                        let input = work.join(format!("record-in-{k}.verbs"));
-                        std::fs::write(&input, runner::input_text(shard))
-                            .map_err(|e| e.to_string())?;
+                    for (k, input) in inputs.iter().enumerate() {
                         cmd.push_str(&format!(
                             "RUNNER_SETTLE_MS={RXE_SETTLE_MS} RUNNER_TIMEOUT_MS={RXE_TIMEOUT_MS} {} < {} > {} & ",
                             exe.display(),
@@ -247,7 +250,6 @@ pub fn record(exe: &Path, rxe: &Rxe) -> Result<String, String> {
             all.len()
         ));
     }
-    let mut summary = String::new();
     let mut unstable = String::new();
     let (mut scen, mut gen_) = (Vec::new(), Vec::new());
     for (i, (a, b)) in one.into_iter().zip(two).enumerate() {
@@ -271,14 +273,13 @@ pub fn record(exe: &Path, rxe: &Rxe) -> Result<String, String> {
     std::fs::write(golden.join("generated.trace"), trace::text_of(&gen_))
         .map_err(|e| e.to_string())?;
     std::fs::write(golden.join("unstable.txt"), &unstable).map_err(|e| e.to_string())?;
-    summary.push_str(&format!(
+    Ok(format!(
         "recorded {} scenarios and {} of {} generated programs ({} unstable on rxe)\n",
         scen.len(),
         gen_.len(),
         generated.len(),
         generated.len() - gen_.len()
-    ));
-    Ok(summary)
+    ))
 }
 
 /// Generates `count` programs from `seed`, runs each on rxe (this machine's device) and on the
