@@ -69,12 +69,8 @@ fn run(args: &[String]) -> Result<bool, String> {
             let rest: Vec<&str> =
                 args[1..].iter().map(String::as_str).filter(|a| *a != "--vm").collect();
             let suite::Rxe::Vm { run_sh } = suite::Rxe::vm() else { unreachable!() };
-            let status = std::process::Command::new("bash")
-                .arg(run_sh)
-                .arg(format!("{} live {}", me.display(), rest.join(" ")))
-                .current_dir(runner::repo_root())
-                .status()
-                .map_err(|e| e.to_string())?;
+            let status =
+                suite::run_in_vm(&run_sh, &format!("{} live {}", me.display(), rest.join(" ")))?;
             return Ok(status.success());
         }
         Some("live") => {

@@ -205,16 +205,7 @@ impl Rxe {
                     }
                     cmd.push_str("wait; ");
                 }
-                let status = Command::new("bash")
-                    .arg(run_sh)
-                    .arg(&cmd)
-                    .env(
-                        "RXE_VM_TIMEOUT",
-                        std::env::var("RXE_VM_TIMEOUT").unwrap_or_else(|_| "5400".into()),
-                    )
-                    .current_dir(runner::repo_root())
-                    .status()
-                    .map_err(|e| format!("{}: {e}", run_sh.display()))?;
+                let status = run_in_vm(run_sh, &cmd)?;
                 if !status.success() {
                     return Err(format!("the VM run failed ({status}): {cmd}"));
                 }
@@ -230,6 +221,18 @@ impl Rxe {
             }
         }
     }
+}
+
+/// Boots the VM once and runs `cmd` there from the repository's root (shared at the same path),
+/// allowing it 90 minutes unless `RXE_VM_TIMEOUT` says otherwise.
+pub fn run_in_vm(run_sh: &Path, cmd: &str) -> Result<std::process::ExitStatus, String> {
+    Command::new("bash")
+        .arg(run_sh)
+        .arg(cmd)
+        .env("RXE_VM_TIMEOUT", std::env::var("RXE_VM_TIMEOUT").unwrap_or_else(|_| "5400".into()))
+        .current_dir(runner::repo_root())
+        .status()
+        .map_err(|e| format!("{}: {e}", run_sh.display()))
 }
 
 /// Records both sets on rxe; returns a summary. Scenarios must be stable (the same in both

@@ -461,12 +461,10 @@ fn write(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>)
     if !g.attr.qp_access_flags.contains(AccessFlags::REMOTE_WRITE) {
         return fail(qp, g, &pkt, NakCode::InvalidRequest, None, drv);
     }
+    let dest = target(qp, g, pkt.rkey, pkt.va, pkt.len, AccessFlags::REMOTE_WRITE);
     // A WRITE of several packets carries its RETH in the first and its immediate in the last:
     // the first is checked (and NAKed) before the last needs a receive WQE.
-    if pkt.imm.is_some()
-        && pkt.npkts > 1
-        && target(qp, g, pkt.rkey, pkt.va, pkt.len, AccessFlags::REMOTE_WRITE).is_err()
-    {
+    if pkt.imm.is_some() && pkt.npkts > 1 && dest.is_err() {
         return fail(qp, g, &pkt, NakCode::RemoteAccessError, None, drv);
     }
     // WRITE_WITH_IMM consumes a receive WQE, taken before the data lands.
@@ -483,7 +481,7 @@ fn write(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>)
         None
     };
     let recv_status = recv.map(|id| (WcStatus::REM_ACCESS_ERR, id));
-    match target(qp, g, pkt.rkey, pkt.va, pkt.len, AccessFlags::REMOTE_WRITE) {
+    match dest {
         Ok(Some((region, off))) => {
             let dst = std::iter::once((&region, off, pkt.len as usize));
             if sgl::copy_into(&pkt.payload, dst).is_err() {
