@@ -16,7 +16,7 @@
 //! per-peer flusher thread pushes with blocking sends. Per peer, datagrams leave in order.
 
 use std::{
-    collections::{HashMap, HashSet, VecDeque},
+    collections::{HashMap, VecDeque},
     fs::{DirBuilder, File, OpenOptions},
     io,
     os::unix::{
@@ -109,8 +109,6 @@ pub(crate) struct Node {
     _lock: File,
     inbound: Arc<Inbound>,
     peers: Mutex<HashMap<u8, Arc<Peer>>>,
-    /// Remote QPs whose owner destroyed them while connected here ([`Control::QpClosed`]).
-    closed: Mutex<HashSet<u32>>,
     fabric: Weak<FabricInner>,
 }
 
@@ -168,8 +166,7 @@ impl Node {
             .name(format!("rdma-emu-node{slot}"))
             .spawn(move || read_loop(&reader, &weak))?;
         let peers = Mutex::default();
-        let closed = Mutex::default();
-        Ok(Node { slot, dir: dir.to_owned(), _lock: lock, inbound, peers, closed, fabric })
+        Ok(Node { slot, dir: dir.to_owned(), _lock: lock, inbound, peers, fabric })
     }
 
     /// Receives and services whatever has arrived, unless another thread is already at it;
@@ -403,9 +400,11 @@ fn receive(inbound: &Inbound, rx: &mut Rx, fabric: &FabricInner) -> bool {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(_) => break,
         };
+        let mut to = None;
         if n >= HEADER {
             let dst = u32::from_le_bytes(rx.buf[16..20].try_into().expect("4 bytes"));
-            if let Some(qp) = fabric.lookup_qp_any(dst) {
+            to = fabric.lookup_qp_any(dst);
+            if let Some(qp) = &to {
                 qp.heard.store(fabric.now().max(1), Ordering::Relaxed);
             }
         }
@@ -414,7 +413,7 @@ fn receive(inbound: &Inbound, rx: &mut Rx, fabric: &FabricInner) -> bool {
         let pkt = match wire::decode_message(&msg) {
             Some(Message::Packet(p)) => p,
             Some(Message::Control(c)) => {
-                apply(fabric, c);
+                apply(fabric, c, to.as_deref());
                 continue;
             }
             None => continue,
@@ -471,13 +470,16 @@ fn reassemble(partial: &mut HashMap<u8, Vec<u8>>, d: &[u8]) -> Option<Vec<u8>> {
     (msg.len() == total as usize).then_some(msg)
 }
 
-/// Carries out a control message from another node, as the local control API would.
-fn apply(fabric: &FabricInner, c: Control) {
+/// Carries out a control message from another node (addressed to our QP `to`, if any), as
+/// the local control API would.
+fn apply(fabric: &FabricInner, c: Control, to: Option<&crate::qp::QpShared>) {
     let dev_index = match c {
         Control::Event { dev, .. } | Control::PortState { dev, .. } => dev,
         Control::QpClosed { qpn } => {
-            if let Some(node) = fabric.node.get() {
-                node.closed.lock().insert(qpn);
+            if let Some(qp) = to {
+                let mut g = qp.inner.lock();
+                // Only if still connected to it (not since reconnected elsewhere).
+                g.peer_closed |= g.attr.dest_qp_num == qpn;
             }
             return;
         }
@@ -501,23 +503,15 @@ fn apply(fabric: &FabricInner, c: Control) {
     };
 }
 
-/// The node in `slot` is gone. An RC/UC QP connected to a QP there goes to the error state,
-/// flushing its work requests (and, in the full profile, raising `QP_FATAL`) instead of
-/// waiting or retrying into the void, when the connection broke: its peer QP was still open
-/// when its process died, or it still has send work outstanding (work that can never
-/// complete). A QP whose peer was destroyed first and that has only receives posted is left
-/// alone: a peer that finished and exited leaves the survivor's spare receives posted, as on
-/// real hardware.
+/// The node in `slot` is gone. An RC/UC QP connected to a QP there that was still open when
+/// its process died goes to the error state, flushing its work requests (and, in the full
+/// profile, raising `QP_FATAL`) instead of waiting or retrying into the void. A QP whose peer
+/// was destroyed first is left as real hardware leaves it: its spare receives stay posted, and
+/// send work still outstanding meets the retry timer (`RETRY_EXC_ERR`) as it would had the
+/// peer process lived on. Flushing that work at once would fail a program that, as the
+/// rdma-core examples do, posts one send more than its peer waits for and polls its last
+/// completions while that extra send is still unacknowledged.
 fn peer_died(fabric: &FabricInner, slot: u8) {
-    let closed: HashSet<u32> = match fabric.node.get() {
-        Some(node) => {
-            let mut closed = node.closed.lock();
-            let (theirs, rest) = closed.drain().partition(|&q| slot_of(q) == slot);
-            *closed = rest;
-            theirs
-        }
-        None => HashSet::new(),
-    };
     for qp in fabric.live_qps() {
         if !qp.qp_type.is_reliable() && qp.qp_type != QpType::UC {
             continue;
@@ -525,9 +519,7 @@ fn peer_died(fabric: &FabricInner, slot: u8) {
         let mut g = qp.inner.lock();
         let connected =
             matches!(g.state, QpState::RTR | QpState::RTS | QpState::SQD | QpState::SQE);
-        let send_work = g.sq.in_flight() > 0 || g.sq.next != g.sq.head;
-        let parted = closed.contains(&g.attr.dest_qp_num);
-        if !connected || slot_of(g.attr.dest_qp_num) != slot || (parted && !send_work) {
+        if !connected || slot_of(g.attr.dest_qp_num) != slot || g.peer_closed {
             continue;
         }
         // The event first: whoever sees a flushed completion finds the event queued too.

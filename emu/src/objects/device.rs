@@ -42,7 +42,7 @@ impl ResourceCounts {
     /// Takes one unit of `counter` unless `max` are in use (then `ENOMEM`, as rxe's pools do).
     pub(crate) fn take(counter: &AtomicU32, max: u32, what: &'static str) -> Result<()> {
         counter
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| (c < max).then_some(c + 1))
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| (c < max).then(|| c + 1))
             .map(|_| ())
             .map_err(|_| Error::new(Errno::ENOMEM, what))
     }

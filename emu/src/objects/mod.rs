@@ -32,7 +32,7 @@ impl Lifecycle {
     /// Records a new dependent; fails if the object was destroyed.
     pub(crate) fn get(&self) -> Result<()> {
         self.0
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| (c != DEAD).then_some(c + 1))
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| (c != DEAD).then(|| c + 1))
             .map(|_| ())
             .map_err(|_| einval("object was destroyed"))
     }

@@ -105,6 +105,9 @@ pub(crate) struct QpInner {
     pub(crate) route: Route,
     /// Packets taken from the inbox and being processed (kept to reuse its allocation).
     pub(crate) batch: VecDeque<Packet>,
+    /// The peer QP, in another process, told us it was destroyed (`Control::QpClosed`): the
+    /// death of its process later breaks nothing more (see `fabric::host::peer_died`).
+    pub(crate) peer_closed: bool,
 }
 
 /// Port attributes the data path needs, read when the QP is bound to its port.
@@ -350,6 +353,7 @@ impl Qp {
                     port,
                     route: Route::default(),
                     batch: VecDeque::new(),
+                    peer_closed: false,
                 }),
                 inbox: Mutex::new(VecDeque::new()),
                 life: Lifecycle::default(),
@@ -726,6 +730,7 @@ fn apply(qp: &QpShared, g: &mut QpInner, attr: &QpAttr, mask: QpAttrMask) {
     }
     if mask.contains(QpAttrMask::DEST_QPN) {
         a.dest_qp_num = attr.dest_qp_num & engine::PSN_MASK;
+        g.peer_closed = false;
         // A peer in another process: learn at once if that process dies.
         qp.ctx.fabric.watch_peer_of(a.dest_qp_num);
     }
