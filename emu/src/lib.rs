@@ -87,7 +87,7 @@ pub use crate::{
         ah::Ah,
         channel::CompChannel,
         context::{AsyncEvent, Context, EventElement},
-        cq::Cq,
+        cq::{Cq, CqOptions},
         device::Device,
         mr::{Mr, Rereg},
         mw::{Mw, MwBind, MwBindInfo},

@@ -108,6 +108,17 @@ pub struct DeviceAttr {
     pub max_inline_data: u32,
     /// Number of completion vectors (`ibv_context.num_comp_vectors`).
     pub num_comp_vectors: u32,
+    // Capabilities of `struct ibv_device_attr_ex` (0: the device has none).
+    /// Valid bits of a completion timestamp; 0: CQs cannot record timestamps.
+    pub completion_timestamp_mask: u64,
+    /// Device clock frequency in kHz (`hca_core_clock`); 0: no readable clock.
+    pub hca_core_clock: u64,
+    /// Largest `cq_count` of `ibv_modify_cq` (`cq_mod_caps`); 0: no CQ moderation.
+    pub max_cq_count: u16,
+    /// Largest `cq_period` of `ibv_modify_cq`, in microseconds.
+    pub max_cq_period: u16,
+    /// Largest device memory allocation (`max_dm_size`); 0: no device memory.
+    pub max_dm_size: u64,
 }
 
 impl DeviceAttr {
@@ -119,6 +130,16 @@ impl DeviceAttr {
     /// Whether memory windows can be allocated (`max_mw` > 0).
     pub fn has_memory_windows(&self) -> bool {
         self.max_mw > 0
+    }
+
+    /// Whether CQs can record completion timestamps and the device clock can be read.
+    pub fn has_clock(&self) -> bool {
+        self.hca_core_clock > 0
+    }
+
+    /// Whether `ibv_modify_cq` can moderate completion events.
+    pub fn has_cq_moderation(&self) -> bool {
+        self.max_cq_count > 0
     }
 }
 
@@ -245,6 +266,11 @@ impl Profile {
             phys_port_cnt: 1,
             max_inline_data: RXE_MAX_INLINE,
             num_comp_vectors: 2,
+            completion_timestamp_mask: 0,
+            hca_core_clock: 0,
+            max_cq_count: 0,
+            max_cq_period: 0,
+            max_dm_size: 0,
         };
         let rxe = DeviceAttr { phys_port_cnt: self.port_count(ports), ..rxe };
         match self {
@@ -254,6 +280,12 @@ impl Profile {
                 vendor_id: 0x00ff_ffff,
                 vendor_part_id: 0x454d, // "EM"
                 device_cap_flags: rxe.device_cap_flags | cap_flags::XRC,
+                // The fabric's clock counts nanoseconds: a 1 GHz device clock, 64 bits wide.
+                completion_timestamp_mask: u64::MAX,
+                hca_core_clock: 1_000_000,
+                // The limits of a ConnectX CQ context (16-bit count, 12-bit period).
+                max_cq_count: u16::MAX,
+                max_cq_period: 4095,
                 ..rxe
             },
         }

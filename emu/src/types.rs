@@ -269,6 +269,9 @@ pub struct Wc {
     pub slid: u16,
     pub sl: u8,
     pub dlid_path_bits: u8,
+    /// When the completion was generated, on the device clock (`ibv_wc_read_completion_ts`;
+    /// nanoseconds of the fabric's clock); 0 unless the CQ records timestamps.
+    pub timestamp: u64,
 }
 
 /// Address vector: `struct ibv_ah_attr` with its `ibv_global_route`.

@@ -288,3 +288,113 @@ fn port_down_raises_port_err_and_loses_traffic_until_it_comes_back() {
         .unwrap();
     assert_eq!(wait1(&c.cq).status, WcStatus::SUCCESS);
 }
+
+/// A pair like `ev_pair` on a simulated fabric (virtual time: it moves only when a program
+/// waits, so a moderation period cannot run out in the middle of a test step).
+fn ev_pair_simulated(profile: Profile) -> (Fabric, EvNode, EvNode) {
+    let f = Fabric::new(FabricConfig { profile, seed: Some(7), ..Default::default() });
+    let devs = f.devices();
+    let mk = |d: &Device| {
+        let ctx = d.open().unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let ch = ctx.create_comp_channel().unwrap();
+        let opts = CqOptions { timestamps: profile == Profile::Full };
+        let cq = ctx.create_cq_ex(64, Some(&ch), 0, opts).unwrap();
+        let mr = pd.reg_mr(4096, ALL_ACCESS).unwrap();
+        let qp = new_qp(&pd, &cq, QpType::RC, 16, false);
+        EvNode { ch, cq, qp, mr }
+    };
+    let (a, b) = (mk(&devs[0]), mk(&devs[1]));
+    connect(&a.qp, &b.qp, &RcParams::default(), &RcParams::default());
+    (f, a, b)
+}
+
+/// `n` SENDs in one post (one call: no virtual time passes between them).
+fn send_burst(a: &EvNode, first: u64, n: u64) {
+    let wrs: Vec<SendWr<'_>> = (first..first + n).map(|i| SendWr::send(i, &[])).collect();
+    a.qp.post_send_list(&wrs).unwrap();
+}
+
+#[test]
+fn cq_moderation_holds_the_event_until_the_count_or_the_period() {
+    let (_f, a, b) = ev_pair_simulated(Profile::Full);
+    let ctx = b.cq.context();
+    let attr = ctx.query_device();
+    assert_eq!((attr.max_cq_count, attr.max_cq_period), (u16::MAX, 4095));
+    for i in 0..8 {
+        post_recv(&b.qp, i, &[sge(&b.mr, 0, 64)]);
+    }
+    b.cq.moderate(3, 4000).unwrap();
+    // The count: two completions are held, the third fires the event at once.
+    b.cq.req_notify(false).unwrap();
+    send_burst(&a, 0, 2);
+    assert!(!readable(&b.ch, 0), "two of three: held");
+    send_burst(&a, 2, 1);
+    assert!(readable(&b.ch, 0), "the third completes the count");
+    b.ch.get_cq_event().unwrap().ack_events(1);
+    let wcs = wait_n(&b.cq, 3);
+    // Virtual time stood still through both posts.
+    assert!(wcs.iter().all(|w| w.timestamp == wcs[0].timestamp));
+    // The period: one completion, and the event comes 4000 us after it (virtual time moves
+    // on while the channel is waited on), not before.
+    b.cq.req_notify(false).unwrap();
+    send_burst(&a, 3, 1);
+    assert!(!readable(&b.ch, 0), "one of three, period running: held");
+    let cq = b.ch.get_cq_event().unwrap();
+    let fired_at = ctx.read_clock().unwrap();
+    cq.ack_events(1);
+    let w = wait1(&b.cq);
+    assert_eq!(w.wr_id, 3);
+    assert!(fired_at >= w.timestamp + 4_000_000, "{fired_at} vs {}", w.timestamp);
+    // A 0 in either field turns moderation off: every armed completion fires.
+    b.cq.moderate(0, 4000).unwrap();
+    b.cq.req_notify(false).unwrap();
+    send_burst(&a, 4, 1);
+    assert!(readable(&b.ch, 0));
+    b.ch.get_cq_event().unwrap().ack_events(1);
+    wait1(&b.cq);
+    // Limits and the rxe profile.
+    assert_eq!(b.cq.moderate(1, 4096).unwrap_err().errno(), Errno::EINVAL);
+    let (_f, _a, r) = ev_pair_simulated(Profile::Rxe);
+    assert_eq!(r.cq.moderate(3, 10).unwrap_err().errno(), Errno::EOPNOTSUPP);
+}
+
+#[test]
+fn completion_timestamps_follow_the_device_clock() {
+    let f = Fabric::new(FabricConfig::default());
+    let ctx = f.devices()[0].open().unwrap();
+    let attr = ctx.query_device();
+    assert_eq!((attr.completion_timestamp_mask, attr.hca_core_clock), (u64::MAX, 1_000_000));
+    let pd = ctx.alloc_pd().unwrap();
+    let mr = pd.reg_mr(4096, ALL_ACCESS).unwrap();
+    let opts = CqOptions { timestamps: true };
+    let cq = ctx.create_cq_ex(16, None, 0, opts).unwrap();
+    let plain = ctx.create_cq(16, None, 0).unwrap();
+    assert!(cq.records_timestamps() && !plain.records_timestamps());
+    let (a, b) =
+        (new_qp(&pd, &cq, QpType::RC, 16, false), new_qp(&pd, &plain, QpType::RC, 16, false));
+    connect(&a, &b, &RcParams::default(), &RcParams::default());
+    let before = ctx.read_clock().unwrap();
+    let write = |id| SendWr::write(id, &[], mr.addr(), mr.rkey()).signaled();
+    a.post_send(&write(1)).unwrap();
+    let w1 = wait1(&cq);
+    std::thread::sleep(Duration::from_millis(2));
+    a.post_send(&write(2)).unwrap();
+    let w2 = wait1(&cq);
+    let after = ctx.read_clock().unwrap();
+    assert!(before <= w1.timestamp && w1.timestamp < w2.timestamp && w2.timestamp <= after);
+    assert!(w2.timestamp - w1.timestamp >= 2_000_000, "the clock counts nanoseconds");
+    // The wall clock of a timestamp is today's.
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    let wall = ctx.clock_to_wallclock_ns(w2.timestamp);
+    assert!(wall.abs_diff(now.as_nanos() as u64) < 60_000_000_000, "{wall} vs {now:?}");
+    // A CQ without timestamps reports 0.
+    b.post_send(&SendWr::write(3, &[], mr.addr(), mr.rkey()).signaled()).unwrap();
+    assert_eq!(wait1(&plain).timestamp, 0);
+    // A device without a clock (rxe) refuses both.
+    let rxe = Fabric::new(FabricConfig { profile: Profile::Rxe, ..Default::default() });
+    let rctx = rxe.devices()[0].open().unwrap();
+    assert_eq!(rctx.read_clock().unwrap_err().errno(), Errno::EOPNOTSUPP);
+    let err = rctx.create_cq_ex(16, None, 0, opts).unwrap_err();
+    assert_eq!(err.errno(), Errno::EOPNOTSUPP);
+}

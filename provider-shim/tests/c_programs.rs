@@ -161,6 +161,17 @@ fn extended_cq_and_qp_api_runs_on_the_shim() {
 }
 
 #[test]
+fn device_clock_timestamps_and_cq_moderation_through_the_c_abi() {
+    let exe = build("clock");
+    for profile in ["full", "rxe"] {
+        let mut cmd = Command::new(&exe);
+        cmd.env("RDMA_EMU_PROFILE", profile).env("RDMA_EMU_SEED", "5");
+        let out = run_on_shim(cmd.env("RDMA_EMU_FABRIC", "none"));
+        assert!(out.contains("clock ok"), "{profile}: {out}");
+    }
+}
+
+#[test]
 fn null_destroyed_and_foreign_handles_get_errnos() {
     c_program("bad_input", &["full"]);
 }

@@ -24,7 +24,7 @@ use std::{
 use parking_lot::{Condvar, Mutex};
 
 use super::FabricInner;
-use crate::{engine::packet::Packet, qp::QpShared};
+use crate::{engine::packet::Packet, objects::cq::CqInner, qp::QpShared};
 
 /// In simulation, how long the program may wait unseen before virtual time moves by itself.
 const IDLE_ADVANCE: Duration = Duration::from_millis(50);
@@ -41,6 +41,8 @@ pub(crate) enum Job {
     Unhold { flow: (u32, u32, u32), psn: u32 },
     /// Carries out a timed fault rule (see `faults`), unless the rules were replaced since.
     Fault { generation: u64, rule: usize },
+    /// Ends a CQ's event moderation period (see `objects::cq`), unless it was re-armed since.
+    CqModeration { cq: Weak<CqInner>, generation: u64 },
 }
 
 impl Job {
@@ -58,6 +60,11 @@ impl Job {
                 }
             }
             Job::Fault { generation, rule } => super::faults::fire_timed(fabric, generation, rule),
+            Job::CqModeration { cq, generation } => {
+                if let Some(cq) = cq.upgrade() {
+                    cq.moderation_due(generation);
+                }
+            }
         }
     }
 }
@@ -98,6 +105,8 @@ struct State {
 #[derive(Debug)]
 struct Shared {
     epoch: Instant,
+    /// The wall clock at `epoch` (ns since the Unix epoch): what clock readings are offset by.
+    wall_epoch_ns: u64,
     /// Virtual nanoseconds, in simulation.
     virtual_now: Option<AtomicU64>,
     /// Bumped by every advance of virtual time (the idle watcher's sign of life).
@@ -127,6 +136,9 @@ impl Timer {
         Timer {
             shared: Arc::new(Shared {
                 epoch: Instant::now(),
+                wall_epoch_ns: std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos() as u64),
                 virtual_now: simulated.then(|| AtomicU64::new(0)),
                 advances: AtomicU64::new(0),
                 st: Mutex::new(State::default()),
@@ -138,6 +150,11 @@ impl Timer {
 
     pub(crate) fn now(&self) -> u64 {
         self.shared.now()
+    }
+
+    /// The wall clock (ns since the Unix epoch) when this clock read 0.
+    pub(crate) fn wall_epoch_ns(&self) -> u64 {
+        self.shared.wall_epoch_ns
     }
 
     pub(crate) fn simulated(&self) -> bool {

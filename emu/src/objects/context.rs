@@ -7,13 +7,13 @@ use std::{
 
 use super::{
     channel::{ChannelInner, CompChannel},
-    cq::Cq,
+    cq::{Cq, CqOptions},
     device::{Device, DeviceInner, ResourceCounts},
     event::EventQueue,
     pd::{Pd, PdInner},
 };
 use crate::{
-    error::Result,
+    error::{Errno, Error, Result},
     fabric::FabricInner,
     profile::{DeviceAttr, PortAttr},
     qp::Qp,
@@ -125,7 +125,34 @@ impl Context {
         channel: Option<&CompChannel>,
         comp_vector: u32,
     ) -> Result<Cq> {
-        Cq::create(self, cqe, channel, comp_vector)
+        Cq::create(self, cqe, channel, comp_vector, CqOptions::default())
+    }
+
+    /// `ibv_create_cq_ex`: [`Context::create_cq`] with `options`.
+    pub fn create_cq_ex(
+        &self,
+        cqe: i32,
+        channel: Option<&CompChannel>,
+        comp_vector: u32,
+        options: CqOptions,
+    ) -> Result<Cq> {
+        Cq::create(self, cqe, channel, comp_vector, options)
+    }
+
+    /// The device clock now (`ibv_query_rt_values_ex` with `IBV_VALUES_MASK_RAW_CLOCK`), in
+    /// the units of [`Wc::timestamp`](crate::Wc::timestamp); `EOPNOTSUPP` on a device
+    /// without a clock (rxe).
+    pub fn read_clock(&self) -> Result<u64> {
+        if !self.0.device.attr.has_clock() {
+            return Err(Error::new(Errno::EOPNOTSUPP, "the device has no clock"));
+        }
+        Ok(self.0.fabric.now())
+    }
+
+    /// A device clock reading as wall-clock nanoseconds since the Unix epoch
+    /// (`ibv_wc_read_completion_wallclock_ns`).
+    pub fn clock_to_wallclock_ns(&self, clock: u64) -> u64 {
+        self.0.fabric.timer.wall_epoch_ns() + clock
     }
 
     /// `ibv_get_async_event`: blocks until an event arrives unless the async fd was made

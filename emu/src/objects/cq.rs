@@ -18,7 +18,8 @@ use super::{
     event::EventCount,
 };
 use crate::{
-    error::{Result, einval},
+    error::{Errno, Error, Result, einval},
+    fabric::timer::Job,
     types::{EventType, Wc, WcStatus},
 };
 
@@ -38,6 +39,37 @@ struct CqState {
     /// Entries the CQ holds (what `ibv_cq.cqe` reports).
     cqe: u32,
     notify: Notify,
+    moderation: Moderation,
+    /// Completions that met the armed condition but whose event moderation holds back.
+    held: u32,
+    /// Bumped whenever the CQ is armed or its event fires: a moderation timer started for an
+    /// older arming does nothing.
+    generation: u64,
+}
+
+/// Completion event moderation (`ibv_modify_cq`): an armed CQ's event waits until `count`
+/// completions meet the armed condition, or `period_ns` after the first of them, whichever
+/// comes first. Off (every completion fires at once) while either is 0, as a ConnectX CQ
+/// context takes a 0 in either field.
+#[derive(Debug, Clone, Copy, Default)]
+struct Moderation {
+    count: u16,
+    period_ns: u64,
+}
+
+impl Moderation {
+    fn active(self) -> bool {
+        self.count > 1 && self.period_ns > 0
+    }
+}
+
+/// What `ibv_create_cq_ex` asks of a CQ beyond its size, channel and vector.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CqOptions {
+    /// Stamp every completion with the device clock (`IBV_WC_EX_WITH_COMPLETION_TIMESTAMP`,
+    /// and its wall-clock form): see [`Wc::timestamp`]. Needs a device with a clock
+    /// (`DeviceAttr::has_clock`), else `EOPNOTSUPP`.
+    pub timestamps: bool,
 }
 
 #[derive(Debug)]
@@ -51,6 +83,7 @@ pub(crate) struct CqInner {
     queued: AtomicUsize,
     /// Set on the first overrun: the CQ is in error and its CQ_ERR event was raised.
     overrun: AtomicBool,
+    timestamps: bool,
     /// Dependents: QPs using the CQ.
     pub(crate) life: Lifecycle,
     pub(crate) comp_events: EventCount,
@@ -84,7 +117,10 @@ impl CqInner {
     /// Queues a completion. On overrun the completion is lost, the CQ enters the error state
     /// and `IBV_EVENT_CQ_ERR` is raised once (IBA 11.4.2.1); the caller decides what happens
     /// to the QP.
-    pub(crate) fn push(self: &Arc<CqInner>, wc: Wc, solicited: bool) -> Result<(), Overrun> {
+    pub(crate) fn push(self: &Arc<CqInner>, mut wc: Wc, solicited: bool) -> Result<(), Overrun> {
+        if self.timestamps {
+            wc.timestamp = self.ctx.fabric.now();
+        }
         let mut st = self.st.lock();
         if st.ring.len() >= st.cqe as usize || self.overrun.load(Ordering::Relaxed) {
             drop(st);
@@ -98,19 +134,49 @@ impl CqInner {
         }
         st.ring.push_back(wc);
         self.queued.store(st.ring.len(), Ordering::Release);
-        let fire = match st.notify {
+        let qualifies = match st.notify {
             Notify::None => false,
             Notify::Next => true,
             Notify::Solicited => solicited || wc.status != WcStatus::SUCCESS,
         };
-        if fire {
-            st.notify = Notify::None;
+        if !qualifies {
+            return Ok(());
         }
+        let m = st.moderation;
+        if m.active() {
+            st.held += 1;
+            if st.held < u32::from(m.count) {
+                if st.held == 1 {
+                    let (now, generation) = (self.ctx.fabric.now(), st.generation);
+                    drop(st);
+                    let job = Job::CqModeration { cq: Arc::downgrade(self), generation };
+                    self.ctx.fabric.timer.schedule(now + m.period_ns, job);
+                }
+                return Ok(());
+            }
+        }
+        self.fire(st);
+        Ok(())
+    }
+
+    /// Disarms the CQ and puts its event on the channel.
+    fn fire(self: &Arc<CqInner>, mut st: parking_lot::MutexGuard<'_, CqState>) {
+        st.notify = Notify::None;
+        st.held = 0;
+        st.generation += 1;
         drop(st);
-        if fire && let Some(ch) = &self.channel {
+        if let Some(ch) = &self.channel {
             ch.queue.push(self.clone());
         }
-        Ok(())
+    }
+
+    /// The moderation period of the arming `generation` ran out: its event fires now, with
+    /// the completions held so far.
+    pub(crate) fn moderation_due(self: &Arc<CqInner>, generation: u64) {
+        let st = self.st.lock();
+        if st.generation == generation && st.notify != Notify::None && st.held > 0 {
+            self.fire(st);
+        }
     }
 }
 
@@ -141,8 +207,12 @@ impl Cq {
         cqe: i32,
         channel: Option<&CompChannel>,
         comp_vector: u32,
+        options: CqOptions,
     ) -> Result<Cq> {
         let dev = &ctx.0.device;
+        if options.timestamps && !dev.attr.has_clock() {
+            return Err(Error::new(Errno::EOPNOTSUPP, "the device has no clock to stamp with"));
+        }
         if cqe < 1 || cqe as u32 > dev.attr.max_cqe {
             return Err(einval("cqe out of range"));
         }
@@ -170,9 +240,13 @@ impl Cq {
                 ring: VecDeque::with_capacity(granted.min(4096) as usize),
                 cqe: granted,
                 notify: Notify::None,
+                moderation: Moderation::default(),
+                held: 0,
+                generation: 0,
             }),
             queued: AtomicUsize::new(0),
             overrun: AtomicBool::new(false),
+            timestamps: options.timestamps,
             life: Lifecycle::default(),
             comp_events: EventCount::default(),
             async_events: EventCount::default(),
@@ -209,8 +283,37 @@ impl Cq {
     /// (or the next solicited or unsuccessful one).
     pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
         self.0.life.check()?;
-        self.0.st.lock().notify = if solicited_only { Notify::Solicited } else { Notify::Next };
+        let mut st = self.0.st.lock();
+        if st.notify == Notify::None {
+            st.held = 0;
+            st.generation += 1;
+        }
+        st.notify = if solicited_only { Notify::Solicited } else { Notify::Next };
         Ok(())
+    }
+
+    /// `ibv_modify_cq` with `IBV_CQ_ATTR_MODERATE`: from the next arming on, the completion
+    /// event waits for `count` completions that meet the armed condition, or `period_us`
+    /// microseconds after the first of them, whichever comes first; a 0 in either turns
+    /// moderation off. `EINVAL` past the device's `max_cq_count` / `max_cq_period`;
+    /// `EOPNOTSUPP` on a device without moderation (rxe).
+    pub fn moderate(&self, count: u16, period_us: u16) -> Result<()> {
+        self.0.life.check()?;
+        let attr = &self.0.ctx.device.attr;
+        if !attr.has_cq_moderation() {
+            return Err(Error::new(Errno::EOPNOTSUPP, "the device cannot moderate CQ events"));
+        }
+        if count > attr.max_cq_count || period_us > attr.max_cq_period {
+            return Err(einval("moderation beyond the device's cq_mod_caps"));
+        }
+        let mut st = self.0.st.lock();
+        st.moderation = Moderation { count, period_ns: u64::from(period_us) * 1000 };
+        Ok(())
+    }
+
+    /// Whether completions are stamped with the device clock ([`CqOptions::timestamps`]).
+    pub fn records_timestamps(&self) -> bool {
+        self.0.timestamps
     }
 
     /// `ibv_ack_cq_events`.

@@ -93,10 +93,11 @@ fn new_cq(
         cq.read_slid = Some(read_slid);
         cq.read_sl = Some(read_sl);
         cq.read_dlid_path_bits = Some(read_dlid_path_bits);
+        // 0 unless the CQ was created with timestamps (Wc::timestamp).
+        cq.read_completion_ts = Some(read_completion_ts);
+        cq.read_completion_wallclock_ns = Some(read_completion_wallclock_ns);
         // Fields a CQ cannot be created with (create_cq_ex refuses those wc_flags); the slots
         // still answer, with 0, so that no call through them can crash.
-        cq.read_completion_ts = Some(read_zero_u64);
-        cq.read_completion_wallclock_ns = Some(read_zero_u64);
         cq.read_cvlan = Some(read_zero_u16);
         cq.read_flow_tag = Some(read_zero_u32);
         cq.read_tm_info = Some(read_tm_info);
@@ -110,9 +111,11 @@ fn new_cq(
     }
 }
 
-/// `IBV_WC_EX_WITH_*` flags the CQ can report: byte_len, imm, qp_num, src_qp, slid, sl,
-/// dlid_path_bits (no timestamps, cvlan, flow tag or tag matching).
-const SUPPORTED_WC_FLAGS: u64 = 0x7f;
+/// `IBV_WC_EX_WITH_*` flags every CQ can report: byte_len, imm, qp_num, src_qp, slid, sl,
+/// dlid_path_bits (no cvlan, flow tag or tag matching).
+const STANDARD_WC_FLAGS: u64 = 0x7f;
+/// `IBV_WC_EX_WITH_COMPLETION_TIMESTAMP` and its `_WALLCLOCK` form: on devices with a clock.
+const TIMESTAMP_WC_FLAGS: u64 = 1 << 7 | 1 << 11;
 const IBV_CQ_INIT_ATTR_MASK_FLAGS: u32 = 1;
 
 /// The `create_cq_ex` slot: `ibv_create_cq_ex(context, cq_attr)`.
@@ -126,7 +129,9 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
             set_errno(libc::EINVAL);
             return ptr::null_mut();
         };
-        if a.wc_flags & !SUPPORTED_WC_FLAGS != 0
+        let clock = s.emu.query_device().has_clock();
+        let supported = STANDARD_WC_FLAGS | if clock { TIMESTAMP_WC_FLAGS } else { 0 };
+        if a.wc_flags & !supported != 0
             || a.comp_mask & !IBV_CQ_INIT_ATTR_MASK_FLAGS != 0
             || (a.comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS != 0 && a.flags != 0)
         {
@@ -135,7 +140,9 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
         }
         // SAFETY: NULL or a live channel.
         let channel = unsafe { obj::<_, ShimChannel>(a.channel) }.map(|c| &c.emu);
-        match s.emu.create_cq(a.cqe.min(i32::MAX as u32) as c_int, channel, a.comp_vector) {
+        let options = rdma_emu::CqOptions { timestamps: a.wc_flags & TIMESTAMP_WC_FLAGS != 0 };
+        let cqe = a.cqe.min(i32::MAX as u32) as c_int;
+        match s.emu.create_cq_ex(cqe, channel, a.comp_vector, options) {
             Ok(emu) => new_cq(c, a.channel, a.cq_context, emu).cast(),
             Err(e) => null_with(e),
         }
@@ -206,8 +213,17 @@ unsafe extern "C" fn read_sl(cq: *mut ibv_cq_ex) -> u8 {
 unsafe extern "C" fn read_dlid_path_bits(cq: *mut ibv_cq_ex) -> u8 {
     cur(cq).dlid_path_bits
 }
-unsafe extern "C" fn read_zero_u64(_cq: *mut ibv_cq_ex) -> u64 {
-    0
+unsafe extern "C" fn read_completion_ts(cq: *mut ibv_cq_ex) -> u64 {
+    cur(cq).timestamp
+}
+unsafe extern "C" fn read_completion_wallclock_ns(cq: *mut ibv_cq_ex) -> u64 {
+    // SAFETY: a live CQ of ours.
+    let Some(s) = (unsafe { obj::<_, ShimCq>(cq) }) else { return 0 };
+    if s.emu.records_timestamps() {
+        s.emu.context().clock_to_wallclock_ns(s.cur.get().timestamp)
+    } else {
+        0
+    }
 }
 unsafe extern "C" fn read_zero_u32(_cq: *mut ibv_cq_ex) -> u32 {
     0
@@ -221,6 +237,27 @@ unsafe extern "C" fn read_tm_info(_cq: *mut ibv_cq_ex, info: *mut c_void) {
         unsafe { ptr::write_bytes(info as *mut u8, 0, 16) };
     }
 }
+
+/// The `modify_cq` slot (`ibv_modify_cq`), filled for devices that moderate CQ events: `EINVAL`
+/// for a mask of no attribute or of attributes past `IBV_CQ_ATTR_MODERATE` (as rdma-core and
+/// the kernel check it) and for values past the device's `cq_mod_caps`.
+pub(crate) unsafe extern "C" fn modify_cq(cq: *mut ibv_cq, attr: *mut ibv_modify_cq_attr) -> c_int {
+    ffi!(libc::EIO, {
+        // SAFETY: NULL or a live CQ; `attr` NULL or readable.
+        let (Some(s), Some(a)) = (unsafe { obj::<_, ShimCq>(cq) }, unsafe { attr.as_ref() }) else {
+            return libc::EINVAL;
+        };
+        if a.attr_mask != IBV_CQ_ATTR_MODERATE {
+            return libc::EINVAL;
+        }
+        match s.emu.moderate(a.moderate.cq_count, a.moderate.cq_period) {
+            Ok(()) => 0,
+            Err(e) => e.errno().raw(),
+        }
+    })
+}
+
+const IBV_CQ_ATTR_MODERATE: u32 = 1;
 
 /// `ibv_destroy_cq(cq)`: `EBUSY` while a QP uses it; waits for acknowledged events.
 pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {

@@ -1,7 +1,7 @@
 //! Devices and contexts: the device list, open/close, every query, the string helpers.
 
 use core::ffi::{c_char, c_int, c_void};
-use std::{mem::offset_of, ptr, sync::OnceLock};
+use std::{ptr, sync::OnceLock};
 
 use rdma_emu::{Fabric, FabricConfig};
 
@@ -173,7 +173,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_open_device(
         // SAFETY: all-zero is a valid value for every field of verbs_context (NULL pointers,
         // zero integers, an all-zero pthread mutex is overwritten by init below).
         let mut vctx: verbs_context = unsafe { std::mem::zeroed() };
-        ops::fill(&mut vctx);
+        ops::fill(&mut vctx, d.emu.attr());
         let c = &mut vctx.context;
         c.device = dev;
         c.cmd_fd = -1;
@@ -261,8 +261,10 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_query_device(
     })
 }
 
-/// The `query_device_ex` slot of `verbs_context`: fills `attr_size` bytes (the base attributes,
-/// the 64-bit capability flags and the port count; no other extended capability).
+/// The `query_device_ex` slot of `verbs_context`: fills `attr_size` bytes (older callers pass
+/// a shorter struct, and get its prefix, as from rdma-core): the base attributes, the 64-bit
+/// capability flags, the port count, and the clock, CQ moderation and device memory
+/// capabilities of the profile; every other extended capability is reported absent.
 pub(crate) unsafe extern "C" fn query_device_ex(
     c: *mut ibv_context,
     _input: *const c_void,
@@ -275,28 +277,55 @@ pub(crate) unsafe extern "C" fn query_device_ex(
         if out.is_null() || attr_size < size_of::<ibv_device_attr>() {
             return libc::EINVAL;
         }
+        let a = s.emu.query_device();
+        // SAFETY: ibv_device_attr_ex is plain data; all-zero is valid.
+        let mut ex: ibv_device_attr_ex = unsafe { std::mem::zeroed() };
+        fill_device_attr(&a, &mut ex.orig_attr);
+        ex.device_cap_flags_ex = u64::from(ex.orig_attr.device_cap_flags);
+        ex.phys_port_cnt_ex = u32::from(ex.orig_attr.phys_port_cnt);
+        ex.completion_timestamp_mask = a.completion_timestamp_mask;
+        ex.hca_core_clock = a.hca_core_clock;
+        ex.cq_mod_caps.max_cq_count = a.max_cq_count;
+        ex.cq_mod_caps.max_cq_period = a.max_cq_period;
+        ex.max_dm_size = a.max_dm_size;
         let n = attr_size.min(size_of::<ibv_device_attr_ex>());
-        // SAFETY: the caller provides attr_size writable bytes; we write at most n of them.
-        unsafe { ptr::write_bytes(out as *mut u8, 0, n) };
-        // SAFETY: ibv_device_attr is plain data; all-zero is valid.
-        let mut base: ibv_device_attr = unsafe { std::mem::zeroed() };
-        fill_device_attr(&s.emu.query_device(), &mut base);
-        let (flags, ports) = (u64::from(base.device_cap_flags), u32::from(base.phys_port_cnt));
-        // SAFETY: orig_attr is the first field and n >= its size.
-        unsafe { ptr::write(&mut (*out).orig_attr, base) };
-        // Fields past orig_attr are written only when the caller's struct holds them (older
-        // callers pass a shorter attr_size), as rdma-core does.
-        if n >= offset_of!(ibv_device_attr_ex, device_cap_flags_ex) + size_of::<u64>() {
-            // SAFETY: inside the n bytes the caller provided.
-            unsafe { ptr::write(&mut (*out).device_cap_flags_ex, flags) };
-        }
-        if n >= offset_of!(ibv_device_attr_ex, phys_port_cnt_ex) + size_of::<u32>() {
-            // SAFETY: inside the n bytes the caller provided.
-            unsafe { ptr::write(&mut (*out).phys_port_cnt_ex, ports) };
-        }
+        // SAFETY: the caller provides attr_size >= n writable bytes; `ex` is a local of at
+        // least n bytes.
+        unsafe { ptr::copy_nonoverlapping(&ex as *const _ as *const u8, out as *mut u8, n) };
         0
     })
 }
+
+/// The `query_rt_values` slot (`ibv_query_rt_values_ex`), filled for devices with a clock: the
+/// raw clock in cycles in `raw_clock.tv_nsec` (`tv_sec` 0), as mlx5 reports it.
+pub(crate) unsafe extern "C" fn query_rt_values(
+    c: *mut ibv_context,
+    values: *mut ibv_values_ex,
+) -> c_int {
+    ffi!(libc::EIO, {
+        // SAFETY: NULL or a live context; `values` NULL or writable.
+        let (Some(s), Some(v)) = (unsafe { ctx(c) }, unsafe { values.as_mut() }) else {
+            return libc::EINVAL;
+        };
+        if v.comp_mask & !IBV_VALUES_MASK_RAW_CLOCK != 0 {
+            return libc::EINVAL;
+        }
+        let mut done = 0;
+        if v.comp_mask & IBV_VALUES_MASK_RAW_CLOCK != 0 {
+            match s.emu.read_clock() {
+                Ok(cycles) => {
+                    v.raw_clock = libc::timespec { tv_sec: 0, tv_nsec: cycles as libc::c_long };
+                    done |= IBV_VALUES_MASK_RAW_CLOCK;
+                }
+                Err(e) => return e.errno().raw(),
+            }
+        }
+        v.comp_mask = done;
+        0
+    })
+}
+
+const IBV_VALUES_MASK_RAW_CLOCK: u32 = 1;
 
 /// Fills `len` bytes of a port attribute struct (48 for the compat export, 52 for the slot).
 fn fill_port(s: &ShimContext, port: u8, out: *mut ibv_port_attr, len: usize) -> c_int {

@@ -3,8 +3,10 @@
 
 use crate::abi::verbs_context;
 
-/// Fills the slots of a new context.
-pub(crate) fn fill(v: &mut verbs_context) {
+/// Fills the slots of a new context on a device with attributes `attr`. The slots of optional
+/// features stay NULL where the device lacks them, so that libibverbs answers `EOPNOTSUPP`
+/// exactly as for a provider without them (rxe).
+pub(crate) fn fill(v: &mut verbs_context, attr: &rdma_emu::DeviceAttr) {
     let ops = &mut v.context.ops;
     ops.poll_cq = Some(super::cq::poll_cq);
     ops.req_notify_cq = Some(super::cq::req_notify_cq);
@@ -23,4 +25,10 @@ pub(crate) fn fill(v: &mut verbs_context) {
     v.create_srq_ex = Some(super::xrc::create_srq_ex);
     v.get_srq_num = Some(super::xrc::get_srq_num);
     v.open_qp = Some(super::xrc::open_qp);
+    if attr.has_cq_moderation() {
+        v.modify_cq = Some(super::cq::modify_cq);
+    }
+    if attr.has_clock() {
+        v.query_rt_values = Some(super::device::query_rt_values);
+    }
 }
