@@ -89,6 +89,7 @@ pub use crate::{
         context::{AsyncEvent, Context, EventElement},
         cq::{Cq, CqOptions},
         device::Device,
+        dm::Dm,
         mr::{Mr, Rereg},
         mw::{Mw, MwBind, MwBindInfo},
         pd::Pd,

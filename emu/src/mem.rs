@@ -16,7 +16,10 @@
 //! while a work request uses it; the emulator does not add locking.
 #![allow(unsafe_code)]
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{
+    Arc,
+    atomic::{AtomicU64, Ordering},
+};
 
 /// A range of host memory that may be read and written through the checked functions below.
 pub(crate) struct MemRegion {
@@ -26,6 +29,8 @@ pub(crate) struct MemRegion {
     len: usize,
     /// Backing storage when the region owns its memory (8-byte aligned for atomics).
     _owned: Option<Box<[AtomicU64]>>,
+    /// The region this one is a part of ([`MemRegion::part`]), kept alive with it.
+    _parent: Option<Arc<MemRegion>>,
 }
 
 // SAFETY: the region is a plain address range; all access goes through the copy functions,
@@ -56,7 +61,7 @@ impl MemRegion {
     /// `base..base+len` must stay valid for reads and writes until the returned region (and
     /// every clone of the `Arc` that will hold it) is dropped.
     pub(crate) unsafe fn from_raw(base: *mut u8, len: usize) -> MemRegion {
-        MemRegion { base, len, _owned: None }
+        MemRegion { base, len, _owned: None, _parent: None }
     }
 
     /// A zeroed region of `len` bytes that owns its memory.
@@ -66,7 +71,16 @@ impl MemRegion {
         // `AtomicU64` is an `UnsafeCell`, so writing through a pointer derived from a shared
         // reference is allowed; the pointer stays valid because the box is never moved out.
         let base = store.as_ptr() as *mut u8;
-        MemRegion { base, len, _owned: Some(store) }
+        MemRegion { base, len, _owned: Some(store), _parent: None }
+    }
+
+    /// The `len` bytes of `parent` at `off`, as a region of their own (an MR over part of
+    /// device memory); `None` if they do not lie inside `parent`.
+    pub(crate) fn part(parent: &Arc<MemRegion>, off: usize, len: usize) -> Option<MemRegion> {
+        let base = parent.check(off, len).ok()?;
+        // `base..base+len` lies in `parent` (checked), whose memory lives as long as the
+        // `Arc` held in `_parent`.
+        Some(MemRegion { base, len, _owned: None, _parent: Some(parent.clone()) })
     }
 
     pub(crate) fn len(&self) -> usize {

@@ -286,6 +286,8 @@ impl Profile {
                 // The limits of a ConnectX CQ context (16-bit count, 12-bit period).
                 max_cq_count: u16::MAX,
                 max_cq_period: 4095,
+                // A ConnectX-5's MEMIC.
+                max_dm_size: 256 * 1024,
                 ..rxe
             },
         }

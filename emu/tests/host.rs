@@ -171,6 +171,10 @@ fn peer_process_for_the_kill_test() {
         // After a marker: the test harness may have begun the line.
         writeln!(out, "endpoint: {}", endpoint_text(&n.qp.endpoint(0))).unwrap();
     }
+    out.flush().unwrap();
+    // Closes only once the test's QPs are connected (it writes a line): a close that reached
+    // a QP not yet connected would not be a close of its peer.
+    std::io::stdin().read_line(&mut String::new()).unwrap();
     let mut nodes = nodes.into_iter();
     let closed = nodes.next().unwrap();
     closed.qp.destroy().unwrap();
@@ -182,7 +186,7 @@ fn peer_process_for_the_kill_test() {
 
 #[test]
 fn a_killed_peer_breaks_its_connections_but_not_the_ones_it_closed() {
-    use std::io::{BufRead, BufReader};
+    use std::io::{BufRead, BufReader, Write};
     let dir = HostDir::new();
     let fa = dir.fabric(Profile::Full);
     let (parted, broken) = (node_on(&fa.devices()[0], 4096), node_on(&fa.devices()[0], 4096));
@@ -195,6 +199,7 @@ fn a_killed_peer_breaks_its_connections_but_not_the_ones_it_closed() {
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "peer_process_for_the_kill_test", "--nocapture", "--test-threads=1"])
         .env("RDMA_EMU_TEST_PEER", spec)
+        .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
@@ -209,6 +214,7 @@ fn a_killed_peer_breaks_its_connections_but_not_the_ones_it_closed() {
         n.qp.connect(0, &endpoint_parse(&next_endpoint()), &RcParams::default()).unwrap();
         post_recv(&n.qp, 7, &[sge(&n.mr, 0, 64)]);
     }
+    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
     assert!(lines.any(|l| l == "closed"), "the peer process ended early");
     // Work sent to the closed QP is lost on the wire: the retry timer ends it, not the kill.
     parted.qp.post_send(&SendWr::send(8, &[sge(&parted.mr, 0, 8)]).signaled()).unwrap();

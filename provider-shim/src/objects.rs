@@ -37,6 +37,12 @@ pub(crate) struct ShimMr {
 }
 
 #[repr(C)]
+pub(crate) struct ShimDm {
+    pub(crate) dm: ibv_dm,
+    pub(crate) emu: rdma_emu::Dm,
+}
+
+#[repr(C)]
 pub(crate) struct ShimChannel {
     pub(crate) ch: ibv_comp_channel,
     pub(crate) emu: rdma_emu::CompChannel,

@@ -172,6 +172,11 @@ fn device_clock_timestamps_and_cq_moderation_through_the_c_abi() {
 }
 
 #[test]
+fn device_memory_through_the_c_abi() {
+    c_program("dm", &["full", "rxe"]);
+}
+
+#[test]
 fn null_destroyed_and_foreign_handles_get_errnos() {
     c_program("bad_input", &["full"]);
 }

@@ -9,6 +9,7 @@ use super::{
     channel::{ChannelInner, CompChannel},
     cq::{Cq, CqOptions},
     device::{Device, DeviceInner, ResourceCounts},
+    dm::Dm,
     event::EventQueue,
     pd::{Pd, PdInner},
 };
@@ -137,6 +138,14 @@ impl Context {
         options: CqOptions,
     ) -> Result<Cq> {
         Cq::create(self, cqe, channel, comp_vector, options)
+    }
+
+    /// `ibv_alloc_dm`: `length` bytes of device memory, aligned to `2^log_align_req`.
+    /// `EOPNOTSUPP` on a device without device memory (rxe); `EINVAL` for 0 bytes, more than
+    /// `max_dm_size`, or an alignment above a page; `ENOMEM` once the device's memory is
+    /// taken.
+    pub fn alloc_dm(&self, length: u64, log_align_req: u32) -> Result<Dm> {
+        Dm::alloc(self, length, log_align_req)
     }
 
     /// The device clock now (`ibv_query_rt_values_ex` with `IBV_VALUES_MASK_RAW_CLOCK`), in

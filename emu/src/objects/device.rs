@@ -66,6 +66,8 @@ pub(crate) struct DeviceInner {
     /// The next SRQ number.
     pub(crate) next_srqn: AtomicU32,
     pub(crate) counts: ResourceCounts,
+    /// Bytes of device memory allocated (of `attr.max_dm_size`).
+    pub(crate) dm_used: std::sync::atomic::AtomicU64,
     /// Open contexts, to deliver port and device events to.
     pub(crate) contexts: Mutex<Vec<std::sync::Weak<super::context::ContextInner>>>,
 }
@@ -92,6 +94,7 @@ impl DeviceInner {
             xrcds: Mutex::new(Vec::new()),
             next_srqn: AtomicU32::new(1),
             counts: ResourceCounts::default(),
+            dm_used: Default::default(),
             contexts: Mutex::new(Vec::new()),
         }
     }

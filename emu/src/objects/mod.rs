@@ -10,6 +10,7 @@ pub(crate) mod channel;
 pub(crate) mod context;
 pub(crate) mod cq;
 pub(crate) mod device;
+pub(crate) mod dm;
 pub(crate) mod event;
 pub(crate) mod keys;
 pub(crate) mod mr;

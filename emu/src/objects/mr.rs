@@ -10,6 +10,7 @@ use parking_lot::RwLock;
 use super::{
     Lifecycle,
     device::{DeviceInner, ResourceCounts},
+    dm::DmInner,
     keys::{KeyEntry, KeyTable},
     pd::{Pd, PdInner},
 };
@@ -49,6 +50,8 @@ pub(crate) struct MrShared {
     key: u32,
     cur: RwLock<Arc<MrInner>>,
     life: Lifecycle,
+    /// The device memory the MR lies in (`ibv_reg_dm_mr`), kept busy while it lives.
+    dm: Option<Arc<DmInner>>,
 }
 
 impl MrShared {
@@ -56,6 +59,9 @@ impl MrShared {
     fn teardown(&self, keys: &mut KeyTable) {
         keys.remove(self.key);
         self.cur.read().pd.life.put();
+        if let Some(dm) = &self.dm {
+            dm.life.put();
+        }
         ResourceCounts::give(&self.dev.counts.mr);
     }
 }
@@ -110,7 +116,13 @@ fn rkey_for(key: u32, access: AccessFlags) -> u32 {
 }
 
 impl Mr {
-    fn register(pd: &Pd, region: MemRegion, iova: u64, access: AccessFlags) -> Result<Mr> {
+    fn register(
+        pd: &Pd,
+        region: MemRegion,
+        iova: u64,
+        access: AccessFlags,
+        dm: Option<Arc<DmInner>>,
+    ) -> Result<Mr> {
         check_access(access)?;
         if region.len() == 0 {
             return Err(einval("zero-length memory region"));
@@ -121,6 +133,13 @@ impl Mr {
         let dev = pd.0.ctx.device.clone();
         ResourceCounts::take(&dev.counts.mr, dev.attr.max_mr, "too many memory regions")?;
         if let Err(e) = pd.0.life.get() {
+            ResourceCounts::give(&dev.counts.mr);
+            return Err(e);
+        }
+        if let Some(dm) = &dm
+            && let Err(e) = dm.life.get()
+        {
+            pd.0.life.put();
             ResourceCounts::give(&dev.counts.mr);
             return Err(e);
         }
@@ -143,18 +162,31 @@ impl Mr {
             Ok(k) => k,
             Err(e) => {
                 pd.0.life.put();
+                if let Some(dm) = &dm {
+                    dm.life.put();
+                }
                 ResourceCounts::give(&dev.counts.mr);
                 return Err(e);
             }
         };
-        let cur = made.expect("filled by insert");
-        Ok(Mr(Arc::new(MrShared { dev, key, cur: RwLock::new(cur), life: Lifecycle::default() })))
+        let cur = RwLock::new(made.expect("filled by insert"));
+        Ok(Mr(Arc::new(MrShared { dev, key, cur, life: Lifecycle::default(), dm })))
     }
 
     pub(crate) fn register_owned(pd: &Pd, len: usize, access: AccessFlags) -> Result<Mr> {
         let region = MemRegion::owned(len);
         let iova = region.host_addr();
-        Mr::register(pd, region, iova, access)
+        Mr::register(pd, region, iova, access, None)
+    }
+
+    /// An MR over `part` of the device memory `dm`, zero-based.
+    pub(crate) fn register_dm(
+        pd: &Pd,
+        part: MemRegion,
+        dm: Arc<DmInner>,
+        access: AccessFlags,
+    ) -> Result<Mr> {
+        Mr::register(pd, part, 0, access, Some(dm))
     }
 
     pub(crate) fn register_raw(
@@ -163,7 +195,7 @@ impl Mr {
         iova: u64,
         access: AccessFlags,
     ) -> Result<Mr> {
-        Mr::register(pd, mem.0, iova, access)
+        Mr::register(pd, mem.0, iova, access, None)
     }
 
     fn snapshot(&self) -> Arc<MrInner> {

@@ -103,9 +103,9 @@ mirrors! {
         attach_counters_point_flow: *mut c_void,
         create_counters: *mut c_void,
         destroy_counters: *mut c_void,
-        reg_dm_mr: *mut c_void,
-        alloc_dm: *mut c_void,
-        free_dm: *mut c_void,
+        reg_dm_mr: Option<unsafe extern "C" fn(*mut ibv_pd, *mut ibv_dm, u64, usize, c_uint) -> *mut ibv_mr>,
+        alloc_dm: Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_alloc_dm_attr) -> *mut ibv_dm>,
+        free_dm: Option<unsafe extern "C" fn(*mut ibv_dm) -> c_int>,
         modify_flow_action_esp: *mut c_void,
         destroy_flow_action: *mut c_void,
         create_flow_action_esp: *mut c_void,
@@ -255,6 +255,18 @@ mirrors! {
     ibv_pd = "struct ibv_pd" {
         context: *mut ibv_context,
         handle: u32,
+    }
+    ibv_dm = "struct ibv_dm" {
+        context: *mut ibv_context,
+        memcpy_to_dm: Option<unsafe extern "C" fn(*mut ibv_dm, u64, *const c_void, usize) -> c_int>,
+        memcpy_from_dm: Option<unsafe extern "C" fn(*mut c_void, *mut ibv_dm, u64, usize) -> c_int>,
+        comp_mask: u32,
+        handle: u32,
+    }
+    ibv_alloc_dm_attr = "struct ibv_alloc_dm_attr" {
+        length: usize,
+        log_align_req: u32,
+        comp_mask: u32,
     }
     ibv_mr = "struct ibv_mr" {
         context: *mut ibv_context,

@@ -4,6 +4,7 @@
 pub(crate) mod control;
 pub(crate) mod cq;
 pub(crate) mod device;
+pub(crate) mod dm;
 pub(crate) mod events;
 pub(crate) mod mw;
 pub(crate) mod ops;

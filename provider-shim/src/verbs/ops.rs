@@ -28,6 +28,11 @@ pub(crate) fn fill(v: &mut verbs_context, attr: &rdma_emu::DeviceAttr) {
     if attr.has_cq_moderation() {
         v.modify_cq = Some(super::cq::modify_cq);
     }
+    if attr.max_dm_size > 0 {
+        v.alloc_dm = Some(super::dm::alloc_dm);
+        v.free_dm = Some(super::dm::free_dm);
+        v.reg_dm_mr = Some(super::dm::reg_dm_mr);
+    }
     if attr.has_clock() {
         v.query_rt_values = Some(super::device::query_rt_values);
     }

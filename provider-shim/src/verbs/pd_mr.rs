@@ -33,7 +33,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_dealloc_pd(pd: *mut ibv_pd) -
 }
 
 /// Access bits that libibverbs drops when the device does not support them.
-const IBV_ACCESS_OPTIONAL_RANGE: u32 = 0x3ff0_0000;
+pub(crate) const IBV_ACCESS_OPTIONAL_RANGE: u32 = 0x3ff0_0000;
 
 unsafe fn reg(
     pd: *mut ibv_pd,

@@ -59,7 +59,7 @@ int main(void)
 		      (IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B) &&
 	      dattr.orig_attr.max_mw > 0);
 	CHECK(dattr.device_cap_flags_ex & IBV_DEVICE_XRC);
-	CHECK(dattr.max_wq_type_rq == 0 && dattr.max_dm_size == 0);
+	CHECK(dattr.max_wq_type_rq == 0 && dattr.max_dm_size == 256 * 1024);
 	connect_to(&a, &b);
 	connect_to(&b, &a);
 
