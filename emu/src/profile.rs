@@ -119,6 +119,9 @@ pub struct DeviceAttr {
     pub max_cq_period: u16,
     /// Largest device memory allocation (`max_dm_size`); 0: no device memory.
     pub max_dm_size: u64,
+    /// The Enhanced Connection Establishment options the device offers (what `ibv_query_ece`
+    /// reports for a new QP); 0: no ECE (`ibv_set_ece` / `ibv_query_ece` unsupported).
+    pub ece_options: u32,
 }
 
 impl DeviceAttr {
@@ -271,6 +274,7 @@ impl Profile {
             max_cq_count: 0,
             max_cq_period: 0,
             max_dm_size: 0,
+            ece_options: 0,
         };
         let rxe = DeviceAttr { phys_port_cnt: self.port_count(ports), ..rxe };
         match self {
@@ -288,6 +292,8 @@ impl Profile {
                 max_cq_period: 4095,
                 // A ConnectX-5's MEMIC.
                 max_dm_size: 256 * 1024,
+                // Two options; their meaning is vendor-defined and changes nothing here.
+                ece_options: 0x3,
                 ..rxe
             },
         }

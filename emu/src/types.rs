@@ -251,6 +251,15 @@ pub struct Sge {
     pub lkey: u32,
 }
 
+/// `struct ibv_ece`: Enhanced Connection Establishment options of a QP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Ece {
+    pub vendor_id: u32,
+    /// Vendor-defined option bits.
+    pub options: u32,
+    pub comp_mask: u32,
+}
+
 /// A work completion: the fields of `struct ibv_wc`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Wc {

@@ -357,3 +357,27 @@ fn address_vector_port_must_be_the_qps_port() {
     assert_eq!(a.qp.modify(&rtr, m).unwrap_err().errno(), Errno::EINVAL);
     a.qp.modify(&QpAttr { ah_attr: AhAttr { port_num: 1, ..rtr.ah_attr }, ..rtr }, m).unwrap();
 }
+
+#[test]
+fn ece_options_are_asked_for_and_taken_up_at_the_connecting_transitions() {
+    use QpAttrMask as M;
+    let (_f, a, _b) = pair(Profile::Full);
+    let vendor = a.ctx.query_device().vendor_id;
+    let qp = new_qp(&a.pd, &a.cq, QpType::RC, 4, false);
+    let offered = Ece { vendor_id: vendor, options: 0x3, comp_mask: 0 };
+    assert_eq!(qp.query_ece().unwrap(), offered, "a new QP reports what the device offers");
+    let err = |e: Ece| qp.set_ece(&e).unwrap_err().errno();
+    assert_eq!(err(Ece { vendor_id: 0, options: 1, comp_mask: 0 }), Errno::EOPNOTSUPP);
+    assert_eq!(err(Ece { vendor_id: 0x02c9, options: 1, comp_mask: 0 }), Errno::EINVAL);
+    assert_eq!(err(Ece { comp_mask: 1, ..offered }), Errno::EINVAL);
+    qp.set_ece(&Ece { options: 0x5, ..offered }).unwrap();
+    assert_eq!(qp.query_ece().unwrap().options, 0, "nothing in force until a transition");
+    let init = QpAttr { qp_state: QpState::INIT, port_num: 1, ..Default::default() };
+    qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS).unwrap();
+    assert_eq!(qp.query_ece().unwrap().options, 0x1, "what was asked, as far as offered");
+    // rxe has no ECE.
+    let (_f, r, _rb) = pair(Profile::Rxe);
+    assert_eq!(r.qp.query_ece().unwrap_err().errno(), Errno::EOPNOTSUPP);
+    let rxe_ece = Ece { vendor_id: r.ctx.query_device().vendor_id, options: 1, comp_mask: 0 };
+    assert_eq!(r.qp.set_ece(&rxe_ece).unwrap_err().errno(), Errno::EOPNOTSUPP);
+}

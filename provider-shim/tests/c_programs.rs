@@ -177,6 +177,11 @@ fn device_memory_through_the_c_abi() {
 }
 
 #[test]
+fn ece_through_the_c_abi() {
+    c_program("ece", &["full", "rxe"]);
+}
+
+#[test]
 fn null_destroyed_and_foreign_handles_get_errnos() {
     c_program("bad_input", &["full"]);
 }

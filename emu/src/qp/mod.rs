@@ -28,7 +28,7 @@ use crate::{
         event::EventCount,
         pd::{Pd, PdInner},
     },
-    types::{AccessFlags, AhAttr, EventType, LinkLayer, Mtu, QpAttrMask, QpState, QpType},
+    types::{AccessFlags, AhAttr, Ece, EventType, LinkLayer, Mtu, QpAttrMask, QpState, QpType},
 };
 
 /// Queue sizes (`struct ibv_qp_cap`).
@@ -108,6 +108,11 @@ pub(crate) struct QpInner {
     /// The peer QP, in another process, told us it was destroyed (`Control::QpClosed`): the
     /// death of its process later breaks nothing more (see `fabric::host::peer_died`).
     pub(crate) peer_closed: bool,
+    /// ECE options the application asked for (`ibv_set_ece`), 0 if none.
+    pub(crate) ece_wanted: u32,
+    /// ECE options in force (`ibv_query_ece`): the device's at creation, then what was
+    /// negotiated by the last connecting transition.
+    pub(crate) ece: u32,
 }
 
 /// Port attributes the data path needs, read when the QP is bound to its port.
@@ -354,6 +359,8 @@ impl Qp {
                     route: Route::default(),
                     batch: VecDeque::new(),
                     peer_closed: false,
+                    ece_wanted: 0,
+                    ece: ctx.device.attr.ece_options,
                 }),
                 inbox: Mutex::new(VecDeque::new()),
                 life: Lifecycle::default(),
@@ -448,6 +455,37 @@ impl Qp {
         self.0.ctx.fabric.mcast_detach(gid.0, &self.0)?;
         self.0.life.put();
         Ok(())
+    }
+
+    /// `ibv_set_ece`: the Enhanced Connection Establishment options to ask for at the next
+    /// connecting transition (INIT, RTR, RTS), which takes up those the device offers; until
+    /// then `query_ece` reports none. `EOPNOTSUPP` on a device without ECE (rxe) or for
+    /// vendor 0 (as libibverbs); `EINVAL` for a `comp_mask` bit or another vendor's options
+    /// (as mlx5).
+    pub fn set_ece(&self, ece: &Ece) -> Result<()> {
+        self.0.life.check()?;
+        let attr = &self.0.ctx.device.attr;
+        if attr.ece_options == 0 || ece.vendor_id == 0 {
+            return Err(Error::new(Errno::EOPNOTSUPP, "the device has no ECE"));
+        }
+        if ece.comp_mask != 0 || ece.vendor_id != attr.vendor_id {
+            return Err(einval("ECE of another vendor, or with comp_mask bits"));
+        }
+        let mut g = self.0.inner.lock();
+        g.ece_wanted = ece.options;
+        g.ece = 0;
+        Ok(())
+    }
+
+    /// `ibv_query_ece`: the options in force (see [`Qp::set_ece`]); `EOPNOTSUPP` without ECE.
+    pub fn query_ece(&self) -> Result<Ece> {
+        self.0.life.check()?;
+        let attr = &self.0.ctx.device.attr;
+        if attr.ece_options == 0 {
+            return Err(Error::new(Errno::EOPNOTSUPP, "the device has no ECE"));
+        }
+        let options = self.0.inner.lock().ece;
+        Ok(Ece { vendor_id: attr.vendor_id, options, comp_mask: 0 })
     }
 
     /// `ibv_query_qp`: the attributes, with the current state and PSNs.
@@ -770,6 +808,11 @@ fn transition(
         }
         _ => {
             g.state = next;
+            // The connecting transitions take up the options asked for, as far as the device
+            // offers them (mlx5's firmware answers each with the negotiated set).
+            if g.ece_wanted != 0 && matches!(next, QpState::INIT | QpState::RTR | QpState::RTS) {
+                g.ece = g.ece_wanted & qp.ctx.device.attr.ece_options;
+            }
             // Work queued while the QP could not send (e.g. posted in SQD) goes out now.
             drv.service(qp, g);
         }

@@ -263,6 +263,11 @@ mirrors! {
         comp_mask: u32,
         handle: u32,
     }
+    ibv_ece = "struct ibv_ece" {
+        vendor_id: u32,
+        options: u32,
+        comp_mask: u32,
+    }
     ibv_alloc_dm_attr = "struct ibv_alloc_dm_attr" {
         length: usize,
         log_align_req: u32,

@@ -676,6 +676,51 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_query_qp_data_in_order(
     0
 }
 
+/// `ibv_set_ece(qp, ece)`: 0, or the errno (also left in `errno`, as rdma-core does).
+pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_set_ece(
+    qp: *mut ibv_qp,
+    ece: *mut ibv_ece,
+) -> c_int {
+    ffi!(libc::EIO, {
+        // SAFETY: NULL or a live QP; `ece` NULL or readable.
+        let (Some(s), Some(e)) = (unsafe { obj::<_, ShimQp>(qp) }, unsafe { ece.as_ref() }) else {
+            set_errno(libc::EINVAL);
+            return libc::EINVAL;
+        };
+        let ece =
+            rdma_emu::Ece { vendor_id: e.vendor_id, options: e.options, comp_mask: e.comp_mask };
+        match s.emu.set_ece(&ece) {
+            Ok(()) => 0,
+            Err(e) => {
+                set_errno(e.errno().raw());
+                e.errno().raw()
+            }
+        }
+    })
+}
+
+/// `ibv_query_ece(qp, ece)`: 0 with the options in force, or the errno.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_query_ece(
+    qp: *mut ibv_qp,
+    ece: *mut ibv_ece,
+) -> c_int {
+    ffi!(libc::EIO, {
+        // SAFETY: NULL or a live QP; `ece` NULL or writable.
+        let (Some(s), Some(out)) = (unsafe { obj::<_, ShimQp>(qp) }, unsafe { ece.as_mut() })
+        else {
+            return libc::EINVAL;
+        };
+        match s.emu.query_ece() {
+            Ok(e) => {
+                *out =
+                    ibv_ece { vendor_id: e.vendor_id, options: e.options, comp_mask: e.comp_mask };
+                0
+            }
+            Err(e) => e.errno().raw(),
+        }
+    })
+}
+
 /// `ibv_attach_mcast(qp, gid, lid)`.
 pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_attach_mcast(
     qp: *mut ibv_qp,
