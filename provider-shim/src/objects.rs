@@ -22,6 +22,10 @@ pub(crate) struct ShimContext {
     /// `vctx.context` is the `ibv_context` C sees; `verbs_context` precedes it.
     pub(crate) vctx: verbs_context,
     pub(crate) emu: rdma_emu::Context,
+    /// The objects this context shares with those imported from its command fd.
+    pub(crate) ufile: std::sync::Arc<crate::verbs::import::Ufile>,
+    /// `vctx.context.cmd_fd`, closed with the context.
+    pub(crate) _cmd_fd: std::os::fd::OwnedFd,
 }
 
 #[repr(C)]

@@ -182,6 +182,11 @@ fn ece_through_the_c_abi() {
 }
 
 #[test]
+fn contexts_share_objects_by_import_through_the_c_abi() {
+    c_program("import", &["full", "rxe"]);
+}
+
+#[test]
 fn null_destroyed_and_foreign_handles_get_errnos() {
     c_program("bad_input", &["full"]);
 }

@@ -1,7 +1,13 @@
 //! Devices and contexts: the device list, open/close, every query, the string helpers.
 
 use core::ffi::{c_char, c_int, c_void};
-use std::{ptr, sync::OnceLock};
+use std::{
+    os::fd::{AsRawFd, OwnedFd},
+    ptr,
+    sync::{Arc, OnceLock},
+};
+
+use super::import::Ufile;
 
 use rdma_emu::{Fabric, FabricConfig};
 
@@ -170,23 +176,40 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_open_device(
             Ok(c) => c,
             Err(e) => return null_with(e),
         };
-        // SAFETY: all-zero is a valid value for every field of verbs_context (NULL pointers,
-        // zero integers, an all-zero pthread mutex is overwritten by init below).
-        let mut vctx: verbs_context = unsafe { std::mem::zeroed() };
-        ops::fill(&mut vctx, d.emu.attr());
-        let c = &mut vctx.context;
-        c.device = dev;
-        c.cmd_fd = -1;
-        c.async_fd = std::os::fd::AsRawFd::as_raw_fd(&emu);
-        c.num_comp_vectors = d.emu.attr().num_comp_vectors as c_int;
-        c.abi_compat = usize::MAX as *mut c_void;
-        vctx.sz = size_of::<verbs_context>();
-        let p = leak(ShimContext { vctx, emu });
-        // SAFETY: p was just allocated and is not shared yet.
-        unsafe { init_sync(&mut (*p).vctx.context.mutex, ptr::null_mut()) };
-        // SAFETY: as above.
-        unsafe { &mut (*p).vctx.context }
+        match Ufile::open(dev as usize, emu) {
+            Ok((uf, fd)) => new_context(dev, uf, fd),
+            Err(e) => {
+                set_errno(e.raw_os_error().unwrap_or(libc::EMFILE));
+                ptr::null_mut()
+            }
+        }
     })
+}
+
+/// A context on `dev` over the objects of `uf`, with command fd `cmd_fd`.
+pub(crate) fn new_context(
+    dev: *mut ibv_device,
+    uf: Arc<Ufile>,
+    cmd_fd: OwnedFd,
+) -> *mut ibv_context {
+    let attr = uf.emu.query_device();
+    // SAFETY: all-zero is a valid value for every field of verbs_context (NULL pointers,
+    // zero integers, an all-zero pthread mutex is overwritten by init below).
+    let mut vctx: verbs_context = unsafe { std::mem::zeroed() };
+    ops::fill(&mut vctx, &attr);
+    let c = &mut vctx.context;
+    c.device = dev;
+    c.cmd_fd = cmd_fd.as_raw_fd();
+    c.async_fd = uf.emu.as_raw_fd();
+    c.num_comp_vectors = attr.num_comp_vectors as c_int;
+    c.abi_compat = usize::MAX as *mut c_void;
+    vctx.sz = size_of::<verbs_context>();
+    let emu = uf.emu.clone();
+    let p = leak(ShimContext { vctx, emu, ufile: uf, _cmd_fd: cmd_fd });
+    // SAFETY: p was just allocated and is not shared yet.
+    unsafe { init_sync(&mut (*p).vctx.context.mutex, ptr::null_mut()) };
+    // SAFETY: as above.
+    unsafe { &mut (*p).vctx.context }
 }
 
 /// `ibv_close_device(context)`.

@@ -3,14 +3,11 @@
 //! for the others, as for rxe).
 
 use core::ffi::{c_int, c_uint, c_void};
-use std::{
-    ptr,
-    sync::atomic::{AtomicU32, Ordering},
-};
+use std::ptr;
 
 use rdma_emu::AccessFlags;
 
-use super::pd_mr::IBV_ACCESS_OPTIONAL_RANGE;
+use super::pd_mr::{IBV_ACCESS_OPTIONAL_RANGE, new_mr};
 use crate::{
     abi::*,
     boundary::{ffi, null_with, set_errno},
@@ -34,25 +31,41 @@ pub(crate) unsafe extern "C" fn alloc_dm(
         }
         match s.emu.alloc_dm(a.length as u64, a.log_align_req) {
             Ok(emu) => {
-                static HANDLES: AtomicU32 = AtomicU32::new(1);
-                let dm = ibv_dm {
-                    context: c,
-                    memcpy_to_dm: Some(memcpy_to_dm),
-                    memcpy_from_dm: Some(memcpy_from_dm),
-                    comp_mask: 0,
-                    handle: HANDLES.fetch_add(1, Ordering::Relaxed),
-                };
-                leak(ShimDm { dm, emu }).cast()
+                let handle = s.ufile.add_dm(&emu);
+                wrap(c, emu, handle)
             }
             Err(e) => null_with(e),
         }
     })
 }
 
+/// The `struct ibv_dm` of `emu` in context `c`.
+pub(crate) fn wrap(c: *mut ibv_context, emu: rdma_emu::Dm, handle: u32) -> *mut ibv_dm {
+    let dm = ibv_dm {
+        context: c,
+        memcpy_to_dm: Some(memcpy_to_dm),
+        memcpy_from_dm: Some(memcpy_from_dm),
+        comp_mask: 0,
+        handle,
+    };
+    leak(ShimDm { dm, emu }).cast()
+}
+
 /// The `free_dm` slot: `ibv_free_dm(dm)`; `EBUSY` while MRs use it.
 pub(crate) unsafe extern "C" fn free_dm(dm: *mut ibv_dm) -> c_int {
-    // SAFETY: NULL or an object of this library (checked by `destroy`).
-    ffi!(libc::EIO, { unsafe { destroy(dm, |s: &ShimDm| s.emu.free()) } })
+    ffi!(libc::EIO, {
+        // SAFETY: NULL or an object of this library (checked by `destroy`); its context is
+        // live while it is.
+        unsafe {
+            destroy(dm, |s: &ShimDm| {
+                s.emu.free()?;
+                if let Some(c) = ctx(s.dm.context) {
+                    c.ufile.remove_dm(s.dm.handle);
+                }
+                Ok(())
+            })
+        }
+    })
 }
 
 /// `dm->memcpy_to_dm` (`ibv_memcpy_to_dm`): 0, `EFAULT` past the end, `EINVAL` unaligned.
@@ -124,18 +137,8 @@ pub(crate) unsafe extern "C" fn reg_dm_mr(
         };
         let access = AccessFlags::from_bits_retain(access & !IBV_ACCESS_OPTIONAL_RANGE);
         match d.emu.reg_mr(&p.emu, dm_offset, length, access) {
-            Ok(emu) => {
-                let mr = ibv_mr {
-                    context: p.pd.context,
-                    pd,
-                    addr: ptr::null_mut(),
-                    length,
-                    handle: 0,
-                    lkey: emu.lkey(),
-                    rkey: emu.rkey(),
-                };
-                leak(ShimMr { mr, emu }).cast()
-            }
+            // SAFETY: the PD's context is live.
+            Ok(emu) => unsafe { new_mr(pd, ptr::null_mut(), length, emu) }.cast(),
             Err(e) => null_with(e),
         }
     })

@@ -6,6 +6,7 @@ pub(crate) mod cq;
 pub(crate) mod device;
 pub(crate) mod dm;
 pub(crate) mod events;
+pub(crate) mod import;
 pub(crate) mod mw;
 pub(crate) mod ops;
 pub(crate) mod pd_mr;
@@ -19,5 +20,6 @@ pub(crate) mod xrc;
 // Only the generated trampolines use these (not in the unit-test build).
 #[allow(unused_imports)]
 pub(crate) use self::{
-    control::*, cq::*, device::*, events::*, pd_mr::*, qp::*, rates::*, srq::*, strings::*,
+    control::*, cq::*, device::*, events::*, import::*, pd_mr::*, qp::*, rates::*, srq::*,
+    strings::*,
 };

@@ -20,7 +20,10 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_alloc_pd(c: *mut ibv_context)
             return ptr::null_mut();
         };
         match s.emu.alloc_pd() {
-            Ok(emu) => leak(ShimPd { pd: ibv_pd { context: c, handle: 0 }, emu }).cast(),
+            Ok(emu) => {
+                let handle = s.ufile.add_pd(&emu);
+                leak(ShimPd { pd: ibv_pd { context: c, handle }, emu }).cast()
+            }
             Err(e) => null_with(e),
         }
     })
@@ -28,8 +31,39 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_alloc_pd(c: *mut ibv_context)
 
 /// `ibv_dealloc_pd(pd)`: `EBUSY` while MRs or QPs use it.
 pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
-    // SAFETY: NULL or an object of this library (checked by `destroy`).
-    ffi!(libc::EIO, { unsafe { destroy(pd, |s: &ShimPd| s.emu.dealloc()) } })
+    ffi!(libc::EIO, {
+        // SAFETY: NULL or an object of this library (checked by `destroy`); its context is
+        // live while it is.
+        unsafe {
+            destroy(pd, |s: &ShimPd| {
+                s.emu.dealloc()?;
+                if let Some(c) = ctx(s.pd.context) {
+                    c.ufile.remove_pd(s.pd.handle);
+                }
+                Ok(())
+            })
+        }
+    })
+}
+
+/// The `struct ibv_mr` of `emu`, registered in `pd` at `addr` for `length` bytes, recorded
+/// under a new handle so that other contexts of the command fd can import it.
+///
+/// # Safety
+/// `pd` is a live PD of ours.
+pub(crate) unsafe fn new_mr(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    emu: rdma_emu::Mr,
+) -> *mut ShimMr {
+    // SAFETY: the caller's contract; a live PD's context is live.
+    let c = unsafe { (*pd).context };
+    let record = super::import::MrRecord { emu: emu.clone(), addr: addr as usize, length };
+    // SAFETY: as above.
+    let handle = unsafe { ctx(c) }.map_or(0, |s| s.ufile.add_mr(record));
+    let mr = ibv_mr { context: c, pd, addr, length, handle, lkey: emu.lkey(), rkey: emu.rkey() };
+    leak(ShimMr { mr, emu })
 }
 
 /// Access bits that libibverbs drops when the device does not support them.
@@ -56,18 +90,8 @@ unsafe fn reg(
     // deregisters the MR.
     let mem = unsafe { RawMemory::new(addr.cast(), len) };
     match s.emu.reg_mr_raw(mem, iova, access) {
-        Ok(emu) => {
-            let mr = ibv_mr {
-                context: s.pd.context,
-                pd,
-                addr,
-                length: len,
-                handle: 0,
-                lkey: emu.lkey(),
-                rkey: emu.rkey(),
-            };
-            leak(ShimMr { mr, emu }).cast()
-        }
+        // SAFETY: `pd` was checked live above.
+        Ok(emu) => unsafe { new_mr(pd, addr, len, emu) }.cast(),
         Err(e) => null_with(e),
     }
 }
@@ -109,8 +133,19 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_reg_mr_iova2(
 
 /// `ibv_dereg_mr(mr)`.
 pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
-    // SAFETY: NULL or an object of this library (checked by `destroy`).
-    ffi!(libc::EIO, { unsafe { destroy(mr, |s: &ShimMr| s.emu.dereg()) } })
+    ffi!(libc::EIO, {
+        // SAFETY: NULL or an object of this library (checked by `destroy`); an MR's context
+        // is live while the MR is.
+        unsafe {
+            destroy(mr, |s: &ShimMr| {
+                s.emu.dereg()?;
+                if let Some(c) = ctx(s.mr.context) {
+                    c.ufile.remove_mr(s.mr.handle);
+                }
+                Ok(())
+            })
+        }
+    })
 }
 
 /// `enum ibv_rereg_mr_err_code`.
