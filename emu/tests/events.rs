@@ -28,13 +28,18 @@ struct EvNode {
 }
 
 fn ev_pair() -> (Fabric, EvNode, EvNode) {
-    let f = Fabric::new(FabricConfig::default());
+    ev_pair_on(FabricConfig::default(), CqOptions::default())
+}
+
+/// `ev_pair` on a fabric of `config`, with CQs made with `options`.
+fn ev_pair_on(config: FabricConfig, options: CqOptions) -> (Fabric, EvNode, EvNode) {
+    let f = Fabric::new(config);
     let devs = f.devices();
     let mk = |d: &Device| {
         let ctx = d.open().unwrap();
         let pd = ctx.alloc_pd().unwrap();
         let ch = ctx.create_comp_channel().unwrap();
-        let cq = ctx.create_cq(64, Some(&ch), 0).unwrap();
+        let cq = ctx.create_cq_ex(64, Some(&ch), 0, options).unwrap();
         let mr = pd.reg_mr(4096, ALL_ACCESS).unwrap();
         let qp = new_qp(&pd, &cq, QpType::RC, 16, false);
         EvNode { ch, cq, qp, mr }
@@ -292,21 +297,8 @@ fn port_down_raises_port_err_and_loses_traffic_until_it_comes_back() {
 /// A pair like `ev_pair` on a simulated fabric (virtual time: it moves only when a program
 /// waits, so a moderation period cannot run out in the middle of a test step).
 fn ev_pair_simulated(profile: Profile) -> (Fabric, EvNode, EvNode) {
-    let f = Fabric::new(FabricConfig { profile, seed: Some(7), ..Default::default() });
-    let devs = f.devices();
-    let mk = |d: &Device| {
-        let ctx = d.open().unwrap();
-        let pd = ctx.alloc_pd().unwrap();
-        let ch = ctx.create_comp_channel().unwrap();
-        let opts = CqOptions { timestamps: profile == Profile::Full };
-        let cq = ctx.create_cq_ex(64, Some(&ch), 0, opts).unwrap();
-        let mr = pd.reg_mr(4096, ALL_ACCESS).unwrap();
-        let qp = new_qp(&pd, &cq, QpType::RC, 16, false);
-        EvNode { ch, cq, qp, mr }
-    };
-    let (a, b) = (mk(&devs[0]), mk(&devs[1]));
-    connect(&a.qp, &b.qp, &RcParams::default(), &RcParams::default());
-    (f, a, b)
+    let config = FabricConfig { profile, seed: Some(7), ..Default::default() };
+    ev_pair_on(config, CqOptions { timestamps: profile == Profile::Full })
 }
 
 /// `n` SENDs in one post (one call: no virtual time passes between them).

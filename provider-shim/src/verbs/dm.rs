@@ -68,6 +68,25 @@ pub(crate) unsafe extern "C" fn free_dm(dm: *mut ibv_dm) -> c_int {
     })
 }
 
+/// A copy of `length` bytes between the host at `host` and the device memory `dm`, done by
+/// `go` once both are checked: 0 for nothing to copy, `EFAULT` for a NULL host address.
+fn copy(
+    dm: *mut ibv_dm,
+    host: *mut u8,
+    length: usize,
+    go: impl FnOnce(&rdma_emu::Dm) -> rdma_emu::Result<()>,
+) -> c_int {
+    // SAFETY: NULL or a live device memory of ours (checked by `obj`).
+    let Some(s) = (unsafe { obj::<_, ShimDm>(dm) }) else { return libc::EINVAL };
+    if length == 0 {
+        return 0;
+    }
+    if host.is_null() {
+        return libc::EFAULT;
+    }
+    go(&s.emu).map_or_else(|e| e.errno().raw(), |()| 0)
+}
+
 /// `dm->memcpy_to_dm` (`ibv_memcpy_to_dm`): 0, `EFAULT` past the end, `EINVAL` unaligned.
 unsafe extern "C" fn memcpy_to_dm(
     dm: *mut ibv_dm,
@@ -76,20 +95,11 @@ unsafe extern "C" fn memcpy_to_dm(
     length: usize,
 ) -> c_int {
     ffi!(libc::EIO, {
-        // SAFETY: a live device memory of ours.
-        let Some(s) = (unsafe { obj::<_, ShimDm>(dm) }) else { return libc::EINVAL };
-        if length == 0 {
-            return 0;
-        }
-        if host_addr.is_null() {
-            return libc::EFAULT;
-        }
-        // SAFETY: the caller provides `length` readable bytes at `host_addr`.
-        let data = unsafe { std::slice::from_raw_parts(host_addr.cast::<u8>(), length) };
-        match s.emu.copy_to(dm_offset, data) {
-            Ok(()) => 0,
-            Err(e) => e.errno().raw(),
-        }
+        copy(dm, host_addr as *mut u8, length, |d| {
+            // SAFETY: the caller provides `length` readable bytes at `host_addr` (not NULL).
+            let data = unsafe { std::slice::from_raw_parts(host_addr.cast::<u8>(), length) };
+            d.copy_to(dm_offset, data)
+        })
     })
 }
 
@@ -101,21 +111,12 @@ unsafe extern "C" fn memcpy_from_dm(
     length: usize,
 ) -> c_int {
     ffi!(libc::EIO, {
-        // SAFETY: a live device memory of ours.
-        let Some(s) = (unsafe { obj::<_, ShimDm>(dm) }) else { return libc::EINVAL };
-        if length == 0 {
-            return 0;
-        }
-        if host_addr.is_null() {
-            return libc::EFAULT;
-        }
-        // SAFETY: the caller provides `length` writable bytes at `host_addr`, not aliased by
-        // the device memory (which lives in the emulator's own allocation).
-        let out = unsafe { std::slice::from_raw_parts_mut(host_addr.cast::<u8>(), length) };
-        match s.emu.copy_from(dm_offset, out) {
-            Ok(()) => 0,
-            Err(e) => e.errno().raw(),
-        }
+        copy(dm, host_addr.cast(), length, |d| {
+            // SAFETY: the caller provides `length` writable bytes at `host_addr` (not NULL),
+            // not aliased by the device memory (the emulator's own allocation).
+            let out = unsafe { std::slice::from_raw_parts_mut(host_addr.cast::<u8>(), length) };
+            d.copy_from(dm_offset, out)
+        })
     })
 }
 
