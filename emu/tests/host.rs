@@ -304,3 +304,52 @@ fn ud_datagrams_cross_between_fabrics() {
     b.mr.read(40, &mut got).unwrap();
     assert_eq!(&got, b"dgram");
 }
+
+#[test]
+fn multicast_reaches_the_members_in_every_process() {
+    let dir = HostDir::new();
+    let (fa, fb) = (dir.fabric(Profile::Full), dir.fabric(Profile::Full));
+    let (a, b) = (node_on(&fa.devices()[0], 4096), node_on(&fb.devices()[0], 4096));
+    let c = node_on(&fa.devices()[1], 4096);
+    let ud = |n: &Node| ud_qp(n, 5, 8);
+    let (qa, qb, qc) = (ud(&a), ud(&b), ud(&c));
+    let mut mgid = Gid::ZERO;
+    mgid.0[0] = 0xff;
+    mgid.0[15] = 9;
+    qb.attach_mcast(&mgid, 0xc001).unwrap();
+    qc.attach_mcast(&mgid, 0xc001).unwrap();
+    let group =
+        AhAttr { is_global: true, dgid: mgid, dlid: 0xc001, port_num: 1, ..Default::default() };
+    let ah = a.pd.create_ah(&group).unwrap();
+    for (q, n) in [(&qb, &b), (&qc, &c)] {
+        for i in 0..2 {
+            q.post_recv(&RecvWr { wr_id: i, sg_list: &[sge(&n.mr, 128 * i as usize, 100)] })
+                .unwrap();
+        }
+    }
+    a.mr.write(0, b"to the group").unwrap();
+    qa.post_send(&SendWr::send_ud(1, &[sge(&a.mr, 0, 12)], &ah, 0xff_ffff, 5)).unwrap();
+    assert_eq!(wait1(&a.cq).status, WcStatus::SUCCESS);
+    // The member in this process and the one in the other each get one copy.
+    for n in [&b, &c] {
+        let r = wait1(&n.cq);
+        assert_eq!((r.wr_id, r.byte_len, r.src_qp), (0, 52, qa.qp_num()));
+        let mut got = [0u8; 12];
+        n.mr.read(40, &mut got).unwrap();
+        assert_eq!(&got, b"to the group");
+    }
+    // Once the remote member leaves, it gets no copy: the next thing it receives is a
+    // datagram sent to it alone after the group's (one peer's datagrams arrive in order).
+    qb.detach_mcast(&mgid, 0xc001).unwrap();
+    qa.post_send(&SendWr::send_ud(2, &[sge(&a.mr, 0, 12)], &ah, 0xff_ffff, 5)).unwrap();
+    let ep = qb.endpoint(0);
+    let direct = AhAttr { is_global: true, dgid: ep.gid, port_num: 1, ..Default::default() };
+    let ah_b = a.pd.create_ah(&direct).unwrap();
+    a.mr.write(16, b"just for b").unwrap();
+    qa.post_send(&SendWr::send_ud(3, &[sge(&a.mr, 16, 10)], &ah_b, ep.qpn, 5)).unwrap();
+    assert_eq!(wait_n(&a.cq, 2).len(), 2);
+    assert_eq!(wait1(&c.cq).byte_len, 52, "the local member still gets the group's");
+    let r = wait1(&b.cq);
+    assert_eq!(r.byte_len, 50, "b's next datagram is the one sent to it alone");
+    assert_empty(&b.cq);
+}

@@ -232,6 +232,19 @@ impl Drop for Driver<'_> {
     }
 }
 
+/// Hands a copy of the multicast datagram `pkt` to every QP of this fabric attached to its
+/// group (the MGID in its GRH).
+pub(crate) fn fan_out(fabric: &FabricInner, pkt: &Packet, drv: &mut Driver<'_>) {
+    let mgid = pkt.grh.as_ref().map(|g| g.1.0).unwrap_or_default();
+    for (m, port) in fabric.mcast_members(&mgid) {
+        let mut copy = pkt.clone();
+        copy.dst_dev = m.device_index();
+        copy.dst_port = port;
+        copy.dst_qpn = m.qpn;
+        drv.send(&mut Route::default(), copy);
+    }
+}
+
 /// A QP's cached route to its peer: the fabric lookup happens once per connection, later
 /// packets only upgrade a `Weak`.
 #[derive(Debug, Default)]

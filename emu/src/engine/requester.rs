@@ -44,7 +44,7 @@ impl Requester {
 }
 
 /// The destination QPN of datagrams sent to a multicast group.
-const MULTICAST_QPN: u32 = 0x00ff_ffff;
+pub(crate) const MULTICAST_QPN: u32 = 0x00ff_ffff;
 
 /// Validates `wr` the way rxe's provider and kernel do and queues it.
 pub(crate) fn post(qp: &QpShared, g: &mut QpInner, wr: &SendWr<'_>) -> Result<()> {
@@ -237,15 +237,11 @@ pub(crate) fn run(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>) -> 
                 }
                 sent = true;
                 if pkt.dst_qpn == MULTICAST_QPN {
-                    // A datagram to a multicast group: one copy to every attached QP.
-                    let mgid = pkt.grh.as_ref().map(|g| g.1.0).unwrap_or_default();
-                    for (m, port) in qp.ctx.fabric.mcast_members(&mgid) {
-                        let mut copy = pkt.clone();
-                        copy.dst_dev = m.device_index();
-                        copy.dst_port = port;
-                        copy.dst_qpn = m.qpn;
-                        drv.send(&mut Default::default(), copy);
-                    }
+                    // A datagram to a multicast group: one copy to every attached QP here,
+                    // and one to every other process on the host fabric, which hands it to
+                    // the members it has.
+                    qp.ctx.fabric.multicast_to_other_nodes(&pkt);
+                    super::fan_out(&qp.ctx.fabric, &pkt, drv);
                 } else {
                     drv.send(&mut g.route, pkt);
                 }

@@ -182,11 +182,35 @@ impl Node {
     /// Sends `pkt` to the node owning its destination QPN. A peer that is gone loses it, as
     /// a wire would; the sender's timers notice.
     pub(crate) fn send(&self, pkt: &Packet) {
+        self.send_to(slot_of(pkt.dst_qpn), pkt);
+    }
+
+    /// Sends the multicast datagram `pkt` to every other live node, each of which hands it to
+    /// its own members of the group.
+    pub(crate) fn multicast(&self, pkt: &Packet) {
+        for slot in self.live_slots() {
+            self.send_to(slot, pkt);
+        }
+    }
+
+    /// The slots of the other nodes that have a socket (live, or dead and not swept yet).
+    fn live_slots(&self) -> Vec<u8> {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else { return Vec::new() };
+        entries
+            .filter_map(|e| {
+                let name = e.ok()?.file_name();
+                name.to_str()?.strip_suffix(".sock")?.parse::<u8>().ok()
+            })
+            .filter(|&slot| slot != self.slot)
+            .collect()
+    }
+
+    fn send_to(&self, slot: u8, pkt: &Packet) {
         let mut msg = Vec::with_capacity(128);
         if wire::encode(pkt, &mut msg).is_err() {
             return;
         }
-        let peer = self.peer(slot_of(pkt.dst_qpn));
+        let peer = self.peer(slot);
         let total = msg.len() as u32;
         let mut offset = 0;
         let frames = std::iter::from_fn(|| {
@@ -218,13 +242,9 @@ impl Node {
         let msg = encode_control(c);
         let d = frame(self.slot, FIRST | LAST, msg.len() as u32, 0, 0, &msg);
         let Ok(sock) = UnixDatagram::unbound() else { return 0 };
-        let Ok(entries) = std::fs::read_dir(&self.dir) else { return 0 };
-        entries
-            .filter_map(|e| {
-                let name = e.ok()?.file_name();
-                name.to_str()?.strip_suffix(".sock")?.parse::<u8>().ok()
-            })
-            .filter(|&slot| slot != self.slot)
+        let slots = self.live_slots();
+        slots
+            .into_iter()
             .filter(|&slot| sock.send_to(&d, sock_path(&self.dir, slot)).is_ok())
             .count()
     }
@@ -394,6 +414,8 @@ fn read_loop(inbound: &Inbound, fabric: &Weak<FabricInner>) {
 fn receive(inbound: &Inbound, rx: &mut Rx, fabric: &FabricInner) -> bool {
     let sock = &inbound.sock;
     let mut ready: Vec<Arc<crate::qp::QpShared>> = Vec::new();
+    // Datagrams to a multicast group, for the members here.
+    let mut multicast = Vec::new();
     loop {
         let n = match sock.recv(&mut rx.buf) {
             Ok(n) => n,
@@ -418,6 +440,10 @@ fn receive(inbound: &Inbound, rx: &mut Rx, fabric: &FabricInner) -> bool {
             }
             None => continue,
         };
+        if pkt.dst_qpn == engine::requester::MULTICAST_QPN {
+            multicast.push(pkt);
+            continue;
+        }
         if !fabric.port_up(pkt.dst_dev, pkt.dst_port) {
             continue;
         }
@@ -427,11 +453,14 @@ fn receive(inbound: &Inbound, rx: &mut Rx, fabric: &FabricInner) -> bool {
             ready.push(qp);
         }
     }
-    let delivered = !ready.is_empty();
+    let delivered = !ready.is_empty() || !multicast.is_empty();
     let mut drv = Driver::new(fabric);
     for qp in ready {
         let mut g = qp.inner.lock();
         drv.service(&qp, &mut g);
+    }
+    for pkt in &multicast {
+        engine::fan_out(fabric, pkt, &mut drv);
     }
     drv.finish();
     delivered

@@ -303,6 +303,13 @@ impl FabricInner {
         Ok(())
     }
 
+    /// Sends a multicast datagram to the other processes of the host fabric, if joined.
+    pub(crate) fn multicast_to_other_nodes(&self, pkt: &crate::engine::packet::Packet) {
+        if let Some(node) = self.node.get() {
+            node.multicast(pkt);
+        }
+    }
+
     /// The live members of `mgid` and their ports, in attach order.
     pub(crate) fn mcast_members(&self, mgid: &[u8; 16]) -> Vec<(Arc<QpShared>, u8)> {
         let m = self.mcast.lock();
