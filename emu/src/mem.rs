@@ -147,6 +147,12 @@ impl MemRegion {
         Ok(unsafe { &*(p as *const AtomicU64) })
     }
 
+    /// Stores the 8 bytes `word` at `off` as one (an ATOMIC WRITE).
+    pub(crate) fn store(&self, off: usize, word: [u8; 8]) -> Result<(), MemFault> {
+        self.atomic_at(off)?.store(u64::from_ne_bytes(word), Ordering::SeqCst);
+        Ok(())
+    }
+
     /// Atomically adds `add` to the 64-bit word at `off`; returns the old value.
     pub(crate) fn fetch_add(&self, off: usize, add: u64) -> Result<u64, MemFault> {
         Ok(self.atomic_at(off)?.fetch_add(add, Ordering::SeqCst))

@@ -122,6 +122,9 @@ pub struct DeviceAttr {
     /// The Enhanced Connection Establishment options the device offers (what `ibv_query_ece`
     /// reports for a new QP); 0: no ECE (`ibv_set_ece` / `ibv_query_ece` unsupported).
     pub ece_options: u32,
+    /// Whether RC QPs carry `IBV_WR_ATOMIC_WRITE` (rxe in Linux 6.1 takes it at the post and
+    /// fails it with `LOC_QP_OP_ERR`).
+    pub atomic_write: bool,
 }
 
 impl DeviceAttr {
@@ -275,6 +278,7 @@ impl Profile {
             max_cq_period: 0,
             max_dm_size: 0,
             ece_options: 0,
+            atomic_write: false,
         };
         let rxe = DeviceAttr { phys_port_cnt: self.port_count(ports), ..rxe };
         match self {
@@ -294,6 +298,7 @@ impl Profile {
                 max_dm_size: 256 * 1024,
                 // Two options; their meaning is vendor-defined and changes nothing here.
                 ece_options: 0x3,
+                atomic_write: true,
                 ..rxe
             },
         }

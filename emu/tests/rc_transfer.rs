@@ -249,3 +249,37 @@ fn zero_length_send_and_write() {
     a.qp.post_send(&SendWr::write(2, &[], 0, 0xdead).signaled()).unwrap();
     assert_eq!(wait1(&a.cq).status, WcStatus::SUCCESS);
 }
+
+#[test]
+fn atomic_write_lands_eight_bytes_as_one_on_rc() {
+    let (_f, a, b) = pair(Profile::Full);
+    a.mr.write_u64(0, 0x1122_3344_5566_7788).unwrap();
+    let s = [sge(&a.mr, 0, 8)];
+    let aw = SendWr::atomic_write(1, &s, b.mr.addr() + 16, b.mr.rkey());
+    a.qp.post_send(&aw.signaled()).unwrap();
+    let c = wait1(&a.cq);
+    assert_eq!((c.status, c.opcode, c.byte_len), (WcStatus::SUCCESS, WcOpcode::ATOMIC_WRITE, 8));
+    assert_eq!(b.mr.read_u64(16).unwrap(), 0x1122_3344_5566_7788);
+    // The post's rules: exactly 8 bytes, to an aligned address.
+    let short = [sge(&a.mr, 0, 4)];
+    let e = |wr: SendWr<'_>| a.qp.post_send(&wr).unwrap_err().errno();
+    assert_eq!(e(SendWr::atomic_write(2, &short, b.mr.addr(), b.mr.rkey())), Errno::EINVAL);
+    assert_eq!(e(SendWr::atomic_write(3, &s, b.mr.addr() + 4, b.mr.rkey())), Errno::EINVAL);
+    // A target without remote write access refuses it.
+    let ro = b.pd.reg_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ).unwrap();
+    let denied = SendWr::atomic_write(4, &s, ro.addr(), ro.rkey());
+    a.qp.post_send(&denied.signaled()).unwrap();
+    assert_eq!(wait1(&a.cq).status, WcStatus::REM_ACCESS_ERR);
+    assert_eq!(a.qp.query().unwrap().qp_state, QpState::ERR);
+}
+
+#[test]
+fn atomic_write_on_the_rxe_profile_fails_at_execution_as_rxe() {
+    // Linux 6.1's rxe: the post takes it, the kernel does not know it.
+    let (_f, a, b) = pair(Profile::Rxe);
+    let s = [sge(&a.mr, 0, 8)];
+    let aw = SendWr::atomic_write(1, &s, b.mr.addr(), b.mr.rkey());
+    a.qp.post_send(&aw.signaled()).unwrap();
+    assert_eq!(wait1(&a.cq).status, WcStatus::LOC_QP_OP_ERR);
+    assert_eq!(a.qp.query().unwrap().qp_state, QpState::ERR);
+}

@@ -39,16 +39,18 @@ fn uc_send_and_write_with_imm_deliver() {
 }
 
 #[test]
-fn uc_fails_read_and_atomics_with_a_local_qp_operation_error() {
+fn uc_fails_read_atomics_and_atomic_write_with_a_local_qp_operation_error() {
     // As rxe (conformance scenario uc_refuses_read_and_atomics): the post takes them, the
     // first fails with LOC_QP_OP_ERR, the QP goes to ERR and the rest flush.
     let (_f, a, b) = uc_pair();
     let s = [sge(&a.mr, 0, 8)];
     a.qp.post_send(&SendWr::read(1, &s, b.mr.addr(), b.mr.rkey())).unwrap();
     a.qp.post_send(&SendWr::fetch_add(2, &s, b.mr.addr(), b.mr.rkey(), 1)).unwrap();
-    let (first, second) = (wait1(&a.cq), wait1(&a.cq));
-    assert_eq!((first.wr_id, first.status), (1, WcStatus::LOC_QP_OP_ERR));
-    assert_eq!((second.wr_id, second.status), (2, WcStatus::WR_FLUSH_ERR));
+    a.qp.post_send(&SendWr::atomic_write(3, &s, b.mr.addr(), b.mr.rkey()).signaled()).unwrap();
+    let wcs = wait_n(&a.cq, 3);
+    let got: Vec<_> = wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+    let flushed = WcStatus::WR_FLUSH_ERR;
+    assert_eq!(got, [(1, WcStatus::LOC_QP_OP_ERR), (2, flushed), (3, flushed)]);
     assert_eq!(a.qp.query().unwrap().qp_state, QpState::ERR);
 }
 

@@ -119,6 +119,7 @@ pub(crate) fn complete_ok(qp: &QpShared, g: &mut QpInner) {
             WrOpcode::RDMA_WRITE_WITH_IMM => (WcOpcode::RDMA_WRITE, WcFlags::WITH_IMM),
             WrOpcode::RDMA_READ => (WcOpcode::RDMA_READ, WcFlags::empty()),
             WrOpcode::ATOMIC_CMP_AND_SWP => (WcOpcode::COMP_SWAP, WcFlags::empty()),
+            WrOpcode::ATOMIC_WRITE => (WcOpcode::ATOMIC_WRITE, WcFlags::empty()),
             _ => (WcOpcode::FETCH_ADD, WcFlags::empty()),
         };
         // A lost send completion (CQ overrun) does not stop the QP, as in rxe.

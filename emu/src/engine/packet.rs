@@ -22,6 +22,8 @@ pub(crate) enum Kind {
     ReadResponse,
     CompareSwap,
     FetchAdd,
+    /// ATOMIC WRITE (IBA 1.5): RETH and 8 bytes written as one.
+    AtomicWrite,
     /// ACK / NAK (an AETH).
     Ack,
     /// ATOMIC ACKNOWLEDGE (AETH + AtomicAckETH).
@@ -33,7 +35,12 @@ impl Kind {
     pub(crate) fn is_request(self) -> bool {
         matches!(
             self,
-            Kind::Send | Kind::Write | Kind::ReadRequest | Kind::CompareSwap | Kind::FetchAdd
+            Kind::Send
+                | Kind::Write
+                | Kind::ReadRequest
+                | Kind::CompareSwap
+                | Kind::FetchAdd
+                | Kind::AtomicWrite
         )
     }
 }

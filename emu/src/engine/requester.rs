@@ -79,7 +79,9 @@ pub(crate) fn post(qp: &QpShared, g: &mut QpInner, wr: &SendWr<'_>) -> Result<()
                 return Err(einval("a BIND_MW request names no window"));
             }
         }
-        WrOpcode::TSO | WrOpcode::FLUSH | WrOpcode::ATOMIC_WRITE => {
+        // rxe (6.1) takes it and fails it at execution (`build`).
+        WrOpcode::ATOMIC_WRITE => {}
+        WrOpcode::TSO | WrOpcode::FLUSH => {
             return Err(Error::new(Errno::EOPNOTSUPP, "opcode not implemented yet"));
         }
         _ => return Err(einval("invalid opcode")),
@@ -119,7 +121,15 @@ pub(crate) fn post(qp: &QpShared, g: &mut QpInner, wr: &SendWr<'_>) -> Result<()
     if is_atomic && (length < 8 || wr.remote_addr & 7 != 0) {
         return Err(einval("atomic needs 8 bytes at an 8-byte aligned remote address"));
     }
-    if inline {
+    if wr.opcode == WrOpcode::ATOMIC_WRITE
+        && qp.ctx.device.attr.atomic_write
+        && (length != 8 || wr.remote_addr & 7 != 0)
+    {
+        return Err(einval("an atomic write is 8 bytes to an 8-byte aligned remote address"));
+    }
+    // An ATOMIC WRITE's 8 bytes may travel in the WQE (as `ibv_wr_atomic_write` gives them),
+    // like an atomic's operands, whatever `max_inline_data` is.
+    if inline && wr.opcode != WrOpcode::ATOMIC_WRITE {
         if length > cap.max_inline_data as u64 {
             return Err(einval("inline data above max_inline_data"));
         }
@@ -277,7 +287,8 @@ fn carries(ty: QpType, op: WrOpcode) -> bool {
             | WrOpcode::ATOMIC_CMP_AND_SWP
             | WrOpcode::ATOMIC_FETCH_AND_ADD
     );
-    let read_atomic = rdma && !matches!(op, WrOpcode::RDMA_WRITE | WrOpcode::RDMA_WRITE_WITH_IMM);
+    let read_atomic = rdma && !matches!(op, WrOpcode::RDMA_WRITE | WrOpcode::RDMA_WRITE_WITH_IMM)
+        || op == WrOpcode::ATOMIC_WRITE;
     match ty {
         QpType::UD => matches!(op, WrOpcode::SEND | WrOpcode::SEND_WITH_IMM),
         QpType::UC => !read_atomic && op != WrOpcode::SEND_WITH_INV,
@@ -312,6 +323,7 @@ fn build(qp: &QpShared, g: &mut QpInner, idx: u32) -> Result<Packet, WcStatus> {
         WrOpcode::RDMA_READ => (Kind::ReadRequest, None),
         WrOpcode::ATOMIC_CMP_AND_SWP => (Kind::CompareSwap, None),
         WrOpcode::ATOMIC_FETCH_AND_ADD => (Kind::FetchAdd, None),
+        WrOpcode::ATOMIC_WRITE if qp.ctx.device.attr.atomic_write => (Kind::AtomicWrite, None),
         _ => return Err(WcStatus::LOC_QP_OP_ERR),
     };
     let mut pkt = Packet::new(kind);
@@ -321,7 +333,7 @@ fn build(qp: &QpShared, g: &mut QpInner, idx: u32) -> Result<Packet, WcStatus> {
     pkt.xrc_srqn = wqe.xrc_srqn;
     pkt.len = wqe.length;
     match kind {
-        Kind::Send | Kind::Write => {
+        Kind::Send | Kind::Write | Kind::AtomicWrite => {
             pkt.payload = if wqe.flags.contains(SendFlags::INLINE) {
                 Payload::Bytes(wqe.inline.clone().into_boxed_slice())
             } else {

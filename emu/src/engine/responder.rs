@@ -149,6 +149,7 @@ pub(crate) fn receive(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mu
         Kind::Write => write(qp, g, pkt, drv),
         Kind::ReadRequest => read(qp, g, pkt, drv),
         Kind::CompareSwap | Kind::FetchAdd => atomic(qp, g, pkt, drv),
+        Kind::AtomicWrite => atomic_write(qp, g, pkt, drv),
         _ => {}
     }
 }
@@ -497,6 +498,29 @@ fn write(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>)
     ack(qp, g, &pkt, drv);
 }
 
+/// ATOMIC WRITE: the QP and the target must allow remote writes; the 8 bytes land as one
+/// store at an 8-byte aligned address, then an ACK, as for an RDMA WRITE.
+fn atomic_write(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>) {
+    if !g.attr.qp_access_flags.contains(AccessFlags::REMOTE_WRITE) {
+        return fail(qp, g, &pkt, NakCode::InvalidRequest, None, drv);
+    }
+    if pkt.len != 8 || pkt.va & 7 != 0 {
+        return fail(qp, g, &pkt, NakCode::InvalidRequest, None, drv);
+    }
+    let Ok(Some((region, off))) = target(qp, g, pkt.rkey, pkt.va, 8, AccessFlags::REMOTE_WRITE)
+    else {
+        return fail(qp, g, &pkt, NakCode::RemoteAccessError, None, drv);
+    };
+    let mut word = [0u8; 8];
+    let stored = sgl::gather(&pkt.payload, &mut word)
+        .map_err(|_| ())
+        .and_then(|n| if n == 8 { region.store(off, word).map_err(|_| ()) } else { Err(()) });
+    if stored.is_err() {
+        return fail(qp, g, &pkt, NakCode::RemoteAccessError, None, drv);
+    }
+    ack(qp, g, &pkt, drv);
+}
+
 fn remember(g: &mut QpInner, r: Replay) {
     let cap = (g.attr.max_dest_rd_atomic as usize).max(1);
     while g.resp.replay.len() >= cap {
@@ -580,7 +604,8 @@ fn atomic(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>
 /// atomics from the saved results (an atomic is never executed twice).
 fn duplicate(qp: &Arc<QpShared>, g: &mut QpInner, pkt: &Packet, drv: &mut Driver<'_>) {
     match pkt.kind {
-        Kind::Send | Kind::Write => {
+        // An ATOMIC WRITE is not done again: a later write may have landed since.
+        Kind::Send | Kind::Write | Kind::AtomicWrite => {
             let last_done = psn_add(g.resp.epsn, super::PSN_MASK);
             let r = reply(g, pkt, Kind::Ack, last_done, Syndrome::Ack);
             drv.send(&mut g.route, r);

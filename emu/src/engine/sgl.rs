@@ -80,6 +80,23 @@ pub(crate) fn scatter(
     copy_into(payload, dst.into_iter()).map_err(|_| SglError::Protection)
 }
 
+/// Copies the first `out.len()` bytes of `payload` into `out`; how many there were.
+pub(crate) fn gather(payload: &Payload, out: &mut [u8]) -> Result<usize, crate::mem::MemFault> {
+    let mut done = 0;
+    for piece in payload.pieces() {
+        let n = piece.len().min(out.len() - done);
+        match piece {
+            Piece::Bytes(b) => out[done..done + n].copy_from_slice(&b[..n]),
+            Piece::Mem(m) => m.region.read(m.offset, &mut out[done..done + n])?,
+        }
+        done += n;
+        if done == out.len() {
+            break;
+        }
+    }
+    Ok(done)
+}
+
 /// Copies `payload` into consecutive destination ranges `(region, offset, len)`.
 pub(crate) fn copy_into<'a>(
     payload: &Payload,

@@ -145,6 +145,8 @@ mod op {
     pub(super) const ATOMIC_ACK: u8 = 0x12;
     pub(super) const COMPARE_SWAP: u8 = 0x13;
     pub(super) const FETCH_ADD: u8 = 0x14;
+    // IBA 1.5 (RC only).
+    pub(super) const ATOMIC_WRITE: u8 = 0x1d;
     pub(super) const SEND_LAST_INV: u8 = 0x16;
     pub(super) const SEND_ONLY_INV: u8 = 0x17;
 }
@@ -167,7 +169,8 @@ fn segments(pkt: &Packet, transport: QpType, payload_len: usize) -> Vec<Segment>
         _ => 0x00,
     };
     // A READ request is one packet whatever the length it asks for; so are atomics and ACKs.
-    let carries_data = matches!(pkt.kind, Kind::Send | Kind::Write | Kind::ReadResponse);
+    let carries_data =
+        matches!(pkt.kind, Kind::Send | Kind::Write | Kind::ReadResponse | Kind::AtomicWrite);
     let n = if carries_data { pkt.npkts.max(1) as usize } else { 1 };
     let mtu = if pkt.mtu > 0 { pkt.mtu as usize } else { payload_len.div_ceil(n).max(1) };
     (0..n)
@@ -232,6 +235,7 @@ fn headers(pkt: &Packet, prefix: u8, place: Place, psn: u32, data_len: usize) ->
         }
         Kind::CompareSwap => (op::COMPARE_SWAP, false, false, false, false),
         Kind::FetchAdd => (op::FETCH_ADD, false, false, false, false),
+        Kind::AtomicWrite => (op::ATOMIC_WRITE, true, false, false, false),
         Kind::Ack => (op::ACK, false, false, false, true),
         Kind::AtomicAck => (op::ATOMIC_ACK, false, false, false, true),
     };

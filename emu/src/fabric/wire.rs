@@ -75,6 +75,7 @@ pub(crate) fn encode(pkt: &Packet, out: &mut Vec<u8>) -> Result<(), MemFault> {
         Kind::FetchAdd => 5,
         Kind::Ack => 6,
         Kind::AtomicAck => 7,
+        Kind::AtomicWrite => 8,
     };
     let (syn, syn_arg) = match pkt.syndrome {
         Syndrome::Ack => (0, 0),
@@ -157,6 +158,7 @@ pub(crate) fn decode(bytes: &[u8]) -> Option<Packet> {
         5 => Kind::FetchAdd,
         6 => Kind::Ack,
         7 => Kind::AtomicAck,
+        8 => Kind::AtomicWrite,
         _ => return None,
     };
     let mut p = Packet::new(kind);

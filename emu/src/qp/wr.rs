@@ -61,6 +61,15 @@ impl<'a> SendWr<'a> {
         }
     }
 
+    /// An ATOMIC WRITE of the 8 bytes `sg_list` gathers to the 8-byte aligned `remote_addr`
+    /// under `rkey`: the target sees all of them or none (full profile).
+    pub fn atomic_write(wr_id: u64, sg_list: &'a [Sge], remote_addr: u64, rkey: u32) -> Self {
+        SendWr {
+            opcode: WrOpcode::ATOMIC_WRITE,
+            ..SendWr::write(wr_id, sg_list, remote_addr, rkey)
+        }
+    }
+
     /// An RDMA READ from `remote_addr` under `rkey` into `sg_list`.
     pub fn read(wr_id: u64, sg_list: &'a [Sge], remote_addr: u64, rkey: u32) -> Self {
         SendWr {

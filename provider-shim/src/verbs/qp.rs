@@ -62,7 +62,8 @@ const IBV_QP_INIT_ATTR_SEND_OPS_FLAGS: u32 = 64;
 /// SEND_WITH_INV; UD SEND (with imm). Others are `EOPNOTSUPP`.
 fn supported_send_ops(qp_type: u32) -> u64 {
     match QpType(qp_type) {
-        QpType::RC | QpType::XRC_SEND => 0x3ff,
+        // Bits 0..9, and ATOMIC_WRITE (bit 12), which rxe's provider takes too.
+        QpType::RC | QpType::XRC_SEND => 0x3ff | 1 << 12,
         QpType::UC => 0x30f,
         QpType::UD => 0x00c,
         _ => 0,

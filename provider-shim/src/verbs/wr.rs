@@ -65,33 +65,40 @@ pub(crate) fn fill(q: &mut ibv_qp_ex) {
     q.wr_send_inv = Some(wr_send_inv);
     q.wr_set_xrc_srqn = Some(wr_set_xrc_srqn);
     q.wr_set_ud_addr = Some(wr_set_ud_addr);
+    q.wr_atomic_write = Some(wr_atomic_write);
     // Operations of features not implemented yet: the batch fails with EOPNOTSUPP at
     // wr_complete (inline callers invoke these slots unconditionally, so none may be NULL).
     q.wr_send_tso = Some(wr_send_tso);
-    q.wr_atomic_write = Some(wr_atomic_write);
 }
 
-/// Marks the batch failed with `EOPNOTSUPP`.
-fn unsupported(qp: *mut ibv_qp_ex) {
+/// Marks the batch failed with `errno` (reported by `wr_complete`), unless it already is.
+fn fail_batch(qp: *mut ibv_qp_ex, errno: c_int) {
     ffi!((), {
         with(qp, |_, b| {
             if b.err == 0 {
-                b.err = libc::EOPNOTSUPP;
+                b.err = errno;
             }
         })
     })
 }
 
 unsafe extern "C" fn wr_send_tso(qp: *mut ibv_qp_ex, _hdr: *mut c_void, _hdr_sz: u16, _mss: u16) {
-    unsupported(qp);
+    fail_batch(qp, libc::EOPNOTSUPP);
 }
+/// `ibv_wr_atomic_write(qp, rkey, remote_addr, atomic_wr)`: the 8 bytes at `atomic_wr` are
+/// copied into the WR (NULL fails the batch with `EINVAL`).
 unsafe extern "C" fn wr_atomic_write(
     qp: *mut ibv_qp_ex,
-    _rkey: u32,
-    _addr: u64,
-    _data: *const c_void,
+    rkey: u32,
+    addr: u64,
+    data: *const c_void,
 ) {
-    unsupported(qp);
+    if data.is_null() {
+        return fail_batch(qp, libc::EINVAL);
+    }
+    // SAFETY: the 8 readable bytes the verb takes.
+    let word = unsafe { std::ptr::read_unaligned(data as *const [u8; 8]) };
+    begin(qp, WrOpcode::ATOMIC_WRITE, addr, rkey, |p| p.inline = Some(word.to_vec()));
 }
 
 /// Runs `f` on the QP's batch.

@@ -15,7 +15,8 @@ static void setup_ex(struct side *s, struct ibv_device *dev)
 			 .max_inline_data = 64 },
 		.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
 		.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_WRITE |
-				  IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_SEND_WITH_IMM,
+				  IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_SEND_WITH_IMM |
+				  IBV_QP_EX_WITH_ATOMIC_WRITE,
 	};
 	struct ibv_cq_ex *cq;
 
@@ -112,6 +113,31 @@ int main(void)
 		CHECK(ibv_next_poll(cx) == 0 && cx->wr_id == 101);
 		CHECK((ibv_wc_read_wc_flags(cx) & IBV_WC_WITH_IMM) && be32toh(ibv_wc_read_imm_data(cx)) == 77);
 		ibv_end_poll(cx);
+	}
+
+	/* ATOMIC WRITE: by ibv_wr_atomic_write (its 8 bytes copied at the call), and by
+	 * ibv_post_send from an SGE. */
+	{
+		uint64_t v = 0x0102030405060708ull;
+		ibv_wr_start(qx);
+		qx->wr_id = 5;
+		qx->wr_flags = IBV_SEND_SIGNALED;
+		ibv_wr_atomic_write(qx, b.mr->rkey, (uintptr_t)b.buf + 1032, &v);
+		v = 0;
+		CHECK(ibv_wr_complete(qx) == 0);
+		wait_ex(a.cqx, 5, IBV_WC_ATOMIC_WRITE, 8);
+		CHECK(*(uint64_t *)(b.buf + 1032) == 0x0102030405060708ull);
+		*(uint64_t *)(a.buf + 3072) = 42;
+		struct ibv_sge s8 = { .addr = (uintptr_t)a.buf + 3072, .length = 8, .lkey = a.mr->lkey };
+		struct ibv_send_wr aw = { .wr_id = 6, .sg_list = &s8, .num_sge = 1,
+					  .opcode = IBV_WR_ATOMIC_WRITE, .send_flags = IBV_SEND_SIGNALED,
+					  .wr.rdma = { .remote_addr = (uintptr_t)b.buf + 1040, .rkey = b.mr->rkey } },
+			*bad_aw;
+		CHECK(ibv_post_send(a.qp, &aw, &bad_aw) == 0);
+		wait_ex(a.cqx, 6, IBV_WC_ATOMIC_WRITE, 8);
+		CHECK(*(uint64_t *)(b.buf + 1040) == 42);
+		s8.length = 4;
+		CHECK(ibv_post_send(a.qp, &aw, &bad_aw) == EINVAL && bad_aw == &aw);
 	}
 
 	/* Aborted batches post nothing; an oversized inline batch fails at complete. */
