@@ -115,16 +115,7 @@ fn pair(len: usize) -> Pair {
             max_recv_sge: 1,
             max_inline_data: 0,
         };
-        let qp = pd
-            .create_qp(&QpInitAttr {
-                qp_type: QpType::RC,
-                send_cq: &cq,
-                recv_cq: &cq,
-                cap,
-                sq_sig_all: false,
-                srq: None,
-            })
-            .unwrap();
+        let qp = pd.create_qp(&QpInitAttr::new(QpType::RC, &cq, cap)).unwrap();
         Side { ctx, cq, qp, mr, ch }
     };
     let (a, b) = (mk(&devs[0]), mk(&devs[1]));

@@ -54,6 +54,15 @@ pub struct QpInitAttr<'a> {
     pub srq: Option<&'a crate::Srq>,
 }
 
+impl<'a> QpInitAttr<'a> {
+    /// A QP of `qp_type` with `cap` whose send and receive completions both go to `cq`, with
+    /// its own receive queue and completions only for signaled send WRs (the common case;
+    /// set the other fields for the rest).
+    pub fn new(qp_type: QpType, cq: &'a Cq, cap: QpCap) -> Self {
+        QpInitAttr { qp_type, send_cq: cq, recv_cq: cq, cap, sq_sig_all: false, srq: None }
+    }
+}
+
 /// `struct ibv_qp_attr`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct QpAttr {

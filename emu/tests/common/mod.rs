@@ -61,16 +61,7 @@ pub fn node_on(dev: &Device, mr_len: usize) -> Node {
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(1024, None, 0).unwrap();
     let mr = pd.reg_mr(mr_len, ALL_ACCESS).unwrap();
-    let qp = pd
-        .create_qp(&QpInitAttr {
-            qp_type: QpType::RC,
-            send_cq: &cq,
-            recv_cq: &cq,
-            cap: cap(64),
-            sq_sig_all: false,
-            srq: None,
-        })
-        .unwrap();
+    let qp = pd.create_qp(&QpInitAttr::new(QpType::RC, &cq, cap(64))).unwrap();
     Node { ctx, pd, cq, qp, mr }
 }
 

@@ -275,66 +275,57 @@ fn ah_to_c(a: &AhAttr) -> ibv_ah_attr {
     }
 }
 
+/// Builds `$ty` from `$a` (a `QpAttr` or an `ibv_qp_attr`): the fields both spell alike are
+/// copied, `$conv` gives the ones that need a conversion.
+macro_rules! qp_attr_like {
+    ($ty:ident, $a:ident, { $($conv:tt)* }) => {
+        $ty {
+            $($conv)*
+            path_mig_state: $a.path_mig_state,
+            qkey: $a.qkey,
+            rq_psn: $a.rq_psn,
+            sq_psn: $a.sq_psn,
+            dest_qp_num: $a.dest_qp_num,
+            pkey_index: $a.pkey_index,
+            alt_pkey_index: $a.alt_pkey_index,
+            en_sqd_async_notify: $a.en_sqd_async_notify,
+            sq_draining: $a.sq_draining,
+            max_rd_atomic: $a.max_rd_atomic,
+            max_dest_rd_atomic: $a.max_dest_rd_atomic,
+            min_rnr_timer: $a.min_rnr_timer,
+            port_num: $a.port_num,
+            timeout: $a.timeout,
+            retry_cnt: $a.retry_cnt,
+            rnr_retry: $a.rnr_retry,
+            alt_port_num: $a.alt_port_num,
+            alt_timeout: $a.alt_timeout,
+            rate_limit: $a.rate_limit,
+        }
+    };
+}
+
 fn qp_attr_from_c(a: &ibv_qp_attr) -> QpAttr {
-    QpAttr {
+    qp_attr_like!(QpAttr, a, {
         qp_state: QpState(a.qp_state),
         cur_qp_state: QpState(a.cur_qp_state),
         path_mtu: Mtu(a.path_mtu),
-        path_mig_state: a.path_mig_state,
-        qkey: a.qkey,
-        rq_psn: a.rq_psn,
-        sq_psn: a.sq_psn,
-        dest_qp_num: a.dest_qp_num,
         qp_access_flags: AccessFlags::from_bits_retain(a.qp_access_flags),
         cap: QpCap::default(),
         ah_attr: ah_from_c(&a.ah_attr),
         alt_ah_attr: ah_from_c(&a.alt_ah_attr),
-        pkey_index: a.pkey_index,
-        alt_pkey_index: a.alt_pkey_index,
-        en_sqd_async_notify: a.en_sqd_async_notify,
-        sq_draining: a.sq_draining,
-        max_rd_atomic: a.max_rd_atomic,
-        max_dest_rd_atomic: a.max_dest_rd_atomic,
-        min_rnr_timer: a.min_rnr_timer,
-        port_num: a.port_num,
-        timeout: a.timeout,
-        retry_cnt: a.retry_cnt,
-        rnr_retry: a.rnr_retry,
-        alt_port_num: a.alt_port_num,
-        alt_timeout: a.alt_timeout,
-        rate_limit: a.rate_limit,
-    }
+    })
 }
 
 fn qp_attr_to_c(a: &QpAttr) -> ibv_qp_attr {
-    ibv_qp_attr {
+    qp_attr_like!(ibv_qp_attr, a, {
         qp_state: a.qp_state.0,
         cur_qp_state: a.cur_qp_state.0,
         path_mtu: a.path_mtu.0,
-        path_mig_state: a.path_mig_state,
-        qkey: a.qkey,
-        rq_psn: a.rq_psn,
-        sq_psn: a.sq_psn,
-        dest_qp_num: a.dest_qp_num,
         qp_access_flags: a.qp_access_flags.bits(),
         cap: cap_to_c(&a.cap),
         ah_attr: ah_to_c(&a.ah_attr),
         alt_ah_attr: ah_to_c(&a.alt_ah_attr),
-        pkey_index: a.pkey_index,
-        alt_pkey_index: a.alt_pkey_index,
-        en_sqd_async_notify: a.en_sqd_async_notify,
-        sq_draining: a.sq_draining,
-        max_rd_atomic: a.max_rd_atomic,
-        max_dest_rd_atomic: a.max_dest_rd_atomic,
-        min_rnr_timer: a.min_rnr_timer,
-        port_num: a.port_num,
-        timeout: a.timeout,
-        retry_cnt: a.retry_cnt,
-        rnr_retry: a.rnr_retry,
-        alt_port_num: a.alt_port_num,
-        alt_timeout: a.alt_timeout,
-        rate_limit: a.rate_limit,
-    }
+    })
 }
 
 /// `ibv_modify_qp(qp, attr, attr_mask)`.

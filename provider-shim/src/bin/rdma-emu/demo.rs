@@ -31,14 +31,7 @@ fn node(dev: &Device) -> Result<Node> {
         max_recv_sge: 2,
         max_inline_data: 64,
     };
-    let qp = pd.create_qp(&QpInitAttr {
-        qp_type: QpType::RC,
-        send_cq: &cq,
-        recv_cq: &cq,
-        cap,
-        sq_sig_all: false,
-        srq: None,
-    })?;
+    let qp = pd.create_qp(&QpInitAttr::new(QpType::RC, &cq, cap))?;
     Ok(Node { name: dev.name().to_string(), cq, qp, mr })
 }
 
