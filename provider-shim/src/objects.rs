@@ -21,11 +21,18 @@ unsafe impl Sync for ShimDevice {}
 pub(crate) struct ShimContext {
     /// `vctx.context` is the `ibv_context` C sees; `verbs_context` precedes it.
     pub(crate) vctx: verbs_context,
-    pub(crate) emu: rdma_emu::Context,
-    /// The objects this context shares with those imported from its command fd.
+    /// The objects this context shares with those imported from its command fd, and the
+    /// emulator context behind them all.
     pub(crate) ufile: std::sync::Arc<crate::verbs::import::Ufile>,
     /// `vctx.context.cmd_fd`, closed with the context.
     pub(crate) _cmd_fd: std::os::fd::OwnedFd,
+}
+
+impl ShimContext {
+    /// The emulator context.
+    pub(crate) fn emu(&self) -> &rdma_emu::Context {
+        &self.ufile.emu
+    }
 }
 
 #[repr(C)]

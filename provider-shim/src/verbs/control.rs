@@ -16,7 +16,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_set_port_state(
     ffi!(libc::EIO, {
         // SAFETY: NULL or a live context.
         let Some(s) = (unsafe { ctx(c) }) else { return libc::EINVAL };
-        s.emu
+        s.emu()
             .device()
             .set_port_state(port, PortState(state))
             .map_or_else(|e| e.errno().raw(), |()| 0)
@@ -35,7 +35,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_raise_event(
         let Some(s) = (unsafe { ctx(c) }) else { return libc::EINVAL };
         let ev = EventType(event);
         let port = (ev != EventType::DEVICE_FATAL).then_some(port);
-        s.emu.device().raise_event(ev, port).map_or_else(|e| e.errno().raw(), |()| 0)
+        s.emu().device().raise_event(ev, port).map_or_else(|e| e.errno().raw(), |()| 0)
     })
 }
 
@@ -56,7 +56,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_set_faults(
         };
         match rdma_emu::FaultRule::parse(&text) {
             Ok(r) => {
-                s.emu.device().fabric().set_faults(r);
+                s.emu().device().fabric().set_faults(r);
                 0
             }
             Err(e) => {
@@ -77,7 +77,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_fault_hits(
     ffi!(-1, {
         // SAFETY: NULL or a live context.
         let Some(s) = (unsafe { ctx(c) }) else { return -1 };
-        let all = s.emu.device().fabric().fault_hits();
+        let all = s.emu().device().fabric().fault_hits();
         if !hits.is_null() {
             for (i, h) in all.iter().take(n.max(0) as usize).enumerate() {
                 // SAFETY: the caller gives room for `n` counts.
@@ -93,6 +93,6 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_seed(c: *mut ibv_context
     ffi!(0, {
         // SAFETY: NULL or a live context.
         let Some(s) = (unsafe { ctx(c) }) else { return 0 };
-        s.emu.device().fabric().seed()
+        s.emu().device().fabric().seed()
     })
 }

@@ -19,7 +19,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_create_comp_channel(
             set_errno(libc::EINVAL);
             return ptr::null_mut();
         };
-        match s.emu.create_comp_channel() {
+        match s.emu().create_comp_channel() {
             Ok(emu) => {
                 let ch = ibv_comp_channel { context: c, fd: emu.as_raw_fd(), refcnt: 0 };
                 leak(ShimChannel { ch, emu }).cast()
@@ -57,7 +57,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_create_cq(
             set_errno(libc::EINVAL);
             return ptr::null_mut();
         }
-        let emu = match s.emu.create_cq(cqe, channel, comp_vector as u32) {
+        let emu = match s.emu().create_cq(cqe, channel, comp_vector as u32) {
             Ok(q) => q,
             Err(e) => return null_with(e),
         };
@@ -129,7 +129,7 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
             set_errno(libc::EINVAL);
             return ptr::null_mut();
         };
-        let clock = s.emu.query_device().has_clock();
+        let clock = s.emu().query_device().has_clock();
         let supported = STANDARD_WC_FLAGS | if clock { TIMESTAMP_WC_FLAGS } else { 0 };
         if a.wc_flags & !supported != 0
             || a.comp_mask & !IBV_CQ_INIT_ATTR_MASK_FLAGS != 0
@@ -142,7 +142,7 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
         let channel = unsafe { obj::<_, ShimChannel>(a.channel) }.map(|c| &c.emu);
         let options = rdma_emu::CqOptions { timestamps: a.wc_flags & TIMESTAMP_WC_FLAGS != 0 };
         let cqe = a.cqe.min(i32::MAX as u32) as c_int;
-        match s.emu.create_cq_ex(cqe, channel, a.comp_vector, options) {
+        match s.emu().create_cq_ex(cqe, channel, a.comp_vector, options) {
             Ok(emu) => new_cq(c, a.channel, a.cq_context, emu).cast(),
             Err(e) => null_with(e),
         }

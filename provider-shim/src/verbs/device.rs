@@ -204,8 +204,7 @@ pub(crate) fn new_context(
     c.num_comp_vectors = attr.num_comp_vectors as c_int;
     c.abi_compat = usize::MAX as *mut c_void;
     vctx.sz = size_of::<verbs_context>();
-    let emu = uf.emu.clone();
-    let p = leak(ShimContext { vctx, emu, ufile: uf, _cmd_fd: cmd_fd });
+    let p = leak(ShimContext { vctx, ufile: uf, _cmd_fd: cmd_fd });
     // SAFETY: p was just allocated and is not shared yet.
     unsafe { init_sync(&mut (*p).vctx.context.mutex, ptr::null_mut()) };
     // SAFETY: as above.
@@ -279,7 +278,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_query_device(
         let (Some(s), Some(out)) = (unsafe { ctx(c) }, unsafe { out.as_mut() }) else {
             return libc::EINVAL;
         };
-        fill_device_attr(&s.emu.query_device(), out);
+        fill_device_attr(&s.emu().query_device(), out);
         0
     })
 }
@@ -300,7 +299,7 @@ pub(crate) unsafe extern "C" fn query_device_ex(
         if out.is_null() || attr_size < size_of::<ibv_device_attr>() {
             return libc::EINVAL;
         }
-        let a = s.emu.query_device();
+        let a = s.emu().query_device();
         // SAFETY: ibv_device_attr_ex is plain data; all-zero is valid.
         let mut ex: ibv_device_attr_ex = unsafe { std::mem::zeroed() };
         fill_device_attr(&a, &mut ex.orig_attr);
@@ -335,7 +334,7 @@ pub(crate) unsafe extern "C" fn query_rt_values(
         }
         let mut done = 0;
         if v.comp_mask & IBV_VALUES_MASK_RAW_CLOCK != 0 {
-            match s.emu.read_clock() {
+            match s.emu().read_clock() {
                 Ok(cycles) => {
                     v.raw_clock = libc::timespec { tv_sec: 0, tv_nsec: cycles as libc::c_long };
                     done |= IBV_VALUES_MASK_RAW_CLOCK;
@@ -352,7 +351,7 @@ const IBV_VALUES_MASK_RAW_CLOCK: u32 = 1;
 
 /// Fills `len` bytes of a port attribute struct (48 for the compat export, 52 for the slot).
 fn fill_port(s: &ShimContext, port: u8, out: *mut ibv_port_attr, len: usize) -> c_int {
-    let a = match s.emu.query_port(port) {
+    let a = match s.emu().query_port(port) {
         Ok(a) => a,
         Err(e) => return e.errno().raw(),
     };
@@ -429,7 +428,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_query_gid(
     ffi!(-1, {
         // SAFETY: NULL or a live context; `gid` NULL or writable.
         let (Some(s), Some(gid)) = (unsafe { ctx(c) }, unsafe { gid.as_mut() }) else { return -1 };
-        match s.emu.device().query_gid(port, index as u32) {
+        match s.emu().device().query_gid(port, index as u32) {
             Ok(g) => {
                 gid.raw = g.0;
                 0
@@ -456,7 +455,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim___ibv_query_gid_ex(
         if flags != 0 || entry_size < size_of::<ibv_gid_entry>() || port > u8::MAX as u32 {
             return libc::EINVAL;
         }
-        match s.emu.device().query_gid_entry(port as u8, index) {
+        match s.emu().device().query_gid_entry(port as u8, index) {
             Ok(Some(e)) => {
                 *entry = ibv_gid_entry {
                     gid: ibv_gid { raw: e.gid.0 },
@@ -487,7 +486,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim___ibv_query_gid_table(
         if flags != 0 || entry_size < size_of::<ibv_gid_entry>() || entries.is_null() {
             return -(libc::EINVAL as isize);
         }
-        let dev = s.emu.device();
+        let dev = s.emu().device();
         let mut n = 0usize;
         for port in 1..=dev.attr().phys_port_cnt {
             for e in dev.gid_table(port).unwrap_or_default() {
@@ -525,7 +524,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_query_gid_type(
     ffi!(-1, {
         // SAFETY: NULL or a live context; `ty` NULL or writable.
         let (Some(s), Some(ty)) = (unsafe { ctx(c) }, unsafe { ty.as_mut() }) else { return -1 };
-        let dev = s.emu.device();
+        let dev = s.emu().device();
         let roce_v2 = match dev.query_gid_entry(port, index) {
             Ok(Some(e)) => e.gid_type == rdma_emu::GidType::ROCE_V2,
             Ok(None) => dev
@@ -551,7 +550,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_query_pkey(
         let (Some(s), Some(pkey)) = (unsafe { ctx(c) }, unsafe { pkey.as_mut() }) else {
             return -1;
         };
-        match s.emu.device().query_pkey(port, index as u16) {
+        match s.emu().device().query_pkey(port, index as u16) {
             Ok(k) => {
                 *pkey = k.to_be();
                 0
@@ -604,7 +603,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_get_pkey_index(
     ffi!(-1, {
         // SAFETY: NULL or a live context.
         let Some(s) = (unsafe { ctx(c) }) else { return -1 };
-        let dev = s.emu.device();
+        let dev = s.emu().device();
         let len = dev.query_port(port).map(|p| p.pkey_tbl_len).unwrap_or(0);
         (0..len)
             .find(|&i| dev.query_pkey(port, i).ok() == Some(u16::from_be(pkey)))

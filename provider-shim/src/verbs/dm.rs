@@ -7,7 +7,10 @@ use std::ptr;
 
 use rdma_emu::AccessFlags;
 
-use super::pd_mr::{IBV_ACCESS_OPTIONAL_RANGE, new_mr};
+use super::{
+    import::Shared,
+    pd_mr::{IBV_ACCESS_OPTIONAL_RANGE, new_mr},
+};
 use crate::{
     abi::*,
     boundary::{ffi, null_with, set_errno},
@@ -29,9 +32,9 @@ pub(crate) unsafe extern "C" fn alloc_dm(
             set_errno(libc::EINVAL);
             return ptr::null_mut();
         }
-        match s.emu.alloc_dm(a.length as u64, a.log_align_req) {
+        match s.emu().alloc_dm(a.length as u64, a.log_align_req) {
             Ok(emu) => {
-                let handle = s.ufile.add_dm(&emu);
+                let handle = s.ufile.add(Shared::Dm(emu.clone()));
                 wrap(c, emu, handle)
             }
             Err(e) => null_with(e),
@@ -59,9 +62,7 @@ pub(crate) unsafe extern "C" fn free_dm(dm: *mut ibv_dm) -> c_int {
         unsafe {
             destroy(dm, |s: &ShimDm| {
                 s.emu.free()?;
-                if let Some(c) = ctx(s.dm.context) {
-                    c.ufile.remove_dm(s.dm.handle);
-                }
+                super::import::forget(s.dm.context, s.dm.handle);
                 Ok(())
             })
         }

@@ -22,7 +22,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_get_async_event(
             set_errno(libc::EINVAL);
             return -1;
         };
-        match s.emu.get_async_event() {
+        match s.emu().get_async_event() {
             Ok(e) => {
                 ev.event_type = e.event_type.0;
                 ev.element = match &e.element {
@@ -84,7 +84,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_ack_async_event(ev: *mut ibv_
         };
         // SAFETY: the object's context outlives it.
         if let Some(s) = unsafe { ctx(context) } {
-            s.emu.ack_async_event(&AsyncEvent { event_type: t, element });
+            s.emu().ack_async_event(&AsyncEvent { event_type: t, element });
         }
     })
 }

@@ -35,6 +35,14 @@ pub(crate) struct MrRecord {
     pub(crate) length: usize,
 }
 
+/// An object other contexts of the fd can import.
+#[derive(Clone, Debug)]
+pub(crate) enum Shared {
+    Pd(rdma_emu::Pd),
+    Mr(MrRecord),
+    Dm(rdma_emu::Dm),
+}
+
 /// The objects behind one command fd (the kernel's `ib_uverbs_file`).
 #[derive(Debug)]
 pub(crate) struct Ufile {
@@ -44,9 +52,8 @@ pub(crate) struct Ufile {
     /// `st_dev` and `st_ino` of the fd's file.
     id: (u64, u64),
     next_handle: AtomicU32,
-    pds: Mutex<HashMap<u32, rdma_emu::Pd>>,
-    mrs: Mutex<HashMap<u32, MrRecord>>,
-    dms: Mutex<HashMap<u32, rdma_emu::Dm>>,
+    /// By handle (one numbering for every kind, as the kernel's idr).
+    objects: Mutex<HashMap<u32, Shared>>,
 }
 
 /// Every live ufile, to find the one a dup'd fd names.
@@ -81,9 +88,7 @@ impl Ufile {
             emu,
             id,
             next_handle: AtomicU32::new(1),
-            pds: Mutex::default(),
-            mrs: Mutex::default(),
-            dms: Mutex::default(),
+            objects: Mutex::default(),
         });
         let mut all = ufiles().lock();
         all.retain(|w| w.strong_count() > 0);
@@ -97,40 +102,23 @@ impl Ufile {
         ufiles().lock().iter().filter_map(Weak::upgrade).find(|u| u.id == id)
     }
 
-    fn handle(&self) -> u32 {
-        self.next_handle.fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// Records a new PD; its handle.
-    pub(crate) fn add_pd(&self, pd: &rdma_emu::Pd) -> u32 {
-        let h = self.handle();
-        self.pds.lock().insert(h, pd.clone());
+    /// Records a new object; its handle.
+    pub(crate) fn add(&self, object: Shared) -> u32 {
+        let h = self.next_handle.fetch_add(1, Ordering::Relaxed);
+        self.objects.lock().insert(h, object);
         h
     }
 
-    pub(crate) fn add_mr(&self, mr: MrRecord) -> u32 {
-        let h = self.handle();
-        self.mrs.lock().insert(h, mr);
-        h
+    fn get(&self, h: u32) -> Option<Shared> {
+        self.objects.lock().get(&h).cloned()
     }
+}
 
-    pub(crate) fn add_dm(&self, dm: &rdma_emu::Dm) -> u32 {
-        let h = self.handle();
-        self.dms.lock().insert(h, dm.clone());
-        h
-    }
-
-    /// Forgets destroyed objects.
-    pub(crate) fn remove_pd(&self, h: u32) {
-        self.pds.lock().remove(&h);
-    }
-
-    pub(crate) fn remove_mr(&self, h: u32) {
-        self.mrs.lock().remove(&h);
-    }
-
-    pub(crate) fn remove_dm(&self, h: u32) {
-        self.dms.lock().remove(&h);
+/// Forgets the destroyed object `handle` of context `c`'s ufile.
+pub(crate) fn forget(c: *mut ibv_context, handle: u32) {
+    // SAFETY: the context of a live object of ours is live.
+    if let Some(s) = unsafe { ctx(c) } {
+        s.ufile.objects.lock().remove(&handle);
     }
 }
 
@@ -170,8 +158,8 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_import_pd(
 ) -> *mut ibv_pd {
     ffi!(ptr::null_mut(), {
         // SAFETY: NULL or a live context.
-        let found = unsafe { ctx(c) }.and_then(|s| s.ufile.pds.lock().get(&handle).cloned());
-        let Some(emu) = found else {
+        let found = unsafe { ctx(c) }.and_then(|s| s.ufile.get(handle));
+        let Some(Shared::Pd(emu)) = found else {
             set_errno(libc::EINVAL);
             return ptr::null_mut();
         };
@@ -195,8 +183,8 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_import_mr(
         let p = unsafe { obj::<_, ShimPd>(pd) };
         // SAFETY: a live PD's context is live.
         let c = p.and_then(|p| unsafe { ctx(p.pd.context) });
-        let found = c.and_then(|s| s.ufile.mrs.lock().get(&handle).cloned());
-        let (Some(p), Some(r)) = (p, found) else {
+        let found = c.and_then(|s| s.ufile.get(handle));
+        let (Some(p), Some(Shared::Mr(r))) = (p, found) else {
             set_errno(libc::EINVAL);
             return ptr::null_mut();
         };
@@ -225,8 +213,8 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_import_dm(
 ) -> *mut ibv_dm {
     ffi!(ptr::null_mut(), {
         // SAFETY: NULL or a live context.
-        let found = unsafe { ctx(c) }.and_then(|s| s.ufile.dms.lock().get(&handle).cloned());
-        let Some(emu) = found else {
+        let found = unsafe { ctx(c) }.and_then(|s| s.ufile.get(handle));
+        let Some(Shared::Dm(emu)) = found else {
             set_errno(libc::EINVAL);
             return ptr::null_mut();
         };

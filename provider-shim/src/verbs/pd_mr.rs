@@ -5,6 +5,7 @@ use std::ptr;
 
 use rdma_emu::{AccessFlags, RawMemory};
 
+use super::import::{MrRecord, Shared};
 use crate::{
     abi::*,
     boundary::{ffi, null_with, set_errno},
@@ -19,9 +20,9 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_alloc_pd(c: *mut ibv_context)
             set_errno(libc::EINVAL);
             return ptr::null_mut();
         };
-        match s.emu.alloc_pd() {
+        match s.emu().alloc_pd() {
             Ok(emu) => {
-                let handle = s.ufile.add_pd(&emu);
+                let handle = s.ufile.add(Shared::Pd(emu.clone()));
                 leak(ShimPd { pd: ibv_pd { context: c, handle }, emu }).cast()
             }
             Err(e) => null_with(e),
@@ -37,9 +38,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_dealloc_pd(pd: *mut ibv_pd) -
         unsafe {
             destroy(pd, |s: &ShimPd| {
                 s.emu.dealloc()?;
-                if let Some(c) = ctx(s.pd.context) {
-                    c.ufile.remove_pd(s.pd.handle);
-                }
+                super::import::forget(s.pd.context, s.pd.handle);
                 Ok(())
             })
         }
@@ -59,9 +58,9 @@ pub(crate) unsafe fn new_mr(
 ) -> *mut ShimMr {
     // SAFETY: the caller's contract; a live PD's context is live.
     let c = unsafe { (*pd).context };
-    let record = super::import::MrRecord { emu: emu.clone(), addr: addr as usize, length };
+    let record = MrRecord { emu: emu.clone(), addr: addr as usize, length };
     // SAFETY: as above.
-    let handle = unsafe { ctx(c) }.map_or(0, |s| s.ufile.add_mr(record));
+    let handle = unsafe { ctx(c) }.map_or(0, |s| s.ufile.add(Shared::Mr(record)));
     let mr = ibv_mr { context: c, pd, addr, length, handle, lkey: emu.lkey(), rkey: emu.rkey() };
     leak(ShimMr { mr, emu })
 }
@@ -139,9 +138,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_dereg_mr(mr: *mut ibv_mr) -> 
         unsafe {
             destroy(mr, |s: &ShimMr| {
                 s.emu.dereg()?;
-                if let Some(c) = ctx(s.mr.context) {
-                    c.ufile.remove_mr(s.mr.handle);
-                }
+                super::import::forget(s.mr.context, s.mr.handle);
                 Ok(())
             })
         }

@@ -606,7 +606,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_init_ah_from_wc(
             let g = unsafe { std::slice::from_raw_parts(grh, 40) };
             let word0 = u32::from_be_bytes([g[0], g[1], g[2], g[3]]);
             let dgid: [u8; 16] = g[24..40].try_into().expect("16 bytes");
-            let dev = s.emu.device();
+            let dev = s.emu().device();
             let Some(index) = dev
                 .gid_table(port)
                 .ok()

@@ -60,7 +60,7 @@ pub(crate) unsafe extern "C" fn open_xrcd(
             }
             Some((st.st_dev, st.st_ino))
         };
-        match s.emu.open_xrcd(file, a.oflags) {
+        match s.emu().open_xrcd(file, a.oflags) {
             Ok(emu) => leak(ShimXrcd { xrcd: ibv_xrcd { context: c }, emu }).cast(),
             Err(e) => null_with(e),
         }
