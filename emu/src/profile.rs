@@ -58,6 +58,12 @@ pub mod cap_flags {
     pub const XRC: u32 = 1 << 20;
     pub const MEM_MGT_EXTENSIONS: u32 = 1 << 21;
     pub const MEM_WINDOW_TYPE_2B: u32 = 1 << 24;
+    pub const RAW_IP_CSUM: u32 = 1 << 26;
+}
+
+/// `ibv_raw_packet_caps` bits.
+pub mod raw_packet_caps {
+    pub const IP_CSUM: u32 = 1 << 2;
 }
 
 /// `struct ibv_device_attr`, field for field.
@@ -125,6 +131,18 @@ pub struct DeviceAttr {
     /// Whether RC QPs carry `IBV_WR_ATOMIC_WRITE` (rxe in Linux 6.1 takes it at the post and
     /// fails it with `LOC_QP_OP_ERR`).
     pub atomic_write: bool,
+    /// Largest number of receive WQs (`max_wq_type_rq`); 0: no WQs, RSS, raw packet QPs or
+    /// flow steering.
+    pub max_wq_type_rq: u32,
+    /// RSS (`rss_caps`): indirection tables, their largest size, the hashable fields
+    /// (`IBV_RX_HASH_*`).
+    pub max_rwq_indirection_tables: u32,
+    pub max_rwq_indirection_table_size: u32,
+    pub rx_hash_fields_mask: u64,
+    /// Largest TCP segmentation offload (`tso_caps.max_tso`), raw packet QPs only; 0: none.
+    pub max_tso: u32,
+    /// `IBV_RAW_PACKET_CAP_*` bits.
+    pub raw_packet_caps: u32,
 }
 
 impl DeviceAttr {
@@ -146,6 +164,11 @@ impl DeviceAttr {
     /// Whether `ibv_modify_cq` can moderate completion events.
     pub fn has_cq_moderation(&self) -> bool {
         self.max_cq_count > 0
+    }
+
+    /// Whether the device has receive WQs, RSS, raw packet QPs and flow steering.
+    pub fn has_raw_packet(&self) -> bool {
+        self.max_wq_type_rq > 0
     }
 }
 
@@ -279,6 +302,12 @@ impl Profile {
             max_dm_size: 0,
             ece_options: 0,
             atomic_write: false,
+            max_wq_type_rq: 0,
+            max_rwq_indirection_tables: 0,
+            max_rwq_indirection_table_size: 0,
+            rx_hash_fields_mask: 0,
+            max_tso: 0,
+            raw_packet_caps: 0,
         };
         let rxe = DeviceAttr { phys_port_cnt: self.port_count(ports), ..rxe };
         match self {
@@ -287,7 +316,7 @@ impl Profile {
                 fw_ver: "1.0.0",
                 vendor_id: 0x00ff_ffff,
                 vendor_part_id: 0x454d, // "EM"
-                device_cap_flags: rxe.device_cap_flags | cap_flags::XRC,
+                device_cap_flags: rxe.device_cap_flags | cap_flags::XRC | cap_flags::RAW_IP_CSUM,
                 // The fabric's clock counts nanoseconds: a 1 GHz device clock, 64 bits wide.
                 completion_timestamp_mask: u64::MAX,
                 hca_core_clock: 1_000_000,
@@ -299,6 +328,13 @@ impl Profile {
                 // Two options; their meaning is vendor-defined and changes nothing here.
                 ece_options: 0x3,
                 atomic_write: true,
+                // A ConnectX-5's RSS and TSO limits.
+                max_wq_type_rq: 65_536,
+                max_rwq_indirection_tables: 65_536,
+                max_rwq_indirection_table_size: 1 << 13,
+                rx_hash_fields_mask: crate::engine::frame::hash_fields::ALL,
+                max_tso: 256 * 1024,
+                raw_packet_caps: raw_packet_caps::IP_CSUM,
                 ..rxe
             },
         }
@@ -306,7 +342,8 @@ impl Profile {
 
     /// The attributes of port `port` (1-based) of the device with identity `id` and `ports`
     /// ports. LIDs are unique on the fabric: device-major, port-minor, from 1.
-    pub fn port_attr(self, id: &DeviceIdentity, port: u8, ports: u8) -> PortAttr {
+    /// On the full profile `link` picks InfiniBand (LIDs) or Ethernet (RoCE: LID 0).
+    pub fn port_attr(self, id: &DeviceIdentity, port: u8, ports: u8, link: LinkLayer) -> PortAttr {
         let rxe = PortAttr {
             state: PortState::ACTIVE,
             max_mtu: Mtu::MTU_4096,
@@ -334,6 +371,13 @@ impl Profile {
         };
         match self {
             Profile::Rxe => rxe,
+            Profile::Full if link == LinkLayer::ETHERNET => PortAttr {
+                active_mtu: Mtu::MTU_4096,
+                max_msg_sz: 0x4000_0000,
+                active_width: 2,  // 4X
+                active_speed: 32, // EDR
+                ..rxe
+            },
             Profile::Full => PortAttr {
                 active_mtu: Mtu::MTU_4096,
                 gid_tbl_len: 16,
@@ -351,14 +395,14 @@ impl Profile {
 
     /// The populated GID table entries of port `port`: GID 0 is the link-local GID of the
     /// port GUID (the node GUID plus the port index).
-    pub fn gid_table(self, id: &DeviceIdentity, port: u8) -> Vec<GidEntry> {
+    pub fn gid_table(self, id: &DeviceIdentity, port: u8, link: LinkLayer) -> Vec<GidEntry> {
         let port_guid = id.guid + (port as u64 - 1);
-        match self {
-            Profile::Rxe => vec![
+        match (self, link) {
+            (Profile::Rxe, _) | (Profile::Full, LinkLayer::ETHERNET) => vec![
                 GidEntry { gid: Gid::link_local(port_guid), index: 0, gid_type: GidType::ROCE_V2 },
                 GidEntry { gid: Gid::ipv4_mapped(id.ipv4), index: 1, gid_type: GidType::ROCE_V2 },
             ],
-            Profile::Full => {
+            (Profile::Full, _) => {
                 vec![GidEntry { gid: Gid::link_local(port_guid), index: 0, gid_type: GidType::IB }]
             }
         }

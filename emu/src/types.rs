@@ -108,6 +108,25 @@ open_enum! {
 }
 
 open_enum! {
+    /// `enum ibv_wq_state`.
+    WqState(u32) { RESET = 0, RDY = 1, ERR = 2, UNKNOWN = 3, }
+}
+
+open_enum! {
+    /// `enum ibv_flow_attr_type`: which frames a steering rule takes.
+    FlowType(u32) {
+        /// Frames its specs match.
+        NORMAL = 0,
+        /// Frames no normal rule took.
+        ALL_DEFAULT = 1,
+        /// Multicast frames no normal rule took.
+        MC_DEFAULT = 2,
+        /// A copy of every frame.
+        SNIFFER = 3,
+    }
+}
+
+open_enum! {
     /// `IBV_LINK_LAYER_*`.
     LinkLayer(u8) { UNSPECIFIED = 0, INFINIBAND = 1, ETHERNET = 2, }
 }

@@ -203,6 +203,7 @@ fn create_qp_validates_caps_and_types() {
             cap,
             sq_sig_all: false,
             srq: None,
+            max_tso_header: 0,
         })
     };
     let ok = common::cap(8);

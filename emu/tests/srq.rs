@@ -33,6 +33,7 @@ fn setup(profile: Profile, srq_size: u32, rnr_retry: u8) -> Setup {
                 cap: cap(8),
                 sq_sig_all: false,
                 srq: Some(&srq),
+                max_tso_header: 0,
             })
             .unwrap();
         connect(&s.qp, &r, &p, &p);

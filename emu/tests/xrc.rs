@@ -179,6 +179,7 @@ fn rxe_profile_has_no_xrc() {
         cap: cap(4),
         sq_sig_all: false,
         srq: None,
+        max_tso_header: 0,
     };
     assert_eq!(n.pd.create_qp(&attr).unwrap_err().errno(), Errno::EOPNOTSUPP);
     let s = n.pd.create_srq(&SrqAttr { max_wr: 4, max_sge: 1, srq_limit: 0 }).unwrap();

@@ -172,6 +172,16 @@ fn device_clock_timestamps_and_cq_moderation_through_the_c_abi() {
 }
 
 #[test]
+fn raw_packet_qps_flows_wqs_rss_and_tso_through_the_c_abi() {
+    // InfiniBand ports refuse raw packet QPs; the rxe profile has none of the family.
+    c_program("raw", &["full", "rxe"]);
+    let exe = build("raw");
+    let mut cmd = Command::new(&exe);
+    cmd.env("RDMA_EMU_PROFILE", "full").env("RDMA_EMU_LINK_LAYER", "ethernet");
+    assert!(run_on_shim(&mut cmd).contains("raw ok"));
+}
+
+#[test]
 fn device_memory_through_the_c_abi() {
     c_program("dm", &["full", "rxe"]);
 }

@@ -11,7 +11,9 @@
 //!   timer thread (`fabric::timer`) is the same driver started by a deadline.
 
 pub(crate) mod completer;
+pub(crate) mod frame;
 pub(crate) mod packet;
+pub(crate) mod raw;
 pub(crate) mod requester;
 pub(crate) mod responder;
 pub(crate) mod sgl;
@@ -20,7 +22,7 @@ pub(crate) mod testkit;
 
 use std::sync::Arc;
 
-use self::packet::Packet;
+use self::packet::{Kind, Packet};
 use crate::{
     fabric::FabricInner,
     profile::Profile,
@@ -106,15 +108,17 @@ impl<'f> Driver<'f> {
     pub(crate) fn send(&mut self, route: &mut Route, pkt: Packet) {
         use crate::fabric::{faults::Verdict, timer::Job};
         let f = self.fabric;
+        // A raw frame is traced once when sent (`raw::send_frame`), not per receiver.
+        let trace = if pkt.kind == Kind::Raw { None } else { f.pcap.as_ref() };
         if !f.faults.active() {
-            if let Some(pcap) = &f.pcap {
+            if let Some(pcap) = trace {
                 pcap.record(f, &pkt, self.now(), false);
             }
             return self.transmit(route, pkt);
         }
         let now = self.now();
         let verdict = f.faults.judge(&pkt, now);
-        if let Some(pcap) = &f.pcap {
+        if let Some(pcap) = trace {
             pcap.record(f, &pkt, now, verdict == Verdict::Corrupt);
             if verdict == Verdict::Duplicate {
                 pcap.record(f, &pkt, now, false);

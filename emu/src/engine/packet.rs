@@ -28,6 +28,8 @@ pub(crate) enum Kind {
     Ack,
     /// ATOMIC ACKNOWLEDGE (AETH + AtomicAckETH).
     AtomicAck,
+    /// An Ethernet frame of a raw packet QP (the payload is the whole frame).
+    Raw,
 }
 
 impl Kind {
@@ -41,6 +43,7 @@ impl Kind {
                 | Kind::CompareSwap
                 | Kind::FetchAdd
                 | Kind::AtomicWrite
+                | Kind::Raw
         )
     }
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::{
     Driver, completer,
     packet::{Kind, Packet, Payload},
-    packets_for, psn_add,
+    packets_for, psn_add, raw,
     sgl::{self, SglError},
 };
 use crate::{
@@ -48,8 +48,8 @@ pub(crate) const MULTICAST_QPN: u32 = 0x00ff_ffff;
 
 /// Validates `wr` the way rxe's provider and kernel do and queues it.
 pub(crate) fn post(qp: &QpShared, g: &mut QpInner, wr: &SendWr<'_>) -> Result<()> {
-    if qp.qp_type == QpType::XRC_RECV {
-        return Err(einval("an XRC target QP has no send queue"));
+    if qp.qp_type == QpType::XRC_RECV || qp.rss.is_some() {
+        return Err(einval("an XRC target or RSS QP has no send queue"));
     }
     if matches!(g.state, QpState::RESET | QpState::INIT | QpState::RTR) {
         return Err(einval("QP is not ready to send (state below RTS)"));
@@ -81,10 +81,26 @@ pub(crate) fn post(qp: &QpShared, g: &mut QpInner, wr: &SendWr<'_>) -> Result<()
         }
         // rxe (6.1) takes it and fails it at execution (`build`).
         WrOpcode::ATOMIC_WRITE => {}
-        WrOpcode::TSO | WrOpcode::FLUSH => {
+        WrOpcode::TSO if qp.ctx.device.attr.max_tso == 0 => {
+            return Err(Error::new(Errno::EOPNOTSUPP, "the device has no TSO"));
+        }
+        WrOpcode::TSO => {
+            let ok = wr.tso.is_some_and(|t| {
+                !t.hdr.is_empty() && t.hdr.len() as u32 <= qp.max_tso_header && t.mss > 0
+            });
+            if !ok {
+                return Err(einval(
+                    "TSO needs a raw packet QP with max_tso_header, a header and an MSS",
+                ));
+            }
+        }
+        WrOpcode::FLUSH => {
             return Err(Error::new(Errno::EOPNOTSUPP, "opcode not implemented yet"));
         }
         _ => return Err(einval("invalid opcode")),
+    }
+    if qp.qp_type == QpType::RAW_PACKET && !matches!(wr.opcode, WrOpcode::SEND | WrOpcode::TSO) {
+        return Err(einval("a raw packet QP sends SEND and TSO only"));
     }
     let ud = if qp.qp_type == QpType::UD {
         let Some(u) = wr.ud else { return Err(einval("a UD send needs an address handle")) };
@@ -146,6 +162,12 @@ pub(crate) fn post(qp: &QpShared, g: &mut QpInner, wr: &SendWr<'_>) -> Result<()
     if length > u32::MAX as u64 {
         return Err(einval("message longer than 4 GiB"));
     }
+    if qp.qp_type == QpType::RAW_PACKET && wr.opcode == WrOpcode::SEND && length < raw::MIN_FRAME {
+        return Err(einval("a raw frame is at least 18 bytes"));
+    }
+    if wr.opcode == WrOpcode::TSO && length > qp.ctx.device.attr.max_tso as u64 {
+        return Err(einval("TSO payload above max_tso"));
+    }
     let sq = &mut g.sq;
     if sq.len() >= sq.depth {
         return Err(Error::new(Errno::ENOMEM, "send queue is full"));
@@ -177,6 +199,11 @@ pub(crate) fn post(qp: &QpShared, g: &mut QpInner, wr: &SendWr<'_>) -> Result<()
     }
     wqe.inv_rkey = wr.invalidate_rkey;
     wqe.xrc_srqn = wr.xrc_remote_srqn;
+    wqe.tso_hdr.clear();
+    if let Some(t) = wr.tso.filter(|_| wr.opcode == WrOpcode::TSO) {
+        wqe.tso_hdr.extend_from_slice(t.hdr);
+        wqe.mss = t.mss;
+    }
     sq.head = head.wrapping_add(1);
     Ok(())
 }
@@ -225,6 +252,21 @@ pub(crate) fn run(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>) -> 
             g.sq.next = idx.wrapping_add(1);
             match local_op(qp, g, idx) {
                 Ok(()) => completer::complete_ok(qp, g),
+                Err(status) => {
+                    completer::fail_wqe(qp, g, idx, status);
+                    return sent;
+                }
+            }
+            continue;
+        }
+        if qp.qp_type == QpType::RAW_PACKET {
+            // A frame needs no acknowledgement: the WR is complete once it left.
+            match raw::transmit(qp, g, idx, drv) {
+                Ok(()) => {
+                    g.sq.next = idx.wrapping_add(1);
+                    sent = true;
+                    completer::complete_ok(qp, g);
+                }
                 Err(status) => {
                     completer::fail_wqe(qp, g, idx, status);
                     return sent;

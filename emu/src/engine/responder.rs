@@ -64,8 +64,8 @@ pub(crate) fn post_recv(qp: &Arc<QpShared>, g: &mut QpInner, wr: &RecvWr<'_>) ->
     if matches!(qp.qp_type, QpType::XRC_SEND | QpType::XRC_RECV) {
         return Err(einval("XRC QPs have no receive queue (receives go to XRC SRQs)"));
     }
-    if qp.srq.is_some() {
-        return Err(einval("the QP takes its receives from an SRQ"));
+    if qp.srq.is_some() || qp.rss.is_some() {
+        return Err(einval("the QP takes its receives from an SRQ or its WQs"));
     }
     if g.state == QpState::RESET {
         return Err(einval("QP is in RESET"));
@@ -88,6 +88,10 @@ pub(crate) fn flush_recv_queue(qp: &QpShared, g: &mut QpInner) {
 
 /// Handles a request packet.
 pub(crate) fn receive(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>) {
+    if pkt.kind == Kind::Raw {
+        super::raw::receive(qp, g, pkt);
+        return;
+    }
     // Requests to a QP that is not at least RTR (or is in ERR) are dropped, as on the wire.
     if !matches!(g.state, QpState::RTR | QpState::RTS | QpState::SQD | QpState::SQE)
         || pkt.dst_port != g.attr.port_num
@@ -327,16 +331,16 @@ fn fail(
 }
 
 /// A receive WQE taken off the SRQ or the RQ.
-struct Recv {
-    wr_id: u64,
-    sges: Vec<Sge>,
+pub(crate) struct Recv {
+    pub(crate) wr_id: u64,
+    pub(crate) sges: Vec<Sge>,
     /// The RQ slot it came from, to give the SGE vector back (an SRQ slot may already be
     /// reposted by another thread, so SRQ vectors are simply dropped).
     rq_slot: Option<u32>,
 }
 
 /// Takes the next receive WQE, from the QP's SRQ if it has one.
-fn pop_recv(qp: &QpShared, g: &mut QpInner) -> Option<Recv> {
+pub(crate) fn pop_recv(qp: &QpShared, g: &mut QpInner) -> Option<Recv> {
     if let Some(srq) = g.resp.xrc.as_ref().or(qp.srq.as_ref()) {
         return srq.pop().map(|(wr_id, sges)| Recv { wr_id, sges, rq_slot: None });
     }
@@ -351,7 +355,7 @@ fn pop_recv(qp: &QpShared, g: &mut QpInner) -> Option<Recv> {
 }
 
 /// Returns a taken WQE's SGE vector to its RQ slot (keeping its allocation).
-fn done_recv(g: &mut QpInner, r: Recv) {
+pub(crate) fn done_recv(g: &mut QpInner, r: Recv) {
     if let Some(slot) = r.rq_slot {
         g.rq.ring.at_mut(slot).sges = r.sges;
     }

@@ -49,6 +49,9 @@ pub struct FabricConfig {
     pub faults: Vec<crate::FaultRule>,
     /// Writes every packet this fabric sends to this file as RoCE v2 frames (pcap format).
     pub pcap: Option<PathBuf>,
+    /// The full profile's link layer: InfiniBand (the default, with LIDs) or Ethernet
+    /// (RoCE v2 GIDs as rxe's, and raw packet QPs). The rxe profile is always Ethernet.
+    pub link_layer: crate::LinkLayer,
 }
 
 impl Default for FabricConfig {
@@ -61,6 +64,7 @@ impl Default for FabricConfig {
             seed: None,
             faults: Vec::new(),
             pcap: None,
+            link_layer: crate::LinkLayer::INFINIBAND,
         }
     }
 }
@@ -68,7 +72,8 @@ impl Default for FabricConfig {
 impl FabricConfig {
     /// The configuration the C library reads from its environment, looked up through `var`:
     /// `RDMA_EMU_DEVICES` (default 2), `RDMA_EMU_PROFILE` (`full` or `rxe`, default `full`),
-    /// `RDMA_EMU_PORTS` (default 1) and `RDMA_EMU_FABRIC`: the host fabric to join, `default`
+    /// `RDMA_EMU_PORTS` (default 1), `RDMA_EMU_LINK_LAYER` (`ethernet` or `infiniband`, the
+    /// full profile's ports) and `RDMA_EMU_FABRIC`: the host fabric to join, `default`
     /// when unset or empty, `none` for this process only; `RDMA_EMU_SEED` (simulation with
     /// that seed), `RDMA_EMU_FAULTS` (fault rules) and `RDMA_EMU_PCAP` (a packet trace file).
     /// A malformed `RDMA_EMU_SEED` or `RDMA_EMU_FAULTS` is an error, never silently ignored.
@@ -102,6 +107,10 @@ impl FabricConfig {
                 .and_then(|v| Profile::from_name(&v))
                 .unwrap_or_default(),
             ports: var("RDMA_EMU_PORTS").and_then(|v| v.parse().ok()).unwrap_or(1),
+            link_layer: match var("RDMA_EMU_LINK_LAYER").as_deref() {
+                Some("ethernet" | "eth") => crate::LinkLayer::ETHERNET,
+                _ => crate::LinkLayer::INFINIBAND,
+            },
             host,
             ..Default::default()
         }
@@ -123,6 +132,8 @@ pub(crate) struct FabricInner {
     /// Multicast groups: MGID -> attached (QP, its port), in attach order (a BTreeMap: no
     /// hash order).
     mcast: Mutex<std::collections::BTreeMap<[u8; 16], Vec<Member>>>,
+    /// Flow steering rules of every device, in creation order.
+    pub(crate) flows: RwLock<Vec<Arc<crate::objects::flow::FlowRule>>>,
     pub(crate) timer: timer::Timer,
     pub(crate) faults: faults::Faults,
     pub(crate) pcap: Option<pcap::Pcap>,
@@ -339,7 +350,7 @@ impl Fabric {
     /// [`new`](Self::new), failing only if the packet trace file cannot be created.
     pub fn try_new(cfg: FabricConfig) -> crate::Result<Fabric> {
         let devices = (0..cfg.devices)
-            .map(|i| Arc::new(DeviceInner::new(i, cfg.profile, cfg.ports)))
+            .map(|i| Arc::new(DeviceInner::new(i, cfg.profile, cfg.ports, cfg.link_layer)))
             .collect();
         let pcap = cfg.pcap.as_deref().map(pcap::Pcap::create).transpose()?;
         let seed = cfg.seed.unwrap_or_else(faults::clock_seed);
@@ -348,6 +359,7 @@ impl Fabric {
             qps: RwLock::new(HashMap::new()),
             next_qpn: Mutex::new(FIRST_QPN),
             mcast: Mutex::new(Default::default()),
+            flows: RwLock::new(Vec::new()),
             timer: timer::Timer::new(cfg.seed.is_some(), this.clone()),
             faults: faults::Faults::new(seed),
             pcap,

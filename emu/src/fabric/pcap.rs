@@ -50,6 +50,10 @@ impl Pcap {
 
     /// Writes `pkt` as it leaves at `now` (nanoseconds); `damaged`: with a wrong ICRC.
     pub(crate) fn record(&self, fabric: &FabricInner, pkt: &Packet, now: u64, damaged: bool) {
+        if let (Kind::Raw, Payload::Bytes(f)) = (pkt.kind, &pkt.payload) {
+            // A raw packet QP's frame is already what the wire carries.
+            return self.write_frame(now, f);
+        }
         let ends = Ends::of(fabric, pkt);
         let transport = fabric.lookup_qp_any(pkt.src_qpn).map_or(QpType::RC, |q| q.qp_type);
         let payload = payload_bytes(pkt);
@@ -57,15 +61,27 @@ impl Pcap {
         for seg in segments(pkt, transport, payload.len()) {
             let data = &payload[seg.data.clone()];
             let frame = frame(&ends, &seg.headers, data, damaged);
-            out.extend_from_slice(&((now / 1_000_000_000) as u32).to_le_bytes());
-            out.extend_from_slice(&((now / 1000 % 1_000_000) as u32).to_le_bytes());
-            out.extend_from_slice(&(frame.len() as u32).to_le_bytes());
-            out.extend_from_slice(&(frame.len() as u32).to_le_bytes());
+            record_header(&mut out, now, frame.len());
             out.extend_from_slice(&frame);
         }
         // A trace that cannot be written loses frames, never the traffic.
         let _ = self.file.lock().write_all(&out);
     }
+
+    fn write_frame(&self, now: u64, frame: &[u8]) {
+        let mut out = Vec::with_capacity(16 + frame.len());
+        record_header(&mut out, now, frame.len());
+        out.extend_from_slice(frame);
+        let _ = self.file.lock().write_all(&out);
+    }
+}
+
+/// A pcap record header: the time and the captured and original lengths.
+fn record_header(out: &mut Vec<u8>, now: u64, len: usize) {
+    out.extend_from_slice(&((now / 1_000_000_000) as u32).to_le_bytes());
+    out.extend_from_slice(&((now / 1000 % 1_000_000) as u32).to_le_bytes());
+    out.extend_from_slice(&(len as u32).to_le_bytes());
+    out.extend_from_slice(&(len as u32).to_le_bytes());
 }
 
 /// The addresses of both ends.
@@ -238,6 +254,7 @@ fn headers(pkt: &Packet, prefix: u8, place: Place, psn: u32, data_len: usize) ->
         Kind::AtomicWrite => (op::ATOMIC_WRITE, true, false, false, false),
         Kind::Ack => (op::ACK, false, false, false, true),
         Kind::AtomicAck => (op::ATOMIC_ACK, false, false, false, true),
+        Kind::Raw => unreachable!("raw frames are written as they are"),
     };
     let ud = prefix == 0x60;
     let pad = ((4 - data_len % 4) % 4) as u8;

@@ -76,6 +76,7 @@ pub(crate) fn encode(pkt: &Packet, out: &mut Vec<u8>) -> Result<(), MemFault> {
         Kind::Ack => 6,
         Kind::AtomicAck => 7,
         Kind::AtomicWrite => 8,
+        Kind::Raw => 9,
     };
     let (syn, syn_arg) = match pkt.syndrome {
         Syndrome::Ack => (0, 0),
@@ -159,6 +160,7 @@ pub(crate) fn decode(bytes: &[u8]) -> Option<Packet> {
         6 => Kind::Ack,
         7 => Kind::AtomicAck,
         8 => Kind::AtomicWrite,
+        9 => Kind::Raw,
         _ => return None,
     };
     let mut p = Packet::new(kind);

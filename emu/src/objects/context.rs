@@ -28,6 +28,7 @@ pub enum EventElement {
     Qp(Qp),
     Cq(Cq),
     Srq(super::srq::Srq),
+    Wq(super::wq::Wq),
     /// A port number.
     Port(u8),
     Device,
@@ -148,6 +149,16 @@ impl Context {
         Dm::alloc(self, length, log_align_req)
     }
 
+    /// `ibv_create_rwq_ind_table`: an RSS indirection table over `wqs`, which must hold
+    /// exactly `2^log_size` WQs (see [`RwqIndTable`](crate::RwqIndTable)).
+    pub fn create_rwq_ind_table(
+        &self,
+        log_size: u32,
+        wqs: &[&super::wq::Wq],
+    ) -> Result<super::wq::RwqIndTable> {
+        super::wq::RwqIndTable::create(self, log_size, wqs)
+    }
+
     /// The device clock now (`ibv_query_rt_values_ex` with `IBV_VALUES_MASK_RAW_CLOCK`), in
     /// the units of [`Wc::timestamp`](crate::Wc::timestamp); `EOPNOTSUPP` on a device
     /// without a clock (rxe).
@@ -173,6 +184,7 @@ impl Context {
             EventElement::Qp(qp) => qp.0.async_events.reported(),
             EventElement::Cq(cq) => cq.0.async_events.reported(),
             EventElement::Srq(s) => s.0.async_events.reported(),
+            EventElement::Wq(w) => w.0.async_events.reported(),
             EventElement::Port(_) | EventElement::Device => {}
         }
         Ok(ev)
@@ -184,6 +196,7 @@ impl Context {
             EventElement::Qp(qp) => qp.0.async_events.ack(1),
             EventElement::Cq(cq) => cq.0.async_events.ack(1),
             EventElement::Srq(s) => s.0.async_events.ack(1),
+            EventElement::Wq(w) => w.0.async_events.ack(1),
             EventElement::Port(_) | EventElement::Device => {}
         }
     }

@@ -13,7 +13,7 @@ use crate::{
     error::{Errno, Error, Result, einval},
     fabric::FabricInner,
     profile::{DeviceAttr, DeviceIdentity, GidEntry, PortAttr, Profile},
-    types::Gid,
+    types::{Gid, LinkLayer},
 };
 
 /// One port of a device. Ports are numbered from 1 as in verbs.
@@ -36,6 +36,8 @@ pub(crate) struct ResourceCounts {
     pub(crate) ah: AtomicU32,
     pub(crate) srq: AtomicU32,
     pub(crate) mw: AtomicU32,
+    pub(crate) wq: AtomicU32,
+    pub(crate) ind_table: AtomicU32,
 }
 
 impl ResourceCounts {
@@ -65,6 +67,8 @@ pub(crate) struct DeviceInner {
     pub(crate) xrcds: Mutex<Vec<(super::xrcd::FileId, std::sync::Weak<super::xrcd::XrcdInner>)>>,
     /// The next SRQ number.
     pub(crate) next_srqn: AtomicU32,
+    /// The next WQ or indirection table number.
+    pub(crate) next_wqn: AtomicU32,
     pub(crate) counts: ResourceCounts,
     /// Bytes of device memory allocated (of `attr.max_dm_size`).
     pub(crate) dm_used: std::sync::atomic::AtomicU64,
@@ -73,13 +77,13 @@ pub(crate) struct DeviceInner {
 }
 
 impl DeviceInner {
-    pub(crate) fn new(index: u32, profile: Profile, ports: u8) -> DeviceInner {
+    pub(crate) fn new(index: u32, profile: Profile, ports: u8, link: LinkLayer) -> DeviceInner {
         let id = DeviceIdentity::new(index);
         let n = profile.port_count(ports);
         let ports = (1..=n)
             .map(|p| PortInner {
-                attr: Mutex::new(profile.port_attr(&id, p, n)),
-                gids: profile.gid_table(&id, p),
+                attr: Mutex::new(profile.port_attr(&id, p, n, link)),
+                gids: profile.gid_table(&id, p, link),
                 pkeys: profile.pkey_table(),
                 up: std::sync::atomic::AtomicBool::new(true),
             })
@@ -93,6 +97,7 @@ impl DeviceInner {
             keys: RwLock::new(KeyTable::default()),
             xrcds: Mutex::new(Vec::new()),
             next_srqn: AtomicU32::new(1),
+            next_wqn: AtomicU32::new(1),
             counts: ResourceCounts::default(),
             dm_used: Default::default(),
             contexts: Mutex::new(Vec::new()),

@@ -12,11 +12,13 @@ pub(crate) mod cq;
 pub(crate) mod device;
 pub(crate) mod dm;
 pub(crate) mod event;
+pub(crate) mod flow;
 pub(crate) mod keys;
 pub(crate) mod mr;
 pub(crate) mod mw;
 pub(crate) mod pd;
 pub(crate) mod srq;
+pub(crate) mod wq;
 pub(crate) mod xrcd;
 
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -71,6 +71,17 @@ impl Pd {
         super::srq::Srq::create(self, attr)
     }
 
+    /// `ibv_create_wq` (`IBV_WQT_RQ`); see [`Wq`](crate::Wq).
+    pub fn create_wq(&self, init: &super::wq::WqInitAttr<'_>) -> Result<super::wq::Wq> {
+        super::wq::Wq::create(self, init)
+    }
+
+    /// `ibv_create_qp_ex` with an indirection table and a hash: an RSS QP; see
+    /// [`RssConf`](crate::RssConf).
+    pub fn create_rss_qp(&self, conf: &crate::RssConf<'_>) -> Result<Qp> {
+        Qp::create_rss(self, conf)
+    }
+
     /// `ibv_create_qp`.
     pub fn create_qp(&self, init: &QpInitAttr<'_>) -> Result<Qp> {
         Qp::create(self, init)

@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 use self::queue::{RecvQueue, SendQueue};
 pub use self::{
     connect::{Endpoint, RcParams},
-    wr::{RecvWr, SendWr, UdDest},
+    wr::{RecvWr, SendWr, Tso, UdDest},
 };
 use crate::{
     engine::{self, Driver, Route, packet::Packet, requester::Requester, responder::Responder},
@@ -52,6 +52,25 @@ pub struct QpInitAttr<'a> {
     pub sq_sig_all: bool,
     /// Receives come from this shared receive queue instead of the QP's own.
     pub srq: Option<&'a crate::Srq>,
+    /// Raw packet QPs: the largest TSO header a send may carry (0: no `IBV_WR_TSO`).
+    pub max_tso_header: u32,
+}
+
+/// `IBV_RX_HASH_FUNC_TOEPLITZ`, the one RSS hash function.
+pub const RX_HASH_FUNC_TOEPLITZ: u8 = 1;
+
+/// What makes a raw packet QP an RSS QP (`rwq_ind_tbl` and `rx_hash_conf` of
+/// `struct ibv_qp_init_attr_ex`).
+#[derive(Debug, Clone, Copy)]
+pub struct RssConf<'a> {
+    /// The WQs frames are spread over.
+    pub table: &'a crate::RwqIndTable,
+    /// [`RX_HASH_FUNC_TOEPLITZ`].
+    pub function: u8,
+    /// The Toeplitz key: exactly 40 bytes.
+    pub key: &'a [u8],
+    /// `IBV_RX_HASH_*` bits: the fields hashed.
+    pub fields: u64,
 }
 
 impl<'a> QpInitAttr<'a> {
@@ -59,7 +78,15 @@ impl<'a> QpInitAttr<'a> {
     /// its own receive queue and completions only for signaled send WRs (the common case;
     /// set the other fields for the rest).
     pub fn new(qp_type: QpType, cq: &'a Cq, cap: QpCap) -> Self {
-        QpInitAttr { qp_type, send_cq: cq, recv_cq: cq, cap, sq_sig_all: false, srq: None }
+        QpInitAttr {
+            qp_type,
+            send_cq: cq,
+            recv_cq: cq,
+            cap,
+            sq_sig_all: false,
+            srq: None,
+            max_tso_header: 0,
+        }
     }
 }
 
@@ -146,6 +173,10 @@ pub(crate) struct QpShared {
     pub(crate) srq: Option<Arc<crate::objects::srq::SrqInner>>,
     /// XRC target QPs: the domain whose SRQs requests name.
     pub(crate) xrcd: Option<Arc<crate::objects::xrcd::XrcdInner>>,
+    /// RSS QPs: the indirection table and hash.
+    pub(crate) rss: Option<engine::raw::Rss>,
+    /// Raw packet QPs: the largest TSO header (0: no TSO).
+    pub(crate) max_tso_header: u32,
     /// Handles on the QP (`ibv_open_qp` adds one to a target QP); destroyed with the last.
     pub(crate) handles: std::sync::atomic::AtomicU32,
     pub(crate) sq_sig_all: bool,
@@ -182,6 +213,9 @@ impl QpShared {
         if let Some(x) = &self.xrcd {
             x.life.put();
         }
+        if let Some(r) = &self.rss {
+            r.table.life.put();
+        }
         self.pd.life.put();
         ResourceCounts::give(&self.ctx.device.counts.qp);
     }
@@ -208,6 +242,20 @@ impl Drop for QpShared {
             self.release();
         }
     }
+}
+
+/// The largest `max_tso_header` (a ConnectX inlines the header into the send WQE).
+const MAX_TSO_HEADER: u32 = 256;
+
+/// Raw packet and RSS QPs need an Ethernet port (mlx5 refuses them on InfiniBand).
+fn raw_port(ctx: &ContextInner) -> Result<()> {
+    if ctx.device.port(1)?.attr.lock().link_layer != LinkLayer::ETHERNET {
+        return Err(Error::new(
+            Errno::EOPNOTSUPP,
+            "raw packet QPs need an Ethernet port (RDMA_EMU_LINK_LAYER=ethernet)",
+        ));
+    }
+    Ok(())
 }
 
 /// rxe sizes each queue to a power of two with one slot kept empty; the usable depth is the
@@ -247,7 +295,57 @@ pub struct Qp(pub(crate) Arc<QpShared>);
 
 impl Qp {
     pub(crate) fn create(pd: &Pd, init: &QpInitAttr<'_>) -> Result<Qp> {
-        Qp::create_in(pd, init, None)
+        Qp::create_in(pd, init, None, None)
+    }
+
+    /// An RSS QP: a raw packet QP with no queues of its own, whose frames go to the WQs of
+    /// `conf.table` by the Toeplitz hash of the fields `conf.fields` selects (the rules of
+    /// rdma-core's mlx5 provider: `EOPNOTSUPP` for another hash function or a field the
+    /// device cannot hash; `EINVAL` for a key not 40 bytes long, both IPv4 and IPv6 fields,
+    /// both TCP and UDP ports, no field with a table of more than one entry, or a table of
+    /// another context).
+    pub(crate) fn create_rss(pd: &Pd, conf: &RssConf<'_>) -> Result<Qp> {
+        use crate::engine::frame::hash_fields as hf;
+        let ctx = &pd.0.ctx;
+        let a = &ctx.device.attr;
+        if !a.has_raw_packet() {
+            return Err(Error::new(Errno::EOPNOTSUPP, "the device has no RSS"));
+        }
+        raw_port(ctx)?;
+        if conf.function != RX_HASH_FUNC_TOEPLITZ {
+            return Err(Error::new(Errno::EOPNOTSUPP, "RSS hashes with Toeplitz only"));
+        }
+        if conf.fields & !a.rx_hash_fields_mask != 0 {
+            return Err(Error::new(Errno::EOPNOTSUPP, "an RSS field the device cannot hash"));
+        }
+        let f = conf.fields;
+        if conf.key.len() != 40
+            || (f & hf::IPV4 != 0 && f & hf::IPV6 != 0)
+            || (f & hf::TCP != 0 && f & hf::UDP != 0)
+            || (f == 0 && conf.table.len() > 1)
+        {
+            return Err(einval("RSS key, fields or table out of rule"));
+        }
+        let t = &conf.table.0;
+        if !Arc::ptr_eq(&t.ctx, ctx) {
+            return Err(einval("the indirection table belongs to another context"));
+        }
+        t.life.get()?;
+        let rss = engine::raw::Rss { table: t.clone(), key: conf.key.to_vec(), fields: f };
+        // The QP has no CQs; it holds a placeholder, as an XRC target does.
+        let cq = match crate::Context(ctx.clone()).create_cq(1, None, 0) {
+            Ok(cq) => cq,
+            Err(e) => {
+                t.life.put();
+                return Err(e);
+            }
+        };
+        let init = QpInitAttr::new(QpType::RAW_PACKET, &cq, QpCap::default());
+        let made = Qp::create_in(pd, &init, None, Some(rss));
+        if made.is_err() {
+            t.life.put();
+        }
+        made
     }
 
     /// An XRC target QP of `xrcd` (it has no PD, CQs or queues; it holds the domain's
@@ -261,14 +359,16 @@ impl Qp {
             cap: QpCap::default(),
             sq_sig_all: false,
             srq: None,
+            max_tso_header: 0,
         };
-        Qp::create_in(&x.holder_pd, &init, Some(x))
+        Qp::create_in(&x.holder_pd, &init, Some(x), None)
     }
 
     fn create_in(
         pd: &Pd,
         init: &QpInitAttr<'_>,
         xrcd: Option<&Arc<crate::objects::xrcd::XrcdInner>>,
+        rss: Option<engine::raw::Rss>,
     ) -> Result<Qp> {
         let ctx = &pd.0.ctx;
         let dev = &ctx.device;
@@ -285,10 +385,16 @@ impl Qp {
             }
             QpType::XRC_RECV if xrcd.is_some() => {}
             QpType::XRC_RECV => return Err(einval("an XRC target QP is created in an XRC domain")),
-            QpType::RAW_PACKET => {
-                return Err(Error::new(Errno::EOPNOTSUPP, "QP type not implemented yet"));
+            QpType::RAW_PACKET if !dev.attr.has_raw_packet() => {
+                return Err(Error::new(Errno::EOPNOTSUPP, "the device has no raw packet QPs"));
             }
+            QpType::RAW_PACKET => raw_port(ctx)?,
             _ => return Err(einval("unknown QP type")),
+        }
+        if init.max_tso_header > 0
+            && (init.qp_type != QpType::RAW_PACKET || init.max_tso_header > MAX_TSO_HEADER)
+        {
+            return Err(einval("max_tso_header: raw packet QPs only, at most 256 bytes"));
         }
         let init = &init;
         for cq in [init.send_cq, init.recv_cq] {
@@ -352,6 +458,8 @@ impl Qp {
                 recv_cq: init.recv_cq.0.clone(),
                 srq: init.srq.map(|s| s.0.clone()),
                 xrcd: xrcd.cloned(),
+                rss,
+                max_tso_header: init.max_tso_header,
                 handles: std::sync::atomic::AtomicU32::new(1),
                 sq_sig_all: init.sq_sig_all,
                 cap,
@@ -497,9 +605,29 @@ impl Qp {
         Ok(Ece { vendor_id: attr.vendor_id, options, comp_mask: 0 })
     }
 
-    /// `ibv_query_qp`: the attributes, with the current state and PSNs.
+    /// `ibv_create_flow`: steers the frames `attr` matches to this raw packet QP until the
+    /// flow is destroyed (or dropped); see [`Flow`](crate::Flow).
+    pub fn create_flow(&self, attr: &crate::FlowAttr) -> Result<crate::Flow> {
+        crate::Flow::create(self, attr)
+    }
+
+    /// Whether this is an RSS QP (no queues or states of its own).
+    pub fn is_rss(&self) -> bool {
+        self.0.rss.is_some()
+    }
+
+    fn not_rss(&self) -> Result<()> {
+        if self.is_rss() {
+            return Err(Error::new(Errno::EOPNOTSUPP, "an RSS QP has no attributes to change"));
+        }
+        Ok(())
+    }
+
+    /// `ibv_query_qp`: the attributes, with the current state and PSNs (`EOPNOTSUPP` on an
+    /// RSS QP, as mlx5).
     pub fn query(&self) -> Result<QpAttr> {
         self.0.life.check()?;
+        self.not_rss()?;
         let g = self.0.inner.lock();
         let mut a = g.attr;
         a.qp_state = g.state;
@@ -511,9 +639,10 @@ impl Qp {
         Ok(a)
     }
 
-    /// `ibv_modify_qp`.
+    /// `ibv_modify_qp` (`EOPNOTSUPP` on an RSS QP, as mlx5).
     pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
         self.0.life.check()?;
+        self.not_rss()?;
         let qp = &self.0;
         let mut drv = Driver::new(&qp.ctx.fabric);
         {

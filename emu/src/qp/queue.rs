@@ -41,6 +41,9 @@ pub(crate) struct SendWqe {
     pub(crate) inv_rkey: u32,
     /// XRC: the SRQ number the request names.
     pub(crate) xrc_srqn: u32,
+    /// TSO: the header put in front of each segment, and the segment size.
+    pub(crate) tso_hdr: Vec<u8>,
+    pub(crate) mss: u16,
 }
 
 impl SendWqe {

@@ -158,6 +158,22 @@ pub const XRC_TGT: Table = {
     tb
 };
 
+/// Raw packet (`IB_QPT_RAW_PACKET`): only the port, at RESET -> INIT; no addressing, PSNs or
+/// keys (the frames carry their own headers).
+pub const RAW_PACKET: Table = {
+    let mut tb = base();
+    tb[RESET][INIT] = t(M::PORT, M::empty());
+    tb[INIT][INIT] = t(M::empty(), M::PORT);
+    tb[INIT][RTR] = YES;
+    tb[RTR][RTS] = YES;
+    tb[RTS][RTS] = YES;
+    tb[RTS][SQD] = t(M::empty(), M::EN_SQD_ASYNC_NOTIFY);
+    tb[SQD][RTS] = YES;
+    tb[SQD][SQD] = YES;
+    tb[SQE][RTS] = t(M::empty(), M::CUR_STATE);
+    tb
+};
+
 /// Attributes the kernel drops from a modify's mask before checking it, because the QP type
 /// has no use for them (`modify_qp_mask` in uverbs_cmd.c): RC-style code can pass them.
 pub fn ignored_attrs(qp_type: QpType) -> M {
@@ -176,6 +192,7 @@ pub fn table_for(qp_type: QpType) -> Option<&'static Table> {
         QpType::UD => Some(&UD),
         QpType::XRC_SEND => Some(&XRC_INI),
         QpType::XRC_RECV => Some(&XRC_TGT),
+        QpType::RAW_PACKET => Some(&RAW_PACKET),
         _ => None,
     }
 }

@@ -32,6 +32,17 @@ pub struct SendWr<'a> {
     pub invalidate_rkey: u32,
     /// XRC_SEND QPs: the number of the XRC SRQ the request goes to (`qp_type.xrc.remote_srqn`).
     pub xrc_remote_srqn: u32,
+    /// `IBV_WR_TSO` (raw packet QPs): the headers and segment size.
+    pub tso: Option<Tso<'a>>,
+}
+
+/// TCP segmentation offload (`wr.tso` of `struct ibv_send_wr`): `hdr` (Ethernet, IP and TCP
+/// headers) goes in front of every `mss` bytes of the payload, with lengths, IPv4 id, TCP
+/// sequence number and checksums fixed up per segment.
+#[derive(Debug, Clone, Copy)]
+pub struct Tso<'a> {
+    pub hdr: &'a [u8],
+    pub mss: u16,
 }
 
 /// The destination of a UD send (`wr.ud` of `struct ibv_send_wr`).
@@ -67,6 +78,17 @@ impl<'a> SendWr<'a> {
         SendWr {
             opcode: WrOpcode::ATOMIC_WRITE,
             ..SendWr::write(wr_id, sg_list, remote_addr, rkey)
+        }
+    }
+
+    /// A TSO send of `sg_list` as segments of `mss` bytes behind `hdr` (raw packet QPs).
+    pub fn tso(wr_id: u64, sg_list: &'a [Sge], hdr: &'a [u8], mss: u16) -> Self {
+        SendWr {
+            wr_id,
+            opcode: WrOpcode::TSO,
+            sg_list,
+            tso: Some(Tso { hdr, mss }),
+            ..Default::default()
         }
     }
 

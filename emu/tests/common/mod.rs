@@ -39,8 +39,15 @@ pub const RC_RTR_MASK: QpAttrMask = QpAttrMask::STATE
 
 /// A QP on `pd` whose send and receive completions go to `cq`, with `depth` WRs each way.
 pub fn new_qp(pd: &Pd, cq: &Cq, qp_type: QpType, depth: u32, sq_sig_all: bool) -> Qp {
-    let attr =
-        QpInitAttr { qp_type, send_cq: cq, recv_cq: cq, cap: cap(depth), sq_sig_all, srq: None };
+    let attr = QpInitAttr {
+        qp_type,
+        send_cq: cq,
+        recv_cq: cq,
+        cap: cap(depth),
+        sq_sig_all,
+        srq: None,
+        max_tso_header: 0,
+    };
     pd.create_qp(&attr).unwrap()
 }
 

@@ -29,6 +29,15 @@ macro_rules! mirrors {
     };
 }
 
+/// The header every flow specification starts with (`hdr` of `union ibv_flow_spec`).
+#[repr(C)]
+#[allow(non_camel_case_types)]
+#[derive(Debug)]
+pub struct ibv_flow_spec_hdr {
+    pub type_: u32,
+    pub size: u16,
+}
+
 /// `union ibv_gid`: 16 bytes in network order, 8-aligned (it also holds two `__be64`).
 #[repr(C, align(8))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -115,20 +124,22 @@ mirrors! {
         alloc_td: *mut c_void,
         modify_cq: Option<unsafe extern "C" fn(*mut ibv_cq, *mut ibv_modify_cq_attr) -> c_int>,
         post_srq_ops: *mut c_void,
-        destroy_rwq_ind_table: *mut c_void,
-        create_rwq_ind_table: *mut c_void,
-        destroy_wq: *mut c_void,
-        modify_wq: *mut c_void,
-        create_wq: *mut c_void,
+        destroy_rwq_ind_table: Option<unsafe extern "C" fn(*mut ibv_rwq_ind_table) -> c_int>,
+        create_rwq_ind_table: Option<
+            unsafe extern "C" fn(*mut ibv_context, *mut ibv_rwq_ind_table_init_attr) -> *mut ibv_rwq_ind_table,
+        >,
+        destroy_wq: Option<unsafe extern "C" fn(*mut ibv_wq) -> c_int>,
+        modify_wq: Option<unsafe extern "C" fn(*mut ibv_wq, *mut ibv_wq_attr) -> c_int>,
+        create_wq: Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_wq_init_attr) -> *mut ibv_wq>,
         query_rt_values: Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_values_ex) -> c_int>,
         create_cq_ex: Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_cq_init_attr_ex) -> *mut ibv_cq_ex>,
         priv_: *mut c_void,
         query_device_ex: Option<
             unsafe extern "C" fn(*mut ibv_context, *const c_void, *mut ibv_device_attr_ex, usize) -> c_int,
         >,
-        ibv_destroy_flow: *mut c_void,
+        ibv_destroy_flow: Option<unsafe extern "C" fn(*mut ibv_flow) -> c_int>,
         ABI_placeholder2: *mut c_void,
-        ibv_create_flow: *mut c_void,
+        ibv_create_flow: Option<unsafe extern "C" fn(*mut ibv_qp, *mut ibv_flow_attr) -> *mut ibv_flow>,
         ABI_placeholder1: *mut c_void,
         open_qp: Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_qp_open_attr) -> *mut ibv_qp>,
         create_qp_ex: Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_qp_init_attr_ex) -> *mut ibv_qp>,
@@ -184,8 +195,8 @@ mirrors! {
         local_ca_ack_delay: u8,
         phys_port_cnt: u8,
     }
-    /// The capability structs the emulator never offers (ODP, TSO, RSS, packet pacing, tag
-    /// matching, PCI atomics) stay opaque bytes, reported all-zero (absent).
+    /// The capability structs the emulator never offers (ODP, packet pacing, tag matching, PCI
+    /// atomics) stay opaque bytes, reported all-zero (absent).
     ibv_device_attr_ex = "struct ibv_device_attr_ex" {
         orig_attr: ibv_device_attr,
         comp_mask: u32,
@@ -193,8 +204,8 @@ mirrors! {
         completion_timestamp_mask: u64,
         hca_core_clock: u64,
         device_cap_flags_ex: u64,
-        tso_caps: [u32; 2],
-        rss_caps: [u64; 4],
+        tso_caps: ibv_tso_caps,
+        rss_caps: ibv_rss_caps,
         max_wq_type_rq: u32,
         packet_pacing_caps: [u32; 3],
         raw_packet_caps: u32,
@@ -204,6 +215,141 @@ mirrors! {
         pci_atomic_caps: [u16; 3],
         xrc_odp_caps: u32,
         phys_port_cnt_ex: u32,
+    }
+    ibv_tso_caps = "struct ibv_tso_caps" {
+        max_tso: u32,
+        supported_qpts: u32,
+    }
+    ibv_rss_caps = "struct ibv_rss_caps" {
+        supported_qpts: u32,
+        max_rwq_indirection_tables: u32,
+        max_rwq_indirection_table_size: u32,
+        rx_hash_fields_mask: u64,
+        rx_hash_function: u8,
+    }
+    ibv_rx_hash_conf = "struct ibv_rx_hash_conf" {
+        rx_hash_function: u8,
+        rx_hash_key_len: u8,
+        rx_hash_key: *mut u8,
+        rx_hash_fields_mask: u64,
+    }
+    ibv_wq = "struct ibv_wq" {
+        context: *mut ibv_context,
+        wq_context: *mut c_void,
+        pd: *mut ibv_pd,
+        cq: *mut ibv_cq,
+        wq_num: u32,
+        handle: u32,
+        state: u32,
+        wq_type: u32,
+        post_recv: Option<unsafe extern "C" fn(*mut ibv_wq, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int>,
+        mutex: pthread_mutex_t,
+        cond: pthread_cond_t,
+        events_completed: u32,
+        comp_mask: u32,
+    }
+    ibv_wq_init_attr = "struct ibv_wq_init_attr" {
+        wq_context: *mut c_void,
+        wq_type: u32,
+        max_wr: u32,
+        max_sge: u32,
+        pd: *mut ibv_pd,
+        cq: *mut ibv_cq,
+        comp_mask: u32,
+        create_flags: u32,
+    }
+    ibv_wq_attr = "struct ibv_wq_attr" {
+        attr_mask: u32,
+        wq_state: u32,
+        curr_wq_state: u32,
+        flags: u32,
+        flags_mask: u32,
+    }
+    ibv_rwq_ind_table = "struct ibv_rwq_ind_table" {
+        context: *mut ibv_context,
+        ind_tbl_handle: c_int,
+        ind_tbl_num: c_int,
+        comp_mask: u32,
+    }
+    ibv_rwq_ind_table_init_attr = "struct ibv_rwq_ind_table_init_attr" {
+        log_ind_tbl_size: u32,
+        ind_tbl: *mut *mut ibv_wq,
+        comp_mask: u32,
+    }
+    ibv_flow = "struct ibv_flow" {
+        comp_mask: u32,
+        context: *mut ibv_context,
+        handle: u32,
+    }
+    /// The specifications follow it in memory, each starting with `ibv_flow_spec_hdr`.
+    ibv_flow_attr = "struct ibv_flow_attr" {
+        comp_mask: u32,
+        type_: u32,
+        size: u16,
+        priority: u16,
+        num_of_specs: u8,
+        port: u8,
+        flags: u32,
+    }
+    ibv_flow_eth_filter = "struct ibv_flow_eth_filter" {
+        dst_mac: [u8; 6],
+        src_mac: [u8; 6],
+        ether_type: u16,
+        vlan_tag: u16,
+    }
+    ibv_flow_spec_eth = "struct ibv_flow_spec_eth" {
+        type_: u32,
+        size: u16,
+        val: ibv_flow_eth_filter,
+        mask: ibv_flow_eth_filter,
+    }
+    ibv_flow_ipv4_filter = "struct ibv_flow_ipv4_filter" {
+        src_ip: u32,
+        dst_ip: u32,
+    }
+    ibv_flow_spec_ipv4 = "struct ibv_flow_spec_ipv4" {
+        type_: u32,
+        size: u16,
+        val: ibv_flow_ipv4_filter,
+        mask: ibv_flow_ipv4_filter,
+    }
+    ibv_flow_ipv4_ext_filter = "struct ibv_flow_ipv4_ext_filter" {
+        src_ip: u32,
+        dst_ip: u32,
+        proto: u8,
+        tos: u8,
+        ttl: u8,
+        flags: u8,
+    }
+    ibv_flow_spec_ipv4_ext = "struct ibv_flow_spec_ipv4_ext" {
+        type_: u32,
+        size: u16,
+        val: ibv_flow_ipv4_ext_filter,
+        mask: ibv_flow_ipv4_ext_filter,
+    }
+    ibv_flow_ipv6_filter = "struct ibv_flow_ipv6_filter" {
+        src_ip: [u8; 16],
+        dst_ip: [u8; 16],
+        flow_label: u32,
+        next_hdr: u8,
+        traffic_class: u8,
+        hop_limit: u8,
+    }
+    ibv_flow_spec_ipv6 = "struct ibv_flow_spec_ipv6" {
+        type_: u32,
+        size: u16,
+        val: ibv_flow_ipv6_filter,
+        mask: ibv_flow_ipv6_filter,
+    }
+    ibv_flow_tcp_udp_filter = "struct ibv_flow_tcp_udp_filter" {
+        dst_port: u16,
+        src_port: u16,
+    }
+    ibv_flow_spec_tcp_udp = "struct ibv_flow_spec_tcp_udp" {
+        type_: u32,
+        size: u16,
+        val: ibv_flow_tcp_udp_filter,
+        mask: ibv_flow_tcp_udp_filter,
     }
     ibv_cq_moderation_caps = "struct ibv_cq_moderation_caps" {
         max_cq_count: u16,
@@ -439,8 +585,8 @@ mirrors! {
         xrcd: *mut ibv_xrcd,
         create_flags: u32,
         max_tso_header: u16,
-        rwq_ind_tbl: *mut c_void,
-        rx_hash_conf: [u64; 3],
+        rwq_ind_tbl: *mut ibv_rwq_ind_table,
+        rx_hash_conf: ibv_rx_hash_conf,
         source_qpn: u32,
         send_ops_flags: u64,
     }
@@ -621,6 +767,11 @@ impl ibv_send_wr {
     /// `bind_mw.rkey`.
     pub fn bind_mw_rkey(&self) -> u32 {
         self.bind_mw[1] as u32
+    }
+    /// `tso.hdr`, `tso.hdr_sz`, `tso.mss` (sharing their union with `bind_mw`).
+    pub fn tso(&self) -> (*const u8, u16, u16) {
+        let w = self.bind_mw[1];
+        (self.bind_mw[0] as usize as *const u8, w as u16, (w >> 16) as u16)
     }
     /// `bind_mw.bind_info`.
     pub fn bind_mw_info(&self) -> ibv_mw_bind_info {

@@ -310,6 +310,19 @@ pub(crate) unsafe extern "C" fn query_device_ex(
         ex.cq_mod_caps.max_cq_count = a.max_cq_count;
         ex.cq_mod_caps.max_cq_period = a.max_cq_period;
         ex.max_dm_size = a.max_dm_size;
+        if a.has_raw_packet() {
+            let raw_qpts = 1 << rdma_emu::QpType::RAW_PACKET.0;
+            ex.tso_caps = ibv_tso_caps { max_tso: a.max_tso, supported_qpts: raw_qpts };
+            ex.rss_caps = ibv_rss_caps {
+                supported_qpts: raw_qpts,
+                max_rwq_indirection_tables: a.max_rwq_indirection_tables,
+                max_rwq_indirection_table_size: a.max_rwq_indirection_table_size,
+                rx_hash_fields_mask: a.rx_hash_fields_mask,
+                rx_hash_function: rdma_emu::qp::RX_HASH_FUNC_TOEPLITZ,
+            };
+            ex.max_wq_type_rq = a.max_wq_type_rq;
+            ex.raw_packet_caps = a.raw_packet_caps;
+        }
         let n = attr_size.min(size_of::<ibv_device_attr_ex>());
         // SAFETY: the caller provides attr_size >= n writable bytes; `ex` is a local of at
         // least n bytes.

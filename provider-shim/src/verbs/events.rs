@@ -29,6 +29,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_get_async_event(
                     EventElement::Qp(q) => q.user_data() as *mut _,
                     EventElement::Cq(q) => q.user_data() as *mut _,
                     EventElement::Srq(q) => q.user_data() as *mut _,
+                    EventElement::Wq(q) => q.user_data() as *mut _,
                     EventElement::Port(p) => *p as usize as *mut _,
                     _ => std::ptr::null_mut(),
                 };
@@ -71,6 +72,14 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_ack_async_event(ev: *mut ibv_
                     return;
                 };
                 (q.srq.context, EventElement::Srq(q.emu.clone()))
+            }
+            EventType::WQ_FATAL => {
+                // SAFETY: as above, for a WQ.
+                let Some(q) = (unsafe { obj::<_, super::wq::ShimWq>(ev.element as *mut ibv_wq) })
+                else {
+                    return;
+                };
+                (q.wq.context, EventElement::Wq(q.emu.clone()))
             }
             EventType::CQ_ERR => {
                 // SAFETY: as above, for a CQ.

@@ -14,6 +14,7 @@ pub(crate) mod qp;
 pub(crate) mod rates;
 pub(crate) mod srq;
 pub(crate) mod strings;
+pub(crate) mod wq;
 pub(crate) mod wr;
 pub(crate) mod xrc;
 

@@ -33,6 +33,15 @@ pub(crate) fn fill(v: &mut verbs_context, attr: &rdma_emu::DeviceAttr) {
         v.free_dm = Some(super::dm::free_dm);
         v.reg_dm_mr = Some(super::dm::reg_dm_mr);
     }
+    if attr.has_raw_packet() {
+        v.create_wq = Some(super::wq::create_wq);
+        v.modify_wq = Some(super::wq::modify_wq);
+        v.destroy_wq = Some(super::wq::destroy_wq);
+        v.create_rwq_ind_table = Some(super::wq::create_rwq_ind_table);
+        v.destroy_rwq_ind_table = Some(super::wq::destroy_rwq_ind_table);
+        v.ibv_create_flow = Some(super::wq::create_flow);
+        v.ibv_destroy_flow = Some(super::wq::destroy_flow);
+    }
     if attr.has_clock() {
         v.query_rt_values = Some(super::device::query_rt_values);
     }

@@ -46,6 +46,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_create_qp(
                 &mut i.cap,
                 i.qp_type,
                 i.sq_sig_all,
+                0,
                 false,
             )
         }
@@ -56,6 +57,9 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_create_qp(
 const IBV_QP_INIT_ATTR_PD: u32 = 1;
 const IBV_QP_INIT_ATTR_XRCD: u32 = 2;
 const IBV_QP_INIT_ATTR_CREATE_FLAGS: u32 = 4;
+const IBV_QP_INIT_ATTR_MAX_TSO_HEADER: u32 = 8;
+const IBV_QP_INIT_ATTR_IND_TABLE: u32 = 16;
+const IBV_QP_INIT_ATTR_RX_HASH: u32 = 32;
 const IBV_QP_INIT_ATTR_SEND_OPS_FLAGS: u32 = 64;
 /// The `IBV_QP_EX_WITH_*` send ops a QP type takes (rxe's provider's table; XRC_SEND as RC):
 /// RC every op through SEND_WITH_INV (0x3ff); UC WRITE (with imm), SEND (with imm), BIND_MW,
@@ -66,6 +70,8 @@ fn supported_send_ops(qp_type: u32) -> u64 {
         QpType::RC | QpType::XRC_SEND => 0x3ff | 1 << 12,
         QpType::UC => 0x30f,
         QpType::UD => 0x00c,
+        // SEND and TSO.
+        QpType::RAW_PACKET => 1 << 2 | 1 << 10,
         _ => 0,
     }
 }
@@ -81,10 +87,17 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
             set_errno(libc::EINVAL);
             return ptr::null_mut();
         };
-        let allowed = IBV_QP_INIT_ATTR_PD
+        // SAFETY: NULL or a live context.
+        let raw = unsafe { ctx(c) }.is_some_and(|s| s.emu().query_device().has_raw_packet());
+        let mut allowed = IBV_QP_INIT_ATTR_PD
             | IBV_QP_INIT_ATTR_XRCD
             | IBV_QP_INIT_ATTR_CREATE_FLAGS
             | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+        if raw {
+            allowed |= IBV_QP_INIT_ATTR_MAX_TSO_HEADER
+                | IBV_QP_INIT_ATTR_IND_TABLE
+                | IBV_QP_INIT_ATTR_RX_HASH;
+        }
         let needed = if i.qp_type == QpType::XRC_RECV.0 {
             IBV_QP_INIT_ATTR_XRCD
         } else {
@@ -103,6 +116,20 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
             return ptr::null_mut();
         }
         let extended = i.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0;
+        let rss = IBV_QP_INIT_ATTR_IND_TABLE | IBV_QP_INIT_ATTR_RX_HASH;
+        if i.comp_mask & rss != 0 {
+            if i.comp_mask & rss != rss {
+                set_errno(libc::EINVAL); // an RSS QP needs both the table and the hash
+                return ptr::null_mut();
+            }
+            // SAFETY: forwarded pointers, checked inside.
+            return unsafe { create_rss(i) };
+        }
+        let tso = if i.comp_mask & IBV_QP_INIT_ATTR_MAX_TSO_HEADER != 0 {
+            u32::from(i.max_tso_header)
+        } else {
+            0
+        };
         if i.qp_type == QpType::XRC_RECV.0 {
             // SAFETY: NULL or an XRC domain of this library.
             return unsafe { super::xrc::create_recv_qp(c, i.xrcd, i.qp_context, extended) };
@@ -118,10 +145,65 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
                 &mut i.cap,
                 i.qp_type,
                 i.sq_sig_all,
+                tso,
                 extended,
             )
         }
     })
+}
+
+/// An RSS QP (`ibv_create_qp_ex` with an indirection table and a hash): no CQs, no queues,
+/// `qp_num` 0 as mlx5 reports it.
+///
+/// # Safety
+/// `i.pd`, `i.rwq_ind_tbl` are NULL or objects of this library; `rx_hash_key` points at
+/// `rx_hash_key_len` readable bytes.
+unsafe fn create_rss(i: &ibv_qp_init_attr_ex) -> *mut ibv_qp {
+    // SAFETY: NULL or live objects (checked against the registry).
+    let (Some(p), Some(t)) = (unsafe { obj::<_, ShimPd>(i.pd) }, unsafe {
+        obj::<_, super::wq::ShimIndTable>(i.rwq_ind_tbl)
+    }) else {
+        set_errno(libc::EINVAL);
+        return ptr::null_mut();
+    };
+    let h = &i.rx_hash_conf;
+    let key: &[u8] = if h.rx_hash_key.is_null() {
+        &[]
+    } else {
+        // SAFETY: the application's key of rx_hash_key_len bytes.
+        unsafe { std::slice::from_raw_parts(h.rx_hash_key, h.rx_hash_key_len as usize) }
+    };
+    let caps = i.cap.max_send_wr | i.cap.max_recv_wr | i.cap.max_send_sge | i.cap.max_recv_sge;
+    if i.qp_type != QpType::RAW_PACKET.0
+        || caps | i.cap.max_inline_data != 0
+        || !i.srq.is_null()
+        || !i.recv_cq.is_null()
+    {
+        set_errno(libc::EINVAL); // mlx5: an RSS QP is a raw packet QP with nothing of its own
+        return ptr::null_mut();
+    }
+    let conf = rdma_emu::RssConf {
+        table: &t.emu,
+        function: h.rx_hash_function,
+        key,
+        fields: h.rx_hash_fields_mask,
+    };
+    let emu = match p.emu.create_rss_qp(&conf) {
+        Ok(q) => q,
+        Err(e) => return null_with(e),
+    };
+    let parts = QpParts {
+        context: p.pd.context,
+        qp_context: i.qp_context,
+        pd: i.pd,
+        send_cq: ptr::null_mut(),
+        recv_cq: ptr::null_mut(),
+        srq: ptr::null_mut(),
+    };
+    let qp = wrap(parts, emu, false);
+    // SAFETY: just made, not shared yet.
+    unsafe { (*qp).qp_num = 0 };
+    qp
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -134,6 +216,7 @@ unsafe fn create(
     cap: &mut ibv_qp_cap,
     qp_type: u32,
     sq_sig_all: c_int,
+    max_tso_header: u32,
     extended: bool,
 ) -> *mut ibv_qp {
     // An XRC initiator has no receive side: its receive CQ and SRQ are ignored (the kernel
@@ -174,6 +257,7 @@ unsafe fn create(
         },
         sq_sig_all: sq_sig_all != 0,
         srq: srq.map(|s| &s.emu),
+        max_tso_header,
     };
     let emu = match p.emu.create_qp(&attr) {
         Ok(q) => q,
@@ -479,6 +563,14 @@ pub(crate) unsafe extern "C" fn post_send(
             } else {
                 None
             };
+            let (hdr, hdr_sz, mss) = w.tso();
+            let tso = if opcode == WrOpcode::TSO && (!hdr.is_null() || hdr_sz == 0) {
+                // SAFETY: for TSO the application points wr.tso.hdr at hdr_sz readable bytes.
+                let hdr = unsafe { std::slice::from_raw_parts(hdr, hdr_sz as usize) };
+                Some(rdma_emu::Tso { hdr, mss })
+            } else {
+                None
+            };
             let ewr = SendWr {
                 wr_id: w.wr_id,
                 opcode,
@@ -494,6 +586,7 @@ pub(crate) unsafe extern "C" fn post_send(
                 bind,
                 invalidate_rkey: w.invalidate_rkey(),
                 xrc_remote_srqn: w.qp_type,
+                tso,
             };
             if let Err(e) = s.emu.post_send(&ewr) {
                 return fail(wr, e.errno().raw());

@@ -28,6 +28,8 @@ pub(crate) struct Pending {
     xrc_srqn: u32,
     /// `wr_set_ud_addr`: address handle, remote QPN and Q_Key, resolved at `wr_complete`.
     ud: Option<(*mut ibv_ah, u32, u32)>,
+    /// `wr_send_tso`: the header (copied) and the segment size.
+    tso: Option<(Vec<u8>, u16)>,
 }
 
 impl std::fmt::Debug for Pending {
@@ -66,8 +68,6 @@ pub(crate) fn fill(q: &mut ibv_qp_ex) {
     q.wr_set_xrc_srqn = Some(wr_set_xrc_srqn);
     q.wr_set_ud_addr = Some(wr_set_ud_addr);
     q.wr_atomic_write = Some(wr_atomic_write);
-    // Operations of features not implemented yet: the batch fails with EOPNOTSUPP at
-    // wr_complete (inline callers invoke these slots unconditionally, so none may be NULL).
     q.wr_send_tso = Some(wr_send_tso);
 }
 
@@ -82,8 +82,19 @@ fn fail_batch(qp: *mut ibv_qp_ex, errno: c_int) {
     })
 }
 
-unsafe extern "C" fn wr_send_tso(qp: *mut ibv_qp_ex, _hdr: *mut c_void, _hdr_sz: u16, _mss: u16) {
-    fail_batch(qp, libc::EOPNOTSUPP);
+/// `ibv_wr_send_tso(qp, hdr, hdr_sz, mss)`: the header is copied now (the API lets it go
+/// after the call); NULL with a size fails the batch with `EINVAL`.
+unsafe extern "C" fn wr_send_tso(qp: *mut ibv_qp_ex, hdr: *mut c_void, hdr_sz: u16, mss: u16) {
+    if hdr.is_null() && hdr_sz > 0 {
+        return fail_batch(qp, libc::EINVAL);
+    }
+    let hdr = if hdr_sz == 0 {
+        Vec::new()
+    } else {
+        // SAFETY: the hdr_sz readable bytes the verb takes.
+        unsafe { std::slice::from_raw_parts(hdr as *const u8, hdr_sz as usize) }.to_vec()
+    };
+    begin(qp, WrOpcode::TSO, 0, 0, |p| p.tso = Some((hdr, mss)));
 }
 /// `ibv_wr_atomic_write(qp, rkey, remote_addr, atomic_wr)`: the 8 bytes at `atomic_wr` are
 /// copied into the WR (NULL fails the batch with `EINVAL`).
@@ -208,6 +219,7 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
                     bind,
                     invalidate_rkey: p.invalidate_rkey,
                     xrc_remote_srqn: p.xrc_srqn,
+                    tso: p.tso.as_ref().map(|(hdr, mss)| rdma_emu::Tso { hdr, mss: *mss }),
                 };
                 if let Err(e) = s.emu.post_send(&wr) {
                     rc = match e.errno().raw() {
