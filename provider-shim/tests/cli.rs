@@ -55,6 +55,17 @@ fn devices_lists_ports_and_gids() {
 }
 
 #[test]
+fn link_layer_ethernet_makes_the_full_profile_roce() {
+    let out = rdma_emu()
+        .args(["run", "--link-layer", "eth", "--", "ibv_devinfo", "-d", "emu0"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("link_layer:\t\tEthernet"), "{text}");
+}
+
+#[test]
 fn bad_usage_exits_2_with_a_message() {
     for args in [
         &["run", "--profile", "mlx5", "--", "true"][..],
@@ -63,6 +74,7 @@ fn bad_usage_exits_2_with_a_message() {
         &["run", "--devices"],
         &["run", "--seed", "x", "--", "true"],
         &["run", "--faults", "drop:p=9", "--", "true"],
+        &["run", "--link-layer", "fddi", "--", "true"],
     ] {
         let out = rdma_emu().args(args).output().unwrap();
         assert_eq!(out.status.code(), Some(2), "{args:?}");

@@ -1,9 +1,9 @@
 //! `rdma-emu`: run programs on the emulator, list its devices, or run the demo.
 //!
 //! ```text
-//! rdma-emu run [--devices N] [--profile rxe|full] [--ports N] [--fabric NAME]
+//! rdma-emu run [--devices N] [--profile rxe|full] [--ports N] [--link-layer ib|eth] [--fabric NAME]
 //!              [--seed S] [--faults RULES] [--pcap FILE] -- PROGRAM [ARGS...]
-//! rdma-emu devices [--devices N] [--profile rxe|full] [--ports N]
+//! rdma-emu devices [--devices N] [--profile rxe|full] [--ports N] [--link-layer ib|eth]
 //! rdma-emu event [--fabric NAME] [--device DEV] [--port N] EVENT
 //! rdma-emu port [--fabric NAME] [--device DEV] [--port N] up|down
 //! rdma-emu demo
@@ -12,7 +12,7 @@
 //! `run` executes PROGRAM with the emulator's `libibverbs.so.1` first on `LD_LIBRARY_PATH`
 //! (found next to this executable, or named by `RDMA_EMU_LIB`) and the options passed on as the
 //! environment variables the library reads: `RDMA_EMU_DEVICES`, `RDMA_EMU_PROFILE`,
-//! `RDMA_EMU_PORTS`, `RDMA_EMU_FABRIC` (programs run this way meet on the host fabric of that
+//! `RDMA_EMU_PORTS`, `RDMA_EMU_LINK_LAYER`, `RDMA_EMU_FABRIC` (programs run this way meet on the host fabric of that
 //! name, `default` unless given; `none` keeps each process to itself), `RDMA_EMU_SEED`
 //! (simulation: virtual time, seeded choices), `RDMA_EMU_FAULTS` (fault rules, see
 //! `docs/faults.md`) and `RDMA_EMU_PCAP` (a packet trace).
@@ -31,9 +31,9 @@ use std::{
 use rdma_emu::{Fabric, FabricConfig, Profile};
 
 const USAGE: &str = "usage:
-  rdma-emu run [--devices N] [--profile rxe|full] [--ports N] [--fabric NAME]
+  rdma-emu run [--devices N] [--profile rxe|full] [--ports N] [--link-layer ib|eth] [--fabric NAME]
                [--seed S] [--faults RULES] [--pcap FILE] -- PROGRAM [ARGS...]
-  rdma-emu devices [--devices N] [--profile rxe|full] [--ports N]
+  rdma-emu devices [--devices N] [--profile rxe|full] [--ports N] [--link-layer ib|eth]
   rdma-emu event [--fabric NAME] [--device DEV] [--port N] EVENT   (e.g. PORT_ERR, DEVICE_FATAL)
   rdma-emu port [--fabric NAME] [--device DEV] [--port N] up|down
   rdma-emu demo";
@@ -61,6 +61,14 @@ fn parse_opts(args: &mut std::slice::Iter<'_, String>) -> Result<(Opts, Vec<Stri
                 let v = value("--ports")?;
                 v.parse::<u8>().map_err(|_| format!("--ports: not a number: {v}"))?;
                 o.env.push(("RDMA_EMU_PORTS", v));
+            }
+            "--link-layer" => {
+                let v = match value("--link-layer")?.as_str() {
+                    "eth" | "ethernet" => "ethernet",
+                    "ib" | "infiniband" => "infiniband",
+                    v => return Err(format!("--link-layer: ib or eth, not {v}")),
+                };
+                o.env.push(("RDMA_EMU_LINK_LAYER", v.to_owned()));
             }
             "--profile" => {
                 let v = value("--profile")?;
