@@ -102,7 +102,7 @@ impl WqInner {
         let w = q.rq.ring.at(tail);
         let res = sgl::scatter(qp, &self.pd, &w.sges, frame, len);
         let wr_id = w.wr_id;
-        let status = match res {
+        match res {
             Ok(()) => {
                 let wc = Wc {
                     opcode: WcOpcode::RECV,
@@ -113,13 +113,15 @@ impl WqInner {
                 if self.cq.push(wc, false).is_ok() {
                     return;
                 }
-                WcStatus::SUCCESS
+                // A completion lost to a CQ overrun fails the WQ as well.
             }
-            Err(sgl::SglError::TooLong) => WcStatus::LOC_LEN_ERR,
-            Err(sgl::SglError::Protection) => WcStatus::LOC_PROT_ERR,
-        };
-        if status != WcStatus::SUCCESS {
-            let _ = self.cq.push(self.completion(wr_id, status), true);
+            Err(e) => {
+                let status = match e {
+                    sgl::SglError::TooLong => WcStatus::LOC_LEN_ERR,
+                    sgl::SglError::Protection => WcStatus::LOC_PROT_ERR,
+                };
+                let _ = self.cq.push(self.completion(wr_id, status), true);
+            }
         }
         q.state = WqState::ERR;
         self.flush(&mut q);

@@ -252,6 +252,15 @@ fn ipv4(f: &ibv_flow_ipv4_ext_filter) -> Ipv4ExtFilter {
     }
 }
 
+/// `IBV_FLOW_SPEC_IPV4`: the addresses only; the other fields stay unmatched.
+fn ipv4_addrs(f: &ibv_flow_ipv4_filter) -> Ipv4ExtFilter {
+    Ipv4ExtFilter {
+        src_ip: u32::from_be(f.src_ip),
+        dst_ip: u32::from_be(f.dst_ip),
+        ..Default::default()
+    }
+}
+
 fn ipv6(f: &ibv_flow_ipv6_filter) -> Ipv6Filter {
     Ipv6Filter {
         src_ip: f.src_ip,
@@ -288,17 +297,8 @@ unsafe fn flow_attr(a: &ibv_flow_attr) -> Result<FlowAttr, c_int> {
             match h.type_ {
                 SPEC_ETH => spec::<ibv_flow_spec_eth>(p, h.size)
                     .map(|s| FlowSpec::Eth { val: eth(&s.val), mask: eth(&s.mask) }),
-                SPEC_IPV4 => spec::<ibv_flow_spec_ipv4>(p, h.size).map(|s| {
-                    let f = |v: &ibv_flow_ipv4_filter| ibv_flow_ipv4_ext_filter {
-                        src_ip: v.src_ip,
-                        dst_ip: v.dst_ip,
-                        proto: 0,
-                        tos: 0,
-                        ttl: 0,
-                        flags: 0,
-                    };
-                    FlowSpec::Ipv4 { val: ipv4(&f(&s.val)), mask: ipv4(&f(&s.mask)) }
-                }),
+                SPEC_IPV4 => spec::<ibv_flow_spec_ipv4>(p, h.size)
+                    .map(|s| FlowSpec::Ipv4 { val: ipv4_addrs(&s.val), mask: ipv4_addrs(&s.mask) }),
                 SPEC_IPV4_EXT => spec::<ibv_flow_spec_ipv4_ext>(p, h.size)
                     .map(|s| FlowSpec::Ipv4 { val: ipv4(&s.val), mask: ipv4(&s.mask) }),
                 SPEC_IPV6 => spec::<ibv_flow_spec_ipv6>(p, h.size)
@@ -307,9 +307,8 @@ unsafe fn flow_attr(a: &ibv_flow_attr) -> Result<FlowAttr, c_int> {
                     .map(|s| FlowSpec::Tcp { val: ports(&s.val), mask: ports(&s.mask) }),
                 SPEC_UDP => spec::<ibv_flow_spec_tcp_udp>(p, h.size)
                     .map(|s| FlowSpec::Udp { val: ports(&s.val), mask: ports(&s.mask) }),
-                SPEC_ACTION_DROP => {
-                    spec::<ibv_flow_spec_hdr_sized>(p, h.size).map(|_| FlowSpec::Drop)
-                }
+                // `struct ibv_flow_spec_action_drop` is the header alone.
+                SPEC_ACTION_DROP => spec::<ibv_flow_spec_hdr>(p, h.size).map(|_| FlowSpec::Drop),
                 _ => Err(libc::EINVAL),
             }
         }?;
@@ -323,13 +322,6 @@ unsafe fn flow_attr(a: &ibv_flow_attr) -> Result<FlowAttr, c_int> {
         flags: a.flags,
         specs,
     })
-}
-
-/// `struct ibv_flow_spec_action_drop`: the header alone, padded to 8 bytes.
-#[repr(C)]
-struct ibv_flow_spec_hdr_sized {
-    _type: u32,
-    _size: u16,
 }
 
 /// The `ibv_create_flow` slot: see `rdma_emu::Flow` for the rules and errnos; `EINVAL`
