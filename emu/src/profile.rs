@@ -63,7 +63,16 @@ pub mod cap_flags {
 
 /// `ibv_raw_packet_caps` bits.
 pub mod raw_packet_caps {
+    pub const CVLAN_STRIPPING: u32 = 1;
+    pub const SCATTER_FCS: u32 = 1 << 1;
     pub const IP_CSUM: u32 = 1 << 2;
+    pub const DELAY_DROP: u32 = 1 << 3;
+}
+
+/// `device_cap_flags_ex` bits above the 32 of `ibv_device_cap_flags`.
+pub mod cap_flags_ex {
+    pub const RAW_SCATTER_FCS: u64 = 1 << 34;
+    pub const PCI_WRITE_END_PADDING: u64 = 1 << 36;
 }
 
 /// `struct ibv_device_attr`, field for field.
@@ -143,6 +152,8 @@ pub struct DeviceAttr {
     pub max_tso: u32,
     /// `IBV_RAW_PACKET_CAP_*` bits.
     pub raw_packet_caps: u32,
+    /// The `device_cap_flags_ex` bits above `device_cap_flags` (see [`cap_flags_ex`]).
+    pub cap_flags_ex: u64,
 }
 
 impl DeviceAttr {
@@ -169,6 +180,19 @@ impl DeviceAttr {
     /// Whether the device has receive WQs, RSS, raw packet QPs and flow steering.
     pub fn has_raw_packet(&self) -> bool {
         self.max_wq_type_rq > 0
+    }
+
+    /// The receive offloads a WQ (or, as create flags, a raw packet QP) may ask for.
+    pub fn wq_flags(&self) -> crate::WqFlags {
+        use crate::WqFlags as F;
+        let caps = self.raw_packet_caps;
+        let mut f = F::empty();
+        f.set(F::CVLAN_STRIPPING, caps & raw_packet_caps::CVLAN_STRIPPING != 0);
+        f.set(F::SCATTER_FCS, caps & raw_packet_caps::SCATTER_FCS != 0);
+        f.set(F::DELAY_DROP, caps & raw_packet_caps::DELAY_DROP != 0);
+        let padding = self.cap_flags_ex & cap_flags_ex::PCI_WRITE_END_PADDING != 0;
+        f.set(F::PCI_WRITE_END_PADDING, padding);
+        f
     }
 }
 
@@ -308,6 +332,7 @@ impl Profile {
             rx_hash_fields_mask: 0,
             max_tso: 0,
             raw_packet_caps: 0,
+            cap_flags_ex: 0,
         };
         let rxe = DeviceAttr { phys_port_cnt: self.port_count(ports), ..rxe };
         match self {
@@ -334,7 +359,11 @@ impl Profile {
                 max_rwq_indirection_table_size: 1 << 13,
                 rx_hash_fields_mask: crate::engine::frame::hash_fields::ALL,
                 max_tso: 256 * 1024,
-                raw_packet_caps: raw_packet_caps::IP_CSUM,
+                raw_packet_caps: raw_packet_caps::IP_CSUM
+                    | raw_packet_caps::CVLAN_STRIPPING
+                    | raw_packet_caps::SCATTER_FCS
+                    | raw_packet_caps::DELAY_DROP,
+                cap_flags_ex: cap_flags_ex::RAW_SCATTER_FCS | cap_flags_ex::PCI_WRITE_END_PADDING,
                 ..rxe
             },
         }

@@ -194,6 +194,34 @@ bitflags! {
 }
 
 bitflags! {
+    /// `enum ibv_wq_flags`: receive offloads of a WQ (`ibv_create_wq`, `ibv_modify_wq`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct WqFlags: u32 {
+        /// The 802.1Q tag of a received frame is removed; its TCI goes to the completion
+        /// (`ibv_wc_read_cvlan`).
+        const CVLAN_STRIPPING = 1;
+        /// The frame's 4-byte FCS is written after it and counted in `byte_len`.
+        const SCATTER_FCS = 1 << 1;
+        /// A frame that finds no receive posted waits for one (for a while) instead of being
+        /// dropped at once.
+        const DELAY_DROP = 1 << 2;
+        /// The write of a frame is padded with zeros to the end of its 64-byte cache line.
+        const PCI_WRITE_END_PADDING = 1 << 3;
+    }
+}
+
+bitflags! {
+    /// The `enum ibv_qp_create_flags` the emulator offers: the receive offloads of a raw
+    /// packet QP (see [`WqFlags`]).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct QpCreateFlags: u32 {
+        const SCATTER_FCS = 1 << 8;
+        const CVLAN_STRIPPING = 1 << 9;
+        const PCI_WRITE_END_PADDING = 1 << 11;
+    }
+}
+
+bitflags! {
     /// `enum ibv_qp_attr_mask`.
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
     pub struct QpAttrMask: u32 {
@@ -300,6 +328,9 @@ pub struct Wc {
     /// When the completion was generated, on the device clock (`ibv_wc_read_completion_ts`;
     /// nanoseconds of the fabric's clock); 0 unless the CQ records timestamps.
     pub timestamp: u64,
+    /// The 802.1Q TCI a receive offload stripped from the frame (`ibv_wc_read_cvlan`); 0 when
+    /// none was stripped.
+    pub cvlan: u16,
 }
 
 /// Address vector: `struct ibv_ah_attr` with its `ibv_global_route`.

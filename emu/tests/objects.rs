@@ -204,6 +204,7 @@ fn create_qp_validates_caps_and_types() {
             sq_sig_all: false,
             srq: None,
             max_tso_header: 0,
+            create_flags: QpCreateFlags::empty(),
         })
     };
     let ok = common::cap(8);

@@ -39,8 +39,16 @@ struct Raw {
 }
 
 fn raw_node(dev: &Device, max_tso_header: u32) -> Raw {
+    raw_node_with(dev, max_tso_header, QpCreateFlags::empty())
+}
+
+fn raw_node_with(dev: &Device, max_tso_header: u32, create_flags: QpCreateFlags) -> Raw {
     let n = node_on(dev, 1 << 16);
-    let init = QpInitAttr { max_tso_header, ..QpInitAttr::new(QpType::RAW_PACKET, &n.cq, cap(64)) };
+    let init = QpInitAttr {
+        max_tso_header,
+        create_flags,
+        ..QpInitAttr::new(QpType::RAW_PACKET, &n.cq, cap(64))
+    };
     let qp = n.pd.create_qp(&init).unwrap();
     use QpAttrMask as M;
     let init = QpAttr { qp_state: QpState::INIT, port_num: 1, ..Default::default() };
@@ -65,9 +73,18 @@ fn mac_rule(mac: [u8; 6], priority: u16) -> FlowAttr {
 
 /// Sends `frame` from `r` (checksums filled in by the NIC) and waits for its completion.
 fn send(r: &Raw, frame: &[u8]) {
+    send_with(r, frame, SendFlags::IP_CSUM);
+}
+
+/// Sends `frame` from `r` as it is, byte for byte.
+fn send_as_is(r: &Raw, frame: &[u8]) {
+    send_with(r, frame, SendFlags::empty());
+}
+
+fn send_with(r: &Raw, frame: &[u8], flags: SendFlags) {
     r.n.mr.write(0, frame).unwrap();
     let s = [sge(&r.n.mr, 0, frame.len())];
-    let wr = SendWr { send_flags: SendFlags::SIGNALED | SendFlags::IP_CSUM, ..SendWr::send(1, &s) };
+    let wr = SendWr { send_flags: SendFlags::SIGNALED | flags, ..SendWr::send(1, &s) };
     r.qp.post_send(&wr).unwrap();
     let wc = wait1(&r.n.cq);
     assert_eq!(
@@ -187,7 +204,7 @@ fn flow_rules_out_of_range_are_refused_as_mlx5_refuses_them() {
 fn work_queues_follow_the_mlx5_state_rules() {
     let fabric = eth_fabric();
     let n = node_on(&fabric.devices()[0], 4096);
-    let init = |max_wr| WqInitAttr { max_wr, max_sge: 2, cq: &n.cq };
+    let init = |max_wr| WqInitAttr::new(max_wr, 2, &n.cq);
     assert_eq!(n.pd.create_wq(&init(0)).unwrap_err().errno(), Errno::EINVAL);
     let wq = n.pd.create_wq(&init(5)).unwrap();
     assert_eq!((wq.state(), wq.max_wr(), wq.max_sge()), (WqState::RESET, 5, 2));
@@ -256,10 +273,8 @@ fn rss_spreads_frames_over_the_wqs_by_the_toeplitz_hash() {
     let a = raw_node(&devs[0], 0);
     let n = node_on(&devs[1], 1 << 16);
     let cqs: Vec<Cq> = (0..4).map(|_| n.ctx.create_cq(16, None, 0).unwrap()).collect();
-    let wqs: Vec<Wq> = cqs
-        .iter()
-        .map(|cq| n.pd.create_wq(&WqInitAttr { max_wr: 8, max_sge: 1, cq }).unwrap())
-        .collect();
+    let wqs: Vec<Wq> =
+        cqs.iter().map(|cq| n.pd.create_wq(&WqInitAttr::new(8, 1, cq)).unwrap()).collect();
     for (i, wq) in wqs.iter().enumerate() {
         wq.modify(WqState::RDY, None).unwrap();
         for k in 0..4 {
@@ -296,7 +311,7 @@ fn a_receive_too_small_fails_the_wq_with_wq_fatal() {
     let devs = fabric.devices();
     let a = raw_node(&devs[0], 0);
     let n = node_on(&devs[1], 4096);
-    let wq = n.pd.create_wq(&WqInitAttr { max_wr: 4, max_sge: 1, cq: &n.cq }).unwrap();
+    let wq = n.pd.create_wq(&WqInitAttr::new(4, 1, &n.cq)).unwrap();
     wq.modify(WqState::RDY, None).unwrap();
     for (id, len) in [(1, 16), (2, 2048)] {
         wq.post_recv(&RecvWr { wr_id: id, sg_list: &[sge(&n.mr, 0, len)] }).unwrap();
@@ -352,4 +367,195 @@ fn tso_cuts_one_send_into_mss_segments() {
         Errno::EINVAL
     );
     assert_eq!(b.qp.post_send(&SendWr::tso(6, &s, hdr, 1000)).unwrap_err().errno(), Errno::EINVAL);
+}
+
+/// `f` with an 802.1Q tag carrying `tci` after its MAC addresses.
+fn tagged(f: &[u8], tci: u16) -> Vec<u8> {
+    let mut t = f[..12].to_vec();
+    t.extend_from_slice(&0x8100u16.to_be_bytes());
+    t.extend_from_slice(&tci.to_be_bytes());
+    t.extend_from_slice(&f[12..]);
+    t
+}
+
+/// IEEE 802.3's CRC-32 of `f`, as the wire carries it after the frame.
+fn fcs(f: &[u8]) -> [u8; 4] {
+    let mut crc = !0u32;
+    for &b in f {
+        crc ^= u32::from(b);
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 { (crc >> 1) ^ 0xedb8_8320 } else { crc >> 1 };
+        }
+    }
+    (!crc).to_le_bytes()
+}
+
+#[test]
+fn raw_qp_create_flags_strip_the_vlan_scatter_the_fcs_and_pad_the_cache_line() {
+    let fabric = eth_fabric();
+    let devs = fabric.devices();
+    let a = raw_node(&devs[0], 0);
+    let b = raw_node_with(&devs[1], 0, QpCreateFlags::CVLAN_STRIPPING | QpCreateFlags::SCATTER_FCS);
+    let _flow = b.qp.create_flow(&mac_rule(MAC_B, 0)).unwrap();
+    let plain = ipv4_frame(MAC_B, [10, 0, 0, 1], 1000, [10, 0, 0, 2], 80);
+    let frame = tagged(&plain, 0xa064); // PCP 5, VID 100
+    post_recv(&b.qp, 1, &[sge(&b.n.mr, 0, 2048)]);
+    send_as_is(&a, &frame);
+    let wc = b.n.cq.poll_one().expect("delivered");
+    assert_eq!((wc.status, wc.cvlan), (WcStatus::SUCCESS, 0xa064));
+    assert_eq!(wc.byte_len as usize, frame.len() - 4 + 4, "tag out, FCS in");
+    let mut got = vec![0u8; wc.byte_len as usize];
+    b.n.mr.read(0, &mut got).unwrap();
+    let mut want = plain.clone();
+    want.extend_from_slice(&fcs(&frame)); // the FCS of the frame as the wire carried it
+    assert_eq!(got, want);
+    // An untagged frame: nothing stripped, cvlan 0.
+    post_recv(&b.qp, 2, &[sge(&b.n.mr, 0, 2048)]);
+    send_as_is(&a, &plain);
+    let wc = b.n.cq.poll_one().expect("delivered");
+    assert_eq!((wc.byte_len as usize, wc.cvlan), (plain.len() + 4, 0));
+
+    // End padding: the rest of the last 64-byte line is written with zeros, nothing beyond.
+    let c = raw_node_with(&devs[1], 0, QpCreateFlags::PCI_WRITE_END_PADDING);
+    let _flow = c.qp.create_flow(&mac_rule(MAC_B, 0)).unwrap();
+    let len = plain.len();
+    let off = (64 - (c.n.mr.addr() as usize + len) % 64 + 8) % 64; // the frame ends 8 bytes into a line
+    c.n.mr.write(0, &[0xee; 512]).unwrap();
+    post_recv(&c.qp, 3, &[sge(&c.n.mr, off, 256)]);
+    post_recv(&b.qp, 4, &[sge(&b.n.mr, 0, 2048)]);
+    send_as_is(&a, &plain);
+    let wc = c.n.cq.poll_one().expect("delivered");
+    assert_eq!((wc.wr_id, wc.byte_len as usize), (3, len), "the padding is not counted");
+    let mut buf = vec![0u8; 512];
+    c.n.mr.read(0, &mut buf).unwrap();
+    assert!(buf[..off].iter().all(|&x| x == 0xee));
+    assert_eq!(buf[off..off + len], plain[..]);
+    assert!(buf[off + len..off + len + 56].iter().all(|&x| x == 0), "padded to the line");
+    assert!(buf[off + len + 56..].iter().all(|&x| x == 0xee), "nothing past the line");
+    // A receive too small for the frame and its FCS fails as any receive does.
+    assert_eq!(b.n.cq.poll_one().map(|wc| wc.wr_id), Some(4), "b took its copy");
+    post_recv(&b.qp, 5, &[sge(&b.n.mr, 0, len + 3)]);
+    send_as_is(&a, &plain);
+    assert_eq!(b.n.cq.poll_one().map(|wc| wc.status), Some(WcStatus::LOC_LEN_ERR));
+
+    // Receive offloads are for raw packet QPs.
+    let n = node_on(&devs[0], 64);
+    for t in [QpType::RC, QpType::UD] {
+        let init = QpInitAttr {
+            create_flags: QpCreateFlags::SCATTER_FCS,
+            ..QpInitAttr::new(t, &n.cq, cap(4))
+        };
+        assert_eq!(n.pd.create_qp(&init).unwrap_err().errno(), Errno::EOPNOTSUPP, "{t:?}");
+    }
+}
+
+/// A WQ with `flags` behind a one-entry RSS QP that takes the frames sent to `MAC_B`.
+fn wq_behind_rss(n: &Node, max_wr: u32, flags: WqFlags) -> (Wq, Qp, Flow) {
+    let wq = n.pd.create_wq(&WqInitAttr { flags, ..WqInitAttr::new(max_wr, 1, &n.cq) }).unwrap();
+    wq.modify(WqState::RDY, None).unwrap();
+    let t = n.ctx.create_rwq_ind_table(0, &[&wq]).unwrap();
+    let rss = n.pd.create_rss_qp(&RssConf { table: &t, function: 1, key: &[0; 40], fields: 0 });
+    let rss = rss.unwrap();
+    let flow = rss.create_flow(&mac_rule(MAC_B, 0)).unwrap();
+    (wq, rss, flow)
+}
+
+fn post_wq(wq: &Wq, wr_id: u64, s: Sge) {
+    wq.post_recv(&RecvWr { wr_id, sg_list: &[s] }).unwrap();
+}
+
+#[test]
+fn wq_flags_strip_and_scatter_and_stripping_can_change() {
+    let fabric = eth_fabric();
+    let devs = fabric.devices();
+    let a = raw_node(&devs[0], 0);
+    let n = node_on(&devs[1], 4096);
+    let flags = WqFlags::CVLAN_STRIPPING | WqFlags::SCATTER_FCS;
+    let (wq, _rss, _flow) = wq_behind_rss(&n, 4, flags);
+    assert_eq!(wq.flags(), flags);
+    let frame = tagged(&ipv4_frame(MAC_B, [1, 1, 1, 1], 1, [2, 2, 2, 2], 2), 0x0007);
+    post_wq(&wq, 1, sge(&n.mr, 0, 2048));
+    send_as_is(&a, &frame);
+    let wc = n.cq.poll_one().expect("delivered");
+    assert_eq!((wc.wr_id, wc.qp_num, wc.cvlan), (1, wq.wq_num(), 7));
+    assert_eq!(wc.byte_len as usize, frame.len());
+    let mut got = vec![0u8; frame.len()];
+    n.mr.read(0, &mut got).unwrap();
+    assert_eq!(got[..12], frame[..12]);
+    assert_eq!(got[12..frame.len() - 4], frame[16..], "the tag is gone");
+    assert_eq!(got[frame.len() - 4..], fcs(&frame));
+
+    // Stripping off: the frame keeps its tag.
+    wq.modify_flags(WqFlags::empty(), WqFlags::CVLAN_STRIPPING).unwrap();
+    assert_eq!(wq.flags(), WqFlags::SCATTER_FCS);
+    post_wq(&wq, 2, sge(&n.mr, 0, 2048));
+    send(&a, &frame);
+    let wc = n.cq.poll_one().expect("delivered");
+    assert_eq!((wc.cvlan, wc.byte_len as usize), (0, frame.len() + 4));
+    // The other flags are fixed at creation.
+    for f in [WqFlags::SCATTER_FCS, WqFlags::DELAY_DROP, WqFlags::PCI_WRITE_END_PADDING] {
+        assert_eq!(wq.modify_flags(f, f).unwrap_err().errno(), Errno::EOPNOTSUPP, "{f:?}");
+    }
+    assert_eq!(wq.flags(), WqFlags::SCATTER_FCS);
+}
+
+#[test]
+fn delay_drop_holds_frames_until_a_receive_comes_or_the_wait_ends() {
+    // Simulation: virtual time moves only when the program waits, so the 100 ms wait of a
+    // held frame ends exactly when the test lets it.
+    let fabric = Fabric::new(FabricConfig {
+        link_layer: LinkLayer::ETHERNET,
+        seed: Some(7),
+        ..Default::default()
+    });
+    let devs = fabric.devices();
+    let a = raw_node(&devs[0], 0);
+    let n = node_on(&devs[1], 8192);
+    let frame = |i: u8| ipv4_frame(MAC_B, [1, 1, 1, i], 1, [2, 2, 2, 2], 2);
+    let (wq, _rss, _flow) = wq_behind_rss(&n, 2, WqFlags::DELAY_DROP);
+    // No receive posted: the frames wait, as many as the WQ holds (2); the third is dropped.
+    for i in 1..=3 {
+        send(&a, &frame(i));
+    }
+    for id in 1..=3 {
+        post_wq(&wq, id, sge(&n.mr, id as usize * 1024, 1024));
+    }
+    let wcs = wait_n(&n.cq, 2);
+    for (wc, i) in wcs.iter().zip(1u8..) {
+        assert_eq!((wc.wr_id, wc.status), (u64::from(i), WcStatus::SUCCESS));
+        let mut src = [0u8; 4];
+        n.mr.read(i as usize * 1024 + 26, &mut src).unwrap();
+        assert_eq!(src, [1, 1, 1, i], "frames arrive in order");
+    }
+    // Receive 3 is still posted: the next frame takes it at once.
+    send(&a, &frame(4));
+    assert_eq!(wait1(&n.cq).wr_id, 3);
+
+    // A frame that waits out the delay is dropped (polling the empty CQ moves virtual time).
+    send(&a, &frame(5));
+    let before = fabric.now_ns();
+    assert_empty(&n.cq);
+    assert!(fabric.now_ns() - before >= 100_000_000, "the wait ran out");
+    post_wq(&wq, 6, sge(&n.mr, 0, 1024));
+    assert_empty(&n.cq);
+    send(&a, &frame(6));
+    assert_eq!(wait1(&n.cq).wr_id, 6);
+    // Frames held when the WQ leaves RDY are dropped.
+    send(&a, &frame(7));
+    send(&a, &frame(8));
+    wq.modify(WqState::RESET, None).unwrap();
+    wq.modify(WqState::RDY, None).unwrap();
+    post_wq(&wq, 7, sge(&n.mr, 0, 1024));
+    send(&a, &frame(9));
+    assert_eq!(wait1(&n.cq).wr_id, 7);
+    let mut src = [0u8; 4];
+    n.mr.read(26, &mut src).unwrap();
+    assert_eq!(src, [1, 1, 1, 9]);
+
+    // Without the flag a frame that finds no receive is dropped at once.
+    let m = node_on(&devs[1], 4096);
+    let (plain, _rss2, _flow2) = wq_behind_rss(&m, 2, WqFlags::empty());
+    send(&a, &frame(10));
+    post_wq(&plain, 1, sge(&m.mr, 0, 1024));
+    assert_empty(&m.cq);
 }

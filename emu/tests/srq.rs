@@ -34,6 +34,7 @@ fn setup(profile: Profile, srq_size: u32, rnr_retry: u8) -> Setup {
                 sq_sig_all: false,
                 srq: Some(&srq),
                 max_tso_header: 0,
+                create_flags: QpCreateFlags::empty(),
             })
             .unwrap();
         connect(&s.qp, &r, &p, &p);

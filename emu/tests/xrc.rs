@@ -180,6 +180,7 @@ fn rxe_profile_has_no_xrc() {
         sq_sig_all: false,
         srq: None,
         max_tso_header: 0,
+        create_flags: QpCreateFlags::empty(),
     };
     assert_eq!(n.pd.create_qp(&attr).unwrap_err().errno(), Errno::EOPNOTSUPP);
     let s = n.pd.create_srq(&SrqAttr { max_wr: 4, max_sge: 1, srq_limit: 0 }).unwrap();

@@ -65,7 +65,7 @@ pub(crate) fn receive(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mu
                 }
             };
             let len = if pkt.kind == Kind::AtomicAck { 8 } else { pkt.len };
-            match sgl::scatter(qp, &qp.pd, &wqe.sges, &data, len) {
+            match sgl::scatter(&qp.pd, &wqe.sges, &data, len) {
                 Ok(()) => complete_ok(qp, g),
                 Err(SglError::Protection | SglError::TooLong) => {
                     fail_wqe(qp, g, tail, WcStatus::LOC_PROT_ERR)

@@ -210,6 +210,24 @@ pub(crate) fn ipv4_checksums_ok(f: &[u8], h: &Headers) -> bool {
     }
 }
 
+/// Receive VLAN stripping: the frame without its 802.1Q tag, and the tag's TCI; `None` for an
+/// untagged frame.
+pub(crate) fn strip_cvlan(f: &[u8]) -> Option<(Vec<u8>, u16)> {
+    if f.len() < ETH_HDR + 4 || be16(f, 12) != ETHERTYPE_VLAN {
+        return None;
+    }
+    let mut out = Vec::with_capacity(f.len() - 4);
+    out.extend_from_slice(&f[..12]);
+    out.extend_from_slice(&f[16..]);
+    Some((out, be16(f, 14)))
+}
+
+/// The frame check sequence the wire carries after `f`: IEEE 802.3's CRC-32, least
+/// significant byte first.
+pub(crate) fn fcs(f: &[u8]) -> [u8; 4] {
+    crc32fast::hash(f).to_le_bytes()
+}
+
 /// TCP segmentation offload: the frames a NIC sends for `hdr` (Ethernet + IP + TCP headers)
 /// followed by `payload`, cut into `mss`-byte segments. Each frame gets the header with its IP
 /// length (and IPv4 identification and checksum) and TCP sequence number advanced, FIN and PSH
@@ -382,6 +400,23 @@ pub(crate) mod test {
         f.extend_from_slice(payload);
         insert_checksums(&mut f);
         f
+    }
+
+    #[test]
+    fn test_fcs_is_the_ethernet_crc_and_stripping_removes_the_tag() {
+        let f = ipv4_frame(PROTO_UDP, [10, 0, 0, 1], 1, [10, 0, 0, 2], 2, b"fcs");
+        // A frame followed by its FCS leaves the CRC-32 residue of IEEE 802.3.
+        let mut wire = f.clone();
+        wire.extend_from_slice(&fcs(&f));
+        assert_eq!(crc32fast::hash(&wire), 0x2144_df1c);
+        // The check value of CRC-32/ISO-HDLC, least significant byte first.
+        assert_eq!(fcs(b"123456789"), 0xcbf4_3926u32.to_le_bytes());
+
+        assert!(strip_cvlan(&f).is_none(), "untagged");
+        let mut tagged = f[..12].to_vec();
+        tagged.extend_from_slice(&[0x81, 0x00, 0xa0, 0x64]); // PCP 5, VID 100
+        tagged.extend_from_slice(&f[12..]);
+        assert_eq!(strip_cvlan(&tagged), Some((f, 0xa064)));
     }
 
     #[test]

@@ -235,8 +235,7 @@ fn ud_receive(qp: &Arc<QpShared>, g: &mut QpInner, pkt: &Packet) {
         off += n;
     }
     let Some(r) = pop_recv(qp, g) else { return }; // no receive: the datagram is dropped
-    let res =
-        sgl::scatter(qp, &qp.pd, &r.sges, &Payload::Bytes(data.into_boxed_slice()), total as u32);
+    let res = sgl::scatter(&qp.pd, &r.sges, &Payload::Bytes(data.into_boxed_slice()), total as u32);
     let wr_id = r.wr_id;
     done_recv(g, r);
     let status = match res {
@@ -405,7 +404,7 @@ fn send(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>) 
         rnr(qp, g, &pkt, drv);
         return;
     };
-    let res = sgl::scatter(qp, &key_pd(qp, g), &r.sges, &pkt.payload, pkt.len);
+    let res = sgl::scatter(&key_pd(qp, g), &r.sges, &pkt.payload, pkt.len);
     let wr_id = r.wr_id;
     done_recv(g, r);
     match res {

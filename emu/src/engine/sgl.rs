@@ -50,7 +50,6 @@ pub(crate) fn resolve(qp: &QpShared, sges: &[Sge], need_write: bool) -> Result<P
 /// Copies `payload` (of `len` bytes) into the local SGEs, which need `LOCAL_WRITE` and must be
 /// in `pd` (the QP's, or for an XRC target the SRQ's).
 pub(crate) fn scatter(
-    qp: &QpShared,
     pd: &std::sync::Arc<crate::objects::pd::PdInner>,
     sges: &[Sge],
     payload: &Payload,
@@ -60,7 +59,7 @@ pub(crate) fn scatter(
     if len as u64 > room {
         return Err(SglError::TooLong);
     }
-    let keys = qp.ctx.device.keys.read();
+    let keys = pd.ctx.device.keys.read();
     // Resolve every SGE that receives data before copying, so a bad SGE writes nothing.
     let mut dst = Vec::with_capacity(sges.len());
     let mut left = len as u64;

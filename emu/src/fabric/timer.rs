@@ -24,7 +24,11 @@ use std::{
 use parking_lot::{Condvar, Mutex};
 
 use super::FabricInner;
-use crate::{engine::packet::Packet, objects::cq::CqInner, qp::QpShared};
+use crate::{
+    engine::packet::Packet,
+    objects::{cq::CqInner, wq::WqInner},
+    qp::QpShared,
+};
 
 /// In simulation, how long the program may wait unseen before virtual time moves by itself.
 const IDLE_ADVANCE: Duration = Duration::from_millis(50);
@@ -43,6 +47,8 @@ pub(crate) enum Job {
     Fault { generation: u64, rule: usize },
     /// Ends a CQ's event moderation period (see `objects::cq`), unless it was re-armed since.
     CqModeration { cq: Weak<CqInner>, generation: u64 },
+    /// Drops the frames whose delay drop wait is over (see `objects::wq`).
+    DelayDrop(Weak<WqInner>),
 }
 
 impl Job {
@@ -63,6 +69,11 @@ impl Job {
             Job::CqModeration { cq, generation } => {
                 if let Some(cq) = cq.upgrade() {
                     cq.moderation_due(generation);
+                }
+            }
+            Job::DelayDrop(wq) => {
+                if let Some(wq) = wq.upgrade() {
+                    wq.expire_held(fabric.now());
                 }
             }
         }

@@ -6,9 +6,12 @@
 //! ConnectX's under rdma-core's mlx5 provider: receives posted in RESET are lost when the WQ
 //! becomes ready, a WQ in ERR flushes what it holds and what is posted to it.
 
-use std::sync::{
-    Arc,
-    atomic::{AtomicUsize, Ordering},
+use std::{
+    collections::VecDeque,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
 };
 
 use parking_lot::Mutex;
@@ -22,10 +25,11 @@ use super::{
     pd::{Pd, PdInner},
 };
 use crate::{
-    engine::{packet::Payload, sgl},
+    engine::raw,
     error::{Errno, Error, Result, einval},
-    qp::{QpShared, RecvWr, queue::RecvQueue},
-    types::{EventType, Wc, WcFlags, WcOpcode, WcStatus, WqState},
+    fabric::timer::Job,
+    qp::{RecvWr, queue::RecvQueue},
+    types::{EventType, Wc, WcOpcode, WcStatus, WqFlags, WqState},
 };
 
 /// What `ibv_create_wq` takes for a receive WQ (`IBV_WQT_RQ`).
@@ -37,12 +41,36 @@ pub struct WqInitAttr<'a> {
     pub max_sge: u32,
     /// The CQ its completions go to.
     pub cq: &'a Cq,
+    /// Receive offloads (`IBV_WQ_INIT_ATTR_FLAGS`).
+    pub flags: WqFlags,
+}
+
+impl<'a> WqInitAttr<'a> {
+    /// A WQ of `max_wr` receives of `max_sge` SGEs completing on `cq`, without offloads.
+    pub fn new(max_wr: u32, max_sge: u32, cq: &'a Cq) -> Self {
+        WqInitAttr { max_wr, max_sge, cq, flags: WqFlags::empty() }
+    }
+}
+
+/// How long a frame waits for a receive on a WQ with `IBV_WQ_FLAGS_DELAY_DROP` (mlx5's default
+/// delay drop timeout, 100 ms).
+pub(crate) const DELAY_DROP_TIMEOUT_NS: u64 = 100_000_000;
+
+/// A frame waiting for a receive (delay drop).
+#[derive(Debug)]
+struct Held {
+    frame: Box<[u8]>,
+    deadline: u64,
 }
 
 #[derive(Debug)]
 struct WqQueue {
     state: WqState,
     rq: RecvQueue,
+    flags: WqFlags,
+    /// Delay drop: frames that came when no receive was posted, oldest first (at most as
+    /// many as the ring holds).
+    held: VecDeque<Held>,
 }
 
 #[derive(Debug)]
@@ -88,44 +116,79 @@ impl WqInner {
         }
     }
 
-    /// A frame the RSS QP `qp` steered here: scattered into the next receive, completed on
-    /// the WQ's CQ. Without a ready WQ or a posted receive the frame is dropped, as a NIC
-    /// drops it. A receive that cannot take it completes in error and the WQ goes to ERR
-    /// with `IBV_EVENT_WQ_FATAL`.
-    pub(crate) fn deliver(self: &Arc<WqInner>, qp: &QpShared, frame: &Payload, len: u32) {
+    /// A frame an RSS QP steered here: written into the next receive, completed on the WQ's
+    /// CQ. Without a ready WQ the frame is dropped, as a NIC drops it; without a posted
+    /// receive too, unless the WQ delays drops (then it waits, see [`WqInner::take_held`]).
+    pub(crate) fn deliver(self: &Arc<WqInner>, frame: &[u8]) {
         let mut q = self.st.lock();
-        if q.state != WqState::RDY || q.rq.len() == 0 {
+        if q.state != WqState::RDY {
             return;
         }
+        if q.rq.len() > 0 && q.held.is_empty() {
+            let ok = self.land(&mut q, frame);
+            drop(q);
+            if !ok {
+                self.fatal();
+            }
+            return;
+        }
+        if q.flags.contains(WqFlags::DELAY_DROP) && q.held.len() < q.rq.depth as usize {
+            let fabric = &self.pd.ctx.fabric;
+            let deadline = fabric.now() + DELAY_DROP_TIMEOUT_NS;
+            q.held.push_back(Held { frame: frame.into(), deadline });
+            drop(q);
+            fabric.timer.schedule(deadline, Job::DelayDrop(Arc::downgrade(self)));
+        }
+    }
+
+    /// Writes `frame` into the oldest receive; whether the WQ is still sound. A receive that
+    /// cannot take it (or a completion lost to a CQ overrun) puts the WQ in ERR.
+    fn land(&self, q: &mut WqQueue, frame: &[u8]) -> bool {
         let tail = q.rq.tail;
         q.rq.tail = tail.wrapping_add(1);
         let w = q.rq.ring.at(tail);
-        let res = sgl::scatter(qp, &self.pd, &w.sges, frame, len);
         let wr_id = w.wr_id;
-        match res {
-            Ok(()) => {
-                let wc = Wc {
-                    opcode: WcOpcode::RECV,
-                    byte_len: len,
-                    wc_flags: WcFlags::empty(),
-                    ..self.completion(wr_id, WcStatus::SUCCESS)
-                };
-                if self.cq.push(wc, false).is_ok() {
-                    return;
+        match raw::land(q.flags, &self.pd, &w.sges, frame) {
+            Ok(l) => {
+                let base =
+                    Wc { opcode: WcOpcode::RECV, ..self.completion(wr_id, WcStatus::SUCCESS) };
+                if self.cq.push(l.wc(base), false).is_ok() {
+                    return true;
                 }
-                // A completion lost to a CQ overrun fails the WQ as well.
             }
-            Err(e) => {
-                let status = match e {
-                    sgl::SglError::TooLong => WcStatus::LOC_LEN_ERR,
-                    sgl::SglError::Protection => WcStatus::LOC_PROT_ERR,
-                };
+            Err(status) => {
                 let _ = self.cq.push(self.completion(wr_id, status), true);
             }
         }
         q.state = WqState::ERR;
-        self.flush(&mut q);
-        drop(q);
+        q.held.clear();
+        self.flush(q);
+        false
+    }
+
+    /// Delay drop: gives waiting frames to the receives just posted, oldest first, and drops
+    /// those whose time ran out; whether the WQ is still sound.
+    fn take_held(&self, q: &mut WqQueue) -> bool {
+        let now = self.pd.ctx.fabric.now();
+        while q.rq.len() > 0 {
+            let Some(h) = q.held.pop_front() else { break };
+            if h.deadline > now && !self.land(q, &h.frame) {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// The delay drop timer: frames that waited `DELAY_DROP_TIMEOUT_NS` are dropped.
+    pub(crate) fn expire_held(&self, now: u64) {
+        let mut q = self.st.lock();
+        while q.held.front().is_some_and(|h| h.deadline <= now) {
+            q.held.pop_front();
+        }
+    }
+
+    /// The WQ failed: `IBV_EVENT_WQ_FATAL`.
+    fn fatal(self: &Arc<WqInner>) {
         self.pd.ctx.raise(AsyncEvent {
             event_type: EventType::WQ_FATAL,
             element: EventElement::Wq(Wq(self.clone())),
@@ -153,6 +216,9 @@ impl Wq {
         if !Arc::ptr_eq(&init.cq.0.ctx, ctx) {
             return Err(einval("the CQ belongs to another context"));
         }
+        if !a.wq_flags().contains(init.flags) {
+            return Err(Error::new(Errno::EOPNOTSUPP, "a WQ flag the device does not offer"));
+        }
         let counts = &ctx.device.counts;
         ResourceCounts::take(&counts.wq, a.max_wq_type_rq, "too many work queues")?;
         if let Err(e) = pd.0.life.get() {
@@ -175,6 +241,8 @@ impl Wq {
             st: Mutex::new(WqQueue {
                 state: WqState::RESET,
                 rq: RecvQueue::new(depth, init.max_sge.max(1)),
+                flags: init.flags,
+                held: VecDeque::new(),
             }),
             life: Lifecycle::default(),
             async_events: EventCount::default(),
@@ -225,7 +293,28 @@ impl Wq {
             (WqState::RDY, WqState::ERR) => self.0.flush(&mut q),
             _ => return Err(einval("invalid WQ state transition")),
         }
+        if next != WqState::RDY {
+            q.held.clear();
+        }
         q.state = next;
+        Ok(())
+    }
+
+    /// The receive offloads in force.
+    pub fn flags(&self) -> WqFlags {
+        self.0.st.lock().flags
+    }
+
+    /// `ibv_modify_wq` with `IBV_WQ_ATTR_FLAGS`: sets the flags of `mask` to their value in
+    /// `flags`. Only C-VLAN stripping can change on a live WQ (as on a ConnectX);
+    /// `EOPNOTSUPP` for the others.
+    pub fn modify_flags(&self, flags: WqFlags, mask: WqFlags) -> Result<()> {
+        self.0.life.check()?;
+        if !WqFlags::CVLAN_STRIPPING.contains(mask) {
+            return Err(Error::new(Errno::EOPNOTSUPP, "only CVLAN stripping changes on a WQ"));
+        }
+        let mut q = self.0.st.lock();
+        q.flags.set(mask, flags.contains(mask));
         Ok(())
     }
 
@@ -246,8 +335,17 @@ impl Wq {
                 break;
             }
         }
-        if q.state == WqState::ERR {
-            self.0.flush(&mut q);
+        let sound = match q.state {
+            WqState::ERR => {
+                self.0.flush(&mut q);
+                true
+            }
+            WqState::RDY if !q.held.is_empty() => self.0.take_held(&mut q),
+            _ => true,
+        };
+        drop(q);
+        if !sound {
+            self.0.fatal();
         }
         res
     }
@@ -256,7 +354,10 @@ impl Wq {
     /// events are acknowledged. Queued receives are dropped without completions.
     pub fn destroy(&self) -> Result<()> {
         self.0.life.destroy()?;
-        self.0.st.lock().rq.clear();
+        let mut q = self.0.st.lock();
+        q.rq.clear();
+        q.held.clear();
+        drop(q);
         self.0
             .pd
             .ctx

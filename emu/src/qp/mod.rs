@@ -28,7 +28,10 @@ use crate::{
         event::EventCount,
         pd::{Pd, PdInner},
     },
-    types::{AccessFlags, AhAttr, Ece, EventType, LinkLayer, Mtu, QpAttrMask, QpState, QpType},
+    types::{
+        AccessFlags, AhAttr, Ece, EventType, LinkLayer, Mtu, QpAttrMask, QpCreateFlags, QpState,
+        QpType, WqFlags,
+    },
 };
 
 /// Queue sizes (`struct ibv_qp_cap`).
@@ -54,6 +57,8 @@ pub struct QpInitAttr<'a> {
     pub srq: Option<&'a crate::Srq>,
     /// Raw packet QPs: the largest TSO header a send may carry (0: no `IBV_WR_TSO`).
     pub max_tso_header: u32,
+    /// Raw packet QPs: receive offloads (`IBV_QP_CREATE_*`).
+    pub create_flags: QpCreateFlags,
 }
 
 /// `IBV_RX_HASH_FUNC_TOEPLITZ`, the one RSS hash function.
@@ -86,6 +91,7 @@ impl<'a> QpInitAttr<'a> {
             sq_sig_all: false,
             srq: None,
             max_tso_header: 0,
+            create_flags: QpCreateFlags::empty(),
         }
     }
 }
@@ -177,6 +183,8 @@ pub(crate) struct QpShared {
     pub(crate) rss: Option<engine::raw::Rss>,
     /// Raw packet QPs: the largest TSO header (0: no TSO).
     pub(crate) max_tso_header: u32,
+    /// Raw packet QPs: what receives do to a frame.
+    pub(crate) rx_offloads: WqFlags,
     /// Handles on the QP (`ibv_open_qp` adds one to a target QP); destroyed with the last.
     pub(crate) handles: std::sync::atomic::AtomicU32,
     pub(crate) sq_sig_all: bool,
@@ -246,6 +254,15 @@ impl Drop for QpShared {
 
 /// The largest `max_tso_header` (a ConnectX inlines the header into the send WQE).
 const MAX_TSO_HEADER: u32 = 256;
+
+/// The receive offloads a raw packet QP's create flags ask for.
+fn rx_offloads(f: QpCreateFlags) -> WqFlags {
+    let mut rx = WqFlags::empty();
+    rx.set(WqFlags::SCATTER_FCS, f.contains(QpCreateFlags::SCATTER_FCS));
+    rx.set(WqFlags::CVLAN_STRIPPING, f.contains(QpCreateFlags::CVLAN_STRIPPING));
+    rx.set(WqFlags::PCI_WRITE_END_PADDING, f.contains(QpCreateFlags::PCI_WRITE_END_PADDING));
+    rx
+}
 
 /// Raw packet and RSS QPs need an Ethernet port (mlx5 refuses them on InfiniBand).
 fn raw_port(ctx: &ContextInner) -> Result<()> {
@@ -360,6 +377,7 @@ impl Qp {
             sq_sig_all: false,
             srq: None,
             max_tso_header: 0,
+            create_flags: QpCreateFlags::empty(),
         };
         Qp::create_in(&x.holder_pd, &init, Some(x), None)
     }
@@ -395,6 +413,12 @@ impl Qp {
             && (init.qp_type != QpType::RAW_PACKET || init.max_tso_header > MAX_TSO_HEADER)
         {
             return Err(einval("max_tso_header: raw packet QPs only, at most 256 bytes"));
+        }
+        let rx = rx_offloads(init.create_flags);
+        if !init.create_flags.is_empty()
+            && (init.qp_type != QpType::RAW_PACKET || !dev.attr.wq_flags().contains(rx))
+        {
+            return Err(Error::new(Errno::EOPNOTSUPP, "create flags: raw packet QPs only"));
         }
         let init = &init;
         for cq in [init.send_cq, init.recv_cq] {
@@ -460,6 +484,7 @@ impl Qp {
                 xrcd: xrcd.cloned(),
                 rss,
                 max_tso_header: init.max_tso_header,
+                rx_offloads: rx,
                 handles: std::sync::atomic::AtomicU32::new(1),
                 sq_sig_all: init.sq_sig_all,
                 cap,

@@ -47,6 +47,7 @@ pub fn new_qp(pd: &Pd, cq: &Cq, qp_type: QpType, depth: u32, sq_sig_all: bool) -
         sq_sig_all,
         srq: None,
         max_tso_header: 0,
+        create_flags: QpCreateFlags::empty(),
     };
     pd.create_qp(&attr).unwrap()
 }

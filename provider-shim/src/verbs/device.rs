@@ -303,7 +303,7 @@ pub(crate) unsafe extern "C" fn query_device_ex(
         // SAFETY: ibv_device_attr_ex is plain data; all-zero is valid.
         let mut ex: ibv_device_attr_ex = unsafe { std::mem::zeroed() };
         fill_device_attr(&a, &mut ex.orig_attr);
-        ex.device_cap_flags_ex = u64::from(ex.orig_attr.device_cap_flags);
+        ex.device_cap_flags_ex = u64::from(ex.orig_attr.device_cap_flags) | a.cap_flags_ex;
         ex.phys_port_cnt_ex = u32::from(ex.orig_attr.phys_port_cnt);
         ex.completion_timestamp_mask = a.completion_timestamp_mask;
         ex.hca_core_clock = a.hca_core_clock;

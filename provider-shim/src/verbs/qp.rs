@@ -4,8 +4,8 @@ use core::ffi::c_int;
 use std::ptr;
 
 use rdma_emu::{
-    AccessFlags, AhAttr, Gid, Mtu, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr,
-    SendFlags, SendWr, Sge, UdDest, WrOpcode,
+    AccessFlags, AhAttr, Gid, Mtu, QpAttr, QpAttrMask, QpCap, QpCreateFlags, QpInitAttr, QpState,
+    QpType, RecvWr, SendFlags, SendWr, Sge, UdDest, WrOpcode,
 };
 
 use crate::{
@@ -46,8 +46,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_create_qp(
                 &mut i.cap,
                 i.qp_type,
                 i.sq_sig_all,
-                0,
-                false,
+                ExOptions::default(),
             )
         }
     })
@@ -111,15 +110,20 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
             if i.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0 { i.send_ops_flags } else { 0 };
         let flags =
             if i.comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 { i.create_flags } else { 0 };
-        if i.comp_mask & !allowed != 0 || flags != 0 || ops & !supported_send_ops(i.qp_type) != 0 {
+        let create_flags = QpCreateFlags::from_bits(flags);
+        if i.comp_mask & !allowed != 0
+            || create_flags.is_none()
+            || ops & !supported_send_ops(i.qp_type) != 0
+        {
             set_errno(libc::EOPNOTSUPP);
             return ptr::null_mut();
         }
         let extended = i.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0;
         let rss = IBV_QP_INIT_ATTR_IND_TABLE | IBV_QP_INIT_ATTR_RX_HASH;
         if i.comp_mask & rss != 0 {
-            if i.comp_mask & rss != rss {
-                set_errno(libc::EINVAL); // an RSS QP needs both the table and the hash
+            if i.comp_mask & rss != rss || flags != 0 {
+                // An RSS QP needs both the table and the hash, and takes no create flags.
+                set_errno(libc::EINVAL);
                 return ptr::null_mut();
             }
             // SAFETY: forwarded pointers, checked inside.
@@ -131,6 +135,10 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
             0
         };
         if i.qp_type == QpType::XRC_RECV.0 {
+            if flags != 0 {
+                set_errno(libc::EOPNOTSUPP); // receive offloads are for raw packet QPs
+                return ptr::null_mut();
+            }
             // SAFETY: NULL or an XRC domain of this library.
             return unsafe { super::xrc::create_recv_qp(c, i.xrcd, i.qp_context, extended) };
         }
@@ -145,8 +153,11 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
                 &mut i.cap,
                 i.qp_type,
                 i.sq_sig_all,
-                tso,
-                extended,
+                ExOptions {
+                    max_tso_header: tso,
+                    create_flags: create_flags.unwrap_or_default(),
+                    extended,
+                },
             )
         }
     })
@@ -206,6 +217,15 @@ unsafe fn create_rss(i: &ibv_qp_init_attr_ex) -> *mut ibv_qp {
     qp
 }
 
+/// What `ibv_create_qp_ex` adds to `ibv_create_qp`.
+#[derive(Debug, Default, Clone, Copy)]
+struct ExOptions {
+    max_tso_header: u32,
+    create_flags: QpCreateFlags,
+    /// Made by `ibv_create_qp_ex` with send ops flags: the `ibv_qp_ex` slots are filled.
+    extended: bool,
+}
+
 #[allow(clippy::too_many_arguments)]
 unsafe fn create(
     pd: *mut ibv_pd,
@@ -216,8 +236,7 @@ unsafe fn create(
     cap: &mut ibv_qp_cap,
     qp_type: u32,
     sq_sig_all: c_int,
-    max_tso_header: u32,
-    extended: bool,
+    ex: ExOptions,
 ) -> *mut ibv_qp {
     // An XRC initiator has no receive side: its receive CQ and SRQ are ignored (the kernel
     // uses the send CQ), so they may be NULL.
@@ -257,7 +276,8 @@ unsafe fn create(
         },
         sq_sig_all: sq_sig_all != 0,
         srq: srq.map(|s| &s.emu),
-        max_tso_header,
+        max_tso_header: ex.max_tso_header,
+        create_flags: ex.create_flags,
     };
     let emu = match p.emu.create_qp(&attr) {
         Ok(q) => q,
@@ -266,7 +286,7 @@ unsafe fn create(
     *cap = cap_to_c(&emu.cap());
     let recv_cq = if xrc_send { ptr::null_mut() } else { recv_cq };
     let parts = QpParts { context: p.pd.context, qp_context, pd, send_cq, recv_cq, srq: srq_raw };
-    wrap(parts, emu, extended)
+    wrap(parts, emu, ex.extended)
 }
 
 /// The C-visible objects an `ibv_qp` names.

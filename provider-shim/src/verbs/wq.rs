@@ -7,8 +7,8 @@ use core::ffi::c_int;
 use std::ptr;
 
 use rdma_emu::{
-    EthFilter, FlowAttr, FlowSpec, FlowType, Ipv4ExtFilter, Ipv6Filter, PortFilter, WqInitAttr,
-    WqState,
+    EthFilter, FlowAttr, FlowSpec, FlowType, Ipv4ExtFilter, Ipv6Filter, PortFilter, WqFlags,
+    WqInitAttr, WqState,
 };
 
 use crate::{
@@ -43,8 +43,8 @@ const IBV_WQ_ATTR_FLAGS: u32 = 4;
 
 /// The `create_wq` slot: `ibv_create_wq(context, wq_init_attr)`. A receive WQ in RESET;
 /// `max_wr` and `max_sge` are left as asked (mlx5 writes nothing back). `EINVAL` for another
-/// WQ type, unknown `comp_mask` bits, or a PD or CQ of another context; `EOPNOTSUPP` for
-/// creation flags (no stripping, FCS scatter, delay drop or padding here).
+/// WQ type, unknown `comp_mask` bits, or a PD or CQ of another context; `EOPNOTSUPP` for an
+/// unknown creation flag (see `rdma_emu::WqFlags` for the offloads).
 pub(crate) unsafe extern "C" fn create_wq(
     c: *mut ibv_context,
     init: *mut ibv_wq_init_attr,
@@ -59,10 +59,11 @@ pub(crate) unsafe extern "C" fn create_wq(
             set_errno(libc::EINVAL);
             return ptr::null_mut();
         }
-        if i.comp_mask & IBV_WQ_INIT_ATTR_FLAGS != 0 && i.create_flags != 0 {
+        let flags = if i.comp_mask & IBV_WQ_INIT_ATTR_FLAGS != 0 { i.create_flags } else { 0 };
+        let Some(flags) = WqFlags::from_bits(flags) else {
             set_errno(libc::EOPNOTSUPP);
             return ptr::null_mut();
-        }
+        };
         // SAFETY: NULL or live objects (checked against the registry).
         let (Some(p), Some(cq)) =
             (unsafe { obj::<_, ShimPd>(i.pd) }, unsafe { obj::<_, ShimCq>(i.cq) })
@@ -74,7 +75,7 @@ pub(crate) unsafe extern "C" fn create_wq(
             set_errno(libc::EINVAL);
             return ptr::null_mut();
         }
-        let attr = WqInitAttr { max_wr: i.max_wr, max_sge: i.max_sge, cq: &cq.emu };
+        let attr = WqInitAttr { flags, ..WqInitAttr::new(i.max_wr, i.max_sge, &cq.emu) };
         let emu = match p.emu.create_wq(&attr) {
             Ok(w) => w,
             Err(e) => return null_with(e),
@@ -101,8 +102,9 @@ pub(crate) unsafe extern "C" fn create_wq(
 }
 
 /// The `modify_wq` slot: `ibv_modify_wq(wq, attr)`. `IBV_WQ_ATTR_STATE` moves the WQ (see
-/// `rdma_emu::Wq::modify`), `IBV_WQ_ATTR_CURR_STATE` must name its state; `EOPNOTSUPP` for
-/// `IBV_WQ_ATTR_FLAGS`, `EINVAL` for unknown bits.
+/// `rdma_emu::Wq::modify`), `IBV_WQ_ATTR_CURR_STATE` must name its state, `IBV_WQ_ATTR_FLAGS`
+/// turns C-VLAN stripping on or off (`EOPNOTSUPP` for another flag in `flags_mask`, as
+/// mlx5 for end padding); `EINVAL` for unknown bits.
 pub(crate) unsafe extern "C" fn modify_wq(wq: *mut ibv_wq, attr: *mut ibv_wq_attr) -> c_int {
     ffi!(libc::EIO, {
         // SAFETY: NULL or a live WQ; `attr` NULL or valid.
@@ -112,24 +114,26 @@ pub(crate) unsafe extern "C" fn modify_wq(wq: *mut ibv_wq, attr: *mut ibv_wq_att
         if a.attr_mask & !(IBV_WQ_ATTR_STATE | IBV_WQ_ATTR_CURR_STATE | IBV_WQ_ATTR_FLAGS) != 0 {
             return libc::EINVAL;
         }
-        if a.attr_mask & IBV_WQ_ATTR_FLAGS != 0 {
+        let flags = (a.attr_mask & IBV_WQ_ATTR_FLAGS != 0)
+            .then(|| (WqFlags::from_bits_retain(a.flags), WqFlags::from_bits_retain(a.flags_mask)));
+        // Checked before anything changes: only C-VLAN stripping changes on a live WQ.
+        if flags.is_some_and(|(_, mask)| !WqFlags::CVLAN_STRIPPING.contains(mask)) {
             return libc::EOPNOTSUPP;
         }
         let cur = (a.attr_mask & IBV_WQ_ATTR_CURR_STATE != 0).then_some(WqState(a.curr_wq_state));
-        let next = if a.attr_mask & IBV_WQ_ATTR_STATE != 0 {
-            WqState(a.wq_state)
+        if a.attr_mask & IBV_WQ_ATTR_STATE != 0 {
+            let next = WqState(a.wq_state);
+            if let Err(e) = s.emu.modify(next, cur) {
+                return e.errno().raw();
+            }
+            // SAFETY: the WQ is live; C reads `state` (libibverbs keeps it current).
+            unsafe { (*wq).state = next.0 };
         } else if cur.is_some_and(|c| c != s.emu.state()) {
             return libc::EINVAL;
-        } else {
-            return 0;
-        };
-        match s.emu.modify(next, cur) {
-            Ok(()) => {
-                // SAFETY: the WQ is live; C reads `state` (libibverbs keeps it current).
-                unsafe { (*wq).state = next.0 };
-                0
-            }
-            Err(e) => e.errno().raw(),
+        }
+        match flags.map(|(f, mask)| s.emu.modify_flags(f, mask)) {
+            Some(Err(e)) => e.errno().raw(),
+            _ => 0,
         }
     })
 }

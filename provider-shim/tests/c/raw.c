@@ -89,15 +89,22 @@ static struct rule mac_rule(uint16_t dport, uint16_t priority)
 	return r;
 }
 
-static void post_frame(struct side *s, struct ibv_qp *qp, int len, uint64_t id)
+static void post_frame_flags(struct side *s, struct ibv_qp *qp, int len, uint64_t id,
+			     unsigned int flags)
 {
 	struct ibv_sge sge = { .addr = (uintptr_t)s->buf, .length = len, .lkey = s->mr->lkey };
 	struct ibv_send_wr w = { .wr_id = id, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND,
-				 .send_flags = IBV_SEND_SIGNALED | IBV_SEND_IP_CSUM };
+				 .send_flags = IBV_SEND_SIGNALED | flags };
 	struct ibv_send_wr *bad;
 	CHECK(ibv_post_send(qp, &w, &bad) == 0);
 	struct ibv_wc wc = wait_wc(s->cq);
 	CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == id && wc.opcode == IBV_WC_SEND);
+}
+
+/* Sends the frame at the start of s->buf, the NIC filling in its checksums. */
+static void post_frame(struct side *s, struct ibv_qp *qp, int len, uint64_t id)
+{
+	post_frame_flags(s, qp, len, id, IBV_SEND_IP_CSUM);
 }
 
 static void post_recv_at(struct side *s, struct ibv_qp *qp, int off, uint64_t id)
@@ -128,6 +135,144 @@ static void wq_recv(struct side *s, struct ibv_wq *wq, int off, int len, uint64_
 	CHECK(ibv_post_wq_recv(wq, &w, &bad) == 0);
 }
 
+/* IEEE 802.3's CRC-32 of a frame, as the FCS after it carries it (least significant byte
+ * first). */
+static uint32_t crc32(const uint8_t *p, int n)
+{
+	uint32_t c = ~0u;
+	for (int i = 0; i < n; i++) {
+		c ^= p[i];
+		for (int k = 0; k < 8; k++)
+			c = c & 1 ? (c >> 1) ^ 0xedb88320u : c >> 1;
+	}
+	return ~c;
+}
+
+/* Receive offloads: a WQ that strips the C-VLAN tag (its TCI read through
+ * ibv_wc_read_cvlan) and scatters the FCS, stripping switched off by ibv_modify_wq; a raw
+ * packet QP created with IBV_QP_CREATE_SCATTER_FCS; the errors around them. */
+static void offloads(struct side *a, struct side *b, struct ibv_qp *tx)
+{
+	struct ibv_device_attr_ex d;
+	CHECK(ibv_query_device_ex(b->ctx, NULL, &d) == 0);
+	CHECK(d.raw_packet_caps & IBV_RAW_PACKET_CAP_CVLAN_STRIPPING);
+	CHECK(d.raw_packet_caps & IBV_RAW_PACKET_CAP_SCATTER_FCS);
+	CHECK(d.raw_packet_caps & IBV_RAW_PACKET_CAP_DELAY_DROP);
+	CHECK(d.device_cap_flags_ex & IBV_DEVICE_RAW_SCATTER_FCS);
+	CHECK(d.device_cap_flags_ex & IBV_DEVICE_PCI_WRITE_END_PADDING);
+
+	struct ibv_cq_init_attr_ex ci = { .cqe = 16, .wc_flags = IBV_WC_STANDARD_FLAGS |
+							       IBV_WC_EX_WITH_CVLAN };
+	struct ibv_cq_ex *cq;
+	CHECK(cq = ibv_create_cq_ex(b->ctx, &ci));
+	struct ibv_wq_init_attr wi = { .wq_type = IBV_WQT_RQ, .max_wr = 4, .max_sge = 1,
+				       .pd = b->pd, .cq = ibv_cq_ex_to_cq(cq),
+				       .comp_mask = IBV_WQ_INIT_ATTR_FLAGS,
+				       .create_flags = IBV_WQ_FLAGS_RESERVED };
+	errno = 0;
+	CHECK(ibv_create_wq(b->ctx, &wi) == NULL && errno == EOPNOTSUPP);
+	wi.create_flags = IBV_WQ_FLAGS_CVLAN_STRIPPING | IBV_WQ_FLAGS_SCATTER_FCS;
+	struct ibv_wq *wq;
+	CHECK(wq = ibv_create_wq(b->ctx, &wi));
+	struct ibv_wq_attr wa = { .attr_mask = IBV_WQ_ATTR_STATE, .wq_state = IBV_WQS_RDY };
+	CHECK(ibv_modify_wq(wq, &wa) == 0);
+	struct ibv_rwq_ind_table_init_attr ti = { .log_ind_tbl_size = 0, .ind_tbl = &wq };
+	struct ibv_rwq_ind_table *t;
+	CHECK(t = ibv_create_rwq_ind_table(b->ctx, &ti));
+	struct ibv_qp_init_attr_ex ri = {
+		.qp_type = IBV_QPT_RAW_PACKET,
+		.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_IND_TABLE |
+			     IBV_QP_INIT_ATTR_RX_HASH | IBV_QP_INIT_ATTR_CREATE_FLAGS,
+		.pd = b->pd,
+		.rwq_ind_tbl = t,
+		.rx_hash_conf = { .rx_hash_function = IBV_RX_HASH_FUNC_TOEPLITZ,
+				  .rx_hash_key_len = 40, .rx_hash_key = KEY },
+		.create_flags = IBV_QP_CREATE_SCATTER_FCS,
+	};
+	errno = 0;
+	CHECK(ibv_create_qp_ex(b->ctx, &ri) == NULL && errno == EINVAL); /* RSS: no flags */
+	ri.comp_mask &= ~IBV_QP_INIT_ATTR_CREATE_FLAGS;
+	struct ibv_qp *rss;
+	CHECK(rss = ibv_create_qp_ex(b->ctx, &ri));
+	struct rule r = mac_rule(0, 0);
+	struct ibv_flow *flow;
+	CHECK(flow = ibv_create_flow(rss, (struct ibv_flow_attr *)&r));
+
+	/* A frame tagged PCP 5, VID 100, sent as it is. */
+	uint8_t s1[4] = { 10, 0, 0, 1 }, s2[4] = { 10, 0, 0, 2 };
+	char plain[128];
+	int len = frame(plain, s1, 1, s2, 2, 30);
+	memcpy(a->buf, plain, 12);
+	memcpy(a->buf + 12, "\x81\x00\xa0\x64", 4);
+	memcpy(a->buf + 16, plain + 12, len - 12);
+	uint8_t fcs[4];
+	uint32_t c = crc32((uint8_t *)a->buf, len + 4);
+	for (int i = 0; i < 4; i++)
+		fcs[i] = (uint8_t)(c >> (8 * i));
+	for (int i = 0; i < 2; i++)
+		wq_recv(b, wq, 256 * i, 256, 60 + i);
+	post_frame_flags(a, tx, len + 4, 60, 0);
+	struct ibv_poll_cq_attr pa = { 0 };
+	while (ibv_start_poll(cq, &pa) == ENOENT)
+		;
+	CHECK(cq->status == IBV_WC_SUCCESS && cq->wr_id == 60);
+	CHECK(ibv_wc_read_byte_len(cq) == (uint32_t)len + 4); /* the tag out, the FCS in */
+	CHECK(ibv_wc_read_cvlan(cq) == 0xa064 && ibv_wc_read_qp_num(cq) == wq->wq_num);
+	ibv_end_poll(cq);
+	CHECK(memcmp(b->buf, plain, len) == 0 && memcmp(b->buf + len, fcs, 4) == 0);
+
+	/* Stripping off: the next frame keeps its tag. */
+	wa.attr_mask = IBV_WQ_ATTR_FLAGS;
+	wa.flags = 0;
+	wa.flags_mask = IBV_WQ_FLAGS_SCATTER_FCS;
+	CHECK(ibv_modify_wq(wq, &wa) == EOPNOTSUPP); /* fixed at creation */
+	wa.flags_mask = IBV_WQ_FLAGS_RESERVED;
+	CHECK(ibv_modify_wq(wq, &wa) == EOPNOTSUPP);
+	wa.flags_mask = IBV_WQ_FLAGS_CVLAN_STRIPPING;
+	CHECK(ibv_modify_wq(wq, &wa) == 0);
+	post_frame_flags(a, tx, len + 4, 61, 0);
+	while (ibv_start_poll(cq, &pa) == ENOENT)
+		;
+	CHECK(cq->status == IBV_WC_SUCCESS && cq->wr_id == 61);
+	CHECK(ibv_wc_read_byte_len(cq) == (uint32_t)len + 8 && ibv_wc_read_cvlan(cq) == 0);
+	ibv_end_poll(cq);
+	CHECK(memcmp(b->buf + 256, a->buf, len + 4) == 0 && memcmp(b->buf + 256 + len + 4, fcs, 4) == 0);
+	CHECK(ibv_destroy_flow(flow) == 0);
+	CHECK(ibv_destroy_qp(rss) == 0);
+	CHECK(ibv_destroy_rwq_ind_table(t) == 0);
+	CHECK(ibv_destroy_wq(wq) == 0);
+	CHECK(ibv_destroy_cq(ibv_cq_ex_to_cq(cq)) == 0);
+
+	/* Create flags: receive offloads of raw packet QPs only. */
+	struct ibv_qp_init_attr_ex qi = {
+		.send_cq = b->cq,
+		.recv_cq = b->cq,
+		.cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1 },
+		.qp_type = IBV_QPT_RC,
+		.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS,
+		.pd = b->pd,
+		.create_flags = IBV_QP_CREATE_SCATTER_FCS,
+	};
+	errno = 0;
+	CHECK(ibv_create_qp_ex(b->ctx, &qi) == NULL && errno == EOPNOTSUPP);
+	qi.qp_type = IBV_QPT_RAW_PACKET;
+	qi.create_flags = IBV_QP_CREATE_SOURCE_QPN;
+	errno = 0;
+	CHECK(ibv_create_qp_ex(b->ctx, &qi) == NULL && errno == EOPNOTSUPP);
+	qi.create_flags = IBV_QP_CREATE_SCATTER_FCS;
+	struct ibv_qp *rx;
+	CHECK(rx = ibv_create_qp_ex(b->ctx, &qi));
+	to_rts(rx);
+	CHECK(flow = ibv_create_flow(rx, (struct ibv_flow_attr *)&r));
+	post_recv_at(b, rx, 0, 62);
+	post_frame_flags(a, tx, len + 4, 62, 0);
+	struct ibv_wc wc = wait_wc(b->cq);
+	CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 62 && (int)wc.byte_len == len + 8);
+	CHECK(memcmp(b->buf, a->buf, len + 4) == 0 && memcmp(b->buf + len + 4, fcs, 4) == 0);
+	CHECK(ibv_destroy_flow(flow) == 0);
+	CHECK(ibv_destroy_qp(rx) == 0);
+}
+
 int main(void)
 {
 	struct side a = { 0 }, b = { 0 };
@@ -151,6 +296,10 @@ int main(void)
 		CHECK(ibv_create_wq(b.ctx, &wq_init) == NULL && errno == EOPNOTSUPP);
 		errno = 0;
 		CHECK(raw_qp(&b, 0) == NULL && errno == EOPNOTSUPP);
+		CHECK(d.raw_packet_caps == 0 && !(d.device_cap_flags_ex & IBV_DEVICE_RAW_SCATTER_FCS));
+		struct ibv_cq_init_attr_ex ci = { .cqe = 4, .wc_flags = IBV_WC_EX_WITH_CVLAN };
+		errno = 0;
+		CHECK(ibv_create_cq_ex(b.ctx, &ci) == NULL && errno == EOPNOTSUPP); /* as rxe */
 		printf("raw ok\n");
 		return 0;
 	}
@@ -355,6 +504,7 @@ int main(void)
 		CHECK(ibv_destroy_wq(wqs[i]) == 0);
 		CHECK(ibv_destroy_cq(cqs[i]) == 0);
 	}
+	offloads(&a, &b, tx);
 	CHECK(ibv_destroy_qp(tx) == 0);
 	printf("raw ok\n");
 	return 0;
