@@ -353,3 +353,96 @@ fn multicast_reaches_the_members_in_every_process() {
     assert_eq!(r.byte_len, 50, "b's next datagram is the one sent to it alone");
     assert_empty(&b.cq);
 }
+
+/// A process's view of the XRC domain behind one file: a context on the second device, the
+/// domain opened from the file, and memory for receives.
+struct XrcSide {
+    ctx: Context,
+    pd: Pd,
+    cq: Cq,
+    xrcd: Xrcd,
+    mr: Mr,
+}
+
+fn xrc_side(f: &Fabric, file: FileId) -> XrcSide {
+    let ctx = f.devices()[1].open().unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(64, None, 0).unwrap();
+    let xrcd = ctx.open_xrcd(Some(file), xrcd_oflags::CREAT).unwrap();
+    let mr = pd.reg_mr(4096, ALL_ACCESS).unwrap();
+    XrcSide { ctx, pd, cq, xrcd, mr }
+}
+
+fn xrc_srq(s: &XrcSide, xrcd: &Xrcd) -> (Srq, u32) {
+    let srq = xrcd.create_srq(&s.pd, &s.cq, &SrqAttr { max_wr: 8, max_sge: 1, srq_limit: 0 });
+    let srq = srq.unwrap();
+    let n = srq.srq_num().unwrap();
+    (srq, n)
+}
+
+#[test]
+fn an_xrc_domain_opened_from_one_file_spans_processes() {
+    let dir = HostDir::new();
+    let (fa, fb, fc) =
+        (dir.fabric(Profile::Full), dir.fabric(Profile::Full), dir.fabric(Profile::Full));
+    let file: FileId = (0xfd00, 4242);
+    let a = node_on(&fa.devices()[0], 4096);
+    // The target QP lives in "process" b, the SRQ in "process" c; both opened the file.
+    let (b, c) = (xrc_side(&fb, file), xrc_side(&fc, file));
+    let (srq_c, n_c) = xrc_srq(&c, &c.xrcd);
+    let (srq_b, n_b) = xrc_srq(&b, &b.xrcd);
+    let p = RcParams { rnr_retry: 7, min_rnr_timer: 1, ..RcParams::default() };
+    let pair = || {
+        let ini = new_qp(&a.pd, &a.cq, QpType::XRC_SEND, 16, false);
+        let tgt = b.xrcd.create_recv_qp().unwrap();
+        connect(&ini, &tgt, &p, &p);
+        (ini, tgt)
+    };
+    let (ini, tgt) = pair();
+    let recv = |s: &Srq, side: &XrcSide, id: u64, len: usize| {
+        let sg = [sge(&side.mr, 64 * id as usize, len)];
+        s.post_recv(&RecvWr { wr_id: id, sg_list: &sg }).unwrap();
+    };
+
+    // No receive posted yet: RNR NAKs until there is one, then the SEND lands in c's SRQ with
+    // b's target QP number, and a SEND behind it to b's own SRQ follows in order.
+    a.mr.write(0, b"across!!").unwrap();
+    let sg = [sge(&a.mr, 0, 8)];
+    let send = |id, srqn, imm| SendWr::send(id, &sg).with_imm(imm).to_srq(srqn);
+    ini.post_send(&send(1, n_c, 11).signaled()).unwrap();
+    ini.post_send(&send(2, n_b, 22).signaled()).unwrap();
+    recv(&srq_b, &b, 1, 64);
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert_empty(&b.cq); // the second SEND waits behind the first
+    recv(&srq_c, &c, 1, 64);
+    let r = wait1(&c.cq);
+    assert_eq!((r.wr_id, r.status, r.byte_len, r.imm_data), (1, WcStatus::SUCCESS, 8, 11));
+    assert_eq!((r.qp_num, r.opcode), (tgt.qp_num(), WcOpcode::RECV));
+    assert!(r.wc_flags.contains(WcFlags::WITH_IMM));
+    let mut got = [0u8; 8];
+    c.mr.read(64, &mut got).unwrap();
+    assert_eq!(&got, b"across!!");
+    let r = wait1(&b.cq);
+    assert_eq!((r.wr_id, r.status, r.imm_data, r.qp_num), (1, WcStatus::SUCCESS, 22, tgt.qp_num()));
+    let s: Vec<_> = wait_n(&a.cq, 2).iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(s, vec![(1, WcStatus::SUCCESS), (2, WcStatus::SUCCESS)]);
+
+    // A receive too small: LOC_LEN_ERR in c, an invalid request for the sender, and the target
+    // QP in b goes to ERR.
+    recv(&srq_c, &c, 2, 4);
+    ini.post_send(&send(3, n_c, 0).signaled()).unwrap();
+    assert_eq!(wait1(&a.cq).status, WcStatus::REM_INV_REQ_ERR);
+    let r = wait1(&c.cq);
+    assert_eq!((r.wr_id, r.status, r.qp_num), (2, WcStatus::LOC_LEN_ERR, tgt.qp_num()));
+    assert_eq!(tgt.state(), QpState::ERR);
+
+    // An SRQ of c outside the file's domain is not the target's to reach.
+    let private = c.ctx.open_xrcd(None, xrcd_oflags::CREAT).unwrap();
+    let (srq_p, n_p) = xrc_srq(&c, &private);
+    recv(&srq_p, &c, 3, 64);
+    let (ini, tgt) = pair();
+    ini.post_send(&send(4, n_p, 0).signaled()).unwrap();
+    assert_eq!(wait1(&a.cq).status, WcStatus::REM_ACCESS_ERR);
+    assert_eq!(tgt.state(), QpState::ERR);
+    assert_empty(&c.cq);
+}

@@ -176,6 +176,31 @@ fn xsrq(prog: &str, extra: &[&str]) {
     assert!(out.lines().any(|l| l == "success"), "{prog} {args:?}: {out}");
 }
 
+/// `ibv_xsrq_pingpong -c 3`: one server, three client processes. Every process opens
+/// `/tmp/xrc_domain`, so all four hold one XRC domain, and the server sends to each client
+/// round robin over the other clients' connections: a target QP in one client process
+/// delivers into another client's SRQ.
+#[test]
+fn xsrq_pingpong_with_three_clients_shares_the_xrc_domain_between_processes() {
+    let (fabric, port) = (Fabric::new(), free_port());
+    let args = ["-n", "20"];
+    let server_args = ["-n", "20", "-c", "3"];
+    let server = start_server(&fabric, "full", "ibv_xsrq_pingpong", &server_args, port);
+    let clients: Vec<Child> = (0..3)
+        .map(|_| {
+            let mut c = program(&fabric, "full", "ibv_xsrq_pingpong", &args, port);
+            c.arg("localhost").spawn().unwrap()
+        })
+        .collect();
+    for (i, c) in clients.into_iter().enumerate() {
+        let (ok, out) = finish(c, Duration::from_secs(60), "client");
+        assert!(ok && out.lines().any(|l| l == "success"), "client {i}: {out}");
+    }
+    let (ok, out) = finish(server, Duration::from_secs(20), "server");
+    assert!(ok && out.lines().any(|l| l == "success"), "server: {out}");
+    assert_eq!(out.matches("remote:").count(), 3, "{out}");
+}
+
 #[test]
 fn xsrq_pingpong_on_the_rxe_profile_fails_cleanly_without_xrc() {
     let (fabric, port) = (Fabric::new(), free_port());

@@ -19,6 +19,7 @@ pub(crate) mod responder;
 pub(crate) mod sgl;
 #[cfg(test)]
 pub(crate) mod testkit;
+pub(crate) mod xrc;
 
 use std::sync::Arc;
 
@@ -156,7 +157,7 @@ impl<'f> Driver<'f> {
     }
 
     /// Puts `pkt` on the wire to its destination.
-    fn transmit(&mut self, route: &mut Route, pkt: Packet) {
+    pub(crate) fn transmit(&mut self, route: &mut Route, pkt: Packet) {
         // A packet leaving or reaching a port that is down is lost on the wire.
         let f = self.fabric;
         if !f.port_up(pkt.src_dev, pkt.src_port) || !f.port_up(pkt.dst_dev, pkt.dst_port) {
@@ -279,7 +280,7 @@ pub(crate) fn step(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>) {
         std::mem::swap(&mut *qp.inbox.lock(), &mut g.batch);
         let had = !g.batch.is_empty();
         while let Some(pkt) = g.batch.pop_front() {
-            if pkt.kind.is_request() {
+            if pkt.kind.is_request() || pkt.kind == Kind::XrcResult {
                 responder::receive(qp, g, pkt, drv);
             } else {
                 completer::receive(qp, g, pkt, drv);

@@ -30,6 +30,14 @@ pub(crate) enum Kind {
     AtomicAck,
     /// An Ethernet frame of a raw packet QP (the payload is the whole frame).
     Raw,
+    /// Between processes, never on a wire: a SEND an XRC target QP took for an XRC SRQ of
+    /// another process in the same (file-shared) domain, handed to that process to place
+    /// (see `engine::xrc`). `xrc_srqn` and `dst_qpn` name the SRQ, `src_*` the target QP,
+    /// `va` / `compare` the domain's file (device, inode).
+    XrcDeliver,
+    /// The answer to an `XrcDeliver`, to the target QP: its `syndrome` is what the target QP
+    /// tells the requester.
+    XrcResult,
 }
 
 impl Kind {

@@ -57,6 +57,11 @@ pub(crate) struct Responder {
     /// XRC target QP: the SRQ the request being handled names (its PD checks keys, its CQ
     /// takes the completion).
     pub(crate) xrc: Option<Arc<SrqInner>>,
+    /// XRC target QP: the SEND handed to another process's SRQ (see `engine::xrc`), whose
+    /// answer is awaited; its payload is not kept.
+    pub(crate) forwarded: Option<Box<Packet>>,
+    /// Requests that came while one was forwarded, in order.
+    pub(crate) held: VecDeque<Packet>,
 }
 
 /// Validates and queues a receive WQE (rxe provider semantics).
@@ -92,10 +97,19 @@ pub(crate) fn receive(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mu
         super::raw::receive(qp, g, pkt);
         return;
     }
+    if pkt.kind == Kind::XrcResult {
+        super::xrc::result(qp, g, &pkt, drv);
+        return;
+    }
     // Requests to a QP that is not at least RTR (or is in ERR) are dropped, as on the wire.
     if !matches!(g.state, QpState::RTR | QpState::RTS | QpState::SQD | QpState::SQE)
         || pkt.dst_port != g.attr.port_num
     {
+        return;
+    }
+    if g.resp.forwarded.is_some() {
+        // Requests are executed in order: the rest waits for the forwarded SEND's answer.
+        g.resp.held.push_back(pkt);
         return;
     }
     // IBA 11.6.3: the first packet to arrive at a connected QP still in RTR establishes the
@@ -137,7 +151,13 @@ pub(crate) fn receive(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mu
         // XRCETH: the SRQ must exist in the target QP's domain.
         g.resp.xrc = xrcd.srq(pkt.xrc_srqn);
         if g.resp.xrc.is_none() {
-            if d == 0 {
+            if super::xrc::elsewhere(qp, xrcd, &pkt) {
+                match d {
+                    0 if pkt.kind == Kind::Send => super::xrc::forward(qp, g, pkt, drv),
+                    0 => fail(qp, g, &pkt, NakCode::RemoteAccessError, None, drv),
+                    _ => duplicate(qp, g, &pkt, drv),
+                }
+            } else if d == 0 {
                 fail(qp, g, &pkt, NakCode::RemoteAccessError, None, drv);
             }
             return;
@@ -282,7 +302,7 @@ fn key_pd(qp: &QpShared, g: &QpInner) -> Arc<PdInner> {
     g.resp.xrc.as_ref().map_or_else(|| qp.pd.clone(), |s| s.pd.clone())
 }
 
-fn ack(qp: &QpShared, g: &mut QpInner, pkt: &Packet, drv: &mut Driver<'_>) {
+pub(super) fn ack(qp: &QpShared, g: &mut QpInner, pkt: &Packet, drv: &mut Driver<'_>) {
     advance(g, pkt);
     if !reliable(qp) {
         return;
@@ -294,7 +314,7 @@ fn ack(qp: &QpShared, g: &mut QpInner, pkt: &Packet, drv: &mut Driver<'_>) {
 
 /// An error the responder detects (IBA 9.7.5.2): NAK the request, complete the receive WQE it
 /// consumed (if any) with its status, move the QP to ERR, and raise the affiliated event.
-fn fail(
+pub(super) fn fail(
     qp: &Arc<QpShared>,
     g: &mut QpInner,
     pkt: &Packet,
@@ -360,7 +380,7 @@ pub(crate) fn done_recv(g: &mut QpInner, r: Recv) {
     }
 }
 
-fn rnr(qp: &QpShared, g: &mut QpInner, pkt: &Packet, drv: &mut Driver<'_>) {
+pub(super) fn rnr(qp: &QpShared, g: &mut QpInner, pkt: &Packet, drv: &mut Driver<'_>) {
     if !reliable(qp) {
         return; // UC: no receive posted, the message is dropped
     }
@@ -369,10 +389,10 @@ fn rnr(qp: &QpShared, g: &mut QpInner, pkt: &Packet, drv: &mut Driver<'_>) {
     drv.send(&mut g.route, r);
 }
 
-/// The flags a receive completion carries.
-fn recv_flags(g: &QpInner, pkt: &Packet) -> WcFlags {
+/// The flags a receive completion of `pkt` carries on a RoCE port or not.
+pub(super) fn recv_flags(roce: bool, pkt: &Packet) -> WcFlags {
     let mut f = WcFlags::empty();
-    if g.port.roce {
+    if roce {
         f |= WcFlags::GRH;
     }
     if pkt.imm.is_some() {
@@ -385,7 +405,7 @@ fn recv_flags(g: &QpInner, pkt: &Packet) -> WcFlags {
 }
 
 fn complete_recv(qp: &Arc<QpShared>, g: &mut QpInner, pkt: &Packet, opcode: WcOpcode, wr_id: u64) {
-    let mut w = wc_ok(qp, wr_id, opcode, pkt.len, recv_flags(g, pkt));
+    let mut w = wc_ok(qp, wr_id, opcode, pkt.len, recv_flags(g.port.roce, pkt));
     // `imm_data` and `invalidated_rkey` share the completion's union.
     w.imm_data = pkt.imm.or(pkt.inv).unwrap_or(0);
     w.slid = pkt.src_lid;

@@ -39,7 +39,10 @@ use super::{
     wire::{Control, Message, encode_control},
 };
 use crate::{
-    engine::{self, Driver, packet::Packet},
+    engine::{
+        self, Driver,
+        packet::{Kind, Packet},
+    },
     error::{Errno, Error},
     types::{EventType, QpState, QpType},
 };
@@ -416,6 +419,8 @@ fn receive(inbound: &Inbound, rx: &mut Rx, fabric: &FabricInner) -> bool {
     let mut ready: Vec<Arc<crate::qp::QpShared>> = Vec::new();
     // Datagrams to a multicast group, for the members here.
     let mut multicast = Vec::new();
+    // SENDs for XRC SRQs here, from target QPs in other processes.
+    let mut xrc = Vec::new();
     loop {
         let n = match sock.recv(&mut rx.buf) {
             Ok(n) => n,
@@ -444,6 +449,10 @@ fn receive(inbound: &Inbound, rx: &mut Rx, fabric: &FabricInner) -> bool {
             multicast.push(pkt);
             continue;
         }
+        if pkt.kind == Kind::XrcDeliver {
+            xrc.push(pkt);
+            continue;
+        }
         if !fabric.port_up(pkt.dst_dev, pkt.dst_port) {
             continue;
         }
@@ -453,7 +462,7 @@ fn receive(inbound: &Inbound, rx: &mut Rx, fabric: &FabricInner) -> bool {
             ready.push(qp);
         }
     }
-    let delivered = !ready.is_empty() || !multicast.is_empty();
+    let delivered = !ready.is_empty() || !multicast.is_empty() || !xrc.is_empty();
     let mut drv = Driver::new(fabric);
     for qp in ready {
         let mut g = qp.inner.lock();
@@ -461,6 +470,9 @@ fn receive(inbound: &Inbound, rx: &mut Rx, fabric: &FabricInner) -> bool {
     }
     for pkt in &multicast {
         engine::fan_out(fabric, pkt, &mut drv);
+    }
+    for pkt in xrc {
+        engine::xrc::deliver(fabric, pkt, &mut drv);
     }
     drv.finish();
     delivered

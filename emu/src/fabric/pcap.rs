@@ -255,6 +255,7 @@ fn headers(pkt: &Packet, prefix: u8, place: Place, psn: u32, data_len: usize) ->
         Kind::Ack => (op::ACK, false, false, false, true),
         Kind::AtomicAck => (op::ATOMIC_ACK, false, false, false, true),
         Kind::Raw => unreachable!("raw frames are written as they are"),
+        Kind::XrcDeliver | Kind::XrcResult => unreachable!("never on a wire, never traced"),
     };
     let ud = prefix == 0x60;
     let pad = ((4 - data_len % 4) % 4) as u8;

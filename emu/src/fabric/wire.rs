@@ -77,6 +77,8 @@ pub(crate) fn encode(pkt: &Packet, out: &mut Vec<u8>) -> Result<(), MemFault> {
         Kind::AtomicAck => 7,
         Kind::AtomicWrite => 8,
         Kind::Raw => 9,
+        Kind::XrcDeliver => 10,
+        Kind::XrcResult => 11,
     };
     let (syn, syn_arg) = match pkt.syndrome {
         Syndrome::Ack => (0, 0),
@@ -161,6 +163,8 @@ pub(crate) fn decode(bytes: &[u8]) -> Option<Packet> {
         7 => Kind::AtomicAck,
         8 => Kind::AtomicWrite,
         9 => Kind::Raw,
+        10 => Kind::XrcDeliver,
+        11 => Kind::XrcResult,
         _ => return None,
     };
     let mut p = Packet::new(kind);

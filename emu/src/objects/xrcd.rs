@@ -2,9 +2,9 @@
 //! incoming requests (IBA 11.2.6.1, Annex A14).
 //!
 //! Opening the same file (its inode) again yields the same domain, as the kernel's per-device
-//! inode table does; a domain opened without a file is private. Sharing is per process: two
-//! processes that open one file get a domain each, which is all XRC across processes needs when
-//! every target QP lives with its SRQs.
+//! inode table does; a domain opened without a file is private. Two processes of a host fabric
+//! that open one file each hold a domain object, and the two act as one: a target QP in one
+//! process delivers SENDs into the other's SRQs of the domain (see `engine::xrc`).
 
 use std::{
     collections::HashMap,
@@ -40,7 +40,7 @@ pub type FileId = (u64, u64);
 #[derive(Debug)]
 pub(crate) struct XrcdInner {
     pub(crate) ctx: Arc<ContextInner>,
-    file: Option<FileId>,
+    pub(crate) file: Option<FileId>,
     /// A target QP has no PD and no CQs; it holds these placeholders, which no request ever
     /// reaches (requests use the PD and CQ of the SRQ they name).
     pub(crate) holder_pd: Pd,
