@@ -19,6 +19,7 @@ use std::{
 use rdma_emu::*;
 
 mod baseline;
+mod listen;
 mod perftest;
 
 struct Opts {

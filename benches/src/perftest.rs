@@ -19,11 +19,8 @@ fn rdma_emu() -> Result<PathBuf, String> {
 pub fn run(prog: &str, args: &[&str]) -> Result<String, String> {
     let emu = rdma_emu()?;
     let fabric = format!("bench-{}", std::process::id());
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(|e| e.to_string())?
-        .port()
-        .to_string();
+    let port_num = crate::listen::free_port().map_err(|e| e.to_string())?;
+    let port = port_num.to_string();
     // (available_parallelism would answer for the pinned thread: one core.)
     let cpus = std::fs::read_to_string("/sys/devices/system/cpu/online")
         .map_err(|e| e.to_string())?
@@ -40,12 +37,7 @@ pub fn run(prog: &str, args: &[&str]) -> Result<String, String> {
     let server = cmd().spawn().map_err(|e| format!("{prog}: {e}"))?;
     // perftest's client does not retry its TCP connection: give the server time to listen.
     let deadline = Instant::now() + Duration::from_secs(10);
-    let hex = format!(":{:04X} ", port.parse::<u16>().unwrap());
-    while !std::fs::read_to_string("/proc/net/tcp")
-        .unwrap_or_default()
-        .lines()
-        .any(|l| l.contains(&hex) && l.split_whitespace().nth(3) == Some("0A"))
-    {
+    while !crate::listen::listening(port_num) {
         if Instant::now() > deadline {
             return Err(format!("{prog} server did not listen"));
         }

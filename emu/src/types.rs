@@ -331,6 +331,9 @@ pub struct Wc {
     /// The 802.1Q TCI a receive offload stripped from the frame (`ibv_wc_read_cvlan`); 0 when
     /// none was stripped.
     pub cvlan: u16,
+    /// The tag of the steering rule that delivered the frame (`ibv_wc_read_flow_tag`); 0 for
+    /// none.
+    pub flow_tag: u32,
 }
 
 /// Address vector: `struct ibv_ah_attr` with its `ibv_global_route`.

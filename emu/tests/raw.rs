@@ -559,3 +559,45 @@ fn delay_drop_holds_frames_until_a_receive_comes_or_the_wait_ends() {
     post_wq(&plain, 1, sge(&m.mr, 0, 1024));
     assert_empty(&m.cq);
 }
+
+#[test]
+fn a_flow_tag_rides_with_the_frames_its_rule_delivers() {
+    let fabric = eth_fabric();
+    let devs = fabric.devices();
+    let a = raw_node(&devs[0], 0);
+    let b = raw_node(&devs[1], 0);
+    let tagged_rule = |tag| {
+        let mut r = mac_rule(MAC_B, 0);
+        r.specs.push(FlowSpec::Tag(tag));
+        r
+    };
+    let e = |r: &FlowAttr| b.qp.create_flow(r).unwrap_err().errno();
+    assert_eq!(e(&tagged_rule(1 << 24)), Errno::EINVAL, "tags are 24 bits");
+    let mut two = tagged_rule(1);
+    two.specs.push(FlowSpec::Tag(2));
+    assert_eq!(e(&two), Errno::EINVAL, "one tag per rule");
+    let _flow = b.qp.create_flow(&tagged_rule(0xab_cdef)).unwrap();
+    // An RSS QP behind an untagged rule: its WQ's completions carry no tag.
+    let n = node_on(&devs[1], 4096);
+    let (wq, _rss, _untagged) = wq_behind_rss(&n, 2, WqFlags::empty());
+    post_recv(&b.qp, 1, &[sge(&b.n.mr, 0, 2048)]);
+    post_wq(&wq, 2, sge(&n.mr, 0, 2048));
+    send(&a, &ipv4_frame(MAC_B, [1, 1, 1, 1], 1, [2, 2, 2, 2], 2));
+    let wc = wait1(&b.n.cq);
+    assert_eq!((wc.wr_id, wc.status, wc.flow_tag), (1, WcStatus::SUCCESS, 0xab_cdef));
+    let wc = wait1(&n.cq);
+    assert_eq!((wc.wr_id, wc.status, wc.flow_tag), (2, WcStatus::SUCCESS, 0));
+
+    // A tagged rule in front of the WQ: the tag reaches its completions too.
+    let (wq2, rss2, _f) = wq_behind_rss(&n, 2, WqFlags::empty());
+    let _tagged = rss2.create_flow(&tagged_rule(7)).unwrap();
+    post_wq(&wq2, 3, sge(&n.mr, 0, 2048));
+    send(&a, &ipv4_frame(MAC_B, [1, 1, 1, 1], 1, [2, 2, 2, 2], 2));
+    let wc = wait1(&n.cq);
+    assert_eq!((wc.wr_id, wc.flow_tag), (3, 0), "the first rule to take it, untagged, wins");
+    drop(_f);
+    post_wq(&wq2, 4, sge(&n.mr, 0, 2048));
+    send(&a, &ipv4_frame(MAC_B, [1, 1, 1, 1], 1, [2, 2, 2, 2], 2));
+    let wc = wait1(&n.cq);
+    assert_eq!((wc.wr_id, wc.flow_tag), (4, 7));
+}

@@ -5,7 +5,6 @@
 mod common;
 use std::{
     io::Read,
-    net::TcpListener,
     path::PathBuf,
     process::{Child, Command, Stdio},
     sync::atomic::{AtomicU32, Ordering},
@@ -34,22 +33,12 @@ impl Drop for Fabric {
 }
 
 /// A TCP port nobody listens on right now, for the programs' own connection setup.
-fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
-}
+#[path = "../../benches/src/listen.rs"]
+mod listen;
+use listen::listening;
 
-/// Whether something listens on TCP `port` (read from /proc: a probe connection would be
-/// taken as the client by the one-shot servers).
-fn listening(port: u16) -> bool {
-    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
-        std::fs::read_to_string(f).unwrap_or_default().lines().skip(1).any(|l| {
-            let cols: Vec<&str> = l.split_whitespace().collect();
-            cols.len() > 3
-                && cols[3] == "0A"
-                && cols[1].rsplit(':').next() == Some(&format!("{port:04X}"))
-        })
-    })
+fn free_port() -> u16 {
+    listen::free_port().unwrap()
 }
 
 fn program(fabric: &Fabric, profile: &str, prog: &str, args: &[&str], port: u16) -> Command {

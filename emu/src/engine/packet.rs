@@ -163,7 +163,7 @@ pub(crate) struct Packet {
     pub(crate) mtu: u32,
     /// BTH SE bit.
     pub(crate) solicited: bool,
-    /// ImmDt, when present.
+    /// ImmDt, when present. On a raw frame: the flow tag of the rule that steered it.
     pub(crate) imm: Option<u32>,
     /// IETH: the rkey a SEND_WITH_INV invalidates at the responder.
     pub(crate) inv: Option<u32>,

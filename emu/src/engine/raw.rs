@@ -79,11 +79,13 @@ fn send_frame(qp: &Arc<QpShared>, port: u8, f: Vec<u8>, drv: &mut Driver<'_>) {
         // Once per frame, however many receivers it has.
         pcap.record(fabric, &pkt, drv.now(), false);
     }
-    for (dev, port, dst) in fabric.steer(&h, qp.qpn) {
+    for s in fabric.steer(&h, qp.qpn) {
         let mut copy = pkt.clone();
-        copy.dst_dev = dev;
-        copy.dst_port = port;
-        copy.dst_qpn = dst.qpn;
+        copy.dst_dev = s.dev;
+        copy.dst_port = s.port;
+        copy.dst_qpn = s.qp.qpn;
+        // A frame has no immediate data: the word carries the flow tag.
+        copy.imm = Some(s.tag);
         drv.send(&mut Route::default(), copy);
     }
 }
@@ -96,7 +98,7 @@ pub(crate) fn receive(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet) {
         let hash = frame::rss_hash(&rss.key, rss.fields, &h);
         let wqs = &rss.table.wqs;
         let wq = &wqs[hash as usize & (wqs.len() - 1)];
-        wq.deliver(f);
+        wq.deliver(f, pkt.imm.unwrap_or(0));
         return;
     }
     if !matches!(g.state, QpState::RTR | QpState::RTS | QpState::SQD | QpState::SQE)
@@ -110,7 +112,10 @@ pub(crate) fn receive(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet) {
     let wr_id = r.wr_id;
     responder::done_recv(g, r);
     let wc = match landed {
-        Ok(l) => l.wc(wc_ok(qp, wr_id, WcOpcode::RECV, 0, WcFlags::empty())),
+        Ok(l) => Wc {
+            flow_tag: pkt.imm.unwrap_or(0),
+            ..l.wc(wc_ok(qp, wr_id, WcOpcode::RECV, 0, WcFlags::empty()))
+        },
         Err(status) => {
             let _ = qp.recv_cq.push(wc(qp, wr_id, status), true);
             enter_error(qp, g);

@@ -88,6 +88,9 @@ pub enum FlowSpec {
     },
     /// `IBV_FLOW_SPEC_ACTION_DROP`: the frames the rule takes are dropped.
     Drop,
+    /// `IBV_FLOW_SPEC_ACTION_TAG`: the receive completions of the frames the rule delivers
+    /// carry this tag (`ibv_wc_read_flow_tag`); below 2^24.
+    Tag(u32),
 }
 
 /// `IBV_FLOW_ATTR_FLAGS_*`.
@@ -147,7 +150,7 @@ impl FlowSpec {
             FlowSpec::Tcp { val: v, mask: m } | FlowSpec::Udp { val: v, mask: m } => {
                 v.dst_port & !m.dst_port != 0 || v.src_port & !m.src_port != 0
             }
-            FlowSpec::Drop => false,
+            FlowSpec::Drop | FlowSpec::Tag(_) => false,
         }
     }
 
@@ -184,7 +187,7 @@ impl FlowSpec {
                         && dport & m.dst_port == v.dst_port
                 })
             }
-            FlowSpec::Drop => true,
+            FlowSpec::Drop | FlowSpec::Tag(_) => true,
         }
     }
 }
@@ -210,6 +213,28 @@ impl FlowRule {
     pub(crate) fn traps(&self) -> bool {
         self.attr.flags & flow_flags::DONT_TRAP == 0
     }
+
+    /// The flow tag its frames' completions carry (0: none).
+    pub(crate) fn tag(&self) -> u32 {
+        self.attr
+            .specs
+            .iter()
+            .find_map(|s| if let FlowSpec::Tag(t) = s { Some(*t) } else { None })
+            .unwrap_or(0)
+    }
+}
+
+/// Flow tags are 24 bits (a ConnectX's flow context).
+const TAG_LIMIT: u32 = 1 << 24;
+
+/// Where steering sends a copy of a frame.
+#[derive(Debug)]
+pub(crate) struct Steered {
+    pub(crate) dev: u32,
+    pub(crate) port: u8,
+    pub(crate) qp: Arc<QpShared>,
+    /// The flow tag of the rule that took it (0: none).
+    pub(crate) tag: u32,
 }
 
 /// The last priority a rule may have (a ConnectX's user steering priorities).
@@ -258,6 +283,14 @@ impl Flow {
         if attr.specs.iter().any(FlowSpec::value_outside_mask) {
             return Err(einval("a flow value sets bits outside its mask"));
         }
+        let tags: Vec<u32> = attr
+            .specs
+            .iter()
+            .filter_map(|s| if let FlowSpec::Tag(t) = s { Some(*t) } else { None })
+            .collect();
+        if tags.len() > 1 || tags.iter().any(|&t| t >= TAG_LIMIT) {
+            return Err(einval("one flow tag per rule, below 2^24"));
+        }
         q.life.get()?;
         let rule = Arc::new(FlowRule {
             dev: dev.id.index,
@@ -290,13 +323,13 @@ impl Drop for Flow {
 }
 
 impl FabricInner {
-    /// The QPs a frame with headers `h` reaches on each port of the fabric (device, port,
-    /// QP), by the rules described in this module; never `from` itself, each QP once per
-    /// port.
-    pub(crate) fn steer(&self, h: &Headers, from: u32) -> Vec<(u32, u8, Arc<QpShared>)> {
+    /// The QPs a frame with headers `h` reaches on each port of the fabric, by the rules
+    /// described in this module; never `from` itself, each QP once per port (the first rule
+    /// to take it gives the flow tag).
+    pub(crate) fn steer(&self, h: &Headers, from: u32) -> Vec<Steered> {
         let rules = self.flows.read();
-        let mut out: Vec<(u32, u8, Arc<QpShared>)> = Vec::new();
-        let take = |r: &FlowRule, out: &mut Vec<(u32, u8, Arc<QpShared>)>| {
+        let mut out: Vec<Steered> = Vec::new();
+        let take = |r: &FlowRule, out: &mut Vec<Steered>| {
             if r.drops() {
                 return;
             }
@@ -304,11 +337,11 @@ impl FabricInner {
             if qp.qpn == from
                 || out
                     .iter()
-                    .any(|(d, p, q)| *d == r.dev && *p == r.attr.port && Arc::ptr_eq(q, &qp))
+                    .any(|s| s.dev == r.dev && s.port == r.attr.port && Arc::ptr_eq(&s.qp, &qp))
             {
                 return;
             }
-            out.push((r.dev, r.attr.port, qp));
+            out.push(Steered { dev: r.dev, port: r.attr.port, qp, tag: r.tag() });
         };
         for (dev, d) in self.devices.iter().enumerate() {
             for port in 1..=d.ports.len() as u8 {

@@ -60,6 +60,7 @@ pub(crate) const DELAY_DROP_TIMEOUT_NS: u64 = 100_000_000;
 #[derive(Debug)]
 struct Held {
     frame: Box<[u8]>,
+    tag: u32,
     deadline: u64,
 }
 
@@ -119,13 +120,13 @@ impl WqInner {
     /// A frame an RSS QP steered here: written into the next receive, completed on the WQ's
     /// CQ. Without a ready WQ the frame is dropped, as a NIC drops it; without a posted
     /// receive too, unless the WQ delays drops (then it waits, see [`WqInner::take_held`]).
-    pub(crate) fn deliver(self: &Arc<WqInner>, frame: &[u8]) {
+    pub(crate) fn deliver(self: &Arc<WqInner>, frame: &[u8], tag: u32) {
         let mut q = self.st.lock();
         if q.state != WqState::RDY {
             return;
         }
         if q.rq.len() > 0 && q.held.is_empty() {
-            let ok = self.land(&mut q, frame);
+            let ok = self.land(&mut q, frame, tag);
             drop(q);
             if !ok {
                 self.fatal();
@@ -135,7 +136,7 @@ impl WqInner {
         if q.flags.contains(WqFlags::DELAY_DROP) && q.held.len() < q.rq.depth as usize {
             let fabric = &self.pd.ctx.fabric;
             let deadline = fabric.now() + DELAY_DROP_TIMEOUT_NS;
-            q.held.push_back(Held { frame: frame.into(), deadline });
+            q.held.push_back(Held { frame: frame.into(), tag, deadline });
             drop(q);
             fabric.timer.schedule(deadline, Job::DelayDrop(Arc::downgrade(self)));
         }
@@ -143,15 +144,18 @@ impl WqInner {
 
     /// Writes `frame` into the oldest receive; whether the WQ is still sound. A receive that
     /// cannot take it (or a completion lost to a CQ overrun) puts the WQ in ERR.
-    fn land(&self, q: &mut WqQueue, frame: &[u8]) -> bool {
+    fn land(&self, q: &mut WqQueue, frame: &[u8], tag: u32) -> bool {
         let tail = q.rq.tail;
         q.rq.tail = tail.wrapping_add(1);
         let w = q.rq.ring.at(tail);
         let wr_id = w.wr_id;
         match raw::land(q.flags, &self.pd, &w.sges, frame) {
             Ok(l) => {
-                let base =
-                    Wc { opcode: WcOpcode::RECV, ..self.completion(wr_id, WcStatus::SUCCESS) };
+                let base = Wc {
+                    opcode: WcOpcode::RECV,
+                    flow_tag: tag,
+                    ..self.completion(wr_id, WcStatus::SUCCESS)
+                };
                 if self.cq.push(l.wc(base), false).is_ok() {
                     return true;
                 }
@@ -172,7 +176,7 @@ impl WqInner {
         let now = self.pd.ctx.fabric.now();
         while q.rq.len() > 0 {
             let Some(h) = q.held.pop_front() else { break };
-            if h.deadline > now && !self.land(q, &h.frame) {
+            if h.deadline > now && !self.land(q, &h.frame, h.tag) {
                 return false;
             }
         }

@@ -351,6 +351,11 @@ mirrors! {
         val: ibv_flow_tcp_udp_filter,
         mask: ibv_flow_tcp_udp_filter,
     }
+    ibv_flow_spec_action_tag = "struct ibv_flow_spec_action_tag" {
+        type_: u32,
+        size: u16,
+        tag_id: u32,
+    }
     ibv_cq_moderation_caps = "struct ibv_cq_moderation_caps" {
         max_cq_count: u16,
         max_cq_period: u16,

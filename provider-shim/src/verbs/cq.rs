@@ -97,9 +97,9 @@ fn new_cq(
         cq.read_completion_ts = Some(read_completion_ts);
         cq.read_completion_wallclock_ns = Some(read_completion_wallclock_ns);
         cq.read_cvlan = Some(read_cvlan);
-        // Fields a CQ cannot be created with (create_cq_ex refuses those wc_flags); the slots
-        // still answer, with 0, so that no call through them can crash.
-        cq.read_flow_tag = Some(read_zero_u32);
+        cq.read_flow_tag = Some(read_flow_tag);
+        // A field a CQ cannot be created with (create_cq_ex refuses that wc_flag); the slot
+        // still answers, with 0, so that no call through it can crash.
         cq.read_tm_info = Some(read_tm_info);
         let p = leak(ShimCq { cq, emu, cur: Default::default() });
         // SAFETY: p is ours and not shared yet.
@@ -112,10 +112,10 @@ fn new_cq(
 }
 
 /// `IBV_WC_EX_WITH_*` flags every CQ can report: byte_len, imm, qp_num, src_qp, slid, sl,
-/// dlid_path_bits (no flow tag or tag matching).
+/// dlid_path_bits (no tag matching).
 const STANDARD_WC_FLAGS: u64 = 0x7f;
-/// `IBV_WC_EX_WITH_CVLAN`: on devices that strip VLAN tags.
-const CVLAN_WC_FLAG: u64 = 1 << 8;
+/// `IBV_WC_EX_WITH_CVLAN` and `_FLOW_TAG`: on devices with raw packet QPs.
+const RAW_WC_FLAGS: u64 = 1 << 8 | 1 << 9;
 /// `IBV_WC_EX_WITH_COMPLETION_TIMESTAMP` and its `_WALLCLOCK` form: on devices with a clock.
 const TIMESTAMP_WC_FLAGS: u64 = 1 << 7 | 1 << 11;
 const IBV_CQ_INIT_ATTR_MASK_FLAGS: u32 = 1;
@@ -132,10 +132,10 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
             return ptr::null_mut();
         };
         let clock = s.emu().query_device().has_clock();
-        let cvlan = s.emu().query_device().wq_flags().contains(rdma_emu::WqFlags::CVLAN_STRIPPING);
+        let raw = s.emu().query_device().has_raw_packet();
         let supported = STANDARD_WC_FLAGS
             | if clock { TIMESTAMP_WC_FLAGS } else { 0 }
-            | if cvlan { CVLAN_WC_FLAG } else { 0 };
+            | if raw { RAW_WC_FLAGS } else { 0 };
         if a.wc_flags & !supported != 0
             || a.comp_mask & !IBV_CQ_INIT_ATTR_MASK_FLAGS != 0
             || (a.comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS != 0 && a.flags != 0)
@@ -230,8 +230,8 @@ unsafe extern "C" fn read_completion_wallclock_ns(cq: *mut ibv_cq_ex) -> u64 {
         0
     }
 }
-unsafe extern "C" fn read_zero_u32(_cq: *mut ibv_cq_ex) -> u32 {
-    0
+unsafe extern "C" fn read_flow_tag(cq: *mut ibv_cq_ex) -> u32 {
+    cur(cq).flow_tag
 }
 unsafe extern "C" fn read_cvlan(cq: *mut ibv_cq_ex) -> u16 {
     cur(cq).cvlan

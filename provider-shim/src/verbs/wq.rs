@@ -219,10 +219,11 @@ const SPEC_IPV4_EXT: u32 = 0x32;
 const SPEC_TCP: u32 = 0x40;
 const SPEC_UDP: u32 = 0x41;
 const SPEC_INNER: u32 = 0x100;
+const SPEC_ACTION_TAG: u32 = 0x1000;
 const SPEC_ACTION_DROP: u32 = 0x1001;
 /// Specification types libibverbs knows and the emulator does not match on (ESP, VXLAN,
-/// GRE, MPLS, tags, handles, counters): `EOPNOTSUPP`.
-const SPECS_NOT_EMULATED: [u32; 7] = [0x34, 0x50, 0x51, 0x60, 0x1000, 0x1002, 0x1003];
+/// GRE, MPLS, handles, counters): `EOPNOTSUPP`.
+const SPECS_NOT_EMULATED: [u32; 6] = [0x34, 0x50, 0x51, 0x60, 0x1002, 0x1003];
 
 /// Reads a specification of type `T` at `p` if its size is `T`'s.
 ///
@@ -311,6 +312,9 @@ unsafe fn flow_attr(a: &ibv_flow_attr) -> Result<FlowAttr, c_int> {
                     .map(|s| FlowSpec::Tcp { val: ports(&s.val), mask: ports(&s.mask) }),
                 SPEC_UDP => spec::<ibv_flow_spec_tcp_udp>(p, h.size)
                     .map(|s| FlowSpec::Udp { val: ports(&s.val), mask: ports(&s.mask) }),
+                SPEC_ACTION_TAG => {
+                    spec::<ibv_flow_spec_action_tag>(p, h.size).map(|s| FlowSpec::Tag(s.tag_id))
+                }
                 // `struct ibv_flow_spec_action_drop` is the header alone.
                 SPEC_ACTION_DROP => spec::<ibv_flow_spec_hdr>(p, h.size).map(|_| FlowSpec::Drop),
                 _ => Err(libc::EINVAL),

@@ -185,7 +185,7 @@ int main(void)
 
 	/* What the emulator cannot do is refused, not faked. */
 	{
-		struct ibv_cq_init_attr_ex tag = { .cqe = 4, .wc_flags = IBV_WC_EX_WITH_FLOW_TAG };
+		struct ibv_cq_init_attr_ex tag = { .cqe = 4, .wc_flags = IBV_WC_EX_WITH_TM_INFO };
 		errno = 0;
 		CHECK(ibv_create_cq_ex(a.ctx, &tag) == NULL && errno == EOPNOTSUPP);
 		struct ibv_qp_init_attr_ex bind = {

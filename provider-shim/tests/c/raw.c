@@ -150,7 +150,8 @@ static uint32_t crc32(const uint8_t *p, int n)
 
 /* Receive offloads: a WQ that strips the C-VLAN tag (its TCI read through
  * ibv_wc_read_cvlan) and scatters the FCS, stripping switched off by ibv_modify_wq; a raw
- * packet QP created with IBV_QP_CREATE_SCATTER_FCS; the errors around them. */
+ * packet QP created with IBV_QP_CREATE_SCATTER_FCS; a flow tag (ibv_wc_read_flow_tag); the
+ * errors around them. */
 static void offloads(struct side *a, struct side *b, struct ibv_qp *tx)
 {
 	struct ibv_device_attr_ex d;
@@ -162,7 +163,8 @@ static void offloads(struct side *a, struct side *b, struct ibv_qp *tx)
 	CHECK(d.device_cap_flags_ex & IBV_DEVICE_PCI_WRITE_END_PADDING);
 
 	struct ibv_cq_init_attr_ex ci = { .cqe = 16, .wc_flags = IBV_WC_STANDARD_FLAGS |
-							       IBV_WC_EX_WITH_CVLAN };
+							       IBV_WC_EX_WITH_CVLAN |
+							       IBV_WC_EX_WITH_FLOW_TAG };
 	struct ibv_cq_ex *cq;
 	CHECK(cq = ibv_create_cq_ex(b->ctx, &ci));
 	struct ibv_wq_init_attr wi = { .wq_type = IBV_WQT_RQ, .max_wr = 4, .max_sge = 1,
@@ -195,8 +197,23 @@ static void offloads(struct side *a, struct side *b, struct ibv_qp *tx)
 	struct ibv_qp *rss;
 	CHECK(rss = ibv_create_qp_ex(b->ctx, &ri));
 	struct rule r = mac_rule(0, 0);
+	/* The RSS QP's rule tags the frames it takes (ibv_wc_read_flow_tag). */
+	struct {
+		struct ibv_flow_attr attr;
+		struct ibv_flow_spec_eth eth;
+		struct ibv_flow_spec_action_tag tag;
+	} __attribute__((packed, aligned(4))) tr = {
+		.attr = { .type = IBV_FLOW_ATTR_NORMAL, .size = sizeof(tr), .num_of_specs = 2,
+			  .port = 1 },
+		.eth = r.eth,
+		.tag = { .type = IBV_FLOW_SPEC_ACTION_TAG,
+			 .size = sizeof(struct ibv_flow_spec_action_tag), .tag_id = 1 << 24 },
+	};
 	struct ibv_flow *flow;
-	CHECK(flow = ibv_create_flow(rss, (struct ibv_flow_attr *)&r));
+	errno = 0;
+	CHECK(ibv_create_flow(rss, &tr.attr) == NULL && errno == EINVAL); /* 24-bit tags */
+	tr.tag.tag_id = 0x123456;
+	CHECK(flow = ibv_create_flow(rss, &tr.attr));
 
 	/* A frame tagged PCP 5, VID 100, sent as it is. */
 	uint8_t s1[4] = { 10, 0, 0, 1 }, s2[4] = { 10, 0, 0, 2 };
@@ -218,6 +235,7 @@ static void offloads(struct side *a, struct side *b, struct ibv_qp *tx)
 	CHECK(cq->status == IBV_WC_SUCCESS && cq->wr_id == 60);
 	CHECK(ibv_wc_read_byte_len(cq) == (uint32_t)len + 4); /* the tag out, the FCS in */
 	CHECK(ibv_wc_read_cvlan(cq) == 0xa064 && ibv_wc_read_qp_num(cq) == wq->wq_num);
+	CHECK(ibv_wc_read_flow_tag(cq) == 0x123456);
 	ibv_end_poll(cq);
 	CHECK(memcmp(b->buf, plain, len) == 0 && memcmp(b->buf + len, fcs, 4) == 0);
 
