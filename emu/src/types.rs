@@ -210,6 +210,11 @@ bitflags! {
     }
 }
 
+impl WqFlags {
+    /// What `ibv_modify_wq` may change on a live WQ (as on a ConnectX): C-VLAN stripping.
+    pub const MODIFIABLE: WqFlags = WqFlags::CVLAN_STRIPPING;
+}
+
 bitflags! {
     /// The `enum ibv_qp_create_flags` the emulator offers: the receive offloads of a raw
     /// packet QP (see [`WqFlags`]).

@@ -122,6 +122,11 @@ fn outside<const N: usize>(val: &[u8; N], mask: &[u8; N]) -> bool {
 }
 
 impl FlowSpec {
+    /// The tag of an `ACTION_TAG` specification.
+    fn tag(&self) -> Option<u32> {
+        if let FlowSpec::Tag(t) = self { Some(*t) } else { None }
+    }
+
     /// Whether the value sets a bit its mask does not (mlx5 refuses such a rule).
     fn value_outside_mask(&self) -> bool {
         match self {
@@ -216,11 +221,7 @@ impl FlowRule {
 
     /// The flow tag its frames' completions carry (0: none).
     pub(crate) fn tag(&self) -> u32 {
-        self.attr
-            .specs
-            .iter()
-            .find_map(|s| if let FlowSpec::Tag(t) = s { Some(*t) } else { None })
-            .unwrap_or(0)
+        self.attr.specs.iter().find_map(FlowSpec::tag).unwrap_or(0)
     }
 }
 
@@ -283,11 +284,7 @@ impl Flow {
         if attr.specs.iter().any(FlowSpec::value_outside_mask) {
             return Err(einval("a flow value sets bits outside its mask"));
         }
-        let tags: Vec<u32> = attr
-            .specs
-            .iter()
-            .filter_map(|s| if let FlowSpec::Tag(t) = s { Some(*t) } else { None })
-            .collect();
+        let tags: Vec<u32> = attr.specs.iter().filter_map(FlowSpec::tag).collect();
         if tags.len() > 1 || tags.iter().any(|&t| t >= TAG_LIMIT) {
             return Err(einval("one flow tag per rule, below 2^24"));
         }

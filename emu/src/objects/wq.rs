@@ -314,7 +314,7 @@ impl Wq {
     /// `EOPNOTSUPP` for the others.
     pub fn modify_flags(&self, flags: WqFlags, mask: WqFlags) -> Result<()> {
         self.0.life.check()?;
-        if !WqFlags::CVLAN_STRIPPING.contains(mask) {
+        if !WqFlags::MODIFIABLE.contains(mask) {
             return Err(Error::new(Errno::EOPNOTSUPP, "only CVLAN stripping changes on a WQ"));
         }
         let mut q = self.0.st.lock();

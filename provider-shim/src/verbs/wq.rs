@@ -117,7 +117,7 @@ pub(crate) unsafe extern "C" fn modify_wq(wq: *mut ibv_wq, attr: *mut ibv_wq_att
         let flags = (a.attr_mask & IBV_WQ_ATTR_FLAGS != 0)
             .then(|| (WqFlags::from_bits_retain(a.flags), WqFlags::from_bits_retain(a.flags_mask)));
         // Checked before anything changes: only C-VLAN stripping changes on a live WQ.
-        if flags.is_some_and(|(_, mask)| !WqFlags::CVLAN_STRIPPING.contains(mask)) {
+        if flags.is_some_and(|(_, mask)| !WqFlags::MODIFIABLE.contains(mask)) {
             return libc::EOPNOTSUPP;
         }
         let cur = (a.attr_mask & IBV_WQ_ATTR_CURR_STATE != 0).then_some(WqState(a.curr_wq_state));
