@@ -52,6 +52,53 @@ pub(crate) enum MemFault {
     OutOfBounds,
     /// An atomic on an address that is not 8-byte aligned.
     Misaligned,
+    /// The memory of another process could not be read (it exited, or unmapped it).
+    Unreadable,
+}
+
+/// Memory of another process on the host fabric, read with process_vm_readv: where a large
+/// payload is taken from, straight into its destination (the NIC's DMA read of the
+/// requester's buffer, done by the responder's process).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PeerRange {
+    pub(crate) pid: u32,
+    pub(crate) addr: u64,
+    pub(crate) len: usize,
+}
+
+impl PeerRange {
+    /// Copies its bytes from `off` into `dst`.
+    pub(crate) fn read(&self, off: usize, dst: &mut [u8]) -> Result<(), MemFault> {
+        if off.checked_add(dst.len()).is_none_or(|end| end > self.len) {
+            return Err(MemFault::OutOfBounds);
+        }
+        pull(self.pid, self.addr + off as u64, dst.as_mut_ptr(), dst.len())
+    }
+}
+
+/// Whether this process may read the memory of process `pid` (a word there holds `expect`).
+pub(crate) fn may_read(pid: u32, addr: u64, expect: u64) -> bool {
+    let mut word = [0u8; 8];
+    pull(pid, addr, word.as_mut_ptr(), 8).is_ok() && u64::from_ne_bytes(word) == expect
+}
+
+/// Copies `len` bytes at `addr` in process `pid` to `dst`, which must be valid for writes of
+/// `len` bytes.
+fn pull(pid: u32, addr: u64, dst: *mut u8, len: usize) -> Result<(), MemFault> {
+    let mut done = 0;
+    while done < len {
+        let local = libc::iovec { iov_base: dst.wrapping_add(done).cast(), iov_len: len - done };
+        let remote = libc::iovec { iov_base: (addr + done as u64) as *mut _, iov_len: len - done };
+        // SAFETY: `local` lies in memory the caller guarantees writable for `len` bytes; the
+        // kernel reads the other process's memory and fails (rather than faulting us) if it
+        // is not there.
+        let n = unsafe { libc::process_vm_readv(pid as libc::pid_t, &local, 1, &remote, 1, 0) };
+        if n <= 0 {
+            return Err(MemFault::Unreadable);
+        }
+        done += n as usize;
+    }
+    Ok(())
 }
 
 impl MemRegion {
@@ -118,6 +165,23 @@ impl MemRegion {
         // SAFETY: `check` proved p..p+len lies in the region, valid for writes.
         unsafe { std::ptr::copy(src.as_ptr(), p, src.len()) };
         Ok(())
+    }
+
+    /// Copies `len` bytes of another process's memory, `src` from `src_off`, into the region
+    /// at `off`.
+    pub(crate) fn pull(
+        &self,
+        off: usize,
+        src: &PeerRange,
+        src_off: usize,
+        len: usize,
+    ) -> Result<(), MemFault> {
+        let d = self.check(off, len)?;
+        if src_off.checked_add(len).is_none_or(|end| end > src.len) {
+            return Err(MemFault::OutOfBounds);
+        }
+        // `check` proved d..d+len lies in the region, valid for writes.
+        pull(src.pid, src.addr + src_off as u64, d, len)
     }
 
     /// Copies `len` bytes from `src` at `src_off` to `dst` at `dst_off`. The two regions may

@@ -58,7 +58,7 @@ pub(crate) fn receive(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mu
                 (
                     Kind::AtomicAck,
                     WrOpcode::ATOMIC_CMP_AND_SWP | WrOpcode::ATOMIC_FETCH_AND_ADD,
-                ) => Payload::Bytes(Box::new(pkt.orig.to_ne_bytes())),
+                ) => Payload::Bytes(pkt.orig.to_ne_bytes().as_slice().into()),
                 _ => {
                     fail_wqe(qp, g, tail, WcStatus::BAD_RESP_ERR);
                     return;

@@ -9,7 +9,11 @@
 
 use std::sync::Arc;
 
-use crate::{mem::MemRegion, types::Gid};
+use crate::{
+    fabric::ring::Lent,
+    mem::{MemFault, MemRegion, PeerRange},
+    types::Gid,
+};
 
 /// What a message is, at the granularity the engine moves it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,8 +91,9 @@ pub(crate) struct MemRef {
 pub(crate) enum Payload {
     #[default]
     None,
-    /// Bytes copied at post time (inline data).
-    Bytes(Box<[u8]>),
+    /// Bytes the packet carries itself: inline data copied at post time, or what arrived
+    /// from another process.
+    Bytes(Bytes),
     /// One source range (the common single-SGE case, without an allocation).
     One(MemRef),
     /// Several source ranges, in order.
@@ -99,6 +104,12 @@ pub(crate) enum Payload {
     /// A READ response within one process: the responder already placed the data at the
     /// requester (as the NIC's DMA would); this is where it came from, for packet traces.
     Placed(MemRef),
+    /// A message from another process that came in several records of a ring, read from
+    /// there in place.
+    Lent(Box<[Lent]>),
+    /// A large reliable SEND or WRITE from another process: the requester's memory, which
+    /// stays as it is until the ACK, read straight into the destination.
+    Peer(Box<[PeerRange]>),
 }
 
 impl Payload {
@@ -107,23 +118,69 @@ impl Payload {
         match self {
             Payload::One(m) => std::slice::from_ref(m),
             Payload::Gather(v) => v,
-            Payload::None | Payload::Bytes(_) | Payload::Remote | Payload::Placed(_) => &[],
+            Payload::None
+            | Payload::Bytes(_)
+            | Payload::Remote
+            | Payload::Placed(_)
+            | Payload::Lent(_)
+            | Payload::Peer(_) => &[],
         }
     }
 
     /// Visits the payload as consecutive pieces: `(source, offset-or-bytes)`.
     pub(crate) fn pieces(&self) -> impl Iterator<Item = Piece<'_>> {
-        let (bytes, one, many): (Option<&[u8]>, Option<&MemRef>, &[MemRef]) = match self {
-            Payload::None | Payload::Remote | Payload::Placed(_) => (None, None, &[]),
-            Payload::Bytes(b) => (Some(b), None, &[]),
-            Payload::One(m) => (None, Some(m), &[]),
-            Payload::Gather(v) => (None, None, v),
+        type Parts<'a> = (Option<&'a [u8]>, &'a [Lent], Option<&'a MemRef>, &'a [MemRef]);
+        let ((bytes, lent, one, many), peer): (Parts<'_>, &[PeerRange]) = match self {
+            Payload::None | Payload::Remote | Payload::Placed(_) => ((None, &[], None, &[]), &[]),
+            Payload::Bytes(b) => ((Some(b), &[], None, &[]), &[]),
+            Payload::Lent(v) => ((None, v, None, &[]), &[]),
+            Payload::One(m) => ((None, &[], Some(m), &[]), &[]),
+            Payload::Gather(v) => ((None, &[], None, v), &[]),
+            Payload::Peer(v) => ((None, &[], None, &[]), v),
         };
         bytes
             .map(Piece::Bytes)
             .into_iter()
+            .chain(lent.iter().map(|l| Piece::Bytes(l)))
             .chain(one.map(Piece::Mem))
             .chain(many.iter().map(Piece::Mem))
+            .chain(peer.iter().map(Piece::Peer))
+    }
+}
+
+/// Bytes a payload carries: its own, or lent by the ring they arrived in (read in place, so a
+/// large message from another process is copied once, from the ring to its destination).
+#[derive(Debug, Clone)]
+pub(crate) enum Bytes {
+    Owned(Box<[u8]>),
+    Lent(Lent),
+}
+
+impl std::ops::Deref for Bytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Owned(b) => b,
+            Bytes::Lent(l) => l,
+        }
+    }
+}
+
+impl From<Box<[u8]>> for Bytes {
+    fn from(b: Box<[u8]>) -> Bytes {
+        Bytes::Owned(b)
+    }
+}
+
+impl From<Vec<u8>> for Bytes {
+    fn from(v: Vec<u8>) -> Bytes {
+        Bytes::Owned(v.into_boxed_slice())
+    }
+}
+
+impl From<&[u8]> for Bytes {
+    fn from(b: &[u8]) -> Bytes {
+        Bytes::Owned(b.into())
     }
 }
 
@@ -132,6 +189,7 @@ impl Payload {
 pub(crate) enum Piece<'a> {
     Bytes(&'a [u8]),
     Mem(&'a MemRef),
+    Peer(&'a PeerRange),
 }
 
 impl Piece<'_> {
@@ -139,6 +197,21 @@ impl Piece<'_> {
         match self {
             Piece::Bytes(b) => b.len(),
             Piece::Mem(m) => m.len,
+            Piece::Peer(p) => p.len,
+        }
+    }
+
+    /// Copies its bytes from `off` into `dst`.
+    pub(crate) fn read(&self, off: usize, dst: &mut [u8]) -> Result<(), MemFault> {
+        match self {
+            Piece::Bytes(b) => {
+                let src = b.get(off..off + dst.len()).ok_or(MemFault::OutOfBounds)?;
+                dst.copy_from_slice(src);
+                Ok(())
+            }
+            Piece::Mem(m) if off + dst.len() > m.len => Err(MemFault::OutOfBounds),
+            Piece::Mem(m) => m.region.read(m.offset + off, dst),
+            Piece::Peer(p) => p.read(off, dst),
         }
     }
 }

@@ -74,7 +74,7 @@ fn send_frame(qp: &Arc<QpShared>, port: u8, f: Vec<u8>, drv: &mut Driver<'_>) {
     pkt.src_qpn = qp.qpn;
     pkt.src_port = port;
     pkt.len = f.len() as u32;
-    pkt.payload = Payload::Bytes(f.into_boxed_slice());
+    pkt.payload = Payload::Bytes(f.into());
     if let Some(pcap) = &fabric.pcap {
         // Once per frame, however many receivers it has.
         pcap.record(fabric, &pkt, drv.now(), false);
@@ -171,7 +171,7 @@ pub(crate) fn land(
         bytes.resize(bytes.len() + end_padding(sges, bytes.len() as u64), 0);
     }
     let n = bytes.len() as u32;
-    sgl::scatter(pd, sges, &Payload::Bytes(bytes.into_boxed_slice()), n).map_err(|e| match e {
+    sgl::scatter(pd, sges, &Payload::Bytes(bytes.into()), n).map_err(|e| match e {
         sgl::SglError::TooLong => WcStatus::LOC_LEN_ERR,
         sgl::SglError::Protection => WcStatus::LOC_PROT_ERR,
     })?;

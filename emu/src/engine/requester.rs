@@ -377,7 +377,7 @@ fn build(qp: &QpShared, g: &mut QpInner, idx: u32) -> Result<Packet, WcStatus> {
     match kind {
         Kind::Send | Kind::Write | Kind::AtomicWrite => {
             pkt.payload = if wqe.flags.contains(SendFlags::INLINE) {
-                Payload::Bytes(wqe.inline.clone().into_boxed_slice())
+                Payload::Bytes(wqe.inline.clone().into())
             } else {
                 sgl::resolve(qp, &wqe.sges, false).map_err(|e| match e {
                     SglError::Protection => WcStatus::LOC_PROT_ERR,

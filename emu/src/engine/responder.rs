@@ -6,7 +6,7 @@ use std::{collections::VecDeque, sync::Arc};
 
 use super::{
     Driver, enter_error,
-    packet::{Kind, MemRef, NakCode, Packet, Payload, Piece, Syndrome},
+    packet::{Kind, MemRef, NakCode, Packet, Payload, Syndrome},
     psn_add, psn_diff, raises_qp_errors,
     sgl::{self, SglError},
     wc, wc_ok,
@@ -244,18 +244,13 @@ fn ud_receive(qp: &Arc<QpShared>, g: &mut QpInner, pkt: &Packet) {
     let mut off = 40;
     for piece in pkt.payload.pieces() {
         let n = piece.len();
-        match piece {
-            Piece::Bytes(b) => data[off..off + n].copy_from_slice(b),
-            Piece::Mem(m) => {
-                if m.region.read(m.offset, &mut data[off..off + n]).is_err() {
-                    return;
-                }
-            }
+        if piece.read(0, &mut data[off..off + n]).is_err() {
+            return;
         }
         off += n;
     }
     let Some(r) = pop_recv(qp, g) else { return }; // no receive: the datagram is dropped
-    let res = sgl::scatter(&qp.pd, &r.sges, &Payload::Bytes(data.into_boxed_slice()), total as u32);
+    let res = sgl::scatter(&qp.pd, &r.sges, &Payload::Bytes(data.into()), total as u32);
     let wr_id = r.wr_id;
     done_recv(g, r);
     let status = match res {
@@ -612,7 +607,7 @@ fn atomic(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>
     let orig = match res {
         Ok(v) => v,
         Err(MemFault::Misaligned) => return fail(qp, g, &pkt, NakCode::InvalidRequest, None, drv),
-        Err(MemFault::OutOfBounds) => {
+        Err(MemFault::OutOfBounds | MemFault::Unreadable) => {
             return fail(qp, g, &pkt, NakCode::RemoteAccessError, None, drv);
         }
     };

@@ -39,7 +39,11 @@ pub(crate) fn resolve(qp: &QpShared, sges: &[Sge], need_write: bool) -> Result<P
                 v.push(m);
                 Payload::Gather(v)
             }
-            Payload::Bytes(_) | Payload::Remote | Payload::Placed(_) => {
+            Payload::Bytes(_)
+            | Payload::Lent(_)
+            | Payload::Remote
+            | Payload::Placed(_)
+            | Payload::Peer(_) => {
                 unreachable!("resolve builds neither")
             }
         };
@@ -84,10 +88,7 @@ pub(crate) fn gather(payload: &Payload, out: &mut [u8]) -> Result<usize, crate::
     let mut done = 0;
     for piece in payload.pieces() {
         let n = piece.len().min(out.len() - done);
-        match piece {
-            Piece::Bytes(b) => out[done..done + n].copy_from_slice(&b[..n]),
-            Piece::Mem(m) => m.region.read(m.offset, &mut out[done..done + n])?,
-        }
+        piece.read(0, &mut out[done..done + n])?;
         done += n;
         if done == out.len() {
             break;
@@ -112,6 +113,7 @@ pub(crate) fn copy_into<'a>(
             match piece {
                 Piece::Bytes(b) => region.write(off, &b[done..done + n])?,
                 Piece::Mem(m) => MemRegion::copy(&m.region, m.offset + done, region, off, n)?,
+                Piece::Peer(p) => region.pull(off, p, done, n)?,
             }
             done += n;
             cur = if n == room { dst.next() } else { Some((region, off + n, room - n)) };

@@ -56,7 +56,7 @@ pub(crate) fn request(kind: Kind, from: &Qp, to: &Qp, psn: u32) -> Packet {
 
 /// Bytes as a payload.
 pub(crate) fn bytes(b: &[u8]) -> Payload {
-    Payload::Bytes(b.to_vec().into_boxed_slice())
+    Payload::Bytes(b.into())
 }
 
 /// Hands `pkt` to `qp` as the fabric would, services only `qp`, and returns the packets it sent

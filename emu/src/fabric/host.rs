@@ -1,5 +1,5 @@
 //! The host-wide fabric: fabrics in different processes (or several in one) that share a
-//! name meet in one directory and exchange packets over Unix datagram sockets.
+//! name meet in one directory and exchange packets through shared memory.
 //!
 //! # Layout
 //! The directory (`<runtime>/rdma-emu-<uid>/<name>`, mode 0700, or an absolute path) holds,
@@ -8,14 +8,25 @@
 //! A node's QPNs are `s << 16 | n`, so any node routes a packet by its destination QPN alone,
 //! without a shared table.
 //!
+//! # Transport
+//! The first time a node sends to another, it creates a ring in shared memory for that
+//! direction (see [`ring`](super::ring)) and passes it over the peer's socket; every message
+//! after that is written straight into the ring, gathered from the sender's memory, and read
+//! by the peer with no system call on either side. A doorbell datagram wakes the peer only if
+//! it asked for one before sleeping. Where a ring cannot be made, messages go as datagrams on
+//! the socket, which also carries the control messages of the `rdma-emu` command.
+//!
 //! # Progress and back-pressure
 //! Each node has a reader thread that receives, reassembles and services the destination QP,
-//! so one-sided operations complete while the owning application is blocked elsewhere. The
-//! reader never blocks on a send (that could deadlock two readers sending to each other): all
-//! sends are non-blocking, and what a full peer refuses waits in that peer's backlog, which a
-//! per-peer flusher thread pushes with blocking sends. Per peer, datagrams leave in order.
+//! so one-sided operations complete while the owning application is blocked elsewhere; an
+//! application thread polling an empty CQ reads the rings itself, and while it does the
+//! reader sleeps without asking for doorbells. The reader never blocks on a send (that could
+//! deadlock two readers sending to each other): what a full ring or socket refuses waits in
+//! that peer's backlog, which a per-peer flusher thread pushes. Per peer, messages leave in
+//! order.
 
 use std::{
+    borrow::Cow,
     collections::{HashMap, VecDeque},
     fs::{DirBuilder, File, OpenOptions},
     io,
@@ -27,7 +38,7 @@ use std::{
     path::{Path, PathBuf},
     sync::{
         Arc, Weak,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::Duration,
 };
@@ -35,13 +46,15 @@ use std::{
 use parking_lot::{Condvar, Mutex};
 
 use super::{
-    FabricInner, wire,
-    wire::{Control, Message, encode_control},
+    FabricInner,
+    ring::{Record, Ring, Written},
+    wire,
+    wire::{Control, Encoded, Message},
 };
 use crate::{
     engine::{
         self, Driver,
-        packet::{Kind, Packet},
+        packet::{Bytes, Kind, Packet, Payload},
     },
     error::{Errno, Error},
     types::{EventType, QpState, QpType},
@@ -55,6 +68,23 @@ const MAGIC: u32 = u32::from_le_bytes(*b"REMU");
 const HEADER: usize = 20;
 const FIRST: u8 = 1;
 const LAST: u8 = 2;
+/// A datagram that carries the descriptor of the sender's ring to us.
+const RING: u8 = 4;
+/// A doorbell: records wait in the sender's ring.
+const BELL: u8 = 8;
+/// Bytes of records per ring (one per ordered pair of nodes that talk): small enough to stay
+/// in the caches as messages stream through (a ring of 4 MiB or more moves a third as fast
+/// here), large enough to hold a 1 MiB message whole while the next one is written.
+const RING_BYTES: usize = 2 << 20;
+/// Payloads from this size on are placed straight from the ring (smaller ones are copied out,
+/// freeing their record at once).
+const LEND_MIN: usize = 2048;
+/// How long a sender waits for room in a full ring before leaving the rest to the flusher.
+const SEND_PATIENCE: Duration = Duration::from_millis(2);
+/// How long the reader watches the rings after taking something in, before it sleeps.
+const READER_SPIN: Duration = Duration::from_micros(50);
+/// How long the reader, while an application thread polls, sleeps between looks of its own.
+const POLLED_NAP: Duration = Duration::from_millis(1);
 
 /// The node slot that owns `qpn`.
 pub(crate) fn slot_of(qpn: u32) -> u8 {
@@ -123,13 +153,18 @@ struct Inbound {
     /// Held by whoever is receiving, so datagrams are taken and reassembled in order.
     rx: Mutex<Rx>,
     quit: AtomicBool,
+    /// Counts the looks application threads take (see `Node::progress`): while it moves,
+    /// the reader need not be rung.
+    polls: AtomicU64,
 }
 
 #[derive(Debug)]
 struct Rx {
     buf: Vec<u8>,
     /// Per source slot, the message being reassembled (its fragments arrive in order).
-    partial: HashMap<u8, Vec<u8>>,
+    partial: HashMap<u8, Partial>,
+    /// The rings other nodes write to us, by their slot.
+    rings: Vec<(u8, Arc<Ring>)>,
 }
 
 impl Node {
@@ -162,8 +197,9 @@ impl Node {
         let sock = UnixDatagram::bind(&path)
             .map_err(|e| io::Error::new(e.kind(), format!("binding {}: {e}", path.display())))?;
         sock.set_nonblocking(true)?;
-        let rx = Mutex::new(Rx { buf: vec![0; HEADER + FRAGMENT], partial: HashMap::new() });
-        let inbound = Arc::new(Inbound { sock, rx, quit: AtomicBool::new(false) });
+        let rx = Rx { buf: vec![0; HEADER + FRAGMENT], partial: HashMap::new(), rings: Vec::new() };
+        let (rx, quit, polls) = (Mutex::new(rx), AtomicBool::new(false), AtomicU64::new(0));
+        let inbound = Arc::new(Inbound { sock, rx, quit, polls });
         let (reader, weak) = (inbound.clone(), fabric.clone());
         std::thread::Builder::new()
             .name(format!("rdma-emu-node{slot}"))
@@ -172,12 +208,13 @@ impl Node {
         Ok(Node { slot, dir: dir.to_owned(), _lock: lock, inbound, peers, fabric })
     }
 
-    /// Receives and services whatever has arrived, unless another thread is already at it;
+    /// Takes in and services what the rings hold, unless another thread is already at it;
     /// whether anything was delivered. Called by threads that poll an empty CQ: a spinning
     /// application may hold the CPU the reader thread would need.
     pub(crate) fn progress(&self, fabric: &FabricInner) -> bool {
+        self.inbound.polls.fetch_add(1, Ordering::Relaxed);
         match self.inbound.rx.try_lock() {
-            Some(mut rx) => receive(&self.inbound, &mut rx, fabric),
+            Some(mut rx) => receive(&self.inbound, &mut rx, fabric, false),
             None => false,
         }
     }
@@ -209,40 +246,35 @@ impl Node {
     }
 
     fn send_to(&self, slot: u8, pkt: &Packet) {
-        let mut msg = Vec::with_capacity(128);
-        if wire::encode(pkt, &mut msg).is_err() {
-            return;
-        }
         let peer = self.peer(slot);
-        let total = msg.len() as u32;
-        let mut offset = 0;
-        let frames = std::iter::from_fn(|| {
-            if offset >= msg.len() {
-                return None;
+        let msg = Encoded::packet(pkt);
+        // Too large to stream through the ring in place: read from here, where allowed.
+        let msg = match peer.pull_beyond() {
+            Some(max) if msg.len() > max && wire::pullable(pkt) && self.reliable(pkt.src_qpn) => {
+                Encoded::pulled(pkt)
             }
-            let end = (offset + FRAGMENT).min(msg.len());
-            let mut flags = if offset == 0 { FIRST } else { 0 };
-            if end == msg.len() {
-                flags |= LAST;
-            }
-            let d = frame(self.slot, flags, total, offset as u32, pkt.dst_qpn, &msg[offset..end]);
-            offset = end;
-            Some(d)
-        });
-        peer.send(frames);
+            _ => msg,
+        };
+        peer.send(pkt.dst_qpn, &msg);
+    }
+
+    /// Whether our QP `qpn` is of a reliable type: its requester's buffers stay untouched
+    /// until the responder's ACK, so the responder may read them late.
+    fn reliable(&self, qpn: u32) -> bool {
+        let qp = self.fabric.upgrade().and_then(|f| f.lookup_qp_any(qpn));
+        qp.is_some_and(|q| q.qp_type.is_reliable())
     }
 
     /// Tells the node of `dest_qpn` that our QP `qpn`, connected to it, was destroyed: after
     /// the packets already sent to it, so it arrives after the last ACKs.
     pub(crate) fn part(&self, qpn: u32, dest_qpn: u32) {
-        let msg = encode_control(Control::QpClosed { qpn });
-        let d = frame(self.slot, FIRST | LAST, msg.len() as u32, 0, dest_qpn, &msg);
-        self.peer(slot_of(dest_qpn)).send(std::iter::once(d));
+        let msg = Encoded::control(Control::QpClosed { qpn });
+        self.peer(slot_of(dest_qpn)).send(dest_qpn, &msg);
     }
 
     /// Sends a control message to every other live node; how many took it.
     pub(crate) fn broadcast(&self, c: Control) -> usize {
-        let msg = encode_control(c);
+        let msg = wire::encode_control(c);
         let d = frame(self.slot, FIRST | LAST, msg.len() as u32, 0, 0, &msg);
         let Ok(sock) = UnixDatagram::unbound() else { return 0 };
         let slots = self.live_slots();
@@ -258,7 +290,7 @@ impl Node {
         if let Some(p) = peers.get(&slot) {
             return p.clone();
         }
-        let p = Arc::new(Peer::new(sock_path(&self.dir, slot)));
+        let p = Arc::new(Peer::new(sock_path(&self.dir, slot), self.slot));
         peers.insert(slot, p.clone());
         drop(peers);
         self.spawn_watcher(slot);
@@ -285,11 +317,14 @@ impl Node {
                     return;
                 }
                 if let Some(node) = fabric.node.get() {
-                    node.peers.lock().remove(&slot);
+                    if let Some(p) = node.peers.lock().remove(&slot) {
+                        p.shut();
+                    }
                     // What it sent before it went (its last ACKs) is queued here: take it in
-                    // before judging what is still outstanding.
+                    // before judging what is still outstanding; then its ring can go.
                     let mut rx = node.inbound.rx.lock();
-                    receive(&node.inbound, &mut rx, &fabric);
+                    receive(&node.inbound, &mut rx, &fabric, true);
+                    rx.rings.retain(|(s, r)| *s != slot || crate::sys::alive(r.writer()));
                 }
                 peer_died(&fabric, slot);
             });
@@ -309,7 +344,7 @@ impl Node {
         if let Some(mut rx) = self.inbound.rx.try_lock_for(limit)
             && let Some(fabric) = self.fabric.upgrade()
         {
-            receive(&self.inbound, &mut rx, &fabric);
+            receive(&self.inbound, &mut rx, &fabric, true);
         }
         let peers: Vec<Arc<Peer>> = self.peers.lock().values().cloned().collect();
         for p in peers {
@@ -342,8 +377,7 @@ impl Drop for Node {
         }
         let _ = std::fs::remove_file(&path);
         for p in self.peers.lock().values() {
-            p.tx.lock().shutdown = true;
-            p.cv.notify_all();
+            p.shut();
         }
     }
 }
@@ -368,14 +402,50 @@ fn sweep(dir: &Path, mine: u8) -> io::Result<()> {
 /// One datagram: the header (magic, source slot, FIRST/LAST flags, the message's total
 /// length, this fragment's offset in it, the destination QPN) and the fragment.
 fn frame(src: u8, flags: u8, total: u32, offset: u32, dst_qpn: u32, body: &[u8]) -> Vec<u8> {
-    let mut d = Vec::with_capacity(HEADER + body.len());
-    d.extend_from_slice(&MAGIC.to_le_bytes());
-    d.extend_from_slice(&[src, flags, 0, 0]);
-    d.extend_from_slice(&total.to_le_bytes());
-    d.extend_from_slice(&offset.to_le_bytes());
-    d.extend_from_slice(&dst_qpn.to_le_bytes());
-    d.extend_from_slice(body);
+    let mut d = vec![0; HEADER + body.len()];
+    write_header(&mut d, [src, flags], [MAGIC, total, offset, dst_qpn]);
+    d[HEADER..].copy_from_slice(body);
     d
+}
+
+/// The header of [`frame`], into the front of `d`: `[magic, total, offset, dst_qpn]`.
+fn write_header(d: &mut [u8], [src, flags]: [u8; 2], words: [u32; 4]) {
+    d[..4].copy_from_slice(&words[0].to_le_bytes());
+    d[4..8].copy_from_slice(&[src, flags, 0, 0]);
+    for (i, w) in words[1..].iter().enumerate() {
+        d[8 + 4 * i..12 + 4 * i].copy_from_slice(&w.to_le_bytes());
+    }
+}
+
+/// One fragment of a message: `range` of `msg`'s bytes, framed for the node of `dst_qpn`.
+struct Fragment<'a> {
+    src: u8,
+    dst_qpn: u32,
+    msg: &'a Encoded<'a>,
+    range: std::ops::Range<usize>,
+}
+
+impl Fragment<'_> {
+    fn len(&self) -> usize {
+        HEADER + self.range.len()
+    }
+
+    /// Frames it into `d` (of `len()` bytes); `false` if the payload could not be read.
+    fn write(&self, d: &mut [u8]) -> bool {
+        let total = self.msg.len();
+        let mut flags = if self.range.start == 0 { FIRST } else { 0 };
+        if self.range.end == total {
+            flags |= LAST;
+        }
+        let words = [MAGIC, total as u32, self.range.start as u32, self.dst_qpn];
+        write_header(d, [self.src, flags], words);
+        self.msg.copy_to(self.range.start, &mut d[HEADER..]).is_ok()
+    }
+
+    fn to_vec(&self) -> Option<Vec<u8>> {
+        let mut d = vec![0; self.len()];
+        self.write(&mut d).then_some(d)
+    }
 }
 
 fn lock_file(dir: &Path, slot: u8) -> io::Result<File> {
@@ -397,10 +467,12 @@ fn remove_if_exists(path: &Path) -> io::Result<()> {
     }
 }
 
-/// Waits for datagrams and services them until the node quits or its fabric is gone.
+/// Waits for messages and services them until the node quits or its fabric is gone.
 fn read_loop(inbound: &Inbound, fabric: &Weak<FabricInner>) {
+    let mut polls = inbound.polls.load(Ordering::Relaxed);
+    let mut nap = None;
     loop {
-        if crate::sys::wait_readable(inbound.sock.as_raw_fd()).is_err() {
+        if crate::sys::wait_readable(inbound.sock.as_raw_fd(), nap).is_err() {
             return;
         }
         if inbound.quit.load(Ordering::Acquire) {
@@ -408,107 +480,339 @@ fn read_loop(inbound: &Inbound, fabric: &Weak<FabricInner>) {
         }
         let Some(fabric) = fabric.upgrade() else { return };
         let mut rx = inbound.rx.lock();
-        receive(inbound, &mut rx, &fabric);
+        let delivered = receive(inbound, &mut rx, &fabric, true);
+        let now = inbound.polls.load(Ordering::Relaxed);
+        if now != polls {
+            // An application thread is reading the rings: look again soon, unrung.
+            polls = now;
+            rx.rings.iter().for_each(|(_, r)| r.disarm());
+            nap = Some(POLLED_NAP);
+            continue;
+        }
+        // Nobody else looks. Right after traffic, more is likely on its way: watch the rings
+        // a little before sleeping, as waking a sleeping thread costs far more than that.
+        let rings: Vec<Arc<Ring>> = rx.rings.iter().map(|(_, r)| r.clone()).collect();
+        drop(rx);
+        if delivered && busy_wait(&rings, &inbound.quit) {
+            nap = Some(Duration::ZERO);
+            continue;
+        }
+        // Then ask for doorbells, and sleep unless something came meanwhile.
+        let waiting = rings.iter().fold(false, |w, r| r.arm() | w);
+        nap = if waiting { Some(Duration::ZERO) } else { None };
     }
 }
 
-/// Takes every datagram waiting, hands each complete packet to its QP's inbox (in arrival
-/// order), then services those QPs; whether any packet was delivered.
-fn receive(inbound: &Inbound, rx: &mut Rx, fabric: &FabricInner) -> bool {
-    let sock = &inbound.sock;
-    let mut ready: Vec<Arc<crate::qp::QpShared>> = Vec::new();
-    // Datagrams to a multicast group, for the members here.
-    let mut multicast = Vec::new();
-    // SENDs for XRC SRQs here, from target QPs in other processes.
-    let mut xrc = Vec::new();
-    loop {
-        let n = match sock.recv(&mut rx.buf) {
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(_) => break,
-        };
-        let mut to = None;
-        if n >= HEADER {
-            let dst = u32::from_le_bytes(rx.buf[16..20].try_into().expect("4 bytes"));
-            to = fabric.lookup_qp_any(dst);
-            if let Some(qp) = &to {
-                qp.heard.store(fabric.now().max(1), Ordering::Relaxed);
+/// Watches `rings` for up to [`READER_SPIN`]; whether a record arrived.
+fn busy_wait(rings: &[Arc<Ring>], quit: &AtomicBool) -> bool {
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < READER_SPIN {
+        for _ in 0..64 {
+            if rings.iter().any(|r| r.pending()) {
+                return true;
             }
+            std::hint::spin_loop();
         }
-        let Rx { buf, partial } = rx;
-        let Some(msg) = reassemble(partial, &buf[..n]) else { continue };
-        let pkt = match wire::decode_message(&msg) {
-            Some(Message::Packet(p)) => p,
-            Some(Message::Control(c)) => {
-                apply(fabric, c, to.as_deref());
-                continue;
+        if quit.load(Ordering::Relaxed) {
+            return false;
+        }
+    }
+    false
+}
+
+/// Takes in what has arrived (the socket's datagrams too if `socket`, then the rings), hands
+/// each complete packet to its QP's inbox in arrival order, then services those QPs; whether
+/// any packet was delivered.
+fn receive(inbound: &Inbound, rx: &mut Rx, fabric: &FabricInner, socket: bool) -> bool {
+    let was = RECEIVING.replace(true);
+    let delivered = receive_marked(inbound, rx, fabric, socket);
+    RECEIVING.set(was);
+    delivered
+}
+
+thread_local! {
+    /// Whether this thread is inside `receive`: the replies it sends must never wait.
+    static RECEIVING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+fn receive_marked(inbound: &Inbound, rx: &mut Rx, fabric: &FabricInner, socket: bool) -> bool {
+    let mut batch = Batch::default();
+    let Rx { buf, partial, rings } = rx;
+    if socket {
+        take_datagrams(inbound, buf, rings, &mut |a| batch.take(fabric, partial, a));
+    }
+    rings.retain(|(_, ring)| {
+        // A ring that breaks its format is dropped: what its writer sends is lost.
+        ring.read(|rec| batch.take(fabric, partial, Arrived::Record(rec))).is_ok()
+    });
+    batch.deliver(fabric)
+}
+
+/// Takes the datagrams waiting on the socket: rings offered to us (replacing, after reading
+/// it out, the ring of a dead node whose slot the offerer took), doorbells, and messages.
+fn take_datagrams(
+    inbound: &Inbound,
+    buf: &mut [u8],
+    rings: &mut Vec<(u8, Arc<Ring>)>,
+    take: &mut dyn FnMut(Arrived<'_>),
+) {
+    loop {
+        let (n, fd) = match crate::sys::recv_with_fd(inbound.sock.as_raw_fd(), buf) {
+            Ok(got) => got,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => return,
+        };
+        let d = &buf[..n];
+        match (d.get(4..6), fd) {
+            (Some(&[src, flags]), Some(fd)) if flags & RING != 0 => {
+                let Ok(ring) = Ring::open(fd) else { continue };
+                if let Some(i) = rings.iter().position(|(s, _)| *s == src) {
+                    let (_, old) = rings.swap_remove(i);
+                    let _ = old.read(|rec| take(Arrived::Record(rec)));
+                }
+                rings.push((src, Arc::new(ring)));
             }
-            None => continue,
+            (Some(&[_, flags]), _) if flags & (RING | BELL) != 0 => {}
+            _ => take(Arrived::Datagram(d)),
+        }
+    }
+}
+
+/// What `receive` took in: a datagram from the socket, or a record of a ring (which can lend
+/// its payload in place).
+enum Arrived<'a> {
+    Datagram(&'a [u8]),
+    Record(Record),
+}
+
+/// The packets one `receive` took in, by how they are delivered.
+#[derive(Default)]
+struct Batch {
+    ready: Vec<Arc<crate::qp::QpShared>>,
+    /// Datagrams to a multicast group, for the members here.
+    multicast: Vec<Packet>,
+    /// SENDs for XRC SRQs here, from target QPs in other processes.
+    xrc: Vec<Packet>,
+}
+
+impl Batch {
+    /// Takes one datagram or ring record in.
+    fn take(&mut self, fabric: &FabricInner, partial: &mut HashMap<u8, Partial>, a: Arrived<'_>) {
+        let d = match &a {
+            Arrived::Datagram(d) => d,
+            Arrived::Record(r) => r.bytes(),
+        };
+        let Some(h) = FrameHead::parse(d) else { return };
+        let dst = u32::from_le_bytes(d[16..20].try_into().expect("4 bytes"));
+        let to = fabric.lookup_qp_any(dst);
+        if let Some(qp) = &to {
+            qp.heard.store(fabric.now().max(1), Ordering::Relaxed);
+        }
+        let pkt = match a {
+            // A message its ring can hold whole stays there until placed.
+            Arrived::Record(rec) if !h.whole() && h.total <= rec.ring().max_held_message() => {
+                match hold(partial, h, rec).and_then(decode_held) {
+                    Some(pkt) => pkt,
+                    None => return,
+                }
+            }
+            a => match self.decode(fabric, partial, a, to.as_deref()) {
+                Some(pkt) => pkt,
+                None => return,
+            },
         };
         if pkt.dst_qpn == engine::requester::MULTICAST_QPN {
-            multicast.push(pkt);
-            continue;
+            return self.multicast.push(pkt);
         }
         if pkt.kind == Kind::XrcDeliver {
-            xrc.push(pkt);
-            continue;
+            return self.xrc.push(pkt);
         }
         if !fabric.port_up(pkt.dst_dev, pkt.dst_port) {
-            continue;
+            return;
         }
-        let Some(qp) = fabric.lookup_qp(pkt.dst_dev, pkt.dst_qpn) else { continue };
+        let Some(qp) = fabric.lookup_qp(pkt.dst_dev, pkt.dst_qpn) else { return };
         qp.inbox.lock().push_back(pkt);
-        if !ready.iter().any(|q| Arc::ptr_eq(q, &qp)) {
-            ready.push(qp);
+        if !self.ready.iter().any(|q| Arc::ptr_eq(q, &qp)) {
+            self.ready.push(qp);
         }
     }
-    let delivered = !ready.is_empty() || !multicast.is_empty() || !xrc.is_empty();
-    let mut drv = Driver::new(fabric);
-    for qp in ready {
-        let mut g = qp.inner.lock();
-        drv.service(&qp, &mut g);
+
+    /// The packet a datagram or record completes, if it does (a control message is carried
+    /// out here, for our QP `to` if it names one).
+    fn decode(
+        &mut self,
+        fabric: &FabricInner,
+        partial: &mut HashMap<u8, Partial>,
+        a: Arrived<'_>,
+        to: Option<&crate::qp::QpShared>,
+    ) -> Option<Packet> {
+        let (mut pkt, lend) = {
+            let d = match &a {
+                Arrived::Datagram(d) => d,
+                Arrived::Record(r) => r.bytes(),
+            };
+            let msg = reassemble(partial, d)?;
+            let (mut pkt, range) = match wire::decode_message(&msg)? {
+                (Message::Packet(p), range) => (p, range),
+                (Message::Control(c), _) => {
+                    apply(fabric, c, to);
+                    return None;
+                }
+            };
+            // A large payload of a one-record message stays in the ring until placed.
+            let in_place = matches!((&a, &msg), (Arrived::Record(_), Cow::Borrowed(_)));
+            let lend = match range {
+                Some(r) if in_place && r.len() >= LEND_MIN => {
+                    Some(HEADER + r.start..HEADER + r.end)
+                }
+                Some(r) => {
+                    pkt.payload = Payload::Bytes(msg[r].into());
+                    None
+                }
+                None => None,
+            };
+            (pkt, lend)
+        };
+        if let (Some(range), Arrived::Record(rec)) = (lend, a) {
+            pkt.payload = Payload::Bytes(Bytes::Lent(rec.lend(range)));
+        }
+        Some(pkt)
     }
-    for pkt in &multicast {
-        engine::fan_out(fabric, pkt, &mut drv);
+
+    /// Services what it took in; whether there was anything.
+    fn deliver(self, fabric: &FabricInner) -> bool {
+        let Batch { ready, multicast, xrc } = self;
+        let delivered = !ready.is_empty() || !multicast.is_empty() || !xrc.is_empty();
+        if !delivered {
+            return false;
+        }
+        let mut drv = Driver::new(fabric);
+        for qp in ready {
+            let mut g = qp.inner.lock();
+            drv.service(&qp, &mut g);
+        }
+        for pkt in &multicast {
+            engine::fan_out(fabric, pkt, &mut drv);
+        }
+        for pkt in xrc {
+            engine::xrc::deliver(fabric, pkt, &mut drv);
+        }
+        drv.finish();
+        true
     }
-    for pkt in xrc {
-        engine::xrc::deliver(fabric, pkt, &mut drv);
+}
+
+/// A message arriving in fragments from one source (they arrive in order).
+#[derive(Debug)]
+enum Partial {
+    /// Copied together: from datagrams, or too large for its ring to hold whole.
+    Copied(Vec<u8>),
+    /// Kept where it arrives: the records of its fragments so far, and their bytes.
+    Held(Vec<Record>, usize),
+}
+
+/// The header of a fragment.
+#[derive(Debug, Clone, Copy)]
+struct FrameHead {
+    src: u8,
+    flags: u8,
+    total: usize,
+    offset: usize,
+}
+
+impl FrameHead {
+    fn parse(d: &[u8]) -> Option<FrameHead> {
+        let head = d.first_chunk::<HEADER>()?;
+        let word = |i: usize| u32::from_le_bytes(head[i..i + 4].try_into().expect("4 bytes"));
+        let (src, flags, total, offset) = (head[4], head[5], word(8) as usize, word(12) as usize);
+        (word(0) == MAGIC).then_some(FrameHead { src, flags, total, offset })
     }
-    drv.finish();
-    delivered
+
+    fn whole(&self) -> bool {
+        self.flags & (FIRST | LAST) == FIRST | LAST
+    }
 }
 
 /// Adds one datagram to its source's message; the whole message once its last fragment is in.
 /// A fragment that does not continue the message in progress is dropped (its source died
 /// mid-message, or the slot changed hands).
-fn reassemble(partial: &mut HashMap<u8, Vec<u8>>, d: &[u8]) -> Option<Vec<u8>> {
-    let (head, body) = d.split_first_chunk::<HEADER>()?;
-    let word = |i: usize| u32::from_le_bytes(head[i..i + 4].try_into().expect("4 bytes"));
-    let (magic, src, flags, total, offset) = (word(0), head[4], head[5], word(8), word(12));
-    if magic != MAGIC {
-        return None;
-    }
-    if flags & FIRST != 0 {
-        if flags & LAST != 0 {
-            partial.remove(&src);
-            return (body.len() == total as usize).then(|| body.to_vec());
+fn reassemble<'a>(partial: &mut HashMap<u8, Partial>, d: &'a [u8]) -> Option<Cow<'a, [u8]>> {
+    let h = FrameHead::parse(d)?;
+    let body = &d[HEADER..];
+    if h.flags & FIRST != 0 {
+        if h.flags & LAST != 0 {
+            partial.remove(&h.src);
+            return (body.len() == h.total).then_some(Cow::Borrowed(body));
         }
-        let mut v = Vec::with_capacity(total as usize);
+        let mut v = Vec::with_capacity(h.total);
         v.extend_from_slice(body);
-        partial.insert(src, v);
+        partial.insert(h.src, Partial::Copied(v));
         return None;
     }
-    let cur = partial.get_mut(&src)?;
-    if cur.len() != offset as usize || cur.len() + body.len() > total as usize {
-        partial.remove(&src);
+    let Some(Partial::Copied(cur)) = partial.get_mut(&h.src) else {
+        partial.remove(&h.src);
+        return None;
+    };
+    if cur.len() != h.offset || cur.len() + body.len() > h.total {
+        partial.remove(&h.src);
         return None;
     }
     cur.extend_from_slice(body);
-    if flags & LAST == 0 {
+    if h.flags & LAST == 0 {
         return None;
     }
-    let msg = partial.remove(&src)?;
-    (msg.len() == total as usize).then_some(msg)
+    match partial.remove(&h.src)? {
+        Partial::Copied(msg) if msg.len() == h.total => Some(Cow::Owned(msg)),
+        _ => None,
+    }
+}
+
+/// As [`reassemble`], for a fragment that stays in its ring: the records of the whole message
+/// once its last one is in.
+fn hold(partial: &mut HashMap<u8, Partial>, h: FrameHead, rec: Record) -> Option<Vec<Record>> {
+    let len = rec.bytes().len() - HEADER;
+    if h.flags & FIRST != 0 {
+        partial.insert(h.src, Partial::Held(vec![rec], len));
+        return None;
+    }
+    let Some(Partial::Held(recs, got)) = partial.get_mut(&h.src) else {
+        partial.remove(&h.src);
+        return None;
+    };
+    if *got != h.offset || *got + len > h.total {
+        partial.remove(&h.src);
+        return None;
+    }
+    recs.push(rec);
+    *got += len;
+    if h.flags & LAST == 0 {
+        return None;
+    }
+    match partial.remove(&h.src)? {
+        Partial::Held(recs, got) if got == h.total => Some(recs),
+        _ => None,
+    }
+}
+
+/// The packet whose fragments are `recs`, its payload left in them.
+fn decode_held(recs: Vec<Record>) -> Option<Packet> {
+    let first = recs.first()?.bytes().len();
+    let (mut pkt, range) = match wire::decode_message(&recs[0].bytes()[HEADER..])? {
+        (Message::Packet(p), range) => (p, range),
+        // Control messages are a few bytes: never in fragments.
+        (Message::Control(_), _) => return None,
+    };
+    if !matches!(pkt.payload, Payload::None) {
+        return None; // a READ request or a pulled payload: never in fragments either
+    }
+    let start = range.map_or(first, |r| HEADER + r.start);
+    let parts = recs.into_iter().enumerate().filter_map(|(i, rec)| {
+        let len = rec.bytes().len();
+        let from = if i == 0 { start } else { HEADER };
+        (from < len).then(|| rec.lend(from..len))
+    });
+    pkt.payload = Payload::Lent(parts.collect());
+    Some(pkt)
 }
 
 /// Carries out a control message from another node (addressed to our QP `to`, if any), as
@@ -575,20 +879,26 @@ fn peer_died(fabric: &FabricInner, slot: u8) {
 #[derive(Debug)]
 struct Peer {
     path: PathBuf,
+    /// Our slot, as the source of what we send.
+    src: u8,
     tx: Mutex<PeerTx>,
     cv: Condvar,
+    /// The peer (or this node) is gone: its flusher and any sender waiting for room stop.
+    shutdown: AtomicBool,
 }
 
 #[derive(Debug, Default)]
 struct PeerTx {
     /// Connected and non-blocking; `None` until first used or after the peer went away.
     sock: Option<UnixDatagram>,
-    /// Datagrams the peer had no room for, in order.
+    /// The ring to the peer, once it has its descriptor; without one, datagrams on `sock`.
+    ring: Option<Arc<Ring>>,
+    ring_tried: bool,
+    /// Fragments the peer had no room for, framed, in order.
     backlog: VecDeque<Vec<u8>>,
-    /// The flusher took a datagram off the backlog and is sending it: later ones must queue.
+    /// The flusher took a fragment off the backlog and is sending it: later ones must queue.
     flushing: bool,
     flusher_started: bool,
-    shutdown: bool,
 }
 
 /// What a non-blocking send came to.
@@ -599,22 +909,82 @@ enum Sent {
 }
 
 impl Peer {
-    fn new(path: PathBuf) -> Peer {
-        Peer { path, tx: Mutex::default(), cv: Condvar::new() }
+    fn new(path: PathBuf, src: u8) -> Peer {
+        Peer {
+            path,
+            src,
+            tx: Mutex::default(),
+            cv: Condvar::new(),
+            shutdown: AtomicBool::new(false),
+        }
     }
 
-    /// Sends `frames` (one message) in order; what does not fit now goes to the backlog.
-    fn send(self: &Arc<Self>, frames: impl Iterator<Item = Vec<u8>>) {
+    /// If the peer has shown it may read our memory (see `wire::pullable`): the size beyond
+    /// which a message is better read from here than streamed through the ring.
+    fn pull_beyond(&self) -> Option<usize> {
+        let tx = self.tx.lock();
+        tx.ring.as_ref().filter(|r| r.reader_may_pull()).map(|r| r.max_held_message())
+    }
+
+    /// Stops its flusher: the peer (or this node) is gone.
+    fn shut(&self) {
+        self.shutdown.store(true, Ordering::Release);
+        let _tx = self.tx.lock();
+        self.cv.notify_all();
+    }
+
+    /// Sends `msg` for the peer's QP `dst_qpn`, in fragments, in order; what does not fit now
+    /// goes to the backlog.
+    fn send(self: &Arc<Self>, dst_qpn: u32, msg: &Encoded<'_>) {
+        let src = self.src;
         let mut tx = self.tx.lock();
-        for d in frames {
+        if !tx.ring_tried {
+            tx.ring_tried = true;
+            tx.ring = self.offer_ring(&mut tx.sock).map(Arc::new);
+        }
+        let ring = tx.ring.clone();
+        let step = ring.as_ref().map_or(FRAGMENT, |r| r.max_record() - HEADER);
+        let total = msg.len();
+        let mut rung = false;
+        let mut start = 0;
+        while start < total {
+            let end = (start + step).min(total);
+            let frag = Fragment { src, dst_qpn, msg, range: start..end };
+            start = end;
             if tx.backlog.is_empty() && !tx.flushing {
-                match try_send(&mut tx.sock, &self.path, &d) {
+                let sent = match &ring {
+                    Some(r) => match self.write_waiting(r, &frag) {
+                        Written::Done => {
+                            rung |= r.rings();
+                            Sent::Done
+                        }
+                        Written::Full => Sent::Full,
+                        Written::Refused => Sent::Gone,
+                    },
+                    None => match frag.to_vec() {
+                        Some(d) => match try_send(&mut tx.sock, &self.path, &d) {
+                            Sent::Full => {
+                                tx.backlog.push_back(d);
+                                continue;
+                            }
+                            sent => sent,
+                        },
+                        None => Sent::Gone,
+                    },
+                };
+                match sent {
                     Sent::Done => continue,
-                    Sent::Gone => return,
+                    Sent::Gone => break,
                     Sent::Full => {}
                 }
             }
-            tx.backlog.push_back(d);
+            match frag.to_vec() {
+                Some(d) => tx.backlog.push_back(d),
+                None => break,
+            }
+        }
+        if rung {
+            ring_bell(&mut tx.sock, &self.path, src);
         }
         if !tx.backlog.is_empty() {
             if !tx.flusher_started {
@@ -633,15 +1003,57 @@ impl Peer {
         }
     }
 
-    /// Pushes the backlog with blocking sends, so the threads that send never block.
+    /// Writes `frag` into `ring`. A thread that is not taking in messages waits a little for
+    /// room rather than copying to the backlog: its work request waits as in a NIC's full
+    /// send queue. Only a little, for it may hold a QP's lock that the reader needs to take in
+    /// what frees the peer to read (each node's reader waiting on the other's application
+    /// would never end), and never while taking messages in itself.
+    fn write_waiting(&self, ring: &Ring, frag: &Fragment<'_>) -> Written {
+        let mut since = None;
+        loop {
+            match ring.write(frag.len(), |d| frag.write(d)) {
+                Written::Full if !RECEIVING.get() && !self.shutdown.load(Ordering::Acquire) => {
+                    let t0 = *since.get_or_insert_with(std::time::Instant::now);
+                    if t0.elapsed() > SEND_PATIENCE {
+                        return Written::Full;
+                    }
+                    std::thread::yield_now();
+                }
+                w => return w,
+            }
+        }
+    }
+
+    /// Makes a ring for the peer and passes it over; `None` (datagrams it is, then) if either
+    /// fails. The peer's socket may be briefly full: it is retried for up to 100 ms.
+    fn offer_ring(&self, sock: &mut Option<UnixDatagram>) -> Option<Ring> {
+        let ring = Ring::create(RING_BYTES).ok()?;
+        let d = frame(self.src, RING, 0, 0, 0, &[]);
+        for _ in 0..100 {
+            if sock.is_none() {
+                *sock = connect(&self.path, true).ok();
+            }
+            let s = sock.as_ref()?;
+            match crate::sys::send_with_fd(s.as_raw_fd(), &d, ring.fd()) {
+                Ok(()) => return Some(ring),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(_) => return None,
+            }
+        }
+        None
+    }
+
+    /// Pushes the backlog, waiting for room, so the threads that send never wait.
     fn flush_loop(&self) {
         let mut sock: Option<UnixDatagram> = None;
         loop {
-            let d = {
+            let (d, ring) = {
                 let mut tx = self.tx.lock();
                 tx.flushing = false;
                 let d = loop {
-                    if tx.shutdown {
+                    if self.shutdown.load(Ordering::Acquire) {
                         return;
                     }
                     if let Some(d) = tx.backlog.pop_front() {
@@ -650,14 +1062,43 @@ impl Peer {
                     self.cv.wait(&mut tx);
                 };
                 tx.flushing = true;
-                d
+                (d, tx.ring.clone())
             };
-            if !send_blocking(&mut sock, &self.path, &d) {
+            let sent = match ring {
+                Some(r) => self.flush_to_ring(&r, &d, &mut sock),
+                None => send_blocking(&mut sock, &self.path, &d),
+            };
+            if !sent {
                 // The peer is gone: so is everything queued for it.
                 self.tx.lock().backlog.clear();
             }
         }
     }
+
+    /// Writes the framed fragment `d` into `ring` as soon as the reader makes room; `false`
+    /// if the peer went away first.
+    fn flush_to_ring(&self, ring: &Ring, d: &[u8], sock: &mut Option<UnixDatagram>) -> bool {
+        loop {
+            match ring.write(d.len(), |b| {
+                b.copy_from_slice(d);
+                true
+            }) {
+                Written::Done => break,
+                _ if self.shutdown.load(Ordering::Acquire) => return false,
+                _ => std::thread::sleep(Duration::from_micros(50)),
+            }
+        }
+        if ring.rings() {
+            ring_bell(sock, &self.path, self.src);
+        }
+        true
+    }
+}
+
+/// Wakes the node whose socket is at `path`: records wait in our ring.
+fn ring_bell(sock: &mut Option<UnixDatagram>, path: &Path, src: u8) {
+    // A full socket needs no more waking.
+    let _ = try_send(sock, path, &frame(src, BELL, 0, 0, 0, &[]));
 }
 
 fn connect(path: &Path, nonblocking: bool) -> io::Result<UnixDatagram> {
@@ -726,21 +1167,19 @@ mod test {
     #[test]
     fn test_fragments_reassemble_per_source_and_gaps_are_dropped() {
         let mut p = HashMap::new();
-        assert_eq!(
-            reassemble(&mut p, &frame(1, FIRST | LAST, 2, 0, 0, b"ab")),
-            Some(b"ab".to_vec())
-        );
-        assert_eq!(reassemble(&mut p, &frame(1, FIRST, 4, 0, 0, b"ab")), None);
-        assert_eq!(reassemble(&mut p, &frame(2, FIRST, 2, 0, 0, b"x")), None);
-        assert_eq!(reassemble(&mut p, &frame(1, LAST, 4, 2, 0, b"cd")), Some(b"abcd".to_vec()));
-        assert_eq!(reassemble(&mut p, &frame(2, LAST, 2, 1, 0, b"y")), Some(b"xy".to_vec()));
+        let mut reassemble = |d: &[u8]| reassemble(&mut p, d).map(|m| m.into_owned());
+        assert_eq!(reassemble(&frame(1, FIRST | LAST, 2, 0, 0, b"ab")), Some(b"ab".to_vec()));
+        assert_eq!(reassemble(&frame(1, FIRST, 4, 0, 0, b"ab")), None);
+        assert_eq!(reassemble(&frame(2, FIRST, 2, 0, 0, b"x")), None);
+        assert_eq!(reassemble(&frame(1, LAST, 4, 2, 0, b"cd")), Some(b"abcd".to_vec()));
+        assert_eq!(reassemble(&frame(2, LAST, 2, 1, 0, b"y")), Some(b"xy".to_vec()));
         // A middle fragment with no start, a gap, a bad magic: nothing.
-        assert_eq!(reassemble(&mut p, &frame(3, LAST, 4, 2, 0, b"cd")), None);
-        assert_eq!(reassemble(&mut p, &frame(1, FIRST, 6, 0, 0, b"ab")), None);
-        assert_eq!(reassemble(&mut p, &frame(1, LAST, 6, 4, 0, b"ef")), None);
+        assert_eq!(reassemble(&frame(3, LAST, 4, 2, 0, b"cd")), None);
+        assert_eq!(reassemble(&frame(1, FIRST, 6, 0, 0, b"ab")), None);
+        assert_eq!(reassemble(&frame(1, LAST, 6, 4, 0, b"ef")), None);
         let mut bad = frame(1, FIRST | LAST, 1, 0, 0, b"z");
         bad[0] ^= 1;
-        assert_eq!(reassemble(&mut p, &bad), None);
+        assert_eq!(reassemble(&bad), None);
     }
 
     #[test]

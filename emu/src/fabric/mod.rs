@@ -10,6 +10,7 @@
 pub(crate) mod faults;
 pub(crate) mod host;
 pub(crate) mod pcap;
+pub(crate) mod ring;
 pub(crate) mod timer;
 pub(crate) mod wire;
 

@@ -13,7 +13,7 @@ use parking_lot::Mutex;
 
 use super::FabricInner;
 use crate::{
-    engine::packet::{Kind, NakCode, Packet, Payload, Piece, Syndrome},
+    engine::packet::{Kind, NakCode, Packet, Payload, Syndrome},
     error::Result,
     types::{Gid, QpType},
 };
@@ -128,10 +128,9 @@ fn payload_bytes(pkt: &Packet) -> Vec<u8> {
         Payload::Placed(m) => read(&mut out, m),
         p => {
             for piece in p.pieces() {
-                match piece {
-                    Piece::Bytes(b) => out.extend_from_slice(b),
-                    Piece::Mem(m) => read(&mut out, m),
-                }
+                let start = out.len();
+                out.resize(start + piece.len(), 0);
+                let _ = piece.read(0, &mut out[start..]);
             }
         }
     }

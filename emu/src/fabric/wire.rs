@@ -4,9 +4,11 @@
 //! A READ request carries no payload: its destination is in the requester's process, so the
 //! decoded request says [`Payload::Remote`] and the responder answers with the bytes.
 
+use std::ops::Range;
+
 use crate::{
     engine::packet::{Kind, NakCode, Packet, Payload, Piece, Syndrome},
-    mem::MemFault,
+    mem::{MemFault, PeerRange},
     types::Gid,
 };
 
@@ -47,25 +49,111 @@ pub(crate) fn encode_control(c: Control) -> Vec<u8> {
     out
 }
 
-/// The message in `bytes`, or `None` if they are not one.
-pub(crate) fn decode_message(bytes: &[u8]) -> Option<Message> {
+/// The message in `bytes`, or `None` if they are not one; a packet's payload is left for the
+/// caller to take from `bytes[range]` (see [`decode_head`]).
+pub(crate) fn decode_message(bytes: &[u8]) -> Option<(Message, Option<Range<usize>>)> {
     if bytes.first() != Some(&CONTROL) {
-        return decode(bytes).map(Message::Packet);
+        return decode_head(bytes).map(|(p, range)| (Message::Packet(p), range));
     }
     let mut r = Reader(&bytes[1..]);
     let [kind, port] = r.take::<2>()?;
     let (dev, value) = (r.u32()?, r.u32()?);
-    match kind {
-        0 => Some(Message::Control(Control::Event { dev, port, event: value })),
-        1 => Some(Message::Control(Control::PortState { dev, port, up: value != 0 })),
-        2 => Some(Message::Control(Control::QpClosed { qpn: value })),
-        _ => None,
+    let c = match kind {
+        0 => Control::Event { dev, port, event: value },
+        1 => Control::PortState { dev, port, up: value != 0 },
+        2 => Control::QpClosed { qpn: value },
+        _ => return None,
+    };
+    Some((Message::Control(c), None))
+}
+
+/// A message in byte form, not yet laid out: the header bytes, then the payload still in the
+/// sender's memory, so it can be gathered straight to where it goes.
+pub(crate) struct Encoded<'a> {
+    head: Vec<u8>,
+    payload: Option<&'a Payload>,
+}
+
+impl<'a> Encoded<'a> {
+    pub(crate) fn packet(pkt: &'a Packet) -> Encoded<'a> {
+        let mut head = Vec::with_capacity(128);
+        encode_head(pkt, false, &mut head);
+        Encoded { head, payload: (pkt.kind != Kind::ReadRequest).then_some(&pkt.payload) }
+    }
+
+    /// `pkt` with its payload left in this process's memory, for the receiver to read from
+    /// there (see [`pullable`]).
+    pub(crate) fn pulled(pkt: &'a Packet) -> Encoded<'a> {
+        let ranges = pkt.payload.ranges();
+        let mut head = Vec::with_capacity(128 + 16 * ranges.len());
+        encode_head(pkt, true, &mut head);
+        head.extend_from_slice(&std::process::id().to_le_bytes());
+        head.extend_from_slice(&(ranges.len() as u32).to_le_bytes());
+        for m in ranges {
+            head.extend_from_slice(&(m.region.host_addr() + m.offset as u64).to_le_bytes());
+            head.extend_from_slice(&(m.len as u64).to_le_bytes());
+        }
+        Encoded { head, payload: None }
+    }
+
+    pub(crate) fn control(c: Control) -> Encoded<'static> {
+        Encoded { head: encode_control(c), payload: None }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.head.len() + self.payload.map_or(0, |p| p.pieces().map(|p| p.len()).sum())
+    }
+
+    /// Copies the message's bytes `from..from + dst.len()` into `dst`. Fails only if the
+    /// payload's source memory faults, which the requester's checks rule out.
+    pub(crate) fn copy_to(&self, from: usize, dst: &mut [u8]) -> Result<(), MemFault> {
+        let mut at = 0; // message offset of the current piece
+        let mut out = 0; // bytes of `dst` written
+        let head = std::iter::once(Piece::Bytes(&self.head));
+        for piece in head.chain(self.payload.into_iter().flat_map(|p| p.pieces())) {
+            let (start, end) = (at, at + piece.len());
+            at = end;
+            let want = from + out;
+            if end <= want {
+                continue;
+            }
+            if out == dst.len() {
+                break;
+            }
+            let skip = want - start;
+            let n = (end - want).min(dst.len() - out);
+            piece.read(skip, &mut dst[out..out + n])?;
+            out += n;
+        }
+        debug_assert_eq!(out, dst.len());
+        Ok(())
     }
 }
 
-/// Appends `pkt` to `out`. Fails only if the payload's source memory faults, which the
-/// requester's checks rule out.
+/// Appends `pkt` to `out` (what a ring record or datagram carries, in one piece).
+#[cfg(test)]
 pub(crate) fn encode(pkt: &Packet, out: &mut Vec<u8>) -> Result<(), MemFault> {
+    let e = Encoded::packet(pkt);
+    let at = out.len();
+    out.resize(at + e.len(), 0);
+    e.copy_to(0, &mut out[at..])
+}
+
+/// At most this many source ranges in a pulled payload (a work request's SGEs).
+const MAX_PULL_RANGES: u32 = 1024;
+
+/// Whether the receiver may read `pkt`'s payload straight from this process's memory, if it
+/// is allowed to and the sending QP is reliable: a SEND or WRITE gathered from registered
+/// memory, which the application leaves alone until the ACK completes it.
+pub(crate) fn pullable(pkt: &Packet) -> bool {
+    matches!(pkt.kind, Kind::Send | Kind::Write)
+        && matches!(pkt.payload, Payload::One(_) | Payload::Gather(_))
+        && pkt.payload.ranges().len() <= MAX_PULL_RANGES as usize
+}
+
+/// The header fields of `pkt`, as [`decode`] reads them (`pulled`: source ranges follow
+/// instead of the payload).
+fn encode_head(pkt: &Packet, pulled: bool, out: &mut Vec<u8>) {
     let kind = match pkt.kind {
         Kind::Send => 0,
         Kind::Write => 1,
@@ -91,7 +179,8 @@ pub(crate) fn encode(pkt: &Packet, out: &mut Vec<u8>) -> Result<(), MemFault> {
     // ImmDt and IETH never travel together; one word carries whichever is present.
     let flags = u8::from(pkt.solicited)
         | u8::from(pkt.imm.is_some()) << 1
-        | u8::from(pkt.inv.is_some()) << 2;
+        | u8::from(pkt.inv.is_some()) << 2
+        | u8::from(pulled) << 3;
     out.extend_from_slice(&[VERSION, kind, syn, syn_arg, flags, pkt.src_port, pkt.dst_port]);
     out.push(u8::from(pkt.grh.is_some()));
     for v in [pkt.src_dev, pkt.src_qpn, pkt.dst_dev, pkt.dst_qpn, pkt.psn, pkt.npkts] {
@@ -109,20 +198,6 @@ pub(crate) fn encode(pkt: &Packet, out: &mut Vec<u8>) -> Result<(), MemFault> {
         out.extend_from_slice(&grh.0.0);
         out.extend_from_slice(&grh.1.0);
     }
-    if pkt.kind == Kind::ReadRequest {
-        return Ok(());
-    }
-    for piece in pkt.payload.pieces() {
-        match piece {
-            Piece::Bytes(b) => out.extend_from_slice(b),
-            Piece::Mem(m) => {
-                let at = out.len();
-                out.resize(at + m.len, 0);
-                m.region.read(m.offset, &mut out[at..])?;
-            }
-        }
-    }
-    Ok(())
 }
 
 /// Reads fixed-size fields off the front of a byte slice.
@@ -146,7 +221,18 @@ impl<'a> Reader<'a> {
 }
 
 /// The packet in `bytes`, or `None` if they are not one (another version, or truncated).
+#[cfg(test)]
 pub(crate) fn decode(bytes: &[u8]) -> Option<Packet> {
+    let (mut p, range) = decode_head(bytes)?;
+    if let Some(r) = range {
+        p.payload = Payload::Bytes(bytes[r].into());
+    }
+    Some(p)
+}
+
+/// The packet in `bytes` but for its payload, and where in `bytes` that lies (a packet with
+/// none or, for a READ request, [`Payload::Remote`], says `None`).
+pub(crate) fn decode_head(bytes: &[u8]) -> Option<(Packet, Option<Range<usize>>)> {
     let mut r = Reader(bytes);
     let [version, kind, syn, syn_arg, flags, src_port, dst_port, has_grh] = r.take::<8>()?;
     if version != VERSION {
@@ -192,14 +278,25 @@ pub(crate) fn decode(bytes: &[u8]) -> Option<Packet> {
         let (src, dst) = (Gid(r.take()?), Gid(r.take()?));
         p.grh = Some(Box::new((src, dst)));
     }
-    p.payload = if kind == Kind::ReadRequest {
-        Payload::Remote
-    } else if r.0.is_empty() {
-        Payload::None
-    } else {
-        Payload::Bytes(r.0.into())
-    };
-    Some(p)
+    if flags & 8 != 0 {
+        let (pid, n) = (r.u32()?, r.u32()?);
+        if n > MAX_PULL_RANGES {
+            return None;
+        }
+        let ranges = (0..n).map(|_| {
+            let (addr, len) = (r.u64()?, r.u64()?);
+            Some(PeerRange { pid, addr, len: usize::try_from(len).ok()? })
+        });
+        p.payload = Payload::Peer(ranges.collect::<Option<_>>()?);
+        return Some((p, None));
+    }
+    let at = bytes.len() - r.0.len();
+    if kind == Kind::ReadRequest {
+        p.payload = Payload::Remote;
+    } else if at < bytes.len() {
+        return Some((p, Some(at..bytes.len())));
+    }
+    Some((p, None))
 }
 
 #[cfg(test)]
@@ -242,13 +339,13 @@ mod test {
             Control::QpClosed { qpn: 0x2_0011 },
         ] {
             match decode_message(&encode_control(c)) {
-                Some(Message::Control(d)) => assert_eq!(c, d),
+                Some((Message::Control(d), None)) => assert_eq!(c, d),
                 other => panic!("{other:?}"),
             }
         }
         let mut bytes = Vec::new();
         encode(&Packet::new(Kind::Ack), &mut bytes).unwrap();
-        assert!(matches!(decode_message(&bytes), Some(Message::Packet(_))));
+        assert!(matches!(decode_message(&bytes), Some((Message::Packet(_), None))));
     }
 
     #[test]

@@ -1,0 +1,495 @@
+//! A one-way ring of records in shared memory: how a node of the host fabric sends to another
+//! without a system call.
+//!
+//! The sender creates the ring (an anonymous shared-memory file) and passes its descriptor to
+//! the receiver over the receiver's socket; from then on both map the same pages. One thread
+//! at a time writes (the sender holds its peer's lock) and one reads (the receiver holds its
+//! inbound lock), so the indices need no compare-and-swap: the writer publishes a record by
+//! storing `tail` (release), the reader frees it by storing `head` (release).
+//!
+//! A receiver with nothing to do sleeps in poll(2) on its socket. Before it does, it sets
+//! `bell` in each ring and looks once more; a writer that finds `bell` set after publishing
+//! clears it and sends the receiver a datagram. Each side stores its flag before it loads the
+//! other's (sequentially consistent), so one of them always sees the other: no record is left
+//! unnoticed while the receiver sleeps, and a receiver that is awake costs the writer nothing.
+//!
+//! The reader may keep a record after reading it ([`Record::lend`]): a large payload is then
+//! placed straight from the ring. Records are freed in ring order, so `head` stops at the
+//! oldest record still lent until its last borrower lets go.
+#![allow(unsafe_code)]
+
+use std::{
+    collections::VecDeque,
+    io,
+    ops::Range,
+    os::fd::{AsRawFd, OwnedFd, RawFd},
+    ptr::NonNull,
+    sync::{
+        Arc,
+        atomic::{AtomicU32, AtomicU64, Ordering, fence},
+    },
+};
+
+use parking_lot::Mutex;
+
+const MAGIC: u64 = u64::from_le_bytes(*b"REMURNG1");
+/// The header page: fixed fields, then each index on its own cache line.
+const HEADER: usize = 4096;
+const MAGIC_AT: usize = 0;
+const CAP_AT: usize = 8;
+const WRITER_AT: usize = 16;
+/// The address, in the writer's process, of a word holding `PROBE_VALUE_AT`'s value: a reader
+/// that can read it there may read the writer's memory (`PULL_AT` says so to the writer).
+const PROBE_ADDR_AT: usize = 24;
+const PROBE_VALUE_AT: usize = 32;
+const PULL_AT: usize = 40;
+const TAIL_AT: usize = 64;
+const HEAD_AT: usize = 128;
+const BELL_AT: usize = 192;
+/// A record is its length (u32, padded to 8 bytes), then its bytes, padded to 8 bytes.
+const RECORD_HEADER: usize = 8;
+/// The length word of the filler that takes a ring's last bytes when a record does not fit.
+const WRAP: u32 = u32::MAX;
+
+/// What an attempt to write a record came to.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Written {
+    Done,
+    /// Not enough room now: the reader has yet to free it.
+    Full,
+    /// The filler refused (its source could not be read); nothing was published.
+    Refused,
+}
+
+/// One ring, mapped in this process.
+#[derive(Debug)]
+pub(crate) struct Ring {
+    base: NonNull<u8>,
+    /// Bytes of records (a power of two); the mapping is `HEADER + cap`.
+    cap: usize,
+    fd: OwnedFd,
+    /// Reader side: what has been read and not yet freed.
+    reading: Mutex<Reading>,
+}
+
+/// The records read from a ring and not freed yet, oldest first.
+#[derive(Debug, Default)]
+struct Reading {
+    /// Ring position of the next record to read.
+    next: u64,
+    /// Sequence number of `held[0]`.
+    first: u64,
+    /// Each record's end position and whether it is free.
+    held: VecDeque<(u64, bool)>,
+}
+
+// SAFETY: the mapping lives as long as the `Ring` and is never moved. Its shared fields are
+// accessed only through atomics; its record bytes only by the one writer (past `tail`, not
+// yet published) and the one reader (between `head` and `tail`, published), each serialized
+// by its own process's lock as the module documentation says.
+unsafe impl Send for Ring {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for Ring {}
+
+impl Ring {
+    /// A new ring with `cap` bytes of records (a power of two, at least a page).
+    pub(crate) fn create(cap: usize) -> io::Result<Ring> {
+        assert!(cap.is_power_of_two() && cap >= 4096);
+        let fd = crate::sys::memfd(c"rdma-emu-ring", HEADER + cap)?;
+        let ring = Ring::map(fd, cap)?;
+        ring.word(CAP_AT).store(cap as u64, Ordering::Relaxed);
+        ring.word(WRITER_AT).store(u64::from(std::process::id()), Ordering::Relaxed);
+        let probe = probe();
+        ring.word(PROBE_ADDR_AT).store(probe as *const AtomicU64 as u64, Ordering::Relaxed);
+        ring.word(PROBE_VALUE_AT).store(probe.load(Ordering::Relaxed), Ordering::Relaxed);
+        ring.word(MAGIC_AT).store(MAGIC, Ordering::Release);
+        Ok(ring)
+    }
+
+    /// The ring whose descriptor another node passed us. Its size is checked against the
+    /// file's, so a bad header cannot send the reader outside the mapping.
+    pub(crate) fn open(fd: OwnedFd) -> io::Result<Ring> {
+        let invalid = || io::Error::new(io::ErrorKind::InvalidData, "not an rdma-emu ring");
+        let len = std::fs::File::from(fd.try_clone()?).metadata()?.len() as usize;
+        let cap = len.checked_sub(HEADER).filter(|c| c.is_power_of_two()).ok_or_else(invalid)?;
+        let ring = Ring::map(fd, cap)?;
+        let magic = ring.word(MAGIC_AT).load(Ordering::Acquire);
+        if magic != MAGIC || ring.word(CAP_AT).load(Ordering::Relaxed) != cap as u64 {
+            return Err(invalid());
+        }
+        let addr = ring.word(PROBE_ADDR_AT).load(Ordering::Relaxed);
+        let value = ring.word(PROBE_VALUE_AT).load(Ordering::Relaxed);
+        if crate::mem::may_read(ring.writer(), addr, value) {
+            ring.word(PULL_AT).store(1, Ordering::Release);
+        }
+        Ok(ring)
+    }
+
+    fn map(fd: OwnedFd, cap: usize) -> io::Result<Ring> {
+        // SAFETY: a fresh shared mapping of the file's first HEADER + cap bytes (the file is
+        // at least that long: we sized it, or measured it); the kernel picks the address.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                HEADER + cap,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let base = NonNull::new(p.cast::<u8>()).ok_or_else(io::Error::last_os_error)?;
+        Ok(Ring { base, cap, fd, reading: Mutex::default() })
+    }
+
+    pub(crate) fn fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    /// The process that writes it (as it says).
+    pub(crate) fn writer(&self) -> u32 {
+        self.word(WRITER_AT).load(Ordering::Relaxed) as u32
+    }
+
+    /// Writer: whether the reader may read this process's memory (it proved it could).
+    pub(crate) fn reader_may_pull(&self) -> bool {
+        self.word(PULL_AT).load(Ordering::Acquire) != 0
+    }
+
+    /// The largest record this ring takes: an eighth, so that records stream through a ring
+    /// that stays in the caches.
+    pub(crate) fn max_record(&self) -> usize {
+        self.cap / 8
+    }
+
+    /// The largest message, in records of at most [`Ring::max_record`] bytes, that the reader
+    /// may hold in the ring until it has it whole: the ring holds it with room to spare for a
+    /// wrap and a record of the next, so the writer is never stuck behind a message the
+    /// reader waits to complete.
+    pub(crate) fn max_held_message(&self) -> usize {
+        self.cap / 2 + self.cap / 8
+    }
+
+    fn word(&self, at: usize) -> &AtomicU64 {
+        // SAFETY: `at` is one of the 8-aligned header offsets, inside the page-aligned
+        // mapping, which outlives `&self`; shared fields are only ever accessed atomically.
+        unsafe { &*self.base.as_ptr().add(at).cast::<AtomicU64>() }
+    }
+
+    fn bell(&self) -> &AtomicU32 {
+        // SAFETY: as in `word`.
+        unsafe { &*self.base.as_ptr().add(BELL_AT).cast::<AtomicU32>() }
+    }
+
+    /// The record bytes `at..at + len` (ring offsets, within `cap`).
+    fn ptr(&self, at: usize, len: usize) -> *mut u8 {
+        debug_assert!(at + len <= self.cap);
+        // SAFETY: HEADER + at + len <= HEADER + cap, the mapping's length.
+        unsafe { self.base.as_ptr().add(HEADER + at) }
+    }
+
+    /// Writes one record of `len` bytes, which `fill` writes (returning `false` to give up).
+    /// Whether the reader asked for a doorbell comes back with `Done`: see [`Ring::rings`].
+    pub(crate) fn write(&self, len: usize, fill: impl FnOnce(&mut [u8]) -> bool) -> Written {
+        assert!(len <= self.max_record(), "a record of {len} bytes");
+        let need = RECORD_HEADER + len.next_multiple_of(8);
+        let tail = self.word(TAIL_AT).load(Ordering::Relaxed);
+        let head = self.word(HEAD_AT).load(Ordering::Acquire);
+        let at = (tail as usize) & (self.cap - 1);
+        let filler = if at + need > self.cap { self.cap - at } else { 0 };
+        if (tail - head) as usize + filler + need > self.cap {
+            return Written::Full;
+        }
+        let at = if filler > 0 {
+            self.set_len(at, WRAP);
+            0
+        } else {
+            at
+        };
+        // SAFETY: at..at + need lies past `tail` (and past the filler): free space the reader
+        // does not look at until we publish it, and only this writer (serialized by the
+        // sender's lock) touches it.
+        let body =
+            unsafe { std::slice::from_raw_parts_mut(self.ptr(at + RECORD_HEADER, len), len) };
+        if !fill(body) {
+            return Written::Refused;
+        }
+        self.set_len(at, len as u32);
+        self.word(TAIL_AT).store(tail + (filler + need) as u64, Ordering::Release);
+        Written::Done
+    }
+
+    fn set_len(&self, at: usize, len: u32) {
+        // SAFETY: `at` is 8-aligned and at + 8 <= cap (records and fillers start 8-aligned,
+        // and `cap` is a multiple of 8); unpublished space, as in `write`.
+        unsafe { self.ptr(at, RECORD_HEADER).cast::<u32>().write(len) };
+    }
+
+    /// After publishing: whether the reader asked to be rung (and, if so, clears the request:
+    /// the caller rings).
+    pub(crate) fn rings(&self) -> bool {
+        fence(Ordering::SeqCst);
+        self.bell().load(Ordering::Relaxed) != 0 && self.bell().swap(0, Ordering::AcqRel) != 0
+    }
+
+    /// Reader: asks writers for a doorbell from now on; whether records are already waiting
+    /// (then the caller should read them rather than sleep).
+    pub(crate) fn arm(&self) -> bool {
+        self.bell().store(1, Ordering::SeqCst);
+        self.pending()
+    }
+
+    /// Reader: no doorbell needed (the reader is awake).
+    pub(crate) fn disarm(&self) {
+        if self.bell().load(Ordering::Relaxed) != 0 {
+            self.bell().store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether published records wait to be read.
+    pub(crate) fn pending(&self) -> bool {
+        self.word(TAIL_AT).load(Ordering::SeqCst) != self.reading.lock().next
+    }
+
+    /// Reader: hands each published record to `each`, in order (a record not lent is freed
+    /// when `each` drops it); how many there were. A record that breaks the format (a writer
+    /// that does not follow it) is an error: the ring is no longer usable.
+    pub(crate) fn read(self: &Arc<Self>, mut each: impl FnMut(Record)) -> io::Result<usize> {
+        let broken = || io::Error::new(io::ErrorKind::InvalidData, "a malformed ring record");
+        let tail = self.word(TAIL_AT).load(Ordering::Acquire);
+        let mut count = 0;
+        loop {
+            let mut st = self.reading.lock();
+            let pos = st.next;
+            if pos == tail {
+                return Ok(count);
+            }
+            let avail = tail.wrapping_sub(pos) as usize;
+            if avail > self.cap || avail < RECORD_HEADER {
+                return Err(broken());
+            }
+            let at = (pos as usize) & (self.cap - 1);
+            // SAFETY: at..at + 8 is published (avail >= 8, and records start 8-aligned).
+            let len = unsafe { self.ptr(at, RECORD_HEADER).cast::<u32>().read() };
+            let (used, record) = if len == WRAP {
+                (self.cap - at, false)
+            } else {
+                (RECORD_HEADER + (len as usize).next_multiple_of(8), true)
+            };
+            if used > avail || at + used > self.cap {
+                return Err(broken());
+            }
+            let end = pos + used as u64;
+            st.next = end;
+            st.held.push_back((end, !record));
+            let seq = st.first + st.held.len() as u64 - 1;
+            drop(st);
+            if record {
+                let at = at + RECORD_HEADER;
+                each(Record { ring: self.clone(), bytes: at..at + len as usize, seq });
+                count += 1;
+            } else {
+                self.free(seq);
+            }
+        }
+    }
+
+    /// Frees record `seq` and moves `head` past every free record at the front.
+    fn free(&self, seq: u64) {
+        let mut st = self.reading.lock();
+        let Some(i) = seq.checked_sub(st.first) else { return };
+        if let Some(h) = st.held.get_mut(i as usize) {
+            h.1 = true;
+        }
+        let mut head = None;
+        while let Some(&(end, true)) = st.held.front() {
+            st.held.pop_front();
+            st.first += 1;
+            head = Some(end);
+        }
+        if let Some(head) = head {
+            self.word(HEAD_AT).store(head, Ordering::Release);
+        }
+    }
+}
+
+/// A record read from a ring, held until dropped: its bytes stay as they are until then.
+#[derive(Debug)]
+pub(crate) struct Record {
+    ring: Arc<Ring>,
+    /// Ring offsets of its bytes.
+    bytes: Range<usize>,
+    seq: u64,
+}
+
+impl Record {
+    pub(crate) fn ring(&self) -> &Ring {
+        &self.ring
+    }
+
+    pub(crate) fn bytes(&self) -> &[u8] {
+        // SAFETY: the bytes are published and inside the ring (checked by `read`); the writer
+        // leaves them alone until `head` passes them, which `free` does only after this
+        // record is dropped.
+        unsafe { std::slice::from_raw_parts(self.ring.ptr(self.bytes.start, 0), self.bytes.len()) }
+    }
+
+    /// Keeps the record for as long as the returned bytes (`range` of its bytes) live.
+    pub(crate) fn lend(self, range: Range<usize>) -> Lent {
+        assert!(range.end <= self.bytes.len());
+        Lent { record: Arc::new(self), range }
+    }
+}
+
+impl Drop for Record {
+    fn drop(&mut self) {
+        self.ring.free(self.seq);
+    }
+}
+
+/// Bytes of a record, read in place (see [`Record::lend`]).
+#[derive(Debug, Clone)]
+pub(crate) struct Lent {
+    record: Arc<Record>,
+    range: Range<usize>,
+}
+
+impl std::ops::Deref for Lent {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.record.bytes()[self.range.clone()]
+    }
+}
+
+/// This process's probe word: a value no other process can guess, so that reading it proves
+/// the reader reads our memory (not, say, a namesake process in another PID namespace).
+fn probe() -> &'static AtomicU64 {
+    static PROBE: AtomicU64 = AtomicU64::new(0);
+    if PROBE.load(Ordering::Relaxed) == 0 {
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        let nanos = t.map_or(1, |d| d.as_nanos() as u64);
+        let v = (nanos ^ u64::from(std::process::id()) << 32).max(1);
+        let _ = PROBE.compare_exchange(0, v, Ordering::Relaxed, Ordering::Relaxed);
+    }
+    &PROBE
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping `map` made; nothing borrows it past `&self`.
+        unsafe { libc::munmap(self.base.as_ptr().cast(), HEADER + self.cap) };
+    }
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+
+    fn put(r: &Ring, bytes: &[u8]) -> Written {
+        r.write(bytes.len(), |b| {
+            b.copy_from_slice(bytes);
+            true
+        })
+    }
+
+    fn take(r: &Arc<Ring>) -> Vec<Vec<u8>> {
+        let mut got = Vec::new();
+        r.read(|rec| got.push(rec.bytes().to_vec())).unwrap();
+        got
+    }
+
+    #[test]
+    fn test_records_arrive_in_order_across_the_wrap_and_a_full_ring_refuses() {
+        let w = Ring::create(16384).unwrap();
+        let r = Arc::new(Ring::open(w.fd.try_clone().unwrap()).unwrap());
+        let mut sent = 0u32;
+        for round in 0..20 {
+            // Fill it: records of 1..=1000 bytes until it refuses.
+            let mut expect = Vec::new();
+            loop {
+                let rec = vec![sent as u8; 1 + (sent as usize * 37 + round) % 1000];
+                if put(&w, &rec) == Written::Full {
+                    break;
+                }
+                expect.push(rec);
+                sent += 1;
+            }
+            assert!(!expect.is_empty());
+            assert_eq!(take(&r), expect);
+        }
+        assert!(take(&r).is_empty());
+        assert_eq!(w.write(8, |_| false), Written::Refused);
+        assert!(take(&r).is_empty());
+    }
+
+    #[test]
+    fn test_a_lent_record_holds_the_ring_until_its_last_borrower_lets_go() {
+        let w = Ring::create(8192).unwrap();
+        let r = Arc::new(Ring::open(w.fd.try_clone().unwrap()).unwrap());
+        assert_eq!(put(&w, &[1; 1000]), Written::Done);
+        assert_eq!(put(&w, &[2; 1000]), Written::Done);
+        let mut lent = Vec::new();
+        r.read(|rec| {
+            if rec.bytes()[0] == 1 {
+                lent.push(rec.lend(10..20));
+            }
+        })
+        .unwrap();
+        let copy = lent[0].clone();
+        assert_eq!(&*copy, &[1; 10]);
+        // The second record was freed, but the first holds the head: both still take room.
+        let mut more = 0;
+        while put(&w, &[3; 1000]) == Written::Done {
+            more += 1;
+        }
+        assert_eq!(more, (8192 - 2 * 1008) / 1008);
+        drop(lent);
+        assert_eq!(put(&w, &[4; 1000]), Written::Full, "a clone still borrows it");
+        drop(copy);
+        assert_eq!(put(&w, &[4; 1000]), Written::Done);
+        let got = take(&r);
+        assert_eq!(got.len(), more + 1);
+        assert_eq!(got.last().unwrap(), &vec![4; 1000]);
+    }
+
+    #[test]
+    fn test_a_reader_that_can_read_the_writers_memory_says_so() {
+        let w = Ring::create(4096).unwrap();
+        assert!(!w.reader_may_pull());
+        let _r = Ring::open(w.fd.try_clone().unwrap()).unwrap();
+        assert!(w.reader_may_pull(), "a process may read its own memory");
+        // A probe that does not hold its value (another process's address space) fails.
+        w.word(PROBE_VALUE_AT).fetch_add(1, Ordering::Relaxed);
+        w.word(PULL_AT).store(0, Ordering::Relaxed);
+        let _r = Ring::open(w.fd.try_clone().unwrap()).unwrap();
+        assert!(!w.reader_may_pull());
+    }
+
+    #[test]
+    fn test_the_bell_is_rung_once_when_armed() {
+        let w = Ring::create(4096).unwrap();
+        assert!(!w.arm());
+        put(&w, b"x");
+        assert!(w.rings());
+        put(&w, b"y");
+        assert!(!w.rings());
+        assert!(w.arm(), "records are waiting");
+        w.disarm();
+        assert!(!w.rings());
+    }
+
+    #[test]
+    fn test_a_file_that_is_not_a_ring_is_refused_and_a_broken_record_is_an_error() {
+        let fd = crate::sys::memfd(c"not-a-ring", HEADER + 4096).unwrap();
+        assert_eq!(Ring::open(fd).unwrap_err().kind(), io::ErrorKind::InvalidData);
+        let fd = crate::sys::memfd(c"odd", HEADER + 1000).unwrap();
+        assert_eq!(Ring::open(fd).unwrap_err().kind(), io::ErrorKind::InvalidData);
+        let w = Arc::new(Ring::create(4096).unwrap());
+        put(&w, b"abc");
+        w.set_len(0, 5000);
+        assert!(w.read(|_| {}).is_err());
+    }
+}
