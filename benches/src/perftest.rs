@@ -21,20 +21,19 @@ pub fn run(prog: &str, args: &[&str]) -> Result<String, String> {
     let fabric = format!("bench-{}", std::process::id());
     let port_num = crate::listen::free_port().map_err(|e| e.to_string())?;
     let port = port_num.to_string();
-    // (available_parallelism would answer for the pinned thread: one core.)
-    let cpus = std::fs::read_to_string("/sys/devices/system/cpu/online")
-        .map_err(|e| e.to_string())?
-        .trim()
-        .to_owned();
-    let cmd = || {
-        // The benchmark pins itself to one core; the programs get every core back.
+    // Each program on a core of its own (the server on the last, the client on the first),
+    // as the in-process goals pin their two threads; with one core, both share it.
+    let online =
+        std::fs::read_to_string("/sys/devices/system/cpu/online").map_err(|e| e.to_string())?;
+    let last = online.trim().rsplit(['-', ',']).next().unwrap_or("0").to_owned();
+    let cmd = |cpu: &str| {
         let mut c = Command::new("taskset");
-        c.args(["-c", &cpus]).arg(&emu);
+        c.args(["-c", cpu]).arg(&emu);
         c.args(["run", "--fabric", &fabric, "--", prog]).args(args).args(["-p", &port]);
         c.stdout(Stdio::piped()).stderr(Stdio::piped());
         c
     };
-    let server = cmd().spawn().map_err(|e| format!("{prog}: {e}"))?;
+    let server = cmd(&last).spawn().map_err(|e| format!("{prog}: {e}"))?;
     // perftest's client does not retry its TCP connection: give the server time to listen.
     let deadline = Instant::now() + Duration::from_secs(10);
     while !crate::listen::listening(port_num) {
@@ -43,7 +42,7 @@ pub fn run(prog: &str, args: &[&str]) -> Result<String, String> {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    let client = cmd().arg("127.0.0.1").output().map_err(|e| e.to_string())?;
+    let client = cmd("0").arg("127.0.0.1").output().map_err(|e| e.to_string())?;
     let server = server.wait_with_output().map_err(|e| e.to_string())?;
     let _ = std::fs::remove_dir_all(rdma_emu::fabric_dir(&fabric));
     if !client.status.success() || !server.status.success() {

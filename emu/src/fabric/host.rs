@@ -711,6 +711,16 @@ enum Partial {
     Held(Vec<Record>, usize),
 }
 
+impl Partial {
+    /// The message's bytes so far.
+    fn len(&self) -> usize {
+        match self {
+            Partial::Copied(v) => v.len(),
+            Partial::Held(_, got) => *got,
+        }
+    }
+}
+
 /// The header of a fragment.
 #[derive(Debug, Clone, Copy)]
 struct FrameHead {
@@ -749,22 +759,39 @@ fn reassemble<'a>(partial: &mut HashMap<u8, Partial>, d: &'a [u8]) -> Option<Cow
         partial.insert(h.src, Partial::Copied(v));
         return None;
     }
-    let Some(Partial::Copied(cur)) = partial.get_mut(&h.src) else {
-        partial.remove(&h.src);
-        return None;
+    let body_len = body.len();
+    let add = |p: &mut Partial| match p {
+        Partial::Copied(v) => {
+            v.extend_from_slice(body);
+            true
+        }
+        Partial::Held(..) => false,
     };
-    if cur.len() != h.offset || cur.len() + body.len() > h.total {
+    match continued(partial, h, body_len, add)? {
+        Partial::Copied(msg) => Some(Cow::Owned(msg)),
+        Partial::Held(..) => None,
+    }
+}
+
+/// Adds a fragment (not the first) of `len` bytes to its source's message, through `add`
+/// (`false`: the message in progress is not of its kind); the whole message once it was the
+/// last. A fragment that does not continue the message in progress drops both.
+fn continued(
+    partial: &mut HashMap<u8, Partial>,
+    h: FrameHead,
+    len: usize,
+    add: impl FnOnce(&mut Partial) -> bool,
+) -> Option<Partial> {
+    let cur = partial.get_mut(&h.src)?;
+    let got = cur.len();
+    if got != h.offset || got + len > h.total || !add(cur) {
         partial.remove(&h.src);
         return None;
     }
-    cur.extend_from_slice(body);
     if h.flags & LAST == 0 {
         return None;
     }
-    match partial.remove(&h.src)? {
-        Partial::Copied(msg) if msg.len() == h.total => Some(Cow::Owned(msg)),
-        _ => None,
-    }
+    partial.remove(&h.src).filter(|whole| whole.len() == h.total)
 }
 
 /// As [`reassemble`], for a fragment that stays in its ring: the records of the whole message
@@ -775,22 +802,17 @@ fn hold(partial: &mut HashMap<u8, Partial>, h: FrameHead, rec: Record) -> Option
         partial.insert(h.src, Partial::Held(vec![rec], len));
         return None;
     }
-    let Some(Partial::Held(recs, got)) = partial.get_mut(&h.src) else {
-        partial.remove(&h.src);
-        return None;
+    let add = |p: &mut Partial| match p {
+        Partial::Held(recs, got) => {
+            recs.push(rec);
+            *got += len;
+            true
+        }
+        Partial::Copied(_) => false,
     };
-    if *got != h.offset || *got + len > h.total {
-        partial.remove(&h.src);
-        return None;
-    }
-    recs.push(rec);
-    *got += len;
-    if h.flags & LAST == 0 {
-        return None;
-    }
-    match partial.remove(&h.src)? {
-        Partial::Held(recs, got) if got == h.total => Some(recs),
-        _ => None,
+    match continued(partial, h, len, add)? {
+        Partial::Held(recs, _) => Some(recs),
+        Partial::Copied(_) => None,
     }
 }
 
