@@ -248,11 +248,11 @@ impl Node {
     fn send_to(&self, slot: u8, pkt: &Packet) {
         let peer = self.peer(slot);
         let msg = Encoded::packet(pkt);
-        // Too large to stream through the ring in place: read from here, where allowed.
-        let msg = match peer.pull_beyond() {
-            Some(max) if msg.len() > max && wire::pullable(pkt) && self.reliable(pkt.src_qpn) => {
-                Encoded::pulled(pkt)
-            }
+        // Too large to stream through the ring in place: read from here, where allowed. (No
+        // ring holds less than half its bytes whole: smaller messages skip the peer's lock.)
+        let large = msg.len() > RING_BYTES / 2 && wire::pullable(pkt);
+        let msg = match large.then(|| peer.pull_beyond()).flatten() {
+            Some(max) if msg.len() > max && self.reliable(pkt.src_qpn) => Encoded::pulled(pkt),
             _ => msg,
         };
         peer.send(pkt.dst_qpn, &msg);
