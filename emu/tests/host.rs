@@ -7,7 +7,7 @@ use std::{
     sync::atomic::{AtomicU32, Ordering},
 };
 
-use common::*;
+use common::{raw::*, *};
 use rdma_emu::*;
 
 /// A fresh host fabric directory for one test, removed when dropped.
@@ -23,8 +23,12 @@ impl HostDir {
     }
 
     fn fabric(&self, profile: Profile) -> Fabric {
+        self.fabric_with(FabricConfig { profile, ..Default::default() })
+    }
+
+    fn fabric_with(&self, cfg: FabricConfig) -> Fabric {
         let host = Some(self.0.to_str().unwrap().to_owned());
-        Fabric::new(FabricConfig { devices: 2, profile, host, ..Default::default() })
+        Fabric::new(FabricConfig { devices: 2, host, ..cfg })
     }
 }
 
@@ -563,4 +567,53 @@ fn an_xrc_domain_opened_from_one_file_spans_processes() {
     assert_eq!(wait1(&a.cq).status, WcStatus::REM_ACCESS_ERR);
     assert_eq!(tgt.state(), QpState::ERR);
     assert_empty(&c.cq);
+}
+
+#[test]
+fn ethernet_frames_reach_the_raw_qps_of_every_process_by_their_own_steering() {
+    let dir = HostDir::new();
+    let eth =
+        || dir.fabric_with(FabricConfig { link_layer: LinkLayer::ETHERNET, ..Default::default() });
+    let (fa, fb) = (eth(), eth());
+    let a = raw_node(&fa.devices()[0], 0);
+    let [b, b_low] = std::array::from_fn(|_| raw_node(&fb.devices()[0], 0));
+    let a_sniff = raw_node(&fa.devices()[1], 0);
+    for r in [&a, &b, &b_low, &a_sniff] {
+        for i in 0..4 {
+            post_recv(&r.qp, i, &[sge(&r.n.mr, 2048 * i as usize, 2048)]);
+        }
+    }
+    let _fb = b.qp.create_flow(&mac_rule(MAC_B, 1)).unwrap();
+    let _fb_low = b_low.qp.create_flow(&mac_rule(MAC_B, 2)).unwrap();
+    let sniffer = FlowAttr { flow_type: FlowType::SNIFFER, specs: vec![], ..mac_rule(MAC_B, 0) };
+    let _fs = a_sniff.qp.create_flow(&sniffer).unwrap();
+    let count = |r: &Raw| std::iter::from_fn(|| r.n.cq.poll_one()).count();
+
+    // To the other process, whole; its better priority traps it there, and the sniffer in
+    // the sender's own process sees it too.
+    let frame = ipv4_frame(MAC_B, [10, 0, 0, 1], 1000, [10, 0, 0, 2], 80);
+    send(&a, &frame);
+    let wc = wait1(&b.n.cq);
+    assert_eq!((wc.wr_id, wc.status, wc.opcode), (0, WcStatus::SUCCESS, WcOpcode::RECV));
+    assert_eq!(wc.byte_len as usize, frame.len());
+    assert!(wc.wc_flags.contains(WcFlags::IP_CSUM_OK), "checksums filled in by the sender");
+    let mut got = vec![0u8; frame.len()];
+    b.n.mr.read(0, &mut got).unwrap();
+    assert_eq!((&got[..24], &got[54..]), (&frame[..24], &frame[54..]));
+    assert_eq!(wait1(&a_sniff.n.cq).byte_len as usize, frame.len());
+
+    // A frame no rule of the other process matches is dropped there.
+    send(&a, &ipv4_frame(MAC_A, [10, 0, 0, 1], 1000, [10, 0, 0, 2], 80));
+    assert_eq!(wait1(&a_sniff.n.cq).byte_len as usize, frame.len());
+
+    // Back the other way: the other process's frame reaches a rule in this one, never the
+    // QP that sent it.
+    let _fa = a.qp.create_flow(&mac_rule(MAC_A, 0)).unwrap();
+    let back = ipv4_frame(MAC_A, [10, 0, 0, 2], 80, [10, 0, 0, 1], 1000);
+    send(&b_low, &back);
+    let wc = wait1(&a.n.cq);
+    assert_eq!((wc.wr_id, wc.byte_len as usize), (0, back.len()));
+    assert_eq!(wait1(&a_sniff.n.cq).byte_len as usize, back.len());
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    assert_eq!([count(&a), count(&b), count(&b_low), count(&a_sniff)], [0, 0, 0, 0]);
 }

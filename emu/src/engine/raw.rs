@@ -4,7 +4,9 @@
 //! An RSS QP has no receive queue of its own: the Toeplitz hash of the frame's selected fields
 //! picks a WQ from its indirection table.
 //!
-//! Frames travel within one process (the host fabric between processes carries RDMA only).
+//! The segment is the whole fabric: a frame also goes to every other process on the host
+//! fabric, where that process's steering rules pick its receivers (each process's ports are
+//! ports of their own on one switch).
 
 use std::sync::Arc;
 
@@ -15,6 +17,7 @@ use super::{
     responder, sgl, wc, wc_ok,
 };
 use crate::{
+    fabric::FabricInner,
     objects::{pd::PdInner, wq::IndTableInner},
     qp::{QpInner, QpShared},
     types::{QpState, SendFlags, Sge, Wc, WcFlags, WcOpcode, WcStatus, WqFlags, WrOpcode},
@@ -65,7 +68,8 @@ pub(crate) fn transmit(
     Ok(())
 }
 
-/// Puts one frame on the segment: a copy to every QP steering gives it to.
+/// Puts one frame on the segment: a copy to every QP steering gives it to, here and in the
+/// other processes of the host fabric.
 fn send_frame(qp: &Arc<QpShared>, port: u8, f: Vec<u8>, drv: &mut Driver<'_>) {
     let fabric = &qp.ctx.fabric;
     let Some(h) = Headers::parse(&f) else { return };
@@ -73,13 +77,29 @@ fn send_frame(qp: &Arc<QpShared>, port: u8, f: Vec<u8>, drv: &mut Driver<'_>) {
     pkt.src_dev = qp.device_index();
     pkt.src_qpn = qp.qpn;
     pkt.src_port = port;
+    pkt.dst_qpn = super::requester::MULTICAST_QPN;
     pkt.len = f.len() as u32;
     pkt.payload = Payload::Bytes(f.into());
     if let Some(pcap) = &fabric.pcap {
         // Once per frame, however many receivers it has.
         pcap.record(fabric, &pkt, drv.now(), false);
     }
-    for s in fabric.steer(&h, qp.qpn) {
+    fabric.multicast_to_other_nodes(&pkt);
+    steer(fabric, &h, &pkt, drv);
+}
+
+/// Hands a frame that another process put on the segment to the QPs steering here picks.
+pub(crate) fn arrived(fabric: &FabricInner, pkt: &Packet, drv: &mut Driver<'_>) {
+    let Payload::Bytes(f) = &pkt.payload else { return };
+    if let Some(h) = Headers::parse(f) {
+        steer(fabric, &h, pkt, drv);
+    }
+}
+
+/// Sends a copy of the frame `pkt` (headers `h`) to every QP of this fabric that steering picks
+/// (never back to the QP that sent it).
+fn steer(fabric: &FabricInner, h: &Headers, pkt: &Packet, drv: &mut Driver<'_>) {
+    for s in fabric.steer(h, pkt.src_qpn) {
         let mut copy = pkt.clone();
         copy.dst_dev = s.dev;
         copy.dst_port = s.port;

@@ -40,7 +40,7 @@ use std::{
         Arc, Weak,
         atomic::{AtomicBool, AtomicU64, Ordering},
     },
-    time::Duration,
+    time::{Duration, SystemTime},
 };
 
 use parking_lot::{Condvar, Mutex};
@@ -142,7 +142,30 @@ pub(crate) struct Node {
     _lock: File,
     inbound: Arc<Inbound>,
     peers: Mutex<HashMap<u8, Arc<Peer>>>,
+    /// The other nodes' slots as last listed, for datagrams and frames to every node.
+    others: Mutex<Listing>,
     fabric: Weak<FabricInner>,
+}
+
+/// A listing of the fabric directory's sockets, kept while the directory does not change.
+#[derive(Debug, Default)]
+struct Listing {
+    /// The directory's mtime when listed.
+    mtime: Option<SystemTime>,
+    /// When it was listed.
+    taken: Option<SystemTime>,
+    slots: Vec<u8>,
+}
+
+/// A directory's mtime moves in coarse clock ticks: a change within the tick of the last
+/// listing leaves it unchanged, so a listing is trusted only once this much younger than it.
+const MTIME_TICK: Duration = Duration::from_millis(20);
+
+impl Listing {
+    /// Whether this listing still holds for a directory of modification time `mtime`.
+    fn holds(&self, mtime: SystemTime) -> bool {
+        self.mtime == Some(mtime) && self.taken.is_some_and(|t| t > mtime + MTIME_TICK)
+    }
 }
 
 /// The receiving side, shared by the reader thread and the threads that poll a CQ.
@@ -204,8 +227,8 @@ impl Node {
         std::thread::Builder::new()
             .name(format!("rdma-emu-node{slot}"))
             .spawn(move || read_loop(&reader, &weak))?;
-        let peers = Mutex::default();
-        Ok(Node { slot, dir: dir.to_owned(), _lock: lock, inbound, peers, fabric })
+        let (peers, others) = (Mutex::default(), Mutex::default());
+        Ok(Node { slot, dir: dir.to_owned(), _lock: lock, inbound, peers, others, fabric })
     }
 
     /// Takes in and services what the rings hold, unless another thread is already at it;
@@ -234,15 +257,25 @@ impl Node {
     }
 
     /// The slots of the other nodes that have a socket (live, or dead and not swept yet).
+    /// Listed again only when the directory changed: one `stat` per call otherwise.
     fn live_slots(&self) -> Vec<u8> {
-        let Ok(entries) = std::fs::read_dir(&self.dir) else { return Vec::new() };
-        entries
-            .filter_map(|e| {
-                let name = e.ok()?.file_name();
-                name.to_str()?.strip_suffix(".sock")?.parse::<u8>().ok()
-            })
-            .filter(|&slot| slot != self.slot)
-            .collect()
+        let Ok(mtime) = std::fs::metadata(&self.dir).and_then(|m| m.modified()) else {
+            return Vec::new();
+        };
+        let mut others = self.others.lock();
+        if !others.holds(mtime) {
+            let taken = SystemTime::now();
+            let Ok(entries) = std::fs::read_dir(&self.dir) else { return Vec::new() };
+            let slots = entries
+                .filter_map(|e| {
+                    let name = e.ok()?.file_name();
+                    name.to_str()?.strip_suffix(".sock")?.parse::<u8>().ok()
+                })
+                .filter(|&slot| slot != self.slot)
+                .collect();
+            *others = Listing { mtime: Some(mtime), taken: Some(taken), slots };
+        }
+        others.slots.clone()
     }
 
     fn send_to(&self, slot: u8, pkt: &Packet) {
@@ -585,11 +618,21 @@ enum Arrived<'a> {
     Record(Record),
 }
 
+impl Arrived<'_> {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Arrived::Datagram(d) => d,
+            Arrived::Record(r) => r.bytes(),
+        }
+    }
+}
+
 /// The packets one `receive` took in, by how they are delivered.
 #[derive(Default)]
 struct Batch {
     ready: Vec<Arc<crate::qp::QpShared>>,
-    /// Datagrams to a multicast group, for the members here.
+    /// Datagrams to a multicast group, for the members here, and Ethernet frames, for the
+    /// raw packet QPs steering here picks.
     multicast: Vec<Packet>,
     /// SENDs for XRC SRQs here, from target QPs in other processes.
     xrc: Vec<Packet>,
@@ -598,10 +641,7 @@ struct Batch {
 impl Batch {
     /// Takes one datagram or ring record in.
     fn take(&mut self, fabric: &FabricInner, partial: &mut HashMap<u8, Partial>, a: Arrived<'_>) {
-        let d = match &a {
-            Arrived::Datagram(d) => d,
-            Arrived::Record(r) => r.bytes(),
-        };
+        let d = a.bytes();
         let Some(h) = FrameHead::parse(d) else { return };
         let dst = u32::from_le_bytes(d[16..20].try_into().expect("4 bytes"));
         let to = fabric.lookup_qp_any(dst);
@@ -647,11 +687,7 @@ impl Batch {
         to: Option<&crate::qp::QpShared>,
     ) -> Option<Packet> {
         let (mut pkt, lend) = {
-            let d = match &a {
-                Arrived::Datagram(d) => d,
-                Arrived::Record(r) => r.bytes(),
-            };
-            let msg = reassemble(partial, d)?;
+            let msg = reassemble(partial, a.bytes())?;
             let (mut pkt, range) = match wire::decode_message(&msg)? {
                 (Message::Packet(p), range) => (p, range),
                 (Message::Control(c), _) => {
@@ -692,7 +728,11 @@ impl Batch {
             drv.service(&qp, &mut g);
         }
         for pkt in &multicast {
-            engine::fan_out(fabric, pkt, &mut drv);
+            if pkt.kind == Kind::Raw {
+                engine::raw::arrived(fabric, pkt, &mut drv);
+            } else {
+                engine::fan_out(fabric, pkt, &mut drv);
+            }
         }
         for pkt in xrc {
             engine::xrc::deliver(fabric, pkt, &mut drv);
@@ -974,28 +1014,11 @@ impl Peer {
             let frag = Fragment { src, dst_qpn, msg, range: start..end };
             start = end;
             if tx.backlog.is_empty() && !tx.flushing {
-                let sent = match &ring {
-                    Some(r) => match self.write_waiting(r, &frag) {
-                        Written::Done => {
-                            rung |= r.rings();
-                            Sent::Done
-                        }
-                        Written::Full => Sent::Full,
-                        Written::Refused => Sent::Gone,
-                    },
-                    None => match frag.to_vec() {
-                        Some(d) => match try_send(&mut tx.sock, &self.path, &d) {
-                            Sent::Full => {
-                                tx.backlog.push_back(d);
-                                continue;
-                            }
-                            sent => sent,
-                        },
-                        None => Sent::Gone,
-                    },
-                };
-                match sent {
-                    Sent::Done => continue,
+                match self.try_fragment(&mut tx, ring.as_deref(), &frag) {
+                    Sent::Done => {
+                        rung |= ring.as_ref().is_some_and(|r| r.rings());
+                        continue;
+                    }
                     Sent::Gone => break,
                     Sent::Full => {}
                 }
@@ -1022,6 +1045,26 @@ impl Peer {
                 }
             }
             self.cv.notify_one();
+        }
+    }
+
+    /// Sends `frag` now if it can: into the ring, or as a datagram (one the socket has no room
+    /// for yet is queued, laid out, on the backlog: `Done` all the same).
+    fn try_fragment(&self, tx: &mut PeerTx, ring: Option<&Ring>, frag: &Fragment<'_>) -> Sent {
+        let Some(r) = ring else {
+            let Some(d) = frag.to_vec() else { return Sent::Gone };
+            return match try_send(&mut tx.sock, &self.path, &d) {
+                Sent::Full => {
+                    tx.backlog.push_back(d);
+                    Sent::Done
+                }
+                sent => sent,
+            };
+        };
+        match self.write_waiting(r, frag) {
+            Written::Done => Sent::Done,
+            Written::Full => Sent::Full,
+            Written::Refused => Sent::Gone,
         }
     }
 

@@ -315,7 +315,8 @@ impl FabricInner {
         Ok(())
     }
 
-    /// Sends a multicast datagram to the other processes of the host fabric, if joined.
+    /// Sends a multicast datagram or an Ethernet frame to the other processes of the host
+    /// fabric, if joined.
     pub(crate) fn multicast_to_other_nodes(&self, pkt: &crate::engine::packet::Packet) {
         if let Some(node) = self.node.get() {
             node.multicast(pkt);

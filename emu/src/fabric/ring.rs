@@ -70,6 +70,8 @@ pub(crate) struct Ring {
     fd: OwnedFd,
     /// Reader side: what has been read and not yet freed.
     reading: Mutex<Reading>,
+    /// `reading.next`, for a look at whether records wait that takes no lock.
+    read_to: AtomicU64,
 }
 
 /// The records read from a ring and not freed yet, oldest first.
@@ -142,7 +144,7 @@ impl Ring {
             return Err(io::Error::last_os_error());
         }
         let base = NonNull::new(p.cast::<u8>()).ok_or_else(io::Error::last_os_error)?;
-        Ok(Ring { base, cap, fd, reading: Mutex::default() })
+        Ok(Ring { base, cap, fd, reading: Mutex::default(), read_to: AtomicU64::new(0) })
     }
 
     pub(crate) fn fd(&self) -> RawFd {
@@ -251,21 +253,20 @@ impl Ring {
 
     /// Whether published records wait to be read.
     pub(crate) fn pending(&self) -> bool {
-        self.word(TAIL_AT).load(Ordering::SeqCst) != self.reading.lock().next
+        self.word(TAIL_AT).load(Ordering::SeqCst) != self.read_to.load(Ordering::Relaxed)
     }
 
     /// Reader: hands each published record to `each`, in order (a record not lent is freed
-    /// when `each` drops it); how many there were. A record that breaks the format (a writer
-    /// that does not follow it) is an error: the ring is no longer usable.
-    pub(crate) fn read(self: &Arc<Self>, mut each: impl FnMut(Record)) -> io::Result<usize> {
+    /// when `each` drops it). A record that breaks the format (a writer that does not follow
+    /// it) is an error: the ring is no longer usable.
+    pub(crate) fn read(self: &Arc<Self>, mut each: impl FnMut(Record)) -> io::Result<()> {
         let broken = || io::Error::new(io::ErrorKind::InvalidData, "a malformed ring record");
         let tail = self.word(TAIL_AT).load(Ordering::Acquire);
-        let mut count = 0;
         loop {
             let mut st = self.reading.lock();
             let pos = st.next;
             if pos == tail {
-                return Ok(count);
+                return Ok(());
             }
             let avail = tail.wrapping_sub(pos) as usize;
             if avail > self.cap || avail < RECORD_HEADER {
@@ -284,13 +285,13 @@ impl Ring {
             }
             let end = pos + used as u64;
             st.next = end;
+            self.read_to.store(end, Ordering::Relaxed);
             st.held.push_back((end, !record));
             let seq = st.first + st.held.len() as u64 - 1;
             drop(st);
             if record {
                 let at = at + RECORD_HEADER;
                 each(Record { ring: self.clone(), bytes: at..at + len as usize, seq });
-                count += 1;
             } else {
                 self.free(seq);
             }

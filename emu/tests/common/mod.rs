@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests: connected RC pairs and bounded waits.
 #![allow(dead_code)]
 
+pub mod raw;
+
 use std::time::{Duration, Instant};
 
 use rdma_emu::*;
