@@ -570,6 +570,81 @@ fn an_xrc_domain_opened_from_one_file_spans_processes() {
 }
 
 #[test]
+fn xrc_rdma_and_atomics_reach_the_memory_of_the_srqs_process() {
+    let dir = HostDir::new();
+    let (fa, fb, fc) =
+        (dir.fabric(Profile::Full), dir.fabric(Profile::Full), dir.fabric(Profile::Full));
+    let file: FileId = (0xfd00, 4343);
+    let a = node_on(&fa.devices()[0], 1 << 20);
+    // The target QP lives in "process" b; the SRQ, and so the PD that keys are checked
+    // against, in "process" c.
+    let (b, c) = (xrc_side(&fb, file), xrc_side(&fc, file));
+    let (srq_c, n_c) = xrc_srq(&c, &c.xrcd);
+    let big = c.pd.reg_mr(1 << 20, ALL_ACCESS).unwrap();
+    let ini = new_qp(&a.pd, &a.cq, QpType::XRC_SEND, 16, false);
+    let tgt = b.xrcd.create_recv_qp().unwrap();
+    connect(&ini, &tgt, &RcParams::default(), &RcParams::default());
+    let to_c = |wr: SendWr<'_>| ini.post_send(&wr.to_srq(n_c).signaled()).unwrap();
+    let status = || wait1(&a.cq).status;
+
+    // A WRITE larger than a ring record, and a READ of it back into other memory.
+    const LEN: usize = 300_000;
+    let data = pattern(7, LEN);
+    a.mr.write(0, &data).unwrap();
+    to_c(SendWr::write(1, &[sge(&a.mr, 0, LEN)], big.addr() + 100, big.rkey()));
+    assert_eq!(status(), WcStatus::SUCCESS);
+    let mut got = vec![0u8; LEN];
+    big.read(100, &mut got).unwrap();
+    assert!(got == data, "the WRITE landed in c's memory");
+    to_c(SendWr::read(2, &[sge(&a.mr, 500_000, LEN)], big.addr() + 100, big.rkey()));
+    assert_eq!(status(), WcStatus::SUCCESS);
+    a.mr.read(500_000, &mut got).unwrap();
+    assert!(got == data, "the READ brought c's memory back");
+
+    // WRITE with immediate: the data lands and a receive of c's SRQ completes.
+    let sg = [sge(&c.mr, 0, 64)];
+    srq_c.post_recv(&RecvWr { wr_id: 9, sg_list: &sg }).unwrap();
+    to_c(SendWr::write(3, &[sge(&a.mr, 0, 32)], big.addr(), big.rkey()).with_imm(0xabc));
+    assert_eq!(status(), WcStatus::SUCCESS);
+    let r = wait1(&c.cq);
+    assert_eq!((r.wr_id, r.opcode, r.byte_len), (9, WcOpcode::RECV_RDMA_WITH_IMM, 32));
+    assert_eq!((r.imm_data, r.qp_num), (0xabc, tgt.qp_num()));
+    big.read(0, &mut got[..32]).unwrap();
+    assert_eq!(got[..32], data[..32]);
+
+    // Atomics execute once, in c's memory, and bring back what they found.
+    big.write_u64(4096, 40).unwrap();
+    to_c(SendWr::fetch_add(4, &[sge(&a.mr, 600_000, 8)], big.addr() + 4096, big.rkey(), 2));
+    assert_eq!(status(), WcStatus::SUCCESS);
+    assert_eq!((a.mr.read_u64(600_000).unwrap(), big.read_u64(4096).unwrap()), (40, 42));
+    let sg = [sge(&a.mr, 600_008, 8)];
+    to_c(SendWr::cmp_swap(5, &sg, big.addr() + 4096, big.rkey(), 42, 7));
+    assert_eq!(status(), WcStatus::SUCCESS);
+    assert_eq!((a.mr.read_u64(600_008).unwrap(), big.read_u64(4096).unwrap()), (42, 7));
+    a.mr.write_u64(600_016, 0x1122_3344_5566_7788).unwrap();
+    let sg = [sge(&a.mr, 600_016, 8)];
+    to_c(SendWr::atomic_write(6, &sg, big.addr() + 4104, big.rkey()));
+    assert_eq!(status(), WcStatus::SUCCESS);
+    assert_eq!(big.read_u64(4104).unwrap(), 0x1122_3344_5566_7788);
+
+    // A READ response lost on the way: the requester asks again, and the target QP reads
+    // again through c.
+    fb.set_faults(FaultRule::parse("drop:op=read-resp,nth=1").unwrap());
+    to_c(SendWr::read(8, &[sge(&a.mr, 700_000, 8)], big.addr() + 4104, big.rkey()));
+    assert_eq!(status(), WcStatus::SUCCESS);
+    assert_eq!(a.mr.read_u64(700_000).unwrap(), 0x1122_3344_5566_7788);
+    assert_eq!(fb.fault_hits(), vec![1]);
+
+    // The rkey of memory in the target QP's own process is not in the SRQ's PD: a remote
+    // access error, and the target QP fails.
+    let bm = b.pd.reg_mr(4096, ALL_ACCESS).unwrap();
+    to_c(SendWr::write(7, &[sge(&a.mr, 0, 8)], bm.addr(), bm.rkey()));
+    assert_eq!(status(), WcStatus::REM_ACCESS_ERR);
+    assert_eq!(tgt.state(), QpState::ERR);
+    assert_empty(&c.cq);
+}
+
+#[test]
 fn ethernet_frames_reach_the_raw_qps_of_every_process_by_their_own_steering() {
     let dir = HostDir::new();
     let eth =

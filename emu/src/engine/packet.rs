@@ -34,13 +34,14 @@ pub(crate) enum Kind {
     AtomicAck,
     /// An Ethernet frame of a raw packet QP (the payload is the whole frame).
     Raw,
-    /// Between processes, never on a wire: a SEND an XRC target QP took for an XRC SRQ of
-    /// another process in the same (file-shared) domain, handed to that process to place
+    /// Between processes, never on a wire: a request an XRC target QP took for an XRC SRQ of
+    /// another process in the same (file-shared) domain, handed to that process to execute
     /// (see `engine::xrc`). `xrc_srqn` and `dst_qpn` name the SRQ, `src_*` the target QP,
-    /// `va` / `compare` the domain's file (device, inode).
+    /// [`Packet::forwarded`] the request's kind and the domain; the other fields are the
+    /// request's.
     XrcDeliver,
     /// The answer to an `XrcDeliver`, to the target QP: its `syndrome` is what the target QP
-    /// tells the requester.
+    /// tells the requester; `orig` an atomic's result, the payload a READ's bytes.
     XrcResult,
 }
 
@@ -258,6 +259,8 @@ pub(crate) struct Packet {
     pub(crate) qkey: u32,
     /// GRH source and destination GIDs (UD; what the receiver finds in its first 40 bytes).
     pub(crate) grh: Option<Box<(Gid, Gid)>>,
+    /// `XrcDeliver`: what was forwarded.
+    pub(crate) forwarded: Option<Box<Forwarded>>,
     /// SEND/WRITE: the data. READ request: where the requester wants the data; the responder
     /// places it there when it executes the READ, as a NIC's DMA would, so the data is the
     /// memory as it was at that point of the responder's order.
@@ -292,7 +295,16 @@ impl Packet {
             orig: 0,
             qkey: 0,
             grh: None,
+            forwarded: None,
             payload: Payload::None,
         }
     }
+}
+
+/// A request an XRC target QP hands to the process of its XRC SRQ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Forwarded {
+    pub(crate) kind: Kind,
+    /// The domain's file (device, inode).
+    pub(crate) file: (u64, u64),
 }

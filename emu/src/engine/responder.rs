@@ -14,7 +14,7 @@ use super::{
 use crate::{
     error::{Result, einval},
     mem::{MemFault, MemRegion},
-    objects::{cq::CqInner, mw, pd::PdInner, srq::SrqInner},
+    objects::{cq::CqInner, keys::KeyTable, mw, pd::PdInner, srq::SrqInner},
     qp::{QpInner, QpShared, RecvWr},
     types::{AccessFlags, EventType, QpState, QpType, Sge, WcFlags, WcOpcode, WcStatus},
 };
@@ -30,7 +30,7 @@ pub(crate) struct ReadReq {
 }
 
 impl ReadReq {
-    fn of(pkt: &Packet) -> ReadReq {
+    pub(super) fn of(pkt: &Packet) -> ReadReq {
         ReadReq { psn: pkt.psn, npkts: pkt.npkts, va: pkt.va, rkey: pkt.rkey, len: pkt.len }
     }
 }
@@ -57,7 +57,7 @@ pub(crate) struct Responder {
     /// XRC target QP: the SRQ the request being handled names (its PD checks keys, its CQ
     /// takes the completion).
     pub(crate) xrc: Option<Arc<SrqInner>>,
-    /// XRC target QP: the SEND handed to another process's SRQ (see `engine::xrc`), whose
+    /// XRC target QP: the request handed to another process's SRQ (see `engine::xrc`), whose
     /// answer is awaited; its payload is not kept.
     pub(crate) forwarded: Option<Box<Packet>>,
     /// Requests that came while one was forwarded, in order.
@@ -98,7 +98,7 @@ pub(crate) fn receive(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mu
         return;
     }
     if pkt.kind == Kind::XrcResult {
-        super::xrc::result(qp, g, &pkt, drv);
+        super::xrc::result(qp, g, pkt, drv);
         return;
     }
     // Requests to a QP that is not at least RTR (or is in ERR) are dropped, as on the wire.
@@ -108,7 +108,7 @@ pub(crate) fn receive(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mu
         return;
     }
     if g.resp.forwarded.is_some() {
-        // Requests are executed in order: the rest waits for the forwarded SEND's answer.
+        // Requests are executed in order: the rest waits for the forwarded request's answer.
         g.resp.held.push_back(pkt);
         return;
     }
@@ -153,8 +153,12 @@ pub(crate) fn receive(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mu
         if g.resp.xrc.is_none() {
             if super::xrc::elsewhere(qp, xrcd, &pkt) {
                 match d {
-                    0 if pkt.kind == Kind::Send => super::xrc::forward(qp, g, pkt, drv),
-                    0 => fail(qp, g, &pkt, NakCode::RemoteAccessError, None, drv),
+                    0 if refused(g, &pkt) => fail(qp, g, &pkt, NakCode::InvalidRequest, None, drv),
+                    0 => super::xrc::forward(qp, g, pkt, drv),
+                    // A duplicate READ is read again, where the memory is.
+                    _ if pkt.kind == Kind::ReadRequest && replayed_read(g, &pkt).is_some() => {
+                        super::xrc::forward(qp, g, pkt, drv)
+                    }
                     _ => duplicate(qp, g, &pkt, drv),
                 }
             } else if d == 0 {
@@ -179,7 +183,7 @@ pub(crate) fn receive(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mu
 }
 
 /// A response to `req`, addressed back to its sender.
-fn reply(g: &QpInner, req: &Packet, kind: Kind, psn: u32, syndrome: Syndrome) -> Packet {
+pub(super) fn reply(g: &QpInner, req: &Packet, kind: Kind, psn: u32, syndrome: Syndrome) -> Packet {
     let mut p = Packet::new(kind);
     p.src_dev = req.dst_dev;
     p.src_port = req.dst_port;
@@ -195,7 +199,7 @@ fn reply(g: &QpInner, req: &Packet, kind: Kind, psn: u32, syndrome: Syndrome) ->
 }
 
 /// The request executed: advance the expected PSN and the MSN.
-fn advance(g: &mut QpInner, pkt: &Packet) {
+pub(super) fn advance(g: &mut QpInner, pkt: &Packet) {
     g.resp.epsn = psn_add(pkt.psn, pkt.npkts);
     g.resp.msn = g.resp.msn.wrapping_add(1) & super::PSN_MASK;
 }
@@ -450,8 +454,8 @@ fn send(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>) 
     }
 }
 
-/// Looks up the MR behind `rkey` for `[va, va+len)` with `access`; `Ok(None)` for a
-/// zero-length access, which IBA does not check.
+/// Looks up the MR behind `rkey` for `[va, va+len)` with `access`, for this QP; `Ok(None)`
+/// for a zero-length access, which IBA does not check.
 fn target(
     qp: &QpShared,
     g: &QpInner,
@@ -460,24 +464,50 @@ fn target(
     len: u32,
     access: AccessFlags,
 ) -> Result<Option<(Arc<MemRegion>, usize)>, ()> {
+    let keys = qp.ctx.device.keys.read();
+    resolve(&keys, &key_pd(qp, g), qp.qpn, (rkey, va, len), access)
+}
+
+/// The memory `rkey` names for `[va, va+len)` (`key`), if it is in `pd` and grants `access`
+/// (a type 2 window: to the QP `qpn`).
+pub(super) fn resolve(
+    keys: &KeyTable,
+    pd: &Arc<PdInner>,
+    qpn: u32,
+    (rkey, va, len): (u32, u64, u32),
+    access: AccessFlags,
+) -> Result<Option<(Arc<MemRegion>, usize)>, ()> {
     if len == 0 {
         return Ok(None);
     }
-    let pd = key_pd(qp, g);
-    let keys = qp.ctx.device.keys.read();
     let Some(mr) = keys.mr(rkey) else {
         // Not a memory region: perhaps a memory window.
-        return mw::resolve(&keys, &pd, qp.qpn, rkey, va, len as u64, access).map(Some).ok_or(());
+        return mw::resolve(keys, pd, qpn, rkey, va, len as u64, access).map(Some).ok_or(());
     };
-    if mr.rkey != rkey || !Arc::ptr_eq(&mr.pd, &pd) || !mr.access.contains(access) {
+    if mr.rkey != rkey || !Arc::ptr_eq(&mr.pd, pd) || !mr.access.contains(access) {
         return Err(());
     }
     let off = mr.offset_of(va, len as u64).ok_or(())?;
     Ok(Some((mr.region.clone(), off)))
 }
 
+/// Whether the QP's own attributes refuse the request `pkt` outright (an invalid request):
+/// remote access it does not enable, or an atomic's bad size or alignment.
+pub(super) fn refused(g: &QpInner, pkt: &Packet) -> bool {
+    let allows = |a| g.attr.qp_access_flags.contains(a);
+    match pkt.kind {
+        Kind::Write => !allows(AccessFlags::REMOTE_WRITE),
+        Kind::AtomicWrite => !allows(AccessFlags::REMOTE_WRITE) || pkt.len != 8 || pkt.va & 7 != 0,
+        Kind::ReadRequest => !allows(AccessFlags::REMOTE_READ) || g.attr.max_dest_rd_atomic == 0,
+        Kind::CompareSwap | Kind::FetchAdd => {
+            !allows(AccessFlags::REMOTE_ATOMIC) || g.attr.max_dest_rd_atomic == 0 || pkt.va & 7 != 0
+        }
+        _ => false,
+    }
+}
+
 fn write(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>) {
-    if !g.attr.qp_access_flags.contains(AccessFlags::REMOTE_WRITE) {
+    if refused(g, &pkt) {
         return fail(qp, g, &pkt, NakCode::InvalidRequest, None, drv);
     }
     let dest = target(qp, g, pkt.rkey, pkt.va, pkt.len, AccessFlags::REMOTE_WRITE);
@@ -519,10 +549,7 @@ fn write(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>)
 /// ATOMIC WRITE: the QP and the target must allow remote writes; the 8 bytes land as one
 /// store at an 8-byte aligned address, then an ACK, as for an RDMA WRITE.
 fn atomic_write(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>) {
-    if !g.attr.qp_access_flags.contains(AccessFlags::REMOTE_WRITE) {
-        return fail(qp, g, &pkt, NakCode::InvalidRequest, None, drv);
-    }
-    if pkt.len != 8 || pkt.va & 7 != 0 {
+    if refused(g, &pkt) {
         return fail(qp, g, &pkt, NakCode::InvalidRequest, None, drv);
     }
     let Ok(Some((region, off))) = target(qp, g, pkt.rkey, pkt.va, 8, AccessFlags::REMOTE_WRITE)
@@ -539,7 +566,7 @@ fn atomic_write(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driv
     ack(qp, g, &pkt, drv);
 }
 
-fn remember(g: &mut QpInner, r: Replay) {
+pub(super) fn remember(g: &mut QpInner, r: Replay) {
     let cap = (g.attr.max_dest_rd_atomic as usize).max(1);
     while g.resp.replay.len() >= cap {
         g.resp.replay.pop_front();
@@ -571,8 +598,7 @@ fn read_response(qp: &QpShared, g: &QpInner, req: &Packet, r: ReadReq) -> Result
 }
 
 fn read(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>) {
-    if !g.attr.qp_access_flags.contains(AccessFlags::REMOTE_READ) || g.attr.max_dest_rd_atomic == 0
-    {
+    if refused(g, &pkt) {
         return fail(qp, g, &pkt, NakCode::InvalidRequest, None, drv);
     }
     let r = ReadReq::of(&pkt);
@@ -589,10 +615,7 @@ fn read(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>) 
 }
 
 fn atomic(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>) {
-    if !g.attr.qp_access_flags.contains(AccessFlags::REMOTE_ATOMIC)
-        || g.attr.max_dest_rd_atomic == 0
-        || pkt.va & 7 != 0
-    {
+    if refused(g, &pkt) {
         return fail(qp, g, &pkt, NakCode::InvalidRequest, None, drv);
     }
     let (region, off) = match target(qp, g, pkt.rkey, pkt.va, 8, AccessFlags::REMOTE_ATOMIC) {
@@ -620,6 +643,14 @@ fn atomic(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>
 
 /// A request whose PSN is behind the expected one: re-ACK SENDs and WRITEs, answer READs and
 /// atomics from the saved results (an atomic is never executed twice).
+/// The READ `pkt` repeats, if it is still kept to answer again.
+fn replayed_read(g: &QpInner, pkt: &Packet) -> Option<ReadReq> {
+    g.resp.replay.iter().find_map(|r| match *r {
+        Replay::Read(r) if r.psn == pkt.psn => Some(r),
+        _ => None,
+    })
+}
+
 fn duplicate(qp: &Arc<QpShared>, g: &mut QpInner, pkt: &Packet, drv: &mut Driver<'_>) {
     match pkt.kind {
         // An ATOMIC WRITE is not done again: a later write may have landed since.
@@ -629,10 +660,7 @@ fn duplicate(qp: &Arc<QpShared>, g: &mut QpInner, pkt: &Packet, drv: &mut Driver
             drv.send(&mut g.route, r);
         }
         Kind::ReadRequest => {
-            let saved = g.resp.replay.iter().find_map(|r| match *r {
-                Replay::Read(r) if r.psn == pkt.psn => Some(r),
-                _ => None,
-            });
+            let saved = replayed_read(g, pkt);
             // The memory is read again, as rxe does: a READ has no side effect to protect.
             if let Some(Ok(resp)) = saved.map(|r| read_response(qp, g, pkt, r)) {
                 drv.send(&mut g.route, resp);

@@ -7,13 +7,13 @@
 use std::ops::Range;
 
 use crate::{
-    engine::packet::{Kind, NakCode, Packet, Payload, Piece, Syndrome},
+    engine::packet::{Forwarded, Kind, NakCode, Packet, Payload, Piece, Syndrome},
     mem::{MemFault, PeerRange},
     types::Gid,
 };
 
 /// Bumped whenever the layout below changes; a mismatching packet is dropped.
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
 /// First byte of a control message (see [`Control`]).
 const CONTROL: u8 = 0x81;
 
@@ -154,20 +154,7 @@ pub(crate) fn pullable(pkt: &Packet) -> bool {
 /// The header fields of `pkt`, as [`decode`] reads them (`pulled`: source ranges follow
 /// instead of the payload).
 fn encode_head(pkt: &Packet, pulled: bool, out: &mut Vec<u8>) {
-    let kind = match pkt.kind {
-        Kind::Send => 0,
-        Kind::Write => 1,
-        Kind::ReadRequest => 2,
-        Kind::ReadResponse => 3,
-        Kind::CompareSwap => 4,
-        Kind::FetchAdd => 5,
-        Kind::Ack => 6,
-        Kind::AtomicAck => 7,
-        Kind::AtomicWrite => 8,
-        Kind::Raw => 9,
-        Kind::XrcDeliver => 10,
-        Kind::XrcResult => 11,
-    };
+    let kind = kind_code(pkt.kind);
     let (syn, syn_arg) = match pkt.syndrome {
         Syndrome::Ack => (0, 0),
         Syndrome::Rnr(t) => (1, t),
@@ -198,6 +185,46 @@ fn encode_head(pkt: &Packet, pulled: bool, out: &mut Vec<u8>) {
         out.extend_from_slice(&grh.0.0);
         out.extend_from_slice(&grh.1.0);
     }
+    if let Some(f) = pkt.forwarded.as_deref().filter(|_| pkt.kind == Kind::XrcDeliver) {
+        out.push(kind_code(f.kind));
+        out.extend_from_slice(&f.file.0.to_le_bytes());
+        out.extend_from_slice(&f.file.1.to_le_bytes());
+    }
+}
+
+fn kind_code(kind: Kind) -> u8 {
+    match kind {
+        Kind::Send => 0,
+        Kind::Write => 1,
+        Kind::ReadRequest => 2,
+        Kind::ReadResponse => 3,
+        Kind::CompareSwap => 4,
+        Kind::FetchAdd => 5,
+        Kind::Ack => 6,
+        Kind::AtomicAck => 7,
+        Kind::AtomicWrite => 8,
+        Kind::Raw => 9,
+        Kind::XrcDeliver => 10,
+        Kind::XrcResult => 11,
+    }
+}
+
+fn kind_of(code: u8) -> Option<Kind> {
+    Some(match code {
+        0 => Kind::Send,
+        1 => Kind::Write,
+        2 => Kind::ReadRequest,
+        3 => Kind::ReadResponse,
+        4 => Kind::CompareSwap,
+        5 => Kind::FetchAdd,
+        6 => Kind::Ack,
+        7 => Kind::AtomicAck,
+        8 => Kind::AtomicWrite,
+        9 => Kind::Raw,
+        10 => Kind::XrcDeliver,
+        11 => Kind::XrcResult,
+        _ => return None,
+    })
 }
 
 /// Reads fixed-size fields off the front of a byte slice.
@@ -238,21 +265,7 @@ pub(crate) fn decode_head(bytes: &[u8]) -> Option<(Packet, Option<Range<usize>>)
     if version != VERSION {
         return None;
     }
-    let kind = match kind {
-        0 => Kind::Send,
-        1 => Kind::Write,
-        2 => Kind::ReadRequest,
-        3 => Kind::ReadResponse,
-        4 => Kind::CompareSwap,
-        5 => Kind::FetchAdd,
-        6 => Kind::Ack,
-        7 => Kind::AtomicAck,
-        8 => Kind::AtomicWrite,
-        9 => Kind::Raw,
-        10 => Kind::XrcDeliver,
-        11 => Kind::XrcResult,
-        _ => return None,
-    };
+    let kind = kind_of(kind)?;
     let mut p = Packet::new(kind);
     p.syndrome = match (syn, syn_arg) {
         (0, _) => Syndrome::Ack,
@@ -277,6 +290,10 @@ pub(crate) fn decode_head(bytes: &[u8]) -> Option<(Packet, Option<Range<usize>>)
     if has_grh != 0 {
         let (src, dst) = (Gid(r.take()?), Gid(r.take()?));
         p.grh = Some(Box::new((src, dst)));
+    }
+    if kind == Kind::XrcDeliver {
+        let (kind, file) = (kind_of(r.take::<1>()?[0])?, (r.u64()?, r.u64()?));
+        p.forwarded = Some(Box::new(Forwarded { kind, file }));
     }
     if flags & 8 != 0 {
         let (pid, n) = (r.u32()?, r.u32()?);
@@ -314,6 +331,13 @@ mod test {
         p.grh = Some(Box::new((Gid([1; 16]), Gid([2; 16]))));
         p.payload = Payload::Bytes(b"hello".as_slice().into());
         let mut bytes = Vec::new();
+        encode(&p, &mut bytes).unwrap();
+        let q = decode(&bytes).unwrap();
+        assert_eq!(format!("{p:?}"), format!("{q:?}"));
+
+        p.kind = Kind::XrcDeliver;
+        p.forwarded = Some(Box::new(Forwarded { kind: Kind::FetchAdd, file: (3, 1 << 40) }));
+        bytes.clear();
         encode(&p, &mut bytes).unwrap();
         let q = decode(&bytes).unwrap();
         assert_eq!(format!("{p:?}"), format!("{q:?}"));
