@@ -521,6 +521,8 @@ fn an_xrc_domain_opened_from_one_file_spans_processes() {
         (ini, tgt)
     };
     let (ini, tgt) = pair();
+    // c shares the domain but cannot open b's target QP: not emulated, and says so.
+    assert_eq!(c.xrcd.open_qp(tgt.qp_num()).unwrap_err().errno(), Errno::EOPNOTSUPP);
     let recv = |s: &Srq, side: &XrcSide, id: u64, len: usize| {
         let sg = [sge(&side.mr, 64 * id as usize, len)];
         s.post_recv(&RecvWr { wr_id: id, sg_list: &sg }).unwrap();

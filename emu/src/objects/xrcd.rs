@@ -155,9 +155,17 @@ impl Xrcd {
     }
 
     /// `ibv_open_qp`: another handle on the target QP `qp_num` of this domain; the QP is
-    /// destroyed when its last handle is.
+    /// destroyed when its last handle is. A target QP another process created (a domain
+    /// shared by file) cannot be opened: `EOPNOTSUPP` (on an HCA it would outlive that
+    /// process, which the QP's state here cannot).
     pub fn open_qp(&self, qp_num: u32) -> Result<Qp> {
         self.0.life.check()?;
+        if self.0.file.is_some() && self.0.ctx.fabric.remote_node(qp_num).is_some() {
+            return Err(crate::Error::new(
+                crate::Errno::EOPNOTSUPP,
+                "opening a target QP another process created is not emulated",
+            ));
+        }
         let qp = self.0.ctx.fabric.lookup_qp_any(qp_num).filter(|q| {
             q.xrcd.as_ref().is_some_and(|x| Arc::ptr_eq(x, &self.0)) && q.life.is_alive()
         });
