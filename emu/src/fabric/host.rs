@@ -256,6 +256,11 @@ impl Node {
         }
     }
 
+    /// Whether another node holds `slot` (its numbers name objects of a process on the fabric).
+    pub(crate) fn slot_taken(&self, slot: u8) -> bool {
+        self.live_slots().contains(&slot)
+    }
+
     /// The slots of the other nodes that have a socket (live, or dead and not swept yet).
     /// Listed again only when the directory changed: one `stat` per call otherwise.
     fn live_slots(&self) -> Vec<u8> {

@@ -242,6 +242,11 @@ impl FabricInner {
         self.node.get().filter(|n| host::slot_of(qpn) != n.slot)
     }
 
+    /// Whether `qpn` is numbered by another process that is on the host fabric.
+    pub(crate) fn numbered_by_another_process(&self, qpn: u32) -> bool {
+        self.remote_node(qpn).is_some_and(|n| n.slot_taken(host::slot_of(qpn)))
+    }
+
     /// Our QP `qpn`, connected to `dest_qpn`, is being destroyed: a peer in another process
     /// hears of it (see `host::Node::part`).
     pub(crate) fn part(&self, qpn: u32, dest_qpn: u32) {

@@ -160,7 +160,7 @@ impl Xrcd {
     /// process, which the QP's state here cannot).
     pub fn open_qp(&self, qp_num: u32) -> Result<Qp> {
         self.0.life.check()?;
-        if self.0.file.is_some() && self.0.ctx.fabric.remote_node(qp_num).is_some() {
+        if self.0.file.is_some() && self.0.ctx.fabric.numbered_by_another_process(qp_num) {
             return Err(crate::Error::new(
                 crate::Errno::EOPNOTSUPP,
                 "opening a target QP another process created is not emulated",
