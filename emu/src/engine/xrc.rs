@@ -152,10 +152,7 @@ impl<'a> Target<'a> {
         let Ok(dest) = dest else { return ACCESS };
         let Some((region, off)) = dest else { return Syndrome::Ack }; // zero length
         let done = match self.kind {
-            Kind::Write => {
-                let dst = std::iter::once((&region, off, pkt.len as usize));
-                sgl::copy_into(&pkt.payload, dst).map_err(|_| MemFault::OutOfBounds)
-            }
+            Kind::Write => land(pkt, &region, off).map_err(|()| MemFault::OutOfBounds),
             Kind::AtomicWrite => {
                 let mut word = [0u8; 8];
                 match sgl::gather(&pkt.payload, &mut word) {
@@ -212,13 +209,7 @@ impl<'a> Target<'a> {
                 WcOpcode::RECV
             }
             Some(dest) => {
-                let placed = dest.and_then(|d| match d {
-                    Some((region, off)) => {
-                        let dst = std::iter::once((&region, off, pkt.len as usize));
-                        sgl::copy_into(&pkt.payload, dst).map_err(|_| ())
-                    }
-                    None => Ok(()),
-                });
+                let placed = dest.and_then(|d| d.map_or(Ok(()), |(r, off)| land(pkt, &r, off)));
                 if placed.is_err() {
                     return fails(WcStatus::REM_ACCESS_ERR, NakCode::RemoteAccessError);
                 }
@@ -244,6 +235,12 @@ impl<'a> Target<'a> {
             Syndrome::Nak(NakCode::RemoteOperationalError)
         }
     }
+}
+
+/// Writes a WRITE's payload at `off` of `region`.
+fn land(pkt: &Packet, region: &Arc<MemRegion>, off: usize) -> Result<(), ()> {
+    let dst = std::iter::once((region, off, pkt.len as usize));
+    sgl::copy_into(&pkt.payload, dst).map_err(|_| ())
 }
 
 /// Memory a request reaches: a region and the offset in it.

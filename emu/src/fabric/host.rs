@@ -675,7 +675,10 @@ impl Batch {
         if !fabric.port_up(pkt.dst_dev, pkt.dst_port) {
             return;
         }
-        let Some(qp) = fabric.lookup_qp(pkt.dst_dev, pkt.dst_qpn) else { return };
+        // The QP looked up by the frame's destination, if the packet names it on its device.
+        let named =
+            |q: &Arc<crate::qp::QpShared>| q.qpn == pkt.dst_qpn && q.device_index() == pkt.dst_dev;
+        let Some(qp) = to.filter(named) else { return };
         qp.inbox.lock().push_back(pkt);
         if !self.ready.iter().any(|q| Arc::ptr_eq(q, &qp)) {
             self.ready.push(qp);
