@@ -556,14 +556,34 @@ fn atomic_write(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driv
     else {
         return fail(qp, g, &pkt, NakCode::RemoteAccessError, None, drv);
     };
-    let mut word = [0u8; 8];
-    let stored = sgl::gather(&pkt.payload, &mut word)
-        .map_err(|_| ())
-        .and_then(|n| if n == 8 { region.store(off, word).map_err(|_| ()) } else { Err(()) });
+    let stored = store_word(&pkt, &region, off);
     if stored.is_err() {
         return fail(qp, g, &pkt, NakCode::RemoteAccessError, None, drv);
     }
     ack(qp, g, &pkt, drv);
+}
+
+/// ATOMIC WRITE: stores the 8 bytes the request carries at `off` as one.
+pub(super) fn store_word(pkt: &Packet, region: &MemRegion, off: usize) -> Result<(), MemFault> {
+    let mut word = [0u8; 8];
+    match sgl::gather(&pkt.payload, &mut word) {
+        Ok(8) => region.store(off, word),
+        _ => Err(MemFault::OutOfBounds),
+    }
+}
+
+/// CMP_SWP (`kind`) or FETCH_ADD at `off` with `pkt`'s operands: the value found there.
+pub(super) fn fetch_op(
+    kind: Kind,
+    pkt: &Packet,
+    region: &MemRegion,
+    off: usize,
+) -> Result<u64, MemFault> {
+    if kind == Kind::CompareSwap {
+        region.compare_swap(off, pkt.compare, pkt.swap_add)
+    } else {
+        region.fetch_add(off, pkt.swap_add)
+    }
 }
 
 pub(super) fn remember(g: &mut QpInner, r: Replay) {
@@ -622,12 +642,7 @@ fn atomic(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>
         Ok(Some(t)) => t,
         _ => return fail(qp, g, &pkt, NakCode::RemoteAccessError, None, drv),
     };
-    let res = if pkt.kind == Kind::CompareSwap {
-        region.compare_swap(off, pkt.compare, pkt.swap_add)
-    } else {
-        region.fetch_add(off, pkt.swap_add)
-    };
-    let orig = match res {
+    let orig = match fetch_op(pkt.kind, &pkt, &region, off) {
         Ok(v) => v,
         Err(MemFault::Misaligned) => return fail(qp, g, &pkt, NakCode::InvalidRequest, None, drv),
         Err(MemFault::OutOfBounds | MemFault::Unreadable) => {

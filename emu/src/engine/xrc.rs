@@ -21,7 +21,8 @@ use super::{
     packet::{Forwarded, Kind, NakCode, Packet, Payload, Syndrome},
     psn_diff,
     responder::{
-        self, ReadReq, Replay, ack, advance, fail, recv_flags, remember, reply, resolve, rnr,
+        self, ReadReq, Replay, ack, advance, fail, fetch_op, recv_flags, remember, reply, resolve,
+        rnr, store_word,
     },
     sgl::{self, SglError},
 };
@@ -153,23 +154,15 @@ impl<'a> Target<'a> {
         let Some((region, off)) = dest else { return Syndrome::Ack }; // zero length
         let done = match self.kind {
             Kind::Write => land(pkt, &region, off).map_err(|()| MemFault::OutOfBounds),
-            Kind::AtomicWrite => {
-                let mut word = [0u8; 8];
-                match sgl::gather(&pkt.payload, &mut word) {
-                    Ok(8) => region.store(off, word),
-                    _ => Err(MemFault::OutOfBounds),
-                }
-            }
+            Kind::AtomicWrite => store_word(pkt, &region, off),
             Kind::ReadRequest => {
                 let mut bytes = vec![0; pkt.len as usize];
                 let read = region.read(off, &mut bytes);
                 res.payload = Payload::Bytes(bytes.into());
                 read
             }
-            Kind::CompareSwap => region.compare_swap(off, pkt.compare, pkt.swap_add).map(|v| {
-                res.orig = v;
-            }),
-            _ => region.fetch_add(off, pkt.swap_add).map(|v| res.orig = v),
+            // A forwarded request's own kind is `XrcDeliver`: the original is `self.kind`.
+            _ => fetch_op(self.kind, pkt, &region, off).map(|v| res.orig = v),
         };
         match done {
             Ok(()) => Syndrome::Ack,
