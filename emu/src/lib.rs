@@ -80,7 +80,7 @@ pub use crate::{
     fabric::{
         Fabric, FabricConfig,
         faults::{FaultAction, FaultRule, PacketClass},
-        host::fabric_dir,
+        host::{HostDrops, fabric_dir},
     },
     mem::RawMemory,
     objects::{

@@ -16,9 +16,12 @@
 //! while a work request uses it; the emulator does not add locking.
 #![allow(unsafe_code)]
 
-use std::sync::{
-    Arc,
-    atomic::{AtomicU64, Ordering},
+use std::{
+    os::fd::{AsRawFd, OwnedFd},
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
 };
 
 /// A range of host memory that may be read and written through the checked functions below.
@@ -56,12 +59,57 @@ pub(crate) enum MemFault {
     Unreadable,
 }
 
+/// A process on the host fabric whose memory payloads may be read from: the sender of a ring,
+/// as the kernel named it when the ring was passed to us (never a number a message names).
+#[derive(Debug)]
+pub(crate) struct PeerProcess {
+    pid: u32,
+    /// Stands for that very process: once it exits, its number may name another process, so
+    /// each read is checked against it.
+    pidfd: OwnedFd,
+}
+
+impl PeerProcess {
+    /// The process `pid` as it is now; fails if it is gone or this kernel has no pidfds.
+    pub(crate) fn open(pid: u32) -> std::io::Result<PeerProcess> {
+        Ok(PeerProcess { pid, pidfd: crate::sys::pidfd_open(pid)? })
+    }
+
+    pub(crate) fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Whether it has exited (its number may now be another process's).
+    pub(crate) fn exited(&self) -> bool {
+        crate::sys::pidfd_exited(self.pidfd.as_raw_fd())
+    }
+
+    /// Whether this process may read its memory (a word there holds `expect`).
+    pub(crate) fn may_read(&self, addr: u64, expect: u64) -> bool {
+        let mut word = [0u8; 8];
+        self.pull(addr, word.as_mut_ptr(), 8).is_ok() && u64::from_ne_bytes(word) == expect
+    }
+
+    /// Copies `len` bytes at `addr` in the process to `dst`, which must be valid for writes of
+    /// `len` bytes. Should the process have exited meanwhile, what was copied may come from
+    /// another process that took its number: it is wiped and the read fails.
+    fn pull(&self, addr: u64, dst: *mut u8, len: usize) -> Result<(), MemFault> {
+        let got = pull(self.pid, addr, dst, len);
+        if self.exited() {
+            // SAFETY: the caller guarantees `dst` valid for writes of `len` bytes.
+            unsafe { std::ptr::write_bytes(dst, 0, len) };
+            return Err(MemFault::Unreadable);
+        }
+        got
+    }
+}
+
 /// Memory of another process on the host fabric, read with process_vm_readv: where a large
 /// payload is taken from, straight into its destination (the NIC's DMA read of the
 /// requester's buffer, done by the responder's process).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub(crate) struct PeerRange {
-    pub(crate) pid: u32,
+    pub(crate) from: Arc<PeerProcess>,
     pub(crate) addr: u64,
     pub(crate) len: usize,
 }
@@ -72,14 +120,8 @@ impl PeerRange {
         if off.checked_add(dst.len()).is_none_or(|end| end > self.len) {
             return Err(MemFault::OutOfBounds);
         }
-        pull(self.pid, self.addr + off as u64, dst.as_mut_ptr(), dst.len())
+        self.from.pull(self.addr.wrapping_add(off as u64), dst.as_mut_ptr(), dst.len())
     }
-}
-
-/// Whether this process may read the memory of process `pid` (a word there holds `expect`).
-pub(crate) fn may_read(pid: u32, addr: u64, expect: u64) -> bool {
-    let mut word = [0u8; 8];
-    pull(pid, addr, word.as_mut_ptr(), 8).is_ok() && u64::from_ne_bytes(word) == expect
 }
 
 /// Copies `len` bytes at `addr` in process `pid` to `dst`, which must be valid for writes of
@@ -88,7 +130,8 @@ fn pull(pid: u32, addr: u64, dst: *mut u8, len: usize) -> Result<(), MemFault> {
     let mut done = 0;
     while done < len {
         let local = libc::iovec { iov_base: dst.wrapping_add(done).cast(), iov_len: len - done };
-        let remote = libc::iovec { iov_base: (addr + done as u64) as *mut _, iov_len: len - done };
+        let at = addr.wrapping_add(done as u64);
+        let remote = libc::iovec { iov_base: at as *mut _, iov_len: len - done };
         // SAFETY: `local` lies in memory the caller guarantees writable for `len` bytes; the
         // kernel reads the other process's memory and fails (rather than faulting us) if it
         // is not there.
@@ -181,7 +224,7 @@ impl MemRegion {
             return Err(MemFault::OutOfBounds);
         }
         // `check` proved d..d+len lies in the region, valid for writes.
-        pull(src.pid, src.addr + src_off as u64, d, len)
+        src.from.pull(src.addr.wrapping_add(src_off as u64), d, len)
     }
 
     /// Copies `len` bytes from `src` at `src_off` to `dst` at `dst_off`. The two regions may

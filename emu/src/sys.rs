@@ -113,18 +113,27 @@ pub(crate) fn wait_readable(fd: RawFd, timeout: Option<std::time::Duration>) -> 
     }
 }
 
-/// Whether the process `pid` exists (it may be a zombie).
-pub(crate) fn alive(pid: u32) -> bool {
-    // SAFETY: signal 0 only checks that the process exists and may be signalled.
-    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
-    r == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+/// An anonymous shared-memory file of `len` bytes (close-on-exec), sealed against shrinking,
+/// growing and further sealing: a process it is passed to can map it knowing that its size
+/// will never change under the mapping (a shrunk file would fault the reader with SIGBUS).
+pub(crate) fn memfd(name: &std::ffi::CStr, len: usize) -> io::Result<OwnedFd> {
+    let fd = memfd_unsealed(name, len)?;
+    // SAFETY: F_ADD_SEALS on a descriptor we own takes an int.
+    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, RING_SEALS) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fd)
 }
 
-/// An anonymous shared-memory file of `len` bytes (close-on-exec), for mapping by this
-/// process and, once its descriptor is passed on, by another.
-pub(crate) fn memfd(name: &std::ffi::CStr, len: usize) -> io::Result<OwnedFd> {
+/// The seals a shared-memory file from another process must carry before we map it.
+pub(crate) const RING_SEALS: libc::c_int =
+    libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+
+/// As [`memfd`], without the seals (what a careless or hostile peer could pass).
+pub(crate) fn memfd_unsealed(name: &std::ffi::CStr, len: usize) -> io::Result<OwnedFd> {
+    let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
     // SAFETY: `name` is a valid C string; the flags are valid.
-    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), flags) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -135,6 +144,14 @@ pub(crate) fn memfd(name: &std::ffi::CStr, len: usize) -> io::Result<OwnedFd> {
         return Err(io::Error::last_os_error());
     }
     Ok(fd)
+}
+
+/// The seals of a shared-memory file (`F_GET_SEALS`); an error for a file that has none to
+/// give (not a memfd or tmpfs file).
+pub(crate) fn seals(fd: RawFd) -> io::Result<libc::c_int> {
+    // SAFETY: F_GET_SEALS takes no argument; an fd that is not ours to read fails with EBADF.
+    let s = unsafe { libc::fcntl(fd, libc::F_GET_SEALS) };
+    if s < 0 { Err(io::Error::last_os_error()) } else { Ok(s) }
 }
 
 /// Sends the datagram `data` with the descriptor `pass` attached (SCM_RIGHTS) on the
@@ -163,11 +180,47 @@ pub(crate) fn send_with_fd(sock: RawFd, data: &[u8], pass: RawFd) -> io::Result<
     if n < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
 }
 
-/// Receives one datagram into `buf` without blocking: its length and the descriptor that came
-/// with it, if any (close-on-exec; any further ones are closed).
-pub(crate) fn recv_with_fd(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
+/// Who sent a datagram, as the kernel vouches for it (`SCM_CREDENTIALS`): the process id as
+/// seen from this process's PID namespace (0 if it is not visible here) and the real user id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Cred {
+    pub(crate) pid: u32,
+    pub(crate) uid: u32,
+}
+
+/// Asks the kernel to attach the sender's credentials to every datagram `sock` receives
+/// (`SO_PASSCRED`): a sender cannot forge them (only root may name another process or user).
+pub(crate) fn pass_credentials(sock: RawFd) -> io::Result<()> {
+    let on: libc::c_int = 1;
+    let len = size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `on` is a live int of `len` bytes.
+    let r = unsafe {
+        libc::setsockopt(
+            sock,
+            libc::SOL_SOCKET,
+            libc::SO_PASSCRED,
+            (&on as *const libc::c_int).cast(),
+            len,
+        )
+    };
+    if r != 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+}
+
+/// One datagram received by [`recv_with_fd`].
+#[derive(Debug)]
+pub(crate) struct Received {
+    pub(crate) len: usize,
+    /// The first descriptor that came with it (close-on-exec; any others are closed).
+    pub(crate) fd: Option<OwnedFd>,
+    /// The sender's credentials, on a socket that asked for them ([`pass_credentials`]).
+    pub(crate) cred: Option<Cred>,
+}
+
+/// Receives one datagram into `buf` without blocking, with the descriptor and credentials
+/// that came with it.
+pub(crate) fn recv_with_fd(sock: RawFd, buf: &mut [u8]) -> io::Result<Received> {
     let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
-    let mut space = [0u64; 8];
+    let mut space = [0u64; 16];
     // SAFETY: msghdr is plain data; zeroed is a valid empty header.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;
@@ -179,23 +232,130 @@ pub(crate) fn recv_with_fd(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Op
     if n < 0 {
         return Err(io::Error::last_os_error());
     }
-    let mut got = None;
+    let (mut fd, mut cred) = (None, None);
     // SAFETY: the kernel filled `msg`'s control buffer; the CMSG_* walk stays within
-    // msg_controllen, and each SCM_RIGHTS payload holds whole descriptors, now ours.
+    // msg_controllen, each SCM_RIGHTS payload holds whole descriptors, now ours, and an
+    // SCM_CREDENTIALS payload holds one `ucred`.
     unsafe {
         let mut c = libc::CMSG_FIRSTHDR(&msg);
         while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                let data = libc::CMSG_DATA(c).cast::<RawFd>();
-                let count = ((*c).cmsg_len - libc::CMSG_LEN(0) as usize) / size_of::<RawFd>();
-                for i in 0..count {
-                    let fd = OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i)));
-                    // The first is kept; dropping the others closes them.
-                    got.get_or_insert(fd);
+            let payload = (*c).cmsg_len - libc::CMSG_LEN(0) as usize;
+            match ((*c).cmsg_level, (*c).cmsg_type) {
+                (libc::SOL_SOCKET, libc::SCM_RIGHTS) => {
+                    let data = libc::CMSG_DATA(c).cast::<RawFd>();
+                    for i in 0..payload / size_of::<RawFd>() {
+                        let got = OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i)));
+                        // The first is kept; dropping the others closes them.
+                        fd.get_or_insert(got);
+                    }
                 }
+                (libc::SOL_SOCKET, libc::SCM_CREDENTIALS)
+                    if payload >= size_of::<libc::ucred>() =>
+                {
+                    let u = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::ucred>());
+                    cred = Some(Cred { pid: u.pid as u32, uid: u.uid });
+                }
+                _ => {}
             }
             c = libc::CMSG_NXTHDR(&msg, c);
         }
     }
-    Ok((n as usize, got))
+    Ok(Received { len: n as usize, fd, cred })
+}
+
+/// A descriptor that stands for the process `pid` for as long as it lives (`pidfd_open`),
+/// whatever process the number is given to after it exits.
+pub(crate) fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
+    if pid == 0 {
+        return Err(io::Error::from_raw_os_error(libc::ESRCH));
+    }
+    // SAFETY: pidfd_open takes a pid and flags, no pointers.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the syscall returned a new descriptor (close-on-exec) that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Whether the process a pidfd stands for has exited (the pidfd is then readable).
+pub(crate) fn pidfd_exited(pidfd: RawFd) -> bool {
+    !matches!(wait_readable(pidfd, Some(std::time::Duration::ZERO)), Ok(false))
+}
+
+/// A directory's owner, mode bits and modification time, by descriptor.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Stat {
+    pub(crate) uid: u32,
+    pub(crate) mode: u32,
+    pub(crate) mtime: (i64, i64),
+}
+
+pub(crate) fn fstat(fd: RawFd) -> io::Result<Stat> {
+    // SAFETY: all-zero is a valid `stat`; fstat writes it or fails.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is a live, writable stat.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(Stat { uid: st.st_uid, mode: st.st_mode, mtime: (st.st_mtime, st.st_mtime_nsec) })
+}
+
+/// Opens the directory `name` in the directory `at` (or the root, for `None`) without
+/// following a symbolic link in its place.
+pub(crate) fn open_dir_at(at: Option<RawFd>, name: &std::ffi::CStr) -> io::Result<OwnedFd> {
+    let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    // SAFETY: `name` is a valid C string; `at` is a live descriptor or AT_FDCWD with an
+    // absolute name.
+    let fd = unsafe { libc::openat(at.unwrap_or(libc::AT_FDCWD), name.as_ptr(), flags) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: openat returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Creates the directory `name` (mode 0700) in the directory `at`; an existing one is fine.
+pub(crate) fn mkdir_at(at: RawFd, name: &std::ffi::CStr) -> io::Result<()> {
+    // SAFETY: `name` is a valid C string and `at` a live directory descriptor.
+    if unsafe { libc::mkdirat(at, name.as_ptr(), 0o700) } != 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::AlreadyExists {
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+/// Opens (creating it, mode 0600, if `create`) the regular file `name` in the directory `at`,
+/// for reading and writing, without following a symbolic link in its place.
+pub(crate) fn open_file_at(
+    at: RawFd,
+    name: &std::ffi::CStr,
+    create: bool,
+) -> io::Result<std::fs::File> {
+    let mut flags = libc::O_RDWR | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    if create {
+        flags |= libc::O_CREAT;
+    }
+    // SAFETY: `name` is a valid C string, `at` a live directory descriptor; the mode is
+    // passed as the variadic argument O_CREAT reads.
+    let fd = unsafe { libc::openat(at, name.as_ptr(), flags, 0o600 as libc::c_uint) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: openat returned a new descriptor that nothing else owns.
+    Ok(std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
+}
+
+/// Removes the file `name` from the directory `at`; one that is not there is fine.
+pub(crate) fn unlink_at(at: RawFd, name: &std::ffi::CStr) -> io::Result<()> {
+    // SAFETY: `name` is a valid C string and `at` a live directory descriptor.
+    if unsafe { libc::unlinkat(at, name.as_ptr(), 0) } != 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::NotFound {
+            return Err(e);
+        }
+    }
+    Ok(())
 }

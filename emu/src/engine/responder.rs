@@ -232,18 +232,26 @@ fn grh_bytes(
     h
 }
 
+/// The largest UD payload: the largest path MTU.
+const MAX_UD_PAYLOAD: usize = 4096;
+
 /// A UD datagram: checked against the Q_Key, dropped without a receive, delivered after the
 /// 40-byte GRH area with the sender's QPN in `src_qp` (IBA 9.8.5, 11.4.2).
 fn ud_receive(qp: &Arc<QpShared>, g: &mut QpInner, pkt: &Packet) {
     if pkt.kind != Kind::Send || pkt.qkey != g.attr.qkey {
         return;
     }
-    let total = 40 + pkt.len as usize;
+    // Sized by what the datagram carries, which no MTU lets exceed 4 KiB.
+    let paylen: usize = pkt.payload.pieces().map(|p| p.len()).sum();
+    if paylen > MAX_UD_PAYLOAD {
+        return;
+    }
+    let total = 40 + paylen;
     let mut data = vec![0u8; total];
     if let Some(grh) = &pkt.grh {
         // BTH, DETH and the immediate data, if any.
         let headers = 12 + 8 + if pkt.imm.is_some() { 4 } else { 0 };
-        data[..40].copy_from_slice(&grh_bytes(&grh.0, &grh.1, pkt.len, headers));
+        data[..40].copy_from_slice(&grh_bytes(&grh.0, &grh.1, paylen as u32, headers));
     }
     let mut off = 40;
     for piece in pkt.payload.pieces() {

@@ -158,7 +158,7 @@ impl<'a> Target<'a> {
             Kind::ReadRequest => {
                 let mut bytes = vec![0; pkt.len as usize];
                 let read = region.read(off, &mut bytes);
-                res.payload = Payload::Bytes(bytes.into());
+                (res.len, res.payload) = (pkt.len, Payload::Bytes(bytes.into()));
                 read
             }
             // A forwarded request's own kind is `XrcDeliver`: the original is `self.kind`.

@@ -9,9 +9,12 @@
 
 pub(crate) mod faults;
 pub(crate) mod host;
+#[cfg(test)]
+mod hostile_tests;
 pub(crate) mod pcap;
 pub(crate) mod ring;
 pub(crate) mod timer;
+pub(crate) mod trust;
 pub(crate) mod wire;
 
 use std::{
@@ -139,7 +142,7 @@ pub(crate) struct FabricInner {
     pub(crate) faults: faults::Faults,
     pub(crate) pcap: Option<pcap::Pcap>,
     /// The host fabric's directory, when configured; joined at the first QP.
-    host: Option<PathBuf>,
+    host: Option<trust::Location>,
     node: OnceLock<host::Node>,
     this: Weak<FabricInner>,
 }
@@ -370,7 +373,7 @@ impl Fabric {
             timer: timer::Timer::new(cfg.seed.is_some(), this.clone()),
             faults: faults::Faults::new(seed),
             pcap,
-            host: cfg.host.as_deref().map(host::fabric_dir),
+            host: cfg.host.as_deref().map(trust::Location::of),
             node: OnceLock::new(),
             this: this.clone(),
         }));
@@ -378,6 +381,12 @@ impl Fabric {
             fabric.set_faults(cfg.faults);
         }
         Ok(fabric)
+    }
+
+    /// What this fabric's node refused to take from other processes on the host fabric (from
+    /// another user, malformed, or naming memory it may not read); `None` until it joined one.
+    pub fn host_drops(&self) -> Option<host::HostDrops> {
+        self.0.node.get().map(host::Node::drops)
     }
 
     /// Replaces the fault rules (an empty list clears them); `after=` counts from now.

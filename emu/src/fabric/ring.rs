@@ -13,6 +13,12 @@
 //! other's (sequentially consistent), so one of them always sees the other: no record is left
 //! unnoticed while the receiver sleeps, and a receiver that is awake costs the writer nothing.
 //!
+//! The ring's file comes from another process, so the reader trusts nothing in it: the file
+//! must be sealed against shrinking and growing (else its writer could cut it under our
+//! mapping, and the first read would fault with SIGBUS), and every index and record length is
+//! checked before use. Each side keeps its own index privately and only publishes it, so a
+//! peer that scribbles over the shared indices garbles its own stream, nothing else.
+//!
 //! The reader may keep a record after reading it ([`Record::lend`]): a large payload is then
 //! placed straight from the ring. Records are freed in ring order, so `head` stops at the
 //! oldest record still lent until its last borrower lets go.
@@ -32,6 +38,8 @@ use std::{
 
 use parking_lot::Mutex;
 
+use crate::mem::PeerProcess;
+
 const MAGIC: u64 = u64::from_le_bytes(*b"REMURNG1");
 /// The header page: fixed fields, then each index on its own cache line.
 const HEADER: usize = 4096;
@@ -43,6 +51,9 @@ const WRITER_AT: usize = 16;
 const PROBE_ADDR_AT: usize = 24;
 const PROBE_VALUE_AT: usize = 32;
 const PULL_AT: usize = 40;
+/// Set by the writer when it will write no more (its node left the fabric): the reader may
+/// then take a ring from another node in the same slot.
+const CLOSED_AT: usize = 48;
 const TAIL_AT: usize = 64;
 const HEAD_AT: usize = 128;
 const BELL_AT: usize = 192;
@@ -68,6 +79,11 @@ pub(crate) struct Ring {
     /// Bytes of records (a power of two); the mapping is `HEADER + cap`.
     cap: usize,
     fd: OwnedFd,
+    /// Reader side: the process that passed us the ring, as the kernel named it (`None`
+    /// where it could not be pinned down: then nothing is read from its memory).
+    from: Option<Arc<PeerProcess>>,
+    /// Writer side: where the next record goes (the shared `tail` is only published to).
+    write_to: AtomicU64,
     /// Reader side: what has been read and not yet freed.
     reading: Mutex<Reading>,
     /// `reading.next`, for a look at whether records wait that takes no lock.
@@ -98,7 +114,7 @@ impl Ring {
     pub(crate) fn create(cap: usize) -> io::Result<Ring> {
         assert!(cap.is_power_of_two() && cap >= 4096);
         let fd = crate::sys::memfd(c"rdma-emu-ring", HEADER + cap)?;
-        let ring = Ring::map(fd, cap)?;
+        let ring = Ring::map(fd, cap, None)?;
         ring.word(CAP_AT).store(cap as u64, Ordering::Relaxed);
         ring.word(WRITER_AT).store(u64::from(std::process::id()), Ordering::Relaxed);
         let probe = probe();
@@ -108,26 +124,32 @@ impl Ring {
         Ok(ring)
     }
 
-    /// The ring whose descriptor another node passed us. Its size is checked against the
-    /// file's, so a bad header cannot send the reader outside the mapping.
-    pub(crate) fn open(fd: OwnedFd) -> io::Result<Ring> {
-        let invalid = || io::Error::new(io::ErrorKind::InvalidData, "not an rdma-emu ring");
+    /// The ring whose descriptor the process `from` passed us (as the kernel named it). The
+    /// file must be sealed so that its size cannot change, and its size must be one this
+    /// module makes, so nothing in its header can send the reader outside the mapping.
+    pub(crate) fn open(fd: OwnedFd, from: Option<Arc<PeerProcess>>) -> io::Result<Ring> {
+        let invalid = |why| io::Error::new(io::ErrorKind::InvalidData, why);
+        let seals = crate::sys::seals(fd.as_raw_fd()).map_err(|_| invalid("not a sealed file"))?;
+        if seals & crate::sys::RING_SEALS != crate::sys::RING_SEALS {
+            return Err(invalid("not sealed against shrinking and growing"));
+        }
         let len = std::fs::File::from(fd.try_clone()?).metadata()?.len() as usize;
-        let cap = len.checked_sub(HEADER).filter(|c| c.is_power_of_two()).ok_or_else(invalid)?;
-        let ring = Ring::map(fd, cap)?;
+        let cap = len.checked_sub(HEADER).filter(|c| c.is_power_of_two() && *c >= 4096);
+        let cap = cap.ok_or_else(|| invalid("not the size of a ring"))?;
+        let ring = Ring::map(fd, cap, from)?;
         let magic = ring.word(MAGIC_AT).load(Ordering::Acquire);
         if magic != MAGIC || ring.word(CAP_AT).load(Ordering::Relaxed) != cap as u64 {
-            return Err(invalid());
+            return Err(invalid("not an rdma-emu ring"));
         }
         let addr = ring.word(PROBE_ADDR_AT).load(Ordering::Relaxed);
         let value = ring.word(PROBE_VALUE_AT).load(Ordering::Relaxed);
-        if crate::mem::may_read(ring.writer(), addr, value) {
+        if ring.from.as_ref().is_some_and(|p| p.may_read(addr, value)) {
             ring.word(PULL_AT).store(1, Ordering::Release);
         }
         Ok(ring)
     }
 
-    fn map(fd: OwnedFd, cap: usize) -> io::Result<Ring> {
+    fn map(fd: OwnedFd, cap: usize, from: Option<Arc<PeerProcess>>) -> io::Result<Ring> {
         // SAFETY: a fresh shared mapping of the file's first HEADER + cap bytes (the file is
         // at least that long: we sized it, or measured it); the kernel picks the address.
         let p = unsafe {
@@ -144,16 +166,35 @@ impl Ring {
             return Err(io::Error::last_os_error());
         }
         let base = NonNull::new(p.cast::<u8>()).ok_or_else(io::Error::last_os_error)?;
-        Ok(Ring { base, cap, fd, reading: Mutex::default(), read_to: AtomicU64::new(0) })
+        Ok(Ring {
+            base,
+            cap,
+            fd,
+            from,
+            write_to: AtomicU64::new(0),
+            reading: Mutex::default(),
+            read_to: AtomicU64::new(0),
+        })
     }
 
     pub(crate) fn fd(&self) -> RawFd {
         self.fd.as_raw_fd()
     }
 
-    /// The process that writes it (as it says).
-    pub(crate) fn writer(&self) -> u32 {
-        self.word(WRITER_AT).load(Ordering::Relaxed) as u32
+    /// Reader: the process that passed us the ring, if it could be pinned down.
+    pub(crate) fn sender(&self) -> Option<&Arc<PeerProcess>> {
+        self.from.as_ref()
+    }
+
+    /// Writer: says it will write no more (its node is leaving).
+    pub(crate) fn close(&self) {
+        self.word(CLOSED_AT).store(1, Ordering::Release);
+    }
+
+    /// Reader: whether the writer said it will write no more, or is gone.
+    pub(crate) fn abandoned(&self) -> bool {
+        self.word(CLOSED_AT).load(Ordering::Acquire) != 0
+            || self.from.as_ref().is_none_or(|p| p.exited())
     }
 
     /// Writer: whether the reader may read this process's memory (it proved it could).
@@ -198,11 +239,14 @@ impl Ring {
     pub(crate) fn write(&self, len: usize, fill: impl FnOnce(&mut [u8]) -> bool) -> Written {
         assert!(len <= self.max_record(), "a record of {len} bytes");
         let need = RECORD_HEADER + len.next_multiple_of(8);
-        let tail = self.word(TAIL_AT).load(Ordering::Relaxed);
+        let tail = self.write_to.load(Ordering::Relaxed);
         let head = self.word(HEAD_AT).load(Ordering::Acquire);
         let at = (tail as usize) & (self.cap - 1);
         let filler = if at + need > self.cap { self.cap - at } else { 0 };
-        if (tail - head) as usize + filler + need > self.cap {
+        // A reader whose `head` is not behind `tail` by at most `cap` breaks the format: to
+        // it the ring stays full.
+        let used = tail.wrapping_sub(head);
+        if used > self.cap as u64 || used as usize + filler + need > self.cap {
             return Written::Full;
         }
         let at = if filler > 0 {
@@ -220,7 +264,9 @@ impl Ring {
             return Written::Refused;
         }
         self.set_len(at, len as u32);
-        self.word(TAIL_AT).store(tail + (filler + need) as u64, Ordering::Release);
+        let tail = tail + (filler + need) as u64;
+        self.write_to.store(tail, Ordering::Relaxed);
+        self.word(TAIL_AT).store(tail, Ordering::Release);
         Written::Done
     }
 
@@ -389,6 +435,11 @@ impl Drop for Ring {
 mod test {
     use super::*;
 
+    /// This process, as the sender of the rings the tests open.
+    fn me() -> Option<Arc<PeerProcess>> {
+        Some(Arc::new(PeerProcess::open(std::process::id()).unwrap()))
+    }
+
     fn put(r: &Ring, bytes: &[u8]) -> Written {
         r.write(bytes.len(), |b| {
             b.copy_from_slice(bytes);
@@ -405,7 +456,7 @@ mod test {
     #[test]
     fn test_records_arrive_in_order_across_the_wrap_and_a_full_ring_refuses() {
         let w = Ring::create(16384).unwrap();
-        let r = Arc::new(Ring::open(w.fd.try_clone().unwrap()).unwrap());
+        let r = Arc::new(Ring::open(w.fd.try_clone().unwrap(), me()).unwrap());
         let mut sent = 0u32;
         for round in 0..20 {
             // Fill it: records of 1..=1000 bytes until it refuses.
@@ -429,7 +480,7 @@ mod test {
     #[test]
     fn test_a_lent_record_holds_the_ring_until_its_last_borrower_lets_go() {
         let w = Ring::create(8192).unwrap();
-        let r = Arc::new(Ring::open(w.fd.try_clone().unwrap()).unwrap());
+        let r = Arc::new(Ring::open(w.fd.try_clone().unwrap(), me()).unwrap());
         assert_eq!(put(&w, &[1; 1000]), Written::Done);
         assert_eq!(put(&w, &[2; 1000]), Written::Done);
         let mut lent = Vec::new();
@@ -460,12 +511,12 @@ mod test {
     fn test_a_reader_that_can_read_the_writers_memory_says_so() {
         let w = Ring::create(4096).unwrap();
         assert!(!w.reader_may_pull());
-        let _r = Ring::open(w.fd.try_clone().unwrap()).unwrap();
+        let _r = Ring::open(w.fd.try_clone().unwrap(), me()).unwrap();
         assert!(w.reader_may_pull(), "a process may read its own memory");
         // A probe that does not hold its value (another process's address space) fails.
         w.word(PROBE_VALUE_AT).fetch_add(1, Ordering::Relaxed);
         w.word(PULL_AT).store(0, Ordering::Relaxed);
-        let _r = Ring::open(w.fd.try_clone().unwrap()).unwrap();
+        let _r = Ring::open(w.fd.try_clone().unwrap(), me()).unwrap();
         assert!(!w.reader_may_pull());
     }
 
@@ -485,12 +536,40 @@ mod test {
     #[test]
     fn test_a_file_that_is_not_a_ring_is_refused_and_a_broken_record_is_an_error() {
         let fd = crate::sys::memfd(c"not-a-ring", HEADER + 4096).unwrap();
-        assert_eq!(Ring::open(fd).unwrap_err().kind(), io::ErrorKind::InvalidData);
+        assert_eq!(Ring::open(fd, me()).unwrap_err().kind(), io::ErrorKind::InvalidData);
         let fd = crate::sys::memfd(c"odd", HEADER + 1000).unwrap();
-        assert_eq!(Ring::open(fd).unwrap_err().kind(), io::ErrorKind::InvalidData);
+        assert_eq!(Ring::open(fd, me()).unwrap_err().kind(), io::ErrorKind::InvalidData);
         let w = Arc::new(Ring::create(4096).unwrap());
         put(&w, b"abc");
         w.set_len(0, 5000);
         assert!(w.read(|_| {}).is_err());
+    }
+
+    #[test]
+    fn test_a_ring_that_could_shrink_is_refused_and_ours_cannot() {
+        // A well-formed ring in a file its writer could still cut short under our mapping.
+        let w = Ring::create(4096).unwrap();
+        let copy = crate::sys::memfd_unsealed(c"unsealed", HEADER + 4096).unwrap();
+        let bytes = std::fs::read(format!("/proc/self/fd/{}", w.fd())).unwrap();
+        std::fs::write(format!("/proc/self/fd/{}", copy.as_raw_fd()), &bytes).unwrap();
+        let e = Ring::open(copy, me()).unwrap_err();
+        assert!(e.to_string().contains("sealed"), "{e}");
+        // The rings we make cannot be cut or grown by anyone.
+        // SAFETY: ftruncate on a descriptor we own.
+        let r = unsafe { libc::ftruncate(w.fd(), 4096) };
+        assert_eq!((r, io::Error::last_os_error().raw_os_error()), (-1, Some(libc::EPERM)));
+    }
+
+    #[test]
+    fn test_a_reader_that_scribbles_over_the_indices_only_stops_its_own_stream() {
+        let w = Ring::create(4096).unwrap();
+        let r = Arc::new(Ring::open(w.fd.try_clone().unwrap(), me()).unwrap());
+        assert_eq!(put(&w, b"one"), Written::Done);
+        // A hostile reader moves `head` past `tail`, and `tail` anywhere.
+        r.word(HEAD_AT).store(1 << 40, Ordering::Relaxed);
+        r.word(TAIL_AT).store(1 << 40, Ordering::Relaxed);
+        assert_eq!(put(&w, b"two"), Written::Full);
+        // And a hostile writer's `tail` makes the reader drop the ring, never read past it.
+        assert!(r.read(|_| {}).is_err());
     }
 }

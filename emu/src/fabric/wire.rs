@@ -4,11 +4,11 @@
 //! A READ request carries no payload: its destination is in the requester's process, so the
 //! decoded request says [`Payload::Remote`] and the responder answers with the bytes.
 
-use std::ops::Range;
+use std::{ops::Range, sync::Arc};
 
 use crate::{
     engine::packet::{Forwarded, Kind, NakCode, Packet, Payload, Piece, Syndrome},
-    mem::{MemFault, PeerRange},
+    mem::{MemFault, PeerProcess, PeerRange},
     types::Gid,
 };
 
@@ -49,12 +49,29 @@ pub(crate) fn encode_control(c: Control) -> Vec<u8> {
     out
 }
 
-/// The message in `bytes`, or `None` if they are not one; a packet's payload is left for the
-/// caller to take from `bytes[range]` (see [`decode_head`]).
-pub(crate) fn decode_message(bytes: &[u8]) -> Option<(Message, Option<Range<usize>>)> {
+/// Why a message was not taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// The bytes are not a message (another version, truncated, out of range).
+    Malformed,
+    /// A payload to be read from a process other than `from`, the one that sent it.
+    Pull,
+}
+
+/// The message in `bytes`, sent by the process `from` (as the kernel named it; `None` when
+/// no process could be pinned down); a packet's payload is left for the caller to take from
+/// `bytes[range]` (see [`decode_head`]).
+pub(crate) fn decode_message(
+    bytes: &[u8],
+    from: Option<&Arc<PeerProcess>>,
+) -> Result<(Message, Option<Range<usize>>), Refused> {
     if bytes.first() != Some(&CONTROL) {
-        return decode_head(bytes).map(|(p, range)| (Message::Packet(p), range));
+        return decode_head(bytes, from).map(|(p, range)| (Message::Packet(p), range));
     }
+    decode_control(bytes).ok_or(Refused::Malformed)
+}
+
+fn decode_control(bytes: &[u8]) -> Option<(Message, Option<Range<usize>>)> {
     let mut r = Reader(&bytes[1..]);
     let [kind, port] = r.take::<2>()?;
     let (dev, value) = (r.u32()?, r.u32()?);
@@ -137,6 +154,18 @@ pub(crate) fn encode(pkt: &Packet, out: &mut Vec<u8>) -> Result<(), MemFault> {
     let at = out.len();
     out.resize(at + e.len(), 0);
     e.copy_to(0, &mut out[at..])
+}
+
+/// Whether the payload a peer sent is as long as the packet says: the engine sizes what it
+/// writes by the header's length, so a packet from another process must not say otherwise.
+pub(crate) fn payload_fits(pkt: &Packet) -> bool {
+    let carried: Option<usize> =
+        pkt.payload.pieces().try_fold(0usize, |t, p| t.checked_add(p.len()));
+    match pkt.payload {
+        Payload::None => !matches!(pkt.kind, Kind::Send | Kind::Write | Kind::Raw) || pkt.len == 0,
+        Payload::Remote => pkt.kind == Kind::ReadRequest,
+        _ => carried == Some(pkt.len as usize),
+    }
 }
 
 /// At most this many source ranges in a pulled payload (a work request's SGEs).
@@ -250,7 +279,7 @@ impl<'a> Reader<'a> {
 /// The packet in `bytes`, or `None` if they are not one (another version, or truncated).
 #[cfg(test)]
 pub(crate) fn decode(bytes: &[u8]) -> Option<Packet> {
-    let (mut p, range) = decode_head(bytes)?;
+    let (mut p, range) = decode_head(bytes, None).ok()?;
     if let Some(r) = range {
         p.payload = Payload::Bytes(bytes[r].into());
     }
@@ -258,8 +287,27 @@ pub(crate) fn decode(bytes: &[u8]) -> Option<Packet> {
 }
 
 /// The packet in `bytes` but for its payload, and where in `bytes` that lies (a packet with
-/// none or, for a READ request, [`Payload::Remote`], says `None`).
-pub(crate) fn decode_head(bytes: &[u8]) -> Option<(Packet, Option<Range<usize>>)> {
+/// none or, for a READ request, [`Payload::Remote`], says `None`). A payload to be read from
+/// the sender's memory is read only from `from`, the process that sent it: a message that
+/// names another process (its own number can be anyone's) is refused.
+pub(crate) fn decode_head(
+    bytes: &[u8],
+    from: Option<&Arc<PeerProcess>>,
+) -> Result<(Packet, Option<Range<usize>>), Refused> {
+    let (mut p, range, pulled) = decode_fields(bytes).ok_or(Refused::Malformed)?;
+    if let Some((pid, ranges)) = pulled {
+        let from = from.filter(|f| f.pid() == pid).ok_or(Refused::Pull)?;
+        let ranges =
+            ranges.into_iter().map(|(addr, len)| PeerRange { from: from.clone(), addr, len });
+        p.payload = Payload::Peer(ranges.collect());
+    }
+    Ok((p, range))
+}
+
+/// The source ranges of a pulled payload, with the process the message says they are in.
+type Pulled = (u32, Vec<(u64, usize)>);
+
+fn decode_fields(bytes: &[u8]) -> Option<(Packet, Option<Range<usize>>, Option<Pulled>)> {
     let mut r = Reader(bytes);
     let [version, kind, syn, syn_arg, flags, src_port, dst_port, has_grh] = r.take::<8>()?;
     if version != VERSION {
@@ -302,18 +350,17 @@ pub(crate) fn decode_head(bytes: &[u8]) -> Option<(Packet, Option<Range<usize>>)
         }
         let ranges = (0..n).map(|_| {
             let (addr, len) = (r.u64()?, r.u64()?);
-            Some(PeerRange { pid, addr, len: usize::try_from(len).ok()? })
+            Some((addr, usize::try_from(len).ok()?))
         });
-        p.payload = Payload::Peer(ranges.collect::<Option<_>>()?);
-        return Some((p, None));
+        return Some((p, None, Some((pid, ranges.collect::<Option<_>>()?))));
     }
     let at = bytes.len() - r.0.len();
     if kind == Kind::ReadRequest {
         p.payload = Payload::Remote;
     } else if at < bytes.len() {
-        return Some((p, Some(at..bytes.len())));
+        return Some((p, Some(at..bytes.len()), None));
     }
-    Some((p, None))
+    Some((p, None, None))
 }
 
 #[cfg(test)]
@@ -362,14 +409,14 @@ mod test {
             Control::PortState { dev: 0, port: 1, up: false },
             Control::QpClosed { qpn: 0x2_0011 },
         ] {
-            match decode_message(&encode_control(c)) {
-                Some((Message::Control(d), None)) => assert_eq!(c, d),
+            match decode_message(&encode_control(c), None) {
+                Ok((Message::Control(d), None)) => assert_eq!(c, d),
                 other => panic!("{other:?}"),
             }
         }
         let mut bytes = Vec::new();
         encode(&Packet::new(Kind::Ack), &mut bytes).unwrap();
-        assert!(matches!(decode_message(&bytes), Some((Message::Packet(_), None))));
+        assert!(matches!(decode_message(&bytes, None), Ok((Message::Packet(_), None))));
     }
 
     #[test]
