@@ -166,6 +166,21 @@ fn async_events_wake_poll_and_injected_port_events_arrive() {
 }
 
 #[test]
+fn a_closed_context_destroys_without_waiting_and_drops_its_unread_events() {
+    let (_f, a, b) = pair(Profile::Full);
+    a.qp.post_send(&SendWr::write(1, &[sge(&a.mr, 0, 8)], b.mr.addr(), 0xbad00)).unwrap();
+    assert_eq!(wait1(&a.cq).status, WcStatus::REM_ACCESS_ERR);
+    // One event handed out and never acknowledged, one never read.
+    assert_eq!(b.ctx.get_async_event().unwrap().event_type, EventType::QP_ACCESS_ERR);
+    b.ctx.inject_event(EventType::PORT_ERR, EventElement::Port(1));
+    b.ctx.close();
+    b.qp.destroy().unwrap(); // it would wait for the acknowledgement forever
+    b.cq.destroy().unwrap();
+    b.ctx.set_async_nonblocking(true).unwrap();
+    assert_eq!(b.ctx.get_async_event().unwrap_err().errno(), Errno::EAGAIN);
+}
+
+#[test]
 fn qp_destroy_waits_for_its_async_events_to_be_acked() {
     let (_f, a, b) = pair(Profile::Full);
     a.qp.post_send(&SendWr::write(1, &[sge(&a.mr, 0, 8)], b.mr.addr(), 0xbad00)).unwrap();

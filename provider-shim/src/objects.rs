@@ -1,7 +1,12 @@
 //! The objects handed to C: each embeds its `ibv_*` struct first (`#[repr(C)]`), so the
 //! pointer C holds is also the pointer to the whole object, and keeps the emulator handle.
 
-use std::{any::TypeId, collections::HashMap, mem::offset_of, sync::OnceLock};
+use std::{
+    any::TypeId,
+    collections::HashMap,
+    mem::offset_of,
+    sync::{Arc, OnceLock},
+};
 
 use crate::abi::*;
 
@@ -104,18 +109,44 @@ pub(crate) struct ShimQp {
     pub(crate) batch: parking_lot::Mutex<crate::verbs::wr::Batch>,
 }
 
+/// An object handed to C that belongs to its context's objects (the kernel's uverbs file):
+/// when the last context over them closes, it is destroyed as the kernel destroys a closed
+/// file's objects, and its struct is freed.
+pub(crate) trait Owned: 'static {
+    /// Its turn when a context closes: lower first, so that what uses an object goes before
+    /// it (flows and windows, QPs, AHs and tables, WQs and SRQs, MRs, CQs and device memory,
+    /// channels and XRC domains, PDs).
+    const RANK: u8;
+    /// The context it was made through (its C struct's `context`).
+    fn context(&self) -> *mut ibv_context;
+    /// Destroys the emulator object. A failure (already destroyed through another struct,
+    /// or still used by another context's object, which keeps it alive) is nothing to report.
+    fn close(&self);
+}
+
+/// What the registry knows of a live object.
+struct Entry {
+    ty: TypeId,
+    /// The [`Ufile`](crate::verbs::import::Ufile) it belongs to (0: none, as devices and
+    /// contexts).
+    owner: usize,
+    rank: u8,
+    teardown: Option<unsafe fn(usize)>,
+}
+
 /// Every object handed to C and not destroyed yet, with its type, so that a destroyed, foreign
 /// or mistyped pointer passed to an exported verb gets `EINVAL` instead of a use-after-free.
 /// (Inline verbs such as `ibv_post_send` read the object before calling us; for those the
 /// application's pointer must be valid, as with every provider.)
-fn live() -> &'static parking_lot::RwLock<HashMap<usize, TypeId>> {
-    static LIVE: OnceLock<parking_lot::RwLock<HashMap<usize, TypeId>>> = OnceLock::new();
+fn live() -> &'static parking_lot::RwLock<HashMap<usize, Entry>> {
+    static LIVE: OnceLock<parking_lot::RwLock<HashMap<usize, Entry>>> = OnceLock::new();
     LIVE.get_or_init(Default::default)
 }
 
-/// Records an object handed to C.
+/// Records an object handed to C that no context owns (a device, a context).
 pub(crate) fn register<S: 'static>(p: *const S) {
-    live().write().insert(p as usize, TypeId::of::<S>());
+    let e = Entry { ty: TypeId::of::<S>(), owner: 0, rank: 0, teardown: None };
+    live().write().insert(p as usize, e);
 }
 
 /// Recovers the object behind a C pointer, if it is a live object of type `S`.
@@ -125,7 +156,7 @@ pub(crate) fn register<S: 'static>(p: *const S) {
 /// the returned reference is used: C must not destroy an object while using it (the verbs
 /// contract).
 pub(crate) unsafe fn obj<'a, C, S: 'static>(p: *mut C) -> Option<&'a S> {
-    if live().read().get(&(p as usize)) != Some(&TypeId::of::<S>()) {
+    if live().read().get(&(p as usize)).map(|e| e.ty) != Some(TypeId::of::<S>()) {
         return None;
     }
     // SAFETY: the registry holds only pointers of live, boxed S objects; every S here is
@@ -147,17 +178,55 @@ pub(crate) unsafe fn ctx<'a>(p: *mut ibv_context) -> Option<&'a ShimContext> {
     unsafe { obj::<ShimContext, ShimContext>(base) }
 }
 
-/// Boxes an object, records it as live, and returns the pointer C will hold.
-pub(crate) fn leak<S: 'static>(s: S) -> *mut S {
+/// Boxes an object of a context, records it as live and owned by the context's objects, and
+/// returns the pointer C will hold.
+pub(crate) fn leak<S: Owned>(s: S) -> *mut S {
+    // SAFETY: the object's context is NULL or one of ours.
+    let owner = unsafe { ctx(s.context()) }.map_or(0, |c| Arc::as_ptr(&c.ufile) as usize);
+    let p = Box::into_raw(Box::new(s));
+    let e = Entry { ty: TypeId::of::<S>(), owner, rank: S::RANK, teardown: Some(teardown::<S>) };
+    live().write().insert(p as usize, e);
+    p
+}
+
+/// Boxes a context, records it as live, and returns the pointer C will hold.
+pub(crate) fn leak_context(s: ShimContext) -> *mut ShimContext {
     let p = Box::into_raw(Box::new(s));
     register(p);
     p
 }
 
-/// Forgets and frees an object created by [`leak`].
+/// Destroys and frees the object at `p`, which the registry no longer lists.
 ///
 /// # Safety
-/// `p` came from `leak::<S>` and is not used afterwards.
+/// `p` came from `leak::<S>` and nothing uses it any more.
+unsafe fn teardown<S: Owned>(p: usize) {
+    // SAFETY: by the caller's contract `p` is a live Box<S> allocation, ours alone now.
+    let s = unsafe { Box::from_raw(p as *mut S) };
+    s.close();
+}
+
+/// Destroys every object of the ufile at `owner` (its last context has closed), in their
+/// ranks' order, and frees their structs: their pointers are refused from now on.
+pub(crate) fn close_owned(owner: usize) {
+    type Teardown = (u8, usize, unsafe fn(usize));
+    let mut taken: Vec<Teardown> = live()
+        .write()
+        .extract_if(|_, e| e.owner == owner && e.teardown.is_some())
+        .filter_map(|(p, e)| Some((e.rank, p, e.teardown?)))
+        .collect();
+    taken.sort_by_key(|&(rank, p, _)| (rank, p));
+    for (_, p, teardown) in taken {
+        // SAFETY: taken off the registry just now, so nothing else frees it; C does not use
+        // the objects of a closed context (the verbs contract).
+        unsafe { teardown(p) };
+    }
+}
+
+/// Forgets and frees an object created by [`leak`] or [`leak_context`].
+///
+/// # Safety
+/// `p` came from `leak::<S>` or `leak_context` and is not used afterwards.
 pub(crate) unsafe fn free<S: 'static>(p: *const S) {
     live().write().remove(&(p as usize));
     // SAFETY: by the caller's contract `p` is a live Box<S> allocation.
@@ -196,3 +265,32 @@ pub(crate) fn init_sync(m: *mut libc::pthread_mutex_t, c: *mut libc::pthread_con
         }
     }
 }
+
+/// Implements [`Owned`] for a struct whose C struct is its field `$c` (reached by `$($path)*`
+/// for its `context`), destroyed by `emu.$close()`.
+macro_rules! owned {
+    ($t:ty, $rank:expr, |$s:ident| $ctx:expr, $close:ident) => {
+        impl Owned for $t {
+            const RANK: u8 = $rank;
+            fn context(&self) -> *mut ibv_context {
+                let $s = self;
+                $ctx
+            }
+            fn close(&self) {
+                let _ = self.emu.$close();
+            }
+        }
+    };
+}
+pub(crate) use owned;
+
+owned!(ShimMw, 0, |s| s.mw.context, dealloc);
+owned!(ShimQp, 1, |s| s.qp.qp_base.context, destroy);
+owned!(ShimAh, 2, |s| s.ah.context, destroy);
+owned!(ShimSrq, 3, |s| s.srq.context, destroy);
+owned!(ShimMr, 4, |s| s.mr.context, dereg);
+owned!(ShimCq, 5, |s| s.cq.context, destroy);
+owned!(ShimDm, 5, |s| s.dm.context, free);
+owned!(ShimChannel, 6, |s| s.ch.context, destroy);
+owned!(ShimXrcd, 6, |s| s.xrcd.context, close);
+owned!(ShimPd, 7, |s| s.pd.context, dealloc);

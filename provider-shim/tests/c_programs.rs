@@ -202,6 +202,11 @@ fn null_destroyed_and_foreign_handles_get_errnos() {
 }
 
 #[test]
+fn closing_a_context_destroys_what_it_owns() {
+    c_program("close", &["full", "rxe"]);
+}
+
+#[test]
 fn ud_datagrams_through_the_c_abi() {
     c_program("ud", &["full", "rxe"]);
 }

@@ -2,7 +2,10 @@
 
 use std::{
     os::fd::{AsRawFd, RawFd},
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
 };
 
 use super::{
@@ -46,9 +49,17 @@ pub(crate) struct ContextInner {
     pub(crate) device: Arc<DeviceInner>,
     pub(crate) fabric: Arc<FabricInner>,
     pub(crate) async_q: EventQueue<AsyncEvent>,
+    /// Set by [`Context::close`]: events handed out can no longer be acknowledged.
+    closed: AtomicBool,
 }
 
 impl ContextInner {
+    /// Waits until every event `count` reported was acknowledged, as a destroy must, unless
+    /// the context was closed: its event descriptors are gone with it.
+    pub(crate) fn wait_acked(&self, count: &super::event::EventCount) {
+        count.wait_all_acked(|| self.closed.load(Ordering::Acquire));
+    }
+
     /// Queues an async event.
     pub(crate) fn raise(&self, ev: AsyncEvent) {
         self.async_q.push(ev);
@@ -74,6 +85,7 @@ impl Context {
             device: dev.inner.clone(),
             fabric: dev.fabric.clone(),
             async_q: EventQueue::new()?,
+            closed: AtomicBool::new(false),
         });
         dev.inner.contexts.lock().push(Arc::downgrade(&c));
         Ok(Context(c))
@@ -209,6 +221,17 @@ impl Context {
     /// Raises a port or device event as the hardware would (for testing handlers).
     pub fn inject_event(&self, event_type: EventType, element: EventElement) {
         self.0.raise(AsyncEvent { event_type, element });
+    }
+
+    /// The first step of `ibv_close_device`: from now on, destroying an object of this
+    /// context does not wait for its events to be acknowledged (no one can acknowledge them
+    /// once the context's event descriptors are closed), and the unread async events go (they
+    /// hold the objects they are about). The caller then destroys every object the context
+    /// owns, as the kernel does when a context's command file is closed; the C library does
+    /// exactly that.
+    pub fn close(&self) {
+        self.0.closed.store(true, Ordering::Release);
+        self.0.async_q.remove_if(|_| true);
     }
 
     /// Whether two handles name the same context.

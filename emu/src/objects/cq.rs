@@ -368,8 +368,8 @@ impl Cq {
         self.0
             .ctx
             .discard_events(|e| matches!(e, EventElement::Cq(c) if Arc::ptr_eq(&c.0, &self.0)));
-        self.0.comp_events.wait_all_acked();
-        self.0.async_events.wait_all_acked();
+        self.0.ctx.wait_acked(&self.0.comp_events);
+        self.0.ctx.wait_acked(&self.0.async_events);
         self.0.st.lock().ring.clear();
         self.0.queued.store(0, Ordering::Release);
         self.0.release();

@@ -115,10 +115,10 @@ impl EventCount {
         }
     }
 
-    /// Blocks until every reported event has been acknowledged.
-    pub(crate) fn wait_all_acked(&self) {
+    /// Blocks until every reported event has been acknowledged, unless `give_up` holds.
+    pub(crate) fn wait_all_acked(&self, give_up: impl Fn() -> bool) {
         let mut c = self.counts.lock();
-        while c.1 < c.0 {
+        while c.1 < c.0 && !give_up() {
             self.acked.wait(&mut c);
         }
     }

@@ -217,7 +217,7 @@ impl Srq {
             .pd
             .ctx
             .discard_events(|e| matches!(e, EventElement::Srq(s) if Arc::ptr_eq(&s.0, &self.0)));
-        self.0.async_events.wait_all_acked();
+        self.0.pd.ctx.wait_acked(&self.0.async_events);
         self.0.release();
         Ok(())
     }

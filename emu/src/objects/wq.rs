@@ -366,7 +366,7 @@ impl Wq {
             .pd
             .ctx
             .discard_events(|e| matches!(e, EventElement::Wq(w) if Arc::ptr_eq(&w.0, &self.0)));
-        self.0.async_events.wait_all_acked();
+        self.0.pd.ctx.wait_acked(&self.0.async_events);
         self.0.release();
         Ok(())
     }

@@ -862,7 +862,7 @@ impl Qp {
         self.0
             .ctx
             .discard_events(|e| matches!(e, EventElement::Qp(q) if Arc::ptr_eq(&q.0, &self.0)));
-        self.0.async_events.wait_all_acked();
+        self.0.ctx.wait_acked(&self.0.async_events);
         self.0.release();
         Ok(())
     }

@@ -204,7 +204,7 @@ pub(crate) fn new_context(
     c.num_comp_vectors = attr.num_comp_vectors as c_int;
     c.abi_compat = usize::MAX as *mut c_void;
     vctx.sz = size_of::<verbs_context>();
-    let p = leak(ShimContext { vctx, ufile: uf, _cmd_fd: cmd_fd });
+    let p = leak_context(ShimContext { vctx, ufile: uf, _cmd_fd: cmd_fd });
     // SAFETY: p was just allocated and is not shared yet.
     unsafe { init_sync(&mut (*p).vctx.context.mutex, ptr::null_mut()) };
     // SAFETY: as above.
@@ -216,8 +216,16 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_close_device(c: *mut ibv_cont
     ffi!(libc::EIO, {
         // SAFETY: NULL or a live context.
         let Some(s) = (unsafe { ctx(c) }) else { return libc::EINVAL };
+        let (objects, emu) = (Arc::downgrade(&s.ufile), s.emu().clone());
+        let owner = Arc::as_ptr(&s.ufile) as usize;
         // SAFETY: the context is not used after close (the verbs contract).
         unsafe { free(s as *const ShimContext) };
+        // The last context over its objects is gone: so are they, as when the kernel's
+        // uverbs file closes (a dup imported elsewhere keeps them).
+        if objects.strong_count() == 0 {
+            emu.close();
+            close_owned(owner);
+        }
         0
     })
 }

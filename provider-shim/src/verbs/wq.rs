@@ -35,6 +35,10 @@ pub(crate) struct ShimFlow {
     pub(crate) emu: rdma_emu::Flow,
 }
 
+owned!(ShimFlow, 0, |s| s.f.context, destroy);
+owned!(ShimIndTable, 2, |s| s.t.context, destroy);
+owned!(ShimWq, 3, |s| s.wq.context, destroy);
+
 const IBV_WQT_RQ: u32 = 0;
 const IBV_WQ_INIT_ATTR_FLAGS: u32 = 1;
 const IBV_WQ_ATTR_STATE: u32 = 1;
