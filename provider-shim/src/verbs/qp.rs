@@ -527,6 +527,9 @@ pub(crate) unsafe extern "C" fn post_send(
         // SAFETY: a live QP.
         let Some(s) = (unsafe { obj::<_, ShimQp>(qp) }) else { return libc::EINVAL };
         let max_sge = s.emu.cap().max_send_sge as c_int;
+        // No completion can be polled while this call runs, so a list longer than the send
+        // queue (or one whose `next` loops back) finds it full: ENOMEM, as on an HCA.
+        let (max_wr, mut posted) = (s.emu.cap().max_send_wr, 0u32);
         let mut inline_buf = Vec::new();
         let fail = |w: *mut ibv_send_wr, e: c_int| {
             if !bad.is_null() {
@@ -538,6 +541,10 @@ pub(crate) unsafe extern "C" fn post_send(
         while !wr.is_null() {
             // SAFETY: each element of the application's list is a valid ibv_send_wr.
             let w = unsafe { &*wr };
+            posted += 1;
+            if posted > max_wr {
+                return fail(wr, libc::ENOMEM);
+            }
             if w.num_sge < 0 || w.num_sge > max_sge {
                 return fail(wr, libc::EINVAL);
             }
@@ -626,28 +633,34 @@ pub(crate) unsafe extern "C" fn post_recv(
     ffi!(libc::EIO, {
         // SAFETY: a live QP.
         let Some(s) = (unsafe { obj::<_, ShimQp>(qp) }) else { return libc::EINVAL };
-        let max_sge = s.emu.cap().max_recv_sge as c_int;
+        let (max_sge, max_wr) = (s.emu.cap().max_recv_sge as c_int, s.emu.cap().max_recv_wr);
         // SAFETY: the application's list and bad_wr, as ibv_post_recv requires.
-        unsafe { post_recv_list(wr, bad, max_sge, |r| s.emu.post_recv(r)) }
+        unsafe { post_recv_list(wr, bad, (max_sge, max_wr), |r| s.emu.post_recv(r)) }
     })
 }
 
 /// Posts an application's list of receive requests one by one with `post` (the QP's or the
 /// SRQ's): on the first failure `*bad` (when non-NULL) names the failing request and its
-/// errno is returned; the requests before it stay posted.
+/// errno is returned; the requests before it stay posted. A list longer than the queue
+/// (`max_wr`) cannot all be posted before its first is consumed: `ENOMEM` at the first that
+/// finds no room, which also ends a list whose `next` loops back.
 ///
 /// # Safety
 /// `wr` is NULL or a valid `ibv_recv_wr` list; `bad` is NULL or writable.
 pub(crate) unsafe fn post_recv_list(
     mut wr: *mut ibv_recv_wr,
     bad: *mut *mut ibv_recv_wr,
-    max_sge: c_int,
+    (max_sge, max_wr): (c_int, u32),
     mut post: impl FnMut(&RecvWr<'_>) -> rdma_emu::Result<()>,
 ) -> c_int {
+    let mut posted = 0u32;
     while !wr.is_null() {
         // SAFETY: each element of the application's list is a valid ibv_recv_wr.
         let w = unsafe { &*wr };
-        let res = if w.num_sge < 0 || w.num_sge > max_sge {
+        posted += 1;
+        let res = if posted > max_wr && max_wr > 0 {
+            Err(libc::ENOMEM)
+        } else if w.num_sge < 0 || w.num_sge > max_sge {
             Err(libc::EINVAL)
         } else {
             // SAFETY: num_sge readable entries, bounded above.

@@ -111,8 +111,8 @@ pub(crate) unsafe extern "C" fn post_srq_recv(
     ffi!(libc::EIO, {
         // SAFETY: a live SRQ.
         let Some(s) = (unsafe { obj::<_, ShimSrq>(srq) }) else { return libc::EINVAL };
-        let max_sge = s.emu.query().map(|a| a.max_sge as c_int).unwrap_or(0);
+        let (max_sge, max_wr) = s.emu.query().map_or((0, 0), |a| (a.max_sge as c_int, a.max_wr));
         // SAFETY: the application's list and bad_wr, as ibv_post_srq_recv requires.
-        unsafe { super::qp::post_recv_list(wr, bad, max_sge, |r| s.emu.post_recv(r)) }
+        unsafe { super::qp::post_recv_list(wr, bad, (max_sge, max_wr), |r| s.emu.post_recv(r)) }
     })
 }

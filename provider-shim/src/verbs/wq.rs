@@ -157,9 +157,9 @@ unsafe extern "C" fn wq_post_recv(
     ffi!(libc::EIO, {
         // SAFETY: a live WQ.
         let Some(s) = (unsafe { obj::<_, ShimWq>(wq) }) else { return libc::EINVAL };
-        let max_sge = s.emu.max_sge() as c_int;
+        let limits = (s.emu.max_sge() as c_int, s.emu.max_wr());
         // SAFETY: the application's list and bad_wr, as the verb requires.
-        unsafe { super::qp::post_recv_list(wr, bad, max_sge, |r| s.emu.post_recv(r)) }
+        unsafe { super::qp::post_recv_list(wr, bad, limits, |r| s.emu.post_recv(r)) }
     })
 }
 

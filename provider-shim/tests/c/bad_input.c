@@ -29,6 +29,28 @@ int main(void)
 	CHECK(ibv_dealloc_pd(NULL) == EINVAL && ibv_dereg_mr(NULL) == EINVAL);
 	CHECK(ibv_destroy_cq(NULL) == EINVAL && ibv_destroy_qp(NULL) == EINVAL);
 
+	/* A work request list whose `next` loops back: the queue fills, ENOMEM names it. */
+	{
+		struct side p, q;
+		struct ibv_sge sg;
+		struct ibv_send_wr sw = { .wr_id = 9, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE };
+		struct ibv_recv_wr rw = { .wr_id = 10, .num_sge = 1 };
+		struct ibv_send_wr *sbad = NULL;
+		struct ibv_recv_wr *rbad = NULL;
+
+		CHECK(n >= 2);
+		setup_pair(list, &p, &q);
+		sg = (struct ibv_sge){ (uintptr_t)p.buf, 8, p.mr->lkey };
+		sw.sg_list = rw.sg_list = &sg;
+		sw.wr.rdma.remote_addr = (uintptr_t)q.buf;
+		sw.wr.rdma.rkey = q.mr->rkey;
+		sw.next = &sw;
+		rw.next = &rw;
+		CHECK(ibv_post_send(p.qp, &sw, &sbad) == ENOMEM && sbad == &sw);
+		CHECK(ibv_post_recv(p.qp, &rw, &rbad) == ENOMEM && rbad == &rw);
+		CHECK(ibv_close_device(p.ctx) == 0 && ibv_close_device(q.ctx) == 0);
+	}
+
 	/* Foreign pointers: memory this library never handed out. */
 	CHECK(ibv_dealloc_pd((struct ibv_pd *)junk) == EINVAL);
 	CHECK(ibv_destroy_cq((struct ibv_cq *)junk) == EINVAL);
