@@ -27,6 +27,8 @@ impl Errno {
     pub const EOPNOTSUPP: Errno = Errno(libc::EOPNOTSUPP);
     pub const ETIMEDOUT: Errno = Errno(libc::ETIMEDOUT);
     pub const ENODATA: Errno = Errno(libc::ENODATA);
+    pub const EADDRINUSE: Errno = Errno(libc::EADDRINUSE);
+    pub const EADDRNOTAVAIL: Errno = Errno(libc::EADDRNOTAVAIL);
 
     /// The raw (positive) value.
     pub fn raw(self) -> i32 {
@@ -43,6 +45,8 @@ impl Errno {
             libc::EACCES => "EACCES",
             libc::EFAULT => "EFAULT",
             libc::EBUSY => "EBUSY",
+            libc::EADDRINUSE => "EADDRINUSE",
+            libc::EADDRNOTAVAIL => "EADDRNOTAVAIL",
             libc::EEXIST => "EEXIST",
             libc::ENODEV => "ENODEV",
             libc::EINVAL => "EINVAL",

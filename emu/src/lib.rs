@@ -65,6 +65,7 @@
 //! except where the InfiniBand specification says otherwise (see `docs/divergences.md`).
 #![deny(unsafe_code)]
 
+pub mod cm;
 mod engine;
 mod error;
 mod fabric;

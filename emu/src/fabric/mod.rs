@@ -56,6 +56,9 @@ pub struct FabricConfig {
     /// The full profile's link layer: InfiniBand (the default, with LIDs) or Ethernet
     /// (RoCE v2 GIDs as rxe's, and raw packet QPs). The rxe profile is always Ethernet.
     pub link_layer: crate::LinkLayer,
+    /// IP addresses of the ports beyond the default ones (`127.0.0.1` and `::1` name port 1
+    /// of the first device), for the connection manager: see [`crate::cm::addr`].
+    pub addresses: Vec<crate::cm::addr::PortAddress>,
 }
 
 impl Default for FabricConfig {
@@ -69,6 +72,7 @@ impl Default for FabricConfig {
             faults: Vec::new(),
             pcap: None,
             link_layer: crate::LinkLayer::INFINIBAND,
+            addresses: Vec::new(),
         }
     }
 }
@@ -95,6 +99,9 @@ impl FabricConfig {
             cfg.faults = crate::FaultRule::parse(&f)?;
         }
         cfg.pcap = var("RDMA_EMU_PCAP").filter(|p| !p.is_empty()).map(PathBuf::from);
+        if let Some(a) = var("RDMA_EMU_ADDRS") {
+            cfg.addresses = crate::cm::addr::PortAddress::parse_list(&a)?;
+        }
         Ok(cfg)
     }
 
@@ -144,6 +151,8 @@ pub(crate) struct FabricInner {
     /// The host fabric's directory, when configured; joined at the first QP.
     host: Option<trust::Location>,
     node: OnceLock<host::Node>,
+    /// The connection manager's addresses, listeners and ids.
+    pub(crate) cm: crate::cm::Manager,
     this: Weak<FabricInner>,
 }
 
@@ -375,6 +384,7 @@ impl Fabric {
             pcap,
             host: cfg.host.as_deref().map(trust::Location::of),
             node: OnceLock::new(),
+            cm: crate::cm::Manager::new(crate::cm::addr::AddressMap::new(&cfg.addresses)),
             this: this.clone(),
         }));
         if !cfg.faults.is_empty() {

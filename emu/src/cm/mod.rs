@@ -1,0 +1,898 @@
+//! The RDMA connection manager (librdmacm's `rdma_cm`): connections named by IP address and
+//! port instead of QPNs exchanged by hand.
+//!
+//! A [`CmId`] resolves an address to an emulated port ([`addr`]), then either listens on a
+//! port or connects to a listener; the two sides' QPs are taken through INIT, RTR and RTS with
+//! what the connection messages carry (QPN, first PSN, RDMA read resources, retry counts),
+//! as the kernel's IB CM does with REQ, REP and RTU, and each step is reported as a
+//! [`CmEvent`] on the id's [`CmChannel`], whose descriptor polls like librdmacm's.
+//!
+//! Within one fabric the messages go straight to the other side's manager. (Between processes
+//! they are to travel over the host fabric; until then a process reaches only its own
+//! listeners.)
+
+pub mod addr;
+
+use std::{
+    collections::HashMap,
+    net::{IpAddr, Ipv4Addr, SocketAddr},
+    os::fd::{AsRawFd, RawFd},
+    sync::{
+        Arc, Weak,
+        atomic::{AtomicU32, Ordering},
+    },
+};
+
+use parking_lot::Mutex;
+
+use crate::{
+    Context, Device, Fabric, Qp, QpAttr,
+    error::{Errno, Error, Result},
+    fabric::FabricInner,
+    objects::event::EventQueue,
+    types::{AhAttr, LinkLayer, Mtu, QpAttrMask as M, QpState, QpType},
+};
+
+/// A port space: which transport and which kind of port numbers (`enum rdma_port_space`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PortSpace {
+    /// `RDMA_PS_TCP`: reliable connections (RC).
+    Tcp,
+    /// `RDMA_PS_UDP`: datagrams (UD).
+    Udp,
+    /// `RDMA_PS_IB`: any QP type.
+    Ib,
+    /// `RDMA_PS_IPOIB`.
+    Ipoib,
+}
+
+impl PortSpace {
+    /// The value of `enum rdma_port_space`.
+    pub fn code(self) -> u32 {
+        match self {
+            PortSpace::Ipoib => 0x0002,
+            PortSpace::Ib => 0x013f,
+            PortSpace::Tcp => 0x0106,
+            PortSpace::Udp => 0x0111,
+        }
+    }
+
+    pub fn from_code(code: u32) -> Option<PortSpace> {
+        [PortSpace::Ipoib, PortSpace::Ib, PortSpace::Tcp, PortSpace::Udp]
+            .into_iter()
+            .find(|p| p.code() == code)
+    }
+}
+
+/// What happened (`enum rdma_cm_event_type`; [`CmEventType::code`] is its value).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CmEventType {
+    AddrResolved,
+    AddrError,
+    RouteResolved,
+    RouteError,
+    ConnectRequest,
+    ConnectResponse,
+    ConnectError,
+    Unreachable,
+    Rejected,
+    Established,
+    Disconnected,
+    DeviceRemoval,
+    MulticastJoin,
+    MulticastError,
+    AddrChange,
+    TimewaitExit,
+}
+
+impl CmEventType {
+    pub fn code(self) -> u32 {
+        self as u32
+    }
+}
+
+/// IB CM reject reason "invalid service ID": nobody listens on that port.
+pub const REJ_INVALID_SERVICE_ID: i32 = 8;
+/// IB CM reject reason "consumer defined": the listener's application said no.
+pub const REJ_CONSUMER_DEFINED: i32 = 28;
+
+/// Private data a REQ carries (RC), as the kernel's rdma_cm leaves it after its own header.
+pub const REQ_PRIVATE_DATA: usize = 56;
+/// Private data a REP carries.
+pub const REP_PRIVATE_DATA: usize = 196;
+/// Private data a REJ carries.
+pub const REJ_PRIVATE_DATA: usize = 148;
+/// Private data a DREQ carries.
+pub const DREQ_PRIVATE_DATA: usize = 220;
+
+/// Connection parameters (`struct rdma_conn_param`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConnParam {
+    pub private_data: Vec<u8>,
+    /// RDMA READs and atomics this side accepts at once (its QP's `max_dest_rd_atomic`).
+    pub responder_resources: u8,
+    /// RDMA READs and atomics this side issues at once (its QP's `max_rd_atomic`).
+    pub initiator_depth: u8,
+    pub flow_control: u8,
+    pub retry_count: u8,
+    pub rnr_retry_count: u8,
+    pub srq: bool,
+    /// The QPN, for an id without a QP of its own.
+    pub qp_num: u32,
+}
+
+/// A connection manager event (`struct rdma_cm_event`).
+#[derive(Debug, Clone)]
+pub struct CmEvent {
+    /// The id the event is about: for `ConnectRequest`, the new id of the connection.
+    pub id: CmId,
+    /// For `ConnectRequest`: the listening id.
+    pub listen_id: Option<CmId>,
+    pub event: CmEventType,
+    /// 0, a negative errno, or (for `Rejected`) the IB CM reject reason.
+    pub status: i32,
+    pub param: ConnParam,
+}
+
+/// A channel that connection manager events arrive on (`struct rdma_event_channel`); its
+/// descriptor is readable while an event waits.
+#[derive(Debug, Clone)]
+pub struct CmChannel(Arc<ChannelInner>);
+
+#[derive(Debug)]
+struct ChannelInner {
+    fabric: Arc<FabricInner>,
+    queue: EventQueue<CmEvent>,
+}
+
+impl CmChannel {
+    /// `rdma_create_event_channel`.
+    pub fn new(fabric: &Fabric) -> Result<CmChannel> {
+        Ok(CmChannel(Arc::new(ChannelInner {
+            fabric: fabric.0.clone(),
+            queue: EventQueue::new()?,
+        })))
+    }
+
+    /// `rdma_get_cm_event`: the next event; blocks unless the descriptor is non-blocking
+    /// (then `EAGAIN`).
+    pub fn get_event(&self) -> Result<CmEvent> {
+        self.0.queue.pop()
+    }
+
+    /// Sets or clears `O_NONBLOCK` on the descriptor (as fcntl on `channel->fd`).
+    pub fn set_nonblocking(&self, on: bool) -> Result<()> {
+        self.0.queue.set_nonblocking(on)
+    }
+}
+
+impl AsRawFd for CmChannel {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.queue.as_raw_fd()
+    }
+}
+
+/// Where an id stands (after the kernel's `enum rdma_cm_state`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Idle,
+    AddrBound,
+    AddrResolved,
+    RouteResolved,
+    Listen,
+    /// Active side: the REQ is out.
+    Connecting,
+    /// Passive side: a REQ arrived, the application has yet to accept or reject it.
+    Request,
+    /// Passive side: accepted, waiting for the RTU.
+    Accepting,
+    Connected,
+    Disconnected,
+    Destroyed,
+}
+
+/// The other side of a connection.
+#[derive(Debug, Clone, Copy)]
+struct Remote {
+    id: u32,
+    qpn: u32,
+    psn: u32,
+    device: u32,
+    port: u8,
+    responder_resources: u8,
+    initiator_depth: u8,
+    retry_count: u8,
+    rnr_retry_count: u8,
+}
+
+/// A connection manager id (`struct rdma_cm_id`). Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct CmId(Arc<IdInner>);
+
+#[derive(Debug)]
+struct IdInner {
+    num: u32,
+    ps: PortSpace,
+    channel: CmChannel,
+    st: Mutex<IdState>,
+}
+
+#[derive(Debug)]
+struct IdState {
+    state: State,
+    local: Option<SocketAddr>,
+    peer: Option<SocketAddr>,
+    /// The device and port the local address names.
+    port: Option<(u32, u8)>,
+    ctx: Option<Context>,
+    qp: Option<Qp>,
+    /// The first PSN this side sends.
+    psn: u32,
+    remote: Option<Remote>,
+    /// Listener: at most this many requests not yet accepted or rejected.
+    backlog: usize,
+    /// Connection of a listener: the listener.
+    listener: Option<Weak<IdInner>>,
+    /// Our own connection parameters, for the QP transitions.
+    mine: ConnParam,
+}
+
+/// The ids bound to each port of each port space.
+type Bound = HashMap<(PortSpace, u16), Vec<Weak<IdInner>>>;
+
+/// The connection manager of one fabric.
+#[derive(Debug)]
+pub(crate) struct Manager {
+    pub(crate) addrs: addr::AddressMap,
+    next_id: AtomicU32,
+    ids: Mutex<HashMap<u32, Weak<IdInner>>>,
+    /// Bound ports, by port space and number: the ids that hold them.
+    bound: Mutex<Bound>,
+    next_port: AtomicU32,
+}
+
+/// First port picked for a bind to port 0 (the kernel's ephemeral range starts at 32768).
+const EPHEMERAL: u32 = 32768;
+
+impl Manager {
+    pub(crate) fn new(addrs: addr::AddressMap) -> Manager {
+        Manager {
+            addrs,
+            next_id: AtomicU32::new(1),
+            ids: Mutex::default(),
+            bound: Mutex::default(),
+            next_port: AtomicU32::new(EPHEMERAL),
+        }
+    }
+
+    fn id(&self, num: u32) -> Option<CmId> {
+        self.ids.lock().get(&num).and_then(Weak::upgrade).map(CmId)
+    }
+}
+
+fn einval(why: &'static str) -> Error {
+    Error::new(Errno::EINVAL, why)
+}
+
+/// A pseudo-random 24-bit first PSN for id `num` (the kernel draws one at random).
+fn first_psn(num: u32) -> u32 {
+    num.wrapping_mul(0x9e37_79b1).rotate_left(7) & 0x00ff_ffff
+}
+
+/// `data` padded with zeros to the length the message carries.
+fn padded(data: &[u8], len: usize) -> Vec<u8> {
+    let mut v = data.to_vec();
+    v.resize(len.max(data.len()), 0);
+    v
+}
+
+impl CmId {
+    /// `rdma_create_id` on `channel`, in port space `ps`.
+    pub fn create(channel: &CmChannel, ps: PortSpace) -> Result<CmId> {
+        let cm = &channel.0.fabric.cm;
+        let num = cm.next_id.fetch_add(1, Ordering::Relaxed);
+        let st = IdState {
+            state: State::Idle,
+            local: None,
+            peer: None,
+            port: None,
+            ctx: None,
+            qp: None,
+            psn: first_psn(num),
+            remote: None,
+            backlog: 0,
+            listener: None,
+            mine: ConnParam::default(),
+        };
+        let id = CmId(Arc::new(IdInner { num, ps, channel: channel.clone(), st: Mutex::new(st) }));
+        cm.ids.lock().insert(num, Arc::downgrade(&id.0));
+        Ok(id)
+    }
+
+    fn fabric(&self) -> &Arc<FabricInner> {
+        &self.0.channel.0.fabric
+    }
+
+    fn cm(&self) -> &Manager {
+        &self.fabric().cm
+    }
+
+    fn raise(&self, event: CmEventType, status: i32, param: ConnParam, listen_id: Option<CmId>) {
+        let ev = CmEvent { id: self.clone(), listen_id, event, status, param };
+        self.0.channel.0.queue.push(ev);
+    }
+
+    /// The port space it was created in.
+    pub fn port_space(&self) -> PortSpace {
+        self.0.ps
+    }
+
+    /// The verbs context of the device its address names, once bound or resolved.
+    pub fn context(&self) -> Option<Context> {
+        self.0.st.lock().ctx.clone()
+    }
+
+    /// The port its address names (0 before).
+    pub fn port_num(&self) -> u8 {
+        self.0.st.lock().port.map_or(0, |p| p.1)
+    }
+
+    /// Its local address (after a bind or resolve).
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.0.st.lock().local
+    }
+
+    /// The address it resolved or that connected to it.
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        self.0.st.lock().peer
+    }
+
+    /// The QP it connects ([`CmId::set_qp`]).
+    pub fn qp(&self) -> Option<Qp> {
+        self.0.st.lock().qp.clone()
+    }
+
+    /// The context of device `dev` for this id.
+    fn open_device(&self, dev: u32) -> Result<Context> {
+        let inner = self.fabric().devices.get(dev as usize).ok_or_else(|| {
+            Error::new(Errno::ENODEV, "the address names a device this fabric lacks")
+        })?;
+        Device { inner: inner.clone(), fabric: self.fabric().clone() }.open()
+    }
+
+    /// Takes `port` (0: a free one) in the id's port space for `addr`'s address.
+    fn take_port(&self, ip: IpAddr, port: u16) -> Result<u16> {
+        let cm = self.cm();
+        let mut bound = cm.bound.lock();
+        let taken = |p: u16, bound: &Bound| {
+            bound.get(&(self.0.ps, p)).is_some_and(|v| {
+                v.iter().filter_map(Weak::upgrade).any(|o| {
+                    let other = o.st.lock().local.map(|a| a.ip());
+                    other.is_none_or(|o| o.is_unspecified() || ip.is_unspecified() || o == ip)
+                })
+            })
+        };
+        let port = if port == 0 {
+            let free = (0..(65536 - EPHEMERAL)).find_map(|_| {
+                let p = cm.next_port.fetch_add(1, Ordering::Relaxed);
+                let p = (EPHEMERAL + p % (65536 - EPHEMERAL)) as u16;
+                (!taken(p, &bound)).then_some(p)
+            });
+            free.ok_or_else(|| Error::new(Errno::EADDRNOTAVAIL, "no free port"))?
+        } else if taken(port, &bound) {
+            return Err(Error::new(Errno::EADDRINUSE, "the address is in use"));
+        } else {
+            port
+        };
+        let v = bound.entry((self.0.ps, port)).or_default();
+        v.retain(|w| w.strong_count() > 0);
+        v.push(Arc::downgrade(&self.0));
+        Ok(port)
+    }
+
+    /// `rdma_bind_addr`: binds to a local address (`0.0.0.0` or `::`: every port) and port
+    /// (0: a free one). `EADDRNOTAVAIL` for an address of no emulated port, `EADDRINUSE` for
+    /// a port bound already.
+    pub fn bind_addr(&self, addr: SocketAddr) -> Result<()> {
+        let mut st = self.0.st.lock();
+        if st.state != State::Idle {
+            return Err(einval("the id is bound already"));
+        }
+        let port = if addr.ip().is_unspecified() {
+            None
+        } else {
+            let p = self.cm().addrs.port_of(addr.ip());
+            Some(p.ok_or_else(|| Error::new(Errno::EADDRNOTAVAIL, "no port has that address"))?)
+        };
+        if let Some((dev, _)) = port {
+            st.ctx = Some(self.open_device(dev)?);
+        }
+        // The local address is set before the port is taken so that others see it.
+        st.local = Some(addr);
+        drop(st);
+        let n = match self.take_port(addr.ip(), addr.port()) {
+            Ok(n) => n,
+            Err(e) => {
+                let mut st = self.0.st.lock();
+                (st.local, st.ctx) = (None, None);
+                return Err(e);
+            }
+        };
+        let mut st = self.0.st.lock();
+        st.local = Some(SocketAddr::new(addr.ip(), n));
+        st.port = port;
+        st.state = State::AddrBound;
+        Ok(())
+    }
+
+    /// `rdma_resolve_addr`: finds the emulated port `dst` names and the local address to
+    /// reach it from (`src`, or the destination port's own address family's loopback), then
+    /// reports `AddrResolved`, or `AddrError` (status `-EHOSTUNREACH`) for an address of no
+    /// emulated port.
+    pub fn resolve_addr(
+        &self,
+        src: Option<SocketAddr>,
+        dst: SocketAddr,
+        _timeout_ms: u32,
+    ) -> Result<()> {
+        if let Some(src) = src.filter(|_| self.0.st.lock().state == State::Idle) {
+            self.bind_addr(src)?;
+        }
+        let mut st = self.0.st.lock();
+        if !matches!(st.state, State::Idle | State::AddrBound) {
+            return Err(einval("the id cannot resolve an address now"));
+        }
+        let cm = self.cm();
+        let Some(dest) = cm.addrs.port_of(dst.ip()) else {
+            drop(st);
+            self.raise(CmEventType::AddrError, -libc::EHOSTUNREACH, ConnParam::default(), None);
+            return Ok(());
+        };
+        st.peer = Some(dst);
+        if st.port.is_none() {
+            // Reached from the port the destination names: every emulated port reaches
+            // every other, and loopback stays on its own port, as on a host.
+            st.port = Some(dest);
+            st.ctx = Some(self.open_device(dest.0)?);
+            let ip = cm.addrs.address_of(dest.0, dest.1, dst.ip()).unwrap_or(dst.ip());
+            let local = st.local.map_or(0, |a| a.port());
+            st.local = Some(SocketAddr::new(ip, local));
+        }
+        if st.local.is_some_and(|a| a.port() == 0) {
+            let ip = st.local.expect("set").ip();
+            drop(st);
+            let n = self.take_port(ip, 0)?;
+            st = self.0.st.lock();
+            st.local = Some(SocketAddr::new(ip, n));
+        }
+        st.state = State::AddrResolved;
+        drop(st);
+        self.raise(CmEventType::AddrResolved, 0, ConnParam::default(), None);
+        Ok(())
+    }
+
+    /// `rdma_resolve_route`: reports `RouteResolved` (every emulated port reaches every other).
+    pub fn resolve_route(&self, _timeout_ms: u32) -> Result<()> {
+        let mut st = self.0.st.lock();
+        if st.state != State::AddrResolved {
+            return Err(einval("the address is not resolved"));
+        }
+        st.state = State::RouteResolved;
+        drop(st);
+        self.raise(CmEventType::RouteResolved, 0, ConnParam::default(), None);
+        Ok(())
+    }
+
+    /// `rdma_listen`: takes connection requests to its bound address; at most `backlog`
+    /// (at least 1) wait for an answer at once, further ones are rejected.
+    pub fn listen(&self, backlog: i32) -> Result<()> {
+        let mut st = self.0.st.lock();
+        if st.state != State::AddrBound {
+            return Err(einval("listen needs a bound id that is not listening"));
+        }
+        st.state = State::Listen;
+        st.backlog = backlog.max(1) as usize;
+        Ok(())
+    }
+
+    /// `rdma_create_qp`'s part: the id connects `qp`, which it moves to INIT on its port with
+    /// the access a connection needs (local write, remote read and write, atomics).
+    pub fn set_qp(&self, qp: &Qp) -> Result<()> {
+        let mut st = self.0.st.lock();
+        let Some((_, port)) = st.port else { return Err(einval("the id has no address yet")) };
+        if st.qp.is_some() {
+            return Err(einval("the id has a QP already"));
+        }
+        if qp.qp_type() == QpType::RC || qp.qp_type() == QpType::UC {
+            let access = crate::types::AccessFlags::LOCAL_WRITE
+                | crate::types::AccessFlags::REMOTE_WRITE
+                | crate::types::AccessFlags::REMOTE_READ
+                | crate::types::AccessFlags::REMOTE_ATOMIC;
+            let init = QpAttr {
+                qp_state: QpState::INIT,
+                port_num: port,
+                qp_access_flags: access,
+                ..Default::default()
+            };
+            qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)?;
+        }
+        st.qp = Some(qp.clone());
+        Ok(())
+    }
+
+    /// `rdma_connect`: sends the connection request to the listener of the resolved address.
+    /// `EINVAL` before the route is resolved or with more than [`REQ_PRIVATE_DATA`] bytes of
+    /// private data.
+    pub fn connect(&self, p: &ConnParam) -> Result<()> {
+        let mut st = self.0.st.lock();
+        if st.state != State::RouteResolved {
+            return Err(einval("connect needs a resolved route"));
+        }
+        if p.private_data.len() > REQ_PRIVATE_DATA {
+            return Err(einval("too much private data for a connection request"));
+        }
+        let qpn = st.qp.as_ref().map_or(p.qp_num, Qp::qp_num);
+        let (dev, port) = st.port.expect("resolved");
+        let (dst, src) = (st.peer.expect("resolved"), st.local.expect("resolved"));
+        st.state = State::Connecting;
+        st.mine = p.clone();
+        let req = Request {
+            from: self.clone(),
+            src,
+            dst,
+            remote: Remote {
+                id: self.0.num,
+                qpn,
+                psn: st.psn,
+                device: dev,
+                port,
+                responder_resources: p.responder_resources,
+                initiator_depth: p.initiator_depth,
+                retry_count: p.retry_count,
+                rnr_retry_count: p.rnr_retry_count,
+            },
+            private_data: p.private_data.clone(),
+        };
+        drop(st);
+        request(self.cm(), req);
+        Ok(())
+    }
+
+    /// `rdma_accept`: accepts a connection request (on the id `ConnectRequest` carried): its
+    /// QP goes to RTR and RTS and the reply goes back.
+    pub fn accept(&self, p: &ConnParam) -> Result<()> {
+        let mut st = self.0.st.lock();
+        if st.state != State::Request {
+            return Err(einval("accept needs an id with a connection request"));
+        }
+        if p.private_data.len() > REP_PRIVATE_DATA {
+            return Err(einval("too much private data for a reply"));
+        }
+        let remote = st.remote.expect("a request has a remote");
+        st.mine = p.clone();
+        if let Some(qp) = &st.qp {
+            let q = QpSetup {
+                port: st.port.expect("set").1,
+                remote,
+                psn: st.psn,
+                max_dest_rd_atomic: p.responder_resources,
+                max_rd_atomic: p.initiator_depth,
+                retry_count: remote.retry_count,
+                rnr_retry_count: p.rnr_retry_count,
+            };
+            q.rtr_rts(self.fabric(), qp)?;
+        }
+        st.state = State::Accepting;
+        let qpn = st.qp.as_ref().map_or(p.qp_num, Qp::qp_num);
+        let (psn, (device, port)) = (st.psn, st.port.expect("set"));
+        drop(st);
+        let Some(active) = self.cm().id(remote.id) else { return Ok(()) };
+        let mine = Remote {
+            id: self.0.num,
+            qpn,
+            psn,
+            device,
+            port,
+            responder_resources: p.responder_resources,
+            initiator_depth: p.initiator_depth,
+            retry_count: p.retry_count,
+            rnr_retry_count: p.rnr_retry_count,
+        };
+        active.replied(mine, &p.private_data);
+        Ok(())
+    }
+
+    /// `rdma_reject`: refuses a connection request; the active side sees `Rejected` with
+    /// reason [`REJ_CONSUMER_DEFINED`] and `private_data`.
+    pub fn reject(&self, private_data: &[u8]) -> Result<()> {
+        let mut st = self.0.st.lock();
+        if st.state != State::Request {
+            return Err(einval("reject needs an id with a connection request"));
+        }
+        if private_data.len() > REJ_PRIVATE_DATA {
+            return Err(einval("too much private data for a reject"));
+        }
+        let remote = st.remote.expect("a request has a remote");
+        st.state = State::Idle;
+        drop(st);
+        if let Some(active) = self.cm().id(remote.id) {
+            active.rejected(REJ_CONSUMER_DEFINED, private_data);
+        }
+        Ok(())
+    }
+
+    /// `rdma_disconnect`: ends the connection: this side's QP goes to the error state
+    /// (flushing its work requests), and both sides see `Disconnected`.
+    pub fn disconnect(&self) -> Result<()> {
+        let mut st = self.0.st.lock();
+        if !matches!(st.state, State::Connected | State::Accepting | State::Connecting) {
+            return Err(einval("the id is not connected"));
+        }
+        st.state = State::Disconnected;
+        let (qp, remote) = (st.qp.clone(), st.remote);
+        drop(st);
+        if let Some(qp) = qp {
+            to_error(&qp);
+        }
+        if let Some(peer) = remote.and_then(|r| self.cm().id(r.id)) {
+            peer.disconnected_by_peer();
+        }
+        self.raise(CmEventType::Disconnected, 0, ConnParam::default(), None);
+        Ok(())
+    }
+
+    /// `rdma_destroy_id`: a connection still up is ended first (the peer sees
+    /// `Disconnected`), a bound port is released.
+    pub fn destroy(&self) -> Result<()> {
+        let mut st = self.0.st.lock();
+        if st.state == State::Destroyed {
+            return Err(einval("the id was destroyed"));
+        }
+        let up = matches!(st.state, State::Connected | State::Accepting);
+        st.state = State::Destroyed;
+        let remote = st.remote;
+        (st.qp, st.ctx) = (None, None);
+        drop(st);
+        if up && let Some(peer) = remote.and_then(|r| self.cm().id(r.id)) {
+            peer.disconnected_by_peer();
+        }
+        let cm = self.cm();
+        cm.ids.lock().remove(&self.0.num);
+        for v in cm.bound.lock().values_mut() {
+            v.retain(|w| w.upgrade().is_some_and(|o| !Arc::ptr_eq(&o, &self.0)));
+        }
+        Ok(())
+    }
+
+    /// Active side: the listener accepted.
+    fn replied(&self, remote: Remote, private_data: &[u8]) {
+        let mut st = self.0.st.lock();
+        if st.state != State::Connecting {
+            return;
+        }
+        st.remote = Some(remote);
+        let param = ConnParam {
+            private_data: padded(private_data, REP_PRIVATE_DATA),
+            responder_resources: remote.initiator_depth,
+            initiator_depth: remote.responder_resources,
+            retry_count: remote.retry_count,
+            rnr_retry_count: remote.rnr_retry_count,
+            qp_num: remote.qpn,
+            ..Default::default()
+        };
+        let Some(qp) = st.qp.clone() else {
+            // The application connects its own QP: it hears of the reply and establishes.
+            drop(st);
+            return self.raise(CmEventType::ConnectResponse, 0, param, None);
+        };
+        let q = QpSetup {
+            port: st.port.expect("set").1,
+            remote,
+            psn: st.psn,
+            max_dest_rd_atomic: st.mine.responder_resources.min(remote.initiator_depth.max(1)),
+            max_rd_atomic: st.mine.initiator_depth.min(remote.responder_resources.max(1)),
+            retry_count: st.mine.retry_count,
+            rnr_retry_count: st.mine.rnr_retry_count,
+        };
+        if let Err(e) = q.rtr_rts(self.fabric(), &qp) {
+            st.state = State::Idle;
+            drop(st);
+            return self.raise(CmEventType::ConnectError, -e.errno().raw(), param, None);
+        }
+        st.state = State::Connected;
+        drop(st);
+        if let Some(passive) = self.cm().id(remote.id) {
+            passive.ready_to_use();
+        }
+        self.raise(CmEventType::Established, 0, param, None);
+    }
+
+    /// `rdma_establish`: for an active id without a QP of its own, after `ConnectResponse`.
+    pub fn establish(&self) -> Result<()> {
+        let mut st = self.0.st.lock();
+        if st.state != State::Connecting || st.remote.is_none() {
+            return Err(einval("establish needs a connection response"));
+        }
+        st.state = State::Connected;
+        let remote = st.remote.expect("checked");
+        drop(st);
+        if let Some(passive) = self.cm().id(remote.id) {
+            passive.ready_to_use();
+        }
+        Ok(())
+    }
+
+    /// Passive side: the RTU came.
+    fn ready_to_use(&self) {
+        let mut st = self.0.st.lock();
+        if st.state != State::Accepting {
+            return;
+        }
+        st.state = State::Connected;
+        drop(st);
+        self.raise(CmEventType::Established, 0, ConnParam::default(), None);
+    }
+
+    /// Active side: the request was refused (`reason`: the IB CM reject reason).
+    fn rejected(&self, reason: i32, private_data: &[u8]) {
+        let mut st = self.0.st.lock();
+        if st.state != State::Connecting {
+            return;
+        }
+        st.state = State::RouteResolved;
+        drop(st);
+        let param = ConnParam {
+            private_data: padded(private_data, REJ_PRIVATE_DATA),
+            ..Default::default()
+        };
+        self.raise(CmEventType::Rejected, reason, param, None);
+    }
+
+    /// The peer disconnected (DREQ): our QP goes to the error state too.
+    fn disconnected_by_peer(&self) {
+        let mut st = self.0.st.lock();
+        if !matches!(st.state, State::Connected | State::Accepting) {
+            return;
+        }
+        st.state = State::Disconnected;
+        let qp = st.qp.clone();
+        drop(st);
+        if let Some(qp) = qp {
+            to_error(&qp);
+        }
+        self.raise(CmEventType::Disconnected, 0, ConnParam::default(), None);
+    }
+
+    /// Whether two handles name the same id.
+    pub fn same(&self, other: &CmId) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+/// A connection request on its way to a listener.
+struct Request {
+    from: CmId,
+    src: SocketAddr,
+    dst: SocketAddr,
+    remote: Remote,
+    private_data: Vec<u8>,
+}
+
+/// Hands a connection request to the listener of its destination, or rejects it.
+fn request(cm: &Manager, req: Request) {
+    let listener = cm.bound.lock().get(&(req.from.0.ps, req.dst.port())).and_then(|v| {
+        v.iter().filter_map(Weak::upgrade).map(CmId).find(|l| {
+            let st = l.0.st.lock();
+            let ip = st.local.map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |a| a.ip());
+            st.state == State::Listen
+                && (ip.is_unspecified() || cm.addrs.port_of(ip) == cm.addrs.port_of(req.dst.ip()))
+        })
+    });
+    let Some(listener) = listener else {
+        return req.from.rejected(REJ_INVALID_SERVICE_ID, &[]);
+    };
+    let waiting = {
+        let ids = cm.ids.lock();
+        ids.values()
+            .filter_map(Weak::upgrade)
+            .filter(|c| {
+                let st = c.st.lock();
+                st.state == State::Request
+                    && st
+                        .listener
+                        .as_ref()
+                        .is_some_and(|l| std::ptr::eq(l.as_ptr(), Arc::as_ptr(&listener.0)))
+            })
+            .count()
+    };
+    if waiting >= listener.0.st.lock().backlog {
+        return req.from.rejected(REJ_CONSUMER_DEFINED, &[]);
+    }
+    let Ok(conn) = CmId::create(&listener.0.channel, listener.0.ps) else {
+        return req.from.rejected(REJ_CONSUMER_DEFINED, &[]);
+    };
+    let dest = cm.addrs.port_of(req.dst.ip());
+    let ctx = dest.and_then(|(dev, _)| conn.open_device(dev).ok());
+    {
+        let mut st = conn.0.st.lock();
+        (st.state, st.local, st.peer) = (State::Request, Some(req.dst), Some(req.src));
+        (st.port, st.ctx, st.remote) = (dest, ctx, Some(req.remote));
+        st.listener = Some(Arc::downgrade(&listener.0));
+    }
+    let r = req.remote;
+    let param = ConnParam {
+        private_data: padded(&req.private_data, REQ_PRIVATE_DATA),
+        responder_resources: r.initiator_depth,
+        initiator_depth: r.responder_resources,
+        retry_count: r.retry_count,
+        rnr_retry_count: r.rnr_retry_count,
+        qp_num: r.qpn,
+        ..Default::default()
+    };
+    conn.raise(CmEventType::ConnectRequest, 0, param, Some(listener));
+}
+
+/// What a side's QP is set up with when the connection is made.
+struct QpSetup {
+    port: u8,
+    remote: Remote,
+    psn: u32,
+    max_dest_rd_atomic: u8,
+    max_rd_atomic: u8,
+    retry_count: u8,
+    rnr_retry_count: u8,
+}
+
+impl QpSetup {
+    /// RTR toward the remote QP, then RTS, as librdmacm does with the kernel's attributes.
+    fn rtr_rts(&self, fabric: &FabricInner, qp: &Qp) -> Result<()> {
+        let local = qp.0.ctx.device.port(self.port)?.attr.lock().clone();
+        let rdev = fabric
+            .devices
+            .get(self.remote.device as usize)
+            .ok_or_else(|| einval("no such device"))?;
+        let rport = rdev.port(self.remote.port)?;
+        let (rattr, rgid) =
+            (rport.attr.lock().clone(), rport.gids.first().map(|g| g.gid).unwrap_or_default());
+        let mtu = Mtu(local.active_mtu.0.min(rattr.active_mtu.0));
+        let roce = local.link_layer == LinkLayer::ETHERNET;
+        let ah_attr = AhAttr {
+            is_global: roce,
+            dgid: rgid,
+            hop_limit: 64,
+            dlid: rattr.lid,
+            port_num: self.port,
+            ..Default::default()
+        };
+        let rc = qp.qp_type().is_reliable();
+        let rtr = QpAttr {
+            qp_state: QpState::RTR,
+            path_mtu: mtu,
+            dest_qp_num: self.remote.qpn,
+            rq_psn: self.remote.psn,
+            max_dest_rd_atomic: self.max_dest_rd_atomic,
+            min_rnr_timer: 0,
+            ah_attr,
+            ..Default::default()
+        };
+        let mask = M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN;
+        qp.modify(&rtr, if rc { mask | M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER } else { mask })?;
+        let rts = QpAttr {
+            qp_state: QpState::RTS,
+            sq_psn: self.psn,
+            timeout: 14,
+            retry_cnt: self.retry_count.min(7),
+            rnr_retry: self.rnr_retry_count.min(7),
+            max_rd_atomic: self.max_rd_atomic,
+            ..Default::default()
+        };
+        let rc_mask = M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC;
+        qp.modify(&rts, if rc { M::STATE | M::SQ_PSN | rc_mask } else { M::STATE | M::SQ_PSN })
+    }
+}
+
+/// Moves `qp` to the error state (a QP already destroyed or in RESET is left alone).
+fn to_error(qp: &Qp) {
+    let _ = qp.modify(&QpAttr { qp_state: QpState::ERR, ..Default::default() }, M::STATE);
+}

@@ -1,0 +1,202 @@
+//! The connection manager: ids that resolve addresses, listen, connect, accept, reject and
+//! disconnect, their QPs taken to RTS by the connection, and every step an event.
+
+mod common;
+use std::net::SocketAddr;
+
+use common::*;
+use rdma_emu::{
+    cm::{
+        CmChannel, CmEvent, CmEventType as E, CmId, ConnParam, PortSpace, REJ_CONSUMER_DEFINED,
+        REJ_INVALID_SERVICE_ID, REQ_PRIVATE_DATA, addr::PortAddress,
+    },
+    *,
+};
+
+/// A fabric whose second device answers to 127.0.0.2.
+fn fabric(profile: Profile) -> Fabric {
+    let addresses = PortAddress::parse_list("127.0.0.2=emu1").unwrap();
+    Fabric::new(FabricConfig { profile, addresses, ..Default::default() })
+}
+
+fn addr(s: &str) -> SocketAddr {
+    s.parse().unwrap()
+}
+
+fn next(ch: &CmChannel, want: E) -> CmEvent {
+    let ev = ch.get_event().unwrap();
+    assert_eq!(ev.event, want, "status {}", ev.status);
+    ev
+}
+
+/// The verbs objects of one side of a connection, on its id's context.
+struct Side {
+    pd: Pd,
+    cq: Cq,
+    mr: Mr,
+    qp: Qp,
+}
+
+fn side(id: &CmId) -> Side {
+    let ctx = id.context().expect("the id has a device");
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(16, None, 0).unwrap();
+    let mr = pd.reg_mr(4096, ALL_ACCESS).unwrap();
+    let qp = pd.create_qp(&QpInitAttr::new(QpType::RC, &cq, cap(8))).unwrap();
+    id.set_qp(&qp).unwrap();
+    assert_eq!(qp.state(), QpState::INIT);
+    Side { pd, cq, mr, qp }
+}
+
+/// A listener on 127.0.0.2:7471 and a client that resolved it.
+fn listening(f: &Fabric) -> (CmChannel, CmId, CmChannel, CmId) {
+    let (sch, cch) = (CmChannel::new(f).unwrap(), CmChannel::new(f).unwrap());
+    let server = CmId::create(&sch, PortSpace::Tcp).unwrap();
+    server.bind_addr(addr("127.0.0.2:7471")).unwrap();
+    server.listen(4).unwrap();
+    let client = CmId::create(&cch, PortSpace::Tcp).unwrap();
+    client.resolve_addr(None, addr("127.0.0.2:7471"), 2000).unwrap();
+    next(&cch, E::AddrResolved);
+    client.resolve_route(2000).unwrap();
+    next(&cch, E::RouteResolved);
+    (sch, server, cch, client)
+}
+
+#[test]
+fn a_connection_is_made_used_and_ended_through_events() {
+    for profile in [Profile::Full, Profile::Rxe] {
+        let f = fabric(profile);
+        let (sch, server, cch, client) = listening(&f);
+        assert_eq!(client.context().unwrap().device().index(), 1, "127.0.0.2 is emu1");
+        let c = side(&client);
+        let p = ConnParam {
+            private_data: b"hello".to_vec(),
+            responder_resources: 4,
+            initiator_depth: 2,
+            retry_count: 7,
+            rnr_retry_count: 7,
+            ..Default::default()
+        };
+        client.connect(&p).unwrap();
+        let req = next(&sch, E::ConnectRequest);
+        assert!(req.listen_id.as_ref().unwrap().same(&server));
+        let conn = req.id.clone();
+        assert_eq!(req.param.private_data.len(), REQ_PRIVATE_DATA);
+        assert_eq!(&req.param.private_data[..6], b"hello\0");
+        // What the client can take is what the server may send, and the other way round.
+        assert_eq!((req.param.responder_resources, req.param.initiator_depth), (2, 4));
+        assert_eq!(req.param.qp_num, c.qp.qp_num());
+        assert_eq!(conn.peer_addr().unwrap().ip(), client.local_addr().unwrap().ip());
+        let s = side(&conn);
+        let accept = ConnParam {
+            private_data: b"welcome".to_vec(),
+            responder_resources: 2,
+            initiator_depth: 4,
+            rnr_retry_count: 7,
+            ..Default::default()
+        };
+        conn.accept(&accept).unwrap();
+        let est = next(&cch, E::Established);
+        assert_eq!(&est.param.private_data[..7], b"welcome");
+        next(&sch, E::Established);
+        assert_eq!((c.qp.state(), s.qp.state()), (QpState::RTS, QpState::RTS));
+
+        // The QPs talk: a SEND and an RDMA READ of what it wrote.
+        post_recv(&s.qp, 1, &[sge(&s.mr, 0, 64)]);
+        c.mr.write(0, b"over the cm").unwrap();
+        c.qp.post_send(&SendWr::send(2, &[sge(&c.mr, 0, 11)]).signaled()).unwrap();
+        assert_eq!(wait1(&c.cq).status, WcStatus::SUCCESS);
+        assert_eq!(wait1(&s.cq).byte_len, 11);
+        let rd = [sge(&c.mr, 100, 11)];
+        c.qp.post_send(&SendWr::read(3, &rd, s.mr.addr(), s.mr.rkey()).signaled()).unwrap();
+        assert_eq!(wait1(&c.cq).status, WcStatus::SUCCESS);
+        let mut got = [0u8; 11];
+        c.mr.read(100, &mut got).unwrap();
+        assert_eq!(&got, b"over the cm");
+
+        // Either side ends it: both hear, both QPs are in error.
+        client.disconnect().unwrap();
+        next(&cch, E::Disconnected);
+        next(&sch, E::Disconnected);
+        assert_eq!((c.qp.state(), s.qp.state()), (QpState::ERR, QpState::ERR));
+        assert_eq!(client.disconnect().unwrap_err().errno(), Errno::EINVAL);
+        for id in [&client, &conn, &server] {
+            id.destroy().unwrap();
+        }
+        drop((s.pd, c.pd));
+    }
+}
+
+#[test]
+fn refusals_come_back_as_rejected_with_the_reason() {
+    let f = fabric(Profile::Full);
+    let (sch, server, cch, client) = listening(&f);
+    client.connect(&ConnParam::default()).unwrap();
+    let req = next(&sch, E::ConnectRequest);
+    assert_eq!(
+        req.id
+            .accept(&ConnParam { private_data: vec![0; 197], ..Default::default() })
+            .unwrap_err()
+            .errno(),
+        Errno::EINVAL
+    );
+    req.id.reject(b"go away").unwrap();
+    let rej = next(&cch, E::Rejected);
+    assert_eq!(rej.status, REJ_CONSUMER_DEFINED);
+    assert_eq!(&rej.param.private_data[..7], b"go away");
+    assert_eq!(req.id.accept(&ConnParam::default()).unwrap_err().errno(), Errno::EINVAL);
+
+    // Nobody listens on that port: the CM's "invalid service ID".
+    let other = CmId::create(&cch, PortSpace::Tcp).unwrap();
+    other.resolve_addr(None, addr("127.0.0.1:9"), 2000).unwrap();
+    next(&cch, E::AddrResolved);
+    other.resolve_route(2000).unwrap();
+    next(&cch, E::RouteResolved);
+    other.connect(&ConnParam::default()).unwrap();
+    assert_eq!(next(&cch, E::Rejected).status, REJ_INVALID_SERVICE_ID);
+    let too_much = ConnParam { private_data: vec![1; REQ_PRIVATE_DATA + 1], ..Default::default() };
+    assert_eq!(other.connect(&too_much).unwrap_err().errno(), Errno::EINVAL);
+    drop(server);
+}
+
+#[test]
+fn addresses_ports_and_states_are_checked() {
+    let f = fabric(Profile::Full);
+    let ch = CmChannel::new(&f).unwrap();
+    let a = CmId::create(&ch, PortSpace::Tcp).unwrap();
+    a.bind_addr(addr("127.0.0.1:5000")).unwrap();
+    let b = CmId::create(&ch, PortSpace::Tcp).unwrap();
+    assert_eq!(b.bind_addr(addr("127.0.0.1:5000")).unwrap_err().errno(), Errno::EADDRINUSE);
+    assert_eq!(b.bind_addr(addr("0.0.0.0:5000")).unwrap_err().errno(), Errno::EADDRINUSE);
+    // Another port space, another address's port, or port 0 are free.
+    let u = CmId::create(&ch, PortSpace::Udp).unwrap();
+    u.bind_addr(addr("127.0.0.1:5000")).unwrap();
+    b.bind_addr(addr("127.0.0.2:5000")).unwrap();
+    let c = CmId::create(&ch, PortSpace::Tcp).unwrap();
+    c.bind_addr(addr("127.0.0.1:0")).unwrap();
+    assert!(c.local_addr().unwrap().port() >= 32768);
+    assert_eq!(c.port_num(), 1);
+    let d = CmId::create(&ch, PortSpace::Tcp).unwrap();
+    assert_eq!(d.bind_addr(addr("192.0.2.1:1")).unwrap_err().errno(), Errno::EADDRNOTAVAIL);
+    // Destroying frees the port.
+    a.destroy().unwrap();
+    d.bind_addr(addr("127.0.0.1:5000")).unwrap();
+
+    // An address no port has: ADDR_ERROR, not a hang.
+    let e = CmId::create(&ch, PortSpace::Tcp).unwrap();
+    e.resolve_addr(None, addr("192.0.2.1:1"), 100).unwrap();
+    assert_eq!(next(&ch, E::AddrError).status, -libc_ehostunreach());
+    // Calls in the wrong state.
+    assert_eq!(e.resolve_route(10).unwrap_err().errno(), Errno::EINVAL);
+    assert_eq!(e.listen(1).unwrap_err().errno(), Errno::EINVAL);
+    assert_eq!(e.connect(&ConnParam::default()).unwrap_err().errno(), Errno::EINVAL);
+    assert_eq!(e.reject(&[]).unwrap_err().errno(), Errno::EINVAL);
+    d.listen(1).unwrap();
+    assert_eq!(d.listen(1).unwrap_err().errno(), Errno::EINVAL);
+    e.destroy().unwrap();
+    assert_eq!(e.destroy().unwrap_err().errno(), Errno::EINVAL);
+}
+
+fn libc_ehostunreach() -> i32 {
+    113
+}
