@@ -200,3 +200,101 @@ fn addresses_ports_and_states_are_checked() {
 fn libc_ehostunreach() -> i32 {
     113
 }
+
+/// Two fabrics on one host fabric: two nodes, exactly as two processes.
+struct Host(std::path::PathBuf);
+
+impl Host {
+    fn new(tag: &str) -> Host {
+        let dir = std::env::temp_dir().join(format!("rdma-emu-cm-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        Host(dir)
+    }
+
+    fn fabric(&self) -> Fabric {
+        let addresses = PortAddress::parse_list("127.0.0.2=emu1").unwrap();
+        let host = Some(self.0.to_str().unwrap().to_owned());
+        Fabric::new(FabricConfig { addresses, host, ..Default::default() })
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn connections_cross_between_processes_and_end_when_one_dies() {
+    let host = Host::new("cross");
+    let (fa, fb) = (host.fabric(), host.fabric());
+    let (sch, cch) = (CmChannel::new(&fa).unwrap(), CmChannel::new(&fb).unwrap());
+    let server = CmId::create(&sch, PortSpace::Tcp).unwrap();
+    server.bind_addr(addr("127.0.0.2:7600")).unwrap();
+    server.listen(2).unwrap();
+    // The port is taken in the other process too.
+    let squatter = CmId::create(&cch, PortSpace::Tcp).unwrap();
+    assert_eq!(squatter.bind_addr(addr("0.0.0.0:7600")).unwrap_err().errno(), Errno::EADDRINUSE);
+
+    let connect = |payload: &[u8]| {
+        let client = CmId::create(&cch, PortSpace::Tcp).unwrap();
+        client.resolve_addr(None, addr("127.0.0.2:7600"), 2000).unwrap();
+        next(&cch, E::AddrResolved);
+        client.resolve_route(2000).unwrap();
+        next(&cch, E::RouteResolved);
+        let c = side(&client);
+        let p = ConnParam {
+            private_data: payload.to_vec(),
+            initiator_depth: 1,
+            responder_resources: 1,
+            retry_count: 7,
+            rnr_retry_count: 7,
+            ..Default::default()
+        };
+        client.connect(&p).unwrap();
+        let req = next(&sch, E::ConnectRequest);
+        assert_eq!(&req.param.private_data[..payload.len()], payload);
+        let conn = req.id;
+        let s = side(&conn);
+        conn.accept(&ConnParam {
+            initiator_depth: 1,
+            responder_resources: 1,
+            ..Default::default()
+        })
+        .unwrap();
+        next(&cch, E::Established);
+        next(&sch, E::Established);
+        (client, c, conn, s)
+    };
+    let (client, c, conn, s) = connect(b"first");
+    post_recv(&s.qp, 1, &[sge(&s.mr, 0, 64)]);
+    c.mr.write(0, b"between processes").unwrap();
+    c.qp.post_send(&SendWr::send(2, &[sge(&c.mr, 0, 17)]).signaled()).unwrap();
+    assert_eq!(wait1(&c.cq).status, WcStatus::SUCCESS);
+    assert_eq!(wait1(&s.cq).byte_len, 17);
+    // The server ends it this time.
+    conn.disconnect().unwrap();
+    next(&sch, E::Disconnected);
+    next(&cch, E::Disconnected);
+    assert_eq!(c.qp.state(), QpState::ERR);
+    drop((client, c, conn, s));
+
+    // A second connection; then the client's process goes away.
+    let (client, c, conn, s) = connect(b"second");
+    drop((client, c, cch, squatter));
+    drop(fb);
+    let ev = next(&sch, E::Disconnected);
+    assert!(ev.id.same(&conn));
+    assert_eq!(s.qp.state(), QpState::ERR);
+
+    // Nobody listens on another port, in any process.
+    let fc = host.fabric();
+    let ch = CmChannel::new(&fc).unwrap();
+    let lost = CmId::create(&ch, PortSpace::Tcp).unwrap();
+    lost.resolve_addr(None, addr("127.0.0.2:7601"), 2000).unwrap();
+    next(&ch, E::AddrResolved);
+    lost.resolve_route(2000).unwrap();
+    next(&ch, E::RouteResolved);
+    lost.connect(&ConnParam::default()).unwrap();
+    assert_eq!(next(&ch, E::Rejected).status, REJ_INVALID_SERVICE_ID);
+}

@@ -7,11 +7,14 @@
 //! as the kernel's IB CM does with REQ, REP and RTU, and each step is reported as a
 //! [`CmEvent`] on the id's [`CmChannel`], whose descriptor polls like librdmacm's.
 //!
-//! Within one fabric the messages go straight to the other side's manager. (Between processes
-//! they are to travel over the host fabric; until then a process reaches only its own
-//! listeners.)
+//! Within one fabric the messages go straight to the other side's manager; to another process
+//! on the host fabric they travel as control messages ([`msg`]), and a port bound in one
+//! process is taken in all of them (a file per port in the fabric's directory names the node
+//! that holds it). A peer process that dies ends its connections: the survivor sees
+//! `Disconnected` (or `Unreachable` while connecting).
 
 pub mod addr;
+mod msg;
 
 use std::{
     collections::HashMap,
@@ -192,19 +195,7 @@ enum State {
     Destroyed,
 }
 
-/// The other side of a connection.
-#[derive(Debug, Clone, Copy)]
-struct Remote {
-    id: u32,
-    qpn: u32,
-    psn: u32,
-    device: u32,
-    port: u8,
-    responder_resources: u8,
-    initiator_depth: u8,
-    retry_count: u8,
-    rnr_retry_count: u8,
-}
+use msg::{Msg, Remote};
 
 /// A connection manager id (`struct rdma_cm_id`). Cheap to clone.
 #[derive(Debug, Clone)]
@@ -255,6 +246,11 @@ pub(crate) struct Manager {
 /// First port picked for a bind to port 0 (the kernel's ephemeral range starts at 32768).
 const EPHEMERAL: u32 = 32768;
 
+/// The file of the host fabric's directory that names the node holding `port` in `ps`.
+fn port_name(ps: PortSpace, port: u16) -> String {
+    format!("cm-{:x}-{port}", ps.code())
+}
+
 impl Manager {
     pub(crate) fn new(addrs: addr::AddressMap) -> Manager {
         Manager {
@@ -268,6 +264,75 @@ impl Manager {
 
     fn id(&self, num: u32) -> Option<CmId> {
         self.ids.lock().get(&num).and_then(Weak::upgrade).map(CmId)
+    }
+}
+
+/// This fabric's node slot on the host fabric (0: none).
+fn my_slot(fabric: &FabricInner) -> u8 {
+    fabric.node.get().map_or(0, |n| n.slot)
+}
+
+/// Sends `m` to the CM of `slot`: this fabric's own (0 or our slot), or another process's.
+fn deliver(fabric: &FabricInner, slot: u8, m: Msg) {
+    match fabric.node.get() {
+        Some(node) if slot != 0 && slot != node.slot => node.send_cm(slot, &m.encode()),
+        _ => handle(fabric, m),
+    }
+}
+
+/// A message from another process's CM (`slot`: its node).
+pub(crate) fn arrived(fabric: &FabricInner, slot: u8, bytes: &[u8]) {
+    match Msg::decode(bytes) {
+        // Who it is from is the node that sent it, whatever it says.
+        Some(Msg::Req { ps, src, dst, mut from, private }) => {
+            from.slot = slot;
+            handle(fabric, Msg::Req { ps, src, dst, from, private })
+        }
+        Some(Msg::Rep { to, mut from, private }) => {
+            from.slot = slot;
+            handle(fabric, Msg::Rep { to, from, private })
+        }
+        Some(m) => handle(fabric, m),
+        None => {}
+    }
+}
+
+fn handle(fabric: &FabricInner, m: Msg) {
+    let cm = &fabric.cm;
+    match m {
+        Msg::Req { ps, src, dst, from, private } => request(fabric, ps, src, dst, from, private),
+        Msg::Rep { to, from, private } => {
+            cm.id(to).inspect(|a| a.replied(from, &private));
+        }
+        Msg::Rtu { to } => {
+            cm.id(to).inspect(CmId::ready_to_use);
+        }
+        Msg::Rej { to, reason, private } => {
+            cm.id(to).inspect(|a| a.rejected(reason, &private));
+        }
+        Msg::Dreq { to } => {
+            cm.id(to).inspect(CmId::disconnected_by_peer);
+        }
+    }
+}
+
+/// The process in `slot` is gone: its connections are over.
+pub(crate) fn peer_died(fabric: &FabricInner, slot: u8) {
+    let ids: Vec<CmId> =
+        fabric.cm.ids.lock().values().filter_map(Weak::upgrade).map(CmId).collect();
+    for id in ids {
+        let st = id.0.st.lock();
+        if st.remote.is_none_or(|r| r.slot != slot) {
+            continue;
+        }
+        let connecting = st.state == State::Connecting;
+        drop(st);
+        if connecting {
+            id.0.st.lock().state = State::RouteResolved;
+            id.raise(CmEventType::Unreachable, -libc::ETIMEDOUT, ConnParam::default(), None);
+        } else {
+            id.disconnected_by_peer();
+        }
     }
 }
 
@@ -365,13 +430,17 @@ impl CmId {
     fn take_port(&self, ip: IpAddr, port: u16) -> Result<u16> {
         let cm = self.cm();
         let mut bound = cm.bound.lock();
+        // A port is taken in every process of the host fabric: join it now if not yet.
+        let node = self.fabric().joined().ok().flatten();
         let taken = |p: u16, bound: &Bound| {
-            bound.get(&(self.0.ps, p)).is_some_and(|v| {
-                v.iter().filter_map(Weak::upgrade).any(|o| {
-                    let other = o.st.lock().local.map(|a| a.ip());
-                    other.is_none_or(|o| o.is_unspecified() || ip.is_unspecified() || o == ip)
+            let elsewhere = node.is_some_and(|n| n.holder(&port_name(self.0.ps, p)).is_some());
+            elsewhere
+                || bound.get(&(self.0.ps, p)).is_some_and(|v| {
+                    v.iter().filter_map(Weak::upgrade).any(|o| {
+                        let other = o.st.lock().local.map(|a| a.ip());
+                        other.is_none_or(|o| o.is_unspecified() || ip.is_unspecified() || o == ip)
+                    })
                 })
-            })
         };
         let port = if port == 0 {
             let free = (0..(65536 - EPHEMERAL)).find_map(|_| {
@@ -385,6 +454,11 @@ impl CmId {
         } else {
             port
         };
+        if let Some(node) = node
+            && !node.claim(&port_name(self.0.ps, port))
+        {
+            return Err(Error::new(Errno::EADDRINUSE, "another process holds the port"));
+        }
         let v = bound.entry((self.0.ps, port)).or_default();
         v.retain(|w| w.strong_count() > 0);
         v.push(Arc::downgrade(&self.0));
@@ -537,25 +611,30 @@ impl CmId {
         let (dst, src) = (st.peer.expect("resolved"), st.local.expect("resolved"));
         st.state = State::Connecting;
         st.mine = p.clone();
-        let req = Request {
-            from: self.clone(),
-            src,
-            dst,
-            remote: Remote {
-                id: self.0.num,
-                qpn,
-                psn: st.psn,
-                device: dev,
-                port,
-                responder_resources: p.responder_resources,
-                initiator_depth: p.initiator_depth,
-                retry_count: p.retry_count,
-                rnr_retry_count: p.rnr_retry_count,
-            },
-            private_data: p.private_data.clone(),
+        let from = Remote {
+            slot: my_slot(self.fabric()),
+            id: self.0.num,
+            qpn,
+            psn: st.psn,
+            device: dev,
+            port,
+            responder_resources: p.responder_resources,
+            initiator_depth: p.initiator_depth,
+            retry_count: p.retry_count,
+            rnr_retry_count: p.rnr_retry_count,
         };
         drop(st);
-        request(self.cm(), req);
+        let private = p.private_data.clone();
+        let fabric = self.fabric();
+        // A listener in this process, else the node that holds the port, else nobody.
+        let ps = self.0.ps;
+        let slot = match fabric.joined().ok().flatten() {
+            Some(node) if listener(fabric, ps, dst).is_none() => {
+                node.holder(&port_name(ps, dst.port())).unwrap_or(node.slot)
+            }
+            _ => my_slot(fabric),
+        };
+        deliver(fabric, slot, Msg::Req { ps, src, dst, from, private });
         Ok(())
     }
 
@@ -587,8 +666,8 @@ impl CmId {
         let qpn = st.qp.as_ref().map_or(p.qp_num, Qp::qp_num);
         let (psn, (device, port)) = (st.psn, st.port.expect("set"));
         drop(st);
-        let Some(active) = self.cm().id(remote.id) else { return Ok(()) };
         let mine = Remote {
+            slot: my_slot(self.fabric()),
             id: self.0.num,
             qpn,
             psn,
@@ -599,7 +678,8 @@ impl CmId {
             retry_count: p.retry_count,
             rnr_retry_count: p.rnr_retry_count,
         };
-        active.replied(mine, &p.private_data);
+        let private = p.private_data.clone();
+        deliver(self.fabric(), remote.slot, Msg::Rep { to: remote.id, from: mine, private });
         Ok(())
     }
 
@@ -616,9 +696,8 @@ impl CmId {
         let remote = st.remote.expect("a request has a remote");
         st.state = State::Idle;
         drop(st);
-        if let Some(active) = self.cm().id(remote.id) {
-            active.rejected(REJ_CONSUMER_DEFINED, private_data);
-        }
+        let (reason, private) = (REJ_CONSUMER_DEFINED, private_data.to_vec());
+        deliver(self.fabric(), remote.slot, Msg::Rej { to: remote.id, reason, private });
         Ok(())
     }
 
@@ -635,8 +714,8 @@ impl CmId {
         if let Some(qp) = qp {
             to_error(&qp);
         }
-        if let Some(peer) = remote.and_then(|r| self.cm().id(r.id)) {
-            peer.disconnected_by_peer();
+        if let Some(r) = remote {
+            deliver(self.fabric(), r.slot, Msg::Dreq { to: r.id });
         }
         self.raise(CmEventType::Disconnected, 0, ConnParam::default(), None);
         Ok(())
@@ -654,13 +733,23 @@ impl CmId {
         let remote = st.remote;
         (st.qp, st.ctx) = (None, None);
         drop(st);
-        if up && let Some(peer) = remote.and_then(|r| self.cm().id(r.id)) {
-            peer.disconnected_by_peer();
+        if up && let Some(r) = remote {
+            deliver(self.fabric(), r.slot, Msg::Dreq { to: r.id });
         }
         let cm = self.cm();
         cm.ids.lock().remove(&self.0.num);
-        for v in cm.bound.lock().values_mut() {
+        let mut released = Vec::new();
+        for (key, v) in cm.bound.lock().iter_mut() {
             v.retain(|w| w.upgrade().is_some_and(|o| !Arc::ptr_eq(&o, &self.0)));
+            if v.is_empty() {
+                released.push(*key);
+            }
+        }
+        if let Some(node) = self.fabric().node.get() {
+            for (ps, port) in released {
+                cm.bound.lock().remove(&(ps, port));
+                node.release(&port_name(ps, port));
+            }
         }
         Ok(())
     }
@@ -702,9 +791,7 @@ impl CmId {
         }
         st.state = State::Connected;
         drop(st);
-        if let Some(passive) = self.cm().id(remote.id) {
-            passive.ready_to_use();
-        }
+        deliver(self.fabric(), remote.slot, Msg::Rtu { to: remote.id });
         self.raise(CmEventType::Established, 0, param, None);
     }
 
@@ -717,9 +804,7 @@ impl CmId {
         st.state = State::Connected;
         let remote = st.remote.expect("checked");
         drop(st);
-        if let Some(passive) = self.cm().id(remote.id) {
-            passive.ready_to_use();
-        }
+        deliver(self.fabric(), remote.slot, Msg::Rtu { to: remote.id });
         Ok(())
     }
 
@@ -770,27 +855,35 @@ impl CmId {
     }
 }
 
-/// A connection request on its way to a listener.
-struct Request {
-    from: CmId,
-    src: SocketAddr,
-    dst: SocketAddr,
-    remote: Remote,
-    private_data: Vec<u8>,
+/// The id listening in this fabric for requests to `dst` in `ps`.
+fn listener(fabric: &FabricInner, ps: PortSpace, dst: SocketAddr) -> Option<CmId> {
+    let cm = &fabric.cm;
+    let bound = cm.bound.lock();
+    let ids = bound.get(&(ps, dst.port()))?.iter().filter_map(Weak::upgrade).map(CmId);
+    ids.into_iter().find(|l| {
+        let st = l.0.st.lock();
+        let ip = st.local.map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |a| a.ip());
+        let names = |ip| cm.addrs.port_of(ip);
+        st.state == State::Listen && (ip.is_unspecified() || names(ip) == names(dst.ip()))
+    })
 }
 
-/// Hands a connection request to the listener of its destination, or rejects it.
-fn request(cm: &Manager, req: Request) {
-    let listener = cm.bound.lock().get(&(req.from.0.ps, req.dst.port())).and_then(|v| {
-        v.iter().filter_map(Weak::upgrade).map(CmId).find(|l| {
-            let st = l.0.st.lock();
-            let ip = st.local.map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |a| a.ip());
-            st.state == State::Listen
-                && (ip.is_unspecified() || cm.addrs.port_of(ip) == cm.addrs.port_of(req.dst.ip()))
-        })
-    });
-    let Some(listener) = listener else {
-        return req.from.rejected(REJ_INVALID_SERVICE_ID, &[]);
+/// Hands a connection request to the listener of its destination here, or rejects it.
+fn request(
+    fabric: &FabricInner,
+    ps: PortSpace,
+    src: SocketAddr,
+    dst: SocketAddr,
+    from: Remote,
+    private: Vec<u8>,
+) {
+    let cm = &fabric.cm;
+    let reject = |reason| {
+        let msg = Msg::Rej { to: from.id, reason, private: Vec::new() };
+        deliver(fabric, from.slot, msg);
+    };
+    let Some(listener) = listener(fabric, ps, dst) else {
+        return reject(REJ_INVALID_SERVICE_ID);
     };
     let waiting = {
         let ids = cm.ids.lock();
@@ -807,27 +900,30 @@ fn request(cm: &Manager, req: Request) {
             .count()
     };
     if waiting >= listener.0.st.lock().backlog {
-        return req.from.rejected(REJ_CONSUMER_DEFINED, &[]);
+        return reject(REJ_CONSUMER_DEFINED);
     }
     let Ok(conn) = CmId::create(&listener.0.channel, listener.0.ps) else {
-        return req.from.rejected(REJ_CONSUMER_DEFINED, &[]);
+        return reject(REJ_CONSUMER_DEFINED);
     };
-    let dest = cm.addrs.port_of(req.dst.ip());
+    let dest = cm.addrs.port_of(dst.ip());
     let ctx = dest.and_then(|(dev, _)| conn.open_device(dev).ok());
     {
         let mut st = conn.0.st.lock();
-        (st.state, st.local, st.peer) = (State::Request, Some(req.dst), Some(req.src));
-        (st.port, st.ctx, st.remote) = (dest, ctx, Some(req.remote));
+        (st.state, st.local, st.peer) = (State::Request, Some(dst), Some(src));
+        (st.port, st.ctx, st.remote) = (dest, ctx, Some(from));
         st.listener = Some(Arc::downgrade(&listener.0));
     }
-    let r = req.remote;
+    if let Some(node) = fabric.node.get().filter(|n| from.slot != 0 && from.slot != n.slot) {
+        // Its death must end the connection here.
+        node.watch(from.slot);
+    }
     let param = ConnParam {
-        private_data: padded(&req.private_data, REQ_PRIVATE_DATA),
-        responder_resources: r.initiator_depth,
-        initiator_depth: r.responder_resources,
-        retry_count: r.retry_count,
-        rnr_retry_count: r.rnr_retry_count,
-        qp_num: r.qpn,
+        private_data: padded(&private, REQ_PRIVATE_DATA),
+        responder_resources: from.initiator_depth,
+        initiator_depth: from.responder_resources,
+        retry_count: from.retry_count,
+        rnr_retry_count: from.rnr_retry_count,
+        qp_num: from.qpn,
         ..Default::default()
     };
     conn.raise(CmEventType::ConnectRequest, 0, param, Some(listener));

@@ -332,6 +332,42 @@ impl Node {
         self.peer(slot_of(dest_qpn)).send(dest_qpn, &msg);
     }
 
+    /// Sends a connection manager message to the node in `slot`.
+    pub(crate) fn send_cm(&self, slot: u8, body: &[u8]) {
+        self.peer(slot).send(0, &Encoded::cm(body));
+    }
+
+    /// Takes the name `name` in the fabric's directory for this node (a port of the
+    /// connection manager): `false` if a live node holds it.
+    pub(crate) fn claim(&self, name: &str) -> bool {
+        if self.holder(name).is_some() {
+            return false;
+        }
+        self.dir.write_file(name, self.slot.to_string().as_bytes()).is_ok()
+    }
+
+    /// The live node, other than this one, that holds `name`.
+    pub(crate) fn holder(&self, name: &str) -> Option<u8> {
+        let held = self.dir.read_file(name).ok()?;
+        let slot = std::str::from_utf8(&held).ok()?.trim().parse::<u8>().ok()?;
+        let alive = match self.dir.open_file(&lock_name(slot), false) {
+            Ok(f) => f.try_lock().is_err(),
+            Err(_) => false,
+        };
+        (slot != self.slot && alive).then_some(slot)
+    }
+
+    /// Gives up `name` if this node holds it.
+    pub(crate) fn release(&self, name: &str) {
+        let mine = self
+            .dir
+            .read_file(name)
+            .is_ok_and(|b| b.trim_ascii() == self.slot.to_string().as_bytes());
+        if mine {
+            let _ = self.dir.remove(name);
+        }
+    }
+
     /// Sends a control message to every other live node; how many took it.
     pub(crate) fn broadcast(&self, c: Control) -> usize {
         let msg = wire::encode_control(c);
@@ -776,6 +812,10 @@ impl Batch<'_> {
                     apply(fabric, c, to);
                     return Ok(None);
                 }
+                (Message::Cm(body), _) => {
+                    crate::cm::arrived(fabric, a.source().slot, &body);
+                    return Ok(None);
+                }
             };
             // A large payload of a one-record message stays in the ring until placed.
             let in_place = matches!((&a, &msg), (Arrived::Record(..), Cow::Borrowed(_)));
@@ -971,7 +1011,7 @@ fn decode_held(recs: Vec<Record>) -> Result<Packet, Refused> {
     let (mut pkt, range) = match wire::decode_message(&recs[0].bytes()[HEADER..], None)? {
         (Message::Packet(p), range) => (p, range),
         // Control messages are a few bytes: never in fragments.
-        (Message::Control(_), _) => return Err(Refused::Malformed),
+        (Message::Control(_) | Message::Cm(_), _) => return Err(Refused::Malformed),
     };
     if !matches!(pkt.payload, Payload::None) {
         return Err(Refused::Malformed); // a READ request: never in fragments either
@@ -1028,6 +1068,7 @@ fn apply(fabric: &FabricInner, c: Control, to: Option<&crate::qp::QpShared>) {
 /// rdma-core examples do, posts one send more than its peer waits for and polls its last
 /// completions while that extra send is still unacknowledged.
 fn peer_died(fabric: &FabricInner, slot: u8) {
+    crate::cm::peer_died(fabric, slot);
     for qp in fabric.live_qps() {
         if !qp.qp_type.is_reliable() && qp.qp_type != QpType::UC {
             continue;

@@ -150,7 +150,7 @@ pub(crate) struct FabricInner {
     pub(crate) pcap: Option<pcap::Pcap>,
     /// The host fabric's directory, when configured; joined at the first QP.
     host: Option<trust::Location>,
-    node: OnceLock<host::Node>,
+    pub(crate) node: OnceLock<host::Node>,
     /// The connection manager's addresses, listeners and ids.
     pub(crate) cm: crate::cm::Manager,
     this: Weak<FabricInner>,

@@ -138,6 +138,22 @@ impl FabricDir {
         sys::open_file_at(self.fd.as_raw_fd(), &CString::new(name)?, create)
     }
 
+    /// Writes `bytes` as the whole of the file `name` (created, mode 0600, if missing).
+    pub(crate) fn write_file(&self, name: &str, bytes: &[u8]) -> io::Result<()> {
+        use std::io::Write;
+        let mut f = self.open_file(name, true)?;
+        f.set_len(0)?;
+        f.write_all(bytes)
+    }
+
+    /// The contents of the file `name` (at most a page).
+    pub(crate) fn read_file(&self, name: &str) -> io::Result<Vec<u8>> {
+        use std::io::Read;
+        let mut v = Vec::new();
+        self.open_file(name, false)?.take(4096).read_to_end(&mut v)?;
+        Ok(v)
+    }
+
     /// Removes the entry `name`, if it is there.
     pub(crate) fn remove(&self, name: &str) -> io::Result<()> {
         sys::unlink_at(self.fd.as_raw_fd(), &CString::new(name)?)

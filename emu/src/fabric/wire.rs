@@ -16,6 +16,8 @@ use crate::{
 const VERSION: u8 = 2;
 /// First byte of a control message (see [`Control`]).
 const CONTROL: u8 = 0x81;
+/// First byte of a connection manager message (its bytes are the CM's business).
+const CM: u8 = 0x82;
 
 /// What a control message asks every node of the host fabric to do (the `rdma-emu` command
 /// sends them, so events can be raised in a running program).
@@ -35,6 +37,8 @@ pub(crate) enum Control {
 pub(crate) enum Message {
     Packet(Packet),
     Control(Control),
+    /// For the connection manager (`crate::cm`).
+    Cm(Vec<u8>),
 }
 
 pub(crate) fn encode_control(c: Control) -> Vec<u8> {
@@ -65,10 +69,11 @@ pub(crate) fn decode_message(
     bytes: &[u8],
     from: Option<&Arc<PeerProcess>>,
 ) -> Result<(Message, Option<Range<usize>>), Refused> {
-    if bytes.first() != Some(&CONTROL) {
-        return decode_head(bytes, from).map(|(p, range)| (Message::Packet(p), range));
+    match bytes.first() {
+        Some(&CONTROL) => decode_control(bytes).ok_or(Refused::Malformed),
+        Some(&CM) => Ok((Message::Cm(bytes[1..].to_vec()), None)),
+        _ => decode_head(bytes, from).map(|(p, range)| (Message::Packet(p), range)),
     }
-    decode_control(bytes).ok_or(Refused::Malformed)
 }
 
 fn decode_control(bytes: &[u8]) -> Option<(Message, Option<Range<usize>>)> {
@@ -115,6 +120,14 @@ impl<'a> Encoded<'a> {
 
     pub(crate) fn control(c: Control) -> Encoded<'static> {
         Encoded { head: encode_control(c), payload: None }
+    }
+
+    /// A connection manager message.
+    pub(crate) fn cm(body: &[u8]) -> Encoded<'static> {
+        let mut head = Vec::with_capacity(1 + body.len());
+        head.push(CM);
+        head.extend_from_slice(body);
+        Encoded { head, payload: None }
     }
 
     pub(crate) fn len(&self) -> usize {
