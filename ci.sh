@@ -4,11 +4,12 @@ set -euo pipefail
 cd "$(dirname "$0")"
 export CARGO_TERM_COLOR=never
 
-# System packages the tests need: readelf (binutils) for the export-table test, the verbs
-# header and link library for the C tests, Debian's ibverbs-utils and perftest to run
-# unmodified, as server and client processes, and tshark to decode the packet traces.
+# System packages the tests need: readelf (binutils) for the export-table test, the verbs and
+# rdma_cm headers and link library for the C tests and layout checks, Debian's ibverbs-utils,
+# rdmacm-utils and perftest to run unmodified, as server and client processes, and tshark to
+# decode the packet traces.
 need_pkgs=()
-for p in binutils gcc libibverbs-dev ibverbs-utils perftest tshark; do
+for p in binutils gcc libibverbs-dev librdmacm-dev ibverbs-utils rdmacm-utils perftest tshark; do
     dpkg -s "$p" >/dev/null 2>&1 || need_pkgs+=("$p")
 done
 install_pkgs() {

@@ -55,11 +55,25 @@ fn main() {
     println!("cargo:rerun-if-changed=abi/ibverbs_exports.txt");
     println!("cargo:rerun-if-changed=abi/ibverbs_kinds.txt");
     println!("cargo:rerun-if-changed=abi/rdma_emu_exports.txt");
+    println!("cargo:rerun-if-changed=abi/rdmacm_exports.txt");
     println!("cargo:rerun-if-changed=src");
     // rdma-core's exports, then the emulator's own control functions in their private node.
+    // librdmacm's functions, exported privately for librdmacm.so.1's trampolines.
+    let rdmacm = fs::read_to_string("abi/rdmacm_exports.txt").expect("rdmacm export table");
+    let rdmacm: Vec<(String, String)> = rdmacm
+        .lines()
+        .filter(|l| !l.starts_with('#') && l.contains("@@"))
+        .map(|l| {
+            let (export, kind) = l.split_once(' ').expect("name@@version kind");
+            let name = export.split_once("@@").expect("name@@version").0;
+            (format!("rdma_emu_cm__{name}"), kind.trim().to_string())
+        })
+        .collect();
+    let private: String = rdmacm.iter().map(|(n, _)| format!("{n}@@RDMA_EMU_CM_1.0\n")).collect();
     let exports = fs::read_to_string("abi/ibverbs_exports.txt").expect("export table")
-        + &fs::read_to_string("abi/rdma_emu_exports.txt").expect("control export table");
-    let kinds: BTreeMap<String, String> = fs::read_to_string("abi/ibverbs_kinds.txt")
+        + &fs::read_to_string("abi/rdma_emu_exports.txt").expect("control export table")
+        + &private;
+    let mut kinds: BTreeMap<String, String> = fs::read_to_string("abi/ibverbs_kinds.txt")
         .expect("kinds table")
         .lines()
         .filter(|l| !l.starts_with('#') && !l.is_empty())
@@ -68,6 +82,7 @@ fn main() {
             (it.next().unwrap().to_string(), it.next().unwrap().to_string())
         })
         .collect();
+    kinds.extend(rdmacm);
     let mut done = BTreeSet::new();
     implemented(Path::new("src"), &mut done);
 
@@ -119,6 +134,14 @@ fn main() {
                 "/// `{name}`: not implemented; returns `EOPNOTSUPP`.\nextern \"C\" fn {imp}() -> core::ffi::c_int {{ crate::boundary::set_errno(libc::EOPNOTSUPP); libc::EOPNOTSUPP }}\n"
             ),
             "void" => format!("/// `{name}`: not implemented; does nothing.\nextern \"C\" fn {imp}() {{}}\n"),
+            // librdmacm's conventions: -1 (as int, or as ssize_t/off_t) with errno.
+            "neg" => format!(
+                "/// `{name}`: not implemented; -1 with errno `EOPNOTSUPP`.\nextern \"C\" fn {imp}() -> core::ffi::c_int {{ crate::boundary::set_errno(libc::EOPNOTSUPP); -1 }}\n"
+            ),
+            "negl" => format!(
+                "/// `{name}`: not implemented; -1 with errno `EOPNOTSUPP`.\nextern \"C\" fn {imp}() -> isize {{ crate::boundary::set_errno(libc::EOPNOTSUPP); -1 }}\n"
+            ),
+            "port" => format!("/// `{name}`: not implemented; port 0.\nextern \"C\" fn {imp}() -> u16 {{ 0 }}\n"),
             "data" => String::new(),
             other => panic!("unknown kind {other} for {name}"),
         });
@@ -146,6 +169,8 @@ fn main() {
     map.push_str(&format!("IBVERBS_PRIVATE_34 {{\n  global:\n{private}}};\n"));
     let control: String = nodes["RDMA_EMU_1.0"].iter().map(|s| format!("    {s};\n")).collect();
     map.push_str(&format!("RDMA_EMU_1.0 {{\n  global:\n{control}}};\n"));
+    let cm: String = nodes["RDMA_EMU_CM_1.0"].iter().map(|s| format!("    {s};\n")).collect();
+    map.push_str(&format!("RDMA_EMU_CM_1.0 {{\n  global:\n{cm}}};\n"));
 
     let out = env::var("OUT_DIR").expect("OUT_DIR");
     fs::write(Path::new(&out).join("exports.rs"), code).expect("write exports.rs");

@@ -189,8 +189,9 @@ pub(crate) fn leak<S: Owned>(s: S) -> *mut S {
     p
 }
 
-/// Boxes a context, records it as live, and returns the pointer C will hold.
-pub(crate) fn leak_context(s: ShimContext) -> *mut ShimContext {
+/// Boxes an object no context owns (a context, a CM channel or id), records it as live, and
+/// returns the pointer C will hold.
+pub(crate) fn leak_unowned<S: 'static>(s: S) -> *mut S {
     let p = Box::into_raw(Box::new(s));
     register(p);
     p
@@ -223,10 +224,10 @@ pub(crate) fn close_owned(owner: usize) {
     }
 }
 
-/// Forgets and frees an object created by [`leak`] or [`leak_context`].
+/// Forgets and frees an object created by [`leak`] or [`leak_unowned`].
 ///
 /// # Safety
-/// `p` came from `leak::<S>` or `leak_context` and is not used afterwards.
+/// `p` came from `leak::<S>` or `leak_unowned` and is not used afterwards.
 pub(crate) unsafe fn free<S: 'static>(p: *const S) {
     live().write().remove(&(p as usize));
     // SAFETY: by the caller's contract `p` is a live Box<S> allocation.

@@ -22,7 +22,7 @@ use std::{
     os::fd::{AsRawFd, RawFd},
     sync::{
         Arc, Weak,
-        atomic::{AtomicU32, Ordering},
+        atomic::{AtomicU32, AtomicUsize, Ordering},
     },
 };
 
@@ -207,6 +207,8 @@ struct IdInner {
     ps: PortSpace,
     channel: CmChannel,
     st: Mutex<IdState>,
+    /// An opaque word for the layer that wraps the id (the C library's `rdma_cm_id`).
+    user_data: AtomicUsize,
 }
 
 #[derive(Debug)]
@@ -370,7 +372,9 @@ impl CmId {
             listener: None,
             mine: ConnParam::default(),
         };
-        let id = CmId(Arc::new(IdInner { num, ps, channel: channel.clone(), st: Mutex::new(st) }));
+        let channel = channel.clone();
+        let (st, user_data) = (Mutex::new(st), AtomicUsize::new(0));
+        let id = CmId(Arc::new(IdInner { num, ps, channel, st, user_data }));
         cm.ids.lock().insert(num, Arc::downgrade(&id.0));
         Ok(id)
     }
@@ -847,6 +851,21 @@ impl CmId {
             to_error(&qp);
         }
         self.raise(CmEventType::Disconnected, 0, ConnParam::default(), None);
+    }
+
+    /// The opaque word set by [`CmId::set_user_data`] (0 until set).
+    pub fn user_data(&self) -> usize {
+        self.0.user_data.load(Ordering::Acquire)
+    }
+
+    /// Stores an opaque word with the id (for layers that wrap it, such as the C library).
+    pub fn set_user_data(&self, v: usize) {
+        self.0.user_data.store(v, Ordering::Release);
+    }
+
+    /// The channel its events arrive on.
+    pub fn channel(&self) -> CmChannel {
+        self.0.channel.clone()
     }
 
     /// Whether two handles name the same id.

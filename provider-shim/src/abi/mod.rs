@@ -618,6 +618,69 @@ mirrors! {
         hop_limit: u8,
         traffic_class: u8,
     }
+    rdma_event_channel = "struct rdma_event_channel" {
+        fd: c_int,
+    }
+    rdma_ib_addr = "struct rdma_ib_addr" {
+        sgid: ibv_gid,
+        dgid: ibv_gid,
+        pkey: u16,
+    }
+    rdma_addr = "struct rdma_addr" {
+        /// `struct sockaddr_storage` (also `src_addr`, `src_sin`, `src_sin6`).
+        src_storage: [u64; 16],
+        dst_storage: [u64; 16],
+        /// `union { struct rdma_ib_addr ibaddr; } addr`.
+        addr: rdma_ib_addr,
+    }
+    rdma_route = "struct rdma_route" {
+        addr: rdma_addr,
+        path_rec: *mut c_void,
+        num_paths: c_int,
+    }
+    rdma_cm_id = "struct rdma_cm_id" {
+        verbs: *mut ibv_context,
+        channel: *mut rdma_event_channel,
+        context: *mut c_void,
+        qp: *mut ibv_qp,
+        route: rdma_route,
+        ps: u32,
+        port_num: u8,
+        event: *mut rdma_cm_event,
+        send_cq_channel: *mut ibv_comp_channel,
+        send_cq: *mut ibv_cq,
+        recv_cq_channel: *mut ibv_comp_channel,
+        recv_cq: *mut ibv_cq,
+        srq: *mut ibv_srq,
+        pd: *mut ibv_pd,
+        qp_type: u32,
+    }
+    rdma_conn_param = "struct rdma_conn_param" {
+        private_data: *const c_void,
+        private_data_len: u8,
+        responder_resources: u8,
+        initiator_depth: u8,
+        flow_control: u8,
+        retry_count: u8,
+        rnr_retry_count: u8,
+        srq: u8,
+        qp_num: u32,
+    }
+    rdma_ud_param = "struct rdma_ud_param" {
+        private_data: *const c_void,
+        private_data_len: u8,
+        ah_attr: ibv_ah_attr,
+        qp_num: u32,
+        qkey: u32,
+    }
+    rdma_cm_event = "struct rdma_cm_event" {
+        id: *mut rdma_cm_id,
+        listen_id: *mut rdma_cm_id,
+        event: u32,
+        status: c_int,
+        /// `union { struct rdma_conn_param conn; struct rdma_ud_param ud; }`.
+        param: rdma_ud_param,
+    }
     ibv_ah_attr = "struct ibv_ah_attr" {
         grh: ibv_global_route,
         dlid: u16,
@@ -807,7 +870,7 @@ mod layout_test {
     #[test]
     fn every_mirror_matches_the_c_compiler() {
         let mut c = String::from(
-            "#include <stdio.h>\n#include <stddef.h>\n#include <infiniband/verbs.h>\nint main(void) {\n",
+            "#include <stdio.h>\n#include <stddef.h>\n#include <infiniband/verbs.h>\n#include <rdma/rdma_cma.h>\nint main(void) {\n",
         );
         let rows: Vec<_> = super::LAYOUTS.iter().collect();
         for (s, f, _, _) in &rows {

@@ -20,7 +20,7 @@ use crate::{
 
 /// The emulated devices of this process, created on first use from the environment (see
 /// `FabricConfig::from_vars`). They live as long as the process.
-fn devices() -> &'static [ShimDevice] {
+pub(crate) fn devices() -> &'static [ShimDevice] {
     // Never resized after creation, so the addresses handed to C stay valid.
     static DEVICES: OnceLock<Vec<ShimDevice>> = OnceLock::new();
     let devs = DEVICES.get_or_init(|| {
@@ -57,6 +57,12 @@ fn devices() -> &'static [ShimDevice] {
 }
 
 static FABRIC: OnceLock<Fabric> = OnceLock::new();
+
+/// This process's fabric (the one the devices are on), if the environment makes one.
+pub(crate) fn fabric() -> Option<Fabric> {
+    devices();
+    FABRIC.get().cloned()
+}
 
 /// The fabric the environment describes. A configuration that cannot be used (a malformed
 /// `RDMA_EMU_FAULTS`, say) is reported on stderr and leaves the process with no devices,
@@ -204,7 +210,7 @@ pub(crate) fn new_context(
     c.num_comp_vectors = attr.num_comp_vectors as c_int;
     c.abi_compat = usize::MAX as *mut c_void;
     vctx.sz = size_of::<verbs_context>();
-    let p = leak_context(ShimContext { vctx, ufile: uf, _cmd_fd: cmd_fd });
+    let p = leak_unowned(ShimContext { vctx, ufile: uf, _cmd_fd: cmd_fd });
     // SAFETY: p was just allocated and is not shared yet.
     unsafe { init_sync(&mut (*p).vctx.context.mutex, ptr::null_mut()) };
     // SAFETY: as above.

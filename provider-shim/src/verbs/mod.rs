@@ -1,6 +1,7 @@
 //! The exported C functions, grouped like the verbs they implement. Each is thin: check
 //! pointers, recover the object, call the emulator, map the result to an errno or NULL.
 
+pub(crate) mod cm;
 pub(crate) mod control;
 pub(crate) mod cq;
 pub(crate) mod device;
@@ -21,6 +22,6 @@ pub(crate) mod xrc;
 // Only the generated trampolines use these (not in the unit-test build).
 #[allow(unused_imports)]
 pub(crate) use self::{
-    control::*, cq::*, device::*, events::*, import::*, pd_mr::*, qp::*, rates::*, srq::*,
+    cm::*, control::*, cq::*, device::*, events::*, import::*, pd_mr::*, qp::*, rates::*, srq::*,
     strings::*,
 };

@@ -128,14 +128,25 @@ fn lib_dir() -> Result<PathBuf, String> {
     let lib = lib.canonicalize().map_err(|e| e.to_string())?;
     let dir = lib.parent().unwrap_or(Path::new(".")).join("shim");
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let link = dir.join("libibverbs.so.1");
-    if std::fs::read_link(&link).ok().as_deref() != Some(lib.as_path()) {
-        let tmp = dir.join(format!(".libibverbs.so.1.{}", std::process::id()));
-        let _ = std::fs::remove_file(&tmp);
-        std::os::unix::fs::symlink(&lib, &tmp).map_err(|e| e.to_string())?;
-        std::fs::rename(&tmp, &link).map_err(|e| e.to_string())?;
+    link_into(&dir, "libibverbs.so.1", &lib)?;
+    // The connection manager's face, built next to it (`cargo build -p rdmacm-shim`).
+    let cm = lib.with_file_name("librdmacm.so");
+    if cm.exists() {
+        link_into(&dir, "librdmacm.so.1", &cm)?;
     }
     Ok(dir)
+}
+
+/// Makes `dir/name` a link to `target`, replacing another link atomically.
+fn link_into(dir: &Path, name: &str, target: &Path) -> Result<(), String> {
+    let link = dir.join(name);
+    if std::fs::read_link(&link).ok().as_deref() != Some(target) {
+        let tmp = dir.join(format!(".{name}.{}", std::process::id()));
+        let _ = std::fs::remove_file(&tmp);
+        std::os::unix::fs::symlink(target, &tmp).map_err(|e| e.to_string())?;
+        std::fs::rename(&tmp, &link).map_err(|e| e.to_string())?;
+    }
+    Ok(())
 }
 
 fn run(opts: Opts, argv: Vec<String>) -> Result<ExitCode, String> {

@@ -1,0 +1,632 @@
+//! librdmacm's functions over the emulator's connection manager (`rdma_emu::cm`).
+//!
+//! They live in this library, next to the verbs, so that one emulator serves both: each is
+//! exported privately as `rdma_emu_cm__<name>` (version node `RDMA_EMU_CM_1.0`), and the drop-in
+//! `librdmacm.so.1` (crate `rdmacm-shim`) is nothing but `<name>@RDMACM_1.x` trampolines that
+//! jump here. librdmacm's conventions hold: 0 or -1 with `errno`, NULL with `errno`.
+
+use core::ffi::{c_char, c_int, c_void};
+use std::{
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    os::fd::AsRawFd,
+    ptr,
+    sync::OnceLock,
+};
+
+use parking_lot::Mutex;
+use rdma_emu::cm::{CmChannel, CmEvent, CmEventType, CmId, ConnParam, PortSpace};
+
+use crate::{
+    abi::*,
+    boundary::{ffi, set_errno},
+    objects::*,
+};
+
+/// `struct rdma_event_channel` and the emulator's channel behind it.
+#[repr(C)]
+pub(crate) struct ShimCmChannel {
+    ch: rdma_event_channel,
+    emu: CmChannel,
+}
+
+/// `struct rdma_cm_id` and the emulator's id behind it.
+#[repr(C)]
+pub(crate) struct ShimCmId {
+    id: rdma_cm_id,
+    emu: CmId,
+}
+
+/// `struct rdma_cm_event`, with the private data its `param` points at.
+#[repr(C)]
+pub(crate) struct ShimCmEvent {
+    ev: rdma_cm_event,
+    private_data: Vec<u8>,
+}
+
+/// -1 with `errno` set from `e`.
+fn fail(e: rdma_emu::Error) -> c_int {
+    set_errno(e.errno().raw());
+    -1
+}
+
+fn fail_with(errno: c_int) -> c_int {
+    set_errno(errno);
+    -1
+}
+
+/// `res` as librdmacm returns it: 0, or -1 with `errno`.
+fn done(res: rdma_emu::Result<()>) -> c_int {
+    res.map_or_else(fail, |()| 0)
+}
+
+/// The verbs context this library gives ids on device `index` (one per device, opened on
+/// first use and kept, as librdmacm keeps the contexts of `rdma_get_devices`).
+fn device_context(index: u32) -> *mut ibv_context {
+    static CONTEXTS: OnceLock<Mutex<Vec<usize>>> = OnceLock::new();
+    let devs = super::device::devices();
+    let Some(dev) = devs.get(index as usize) else { return ptr::null_mut() };
+    let mut all = CONTEXTS.get_or_init(Default::default).lock();
+    if all.len() < devs.len() {
+        all.resize(devs.len(), 0);
+    }
+    if all[index as usize] == 0 {
+        let d = &dev.dev as *const ibv_device as *mut ibv_device;
+        // SAFETY: one of our devices.
+        all[index as usize] = unsafe { super::device::rdma_emu_shim__ibv_open_device(d) } as usize;
+    }
+    all[index as usize] as *mut ibv_context
+}
+
+/// The address a `struct sockaddr` holds (IPv4 or IPv6), if any.
+///
+/// # Safety
+/// `p` is NULL or points at a socket address of the length its family implies.
+unsafe fn socket_addr(p: *const libc::sockaddr) -> Option<SocketAddr> {
+    // SAFETY: by the caller's contract.
+    let family = c_int::from(unsafe { p.as_ref()? }.sa_family);
+    match family {
+        libc::AF_INET => {
+            // SAFETY: an AF_INET address is a sockaddr_in.
+            let a = unsafe { &*p.cast::<libc::sockaddr_in>() };
+            let ip = Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr));
+            Some(SocketAddr::new(IpAddr::V4(ip), u16::from_be(a.sin_port)))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: an AF_INET6 address is a sockaddr_in6.
+            let a = unsafe { &*p.cast::<libc::sockaddr_in6>() };
+            let ip = Ipv6Addr::from(a.sin6_addr.s6_addr);
+            Some(SocketAddr::new(IpAddr::V6(ip), u16::from_be(a.sin6_port)))
+        }
+        _ => None,
+    }
+}
+
+/// Writes `a` into a `struct sockaddr_storage`.
+fn write_addr(dst: &mut [u64; 16], a: Option<SocketAddr>) {
+    *dst = [0; 16];
+    let Some(a) = a else { return };
+    let p = dst.as_mut_ptr().cast::<u8>();
+    match a {
+        SocketAddr::V4(v4) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: v4.port().to_be(),
+                sin_addr: libc::in_addr { s_addr: u32::from(*v4.ip()).to_be() },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: a sockaddr_storage (128 bytes, 8-aligned) holds a sockaddr_in.
+            unsafe { p.cast::<libc::sockaddr_in>().write(sin) };
+        }
+        SocketAddr::V6(v6) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: v6.port().to_be(),
+                sin6_flowinfo: 0,
+                sin6_addr: libc::in6_addr { s6_addr: v6.ip().octets() },
+                sin6_scope_id: 0,
+            };
+            // SAFETY: a sockaddr_storage (128 bytes, 8-aligned) holds a sockaddr_in6.
+            unsafe { p.cast::<libc::sockaddr_in6>().write(sin6) };
+        }
+    }
+}
+
+/// Brings the C struct of `s` up to date with its emulator id.
+fn refresh(s: *mut ShimCmId) {
+    // SAFETY: a live id of ours; C reads these fields between calls, as with librdmacm.
+    let s = unsafe { &mut *s };
+    let emu = &s.emu;
+    if let Some(ctx) = emu.context() {
+        s.id.verbs = device_context(ctx.device().index());
+    }
+    s.id.port_num = emu.port_num();
+    write_addr(&mut s.id.route.addr.src_storage, emu.local_addr());
+    write_addr(&mut s.id.route.addr.dst_storage, emu.peer_addr());
+    if let Some(qp) = emu.qp()
+        && !s.id.qp.is_null()
+    {
+        // SAFETY: the id's QP, which the application destroys only through rdma_destroy_qp.
+        unsafe { (*s.id.qp).state = qp.state().0 };
+    }
+}
+
+/// A new C id over `emu`, on `channel` with the application's `context`.
+fn new_id(emu: CmId, channel: *mut rdma_event_channel, context: *mut c_void) -> *mut ShimCmId {
+    // SAFETY: all-zero is a valid rdma_cm_id (NULL pointers, zero numbers).
+    let mut id: rdma_cm_id = unsafe { std::mem::zeroed() };
+    (id.channel, id.context, id.ps) = (channel, context, emu.port_space().code());
+    id.qp_type = if emu.port_space() == PortSpace::Udp { 4 } else { 2 }; // IBV_QPT_UD : RC
+    let p = leak_unowned(ShimCmId { id, emu });
+    // SAFETY: just made.
+    unsafe { (*p).emu.set_user_data(p as usize) };
+    refresh(p);
+    p
+}
+
+/// The id behind a C pointer, if it is a live one of ours.
+fn cm_id<'a>(p: *mut rdma_cm_id) -> Option<&'a ShimCmId> {
+    // SAFETY: checked against the registry.
+    unsafe { obj::<_, ShimCmId>(p) }
+}
+
+/// `rdma_create_event_channel()`.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_create_event_channel()
+-> *mut rdma_event_channel {
+    ffi!(ptr::null_mut(), {
+        let Some(fabric) = super::device::fabric() else {
+            set_errno(libc::ENODEV);
+            return ptr::null_mut();
+        };
+        match CmChannel::new(&fabric) {
+            Ok(emu) => {
+                let ch = rdma_event_channel { fd: emu.as_raw_fd() };
+                leak_unowned(ShimCmChannel { ch, emu }).cast()
+            }
+            Err(e) => {
+                set_errno(e.errno().raw());
+                ptr::null_mut()
+            }
+        }
+    })
+}
+
+/// `rdma_destroy_event_channel(channel)`.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_destroy_event_channel(
+    ch: *mut rdma_event_channel,
+) {
+    ffi!((), {
+        // SAFETY: NULL or a channel of ours, not used after this call.
+        if let Some(s) = unsafe { obj::<_, ShimCmChannel>(ch) } {
+            // SAFETY: as above.
+            unsafe { free(s as *const ShimCmChannel) };
+        }
+    })
+}
+
+/// `rdma_create_id(channel, id, context, ps)`. A NULL channel (librdmacm's synchronous mode)
+/// is not supported yet: `EOPNOTSUPP`.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_create_id(
+    ch: *mut rdma_event_channel,
+    out: *mut *mut rdma_cm_id,
+    context: *mut c_void,
+    ps: u32,
+) -> c_int {
+    ffi!(fail_with(libc::EIO), {
+        if out.is_null() {
+            return fail_with(libc::EINVAL);
+        }
+        if ch.is_null() {
+            return fail_with(libc::EOPNOTSUPP);
+        }
+        // SAFETY: a channel of ours, checked against the registry.
+        let Some(c) = (unsafe { obj::<_, ShimCmChannel>(ch) }) else {
+            return fail_with(libc::EINVAL);
+        };
+        let Some(ps) = PortSpace::from_code(ps) else { return fail_with(libc::EINVAL) };
+        match CmId::create(&c.emu, ps) {
+            Ok(emu) => {
+                // SAFETY: `out` is writable (checked non-NULL; the application's pointer).
+                unsafe { *out = new_id(emu, ch, context).cast() };
+                0
+            }
+            Err(e) => fail(e),
+        }
+    })
+}
+
+/// `rdma_destroy_id(id)`.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_destroy_id(
+    id: *mut rdma_cm_id,
+) -> c_int {
+    ffi!(fail_with(libc::EIO), {
+        let Some(s) = cm_id(id) else { return fail_with(libc::EINVAL) };
+        let res = s.emu.destroy();
+        s.emu.set_user_data(0);
+        // SAFETY: not used by C after rdma_destroy_id (the contract).
+        unsafe { free(s as *const ShimCmId) };
+        done(res)
+    })
+}
+
+/// `rdma_bind_addr(id, addr)`.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_bind_addr(
+    id: *mut rdma_cm_id,
+    addr: *const libc::sockaddr,
+) -> c_int {
+    ffi!(fail_with(libc::EIO), {
+        let Some(s) = cm_id(id) else { return fail_with(libc::EINVAL) };
+        // SAFETY: the application's socket address.
+        let Some(a) = (unsafe { socket_addr(addr) }) else { return fail_with(libc::EINVAL) };
+        let res = s.emu.bind_addr(a);
+        refresh(id.cast());
+        done(res)
+    })
+}
+
+/// `rdma_resolve_addr(id, src_addr, dst_addr, timeout_ms)`.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_resolve_addr(
+    id: *mut rdma_cm_id,
+    src: *const libc::sockaddr,
+    dst: *const libc::sockaddr,
+    timeout_ms: c_int,
+) -> c_int {
+    ffi!(fail_with(libc::EIO), {
+        let Some(s) = cm_id(id) else { return fail_with(libc::EINVAL) };
+        // SAFETY: the application's socket addresses (src may be NULL).
+        let (src, dst) = unsafe { (socket_addr(src), socket_addr(dst)) };
+        let Some(dst) = dst else { return fail_with(libc::EINVAL) };
+        let res = s.emu.resolve_addr(src, dst, timeout_ms.max(0) as u32);
+        refresh(id.cast());
+        done(res)
+    })
+}
+
+/// `rdma_resolve_route(id, timeout_ms)`.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_resolve_route(
+    id: *mut rdma_cm_id,
+    timeout_ms: c_int,
+) -> c_int {
+    ffi!(fail_with(libc::EIO), {
+        let Some(s) = cm_id(id) else { return fail_with(libc::EINVAL) };
+        done(s.emu.resolve_route(timeout_ms.max(0) as u32))
+    })
+}
+
+/// `rdma_listen(id, backlog)`.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_listen(
+    id: *mut rdma_cm_id,
+    backlog: c_int,
+) -> c_int {
+    ffi!(fail_with(libc::EIO), {
+        let Some(s) = cm_id(id) else { return fail_with(libc::EINVAL) };
+        done(s.emu.listen(backlog))
+    })
+}
+
+/// The connection parameters C passed (NULL: librdmacm's defaults).
+///
+/// # Safety
+/// `p` is NULL or a valid `rdma_conn_param` whose private data is readable.
+unsafe fn conn_param(p: *const rdma_conn_param) -> ConnParam {
+    // SAFETY: by the caller's contract.
+    let Some(p) = (unsafe { p.as_ref() }) else {
+        return ConnParam {
+            responder_resources: 1,
+            initiator_depth: 1,
+            retry_count: 7,
+            rnr_retry_count: 7,
+            ..Default::default()
+        };
+    };
+    let private_data = if p.private_data.is_null() || p.private_data_len == 0 {
+        Vec::new()
+    } else {
+        // SAFETY: private_data_len readable bytes, as the application promises.
+        unsafe {
+            std::slice::from_raw_parts(p.private_data.cast::<u8>(), p.private_data_len.into())
+        }
+        .to_vec()
+    };
+    ConnParam {
+        private_data,
+        responder_resources: p.responder_resources,
+        initiator_depth: p.initiator_depth,
+        flow_control: p.flow_control,
+        retry_count: p.retry_count,
+        rnr_retry_count: p.rnr_retry_count,
+        srq: p.srq != 0,
+        qp_num: p.qp_num,
+    }
+}
+
+/// `rdma_connect(id, conn_param)`.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_connect(
+    id: *mut rdma_cm_id,
+    param: *const rdma_conn_param,
+) -> c_int {
+    ffi!(fail_with(libc::EIO), {
+        let Some(s) = cm_id(id) else { return fail_with(libc::EINVAL) };
+        // SAFETY: the application's parameters.
+        done(s.emu.connect(&unsafe { conn_param(param) }))
+    })
+}
+
+/// `rdma_accept(id, conn_param)`.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_accept(
+    id: *mut rdma_cm_id,
+    param: *const rdma_conn_param,
+) -> c_int {
+    ffi!(fail_with(libc::EIO), {
+        let Some(s) = cm_id(id) else { return fail_with(libc::EINVAL) };
+        // SAFETY: the application's parameters.
+        let res = s.emu.accept(&unsafe { conn_param(param) });
+        refresh(id.cast());
+        done(res)
+    })
+}
+
+/// `rdma_reject(id, private_data, private_data_len)`.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_reject(
+    id: *mut rdma_cm_id,
+    data: *const c_void,
+    len: u8,
+) -> c_int {
+    ffi!(fail_with(libc::EIO), {
+        let Some(s) = cm_id(id) else { return fail_with(libc::EINVAL) };
+        let private: &[u8] = if data.is_null() {
+            &[]
+        } else {
+            // SAFETY: `len` readable bytes, as the application promises.
+            unsafe { std::slice::from_raw_parts(data.cast(), len.into()) }
+        };
+        done(s.emu.reject(private))
+    })
+}
+
+/// `rdma_disconnect(id)`.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_disconnect(
+    id: *mut rdma_cm_id,
+) -> c_int {
+    ffi!(fail_with(libc::EIO), {
+        let Some(s) = cm_id(id) else { return fail_with(libc::EINVAL) };
+        let res = s.emu.disconnect();
+        refresh(id.cast());
+        done(res)
+    })
+}
+
+/// `rdma_establish(id)`.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_establish(
+    id: *mut rdma_cm_id,
+) -> c_int {
+    ffi!(fail_with(libc::EIO), {
+        let Some(s) = cm_id(id) else { return fail_with(libc::EINVAL) };
+        done(s.emu.establish())
+    })
+}
+
+/// `rdma_get_cm_event(channel, event)`: the next event, blocking unless the channel's fd is
+/// non-blocking (then `EAGAIN`). A connection request brings a new id with it, on the
+/// listener's channel and with its context.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_get_cm_event(
+    ch: *mut rdma_event_channel,
+    out: *mut *mut rdma_cm_event,
+) -> c_int {
+    ffi!(fail_with(libc::EIO), {
+        // SAFETY: a channel of ours, checked against the registry.
+        let Some(c) = (unsafe { obj::<_, ShimCmChannel>(ch) }) else {
+            return fail_with(libc::EINVAL);
+        };
+        if out.is_null() {
+            return fail_with(libc::EINVAL);
+        }
+        // Our own handle: the application may destroy the channel while this thread waits
+        // (rping does, from its main thread); the wait then goes on, as on a closed kernel
+        // file, instead of touching what was freed.
+        let emu = c.emu.clone();
+        loop {
+            let ev = match emu.get_event() {
+                Ok(ev) => ev,
+                Err(e) => return fail(e),
+            };
+            if let Some(p) = shim_event(ch, ev) {
+                // SAFETY: `out` is writable (checked non-NULL).
+                unsafe { *out = p.cast() };
+                return 0;
+            }
+        }
+    })
+}
+
+/// The C event for `ev`; `None` for an event about an id the application destroyed.
+fn shim_event(ch: *mut rdma_event_channel, ev: CmEvent) -> Option<*mut ShimCmEvent> {
+    let listen = ev.listen_id.as_ref().map_or(ptr::null_mut(), |l| l.user_data() as *mut ShimCmId);
+    let id = if ev.event == CmEventType::ConnectRequest {
+        // SAFETY: the listener is a live id of ours (its user data is cleared at destroy).
+        let context = unsafe { listen.as_ref() }.map_or(ptr::null_mut(), |l| l.id.context);
+        new_id(ev.id.clone(), ch, context)
+    } else {
+        ev.id.user_data() as *mut ShimCmId
+    };
+    if id.is_null() {
+        return None;
+    }
+    refresh(id);
+    // SAFETY: all-zero is a valid rdma_cm_event.
+    let mut c: rdma_cm_event = unsafe { std::mem::zeroed() };
+    (c.id, c.listen_id) = (id.cast(), listen.cast());
+    (c.event, c.status) = (ev.event.code(), ev.status);
+    let p = &ev.param;
+    let private_data = p.private_data.clone();
+    let mut s = Box::new(ShimCmEvent { ev: c, private_data });
+    // The conn member of the param union over the ud member's storage.
+    let conn = rdma_conn_param {
+        private_data: if s.private_data.is_empty() {
+            ptr::null()
+        } else {
+            s.private_data.as_ptr().cast()
+        },
+        private_data_len: s.private_data.len().min(255) as u8,
+        responder_resources: p.responder_resources,
+        initiator_depth: p.initiator_depth,
+        flow_control: p.flow_control,
+        retry_count: p.retry_count,
+        rnr_retry_count: p.rnr_retry_count,
+        srq: u8::from(p.srq),
+        qp_num: p.qp_num,
+    };
+    // SAFETY: `param` is a union whose storage (rdma_ud_param, 56 bytes, 8-aligned) holds an
+    // rdma_conn_param (24 bytes) at its start.
+    unsafe { ptr::addr_of_mut!(s.ev.param).cast::<rdma_conn_param>().write(conn) };
+    let p = Box::into_raw(s);
+    register(p);
+    Some(p)
+}
+
+/// `rdma_ack_cm_event(event)`.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_ack_cm_event(
+    ev: *mut rdma_cm_event,
+) -> c_int {
+    ffi!(fail_with(libc::EIO), {
+        // SAFETY: NULL or an event of ours, not used after its acknowledgement.
+        let Some(s) = (unsafe { obj::<_, ShimCmEvent>(ev) }) else {
+            return fail_with(libc::EINVAL);
+        };
+        // SAFETY: as above.
+        unsafe { free(s as *const ShimCmEvent) };
+        0
+    })
+}
+
+/// `rdma_event_str(event)`.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_event_str(
+    event: u32,
+) -> *const c_char {
+    const NAMES: [&std::ffi::CStr; 16] = [
+        c"RDMA_CM_EVENT_ADDR_RESOLVED",
+        c"RDMA_CM_EVENT_ADDR_ERROR",
+        c"RDMA_CM_EVENT_ROUTE_RESOLVED",
+        c"RDMA_CM_EVENT_ROUTE_ERROR",
+        c"RDMA_CM_EVENT_CONNECT_REQUEST",
+        c"RDMA_CM_EVENT_CONNECT_RESPONSE",
+        c"RDMA_CM_EVENT_CONNECT_ERROR",
+        c"RDMA_CM_EVENT_UNREACHABLE",
+        c"RDMA_CM_EVENT_REJECTED",
+        c"RDMA_CM_EVENT_ESTABLISHED",
+        c"RDMA_CM_EVENT_DISCONNECTED",
+        c"RDMA_CM_EVENT_DEVICE_REMOVAL",
+        c"RDMA_CM_EVENT_MULTICAST_JOIN",
+        c"RDMA_CM_EVENT_MULTICAST_ERROR",
+        c"RDMA_CM_EVENT_ADDR_CHANGE",
+        c"RDMA_CM_EVENT_TIMEWAIT_EXIT",
+    ];
+    NAMES.get(event as usize).copied().unwrap_or(c"UNKNOWN EVENT").as_ptr()
+}
+
+/// `rdma_create_qp(id, pd, qp_init_attr)`: a QP on `pd` (the id's device) that the id
+/// connects; it is in INIT until the connection takes it to RTS.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_create_qp(
+    id: *mut rdma_cm_id,
+    pd: *mut ibv_pd,
+    attr: *mut ibv_qp_init_attr,
+) -> c_int {
+    ffi!(fail_with(libc::EIO), {
+        let Some(s) = cm_id(id) else { return fail_with(libc::EINVAL) };
+        if pd.is_null() || attr.is_null() {
+            return fail_with(libc::EINVAL);
+        }
+        // SAFETY: the application's PD and attributes, checked inside.
+        let qp = unsafe { super::qp::rdma_emu_shim__ibv_create_qp(pd, attr) };
+        // SAFETY: NULL or the QP just made.
+        let Some(q) = (unsafe { obj::<_, ShimQp>(qp) }) else { return -1 };
+        if let Err(e) = s.emu.set_qp(&q.emu) {
+            // SAFETY: the QP just made, not handed out.
+            unsafe { super::qp::rdma_emu_shim__ibv_destroy_qp(qp) };
+            return fail(e);
+        }
+        let c = id.cast::<ShimCmId>();
+        // SAFETY: a live id of ours; `attr` is the application's, valid.
+        unsafe {
+            (*c).id.qp = qp;
+            (*c).id.pd = pd;
+            (*c).id.send_cq = (*attr).send_cq;
+            (*c).id.recv_cq = (*attr).recv_cq;
+            (*c).id.srq = (*attr).srq.cast();
+            (*c).id.qp_type = (*attr).qp_type;
+        }
+        refresh(c);
+        0
+    })
+}
+
+/// `rdma_destroy_qp(id)`.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_destroy_qp(id: *mut rdma_cm_id) {
+    ffi!((), {
+        if cm_id(id).is_none() {
+            return;
+        }
+        let c = id.cast::<ShimCmId>();
+        // SAFETY: a live id of ours; its QP is ours or NULL.
+        unsafe {
+            let qp = std::mem::replace(&mut (*c).id.qp, ptr::null_mut());
+            if !qp.is_null() {
+                super::qp::rdma_emu_shim__ibv_destroy_qp(qp);
+            }
+        }
+    })
+}
+
+/// `rdma_get_devices(num_devices)`: the contexts of every device, NULL-terminated; freed by
+/// `rdma_free_devices`.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_get_devices(
+    num: *mut c_int,
+) -> *mut *mut ibv_context {
+    ffi!(ptr::null_mut(), {
+        let n = super::device::devices().len();
+        // SAFETY: calloc of n + 1 pointers; NULL on failure.
+        let list = unsafe { libc::calloc(n + 1, size_of::<*mut ibv_context>()) }
+            .cast::<*mut ibv_context>();
+        if list.is_null() {
+            set_errno(libc::ENOMEM);
+            return ptr::null_mut();
+        }
+        for i in 0..n {
+            // SAFETY: i < n + 1 slots.
+            unsafe { *list.add(i) = device_context(i as u32) };
+        }
+        if !num.is_null() {
+            // SAFETY: writable when non-NULL.
+            unsafe { *num = n as c_int };
+        }
+        list
+    })
+}
+
+/// `rdma_free_devices(list)`.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_free_devices(
+    list: *mut *mut ibv_context,
+) {
+    // SAFETY: a list rdma_get_devices allocated with calloc (or NULL).
+    unsafe { libc::free(list.cast()) };
+}
+
+/// The port (network order) of a `sockaddr_storage`.
+fn port_of(storage: &[u64; 16]) -> u16 {
+    let p = storage.as_ptr().cast::<u8>();
+    // SAFETY: sin_port and sin6_port both sit at byte 2 of the storage, a u16 in network order.
+    unsafe { p.add(2).cast::<u16>().read_unaligned() }
+}
+
+/// `rdma_get_src_port(id)`: the local port, in network order.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_get_src_port(
+    id: *mut rdma_cm_id,
+) -> u16 {
+    cm_id(id).map_or(0, |s| port_of(&s.id.route.addr.src_storage))
+}
+
+/// `rdma_get_dst_port(id)`: the peer's port, in network order.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_get_dst_port(
+    id: *mut rdma_cm_id,
+) -> u16 {
+    cm_id(id).map_or(0, |s| port_of(&s.id.route.addr.dst_storage))
+}

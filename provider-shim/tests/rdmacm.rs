@@ -1,0 +1,130 @@
+//! The drop-in `librdmacm.so.1`: exactly rdma-core 44's exports, and Debian's unmodified
+//! rdmacm-utils connecting through it, as two processes on the host fabric.
+
+mod common;
+use std::{
+    io::Read,
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    sync::atomic::{AtomicU32, Ordering},
+    time::{Duration, Instant},
+};
+
+/// The built librdmacm.so, next to the built libibverbs.so.
+fn cdylib() -> PathBuf {
+    let p = common::profile_dir().join("librdmacm.so");
+    assert!(p.exists(), "{} was not built: run cargo build -p rdmacm-shim first", p.display());
+    p
+}
+
+fn readelf(args: &[&str]) -> String {
+    let out = Command::new("readelf").args(args).arg(cdylib()).output().expect("run readelf");
+    assert!(out.status.success());
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn exports_are_exactly_rdma_core_44s_librdmacm() {
+    let mut got: Vec<String> = readelf(&["--dyn-syms", "-W"])
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() >= 8 && f[6] != "UND" && f[0].trim_end_matches(':').parse::<u32>().is_ok())
+                .then(|| f[7].to_string())
+        })
+        .collect();
+    got.sort();
+    let mut want: Vec<String> = include_str!("../abi/rdmacm_exports.txt")
+        .lines()
+        .filter(|l| l.contains("@@"))
+        .map(|l| l.split_whitespace().next().unwrap().to_string())
+        .collect();
+    want.sort();
+    assert_eq!(got, want);
+    assert_eq!(got.len(), 68);
+    let text = readelf(&["-d", "-V", "-W"]);
+    assert!(text.contains("Library soname: [librdmacm.so.1]"));
+    for node in ["RDMACM_1.0", "RDMACM_1.1", "RDMACM_1.2", "RDMACM_1.3"] {
+        assert!(text.contains(&format!("Name: {node}\n")), "version node {node} missing");
+    }
+}
+
+/// A host fabric name used by one test only, removed afterwards.
+struct Fabric(String);
+
+impl Fabric {
+    fn new() -> Fabric {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        Fabric(format!("rdmacm-{}-{n}", std::process::id()))
+    }
+}
+
+impl Drop for Fabric {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(rdma_emu::fabric_dir(&self.0));
+    }
+}
+
+fn program(fabric: &Fabric, profile: &str, prog: &str, args: &[&str]) -> Command {
+    let path = format!("/usr/bin/{prog}");
+    assert!(
+        std::path::Path::new(&path).exists(),
+        "{path} is missing: install Debian's rdmacm-utils (./ci.sh does)"
+    );
+    cdylib();
+    let mut c = Command::new(env!("CARGO_BIN_EXE_rdma-emu"));
+    c.env("RDMA_EMU_LIB", common::cdylib()).env_remove("LD_LIBRARY_PATH");
+    c.args(["run", "--profile", profile, "--fabric", &fabric.0, "--", &path]).args(args);
+    c.stdout(Stdio::piped()).stderr(Stdio::piped());
+    c
+}
+
+/// Waits for `child` within `limit` (a guard against hangs, not a timing assertion).
+fn finish(mut child: Child, limit: Duration) -> (bool, String) {
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break Some(s);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut out = String::new();
+    child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    child.stderr.take().unwrap().read_to_string(&mut out).unwrap();
+    (status.is_some_and(|s| s.success()), out)
+}
+
+/// Waits until a process of `fabric` listens on CM port `port` (RDMA_PS_TCP).
+fn wait_listening(fabric: &Fabric, port: u16) {
+    let file = rdma_emu::fabric_dir(&fabric.0).join(format!("cm-106-{port}"));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !file.exists() {
+        assert!(Instant::now() < deadline, "the server never listened on {port}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn rping_verifies_its_data_between_two_processes() {
+    for (profile, port) in [("full", 7701u16), ("rxe", 7702)] {
+        let fabric = Fabric::new();
+        let p = port.to_string();
+        let common = ["-a", "127.0.0.1", "-p", &p, "-C", "100", "-V", "-S", "100"];
+        let server = program(&fabric, profile, "rping", &["-s"]).args(common).spawn().unwrap();
+        wait_listening(&fabric, port);
+        let client =
+            program(&fabric, profile, "rping", &["-c", "-v"]).args(common).spawn().unwrap();
+        let (c_ok, c_out) = finish(client, Duration::from_secs(60));
+        let (s_ok, s_out) = finish(server, Duration::from_secs(20));
+        assert!(c_ok && s_ok, "{profile}\n--- client:\n{c_out}\n--- server:\n{s_out}");
+        // -V makes both sides compare every ping with what it must be.
+        assert_eq!(c_out.matches("ping data: rdma-ping-").count(), 100, "{c_out}");
+        assert!(c_out.contains("rdma-ping-99: "), "{c_out}");
+    }
+}
