@@ -128,3 +128,52 @@ fn rping_verifies_its_data_between_two_processes() {
         assert!(c_out.contains("rdma-ping-99: "), "{c_out}");
     }
 }
+
+/// Runs `prog` as the server (listening on CM port `port`) and as its client, both under
+/// `profile`; both must succeed. The client's output.
+fn server_and_client(
+    profile: &str,
+    prog: &str,
+    server: &[&str],
+    client: &[&str],
+    port: u16,
+) -> String {
+    let fabric = Fabric::new();
+    let s = program(&fabric, profile, prog, server).spawn().unwrap();
+    wait_listening(&fabric, port);
+    let c = program(&fabric, profile, prog, client).spawn().unwrap();
+    let (c_ok, c_out) = finish(c, Duration::from_secs(60));
+    let (s_ok, s_out) = finish(s, Duration::from_secs(20));
+    assert!(c_ok && s_ok, "{prog} {profile}\n--- client:\n{c_out}\n--- server:\n{s_out}");
+    c_out
+}
+
+#[test]
+fn ucmatose_connects_several_ids_and_moves_data() {
+    for profile in ["full", "rxe"] {
+        let args = ["-c", "4", "-C", "10", "-p", "7710"];
+        let client = [&args[..], &["-s", "127.0.0.1"]].concat();
+        let out = server_and_client(profile, "ucmatose", &args, &client, 7710);
+        assert!(
+            out.contains("data transfers complete") && out.contains("return status 0"),
+            "{out}"
+        );
+    }
+}
+
+#[test]
+fn perftest_connects_through_rdma_cm() {
+    for (prog, profile, port) in [
+        ("ib_write_bw", "full", 7720u16),
+        ("ib_read_lat", "rxe", 7721),
+        ("ib_send_bw", "rxe", 7722),
+        ("ib_send_lat", "full", 7723),
+    ] {
+        let p = port.to_string();
+        let args = ["-R", "-n", "200", "-p", &p];
+        let client = [&args[..], &["127.0.0.1"]].concat();
+        let out = server_and_client(profile, prog, &args, &client, port);
+        assert!(out.contains("Data ex. method : rdma_cm"), "{prog}: {out}");
+        assert!(out.contains("remote address: LID"), "{prog}: {out}");
+    }
+}

@@ -245,6 +245,9 @@ pub(crate) struct Manager {
     next_port: AtomicU32,
 }
 
+/// The largest listen backlog (the kernel's `net.rdma_ucm.max_backlog` default).
+pub const MAX_BACKLOG: i32 = 1024;
+
 /// First port picked for a bind to port 0 (the kernel's ephemeral range starts at 32768).
 const EPHEMERAL: u32 = 32768;
 
@@ -562,15 +565,17 @@ impl CmId {
         Ok(())
     }
 
-    /// `rdma_listen`: takes connection requests to its bound address; at most `backlog`
-    /// (at least 1) wait for an answer at once, further ones are rejected.
+    /// `rdma_listen`: takes connection requests to its bound address; at most `backlog` wait
+    /// for an answer at once, further ones are rejected (a backlog of 0 or less, or above
+    /// [`MAX_BACKLOG`], is the kernel's maximum, as in its rdma_ucm).
     pub fn listen(&self, backlog: i32) -> Result<()> {
         let mut st = self.0.st.lock();
         if st.state != State::AddrBound {
             return Err(einval("listen needs a bound id that is not listening"));
         }
         st.state = State::Listen;
-        st.backlog = backlog.max(1) as usize;
+        st.backlog =
+            if backlog > 0 && backlog < MAX_BACKLOG { backlog } else { MAX_BACKLOG } as usize;
         Ok(())
     }
 

@@ -681,6 +681,23 @@ mirrors! {
         /// `union { struct rdma_conn_param conn; struct rdma_ud_param ud; }`.
         param: rdma_ud_param,
     }
+    rdma_addrinfo = "struct rdma_addrinfo" {
+        ai_flags: c_int,
+        ai_family: c_int,
+        ai_qp_type: c_int,
+        ai_port_space: c_int,
+        ai_src_len: u32,
+        ai_dst_len: u32,
+        ai_src_addr: *mut libc::sockaddr,
+        ai_dst_addr: *mut libc::sockaddr,
+        ai_src_canonname: *mut c_char,
+        ai_dst_canonname: *mut c_char,
+        ai_route_len: usize,
+        ai_route: *mut c_void,
+        ai_connect_len: usize,
+        ai_connect: *mut c_void,
+        ai_next: *mut rdma_addrinfo,
+    }
     ibv_ah_attr = "struct ibv_ah_attr" {
         grh: ibv_global_route,
         dlid: u16,

@@ -630,3 +630,170 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_get_dst_port(
 ) -> u16 {
     cm_id(id).map_or(0, |s| port_of(&s.id.route.addr.dst_storage))
 }
+
+const RAI_PASSIVE: c_int = 1;
+const RAI_NUMERICHOST: c_int = 2;
+const AF_IB: c_int = 27;
+const IBV_QPT_RC: c_int = 2;
+const IBV_QPT_UC: c_int = 3;
+const IBV_QPT_UD: c_int = 4;
+const IBV_QPT_XRC_SEND: c_int = 9;
+const IBV_QPT_XRC_RECV: c_int = 10;
+
+/// A malloc'd copy of `len` bytes at `src` (freed by `rdma_freeaddrinfo`), or NULL.
+///
+/// # Safety
+/// `src` is readable for `len` bytes.
+unsafe fn malloc_copy<T>(src: *const T, len: usize) -> *mut T {
+    // SAFETY: malloc of `len` bytes; NULL on failure.
+    let p = unsafe { libc::malloc(len.max(1)) }.cast::<T>();
+    if !p.is_null() {
+        // SAFETY: both ranges hold `len` bytes and do not overlap (a fresh allocation).
+        unsafe { ptr::copy_nonoverlapping(src.cast::<u8>(), p.cast::<u8>(), len) };
+    }
+    p
+}
+
+/// `rdma_getaddrinfo(node, service, hints, res)`: the address of `node:service` for the CM,
+/// through getaddrinfo(3), as the source (with `RAI_PASSIVE`) or the destination; the QP type
+/// and port space come from the hints, else from the kind of socket the address is for.
+/// -1 with `errno` the getaddrinfo error (or `EINVAL`, `EAFNOSUPPORT` for `AF_IB` hints).
+pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_getaddrinfo(
+    node: *const c_char,
+    service: *const c_char,
+    hints: *const rdma_addrinfo,
+    res: *mut *mut rdma_addrinfo,
+) -> c_int {
+    ffi!(fail_with(libc::EIO), {
+        if (node.is_null() && service.is_null() && hints.is_null()) || res.is_null() {
+            return fail_with(libc::EINVAL);
+        }
+        // SAFETY: NULL or the application's hints.
+        let h = unsafe { hints.as_ref() };
+        if h.is_some_and(|h| h.ai_family == AF_IB) {
+            return fail_with(libc::EAFNOSUPPORT);
+        }
+        // SAFETY: all-zero is a valid rdma_addrinfo (NULL pointers, zero numbers).
+        let mut rai: rdma_addrinfo = unsafe { std::mem::zeroed() };
+        if let Some(h) = h {
+            (rai.ai_flags, rai.ai_family) = (h.ai_flags, h.ai_family);
+            (rai.ai_qp_type, rai.ai_port_space) = (h.ai_qp_type, h.ai_port_space);
+        }
+        if !node.is_null() || !service.is_null() {
+            // SAFETY: all-zero is a valid addrinfo.
+            let mut ai_hints: libc::addrinfo = unsafe { std::mem::zeroed() };
+            if let Some(h) = h {
+                if h.ai_flags & RAI_PASSIVE != 0 {
+                    ai_hints.ai_flags |= libc::AI_PASSIVE;
+                }
+                if h.ai_flags & RAI_NUMERICHOST != 0 {
+                    ai_hints.ai_flags |= libc::AI_NUMERICHOST;
+                }
+                ai_hints.ai_family = h.ai_family;
+                ai_hints.ai_socktype = match h.ai_qp_type {
+                    IBV_QPT_RC | IBV_QPT_UC | IBV_QPT_XRC_SEND | IBV_QPT_XRC_RECV => {
+                        libc::SOCK_STREAM
+                    }
+                    IBV_QPT_UD => libc::SOCK_DGRAM,
+                    _ => 0,
+                };
+                ai_hints.ai_protocol = match PortSpace::from_code(h.ai_port_space as u32) {
+                    Some(PortSpace::Tcp) => libc::IPPROTO_TCP,
+                    Some(PortSpace::Udp | PortSpace::Ipoib) => libc::IPPROTO_UDP,
+                    Some(PortSpace::Ib) if ai_hints.ai_socktype == libc::SOCK_STREAM => {
+                        libc::IPPROTO_TCP
+                    }
+                    Some(PortSpace::Ib) if ai_hints.ai_socktype == libc::SOCK_DGRAM => {
+                        libc::IPPROTO_UDP
+                    }
+                    _ => 0,
+                };
+            }
+            let mut ai: *mut libc::addrinfo = ptr::null_mut();
+            let hp = if h.is_some() { &ai_hints as *const libc::addrinfo } else { ptr::null() };
+            // SAFETY: NUL-terminated strings or NULL, valid hints or NULL, `ai` writable.
+            let r = unsafe { libc::getaddrinfo(node, service, hp, &mut ai) };
+            if r != 0 {
+                return fail_with(r);
+            }
+            // SAFETY: getaddrinfo succeeded: `ai` is a valid list with at least one entry.
+            let a = unsafe { &*ai };
+            if rai.ai_qp_type == 0 {
+                rai.ai_qp_type = match a.ai_socktype {
+                    libc::SOCK_STREAM => IBV_QPT_RC,
+                    libc::SOCK_DGRAM => IBV_QPT_UD,
+                    _ => 0,
+                };
+            }
+            if rai.ai_port_space == 0 {
+                rai.ai_port_space = match a.ai_protocol {
+                    libc::IPPROTO_TCP => PortSpace::Tcp.code() as c_int,
+                    libc::IPPROTO_UDP => PortSpace::Udp.code() as c_int,
+                    _ => 0,
+                };
+            }
+            rai.ai_family = a.ai_family;
+            // SAFETY: ai_addr holds ai_addrlen bytes.
+            let addr = unsafe { malloc_copy(a.ai_addr, a.ai_addrlen as usize) };
+            let canon = if a.ai_canonname.is_null() {
+                ptr::null_mut()
+            } else {
+                // SAFETY: a NUL-terminated name.
+                unsafe { libc::strdup(a.ai_canonname) }
+            };
+            if a.ai_flags & libc::AI_PASSIVE != 0 {
+                rai.ai_flags = RAI_PASSIVE;
+                (rai.ai_src_addr, rai.ai_src_len, rai.ai_src_canonname) =
+                    (addr, a.ai_addrlen, canon);
+            } else {
+                (rai.ai_dst_addr, rai.ai_dst_len, rai.ai_dst_canonname) =
+                    (addr, a.ai_addrlen, canon);
+            }
+            // SAFETY: the list getaddrinfo returned.
+            unsafe { libc::freeaddrinfo(ai) };
+        } else if let Some(h) = h.filter(|h| h.ai_dst_len != 0 && !h.ai_dst_addr.is_null()) {
+            // SAFETY: the hints' address holds ai_dst_len bytes.
+            rai.ai_dst_addr = unsafe { malloc_copy(h.ai_dst_addr, h.ai_dst_len as usize) };
+            rai.ai_dst_len = h.ai_dst_len;
+        }
+        if let Some(h) =
+            h.filter(|h| rai.ai_src_len == 0 && h.ai_src_len != 0 && !h.ai_src_addr.is_null())
+        {
+            // SAFETY: the hints' address holds ai_src_len bytes.
+            rai.ai_src_addr = unsafe { malloc_copy(h.ai_src_addr, h.ai_src_len as usize) };
+            rai.ai_src_len = h.ai_src_len;
+        }
+        // SAFETY: a copy of `rai`, freed by rdma_freeaddrinfo.
+        let out = unsafe { malloc_copy(&rai, size_of::<rdma_addrinfo>()) };
+        if out.is_null() {
+            return fail_with(libc::ENOMEM);
+        }
+        // SAFETY: `res` is writable (checked non-NULL).
+        unsafe { *res = out };
+        0
+    })
+}
+
+/// `rdma_freeaddrinfo(res)`.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_freeaddrinfo(
+    mut res: *mut rdma_addrinfo,
+) {
+    while !res.is_null() {
+        // SAFETY: a list rdma_getaddrinfo built with malloc; each part freed once.
+        unsafe {
+            let next = (*res).ai_next;
+            for p in [
+                (*res).ai_connect,
+                (*res).ai_route,
+                (*res).ai_src_canonname.cast(),
+                (*res).ai_dst_canonname.cast(),
+                (*res).ai_src_addr.cast(),
+                (*res).ai_dst_addr.cast(),
+            ] {
+                libc::free(p);
+            }
+            libc::free(res.cast());
+            res = next;
+        }
+    }
+}
