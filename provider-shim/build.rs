@@ -37,15 +37,20 @@ fn implemented(dir: &Path, out: &mut BTreeSet<String>) {
             implemented(&p, out);
         } else if p.extension().is_some_and(|x| x == "rs") {
             let s = fs::read_to_string(&p).expect("source");
-            for part in s.split("rdma_emu_shim__").skip(1) {
+            // A definition is the name right after `fn` or `static` (calls elsewhere in the
+            // file, before or after it, are not).
+            let mut before = "";
+            for part in s.split("rdma_emu_shim__") {
                 let name: String =
                     part.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
-                let before = s.split(&format!("rdma_emu_shim__{name}")).next().unwrap_or("");
                 let tail = before.trim_end();
-                if tail.ends_with("fn") || tail.ends_with("static") || tail.ends_with("static mut")
-                {
+                let defined = tail.ends_with("fn")
+                    || tail.ends_with("static")
+                    || tail.ends_with("static mut");
+                if defined && !name.is_empty() {
                     out.insert(name);
                 }
+                before = part;
             }
         }
     }

@@ -40,4 +40,18 @@ fn main() {
     fs::write(&map_path, map).expect("write the version script");
     println!("cargo:rustc-cdylib-link-arg=-Wl,--version-script={}", map_path.display());
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,librdmacm.so.1");
+    // Like rdma-core's, the library needs libibverbs.so.1 (a program that calls only rdma_*
+    // functions still gets it loaded). Linked against an empty stand-in with that soname: the
+    // functions are found at run time in whichever libibverbs.so.1 is loaded (ours).
+    let stub = Path::new(&out).join("libibverbs.so.1");
+    let c = Path::new(&out).join("stub.c");
+    fs::write(&c, "/* stands in for libibverbs.so.1 at link time */\n").expect("write stub.c");
+    let status = std::process::Command::new(env::var("CC").unwrap_or_else(|_| "cc".into()))
+        .args(["-shared", "-Wl,-soname,libibverbs.so.1", "-o"])
+        .arg(&stub)
+        .arg(&c)
+        .status()
+        .expect("run cc (gcc) to make the link-time stand-in for libibverbs.so.1");
+    assert!(status.success(), "cc failed to make the libibverbs.so.1 stand-in");
+    println!("cargo:rustc-cdylib-link-arg=-Wl,--no-as-needed,{},--as-needed", stub.display());
 }

@@ -177,3 +177,26 @@ fn perftest_connects_through_rdma_cm() {
         assert!(out.contains("remote address: LID"), "{prog}: {out}");
     }
 }
+
+#[test]
+fn the_synchronous_examples_run_through_create_ep_and_get_request() {
+    // rdma_server/rdma_client: rdma_create_ep, rdma_get_request, the rdma_verbs.h helpers
+    // (rdma_reg_msgs, rdma_post_recv, rdma_get_recv_comp) over the CQs rdma_create_qp made.
+    for (prog, client_prog, profile, port) in [
+        ("rdma_server", "rdma_client", "full", 7730u16),
+        ("rdma_server", "rdma_client", "rxe", 7731),
+        ("rdma_xserver", "rdma_xclient", "full", 7732),
+    ] {
+        let fabric = Fabric::new();
+        let p = port.to_string();
+        let s = program(&fabric, profile, prog, &["-p", &p]).spawn().unwrap();
+        wait_listening(&fabric, port);
+        let c =
+            program(&fabric, profile, client_prog, &["-s", "127.0.0.1", "-p", &p]).spawn().unwrap();
+        let (c_ok, c_out) = finish(c, Duration::from_secs(60));
+        let (s_ok, s_out) = finish(s, Duration::from_secs(20));
+        assert!(c_ok && s_ok, "{prog} {profile}\n--- client:\n{c_out}\n--- server:\n{s_out}");
+        assert!(c_out.contains(&format!("{client_prog}: end 0")), "{c_out}");
+        assert!(s_out.contains(&format!("{prog}: end 0")), "{s_out}");
+    }
+}

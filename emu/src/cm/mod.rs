@@ -205,7 +205,9 @@ pub struct CmId(Arc<IdInner>);
 struct IdInner {
     num: u32,
     ps: PortSpace,
-    channel: CmChannel,
+    fabric: Arc<FabricInner>,
+    /// Where its events go ([`CmId::migrate`] moves it).
+    channel: Mutex<CmChannel>,
     st: Mutex<IdState>,
     /// An opaque word for the layer that wraps the id (the C library's `rdma_cm_id`).
     user_data: AtomicUsize,
@@ -375,15 +377,15 @@ impl CmId {
             listener: None,
             mine: ConnParam::default(),
         };
-        let channel = channel.clone();
+        let (fabric, channel) = (channel.0.fabric.clone(), Mutex::new(channel.clone()));
         let (st, user_data) = (Mutex::new(st), AtomicUsize::new(0));
-        let id = CmId(Arc::new(IdInner { num, ps, channel, st, user_data }));
+        let id = CmId(Arc::new(IdInner { num, ps, fabric, channel, st, user_data }));
         cm.ids.lock().insert(num, Arc::downgrade(&id.0));
         Ok(id)
     }
 
     fn fabric(&self) -> &Arc<FabricInner> {
-        &self.0.channel.0.fabric
+        &self.0.fabric
     }
 
     fn cm(&self) -> &Manager {
@@ -392,7 +394,7 @@ impl CmId {
 
     fn raise(&self, event: CmEventType, status: i32, param: ConnParam, listen_id: Option<CmId>) {
         let ev = CmEvent { id: self.clone(), listen_id, event, status, param };
-        self.0.channel.0.queue.push(ev);
+        self.0.channel.lock().0.queue.push(ev);
     }
 
     /// The port space it was created in.
@@ -870,7 +872,17 @@ impl CmId {
 
     /// The channel its events arrive on.
     pub fn channel(&self) -> CmChannel {
-        self.0.channel.clone()
+        self.0.channel.lock().clone()
+    }
+
+    /// `rdma_migrate_id`: its events from now on go to `channel` (those already queued stay
+    /// where they are). `EINVAL` for a channel of another fabric.
+    pub fn migrate(&self, channel: &CmChannel) -> Result<()> {
+        if !Arc::ptr_eq(&channel.0.fabric, &self.0.fabric) {
+            return Err(einval("the channel belongs to another fabric"));
+        }
+        *self.0.channel.lock() = channel.clone();
+        Ok(())
     }
 
     /// Whether two handles name the same id.
@@ -926,7 +938,7 @@ fn request(
     if waiting >= listener.0.st.lock().backlog {
         return reject(REJ_CONSUMER_DEFINED);
     }
-    let Ok(conn) = CmId::create(&listener.0.channel, listener.0.ps) else {
+    let Ok(conn) = CmId::create(&listener.channel(), listener.0.ps) else {
         return reject(REJ_CONSUMER_DEFINED);
     };
     let dest = cm.addrs.port_of(dst.ip());

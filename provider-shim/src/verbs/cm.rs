@@ -34,6 +34,27 @@ pub(crate) struct ShimCmChannel {
 pub(crate) struct ShimCmId {
     id: rdma_cm_id,
     emu: CmId,
+    extra: Mutex<Extra>,
+}
+
+/// What librdmacm keeps for an id beyond `struct rdma_cm_id`.
+struct Extra {
+    /// The private channel of an id made without one (librdmacm's synchronous mode): each
+    /// call waits there for the event it causes.
+    sync: *mut rdma_event_channel,
+    /// The last event a synchronous call waited for (`id->event`), acknowledged by the next
+    /// one or by the destroy.
+    event: *mut rdma_cm_event,
+    /// `rdma_create_ep` on a listener: the QP every id from `rdma_get_request` gets.
+    qp_init: Option<(ibv_qp_init_attr, *mut ibv_pd)>,
+    /// `rdma_create_qp` made the id's completion channels and CQs (no CQs were given).
+    own_cqs: bool,
+}
+
+impl Default for Extra {
+    fn default() -> Extra {
+        Extra { sync: ptr::null_mut(), event: ptr::null_mut(), qp_init: None, own_cqs: false }
+    }
 }
 
 /// `struct rdma_cm_event`, with the private data its `param` points at.
@@ -156,7 +177,7 @@ fn new_id(emu: CmId, channel: *mut rdma_event_channel, context: *mut c_void) -> 
     let mut id: rdma_cm_id = unsafe { std::mem::zeroed() };
     (id.channel, id.context, id.ps) = (channel, context, emu.port_space().code());
     id.qp_type = if emu.port_space() == PortSpace::Udp { 4 } else { 2 }; // IBV_QPT_UD : RC
-    let p = leak_unowned(ShimCmId { id, emu });
+    let p = leak_unowned(ShimCmId { id, emu, extra: Mutex::default() });
     // SAFETY: just made.
     unsafe { (*p).emu.set_user_data(p as usize) };
     refresh(p);
@@ -203,8 +224,81 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_destroy_event_c
     })
 }
 
-/// `rdma_create_id(channel, id, context, ps)`. A NULL channel (librdmacm's synchronous mode)
-/// is not supported yet: `EOPNOTSUPP`.
+/// An id on `ch`, or for a NULL `ch` on a private channel of its own (synchronous mode).
+fn create_id(
+    ch: *mut rdma_event_channel,
+    context: *mut c_void,
+    ps: PortSpace,
+) -> Result<*mut ShimCmId, c_int> {
+    let sync = ch.is_null();
+    let ch = if sync {
+        // SAFETY: makes a channel of ours.
+        let c = unsafe { rdma_emu_shim__rdma_emu_cm__rdma_create_event_channel() };
+        if c.is_null() {
+            return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::ENOMEM));
+        }
+        c
+    } else {
+        ch
+    };
+    // SAFETY: a channel of ours, checked against the registry.
+    let Some(c) = (unsafe { obj::<_, ShimCmChannel>(ch) }) else { return Err(libc::EINVAL) };
+    match CmId::create(&c.emu, ps) {
+        Ok(emu) => {
+            let p = new_id(emu, ch, context);
+            if sync {
+                // SAFETY: just made.
+                unsafe { (*p).extra.lock().sync = ch };
+            }
+            Ok(p)
+        }
+        Err(e) => {
+            if sync {
+                // SAFETY: the private channel just made, not handed out.
+                unsafe { rdma_emu_shim__rdma_emu_cm__rdma_destroy_event_channel(ch) };
+            }
+            Err(e.errno().raw())
+        }
+    }
+}
+
+/// For an id in synchronous mode: waits for the event the call just caused and keeps it as
+/// `id->event` (acknowledging the one before); 0, or -1 with the event's error as `errno`
+/// (`ECONNREFUSED` for a rejection). Nothing to wait for otherwise.
+fn complete(s: &ShimCmId) -> c_int {
+    let (sync, old) = {
+        let mut x = s.extra.lock();
+        (x.sync, std::mem::replace(&mut x.event, ptr::null_mut()))
+    };
+    if sync.is_null() {
+        return 0;
+    }
+    if !old.is_null() {
+        // SAFETY: an event of ours that only this id held.
+        unsafe { rdma_emu_shim__rdma_emu_cm__rdma_ack_cm_event(old) };
+    }
+    let mut ev: *mut rdma_cm_event = ptr::null_mut();
+    // SAFETY: the id's private channel; `ev` is writable.
+    if unsafe { rdma_emu_shim__rdma_emu_cm__rdma_get_cm_event(sync, &mut ev) } != 0 {
+        return -1;
+    }
+    s.extra.lock().event = ev;
+    let id = s as *const ShimCmId as *mut ShimCmId;
+    // SAFETY: a live id of ours; the event just received.
+    let (event, status) = unsafe {
+        (*id).id.event = ev;
+        ((*ev).event, (*ev).status)
+    };
+    match status {
+        0 => 0,
+        _ if event == CmEventType::Rejected.code() => fail_with(libc::ECONNREFUSED),
+        s if s < 0 => fail_with(-s),
+        s => fail_with(s),
+    }
+}
+
+/// `rdma_create_id(channel, id, context, ps)`; a NULL channel gives the id one of its own, on
+/// which each call waits for its outcome (librdmacm's synchronous mode).
 pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_create_id(
     ch: *mut rdma_event_channel,
     out: *mut *mut rdma_cm_id,
@@ -215,21 +309,14 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_create_id(
         if out.is_null() {
             return fail_with(libc::EINVAL);
         }
-        if ch.is_null() {
-            return fail_with(libc::EOPNOTSUPP);
-        }
-        // SAFETY: a channel of ours, checked against the registry.
-        let Some(c) = (unsafe { obj::<_, ShimCmChannel>(ch) }) else {
-            return fail_with(libc::EINVAL);
-        };
         let Some(ps) = PortSpace::from_code(ps) else { return fail_with(libc::EINVAL) };
-        match CmId::create(&c.emu, ps) {
-            Ok(emu) => {
+        match create_id(ch, context, ps) {
+            Ok(p) => {
                 // SAFETY: `out` is writable (checked non-NULL; the application's pointer).
-                unsafe { *out = new_id(emu, ch, context).cast() };
+                unsafe { *out = p.cast() };
                 0
             }
-            Err(e) => fail(e),
+            Err(e) => fail_with(e),
         }
     })
 }
@@ -242,6 +329,19 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_destroy_id(
         let Some(s) = cm_id(id) else { return fail_with(libc::EINVAL) };
         let res = s.emu.destroy();
         s.emu.set_user_data(0);
+        let (sync, event) = {
+            let x = s.extra.lock();
+            (x.sync, x.event)
+        };
+        // SAFETY: the id's own event and channel, which nobody else holds.
+        unsafe {
+            if !event.is_null() {
+                rdma_emu_shim__rdma_emu_cm__rdma_ack_cm_event(event);
+            }
+            if !sync.is_null() {
+                rdma_emu_shim__rdma_emu_cm__rdma_destroy_event_channel(sync);
+            }
+        }
         // SAFETY: not used by C after rdma_destroy_id (the contract).
         unsafe { free(s as *const ShimCmId) };
         done(res)
@@ -277,7 +377,10 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_resolve_addr(
         let Some(dst) = dst else { return fail_with(libc::EINVAL) };
         let res = s.emu.resolve_addr(src, dst, timeout_ms.max(0) as u32);
         refresh(id.cast());
-        done(res)
+        if done(res) != 0 {
+            return -1;
+        }
+        complete(s)
     })
 }
 
@@ -288,7 +391,10 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_resolve_route(
 ) -> c_int {
     ffi!(fail_with(libc::EIO), {
         let Some(s) = cm_id(id) else { return fail_with(libc::EINVAL) };
-        done(s.emu.resolve_route(timeout_ms.max(0) as u32))
+        if done(s.emu.resolve_route(timeout_ms.max(0) as u32)) != 0 {
+            return -1;
+        }
+        complete(s)
     })
 }
 
@@ -347,7 +453,12 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_connect(
     ffi!(fail_with(libc::EIO), {
         let Some(s) = cm_id(id) else { return fail_with(libc::EINVAL) };
         // SAFETY: the application's parameters.
-        done(s.emu.connect(&unsafe { conn_param(param) }))
+        if done(s.emu.connect(&unsafe { conn_param(param) })) != 0 {
+            return -1;
+        }
+        let r = complete(s);
+        refresh(id.cast());
+        r
     })
 }
 
@@ -361,7 +472,12 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_accept(
         // SAFETY: the application's parameters.
         let res = s.emu.accept(&unsafe { conn_param(param) });
         refresh(id.cast());
-        done(res)
+        if done(res) != 0 {
+            return -1;
+        }
+        let r = complete(s);
+        refresh(id.cast());
+        r
     })
 }
 
@@ -523,8 +639,50 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_event_str(
     NAMES.get(event as usize).copied().unwrap_or(c"UNKNOWN EVENT").as_ptr()
 }
 
-/// `rdma_create_qp(id, pd, qp_init_attr)`: a QP on `pd` (the id's device) that the id
-/// connects; it is in INIT until the connection takes it to RTS.
+/// The PD `rdma_create_qp` uses when given none: one per device, as librdmacm keeps.
+fn default_pd(verbs: *mut ibv_context) -> *mut ibv_pd {
+    static PDS: OnceLock<Mutex<Vec<(usize, usize)>>> = OnceLock::new();
+    let mut pds = PDS.get_or_init(Default::default).lock();
+    if let Some(&(_, pd)) = pds.iter().find(|(c, _)| *c == verbs as usize) {
+        return pd as *mut ibv_pd;
+    }
+    // SAFETY: a context of ours.
+    let pd = unsafe { super::pd_mr::rdma_emu_shim__ibv_alloc_pd(verbs) };
+    if !pd.is_null() {
+        pds.push((verbs as usize, pd as usize));
+    }
+    pd
+}
+
+/// A completion channel and a CQ of `cqe` entries on it, for an id.
+///
+/// # Safety
+/// `verbs` is a context of ours.
+unsafe fn channel_and_cq(
+    verbs: *mut ibv_context,
+    cqe: u32,
+    id: *mut c_void,
+) -> Option<(*mut ibv_comp_channel, *mut ibv_cq)> {
+    // SAFETY: forwarded.
+    let ch = unsafe { super::cq::rdma_emu_shim__ibv_create_comp_channel(verbs) };
+    if ch.is_null() {
+        return None;
+    }
+    let cqe = cqe.clamp(1, i32::MAX as u32) as c_int;
+    // SAFETY: forwarded; `ch` was just made.
+    let cq = unsafe { super::cq::rdma_emu_shim__ibv_create_cq(verbs, cqe, id, ch, 0) };
+    if cq.is_null() {
+        // SAFETY: the channel just made.
+        unsafe { super::cq::rdma_emu_shim__ibv_destroy_comp_channel(ch) };
+        return None;
+    }
+    Some((ch, cq))
+}
+
+/// `rdma_create_qp(id, pd, qp_init_attr)`: a QP on `pd` (the device's default PD if NULL)
+/// that the id connects; it is in INIT until the connection takes it to RTS. Given no CQs,
+/// the id gets a completion channel and a CQ for each direction (`id->send_cq_channel`, ...),
+/// as librdmacm makes them for `rdma_get_send_comp` and friends.
 pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_create_qp(
     id: *mut rdma_cm_id,
     pd: *mut ibv_pd,
@@ -532,47 +690,287 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_create_qp(
 ) -> c_int {
     ffi!(fail_with(libc::EIO), {
         let Some(s) = cm_id(id) else { return fail_with(libc::EINVAL) };
-        if pd.is_null() || attr.is_null() {
+        if attr.is_null() || s.id.verbs.is_null() {
             return fail_with(libc::EINVAL);
         }
-        // SAFETY: the application's PD and attributes, checked inside.
-        let qp = unsafe { super::qp::rdma_emu_shim__ibv_create_qp(pd, attr) };
-        // SAFETY: NULL or the QP just made.
-        let Some(q) = (unsafe { obj::<_, ShimQp>(qp) }) else { return -1 };
-        if let Err(e) = s.emu.set_qp(&q.emu) {
-            // SAFETY: the QP just made, not handed out.
-            unsafe { super::qp::rdma_emu_shim__ibv_destroy_qp(qp) };
-            return fail(e);
+        let pd = if pd.is_null() { default_pd(s.id.verbs) } else { pd };
+        if pd.is_null() {
+            return -1;
         }
+        // SAFETY: the application's attributes, valid (checked non-NULL).
+        let mut a: ibv_qp_init_attr = unsafe { ptr::read(attr) };
         let c = id.cast::<ShimCmId>();
-        // SAFETY: a live id of ours; `attr` is the application's, valid.
+        // A direction given no CQ gets one of the id's, on a channel of its own.
+        let (need_send, need_recv) = (a.send_cq.is_null(), a.recv_cq.is_null());
+        let own = need_send || need_recv;
+        for (need, size, cq, ch) in [
+            // SAFETY: fields of a live id of ours.
+            (need_send, a.cap.max_send_wr, &mut a.send_cq, unsafe { &mut (*c).id.send_cq_channel }),
+            // SAFETY: as above.
+            (need_recv, a.cap.max_recv_wr, &mut a.recv_cq, unsafe { &mut (*c).id.recv_cq_channel }),
+        ] {
+            if !need {
+                continue;
+            }
+            // SAFETY: the id's device context.
+            let Some((made_ch, made_cq)) = (unsafe { channel_and_cq(s.id.verbs, size, id.cast()) })
+            else {
+                // SAFETY: what was made here (the other direction's), not handed out.
+                unsafe { destroy_own_cqs(c) };
+                return fail_with(libc::ENOMEM);
+            };
+            (*cq, *ch) = (made_cq, made_ch);
+        }
+        if need_send {
+            // SAFETY: a live id of ours.
+            unsafe { (*c).id.send_cq = a.send_cq };
+        }
+        if need_recv {
+            // SAFETY: as above.
+            unsafe { (*c).id.recv_cq = a.recv_cq };
+        }
+        // SAFETY: our PD and the attributes above, checked inside.
+        let qp = unsafe { super::qp::rdma_emu_shim__ibv_create_qp(pd, &mut a) };
+        // SAFETY: NULL or the QP just made.
+        let made = unsafe { obj::<_, ShimQp>(qp) }.map(|q| s.emu.set_qp(&q.emu));
+        if made.is_none_or(|r| r.is_err()) {
+            let errno = match made {
+                Some(Err(e)) => e.errno().raw(),
+                _ => std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL),
+            };
+            // SAFETY: what was made here, not handed out.
+            unsafe {
+                if !qp.is_null() {
+                    super::qp::rdma_emu_shim__ibv_destroy_qp(qp);
+                }
+                if own {
+                    destroy_own_cqs(c);
+                }
+            }
+            return fail_with(errno);
+        }
+        // SAFETY: a live id of ours; the application's attributes get the QP's caps back.
         unsafe {
+            (*attr).cap = a.cap;
             (*c).id.qp = qp;
             (*c).id.pd = pd;
-            (*c).id.send_cq = (*attr).send_cq;
-            (*c).id.recv_cq = (*attr).recv_cq;
-            (*c).id.srq = (*attr).srq.cast();
-            (*c).id.qp_type = (*attr).qp_type;
+            (*c).id.srq = a.srq.cast();
+            (*c).id.qp_type = a.qp_type;
         }
+        s.extra.lock().own_cqs = own;
         refresh(c);
         0
     })
 }
 
-/// `rdma_destroy_qp(id)`.
+/// Destroys the CQs the id made (those with a channel of the id's) and their channels.
+///
+/// # Safety
+/// `c` is a live id of ours; nothing uses those CQs any more.
+unsafe fn destroy_own_cqs(c: *mut ShimCmId) {
+    // SAFETY: by the caller's contract.
+    let i = unsafe { &mut (*c).id };
+    for (ch, cq) in
+        [(&mut i.send_cq_channel, &mut i.send_cq), (&mut i.recv_cq_channel, &mut i.recv_cq)]
+    {
+        if ch.is_null() {
+            continue;
+        }
+        let (ch, cq) = (std::mem::take(ch), std::mem::take(cq));
+        // SAFETY: ours, made for the id.
+        unsafe {
+            if !cq.is_null() {
+                super::cq::rdma_emu_shim__ibv_destroy_cq(cq);
+            }
+            super::cq::rdma_emu_shim__ibv_destroy_comp_channel(ch);
+        }
+    }
+}
+
+/// `rdma_destroy_qp(id)`: and the CQs `rdma_create_qp` made for it.
 pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_destroy_qp(id: *mut rdma_cm_id) {
     ffi!((), {
-        if cm_id(id).is_none() {
-            return;
-        }
+        let Some(s) = cm_id(id) else { return };
+        let own = std::mem::take(&mut s.extra.lock().own_cqs);
         let c = id.cast::<ShimCmId>();
-        // SAFETY: a live id of ours; its QP is ours or NULL.
+        // SAFETY: a live id of ours; its QP and CQs are ours or NULL.
         unsafe {
             let qp = std::mem::replace(&mut (*c).id.qp, ptr::null_mut());
             if !qp.is_null() {
                 super::qp::rdma_emu_shim__ibv_destroy_qp(qp);
             }
+            if own {
+                destroy_own_cqs(c);
+            }
         }
+    })
+}
+
+/// `rdma_create_ep(id, res, pd, qp_init_attr)`: a synchronous id for the address `res`
+/// names: bound to it (`RAI_PASSIVE`; the QP attributes are then kept for the ids of
+/// `rdma_get_request`), or resolved toward it with a QP made when attributes are given.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_create_ep(
+    out: *mut *mut rdma_cm_id,
+    res: *const rdma_addrinfo,
+    pd: *mut ibv_pd,
+    attr: *mut ibv_qp_init_attr,
+) -> c_int {
+    ffi!(fail_with(libc::EIO), {
+        // SAFETY: NULL or the application's address info.
+        let Some(r) = (unsafe { res.as_ref() }) else { return fail_with(libc::EINVAL) };
+        if out.is_null() {
+            return fail_with(libc::EINVAL);
+        }
+        let ps = PortSpace::from_code(r.ai_port_space as u32).unwrap_or(PortSpace::Tcp);
+        let p = match create_id(ptr::null_mut(), ptr::null_mut(), ps) {
+            Ok(p) => p,
+            Err(e) => return fail_with(e),
+        };
+        let id = p.cast::<rdma_cm_id>();
+        let src = if r.ai_src_len != 0 { r.ai_src_addr } else { ptr::null_mut() };
+        // SAFETY: our id, the application's addresses and attributes.
+        let ok = unsafe {
+            if r.ai_flags & RAI_PASSIVE != 0 {
+                let bound = rdma_emu_shim__rdma_emu_cm__rdma_bind_addr(id, src) == 0;
+                if bound && !attr.is_null() {
+                    (*attr).qp_type = r.ai_qp_type as u32;
+                    (*p).extra.lock().qp_init = Some((ptr::read(attr), pd));
+                }
+                bound
+            } else {
+                if !attr.is_null() {
+                    (*attr).qp_type = r.ai_qp_type as u32;
+                }
+                rdma_emu_shim__rdma_emu_cm__rdma_resolve_addr(id, src, r.ai_dst_addr, 2000) == 0
+                    && rdma_emu_shim__rdma_emu_cm__rdma_resolve_route(id, 2000) == 0
+                    && (attr.is_null()
+                        || rdma_emu_shim__rdma_emu_cm__rdma_create_qp(id, pd, attr) == 0)
+            }
+        };
+        if !ok {
+            let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL);
+            // SAFETY: the id just made, not handed out.
+            unsafe { rdma_emu_shim__rdma_emu_cm__rdma_destroy_id(id) };
+            return fail_with(errno);
+        }
+        // SAFETY: `out` is writable (checked non-NULL).
+        unsafe { *out = id };
+        0
+    })
+}
+
+/// `rdma_destroy_ep(id)`.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_destroy_ep(id: *mut rdma_cm_id) {
+    // SAFETY: NULL or an id of ours, not used afterwards.
+    unsafe {
+        rdma_emu_shim__rdma_emu_cm__rdma_destroy_qp(id);
+        rdma_emu_shim__rdma_emu_cm__rdma_destroy_id(id);
+    }
+}
+
+/// `rdma_get_request(listen, id)`: waits on a synchronous listener for the next connection
+/// request; its id is synchronous too (a channel of its own), holds the request as
+/// `id->event`, and gets a QP if the listener came from `rdma_create_ep` with attributes.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_get_request(
+    listen: *mut rdma_cm_id,
+    out: *mut *mut rdma_cm_id,
+) -> c_int {
+    ffi!(fail_with(libc::EIO), {
+        let Some(l) = cm_id(listen) else { return fail_with(libc::EINVAL) };
+        let (sync, qp_init) = {
+            let x = l.extra.lock();
+            // SAFETY: a copy of plain C data.
+            (x.sync, x.qp_init.as_ref().map(|(a, pd)| (unsafe { ptr::read(a) }, *pd)))
+        };
+        if sync.is_null() || out.is_null() {
+            return fail_with(libc::EINVAL);
+        }
+        let mut ev: *mut rdma_cm_event = ptr::null_mut();
+        // SAFETY: the listener's private channel; `ev` is writable.
+        if unsafe { rdma_emu_shim__rdma_emu_cm__rdma_get_cm_event(sync, &mut ev) } != 0 {
+            return -1;
+        }
+        // SAFETY: the event just received.
+        let (kind, status, id) = unsafe { ((*ev).event, (*ev).status, (*ev).id) };
+        let refuse = |errno| {
+            // SAFETY: the event just received, ours.
+            unsafe { rdma_emu_shim__rdma_emu_cm__rdma_ack_cm_event(ev) };
+            fail_with(errno)
+        };
+        if status != 0 {
+            return refuse(if status < 0 { -status } else { libc::EINVAL });
+        }
+        if kind != CmEventType::ConnectRequest.code() {
+            return refuse(libc::EINVAL);
+        }
+        // The new id waits on a channel of its own.
+        // SAFETY: makes a channel of ours.
+        let own = unsafe { rdma_emu_shim__rdma_emu_cm__rdma_create_event_channel() };
+        let Some(s) = cm_id(id) else { return refuse(libc::EINVAL) };
+        // SAFETY: NULL or the channel just made.
+        let Some(c) = (unsafe { obj::<_, ShimCmChannel>(own) }) else {
+            return refuse(libc::ENOMEM);
+        };
+        if let Err(e) = s.emu.migrate(&c.emu) {
+            return refuse(e.errno().raw());
+        }
+        {
+            let mut x = s.extra.lock();
+            (x.sync, x.event) = (own, ev);
+        }
+        // SAFETY: a live id of ours.
+        unsafe {
+            (*id.cast::<ShimCmId>()).id.channel = own;
+            (*id.cast::<ShimCmId>()).id.event = ev;
+        }
+        if let Some((mut a, pd)) = qp_init {
+            // SAFETY: our id; a copy of the listener's attributes.
+            if unsafe { rdma_emu_shim__rdma_emu_cm__rdma_create_qp(id, pd, &mut a) } != 0 {
+                let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL);
+                // SAFETY: the id just handed to nobody.
+                unsafe { rdma_emu_shim__rdma_emu_cm__rdma_destroy_id(id) };
+                return fail_with(errno);
+            }
+        }
+        // SAFETY: `out` is writable (checked non-NULL).
+        unsafe { *out = id };
+        0
+    })
+}
+
+/// `rdma_migrate_id(id, channel)`: the id's events go to `channel` from now on (NULL: a
+/// channel of its own, synchronous mode).
+pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_migrate_id(
+    id: *mut rdma_cm_id,
+    ch: *mut rdma_event_channel,
+) -> c_int {
+    ffi!(fail_with(libc::EIO), {
+        let Some(s) = cm_id(id) else { return fail_with(libc::EINVAL) };
+        let target = if ch.is_null() {
+            // SAFETY: makes a channel of ours.
+            unsafe { rdma_emu_shim__rdma_emu_cm__rdma_create_event_channel() }
+        } else {
+            ch
+        };
+        // SAFETY: NULL or a channel of ours.
+        let Some(c) = (unsafe { obj::<_, ShimCmChannel>(target) }) else {
+            return fail_with(libc::EINVAL);
+        };
+        if let Err(e) = s.emu.migrate(&c.emu) {
+            return fail(e);
+        }
+        let old_sync = {
+            let mut x = s.extra.lock();
+            std::mem::replace(&mut x.sync, if ch.is_null() { target } else { ptr::null_mut() })
+        };
+        // SAFETY: a live id of ours; its old private channel is no one else's.
+        unsafe {
+            (*id.cast::<ShimCmId>()).id.channel = target;
+            if !old_sync.is_null() && old_sync != target {
+                rdma_emu_shim__rdma_emu_cm__rdma_destroy_event_channel(old_sync);
+            }
+        }
+        0
     })
 }
 
