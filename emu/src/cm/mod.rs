@@ -8,7 +8,7 @@
 //! [`CmEvent`] on the id's [`CmChannel`], whose descriptor polls like librdmacm's.
 //!
 //! Within one fabric the messages go straight to the other side's manager; to another process
-//! on the host fabric they travel as control messages ([`msg`]), and a port bound in one
+//! on the host fabric they travel as control messages (module `msg`), and a port bound in one
 //! process is taken in all of them (a file per port in the fabric's directory names the node
 //! that holds it). A peer process that dies ends its connections: the survivor sees
 //! `Disconnected` (or `Unreachable` while connecting).
