@@ -298,3 +298,57 @@ fn connections_cross_between_processes_and_end_when_one_dies() {
     lost.connect(&ConnParam::default()).unwrap();
     assert_eq!(next(&ch, E::Rejected).status, REJ_INVALID_SERVICE_ID);
 }
+
+#[test]
+fn datagram_ids_learn_each_others_qpn_and_address() {
+    let f = fabric(Profile::Full);
+    let (sch, cch) = (CmChannel::new(&f).unwrap(), CmChannel::new(&f).unwrap());
+    let server = CmId::create(&sch, PortSpace::Udp).unwrap();
+    server.bind_addr(addr("127.0.0.2:7480")).unwrap();
+    server.listen(1).unwrap();
+    let client = CmId::create(&cch, PortSpace::Udp).unwrap();
+    client.resolve_addr(None, addr("127.0.0.2:7480"), 2000).unwrap();
+    next(&cch, E::AddrResolved);
+    client.resolve_route(2000).unwrap();
+    next(&cch, E::RouteResolved);
+    let ud_side = |id: &CmId| {
+        let ctx = id.context().unwrap();
+        let (pd, cq) = (ctx.alloc_pd().unwrap(), ctx.create_cq(16, None, 0).unwrap());
+        let mr = pd.reg_mr(4096, ALL_ACCESS).unwrap();
+        let qp = pd.create_qp(&QpInitAttr::new(QpType::UD, &cq, cap(8))).unwrap();
+        id.set_qp(&qp).unwrap();
+        assert_eq!(qp.state(), QpState::RTS, "a UD QP is ready at once");
+        Side { pd, cq, mr, qp }
+    };
+    let c = ud_side(&client);
+    client.connect(&ConnParam { private_data: b"sidr".to_vec(), ..Default::default() }).unwrap();
+    let req = next(&sch, E::ConnectRequest);
+    let to_client = req.ud.expect("a UD request carries the requester's address");
+    assert_eq!((to_client.qp_num, to_client.qkey), (c.qp.qp_num(), cm::UDP_QKEY));
+    assert_eq!(req.param.private_data.len(), cm::SIDR_REQ_PRIVATE_DATA);
+    let s = ud_side(&req.id);
+    req.id.accept(&ConnParam::default()).unwrap();
+    let est = next(&cch, E::Established);
+    let to_server = est.ud.expect("the reply carries the server's address");
+    assert_eq!(to_server.qp_num, s.qp.qp_num());
+    // The client sends with what it learnt, the server answers with what it was told.
+    let ah = c.pd.create_ah(&to_server.ah_attr).unwrap();
+    post_recv(&s.qp, 1, &[sge(&s.mr, 0, 256)]);
+    c.mr.write(0, b"datagram").unwrap();
+    let sg = [sge(&c.mr, 0, 8)];
+    let send = SendWr::send_ud(2, &sg, &ah, to_server.qp_num, to_server.qkey);
+    c.qp.post_send(&send.signaled()).unwrap();
+    assert_eq!(wait1(&c.cq).status, WcStatus::SUCCESS);
+    let wc = wait1(&s.cq);
+    assert_eq!((wc.status, wc.src_qp), (WcStatus::SUCCESS, c.qp.qp_num()));
+    let back = s.pd.create_ah(&to_client.ah_attr).unwrap();
+    post_recv(&c.qp, 3, &[sge(&c.mr, 1024, 256)]);
+    let sg = [sge(&s.mr, 40, 8)];
+    let reply = SendWr::send_ud(4, &sg, &back, to_client.qp_num, to_client.qkey);
+    s.qp.post_send(&reply.signaled()).unwrap();
+    assert_eq!(wait1(&s.cq).status, WcStatus::SUCCESS);
+    assert_eq!(wait1(&c.cq).status, WcStatus::SUCCESS);
+    let mut got = [0u8; 8];
+    c.mr.read(1024 + 40, &mut got).unwrap();
+    assert_eq!(&got, b"datagram");
+}

@@ -17,7 +17,7 @@ fn build(name: &str) -> std::path::PathBuf {
         .arg("-o")
         .arg(&exe)
         .arg(&src)
-        .arg("-libverbs")
+        .args(["-lrdmacm", "-libverbs"])
         .output()
         .expect("run cc");
     assert!(
@@ -199,6 +199,18 @@ fn contexts_share_objects_by_import_through_the_c_abi() {
 #[test]
 fn null_destroyed_and_foreign_handles_get_errnos() {
     c_program("bad_input", &["full"]);
+}
+
+#[test]
+fn the_connection_manager_in_one_process_and_its_bad_input() {
+    let exe = build("cm");
+    for profile in ["full", "rxe"] {
+        // No host fabric: the ports it binds are this process's alone.
+        let mut cmd = Command::new(&exe);
+        cmd.env("RDMA_EMU_PROFILE", profile).env("RDMA_EMU_FABRIC", "none");
+        let out = run_on_shim(&mut cmd);
+        assert!(out.contains("cm ok"), "{profile}: {out}");
+    }
 }
 
 #[test]

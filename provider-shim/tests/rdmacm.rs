@@ -102,9 +102,23 @@ fn finish(mut child: Child, limit: Duration) -> (bool, String) {
 
 /// Waits until a process of `fabric` listens on CM port `port` (RDMA_PS_TCP).
 fn wait_listening(fabric: &Fabric, port: u16) {
-    let file = rdma_emu::fabric_dir(&fabric.0).join(format!("cm-106-{port}"));
+    wait_listening_in(fabric, "106", port);
+}
+
+/// Waits until a process of `fabric` listens on port `port` of the port space `ps` (hex;
+/// `*`: any).
+fn wait_listening_in(fabric: &Fabric, ps: &str, port: u16) {
+    let dir = rdma_emu::fabric_dir(&fabric.0);
+    let held = || {
+        let names = std::fs::read_dir(&dir).into_iter().flatten().flatten();
+        names.filter_map(|e| e.file_name().into_string().ok()).any(|n| {
+            n.strip_prefix("cm-")
+                .and_then(|r| r.split_once('-'))
+                .is_some_and(|(s, p)| (ps == "*" || s == ps) && p == port.to_string())
+        })
+    };
     let deadline = Instant::now() + Duration::from_secs(20);
-    while !file.exists() {
+    while !held() {
         assert!(Instant::now() < deadline, "the server never listened on {port}");
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -198,5 +212,43 @@ fn the_synchronous_examples_run_through_create_ep_and_get_request() {
         assert!(c_ok && s_ok, "{prog} {profile}\n--- client:\n{c_out}\n--- server:\n{s_out}");
         assert!(c_out.contains(&format!("{client_prog}: end 0")), "{c_out}");
         assert!(s_out.contains(&format!("{prog}: end 0")), "{s_out}");
+    }
+}
+
+#[test]
+fn udaddy_resolves_datagram_peers_and_moves_data() {
+    for profile in ["full", "rxe"] {
+        let fabric = Fabric::new();
+        // udaddy's port is fixed (7174); its -p names the port space.
+        let s = program(&fabric, profile, "udaddy", &["-C", "10"]).spawn().unwrap();
+        wait_listening_in(&fabric, "111", 7174);
+        let c =
+            program(&fabric, profile, "udaddy", &["-s", "127.0.0.1", "-C", "10"]).spawn().unwrap();
+        let (c_ok, c_out) = finish(c, Duration::from_secs(60));
+        let (s_ok, s_out) = finish(s, Duration::from_secs(20));
+        assert!(c_ok && s_ok, "{profile}\n--- client:\n{c_out}\n--- server:\n{s_out}");
+        for out in [&c_out, &s_out] {
+            assert!(
+                out.contains("data transfers complete") && out.contains("return status 0"),
+                "{out}"
+            );
+        }
+    }
+}
+
+#[test]
+fn perftest_ud_connects_through_rdma_cm() {
+    for (profile, port) in [("full", 7740u16), ("rxe", 7741)] {
+        let p = port.to_string();
+        let args = ["-R", "-c", "UD", "-n", "200", "-p", &p];
+        let client = [&args[..], &["127.0.0.1"]].concat();
+        let fabric = Fabric::new();
+        let s = program(&fabric, profile, "ib_send_lat", &args).spawn().unwrap();
+        wait_listening_in(&fabric, "*", port);
+        let c = program(&fabric, profile, "ib_send_lat", &client).spawn().unwrap();
+        let (c_ok, c_out) = finish(c, Duration::from_secs(60));
+        let (s_ok, s_out) = finish(s, Duration::from_secs(20));
+        assert!(c_ok && s_ok, "{profile}\n--- client:\n{c_out}\n--- server:\n{s_out}");
+        assert!(c_out.contains("Connection type : UD") && c_out.contains("t_typical"), "{c_out}");
     }
 }

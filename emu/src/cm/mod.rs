@@ -125,6 +125,23 @@ pub struct ConnParam {
     pub qp_num: u32,
 }
 
+/// The Q_Key of QPs the CM connects in `RDMA_PS_UDP` (`RDMA_UDP_QKEY`).
+pub const UDP_QKEY: u32 = 0x0123_4567;
+/// Private data a SIDR REQ carries (a UD "connection" request).
+pub const SIDR_REQ_PRIVATE_DATA: usize = 180;
+/// Private data a SIDR REP carries.
+pub const SIDR_REP_PRIVATE_DATA: usize = 136;
+
+/// What a UD peer needs to send to the other side (`struct rdma_ud_param` less the private
+/// data, which is in [`CmEvent::param`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UdParam {
+    /// The address of the other side's port, from this side's port.
+    pub ah_attr: AhAttr,
+    pub qp_num: u32,
+    pub qkey: u32,
+}
+
 /// A connection manager event (`struct rdma_cm_event`).
 #[derive(Debug, Clone)]
 pub struct CmEvent {
@@ -136,6 +153,9 @@ pub struct CmEvent {
     /// 0, a negative errno, or (for `Rejected`) the IB CM reject reason.
     pub status: i32,
     pub param: ConnParam,
+    /// For ids in `PortSpace::Udp`: the peer's address, QPN and Q_Key (librdmacm's
+    /// `param.ud`), on `ConnectRequest` and `Established`.
+    pub ud: Option<UdParam>,
 }
 
 /// A channel that connection manager events arrive on (`struct rdma_event_channel`); its
@@ -393,8 +413,24 @@ impl CmId {
     }
 
     fn raise(&self, event: CmEventType, status: i32, param: ConnParam, listen_id: Option<CmId>) {
-        let ev = CmEvent { id: self.clone(), listen_id, event, status, param };
+        self.raise_ud(event, status, param, listen_id, None);
+    }
+
+    fn raise_ud(
+        &self,
+        event: CmEventType,
+        status: i32,
+        param: ConnParam,
+        listen_id: Option<CmId>,
+        ud: Option<UdParam>,
+    ) {
+        let ev = CmEvent { id: self.clone(), listen_id, event, status, param, ud };
         self.0.channel.lock().0.queue.push(ev);
+    }
+
+    /// Whether the id's connections are UD ones (SIDR: no RTU, no disconnection).
+    fn datagram(&self) -> bool {
+        self.0.ps == PortSpace::Udp
     }
 
     /// The port space it was created in.
@@ -601,6 +637,18 @@ impl CmId {
                 ..Default::default()
             };
             qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)?;
+        } else if qp.qp_type() == QpType::UD {
+            // A datagram QP is ready at once, as librdmacm makes it (RTS, the CM's Q_Key).
+            let init = QpAttr {
+                qp_state: QpState::INIT,
+                port_num: port,
+                qkey: UDP_QKEY,
+                ..Default::default()
+            };
+            qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY)?;
+            qp.modify(&QpAttr { qp_state: QpState::RTR, ..Default::default() }, M::STATE)?;
+            let rts = QpAttr { qp_state: QpState::RTS, sq_psn: st.psn, ..Default::default() };
+            qp.modify(&rts, M::STATE | M::SQ_PSN)?;
         }
         st.qp = Some(qp.clone());
         Ok(())
@@ -614,7 +662,8 @@ impl CmId {
         if st.state != State::RouteResolved {
             return Err(einval("connect needs a resolved route"));
         }
-        if p.private_data.len() > REQ_PRIVATE_DATA {
+        let limit = if self.datagram() { SIDR_REQ_PRIVATE_DATA } else { REQ_PRIVATE_DATA };
+        if p.private_data.len() > limit {
             return Err(einval("too much private data for a connection request"));
         }
         let qpn = st.qp.as_ref().map_or(p.qp_num, Qp::qp_num);
@@ -656,12 +705,13 @@ impl CmId {
         if st.state != State::Request {
             return Err(einval("accept needs an id with a connection request"));
         }
-        if p.private_data.len() > REP_PRIVATE_DATA {
+        let limit = if self.datagram() { SIDR_REP_PRIVATE_DATA } else { REP_PRIVATE_DATA };
+        if p.private_data.len() > limit {
             return Err(einval("too much private data for a reply"));
         }
         let remote = st.remote.expect("a request has a remote");
         st.mine = p.clone();
-        if let Some(qp) = &st.qp {
+        if let Some(qp) = st.qp.as_ref().filter(|_| !self.datagram()) {
             let q = QpSetup {
                 port: st.port.expect("set").1,
                 remote,
@@ -673,7 +723,8 @@ impl CmId {
             };
             q.rtr_rts(self.fabric(), qp)?;
         }
-        st.state = State::Accepting;
+        // A UD reply (SIDR REP) ends the exchange: no RTU follows.
+        st.state = if self.datagram() { State::Connected } else { State::Accepting };
         let qpn = st.qp.as_ref().map_or(p.qp_num, Qp::qp_num);
         let (psn, (device, port)) = (st.psn, st.port.expect("set"));
         drop(st);
@@ -772,6 +823,16 @@ impl CmId {
             return;
         }
         st.remote = Some(remote);
+        if self.datagram() {
+            st.state = State::Connected;
+            let port = st.port.expect("resolved").1;
+            drop(st);
+            let private_data = padded(private_data, SIDR_REP_PRIVATE_DATA);
+            let param = ConnParam { private_data, qp_num: remote.qpn, ..Default::default() };
+            let ud = ah_toward(self.fabric(), port, remote.device, remote.port)
+                .map(|ah_attr| UdParam { ah_attr, qp_num: remote.qpn, qkey: UDP_QKEY });
+            return self.raise_ud(CmEventType::Established, 0, param, None, ud);
+        }
         let param = ConnParam {
             private_data: padded(private_data, REP_PRIVATE_DATA),
             responder_resources: remote.initiator_depth,
@@ -953,6 +1014,13 @@ fn request(
         // Its death must end the connection here.
         node.watch(from.slot);
     }
+    if ps == PortSpace::Udp {
+        let private_data = padded(&private, SIDR_REQ_PRIVATE_DATA);
+        let param = ConnParam { private_data, qp_num: from.qpn, ..Default::default() };
+        let ud = dest.and_then(|(_, port)| ah_toward(fabric, port, from.device, from.port));
+        let ud = ud.map(|ah_attr| UdParam { ah_attr, qp_num: from.qpn, qkey: UDP_QKEY });
+        return conn.raise_ud(CmEventType::ConnectRequest, 0, param, Some(listener), ud);
+    }
     let param = ConnParam {
         private_data: padded(&private, REQ_PRIVATE_DATA),
         responder_resources: from.initiator_depth,
@@ -963,6 +1031,22 @@ fn request(
         ..Default::default()
     };
     conn.raise(CmEventType::ConnectRequest, 0, param, Some(listener));
+}
+
+/// The address, from our port `port`, of port `rport` of device `rdev` (a GRH on RoCE).
+fn ah_toward(fabric: &FabricInner, port: u8, rdev: u32, rport: u8) -> Option<AhAttr> {
+    let p = fabric.devices.get(rdev as usize)?.port(rport).ok()?;
+    let (attr, gid) = (p.attr.lock().clone(), p.gids.first().map(|g| g.gid).unwrap_or_default());
+    let roce = attr.link_layer == LinkLayer::ETHERNET;
+    let (dgid, dlid) = (gid, attr.lid);
+    Some(AhAttr {
+        is_global: roce,
+        dgid,
+        hop_limit: 64,
+        dlid,
+        port_num: port,
+        ..Default::default()
+    })
 }
 
 /// What a side's QP is set up with when the connection is made.
@@ -984,19 +1068,10 @@ impl QpSetup {
             .devices
             .get(self.remote.device as usize)
             .ok_or_else(|| einval("no such device"))?;
-        let rport = rdev.port(self.remote.port)?;
-        let (rattr, rgid) =
-            (rport.attr.lock().clone(), rport.gids.first().map(|g| g.gid).unwrap_or_default());
+        let rattr = rdev.port(self.remote.port)?.attr.lock().clone();
         let mtu = Mtu(local.active_mtu.0.min(rattr.active_mtu.0));
-        let roce = local.link_layer == LinkLayer::ETHERNET;
-        let ah_attr = AhAttr {
-            is_global: roce,
-            dgid: rgid,
-            hop_limit: 64,
-            dlid: rattr.lid,
-            port_num: self.port,
-            ..Default::default()
-        };
+        let ah_attr = ah_toward(fabric, self.port, self.remote.device, self.remote.port)
+            .ok_or_else(|| einval("no such port"))?;
         let rc = qp.qp_type().is_reliable();
         let rtr = QpAttr {
             qp_state: QpState::RTR,

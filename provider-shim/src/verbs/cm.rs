@@ -591,9 +591,20 @@ fn shim_event(ch: *mut rdma_event_channel, ev: CmEvent) -> Option<*mut ShimCmEve
         srq: u8::from(p.srq),
         qp_num: p.qp_num,
     };
-    // SAFETY: `param` is a union whose storage (rdma_ud_param, 56 bytes, 8-aligned) holds an
-    // rdma_conn_param (24 bytes) at its start.
-    unsafe { ptr::addr_of_mut!(s.ev.param).cast::<rdma_conn_param>().write(conn) };
+    if let Some(ud) = &ev.ud {
+        // A UD peer: `param.ud`.
+        s.ev.param = rdma_ud_param {
+            private_data: conn.private_data,
+            private_data_len: conn.private_data_len,
+            ah_attr: super::qp::ah_to_c(&ud.ah_attr),
+            qp_num: ud.qp_num,
+            qkey: ud.qkey,
+        };
+    } else {
+        // SAFETY: `param` is a union whose storage (rdma_ud_param, 56 bytes, 8-aligned) holds
+        // an rdma_conn_param (24 bytes) at its start.
+        unsafe { ptr::addr_of_mut!(s.ev.param).cast::<rdma_conn_param>().write(conn) };
+    }
     let p = Box::into_raw(s);
     register(p);
     Some(p)

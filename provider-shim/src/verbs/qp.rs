@@ -361,7 +361,7 @@ fn ah_from_c(a: &ibv_ah_attr) -> AhAttr {
     }
 }
 
-fn ah_to_c(a: &AhAttr) -> ibv_ah_attr {
+pub(crate) fn ah_to_c(a: &AhAttr) -> ibv_ah_attr {
     ibv_ah_attr {
         grh: ibv_global_route {
             dgid: ibv_gid { raw: a.dgid.0 },

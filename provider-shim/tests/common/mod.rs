@@ -47,21 +47,27 @@ fn newest(dir: &Path) -> Option<(std::time::SystemTime, PathBuf)> {
     best
 }
 
-/// A directory holding `libibverbs.so.1` (a link to the cdylib), for `LD_LIBRARY_PATH`.
+/// A directory holding `libibverbs.so.1` (a link to the cdylib) and, once built,
+/// `librdmacm.so.1`, for `LD_LIBRARY_PATH`.
 pub fn lib_dir() -> PathBuf {
     let dir = profile_dir().join("shim");
     std::fs::create_dir_all(&dir).expect("create the shim directory");
-    let link = dir.join("libibverbs.so.1");
-    if std::fs::read_link(&link).ok() != Some(cdylib()) {
-        // Tests run in parallel: build the link under a private name, then rename it in place.
-        let tmp = dir.join(format!(
-            ".libibverbs.so.1.{}.{:?}",
-            std::process::id(),
-            std::thread::current().id()
-        ));
-        let _ = std::fs::remove_file(&tmp);
-        std::os::unix::fs::symlink(cdylib(), &tmp).expect("link libibverbs.so.1");
-        std::fs::rename(&tmp, &link).expect("move the link in place");
+    link_into(&dir, "libibverbs.so.1", &cdylib());
+    let cm = profile_dir().join("librdmacm.so");
+    if cm.exists() {
+        link_into(&dir, "librdmacm.so.1", &cm);
     }
     dir
+}
+
+fn link_into(dir: &Path, name: &str, target: &Path) {
+    let link = dir.join(name);
+    if std::fs::read_link(&link).ok().as_deref() != Some(target) {
+        // Tests run in parallel: build the link under a private name, then rename it in place.
+        let tmp =
+            dir.join(format!(".{name}.{}.{:?}", std::process::id(), std::thread::current().id()));
+        let _ = std::fs::remove_file(&tmp);
+        std::os::unix::fs::symlink(target, &tmp).expect("link the library");
+        std::fs::rename(&tmp, &link).expect("move the link in place");
+    }
 }

@@ -1,0 +1,158 @@
+/* librdmacm on the emulator, in one process: an RC connection through an event channel, the
+ * contexts ids get being rdma_get_devices', and bad input answered with librdmacm's -1 and
+ * errno, never a crash. Prints "cm ok". */
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <rdma/rdma_cma.h>
+
+#include "common.h"
+
+static struct sockaddr_in addr(const char *ip, int port)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(port) };
+	CHECK(inet_pton(AF_INET, ip, &a.sin_addr) == 1);
+	return a;
+}
+
+static struct rdma_cm_event *next(struct rdma_event_channel *ch, enum rdma_cm_event_type want)
+{
+	struct rdma_cm_event *ev;
+	CHECK(rdma_get_cm_event(ch, &ev) == 0);
+	if (ev->event != want) {
+		fprintf(stderr, "got %s (status %d), want %s\n", rdma_event_str(ev->event), ev->status,
+			rdma_event_str(want));
+		exit(1);
+	}
+	return ev;
+}
+
+/* A client id on `ch` whose route to 127.0.0.1:port is resolved. */
+static struct rdma_cm_id *resolved(struct rdma_event_channel *ch, int port)
+{
+	struct rdma_cm_id *id;
+	struct sockaddr_in dst = addr("127.0.0.1", port);
+	CHECK(rdma_create_id(ch, &id, NULL, RDMA_PS_TCP) == 0);
+	CHECK(rdma_resolve_addr(id, NULL, (struct sockaddr *)&dst, 2000) == 0);
+	rdma_ack_cm_event(next(ch, RDMA_CM_EVENT_ADDR_RESOLVED));
+	CHECK(rdma_resolve_route(id, 2000) == 0);
+	rdma_ack_cm_event(next(ch, RDMA_CM_EVENT_ROUTE_RESOLVED));
+	return id;
+}
+
+static struct ibv_qp_init_attr qp_attr(struct ibv_cq *cq)
+{
+	struct ibv_qp_init_attr a = {
+		.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1 },
+	};
+	return a;
+}
+
+int main(void)
+{
+	struct rdma_event_channel *ch;
+	struct rdma_cm_id *listen, *client, *conn, *other, *bogus = (struct rdma_cm_id *)&main;
+	struct rdma_cm_event *ev;
+	struct sockaddr_in any = addr("127.0.0.1", 7471), nowhere = addr("192.0.2.1", 1);
+	struct rdma_conn_param p = { .responder_resources = 1, .initiator_depth = 1,
+				     .retry_count = 7, .rnr_retry_count = 7 };
+	struct ibv_context **devs;
+	struct ibv_pd *pd;
+	struct ibv_cq *cq;
+	struct ibv_qp_init_attr init;
+	char big[64] = { 0 };
+	int n, flags;
+
+	CHECK(ch = rdma_create_event_channel());
+	CHECK(strcmp(rdma_event_str(RDMA_CM_EVENT_ESTABLISHED), "RDMA_CM_EVENT_ESTABLISHED") == 0);
+
+	/* Bad handles and arguments. */
+	errno = 0;
+	CHECK(rdma_create_id(ch, NULL, NULL, RDMA_PS_TCP) == -1 && errno == EINVAL);
+	CHECK(rdma_create_id(ch, &other, NULL, 12345) == -1 && errno == EINVAL);
+	CHECK(rdma_destroy_id(NULL) == -1 && errno == EINVAL);
+	CHECK(rdma_destroy_id(bogus) == -1 && errno == EINVAL);
+	CHECK(rdma_listen(bogus, 1) == -1 && errno == EINVAL);
+	CHECK(rdma_get_cm_event(ch, NULL) == -1 && errno == EINVAL);
+	CHECK(rdma_ack_cm_event(NULL) == -1 && errno == EINVAL);
+	flags = fcntl(ch->fd, F_GETFL);
+	CHECK(fcntl(ch->fd, F_SETFL, flags | O_NONBLOCK) == 0);
+	CHECK(rdma_get_cm_event(ch, &ev) == -1 && errno == EAGAIN);
+	CHECK(fcntl(ch->fd, F_SETFL, flags) == 0);
+
+	/* Ports and states. */
+	CHECK(rdma_create_id(ch, &listen, NULL, RDMA_PS_TCP) == 0);
+	CHECK(rdma_listen(listen, 1) == -1 && errno == EINVAL); /* not bound */
+	CHECK(rdma_bind_addr(listen, (struct sockaddr *)&nowhere) == -1 && errno == EADDRNOTAVAIL);
+	CHECK(rdma_bind_addr(listen, (struct sockaddr *)&any) == 0);
+	CHECK(ntohs(rdma_get_src_port(listen)) == 7471);
+	CHECK(rdma_create_id(ch, &other, NULL, RDMA_PS_TCP) == 0);
+	CHECK(rdma_bind_addr(other, (struct sockaddr *)&any) == -1 && errno == EADDRINUSE);
+	CHECK(rdma_resolve_route(other, 100) == -1 && errno == EINVAL);
+	CHECK(rdma_connect(other, &p) == -1 && errno == EINVAL);
+	CHECK(rdma_listen(listen, 4) == 0);
+	CHECK(rdma_listen(listen, 4) == -1 && errno == EINVAL);
+	CHECK(rdma_accept(listen, &p) == -1 && errno == EINVAL);
+	CHECK(rdma_reject(listen, NULL, 0) == -1 && errno == EINVAL);
+	CHECK(rdma_resolve_addr(other, NULL, (struct sockaddr *)&nowhere, 100) == 0);
+	ev = next(ch, RDMA_CM_EVENT_ADDR_ERROR);
+	CHECK(ev->status < 0 && ev->id == other);
+	rdma_ack_cm_event(ev);
+	CHECK(rdma_destroy_id(other) == 0);
+
+	/* The ids' contexts are rdma_get_devices'. */
+	CHECK(devs = rdma_get_devices(&n));
+	CHECK(n == 2 && devs[0] && devs[1] && !devs[2]);
+	CHECK(listen->verbs == devs[0]);
+
+	/* A connection, both ends in this process. */
+	client = resolved(ch, 7471);
+	CHECK(client->verbs == devs[0] && client->port_num == 1);
+	CHECK(pd = ibv_alloc_pd(client->verbs));
+	CHECK(cq = ibv_create_cq(client->verbs, 16, NULL, NULL, 0));
+	init = qp_attr(cq);
+	CHECK(rdma_create_qp(client, pd, &init) == 0 && client->qp);
+	p.private_data = big;
+	p.private_data_len = 57;
+	CHECK(rdma_connect(client, &p) == -1 && errno == EINVAL);
+	p.private_data = "hello";
+	p.private_data_len = 6;
+	CHECK(rdma_connect(client, &p) == 0);
+	ev = next(ch, RDMA_CM_EVENT_CONNECT_REQUEST);
+	CHECK(ev->listen_id == listen && ev->id != listen);
+	CHECK(ev->param.conn.private_data_len == 56 && strcmp(ev->param.conn.private_data, "hello") == 0);
+	CHECK(ev->param.conn.qp_num == client->qp->qp_num);
+	conn = ev->id;
+	rdma_ack_cm_event(ev);
+	CHECK(conn->verbs == devs[0]);
+	CHECK(rdma_connect(conn, &p) == -1 && errno == EINVAL);
+	init = qp_attr(cq);
+	CHECK(rdma_create_qp(conn, pd, &init) == 0);
+	CHECK(rdma_accept(conn, NULL) == 0);
+	rdma_ack_cm_event(next(ch, RDMA_CM_EVENT_ESTABLISHED));
+	rdma_ack_cm_event(next(ch, RDMA_CM_EVENT_ESTABLISHED));
+	CHECK(client->qp->state == IBV_QPS_RTS);
+	CHECK(rdma_disconnect(client) == 0);
+	CHECK(rdma_disconnect(client) == -1 && errno == EINVAL);
+	rdma_ack_cm_event(next(ch, RDMA_CM_EVENT_DISCONNECTED));
+	rdma_ack_cm_event(next(ch, RDMA_CM_EVENT_DISCONNECTED));
+
+	/* Nobody listens there: the CM's "invalid service ID". */
+	other = resolved(ch, 9);
+	CHECK(rdma_connect(other, NULL) == 0);
+	ev = next(ch, RDMA_CM_EVENT_REJECTED);
+	CHECK(ev->status == 8);
+	rdma_ack_cm_event(ev);
+
+	rdma_destroy_qp(client);
+	rdma_destroy_qp(conn);
+	CHECK(rdma_destroy_id(other) == 0 && rdma_destroy_id(client) == 0);
+	CHECK(rdma_destroy_id(conn) == 0 && rdma_destroy_id(listen) == 0);
+	CHECK(rdma_destroy_id(listen) == -1 && errno == EINVAL);
+	CHECK(ibv_destroy_cq(cq) == 0 && ibv_dealloc_pd(pd) == 0);
+	rdma_free_devices(devs);
+	rdma_destroy_event_channel(ch);
+	printf("cm ok\n");
+	return 0;
+}
