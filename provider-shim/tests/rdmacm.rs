@@ -252,3 +252,22 @@ fn perftest_ud_connects_through_rdma_cm() {
         assert!(c_out.contains("Connection type : UD") && c_out.contains("t_typical"), "{c_out}");
     }
 }
+
+#[test]
+fn cmtime_times_a_hundred_connections() {
+    let fabric = Fabric::new();
+    // Debian's cmtime server serves until it is stopped.
+    let mut server = program(&fabric, "full", "cmtime", &["-p", "7750"]).spawn().unwrap();
+    wait_listening(&fabric, 7750);
+    let client =
+        program(&fabric, "full", "cmtime", &["-s", "127.0.0.1", "-p", "7750", "-c", "100"])
+            .spawn()
+            .unwrap();
+    let (ok, out) = finish(client, Duration::from_secs(60));
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(ok, "{out}");
+    for step in ["resolve addr", "resolve route", "create qp", "connect", "disconnect"] {
+        assert!(out.lines().any(|l| l.starts_with(step) && l.contains(':')), "{step}: {out}");
+    }
+}
