@@ -352,3 +352,44 @@ fn datagram_ids_learn_each_others_qpn_and_address() {
     c.mr.read(1024 + 40, &mut got).unwrap();
     assert_eq!(&got, b"datagram");
 }
+
+#[test]
+fn options_share_ports_split_families_and_reach_the_qp() {
+    let f = fabric(Profile::Full);
+    let ch = CmChannel::new(&f).unwrap();
+    let id = || CmId::create(&ch, PortSpace::Tcp).unwrap();
+    // REUSEADDR: ids that all say so share a port until one listens.
+    let (a, b, c) = (id(), id(), id());
+    a.set_reuse_addr(true).unwrap();
+    b.set_reuse_addr(true).unwrap();
+    a.bind_addr(addr("127.0.0.1:6000")).unwrap();
+    b.bind_addr(addr("127.0.0.1:6000")).unwrap();
+    assert_eq!(a.set_reuse_addr(true).unwrap_err().errno(), Errno::EINVAL, "bound already");
+    assert_eq!(c.bind_addr(addr("127.0.0.1:6000")).unwrap_err().errno(), Errno::EADDRINUSE);
+    a.listen(1).unwrap();
+    let d = id();
+    d.set_reuse_addr(true).unwrap();
+    assert_eq!(d.bind_addr(addr("127.0.0.1:6000")).unwrap_err().errno(), Errno::EADDRINUSE);
+    // AFONLY: an IPv6-only wildcard leaves IPv4 addresses of the port free.
+    let (v6, v4) = (id(), id());
+    v6.set_af_only(true).unwrap();
+    v6.bind_addr(addr("[::]:6001")).unwrap();
+    v4.bind_addr(addr("127.0.0.1:6001")).unwrap();
+    let (w6, w4) = (id(), id());
+    w6.bind_addr(addr("[::]:6002")).unwrap();
+    assert_eq!(w4.bind_addr(addr("127.0.0.1:6002")).unwrap_err().errno(), Errno::EADDRINUSE);
+    // ACK_TIMEOUT reaches the connected QP; a value past 31 is refused.
+    let (sch, server, cch, client) = listening(&f);
+    assert_eq!(client.set_ack_timeout(32).unwrap_err().errno(), Errno::EINVAL);
+    client.set_ack_timeout(18).unwrap();
+    let cs = side(&client);
+    client
+        .connect(&ConnParam { responder_resources: 1, initiator_depth: 1, ..Default::default() })
+        .unwrap();
+    let req = next(&sch, E::ConnectRequest);
+    let _ss = side(&req.id);
+    req.id.accept(&ConnParam::default()).unwrap();
+    next(&cch, E::Established);
+    assert_eq!(cs.qp.query().unwrap().timeout, 18);
+    drop(server);
+}

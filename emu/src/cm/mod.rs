@@ -251,6 +251,8 @@ struct IdState {
     listener: Option<Weak<IdInner>>,
     /// Our own connection parameters, for the QP transitions.
     mine: ConnParam,
+    /// `rdma_set_option`s: what the id's options say.
+    options: Options,
 }
 
 /// The ids bound to each port of each port space.
@@ -272,6 +274,30 @@ pub const MAX_BACKLOG: i32 = 1024;
 
 /// First port picked for a bind to port 0 (the kernel's ephemeral range starts at 32768).
 const EPHEMERAL: u32 = 32768;
+
+/// Whether the addresses `a` and `b` of two ids (each with its `AFONLY` option) take the same
+/// port: the same address, or a wildcard that covers the other (an IPv6 wildcard covers IPv4
+/// addresses too unless its id is IPv6-only).
+fn overlap(a: IpAddr, a_only: bool, b: IpAddr, b_only: bool) -> bool {
+    let covers = |w: IpAddr, only: bool, x: IpAddr| {
+        w.is_unspecified() && (w.is_ipv4() == x.is_ipv4() || (w.is_ipv6() && !only))
+    };
+    a == b || covers(a, a_only, b) || covers(b, b_only, a)
+}
+
+/// The options `rdma_set_option` sets on an id.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Options {
+    /// `RDMA_OPTION_ID_TOS`: the traffic class of the connection's GRH (RoCE).
+    tos: u8,
+    /// `RDMA_OPTION_ID_REUSEADDR`: a port bound by ids that all say so may be shared until
+    /// one of them listens.
+    reuse_addr: bool,
+    /// `RDMA_OPTION_ID_AFONLY`: an IPv6 wildcard bind covers IPv6 addresses only.
+    af_only: bool,
+    /// `RDMA_OPTION_ID_ACK_TIMEOUT`: the QP's local ACK timeout (else 14).
+    ack_timeout: Option<u8>,
+}
 
 /// The file of the host fabric's directory that names the node holding `port` in `ps`.
 fn port_name(ps: PortSpace, port: u16) -> String {
@@ -396,6 +422,7 @@ impl CmId {
             backlog: 0,
             listener: None,
             mine: ConnParam::default(),
+            options: Options::default(),
         };
         let (fabric, channel) = (channel.0.fabric.clone(), Mutex::new(channel.clone()));
         let (st, user_data) = (Mutex::new(st), AtomicUsize::new(0));
@@ -477,13 +504,19 @@ impl CmId {
         let mut bound = cm.bound.lock();
         // A port is taken in every process of the host fabric: join it now if not yet.
         let node = self.fabric().joined().ok().flatten();
+        let mine = self.0.st.lock().options;
         let taken = |p: u16, bound: &Bound| {
             let elsewhere = node.is_some_and(|n| n.holder(&port_name(self.0.ps, p)).is_some());
             elsewhere
                 || bound.get(&(self.0.ps, p)).is_some_and(|v| {
                     v.iter().filter_map(Weak::upgrade).any(|o| {
-                        let other = o.st.lock().local.map(|a| a.ip());
-                        other.is_none_or(|o| o.is_unspecified() || ip.is_unspecified() || o == ip)
+                        let st = o.st.lock();
+                        let reused =
+                            mine.reuse_addr && st.options.reuse_addr && st.state != State::Listen;
+                        let other = st.local.map(|a| a.ip());
+                        !reused
+                            && other
+                                .is_none_or(|o| overlap(o, st.options.af_only, ip, mine.af_only))
                     })
                 })
         };
@@ -714,6 +747,7 @@ impl CmId {
         if let Some(qp) = st.qp.as_ref().filter(|_| !self.datagram()) {
             let q = QpSetup {
                 port: st.port.expect("set").1,
+                options: st.options,
                 remote,
                 psn: st.psn,
                 max_dest_rd_atomic: p.responder_resources,
@@ -849,6 +883,7 @@ impl CmId {
         };
         let q = QpSetup {
             port: st.port.expect("set").1,
+            options: st.options,
             remote,
             psn: st.psn,
             max_dest_rd_atomic: st.mine.responder_resources.min(remote.initiator_depth.max(1)),
@@ -934,6 +969,43 @@ impl CmId {
     /// The channel its events arrive on.
     pub fn channel(&self) -> CmChannel {
         self.0.channel.lock().clone()
+    }
+
+    /// `rdma_set_option(RDMA_OPTION_ID_TOS)`: the traffic class of the connection's GRH.
+    pub fn set_tos(&self, tos: u8) {
+        self.0.st.lock().options.tos = tos;
+    }
+
+    /// `rdma_set_option(RDMA_OPTION_ID_ACK_TIMEOUT)`: the local ACK timeout its QP gets (the
+    /// IB encoding, 4.096 us * 2^timeout; at most 31).
+    pub fn set_ack_timeout(&self, timeout: u8) -> Result<()> {
+        if timeout > 31 {
+            return Err(einval("an ACK timeout is at most 31"));
+        }
+        self.0.st.lock().options.ack_timeout = Some(timeout);
+        Ok(())
+    }
+
+    /// `rdma_set_option(RDMA_OPTION_ID_REUSEADDR)`: whether ids that all say so may bind the
+    /// same port (until one listens). `EINVAL` once the id is bound, as the kernel.
+    pub fn set_reuse_addr(&self, on: bool) -> Result<()> {
+        let mut st = self.0.st.lock();
+        if on && st.state != State::Idle {
+            return Err(einval("reuse must be chosen before the bind"));
+        }
+        st.options.reuse_addr = on;
+        Ok(())
+    }
+
+    /// `rdma_set_option(RDMA_OPTION_ID_AFONLY)`: whether an IPv6 wildcard bind leaves IPv4
+    /// alone. `EINVAL` once the id is bound.
+    pub fn set_af_only(&self, on: bool) -> Result<()> {
+        let mut st = self.0.st.lock();
+        if st.state != State::Idle {
+            return Err(einval("the address family must be chosen before the bind"));
+        }
+        st.options.af_only = on;
+        Ok(())
     }
 
     /// `rdma_migrate_id`: its events from now on go to `channel` (those already queued stay
@@ -1052,6 +1124,7 @@ fn ah_toward(fabric: &FabricInner, port: u8, rdev: u32, rport: u8) -> Option<AhA
 /// What a side's QP is set up with when the connection is made.
 struct QpSetup {
     port: u8,
+    options: Options,
     remote: Remote,
     psn: u32,
     max_dest_rd_atomic: u8,
@@ -1070,8 +1143,9 @@ impl QpSetup {
             .ok_or_else(|| einval("no such device"))?;
         let rattr = rdev.port(self.remote.port)?.attr.lock().clone();
         let mtu = Mtu(local.active_mtu.0.min(rattr.active_mtu.0));
-        let ah_attr = ah_toward(fabric, self.port, self.remote.device, self.remote.port)
+        let mut ah_attr = ah_toward(fabric, self.port, self.remote.device, self.remote.port)
             .ok_or_else(|| einval("no such port"))?;
+        ah_attr.traffic_class = self.options.tos;
         let rc = qp.qp_type().is_reliable();
         let rtr = QpAttr {
             qp_state: QpState::RTR,
@@ -1088,7 +1162,7 @@ impl QpSetup {
         let rts = QpAttr {
             qp_state: QpState::RTS,
             sq_psn: self.psn,
-            timeout: 14,
+            timeout: self.options.ack_timeout.unwrap_or(14),
             retry_cnt: self.retry_count.min(7),
             rnr_retry: self.rnr_retry_count.min(7),
             max_rd_atomic: self.max_rd_atomic,

@@ -64,6 +64,12 @@ pub(crate) struct ShimCmEvent {
     private_data: Vec<u8>,
 }
 
+/// Held while a thread turns an emulator event into a C one (it reaches the id through the
+/// id's user data) and while `rdma_destroy_id` frees an id: a program may destroy an id on
+/// one thread while another waits for events (cmtime does), and the waiting thread must never
+/// touch an id already freed.
+static EVENT_IDS: Mutex<()> = Mutex::new(());
+
 /// -1 with `errno` set from `e`.
 fn fail(e: rdma_emu::Error) -> c_int {
     set_errno(e.errno().raw());
@@ -163,10 +169,20 @@ fn refresh(s: *mut ShimCmId) {
     s.id.port_num = emu.port_num();
     write_addr(&mut s.id.route.addr.src_storage, emu.local_addr());
     write_addr(&mut s.id.route.addr.dst_storage, emu.peer_addr());
-    if let Some(qp) = emu.qp()
-        && !s.id.qp.is_null()
+}
+
+/// Brings `id->qp->state` up to date after the CM moved the QP, where librdmacm's own
+/// ibv_modify_qp calls would have: only in calls about the connection (never for an event
+/// like DISCONNECTED, which may race with the program's ibv_destroy_qp on another thread).
+fn refresh_qp_state(p: *mut ShimCmId) {
+    // SAFETY: a live id of ours.
+    let s = unsafe { &*p };
+    // SAFETY: checked against the registry: the program may have destroyed the QP with
+    // ibv_destroy_qp and left `id->qp` dangling.
+    if let (Some(qp), Some(c)) = (s.emu.qp(), unsafe { obj::<_, ShimQp>(s.id.qp) })
+        && c.emu.qp_num() == qp.qp_num()
     {
-        // SAFETY: the id's QP, which the application destroys only through rdma_destroy_qp.
+        // SAFETY: a live QP of ours (as the registry says).
         unsafe { (*s.id.qp).state = qp.state().0 };
     }
 }
@@ -328,6 +344,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_destroy_id(
     ffi!(fail_with(libc::EIO), {
         let Some(s) = cm_id(id) else { return fail_with(libc::EINVAL) };
         let res = s.emu.destroy();
+        let _freeing = EVENT_IDS.lock();
         s.emu.set_user_data(0);
         let (sync, event) = {
             let x = s.extra.lock();
@@ -458,6 +475,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_connect(
         }
         let r = complete(s);
         refresh(id.cast());
+        refresh_qp_state(id.cast());
         r
     })
 }
@@ -477,6 +495,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_accept(
         }
         let r = complete(s);
         refresh(id.cast());
+        refresh_qp_state(id.cast());
         r
     })
 }
@@ -507,6 +526,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_disconnect(
         let Some(s) = cm_id(id) else { return fail_with(libc::EINVAL) };
         let res = s.emu.disconnect();
         refresh(id.cast());
+        refresh_qp_state(id.cast());
         done(res)
     })
 }
@@ -556,6 +576,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_get_cm_event(
 
 /// The C event for `ev`; `None` for an event about an id the application destroyed.
 fn shim_event(ch: *mut rdma_event_channel, ev: CmEvent) -> Option<*mut ShimCmEvent> {
+    let _ids = EVENT_IDS.lock();
     let listen = ev.listen_id.as_ref().map_or(ptr::null_mut(), |l| l.user_data() as *mut ShimCmId);
     let id = if ev.event == CmEventType::ConnectRequest {
         // SAFETY: the listener is a live id of ours (its user data is cleared at destroy).
@@ -568,6 +589,10 @@ fn shim_event(ch: *mut rdma_event_channel, ev: CmEvent) -> Option<*mut ShimCmEve
         return None;
     }
     refresh(id);
+    if ev.event == CmEventType::Established {
+        // librdmacm moves an active side's QP to RTS while it takes this event in.
+        refresh_qp_state(id);
+    }
     // SAFETY: all-zero is a valid rdma_cm_event.
     let mut c: rdma_cm_event = unsafe { std::mem::zeroed() };
     (c.id, c.listen_id) = (id.cast(), listen.cast());
@@ -770,6 +795,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_create_qp(
         }
         s.extra.lock().own_cqs = own;
         refresh(c);
+        refresh_qp_state(c);
         0
     })
 }
@@ -1205,4 +1231,44 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_freeaddrinfo(
             res = next;
         }
     }
+}
+
+/// `rdma_set_option(id, level, optname, optval, optlen)`: at `RDMA_OPTION_ID` (0), TOS (0,
+/// a `uint8_t`), REUSEADDR (1, an `int`), AFONLY (2, an `int`) and ACK_TIMEOUT (3, a
+/// `uint8_t`); `EINVAL` for a value of the wrong size, `ENOSYS` for an option the kernel does
+/// not know, `EOPNOTSUPP` for `RDMA_OPTION_IB_PATH` (no path records to set here).
+pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_set_option(
+    id: *mut rdma_cm_id,
+    level: c_int,
+    optname: c_int,
+    optval: *const c_void,
+    optlen: usize,
+) -> c_int {
+    ffi!(fail_with(libc::EIO), {
+        let Some(s) = cm_id(id) else { return fail_with(libc::EINVAL) };
+        if optval.is_null() {
+            return fail_with(libc::EINVAL);
+        }
+        let byte = || {
+            // SAFETY: a one-byte value, as its length says (checked by the caller below).
+            unsafe { optval.cast::<u8>().read() }
+        };
+        let int = || {
+            // SAFETY: an int, as its length says (checked by the caller below).
+            unsafe { optval.cast::<c_int>().read_unaligned() }
+        };
+        let res = match (level, optname, optlen) {
+            (0, 0, 1) => {
+                s.emu.set_tos(byte());
+                Ok(())
+            }
+            (0, 1, 4) => s.emu.set_reuse_addr(int() != 0),
+            (0, 2, 4) => s.emu.set_af_only(int() != 0),
+            (0, 3, 1) => s.emu.set_ack_timeout(byte()),
+            (0, 0..=3, _) => return fail_with(libc::EINVAL),
+            (1, 1, _) => return fail_with(libc::EOPNOTSUPP),
+            _ => return fail_with(libc::ENOSYS),
+        };
+        done(res)
+    })
 }

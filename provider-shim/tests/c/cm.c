@@ -91,6 +91,22 @@ int main(void)
 	CHECK(rdma_bind_addr(other, (struct sockaddr *)&any) == -1 && errno == EADDRINUSE);
 	CHECK(rdma_resolve_route(other, 100) == -1 && errno == EINVAL);
 	CHECK(rdma_connect(other, &p) == -1 && errno == EINVAL);
+	{
+		/* Options: sizes checked, reuse only before the bind, unknown ones ENOSYS. */
+		uint8_t tos = 32, timeout = 18;
+		int on = 1;
+		CHECK(rdma_set_option(other, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &tos, 1) == 0);
+		CHECK(rdma_set_option(other, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &tos, 4) == -1 &&
+		      errno == EINVAL);
+		CHECK(rdma_set_option(other, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &timeout,
+				      1) == 0);
+		CHECK(rdma_set_option(listen, RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR, &on,
+				      sizeof on) == -1 && errno == EINVAL);
+		CHECK(rdma_set_option(other, RDMA_OPTION_ID, 99, &on, sizeof on) == -1 &&
+		      errno == ENOSYS);
+		CHECK(rdma_set_option(other, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, NULL, 1) == -1 &&
+		      errno == EINVAL);
+	}
 	CHECK(rdma_listen(listen, 4) == 0);
 	CHECK(rdma_listen(listen, 4) == -1 && errno == EINVAL);
 	CHECK(rdma_accept(listen, &p) == -1 && errno == EINVAL);
