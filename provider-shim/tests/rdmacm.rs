@@ -106,15 +106,17 @@ fn wait_listening(fabric: &Fabric, port: u16) {
 }
 
 /// Waits until a process of `fabric` listens on port `port` of the port space `ps` (hex;
-/// `*`: any).
+/// `*`: any): the port's file in the fabric's directory says `listen`.
 fn wait_listening_in(fabric: &Fabric, ps: &str, port: u16) {
     let dir = rdma_emu::fabric_dir(&fabric.0);
     let held = || {
         let names = std::fs::read_dir(&dir).into_iter().flatten().flatten();
         names.filter_map(|e| e.file_name().into_string().ok()).any(|n| {
-            n.strip_prefix("cm-")
+            let ours = n
+                .strip_prefix("cm-")
                 .and_then(|r| r.split_once('-'))
-                .is_some_and(|(s, p)| (ps == "*" || s == ps) && p == port.to_string())
+                .is_some_and(|(s, p)| (ps == "*" || s == ps) && p == port.to_string());
+            ours && std::fs::read_to_string(dir.join(&n)).is_ok_and(|t| t.contains("listen"))
         })
     };
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -270,4 +272,25 @@ fn cmtime_times_a_hundred_connections() {
     for step in ["resolve addr", "resolve route", "create qp", "connect", "disconnect"] {
         assert!(out.lines().any(|l| l.starts_with(step) && l.contains(':')), "{step}: {out}");
     }
+}
+
+#[test]
+fn both_libraries_work_as_ld_preload() {
+    let fabric = Fabric::new();
+    let preload = format!("{} {}", common::cdylib().display(), cdylib().display());
+    let rping = |args: &[&str]| {
+        let mut c = Command::new("/usr/bin/rping");
+        c.args(args).args(["-a", "127.0.0.1", "-p", "7760", "-C", "10", "-V"]);
+        c.env("LD_PRELOAD", &preload)
+            .env("RDMA_EMU_FABRIC", &fabric.0)
+            .env_remove("LD_LIBRARY_PATH");
+        c.stdout(Stdio::piped()).stderr(Stdio::piped());
+        c.spawn().unwrap()
+    };
+    let server = rping(&["-s"]);
+    wait_listening(&fabric, 7760);
+    let (c_ok, c_out) = finish(rping(&["-c", "-v"]), Duration::from_secs(60));
+    let (s_ok, s_out) = finish(server, Duration::from_secs(20));
+    assert!(c_ok && s_ok, "--- client:\n{c_out}\n--- server:\n{s_out}");
+    assert_eq!(c_out.matches("ping data: rdma-ping-").count(), 10, "{c_out}");
 }

@@ -363,8 +363,16 @@ fn handle(fabric: &FabricInner, m: Msg) {
         Msg::Rej { to, reason, private } => {
             cm.id(to).inspect(|a| a.rejected(reason, &private));
         }
-        Msg::Dreq { to } => {
-            cm.id(to).inspect(CmId::disconnected_by_peer);
+        Msg::Dreq { to, from } => {
+            let id = cm.id(to);
+            let reply_to = id.as_ref().and_then(|i| i.0.st.lock().remote).filter(|r| r.id == from);
+            id.inspect(CmId::disconnected_by_peer);
+            if let Some(r) = reply_to {
+                deliver(fabric, r.slot, Msg::Drep { to: from });
+            }
+        }
+        Msg::Drep { to } => {
+            cm.id(to).inspect(CmId::disconnect_replied);
         }
     }
 }
@@ -379,7 +387,13 @@ pub(crate) fn peer_died(fabric: &FabricInner, slot: u8) {
             continue;
         }
         let connecting = st.state == State::Connecting;
+        let awaiting_drep = st.state == State::Disconnected;
         drop(st);
+        if awaiting_drep {
+            // Our DREQ will never be answered: the disconnection is complete.
+            id.disconnect_replied();
+            continue;
+        }
         if connecting {
             id.0.st.lock().state = State::RouteResolved;
             id.raise(CmEventType::Unreachable, -libc::ETIMEDOUT, ConnParam::default(), None);
@@ -645,6 +659,9 @@ impl CmId {
             return Err(einval("listen needs a bound id that is not listening"));
         }
         st.state = State::Listen;
+        if let (Some(node), Some(port)) = (self.fabric().node.get(), st.local.map(|a| a.port())) {
+            node.mark_listening(&port_name(self.0.ps, port));
+        }
         st.backlog =
             if backlog > 0 && backlog < MAX_BACKLOG { backlog } else { MAX_BACKLOG } as usize;
         Ok(())
@@ -810,11 +827,19 @@ impl CmId {
         if let Some(qp) = qp {
             to_error(&qp);
         }
-        if let Some(r) = remote {
-            deliver(self.fabric(), r.slot, Msg::Dreq { to: r.id });
+        // As with the IB CM, this side hears DISCONNECTED once the other answers (DREP).
+        match remote {
+            Some(r) => deliver(self.fabric(), r.slot, Msg::Dreq { to: r.id, from: self.0.num }),
+            None => self.raise(CmEventType::Disconnected, 0, ConnParam::default(), None),
         }
-        self.raise(CmEventType::Disconnected, 0, ConnParam::default(), None);
         Ok(())
+    }
+
+    /// The other side answered our DREQ.
+    fn disconnect_replied(&self) {
+        if self.0.st.lock().state == State::Disconnected {
+            self.raise(CmEventType::Disconnected, 0, ConnParam::default(), None);
+        }
     }
 
     /// `rdma_destroy_id`: a connection still up is ended first (the peer sees
@@ -830,7 +855,7 @@ impl CmId {
         (st.qp, st.ctx) = (None, None);
         drop(st);
         if up && let Some(r) = remote {
-            deliver(self.fabric(), r.slot, Msg::Dreq { to: r.id });
+            deliver(self.fabric(), r.slot, Msg::Dreq { to: r.id, from: self.0.num });
         }
         let cm = self.cm();
         cm.ids.lock().remove(&self.0.num);

@@ -33,8 +33,10 @@ pub(crate) enum Msg {
     Rtu { to: u32 },
     /// The request of id `to` was refused, for `reason` (an IB CM reject reason).
     Rej { to: u32, reason: i32, private: Vec<u8> },
-    /// The connection of id `to` was ended by the other side.
-    Dreq { to: u32 },
+    /// The connection of id `to` was ended by the other side's id `from`.
+    Dreq { to: u32, from: u32 },
+    /// The other side took the DREQ of id `to`.
+    Drep { to: u32 },
 }
 
 /// The most private data any message carries.
@@ -68,8 +70,13 @@ impl Msg {
                 o.extend_from_slice(&reason.to_le_bytes());
                 put_bytes(&mut o, private);
             }
-            Msg::Dreq { to } => {
+            Msg::Dreq { to, from } => {
                 o.push(4);
+                o.extend_from_slice(&to.to_le_bytes());
+                o.extend_from_slice(&from.to_le_bytes());
+            }
+            Msg::Drep { to } => {
+                o.push(5);
                 o.extend_from_slice(&to.to_le_bytes());
             }
         }
@@ -88,7 +95,8 @@ impl Msg {
             1 => Msg::Rep { to: r.u32()?, from: r.remote()?, private: r.bytes()? },
             2 => Msg::Rtu { to: r.u32()? },
             3 => Msg::Rej { to: r.u32()?, reason: r.u32()? as i32, private: r.bytes()? },
-            4 => Msg::Dreq { to: r.u32()? },
+            4 => Msg::Dreq { to: r.u32()?, from: r.u32()? },
+            5 => Msg::Drep { to: r.u32()? },
             _ => return None,
         };
         r.0.is_empty().then_some(m)
@@ -208,7 +216,8 @@ mod test {
             Msg::Rep { to: 9, from, private: vec![1; 196] },
             Msg::Rtu { to: 9 },
             Msg::Rej { to: 9, reason: 28, private: vec![] },
-            Msg::Dreq { to: 1 },
+            Msg::Dreq { to: 1, from: 2 },
+            Msg::Drep { to: 2 },
         ] {
             let b = m.encode();
             assert_eq!(Msg::decode(&b), Some(m));

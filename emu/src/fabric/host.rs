@@ -349,7 +349,7 @@ impl Node {
     /// The live node, other than this one, that holds `name`.
     pub(crate) fn holder(&self, name: &str) -> Option<u8> {
         let held = self.dir.read_file(name).ok()?;
-        let slot = std::str::from_utf8(&held).ok()?.trim().parse::<u8>().ok()?;
+        let slot = std::str::from_utf8(&held).ok()?.lines().next()?.trim().parse::<u8>().ok()?;
         let alive = match self.dir.open_file(&lock_name(slot), false) {
             Ok(f) => f.try_lock().is_err(),
             Err(_) => false,
@@ -357,12 +357,17 @@ impl Node {
         (slot != self.slot && alive).then_some(slot)
     }
 
+    /// Notes in the file of `name`, which this node holds, that it now listens there (what a
+    /// program waiting for a server can look for).
+    pub(crate) fn mark_listening(&self, name: &str) {
+        let _ = self.dir.write_file(name, format!("{}\nlisten\n", self.slot).as_bytes());
+    }
+
     /// Gives up `name` if this node holds it.
     pub(crate) fn release(&self, name: &str) {
-        let mine = self
-            .dir
-            .read_file(name)
-            .is_ok_and(|b| b.trim_ascii() == self.slot.to_string().as_bytes());
+        let mine = self.dir.read_file(name).is_ok_and(|b| {
+            b.split(|&c| c == b'\n').next() == Some(self.slot.to_string().as_bytes())
+        });
         if mine {
             let _ = self.dir.remove(name);
         }

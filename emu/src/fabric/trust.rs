@@ -138,12 +138,17 @@ impl FabricDir {
         sys::open_file_at(self.fd.as_raw_fd(), &CString::new(name)?, create)
     }
 
-    /// Writes `bytes` as the whole of the file `name` (created, mode 0600, if missing).
+    /// Makes `bytes` the whole of the file `name` (mode 0600) at once: written aside, then
+    /// renamed over it, so a reader sees the old contents or the new, never a part.
     pub(crate) fn write_file(&self, name: &str, bytes: &[u8]) -> io::Result<()> {
         use std::io::Write;
-        let mut f = self.open_file(name, true)?;
+        let aside = format!(".{name}.{}.{:?}", std::process::id(), std::thread::current().id());
+        let mut f = self.open_file(&aside, true)?;
         f.set_len(0)?;
-        f.write_all(bytes)
+        f.write_all(bytes)?;
+        std::fs::rename(self.entry(&aside), self.entry(name)).inspect_err(|_| {
+            let _ = self.remove(&aside);
+        })
     }
 
     /// The contents of the file `name` (at most a page).
