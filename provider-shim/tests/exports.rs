@@ -7,24 +7,7 @@ mod common;
 use std::process::Command;
 
 fn dynamic_symbols() -> Vec<String> {
-    let out = Command::new("readelf")
-        .args(["--dyn-syms", "-W"])
-        .arg(common::cdylib())
-        .output()
-        .expect("run readelf (binutils)");
-    assert!(out.status.success());
-    let text = String::from_utf8(out.stdout).expect("utf-8");
-    let mut syms: Vec<String> = text
-        .lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            // Num: Value Size Type Bind Vis Ndx Name
-            (f.len() >= 8 && f[6] != "UND" && f[0].trim_end_matches(':').parse::<u32>().is_ok())
-                .then(|| f[7].to_string())
-        })
-        .collect();
-    syms.sort();
-    syms
+    common::defined_symbols(&common::cdylib())
 }
 
 #[test]

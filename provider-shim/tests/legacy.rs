@@ -4,7 +4,6 @@
 
 mod common;
 use std::{
-    io::Read,
     path::PathBuf,
     process::{Child, Command, Stdio},
     sync::atomic::{AtomicU32, Ordering},
@@ -59,29 +58,7 @@ fn program(fabric: &Fabric, profile: &str, prog: &str, args: &[&str], port: u16)
     c
 }
 
-/// Waits for `child` to exit within `limit` (a guard against hangs, not a timing assertion);
-/// its status and combined output.
-fn finish(mut child: Child, limit: Duration, who: &str) -> (bool, String) {
-    let deadline = Instant::now() + limit;
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break Some(s);
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let mut out = String::new();
-    child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
-    child.stderr.take().unwrap().read_to_string(&mut out).unwrap();
-    match status {
-        Some(s) => (s.success(), out),
-        None => (false, format!("{who} did not finish within {limit:?}\n{out}")),
-    }
-}
+use common::finish;
 
 /// Starts `prog args` as the server and waits until it listens on `port`.
 fn start_server(fabric: &Fabric, profile: &str, prog: &str, args: &[&str], port: u16) -> Child {

@@ -3,7 +3,6 @@
 
 mod common;
 use std::{
-    io::Read,
     path::PathBuf,
     process::{Child, Command, Stdio},
     sync::atomic::{AtomicU32, Ordering},
@@ -25,15 +24,7 @@ fn readelf(args: &[&str]) -> String {
 
 #[test]
 fn exports_are_exactly_rdma_core_44s_librdmacm() {
-    let mut got: Vec<String> = readelf(&["--dyn-syms", "-W"])
-        .lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            (f.len() >= 8 && f[6] != "UND" && f[0].trim_end_matches(':').parse::<u32>().is_ok())
-                .then(|| f[7].to_string())
-        })
-        .collect();
-    got.sort();
+    let got = common::defined_symbols(&cdylib());
     let mut want: Vec<String> = include_str!("../abi/rdmacm_exports.txt")
         .lines()
         .filter(|l| l.contains("@@"))
@@ -81,23 +72,8 @@ fn program(fabric: &Fabric, profile: &str, prog: &str, args: &[&str]) -> Command
 }
 
 /// Waits for `child` within `limit` (a guard against hangs, not a timing assertion).
-fn finish(mut child: Child, limit: Duration) -> (bool, String) {
-    let deadline = Instant::now() + limit;
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break Some(s);
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let mut out = String::new();
-    child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
-    child.stderr.take().unwrap().read_to_string(&mut out).unwrap();
-    (status.is_some_and(|s| s.success()), out)
+fn finish(child: Child, limit: Duration) -> (bool, String) {
+    common::finish(child, limit, "the program")
 }
 
 /// Waits until a process of `fabric` listens on CM port `port` (RDMA_PS_TCP).

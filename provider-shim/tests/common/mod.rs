@@ -1,7 +1,13 @@
-//! Locating the built `libibverbs.so.1` from an integration test.
+//! Locating the built `libibverbs.so.1` from an integration test, and what several tests
+//! need around it: the symbols a library defines, a bounded wait for a program.
 #![allow(dead_code)]
 
-use std::path::{Path, PathBuf};
+use std::{
+    io::Read,
+    path::{Path, PathBuf},
+    process::{Child, Command},
+    time::{Duration, Instant},
+};
 
 /// `target/<profile>/`: the test binary lives in `target/<profile>/deps/`.
 pub fn profile_dir() -> PathBuf {
@@ -69,5 +75,51 @@ fn link_into(dir: &Path, name: &str, target: &Path) {
         let _ = std::fs::remove_file(&tmp);
         std::os::unix::fs::symlink(target, &tmp).expect("link the library");
         std::fs::rename(&tmp, &link).expect("move the link in place");
+    }
+}
+
+/// The versioned names (`name@@VERSION`) a shared library defines, sorted.
+pub fn defined_symbols(lib: &Path) -> Vec<String> {
+    let out = Command::new("readelf")
+        .args(["--dyn-syms", "-W"])
+        .arg(lib)
+        .output()
+        .expect("run readelf (binutils)");
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).expect("utf-8");
+    let mut syms: Vec<String> = text
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            // Num: Value Size Type Bind Vis Ndx Name
+            (f.len() >= 8 && f[6] != "UND" && f[0].trim_end_matches(':').parse::<u32>().is_ok())
+                .then(|| f[7].to_string())
+        })
+        .collect();
+    syms.sort();
+    syms
+}
+
+/// Waits for `child` to exit within `limit` (a guard against hangs, not a timing assertion);
+/// whether it succeeded, and its combined output (`who` names it if it had to be killed).
+pub fn finish(mut child: Child, limit: Duration, who: &str) -> (bool, String) {
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break Some(s);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut out = String::new();
+    child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    child.stderr.take().unwrap().read_to_string(&mut out).unwrap();
+    match status {
+        Some(s) => (s.success(), out),
+        None => (false, format!("{who} did not finish within {limit:?}\n{out}")),
     }
 }
