@@ -4,6 +4,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use super::PortSpace;
+use crate::fabric::wire::Reader;
 
 /// One side of a connection, as the other side needs to know it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,15 +87,15 @@ impl Msg {
     /// The message in `b`, if it is one (whatever another process sent).
     pub(crate) fn decode(b: &[u8]) -> Option<Msg> {
         let mut r = Reader(b);
-        let m = match r.u8()? {
+        let m = match r.take::<1>()?[0] {
             0 => {
                 let ps = PortSpace::from_code(r.u32()?)?;
-                let (src, dst) = (r.addr()?, r.addr()?);
-                Msg::Req { ps, src, dst, from: r.remote()?, private: r.bytes()? }
+                let (src, dst) = (addr(&mut r)?, addr(&mut r)?);
+                Msg::Req { ps, src, dst, from: remote(&mut r)?, private: bytes(&mut r)? }
             }
-            1 => Msg::Rep { to: r.u32()?, from: r.remote()?, private: r.bytes()? },
+            1 => Msg::Rep { to: r.u32()?, from: remote(&mut r)?, private: bytes(&mut r)? },
             2 => Msg::Rtu { to: r.u32()? },
-            3 => Msg::Rej { to: r.u32()?, reason: r.u32()? as i32, private: r.bytes()? },
+            3 => Msg::Rej { to: r.u32()?, reason: r.u32()? as i32, private: bytes(&mut r)? },
             4 => Msg::Dreq { to: r.u32()?, from: r.u32()? },
             5 => Msg::Drep { to: r.u32()? },
             _ => return None,
@@ -138,58 +139,45 @@ fn put_bytes(o: &mut Vec<u8>, b: &[u8]) {
     o.extend_from_slice(b);
 }
 
-struct Reader<'a>(&'a [u8]);
+/// The CM's fields, read off the front of a message with the host fabric's reader.
+fn addr(r: &mut Reader<'_>) -> Option<SocketAddr> {
+    let family = r.take::<1>()?[0];
+    let ip = Ipv6Addr::from(r.take::<16>()?);
+    let port = r.u16()?;
+    let ip = match family {
+        4 => IpAddr::V4(ip.to_ipv4_mapped().unwrap_or(Ipv4Addr::UNSPECIFIED)),
+        6 => IpAddr::V6(ip),
+        _ => return None,
+    };
+    Some(SocketAddr::new(ip, port))
+}
 
-impl Reader<'_> {
-    fn take<const N: usize>(&mut self) -> Option<[u8; N]> {
-        let (head, rest) = self.0.split_first_chunk::<N>()?;
-        self.0 = rest;
-        Some(*head)
+fn remote(r: &mut Reader<'_>) -> Option<Remote> {
+    let slot = r.take::<1>()?[0];
+    let (id, qpn, psn, device) = (r.u32()?, r.u32()?, r.u32()?, r.u32()?);
+    let [port, responder_resources, initiator_depth, retry_count, rnr_retry_count] = r.take()?;
+    Some(Remote {
+        slot,
+        id,
+        qpn,
+        psn,
+        device,
+        port,
+        responder_resources,
+        initiator_depth,
+        retry_count,
+        rnr_retry_count,
+    })
+}
+
+fn bytes(r: &mut Reader<'_>) -> Option<Vec<u8>> {
+    let n = r.u16()? as usize;
+    if n > MAX_PRIVATE || n > r.0.len() {
+        return None;
     }
-    fn u8(&mut self) -> Option<u8> {
-        self.take::<1>().map(|b| b[0])
-    }
-    fn u32(&mut self) -> Option<u32> {
-        self.take().map(u32::from_le_bytes)
-    }
-    fn addr(&mut self) -> Option<SocketAddr> {
-        let family = self.u8()?;
-        let ip = Ipv6Addr::from(self.take::<16>()?);
-        let port = u16::from_le_bytes(self.take()?);
-        let ip = match family {
-            4 => IpAddr::V4(ip.to_ipv4_mapped().unwrap_or(Ipv4Addr::UNSPECIFIED)),
-            6 => IpAddr::V6(ip),
-            _ => return None,
-        };
-        Some(SocketAddr::new(ip, port))
-    }
-    fn remote(&mut self) -> Option<Remote> {
-        let slot = self.u8()?;
-        let (id, qpn, psn, device) = (self.u32()?, self.u32()?, self.u32()?, self.u32()?);
-        let [port, responder_resources, initiator_depth, retry_count, rnr_retry_count] =
-            self.take()?;
-        Some(Remote {
-            slot,
-            id,
-            qpn,
-            psn,
-            device,
-            port,
-            responder_resources,
-            initiator_depth,
-            retry_count,
-            rnr_retry_count,
-        })
-    }
-    fn bytes(&mut self) -> Option<Vec<u8>> {
-        let n = u16::from_le_bytes(self.take()?) as usize;
-        if n > MAX_PRIVATE || n > self.0.len() {
-            return None;
-        }
-        let (b, rest) = self.0.split_at(n);
-        self.0 = rest;
-        Some(b.to_vec())
-    }
+    let (b, rest) = r.0.split_at(n);
+    r.0 = rest;
+    Some(b.to_vec())
 }
 
 #[cfg(test)]
