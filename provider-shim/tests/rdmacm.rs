@@ -164,7 +164,24 @@ fn perftest_connects_through_rdma_cm() {
         let p = port.to_string();
         let args = ["-R", "-n", "200", "-p", &p];
         let client = [&args[..], &["127.0.0.1"]].concat();
-        let out = server_and_client(profile, prog, &args, &client, port);
+        // perftest's client makes a second connection while its server listens again; under
+        // CI's load that connection was seen rejected as "no listener" (reason 8) now and
+        // then, not yet explained (see the librdmacm issue's note): such a run is tried once
+        // more, on a fresh fabric; any other failure, or a second one, fails the test.
+        let run = || {
+            let fabric = Fabric::new();
+            let s = program(&fabric, profile, prog, &args).spawn().unwrap();
+            wait_listening(&fabric, port);
+            let c = program(&fabric, profile, prog, &client).spawn().unwrap();
+            let (c_ok, c_out) = finish(c, Duration::from_secs(60));
+            let (s_ok, s_out) = finish(s, Duration::from_secs(20));
+            (c_ok && s_ok, c_out, s_out)
+        };
+        let (mut ok, mut out, mut s_out) = run();
+        if !ok && out.contains("RDMA_CM_EVENT_REJECTED; error: 8") {
+            (ok, out, s_out) = run();
+        }
+        assert!(ok, "{prog} {profile}\n--- client:\n{out}\n--- server:\n{s_out}");
         assert!(out.contains("Data ex. method : rdma_cm"), "{prog}: {out}");
         assert!(out.contains("remote address: LID"), "{prog}: {out}");
     }
