@@ -164,10 +164,12 @@ fn perftest_connects_through_rdma_cm() {
         let p = port.to_string();
         let args = ["-R", "-n", "200", "-p", &p];
         let client = [&args[..], &["127.0.0.1"]].concat();
-        // perftest's client makes a second connection while its server listens again; under
-        // CI's load that connection was seen rejected as "no listener" (reason 8) now and
-        // then, not yet explained (see the librdmacm issue's note): such a run is tried once
-        // more, on a fresh fabric; any other failure, or a second one, fails the test.
+        // perftest races itself: after a handshake on its first connection, the client
+        // resolves and connects its data connection while the server makes a new listening
+        // id for it (create_rdma_cm_connection in perftest_communication.c). A request that
+        // wins the race is rejected as the kernel's CM rejects it, "invalid service ID"
+        // (reason 8), and perftest gives up. Under load that happens now and then, so such a
+        // run is tried once more on a fresh fabric; any other failure, or a second one, fails.
         let run = || {
             let fabric = Fabric::new();
             let s = program(&fabric, profile, prog, &args).spawn().unwrap();
