@@ -73,6 +73,7 @@ mod mem;
 mod objects;
 pub mod profile;
 pub mod qp;
+pub mod rsocket;
 mod sys;
 mod types;
 

@@ -359,3 +359,17 @@ pub(crate) fn unlink_at(at: RawFd, name: &std::ffi::CStr) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// poll(2) on `fds`, at most `timeout` (`None`: no limit); the number with events. A signal
+/// ends the wait with `EINTR`, as poll(2) does (event loops rely on it).
+pub(crate) fn poll(
+    fds: &mut [libc::pollfd],
+    timeout: Option<std::time::Duration>,
+) -> io::Result<usize> {
+    let ms = timeout.map_or(-1, |t| {
+        if t.is_zero() { 0 } else { t.as_millis().clamp(1, i32::MAX as u128) as i32 }
+    });
+    // SAFETY: `fds` is a live slice of pollfds and its length is what is passed.
+    let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+    if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n as usize) }
+}

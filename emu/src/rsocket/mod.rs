@@ -1,0 +1,816 @@
+//! rsockets (librdmacm's `rsocket(7)`): byte-stream sockets whose data travels over RC
+//! connections the [connection manager](crate::cm) makes, so that socket programs (through
+//! librdmacm's `r*` calls, or Debian's `librspreload.so` under an unmodified program) run on
+//! the emulated fabric.
+//!
+//! A socket is a CM id in `RDMA_PS_TCP` with a channel of its own (the channel's descriptor
+//! is the socket's number, as in librdmacm). Connecting makes an RC QP on the id's device and
+//! trades a hello (where each side's receive ring is) in the CM's private data; the data path
+//! is in `stream`. Nothing runs in the background: every call (and [`poll`]) moves the
+//! socket's connection and completions along, and blocking calls wait on the CM channel's and
+//! the completion channel's descriptors. Datagram rsockets are not emulated (`EOPNOTSUPP`).
+
+mod poll;
+mod stream;
+mod wire;
+
+use std::{
+    collections::VecDeque,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    os::fd::{AsRawFd, RawFd},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use parking_lot::{Mutex, MutexGuard};
+
+pub use self::poll::{PollEntry, PollTarget, poll};
+use self::{
+    stream::{Sizes, Stream},
+    wire::{Hello, MAX_CREDITS, MAX_RING, MIN_RING},
+};
+use crate::{
+    Fabric,
+    cm::{CmChannel, CmEvent, CmEventType, CmId, ConnParam, PortSpace},
+    error::{Errno, Error, Result},
+    mem::RawMemory,
+    sys,
+    types::AccessFlags,
+};
+
+/// How long a resolution may take (the connection manager answers at once here).
+const RESOLVE_MS: u32 = 2000;
+/// How long closing waits for what was written to reach the peer.
+const LINGER: Duration = Duration::from_secs(5);
+/// Longest single sleep of a blocking call: a completion event another thread took cannot
+/// delay it longer than this.
+const WAIT_SLICE: Duration = Duration::from_millis(100);
+
+/// The options of a socket (`rsetsockopt` / `rgetsockopt`). Buffer sizes and queue sizes are
+/// used by the next connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Options {
+    pub reuse_addr: bool,
+    pub keep_alive: bool,
+    pub no_delay: bool,
+    pub oob_inline: bool,
+    /// `SO_LINGER`: on, and the seconds.
+    pub linger: Option<i32>,
+    /// `SO_SNDBUF` / `SO_RCVBUF` as the socket reports them (twice what was set, as Linux).
+    pub send_buffer: usize,
+    pub recv_buffer: usize,
+    /// `TCP_KEEPIDLE`, seconds.
+    pub keep_idle: i32,
+    /// `IPV6_V6ONLY`.
+    pub v6_only: bool,
+    /// `SOL_RDMA` options: queue sizes, inline size, I/O mapping table size.
+    pub sq_size: u32,
+    pub rq_size: u32,
+    pub inline_size: u32,
+    pub iomap_size: u32,
+}
+
+impl Default for Options {
+    /// librdmacm's defaults: 128 KiB buffers, 384-entry queues, 64 bytes inline, no I/O maps.
+    fn default() -> Options {
+        Options {
+            reuse_addr: false,
+            keep_alive: false,
+            no_delay: false,
+            oob_inline: false,
+            linger: None,
+            send_buffer: 1 << 17,
+            recv_buffer: 1 << 17,
+            keep_idle: 7200,
+            v6_only: false,
+            sq_size: 384,
+            rq_size: 384,
+            inline_size: 64,
+            iomap_size: 0,
+        }
+    }
+}
+
+impl Options {
+    fn sizes(&self) -> Sizes {
+        Sizes {
+            ring: self.recv_buffer.clamp(MIN_RING, MAX_RING),
+            sbuf: self.send_buffer.clamp(MIN_RING, MAX_RING),
+            credits: self.rq_size.clamp(2, u32::from(MAX_CREDITS)) as u16,
+            sq: self.sq_size.clamp(16, 1024),
+        }
+    }
+}
+
+/// Which directions [`RSocket::shutdown`] ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shutdown {
+    Read,
+    Write,
+    Both,
+}
+
+/// Flags of a receive.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RecvFlags {
+    /// `MSG_DONTWAIT`.
+    pub dont_wait: bool,
+    /// `MSG_PEEK`: the bytes stay to be read again.
+    pub peek: bool,
+    /// `MSG_WAITALL`: blocks until the whole buffer is filled (or the stream ends).
+    pub wait_all: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Open,
+    Listening,
+    /// Active side: the address and route are being resolved.
+    Resolving,
+    /// Active side: the request is out.
+    Connecting,
+    /// Passive side: accepted, waiting for the connection to be established.
+    Accepting,
+    Connected,
+    /// The connection could not be made (`error` says why).
+    Failed,
+    Closed,
+}
+
+/// An rsocket. Cheap to clone; [`RSocket::close`] ends it.
+#[derive(Debug, Clone)]
+pub struct RSocket(Arc<Inner>);
+
+#[derive(Debug)]
+struct Inner {
+    fabric: Fabric,
+    channel: CmChannel,
+    st: Mutex<St>,
+}
+
+#[derive(Debug)]
+struct St {
+    phase: Phase,
+    id: CmId,
+    v6: bool,
+    nonblocking: bool,
+    opts: Options,
+    stream: Option<Stream>,
+    /// Listener: connection requests not yet accepted.
+    requests: VecDeque<CmEvent>,
+    /// Why the connection could not be made or broke (`SO_ERROR` reads and clears it).
+    error: Option<Errno>,
+    /// The CM says the connection ended.
+    disconnected: bool,
+    shut_rd: bool,
+    shut_wr: bool,
+}
+
+fn err(errno: i32, why: &'static str) -> Error {
+    Error::new(Errno(errno), why)
+}
+
+/// The IPv4 address an IPv4-mapped IPv6 address stands for (how a dual-stack socket names
+/// an IPv4 peer).
+fn unmapped(a: SocketAddr) -> SocketAddr {
+    match a {
+        SocketAddr::V6(v6) => match v6.ip().to_ipv4_mapped() {
+            Some(v4) => SocketAddr::new(IpAddr::V4(v4), v6.port()),
+            None => a,
+        },
+        v4 => v4,
+    }
+}
+
+impl RSocket {
+    /// `rsocket(AF_INET or AF_INET6, SOCK_STREAM, 0)` on `fabric`.
+    pub fn new(fabric: &Fabric, v6: bool) -> Result<RSocket> {
+        let channel = CmChannel::new(fabric)?;
+        channel.set_nonblocking(true)?;
+        let id = CmId::create(&channel, PortSpace::Tcp)?;
+        Ok(RSocket::with(fabric, channel, id, v6, Phase::Open, Options::default()))
+    }
+
+    fn with(
+        fabric: &Fabric,
+        channel: CmChannel,
+        id: CmId,
+        v6: bool,
+        phase: Phase,
+        opts: Options,
+    ) -> RSocket {
+        RSocket(Arc::new(Inner {
+            fabric: fabric.clone(),
+            channel,
+            st: Mutex::new(St {
+                phase,
+                id,
+                v6,
+                nonblocking: false,
+                opts,
+                stream: None,
+                requests: VecDeque::new(),
+                error: None,
+                disconnected: false,
+                shut_rd: false,
+                shut_wr: false,
+            }),
+        }))
+    }
+
+    /// The socket's number: its CM channel's descriptor (unique while the socket lives).
+    pub fn number(&self) -> RawFd {
+        self.0.channel.as_raw_fd()
+    }
+
+    /// Whether `self` and `other` are the same socket.
+    pub fn same(&self, other: &RSocket) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
+    /// The socket's state, with every CM event and completion taken into account.
+    fn lock(&self) -> MutexGuard<'_, St> {
+        let mut st = self.0.st.lock();
+        st.progress(&self.0.channel);
+        st
+    }
+
+    /// Sleeps until something may have changed for the socket (an event, a completion), at
+    /// most until `deadline`. `EINTR` when a signal interrupts the wait.
+    fn wait(&self, mut st: MutexGuard<'_, St>, deadline: Option<Instant>) -> Result<()> {
+        if let Some(s) = &st.stream {
+            s.arm();
+        }
+        // A completion between the caller's look and the arming is not lost.
+        if st.stream.as_mut().is_some_and(|s| s.process()) {
+            return Ok(());
+        }
+        let mut fds = vec![self.0.channel.as_raw_fd()];
+        fds.extend(st.stream.as_ref().map(|s| s.comp.as_raw_fd()));
+        drop(st);
+        let slice = deadline.map_or(WAIT_SLICE, |d| d.saturating_duration_since(Instant::now()));
+        let mut pfds: Vec<libc::pollfd> =
+            fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
+        sys::poll(&mut pfds, Some(slice.min(WAIT_SLICE)))
+            .map_err(|e| err(e.raw_os_error().unwrap_or(libc::EIO), "poll failed"))?;
+        if let Some(s) = &self.0.st.lock().stream {
+            s.drain_events();
+        }
+        Ok(())
+    }
+
+    /// `rbind`.
+    pub fn bind(&self, addr: SocketAddr) -> Result<()> {
+        let st = self.lock();
+        if st.phase != Phase::Open {
+            return Err(err(libc::EINVAL, "the socket is bound or connected already"));
+        }
+        st.id.bind_addr(unmapped(addr))
+    }
+
+    /// `rlisten`: an unbound socket listens on the wildcard address, on a port picked for it.
+    pub fn listen(&self, backlog: i32) -> Result<()> {
+        let mut st = self.lock();
+        match st.phase {
+            Phase::Listening => return Ok(()),
+            Phase::Open => {}
+            _ => return Err(err(libc::EINVAL, "the socket is connected")),
+        }
+        if st.id.local_addr().is_none() {
+            let any = if st.v6 {
+                IpAddr::V6(Ipv6Addr::UNSPECIFIED)
+            } else {
+                Ipv4Addr::UNSPECIFIED.into()
+            };
+            st.id.bind_addr(SocketAddr::new(any, 0))?;
+        }
+        st.id.listen(backlog)?;
+        st.phase = Phase::Listening;
+        Ok(())
+    }
+
+    /// `raccept`: the next connection; `EAGAIN` when none waits on a non-blocking socket.
+    pub fn accept(&self) -> Result<RSocket> {
+        let ev = loop {
+            let mut st = self.lock();
+            if st.phase != Phase::Listening {
+                return Err(err(libc::EINVAL, "the socket is not listening"));
+            }
+            if let Some(ev) = st.requests.pop_front() {
+                break ev;
+            }
+            if st.nonblocking {
+                return Err(Error::new(Errno::EAGAIN, "no connection waits"));
+            }
+            self.wait(st, None)?;
+        };
+        let (v6, opts, nonblocking) = {
+            let st = self.0.st.lock();
+            (st.v6, st.opts, st.nonblocking)
+        };
+        let new = RSocket::accepted(&self.0.fabric, ev, v6, opts)?;
+        new.0.st.lock().nonblocking = nonblocking;
+        if !nonblocking {
+            new.wait_connected()?;
+        }
+        Ok(new)
+    }
+
+    /// The socket of a connection request, accepted (its connection is being established).
+    fn accepted(fabric: &Fabric, ev: CmEvent, v6: bool, opts: Options) -> Result<RSocket> {
+        let id = ev.id;
+        let refuse = |id: &CmId, e: Error| {
+            let _ = id.reject(&[]);
+            let _ = id.destroy();
+            e
+        };
+        let Some(hello) = Hello::decode(&ev.param.private_data) else {
+            return Err(refuse(&id, err(libc::ECONNABORTED, "the peer is not an rsocket")));
+        };
+        let channel = match CmChannel::new(fabric) {
+            Ok(c) => c,
+            Err(e) => return Err(refuse(&id, e)),
+        };
+        let setup = || -> Result<Stream> {
+            channel.set_nonblocking(true)?;
+            id.migrate(&channel)?;
+            let ctx = id.context().ok_or(err(libc::ENODEV, "the id has no device"))?;
+            let mut s = Stream::new(&ctx, opts.sizes(), opts.iomap_size as usize)?;
+            s.set_peer(hello);
+            id.set_qp(&s.qp)?;
+            s.post_receives()?;
+            id.accept(&conn_param(&s))?;
+            Ok(s)
+        };
+        let stream = setup().map_err(|e| refuse(&id, e))?;
+        let sock = RSocket::with(fabric, channel, id, v6, Phase::Accepting, opts);
+        sock.0.st.lock().stream = Some(stream);
+        Ok(sock)
+    }
+
+    /// `rconnect`: connects to `addr`; on a non-blocking socket the connection goes on in the
+    /// background of later calls and this says `EINPROGRESS`.
+    pub fn connect(&self, addr: SocketAddr) -> Result<()> {
+        let mut st = self.lock();
+        match st.phase {
+            Phase::Open => {}
+            Phase::Resolving | Phase::Connecting => {
+                return Err(err(libc::EALREADY, "a connection is being made"));
+            }
+            Phase::Connected | Phase::Accepting => {
+                return Err(err(libc::EISCONN, "the socket is connected"));
+            }
+            _ => return Err(err(libc::EINVAL, "the socket cannot connect")),
+        }
+        st.id.resolve_addr(None, unmapped(addr), RESOLVE_MS)?;
+        st.phase = Phase::Resolving;
+        st.progress(&self.0.channel);
+        if st.nonblocking {
+            return match st.phase {
+                Phase::Connected => Ok(()),
+                Phase::Failed => {
+                    Err(Error::new(st.error.take().expect("failed"), "connect failed"))
+                }
+                _ => Err(err(libc::EINPROGRESS, "connecting")),
+            };
+        }
+        drop(st);
+        self.wait_connected()
+    }
+
+    fn wait_connected(&self) -> Result<()> {
+        loop {
+            let mut st = self.lock();
+            match st.phase {
+                Phase::Connected => return Ok(()),
+                Phase::Failed => {
+                    return Err(Error::new(st.error.take().expect("failed"), "connect failed"));
+                }
+                Phase::Resolving | Phase::Connecting | Phase::Accepting => self.wait(st, None)?,
+                _ => return Err(err(libc::ENOTCONN, "not connected")),
+            }
+        }
+    }
+
+    /// The error that stops a transfer now, if any.
+    fn check(st: &St, writing: bool) -> Result<()> {
+        match st.phase {
+            Phase::Connected | Phase::Resolving | Phase::Connecting | Phase::Accepting => Ok(()),
+            Phase::Failed => {
+                Err(Error::new(st.error.unwrap_or(Errno(libc::ECONNREFUSED)), "failed"))
+            }
+            Phase::Closed => Err(err(libc::EBADF, "the socket is closed")),
+            Phase::Open | Phase::Listening => Err(err(libc::ENOTCONN, "not connected")),
+        }?;
+        if writing && st.shut_wr {
+            return Err(err(libc::EPIPE, "the socket was shut down for writing"));
+        }
+        Ok(())
+    }
+
+    /// `rsend`: all of `data` unless the socket is non-blocking (or `dont_wait`), in which
+    /// case what fits now (`EAGAIN` when nothing does).
+    pub fn send(&self, data: &[u8], dont_wait: bool) -> Result<usize> {
+        let mut done = 0;
+        loop {
+            let mut st = self.lock();
+            let nb = dont_wait || st.nonblocking;
+            Self::check(&st, true)?;
+            if st.phase == Phase::Connected {
+                let disconnected = st.disconnected;
+                let s = st.stream.as_mut().expect("connected");
+                if let Some(e) = s.error {
+                    return if done > 0 {
+                        Ok(done)
+                    } else {
+                        Err(Error::new(e, "connection broken"))
+                    };
+                }
+                if disconnected {
+                    return if done > 0 {
+                        Ok(done)
+                    } else {
+                        Err(err(libc::ECONNRESET, "the peer ended the connection"))
+                    };
+                }
+                done += s.send(&data[done..]);
+                if done == data.len() {
+                    return Ok(done);
+                }
+            }
+            if nb {
+                return if done > 0 { Ok(done) } else { Err(Error::new(Errno::EAGAIN, "no room")) };
+            }
+            self.wait(st, None)?;
+        }
+    }
+
+    /// `rrecv`: the bytes there are (blocking until some come, unless non-blocking), 0 at the
+    /// end of the stream.
+    pub fn recv(&self, out: &mut [u8], flags: RecvFlags) -> Result<usize> {
+        let mut done = 0;
+        loop {
+            let mut st = self.lock();
+            let nb = flags.dont_wait || st.nonblocking;
+            Self::check(&st, false)?;
+            if st.phase == Phase::Connected {
+                let ended = st.disconnected || st.shut_rd;
+                let s = st.stream.as_mut().expect("connected");
+                if s.readable() > 0 && !out.is_empty() {
+                    done += s.recv(&mut out[done..], flags.peek);
+                    if !flags.wait_all || flags.peek || done == out.len() {
+                        return Ok(done);
+                    }
+                    continue;
+                }
+                if s.fin_in || ended || out.is_empty() {
+                    return Ok(done);
+                }
+                if let Some(e) = s.error {
+                    return if done > 0 {
+                        Ok(done)
+                    } else {
+                        Err(Error::new(e, "connection broken"))
+                    };
+                }
+            }
+            if nb {
+                return if done > 0 { Ok(done) } else { Err(Error::new(Errno::EAGAIN, "no data")) };
+            }
+            self.wait(st, None)?;
+        }
+    }
+
+    /// `rshutdown`.
+    pub fn shutdown(&self, how: Shutdown) -> Result<()> {
+        let mut st = self.lock();
+        if st.phase != Phase::Connected {
+            return Err(err(libc::ENOTCONN, "not connected"));
+        }
+        if how != Shutdown::Write {
+            st.shut_rd = true;
+        }
+        if how != Shutdown::Read && !st.shut_wr {
+            st.shut_wr = true;
+            drop(st);
+            self.finish_writing()?;
+            st = self.lock();
+        }
+        if how == Shutdown::Both && !st.disconnected {
+            let _ = st.id.disconnect();
+            st.disconnected = true;
+        }
+        Ok(())
+    }
+
+    /// Sends the FIN after everything written and waits (a while) until all of it is there.
+    fn finish_writing(&self) -> Result<()> {
+        let deadline = Instant::now() + LINGER;
+        loop {
+            let mut st = self.lock();
+            let dead = st.disconnected || Instant::now() >= deadline;
+            let Some(s) = st.stream.as_mut() else { return Ok(()) };
+            if s.error.is_some() || dead || (s.send_fin() && s.all_sent()) {
+                return Ok(());
+            }
+            self.wait(st, Some(deadline))?;
+        }
+    }
+
+    /// `rclose`: a connection still up ends in order (the peer reads everything written, then
+    /// the end of the stream); requests waiting on a listener are refused.
+    pub fn close(&self) -> Result<()> {
+        let phase = self.lock().phase;
+        if phase == Phase::Closed {
+            return Err(err(libc::EBADF, "the socket is closed"));
+        }
+        if phase == Phase::Connected && !self.0.st.lock().disconnected {
+            let _ = self.shutdown(Shutdown::Both);
+        }
+        let mut st = self.0.st.lock();
+        st.phase = Phase::Closed;
+        for ev in st.requests.drain(..) {
+            let _ = ev.id.reject(&[]);
+            let _ = ev.id.destroy();
+        }
+        let _ = st.id.destroy();
+        if let Some(s) = st.stream.take() {
+            s.destroy();
+        }
+        Ok(())
+    }
+
+    /// `rgetsockname`.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.0.st.lock().id.local_addr()
+    }
+
+    /// `rgetpeername`: `ENOTCONN` unless connected.
+    pub fn peer_addr(&self) -> Result<SocketAddr> {
+        let st = self.lock();
+        match st.phase {
+            Phase::Connected | Phase::Accepting => {
+                st.id.peer_addr().ok_or(err(libc::ENOTCONN, "no peer"))
+            }
+            _ => Err(err(libc::ENOTCONN, "not connected")),
+        }
+    }
+
+    /// Whether the socket is IPv6 (`AF_INET6`).
+    pub fn is_v6(&self) -> bool {
+        self.0.st.lock().v6
+    }
+
+    /// `O_NONBLOCK`.
+    pub fn set_nonblocking(&self, on: bool) {
+        self.0.st.lock().nonblocking = on;
+    }
+
+    pub fn is_nonblocking(&self) -> bool {
+        self.0.st.lock().nonblocking
+    }
+
+    pub fn options(&self) -> Options {
+        self.0.st.lock().opts
+    }
+
+    /// Changes the options; the ones the CM id holds (address reuse, IPv6 only) take effect
+    /// if the socket is not bound yet.
+    pub fn set_options(&self, f: impl FnOnce(&mut Options)) -> Result<()> {
+        let mut st = self.0.st.lock();
+        let mut o = st.opts;
+        f(&mut o);
+        if st.phase == Phase::Open && st.id.local_addr().is_none() {
+            if o.reuse_addr != st.opts.reuse_addr {
+                st.id.set_reuse_addr(o.reuse_addr)?;
+            }
+            if o.v6_only != st.opts.v6_only {
+                st.id.set_af_only(o.v6_only)?;
+            }
+        }
+        st.opts = o;
+        Ok(())
+    }
+
+    /// `SO_ERROR`: the pending error, cleared.
+    pub fn take_error(&self) -> Option<Errno> {
+        let mut st = self.lock();
+        let stream_error = st.stream.as_ref().and_then(|s| s.error);
+        if st.phase == Phase::Failed {
+            return st.error;
+        }
+        st.error.take().or(stream_error)
+    }
+
+    /// `riomap`: lets the peer write `mem` (at address `addr`) through `riowrite` at offsets
+    /// `offset..` (the memory's own address when `None`); returns the offset. Without `writable` (PROT_NONE)
+    /// it is only registered. `ENOMEM` when no mapping slot is free (`RDMA_IOMAPSIZE`),
+    /// `EINVAL` when not connected.
+    pub fn iomap(
+        &self,
+        mem: RawMemory,
+        addr: u64,
+        offset: Option<u64>,
+        writable: bool,
+    ) -> Result<u64> {
+        let mut st = self.lock();
+        let connected = st.phase == Phase::Connected;
+        let Some(s) = st.stream.as_mut().filter(|_| connected) else {
+            return Err(err(libc::EINVAL, "not connected"));
+        };
+        let mut access = AccessFlags::LOCAL_WRITE;
+        if writable {
+            access |= AccessFlags::REMOTE_WRITE;
+        }
+        let mr = s.pd.reg_mr_raw(mem, addr, access)?;
+        let offset = offset.unwrap_or(addr);
+        if let Err(e) = s.map(mr.clone(), offset, writable) {
+            let _ = mr.dereg();
+            return Err(e);
+        }
+        Ok(offset)
+    }
+
+    /// `riounmap`: ends the mapping of the `len` bytes at `addr`.
+    pub fn iounmap(&self, addr: u64, len: usize) -> Result<()> {
+        let mut st = self.lock();
+        let s = st.stream.as_mut().ok_or(err(libc::EINVAL, "no mapping of that memory"))?;
+        let mr = s.unmap(addr, len)?;
+        let _ = mr.dereg();
+        Ok(())
+    }
+
+    /// `riowrite`: writes `data` into the peer's mapping at `offset` (all of it unless
+    /// non-blocking or `dont_wait`).
+    pub fn iowrite(&self, data: &[u8], offset: u64, dont_wait: bool) -> Result<usize> {
+        let mut done = 0;
+        loop {
+            let mut st = self.lock();
+            let nb = dont_wait || st.nonblocking;
+            Self::check(&st, true)?;
+            if st.phase == Phase::Connected {
+                let s = st.stream.as_mut().expect("connected");
+                if let Some(e) = s.error {
+                    return if done > 0 {
+                        Ok(done)
+                    } else {
+                        Err(Error::new(e, "connection broken"))
+                    };
+                }
+                done += s.iowrite(&data[done..], offset + done as u64)?;
+                if done == data.len() {
+                    return Ok(done);
+                }
+            }
+            if nb {
+                return if done > 0 { Ok(done) } else { Err(Error::new(Errno::EAGAIN, "no room")) };
+            }
+            self.wait(st, None)?;
+        }
+    }
+
+    /// The `poll` events that hold now, of `events` (plus `POLLERR`/`POLLHUP`, always
+    /// reported).
+    pub(crate) fn poll_events(&self, events: i16) -> i16 {
+        let st = self.lock();
+        st.events() & (events | libc::POLLERR | libc::POLLHUP | libc::POLLNVAL)
+    }
+
+    /// Arms the socket's completion events; the descriptors a sleep must watch for it.
+    pub(crate) fn arm(&self) -> Vec<RawFd> {
+        let st = self.0.st.lock();
+        let mut fds = vec![self.0.channel.as_raw_fd()];
+        if let Some(s) = &st.stream {
+            s.arm();
+            fds.push(s.comp.as_raw_fd());
+        }
+        fds
+    }
+
+    /// Takes the completion events that woke a sleep.
+    pub(crate) fn drain(&self) {
+        if let Some(s) = &self.0.st.lock().stream {
+            s.drain_events();
+        }
+    }
+}
+
+/// What an rsocket asks of (and offers in) a connection.
+fn conn_param(s: &Stream) -> ConnParam {
+    ConnParam {
+        private_data: s.hello().encode(),
+        responder_resources: 1,
+        initiator_depth: 1,
+        retry_count: 7,
+        rnr_retry_count: 7,
+        ..Default::default()
+    }
+}
+
+impl St {
+    /// Takes every CM event and completion the socket has.
+    fn progress(&mut self, channel: &CmChannel) {
+        while let Ok(ev) = channel.get_event() {
+            self.on_event(ev);
+        }
+        if let Some(s) = &mut self.stream {
+            s.process();
+        }
+    }
+
+    fn fail(&mut self, e: i32) {
+        self.phase = Phase::Failed;
+        self.error = Some(Errno(e));
+    }
+
+    fn on_event(&mut self, ev: CmEvent) {
+        use CmEventType as E;
+        if ev.event == E::ConnectRequest {
+            if self.phase == Phase::Listening {
+                self.requests.push_back(ev);
+            } else {
+                let _ = ev.id.reject(&[]);
+                let _ = ev.id.destroy();
+            }
+            return;
+        }
+        if !ev.id.same(&self.id) {
+            return;
+        }
+        match (self.phase, ev.event) {
+            (Phase::Resolving, E::AddrResolved) => {
+                if let Err(e) = self.id.resolve_route(RESOLVE_MS) {
+                    self.fail(e.errno().raw());
+                }
+            }
+            (Phase::Resolving, E::RouteResolved) => {
+                if let Err(e) = self.start_connect() {
+                    self.fail(e.errno().raw());
+                }
+            }
+            (Phase::Resolving, E::AddrError | E::RouteError) => self.fail(libc::EHOSTUNREACH),
+            (Phase::Connecting, E::Established) => {
+                let s = self.stream.as_mut().expect("connecting");
+                match Hello::decode(&ev.param.private_data) {
+                    Some(h) => {
+                        s.set_peer(h);
+                        self.phase = Phase::Connected;
+                    }
+                    None => {
+                        let _ = self.id.disconnect();
+                        self.fail(libc::ECONNREFUSED);
+                    }
+                }
+            }
+            (Phase::Accepting, E::Established) => self.phase = Phase::Connected,
+            (Phase::Connecting, E::Rejected) => self.fail(libc::ECONNREFUSED),
+            (Phase::Connecting | Phase::Accepting, E::Unreachable | E::ConnectError) => {
+                self.fail(libc::ETIMEDOUT)
+            }
+            (Phase::Accepting, E::Disconnected) => self.fail(libc::ECONNRESET),
+            (_, E::Disconnected) => self.disconnected = true,
+            _ => {}
+        }
+    }
+
+    fn start_connect(&mut self) -> Result<()> {
+        let ctx = self.id.context().ok_or(err(libc::ENODEV, "the address has no device"))?;
+        let s = Stream::new(&ctx, self.opts.sizes(), self.opts.iomap_size as usize)?;
+        self.id.set_qp(&s.qp)?;
+        s.post_receives()?;
+        let p = conn_param(&s);
+        self.stream = Some(s);
+        self.id.connect(&p)?;
+        self.phase = Phase::Connecting;
+        Ok(())
+    }
+
+    /// The poll events of the socket's state.
+    fn events(&self) -> i16 {
+        use libc::{POLLERR, POLLHUP, POLLIN, POLLNVAL, POLLOUT};
+        match self.phase {
+            Phase::Open => POLLOUT | POLLHUP,
+            Phase::Listening if !self.requests.is_empty() => POLLIN,
+            Phase::Listening | Phase::Resolving | Phase::Connecting | Phase::Accepting => 0,
+            Phase::Failed => POLLOUT | POLLERR | POLLHUP,
+            Phase::Closed => POLLNVAL,
+            Phase::Connected => {
+                let s = self.stream.as_ref().expect("connected");
+                let mut ev = 0;
+                if s.readable() > 0 || s.fin_in || self.disconnected || self.shut_rd {
+                    ev |= POLLIN;
+                }
+                if s.writable() && !self.shut_wr && !self.disconnected {
+                    ev |= POLLOUT;
+                }
+                if self.disconnected {
+                    ev |= POLLHUP;
+                }
+                if s.error.is_some() {
+                    ev |= POLLERR;
+                }
+                ev
+            }
+        }
+    }
+}

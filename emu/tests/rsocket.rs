@@ -1,0 +1,225 @@
+//! rsockets: byte streams over RC connections, with the socket calls' blocking, non-blocking
+//! and end-of-stream behaviour, and I/O mappings the peer writes without a call of ours.
+
+use std::{
+    net::SocketAddr,
+    thread,
+    time::{Duration, Instant},
+};
+
+use rdma_emu::{
+    Errno, Fabric, RawMemory,
+    rsocket::{PollEntry, PollTarget, RSocket, RecvFlags, Shutdown, poll},
+};
+
+fn addr(s: &str) -> SocketAddr {
+    s.parse().unwrap()
+}
+
+/// A listener on `port` and a connected pair (client, server) through it.
+fn pair(f: &Fabric, port: u16) -> (RSocket, RSocket, RSocket) {
+    let l = RSocket::new(f, false).unwrap();
+    l.bind(addr(&format!("127.0.0.1:{port}"))).unwrap();
+    l.listen(4).unwrap();
+    let c = RSocket::new(f, false).unwrap();
+    let cc = c.clone();
+    let t = thread::spawn(move || cc.connect(addr(&format!("127.0.0.1:{port}"))));
+    let s = l.accept().unwrap();
+    t.join().unwrap().unwrap();
+    (l, c, s)
+}
+
+fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+fn read_exactly(s: &RSocket, n: usize) -> Vec<u8> {
+    let mut out = vec![0u8; n];
+    let got = s.recv(&mut out, RecvFlags { wait_all: true, ..Default::default() }).unwrap();
+    assert_eq!(got, n);
+    out
+}
+
+#[test]
+fn a_stream_carries_bytes_both_ways_in_order_then_ends() {
+    let f = Fabric::new(Default::default());
+    let (l, c, s) = pair(&f, 9001);
+    assert_eq!(s.peer_addr().unwrap().ip(), c.local_addr().unwrap().ip());
+    assert_eq!(c.peer_addr().unwrap(), addr("127.0.0.1:9001"));
+    // Several times the ring: the writer must wait for the reader's credits.
+    let data = pattern(3 << 20, 7);
+    let writer = {
+        let (c, data) = (c.clone(), data.clone());
+        thread::spawn(move || c.send(&data, false).unwrap())
+    };
+    let got = read_exactly(&s, data.len());
+    assert_eq!(writer.join().unwrap(), data.len());
+    assert!(got == data, "the bytes arrive as written");
+    // And back, in small pieces.
+    for i in 0..200u8 {
+        assert_eq!(s.send(&[i; 3], false).unwrap(), 3);
+    }
+    let back = read_exactly(&c, 600);
+    assert!(back.chunks(3).enumerate().all(|(i, ch)| ch == [i as u8; 3]));
+    // Closing ends the stream after what was written.
+    s.send(b"last", false).unwrap();
+    s.close().unwrap();
+    assert_eq!(read_exactly(&c, 4), b"last");
+    let mut b = [0u8; 8];
+    assert_eq!(c.recv(&mut b, RecvFlags::default()).unwrap(), 0, "end of stream");
+    assert_eq!(c.send(b"x", false).unwrap_err().errno(), Errno(libc::ECONNRESET));
+    c.close().unwrap();
+    assert_eq!(c.close().unwrap_err().errno(), Errno(libc::EBADF));
+    l.close().unwrap();
+}
+
+#[test]
+fn non_blocking_calls_say_eagain_and_poll_says_when_to_retry() {
+    let f = Fabric::new(Default::default());
+    let (l, c, s) = pair(&f, 9002);
+    s.set_nonblocking(true);
+    let mut b = [0u8; 16];
+    assert_eq!(s.recv(&mut b, RecvFlags::default()).unwrap_err().errno(), Errno::EAGAIN);
+    let mut entries =
+        [PollEntry { target: PollTarget::Socket(s.clone()), events: libc::POLLIN, revents: 0 }];
+    assert_eq!(poll(&mut entries, Some(Duration::ZERO)).unwrap(), 0);
+    let started = Instant::now();
+    assert_eq!(poll(&mut entries, Some(Duration::from_millis(50))).unwrap(), 0);
+    assert!(started.elapsed() >= Duration::from_millis(50), "the timeout is waited out");
+    let cc = c.clone();
+    let t = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(30));
+        cc.send(b"wake", false).unwrap()
+    });
+    assert_eq!(poll(&mut entries, None).unwrap(), 1);
+    assert_eq!(entries[0].revents & libc::POLLIN, libc::POLLIN);
+    t.join().unwrap();
+    // Peeking leaves the bytes; MSG_DONTWAIT on a blocking socket does not wait.
+    let peek = RecvFlags { peek: true, ..Default::default() };
+    assert_eq!(s.recv(&mut b, peek).unwrap(), 4);
+    assert_eq!(s.recv(&mut b, RecvFlags::default()).unwrap(), 4);
+    assert_eq!(&b[..4], b"wake");
+    let dont = RecvFlags { dont_wait: true, ..Default::default() };
+    assert_eq!(c.recv(&mut b, dont).unwrap_err().errno(), Errno::EAGAIN);
+    // A non-blocking writer fills the peer's ring, then is told to wait.
+    c.set_nonblocking(true);
+    let mut sent = 0;
+    loop {
+        match c.send(&[1u8; 65536], false) {
+            Ok(n) => sent += n,
+            Err(e) => {
+                assert_eq!(e.errno(), Errno::EAGAIN);
+                break;
+            }
+        }
+    }
+    assert!(sent > 1 << 16, "most of a ring went ({sent})");
+    let mut out =
+        [PollEntry { target: PollTarget::Socket(c.clone()), events: libc::POLLOUT, revents: 0 }];
+    assert_eq!(poll(&mut out, Some(Duration::ZERO)).unwrap(), 0, "full");
+    let mut sink = vec![0u8; sent];
+    s.set_nonblocking(false);
+    assert_eq!(
+        s.recv(&mut sink, RecvFlags { wait_all: true, ..Default::default() }).unwrap(),
+        sent
+    );
+    assert_eq!(poll(&mut out, Some(Duration::from_secs(5))).unwrap(), 1, "credits came back");
+    for x in [c, s, l] {
+        x.close().unwrap();
+    }
+}
+
+#[test]
+fn connecting_to_nobody_is_refused_and_a_non_blocking_connect_completes_later() {
+    let f = Fabric::new(Default::default());
+    let c = RSocket::new(&f, false).unwrap();
+    assert_eq!(c.connect(addr("127.0.0.1:9003")).unwrap_err().errno(), Errno(libc::ECONNREFUSED));
+    let far = RSocket::new(&f, false).unwrap();
+    let e = far.connect(addr("10.9.9.9:1")).unwrap_err();
+    assert_eq!(e.errno(), Errno(libc::EHOSTUNREACH), "no emulated port has that address");
+    let l = RSocket::new(&f, true).unwrap();
+    l.bind(addr("[::]:9004")).unwrap();
+    l.listen(1).unwrap();
+    let c = RSocket::new(&f, false).unwrap();
+    c.set_nonblocking(true);
+    let e = c.connect(addr("127.0.0.1:9004")).unwrap_err();
+    assert_eq!(e.errno(), Errno(libc::EINPROGRESS));
+    let mut entries = [
+        PollEntry { target: PollTarget::Socket(c.clone()), events: libc::POLLOUT, revents: 0 },
+        PollEntry { target: PollTarget::Socket(l.clone()), events: libc::POLLIN, revents: 0 },
+    ];
+    assert!(poll(&mut entries, Some(Duration::from_secs(5))).unwrap() >= 1);
+    assert_eq!(entries[1].revents, libc::POLLIN, "the IPv6 wildcard hears IPv4");
+    l.set_nonblocking(true);
+    let s = l.accept().unwrap();
+    assert_eq!(l.accept().unwrap_err().errno(), Errno::EAGAIN);
+    assert_eq!(poll(&mut entries[..1], Some(Duration::from_secs(5))).unwrap(), 1);
+    assert_eq!(entries[0].revents, libc::POLLOUT);
+    assert_eq!(c.take_error(), None);
+    assert_eq!(c.connect(addr("127.0.0.1:9004")).unwrap_err().errno(), Errno(libc::EISCONN));
+    c.send(b"hi", false).unwrap();
+    s.set_nonblocking(false);
+    assert_eq!(read_exactly(&s, 2), b"hi");
+    // Calls in the wrong state.
+    let fresh = RSocket::new(&f, false).unwrap();
+    let mut b = [0u8; 1];
+    assert_eq!(
+        fresh.recv(&mut b, RecvFlags::default()).unwrap_err().errno(),
+        Errno(libc::ENOTCONN)
+    );
+    assert_eq!(fresh.send(b"x", false).unwrap_err().errno(), Errno(libc::ENOTCONN));
+    assert_eq!(fresh.accept().unwrap_err().errno(), Errno::EINVAL);
+    assert_eq!(fresh.shutdown(Shutdown::Write).unwrap_err().errno(), Errno(libc::ENOTCONN));
+    s.shutdown(Shutdown::Write).unwrap();
+    assert_eq!(s.send(b"x", false).unwrap_err().errno(), Errno(libc::EPIPE));
+    c.set_nonblocking(false);
+    assert_eq!(c.recv(&mut b, RecvFlags::default()).unwrap(), 0, "FIN");
+    c.send(b"y", false).unwrap();
+    assert_eq!(read_exactly(&s, 1), b"y", "the other direction still works");
+}
+
+#[test]
+fn an_io_mapping_takes_the_peers_writes_without_a_call() {
+    let f = Fabric::new(Default::default());
+    let (l, c, s) = pair(&f, 9005);
+    // No mapping slots unless asked before connecting.
+    let mut mem = vec![0u8; 4096];
+    // SAFETY: `mem` outlives every socket here, and is neither moved nor resized.
+    let raw = |m: &mut Vec<u8>| unsafe { RawMemory::new(m.as_mut_ptr(), m.len()) };
+    let a = mem.as_mut_ptr() as u64;
+    assert_eq!(s.iomap(raw(&mut mem), a, Some(0), true).unwrap_err().errno(), Errno::ENOMEM);
+    for x in [c, s, l] {
+        x.close().unwrap();
+    }
+
+    let l = RSocket::new(&f, false).unwrap();
+    l.set_options(|o| o.iomap_size = 1).unwrap();
+    l.bind(addr("127.0.0.1:9006")).unwrap();
+    l.listen(1).unwrap();
+    let c = RSocket::new(&f, false).unwrap();
+    let cc = c.clone();
+    let t = thread::spawn(move || cc.connect(addr("127.0.0.1:9006")));
+    let s = l.accept().unwrap();
+    t.join().unwrap().unwrap();
+    assert_eq!(s.iomap(raw(&mut mem), a, Some(0), true).unwrap(), 0);
+    s.send(b"go", false).unwrap(); // the mapping is announced before this
+    assert_eq!(read_exactly(&c, 2), b"go");
+    let data = pattern(4096, 3);
+    assert_eq!(c.iowrite(&data, 0, false).unwrap(), 4096);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    // SAFETY: the peer's writes are done once the last byte shows (RC writes land in order).
+    while unsafe { std::ptr::read_volatile(mem.as_ptr().add(4095)) } != data[4095] {
+        assert!(Instant::now() < deadline, "the write never landed");
+        thread::yield_now();
+    }
+    assert!(mem == data);
+    assert_eq!(c.iowrite(&data, 4096, false).unwrap_err().errno(), Errno::EINVAL, "unmapped");
+    s.iounmap(a, 4096).unwrap();
+    assert_eq!(s.iounmap(a, 4096).unwrap_err().errno(), Errno::EINVAL);
+    s.send(b"!", false).unwrap();
+    assert_eq!(read_exactly(&c, 1), b"!");
+    assert_eq!(c.iowrite(&data, 0, false).unwrap_err().errno(), Errno::EINVAL, "unmapped now");
+    for x in [c, s, l] {
+        x.close().unwrap();
+    }
+}
