@@ -6,10 +6,11 @@ export CARGO_TERM_COLOR=never
 
 # System packages the tests need: readelf (binutils) for the export-table test, the verbs and
 # rdma_cm headers and link library for the C tests and layout checks, Debian's ibverbs-utils,
-# rdmacm-utils and perftest to run unmodified, as server and client processes, and tshark to
-# decode the packet traces.
+# rdmacm-utils and perftest to run unmodified, as server and client processes, netcat-openbsd,
+# socat and iperf3 to run over rsockets (librspreload), and tshark to decode the packet traces.
 need_pkgs=()
-for p in binutils gcc libibverbs-dev librdmacm-dev ibverbs-utils rdmacm-utils perftest tshark; do
+for p in binutils gcc libibverbs-dev librdmacm-dev ibverbs-utils rdmacm-utils perftest tshark \
+    netcat-openbsd socat iperf3; do
     dpkg -s "$p" >/dev/null 2>&1 || need_pkgs+=("$p")
 done
 install_pkgs() {

@@ -193,15 +193,22 @@ fn an_io_mapping_takes_the_peers_writes_without_a_call() {
     }
 
     let l = RSocket::new(&f, false).unwrap();
-    l.set_options(|o| o.iomap_size = 1).unwrap();
     l.bind(addr("127.0.0.1:9006")).unwrap();
     l.listen(1).unwrap();
     let c = RSocket::new(&f, false).unwrap();
+    // The client keeps a table of one mapping of the server's (the server's table: none).
+    c.set_options(|o| o.iomap_size = 1).unwrap();
     let cc = c.clone();
     let t = thread::spawn(move || cc.connect(addr("127.0.0.1:9006")));
     let s = l.accept().unwrap();
     t.join().unwrap().unwrap();
     assert_eq!(s.iomap(raw(&mut mem), a, Some(0), true).unwrap(), 0);
+    let mut other = vec![0u8; 64];
+    let b = other.as_mut_ptr() as u64;
+    assert_eq!(s.iomap(raw(&mut other), b, None, true).unwrap_err().errno(), Errno::ENOMEM);
+    assert_eq!(c.iomap(raw(&mut other), b, None, true).unwrap_err().errno(), Errno::ENOMEM);
+    assert_eq!(c.iomap(raw(&mut other), b, None, false).unwrap(), b, "PROT_NONE: kept only");
+    c.iounmap(b, 64).unwrap();
     s.send(b"go", false).unwrap(); // the mapping is announced before this
     assert_eq!(read_exactly(&c, 2), b"go");
     let data = pattern(4096, 3);
@@ -222,4 +229,36 @@ fn an_io_mapping_takes_the_peers_writes_without_a_call() {
     for x in [c, s, l] {
         x.close().unwrap();
     }
+}
+
+/// A short first message leaves later ones straddling the ring's end: each is still read whole
+/// and in order (iperf3's data connections start with a 37-byte cookie).
+#[test]
+fn reads_across_the_rings_end_keep_the_order() {
+    let f = Fabric::new(Default::default());
+    let (_l, c, s) = pair(&f, 9099);
+    let data = pattern(1 << 20, 9);
+    let w = {
+        let (c, data) = (c.clone(), data.clone());
+        thread::spawn(move || {
+            c.send(&[7u8; 37], false).unwrap();
+            for ch in data.chunks(131072) {
+                c.send(ch, false).unwrap();
+            }
+        })
+    };
+    let mut cookie = [0u8; 37];
+    assert_eq!(
+        s.recv(&mut cookie, RecvFlags { wait_all: true, ..Default::default() }).unwrap(),
+        37
+    );
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 131072];
+    while got.len() < data.len() {
+        let n = s.recv(&mut buf, RecvFlags::default()).unwrap();
+        got.extend_from_slice(&buf[..n]);
+    }
+    w.join().unwrap();
+    let i = got.iter().zip(&data).position(|(a, b)| a != b);
+    assert_eq!(i, None);
 }

@@ -214,6 +214,17 @@ fn the_connection_manager_in_one_process_and_its_bad_input() {
 }
 
 #[test]
+fn rsockets_in_one_process_and_their_bad_input() {
+    let exe = build("rsocket");
+    for profile in ["full", "rxe"] {
+        let mut cmd = Command::new(&exe);
+        cmd.env("RDMA_EMU_PROFILE", profile).env("RDMA_EMU_FABRIC", "none");
+        let out = run_on_shim(&mut cmd);
+        assert!(out.contains("rsocket ok"), "{profile}: {out}");
+    }
+}
+
+#[test]
 fn closing_a_context_destroys_what_it_owns() {
     c_program("close", &["full", "rxe"]);
 }

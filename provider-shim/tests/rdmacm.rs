@@ -289,3 +289,127 @@ fn both_libraries_work_as_ld_preload() {
     assert!(c_ok && s_ok, "--- client:\n{c_out}\n--- server:\n{s_out}");
     assert_eq!(c_out.matches("ping data: rdma-ping-").count(), 10, "{c_out}");
 }
+
+/// rstream runs unmodified over rsockets between two processes, verifying its data (`-T v`),
+/// blocking, asynchronous (rpoll) and non-blocking.
+#[test]
+fn rstream_moves_verified_data_over_rsockets() {
+    for (profile, port, mode) in [("full", 7770u16, "b"), ("rxe", 7771, "a"), ("full", 7772, "n")] {
+        let fabric = Fabric::new();
+        let p = port.to_string();
+        // Odd sizes: messages straddle the receive ring's end.
+        let args = ["-p", &p, "-T", mode, "-T", "v", "-S", "100037", "-C", "30"];
+        let s = program(&fabric, profile, "rstream", &args).spawn().unwrap();
+        wait_listening(&fabric, port);
+        let client = [&args[..], &["-s", "127.0.0.1"]].concat();
+        let (c_ok, c_out) = finish(
+            program(&fabric, profile, "rstream", &client).spawn().unwrap(),
+            Duration::from_secs(60),
+        );
+        let (s_ok, s_out) = finish(s, Duration::from_secs(20));
+        assert!(c_ok && s_ok, "{profile} -T {mode}\n--- client:\n{c_out}\n--- server:\n{s_out}");
+        for out in [&c_out, &s_out] {
+            assert!(out.contains("custom    97k") && !out.contains("verification"), "{out}");
+        }
+    }
+}
+
+/// riostream: the receiver maps its buffer (riomap) and spins on its last byte while the
+/// sender's riowrite fills it; both sides verify the data.
+#[test]
+fn riostream_writes_into_the_peers_mapped_memory() {
+    for (profile, port, size, count, iters) in
+        [("full", 7775u16, "4096", "10", "50"), ("rxe", 7776, "100000", "3", "5")]
+    {
+        let fabric = Fabric::new();
+        let p = port.to_string();
+        let args = ["-p", &p, "-S", size, "-C", count, "-I", iters, "-T", "v"];
+        let s = program(&fabric, profile, "riostream", &args).spawn().unwrap();
+        wait_listening(&fabric, port);
+        let client = [&args[..], &["-s", "127.0.0.1"]].concat();
+        let c = program(&fabric, profile, "riostream", &client).spawn().unwrap();
+        let (c_ok, c_out) = finish(c, Duration::from_secs(60));
+        let (s_ok, s_out) = finish(s, Duration::from_secs(20));
+        assert!(c_ok && s_ok, "{profile}\n--- client:\n{c_out}\n--- server:\n{s_out}");
+        for out in [&c_out, &s_out] {
+            assert!(out.contains("custom") && !out.contains("verification failed"), "{out}");
+        }
+    }
+}
+
+/// Debian's `librspreload.so`, which turns a program's TCP sockets into rsockets.
+const RSPRELOAD: &str = "/usr/lib/x86_64-linux-gnu/rsocket/librspreload.so";
+
+/// `prog` under `rdma-emu run` with Debian's librspreload on top: its TCP goes over rsockets.
+fn over_rsockets(fabric: &Fabric, prog: &str, args: &[&str]) -> Command {
+    let path = format!("/usr/bin/{prog}");
+    for p in [RSPRELOAD, &path] {
+        assert!(
+            std::path::Path::new(p).exists(),
+            "{p} is missing: install Debian's librdmacm1, netcat-openbsd, socat and iperf3 \
+             (./ci.sh does)"
+        );
+    }
+    cdylib();
+    let mut c = Command::new(env!("CARGO_BIN_EXE_rdma-emu"));
+    c.env("RDMA_EMU_LIB", common::cdylib()).env_remove("LD_LIBRARY_PATH");
+    c.args(["run", "--fabric", &fabric.0, "--", "/usr/bin/env"]);
+    c.arg(format!("LD_PRELOAD={RSPRELOAD}")).arg(&path).args(args);
+    c.stdout(Stdio::piped()).stderr(Stdio::piped());
+    c
+}
+
+/// Ordinary TCP programs over rsockets: socat listens (its socket is an rsocket: the port is
+/// the CM's, and no TCP socket listens there, so the client cannot have fallen back to TCP),
+/// nc sends it 2 MiB that arrive intact. (Debian's nc cannot be the server: it accepts with
+/// accept4, which Debian's librspreload does not intercept.)
+#[test]
+fn nc_and_socat_talk_over_rsockets_through_librspreload() {
+    let fabric = Fabric::new();
+    let dir = common::profile_dir().join(format!("rsockets-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (input, output) = (dir.join("in.bin"), dir.join("out.bin"));
+    let data: Vec<u8> =
+        (0..2u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    std::fs::write(&input, &data).unwrap();
+    let _ = std::fs::remove_file(&output);
+    let create = format!("CREATE:{}", output.display());
+    let s = over_rsockets(&fabric, "socat", &["-u", "TCP4-LISTEN:7780,bind=127.0.0.1", &create])
+        .spawn()
+        .unwrap();
+    wait_listening(&fabric, 7780);
+    let mut nc = over_rsockets(&fabric, "nc", &["-N", "127.0.0.1", "7780"]);
+    nc.stdin(std::fs::File::open(&input).unwrap());
+    let (c_ok, c_out) = finish(nc.spawn().unwrap(), Duration::from_secs(60));
+    let (s_ok, s_out) = finish(s, Duration::from_secs(20));
+    assert!(c_ok && s_ok, "--- nc:\n{c_out}\n--- socat:\n{s_out}");
+    let got = std::fs::read(&output).unwrap();
+    assert!(got == data, "{} of {} bytes arrived, not all as sent", got.len(), data.len());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// iperf3 measures over rsockets: its control connection and its data connection are both
+/// rsockets, driven by select() (librspreload's rselect).
+#[test]
+fn iperf3_runs_over_rsockets_through_librspreload() {
+    let fabric = Fabric::new();
+    let s = over_rsockets(&fabric, "iperf3", &["-s", "-1", "-p", "7781"]).spawn().unwrap();
+    wait_listening(&fabric, 7781);
+    let mut c = over_rsockets(&fabric, "iperf3", &["-c", "127.0.0.1", "-p", "7781", "-n", "64M"]);
+    let (c_ok, c_out) = finish(c.spawn().unwrap(), Duration::from_secs(60));
+    let (s_ok, s_out) = finish(s, Duration::from_secs(20));
+    assert!(c_ok && s_ok, "--- client:\n{c_out}\n--- server:\n{s_out}");
+    assert!(c_out.contains("iperf Done."), "{c_out}");
+    let sender = c_out.lines().find(|l| l.ends_with("sender")).unwrap_or_default();
+    assert!(sender.contains("64.0 MBytes"), "{c_out}");
+    // The receiver's count stops at the client's end-of-test message, which may overtake the
+    // last bytes (as over TCP); most of the 64 MiB must be in it.
+    let received = s_out.lines().find(|l| l.contains("receiver")).unwrap_or_default();
+    let mbytes: f64 = received
+        .split_whitespace()
+        .zip(received.split_whitespace().skip(1))
+        .find(|(_, unit)| *unit == "MBytes")
+        .and_then(|(n, _)| n.parse().ok())
+        .unwrap_or(0.0);
+    assert!(mbytes >= 60.0, "the server received {mbytes} MB: {s_out}");
+}

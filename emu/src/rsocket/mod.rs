@@ -63,7 +63,8 @@ pub struct Options {
     pub keep_idle: i32,
     /// `IPV6_V6ONLY`.
     pub v6_only: bool,
-    /// `SOL_RDMA` options: queue sizes, inline size, I/O mapping table size.
+    /// `SOL_RDMA` options: queue sizes, inline size, and how many mappings the peer may
+    /// announce to us (`RDMA_IOMAPSIZE`, at most 16; 0 by default).
     pub sq_size: u32,
     pub rq_size: u32,
     pub inline_size: u32,
@@ -604,8 +605,9 @@ impl RSocket {
 
     /// `riomap`: lets the peer write `mem` (at address `addr`) through `riowrite` at offsets
     /// `offset..` (the memory's own address when `None`); returns the offset. Without `writable` (PROT_NONE)
-    /// it is only registered. `ENOMEM` when no mapping slot is free (`RDMA_IOMAPSIZE`),
-    /// `EINVAL` when not connected.
+    /// it is only registered. `ENOMEM` when no mapping slot is free (the peer's
+    /// `RDMA_IOMAPSIZE` when connecting: the size of its table of our mappings), `EINVAL`
+    /// before the connection is (being) made.
     pub fn iomap(
         &self,
         mem: RawMemory,
@@ -614,8 +616,7 @@ impl RSocket {
         writable: bool,
     ) -> Result<u64> {
         let mut st = self.lock();
-        let connected = st.phase == Phase::Connected;
-        let Some(s) = st.stream.as_mut().filter(|_| connected) else {
+        let Some(s) = st.stream.as_mut() else {
             return Err(err(libc::EINVAL, "not connected"));
         };
         let mut access = AccessFlags::LOCAL_WRITE;
@@ -803,7 +804,10 @@ impl St {
                 if s.writable() && !self.shut_wr && !self.disconnected {
                     ev |= POLLOUT;
                 }
-                if self.disconnected {
+                // As TCP: hung up once both directions are over, and not while there is still
+                // data to read (a poller that treats POLLHUP as the end would lose it).
+                let over = self.disconnected || (s.fin_in && self.shut_wr);
+                if over && s.readable() == 0 {
                     ev |= POLLHUP;
                 }
                 if s.error.is_some() {

@@ -50,6 +50,8 @@ pub(super) struct Stream {
     sbuf: Mr,
     sbuf_len: usize,
     announced: u16,
+    /// Slots of our table the peer may fill.
+    table: u8,
     sq_depth: usize,
 
     // Receiving.
@@ -75,7 +77,8 @@ pub(super) struct Stream {
 
     /// What broke the connection (a failed completion, a peer that broke the protocol).
     pub error: Option<Errno>,
-    /// Our mappings for the peer (`riomap` with `PROT_WRITE`), by table slot.
+    /// Our mappings for the peer (`riomap` with `PROT_WRITE`), by slot of the peer's table
+    /// (as many slots as its hello offers).
     maps: Vec<Option<(Mr, IoMapEntry)>>,
     /// Mappings the peer cannot write (`PROT_NONE`): registered, announced to no one.
     quiet_maps: Vec<Mr>,
@@ -83,7 +86,7 @@ pub(super) struct Stream {
 
 impl Stream {
     /// The objects of a connection on `ctx`.
-    pub(super) fn new(ctx: &Context, sizes: Sizes, iomaps: usize) -> Result<Stream> {
+    pub(super) fn new(ctx: &Context, sizes: Sizes, table: usize) -> Result<Stream> {
         let pd = ctx.alloc_pd()?;
         let comp = ctx.create_comp_channel()?;
         comp.set_nonblocking(true)?;
@@ -111,6 +114,7 @@ impl Stream {
             sbuf,
             sbuf_len: sizes.sbuf,
             announced: sizes.credits,
+            table: table.min(IOMAP_TABLE) as u8,
             sq_depth: sizes.sq as usize,
             head: 0,
             ready: 0,
@@ -126,7 +130,7 @@ impl Stream {
             inflight: VecDeque::new(),
             fin_out: false,
             error: None,
-            maps: (0..iomaps.min(IOMAP_TABLE)).map(|_| None).collect(),
+            maps: Vec::new(),
             quiet_maps: Vec::new(),
         })
     }
@@ -142,6 +146,7 @@ impl Stream {
     /// What we tell the peer about ourselves.
     pub(super) fn hello(&self) -> Hello {
         Hello {
+            iomaps: self.table,
             credits: self.announced,
             ring_len: self.ring_len as u32,
             ring_addr: self.ring.addr(),
@@ -152,6 +157,7 @@ impl Stream {
     /// The peer's hello arrived: we may write to it.
     pub(super) fn set_peer(&mut self, h: Hello) {
         self.peer = Some(h);
+        self.maps = (0..h.iomaps).map(|_| None).collect();
         self.space = h.ring_len as usize;
         self.credits = u32::from(h.credits.min(MAX_CREDITS));
     }
@@ -361,11 +367,15 @@ impl Stream {
 
     /// Maps `mr` for the peer's `riowrite`s at `offset` (`announce`: into a free slot of the
     /// peer's table, else only kept). `ENOMEM` when every slot is taken (or there are none:
-    /// `RDMA_IOMAPSIZE` was 0 when the connection was made).
+    /// the peer's `RDMA_IOMAPSIZE` was 0 when the connection was made); `EINVAL` before the
+    /// peer's hello came.
     pub(super) fn map(&mut self, mr: Mr, offset: u64, announce: bool) -> Result<()> {
         if !announce {
             self.quiet_maps.push(mr);
             return Ok(());
+        }
+        if self.peer.is_none() {
+            return Err(Error::new(Errno::EINVAL, "not connected yet"));
         }
         let Some(slot) = self.maps.iter().position(Option::is_none) else {
             return Err(Error::new(Errno::ENOMEM, "no free I/O mapping slot (RDMA_IOMAPSIZE)"));

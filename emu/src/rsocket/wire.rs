@@ -16,6 +16,8 @@ pub(super) const IOMAP_ENTRY: usize = 32;
 /// messages it can take at once. Its table of the peer's mappings follows the ring.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Hello {
+    /// Slots of its table of our mappings: how many `riomap`s we may announce to it.
+    pub iomaps: u8,
     pub credits: u16,
     pub ring_len: u32,
     pub ring_addr: u64,
@@ -28,7 +30,7 @@ pub(super) const HELLO_LEN: usize = 20;
 impl Hello {
     pub(super) fn encode(&self) -> Vec<u8> {
         let mut b = Vec::with_capacity(HELLO_LEN);
-        b.extend_from_slice(&[VERSION, 0]);
+        b.extend_from_slice(&[VERSION, self.iomaps]);
         b.extend_from_slice(&self.credits.to_be_bytes());
         b.extend_from_slice(&self.ring_len.to_be_bytes());
         b.extend_from_slice(&self.ring_addr.to_be_bytes());
@@ -46,12 +48,15 @@ impl Hello {
         let u32_at = |i: usize| u32::from_be_bytes(b[i..i + 4].try_into().expect("4 bytes"));
         let u64_at = |i: usize| u64::from_be_bytes(b[i..i + 8].try_into().expect("8 bytes"));
         let h = Hello {
+            iomaps: b[1],
             credits: u16_at(2),
             ring_len: u32_at(4),
             ring_addr: u64_at(8),
             rkey: u32_at(16),
         };
-        let sane = h.credits > 0 && (MIN_RING..=MAX_RING).contains(&(h.ring_len as usize));
+        let sane = h.credits > 0
+            && (MIN_RING..=MAX_RING).contains(&(h.ring_len as usize))
+            && usize::from(h.iomaps) <= IOMAP_TABLE;
         sane.then_some(h)
     }
 }
@@ -160,7 +165,8 @@ mod tests {
 
     #[test]
     fn a_hello_round_trips_and_a_bad_one_is_refused() {
-        let h = Hello { credits: 120, ring_len: 1 << 17, ring_addr: 0xdead_0000, rkey: 77 };
+        let h =
+            Hello { iomaps: 2, credits: 120, ring_len: 1 << 17, ring_addr: 0xdead_0000, rkey: 77 };
         let b = h.encode();
         assert_eq!(b.len(), HELLO_LEN);
         assert_eq!(Hello::decode(&b), Some(h));
@@ -175,6 +181,8 @@ mod tests {
         assert_eq!(Hello::decode(&huge.encode()), None);
         let none = Hello { credits: 0, ..h };
         assert_eq!(Hello::decode(&none.encode()), None);
+        let big = Hello { iomaps: 17, ..h };
+        assert_eq!(Hello::decode(&big.encode()), None);
     }
 
     #[test]

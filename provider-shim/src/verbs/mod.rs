@@ -13,6 +13,7 @@ pub(crate) mod ops;
 pub(crate) mod pd_mr;
 pub(crate) mod qp;
 pub(crate) mod rates;
+pub(crate) mod rsocket;
 pub(crate) mod srq;
 pub(crate) mod strings;
 pub(crate) mod wq;
@@ -22,6 +23,6 @@ pub(crate) mod xrc;
 // Only the generated trampolines use these (not in the unit-test build).
 #[allow(unused_imports)]
 pub(crate) use self::{
-    cm::*, control::*, cq::*, device::*, events::*, import::*, pd_mr::*, qp::*, rates::*, srq::*,
-    strings::*,
+    cm::*, control::*, cq::*, device::*, events::*, import::*, pd_mr::*, qp::*, rates::*,
+    rsocket::*, srq::*, strings::*,
 };

@@ -1,0 +1,158 @@
+/* rsockets on the emulator, in one process: a non-blocking connect finished by rpoll, data
+ * through the read/write/vector calls, rselect, names, options, an I/O mapping the peer writes,
+ * the end of the stream, and bad input answered with -1 and the socket calls' errno. Prints
+ * "rsocket ok". */
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <rdma/rsocket.h>
+#include <sys/mman.h>
+#include <sys/select.h>
+
+#include "common.h"
+
+#define FAILS_WITH(call, err)                                                                 \
+	do {                                                                                  \
+		errno = 0;                                                                    \
+		long r_ = (long)(call);                                                       \
+		if (r_ != -1 || errno != (err)) {                                             \
+			fprintf(stderr, "%s:%d: %s gave %ld, errno %d (%s), want errno %d\n", \
+				__FILE__, __LINE__, #call, r_, errno, strerror(errno), (err)); \
+			exit(1);                                                              \
+		}                                                                             \
+	} while (0)
+
+static struct sockaddr_in addr(int port)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(port) };
+	CHECK(inet_pton(AF_INET, "127.0.0.1", &a.sin_addr) == 1);
+	return a;
+}
+
+static void wait_for(int s, short events)
+{
+	struct pollfd p = { .fd = s, .events = events };
+	CHECK(rpoll(&p, 1, 5000) == 1);
+	CHECK(p.revents & events);
+}
+
+int main(void)
+{
+	struct sockaddr_in at = addr(7790);
+	int one = 1, v;
+	socklen_t len;
+
+	/* Bad input first: nothing here is a socket yet. */
+	FAILS_WITH(rsocket(AF_INET, SOCK_DGRAM, 0), EOPNOTSUPP);
+	FAILS_WITH(rsocket(AF_UNIX, SOCK_STREAM, 0), EOPNOTSUPP);
+	FAILS_WITH(rsocket(AF_INET, SOCK_STREAM, IPPROTO_UDP), EOPNOTSUPP);
+	FAILS_WITH(rclose(-1), EBADF);
+	FAILS_WITH(rsend(12345, "x", 1, 0), EBADF);
+	FAILS_WITH(rpoll(NULL, 1, 0), EFAULT);
+
+	int l = rsocket(AF_INET, SOCK_STREAM, 0);
+	CHECK(l >= 0);
+	CHECK(rsetsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) == 0);
+	FAILS_WITH(rbind(l, (struct sockaddr *)&at, sizeof at - 4), EINVAL);
+	struct sockaddr un = { .sa_family = AF_UNIX };
+	FAILS_WITH(rbind(l, &un, sizeof un), EAFNOSUPPORT);
+	FAILS_WITH(raccept(l, NULL, NULL), EINVAL); /* not listening */
+	CHECK(rbind(l, (struct sockaddr *)&at, sizeof at) == 0);
+	CHECK(rlisten(l, 4) == 0);
+
+	/* Nobody on 7791: refused. */
+	int lone = rsocket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in nobody = addr(7791);
+	FAILS_WITH(rconnect(lone, (struct sockaddr *)&nobody, sizeof nobody), ECONNREFUSED);
+	CHECK(rclose(lone) == 0);
+
+	int c = rsocket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+	CHECK(c >= 0);
+	CHECK(rfcntl(c, F_GETFL) & O_NONBLOCK);
+	FAILS_WITH(rfcntl(c, F_DUPFD, 0), ENOTSUP);
+	FAILS_WITH(riomap(c, &v, sizeof v, PROT_WRITE, 0, 0), EINVAL); /* not connected */
+	/* The client keeps a table for one of the server's mappings. */
+	CHECK(rsetsockopt(c, SOL_RDMA, RDMA_IOMAPSIZE, &one, sizeof one) == 0);
+	FAILS_WITH(rconnect(c, (struct sockaddr *)&at, sizeof at), EINPROGRESS);
+	wait_for(l, POLLIN);
+	struct sockaddr_in peer;
+	len = sizeof peer;
+	int s = raccept(l, (struct sockaddr *)&peer, &len);
+	CHECK(s >= 0 && len == sizeof peer && peer.sin_family == AF_INET);
+	wait_for(c, POLLOUT);
+	len = sizeof v;
+	CHECK(rgetsockopt(c, SOL_SOCKET, SO_ERROR, &v, &len) == 0 && v == 0);
+	CHECK(rfcntl(c, F_SETFL, 0) == 0 && !(rfcntl(c, F_GETFL) & O_NONBLOCK));
+
+	/* Names. */
+	struct sockaddr_in name;
+	len = sizeof name;
+	CHECK(rgetpeername(c, (struct sockaddr *)&name, &len) == 0);
+	CHECK(name.sin_port == htons(7790) && len == sizeof name);
+	len = sizeof name;
+	CHECK(rgetsockname(s, (struct sockaddr *)&name, &len) == 0 && name.sin_port == htons(7790));
+	len = sizeof name;
+	CHECK(rgetpeername(s, (struct sockaddr *)&name, &len) == 0 && name.sin_port == peer.sin_port);
+
+	/* Options. */
+	CHECK(rsetsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) == 0);
+	len = sizeof v;
+	CHECK(rgetsockopt(c, IPPROTO_TCP, TCP_NODELAY, &v, &len) == 0 && v == 1);
+	FAILS_WITH(rsetsockopt(c, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one), ENOTSUP);
+	FAILS_WITH(rsetsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, 2), EINVAL);
+	FAILS_WITH(rsetsockopt(c, IPPROTO_TCP, TCP_NODELAY, NULL, sizeof one), EFAULT);
+
+	/* Data, plain and vectored; rselect sees it coming. */
+	CHECK(rsend(c, "hello", 5, 0) == 5);
+	fd_set rd;
+	FD_ZERO(&rd);
+	FD_SET(s, &rd);
+	struct timeval tv = { .tv_sec = 5 };
+	CHECK(rselect(s + 1, &rd, NULL, NULL, &tv) == 1 && FD_ISSET(s, &rd));
+	char buf[64] = { 0 };
+	CHECK(rrecv(s, buf, sizeof buf, 0) == 5 && memcmp(buf, "hello", 5) == 0);
+	FAILS_WITH(rrecv(s, NULL, 8, 0), EFAULT);
+	FAILS_WITH(rrecv(s, buf, sizeof buf, MSG_DONTWAIT), EAGAIN);
+	struct iovec out[2] = { { "ab", 2 }, { "cdef", 4 } };
+	CHECK(rwritev(c, out, 2) == 6);
+	char x[3], y[3];
+	struct iovec in[2] = { { x, 3 }, { y, 3 } };
+	CHECK(rreadv(s, in, 2) == 6 && memcmp(x, "abc", 3) == 0 && memcmp(y, "def", 3) == 0);
+	FAILS_WITH(rsendto(c, "x", 1, 0, (struct sockaddr *)&at, sizeof at), EISCONN);
+	FAILS_WITH(rshutdown(c, 7), EINVAL);
+
+	/* The server maps a buffer; the client writes it, with no call on the server's side. */
+	static char mapped[8192];
+	CHECK(riomap(s, mapped, sizeof mapped, PROT_WRITE, 0, 0) == 0);
+	FAILS_WITH(riomap(c, buf, sizeof buf, PROT_WRITE, 0, 0), ENOMEM); /* server keeps none */
+	CHECK(rsend(s, "m", 1, 0) == 1); /* after the mapping, in order */
+	CHECK(rrecv(c, buf, 1, 0) == 1 && buf[0] == 'm');
+	static char pattern[8192];
+	for (size_t i = 0; i < sizeof pattern; i++)
+		pattern[i] = (char)(i * 7 + 1);
+	CHECK(riowrite(c, pattern, sizeof pattern, 0, 0) == sizeof pattern);
+	FAILS_WITH(riowrite(c, pattern, 1, sizeof mapped, 0), EINVAL); /* past the mapping */
+	for (int i = 0; i < 5000000 && ((volatile char *)mapped)[sizeof mapped - 1] !=
+					  pattern[sizeof pattern - 1]; i++)
+		;
+	CHECK(memcmp(mapped, pattern, sizeof mapped) == 0);
+	CHECK(riounmap(s, mapped, sizeof mapped) == 0);
+	FAILS_WITH(riounmap(s, mapped, sizeof mapped), EINVAL);
+
+	/* The end of the stream, then the other direction still works. */
+	CHECK(rshutdown(c, SHUT_WR) == 0);
+	FAILS_WITH(rsend(c, "x", 1, 0), EPIPE);
+	CHECK(rrecv(s, buf, sizeof buf, 0) == 0);
+	CHECK(rsend(s, "back", 4, 0) == 4);
+	CHECK(rrecv(c, buf, 4, MSG_WAITALL) == 4 && memcmp(buf, "back", 4) == 0);
+	CHECK(rclose(s) == 0);
+	CHECK(rrecv(c, buf, sizeof buf, 0) == 0);
+	FAILS_WITH(rsend(c, "x", 1, 0), EPIPE);
+	CHECK(rclose(c) == 0);
+	FAILS_WITH(rclose(c), EBADF);
+	CHECK(rclose(l) == 0);
+	printf("rsocket ok\n");
+	return 0;
+}
