@@ -213,3 +213,24 @@ pub fn eventfd_rtt_us(iters: usize) -> f64 {
     peer.join().unwrap();
     us
 }
+
+/// A TCP connection on loopback, connect until accepted, in us (the cost a socket program pays
+/// per connection on this machine).
+pub fn tcp_connect_us(iters: usize) -> f64 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let at = l.local_addr().unwrap();
+    // Both ends stay open until the end: closing as we go would measure TIME_WAIT and RST
+    // handling, not the connection.
+    let acceptor =
+        std::thread::spawn(move || (0..iters).map(|_| l.accept().unwrap()).collect::<Vec<_>>());
+    let t = Instant::now();
+    let mut kept = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        let s = std::net::TcpStream::connect(at).unwrap();
+        s.set_nodelay(true).unwrap();
+        kept.push(s);
+    }
+    let us = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
+    drop(acceptor.join().unwrap());
+    us
+}

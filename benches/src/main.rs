@@ -21,6 +21,7 @@ use rdma_emu::*;
 mod baseline;
 mod listen;
 mod perftest;
+use perftest::Ready;
 
 struct Opts {
     samples: usize,
@@ -423,6 +424,52 @@ fn g4b(o: &Opts) -> Result<Row, String> {
     Ok(row)
 }
 
+/// CM1: `ib_send_lat -R` (QPs connected by the connection manager, parameters exchanged over
+/// it) against plain `ib_send_lat` (TCP exchange), both between two processes, in the same run.
+fn cm1(o: &Opts) -> Result<Row, String> {
+    let iters = if o.quick { "2000" } else { "10000" };
+    let mut row = Row {
+        goal: "CM1",
+        what: "cross-process `ib_send_lat -R` RTT (baseline: without `-R`)".into(),
+        unit: "us",
+        higher_better: false,
+        target: "<= 1.1x",
+        emu: vec![],
+        base: vec![],
+    };
+    for _ in 0..o.samples {
+        let out = perftest::run("ib_send_lat", &["-n", iters])?;
+        row.base.push(2.0 * perftest::result(&out, 4)?);
+        let args = ["-R", "-n", iters];
+        let out =
+            perftest::run_with("ib_send_lat", &args, &[], "-p", Ready::Cm, Some("127.0.0.1"))?;
+        row.emu.push(2.0 * perftest::result(&out, 4)?);
+    }
+    Ok(row)
+}
+
+/// CM2: connection setup through the connection manager (cmtime's `connect` step, 100
+/// connections per sample) against a TCP connection on loopback (connect + accept).
+fn cm2(o: &Opts) -> Result<Row, String> {
+    let mut row = Row {
+        goal: "CM2",
+        what: "rdma_connect to ESTABLISHED per connection, `cmtime -c 100` (baseline: TCP connect)"
+            .into(),
+        unit: "us",
+        higher_better: false,
+        target: "(none)",
+        emu: vec![],
+        base: vec![],
+    };
+    for _ in 0..o.samples {
+        row.base.push(baseline::tcp_connect_us(100));
+        let client = ["-s", "127.0.0.1", "-c", "100"];
+        let out = perftest::run_with("cmtime", &[], &client, "-p", Ready::CmForever, None)?;
+        row.emu.push(perftest::cmtime_step_us(&out, "connect")?);
+    }
+    Ok(row)
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
@@ -471,6 +518,14 @@ fn main() {
         match g4b(&o) {
             Ok(r) => r.print(),
             Err(e) => eprintln!("G4b skipped: {e}"),
+        }
+    }
+    for (goal, f) in [("CM1", cm1 as fn(&Opts) -> Result<Row, String>), ("CM2", cm2)] {
+        if want(goal) {
+            match f(&o) {
+                Ok(r) => r.print(),
+                Err(e) => eprintln!("{goal} skipped: {e}"),
+            }
         }
     }
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();

@@ -1,5 +1,6 @@
-//! G2 and G4b: Debian's unmodified perftest as server and client processes on the shim, meeting
-//! on a host fabric of their own, next to the baseline measured in the same run.
+//! G2, G4b, CM1 and CM2: Debian's unmodified perftest and cmtime as server and client
+//! processes on the shim, meeting on a host fabric of their own, next to the baseline measured
+//! in the same run.
 
 use std::{
     path::PathBuf,
@@ -14,9 +15,32 @@ fn rdma_emu() -> Result<PathBuf, String> {
     p.exists().then_some(p).ok_or("rdma-emu missing: cargo build --release --workspace".into())
 }
 
-/// Runs `prog args` as server and client (one fresh host fabric, one free TCP port); the
+/// How a server shows it is ready for its client, and whether it ends by itself.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Ready {
+    /// It listens on its TCP port (perftest's own exchange).
+    Tcp,
+    /// It listens on its port through the connection manager (`RDMA_PS_TCP`).
+    Cm,
+    /// As `Cm`, and it serves until stopped (cmtime): it is killed once the client is done.
+    CmForever,
+}
+
+/// Runs `prog args` as server and client (one fresh host fabric, one free port, given with
+/// `port_flag`; `client_args` only to the client, before the server's address `to`); the
 /// client's output.
 pub fn run(prog: &str, args: &[&str]) -> Result<String, String> {
+    run_with(prog, args, &[], "-p", Ready::Tcp, Some("127.0.0.1"))
+}
+
+pub fn run_with(
+    prog: &str,
+    args: &[&str],
+    client_args: &[&str],
+    port_flag: &str,
+    ready: Ready,
+    to: Option<&str>,
+) -> Result<String, String> {
     let emu = rdma_emu()?;
     let fabric = format!("bench-{}", std::process::id());
     let port_num = crate::listen::free_port().map_err(|e| e.to_string())?;
@@ -29,23 +53,32 @@ pub fn run(prog: &str, args: &[&str]) -> Result<String, String> {
     let cmd = |cpu: &str| {
         let mut c = Command::new("taskset");
         c.args(["-c", cpu]).arg(&emu);
-        c.args(["run", "--fabric", &fabric, "--", prog]).args(args).args(["-p", &port]);
+        c.args(["run", "--fabric", &fabric, "--", prog]).args(args).args([port_flag, &port]);
         c.stdout(Stdio::piped()).stderr(Stdio::piped());
         c
     };
     let server = cmd(&last).spawn().map_err(|e| format!("{prog}: {e}"))?;
     // perftest's client does not retry its TCP connection: give the server time to listen.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !crate::listen::listening(port_num) {
+    let listening = || match ready {
+        Ready::Tcp => crate::listen::listening(port_num),
+        Ready::Cm | Ready::CmForever => cm_listening(&fabric, port_num),
+    };
+    while !listening() {
         if Instant::now() > deadline {
             return Err(format!("{prog} server did not listen"));
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    let client = cmd("0").arg("127.0.0.1").output().map_err(|e| e.to_string())?;
+    let client = cmd("0").args(client_args).args(to).output().map_err(|e| e.to_string())?;
+    let mut server = server;
+    if ready == Ready::CmForever {
+        let _ = server.kill();
+    }
     let server = server.wait_with_output().map_err(|e| e.to_string())?;
+    let server_ok = server.status.success() || ready == Ready::CmForever;
     let _ = std::fs::remove_dir_all(rdma_emu::fabric_dir(&fabric));
-    if !client.status.success() || !server.status.success() {
+    if !client.status.success() || !server_ok {
         return Err(format!(
             "{prog} failed:\n{}{}",
             String::from_utf8_lossy(&client.stdout),
@@ -53,6 +86,20 @@ pub fn run(prog: &str, args: &[&str]) -> Result<String, String> {
         ));
     }
     Ok(String::from_utf8_lossy(&client.stdout).into_owned())
+}
+
+/// Whether a process of `fabric` listens on CM port `port` (its port file says so).
+fn cm_listening(fabric: &str, port: u16) -> bool {
+    let file = rdma_emu::fabric_dir(fabric).join(format!("cm-106-{port}"));
+    std::fs::read_to_string(file).is_ok_and(|t| t.contains("listen"))
+}
+
+/// cmtime's average microseconds per connection of `step` (its table's last column).
+pub fn cmtime_step_us(out: &str, step: &str) -> Result<f64, String> {
+    out.lines()
+        .find(|l| l.split_once(':').is_some_and(|(name, _)| name.trim() == step))
+        .and_then(|l| l.split_whitespace().last()?.parse().ok())
+        .ok_or(format!("no '{step}' row in:\n{out}"))
 }
 
 /// Column `col` of perftest's first result row (the line that starts with the size).
