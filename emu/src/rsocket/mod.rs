@@ -412,6 +412,19 @@ impl RSocket {
     /// `rsend`: all of `data` unless the socket is non-blocking (or `dont_wait`), in which
     /// case what fits now (`EAGAIN` when nothing does).
     pub fn send(&self, data: &[u8], dont_wait: bool) -> Result<usize> {
+        self.transfer(data.len(), dont_wait, |s, done| Ok(s.send(&data[done..])))
+    }
+
+    /// Moves `len` bytes out, `step` taking what it can now (given the stream and how many are
+    /// done; it says how many more went): all of them unless the socket is non-blocking (or
+    /// `dont_wait`), then what fits now (`EAGAIN` when nothing does). Bytes moved before a
+    /// failure are reported, the failure then comes with the next call.
+    fn transfer(
+        &self,
+        len: usize,
+        dont_wait: bool,
+        mut step: impl FnMut(&mut Stream, usize) -> Result<usize>,
+    ) -> Result<usize> {
         let mut done = 0;
         loop {
             let mut st = self.lock();
@@ -421,26 +434,18 @@ impl RSocket {
                 let disconnected = st.disconnected;
                 let s = st.stream.as_mut().expect("connected");
                 if let Some(e) = s.error {
-                    return if done > 0 {
-                        Ok(done)
-                    } else {
-                        Err(Error::new(e, "connection broken"))
-                    };
+                    return partial(done, Error::new(e, "connection broken"));
                 }
                 if disconnected {
-                    return if done > 0 {
-                        Ok(done)
-                    } else {
-                        Err(err(libc::ECONNRESET, "the peer ended the connection"))
-                    };
+                    return partial(done, err(libc::ECONNRESET, "the peer ended the connection"));
                 }
-                done += s.send(&data[done..]);
-                if done == data.len() {
+                done += step(s, done)?;
+                if done == len {
                     return Ok(done);
                 }
             }
             if nb {
-                return if done > 0 { Ok(done) } else { Err(Error::new(Errno::EAGAIN, "no room")) };
+                return partial(done, Error::new(Errno::EAGAIN, "no room"));
             }
             self.wait(st, None)?;
         }
@@ -468,15 +473,11 @@ impl RSocket {
                     return Ok(done);
                 }
                 if let Some(e) = s.error {
-                    return if done > 0 {
-                        Ok(done)
-                    } else {
-                        Err(Error::new(e, "connection broken"))
-                    };
+                    return partial(done, Error::new(e, "connection broken"));
                 }
             }
             if nb {
-                return if done > 0 { Ok(done) } else { Err(Error::new(Errno::EAGAIN, "no data")) };
+                return partial(done, Error::new(Errno::EAGAIN, "no data"));
             }
             self.wait(st, None)?;
         }
@@ -644,30 +645,9 @@ impl RSocket {
     /// `riowrite`: writes `data` into the peer's mapping at `offset` (all of it unless
     /// non-blocking or `dont_wait`).
     pub fn iowrite(&self, data: &[u8], offset: u64, dont_wait: bool) -> Result<usize> {
-        let mut done = 0;
-        loop {
-            let mut st = self.lock();
-            let nb = dont_wait || st.nonblocking;
-            Self::check(&st, true)?;
-            if st.phase == Phase::Connected {
-                let s = st.stream.as_mut().expect("connected");
-                if let Some(e) = s.error {
-                    return if done > 0 {
-                        Ok(done)
-                    } else {
-                        Err(Error::new(e, "connection broken"))
-                    };
-                }
-                done += s.iowrite(&data[done..], offset + done as u64)?;
-                if done == data.len() {
-                    return Ok(done);
-                }
-            }
-            if nb {
-                return if done > 0 { Ok(done) } else { Err(Error::new(Errno::EAGAIN, "no room")) };
-            }
-            self.wait(st, None)?;
-        }
+        self.transfer(data.len(), dont_wait, |s, done| {
+            s.iowrite(&data[done..], offset + done as u64)
+        })
     }
 
     /// The `poll` events that hold now, of `events` (plus `POLLERR`/`POLLHUP`, always
@@ -694,6 +674,11 @@ impl RSocket {
             s.drain_events();
         }
     }
+}
+
+/// `done` bytes if any moved, else the error that stopped the transfer.
+fn partial(done: usize, e: Error) -> Result<usize> {
+    if done > 0 { Ok(done) } else { Err(e) }
 }
 
 /// What an rsocket asks of (and offers in) a connection.

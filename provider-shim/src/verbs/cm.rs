@@ -7,7 +7,7 @@
 
 use core::ffi::{c_char, c_int, c_void};
 use std::{
-    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    net::SocketAddr,
     os::fd::AsRawFd,
     ptr,
     sync::OnceLock,
@@ -16,6 +16,7 @@ use std::{
 use parking_lot::Mutex;
 use rdma_emu::cm::{CmChannel, CmEvent, CmEventType, CmId, ConnParam, PortSpace};
 
+use super::sockaddr;
 use crate::{
     abi::*,
     boundary::{ffi, set_errno},
@@ -110,52 +111,19 @@ fn device_context(index: u32) -> *mut ibv_context {
 /// `p` is NULL or points at a socket address of the length its family implies.
 unsafe fn socket_addr(p: *const libc::sockaddr) -> Option<SocketAddr> {
     // SAFETY: by the caller's contract.
-    let family = c_int::from(unsafe { p.as_ref()? }.sa_family);
-    match family {
-        libc::AF_INET => {
-            // SAFETY: an AF_INET address is a sockaddr_in.
-            let a = unsafe { &*p.cast::<libc::sockaddr_in>() };
-            let ip = Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr));
-            Some(SocketAddr::new(IpAddr::V4(ip), u16::from_be(a.sin_port)))
-        }
-        libc::AF_INET6 => {
-            // SAFETY: an AF_INET6 address is a sockaddr_in6.
-            let a = unsafe { &*p.cast::<libc::sockaddr_in6>() };
-            let ip = Ipv6Addr::from(a.sin6_addr.s6_addr);
-            Some(SocketAddr::new(IpAddr::V6(ip), u16::from_be(a.sin6_port)))
-        }
-        _ => None,
-    }
+    unsafe { sockaddr::from_c(p, None) }.ok()
 }
 
-/// Writes `a` into a `struct sockaddr_storage`.
+/// Writes `a` into a `struct sockaddr_storage` (all zeros for none).
 fn write_addr(dst: &mut [u64; 16], a: Option<SocketAddr>) {
     *dst = [0; 16];
     let Some(a) = a else { return };
-    let p = dst.as_mut_ptr().cast::<u8>();
-    match a {
-        SocketAddr::V4(v4) => {
-            let sin = libc::sockaddr_in {
-                sin_family: libc::AF_INET as libc::sa_family_t,
-                sin_port: v4.port().to_be(),
-                sin_addr: libc::in_addr { s_addr: u32::from(*v4.ip()).to_be() },
-                sin_zero: [0; 8],
-            };
-            // SAFETY: a sockaddr_storage (128 bytes, 8-aligned) holds a sockaddr_in.
-            unsafe { p.cast::<libc::sockaddr_in>().write(sin) };
-        }
-        SocketAddr::V6(v6) => {
-            let sin6 = libc::sockaddr_in6 {
-                sin6_family: libc::AF_INET6 as libc::sa_family_t,
-                sin6_port: v6.port().to_be(),
-                sin6_flowinfo: 0,
-                sin6_addr: libc::in6_addr { s6_addr: v6.ip().octets() },
-                sin6_scope_id: 0,
-            };
-            // SAFETY: a sockaddr_storage (128 bytes, 8-aligned) holds a sockaddr_in6.
-            unsafe { p.cast::<libc::sockaddr_in6>().write(sin6) };
-        }
-    }
+    let (storage, _) = sockaddr::to_c(a);
+    const _: () = assert!(size_of::<libc::sockaddr_storage>() == size_of::<[u64; 16]>());
+    // SAFETY: both are 128 bytes and do not overlap.
+    unsafe {
+        ptr::copy_nonoverlapping(ptr::from_ref(&storage).cast::<u8>(), dst.as_mut_ptr().cast(), 128)
+    };
 }
 
 /// Brings the C struct of `s` up to date with its emulator id.

@@ -14,6 +14,7 @@ pub(crate) mod pd_mr;
 pub(crate) mod qp;
 pub(crate) mod rates;
 pub(crate) mod rsocket;
+pub(crate) mod sockaddr;
 pub(crate) mod srq;
 pub(crate) mod strings;
 pub(crate) mod wq;

@@ -17,6 +17,7 @@ use rdma_emu::{
     rsocket::{PollEntry, PollTarget, RSocket, RecvFlags, Shutdown, poll},
 };
 
+use super::sockaddr;
 use crate::boundary::{ffi, set_errno};
 
 /// `SOL_RDMA` and its options (`<rdma/rsocket.h>`).
@@ -50,6 +51,17 @@ fn fail_l(errno: c_int) -> isize {
     -1
 }
 
+/// Runs `f` on socket `s` behind the C boundary: `EBADF` for an unknown socket, `EIO` if it
+/// panics; `failed` makes the failure's return value (-1 as `int` or as `ssize_t`).
+fn on_socket<R>(s: c_int, failed: fn(c_int) -> R, f: impl FnOnce(RSocket) -> R) -> R {
+    ffi!(failed(libc::EIO), {
+        match lookup(s) {
+            Some(sock) => f(sock),
+            None => failed(libc::EBADF),
+        }
+    })
+}
+
 fn res(r: rdma_emu::Result<()>) -> c_int {
     r.map_or_else(|e| fail(e.errno().raw()), |()| 0)
 }
@@ -63,31 +75,8 @@ fn count(r: rdma_emu::Result<usize>) -> isize {
 /// # Safety
 /// `p` is NULL or readable for `len` bytes.
 unsafe fn read_addr(p: *const libc::sockaddr, len: libc::socklen_t) -> Result<SocketAddr, c_int> {
-    if p.is_null() {
-        return Err(libc::EFAULT);
-    }
-    let len = len as usize;
-    if len < size_of::<libc::sa_family_t>() {
-        return Err(libc::EINVAL);
-    }
-    // SAFETY: readable for at least the family, by the caller's contract.
-    let family = c_int::from(unsafe { (*p).sa_family });
-    match family {
-        libc::AF_INET if len >= size_of::<libc::sockaddr_in>() => {
-            // SAFETY: long enough for a sockaddr_in; read unaligned as C may pack it anywhere.
-            let a = unsafe { ptr::read_unaligned(p.cast::<libc::sockaddr_in>()) };
-            let ip = Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr));
-            Ok(SocketAddr::new(IpAddr::V4(ip), u16::from_be(a.sin_port)))
-        }
-        libc::AF_INET6 if len >= size_of::<libc::sockaddr_in6>() => {
-            // SAFETY: long enough for a sockaddr_in6.
-            let a = unsafe { ptr::read_unaligned(p.cast::<libc::sockaddr_in6>()) };
-            let ip = Ipv6Addr::from(a.sin6_addr.s6_addr);
-            Ok(SocketAddr::new(IpAddr::V6(ip), u16::from_be(a.sin6_port)))
-        }
-        libc::AF_INET | libc::AF_INET6 => Err(libc::EINVAL),
-        _ => Err(libc::EAFNOSUPPORT),
-    }
+    // SAFETY: by the caller's contract.
+    unsafe { sockaddr::from_c(p, Some(len as usize)) }
 }
 
 /// Writes `a` the way the socket's family names it (an IPv6 socket names an IPv4 peer by its
@@ -104,40 +93,13 @@ unsafe fn write_addr(
     if len.is_null() {
         return fail(libc::EFAULT);
     }
-    let mut storage: libc::sockaddr_storage =
-        // SAFETY: all-zero is a valid sockaddr_storage.
-        unsafe { std::mem::zeroed() };
     let a = match a {
         SocketAddr::V4(v4) if v6 => {
             SocketAddr::new(IpAddr::V6(v4.ip().to_ipv6_mapped()), v4.port())
         }
         other => other,
     };
-    let size = match a {
-        SocketAddr::V4(v4) => {
-            let sin = libc::sockaddr_in {
-                sin_family: libc::AF_INET as libc::sa_family_t,
-                sin_port: v4.port().to_be(),
-                sin_addr: libc::in_addr { s_addr: u32::from(*v4.ip()).to_be() },
-                sin_zero: [0; 8],
-            };
-            // SAFETY: a sockaddr_storage holds any socket address.
-            unsafe { ptr::write(ptr::from_mut(&mut storage).cast(), sin) };
-            size_of::<libc::sockaddr_in>()
-        }
-        SocketAddr::V6(v6) => {
-            let sin6 = libc::sockaddr_in6 {
-                sin6_family: libc::AF_INET6 as libc::sa_family_t,
-                sin6_port: v6.port().to_be(),
-                sin6_flowinfo: 0,
-                sin6_addr: libc::in6_addr { s6_addr: v6.ip().octets() },
-                sin6_scope_id: v6.scope_id(),
-            };
-            // SAFETY: as above.
-            unsafe { ptr::write(ptr::from_mut(&mut storage).cast(), sin6) };
-            size_of::<libc::sockaddr_in6>()
-        }
-    };
+    let (storage, size) = sockaddr::to_c(a);
     // SAFETY: `len` is valid by the caller's contract.
     let room = unsafe { *len } as usize;
     if !p.is_null() {
@@ -192,8 +154,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rbind(
     addr: *const libc::sockaddr,
     len: libc::socklen_t,
 ) -> c_int {
-    ffi!(fail(libc::EIO), {
-        let Some(sock) = lookup(s) else { return fail(libc::EBADF) };
+    on_socket(s, fail, |sock| {
         // SAFETY: the caller's address of `len` bytes.
         match unsafe { read_addr(addr, len) } {
             Ok(a) => res(sock.bind(a)),
@@ -207,10 +168,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rlisten(
     s: c_int,
     backlog: c_int,
 ) -> c_int {
-    ffi!(fail(libc::EIO), {
-        let Some(sock) = lookup(s) else { return fail(libc::EBADF) };
-        res(sock.listen(backlog))
-    })
+    on_socket(s, fail, |sock| res(sock.listen(backlog)))
 }
 
 /// `raccept(socket, addr, addrlen)`: the new socket's number; the peer's address if asked.
@@ -219,8 +177,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__raccept(
     addr: *mut libc::sockaddr,
     len: *mut libc::socklen_t,
 ) -> c_int {
-    ffi!(fail(libc::EIO), {
-        let Some(sock) = lookup(s) else { return fail(libc::EBADF) };
+    on_socket(s, fail, |sock| {
         let new = match sock.accept() {
             Ok(n) => n,
             Err(e) => return fail(e.errno().raw()),
@@ -248,8 +205,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rconnect(
     addr: *const libc::sockaddr,
     len: libc::socklen_t,
 ) -> c_int {
-    ffi!(fail(libc::EIO), {
-        let Some(sock) = lookup(s) else { return fail(libc::EBADF) };
+    on_socket(s, fail, |sock| {
         // SAFETY: the caller's address of `len` bytes.
         match unsafe { read_addr(addr, len) } {
             Ok(a) => res(sock.connect(a)),
@@ -263,8 +219,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rshutdown(
     s: c_int,
     how: c_int,
 ) -> c_int {
-    ffi!(fail(libc::EIO), {
-        let Some(sock) = lookup(s) else { return fail(libc::EBADF) };
+    on_socket(s, fail, |sock| {
         let how = match how {
             libc::SHUT_RD => Shutdown::Read,
             libc::SHUT_WR => Shutdown::Write,
@@ -320,8 +275,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rrecv(
     len: usize,
     flags: c_int,
 ) -> isize {
-    ffi!(fail_l(libc::EIO), {
-        let Some(sock) = lookup(s) else { return fail_l(libc::EBADF) };
+    on_socket(s, fail_l, |sock| {
         // SAFETY: the caller's buffer of `len` bytes.
         let Some(out) = (unsafe { buf_mut(buf, len) }) else { return fail_l(libc::EFAULT) };
         count(sock.recv(out, recv_flags(flags)))
@@ -446,8 +400,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rsend(
     len: usize,
     flags: c_int,
 ) -> isize {
-    ffi!(fail_l(libc::EIO), {
-        let Some(sock) = lookup(s) else { return fail_l(libc::EBADF) };
+    on_socket(s, fail_l, |sock| {
         // SAFETY: the caller's buffer of `len` bytes.
         let Some(data) = (unsafe { buf_ref(buf, len) }) else { return fail_l(libc::EFAULT) };
         count(sock.send(data, flags & libc::MSG_DONTWAIT != 0))
@@ -630,8 +583,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rgetpeername(
     addr: *mut libc::sockaddr,
     len: *mut libc::socklen_t,
 ) -> c_int {
-    ffi!(fail(libc::EIO), {
-        let Some(sock) = lookup(s) else { return fail(libc::EBADF) };
+    on_socket(s, fail, |sock| {
         match sock.peer_addr() {
             // SAFETY: the caller's buffer and length.
             Ok(a) => unsafe { write_addr(addr, len, a, sock.is_v6()) },
@@ -646,8 +598,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rgetsockname(
     addr: *mut libc::sockaddr,
     len: *mut libc::socklen_t,
 ) -> c_int {
-    ffi!(fail(libc::EIO), {
-        let Some(sock) = lookup(s) else { return fail(libc::EBADF) };
+    on_socket(s, fail, |sock| {
         let v6 = sock.is_v6();
         let any = if v6 { IpAddr::V6(Ipv6Addr::UNSPECIFIED) } else { Ipv4Addr::UNSPECIFIED.into() };
         let a = sock.local_addr().unwrap_or(SocketAddr::new(any, 0));
@@ -680,8 +631,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rsetsockopt(
     val: *const c_void,
     len: libc::socklen_t,
 ) -> c_int {
-    ffi!(fail(libc::EIO), {
-        let Some(sock) = lookup(s) else { return fail(libc::EBADF) };
+    on_socket(s, fail, |sock| {
         if (level, name) == (libc::SOL_SOCKET, libc::SO_LINGER) {
             if val.is_null() {
                 return fail(libc::EFAULT);
@@ -732,8 +682,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rgetsockopt(
     val: *mut c_void,
     len: *mut libc::socklen_t,
 ) -> c_int {
-    ffi!(fail(libc::EIO), {
-        let Some(sock) = lookup(s) else { return fail(libc::EBADF) };
+    on_socket(s, fail, |sock| {
         if val.is_null() || len.is_null() {
             return fail(libc::EFAULT);
         }
@@ -845,10 +794,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__riounmap(
     buf: *mut c_void,
     len: usize,
 ) -> c_int {
-    ffi!(fail(libc::EIO), {
-        let Some(sock) = lookup(s) else { return fail(libc::EBADF) };
-        res(sock.iounmap(buf as u64, len))
-    })
+    on_socket(s, fail, |sock| res(sock.iounmap(buf as u64, len)))
 }
 
 /// `riowrite(socket, buf, count, offset, flags)`: into the peer's mapping at `offset`.
@@ -859,8 +805,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__riowrite(
     offset: libc::off_t,
     flags: c_int,
 ) -> isize {
-    ffi!(fail_l(libc::EIO), {
-        let Some(sock) = lookup(s) else { return fail_l(libc::EBADF) };
+    on_socket(s, fail_l, |sock| {
         // SAFETY: the caller's buffer of `len` bytes.
         let Some(data) = (unsafe { buf_ref(buf, len) }) else { return fail_l(libc::EFAULT) };
         let Ok(offset) = u64::try_from(offset) else { return fail_l(libc::EINVAL) };
