@@ -6,12 +6,7 @@
 //! jump here. librdmacm's conventions hold: 0 or -1 with `errno`, NULL with `errno`.
 
 use core::ffi::{c_char, c_int, c_void};
-use std::{
-    net::SocketAddr,
-    os::fd::AsRawFd,
-    ptr,
-    sync::OnceLock,
-};
+use std::{net::SocketAddr, os::fd::AsRawFd, ptr, sync::OnceLock};
 
 use parking_lot::Mutex;
 use rdma_emu::cm::{CmChannel, CmEvent, CmEventType, CmId, ConnParam, PortSpace};
