@@ -114,7 +114,19 @@ fn rping_verifies_its_data_between_two_processes() {
             program(&fabric, profile, "rping", &["-c", "-v"]).args(common).spawn().unwrap();
         let (c_ok, c_out) = finish(client, Duration::from_secs(60));
         let (s_ok, s_out) = finish(server, Duration::from_secs(20));
-        assert!(c_ok && s_ok, "{profile}\n--- client:\n{c_out}\n--- server:\n{s_out}");
+        // rping's server races itself at the end: its main thread destroys the event channel
+        // once the DISCONNECTED event woke it, and if its CM thread gets back to
+        // rdma_get_cm_event only after that, the call fails (EINVAL here, EBADF with librdmacm,
+        // whose channel's descriptor is closed) and the thread exits(-1). Under load that
+        // happens now and then; a server whose only failure is that late call, after the
+        // disconnection, did its work.
+        let late_call = s_out.trim_end().ends_with(
+            "server DISCONNECT EVENT...\nwait for RDMA_READ_ADV state 10\nrdma_get_cm_event: Invalid argument",
+        );
+        assert!(
+            c_ok && (s_ok || late_call),
+            "{profile}\n--- client:\n{c_out}\n--- server:\n{s_out}"
+        );
         // -V makes both sides compare every ping with what it must be.
         assert_eq!(c_out.matches("ping data: rdma-ping-").count(), 100, "{c_out}");
         assert!(c_out.contains("rdma-ping-99: "), "{c_out}");
