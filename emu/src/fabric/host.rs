@@ -184,6 +184,11 @@ struct Inbound {
     /// Counts the looks application threads take (see `Node::progress`): while it moves,
     /// the reader need not be rung.
     polls: AtomicU64,
+    /// Counts the times an application thread armed a CQ to sleep on its event (see
+    /// `Node::attend`): then nobody will look at the rings but the reader.
+    sleepers: AtomicU64,
+    /// The reader naps between application looks (it has not asked for doorbells).
+    napping: AtomicBool,
     /// The user whose processes may send to us.
     uid: u32,
     drops: Drops,
@@ -243,7 +248,8 @@ impl Node {
         let rx = Rx { buf: vec![0; HEADER + FRAGMENT], partial: HashMap::new(), rings: Vec::new() };
         let (rx, quit, polls) = (Mutex::new(rx), AtomicBool::new(false), AtomicU64::new(0));
         let (uid, drops) = (crate::sys::uid(), Drops::default());
-        let inbound = Arc::new(Inbound { sock, rx, quit, polls, uid, drops });
+        let (sleepers, napping) = (AtomicU64::new(0), AtomicBool::new(false));
+        let inbound = Arc::new(Inbound { sock, rx, quit, polls, sleepers, napping, uid, drops });
         let (reader, weak) = (inbound.clone(), fabric.clone());
         std::thread::Builder::new()
             .name(format!("rdma-emu-node{slot}"))
@@ -265,6 +271,17 @@ impl Node {
         match self.inbound.rx.try_lock() {
             Some(mut rx) => receive(&self.inbound, &mut rx, fabric, false),
             None => false,
+        }
+    }
+
+    /// Called when an application thread arms a CQ and is about to sleep on its event: a
+    /// reader napping on the strength of that thread's earlier looks is woken, so that what
+    /// arrives next is taken in (and the event raised) at once, not at the end of the nap.
+    pub(crate) fn attend(&self) {
+        self.inbound.sleepers.fetch_add(1, Ordering::SeqCst);
+        if self.inbound.napping.load(Ordering::SeqCst) {
+            let mut own = None;
+            ring_bell(&mut own, &self.dir.entry(&sock_name(self.slot)), self.slot);
         }
     }
 
@@ -569,9 +586,12 @@ pub(super) fn sock_name(slot: u8) -> String {
 /// Waits for messages and services them until the node quits or its fabric is gone.
 fn read_loop(inbound: &Inbound, fabric: &Weak<FabricInner>) {
     let mut polls = inbound.polls.load(Ordering::Relaxed);
+    let mut sleepers = inbound.sleepers.load(Ordering::SeqCst);
     let mut nap = None;
     loop {
-        if crate::sys::wait_readable(inbound.sock.as_raw_fd(), nap).is_err() {
+        let woke = crate::sys::wait_readable(inbound.sock.as_raw_fd(), nap);
+        inbound.napping.store(false, Ordering::SeqCst);
+        if woke.is_err() {
             return;
         }
         if inbound.quit.load(Ordering::Acquire) {
@@ -582,12 +602,19 @@ fn read_loop(inbound: &Inbound, fabric: &Weak<FabricInner>) {
         let delivered = receive(inbound, &mut rx, &fabric, true);
         let now = inbound.polls.load(Ordering::Relaxed);
         if now != polls {
-            // An application thread is reading the rings: look again soon, unrung.
+            // An application thread is reading the rings: look again soon, unrung, unless
+            // it went to sleep on a CQ event meanwhile (it says so before it sleeps, and
+            // rings us if we nap: one of us sees the other).
             polls = now;
-            rx.rings.iter().for_each(|(_, r)| r.disarm());
-            nap = Some(POLLED_NAP);
-            continue;
+            inbound.napping.store(true, Ordering::SeqCst);
+            if inbound.sleepers.load(Ordering::SeqCst) == sleepers {
+                rx.rings.iter().for_each(|(_, r)| r.disarm());
+                nap = Some(POLLED_NAP);
+                continue;
+            }
+            inbound.napping.store(false, Ordering::SeqCst);
         }
+        sleepers = inbound.sleepers.load(Ordering::SeqCst);
         // Nobody else looks. Right after traffic, more is likely on its way: watch the rings
         // a little before sleeping, as waking a sleeping thread costs far more than that.
         let rings: Vec<Arc<Ring>> = rx.rings.iter().map(|(_, r)| r.clone()).collect();

@@ -226,6 +226,13 @@ impl FabricInner {
         self.node.get().is_some_and(|n| n.progress(self)) || self.timer.advance()
     }
 
+    /// Called when an application thread arms a CQ to sleep on its event (see `Node::attend`).
+    pub(crate) fn attend(&self) {
+        if let Some(n) = self.node.get() {
+            n.attend();
+        }
+    }
+
     /// The QPs alive now, taken out of the table so that each can be locked without it.
     pub(crate) fn live_qps(&self) -> Vec<Arc<QpShared>> {
         self.qps.read().values().filter_map(Weak::upgrade).collect()

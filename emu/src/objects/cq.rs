@@ -289,6 +289,9 @@ impl Cq {
             st.generation += 1;
         }
         st.notify = if solicited_only { Notify::Solicited } else { Notify::Next };
+        drop(st);
+        // The caller will sleep on the event: the host fabric's reader must not be napping.
+        self.0.ctx.fabric.attend();
         Ok(())
     }
 
