@@ -470,6 +470,25 @@ fn cm2(o: &Opts) -> Result<Row, String> {
     Ok(row)
 }
 
+/// RS1: iperf3 over rsockets (Debian's librspreload on the shim, default 128 KiB buffers)
+/// against iperf3 over the kernel's TCP on loopback, in the same run.
+fn rs1(o: &Opts) -> Result<Row, String> {
+    let mut row = Row {
+        goal: "RS1",
+        what: "`iperf3 -t 2` over rsockets via librspreload (baseline: over TCP loopback)".into(),
+        unit: "Gb/s",
+        higher_better: true,
+        target: "(none)",
+        emu: vec![],
+        base: vec![],
+    };
+    for _ in 0..o.samples {
+        row.base.push(perftest::iperf3_gbps(false)?);
+        row.emu.push(perftest::iperf3_gbps(true)?);
+    }
+    Ok(row)
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
@@ -520,7 +539,8 @@ fn main() {
             Err(e) => eprintln!("G4b skipped: {e}"),
         }
     }
-    for (goal, f) in [("CM1", cm1 as fn(&Opts) -> Result<Row, String>), ("CM2", cm2)] {
+    for (goal, f) in [("CM1", cm1 as fn(&Opts) -> Result<Row, String>), ("CM2", cm2), ("RS1", rs1)]
+    {
         if want(goal) {
             match f(&o) {
                 Ok(r) => r.print(),

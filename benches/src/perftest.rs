@@ -110,3 +110,55 @@ pub fn result(out: &str, col: usize) -> Result<f64, String> {
         .and_then(|w| w[col].parse().ok())
         .ok_or(format!("no result row in:\n{out}"))
 }
+
+/// Debian's `librspreload.so`: a program's TCP sockets become rsockets.
+const RSPRELOAD: &str = "/usr/lib/x86_64-linux-gnu/rsocket/librspreload.so";
+
+/// iperf3's sender rate in Gb/s for a 2-second run between two processes: over rsockets on
+/// the emulator (librspreload under `rdma-emu run`), or over the kernel's TCP on loopback.
+pub fn iperf3_gbps(over_rsockets: bool) -> Result<f64, String> {
+    let emu = rdma_emu()?;
+    let fabric = format!("bench-iperf-{}", std::process::id());
+    let port_num = crate::listen::free_port().map_err(|e| e.to_string())?;
+    let port = port_num.to_string();
+    let cmd = |args: &[&str]| {
+        let mut c = if over_rsockets {
+            let mut c = Command::new(&emu);
+            c.args(["run", "--fabric", &fabric, "--", "env"]);
+            c.arg(format!("LD_PRELOAD={RSPRELOAD}")).arg("iperf3");
+            c
+        } else {
+            Command::new("iperf3")
+        };
+        c.args(args).args(["-p", &port]).stdout(Stdio::piped()).stderr(Stdio::piped());
+        c
+    };
+    let server = cmd(&["-s", "-1"]).spawn().map_err(|e| format!("iperf3: {e}"))?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let listening = || match over_rsockets {
+        true => cm_listening(&fabric, port_num),
+        false => crate::listen::listening(port_num),
+    };
+    while !listening() {
+        if Instant::now() > deadline {
+            return Err("iperf3 server did not listen".into());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let client = cmd(&["-c", "127.0.0.1", "-t", "2"]).output().map_err(|e| e.to_string())?;
+    let _ = server.wait_with_output();
+    let _ = std::fs::remove_dir_all(rdma_emu::fabric_dir(&fabric));
+    let out = String::from_utf8_lossy(&client.stdout).into_owned();
+    let sender = out.lines().find(|l| l.trim_end().ends_with("sender")).unwrap_or_default();
+    let w: Vec<&str> = sender.split_whitespace().collect();
+    let rate = w.iter().position(|u| u.ends_with("bits/sec")).and_then(|i| {
+        let scale = match w[i].chars().next() {
+            Some('G') => 1.0,
+            Some('M') => 1e-3,
+            Some('K') => 1e-6,
+            _ => 1e-9,
+        };
+        w.get(i - 1)?.parse::<f64>().ok().map(|v| v * scale)
+    });
+    rate.ok_or(format!("iperf3 failed:\n{out}{}", String::from_utf8_lossy(&client.stderr)))
+}
