@@ -393,3 +393,96 @@ fn options_share_ports_split_families_and_reach_the_qp() {
     assert_eq!(cs.qp.query().unwrap().timeout, 18);
     drop(server);
 }
+
+/// `rdma_init_qp_attr`: a server that moves its own QP (never given to the id) through INIT,
+/// RTR and RTS with the attributes the CM hands out, and accepts with its QPN, talks to a
+/// client whose QP the CM moved.
+#[test]
+fn init_qp_attr_gives_what_takes_a_qp_of_ones_own_through_the_connection() {
+    for profile in [Profile::Full, Profile::Rxe] {
+        let f = fabric(profile);
+        let fresh = CmId::create(&CmChannel::new(&f).unwrap(), PortSpace::Tcp).unwrap();
+        let e = fresh.init_qp_attr(QpState::INIT).unwrap_err();
+        assert_eq!(e.errno(), Errno::EINVAL, "no port yet");
+        let (sch, server, cch, client) = listening(&f);
+        assert_eq!(client.init_qp_attr(QpState::RTR).unwrap_err().errno(), Errno::EINVAL);
+        assert_eq!(client.init_qp_attr(QpState::SQD).unwrap_err().errno(), Errno::EINVAL);
+        let c = side(&client);
+        let p = ConnParam {
+            responder_resources: 2,
+            initiator_depth: 3,
+            retry_count: 6,
+            rnr_retry_count: 5,
+            ..Default::default()
+        };
+        client.connect(&p).unwrap();
+        let conn = next(&sch, E::ConnectRequest).id;
+        // The server's own QP, set up by hand from what the CM says.
+        let ctx = conn.context().unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(16, None, 0).unwrap();
+        let mr = pd.reg_mr(4096, ALL_ACCESS).unwrap();
+        let qp = pd.create_qp(&QpInitAttr::new(QpType::RC, &cq, cap(8))).unwrap();
+        let (init, mask) = conn.init_qp_attr(QpState::INIT).unwrap();
+        assert_eq!(
+            (init.port_num, init.qp_access_flags),
+            (1, ALL_ACCESS.union(AccessFlags::LOCAL_WRITE))
+        );
+        qp.modify(&init, mask).unwrap();
+        let (rtr, mask) = conn.init_qp_attr(QpState::RTR).unwrap();
+        assert_eq!(rtr.dest_qp_num, c.qp.qp_num());
+        assert_eq!(rtr.max_dest_rd_atomic, 3, "what the client's request asks to read at once");
+        assert!(mask.contains(QpAttrMask::AV | QpAttrMask::RQ_PSN | QpAttrMask::PATH_MTU));
+        qp.modify(&rtr, mask).unwrap();
+        let (rts, mask) = conn.init_qp_attr(QpState::RTS).unwrap();
+        assert_eq!((rts.max_rd_atomic, rts.retry_cnt, rts.rnr_retry), (2, 6, 5));
+        qp.modify(&rts, mask).unwrap();
+        let accept = ConnParam { qp_num: qp.qp_num(), rnr_retry_count: 5, ..p.clone() };
+        conn.accept(&accept).unwrap();
+        next(&cch, E::Established);
+        next(&sch, E::Established);
+        // The client's RTS, as the CM computed it, is what its QP got.
+        let (crts, _) = client.init_qp_attr(QpState::RTS).unwrap();
+        assert_eq!(crts.sq_psn, c.qp.query().unwrap().sq_psn);
+        post_recv(&qp, 1, &[sge(&mr, 0, 64)]);
+        c.mr.write(0, b"own qp").unwrap();
+        c.qp.post_send(&SendWr::send(2, &[sge(&c.mr, 0, 6)]).signaled()).unwrap();
+        assert_eq!(wait1(&c.cq).status, WcStatus::SUCCESS);
+        assert_eq!(wait1(&cq).byte_len, 6);
+        for id in [&client, &conn, &server] {
+            id.destroy().unwrap();
+        }
+        let _ = (qp.destroy(), mr.dereg());
+    }
+}
+
+/// `rdma_notify(COMM_EST)`: an accepted connection whose RTU has not come yet (the client
+/// establishes by hand, later) is established by the notification, once.
+#[test]
+fn a_notification_establishes_before_the_rtu() {
+    let f = fabric(Profile::Full);
+    let (sch, server, cch, client) = listening(&f);
+    // The client connects a QP of its own: it must establish itself after the reply.
+    let c = side(&client);
+    let other = CmId::create(&cch, PortSpace::Tcp).unwrap();
+    other.resolve_addr(None, addr("127.0.0.2:7471"), 2000).unwrap();
+    next(&cch, E::AddrResolved);
+    other.resolve_route(2000).unwrap();
+    next(&cch, E::RouteResolved);
+    other.connect(&ConnParam { qp_num: c.qp.qp_num(), ..Default::default() }).unwrap();
+    let conn = next(&sch, E::ConnectRequest).id;
+    assert_eq!(conn.notify_established().unwrap_err().errno(), Errno::EINVAL, "not accepted");
+    let s = side(&conn);
+    conn.accept(&ConnParam::default()).unwrap();
+    next(&cch, E::ConnectResponse);
+    conn.notify_established().unwrap();
+    next(&sch, E::Established);
+    assert_eq!(conn.notify_established().unwrap_err().errno(), Errno(libc::EISCONN));
+    other.establish().unwrap();
+    sch.set_nonblocking(true).unwrap();
+    assert_eq!(sch.get_event().unwrap_err().errno(), Errno::EAGAIN, "the RTU raises nothing more");
+    assert_eq!(s.qp.state(), QpState::RTS);
+    for id in [&client, &other, &conn, &server] {
+        id.destroy().unwrap();
+    }
+}

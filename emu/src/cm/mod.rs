@@ -32,7 +32,7 @@ use crate::{
     Context, Device, Fabric, Qp, QpAttr,
     error::{Errno, Error, Result},
     fabric::FabricInner,
-    objects::event::EventQueue,
+    objects::{device::DeviceInner, event::EventQueue},
     types::{AhAttr, LinkLayer, Mtu, QpAttrMask as M, QpState, QpType},
 };
 
@@ -676,32 +676,57 @@ impl CmId {
             return Err(einval("the id has a QP already"));
         }
         if qp.qp_type() == QpType::RC || qp.qp_type() == QpType::UC {
-            let access = crate::types::AccessFlags::LOCAL_WRITE
-                | crate::types::AccessFlags::REMOTE_WRITE
-                | crate::types::AccessFlags::REMOTE_READ
-                | crate::types::AccessFlags::REMOTE_ATOMIC;
-            let init = QpAttr {
-                qp_state: QpState::INIT,
-                port_num: port,
-                qp_access_flags: access,
-                ..Default::default()
-            };
-            qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)?;
+            let (init, mask) = init_attr(port, false);
+            qp.modify(&init, mask)?;
         } else if qp.qp_type() == QpType::UD {
             // A datagram QP is ready at once, as librdmacm makes it (RTS, the CM's Q_Key).
-            let init = QpAttr {
-                qp_state: QpState::INIT,
-                port_num: port,
-                qkey: UDP_QKEY,
-                ..Default::default()
-            };
-            qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY)?;
-            qp.modify(&QpAttr { qp_state: QpState::RTR, ..Default::default() }, M::STATE)?;
-            let rts = QpAttr { qp_state: QpState::RTS, sq_psn: st.psn, ..Default::default() };
-            qp.modify(&rts, M::STATE | M::SQ_PSN)?;
+            for (attr, mask) in [init_attr(port, true), ud_rtr(), ud_rts(st.psn)] {
+                qp.modify(&attr, mask)?;
+            }
         }
         st.qp = Some(qp.clone());
         Ok(())
+    }
+
+    /// `rdma_init_qp_attr`: the attributes, and their mask, that take the id's QP to `state`
+    /// (INIT, RTR or RTS) as the connection does: INIT on the id's port (with the access
+    /// [`CmId::set_qp`] gives, or the CM's Q_Key for a datagram QP), RTR and RTS toward the
+    /// peer once its request (passive side) or reply (active side) is known, with what the
+    /// two sides negotiated. `EINVAL` for another state, an id without a port, or RTR/RTS of
+    /// a connected QP before the peer is known.
+    pub fn init_qp_attr(&self, state: QpState) -> Result<(QpAttr, M)> {
+        let st = self.0.st.lock();
+        let Some((dev, port)) = st.port else { return Err(einval("the id has no address yet")) };
+        let ud = st.qp.as_ref().map_or(self.datagram(), |q| q.qp_type() == QpType::UD);
+        match state {
+            QpState::INIT => return Ok(init_attr(port, ud)),
+            QpState::RTR if ud => return Ok(ud_rtr()),
+            QpState::RTS if ud => return Ok(ud_rts(st.psn)),
+            QpState::RTR | QpState::RTS => {}
+            _ => return Err(einval("the CM sets up INIT, RTR and RTS only")),
+        }
+        let remote = st.remote.ok_or_else(|| einval("the peer is not known yet"))?;
+        let q = if st.listener.is_none() {
+            QpSetup::active(&st, remote)
+        } else if st.state == State::Request {
+            // Not accepted yet: what the request offers.
+            let p = ConnParam {
+                responder_resources: remote.initiator_depth,
+                initiator_depth: remote.responder_resources,
+                rnr_retry_count: remote.rnr_retry_count,
+                ..Default::default()
+            };
+            QpSetup::passive(&st, remote, &p)
+        } else {
+            QpSetup::passive(&st, remote, &st.mine)
+        };
+        let rc = st.qp.as_ref().is_none_or(|q| q.qp_type().is_reliable());
+        if state == QpState::RTS {
+            return Ok(q.rts(rc));
+        }
+        let fabric = self.fabric();
+        let device = fabric.devices.get(dev as usize).ok_or_else(|| einval("no such device"))?;
+        q.rtr(fabric, device, rc)
     }
 
     /// `rdma_connect`: sends the connection request to the listener of the resolved address.
@@ -762,17 +787,7 @@ impl CmId {
         let remote = st.remote.expect("a request has a remote");
         st.mine = p.clone();
         if let Some(qp) = st.qp.as_ref().filter(|_| !self.datagram()) {
-            let q = QpSetup {
-                port: st.port.expect("set").1,
-                options: st.options,
-                remote,
-                psn: st.psn,
-                max_dest_rd_atomic: p.responder_resources,
-                max_rd_atomic: p.initiator_depth,
-                retry_count: remote.retry_count,
-                rnr_retry_count: p.rnr_retry_count,
-            };
-            q.rtr_rts(self.fabric(), qp)?;
+            QpSetup::passive(&st, remote, p).rtr_rts(self.fabric(), qp)?;
         }
         // A UD reply (SIDR REP) ends the exchange: no RTU follows.
         st.state = if self.datagram() { State::Connected } else { State::Accepting };
@@ -906,17 +921,7 @@ impl CmId {
             drop(st);
             return self.raise(CmEventType::ConnectResponse, 0, param, None);
         };
-        let q = QpSetup {
-            port: st.port.expect("set").1,
-            options: st.options,
-            remote,
-            psn: st.psn,
-            max_dest_rd_atomic: st.mine.responder_resources.min(remote.initiator_depth.max(1)),
-            max_rd_atomic: st.mine.initiator_depth.min(remote.responder_resources.max(1)),
-            retry_count: st.mine.retry_count,
-            rnr_retry_count: st.mine.rnr_retry_count,
-        };
-        if let Err(e) = q.rtr_rts(self.fabric(), &qp) {
+        if let Err(e) = QpSetup::active(&st, remote).rtr_rts(self.fabric(), &qp) {
             st.state = State::Idle;
             drop(st);
             return self.raise(CmEventType::ConnectError, -e.errno().raw(), param, None);
@@ -937,6 +942,21 @@ impl CmId {
         let remote = st.remote.expect("checked");
         drop(st);
         deliver(self.fabric(), remote.slot, Msg::Rtu { to: remote.id });
+        Ok(())
+    }
+
+    /// `rdma_notify(id, IBV_EVENT_COMM_EST)`: the passive side's QP took a message before the
+    /// RTU came, so the connection is established now (`Established` is raised; the RTU, when
+    /// it comes, changes nothing). `EISCONN` when it is already, `EINVAL` in other states.
+    pub fn notify_established(&self) -> Result<()> {
+        match self.0.st.lock().state {
+            State::Accepting => {}
+            State::Connected => {
+                return Err(Error::new(Errno(libc::EISCONN), "established already"));
+            }
+            _ => return Err(einval("nothing to establish")),
+        }
+        self.ready_to_use();
         Ok(())
     }
 
@@ -1159,9 +1179,46 @@ struct QpSetup {
 }
 
 impl QpSetup {
+    /// The passive side's, accepting `remote`'s request with `p`.
+    fn passive(st: &IdState, remote: Remote, p: &ConnParam) -> QpSetup {
+        QpSetup {
+            port: st.port.expect("set").1,
+            options: st.options,
+            remote,
+            psn: st.psn,
+            max_dest_rd_atomic: p.responder_resources,
+            max_rd_atomic: p.initiator_depth,
+            retry_count: remote.retry_count,
+            rnr_retry_count: p.rnr_retry_count,
+        }
+    }
+
+    /// The active side's, once `remote` replied: the smaller of what each side offered.
+    fn active(st: &IdState, remote: Remote) -> QpSetup {
+        QpSetup {
+            port: st.port.expect("set").1,
+            options: st.options,
+            remote,
+            psn: st.psn,
+            max_dest_rd_atomic: st.mine.responder_resources.min(remote.initiator_depth.max(1)),
+            max_rd_atomic: st.mine.initiator_depth.min(remote.responder_resources.max(1)),
+            retry_count: st.mine.retry_count,
+            rnr_retry_count: st.mine.rnr_retry_count,
+        }
+    }
+
     /// RTR toward the remote QP, then RTS, as librdmacm does with the kernel's attributes.
     fn rtr_rts(&self, fabric: &FabricInner, qp: &Qp) -> Result<()> {
-        let local = qp.0.ctx.device.port(self.port)?.attr.lock().clone();
+        let rc = qp.qp_type().is_reliable();
+        let (rtr, mask) = self.rtr(fabric, &qp.0.ctx.device, rc)?;
+        qp.modify(&rtr, mask)?;
+        let (rts, mask) = self.rts(rc);
+        qp.modify(&rts, mask)
+    }
+
+    /// The RTR attributes (and their mask) of a QP on `device`, reliable or not.
+    fn rtr(&self, fabric: &FabricInner, device: &DeviceInner, rc: bool) -> Result<(QpAttr, M)> {
+        let local = device.port(self.port)?.attr.lock().clone();
         let rdev = fabric
             .devices
             .get(self.remote.device as usize)
@@ -1171,7 +1228,6 @@ impl QpSetup {
         let mut ah_attr = ah_toward(fabric, self.port, self.remote.device, self.remote.port)
             .ok_or_else(|| einval("no such port"))?;
         ah_attr.traffic_class = self.options.tos;
-        let rc = qp.qp_type().is_reliable();
         let rtr = QpAttr {
             qp_state: QpState::RTR,
             path_mtu: mtu,
@@ -1183,7 +1239,11 @@ impl QpSetup {
             ..Default::default()
         };
         let mask = M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN;
-        qp.modify(&rtr, if rc { mask | M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER } else { mask })?;
+        Ok((rtr, if rc { mask | M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER } else { mask }))
+    }
+
+    /// The RTS attributes and their mask.
+    fn rts(&self, rc: bool) -> (QpAttr, M) {
         let rts = QpAttr {
             qp_state: QpState::RTS,
             sq_psn: self.psn,
@@ -1194,8 +1254,33 @@ impl QpSetup {
             ..Default::default()
         };
         let rc_mask = M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC;
-        qp.modify(&rts, if rc { M::STATE | M::SQ_PSN | rc_mask } else { M::STATE | M::SQ_PSN })
+        (rts, if rc { M::STATE | M::SQ_PSN | rc_mask } else { M::STATE | M::SQ_PSN })
     }
+}
+
+/// INIT on `port`: a connected QP with the access a connection needs (local write, remote
+/// read and write, atomics), a datagram QP (`ud`) with the CM's Q_Key.
+fn init_attr(port: u8, ud: bool) -> (QpAttr, M) {
+    let base = QpAttr { qp_state: QpState::INIT, port_num: port, ..Default::default() };
+    let mask = M::STATE | M::PKEY_INDEX | M::PORT;
+    if ud {
+        return (QpAttr { qkey: UDP_QKEY, ..base }, mask | M::QKEY);
+    }
+    let access = crate::types::AccessFlags::LOCAL_WRITE
+        | crate::types::AccessFlags::REMOTE_WRITE
+        | crate::types::AccessFlags::REMOTE_READ
+        | crate::types::AccessFlags::REMOTE_ATOMIC;
+    (QpAttr { qp_access_flags: access, ..base }, mask | M::ACCESS_FLAGS)
+}
+
+/// A datagram QP's RTR: nothing but the state.
+fn ud_rtr() -> (QpAttr, M) {
+    (QpAttr { qp_state: QpState::RTR, ..Default::default() }, M::STATE)
+}
+
+/// A datagram QP's RTS, sending from `psn`.
+fn ud_rts(psn: u32) -> (QpAttr, M) {
+    (QpAttr { qp_state: QpState::RTS, sq_psn: psn, ..Default::default() }, M::STATE | M::SQ_PSN)
 }
 
 /// Moves `qp` to the error state (a QP already destroyed or in RESET is left alone).

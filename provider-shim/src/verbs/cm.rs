@@ -681,86 +681,126 @@ unsafe fn channel_and_cq(
 /// `rdma_create_qp(id, pd, qp_init_attr)`: a QP on `pd` (the device's default PD if NULL)
 /// that the id connects; it is in INIT until the connection takes it to RTS. Given no CQs,
 /// the id gets a completion channel and a CQ for each direction (`id->send_cq_channel`, ...),
-/// as librdmacm makes them for `rdma_get_send_comp` and friends.
+/// as librdmacm makes them for `rdma_get_send_comp` and friends. As in librdmacm, it is
+/// `rdma_create_qp_ex` with the PD in the extended attributes.
 pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_create_qp(
     id: *mut rdma_cm_id,
     pd: *mut ibv_pd,
     attr: *mut ibv_qp_init_attr,
 ) -> c_int {
     ffi!(fail_with(libc::EIO), {
-        let Some(s) = cm_id(id) else { return fail_with(libc::EINVAL) };
-        if attr.is_null() || s.id.verbs.is_null() {
-            return fail_with(libc::EINVAL);
+        // SAFETY: NULL or the application's attributes.
+        let Some(a) = (unsafe { attr.as_mut() }) else { return fail_with(libc::EINVAL) };
+        // SAFETY: all-zero is valid for these plain C fields.
+        let mut ax: ibv_qp_init_attr_ex = unsafe { std::mem::zeroed() };
+        (ax.qp_context, ax.send_cq, ax.recv_cq, ax.srq) =
+            (a.qp_context, a.send_cq, a.recv_cq, a.srq);
+        // SAFETY: plain C data, copied.
+        ax.cap = unsafe { ptr::read(&a.cap) };
+        (ax.qp_type, ax.sq_sig_all) = (a.qp_type, a.sq_sig_all);
+        (ax.comp_mask, ax.pd) = (IBV_QP_INIT_ATTR_PD, pd);
+        let r = create_qp(id, &mut ax);
+        if r == 0 {
+            a.cap = ax.cap;
         }
-        let pd = if pd.is_null() { default_pd(s.id.verbs) } else { pd };
-        if pd.is_null() {
+        r
+    })
+}
+
+/// `rdma_create_qp_ex(id, qp_init_attr_ex)`: as `rdma_create_qp`, with the extended
+/// attributes `ibv_create_qp_ex` takes (no PD in them: the device's default).
+pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_create_qp_ex(
+    id: *mut rdma_cm_id,
+    attr: *mut ibv_qp_init_attr_ex,
+) -> c_int {
+    ffi!(fail_with(libc::EIO), {
+        // SAFETY: NULL or the application's attributes.
+        let Some(a) = (unsafe { attr.as_mut() }) else { return fail_with(libc::EINVAL) };
+        create_qp(id, a)
+    })
+}
+
+/// `IBV_QP_INIT_ATTR_PD`: the PD field of `ibv_qp_init_attr_ex` is set.
+const IBV_QP_INIT_ATTR_PD: u32 = 1;
+
+/// The QP of `rdma_create_qp_ex`: on the id's device, its PD the given one or the device's
+/// default, its missing CQs the id's own; the id then connects it.
+fn create_qp(id: *mut rdma_cm_id, a: &mut ibv_qp_init_attr_ex) -> c_int {
+    let Some(s) = cm_id(id) else { return fail_with(libc::EINVAL) };
+    if s.id.verbs.is_null() || !s.id.qp.is_null() {
+        return fail_with(libc::EINVAL);
+    }
+    if a.comp_mask & IBV_QP_INIT_ATTR_PD == 0 || a.pd.is_null() {
+        a.comp_mask |= IBV_QP_INIT_ATTR_PD;
+        a.pd = default_pd(s.id.verbs);
+        if a.pd.is_null() {
             return -1;
         }
-        // SAFETY: the application's attributes, valid (checked non-NULL).
-        let mut a: ibv_qp_init_attr = unsafe { ptr::read(attr) };
-        let c = id.cast::<ShimCmId>();
-        // A direction given no CQ gets one of the id's, on a channel of its own.
-        let (need_send, need_recv) = (a.send_cq.is_null(), a.recv_cq.is_null());
-        let own = need_send || need_recv;
-        for (need, size, cq, ch) in [
-            // SAFETY: fields of a live id of ours.
-            (need_send, a.cap.max_send_wr, &mut a.send_cq, unsafe { &mut (*c).id.send_cq_channel }),
-            // SAFETY: as above.
-            (need_recv, a.cap.max_recv_wr, &mut a.recv_cq, unsafe { &mut (*c).id.recv_cq_channel }),
-        ] {
-            if !need {
-                continue;
-            }
-            // SAFETY: the id's device context.
-            let Some((made_ch, made_cq)) = (unsafe { channel_and_cq(s.id.verbs, size, id.cast()) })
-            else {
-                // SAFETY: what was made here (the other direction's), not handed out.
-                unsafe { destroy_own_cqs(c) };
-                return fail_with(libc::ENOMEM);
-            };
-            (*cq, *ch) = (made_cq, made_ch);
+    // SAFETY: a PD pointer from the application, only read for its context.
+    } else if unsafe { (*a.pd).context } != s.id.verbs {
+        return fail_with(libc::EINVAL);
+    }
+    let c = id.cast::<ShimCmId>();
+    // A direction given no CQ gets one of the id's, on a channel of its own.
+    let (need_send, need_recv) = (a.send_cq.is_null(), a.recv_cq.is_null());
+    let own = need_send || need_recv;
+    for (need, size, cq, ch) in [
+        // SAFETY: fields of a live id of ours.
+        (need_send, a.cap.max_send_wr, &mut a.send_cq, unsafe { &mut (*c).id.send_cq_channel }),
+        // SAFETY: as above.
+        (need_recv, a.cap.max_recv_wr, &mut a.recv_cq, unsafe { &mut (*c).id.recv_cq_channel }),
+    ] {
+        if !need {
+            continue;
         }
-        if need_send {
-            // SAFETY: a live id of ours.
-            unsafe { (*c).id.send_cq = a.send_cq };
-        }
-        if need_recv {
-            // SAFETY: as above.
-            unsafe { (*c).id.recv_cq = a.recv_cq };
-        }
-        // SAFETY: our PD and the attributes above, checked inside.
-        let qp = unsafe { super::qp::rdma_emu_shim__ibv_create_qp(pd, &mut a) };
-        // SAFETY: NULL or the QP just made.
-        let made = unsafe { obj::<_, ShimQp>(qp) }.map(|q| s.emu.set_qp(&q.emu));
-        if made.is_none_or(|r| r.is_err()) {
-            let errno = match made {
-                Some(Err(e)) => e.errno().raw(),
-                _ => std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL),
-            };
-            // SAFETY: what was made here, not handed out.
-            unsafe {
-                if !qp.is_null() {
-                    super::qp::rdma_emu_shim__ibv_destroy_qp(qp);
-                }
-                if own {
-                    destroy_own_cqs(c);
-                }
-            }
-            return fail_with(errno);
-        }
-        // SAFETY: a live id of ours; the application's attributes get the QP's caps back.
+        // SAFETY: the id's device context.
+        let Some((made_ch, made_cq)) = (unsafe { channel_and_cq(s.id.verbs, size, id.cast()) })
+        else {
+            // SAFETY: what was made here (the other direction's), not handed out.
+            unsafe { destroy_own_cqs(c) };
+            return fail_with(libc::ENOMEM);
+        };
+        (*cq, *ch) = (made_cq, made_ch);
+    }
+    if need_send {
+        // SAFETY: a live id of ours.
+        unsafe { (*c).id.send_cq = a.send_cq };
+    }
+    if need_recv {
+        // SAFETY: as above.
+        unsafe { (*c).id.recv_cq = a.recv_cq };
+    }
+    // SAFETY: the id's context and the attributes above, checked inside.
+    let qp = unsafe { super::qp::create_qp_ex(s.id.verbs, a) };
+    // SAFETY: NULL or the QP just made.
+    let made = unsafe { obj::<_, ShimQp>(qp) }.map(|q| s.emu.set_qp(&q.emu));
+    if made.is_none_or(|r| r.is_err()) {
+        let errno = match made {
+            Some(Err(e)) => e.errno().raw(),
+            _ => std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL),
+        };
+        // SAFETY: what was made here, not handed out.
         unsafe {
-            (*attr).cap = a.cap;
-            (*c).id.qp = qp;
-            (*c).id.pd = pd;
-            (*c).id.srq = a.srq.cast();
-            (*c).id.qp_type = a.qp_type;
+            if !qp.is_null() {
+                super::qp::rdma_emu_shim__ibv_destroy_qp(qp);
+            }
+            if own {
+                destroy_own_cqs(c);
+            }
         }
-        s.extra.lock().own_cqs = own;
-        refresh(c);
-        refresh_qp_state(c);
-        0
-    })
+        return fail_with(errno);
+    }
+    // SAFETY: a live id of ours.
+    unsafe {
+        (*c).id.qp = qp;
+        (*c).id.pd = a.pd;
+        (*c).id.srq = a.srq.cast();
+        (*c).id.qp_type = a.qp_type;
+    }
+    s.extra.lock().own_cqs = own;
+    refresh(c);
+    refresh_qp_state(c);
+    0
 }
 
 /// Destroys the CQs the id made (those with a channel of the id's) and their channels.
@@ -1233,5 +1273,49 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_set_option(
             _ => return fail_with(libc::ENOSYS),
         };
         done(res)
+    })
+}
+
+/// `rdma_init_qp_attr(id, qp_attr, qp_attr_mask)`: the attributes (and mask) that take the
+/// id's QP to `qp_attr->qp_state` (INIT, RTR or RTS), as the connection sets them.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_init_qp_attr(
+    id: *mut rdma_cm_id,
+    qp_attr: *mut ibv_qp_attr,
+    qp_attr_mask: *mut c_int,
+) -> c_int {
+    ffi!(fail_with(libc::EIO), {
+        let Some(s) = cm_id(id) else { return fail_with(libc::EINVAL) };
+        // SAFETY: NULL or the caller's attributes and mask.
+        let (Some(a), Some(m)) = (unsafe { qp_attr.as_mut() }, unsafe { qp_attr_mask.as_mut() })
+        else {
+            return fail_with(libc::EINVAL);
+        };
+        match s.emu.init_qp_attr(rdma_emu::QpState(a.qp_state)) {
+            Ok((attr, mask)) => {
+                *a = super::qp::qp_attr_to_c(&attr);
+                *m = mask.bits() as c_int;
+                0
+            }
+            Err(e) => fail(e),
+        }
+    })
+}
+
+/// `IBV_EVENT_COMM_EST`.
+const IBV_EVENT_COMM_EST: u32 = 4;
+
+/// `rdma_notify(id, event)`: `IBV_EVENT_COMM_EST` establishes an accepted connection whose
+/// QP took a message before the RTU (as the kernel's CM does); other events are `EINVAL`
+/// (there is no path migration).
+pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_notify(
+    id: *mut rdma_cm_id,
+    event: u32,
+) -> c_int {
+    ffi!(fail_with(libc::EIO), {
+        let Some(s) = cm_id(id) else { return fail_with(libc::EINVAL) };
+        if event != IBV_EVENT_COMM_EST {
+            return fail_with(libc::EINVAL);
+        }
+        done(s.emu.notify_established())
     })
 }

@@ -420,7 +420,7 @@ fn qp_attr_from_c(a: &ibv_qp_attr) -> QpAttr {
     })
 }
 
-fn qp_attr_to_c(a: &QpAttr) -> ibv_qp_attr {
+pub(crate) fn qp_attr_to_c(a: &QpAttr) -> ibv_qp_attr {
     qp_attr_like!(ibv_qp_attr, a, {
         qp_state: a.qp_state.0,
         cur_qp_state: a.cur_qp_state.0,

@@ -142,12 +142,34 @@ int main(void)
 	conn = ev->id;
 	rdma_ack_cm_event(ev);
 	CHECK(conn->verbs == devs[0]);
+	/* rdma_init_qp_attr: what the connection will give the QP. */
+	struct ibv_qp_attr qa = { .qp_state = IBV_QPS_RTR };
+	int qmask = 0;
+	CHECK(rdma_init_qp_attr(conn, &qa, &qmask) == 0);
+	CHECK(qa.dest_qp_num == client->qp->qp_num && (qmask & IBV_QP_DEST_QPN) && (qmask & IBV_QP_AV));
+	qa.qp_state = IBV_QPS_INIT;
+	CHECK(rdma_init_qp_attr(conn, &qa, &qmask) == 0 && qa.port_num == 1);
+	CHECK(qmask == (IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS));
+	qa.qp_state = IBV_QPS_SQD;
+	CHECK(rdma_init_qp_attr(conn, &qa, &qmask) == -1 && errno == EINVAL);
+	CHECK(rdma_init_qp_attr(conn, NULL, &qmask) == -1 && errno == EINVAL);
+	CHECK(rdma_init_qp_attr(bogus, &qa, &qmask) == -1 && errno == EINVAL);
 	CHECK(rdma_connect(conn, &p) == -1 && errno == EINVAL);
+	/* The server's QP through rdma_create_qp_ex: the PD in the extended attributes. */
 	init = qp_attr(cq);
-	CHECK(rdma_create_qp(conn, pd, &init) == 0);
+	struct ibv_qp_init_attr_ex ax = { .send_cq = cq, .recv_cq = cq, .cap = init.cap,
+					  .qp_type = IBV_QPT_RC, .comp_mask = IBV_QP_INIT_ATTR_PD,
+					  .pd = pd };
+	CHECK(rdma_create_qp_ex(conn, &ax) == 0 && conn->qp && conn->qp->pd == pd);
+	CHECK(conn->qp->state == IBV_QPS_INIT);
+	CHECK(rdma_create_qp_ex(conn, &ax) == -1 && errno == EINVAL); /* it has one */
+	CHECK(rdma_create_qp_ex(conn, NULL) == -1 && errno == EINVAL);
+	CHECK(rdma_notify(conn, IBV_EVENT_COMM_EST) == -1 && errno == EINVAL); /* not accepted */
 	CHECK(rdma_accept(conn, NULL) == 0);
 	rdma_ack_cm_event(next(ch, RDMA_CM_EVENT_ESTABLISHED));
 	rdma_ack_cm_event(next(ch, RDMA_CM_EVENT_ESTABLISHED));
+	CHECK(rdma_notify(conn, IBV_EVENT_COMM_EST) == -1 && errno == EISCONN);
+	CHECK(rdma_notify(conn, IBV_EVENT_PATH_MIG) == -1 && errno == EINVAL);
 	CHECK(client->qp->state == IBV_QPS_RTS);
 	CHECK(rdma_disconnect(client) == 0);
 	CHECK(rdma_disconnect(client) == -1 && errno == EINVAL);
