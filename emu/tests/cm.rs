@@ -486,3 +486,41 @@ fn a_notification_establishes_before_the_rtu() {
         id.destroy().unwrap();
     }
 }
+
+/// Multicast: a datagram id resolves a group's address from loopback's port, joins (the event
+/// carries the group's address: its multicast GID, QPN 0xffffff, the CM's Q_Key) and leaves.
+#[test]
+fn a_datagram_id_joins_and_leaves_a_multicast_group() {
+    for (profile, group, gid) in [
+        (Profile::Rxe, "239.1.2.3:0", "::ffff:239.1.2.3"),
+        (Profile::Full, "239.1.2.3:0", "ff0e::ffff:239.1.2.3"),
+        (Profile::Rxe, "[ff05::7]:0", "ff05::7"),
+    ] {
+        let f = fabric(profile);
+        let ch = CmChannel::new(&f).unwrap();
+        let id = CmId::create(&ch, PortSpace::Udp).unwrap();
+        assert_eq!(id.join_multicast(addr(group)).unwrap_err().errno(), Errno::EINVAL, "no port");
+        id.resolve_addr(None, addr(group), 2000).unwrap();
+        next(&ch, E::AddrResolved);
+        assert_eq!(id.context().unwrap().device().index(), 0, "loopback's port");
+        assert_eq!(id.join_multicast(addr("10.0.0.1:0")).unwrap_err().errno(), Errno::EINVAL);
+        id.join_multicast(addr(group)).unwrap();
+        let ev = next(&ch, E::MulticastJoin);
+        assert_eq!(ev.group, Some(addr(group)));
+        let ud = ev.ud.unwrap();
+        assert_eq!((ud.qp_num, ud.qkey), (0xff_ffff, rdma_emu::cm::UDP_QKEY));
+        let want: std::net::Ipv6Addr = gid.parse().unwrap();
+        assert!(ud.ah_attr.is_global && ud.ah_attr.dgid.0 == want.octets());
+        assert_eq!(id.leave_multicast(addr(group)).unwrap().0, want.octets());
+        let e = id.leave_multicast(addr(group)).unwrap_err();
+        assert_eq!(e.errno(), Errno::EADDRNOTAVAIL);
+        // A connected (RC) id cannot join.
+        let rc = CmId::create(&ch, PortSpace::Tcp).unwrap();
+        rc.resolve_addr(None, addr(group), 2000).unwrap();
+        next(&ch, E::AddrResolved);
+        assert_eq!(rc.join_multicast(addr(group)).unwrap_err().errno(), Errno::EINVAL);
+        for i in [&id, &rc] {
+            i.destroy().unwrap();
+        }
+    }
+}

@@ -425,3 +425,31 @@ fn iperf3_runs_over_rsockets_through_librspreload() {
         .unwrap_or(0.0);
     assert!(mbytes >= 60.0, "the server received {mbytes} MB: {s_out}");
 }
+
+/// mckey: receivers join a multicast group (their UD QPs attached by the library when the join
+/// completes), a sender joins it send-only and sends; every receiver takes every message
+/// (mckey waits for all of them). Under both profiles (an InfiniBand multicast GID and LID, a
+/// RoCE v2 IPv4-mapped one), with an IPv4 and an IPv6 group, between three processes.
+#[test]
+fn mckey_delivers_to_every_member_of_a_multicast_group() {
+    for (profile, group) in [("full", "239.1.2.3"), ("rxe", "ff05::7")] {
+        let fabric = Fabric::new();
+        let args = ["-m", group, "-C", "20"];
+        let receivers: Vec<Child> =
+            (0..2).map(|_| program(&fabric, profile, "mckey", &args).spawn().unwrap()).collect();
+        // mckey's sender waits 3 s after joining before it sends: the receivers, started
+        // first, are joined long before.
+        let sender =
+            program(&fabric, profile, "mckey", &[&args[..], &["-s"]].concat()).spawn().unwrap();
+        let (s_ok, s_out) = finish(sender, Duration::from_secs(30));
+        assert!(s_ok && s_out.contains("data transfers complete"), "{profile} sender:\n{s_out}");
+        for r in receivers {
+            let (ok, out) = finish(r, Duration::from_secs(30));
+            assert!(ok, "{profile} receiver:\n{out}");
+            assert!(
+                out.contains("mckey: joined dgid:") && out.contains("data transfers complete"),
+                "{out}"
+            );
+        }
+    }
+}

@@ -18,7 +18,7 @@ mod msg;
 
 use std::{
     collections::HashMap,
-    net::{IpAddr, Ipv4Addr, SocketAddr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     os::fd::{AsRawFd, RawFd},
     sync::{
         Arc, Weak,
@@ -33,7 +33,7 @@ use crate::{
     error::{Errno, Error, Result},
     fabric::FabricInner,
     objects::{device::DeviceInner, event::EventQueue},
-    types::{AhAttr, LinkLayer, Mtu, QpAttrMask as M, QpState, QpType},
+    types::{AhAttr, Gid, LinkLayer, Mtu, QpAttrMask as M, QpState, QpType},
 };
 
 /// A port space: which transport and which kind of port numbers (`enum rdma_port_space`).
@@ -156,6 +156,8 @@ pub struct CmEvent {
     /// For ids in `PortSpace::Udp`: the peer's address, QPN and Q_Key (librdmacm's
     /// `param.ud`), on `ConnectRequest` and `Established`.
     pub ud: Option<UdParam>,
+    /// For `MulticastJoin` and `MulticastError`: the group's address.
+    pub group: Option<SocketAddr>,
 }
 
 /// A channel that connection manager events arrive on (`struct rdma_event_channel`); its
@@ -253,6 +255,8 @@ struct IdState {
     mine: ConnParam,
     /// `rdma_set_option`s: what the id's options say.
     options: Options,
+    /// The multicast groups it joined.
+    groups: Vec<SocketAddr>,
 }
 
 /// The ids bound to each port of each port space.
@@ -437,6 +441,7 @@ impl CmId {
             listener: None,
             mine: ConnParam::default(),
             options: Options::default(),
+            groups: Vec::new(),
         };
         let (fabric, channel) = (channel.0.fabric.clone(), Mutex::new(channel.clone()));
         let (st, user_data) = (Mutex::new(st), AtomicUsize::new(0));
@@ -465,7 +470,7 @@ impl CmId {
         listen_id: Option<CmId>,
         ud: Option<UdParam>,
     ) {
-        let ev = CmEvent { id: self.clone(), listen_id, event, status, param, ud };
+        let ev = CmEvent { id: self.clone(), listen_id, event, status, param, ud, group: None };
         self.0.channel.lock().0.queue.push(ev);
     }
 
@@ -610,7 +615,15 @@ impl CmId {
             return Err(einval("the id cannot resolve an address now"));
         }
         let cm = self.cm();
-        let Some(dest) = cm.addrs.port_of(dst.ip()) else {
+        // A multicast group is reached from the bound port, else from loopback's.
+        let loopback = if dst.is_ipv4() {
+            IpAddr::V4(Ipv4Addr::LOCALHOST)
+        } else {
+            IpAddr::V6(Ipv6Addr::LOCALHOST)
+        };
+        let toward = if dst.ip().is_multicast() { loopback } else { dst.ip() };
+        let dest = st.port.filter(|_| dst.ip().is_multicast()).or_else(|| cm.addrs.port_of(toward));
+        let Some(dest) = dest else {
             drop(st);
             self.raise(CmEventType::AddrError, -libc::EHOSTUNREACH, ConnParam::default(), None);
             return Ok(());
@@ -621,7 +634,7 @@ impl CmId {
             // every other, and loopback stays on its own port, as on a host.
             st.port = Some(dest);
             st.ctx = Some(self.open_device(dest.0)?);
-            let ip = cm.addrs.address_of(dest.0, dest.1, dst.ip()).unwrap_or(dst.ip());
+            let ip = cm.addrs.address_of(dest.0, dest.1, dst.ip()).unwrap_or(toward);
             let local = st.local.map_or(0, |a| a.port());
             st.local = Some(SocketAddr::new(ip, local));
         }
@@ -686,6 +699,61 @@ impl CmId {
         }
         st.qp = Some(qp.clone());
         Ok(())
+    }
+
+    /// `rdma_join_multicast`: joins the multicast group `group` (an IPv4 or IPv6 multicast
+    /// address) on the id's port; `MulticastJoin` carries the address to send to the group
+    /// (a GRH to its multicast GID, QPN 0xffffff, the CM's Q_Key). The caller attaches its QP
+    /// to that GID (librdmacm does, unless the join is send-only). `EINVAL` for an id that is
+    /// not a datagram one or has no port, or an address that is not multicast.
+    pub fn join_multicast(&self, group: SocketAddr) -> Result<()> {
+        let mut st = self.0.st.lock();
+        let Some((_, port)) = st.port else { return Err(einval("the id has no address yet")) };
+        if !matches!(self.0.ps, PortSpace::Udp | PortSpace::Ipoib) || !group.ip().is_multicast() {
+            return Err(einval("multicast needs a datagram id and a multicast address"));
+        }
+        st.groups.push(group);
+        let roce = st.ctx.as_ref().is_some_and(|c| {
+            c.0.device.port(port).is_ok_and(|p| p.attr.lock().link_layer == LinkLayer::ETHERNET)
+        });
+        drop(st);
+        let ah_attr = AhAttr {
+            is_global: true,
+            dgid: multicast_gid(group.ip(), roce),
+            hop_limit: 64,
+            // IB multicast traffic goes to a multicast LID.
+            dlid: if roce { 0 } else { MULTICAST_LID },
+            port_num: port,
+            ..Default::default()
+        };
+        let ud = UdParam { ah_attr, qp_num: MULTICAST_QPN, qkey: UDP_QKEY };
+        let ev = CmEvent {
+            id: self.clone(),
+            listen_id: None,
+            event: CmEventType::MulticastJoin,
+            status: 0,
+            param: ConnParam::default(),
+            ud: Some(ud),
+            group: Some(group),
+        };
+        self.0.channel.lock().0.queue.push(ev);
+        Ok(())
+    }
+
+    /// `rdma_leave_multicast`: leaves `group`; its multicast GID, for the caller to detach
+    /// its QP. `EADDRNOTAVAIL` for a group the id did not join.
+    pub fn leave_multicast(&self, group: SocketAddr) -> Result<Gid> {
+        let mut st = self.0.st.lock();
+        let i = st.groups.iter().position(|g| *g == group);
+        let i = i.ok_or(Error::new(Errno::EADDRNOTAVAIL, "the id did not join that group"))?;
+        st.groups.remove(i);
+        let roce = match (st.port, st.ctx.as_ref()) {
+            (Some((_, port)), Some(c)) => {
+                c.0.device.port(port).is_ok_and(|p| p.attr.lock().link_layer == LinkLayer::ETHERNET)
+            }
+            _ => false,
+        };
+        Ok(multicast_gid(group.ip(), roce))
     }
 
     /// `rdma_init_qp_attr`: the attributes, and their mask, that take the id's QP to `state`
@@ -1255,6 +1323,27 @@ impl QpSetup {
         };
         let rc_mask = M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC;
         (rts, if rc { M::STATE | M::SQ_PSN | rc_mask } else { M::STATE | M::SQ_PSN })
+    }
+}
+
+/// The QPN datagrams to a multicast group go to.
+pub const MULTICAST_QPN: u32 = crate::engine::requester::MULTICAST_QPN;
+/// The LID of the multicast groups on an InfiniBand port (the first multicast LID).
+const MULTICAST_LID: u16 = 0xc000;
+
+/// The multicast GID of the group at `ip`, as the kernel's CM makes it: an IPv6 group's own
+/// address; an IPv4 group's IPv4-mapped address on RoCE (v2), `ff0e::ffff:a.b.c.d` on
+/// InfiniBand.
+fn multicast_gid(ip: IpAddr, roce: bool) -> Gid {
+    match ip {
+        IpAddr::V6(v6) => Gid(v6.octets()),
+        IpAddr::V4(v4) => {
+            let mut g = v4.to_ipv6_mapped().octets();
+            if !roce {
+                (g[0], g[1]) = (0xff, 0x0e);
+            }
+            Gid(g)
+        }
     }
 }
 

@@ -576,7 +576,12 @@ impl Qp {
     /// (`ff..`). While attached, the QP cannot be destroyed (`EBUSY`).
     pub fn attach_mcast(&self, gid: &crate::Gid, _lid: u16) -> Result<()> {
         self.0.life.check()?;
-        if self.0.qp_type != QpType::UD || gid.0[0] != 0xff {
+        // An IPv6 multicast address, or an IPv4-mapped one (RoCE v2 groups; the kernel's
+        // rdma_is_multicast_addr takes both).
+        let g = &gid.0;
+        let mapped_v4 = g[..10].iter().all(|&b| b == 0) && g[10..12] == [0xff, 0xff];
+        let multicast = g[0] == 0xff || (mapped_v4 && g[12] & 0xf0 == 0xe0);
+        if self.0.qp_type != QpType::UD || !multicast {
             return Err(einval("multicast needs a UD QP and a multicast GID"));
         }
         let a = &self.0.ctx.device.attr;

@@ -666,6 +666,11 @@ mirrors! {
         srq: u8,
         qp_num: u32,
     }
+    rdma_cm_join_mc_attr_ex = "struct rdma_cm_join_mc_attr_ex" {
+        comp_mask: u32,
+        join_flags: u32,
+        addr: *mut libc::sockaddr,
+    }
     rdma_ud_param = "struct rdma_ud_param" {
         private_data: *const c_void,
         private_data_len: u8,

@@ -45,11 +45,29 @@ struct Extra {
     qp_init: Option<(ibv_qp_init_attr, *mut ibv_pd)>,
     /// `rdma_create_qp` made the id's completion channels and CQs (no CQs were given).
     own_cqs: bool,
+    /// The multicast groups joined: the application's context for each, and whether the
+    /// join is send-only (the QP is then not attached).
+    groups: Vec<Group>,
+}
+
+/// A multicast group an id joined.
+struct Group {
+    addr: SocketAddr,
+    context: *mut c_void,
+    send_only: bool,
+    /// The multicast GID the id's QP was attached to, once the join completed.
+    attached: Option<[u8; 16]>,
 }
 
 impl Default for Extra {
     fn default() -> Extra {
-        Extra { sync: ptr::null_mut(), event: ptr::null_mut(), qp_init: None, own_cqs: false }
+        Extra {
+            sync: ptr::null_mut(),
+            event: ptr::null_mut(),
+            qp_init: None,
+            own_cqs: false,
+            groups: Vec::new(),
+        }
     }
 }
 
@@ -580,9 +598,10 @@ fn shim_event(ch: *mut rdma_event_channel, ev: CmEvent) -> Option<*mut ShimCmEve
         qp_num: p.qp_num,
     };
     if let Some(ud) = &ev.ud {
-        // A UD peer: `param.ud`.
+        // A UD peer, or a multicast group (whose private data is the join's context): `param.ud`.
+        let context = ev.group.map(|g| joined(id, g, ud));
         s.ev.param = rdma_ud_param {
-            private_data: conn.private_data,
+            private_data: context.unwrap_or(conn.private_data),
             private_data_len: conn.private_data_len,
             ah_attr: super::qp::ah_to_c(&ud.ah_attr),
             qp_num: ud.qp_num,
@@ -596,6 +615,105 @@ fn shim_event(ch: *mut rdma_event_channel, ev: CmEvent) -> Option<*mut ShimCmEve
     let p = Box::into_raw(s);
     register(p);
     Some(p)
+}
+
+/// A multicast join completed for `group`: the id's QP is attached to the group's GID (unless
+/// the join is send-only), as librdmacm does; the join's context.
+fn joined(id: *mut ShimCmId, group: SocketAddr, ud: &rdma_emu::cm::UdParam) -> *const c_void {
+    // SAFETY: a live id of ours (the caller holds EVENT_IDS).
+    let s = unsafe { &*id };
+    let mut extra = s.extra.lock();
+    let Some(g) = extra.groups.iter_mut().find(|g| g.addr == group && g.attached.is_none()) else {
+        return ptr::null();
+    };
+    let gid = ud.ah_attr.dgid.0;
+    // SAFETY: NULL or the id's QP.
+    if let Some(qp) = unsafe { obj::<_, ShimQp>(s.id.qp) }.filter(|_| !g.send_only)
+        && qp.emu.attach_mcast(&rdma_emu::Gid(gid), ud.ah_attr.dlid).is_ok()
+    {
+        g.attached = Some(gid);
+    }
+    g.context
+}
+
+/// `RDMA_CM_JOIN_MC_ATTR_ADDRESS` / `RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS`.
+const JOIN_ADDRESS: u32 = 1;
+const JOIN_FLAGS: u32 = 2;
+/// `RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER`.
+const SENDONLY_FULLMEMBER: u32 = 1;
+
+/// `rdma_join_multicast(id, addr, context)`: a full-member join.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_join_multicast(
+    id: *mut rdma_cm_id,
+    addr: *mut libc::sockaddr,
+    context: *mut c_void,
+) -> c_int {
+    let mut attr =
+        rdma_cm_join_mc_attr_ex { comp_mask: JOIN_ADDRESS | JOIN_FLAGS, join_flags: 0, addr };
+    // SAFETY: forwarded; `attr` is ours.
+    unsafe { rdma_emu_shim__rdma_emu_cm__rdma_join_multicast_ex(id, &mut attr, context) }
+}
+
+/// `rdma_join_multicast_ex(id, mc_join_attr, context)`: joins the group at `addr`, as a full
+/// member or send-only; `RDMA_CM_EVENT_MULTICAST_JOIN` follows, its `param.ud` the address of
+/// the group and its private data `context`.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_join_multicast_ex(
+    id: *mut rdma_cm_id,
+    attr: *mut rdma_cm_join_mc_attr_ex,
+    context: *mut c_void,
+) -> c_int {
+    ffi!(fail_with(libc::EIO), {
+        let Some(s) = cm_id(id) else { return fail_with(libc::EINVAL) };
+        // SAFETY: NULL or the application's attributes.
+        let Some(a) = (unsafe { attr.as_ref() }) else { return fail_with(libc::EINVAL) };
+        if a.comp_mask & !(JOIN_ADDRESS | JOIN_FLAGS) != 0 {
+            return fail_with(libc::ENOTSUP);
+        }
+        let full = JOIN_ADDRESS | JOIN_FLAGS;
+        if a.comp_mask & full != full || a.join_flags > SENDONLY_FULLMEMBER {
+            return fail_with(libc::EINVAL);
+        }
+        // SAFETY: NULL or the application's address.
+        let Some(group) = (unsafe { socket_addr(a.addr) }) else { return fail_with(libc::EINVAL) };
+        let send_only = a.join_flags == SENDONLY_FULLMEMBER;
+        let g = Group { addr: group, context, send_only, attached: None };
+        s.extra.lock().groups.push(g);
+        match s.emu.join_multicast(group) {
+            Ok(()) => 0,
+            Err(e) => {
+                let mut extra = s.extra.lock();
+                if let Some(i) = extra.groups.iter().rposition(|g| g.addr == group) {
+                    extra.groups.remove(i);
+                }
+                fail(e)
+            }
+        }
+    })
+}
+
+/// `rdma_leave_multicast(id, addr)`: leaves the group (its QP detached first);
+/// `EADDRNOTAVAIL` for a group the id did not join.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_leave_multicast(
+    id: *mut rdma_cm_id,
+    addr: *mut libc::sockaddr,
+) -> c_int {
+    ffi!(fail_with(libc::EIO), {
+        let Some(s) = cm_id(id) else { return fail_with(libc::EINVAL) };
+        // SAFETY: NULL or the application's address.
+        let Some(group) = (unsafe { socket_addr(addr) }) else { return fail_with(libc::EINVAL) };
+        if let Err(e) = s.emu.leave_multicast(group) {
+            return fail(e);
+        }
+        let mut extra = s.extra.lock();
+        if let Some(i) = extra.groups.iter().position(|g| g.addr == group) {
+            let g = extra.groups.remove(i);
+            // SAFETY: NULL or the id's QP.
+            if let (Some(gid), Some(qp)) = (g.attached, unsafe { obj::<_, ShimQp>(s.id.qp) }) {
+                let _ = qp.emu.detach_mcast(&rdma_emu::Gid(gid), 0);
+            }
+        }
+        0
+    })
 }
 
 /// `rdma_ack_cm_event(event)`.

@@ -117,6 +117,25 @@ int main(void)
 	rdma_ack_cm_event(ev);
 	CHECK(rdma_destroy_id(other) == 0);
 
+	/* Multicast: datagram ids only, complete attributes, groups joined before leaving. */
+	struct sockaddr_in grp = addr("239.9.9.9", 0);
+	CHECK(rdma_join_multicast(listen, (struct sockaddr *)&grp, NULL) == -1 && errno == EINVAL);
+	struct rdma_cm_id *ud;
+	CHECK(rdma_create_id(ch, &ud, NULL, RDMA_PS_UDP) == 0);
+	CHECK(rdma_resolve_addr(ud, NULL, (struct sockaddr *)&grp, 100) == 0);
+	rdma_ack_cm_event(next(ch, RDMA_CM_EVENT_ADDR_RESOLVED));
+	struct rdma_cm_join_mc_attr_ex mx = { .comp_mask = 1 << 5, .addr = (struct sockaddr *)&grp };
+	CHECK(rdma_join_multicast_ex(ud, &mx, NULL) == -1 && errno == ENOTSUP);
+	mx.comp_mask = RDMA_CM_JOIN_MC_ATTR_ADDRESS;
+	CHECK(rdma_join_multicast_ex(ud, &mx, NULL) == -1 && errno == EINVAL);
+	CHECK(rdma_leave_multicast(ud, (struct sockaddr *)&grp) == -1 && errno == EADDRNOTAVAIL);
+	CHECK(rdma_join_multicast(ud, (struct sockaddr *)&grp, &grp) == 0);
+	ev = next(ch, RDMA_CM_EVENT_MULTICAST_JOIN);
+	CHECK(ev->id == ud && ev->param.ud.private_data == &grp && ev->param.ud.qp_num == 0xffffff);
+	rdma_ack_cm_event(ev);
+	CHECK(rdma_leave_multicast(ud, (struct sockaddr *)&grp) == 0);
+	CHECK(rdma_destroy_id(ud) == 0);
+
 	/* The ids' contexts are rdma_get_devices'. */
 	CHECK(devs = rdma_get_devices(&n));
 	CHECK(n == 2 && devs[0] && devs[1] && !devs[2]);
