@@ -373,3 +373,39 @@ pub(crate) fn poll(
     let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
     if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n as usize) }
 }
+
+/// The IP addresses of this host's network interfaces (getifaddrs(3)); none if it fails.
+pub(crate) fn host_addresses() -> Vec<std::net::IpAddr> {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `list` with a list we free below.
+    if unsafe { libc::getifaddrs(&mut list) } != 0 {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    let mut p = list;
+    // SAFETY: each node of the list getifaddrs made, until its NULL end; an address is read
+    // as the type its family says.
+    while let Some(ifa) = unsafe { p.as_ref() } {
+        // SAFETY: NULL or the node's address.
+        if let Some(sa) = unsafe { ifa.ifa_addr.as_ref() } {
+            match libc::c_int::from(sa.sa_family) {
+                libc::AF_INET => {
+                    // SAFETY: an AF_INET address is a sockaddr_in.
+                    let a = unsafe { &*ifa.ifa_addr.cast::<libc::sockaddr_in>() };
+                    out.push(IpAddr::V4(Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr))));
+                }
+                libc::AF_INET6 => {
+                    // SAFETY: an AF_INET6 address is a sockaddr_in6.
+                    let a = unsafe { &*ifa.ifa_addr.cast::<libc::sockaddr_in6>() };
+                    out.push(IpAddr::V6(Ipv6Addr::from(a.sin6_addr.s6_addr)));
+                }
+                _ => {}
+            }
+        }
+        p = ifa.ifa_next;
+    }
+    // SAFETY: the list getifaddrs made, freed once.
+    unsafe { libc::freeifaddrs(list) };
+    out
+}

@@ -1,7 +1,8 @@
 //! Which emulated port an IP address names: the address model the connection manager resolves
 //! by (`rdma_resolve_addr`, `rdma_bind_addr`) and that a RoCE port's GIDs follow.
 //!
-//! By default `127.0.0.1` and `::1` (so `localhost`) name port 1 of the first device. More
+//! By default `127.0.0.1` and `::1` (so `localhost`) and this host's own addresses (those of
+//! its network interfaces) name port 1 of the first device. More
 //! addresses map to other devices and ports through [`FabricConfig::addresses`]
 //! (`RDMA_EMU_ADDRS=127.0.0.2=emu1:1,...` for the C library), so that two devices of one
 //! process can be told apart.
@@ -49,10 +50,18 @@ pub(crate) struct AddressMap {
 }
 
 impl AddressMap {
-    /// The configured addresses, then the default ones that are not taken by them.
+    /// The configured addresses, then the default ones that are not taken by them: loopback's
+    /// and the host's own.
     pub(crate) fn new(configured: &[PortAddress]) -> AddressMap {
+        AddressMap::with(configured, &crate::sys::host_addresses())
+    }
+
+    /// The configured addresses, then loopback's and `host`'s on port 1 of the first device,
+    /// each address once (a configured one wins).
+    fn with(configured: &[PortAddress], host: &[IpAddr]) -> AddressMap {
         let mut entries = configured.to_vec();
-        for ip in [IpAddr::V4(Ipv4Addr::LOCALHOST), IpAddr::V6(Ipv6Addr::LOCALHOST)] {
+        let loopback = [IpAddr::V4(Ipv4Addr::LOCALHOST), IpAddr::V6(Ipv6Addr::LOCALHOST)];
+        for &ip in loopback.iter().chain(host) {
             if !entries.iter().any(|e| e.ip == ip) {
                 entries.push(PortAddress { ip, device: 0, port: 1 });
             }
@@ -84,7 +93,7 @@ mod test {
     fn test_loopback_names_the_first_port_and_the_setting_adds_others() {
         let more = PortAddress::parse_list("127.0.0.2=emu1, 10.1.2.3=0:2").unwrap();
         assert_eq!(more[1], PortAddress { ip: "10.1.2.3".parse().unwrap(), device: 0, port: 2 });
-        let m = AddressMap::new(&more);
+        let m = AddressMap::with(&more, &[]);
         assert_eq!(m.port_of("127.0.0.1".parse().unwrap()), Some((0, 1)));
         assert_eq!(m.port_of("::1".parse().unwrap()), Some((0, 1)));
         assert_eq!(m.port_of("::ffff:127.0.0.2".parse().unwrap()), Some((1, 1)));
@@ -93,5 +102,18 @@ mod test {
         assert_eq!(m.address_of(0, 1, v6), Some("::1".parse().unwrap()));
         assert!(PortAddress::parse_list("1.2.3.4=emu1:0").is_err());
         assert!(PortAddress::parse_list("nonsense").is_err());
+    }
+
+    #[test]
+    fn test_the_hosts_own_addresses_name_the_first_port_unless_configured() {
+        let host: [IpAddr; 2] = ["198.51.100.7".parse().unwrap(), "2001:db8::7".parse().unwrap()];
+        let mine = PortAddress::parse_list("2001:db8::7=emu1").unwrap();
+        let m = AddressMap::with(&mine, &host);
+        assert_eq!(m.port_of(host[0]), Some((0, 1)));
+        assert_eq!(m.port_of(host[1]), Some((1, 1)), "the setting wins");
+        // The real host's addresses are in the default map (loopback at least).
+        let real = crate::sys::host_addresses();
+        let d = AddressMap::new(&[]);
+        assert!(real.iter().all(|ip| d.port_of(*ip).is_some()), "{real:?}");
     }
 }
