@@ -262,3 +262,57 @@ fn reads_across_the_rings_end_keep_the_order() {
     let i = got.iter().zip(&data).position(|(a, b)| a != b);
     assert_eq!(i, None);
 }
+
+/// Datagram rsockets: a bound socket answers the datagrams of an unbound one at the address
+/// each carries; a connected socket takes its peer's datagrams only.
+#[test]
+fn datagrams_go_both_ways_with_their_sources() {
+    let f = Fabric::new(Default::default());
+    let s = RSocket::new_dgram(&f, true).unwrap();
+    s.bind(addr("[::]:9101")).unwrap();
+    let c = RSocket::new_dgram(&f, false).unwrap();
+    let to = addr("127.0.0.1:9101");
+    // The first datagram to an address waits for the answer to its lookup: the server must be
+    // taking its events meanwhile.
+    let server = {
+        let s = s.clone();
+        thread::spawn(move || {
+            let mut b = [0u8; 64];
+            let (n, from) = s.recv_from(&mut b, RecvFlags::default()).unwrap();
+            (b[..n].to_vec(), from)
+        })
+    };
+    assert_eq!(c.send_to(b"ping", to, false).unwrap(), 4);
+    let (got, from) = server.join().unwrap();
+    assert_eq!(got, b"ping");
+    let mut b = [0u8; 64];
+    let from = from.unwrap();
+    assert_eq!(from.ip(), "127.0.0.1".parse::<std::net::IpAddr>().unwrap());
+    assert_eq!(Some(from), c.local_addr().map(|a| std::net::SocketAddr::new(from.ip(), a.port())));
+    c.connect(to).unwrap();
+    let client = {
+        let c = c.clone();
+        thread::spawn(move || {
+            let mut b = [0u8; 64];
+            let (n, back) = c.recv_from(&mut b, RecvFlags::default()).unwrap();
+            (b[..n].to_vec(), back)
+        })
+    };
+    assert_eq!(s.send_to(b"pong!", from, false).unwrap(), 5);
+    let (got, back) = client.join().unwrap();
+    assert_eq!((&got[..], back), (&b"pong!"[..], Some(to)));
+    // Cut to the buffer; nothing more waits.
+    assert_eq!(c.send(b"0123456789", false).unwrap(), 10);
+    let mut small = [0u8; 4];
+    assert_eq!(s.recv(&mut small, RecvFlags::default()).unwrap(), 4);
+    assert_eq!(&small, b"0123");
+    let dont = RecvFlags { dont_wait: true, ..Default::default() };
+    assert_eq!(s.recv(&mut b, dont).unwrap_err().errno(), Errno::EAGAIN);
+    // Too big for a datagram; nobody at the address: dropped, as UDP.
+    assert_eq!(c.send(&vec![0u8; 1 << 16], false).unwrap_err().errno(), Errno(libc::EMSGSIZE));
+    assert_eq!(c.send_to(b"lost", addr("127.0.0.1:9102"), false).unwrap(), 4);
+    assert_eq!(s.listen(1).unwrap_err().errno(), Errno::EOPNOTSUPP);
+    for x in [c, s] {
+        x.close().unwrap();
+    }
+}

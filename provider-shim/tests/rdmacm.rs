@@ -475,3 +475,28 @@ fn the_hosts_own_address_reaches_the_emulated_port() {
     assert!(ok, "{host}\n--- client:\n{c_out}\n--- server:\n{s_out}");
     assert_eq!(c_out.matches("ping data: rdma-ping-").count(), 10, "{c_out}");
 }
+
+/// udpong: datagram rsockets between two processes, under both profiles: the client logs in
+/// and has every one of its datagrams echoed (it waits for each echo, matching its sequence
+/// number, and resends what was lost).
+#[test]
+fn udpong_echoes_datagrams_over_rsockets() {
+    for (profile, port) in [("full", 7795u16), ("rxe", 7796)] {
+        let fabric = Fabric::new();
+        let p = port.to_string();
+        // udpong's server serves until it is stopped.
+        let mut server =
+            program(&fabric, profile, "udpong", &["-p", &p, "-T", "e"]).spawn().unwrap();
+        wait_listening_in(&fabric, "111", port);
+        let args = ["-s", "127.0.0.1", "-p", &p, "-S", "1000", "-C", "500", "-T", "e"];
+        let (ok, out) = finish(
+            program(&fabric, profile, "udpong", &args).spawn().unwrap(),
+            Duration::from_secs(60),
+        );
+        let _ = server.kill();
+        let _ = server.wait();
+        assert!(ok, "{profile}: {out}");
+        let row = out.lines().find(|l| l.starts_with("custom")).unwrap_or_default();
+        assert!(row.split_whitespace().nth(2) == Some("1k"), "every datagram echoed: {out}");
+    }
+}

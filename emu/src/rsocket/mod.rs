@@ -10,6 +10,7 @@
 //! socket's connection and completions along, and blocking calls wait on the CM channel's and
 //! the completion channel's descriptors. Datagram rsockets are not emulated (`EOPNOTSUPP`).
 
+mod dgram;
 mod poll;
 mod stream;
 mod wire;
@@ -26,6 +27,7 @@ use parking_lot::{Mutex, MutexGuard};
 
 pub use self::poll::{PollEntry, PollTarget, poll};
 use self::{
+    dgram::Dgram,
     stream::{Sizes, Stream},
     wire::{Hello, MAX_CREDITS, MAX_RING, MIN_RING},
 };
@@ -147,6 +149,8 @@ struct Inner {
     fabric: Fabric,
     channel: CmChannel,
     st: Mutex<St>,
+    /// A datagram socket's state (`st` then only keeps its options and flags).
+    dgram: Option<Mutex<Dgram>>,
 }
 
 #[derive(Debug)]
@@ -202,6 +206,7 @@ impl RSocket {
     ) -> RSocket {
         RSocket(Arc::new(Inner {
             fabric: fabric.clone(),
+            dgram: None,
             channel,
             st: Mutex::new(St {
                 phase,
@@ -217,6 +222,95 @@ impl RSocket {
                 shut_wr: false,
             }),
         }))
+    }
+
+    /// `rsocket(AF_INET or AF_INET6, SOCK_DGRAM, 0)` on `fabric`: a datagram socket over a UD
+    /// QP (see `dgram`).
+    pub fn new_dgram(fabric: &Fabric, v6: bool) -> Result<RSocket> {
+        let channel = CmChannel::new(fabric)?;
+        channel.set_nonblocking(true)?;
+        let d = Dgram::new(&channel, v6)?;
+        let id = d.id().clone();
+        let s = RSocket::with(fabric, channel, id, v6, Phase::Open, Options::default());
+        let mut inner = Arc::try_unwrap(s.0).expect("just made");
+        inner.dgram = Some(Mutex::new(d));
+        Ok(RSocket(Arc::new(inner)))
+    }
+
+    /// A datagram socket's state, with its CM events and completions taken in.
+    fn dgram(&self) -> Option<MutexGuard<'_, Dgram>> {
+        let mut d = self.0.dgram.as_ref()?.lock();
+        d.progress(&self.0.channel);
+        Some(d)
+    }
+
+    /// Sleeps until something may have changed for a datagram socket (a slice at most).
+    fn dgram_wait(&self, mut d: MutexGuard<'_, Dgram>) -> Result<()> {
+        let mut fds = vec![self.0.channel.as_raw_fd()];
+        fds.extend(d.arm());
+        if d.progress(&self.0.channel) {
+            return Ok(());
+        }
+        drop(d);
+        let mut pfds: Vec<libc::pollfd> =
+            fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
+        sys::poll(&mut pfds, Some(WAIT_SLICE))
+            .map_err(|e| err(e.raw_os_error().unwrap_or(libc::EIO), "poll failed"))?;
+        if let Some(m) = &self.0.dgram {
+            m.lock().drain();
+        }
+        Ok(())
+    }
+
+    /// `rsendto`: a datagram to `dest` (the first to a destination waits while its QP is
+    /// found; nobody there: dropped, as UDP). `EISCONN` on a stream socket.
+    pub fn send_to(&self, data: &[u8], dest: SocketAddr, dont_wait: bool) -> Result<usize> {
+        if self.0.dgram.is_none() {
+            return Err(err(libc::EISCONN, "a stream socket takes no destination"));
+        }
+        let deadline = Instant::now() + Duration::from_millis(u64::from(RESOLVE_MS));
+        loop {
+            let mut d = self.dgram().expect("datagram");
+            if d.closed {
+                return Err(err(libc::EBADF, "the socket is closed"));
+            }
+            if (dont_wait || self.is_nonblocking()) && !d.writable() {
+                return Err(Error::new(Errno::EAGAIN, "no send slot free"));
+            }
+            let (fabric, channel) = (&self.0.fabric, &self.0.channel);
+            if let Some(n) = d.send_to(fabric, channel, data, unmapped(dest))? {
+                return Ok(n);
+            }
+            if Instant::now() >= deadline {
+                return Ok(data.len()); // never answered: dropped, as UDP would
+            }
+            self.dgram_wait(d)?;
+        }
+    }
+
+    /// `rrecvfrom`: the next datagram, cut to `out` (its length then `out.len()`), and its
+    /// sender; a stream socket's bytes and no address.
+    pub fn recv_from(
+        &self,
+        out: &mut [u8],
+        flags: RecvFlags,
+    ) -> Result<(usize, Option<SocketAddr>)> {
+        if self.0.dgram.is_none() {
+            return Ok((self.recv(out, flags)?, None));
+        }
+        loop {
+            let mut d = self.dgram().expect("datagram");
+            if d.closed {
+                return Err(err(libc::EBADF, "the socket is closed"));
+            }
+            if let Some((whole, from)) = d.recv_from(out, flags.peek) {
+                return Ok((whole.min(out.len()), Some(from)));
+            }
+            if flags.dont_wait || self.is_nonblocking() {
+                return Err(Error::new(Errno::EAGAIN, "no datagram"));
+            }
+            self.dgram_wait(d)?;
+        }
     }
 
     /// The socket's number: its CM channel's descriptor (unique while the socket lives).
@@ -262,6 +356,9 @@ impl RSocket {
 
     /// `rbind`.
     pub fn bind(&self, addr: SocketAddr) -> Result<()> {
+        if let Some(mut d) = self.dgram() {
+            return d.bind(&self.0.fabric, unmapped(addr));
+        }
         let st = self.lock();
         if st.phase != Phase::Open {
             return Err(err(libc::EINVAL, "the socket is bound or connected already"));
@@ -271,6 +368,9 @@ impl RSocket {
 
     /// `rlisten`: an unbound socket listens on the wildcard address, on a port picked for it.
     pub fn listen(&self, backlog: i32) -> Result<()> {
+        if self.0.dgram.is_some() {
+            return Err(Error::new(Errno::EOPNOTSUPP, "a datagram socket does not listen"));
+        }
         let mut st = self.lock();
         match st.phase {
             Phase::Listening => return Ok(()),
@@ -292,6 +392,9 @@ impl RSocket {
 
     /// `raccept`: the next connection; `EAGAIN` when none waits on a non-blocking socket.
     pub fn accept(&self) -> Result<RSocket> {
+        if self.0.dgram.is_some() {
+            return Err(Error::new(Errno::EOPNOTSUPP, "a datagram socket does not accept"));
+        }
         let ev = loop {
             let mut st = self.lock();
             if st.phase != Phase::Listening {
@@ -352,6 +455,11 @@ impl RSocket {
     /// `rconnect`: connects to `addr`; on a non-blocking socket the connection goes on in the
     /// background of later calls and this says `EINPROGRESS`.
     pub fn connect(&self, addr: SocketAddr) -> Result<()> {
+        if let Some(mut d) = self.dgram() {
+            // A datagram socket's default destination and only source.
+            d.peer = Some(unmapped(addr));
+            return Ok(());
+        }
         let mut st = self.lock();
         match st.phase {
             Phase::Open => {}
@@ -412,6 +520,11 @@ impl RSocket {
     /// `rsend`: all of `data` unless the socket is non-blocking (or `dont_wait`), in which
     /// case what fits now (`EAGAIN` when nothing does).
     pub fn send(&self, data: &[u8], dont_wait: bool) -> Result<usize> {
+        if let Some(d) = self.dgram() {
+            let peer = d.peer.ok_or(err(libc::EDESTADDRREQ, "not connected"))?;
+            drop(d);
+            return self.send_to(data, peer, dont_wait);
+        }
         self.transfer(data.len(), dont_wait, |s, done| Ok(s.send(&data[done..])))
     }
 
@@ -454,6 +567,9 @@ impl RSocket {
     /// `rrecv`: the bytes there are (blocking until some come, unless non-blocking), 0 at the
     /// end of the stream.
     pub fn recv(&self, out: &mut [u8], flags: RecvFlags) -> Result<usize> {
+        if self.0.dgram.is_some() {
+            return Ok(self.recv_from(out, flags)?.0);
+        }
         let mut done = 0;
         loop {
             let mut st = self.lock();
@@ -485,6 +601,9 @@ impl RSocket {
 
     /// `rshutdown`.
     pub fn shutdown(&self, how: Shutdown) -> Result<()> {
+        if let Some(d) = self.dgram() {
+            return d.peer.map(|_| ()).ok_or(err(libc::ENOTCONN, "not connected"));
+        }
         let mut st = self.lock();
         if st.phase != Phase::Connected {
             return Err(err(libc::ENOTCONN, "not connected"));
@@ -522,6 +641,13 @@ impl RSocket {
     /// `rclose`: a connection still up ends in order (the peer reads everything written, then
     /// the end of the stream); requests waiting on a listener are refused.
     pub fn close(&self) -> Result<()> {
+        if let Some(mut d) = self.dgram() {
+            if d.closed {
+                return Err(err(libc::EBADF, "the socket is closed"));
+            }
+            d.close();
+            return Ok(());
+        }
         let phase = self.lock().phase;
         if phase == Phase::Closed {
             return Err(err(libc::EBADF, "the socket is closed"));
@@ -544,11 +670,17 @@ impl RSocket {
 
     /// `rgetsockname`.
     pub fn local_addr(&self) -> Option<SocketAddr> {
+        if let Some(m) = &self.0.dgram {
+            return m.lock().local_addr();
+        }
         self.0.st.lock().id.local_addr()
     }
 
     /// `rgetpeername`: `ENOTCONN` unless connected.
     pub fn peer_addr(&self) -> Result<SocketAddr> {
+        if let Some(m) = &self.0.dgram {
+            return m.lock().peer.ok_or(err(libc::ENOTCONN, "not connected"));
+        }
         let st = self.lock();
         match st.phase {
             Phase::Connected | Phase::Accepting => {
@@ -596,6 +728,9 @@ impl RSocket {
 
     /// `SO_ERROR`: the pending error, cleared.
     pub fn take_error(&self) -> Option<Errno> {
+        if self.0.dgram.is_some() {
+            return None;
+        }
         let mut st = self.lock();
         let stream_error = st.stream.as_ref().and_then(|s| s.error);
         if st.phase == Phase::Failed {
@@ -653,12 +788,26 @@ impl RSocket {
     /// The `poll` events that hold now, of `events` (plus `POLLERR`/`POLLHUP`, always
     /// reported).
     pub(crate) fn poll_events(&self, events: i16) -> i16 {
+        if let Some(d) = self.dgram() {
+            let ev = if d.closed {
+                libc::POLLNVAL
+            } else {
+                (if d.readable() { libc::POLLIN } else { 0 })
+                    | (if d.writable() { libc::POLLOUT } else { 0 })
+            };
+            return ev & (events | libc::POLLERR | libc::POLLHUP | libc::POLLNVAL);
+        }
         let st = self.lock();
         st.events() & (events | libc::POLLERR | libc::POLLHUP | libc::POLLNVAL)
     }
 
     /// Arms the socket's completion events; the descriptors a sleep must watch for it.
     pub(crate) fn arm(&self) -> Vec<RawFd> {
+        if let Some(m) = &self.0.dgram {
+            let mut fds = vec![self.0.channel.as_raw_fd()];
+            fds.extend(m.lock().arm());
+            return fds;
+        }
         let st = self.0.st.lock();
         let mut fds = vec![self.0.channel.as_raw_fd()];
         if let Some(s) = &st.stream {
@@ -670,6 +819,9 @@ impl RSocket {
 
     /// Takes the completion events that woke a sleep.
     pub(crate) fn drain(&self) {
+        if let Some(m) = &self.0.dgram {
+            return m.lock().drain();
+        }
         if let Some(s) = &self.0.st.lock().stream {
             s.drain_events();
         }

@@ -117,8 +117,8 @@ unsafe fn write_addr(
     0
 }
 
-/// `rsocket(domain, type, protocol)`: stream sockets over the emulator; datagram rsockets are
-/// not emulated (`EOPNOTSUPP`, and librspreload then gives the program an ordinary socket).
+/// `rsocket(domain, type, protocol)`: stream sockets (RC) and datagram sockets (UD) over the
+/// emulator.
 pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rsocket(
     domain: c_int,
     ty: c_int,
@@ -127,11 +127,14 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rsocket(
     ffi!(fail(libc::EIO), {
         let base = ty & !(libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK);
         let stream = base == libc::SOCK_STREAM && (protocol == 0 || protocol == libc::IPPROTO_TCP);
-        if !matches!(domain, libc::AF_INET | libc::AF_INET6) || !stream {
+        let dgram = base == libc::SOCK_DGRAM && (protocol == 0 || protocol == libc::IPPROTO_UDP);
+        if !matches!(domain, libc::AF_INET | libc::AF_INET6) || !(stream || dgram) {
             return fail(libc::EOPNOTSUPP);
         }
         let Some(fabric) = super::device::fabric() else { return fail(libc::ENODEV) };
-        let sock = match RSocket::new(&fabric, domain == libc::AF_INET6) {
+        let v6 = domain == libc::AF_INET6;
+        let made = if stream { RSocket::new(&fabric, v6) } else { RSocket::new_dgram(&fabric, v6) };
+        let sock = match made {
             Ok(s) => s,
             Err(e) => return fail(e.errno().raw()),
         };
@@ -291,13 +294,21 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rrecvfrom(
     src: *mut libc::sockaddr,
     srclen: *mut libc::socklen_t,
 ) -> isize {
-    // SAFETY: forwarded from the caller.
-    let n = unsafe { rdma_emu_shim__rdma_emu_cm__rrecv(s, buf, len, flags) };
-    if n > 0 && !src.is_null() {
-        // SAFETY: forwarded from the caller.
-        unsafe { rdma_emu_shim__rdma_emu_cm__rgetpeername(s, src, srclen) };
-    }
-    n
+    on_socket(s, fail_l, |sock| {
+        // SAFETY: the caller's buffer of `len` bytes.
+        let Some(out) = (unsafe { buf_mut(buf, len) }) else { return fail_l(libc::EFAULT) };
+        let (n, from) = match sock.recv_from(out, recv_flags(flags)) {
+            Ok(got) => got,
+            Err(e) => return fail_l(e.errno().raw()),
+        };
+        // A stream's source is its peer.
+        let from = from.or_else(|| sock.peer_addr().ok().filter(|_| n > 0));
+        if let Some(a) = from.filter(|_| !src.is_null()) {
+            // SAFETY: the caller's buffer and length.
+            unsafe { write_addr(src, srclen, a, sock.is_v6()) };
+        }
+        n as isize
+    })
 }
 
 /// `rread(socket, buf, count)`.
@@ -325,15 +336,25 @@ unsafe fn iovecs<'a>(iov: *const libc::iovec, n: c_int) -> Option<&'a [libc::iov
     (!iov.is_null()).then(|| unsafe { std::slice::from_raw_parts(iov, n as usize) })
 }
 
-/// Receives into a vector: one receive into a staging buffer, then scattered.
-fn recv_vec(s: c_int, iov: &[libc::iovec], flags: c_int) -> isize {
+/// Receives into a vector: one receive into a staging buffer, then scattered; a datagram's
+/// source goes to `name` (a `msg_name` and its `msg_namelen`) if given.
+fn recv_vec(
+    s: c_int,
+    iov: &[libc::iovec],
+    flags: c_int,
+    name: Option<(*mut libc::sockaddr, *mut libc::socklen_t)>,
+) -> isize {
     let Some(sock) = lookup(s) else { return fail_l(libc::EBADF) };
     let total: usize = iov.iter().map(|v| v.iov_len).sum();
     let mut tmp = vec![0u8; total];
-    let n = match sock.recv(&mut tmp, recv_flags(flags)) {
-        Ok(n) => n,
+    let (n, from) = match sock.recv_from(&mut tmp, recv_flags(flags)) {
+        Ok(got) => got,
         Err(e) => return fail_l(e.errno().raw()),
     };
+    if let (Some((p, len)), Some(a)) = (name, from) {
+        // SAFETY: the caller's msg_name and its length.
+        unsafe { write_addr(p, len, a, sock.is_v6()) };
+    }
     let mut at = 0;
     for v in iov {
         let take = v.iov_len.min(n - at);
@@ -347,8 +368,9 @@ fn recv_vec(s: c_int, iov: &[libc::iovec], flags: c_int) -> isize {
     n as isize
 }
 
-/// Sends a vector: gathered, then one send.
-fn send_vec(s: c_int, iov: &[libc::iovec], flags: c_int) -> isize {
+/// Sends a vector: gathered, then one send (to `to`, a datagram socket's destination, if
+/// given).
+fn send_vec(s: c_int, iov: &[libc::iovec], flags: c_int, to: Option<SocketAddr>) -> isize {
     let Some(sock) = lookup(s) else { return fail_l(libc::EBADF) };
     let mut tmp = Vec::with_capacity(iov.iter().map(|v| v.iov_len).sum());
     for v in iov {
@@ -358,7 +380,11 @@ fn send_vec(s: c_int, iov: &[libc::iovec], flags: c_int) -> isize {
         };
         tmp.extend_from_slice(part);
     }
-    count(sock.send(&tmp, flags & libc::MSG_DONTWAIT != 0))
+    let dont_wait = flags & libc::MSG_DONTWAIT != 0;
+    count(match to {
+        Some(to) => sock.send_to(&tmp, to, dont_wait),
+        None => sock.send(&tmp, dont_wait),
+    })
 }
 
 /// `rreadv(socket, iov, iovcnt)`.
@@ -370,7 +396,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rreadv(
     ffi!(fail_l(libc::EIO), {
         // SAFETY: the caller's vector.
         let Some(iov) = (unsafe { iovecs(iov, n) }) else { return fail_l(libc::EINVAL) };
-        recv_vec(s, iov, 0)
+        recv_vec(s, iov, 0, None)
     })
 }
 
@@ -389,7 +415,8 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rrecvmsg(
         };
         m.msg_controllen = 0;
         m.msg_flags = 0;
-        recv_vec(s, iov, flags)
+        let name = (!m.msg_name.is_null()).then_some((m.msg_name.cast(), &raw mut m.msg_namelen));
+        recv_vec(s, iov, flags, name)
     })
 }
 
@@ -416,11 +443,19 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rsendto(
     dest: *const libc::sockaddr,
     destlen: libc::socklen_t,
 ) -> isize {
-    if !dest.is_null() || destlen != 0 {
-        return fail_l(libc::EISCONN);
+    if dest.is_null() && destlen == 0 {
+        // SAFETY: forwarded from the caller.
+        return unsafe { rdma_emu_shim__rdma_emu_cm__rsend(s, buf, len, flags) };
     }
-    // SAFETY: forwarded from the caller.
-    unsafe { rdma_emu_shim__rdma_emu_cm__rsend(s, buf, len, flags) }
+    on_socket(s, fail_l, |sock| {
+        // SAFETY: the caller's buffer of `len` bytes.
+        let Some(data) = (unsafe { buf_ref(buf, len) }) else { return fail_l(libc::EFAULT) };
+        // SAFETY: the caller's address of `destlen` bytes.
+        match unsafe { read_addr(dest, destlen) } {
+            Ok(to) => count(sock.send_to(data, to, flags & libc::MSG_DONTWAIT != 0)),
+            Err(e) => fail_l(e),
+        }
+    })
 }
 
 /// `rwrite(socket, buf, count)`.
@@ -442,7 +477,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rwritev(
     ffi!(fail_l(libc::EIO), {
         // SAFETY: the caller's vector.
         let Some(iov) = (unsafe { iovecs(iov, n) }) else { return fail_l(libc::EINVAL) };
-        send_vec(s, iov, 0)
+        send_vec(s, iov, 0, None)
     })
 }
 
@@ -455,14 +490,20 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rsendmsg(
     ffi!(fail_l(libc::EIO), {
         // SAFETY: the caller's message header.
         let Some(m) = (unsafe { msg.as_ref() }) else { return fail_l(libc::EFAULT) };
-        if !m.msg_name.is_null() || m.msg_namelen != 0 {
-            return fail_l(libc::EISCONN);
-        }
+        let to = if m.msg_name.is_null() && m.msg_namelen == 0 {
+            None
+        } else {
+            // SAFETY: the caller's destination of `msg_namelen` bytes.
+            match unsafe { read_addr(m.msg_name.cast(), m.msg_namelen) } {
+                Ok(a) => Some(a),
+                Err(e) => return fail_l(e),
+            }
+        };
         // SAFETY: its vector.
         let Some(iov) = (unsafe { iovecs(m.msg_iov, m.msg_iovlen as c_int) }) else {
             return fail_l(libc::EINVAL);
         };
-        send_vec(s, iov, flags)
+        send_vec(s, iov, flags, to)
     })
 }
 

@@ -45,7 +45,7 @@ int main(void)
 	socklen_t len;
 
 	/* Bad input first: nothing here is a socket yet. */
-	FAILS_WITH(rsocket(AF_INET, SOCK_DGRAM, 0), EOPNOTSUPP);
+	FAILS_WITH(rsocket(AF_INET, SOCK_DGRAM, IPPROTO_TCP), EOPNOTSUPP);
 	FAILS_WITH(rsocket(AF_UNIX, SOCK_STREAM, 0), EOPNOTSUPP);
 	FAILS_WITH(rsocket(AF_INET, SOCK_STREAM, IPPROTO_UDP), EOPNOTSUPP);
 	FAILS_WITH(rclose(-1), EBADF);
