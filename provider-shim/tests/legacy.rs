@@ -73,12 +73,24 @@ fn start_server(fabric: &Fabric, profile: &str, prog: &str, args: &[&str], port:
 
 /// Runs `prog args` as server, then as client of it; both must succeed. The client's output.
 fn server_and_client(profile: &str, prog: &str, args: &[&str]) -> String {
-    let (fabric, port) = (Fabric::new(), free_port());
-    let server = start_server(&fabric, profile, prog, args, port);
-    let client = program(&fabric, profile, prog, args, port).arg("localhost").spawn().unwrap();
-    let (c_ok, c_out) = finish(client, Duration::from_secs(120), "client");
-    let (s_ok, s_out) = finish(server, Duration::from_secs(20), "server");
-    assert!(c_ok && s_ok, "{prog} {args:?}\n--- client:\n{c_out}\n--- server:\n{s_out}");
+    let run = || {
+        let (fabric, port) = (Fabric::new(), free_port());
+        let server = start_server(&fabric, profile, prog, args, port);
+        let client = program(&fabric, profile, prog, args, port).arg("localhost").spawn().unwrap();
+        let (c_ok, c_out) = finish(client, Duration::from_secs(120), "client");
+        let (s_ok, s_out) = finish(server, Duration::from_secs(20), "server");
+        (c_ok && s_ok, c_out, s_out)
+    };
+    let (mut ok, mut c_out, mut s_out) = run();
+    // perftest times its report with the CPU's cycle counter, whose rate it samples first; on
+    // a loaded machine the samples can scatter ("Correlation coefficient r^2 < 0.9"), and it
+    // gives up ("Can't produce a report") whatever the transfer did. Such a run is tried once
+    // more; any other failure, or a second one, fails.
+    let unsampled = |out: &str| out.contains("Correlation coefficient r^2");
+    if !ok && (unsampled(&c_out) || unsampled(&s_out)) {
+        (ok, c_out, s_out) = run();
+    }
+    assert!(ok, "{prog} {args:?}\n--- client:\n{c_out}\n--- server:\n{s_out}");
     c_out
 }
 
