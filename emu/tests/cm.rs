@@ -8,7 +8,8 @@ use common::*;
 use rdma_emu::{
     cm::{
         CmChannel, CmEvent, CmEventType as E, CmId, ConnParam, PortSpace, REJ_CONSUMER_DEFINED,
-        REJ_INVALID_SERVICE_ID, REQ_PRIVATE_DATA, addr::PortAddress,
+        REJ_INVALID_SERVICE_ID, REJ_VENDOR_OPTION_NOT_SUPPORTED, REQ_PRIVATE_DATA,
+        addr::PortAddress,
     },
     *,
 };
@@ -522,5 +523,87 @@ fn a_datagram_id_joins_and_leaves_a_multicast_group() {
         for i in [&id, &rc] {
             i.destroy().unwrap();
         }
+    }
+}
+
+/// ECE: the options an id offers travel in the REQ, a QP made for the request asks for those
+/// (as far as its device has them, none from another vendor), and the REP says what was taken.
+#[test]
+fn ece_is_offered_in_the_request_and_taken_in_the_reply() {
+    const MINE: u32 = 0x00ff_ffff; // the full profile's vendor
+    for (profile, offered, taken) in [
+        (Profile::Full, Ece { vendor_id: MINE, options: 0x1, comp_mask: 0 }, 0x1),
+        // A request from another vendor: the server's QP takes no options.
+        (Profile::Full, Ece { vendor_id: 0x02c9, options: 0x3, comp_mask: 0 }, 0),
+        // rxe has no ECE at all.
+        (Profile::Rxe, Ece { vendor_id: MINE, options: 0x1, comp_mask: 0 }, 0),
+    ] {
+        let f = fabric(profile);
+        let (sch, server, cch, client) = listening(&f);
+        let bad = Ece { comp_mask: 1, ..offered };
+        assert_eq!(client.set_local_ece(bad).unwrap_err().errno(), Errno::EINVAL);
+        let none = Ece { vendor_id: 0, ..offered };
+        assert_eq!(client.set_local_ece(none).unwrap_err().errno(), Errno::EINVAL);
+        // The client connects a QP of its own and offers `offered` itself.
+        client.set_local_ece(offered).unwrap();
+        client.connect(&ConnParam { qp_num: 0x77, ..Default::default() }).unwrap();
+        let conn = next(&sch, E::ConnectRequest).id;
+        assert_eq!(conn.remote_ece().unwrap(), offered, "the REQ carried it");
+        let s = side(&conn);
+        assert_eq!(conn.remote_ece().unwrap_err().errno(), Errno::EINVAL, "the id has a QP");
+        let options = s.qp.query_ece().map(|e| e.options);
+        match profile {
+            Profile::Rxe => assert_eq!(options.unwrap_err().errno(), Errno::EOPNOTSUPP),
+            _ => assert_eq!(options.unwrap(), taken),
+        }
+        conn.accept(&ConnParam::default()).unwrap();
+        next(&cch, E::ConnectResponse);
+        let reply = client.remote_ece().unwrap();
+        assert_eq!(reply, Ece { vendor_id: offered.vendor_id, options: taken, comp_mask: 0 });
+        client.establish().unwrap();
+        next(&sch, E::Established);
+        for id in [&client, &conn, &server] {
+            id.destroy().unwrap();
+        }
+    }
+
+    // Refusing the options: the client sees the reason.
+    let f = fabric(Profile::Full);
+    let (sch, server, cch, client) = listening(&f);
+    let c = side(&client);
+    let e = client.set_local_ece(Ece { vendor_id: MINE, options: 1, comp_mask: 0 }).unwrap_err();
+    assert_eq!(e.errno(), Errno::EINVAL, "the id's QP has its own");
+    client.connect(&ConnParam::default()).unwrap();
+    let req = next(&sch, E::ConnectRequest);
+    req.id.reject_ece(b"no").unwrap();
+    let rej = next(&cch, E::Rejected);
+    assert_eq!(rej.status, REJ_VENDOR_OPTION_NOT_SUPPORTED);
+    assert_eq!(&rej.param.private_data[..2], b"no");
+    assert_eq!(c.qp.state(), QpState::INIT);
+    drop((server, req));
+
+    // Both sides with QPs the CM connects: the server's takes what the client's offers, the
+    // client's what the reply says (all the device has by default, fewer if its QP asked).
+    for (asked, want) in [(None, 0x3), (Some(0x2), 0x2)] {
+        let (sch, server, cch, client) = listening(&f);
+        let ctx = client.context().unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(16, None, 0).unwrap();
+        let qp = pd.create_qp(&QpInitAttr::new(QpType::RC, &cq, cap(8))).unwrap();
+        if let Some(options) = asked {
+            qp.set_ece(&Ece { vendor_id: MINE, options, comp_mask: 0 }).unwrap();
+            let (init, mask) = client.init_qp_attr(QpState::INIT).unwrap();
+            qp.modify(&init, mask).unwrap();
+        }
+        client.set_qp(&qp).unwrap();
+        client.connect(&ConnParam::default()).unwrap();
+        let conn = next(&sch, E::ConnectRequest).id;
+        let s = side(&conn);
+        conn.accept(&ConnParam::default()).unwrap();
+        next(&cch, E::Established);
+        next(&sch, E::Established);
+        let options = |q: &Qp| q.query_ece().unwrap().options;
+        assert_eq!((options(&qp), options(&s.qp)), (want, want), "asked {asked:?}");
+        drop(server);
     }
 }

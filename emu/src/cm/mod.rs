@@ -33,7 +33,7 @@ use crate::{
     error::{Errno, Error, Result},
     fabric::FabricInner,
     objects::{device::DeviceInner, event::EventQueue},
-    types::{AhAttr, Gid, LinkLayer, Mtu, QpAttrMask as M, QpState, QpType},
+    types::{AhAttr, Ece, Gid, LinkLayer, Mtu, QpAttrMask as M, QpState, QpType},
 };
 
 /// A port space: which transport and which kind of port numbers (`enum rdma_port_space`).
@@ -99,6 +99,9 @@ impl CmEventType {
 pub const REJ_INVALID_SERVICE_ID: i32 = 8;
 /// IB CM reject reason "consumer defined": the listener's application said no.
 pub const REJ_CONSUMER_DEFINED: i32 = 28;
+/// IB CM reject reason "vendor option not supported" (`rdma_reject_ece`): the listener's
+/// application refuses the ECE options offered.
+pub const REJ_VENDOR_OPTION_NOT_SUPPORTED: i32 = 35;
 
 /// Private data a REQ carries (RC), as the kernel's rdma_cm leaves it after its own header.
 pub const REQ_PRIVATE_DATA: usize = 56;
@@ -257,6 +260,10 @@ struct IdState {
     options: Options,
     /// The multicast groups it joined.
     groups: Vec<SocketAddr>,
+    /// ECE: this side's vendor and options (offered in the REQ, taken in the REP), and the
+    /// other side's as its REQ or REP carried them (vendor 0: none).
+    local_ece: Ece,
+    remote_ece: Ece,
 }
 
 /// The ids bound to each port of each port space.
@@ -442,6 +449,8 @@ impl CmId {
             mine: ConnParam::default(),
             options: Options::default(),
             groups: Vec::new(),
+            local_ece: Ece::default(),
+            remote_ece: Ece::default(),
         };
         let (fabric, channel) = (channel.0.fabric.clone(), Mutex::new(channel.clone()));
         let (st, user_data) = (Mutex::new(st), AtomicUsize::new(0));
@@ -688,9 +697,25 @@ impl CmId {
         if st.qp.is_some() {
             return Err(einval("the id has a QP already"));
         }
+        // ECE, as librdmacm's rdma_create_qp: the QP's options become the id's; a QP made for
+        // a request asks for those the requester offered (none from another vendor), and the
+        // INIT transition takes up what the device has of them.
+        st.local_ece = ece_or_none(qp.query_ece())?;
+        let asked = st.remote_ece;
+        if asked.vendor_id != 0 {
+            let want = if asked.vendor_id == st.local_ece.vendor_id {
+                asked
+            } else {
+                no_options(st.local_ece)
+            };
+            ece_or_none(qp.set_ece(&want).map(|()| want))?;
+        }
         if qp.qp_type() == QpType::RC || qp.qp_type() == QpType::UC {
             let (init, mask) = init_attr(port, false);
             qp.modify(&init, mask)?;
+            if asked.vendor_id != 0 {
+                st.local_ece.options = ece_or_none(qp.query_ece())?.options;
+            }
         } else if qp.qp_type() == QpType::UD {
             // A datagram QP is ready at once, as librdmacm makes it (RTS, the CM's Q_Key).
             for (attr, mask) in [init_attr(port, true), ud_rtr(), ud_rts(st.psn)] {
@@ -825,6 +850,8 @@ impl CmId {
             initiator_depth: p.initiator_depth,
             retry_count: p.retry_count,
             rnr_retry_count: p.rnr_retry_count,
+            ece_vendor: st.local_ece.vendor_id,
+            ece_options: st.local_ece.options,
         };
         drop(st);
         let private = p.private_data.clone();
@@ -861,6 +888,8 @@ impl CmId {
         st.state = if self.datagram() { State::Connected } else { State::Accepting };
         let qpn = st.qp.as_ref().map_or(p.qp_num, Qp::qp_num);
         let (psn, (device, port)) = (st.psn, st.port.expect("set"));
+        // The REP answers with the requester's vendor and the options this side took.
+        let (ece_vendor, ece_options) = (st.remote_ece.vendor_id, st.local_ece.options);
         drop(st);
         let mine = Remote {
             slot: my_slot(self.fabric()),
@@ -873,6 +902,8 @@ impl CmId {
             initiator_depth: p.initiator_depth,
             retry_count: p.retry_count,
             rnr_retry_count: p.rnr_retry_count,
+            ece_vendor,
+            ece_options,
         };
         let private = p.private_data.clone();
         deliver(self.fabric(), remote.slot, Msg::Rep { to: remote.id, from: mine, private });
@@ -882,6 +913,16 @@ impl CmId {
     /// `rdma_reject`: refuses a connection request; the active side sees `Rejected` with
     /// reason [`REJ_CONSUMER_DEFINED`] and `private_data`.
     pub fn reject(&self, private_data: &[u8]) -> Result<()> {
+        self.reject_for(REJ_CONSUMER_DEFINED, private_data)
+    }
+
+    /// `rdma_reject_ece`: refuses a connection request for its ECE options; the active side
+    /// sees `Rejected` with reason [`REJ_VENDOR_OPTION_NOT_SUPPORTED`].
+    pub fn reject_ece(&self, private_data: &[u8]) -> Result<()> {
+        self.reject_for(REJ_VENDOR_OPTION_NOT_SUPPORTED, private_data)
+    }
+
+    fn reject_for(&self, reason: i32, private_data: &[u8]) -> Result<()> {
         let mut st = self.0.st.lock();
         if st.state != State::Request {
             return Err(einval("reject needs an id with a connection request"));
@@ -892,7 +933,7 @@ impl CmId {
         let remote = st.remote.expect("a request has a remote");
         st.state = State::Idle;
         drop(st);
-        let (reason, private) = (REJ_CONSUMER_DEFINED, private_data.to_vec());
+        let private = private_data.to_vec();
         deliver(self.fabric(), remote.slot, Msg::Rej { to: remote.id, reason, private });
         Ok(())
     }
@@ -984,12 +1025,19 @@ impl CmId {
             qp_num: remote.qpn,
             ..Default::default()
         };
+        let taken = Ece { vendor_id: remote.ece_vendor, options: remote.ece_options, comp_mask: 0 };
         let Some(qp) = st.qp.clone() else {
             // The application connects its own QP: it hears of the reply and establishes.
+            st.remote_ece = taken;
             drop(st);
             return self.raise(CmEventType::ConnectResponse, 0, param, None);
         };
-        if let Err(e) = QpSetup::active(&st, remote).rtr_rts(self.fabric(), &qp) {
+        if let Err(e) = take_ece(&mut st, &qp, taken).and_then(|()| {
+            QpSetup::active(&st, remote).rtr_rts(self.fabric(), &qp)?;
+            st.local_ece.options = ece_or_none(qp.query_ece())?.options;
+            Ok(())
+        }) {
+            to_error(&qp);
             st.state = State::Idle;
             drop(st);
             return self.raise(CmEventType::ConnectError, -e.errno().raw(), param, None);
@@ -998,6 +1046,28 @@ impl CmId {
         drop(st);
         deliver(self.fabric(), remote.slot, Msg::Rtu { to: remote.id });
         self.raise(CmEventType::Established, 0, param, None);
+    }
+
+    /// `rdma_set_local_ece`: the ECE to offer in the REQ (or answer with in the REP) for an id
+    /// whose QP the application connects itself. `EINVAL` for an id with a QP (its options are
+    /// the QP's), vendor 0 or `comp_mask` bits.
+    pub fn set_local_ece(&self, ece: Ece) -> Result<()> {
+        let mut st = self.0.st.lock();
+        if st.qp.is_some() || ece.vendor_id == 0 || ece.comp_mask != 0 {
+            return Err(einval("local ECE: an id without a QP, a vendor, no comp_mask"));
+        }
+        st.local_ece = ece;
+        Ok(())
+    }
+
+    /// `rdma_get_remote_ece`: the ECE the other side's REQ or REP carried (vendor 0: none), for
+    /// an id whose QP the application connects itself (`EINVAL` for an id with a QP).
+    pub fn remote_ece(&self) -> Result<Ece> {
+        let st = self.0.st.lock();
+        if st.qp.is_some() {
+            return Err(einval("remote ECE is for ids without a QP"));
+        }
+        Ok(st.remote_ece)
     }
 
     /// `rdma_establish`: for an active id without a QP of its own, after `ConnectResponse`.
@@ -1194,6 +1264,7 @@ fn request(
         (st.state, st.local, st.peer) = (State::Request, Some(dst), Some(src));
         (st.port, st.ctx, st.remote) = (dest, ctx, Some(from));
         st.listener = Some(Arc::downgrade(&listener.0));
+        st.remote_ece = Ece { vendor_id: from.ece_vendor, options: from.ece_options, comp_mask: 0 };
     }
     if let Some(node) = fabric.node.get().filter(|n| from.slot != 0 && from.slot != n.slot) {
         // Its death must end the connection here.
@@ -1370,6 +1441,31 @@ fn ud_rtr() -> (QpAttr, M) {
 /// A datagram QP's RTS, sending from `psn`.
 fn ud_rts(psn: u32) -> (QpAttr, M) {
     (QpAttr { qp_state: QpState::RTS, sq_psn: psn, ..Default::default() }, M::STATE | M::SQ_PSN)
+}
+
+/// Active side: the ECE the REP says the other side took (vendor 0: it has none, so this
+/// side takes none either; another vendor's is a broken handshake, `EINVAL`).
+fn take_ece(st: &mut IdState, qp: &Qp, taken: Ece) -> Result<()> {
+    let want = match taken.vendor_id {
+        0 => no_options(st.local_ece),
+        v if v != st.local_ece.vendor_id => return Err(einval("ECE reply of another vendor")),
+        _ => taken,
+    };
+    st.remote_ece.vendor_id = taken.vendor_id;
+    ece_or_none(qp.set_ece(&want).map(|()| want)).map(drop)
+}
+
+/// The ECE `r` gives, none where the device has no ECE (`EOPNOTSUPP`), as librdmacm takes it.
+fn ece_or_none(r: Result<Ece>) -> Result<Ece> {
+    match r {
+        Err(e) if e.errno() == Errno::EOPNOTSUPP => Ok(Ece::default()),
+        r => r,
+    }
+}
+
+/// `ece`'s vendor with no options: what a side asks for when the other has none to agree on.
+fn no_options(ece: Ece) -> Ece {
+    Ece { options: 0, ..ece }
 }
 
 /// Moves `qp` to the error state (a QP already destroyed or in RESET is left alone).

@@ -21,6 +21,10 @@ pub(crate) struct Remote {
     pub(crate) initiator_depth: u8,
     pub(crate) retry_count: u8,
     pub(crate) rnr_retry_count: u8,
+    /// Enhanced Connection Establishment: the vendor and the options offered (REQ) or taken
+    /// (REP); vendor 0 for none.
+    pub(crate) ece_vendor: u32,
+    pub(crate) ece_options: u32,
 }
 
 /// A message to the CM of a slot.
@@ -121,7 +125,7 @@ fn put_addr(o: &mut Vec<u8>, a: &SocketAddr) {
 
 fn put_remote(o: &mut Vec<u8>, r: &Remote) {
     o.push(r.slot);
-    for w in [r.id, r.qpn, r.psn, r.device] {
+    for w in [r.id, r.qpn, r.psn, r.device, r.ece_vendor, r.ece_options] {
         o.extend_from_slice(&w.to_le_bytes());
     }
     o.extend_from_slice(&[
@@ -155,6 +159,7 @@ fn addr(r: &mut Reader<'_>) -> Option<SocketAddr> {
 fn remote(r: &mut Reader<'_>) -> Option<Remote> {
     let slot = r.take::<1>()?[0];
     let (id, qpn, psn, device) = (r.u32()?, r.u32()?, r.u32()?, r.u32()?);
+    let (ece_vendor, ece_options) = (r.u32()?, r.u32()?);
     let [port, responder_resources, initiator_depth, retry_count, rnr_retry_count] = r.take()?;
     Some(Remote {
         slot,
@@ -167,6 +172,8 @@ fn remote(r: &mut Reader<'_>) -> Option<Remote> {
         initiator_depth,
         retry_count,
         rnr_retry_count,
+        ece_vendor,
+        ece_options,
     })
 }
 
@@ -197,6 +204,8 @@ mod test {
             initiator_depth: 2,
             retry_count: 7,
             rnr_retry_count: 6,
+            ece_vendor: 0x00ff_ffff,
+            ece_options: 3,
         };
         let (src, dst) = ("127.0.0.1:40000".parse().unwrap(), "[::1]:7471".parse().unwrap());
         for m in [

@@ -489,12 +489,8 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_reject(
 ) -> c_int {
     ffi!(fail_with(libc::EIO), {
         let Some(s) = cm_id(id) else { return fail_with(libc::EINVAL) };
-        let private: &[u8] = if data.is_null() {
-            &[]
-        } else {
-            // SAFETY: `len` readable bytes, as the application promises.
-            unsafe { std::slice::from_raw_parts(data.cast(), len.into()) }
-        };
+        // SAFETY: `len` readable bytes at `data` (or NULL), as the application promises.
+        let private = unsafe { private_bytes(data, len) };
         done(s.emu.reject(private))
     })
 }
@@ -771,6 +767,27 @@ fn default_pd(verbs: *mut ibv_context) -> *mut ibv_pd {
     pd
 }
 
+/// The XRC domain this library opens on `verbs` for the XRC SRQs of its ids (one per device,
+/// kept, as librdmacm keeps its `cma_device`'s).
+fn device_xrcd(verbs: *mut ibv_context) -> *mut ibv_xrcd {
+    static XRCDS: OnceLock<Mutex<Vec<(usize, usize)>>> = OnceLock::new();
+    let mut all = XRCDS.get_or_init(Default::default).lock();
+    if let Some(&(_, x)) = all.iter().find(|(c, _)| *c == verbs as usize) {
+        return x as *mut ibv_xrcd;
+    }
+    let mut attr = ibv_xrcd_init_attr {
+        comp_mask: super::xrc::IBV_XRCD_INIT_ATTR_FD | super::xrc::IBV_XRCD_INIT_ATTR_OFLAGS,
+        fd: -1,
+        oflags: libc::O_CREAT,
+    };
+    // SAFETY: a context of ours and the attributes above.
+    let x = unsafe { super::xrc::open_xrcd(verbs, &mut attr) };
+    if !x.is_null() {
+        all.push((verbs as usize, x as usize));
+    }
+    x
+}
+
 /// A completion channel and a CQ of `cqe` entries on it, for an id.
 ///
 /// # Safety
@@ -859,7 +876,17 @@ fn create_qp(id: *mut rdma_cm_id, a: &mut ibv_qp_init_attr_ex) -> c_int {
         return fail_with(libc::EINVAL);
     }
     let c = id.cast::<ShimCmId>();
-    // A direction given no CQ gets one of the id's, on a channel of its own.
+    if a.srq.is_null() {
+        // The SRQ rdma_create_srq gave the id.
+        a.srq = s.id.srq.cast();
+    }
+    // A direction given no CQ takes the id's, or gets one on a channel of its own.
+    if a.recv_cq.is_null() {
+        a.recv_cq = s.id.recv_cq;
+    }
+    if a.send_cq.is_null() {
+        a.send_cq = s.id.send_cq;
+    }
     let (need_send, need_recv) = (a.send_cq.is_null(), a.recv_cq.is_null());
     let own = need_send || need_recv;
     for (need, size, cq, ch) in [
@@ -912,10 +939,9 @@ fn create_qp(id: *mut rdma_cm_id, a: &mut ibv_qp_init_attr_ex) -> c_int {
     unsafe {
         (*c).id.qp = qp;
         (*c).id.pd = a.pd;
-        (*c).id.srq = a.srq.cast();
         (*c).id.qp_type = a.qp_type;
     }
-    s.extra.lock().own_cqs = own;
+    s.extra.lock().own_cqs |= own;
     refresh(c);
     refresh_qp_state(c);
     0
@@ -962,6 +988,193 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_destroy_qp(id: 
             }
         }
     })
+}
+
+/// `rdma_create_srq(id, pd, srq_init_attr)`: `rdma_create_srq_ex` with the type the id's QP
+/// type implies (XRC for `IBV_QPT_XRC_RECV`, else basic) and `pd`.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_create_srq(
+    id: *mut rdma_cm_id,
+    pd: *mut ibv_pd,
+    attr: *mut ibv_srq_init_attr,
+) -> c_int {
+    ffi!(fail_with(libc::EIO), {
+        // SAFETY: NULL or the application's attributes.
+        let Some(a) = (unsafe { attr.as_mut() }) else { return fail_with(libc::EINVAL) };
+        let Some(s) = cm_id(id) else { return fail_with(libc::EINVAL) };
+        // SAFETY: all-zero is valid for these plain C fields.
+        let mut ax: ibv_srq_init_attr_ex = unsafe { std::mem::zeroed() };
+        use super::xrc::{
+            IBV_SRQ_INIT_ATTR_PD, IBV_SRQ_INIT_ATTR_TYPE, IBV_SRQT_BASIC, IBV_SRQT_XRC,
+        };
+        ax.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD;
+        (ax.srq_context, ax.pd) = (a.srq_context, pd);
+        // SAFETY: plain C data, copied.
+        ax.attr = unsafe { ptr::read(&a.attr) };
+        ax.srq_type =
+            if s.id.qp_type == IBV_QPT_XRC_RECV as u32 { IBV_SRQT_XRC } else { IBV_SRQT_BASIC };
+        let r = create_srq(id, &mut ax);
+        a.attr = ax.attr;
+        r
+    })
+}
+
+/// `rdma_create_srq_ex(id, srq_init_attr_ex)`: an SRQ on the id's device that the QP
+/// `rdma_create_qp` makes next takes (`id->srq`); its PD the given one or the id's, and an XRC
+/// SRQ's domain and CQ, when not given, the device's XRC domain of this library and a receive
+/// CQ of the id's. `EINVAL` without `IBV_SRQ_INIT_ATTR_TYPE`.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_create_srq_ex(
+    id: *mut rdma_cm_id,
+    attr: *mut ibv_srq_init_attr_ex,
+) -> c_int {
+    ffi!(fail_with(libc::EIO), {
+        // SAFETY: NULL or the application's attributes.
+        let Some(a) = (unsafe { attr.as_mut() }) else { return fail_with(libc::EINVAL) };
+        create_srq(id, a)
+    })
+}
+
+fn create_srq(id: *mut rdma_cm_id, a: &mut ibv_srq_init_attr_ex) -> c_int {
+    use super::xrc::{
+        IBV_SRQ_INIT_ATTR_CQ as CQ, IBV_SRQ_INIT_ATTR_PD as PD, IBV_SRQ_INIT_ATTR_TYPE as TYPE,
+        IBV_SRQ_INIT_ATTR_XRCD as XRCD, IBV_SRQT_XRC,
+    };
+    let Some(s) = cm_id(id) else { return fail_with(libc::EINVAL) };
+    if s.id.verbs.is_null() || a.comp_mask & TYPE == 0 {
+        return fail_with(libc::EINVAL);
+    }
+    if a.comp_mask & PD == 0 || a.pd.is_null() {
+        (a.pd, a.comp_mask) = (s.id.pd, a.comp_mask | PD);
+    }
+    let c = id.cast::<ShimCmId>();
+    let mut made_cq = false;
+    if a.srq_type == IBV_SRQT_XRC {
+        if a.comp_mask & XRCD == 0 || a.xrcd.is_null() {
+            a.xrcd = device_xrcd(s.id.verbs);
+            if a.xrcd.is_null() {
+                return -1;
+            }
+        }
+        if (a.comp_mask & CQ == 0 || a.cq.is_null()) && s.id.recv_cq.is_null() {
+            // SAFETY: the id's device context.
+            let Some((ch, cq)) = (unsafe { channel_and_cq(s.id.verbs, a.attr.max_wr, id.cast()) })
+            else {
+                return fail_with(libc::ENOMEM);
+            };
+            // SAFETY: a live id of ours.
+            unsafe { ((*c).id.recv_cq_channel, (*c).id.recv_cq) = (ch, cq) };
+            made_cq = true;
+        }
+        if a.comp_mask & CQ == 0 || a.cq.is_null() {
+            a.cq = s.id.recv_cq;
+        }
+        a.comp_mask |= XRCD | CQ;
+    }
+    // SAFETY: the id's context and the attributes above, checked inside.
+    let srq = unsafe { super::xrc::create_srq_ex(s.id.verbs, a) };
+    if srq.is_null() {
+        let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL);
+        if made_cq {
+            // SAFETY: what was made here, not handed out.
+            unsafe { destroy_own_cqs(c) };
+        }
+        return fail_with(errno);
+    }
+    // SAFETY: a live id of ours.
+    unsafe {
+        if (*c).id.pd.is_null() {
+            (*c).id.pd = a.pd;
+        }
+        (*c).id.srq = srq;
+    }
+    if made_cq {
+        s.extra.lock().own_cqs = true;
+    }
+    0
+}
+
+/// `rdma_destroy_srq(id)`: destroys `id->srq` (and the CQs the id made).
+pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_destroy_srq(id: *mut rdma_cm_id) {
+    ffi!((), {
+        let Some(s) = cm_id(id) else { return };
+        let c = id.cast::<ShimCmId>();
+        // SAFETY: a live id of ours; its SRQ is ours or NULL (the registry checks).
+        unsafe {
+            let srq = std::mem::replace(&mut (*c).id.srq, ptr::null_mut());
+            if !srq.is_null() {
+                super::srq::rdma_emu_shim__ibv_destroy_srq(srq);
+            }
+        }
+        if std::mem::take(&mut s.extra.lock().own_cqs) {
+            // SAFETY: a live id of ours; its QP (if any) no longer uses them, as in librdmacm.
+            unsafe { destroy_own_cqs(c) };
+        }
+    })
+}
+
+/// `rdma_set_local_ece(id, ece)`: the ECE to offer for an id whose QP the application
+/// connects itself. `EINVAL` for an id with a QP, NULL, vendor 0 or `comp_mask` bits.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_set_local_ece(
+    id: *mut rdma_cm_id,
+    ece: *mut ibv_ece,
+) -> c_int {
+    ffi!(fail_with(libc::EIO), {
+        // SAFETY: NULL or the application's ECE.
+        let (Some(s), Some(e)) = (cm_id(id), unsafe { ece.as_ref() }) else {
+            return fail_with(libc::EINVAL);
+        };
+        let ece =
+            rdma_emu::Ece { vendor_id: e.vendor_id, options: e.options, comp_mask: e.comp_mask };
+        done(s.emu.set_local_ece(ece))
+    })
+}
+
+/// `rdma_get_remote_ece(id, ece)`: the ECE the other side sent (vendor 0: none), for an id
+/// without a QP (`EINVAL` otherwise).
+pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_get_remote_ece(
+    id: *mut rdma_cm_id,
+    ece: *mut ibv_ece,
+) -> c_int {
+    ffi!(fail_with(libc::EIO), {
+        // SAFETY: NULL or writable, as the application promises.
+        let (Some(s), Some(out)) = (cm_id(id), unsafe { ece.as_mut() }) else {
+            return fail_with(libc::EINVAL);
+        };
+        match s.emu.remote_ece() {
+            Ok(e) => {
+                *out = ibv_ece { vendor_id: e.vendor_id, options: e.options, comp_mask: 0 };
+                0
+            }
+            Err(e) => fail(e),
+        }
+    })
+}
+
+/// `rdma_reject_ece(id, private_data, private_data_len)`: `rdma_reject` with the reason
+/// "vendor option not supported" (35).
+pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_reject_ece(
+    id: *mut rdma_cm_id,
+    data: *const c_void,
+    len: u8,
+) -> c_int {
+    ffi!(fail_with(libc::EIO), {
+        let Some(s) = cm_id(id) else { return fail_with(libc::EINVAL) };
+        // SAFETY: `len` readable bytes at `data` (or NULL), as the application promises.
+        let private = unsafe { private_bytes(data, len) };
+        done(s.emu.reject_ece(private))
+    })
+}
+
+/// The `len` bytes at `data` (none for NULL).
+///
+/// # Safety
+/// `data` is NULL or has `len` readable bytes that outlive the use.
+unsafe fn private_bytes<'a>(data: *const c_void, len: u8) -> &'a [u8] {
+    if data.is_null() {
+        &[]
+    } else {
+        // SAFETY: by the caller's contract.
+        unsafe { std::slice::from_raw_parts(data.cast(), len.into()) }
+    }
 }
 
 /// `rdma_create_ep(id, res, pd, qp_init_attr)`: a synchronous id for the address `res`

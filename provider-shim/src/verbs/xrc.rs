@@ -12,15 +12,15 @@ use crate::{
     objects::*,
 };
 
-const IBV_XRCD_INIT_ATTR_FD: u32 = 1;
-const IBV_XRCD_INIT_ATTR_OFLAGS: u32 = 2;
-const IBV_SRQ_INIT_ATTR_TYPE: u32 = 1;
-const IBV_SRQ_INIT_ATTR_PD: u32 = 2;
-const IBV_SRQ_INIT_ATTR_XRCD: u32 = 4;
-const IBV_SRQ_INIT_ATTR_CQ: u32 = 8;
+pub(crate) const IBV_XRCD_INIT_ATTR_FD: u32 = 1;
+pub(crate) const IBV_XRCD_INIT_ATTR_OFLAGS: u32 = 2;
+pub(crate) const IBV_SRQ_INIT_ATTR_TYPE: u32 = 1;
+pub(crate) const IBV_SRQ_INIT_ATTR_PD: u32 = 2;
+pub(crate) const IBV_SRQ_INIT_ATTR_XRCD: u32 = 4;
+pub(crate) const IBV_SRQ_INIT_ATTR_CQ: u32 = 8;
 const IBV_SRQ_INIT_ATTR_TM: u32 = 16;
-const IBV_SRQT_BASIC: u32 = 0;
-const IBV_SRQT_XRC: u32 = 1;
+pub(crate) const IBV_SRQT_BASIC: u32 = 0;
+pub(crate) const IBV_SRQT_XRC: u32 = 1;
 const IBV_QP_OPEN_ATTR_NUM: u32 = 1;
 const IBV_QP_OPEN_ATTR_XRCD: u32 = 2;
 const IBV_QP_OPEN_ATTR_CONTEXT: u32 = 4;

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <rdma/rdma_cma.h>
+#include <rdma/rdma_verbs.h>
 
 #include "common.h"
 
@@ -201,6 +202,80 @@ int main(void)
 	ev = next(ch, RDMA_CM_EVENT_REJECTED);
 	CHECK(ev->status == 8);
 	rdma_ack_cm_event(ev);
+
+	/* An SRQ through the CM: the QP rdma_create_qp makes next takes the id's SRQ, and a
+	 * receive posted there takes the client's SEND. ECE: what the REQ offered. */
+	{
+		int full = strcmp(getenv("RDMA_EMU_PROFILE"), "full") == 0;
+		struct rdma_cm_id *c2 = resolved(ch, 7471), *s2;
+		struct ibv_srq_init_attr sa = { .attr = { .max_wr = 8, .max_sge = 1 } };
+		struct ibv_srq_init_attr_ex sx = { .attr = sa.attr };
+		struct ibv_ece ece = { .vendor_id = 0xffffff, .options = 1 };
+		char buf[64] = "through the srq";
+		struct ibv_mr *mr;
+		struct ibv_wc wc;
+		CHECK(mr = ibv_reg_mr(pd, buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE));
+		init = qp_attr(cq);
+		CHECK(rdma_create_qp(c2, pd, &init) == 0);
+		CHECK(rdma_set_local_ece(c2, &ece) == -1 && errno == EINVAL); /* its QP's */
+		CHECK(rdma_get_remote_ece(c2, &ece) == -1 && errno == EINVAL);
+		CHECK(rdma_set_local_ece(NULL, &ece) == -1 && errno == EINVAL);
+		CHECK(rdma_connect(c2, NULL) == 0);
+		ev = next(ch, RDMA_CM_EVENT_CONNECT_REQUEST);
+		s2 = ev->id;
+		rdma_ack_cm_event(ev);
+		CHECK(rdma_get_remote_ece(s2, &ece) == 0 && ece.comp_mask == 0);
+		CHECK(full ? ece.vendor_id == 0xffffff && ece.options == 3 : ece.vendor_id == 0);
+		CHECK(rdma_create_srq_ex(s2, &sx) == -1 && errno == EINVAL); /* no type */
+		CHECK(rdma_create_srq(s2, pd, &sa) == 0 && s2->srq);
+		CHECK(rdma_create_qp(s2, pd, &init) == 0 && s2->qp->srq == s2->srq);
+		struct ibv_sge sge = { .addr = (uintptr_t)buf + 32, .length = 32, .lkey = mr->lkey };
+		struct ibv_recv_wr rwr = { .wr_id = 7, .sg_list = &sge, .num_sge = 1 }, *bad_r;
+		CHECK(ibv_post_srq_recv(s2->srq, &rwr, &bad_r) == 0);
+		CHECK(rdma_accept(s2, NULL) == 0);
+		rdma_ack_cm_event(next(ch, RDMA_CM_EVENT_ESTABLISHED));
+		rdma_ack_cm_event(next(ch, RDMA_CM_EVENT_ESTABLISHED));
+		struct ibv_sge ssge = { .addr = (uintptr_t)buf, .length = 16, .lkey = mr->lkey };
+		struct ibv_send_wr swr = { .wr_id = 8, .sg_list = &ssge, .num_sge = 1,
+					   .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED },
+				   *bad_s;
+		CHECK(ibv_post_send(c2->qp, &swr, &bad_s) == 0);
+		for (int got = 0; got < 2;) {
+			int k = ibv_poll_cq(cq, 1, &wc);
+			CHECK(k >= 0);
+			if (k == 0)
+				continue;
+			CHECK(wc.status == IBV_WC_SUCCESS);
+			if (wc.wr_id == 7)
+				CHECK(wc.byte_len == 16 && wc.qp_num == s2->qp->qp_num);
+			got++;
+		}
+		CHECK(strcmp(buf + 32, "through the srq") == 0);
+		CHECK(rdma_disconnect(c2) == 0);
+		rdma_ack_cm_event(next(ch, RDMA_CM_EVENT_DISCONNECTED));
+		rdma_ack_cm_event(next(ch, RDMA_CM_EVENT_DISCONNECTED));
+		rdma_destroy_qp(s2);
+		rdma_destroy_srq(s2);
+		CHECK(s2->srq == NULL);
+		CHECK(rdma_destroy_id(s2) == 0);
+		rdma_destroy_qp(c2);
+		CHECK(rdma_destroy_id(c2) == 0);
+
+		/* Refusing the options: the client sees reason 35 (vendor option not supported). */
+		c2 = resolved(ch, 7471);
+		ece = (struct ibv_ece){ .vendor_id = 0x02c9, .options = 1 };
+		CHECK(rdma_set_local_ece(c2, &ece) == 0); /* no QP: any vendor's */
+		CHECK(rdma_connect(c2, &(struct rdma_conn_param){ .qp_num = 0x99 }) == 0);
+		ev = next(ch, RDMA_CM_EVENT_CONNECT_REQUEST);
+		s2 = ev->id;
+		rdma_ack_cm_event(ev);
+		CHECK(rdma_reject_ece(s2, "ece", 4) == 0);
+		ev = next(ch, RDMA_CM_EVENT_REJECTED);
+		CHECK(ev->id == c2 && ev->status == 35 && strcmp(ev->param.conn.private_data, "ece") == 0);
+		rdma_ack_cm_event(ev);
+		CHECK(rdma_destroy_id(s2) == 0 && rdma_destroy_id(c2) == 0);
+		CHECK(ibv_dereg_mr(mr) == 0);
+	}
 
 	rdma_destroy_qp(client);
 	rdma_destroy_qp(conn);
