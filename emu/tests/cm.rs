@@ -115,13 +115,30 @@ fn a_connection_is_made_used_and_ended_through_events() {
         c.mr.read(100, &mut got).unwrap();
         assert_eq!(&got, b"over the cm");
 
-        // Either side ends it: both hear, both QPs are in error.
+        // Either side ends it (a DREQ): the other hears at once, and both QPs are in error;
+        // the one that ended it hears when the other disconnects too (the DREP).
         client.disconnect().unwrap();
-        next(&cch, E::Disconnected);
         next(&sch, E::Disconnected);
         assert_eq!((c.qp.state(), s.qp.state()), (QpState::ERR, QpState::ERR));
-        assert_eq!(client.disconnect().unwrap_err().errno(), Errno::EINVAL);
-        for id in [&client, &conn, &server] {
+        cch.set_nonblocking(true).unwrap();
+        assert_eq!(cch.get_event().unwrap_err().errno(), Errno::EAGAIN, "no DREP yet");
+        cch.set_nonblocking(false).unwrap();
+        client.disconnect().unwrap();
+        conn.disconnect().unwrap();
+        next(&cch, E::Disconnected);
+        // Once it is over, disconnecting again is no error, and raises nothing.
+        conn.disconnect().unwrap();
+        client.disconnect().unwrap();
+        // Both stay in time-wait a while (2 s), then hear TIMEWAIT_EXIT, unless destroyed
+        // first: the server's id is, and its time-wait (which began first) ends silently.
+        conn.destroy().unwrap();
+        let start = std::time::Instant::now();
+        next(&cch, E::TimewaitExit);
+        assert!(start.elapsed() >= std::time::Duration::from_millis(1500));
+        sch.set_nonblocking(true).unwrap();
+        assert_eq!(sch.get_event().unwrap_err().errno(), Errno::EAGAIN);
+        assert_eq!(client.connect(&ConnParam::default()).unwrap_err().errno(), Errno::EINVAL);
+        for id in [&client, &server] {
             id.destroy().unwrap();
         }
         drop((s.pd, c.pd));
@@ -273,11 +290,13 @@ fn connections_cross_between_processes_and_end_when_one_dies() {
     c.qp.post_send(&SendWr::send(2, &[sge(&c.mr, 0, 17)]).signaled()).unwrap();
     assert_eq!(wait1(&c.cq).status, WcStatus::SUCCESS);
     assert_eq!(wait1(&s.cq).byte_len, 17);
-    // The server ends it this time.
+    // The server ends it this time; the client's answer (here by destroying its id) is what
+    // the server hears.
     conn.disconnect().unwrap();
-    next(&sch, E::Disconnected);
     next(&cch, E::Disconnected);
     assert_eq!(c.qp.state(), QpState::ERR);
+    client.destroy().unwrap();
+    next(&sch, E::Disconnected);
     drop((client, c, conn, s));
 
     // A second connection; then the client's process goes away.

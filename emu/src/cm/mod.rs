@@ -216,9 +216,19 @@ enum State {
     /// Passive side: accepted, waiting for the RTU.
     Accepting,
     Connected,
+    /// This side ended the connection (DREQ sent) and waits for the other's answer (DREP).
+    DreqSent,
+    /// The other side ended it (DREQ came): `Disconnected` was raised, and the DREP goes back
+    /// when this side disconnects too (or destroys the id).
+    DreqRcvd,
+    /// Over on both sides: in time-wait until `TimewaitExit`, and after.
     Disconnected,
     Destroyed,
 }
+
+/// How long a connection's ids stay in time-wait after the DREQ/DREP exchange before
+/// `TimewaitExit` (the kernel's IB CM on rxe, measured: 2.07 to 2.3 s).
+const TIMEWAIT_NS: u64 = 2_000_000_000;
 
 use msg::{Msg, Remote};
 
@@ -374,14 +384,12 @@ fn handle(fabric: &FabricInner, m: Msg) {
         Msg::Rej { to, reason, private } => {
             cm.id(to).inspect(|a| a.rejected(reason, &private));
         }
-        Msg::Dreq { to, from } => {
-            let id = cm.id(to);
-            let reply_to = id.as_ref().and_then(|i| i.0.st.lock().remote).filter(|r| r.id == from);
-            id.inspect(CmId::disconnected_by_peer);
-            if let Some(r) = reply_to {
-                deliver(fabric, r.slot, Msg::Drep { to: from });
+        Msg::Dreq { to, from } => match cm.id(to) {
+            Some(id) if id.0.st.lock().remote.is_some_and(|r| r.id == from) => {
+                id.disconnected_by_peer(true)
             }
-        }
+            _ => {}
+        },
         Msg::Drep { to } => {
             cm.id(to).inspect(CmId::disconnect_replied);
         }
@@ -397,19 +405,18 @@ pub(crate) fn peer_died(fabric: &FabricInner, slot: u8) {
         if st.remote.is_none_or(|r| r.slot != slot) {
             continue;
         }
-        let connecting = st.state == State::Connecting;
-        let awaiting_drep = st.state == State::Disconnected;
+        let state = st.state;
         drop(st);
-        if awaiting_drep {
+        match state {
             // Our DREQ will never be answered: the disconnection is complete.
-            id.disconnect_replied();
-            continue;
-        }
-        if connecting {
-            id.0.st.lock().state = State::RouteResolved;
-            id.raise(CmEventType::Unreachable, -libc::ETIMEDOUT, ConnParam::default(), None);
-        } else {
-            id.disconnected_by_peer();
+            State::DreqSent => id.disconnect_replied(),
+            State::Connecting => {
+                id.0.st.lock().state = State::RouteResolved;
+                id.raise(CmEventType::Unreachable, -libc::ETIMEDOUT, ConnParam::default(), None);
+            }
+            // Nobody is left to answer.
+            State::DreqRcvd => id.enter_timewait(),
+            _ => id.disconnected_by_peer(false),
         }
     }
 }
@@ -938,32 +945,67 @@ impl CmId {
         Ok(())
     }
 
-    /// `rdma_disconnect`: ends the connection: this side's QP goes to the error state
-    /// (flushing its work requests), and both sides see `Disconnected`.
+    /// `rdma_disconnect`: ends the connection or answers the other side's end of it. This
+    /// side's QP goes to the error state (flushing its work requests). Ending it sends a DREQ:
+    /// the other side sees `Disconnected` at once, this side once the other answers by
+    /// disconnecting too (or destroying its id), as with the kernel's IB CM. Answering sends
+    /// that DREP. Both ids then stay in time-wait for a while and see `TimewaitExit`.
+    /// Once the connection is over, again 0 and nothing more (as the kernel); `EINVAL` for an
+    /// id that never connected.
     pub fn disconnect(&self) -> Result<()> {
         let mut st = self.0.st.lock();
-        if !matches!(st.state, State::Connected | State::Accepting | State::Connecting) {
-            return Err(einval("the id is not connected"));
+        let state = st.state;
+        match state {
+            State::Connected | State::Accepting | State::Connecting => st.state = State::DreqSent,
+            State::DreqRcvd => st.state = State::Disconnected,
+            State::DreqSent | State::Disconnected => return Ok(()),
+            _ => return Err(einval("the id is not connected")),
         }
-        st.state = State::Disconnected;
         let (qp, remote) = (st.qp.clone(), st.remote);
         drop(st);
         if let Some(qp) = qp {
             to_error(&qp);
         }
-        // As with the IB CM, this side hears DISCONNECTED once the other answers (DREP).
-        match remote {
-            Some(r) => deliver(self.fabric(), r.slot, Msg::Dreq { to: r.id, from: self.0.num }),
-            None => self.raise(CmEventType::Disconnected, 0, ConnParam::default(), None),
+        let num = self.0.num;
+        match (state, remote) {
+            (State::DreqRcvd, Some(r)) => {
+                deliver(self.fabric(), r.slot, Msg::Drep { to: r.id });
+                self.enter_timewait();
+            }
+            (_, Some(r)) => deliver(self.fabric(), r.slot, Msg::Dreq { to: r.id, from: num }),
+            (_, None) => self.disconnect_replied(),
         }
         Ok(())
     }
 
-    /// The other side answered our DREQ.
+    /// The other side answered our DREQ (or can no longer).
     fn disconnect_replied(&self) {
-        if self.0.st.lock().state == State::Disconnected {
-            self.raise(CmEventType::Disconnected, 0, ConnParam::default(), None);
+        let mut st = self.0.st.lock();
+        let state = st.state;
+        if matches!(state, State::DreqSent | State::DreqRcvd) {
+            st.state = State::Disconnected;
+            drop(st);
+            // DreqRcvd: the DREQs crossed, and `Disconnected` was raised for the other's.
+            if state == State::DreqSent {
+                self.raise(CmEventType::Disconnected, 0, ConnParam::default(), None);
+            }
+            self.enter_timewait();
         }
+    }
+
+    /// Time-wait: `TimewaitExit` comes after [`TIMEWAIT_NS`], unless the id is destroyed.
+    fn enter_timewait(&self) {
+        let id = Arc::downgrade(&self.0);
+        let exit = move |_: &FabricInner| {
+            if let Some(id) = id.upgrade().map(CmId)
+                && id.0.st.lock().state == State::Disconnected
+            {
+                id.raise(CmEventType::TimewaitExit, 0, ConnParam::default(), None);
+            }
+        };
+        let fabric = self.fabric();
+        let job = crate::fabric::timer::Job::Later(crate::fabric::timer::Later(Box::new(exit)));
+        fabric.timer.schedule(fabric.now() + TIMEWAIT_NS, job);
     }
 
     /// `rdma_destroy_id`: a connection still up is ended first (the peer sees
@@ -973,13 +1015,20 @@ impl CmId {
         if st.state == State::Destroyed {
             return Err(einval("the id was destroyed"));
         }
-        let up = matches!(st.state, State::Connected | State::Accepting);
-        st.state = State::Destroyed;
+        let state = std::mem::replace(&mut st.state, State::Destroyed);
         let remote = st.remote;
         (st.qp, st.ctx) = (None, None);
         drop(st);
-        if up && let Some(r) = remote {
-            deliver(self.fabric(), r.slot, Msg::Dreq { to: r.id, from: self.0.num });
+        // A connection still up is ended; the other side's DREQ is answered.
+        let last = match (state, remote) {
+            (State::Connected | State::Accepting, Some(r)) => {
+                Some((r.slot, Msg::Dreq { to: r.id, from: self.0.num }))
+            }
+            (State::DreqRcvd, Some(r)) => Some((r.slot, Msg::Drep { to: r.id })),
+            _ => None,
+        };
+        if let Some((slot, m)) = last {
+            deliver(self.fabric(), slot, m);
         }
         let cm = self.cm();
         cm.ids.lock().remove(&self.0.num);
@@ -1124,19 +1173,24 @@ impl CmId {
         self.raise(CmEventType::Rejected, reason, param, None);
     }
 
-    /// The peer disconnected (DREQ): our QP goes to the error state too.
-    fn disconnected_by_peer(&self) {
+    /// The peer disconnected (its DREQ came, or its process is gone: `answer` is whether a
+    /// DREP is owed): our QP goes to the error state too.
+    fn disconnected_by_peer(&self, answer: bool) {
         let mut st = self.0.st.lock();
-        if !matches!(st.state, State::Connected | State::Accepting) {
+        let crossed = st.state == State::DreqSent;
+        if !matches!(st.state, State::Connected | State::Accepting) && !crossed {
             return;
         }
-        st.state = State::Disconnected;
+        st.state = if answer { State::DreqRcvd } else { State::Disconnected };
         let qp = st.qp.clone();
         drop(st);
         if let Some(qp) = qp {
             to_error(&qp);
         }
         self.raise(CmEventType::Disconnected, 0, ConnParam::default(), None);
+        if !answer {
+            self.enter_timewait();
+        }
     }
 
     /// The opaque word set by [`CmId::set_user_data`] (0 until set).

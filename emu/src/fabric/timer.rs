@@ -49,6 +49,17 @@ pub(crate) enum Job {
     CqModeration { cq: Weak<CqInner>, generation: u64 },
     /// Drops the frames whose delay drop wait is over (see `objects::wq`).
     DelayDrop(Weak<WqInner>),
+    /// Work of a layer above the fabric (the connection manager's time-wait).
+    Later(Later),
+}
+
+/// A deadline's work handed in from above, so that the fabric need not know those layers.
+pub(crate) struct Later(pub(crate) Box<dyn FnOnce(&FabricInner) + Send>);
+
+impl std::fmt::Debug for Later {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Later")
+    }
 }
 
 impl Job {
@@ -76,6 +87,7 @@ impl Job {
                     wq.expire_held(fabric.now());
                 }
             }
+            Job::Later(Later(work)) => work(fabric),
         }
     }
 }
