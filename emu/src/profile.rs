@@ -422,15 +422,32 @@ impl Profile {
         }
     }
 
-    /// The populated GID table entries of port `port`: GID 0 is the link-local GID of the
-    /// port GUID (the node GUID plus the port index).
-    pub fn gid_table(self, id: &DeviceIdentity, port: u8, link: LinkLayer) -> Vec<GidEntry> {
+    /// The populated GID table entries of port `port`, whose IP addresses are `addrs`: GID 0
+    /// is the link-local GID of the port GUID (the node GUID plus the port index). A RoCE
+    /// port then has the IPv4-mapped GID of its own identity address and, as rxe has its
+    /// netdev's, a GID for each of `addrs` (IPv4 mapped, IPv6 as is), up to the table's length.
+    pub fn gid_table(
+        self,
+        id: &DeviceIdentity,
+        port: u8,
+        link: LinkLayer,
+        addrs: &[std::net::IpAddr],
+    ) -> Vec<GidEntry> {
         let port_guid = id.guid + (port as u64 - 1);
         match (self, link) {
-            (Profile::Rxe, _) | (Profile::Full, LinkLayer::ETHERNET) => vec![
-                GidEntry { gid: Gid::link_local(port_guid), index: 0, gid_type: GidType::ROCE_V2 },
-                GidEntry { gid: Gid::ipv4_mapped(id.ipv4), index: 1, gid_type: GidType::ROCE_V2 },
-            ],
+            (Profile::Rxe, _) | (Profile::Full, LinkLayer::ETHERNET) => {
+                let own = [Gid::link_local(port_guid), Gid::ipv4_mapped(id.ipv4)];
+                let len = self.port_attr(id, port, port, link).gid_tbl_len;
+                let mut gids: Vec<Gid> = own.to_vec();
+                for gid in addrs.iter().map(|&ip| Gid::of_ip(ip)) {
+                    if !gids.contains(&gid) && gids.len() < len as usize {
+                        gids.push(gid);
+                    }
+                }
+                let entry =
+                    |(i, gid)| GidEntry { gid, index: i as u32, gid_type: GidType::ROCE_V2 };
+                gids.into_iter().enumerate().map(entry).collect()
+            }
             (Profile::Full, _) => {
                 vec![GidEntry { gid: Gid::link_local(port_guid), index: 0, gid_type: GidType::IB }]
             }

@@ -281,6 +281,14 @@ impl Gid {
         Gid(g)
     }
 
+    /// The RoCE v2 GID of an IP address: an IPv6 address as it is, an IPv4 one mapped.
+    pub fn of_ip(ip: std::net::IpAddr) -> Gid {
+        match ip {
+            std::net::IpAddr::V4(v4) => Gid(v4.to_ipv6_mapped().octets()),
+            std::net::IpAddr::V6(v6) => Gid(v6.octets()),
+        }
+    }
+
     /// The 64-bit interface identifier (the low half).
     pub fn interface_id(&self) -> u64 {
         u64::from_be_bytes(self.0[8..].try_into().expect("8 bytes"))

@@ -451,6 +451,20 @@ fn init_qp_attr_gives_what_takes_a_qp_of_ones_own_through_the_connection() {
         qp.modify(&init, mask).unwrap();
         let (rtr, mask) = conn.init_qp_attr(QpState::RTR).unwrap();
         assert_eq!(rtr.dest_qp_num, c.qp.qp_num());
+        // On RoCE the path goes between the GIDs of the two ends' addresses (both 127.0.0.2
+        // here: emu1's), which emu1's GID table holds after its own two; on InfiniBand by LID.
+        let gid = Gid::of_ip(addr("127.0.0.2:0").ip());
+        let av = rtr.ah_attr;
+        if profile == Profile::Rxe {
+            let table = ctx.device().gid_table(1).unwrap();
+            let at = table.iter().find(|e| e.gid == gid).expect("the address's GID").index;
+            assert!(at >= 2, "{table:?}");
+            assert!(av.is_global && av.dgid == gid && av.sgid_index as u32 == at, "{av:?}");
+            let emu0s = Gid::of_ip(addr("127.0.0.1:0").ip());
+            assert!(!table.iter().any(|e| e.gid == emu0s), "emu0's address is not emu1's");
+        } else {
+            assert!(!av.is_global && av.dlid == ctx.query_port(1).unwrap().lid, "{av:?}");
+        }
         assert_eq!(rtr.max_dest_rd_atomic, 3, "what the client's request asks to read at once");
         assert!(mask.contains(QpAttrMask::AV | QpAttrMask::RQ_PSN | QpAttrMask::PATH_MTU));
         qp.modify(&rtr, mask).unwrap();

@@ -78,6 +78,12 @@ impl AddressMap {
         self.entries.iter().find(|e| e.ip == ip).map(|e| (e.device, e.port))
     }
 
+    /// Every address of port `port` of device `device`.
+    pub(crate) fn addresses_of(&self, device: u32, port: u8) -> Vec<IpAddr> {
+        let mine = self.entries.iter().filter(|e| e.device == device && e.port == port);
+        mine.map(|e| e.ip).collect()
+    }
+
     /// An address of port `port` of device `device`, of the family of `like` if it has one.
     pub(crate) fn address_of(&self, device: u32, port: u8, like: IpAddr) -> Option<IpAddr> {
         let mine = || self.entries.iter().filter(|e| e.device == device && e.port == port);

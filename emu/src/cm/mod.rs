@@ -1057,12 +1057,15 @@ impl CmId {
         st.remote = Some(remote);
         if self.datagram() {
             st.state = State::Connected;
-            let port = st.port.expect("resolved").1;
+            let path = Path::of(&st, &remote);
             drop(st);
             let private_data = padded(private_data, SIDR_REP_PRIVATE_DATA);
             let param = ConnParam { private_data, qp_num: remote.qpn, ..Default::default() };
-            let ud = ah_toward(self.fabric(), port, remote.device, remote.port)
-                .map(|ah_attr| UdParam { ah_attr, qp_num: remote.qpn, qkey: UDP_QKEY });
+            let ud = path.and_then(|path| ah_toward(self.fabric(), path)).map(|ah_attr| UdParam {
+                ah_attr,
+                qp_num: remote.qpn,
+                qkey: UDP_QKEY,
+            });
             return self.raise_ud(CmEventType::Established, 0, param, None, ud);
         }
         let param = ConnParam {
@@ -1327,7 +1330,8 @@ fn request(
     if ps == PortSpace::Udp {
         let private_data = padded(&private, SIDR_REQ_PRIVATE_DATA);
         let param = ConnParam { private_data, qp_num: from.qpn, ..Default::default() };
-        let ud = dest.and_then(|(_, port)| ah_toward(fabric, port, from.device, from.port));
+        let path = Path::of(&conn.0.st.lock(), &from);
+        let ud = path.and_then(|path| ah_toward(fabric, path));
         let ud = ud.map(|ah_attr| UdParam { ah_attr, qp_num: from.qpn, qkey: UDP_QKEY });
         return conn.raise_ud(CmEventType::ConnectRequest, 0, param, Some(listener), ud);
     }
@@ -1343,25 +1347,56 @@ fn request(
     conn.raise(CmEventType::ConnectRequest, 0, param, Some(listener));
 }
 
-/// The address, from our port `port`, of port `rport` of device `rdev` (a GRH on RoCE).
-fn ah_toward(fabric: &FabricInner, port: u8, rdev: u32, rport: u8) -> Option<AhAttr> {
-    let p = fabric.devices.get(rdev as usize)?.port(rport).ok()?;
-    let (attr, gid) = (p.attr.lock().clone(), p.gids.first().map(|g| g.gid).unwrap_or_default());
+/// The ends of a connection: our device and port, the other's, and the IP address each end
+/// goes by.
+#[derive(Debug, Clone, Copy)]
+struct Path {
+    dev: u32,
+    port: u8,
+    ip: Option<IpAddr>,
+    rdev: u32,
+    rport: u8,
+    rip: Option<IpAddr>,
+}
+
+impl Path {
+    /// The path of an id whose peer is `remote`, from the id's state.
+    fn of(st: &IdState, remote: &Remote) -> Option<Path> {
+        let ip = st.local.map(|a| a.ip());
+        let (rdev, rport, rip) = (remote.device, remote.port, st.peer.map(|a| a.ip()));
+        let (dev, port) = st.port?;
+        Some(Path { dev, port, ip, rdev, rport, rip })
+    }
+}
+
+/// The address vector along `path` (a GRH on RoCE). On RoCE, as with the kernel's CM, the
+/// GIDs are those of the two ends' IP addresses (found in their ports' GID tables), the
+/// link-local GID 0 where an address has none.
+fn ah_toward(fabric: &FabricInner, path: Path) -> Option<AhAttr> {
+    let remote = fabric.devices.get(path.rdev as usize)?.port(path.rport).ok()?;
+    let attr = remote.attr.lock().clone();
+    let index_of = |gids: &[crate::profile::GidEntry], ip: Option<IpAddr>| {
+        let gid = ip.map(Gid::of_ip);
+        gids.iter().find(|e| Some(e.gid) == gid).map_or(0, |e| e.index)
+    };
     let roce = attr.link_layer == LinkLayer::ETHERNET;
-    let (dgid, dlid) = (gid, attr.lid);
+    let dgid = remote.gids.get(index_of(&remote.gids, path.rip) as usize).map(|e| e.gid);
+    let local = fabric.devices.get(path.dev as usize)?.port(path.port).ok()?;
+    let sgid_index = if roce { index_of(&local.gids, path.ip) as u8 } else { 0 };
     Some(AhAttr {
         is_global: roce,
-        dgid,
+        dgid: dgid.unwrap_or_default(),
+        sgid_index,
         hop_limit: 64,
-        dlid,
-        port_num: port,
+        dlid: attr.lid,
+        port_num: path.port,
         ..Default::default()
     })
 }
 
 /// What a side's QP is set up with when the connection is made.
 struct QpSetup {
-    port: u8,
+    path: Path,
     options: Options,
     remote: Remote,
     psn: u32,
@@ -1375,7 +1410,7 @@ impl QpSetup {
     /// The passive side's, accepting `remote`'s request with `p`.
     fn passive(st: &IdState, remote: Remote, p: &ConnParam) -> QpSetup {
         QpSetup {
-            port: st.port.expect("set").1,
+            path: Path::of(st, &remote).expect("the port is set"),
             options: st.options,
             remote,
             psn: st.psn,
@@ -1389,7 +1424,7 @@ impl QpSetup {
     /// The active side's, once `remote` replied: the smaller of what each side offered.
     fn active(st: &IdState, remote: Remote) -> QpSetup {
         QpSetup {
-            port: st.port.expect("set").1,
+            path: Path::of(st, &remote).expect("the port is set"),
             options: st.options,
             remote,
             psn: st.psn,
@@ -1411,15 +1446,14 @@ impl QpSetup {
 
     /// The RTR attributes (and their mask) of a QP on `device`, reliable or not.
     fn rtr(&self, fabric: &FabricInner, device: &DeviceInner, rc: bool) -> Result<(QpAttr, M)> {
-        let local = device.port(self.port)?.attr.lock().clone();
+        let local = device.port(self.path.port)?.attr.lock().clone();
         let rdev = fabric
             .devices
             .get(self.remote.device as usize)
             .ok_or_else(|| einval("no such device"))?;
         let rattr = rdev.port(self.remote.port)?.attr.lock().clone();
         let mtu = Mtu(local.active_mtu.0.min(rattr.active_mtu.0));
-        let mut ah_attr = ah_toward(fabric, self.port, self.remote.device, self.remote.port)
-            .ok_or_else(|| einval("no such port"))?;
+        let mut ah_attr = ah_toward(fabric, self.path).ok_or_else(|| einval("no such port"))?;
         ah_attr.traffic_class = self.options.tos;
         let rtr = QpAttr {
             qp_state: QpState::RTR,

@@ -204,28 +204,30 @@ pub(super) fn advance(g: &mut QpInner, pkt: &Packet) {
     g.resp.msn = g.resp.msn.wrapping_add(1) & super::PSN_MASK;
 }
 
-/// The 40 bytes a UD receive buffer starts with: an IB GRH (IBA 8.3) carrying the source and
-/// destination GIDs (IPVer 6, next header 0x1B); between IPv4-mapped GIDs (RoCE v2 over IPv4),
-/// 20 zero bytes and then the packet's IPv4 header, as rxe and the RoCE v2 annex lay it out.
+/// The 40 bytes a UD receive buffer starts with, as rxe and the RoCE v2 annex lay them out:
+/// on RoCE v2 the packet's IP header, IPv6 (next header UDP), or between IPv4-mapped GIDs 20
+/// zero bytes and the IPv4 header; on InfiniBand an IB GRH (IBA 8.3, next header 0x1B).
 /// `headers` is the length of BTH and the extended headers after it.
 fn grh_bytes(
     sgid: &crate::types::Gid,
     dgid: &crate::types::Gid,
     paylen: u32,
     headers: u32,
+    roce: bool,
 ) -> [u8; 40] {
     let mut h = [0u8; 40];
+    let pad = (4 - paylen % 4) % 4;
+    let udp_len = 8 + headers + paylen + pad + 4; // UDP, headers, payload, pad, ICRC
     if let (Some(s), Some(d)) =
         (crate::fabric::pcap::ipv4_of(sgid), crate::fabric::pcap::ipv4_of(dgid))
     {
-        let pad = (4 - paylen % 4) % 4;
-        let udp_len = 8 + headers + paylen + pad + 4; // UDP, headers, payload, pad, ICRC
         h[20..].copy_from_slice(&crate::fabric::pcap::ipv4_header(s, d, udp_len as usize));
         return h;
     }
     h[0] = 0x60;
-    h[4..6].copy_from_slice(&(paylen.min(u16::MAX as u32) as u16).to_be_bytes());
-    h[6] = 0x1b;
+    let (len, next) = if roce { (udp_len, libc::IPPROTO_UDP as u8) } else { (paylen, 0x1b) };
+    h[4..6].copy_from_slice(&(len.min(u16::MAX as u32) as u16).to_be_bytes());
+    h[6] = next;
     h[7] = 64;
     h[8..24].copy_from_slice(&sgid.0);
     h[24..40].copy_from_slice(&dgid.0);
@@ -251,7 +253,7 @@ fn ud_receive(qp: &Arc<QpShared>, g: &mut QpInner, pkt: &Packet) {
     if let Some(grh) = &pkt.grh {
         // BTH, DETH and the immediate data, if any.
         let headers = 12 + 8 + if pkt.imm.is_some() { 4 } else { 0 };
-        data[..40].copy_from_slice(&grh_bytes(&grh.0, &grh.1, paylen as u32, headers));
+        data[..40].copy_from_slice(&grh_bytes(&grh.0, &grh.1, paylen as u32, headers, g.port.roce));
     }
     let mut off = 40;
     for piece in pkt.payload.pieces() {

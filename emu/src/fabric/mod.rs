@@ -375,9 +375,12 @@ impl Fabric {
 
     /// [`new`](Self::new), failing only if the packet trace file cannot be created.
     pub fn try_new(cfg: FabricConfig) -> crate::Result<Fabric> {
-        let devices = (0..cfg.devices)
-            .map(|i| Arc::new(DeviceInner::new(i, cfg.profile, cfg.ports, cfg.link_layer)))
-            .collect();
+        let addrs = crate::cm::addr::AddressMap::new(&cfg.addresses);
+        let device = |i| {
+            let (profile, link) = (cfg.profile, cfg.link_layer);
+            DeviceInner::new(i, profile, cfg.ports, link, |p| addrs.addresses_of(i, p))
+        };
+        let devices = (0..cfg.devices).map(|i| Arc::new(device(i))).collect();
         let pcap = cfg.pcap.as_deref().map(pcap::Pcap::create).transpose()?;
         let seed = cfg.seed.unwrap_or_else(faults::clock_seed);
         let fabric = Fabric(Arc::new_cyclic(|this| FabricInner {
@@ -391,7 +394,7 @@ impl Fabric {
             pcap,
             host: cfg.host.as_deref().map(trust::Location::of),
             node: OnceLock::new(),
-            cm: crate::cm::Manager::new(crate::cm::addr::AddressMap::new(&cfg.addresses)),
+            cm: crate::cm::Manager::new(addrs),
             this: this.clone(),
         }));
         if !cfg.faults.is_empty() {

@@ -77,13 +77,20 @@ pub(crate) struct DeviceInner {
 }
 
 impl DeviceInner {
-    pub(crate) fn new(index: u32, profile: Profile, ports: u8, link: LinkLayer) -> DeviceInner {
+    /// Device `index`, whose port `p` has the IP addresses `addrs(p)`.
+    pub(crate) fn new(
+        index: u32,
+        profile: Profile,
+        ports: u8,
+        link: LinkLayer,
+        addrs: impl Fn(u8) -> Vec<std::net::IpAddr>,
+    ) -> DeviceInner {
         let id = DeviceIdentity::new(index);
         let n = profile.port_count(ports);
         let ports = (1..=n)
             .map(|p| PortInner {
                 attr: Mutex::new(profile.port_attr(&id, p, n, link)),
-                gids: profile.gid_table(&id, p, link),
+                gids: profile.gid_table(&id, p, link, &addrs(p)),
                 pkeys: profile.pkey_table(),
                 up: std::sync::atomic::AtomicBool::new(true),
             })

@@ -700,8 +700,12 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_create_ah(
 }
 
 /// `ibv_init_ah_from_wc(context, port_num, wc, grh, ah_attr)`: the address that answers the
-/// sender of a received UD completion. With `IBV_WC_GRH`, the GRH's source GID becomes the
-/// destination and its destination GID names our source GID index.
+/// sender of a received UD completion. With `IBV_WC_GRH`, as libibverbs reads the 40 bytes:
+/// an IPv6 header or IB GRH (version 6, unless a valid IPv4 header follows at byte 20) gives
+/// its source GID as the destination and its destination GID, of the GID type its next header
+/// says (UDP: RoCE v2, 0x1B: IB or RoCE v1), names our source GID index; an IPv4 header gives
+/// the mapped addresses, RoCE v2. A multicast destination: `EINVAL` (no point looking it up);
+/// no such GID in our table: `ENOENT`.
 pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_init_ah_from_wc(
     c: *mut ibv_context,
     port: u8,
@@ -729,27 +733,107 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_init_ah_from_wc(
                 return -1;
             }
             // SAFETY: with IBV_WC_GRH the application passes the 40 bytes the datagram began with.
-            let g = unsafe { std::slice::from_raw_parts(grh, 40) };
-            let word0 = u32::from_be_bytes([g[0], g[1], g[2], g[3]]);
-            let dgid: [u8; 16] = g[24..40].try_into().expect("16 bytes");
+            let g: &[u8; 40] = unsafe { &*grh.cast() };
+            let Some(h) = ReceivedHeader::parse(g) else {
+                set_errno(libc::EPROTONOSUPPORT);
+                return -1;
+            };
+            if h.dgid[0] == 0xff || h.dgid[..12] == MAPPED_PREFIX && h.dgid[12] >> 4 == 0xe {
+                set_errno(libc::EINVAL);
+                return -1;
+            }
             let dev = s.emu().device();
-            let Some(index) = dev
-                .gid_table(port)
-                .ok()
-                .and_then(|t| t.iter().find(|e| e.gid.0 == dgid).map(|e| e.index))
-            else {
+            let ours = |e: &rdma_emu::GidEntry| {
+                e.gid.0 == h.dgid && (e.gid_type == rdma_emu::GidType::ROCE_V2) == h.roce_v2
+            };
+            let table = dev.gid_table(port).unwrap_or_default();
+            let Some(index) = table.iter().find(|e| ours(e)).map(|e| e.index) else {
                 set_errno(libc::ENOENT);
                 return -1;
             };
             out.is_global = 1;
-            out.grh.dgid = ibv_gid { raw: g[8..24].try_into().expect("16 bytes") };
+            out.grh.dgid = ibv_gid { raw: h.sgid };
             out.grh.sgid_index = index as u8;
-            out.grh.flow_label = word0 & 0xf_ffff;
-            out.grh.traffic_class = (word0 >> 20) as u8;
-            out.grh.hop_limit = 0xff;
+            out.grh.flow_label = h.flow_label;
+            out.grh.traffic_class = h.traffic_class;
+            out.grh.hop_limit = h.hop_limit;
         }
         0
     })
+}
+
+/// `::ffff:0:0/96`, the IPv4-mapped GIDs.
+const MAPPED_PREFIX: [u8; 12] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff];
+
+/// What the 40 bytes before a UD datagram say about its path.
+struct ReceivedHeader {
+    sgid: [u8; 16],
+    dgid: [u8; 16],
+    /// The GIDs are RoCE v2 ones (else IB or RoCE v1).
+    roce_v2: bool,
+    flow_label: u32,
+    traffic_class: u8,
+    hop_limit: u8,
+}
+
+impl ReceivedHeader {
+    /// An IPv4 header at byte 20 is believed when the first word is not IPv6's, or when its
+    /// length is 5 words and its checksum holds; otherwise the bytes are an IPv6 header or IB
+    /// GRH. `None` for neither.
+    fn parse(g: &[u8; 40]) -> Option<ReceivedHeader> {
+        let word0 = u32::from_be_bytes([g[0], g[1], g[2], g[3]]);
+        let ip4 = &g[20..];
+        let ipv4 = if word0 >> 28 != 6 {
+            if ip4[0] >> 4 != 4 {
+                return None;
+            }
+            true
+        } else {
+            ip4[0] & 0xf == 5 && ipv4_checksum_holds(ip4)
+        };
+        let mapped = |a: &[u8]| {
+            let mut gid = [0; 16];
+            gid[..12].copy_from_slice(&MAPPED_PREFIX);
+            gid[12..].copy_from_slice(a);
+            gid
+        };
+        if ipv4 {
+            return Some(ReceivedHeader {
+                sgid: mapped(&ip4[12..16]),
+                dgid: mapped(&ip4[16..20]),
+                roce_v2: true,
+                flow_label: word0 & 0xf_ffff,
+                traffic_class: ip4[1],
+                hop_limit: ip4[8],
+            });
+        }
+        let roce_v2 = match g[6] {
+            n if n == libc::IPPROTO_UDP as u8 => true,
+            0x1b => false,
+            _ => return None,
+        };
+        Some(ReceivedHeader {
+            sgid: g[8..24].try_into().expect("16 bytes"),
+            dgid: g[24..40].try_into().expect("16 bytes"),
+            roce_v2,
+            flow_label: word0 & 0xf_ffff,
+            traffic_class: (word0 >> 20) as u8,
+            hop_limit: g[7],
+        })
+    }
+}
+
+/// Whether the 20-byte IPv4 header `h` carries its own checksum.
+fn ipv4_checksum_holds(h: &[u8]) -> bool {
+    let mut sum: u32 = h[..20]
+        .chunks(2)
+        .enumerate()
+        .filter(|&(i, _)| i != 5)
+        .map(|(_, w)| u16::from_be_bytes([w[0], w[1]]) as u32)
+        .sum();
+    sum = (sum & 0xffff) + (sum >> 16);
+    sum = (sum & 0xffff) + (sum >> 16);
+    !(sum as u16) == u16::from_be_bytes([h[10], h[11]])
 }
 
 /// `ibv_create_ah_from_wc(pd, wc, grh, port_num)`.

@@ -99,6 +99,43 @@ int main(void)
 		CHECK(ibv_destroy_ah(reply) == 0);
 	}
 
+	/* RoCE v2: the GRH area is the packet's IP header. Between link-local GIDs an IPv6 header
+	 * (next header UDP); between IPv4-mapped GIDs (index 1) 20 zero bytes and an IPv4 header.
+	 * The answer's address comes out of either, as libibverbs reads them. */
+	if (b.port.link_layer == IBV_LINK_LAYER_ETHERNET) {
+		union ibv_gid a4, b4;
+		struct ibv_ah_attr back;
+		CHECK(b.buf[0] == 0x60 && b.buf[6] == 17);
+		CHECK(ibv_query_gid(a.ctx, 1, 1, &a4) == 0 && ibv_query_gid(b.ctx, 1, 1, &b4) == 0);
+		struct ibv_ah_attr v4 = ah_attr;
+		v4.grh.dgid = b4;
+		v4.grh.sgid_index = 1;
+		struct ibv_ah *ah4 = ibv_create_ah(a.pd, &v4);
+		CHECK(ah4);
+		CHECK(ibv_post_recv(b.qp, &rwr, &rbad) == 0);
+		CHECK(send_to(&a, ah4, b.qp->qp_num, QKEY, 3) == 0);
+		CHECK(wait_wc(a.cq).status == IBV_WC_SUCCESS);
+		wc = wait_wc(b.cq);
+		CHECK(wc.status == IBV_WC_SUCCESS && (wc.wc_flags & IBV_WC_GRH));
+		for (int i = 0; i < 20; i++)
+			CHECK(b.buf[i] == 0);
+		CHECK((unsigned char)b.buf[20] == 0x45 && b.buf[29] == 17); /* IPv4, 5 words; UDP */
+		CHECK(memcmp(b.buf + 32, &a4.raw[12], 4) == 0 && memcmp(b.buf + 36, &b4.raw[12], 4) == 0);
+		CHECK(ibv_init_ah_from_wc(b.ctx, 1, &wc, (struct ibv_grh *)b.buf, &back) == 0);
+		CHECK(back.is_global && back.grh.sgid_index == 1 && back.grh.hop_limit == 64);
+		CHECK(memcmp(&back.grh.dgid, &a4, 16) == 0);
+		/* A header that is neither: EPROTONOSUPPORT; a GID we do not have: ENOENT. */
+		b.buf[20] = 0x65;
+		errno = 0;
+		CHECK(ibv_init_ah_from_wc(b.ctx, 1, &wc, (struct ibv_grh *)b.buf, &back) == -1);
+		CHECK(errno == EPROTONOSUPPORT);
+		b.buf[20] = 0x45;
+		b.buf[39] ^= 1; /* another destination address, with its checksum now wrong (ignored) */
+		CHECK(ibv_init_ah_from_wc(b.ctx, 1, &wc, (struct ibv_grh *)b.buf, &back) == -1);
+		CHECK(errno == ENOENT);
+		CHECK(ibv_destroy_ah(ah4) == 0);
+	}
+
 	/* Multicast: b attaches to a group and receives what a sends to it. */
 	{
 		union ibv_gid mgid = { .raw = { 0xff, 0x12 } };
