@@ -640,3 +640,50 @@ fn ece_is_offered_in_the_request_and_taken_in_the_reply() {
         drop(server);
     }
 }
+
+/// A device hot-unplugged (the `device-removal` fault): each id on it hears DEVICE_REMOVAL and
+/// can only be destroyed; its connection ends, the peer on another device hearing DISCONNECTED.
+#[test]
+fn a_removed_device_takes_its_ids_and_their_connections() {
+    let f = fabric(Profile::Rxe);
+    let (sch, cch) = (CmChannel::new(&f).unwrap(), CmChannel::new(&f).unwrap());
+    let server = CmId::create(&sch, PortSpace::Tcp).unwrap();
+    server.bind_addr(addr("127.0.0.2:7480")).unwrap();
+    server.listen(1).unwrap();
+    let wildcard = CmId::create(&sch, PortSpace::Tcp).unwrap();
+    wildcard.bind_addr(addr("0.0.0.0:7481")).unwrap();
+    wildcard.listen(1).unwrap();
+    // The client on emu0 (127.0.0.1), the server on emu1.
+    let client = CmId::create(&cch, PortSpace::Tcp).unwrap();
+    client.resolve_addr(Some(addr("127.0.0.1:0")), addr("127.0.0.2:7480"), 2000).unwrap();
+    next(&cch, E::AddrResolved);
+    assert_eq!(client.context().unwrap().device().index(), 0);
+    client.resolve_route(2000).unwrap();
+    next(&cch, E::RouteResolved);
+    let c = side(&client);
+    client.connect(&ConnParam::default()).unwrap();
+    let conn = next(&sch, E::ConnectRequest).id;
+    let s = side(&conn);
+    conn.accept(&ConnParam::default()).unwrap();
+    next(&cch, E::Established);
+    next(&sch, E::Established);
+
+    f.set_faults(FaultRule::parse("device-removal:dev=emu1").unwrap());
+    let mut removed = [next(&sch, E::DeviceRemoval), next(&sch, E::DeviceRemoval)];
+    removed.sort_by_key(|ev| !ev.id.same(&server));
+    assert!(removed[0].id.same(&server) && removed[1].id.same(&conn));
+    assert!(removed.iter().all(|ev| ev.status == 0));
+    sch.set_nonblocking(true).unwrap();
+    assert_eq!(sch.get_event().unwrap_err().errno(), Errno::EAGAIN, "the wildcard one is not");
+    assert_eq!(next(&cch, E::Disconnected).status, 0);
+    assert_eq!((c.qp.state(), s.qp.state()), (QpState::ERR, QpState::ERR));
+    // All that is left to a removed id is its destruction.
+    assert_eq!(conn.disconnect().unwrap_err().errno(), Errno::EINVAL);
+    assert_eq!(server.listen(1).unwrap_err().errno(), Errno::EINVAL);
+    conn.destroy().unwrap();
+    server.destroy().unwrap();
+    // The client still answers the end of its connection (the DREP nobody hears).
+    client.disconnect().unwrap();
+    client.destroy().unwrap();
+    wildcard.destroy().unwrap();
+}

@@ -223,6 +223,8 @@ enum State {
     DreqRcvd,
     /// Over on both sides: in time-wait until `TimewaitExit`, and after.
     Disconnected,
+    /// Its device went away (`DeviceRemoval` was raised): only destroying it is left.
+    DeviceRemoved,
     Destroyed,
 }
 
@@ -393,6 +395,27 @@ fn handle(fabric: &FabricInner, m: Msg) {
         Msg::Drep { to } => {
             cm.id(to).inspect(CmId::disconnect_replied);
         }
+    }
+}
+
+/// Device `dev` was removed: each id on it (not a wildcard listener, which is on every
+/// device) hears `DeviceRemoval` and can only be destroyed; a connection it had is ended, the
+/// peer hearing `Disconnected`, as the kernel's CM destroys its IB CM id then.
+pub(crate) fn device_removed(fabric: &FabricInner, dev: u32) {
+    let ids: Vec<CmId> =
+        fabric.cm.ids.lock().values().filter_map(Weak::upgrade).map(CmId).collect();
+    for id in ids {
+        let mut st = id.0.st.lock();
+        if st.port.is_none_or(|(d, _)| d != dev) || st.state == State::Destroyed {
+            continue;
+        }
+        let state = std::mem::replace(&mut st.state, State::DeviceRemoved);
+        let remote = st.remote;
+        drop(st);
+        if let Some((slot, m)) = id.last_word(state, remote) {
+            deliver(fabric, slot, m);
+        }
+        id.raise(CmEventType::DeviceRemoval, 0, ConnParam::default(), None);
     }
 }
 
@@ -993,6 +1016,18 @@ impl CmId {
         }
     }
 
+    /// What an id going away in `state` owes its peer: a connection still up is ended (a
+    /// DREQ), the other side's DREQ answered (a DREP).
+    fn last_word(&self, state: State, remote: Option<Remote>) -> Option<(u8, Msg)> {
+        match (state, remote?) {
+            (State::Connected | State::Accepting, r) => {
+                Some((r.slot, Msg::Dreq { to: r.id, from: self.0.num }))
+            }
+            (State::DreqRcvd, r) => Some((r.slot, Msg::Drep { to: r.id })),
+            _ => None,
+        }
+    }
+
     /// Time-wait: `TimewaitExit` comes after [`TIMEWAIT_NS`], unless the id is destroyed.
     fn enter_timewait(&self) {
         let id = Arc::downgrade(&self.0);
@@ -1019,15 +1054,7 @@ impl CmId {
         let remote = st.remote;
         (st.qp, st.ctx) = (None, None);
         drop(st);
-        // A connection still up is ended; the other side's DREQ is answered.
-        let last = match (state, remote) {
-            (State::Connected | State::Accepting, Some(r)) => {
-                Some((r.slot, Msg::Dreq { to: r.id, from: self.0.num }))
-            }
-            (State::DreqRcvd, Some(r)) => Some((r.slot, Msg::Drep { to: r.id })),
-            _ => None,
-        };
-        if let Some((slot, m)) = last {
+        if let Some((slot, m)) = self.last_word(state, remote) {
             deliver(self.fabric(), slot, m);
         }
         let cm = self.cm();

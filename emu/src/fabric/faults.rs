@@ -43,6 +43,9 @@ pub enum FaultAction {
     /// At `after=`, device `dev` fails: `DEVICE_FATAL` on its contexts, and every QP on it
     /// enters the error state (its work requests flushed).
     DeviceFatal { dev: u32 },
+    /// At `after=`, device `dev` is hot-unplugged: as `DeviceFatal`, and each connection
+    /// manager id on it hears `DEVICE_REMOVAL` (its connection ended, the peer told).
+    DeviceRemoval { dev: u32 },
     /// At `after=`, the CQ that QP `qp=` sends its completions to overruns: `CQ_ERR`, and
     /// the completions that follow are lost.
     CqOverrun,
@@ -133,7 +136,8 @@ impl FaultRule {
     ///
     /// Actions: `drop`, `corrupt`, `delay` (`by=DUR`, default 1ms), `dup`, `reorder`
     /// (`by=DUR`: the longest hold, default 1ms), `partition` (`a=DEV,b=DEV`), `rnr`,
-    /// `port-down` (`dev=DEV`, `port=N` default 1), `device-fatal` (`dev=DEV`), `cq-overrun`
+    /// `port-down` (`dev=DEV`, `port=N` default 1), `device-fatal` (`dev=DEV`),
+    /// `device-removal` (`dev=DEV`), `cq-overrun`
     /// (`qp=QPN`). Packet filters: `qp=`, `src=`, `dst=` (QPNs, decimal or 0x hex), `op=`
     /// (`send`, `write`, `read`, `read-resp`, `atomic`, `atomic-ack`, `ack`, `nak`,
     /// `rnr-nak`, `request`, `response`), `a=`/`b=` (devices: `emu1` or `1`). Selection:
@@ -146,7 +150,10 @@ impl FaultRule {
     fn is_timed(&self) -> bool {
         matches!(
             self.action,
-            FaultAction::PortDown { .. } | FaultAction::DeviceFatal { .. } | FaultAction::CqOverrun
+            FaultAction::PortDown { .. }
+                | FaultAction::DeviceFatal { .. }
+                | FaultAction::DeviceRemoval { .. }
+                | FaultAction::CqOverrun
         )
     }
 
@@ -199,6 +206,9 @@ fn parse_rule(text: &str) -> Result<FaultRule, ConfigError> {
         },
         "device-fatal" => {
             FaultAction::DeviceFatal { dev: dev("dev").ok_or_else(|| bad("needs dev="))?? }
+        }
+        "device-removal" => {
+            FaultAction::DeviceRemoval { dev: dev("dev").ok_or_else(|| bad("needs dev="))?? }
         }
         "cq-overrun" => FaultAction::CqOverrun,
         other => return Err(bad(&format!("unknown action {other:?}"))),
@@ -482,6 +492,13 @@ pub(crate) fn fire_timed(fabric: &FabricInner, generation: u64, index: usize) {
         }
         (FaultAction::DeviceFatal { dev }, _, _) => {
             if let Some(d) = device(dev) {
+                let _ = d.raise_event(EventType::DEVICE_FATAL, None);
+                fabric.fail_device_qps(dev);
+            }
+        }
+        (FaultAction::DeviceRemoval { dev }, _, _) => {
+            if let Some(d) = device(dev) {
+                crate::cm::device_removed(fabric, dev);
                 let _ = d.raise_event(EventType::DEVICE_FATAL, None);
                 fabric.fail_device_qps(dev);
             }

@@ -1,7 +1,9 @@
 /* librdmacm on the emulator, in one process: an RC connection through an event channel, the
  * contexts ids get being rdma_get_devices', and bad input answered with librdmacm's -1 and
  * errno, never a crash. Prints "cm ok". */
+#define _GNU_SOURCE
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <rdma/rdma_cma.h>
@@ -290,6 +292,42 @@ int main(void)
 		rdma_ack_cm_event(ev);
 		CHECK(rdma_destroy_id(s2) == 0 && rdma_destroy_id(c2) == 0);
 		CHECK(ibv_dereg_mr(mr) == 0);
+	}
+
+	/* Destroying an id whose event is still held does not wait for it (librdmacm would,
+	 * forever here); the event stays readable until acknowledged. */
+	{
+		struct rdma_cm_id *held;
+		struct sockaddr_in dst = addr("127.0.0.1", 7471);
+		CHECK(rdma_create_id(ch, &held, NULL, RDMA_PS_TCP) == 0);
+		CHECK(rdma_resolve_addr(held, NULL, (struct sockaddr *)&dst, 2000) == 0);
+		ev = next(ch, RDMA_CM_EVENT_ADDR_RESOLVED);
+		CHECK(ev->id == held);
+		CHECK(rdma_destroy_id(held) == 0);
+		CHECK(ev->event == RDMA_CM_EVENT_ADDR_RESOLVED && ev->status == 0);
+		CHECK(rdma_ack_cm_event(ev) == 0);
+	}
+
+	/* The device hot-unplugged (the emulator's device-removal fault): each id on it hears
+	 * DEVICE_REMOVAL, once; a removed id can only be destroyed. */
+	{
+		int (*set_faults)(struct ibv_context *, const char *) =
+			dlsym(RTLD_DEFAULT, "rdma_emu_set_faults");
+		struct rdma_cm_id *on_emu0[] = { listen, client, conn, other };
+		int heard[4] = { 0 };
+		CHECK(set_faults && set_faults(client->verbs, "device-removal:dev=emu0") == 0);
+		for (int i = 0; i < 4; i++) {
+			ev = next(ch, RDMA_CM_EVENT_DEVICE_REMOVAL);
+			CHECK(ev->status == 0);
+			for (int k = 0; k < 4; k++)
+				heard[k] += ev->id == on_emu0[k];
+			rdma_ack_cm_event(ev);
+		}
+		CHECK(heard[0] == 1 && heard[1] == 1 && heard[2] == 1 && heard[3] == 1);
+		CHECK(rdma_disconnect(conn) == -1 && errno == EINVAL);
+		CHECK(rdma_connect(other, NULL) == -1 && errno == EINVAL);
+		CHECK(client->qp->state == IBV_QPS_ERR);
+		CHECK(set_faults(client->verbs, NULL) == 0);
 	}
 
 	rdma_destroy_qp(client);
