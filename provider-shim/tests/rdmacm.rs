@@ -207,17 +207,24 @@ fn perftest_connects_through_rdma_cm() {
 fn the_synchronous_examples_run_through_create_ep_and_get_request() {
     // rdma_server/rdma_client: rdma_create_ep, rdma_get_request, the rdma_verbs.h helpers
     // (rdma_reg_msgs, rdma_post_recv, rdma_get_recv_comp) over the CQs rdma_create_qp made.
-    for (prog, client_prog, profile, port) in [
-        ("rdma_server", "rdma_client", "full", 7730u16),
-        ("rdma_server", "rdma_client", "rxe", 7731),
-        ("rdma_xserver", "rdma_xclient", "full", 7732),
+    // rdma_xserver/rdma_xclient: RC, or with -c x XRC (the server's XRC receive QP from
+    // rdma_get_request, an XRC SRQ from rdma_create_srq whose number goes back in the reply's
+    // private data, and the client's XRC send QP sending to it); rxe has no XRC.
+    for (prog, client_prog, profile, port, mode) in [
+        ("rdma_server", "rdma_client", "full", 7730u16, None),
+        ("rdma_server", "rdma_client", "rxe", 7731, None),
+        ("rdma_xserver", "rdma_xclient", "full", 7732, Some("r")),
+        ("rdma_xserver", "rdma_xclient", "rxe", 7733, Some("r")),
+        ("rdma_xserver", "rdma_xclient", "full", 7734, Some("x")),
     ] {
         let fabric = Fabric::new();
         let p = port.to_string();
-        let s = program(&fabric, profile, prog, &["-p", &p]).spawn().unwrap();
-        wait_listening(&fabric, port);
-        let c =
-            program(&fabric, profile, client_prog, &["-s", "127.0.0.1", "-p", &p]).spawn().unwrap();
+        let mode = mode.map_or(vec![], |m| vec!["-c", m]);
+        let s =
+            program(&fabric, profile, prog, &[&["-p", &p][..], &mode].concat()).spawn().unwrap();
+        wait_listening_in(&fabric, "*", port); // XRC goes in RDMA_PS_IB
+        let args = [&["-s", "127.0.0.1", "-p", &p][..], &mode].concat();
+        let c = program(&fabric, profile, client_prog, &args).spawn().unwrap();
         let (c_ok, c_out) = finish(c, Duration::from_secs(60));
         let (s_ok, s_out) = finish(s, Duration::from_secs(20));
         assert!(c_ok && s_ok, "{prog} {profile}\n--- client:\n{c_out}\n--- server:\n{s_out}");

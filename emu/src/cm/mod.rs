@@ -740,7 +740,7 @@ impl CmId {
             };
             ece_or_none(qp.set_ece(&want).map(|()| want))?;
         }
-        if qp.qp_type() == QpType::RC || qp.qp_type() == QpType::UC {
+        if matches!(qp.qp_type(), QpType::RC | QpType::UC | QpType::XRC_SEND | QpType::XRC_RECV) {
             let (init, mask) = init_attr(port, false);
             qp.modify(&init, mask)?;
             if asked.vendor_id != 0 {
@@ -843,13 +843,13 @@ impl CmId {
         } else {
             QpSetup::passive(&st, remote, &st.mine)
         };
-        let rc = st.qp.as_ref().is_none_or(|q| q.qp_type().is_reliable());
+        let ty = st.qp.as_ref().map_or(QpType::RC, |q| q.qp_type());
         if state == QpState::RTS {
-            return Ok(q.rts(rc));
+            return Ok(q.rts(ty));
         }
         let fabric = self.fabric();
         let device = fabric.devices.get(dev as usize).ok_or_else(|| einval("no such device"))?;
-        q.rtr(fabric, device, rc)
+        q.rtr(fabric, device, ty)
     }
 
     /// `rdma_connect`: sends the connection request to the listener of the resolved address.
@@ -1464,15 +1464,17 @@ impl QpSetup {
 
     /// RTR toward the remote QP, then RTS, as librdmacm does with the kernel's attributes.
     fn rtr_rts(&self, fabric: &FabricInner, qp: &Qp) -> Result<()> {
-        let rc = qp.qp_type().is_reliable();
-        let (rtr, mask) = self.rtr(fabric, &qp.0.ctx.device, rc)?;
+        let ty = qp.qp_type();
+        let (rtr, mask) = self.rtr(fabric, &qp.0.ctx.device, ty)?;
         qp.modify(&rtr, mask)?;
-        let (rts, mask) = self.rts(rc);
+        let (rts, mask) = self.rts(ty);
         qp.modify(&rts, mask)
     }
 
-    /// The RTR attributes (and their mask) of a QP on `device`, reliable or not.
-    fn rtr(&self, fabric: &FabricInner, device: &DeviceInner, rc: bool) -> Result<(QpAttr, M)> {
+    /// The RTR attributes (and their mask, the kernel CM's for a QP of type `ty`: a
+    /// receiving reliable QP, RC or XRC target, takes the read depth and RNR timer too) of a
+    /// QP on `device`.
+    fn rtr(&self, fabric: &FabricInner, device: &DeviceInner, ty: QpType) -> Result<(QpAttr, M)> {
         let local = device.port(self.path.port)?.attr.lock().clone();
         let rdev = fabric
             .devices
@@ -1493,11 +1495,17 @@ impl QpSetup {
             ..Default::default()
         };
         let mask = M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN;
-        Ok((rtr, if rc { mask | M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER } else { mask }))
+        let receives_reliably = matches!(ty, QpType::RC | QpType::XRC_RECV);
+        Ok((
+            rtr,
+            if receives_reliably { mask | M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER } else { mask },
+        ))
     }
 
-    /// The RTS attributes and their mask.
-    fn rts(&self, rc: bool) -> (QpAttr, M) {
+    /// The RTS attributes and their mask, the kernel CM's for a QP of type `ty`: a sending
+    /// reliable QP (RC, XRC initiator) takes its retries and read depth, it and an XRC target
+    /// the ACK timeout.
+    fn rts(&self, ty: QpType) -> (QpAttr, M) {
         let rts = QpAttr {
             qp_state: QpState::RTS,
             sq_psn: self.psn,
@@ -1507,8 +1515,15 @@ impl QpSetup {
             max_rd_atomic: self.max_rd_atomic,
             ..Default::default()
         };
-        let rc_mask = M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC;
-        (rts, if rc { M::STATE | M::SQ_PSN | rc_mask } else { M::STATE | M::SQ_PSN })
+        let mask = M::STATE | M::SQ_PSN;
+        let mask = match ty {
+            QpType::RC | QpType::XRC_SEND => {
+                mask | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC
+            }
+            QpType::XRC_RECV => mask | M::TIMEOUT,
+            _ => mask,
+        };
+        (rts, mask)
     }
 }
 

@@ -557,8 +557,14 @@ fn shim_event(ch: *mut rdma_event_channel, ev: CmEvent) -> Option<*mut ShimCmEve
     let listen = ev.listen_id.as_ref().map_or(ptr::null_mut(), |l| l.user_data() as *mut ShimCmId);
     let id = if ev.event == CmEventType::ConnectRequest {
         // SAFETY: the listener is a live id of ours (its user data is cleared at destroy).
-        let context = unsafe { listen.as_ref() }.map_or(ptr::null_mut(), |l| l.id.context);
-        new_id(ev.id.clone(), ch, context)
+        let l = unsafe { listen.as_ref() };
+        let id = new_id(ev.id.clone(), ch, l.map_or(ptr::null_mut(), |l| l.id.context));
+        if let Some(l) = l {
+            // The new id is of the listener's QP type, as librdmacm makes it.
+            // SAFETY: just made, ours.
+            unsafe { (*id).id.qp_type = l.id.qp_type };
+        }
+        id
     } else {
         ev.id.user_data() as *mut ShimCmId
     };
@@ -857,6 +863,8 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_create_qp_ex(
 
 /// `IBV_QP_INIT_ATTR_PD`: the PD field of `ibv_qp_init_attr_ex` is set.
 const IBV_QP_INIT_ATTR_PD: u32 = 1;
+/// `IBV_QP_INIT_ATTR_XRCD`: the XRC domain field is set.
+const IBV_QP_INIT_ATTR_XRCD: u32 = 2;
 
 /// The QP of `rdma_create_qp_ex`: on the id's device, its PD the given one or the device's
 /// default, its missing CQs the id's own; the id then connects it.
@@ -874,6 +882,15 @@ fn create_qp(id: *mut rdma_cm_id, a: &mut ibv_qp_init_attr_ex) -> c_int {
     // SAFETY: a PD pointer from the application, only read for its context.
     } else if unsafe { (*a.pd).context } != s.id.verbs {
         return fail_with(libc::EINVAL);
+    }
+    const XRCD: u32 = IBV_QP_INIT_ATTR_XRCD;
+    if s.id.qp_type == IBV_QPT_XRC_RECV as u32 && (a.comp_mask & XRCD == 0 || a.xrcd.is_null()) {
+        // An XRC receive QP goes into this library's XRC domain of the device.
+        a.xrcd = device_xrcd(s.id.verbs);
+        if a.xrcd.is_null() {
+            return -1;
+        }
+        a.comp_mask |= XRCD;
     }
     let c = id.cast::<ShimCmId>();
     if a.srq.is_null() {
@@ -1053,6 +1070,7 @@ fn create_srq(id: *mut rdma_cm_id, a: &mut ibv_srq_init_attr_ex) -> c_int {
             if a.xrcd.is_null() {
                 return -1;
             }
+            a.comp_mask |= XRCD;
         }
         if (a.comp_mask & CQ == 0 || a.cq.is_null()) && s.id.recv_cq.is_null() {
             // SAFETY: the id's device context.
@@ -1198,6 +1216,10 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_create_ep(
             Err(e) => return fail_with(e),
         };
         let id = p.cast::<rdma_cm_id>();
+        if r.ai_qp_type != 0 {
+            // SAFETY: just made, ours.
+            unsafe { (*p).id.qp_type = r.ai_qp_type as u32 };
+        }
         let src = if r.ai_src_len != 0 { r.ai_src_addr } else { ptr::null_mut() };
         // SAFETY: our id, the application's addresses and attributes.
         let ok = unsafe {
