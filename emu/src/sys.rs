@@ -40,20 +40,15 @@ impl EventFd {
         debug_assert_eq!(n, 8);
     }
 
-    /// Takes one from the counter; blocks unless the descriptor is non-blocking.
+    /// Takes one from the counter; blocks unless the descriptor is non-blocking. A signal
+    /// that interrupts the wait ends it with `EINTR` (unless its handler asked for restarts,
+    /// `SA_RESTART`, which the kernel honours), as the read libibverbs and librdmacm make on
+    /// their channels: programs end blocking waits with a signal (qperf's `SIGALRM`).
     pub(crate) fn wait(&self) -> io::Result<()> {
         let mut v: u64 = 0;
-        loop {
-            // SAFETY: reads 8 bytes into a live u64 from a descriptor we own.
-            let n = unsafe { libc::read(self.fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
-            if n == 8 {
-                return Ok(());
-            }
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(e);
-            }
-        }
+        // SAFETY: reads 8 bytes into a live u64 from a descriptor we own.
+        let n = unsafe { libc::read(self.fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+        if n == 8 { Ok(()) } else { Err(io::Error::last_os_error()) }
     }
 
     /// Whether the descriptor currently has `O_NONBLOCK` set (by us or by the application).

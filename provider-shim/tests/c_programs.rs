@@ -375,3 +375,8 @@ fn tshark_decodes_the_packet_trace_as_roce_v2_with_opcodes_and_psns() {
         }
     }
 }
+
+#[test]
+fn a_signal_ends_blocking_waits_with_eintr_unless_restarted() {
+    c_program("signals", &["full", "rxe"]);
+}

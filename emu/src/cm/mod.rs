@@ -184,7 +184,8 @@ impl CmChannel {
     }
 
     /// `rdma_get_cm_event`: the next event; blocks unless the descriptor is non-blocking
-    /// (then `EAGAIN`).
+    /// (then `EAGAIN`); `EINTR` when a signal interrupts the wait (unless its handler has
+    /// `SA_RESTART`).
     pub fn get_event(&self) -> Result<CmEvent> {
         self.0.queue.pop()
     }

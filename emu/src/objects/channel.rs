@@ -25,7 +25,8 @@ pub struct CompChannel(pub(crate) Arc<ChannelInner>);
 
 impl CompChannel {
     /// `ibv_get_cq_event`: waits for the next CQ event and returns the CQ. Each event must be
-    /// acknowledged with [`Cq::ack_events`] before the CQ can be destroyed.
+    /// acknowledged with [`Cq::ack_events`] before the CQ can be destroyed. A signal that
+    /// interrupts the wait ends it with `EINTR` (unless its handler has `SA_RESTART`).
     pub fn get_cq_event(&self) -> Result<Cq> {
         let cq = self.0.queue.pop()?;
         cq.comp_events.reported();

@@ -188,7 +188,8 @@ impl Context {
     }
 
     /// `ibv_get_async_event`: blocks until an event arrives unless the async fd was made
-    /// non-blocking (then fails with `EAGAIN` when none is pending).
+    /// non-blocking (then fails with `EAGAIN` when none is pending); `EINTR` when a signal
+    /// interrupts the wait (unless its handler has `SA_RESTART`).
     pub fn get_async_event(&self) -> Result<AsyncEvent> {
         let ev = self.0.async_q.pop()?;
         // Counted when handed out: the object's destroy waits for this event's ack.
