@@ -80,9 +80,9 @@ mod types;
 pub use crate::{
     error::{ConfigError, Errno, Error, Result},
     fabric::{
-        Fabric, FabricConfig,
+        Fabric, FabricConfig, PortWatch,
         faults::{FaultAction, FaultRule, PacketClass},
-        host::{HostDrops, fabric_dir},
+        host::{HostDrops, fabric_dir, private_dir},
     },
     mem::RawMemory,
     objects::{

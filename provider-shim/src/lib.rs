@@ -7,6 +7,7 @@
 pub mod abi;
 mod boundary;
 mod objects;
+mod sysfs;
 mod verbs;
 
 #[allow(unused_imports)]

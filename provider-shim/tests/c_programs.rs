@@ -380,3 +380,32 @@ fn tshark_decodes_the_packet_trace_as_roce_v2_with_opcodes_and_psns() {
 fn a_signal_ends_blocking_waits_with_eintr_unless_restarted() {
     c_program("signals", &["full", "rxe"]);
 }
+
+/// The devices' sysfs tree agrees with the verbs, in this process's own tree (LD_LIBRARY_PATH)
+/// and as /sys with /dev/infiniband nodes under `rdma-emu run`; nothing outside the program's
+/// view changes.
+#[test]
+fn the_sysfs_tree_and_device_nodes_agree_with_the_verbs() {
+    let exe = build("sysfs");
+    for profile in ["full", "rxe"] {
+        let out = run_on_shim(Command::new(&exe).env("RDMA_EMU_PROFILE", profile));
+        assert!(out.contains("sysfs ok"), "{profile}: {out}");
+        let out = Command::new(env!("CARGO_BIN_EXE_rdma-emu"))
+            .env("RDMA_EMU_LIB", common::cdylib())
+            .args(["run", "--profile", profile, "--"])
+            .arg(&exe)
+            .arg("view")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains("sysfs ok"),
+            "{profile}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert!(
+        !Path::new("/dev/infiniband/uverbs0").exists()
+            || Path::new("/sys/class/infiniband").exists()
+    );
+}

@@ -96,6 +96,14 @@ pub fn fabric_dir(name: &str) -> PathBuf {
     Location::of(name).path()
 }
 
+/// A directory of this user's own for `name`, placed and checked as a fabric's directory is
+/// (created mode 0700 where missing, every directory on the way checked): its path.
+pub fn private_dir(name: &str) -> io::Result<PathBuf> {
+    let loc = Location::of(name);
+    FabricDir::open(&loc)?;
+    Ok(loc.path())
+}
+
 /// What a node refused to take from its peers, by kind (see [`Fabric::host_drops`]).
 ///
 /// [`Fabric::host_drops`]: crate::Fabric::host_drops

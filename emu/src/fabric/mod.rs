@@ -153,7 +153,20 @@ pub(crate) struct FabricInner {
     pub(crate) node: OnceLock<host::Node>,
     /// The connection manager's addresses, listeners and ids.
     pub(crate) cm: crate::cm::Manager,
+    /// Told of every change of a port's state (see [`Fabric::on_port_change`]).
+    pub(crate) port_watch: OnceLock<Watcher>,
     this: Weak<FabricInner>,
+}
+
+/// What [`Fabric::on_port_change`] calls: the device and the port that changed.
+pub type PortWatch = Box<dyn Fn(&crate::Device, u8) + Send + Sync>;
+
+pub(crate) struct Watcher(pub(crate) PortWatch);
+
+impl std::fmt::Debug for Watcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PortWatch")
+    }
 }
 
 impl FabricInner {
@@ -368,6 +381,16 @@ impl FabricInner {
 pub struct Fabric(pub(crate) Arc<FabricInner>);
 
 impl Fabric {
+    /// Calls `watch` after each change of a port's state (a cable pulled or plugged, here or
+    /// from another process), so that a view of the ports can follow; the first call wins,
+    /// later ones are `EBUSY`.
+    pub fn on_port_change(&self, watch: PortWatch) -> crate::Result<()> {
+        self.0
+            .port_watch
+            .set(Watcher(watch))
+            .map_err(|_| crate::Error::new(crate::Errno::EBUSY, "a port watcher is set already"))
+    }
+
     /// A fabric with `cfg.devices` devices named `emu0`, `emu1`, ...
     pub fn new(cfg: FabricConfig) -> Fabric {
         Fabric::try_new(cfg).expect("a fabric with a packet trace file that cannot be created")
@@ -395,6 +418,7 @@ impl Fabric {
             host: cfg.host.as_deref().map(trust::Location::of),
             node: OnceLock::new(),
             cm: crate::cm::Manager::new(addrs),
+            port_watch: OnceLock::new(),
             this: this.clone(),
         }));
         if !cfg.faults.is_empty() {

@@ -225,6 +225,9 @@ impl Device {
             a.phys_state = phys;
         }
         p.up.store(up, std::sync::atomic::Ordering::Release);
+        if let Some(watch) = self.fabric.port_watch.get() {
+            (watch.0)(self, port);
+        }
         self.raise_event(event, Some(port))
     }
 

@@ -29,9 +29,9 @@ pub(crate) fn devices() -> &'static [ShimDevice] {
             // SAFETY: registers a plain function with no captured state; it may run at exit.
             unsafe { libc::atexit(flush_at_exit) };
         }
-        fabric
-            .devices()
-            .into_iter()
+        let emus = fabric.devices();
+        crate::sysfs::publish(&emus);
+        emus.into_iter()
             .map(|emu| {
                 let mut dev = ibv_device {
                     _ops: [ptr::null_mut(); 2],
@@ -482,14 +482,15 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim___ibv_query_gid_ex(
         if flags != 0 || entry_size < size_of::<ibv_gid_entry>() || port > u8::MAX as u32 {
             return libc::EINVAL;
         }
-        match s.emu().device().query_gid_entry(port as u8, index) {
+        let dev = s.emu().device();
+        match dev.query_gid_entry(port as u8, index) {
             Ok(Some(e)) => {
                 *entry = ibv_gid_entry {
                     gid: ibv_gid { raw: e.gid.0 },
                     gid_index: index,
                     port_num: port,
                     gid_type: e.gid_type.0,
-                    ndev_ifindex: 0,
+                    ndev_ifindex: crate::sysfs::gid_ifindex(&dev, port as u8, &e),
                 };
                 0
             }
@@ -525,7 +526,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim___ibv_query_gid_table(
                     gid_index: e.index,
                     port_num: port as u32,
                     gid_type: e.gid_type.0,
-                    ndev_ifindex: 0,
+                    ndev_ifindex: crate::sysfs::gid_ifindex(&dev, port, &e),
                 };
                 // SAFETY: n < max entries of entry_size bytes each were provided.
                 unsafe {
@@ -587,14 +588,67 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_query_pkey(
     })
 }
 
-/// `ibv_read_sysfs_file` / `ibv_read_ibdev_sysfs_file`: there is no sysfs for emulated
-/// devices; -1 with `ENOENT`, as for a missing file.
-pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_read_sysfs_file() -> c_int {
-    set_errno(libc::ENOENT);
-    -1
+/// `ibv_get_sysfs_path()`: the directory whose `class/infiniband` describes the emulated
+/// devices (see `sysfs`): `/sys` under `rdma-emu run`, else this process's tree; NULL with
+/// `ENOENT` when there is no fabric to describe or the tree could not be written.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_get_sysfs_path() -> *const c_char {
+    ffi!(ptr::null(), {
+        static PATH: OnceLock<Option<std::ffi::CString>> = OnceLock::new();
+        let path = PATH.get_or_init(|| {
+            devices();
+            let p = crate::sysfs::sysfs_path()?;
+            std::ffi::CString::new(p.into_os_string().into_encoded_bytes()).ok()
+        });
+        match path {
+            Some(p) => p.as_ptr(),
+            None => {
+                set_errno(libc::ENOENT);
+                ptr::null()
+            }
+        }
+    })
 }
 
-/// See `ibv_read_sysfs_file`.
+/// `ibv_read_sysfs_file(dir, file, buf, size)`: the file `dir/file` (the emulated devices'
+/// tree, or any other), at most `size - 1` bytes, NUL-terminated, a final newline dropped;
+/// its length, or -1 with errno.
+pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_read_sysfs_file(
+    dir: *const c_char,
+    file: *const c_char,
+    buf: *mut c_char,
+    size: usize,
+) -> c_int {
+    use std::os::unix::ffi::OsStrExt;
+    ffi!(-1, {
+        if dir.is_null() || file.is_null() || buf.is_null() || size == 0 {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        // SAFETY: NUL-terminated strings from the caller.
+        let (d, f) = unsafe { (std::ffi::CStr::from_ptr(dir), std::ffi::CStr::from_ptr(file)) };
+        let path = std::path::Path::new(std::ffi::OsStr::from_bytes(d.to_bytes()))
+            .join(std::ffi::OsStr::from_bytes(f.to_bytes()));
+        let mut text = match std::fs::read(&path) {
+            Ok(t) => t,
+            Err(e) => {
+                set_errno(e.raw_os_error().unwrap_or(libc::EIO));
+                return -1;
+            }
+        };
+        text.truncate(size - 1);
+        if text.last() == Some(&b'\n') {
+            text.pop();
+        }
+        // SAFETY: `size` writable bytes at `buf` (the caller's promise); text.len() < size.
+        unsafe {
+            ptr::copy_nonoverlapping(text.as_ptr(), buf.cast::<u8>(), text.len());
+            *buf.add(text.len()) = 0;
+        }
+        text.len() as c_int
+    })
+}
+
+/// See `ibv_read_sysfs_file` (the varargs form, not read here).
 pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_read_ibdev_sysfs_file() -> c_int {
     set_errno(libc::ENOENT);
     -1

@@ -21,6 +21,7 @@
 //! or device event to test handlers with (`ibv_asyncwatch` prints it), or a port going down.
 
 mod demo;
+mod view;
 
 use std::{
     os::unix::process::CommandExt,
@@ -161,7 +162,22 @@ fn run(opts: Opts, argv: Vec<String>) -> Result<ExitCode, String> {
         }
         _ => dir.into_os_string(),
     };
-    let err = Command::new(prog).args(args).envs(opts.env).env("LD_LIBRARY_PATH", path).exec();
+    let mut cmd = Command::new(prog);
+    cmd.args(args).env("LD_LIBRARY_PATH", path);
+    // The devices' kernel-facing files, in the program's own view of /sys and /dev; the tree
+    // is named after this process, which becomes the program.
+    let tree = rdma_emu::private_dir(&format!("sysfs-{}", std::process::id()))
+        .map_err(|e| format!("the devices' sysfs tree: {e}"))?;
+    if let Some(parent) = tree.parent() {
+        view::sweep(parent);
+    }
+    cmd.env("RDMA_EMU_SYSFS", &tree);
+    let wanted = std::env::var("RDMA_EMU_NAMESPACE").map_or(true, |v| v != "0");
+    let devices = fabric_config(&opts).devices;
+    if wanted && view::enter(&tree, devices).map_err(|e| format!("the devices' view: {e}"))? {
+        cmd.env("RDMA_EMU_SYSFS_MOUNTED", "1");
+    }
+    let err = cmd.envs(opts.env).exec();
     Err(format!("{prog}: {err}"))
 }
 
