@@ -30,7 +30,7 @@ fn program(fabric: &Fabric, profile: &str, prog: &str, args: &[&str]) -> Command
     let path = format!("/usr/bin/{prog}");
     assert!(
         std::path::Path::new(&path).exists(),
-        "{path} is missing: install Debian's ucx-utils (./ci.sh does)"
+        "{path} is missing: install Debian's ucx-utils and qperf (./ci.sh does)"
     );
     let mut c = Command::new(env!("CARGO_BIN_EXE_rdma-emu"));
     c.env("RDMA_EMU_LIB", common::cdylib()).env_remove("LD_LIBRARY_PATH");
@@ -83,5 +83,41 @@ fn ucx_perftest_runs_over_rc_and_ud_verbs_between_two_processes() {
         let (s_ok, s_out) = finish(s, Duration::from_secs(30));
         assert!(c_ok && s_ok, "{test}\n--- client:\n{c_out}\n--- server:\n{s_out}");
         assert!(c_out.contains("Final:"), "{test}: {c_out}");
+    }
+}
+
+/// qperf in its default mode, which waits for completions on a completion channel and ends
+/// each test with SIGALRM (so a blocked ibv_get_cq_event must return EINTR): every test named
+/// completes and reports its figure. On RoCE (rxe) qperf connects through the CM (`-cm1`), as
+/// it must on rxe: its own exchange sets no GRH.
+#[test]
+fn qperf_event_mode_tests_all_complete() {
+    let full = [
+        "rc_lat",
+        "uc_lat",
+        "ud_lat",
+        "rc_bw",
+        "rc_rdma_write_lat",
+        "rc_rdma_read_bw",
+        "rc_compare_swap_mr",
+    ];
+    let rxe = ["rc_lat", "rc_bw", "rc_rdma_read_bw"];
+    for (profile, cm, tests, port) in
+        [("full", &[][..], &full[..], "19771"), ("rxe", &["-cm1"][..], &rxe[..], "19772")]
+    {
+        let fabric = Fabric::new();
+        let mut s = program(&fabric, profile, "qperf", &["-lp", port]).spawn().unwrap();
+        std::thread::sleep(Duration::from_secs(1));
+        let args = [&["127.0.0.1", "-lp", port, "-t", "1"][..], cm, tests].concat();
+        let client = program(&fabric, profile, "qperf", &args).spawn().unwrap();
+        let (ok, out) = finish(client, Duration::from_secs(120));
+        let _ = s.kill();
+        let _ = s.wait();
+        assert!(ok, "{profile}: {out}");
+        for t in tests {
+            let figure = out.split(&format!("{t}:\n")).nth(1).and_then(|r| r.lines().next());
+            let reported = |l: &str| ["latency", "bw", "msg_rate"].iter().any(|k| l.contains(k));
+            assert!(figure.is_some_and(reported), "{profile} {t}: {out}");
+        }
     }
 }
