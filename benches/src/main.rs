@@ -489,6 +489,29 @@ fn rs1(o: &Opts) -> Result<Row, String> {
     Ok(row)
 }
 
+/// EV1: `ibv_rc_pingpong -e` (each side sleeps on its completion channel) against the polled
+/// `ibv_rc_pingpong`, both between two processes, in the same run: what waking a process
+/// blocked on its channel costs.
+fn ev1(o: &Opts) -> Result<Row, String> {
+    let iters = if o.quick { "2000" } else { "10000" };
+    let mut row = Row {
+        goal: "EV1",
+        what: "cross-process `ibv_rc_pingpong -e` time per iteration (baseline: polled)".into(),
+        unit: "us",
+        higher_better: false,
+        target: "<= 3x",
+        emu: vec![],
+        base: vec![],
+    };
+    for _ in 0..o.samples {
+        let out = perftest::run("ibv_rc_pingpong", &["-n", iters])?;
+        row.base.push(perftest::usec_per_iter(&out)?);
+        let out = perftest::run("ibv_rc_pingpong", &["-e", "-n", iters])?;
+        row.emu.push(perftest::usec_per_iter(&out)?);
+    }
+    Ok(row)
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
@@ -539,8 +562,8 @@ fn main() {
             Err(e) => eprintln!("G4b skipped: {e}"),
         }
     }
-    for (goal, f) in [("CM1", cm1 as fn(&Opts) -> Result<Row, String>), ("CM2", cm2), ("RS1", rs1)]
-    {
+    let cross = [("CM1", cm1 as fn(&Opts) -> Result<Row, String>), ("CM2", cm2), ("RS1", rs1)];
+    for (goal, f) in cross.into_iter().chain([("EV1", ev1 as fn(&Opts) -> Result<Row, String>)]) {
         if want(goal) {
             match f(&o) {
                 Ok(r) => r.print(),

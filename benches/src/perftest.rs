@@ -94,6 +94,14 @@ fn cm_listening(fabric: &str, port: u16) -> bool {
     std::fs::read_to_string(file).is_ok_and(|t| t.contains("listen"))
 }
 
+/// The pingpong examples' `N iters in S seconds = U usec/iter`: U.
+pub fn usec_per_iter(out: &str) -> Result<f64, String> {
+    out.lines()
+        .find(|l| l.ends_with("usec/iter"))
+        .and_then(|l| l.split_whitespace().rev().nth(1)?.parse().ok())
+        .ok_or_else(|| format!("no usec/iter in:\n{out}"))
+}
+
 /// cmtime's average microseconds per connection of `step` (its table's last column).
 pub fn cmtime_step_us(out: &str, step: &str) -> Result<f64, String> {
     out.lines()
