@@ -4,32 +4,9 @@
 
 mod common;
 use std::{
-    path::PathBuf,
     process::{Child, Command, Stdio},
-    sync::atomic::{AtomicU32, Ordering},
     time::{Duration, Instant},
 };
-
-/// A host fabric name used by one test only, removed afterwards.
-struct Fabric(String);
-
-impl Fabric {
-    fn new() -> Fabric {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let n = N.fetch_add(1, Ordering::Relaxed);
-        Fabric(format!("legacy-{}-{n}", std::process::id()))
-    }
-
-    fn dir(&self) -> PathBuf {
-        rdma_emu::fabric_dir(&self.0)
-    }
-}
-
-impl Drop for Fabric {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(self.dir());
-    }
-}
 
 /// A TCP port nobody listens on right now, for the programs' own connection setup.
 #[path = "../../benches/src/listen.rs"]
@@ -58,7 +35,7 @@ fn program(fabric: &Fabric, profile: &str, prog: &str, args: &[&str], port: u16)
     c
 }
 
-use common::finish;
+use common::{Fabric, finish};
 
 /// Starts `prog args` as the server and waits until it listens on `port`.
 fn start_server(fabric: &Fabric, profile: &str, prog: &str, args: &[&str], port: u16) -> Child {
@@ -74,7 +51,7 @@ fn start_server(fabric: &Fabric, profile: &str, prog: &str, args: &[&str], port:
 /// Runs `prog args` as server, then as client of it; both must succeed. The client's output.
 fn server_and_client(profile: &str, prog: &str, args: &[&str]) -> String {
     let run = || {
-        let (fabric, port) = (Fabric::new(), free_port());
+        let (fabric, port) = (Fabric::new("legacy"), free_port());
         let server = start_server(&fabric, profile, prog, args, port);
         let client = program(&fabric, profile, prog, args, port).arg("localhost").spawn().unwrap();
         let (c_ok, c_out) = finish(client, Duration::from_secs(120), "client");
@@ -96,7 +73,7 @@ fn server_and_client(profile: &str, prog: &str, args: &[&str]) -> String {
 
 /// Kills the server with SIGKILL while it transfers: the client must not hang, and must fail.
 fn kill_server_mid_transfer(prog: &str, args: &[&str]) -> String {
-    let (fabric, port) = (Fabric::new(), free_port());
+    let (fabric, port) = (Fabric::new("legacy"), free_port());
     let mut server = start_server(&fabric, "full", prog, args, port);
     let client = program(&fabric, "full", prog, args, port).arg("localhost").spawn().unwrap();
     std::thread::sleep(Duration::from_millis(1500));
@@ -160,7 +137,7 @@ fn xsrq(prog: &str, extra: &[&str]) {
 /// delivers into another client's SRQ.
 #[test]
 fn xsrq_pingpong_with_three_clients_shares_the_xrc_domain_between_processes() {
-    let (fabric, port) = (Fabric::new(), free_port());
+    let (fabric, port) = (Fabric::new("legacy"), free_port());
     let args = ["-n", "20"];
     let server_args = ["-n", "20", "-c", "3"];
     let server = start_server(&fabric, "full", "ibv_xsrq_pingpong", &server_args, port);
@@ -181,7 +158,7 @@ fn xsrq_pingpong_with_three_clients_shares_the_xrc_domain_between_processes() {
 
 #[test]
 fn xsrq_pingpong_on_the_rxe_profile_fails_cleanly_without_xrc() {
-    let (fabric, port) = (Fabric::new(), free_port());
+    let (fabric, port) = (Fabric::new("legacy"), free_port());
     let server = program(&fabric, "rxe", "ibv_xsrq_pingpong", &[], port).spawn().unwrap();
     let (ok, out) = finish(server, Duration::from_secs(20), "server");
     assert!(!ok && out.contains("Couldn't Open the XRC Domain 95"), "{out}"); // EOPNOTSUPP

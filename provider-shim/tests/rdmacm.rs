@@ -2,10 +2,10 @@
 //! rdmacm-utils connecting through it, as two processes on the host fabric.
 
 mod common;
+use common::Fabric;
 use std::{
     path::PathBuf,
     process::{Child, Command, Stdio},
-    sync::atomic::{AtomicU32, Ordering},
     time::{Duration, Instant},
 };
 
@@ -37,23 +37,6 @@ fn exports_are_exactly_rdma_core_44s_librdmacm() {
     assert!(text.contains("Library soname: [librdmacm.so.1]"));
     for node in ["RDMACM_1.0", "RDMACM_1.1", "RDMACM_1.2", "RDMACM_1.3"] {
         assert!(text.contains(&format!("Name: {node}\n")), "version node {node} missing");
-    }
-}
-
-/// A host fabric name used by one test only, removed afterwards.
-struct Fabric(String);
-
-impl Fabric {
-    fn new() -> Fabric {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let n = N.fetch_add(1, Ordering::Relaxed);
-        Fabric(format!("rdmacm-{}-{n}", std::process::id()))
-    }
-}
-
-impl Drop for Fabric {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(rdma_emu::fabric_dir(&self.0));
     }
 }
 
@@ -105,7 +88,7 @@ fn wait_listening_in(fabric: &Fabric, ps: &str, port: u16) {
 #[test]
 fn rping_verifies_its_data_between_two_processes() {
     for (profile, port) in [("full", 7701u16), ("rxe", 7702)] {
-        let fabric = Fabric::new();
+        let fabric = Fabric::new("rdmacm");
         let p = port.to_string();
         let common = ["-a", "127.0.0.1", "-p", &p, "-C", "100", "-V", "-S", "100"];
         let server = program(&fabric, profile, "rping", &["-s"]).args(common).spawn().unwrap();
@@ -144,7 +127,7 @@ fn server_and_client(
     client: &[&str],
     port: u16,
 ) -> String {
-    let fabric = Fabric::new();
+    let fabric = Fabric::new("rdmacm");
     let s = program(&fabric, profile, prog, server).spawn().unwrap();
     wait_listening(&fabric, port);
     let c = program(&fabric, profile, prog, client).spawn().unwrap();
@@ -185,7 +168,7 @@ fn perftest_connects_through_rdma_cm() {
         // (reason 8), and perftest gives up. Under load that happens now and then, so such a
         // run is tried once more on a fresh fabric; any other failure, or a second one, fails.
         let run = || {
-            let fabric = Fabric::new();
+            let fabric = Fabric::new("rdmacm");
             let s = program(&fabric, profile, prog, &args).spawn().unwrap();
             wait_listening(&fabric, port);
             let c = program(&fabric, profile, prog, &client).spawn().unwrap();
@@ -217,7 +200,7 @@ fn the_synchronous_examples_run_through_create_ep_and_get_request() {
         ("rdma_xserver", "rdma_xclient", "rxe", 7733, Some("r")),
         ("rdma_xserver", "rdma_xclient", "full", 7734, Some("x")),
     ] {
-        let fabric = Fabric::new();
+        let fabric = Fabric::new("rdmacm");
         let p = port.to_string();
         let mode = mode.map_or(vec![], |m| vec!["-c", m]);
         let s =
@@ -236,7 +219,7 @@ fn the_synchronous_examples_run_through_create_ep_and_get_request() {
 #[test]
 fn udaddy_resolves_datagram_peers_and_moves_data() {
     for profile in ["full", "rxe"] {
-        let fabric = Fabric::new();
+        let fabric = Fabric::new("rdmacm");
         // udaddy's port is fixed (7174); its -p names the port space.
         let s = program(&fabric, profile, "udaddy", &["-C", "10"]).spawn().unwrap();
         wait_listening_in(&fabric, "111", 7174);
@@ -260,7 +243,7 @@ fn perftest_ud_connects_through_rdma_cm() {
         let p = port.to_string();
         let args = ["-R", "-c", "UD", "-n", "200", "-p", &p];
         let client = [&args[..], &["127.0.0.1"]].concat();
-        let fabric = Fabric::new();
+        let fabric = Fabric::new("rdmacm");
         let s = program(&fabric, profile, "ib_send_lat", &args).spawn().unwrap();
         wait_listening_in(&fabric, "*", port);
         let c = program(&fabric, profile, "ib_send_lat", &client).spawn().unwrap();
@@ -273,7 +256,7 @@ fn perftest_ud_connects_through_rdma_cm() {
 
 #[test]
 fn cmtime_times_a_hundred_connections() {
-    let fabric = Fabric::new();
+    let fabric = Fabric::new("rdmacm");
     // Debian's cmtime server serves until it is stopped.
     let mut server = program(&fabric, "full", "cmtime", &["-p", "7750"]).spawn().unwrap();
     wait_listening(&fabric, 7750);
@@ -292,7 +275,7 @@ fn cmtime_times_a_hundred_connections() {
 
 #[test]
 fn both_libraries_work_as_ld_preload() {
-    let fabric = Fabric::new();
+    let fabric = Fabric::new("rdmacm");
     let preload = format!("{} {}", common::cdylib().display(), cdylib().display());
     let rping = |args: &[&str]| {
         let mut c = Command::new("/usr/bin/rping");
@@ -316,7 +299,7 @@ fn both_libraries_work_as_ld_preload() {
 #[test]
 fn rstream_moves_verified_data_over_rsockets() {
     for (profile, port, mode) in [("full", 7770u16, "b"), ("rxe", 7771, "a"), ("full", 7772, "n")] {
-        let fabric = Fabric::new();
+        let fabric = Fabric::new("rdmacm");
         let p = port.to_string();
         // Odd sizes: messages straddle the receive ring's end.
         let args = ["-p", &p, "-T", mode, "-T", "v", "-S", "100037", "-C", "30"];
@@ -342,7 +325,7 @@ fn riostream_writes_into_the_peers_mapped_memory() {
     for (profile, port, size, count, iters) in
         [("full", 7775u16, "4096", "10", "50"), ("rxe", 7776, "100000", "3", "5")]
     {
-        let fabric = Fabric::new();
+        let fabric = Fabric::new("rdmacm");
         let p = port.to_string();
         let args = ["-p", &p, "-S", size, "-C", count, "-I", iters, "-T", "v"];
         let s = program(&fabric, profile, "riostream", &args).spawn().unwrap();
@@ -386,7 +369,7 @@ fn over_rsockets(fabric: &Fabric, prog: &str, args: &[&str]) -> Command {
 /// accept4, which Debian's librspreload does not intercept.)
 #[test]
 fn nc_and_socat_talk_over_rsockets_through_librspreload() {
-    let fabric = Fabric::new();
+    let fabric = Fabric::new("rdmacm");
     let dir = common::profile_dir().join(format!("rsockets-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let (input, output) = (dir.join("in.bin"), dir.join("out.bin"));
@@ -413,7 +396,7 @@ fn nc_and_socat_talk_over_rsockets_through_librspreload() {
 /// rsockets, driven by select() (librspreload's rselect).
 #[test]
 fn iperf3_runs_over_rsockets_through_librspreload() {
-    let fabric = Fabric::new();
+    let fabric = Fabric::new("rdmacm");
     let s = over_rsockets(&fabric, "iperf3", &["-s", "-1", "-p", "7781"]).spawn().unwrap();
     wait_listening(&fabric, 7781);
     let mut c = over_rsockets(&fabric, "iperf3", &["-c", "127.0.0.1", "-p", "7781", "-n", "64M"]);
@@ -442,7 +425,7 @@ fn iperf3_runs_over_rsockets_through_librspreload() {
 #[test]
 fn mckey_delivers_to_every_member_of_a_multicast_group() {
     for (profile, group) in [("full", "239.1.2.3"), ("rxe", "ff05::7")] {
-        let fabric = Fabric::new();
+        let fabric = Fabric::new("rdmacm");
         let args = ["-m", group, "-C", "20"];
         let receivers: Vec<Child> =
             (0..2).map(|_| program(&fabric, profile, "mckey", &args).spawn().unwrap()).collect();
@@ -471,7 +454,7 @@ fn the_hosts_own_address_reaches_the_emulated_port() {
     let text = String::from_utf8_lossy(&out.stdout);
     let host = text.split_whitespace().find(|a| a.parse::<std::net::Ipv4Addr>().is_ok());
     let host = host.expect("this host has an IPv4 address of its own (hostname -I)");
-    let fabric = Fabric::new();
+    let fabric = Fabric::new("rdmacm");
     let common = ["-a", host, "-p", "7790", "-C", "10", "-V"];
     let server = program(&fabric, "rxe", "rping", &["-s"]).args(common).spawn().unwrap();
     wait_listening(&fabric, 7790);
@@ -489,7 +472,7 @@ fn the_hosts_own_address_reaches_the_emulated_port() {
 #[test]
 fn udpong_echoes_datagrams_over_rsockets() {
     for (profile, port) in [("full", 7795u16), ("rxe", 7796)] {
-        let fabric = Fabric::new();
+        let fabric = Fabric::new("rdmacm");
         let p = port.to_string();
         // udpong's server serves until it is stopped.
         let mut server =

@@ -3,28 +3,11 @@
 //! carries traffic over them between two processes.
 
 mod common;
+use common::Fabric;
 use std::{
     process::{Child, Command, Stdio},
-    sync::atomic::{AtomicU32, Ordering},
     time::Duration,
 };
-
-/// A host fabric name used by one test only, removed afterwards.
-struct Fabric(String);
-
-impl Fabric {
-    fn new() -> Fabric {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let n = N.fetch_add(1, Ordering::Relaxed);
-        Fabric(format!("stacks-{}-{n}", std::process::id()))
-    }
-}
-
-impl Drop for Fabric {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(rdma_emu::fabric_dir(&self.0));
-    }
-}
 
 fn program(fabric: &Fabric, profile: &str, prog: &str, args: &[&str]) -> Command {
     let path = format!("/usr/bin/{prog}");
@@ -47,7 +30,7 @@ fn finish(child: Child, limit: Duration) -> (bool, String) {
 #[test]
 fn ucx_lists_rc_and_ud_verbs_on_every_emulated_port() {
     for profile in ["full", "rxe"] {
-        let fabric = Fabric::new();
+        let fabric = Fabric::new("stacks");
         let mut c = program(&fabric, profile, "ucx_info", &["-d"]);
         c.env("RDMA_EMU_DEVICES", "2");
         let (ok, out) = finish(c.spawn().unwrap(), Duration::from_secs(60));
@@ -68,7 +51,7 @@ fn ucx_perftest_runs_over_rc_and_ud_verbs_between_two_processes() {
     let tests =
         [("tag_lat", "13371"), ("tag_bw", "13372"), ("ucp_put_bw", "13373"), ("ucp_get", "13374")];
     for (test, port) in tests {
-        let fabric = Fabric::new();
+        let fabric = Fabric::new("stacks");
         let with_tls = |mut c: Command| {
             c.env("UCX_TLS", "rc_verbs,ud_verbs").env("UCX_NET_DEVICES", "emu0:1");
             c
@@ -105,7 +88,7 @@ fn qperf_event_mode_tests_all_complete() {
     for (profile, cm, tests, port) in
         [("full", &[][..], &full[..], "19771"), ("rxe", &["-cm1"][..], &rxe[..], "19772")]
     {
-        let fabric = Fabric::new();
+        let fabric = Fabric::new("stacks");
         let mut s = program(&fabric, profile, "qperf", &["-lp", port]).spawn().unwrap();
         std::thread::sleep(Duration::from_secs(1));
         let args = [&["127.0.0.1", "-lp", port, "-t", "1"][..], cm, tests].concat();

@@ -123,3 +123,25 @@ pub fn finish(mut child: Child, limit: Duration, who: &str) -> (bool, String) {
         None => (false, format!("{who} did not finish within {limit:?}\n{out}")),
     }
 }
+
+/// A host fabric name used by one test only (`<prefix>-<pid>-<n>`), its directory removed
+/// afterwards.
+pub struct Fabric(pub String);
+
+impl Fabric {
+    pub fn new(prefix: &str) -> Fabric {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Fabric(format!("{prefix}-{}-{n}", std::process::id()))
+    }
+
+    pub fn dir(&self) -> PathBuf {
+        rdma_emu::fabric_dir(&self.0)
+    }
+}
+
+impl Drop for Fabric {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(self.dir());
+    }
+}
