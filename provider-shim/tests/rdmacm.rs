@@ -41,17 +41,8 @@ fn exports_are_exactly_rdma_core_44s_librdmacm() {
 }
 
 fn program(fabric: &Fabric, profile: &str, prog: &str, args: &[&str]) -> Command {
-    let path = format!("/usr/bin/{prog}");
-    assert!(
-        std::path::Path::new(&path).exists(),
-        "{path} is missing: install Debian's rdmacm-utils (./ci.sh does)"
-    );
     cdylib();
-    let mut c = Command::new(env!("CARGO_BIN_EXE_rdma-emu"));
-    c.env("RDMA_EMU_LIB", common::cdylib()).env_remove("LD_LIBRARY_PATH");
-    c.args(["run", "--profile", profile, "--fabric", &fabric.0, "--", &path]).args(args);
-    c.stdout(Stdio::piped()).stderr(Stdio::piped());
-    c
+    common::debian_program(fabric, profile, prog, args, "rdmacm-utils")
 }
 
 /// Waits for `child` within `limit` (a guard against hangs, not a timing assertion).

@@ -5,21 +5,30 @@
 mod common;
 use common::Fabric;
 use std::{
-    process::{Child, Command, Stdio},
+    process::{Child, Command},
     time::Duration,
 };
 
 fn program(fabric: &Fabric, profile: &str, prog: &str, args: &[&str]) -> Command {
-    let path = format!("/usr/bin/{prog}");
-    assert!(
-        std::path::Path::new(&path).exists(),
-        "{path} is missing: install Debian's ucx-utils and qperf (./ci.sh does)"
-    );
-    let mut c = Command::new(env!("CARGO_BIN_EXE_rdma-emu"));
-    c.env("RDMA_EMU_LIB", common::cdylib()).env_remove("LD_LIBRARY_PATH");
-    c.args(["run", "--profile", profile, "--fabric", &fabric.0, "--", &path]).args(args);
-    c.stdout(Stdio::piped()).stderr(Stdio::piped());
-    c
+    common::debian_program(fabric, profile, prog, args, "ucx-utils and qperf")
+}
+
+#[path = "../../benches/src/listen.rs"]
+mod listen;
+
+/// A TCP port nobody listens on right now, for a server's own address exchange.
+fn free_port() -> String {
+    listen::free_port().unwrap().to_string()
+}
+
+/// Waits (20 s at most) until a server listens on TCP port `port`.
+fn wait_listening(port: &str) {
+    let port: u16 = port.parse().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !listen::listening(port) {
+        assert!(std::time::Instant::now() < deadline, "the server never listened on {port}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// Waits for `child` within `limit` (a guard against hangs, not a timing assertion).
@@ -48,9 +57,9 @@ fn ucx_lists_rc_and_ud_verbs_on_every_emulated_port() {
 
 #[test]
 fn ucx_perftest_runs_over_rc_and_ud_verbs_between_two_processes() {
-    let tests =
-        [("tag_lat", "13371"), ("tag_bw", "13372"), ("ucp_put_bw", "13373"), ("ucp_get", "13374")];
-    for (test, port) in tests {
+    let tests = ["tag_lat", "tag_bw", "ucp_put_bw", "ucp_get"];
+    for test in tests {
+        let port = &free_port();
         let fabric = Fabric::new("stacks");
         let with_tls = |mut c: Command| {
             c.env("UCX_TLS", "rc_verbs,ud_verbs").env("UCX_NET_DEVICES", "emu0:1");
@@ -58,8 +67,7 @@ fn ucx_perftest_runs_over_rc_and_ud_verbs_between_two_processes() {
         };
         let mut server = with_tls(program(&fabric, "full", "ucx_perftest", &["-p", port]));
         let s = server.spawn().unwrap();
-        // Its TCP listener for the address exchange comes up in well under a second.
-        std::thread::sleep(Duration::from_secs(1));
+        wait_listening(port);
         let args = ["-p", port, "-t", test, "-s", "4096", "-n", "2000", "127.0.0.1"];
         let mut client = with_tls(program(&fabric, "full", "ucx_perftest", &args));
         let (c_ok, c_out) = finish(client.spawn().unwrap(), Duration::from_secs(90));
@@ -85,12 +93,11 @@ fn qperf_event_mode_tests_all_complete() {
         "rc_compare_swap_mr",
     ];
     let rxe = ["rc_lat", "rc_bw", "rc_rdma_read_bw"];
-    for (profile, cm, tests, port) in
-        [("full", &[][..], &full[..], "19771"), ("rxe", &["-cm1"][..], &rxe[..], "19772")]
-    {
+    for (profile, cm, tests) in [("full", &[][..], &full[..]), ("rxe", &["-cm1"][..], &rxe[..])] {
+        let port = &free_port();
         let fabric = Fabric::new("stacks");
         let mut s = program(&fabric, profile, "qperf", &["-lp", port]).spawn().unwrap();
-        std::thread::sleep(Duration::from_secs(1));
+        wait_listening(port);
         let args = [&["127.0.0.1", "-lp", port, "-t", "1"][..], cm, tests].concat();
         let client = program(&fabric, profile, "qperf", &args).spawn().unwrap();
         let (ok, out) = finish(client, Duration::from_secs(120));

@@ -145,3 +145,24 @@ impl Drop for Fabric {
         let _ = std::fs::remove_dir_all(self.dir());
     }
 }
+
+/// Debian's `/usr/bin/<prog>` under `rdma-emu run` on the host fabric `fabric` with
+/// `profile`, its output captured; `package` names what to install when it is missing.
+pub fn debian_program(
+    fabric: &Fabric,
+    profile: &str,
+    prog: &str,
+    args: &[&str],
+    package: &str,
+) -> Command {
+    let path = format!("/usr/bin/{prog}");
+    assert!(
+        Path::new(&path).exists(),
+        "{path} is missing: install Debian's {package} (./ci.sh does)"
+    );
+    let mut c = Command::new(env!("CARGO_BIN_EXE_rdma-emu"));
+    c.env("RDMA_EMU_LIB", cdylib()).env_remove("LD_LIBRARY_PATH");
+    c.args(["run", "--profile", profile, "--fabric", &fabric.0, "--", &path]).args(args);
+    c.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    c
+}
