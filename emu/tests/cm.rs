@@ -49,17 +49,23 @@ fn side(id: &CmId) -> Side {
     Side { pd, cq, mr, qp }
 }
 
+/// An id in `ps` on `ch` whose route to `dst` (from `src`, if given) is resolved.
+fn resolved(ch: &CmChannel, ps: PortSpace, src: Option<&str>, dst: &str) -> CmId {
+    let id = CmId::create(ch, ps).unwrap();
+    id.resolve_addr(src.map(addr), addr(dst), 2000).unwrap();
+    next(ch, E::AddrResolved);
+    id.resolve_route(2000).unwrap();
+    next(ch, E::RouteResolved);
+    id
+}
+
 /// A listener on 127.0.0.2:7471 and a client that resolved it.
 fn listening(f: &Fabric) -> (CmChannel, CmId, CmChannel, CmId) {
     let (sch, cch) = (CmChannel::new(f).unwrap(), CmChannel::new(f).unwrap());
     let server = CmId::create(&sch, PortSpace::Tcp).unwrap();
     server.bind_addr(addr("127.0.0.2:7471")).unwrap();
     server.listen(4).unwrap();
-    let client = CmId::create(&cch, PortSpace::Tcp).unwrap();
-    client.resolve_addr(None, addr("127.0.0.2:7471"), 2000).unwrap();
-    next(&cch, E::AddrResolved);
-    client.resolve_route(2000).unwrap();
-    next(&cch, E::RouteResolved);
+    let client = resolved(&cch, PortSpace::Tcp, None, "127.0.0.2:7471");
     (sch, server, cch, client)
 }
 
@@ -255,11 +261,7 @@ fn connections_cross_between_processes_and_end_when_one_dies() {
     assert_eq!(squatter.bind_addr(addr("0.0.0.0:7600")).unwrap_err().errno(), Errno::EADDRINUSE);
 
     let connect = |payload: &[u8]| {
-        let client = CmId::create(&cch, PortSpace::Tcp).unwrap();
-        client.resolve_addr(None, addr("127.0.0.2:7600"), 2000).unwrap();
-        next(&cch, E::AddrResolved);
-        client.resolve_route(2000).unwrap();
-        next(&cch, E::RouteResolved);
+        let client = resolved(&cch, PortSpace::Tcp, None, "127.0.0.2:7600");
         let c = side(&client);
         let p = ConnParam {
             private_data: payload.to_vec(),
@@ -310,11 +312,7 @@ fn connections_cross_between_processes_and_end_when_one_dies() {
     // Nobody listens on another port, in any process.
     let fc = host.fabric();
     let ch = CmChannel::new(&fc).unwrap();
-    let lost = CmId::create(&ch, PortSpace::Tcp).unwrap();
-    lost.resolve_addr(None, addr("127.0.0.2:7601"), 2000).unwrap();
-    next(&ch, E::AddrResolved);
-    lost.resolve_route(2000).unwrap();
-    next(&ch, E::RouteResolved);
+    let lost = resolved(&ch, PortSpace::Tcp, None, "127.0.0.2:7601");
     lost.connect(&ConnParam::default()).unwrap();
     assert_eq!(next(&ch, E::Rejected).status, REJ_INVALID_SERVICE_ID);
 }
@@ -326,11 +324,7 @@ fn datagram_ids_learn_each_others_qpn_and_address() {
     let server = CmId::create(&sch, PortSpace::Udp).unwrap();
     server.bind_addr(addr("127.0.0.2:7480")).unwrap();
     server.listen(1).unwrap();
-    let client = CmId::create(&cch, PortSpace::Udp).unwrap();
-    client.resolve_addr(None, addr("127.0.0.2:7480"), 2000).unwrap();
-    next(&cch, E::AddrResolved);
-    client.resolve_route(2000).unwrap();
-    next(&cch, E::RouteResolved);
+    let client = resolved(&cch, PortSpace::Udp, None, "127.0.0.2:7480");
     let ud_side = |id: &CmId| {
         let ctx = id.context().unwrap();
         let (pd, cq) = (ctx.alloc_pd().unwrap(), ctx.create_cq(16, None, 0).unwrap());
@@ -654,12 +648,8 @@ fn a_removed_device_takes_its_ids_and_their_connections() {
     wildcard.bind_addr(addr("0.0.0.0:7481")).unwrap();
     wildcard.listen(1).unwrap();
     // The client on emu0 (127.0.0.1), the server on emu1.
-    let client = CmId::create(&cch, PortSpace::Tcp).unwrap();
-    client.resolve_addr(Some(addr("127.0.0.1:0")), addr("127.0.0.2:7480"), 2000).unwrap();
-    next(&cch, E::AddrResolved);
+    let client = resolved(&cch, PortSpace::Tcp, Some("127.0.0.1:0"), "127.0.0.2:7480");
     assert_eq!(client.context().unwrap().device().index(), 0);
-    client.resolve_route(2000).unwrap();
-    next(&cch, E::RouteResolved);
     let c = side(&client);
     client.connect(&ConnParam::default()).unwrap();
     let conn = next(&sch, E::ConnectRequest).id;
