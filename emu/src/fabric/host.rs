@@ -80,8 +80,6 @@ const RING_BYTES: usize = 2 << 20;
 const LEND_MIN: usize = 2048;
 /// How long a sender waits for room in a full ring before leaving the rest to the flusher.
 const SEND_PATIENCE: Duration = Duration::from_millis(2);
-/// How long the reader watches the rings after taking something in, before it sleeps.
-const READER_SPIN: Duration = Duration::from_micros(50);
 /// How long the reader, while an application thread polls, sleeps between looks of its own.
 const POLLED_NAP: Duration = Duration::from_millis(1);
 
@@ -607,7 +605,7 @@ fn read_loop(inbound: &Inbound, fabric: &Weak<FabricInner>) {
         }
         let Some(fabric) = fabric.upgrade() else { return };
         let mut rx = inbound.rx.lock();
-        let delivered = receive(inbound, &mut rx, &fabric, true);
+        receive(inbound, &mut rx, &fabric, true);
         let now = inbound.polls.load(Ordering::Relaxed);
         if now != polls {
             // An application thread is reading the rings: look again soon, unrung, unless
@@ -623,35 +621,12 @@ fn read_loop(inbound: &Inbound, fabric: &Weak<FabricInner>) {
             inbound.napping.store(false, Ordering::SeqCst);
         }
         sleepers = inbound.sleepers.load(Ordering::SeqCst);
-        // Nobody else looks. Right after traffic, more is likely on its way: watch the rings
-        // a little before sleeping, as waking a sleeping thread costs far more than that.
-        let rings: Vec<Arc<Ring>> = rx.rings.iter().map(|(_, r)| r.clone()).collect();
-        drop(rx);
-        if delivered && busy_wait(&rings, &inbound.quit) {
-            nap = Some(Duration::ZERO);
-            continue;
-        }
-        // Then ask for doorbells, and sleep unless something came meanwhile.
-        let waiting = rings.iter().fold(false, |w, r| r.arm() | w);
+        // Nobody else looks: ask for doorbells, and sleep unless something came meanwhile.
+        // (No spinning first: the reader shares its process's CPUs with the application,
+        // whose own looks, in poll and before sleeping on an event, move the traffic better.)
+        let waiting = rx.rings.iter().fold(false, |w, (_, r)| r.arm() | w);
         nap = if waiting { Some(Duration::ZERO) } else { None };
     }
-}
-
-/// Watches `rings` for up to [`READER_SPIN`]; whether a record arrived.
-fn busy_wait(rings: &[Arc<Ring>], quit: &AtomicBool) -> bool {
-    let t0 = std::time::Instant::now();
-    while t0.elapsed() < READER_SPIN {
-        for _ in 0..64 {
-            if rings.iter().any(|r| r.pending()) {
-                return true;
-            }
-            std::hint::spin_loop();
-        }
-        if quit.load(Ordering::Relaxed) {
-            return false;
-        }
-    }
-    false
 }
 
 /// Takes in what has arrived (the socket's datagrams too if `socket`, then the rings), hands

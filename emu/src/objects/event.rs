@@ -20,14 +20,9 @@ use crate::{
 pub(crate) struct EventQueue<T> {
     fd: EventFd,
     q: Mutex<VecDeque<T>>,
-    /// Number of queued events, readable without the lock (for spinning before blocking).
+    /// Number of queued events, readable without the lock (for looking before blocking).
     pending: AtomicUsize,
 }
-
-/// How long a blocking wait spins on the queue before sleeping in read(2). A wake-up through
-/// the kernel costs ~100 us on this class of VM, a spin a few hundred ns; ping-pong style
-/// programs get their event within the spin.
-const SPIN_ITERS: u32 = 20_000;
 
 impl<T> EventQueue<T> {
     pub(crate) fn new() -> Result<EventQueue<T>> {
@@ -41,16 +36,18 @@ impl<T> EventQueue<T> {
         self.fd.post();
     }
 
+    /// Whether an event is queued (a look that takes no lock and no system call).
+    pub(crate) fn ready(&self) -> bool {
+        self.pending.load(Ordering::Acquire) != 0
+    }
+
+    /// Whether [`EventQueue::pop`] would fail with `EAGAIN` rather than block.
+    pub(crate) fn is_nonblocking(&self) -> bool {
+        self.fd.is_nonblocking()
+    }
+
     /// Takes the oldest event; blocks unless the fd was made non-blocking (then `EAGAIN`).
     pub(crate) fn pop(&self) -> Result<T> {
-        if !self.fd.is_nonblocking() {
-            for _ in 0..SPIN_ITERS {
-                if self.pending.load(Ordering::Acquire) != 0 {
-                    break;
-                }
-                std::hint::spin_loop();
-            }
-        }
         loop {
             self.fd.wait().map_err(|e| io_error(&e))?;
             if let Some(ev) = self.q.lock().pop_front() {
