@@ -8,10 +8,11 @@ export CARGO_TERM_COLOR=never
 # rdma_cm headers and link library for the C tests and layout checks, Debian's ibverbs-utils,
 # rdmacm-utils and perftest to run unmodified, as server and client processes, netcat-openbsd,
 # socat and iperf3 to run over rsockets (librspreload), tshark to decode the packet traces, and
-# ucx-utils (UCX's ucx_info and ucx_perftest) and qperf to run real RDMA stacks over the emulator.
+# ucx-utils (UCX's ucx_info and ucx_perftest), qperf, Open MPI (openmpi-bin, and
+# libopenmpi-dev for mpicc) and libfabric-bin to run real RDMA stacks over the emulator.
 need_pkgs=()
 for p in binutils gcc libibverbs-dev librdmacm-dev ibverbs-utils rdmacm-utils perftest tshark \
-    netcat-openbsd socat iperf3 ucx-utils qperf; do
+    netcat-openbsd socat iperf3 ucx-utils qperf openmpi-bin libopenmpi-dev libfabric-bin; do
     dpkg -s "$p" >/dev/null 2>&1 || need_pkgs+=("$p")
 done
 install_pkgs() {

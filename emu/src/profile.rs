@@ -264,6 +264,18 @@ impl DeviceIdentity {
 }
 
 impl Profile {
+    /// Whether arming a CQ raises its event at once when the CQ already holds a completion
+    /// that meets the armed condition and that no event announced yet. An HCA arms against
+    /// its consumer index, so nothing that arrived between a program's last poll and its
+    /// re-arm goes unannounced (Open MPI's UD connection manager polls, then re-arms, and
+    /// relies on it); rxe raises events only for completions that arrive after the arming.
+    pub fn arm_announces_waiting(self) -> bool {
+        match self {
+            Profile::Rxe => false,
+            Profile::Full => true,
+        }
+    }
+
     /// Ports a device of this profile has when `wanted` are asked for (rxe has exactly one).
     pub fn port_count(self, wanted: u8) -> u8 {
         match self {

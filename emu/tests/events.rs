@@ -405,3 +405,60 @@ fn completion_timestamps_follow_the_device_clock() {
     let err = rctx.create_cq_ex(16, None, 0, opts).unwrap_err();
     assert_eq!(err.errno(), Errno::EOPNOTSUPP);
 }
+
+/// A program that polls after its event and re-arms afterwards (Open MPI's UD connection
+/// manager) must hear of a completion that arrived in between: the full profile arms as an
+/// HCA does, against what the program consumed, and raises the event at once; rxe waits for
+/// the next completion. Re-arming before polling what raised the last event (perftest's `-e`
+/// loops) raises nothing on either, and a solicited-only arm ignores an unsolicited one.
+#[test]
+fn arming_announces_what_came_since_the_last_event_as_an_hca_does() {
+    for profile in [Profile::Full, Profile::Rxe] {
+        let full = profile == Profile::Full;
+        let (_f, a, b) =
+            ev_pair_on(FabricConfig { profile, ..Default::default() }, CqOptions::default());
+        for i in 0..5 {
+            post_recv(&b.qp, i, &[sge(&b.mr, 0, 64)]);
+        }
+        // The responder completes a receive before it acknowledges it: once the sender's
+        // completion is in, the receive's is in the receiver's CQ.
+        let send = |id: u64| {
+            a.qp.post_send(&SendWr::send(id, &[sge(&a.mr, 0, 8)]).signaled()).unwrap();
+            assert_eq!(wait1(&a.cq).wr_id, id);
+        };
+        let event = || {
+            assert!(readable(&b.ch, 1000), "{profile:?}: the event came");
+            let cq = b.ch.get_cq_event().unwrap();
+            cq.ack_events(1);
+        };
+        b.cq.req_notify(false).unwrap();
+        send(0);
+        event();
+        assert_eq!(wait1(&b.cq).wr_id, 0);
+        // Polled, then a completion arrives while disarmed, then the program re-arms.
+        send(1);
+        b.cq.req_notify(false).unwrap();
+        assert_eq!(readable(&b.ch, 0), full, "{profile:?}: an event at the arming");
+        if full {
+            event();
+        }
+        assert_eq!(wait1(&b.cq).wr_id, 1);
+        assert!(!readable(&b.ch, 0));
+        // Re-armed before polling what raised the event: nothing new, nothing raised.
+        b.cq.req_notify(false).unwrap();
+        send(2);
+        event();
+        b.cq.req_notify(false).unwrap();
+        assert!(!readable(&b.ch, 0), "{profile:?}: that completion was announced");
+        assert_eq!(wait1(&b.cq).wr_id, 2);
+        // Still armed: the next one raises it; then an unsolicited one waits unannounced
+        // and a solicited-only arming leaves it be.
+        send(3);
+        event();
+        assert_eq!(wait1(&b.cq).wr_id, 3);
+        send(4);
+        b.cq.req_notify(true).unwrap();
+        assert!(!readable(&b.ch, 0), "{profile:?}: not solicited");
+        assert_eq!(wait1(&b.cq).wr_id, 4);
+    }
+}

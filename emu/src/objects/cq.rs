@@ -45,6 +45,25 @@ struct CqState {
     /// Bumped whenever the CQ is armed or its event fires: a moderation timer started for an
     /// older arming does nothing.
     generation: u64,
+    /// Completions ever queued: the sequence number of the newest.
+    pushed: u64,
+    /// The sequence number of the newest solicited or unsuccessful completion.
+    last_solicited: u64,
+    /// `pushed` when the last event fired: what came later no event announced yet.
+    announced: u64,
+}
+
+impl CqState {
+    /// Whether the ring holds a completion that meets `notify` and no event announced.
+    fn holds_unannounced(&self, notify: Notify) -> bool {
+        let oldest = self.pushed + 1 - self.ring.len() as u64;
+        let newest = match notify {
+            Notify::None => return false,
+            Notify::Next => self.pushed,
+            Notify::Solicited => self.last_solicited,
+        };
+        !self.ring.is_empty() && newest > self.announced && newest >= oldest
+    }
 }
 
 /// Completion event moderation (`ibv_modify_cq`): an armed CQ's event waits until `count`
@@ -134,10 +153,15 @@ impl CqInner {
         }
         st.ring.push_back(wc);
         self.queued.store(st.ring.len(), Ordering::Release);
+        st.pushed += 1;
+        let solicited = solicited || wc.status != WcStatus::SUCCESS;
+        if solicited {
+            st.last_solicited = st.pushed;
+        }
         let qualifies = match st.notify {
             Notify::None => false,
             Notify::Next => true,
-            Notify::Solicited => solicited || wc.status != WcStatus::SUCCESS,
+            Notify::Solicited => solicited,
         };
         if !qualifies {
             return Ok(());
@@ -164,6 +188,7 @@ impl CqInner {
         st.notify = Notify::None;
         st.held = 0;
         st.generation += 1;
+        st.announced = st.pushed;
         drop(st);
         if let Some(ch) = &self.channel {
             ch.queue.push(self.clone());
@@ -243,6 +268,9 @@ impl Cq {
                 moderation: Moderation::default(),
                 held: 0,
                 generation: 0,
+                pushed: 0,
+                last_solicited: 0,
+                announced: 0,
             }),
             queued: AtomicUsize::new(0),
             overrun: AtomicBool::new(false),
@@ -289,6 +317,10 @@ impl Cq {
             st.generation += 1;
         }
         st.notify = if solicited_only { Notify::Solicited } else { Notify::Next };
+        if self.0.ctx.device.profile.arm_announces_waiting() && st.holds_unannounced(st.notify) {
+            self.0.fire(st);
+            return Ok(());
+        }
         drop(st);
         // The caller will sleep on the event: the host fabric's reader must not be napping.
         self.0.ctx.fabric.attend();
