@@ -185,4 +185,28 @@ fn main() {
     fs::write(&map_path, map).expect("write the version script");
     println!("cargo:rustc-cdylib-link-arg=-Wl,--version-script={}", map_path.display());
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libibverbs.so.1");
+    shim_dir(Path::new(&out));
+}
+
+/// Leaves `<profile dir>/shim/` holding `libibverbs.so.1` and `librdmacm.so.1` as links to the
+/// libraries cargo builds beside them (`../libibverbs.so`, `../librdmacm.so`), so that
+/// `LD_LIBRARY_PATH=target/release/shim` works right after `cargo build --release`. The links
+/// are relative and made before the libraries exist (this script runs before the link step);
+/// the directory is the only thing written outside `OUT_DIR`, inside cargo's own target
+/// directory, where `cargo clean` removes it.
+fn shim_dir(out: &Path) {
+    // OUT_DIR is <profile dir>/build/<package>-<hash>/out.
+    let Some(profile) = out.ancestors().nth(3) else { return };
+    let dir = profile.join("shim");
+    if fs::create_dir_all(&dir).is_err() {
+        return;
+    }
+    for (name, lib) in [("libibverbs.so.1", "libibverbs.so"), ("librdmacm.so.1", "librdmacm.so")] {
+        let link = dir.join(name);
+        let target = Path::new("..").join(lib);
+        if fs::read_link(&link).ok().as_deref() != Some(target.as_path()) {
+            let _ = fs::remove_file(&link);
+            let _ = std::os::unix::fs::symlink(&target, &link);
+        }
+    }
 }

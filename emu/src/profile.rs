@@ -357,7 +357,9 @@ impl Profile {
                 // The fabric's clock counts nanoseconds: a 1 GHz device clock, 64 bits wide.
                 completion_timestamp_mask: u64::MAX,
                 hca_core_clock: 1_000_000,
-                // The limits of a ConnectX CQ context (16-bit count, 12-bit period).
+                // A ConnectX CQ's size (libfabric's rxm asks for a million entries), and the
+                // limits of its context (16-bit count, 12-bit period).
+                max_cqe: 4_194_303,
                 max_cq_count: u16::MAX,
                 max_cq_period: 4095,
                 // A ConnectX-5's MEMIC.

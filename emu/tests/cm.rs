@@ -121,16 +121,18 @@ fn a_connection_is_made_used_and_ended_through_events() {
         c.mr.read(100, &mut got).unwrap();
         assert_eq!(&got, b"over the cm");
 
-        // Either side ends it (a DREQ): the other hears at once, and both QPs are in error;
-        // the one that ended it hears when the other disconnects too (the DREP).
+        // Either side ends it (a DREQ): its QP goes to error, the other hears at once but its
+        // QP is left as it was, as the kernel's CM leaves it, until it disconnects too (its
+        // DREP), which the one that ended it hears.
         client.disconnect().unwrap();
         next(&sch, E::Disconnected);
-        assert_eq!((c.qp.state(), s.qp.state()), (QpState::ERR, QpState::ERR));
+        assert_eq!((c.qp.state(), s.qp.state()), (QpState::ERR, QpState::RTS));
         cch.set_nonblocking(true).unwrap();
         assert_eq!(cch.get_event().unwrap_err().errno(), Errno::EAGAIN, "no DREP yet");
         cch.set_nonblocking(false).unwrap();
         client.disconnect().unwrap();
         conn.disconnect().unwrap();
+        assert_eq!(s.qp.state(), QpState::ERR);
         next(&cch, E::Disconnected);
         // Once it is over, disconnecting again is no error, and raises nothing.
         conn.disconnect().unwrap();
@@ -296,7 +298,7 @@ fn connections_cross_between_processes_and_end_when_one_dies() {
     // the server hears.
     conn.disconnect().unwrap();
     next(&cch, E::Disconnected);
-    assert_eq!(c.qp.state(), QpState::ERR);
+    assert_eq!(c.qp.state(), QpState::RTS, "the peer's DREQ leaves the QP to its owner");
     client.destroy().unwrap();
     next(&sch, E::Disconnected);
     drop((client, c, conn, s));
@@ -307,6 +309,8 @@ fn connections_cross_between_processes_and_end_when_one_dies() {
     drop(fb);
     let ev = next(&sch, E::Disconnected);
     assert!(ev.id.same(&conn));
+    assert_eq!(s.qp.state(), QpState::RTS, "as after a DREQ: the owner disconnects it");
+    conn.disconnect().unwrap();
     assert_eq!(s.qp.state(), QpState::ERR);
 
     // Nobody listens on another port, in any process.
@@ -666,7 +670,7 @@ fn a_removed_device_takes_its_ids_and_their_connections() {
     sch.set_nonblocking(true).unwrap();
     assert_eq!(sch.get_event().unwrap_err().errno(), Errno::EAGAIN, "the wildcard one is not");
     assert_eq!(next(&cch, E::Disconnected).status, 0);
-    assert_eq!((c.qp.state(), s.qp.state()), (QpState::ERR, QpState::ERR));
+    assert_eq!((c.qp.state(), s.qp.state()), (QpState::RTS, QpState::ERR));
     // All that is left to a removed id is its destruction.
     assert_eq!(conn.disconnect().unwrap_err().errno(), Errno::EINVAL);
     assert_eq!(server.listen(1).unwrap_err().errno(), Errno::EINVAL);

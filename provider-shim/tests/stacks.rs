@@ -183,3 +183,69 @@ fn open_mpi_openib_runs_thirty_times_without_a_hang() {
         mpirun_verified("full", &mca, &[]);
     }
 }
+
+/// libfabric's verbs provider sees the emulated devices: a connected (`FI_EP_MSG`, through
+/// the CM) and a datagram domain per device, and the reliable-datagram layers over them.
+#[test]
+fn libfabric_lists_the_verbs_domains() {
+    for profile in ["full", "rxe"] {
+        let fabric = Fabric::new("fi");
+        let mut c =
+            common::debian_program(&fabric, profile, "fi_info", &["-p", "verbs"], "libfabric-bin");
+        c.env("RDMA_EMU_DEVICES", "2");
+        let (ok, out) = finish(c.spawn().unwrap(), Duration::from_secs(60));
+        assert!(ok, "{profile}: {out}");
+        let has = |domain: &str, ty: &str| {
+            out.split("provider: ").any(|b| {
+                b.contains(&format!("domain: {domain}\n")) && b.contains(&format!("type: {ty}\n"))
+            })
+        };
+        // A connected domain needs an IP address of the host on its device (libfabric binds
+        // an rdma_cm id to each address it finds): the host's addresses name emu0's port.
+        assert!(has("emu0", "FI_EP_MSG"), "{profile}: no emu0 MSG domain in:\n{out}");
+        assert!(has("emu0", "FI_EP_RDM"), "{profile}: no emu0 RDM (rxm) domain in:\n{out}");
+        assert!(has("emu0-dgram", "FI_EP_DGRAM"), "{profile}: no emu0 datagram domain:\n{out}");
+        // Every device's datagram domain carries rxd's reliable datagrams.
+        for dev in ["emu0", "emu1"] {
+            let rxd = has(&format!("{dev}-dgram"), "FI_EP_RDM");
+            assert!(rxd, "{profile}: no rxd over {dev}'s datagram domain:\n{out}");
+        }
+    }
+}
+
+/// `fi_pingpong` between two processes, its data checked (`-c`), at every size it knows
+/// (`-S all`, 1 B to 8 MiB) or at `size`: each size's line reports every transfer answered.
+fn fi_pingpong(profile: &str, provider: &str, ep: &str, size: &str) {
+    let port = &free_port();
+    let fabric = Fabric::new("fi");
+    let args = |extra: &[&'static str]| {
+        let mut a = vec!["-c", "-p", provider, "-e", ep, "-I", "100", "-S", size];
+        a.extend_from_slice(extra);
+        a
+    };
+    let prog =
+        |a: &[&str]| common::debian_program(&fabric, profile, "fi_pingpong", a, "libfabric-bin");
+    let server = prog(&[args(&[]).as_slice(), &["-B", port]].concat()).spawn().unwrap();
+    wait_listening(port);
+    let client =
+        prog(&[args(&[]).as_slice(), &["-P", port, "127.0.0.1"]].concat()).spawn().unwrap();
+    let (c_ok, c_out) = finish(client, Duration::from_secs(120));
+    let (s_ok, s_out) = finish(server, Duration::from_secs(30));
+    let what = format!("{profile} {provider} {ep}\n--- client:\n{c_out}\n--- server:\n{s_out}");
+    assert!(c_ok && s_ok, "{what}");
+    let lines = c_out.lines().filter(|l| l.split_whitespace().nth(2) == Some("=100")).count();
+    let sizes = if size == "all" { 20 } else { 1 };
+    assert!(lines >= sizes, "{lines} sizes answered: {what}");
+}
+
+#[test]
+fn libfabric_pingpong_over_verbs_rdm_msg_and_dgram_endpoints() {
+    // The reliable-datagram layers: rxd over UD, rxm over connected QPs (its CQ takes a
+    // million entries, which the full profile's CQs hold as an HCA's do; rxe's do not).
+    fi_pingpong("full", "verbs;ofi_rxd", "rdm", "all");
+    fi_pingpong("full", "verbs;ofi_rxm", "rdm", "all");
+    fi_pingpong("full", "verbs", "msg", "all");
+    fi_pingpong("full", "verbs", "dgram", "all");
+    fi_pingpong("rxe", "verbs;ofi_rxd", "rdm", "65536");
+    fi_pingpong("rxe", "verbs", "msg", "65536");
+}

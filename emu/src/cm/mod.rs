@@ -128,6 +128,33 @@ pub struct ConnParam {
     pub qp_num: u32,
 }
 
+/// `responder_resources` / `initiator_depth` meaning "as many as the device allows"
+/// (`RDMA_MAX_RESP_RES`, `RDMA_MAX_INIT_DEPTH`): on accepting, as many as the requester asked
+/// for, up to that.
+pub const RD_ATOMIC_MAX: u8 = 0xff;
+
+impl ConnParam {
+    /// The read depths this side asks for on device `device`, its limits applied as
+    /// librdmacm applies them: [`RD_ATOMIC_MAX`] becomes the device's limit (no more than
+    /// `asked`, what the other side's request offers, when accepting); another value above
+    /// the limit is `EINVAL`.
+    fn rd_atomic(&self, device: &DeviceInner, asked: Option<(u8, u8)>) -> Result<(u8, u8)> {
+        let cap = |v: u32| u8::try_from(v).unwrap_or(u8::MAX - 1);
+        let (max_resp, max_init) =
+            (cap(device.attr.max_qp_rd_atom), cap(device.attr.max_qp_init_rd_atom));
+        let (asked_resp, asked_init) = asked.unwrap_or((max_resp, max_init));
+        let one = |v: u8, max: u8, asked: u8| match v {
+            RD_ATOMIC_MAX => Ok(max.min(asked)),
+            v if v > max => Err(einval("read depth beyond the device's limit")),
+            v => Ok(v),
+        };
+        Ok((
+            one(self.responder_resources, max_resp, asked_resp)?,
+            one(self.initiator_depth, max_init, asked_init)?,
+        ))
+    }
+}
+
 /// The Q_Key of QPs the CM connects in `RDMA_PS_UDP` (`RDMA_UDP_QKEY`).
 pub const UDP_QKEY: u32 = 0x0123_4567;
 /// Private data a SIDR REQ carries (a UD "connection" request).
@@ -867,6 +894,9 @@ impl CmId {
         }
         let qpn = st.qp.as_ref().map_or(p.qp_num, Qp::qp_num);
         let (dev, port) = st.port.expect("resolved");
+        let device = self.fabric().devices.get(dev as usize).ok_or_else(|| einval("no device"))?;
+        let (responder_resources, initiator_depth) = p.rd_atomic(device, None)?;
+        let p = &ConnParam { responder_resources, initiator_depth, ..p.clone() };
         let (dst, src) = (st.peer.expect("resolved"), st.local.expect("resolved"));
         st.state = State::Connecting;
         st.mine = p.clone();
@@ -911,6 +941,11 @@ impl CmId {
             return Err(einval("too much private data for a reply"));
         }
         let remote = st.remote.expect("a request has a remote");
+        let (dev, _) = st.port.expect("a request has a port");
+        let device = self.fabric().devices.get(dev as usize).ok_or_else(|| einval("no device"))?;
+        let asked = (remote.initiator_depth, remote.responder_resources);
+        let (responder_resources, initiator_depth) = p.rd_atomic(device, Some(asked))?;
+        let p = &ConnParam { responder_resources, initiator_depth, ..p.clone() };
         st.mine = p.clone();
         if let Some(qp) = st.qp.as_ref().filter(|_| !self.datagram()) {
             QpSetup::passive(&st, remote, p).rtr_rts(self.fabric(), qp)?;
@@ -974,21 +1009,24 @@ impl CmId {
     /// the other side sees `Disconnected` at once, this side once the other answers by
     /// disconnecting too (or destroying its id), as with the kernel's IB CM. Answering sends
     /// that DREP. Both ids then stay in time-wait for a while and see `TimewaitExit`.
-    /// Once the connection is over, again 0 and nothing more (as the kernel); `EINVAL` for an
-    /// id that never connected.
+    /// Once the connection is over, again 0 and nothing more but the QP's move to error (as
+    /// librdmacm moves it before it asks the kernel); `EINVAL` for an id that never connected.
     pub fn disconnect(&self) -> Result<()> {
         let mut st = self.0.st.lock();
         let state = st.state;
         match state {
             State::Connected | State::Accepting | State::Connecting => st.state = State::DreqSent,
             State::DreqRcvd => st.state = State::Disconnected,
-            State::DreqSent | State::Disconnected => return Ok(()),
+            State::DreqSent | State::Disconnected => {}
             _ => return Err(einval("the id is not connected")),
         }
         let (qp, remote) = (st.qp.clone(), st.remote);
         drop(st);
         if let Some(qp) = qp {
             to_error(&qp);
+        }
+        if matches!(state, State::DreqSent | State::Disconnected) {
+            return Ok(());
         }
         let num = self.0.num;
         match (state, remote) {
@@ -1205,7 +1243,9 @@ impl CmId {
     }
 
     /// The peer disconnected (its DREQ came, or its process is gone: `answer` is whether a
-    /// DREP is owed): our QP goes to the error state too.
+    /// DREP is owed). Our QP is left as it is, as the kernel's CM leaves it: the application's
+    /// own `rdma_disconnect` moves it to the error state (its receives complete normally until
+    /// then, whatever the peer sent before its DREQ included).
     fn disconnected_by_peer(&self, answer: bool) {
         let mut st = self.0.st.lock();
         let crossed = st.state == State::DreqSent;
@@ -1213,11 +1253,7 @@ impl CmId {
             return;
         }
         st.state = if answer { State::DreqRcvd } else { State::Disconnected };
-        let qp = st.qp.clone();
         drop(st);
-        if let Some(qp) = qp {
-            to_error(&qp);
-        }
         self.raise(CmEventType::Disconnected, 0, ConnParam::default(), None);
         if !answer {
             self.enter_timewait();

@@ -138,10 +138,11 @@ fn lib_dir() -> Result<PathBuf, String> {
     Ok(dir)
 }
 
-/// Makes `dir/name` a link to `target`, replacing another link atomically.
+/// Makes `dir/name` a link to `target` (canonical), replacing another link atomically; one
+/// that already leads there (the relative link the build leaves) is kept.
 fn link_into(dir: &Path, name: &str, target: &Path) -> Result<(), String> {
     let link = dir.join(name);
-    if std::fs::read_link(&link).ok().as_deref() != Some(target) {
+    if link.canonicalize().ok().as_deref() != Some(target) {
         let tmp = dir.join(format!(".{name}.{}", std::process::id()));
         let _ = std::fs::remove_file(&tmp);
         std::os::unix::fs::symlink(target, &tmp).map_err(|e| e.to_string())?;
