@@ -4,27 +4,20 @@
 mod common;
 use common::Fabric;
 use std::{
-    path::PathBuf,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
-/// The built librdmacm.so, next to the built libibverbs.so.
-fn cdylib() -> PathBuf {
-    let p = common::profile_dir().join("librdmacm.so");
-    assert!(p.exists(), "{} was not built: run cargo build -p rdmacm-shim first", p.display());
-    p
-}
-
 fn readelf(args: &[&str]) -> String {
-    let out = Command::new("readelf").args(args).arg(cdylib()).output().expect("run readelf");
+    let out =
+        Command::new("readelf").args(args).arg(common::rdmacm_lib()).output().expect("run readelf");
     assert!(out.status.success());
     String::from_utf8(out.stdout).unwrap()
 }
 
 #[test]
 fn exports_are_exactly_rdma_core_44s_librdmacm() {
-    let got = common::defined_symbols(&cdylib());
+    let got = common::defined_symbols(&common::rdmacm_lib());
     let mut want: Vec<String> = include_str!("../abi/rdmacm_exports.txt")
         .lines()
         .filter(|l| l.contains("@@"))
@@ -41,7 +34,7 @@ fn exports_are_exactly_rdma_core_44s_librdmacm() {
 }
 
 fn program(fabric: &Fabric, profile: &str, prog: &str, args: &[&str]) -> Command {
-    cdylib();
+    common::rdmacm_lib();
     common::debian_program(fabric, profile, prog, args, "rdmacm-utils")
 }
 
@@ -267,7 +260,7 @@ fn cmtime_times_a_hundred_connections() {
 #[test]
 fn both_libraries_work_as_ld_preload() {
     let fabric = Fabric::new("rdmacm");
-    let preload = format!("{} {}", common::cdylib().display(), cdylib().display());
+    let preload = format!("{} {}", common::cdylib().display(), common::rdmacm_lib().display());
     let rping = |args: &[&str]| {
         let mut c = Command::new("/usr/bin/rping");
         c.args(args).args(["-a", "127.0.0.1", "-p", "7760", "-C", "10", "-V"]);
@@ -345,7 +338,7 @@ fn over_rsockets(fabric: &Fabric, prog: &str, args: &[&str]) -> Command {
              (./ci.sh does)"
         );
     }
-    cdylib();
+    common::rdmacm_lib();
     let mut c = Command::new(env!("CARGO_BIN_EXE_rdma-emu"));
     c.env("RDMA_EMU_LIB", common::cdylib()).env_remove("LD_LIBRARY_PATH");
     c.args(["run", "--fabric", &fabric.0, "--", "/usr/bin/env"]);

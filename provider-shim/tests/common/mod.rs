@@ -53,29 +53,22 @@ fn newest(dir: &Path) -> Option<(std::time::SystemTime, PathBuf)> {
     best
 }
 
-/// A directory holding `libibverbs.so.1` (a link to the cdylib) and, once built,
-/// `librdmacm.so.1`, for `LD_LIBRARY_PATH`.
+/// `target/<profile>/shim/`, for `LD_LIBRARY_PATH`: the build leaves it holding
+/// `libibverbs.so.1` and `librdmacm.so.1`, links to the libraries beside it.
 pub fn lib_dir() -> PathBuf {
     let dir = profile_dir().join("shim");
-    std::fs::create_dir_all(&dir).expect("create the shim directory");
-    link_into(&dir, "libibverbs.so.1", &cdylib());
-    let cm = profile_dir().join("librdmacm.so");
-    if cm.exists() {
-        link_into(&dir, "librdmacm.so.1", &cm);
+    for (name, lib) in [("libibverbs.so.1", cdylib()), ("librdmacm.so.1", rdmacm_lib())] {
+        let linked = dir.join(name).canonicalize().ok();
+        assert_eq!(linked, lib.canonicalize().ok(), "the build leaves {name} in {}", dir.display());
     }
     dir
 }
 
-fn link_into(dir: &Path, name: &str, target: &Path) {
-    let link = dir.join(name);
-    if std::fs::read_link(&link).ok().as_deref() != Some(target) {
-        // Tests run in parallel: build the link under a private name, then rename it in place.
-        let tmp =
-            dir.join(format!(".{name}.{}.{:?}", std::process::id(), std::thread::current().id()));
-        let _ = std::fs::remove_file(&tmp);
-        std::os::unix::fs::symlink(target, &tmp).expect("link the library");
-        std::fs::rename(&tmp, &link).expect("move the link in place");
-    }
+/// The connection manager's library as cargo builds it (`cargo build --workspace`).
+pub fn rdmacm_lib() -> PathBuf {
+    let p = profile_dir().join("librdmacm.so");
+    assert!(p.exists(), "{} was not built: run cargo build --workspace first", p.display());
+    p
 }
 
 /// The versioned names (`name@@VERSION`) a shared library defines, sorted.
