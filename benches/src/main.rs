@@ -512,6 +512,28 @@ fn ev1(o: &Opts) -> Result<Row, String> {
     Ok(row)
 }
 
+/// RD1: `ib_read_bw -s 4194304` between two processes against `ib_write_bw` of the same size,
+/// in the same run: whether READs, whose responses the target's fabric reader sends, move as
+/// fast as WRITEs.
+fn rd1(o: &Opts) -> Result<Row, String> {
+    let iters = if o.quick { "200" } else { "1000" };
+    let mut row = Row {
+        goal: "RD1",
+        what: "cross-process `ib_read_bw -s 4194304` (baseline: `ib_write_bw`)".into(),
+        unit: "GB/s",
+        higher_better: true,
+        target: ">= 0.9x",
+        emu: vec![],
+        base: vec![],
+    };
+    let gbps = |out: &str| perftest::result(out, 3).map(|mb| mb * (1 << 20) as f64 / 1e9);
+    for _ in 0..o.samples {
+        row.base.push(gbps(&perftest::run("ib_write_bw", &["-s", "4194304", "-n", iters])?)?);
+        row.emu.push(gbps(&perftest::run("ib_read_bw", &["-s", "4194304", "-n", iters])?)?);
+    }
+    Ok(row)
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
@@ -563,7 +585,8 @@ fn main() {
         }
     }
     let cross = [("CM1", cm1 as fn(&Opts) -> Result<Row, String>), ("CM2", cm2), ("RS1", rs1)];
-    for (goal, f) in cross.into_iter().chain([("EV1", ev1 as fn(&Opts) -> Result<Row, String>)]) {
+    let more = [("EV1", ev1 as fn(&Opts) -> Result<Row, String>), ("RD1", rd1)];
+    for (goal, f) in cross.into_iter().chain(more) {
         if want(goal) {
             match f(&o) {
                 Ok(r) => r.print(),

@@ -157,7 +157,8 @@ fn messages_of_every_size_cross_intact() {
         a.mr.read(8, &mut got).unwrap();
         assert!(got == data, "SEND of {len} bytes landed intact");
 
-        // A READ of it back (the response always comes in records).
+        // A READ of it back (the response in records, or read from the target's memory when
+        // the ring cannot hold it whole).
         let sg = [sge(&b.mr, 1 << 20, len)];
         let rd = SendWr::read(3, &sg, a.mr.addr() + 8, a.mr.rkey());
         b.qp.post_send(&rd.signaled()).unwrap();
@@ -166,6 +167,37 @@ fn messages_of_every_size_cross_intact() {
         b.mr.read(1 << 20, &mut got).unwrap();
         assert!(got == data, "READ of {len} bytes came back intact");
     }
+}
+
+#[test]
+fn more_reads_in_flight_than_the_ring_holds_all_come_back_intact() {
+    // Sixteen 300 KB READs outstanding at once: their responses, which the target's reader
+    // sends without waiting, outgrow the 2 MiB ring, and the rest are read by the requester
+    // straight from the target's memory. Every byte comes back, from the right place.
+    let dir = HostDir::new();
+    let (fa, fb) = (dir.fabric(Profile::Full), dir.fabric(Profile::Full));
+    let a = node_on(&fa.devices()[0], 8 << 20);
+    let b = node_on(&fb.devices()[0], 8 << 20);
+    connect(&a.qp, &b.qp, &RcParams::default(), &RcParams::default());
+    const LEN: usize = 300_000;
+    const N: usize = 16;
+    for k in 0..N {
+        b.mr.write(k * LEN, &pattern(k, LEN)).unwrap();
+    }
+    let sgs: Vec<[Sge; 1]> = (0..N).map(|k| [sge(&a.mr, k * LEN, LEN)]).collect();
+    let wrs: Vec<SendWr<'_>> = (0..N)
+        .map(|k| SendWr::read(k as u64, &sgs[k], b.mr.addr() + (k * LEN) as u64, b.mr.rkey()))
+        .map(SendWr::signaled)
+        .collect();
+    a.qp.post_send_list(&wrs).unwrap();
+    let done = wait_n(&a.cq, N);
+    assert!(done.iter().all(|c| c.status == WcStatus::SUCCESS), "{done:?}");
+    for k in 0..N {
+        let mut got = vec![0u8; LEN];
+        a.mr.read(k * LEN, &mut got).unwrap();
+        assert!(got == pattern(k, LEN), "READ {k} came back intact");
+    }
+    assert_eq!(fa.host_drops(), Some(HostDrops::default()), "nothing refused");
 }
 
 #[test]

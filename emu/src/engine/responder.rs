@@ -605,19 +605,18 @@ pub(super) fn remember(g: &mut QpInner, r: Replay) {
 }
 
 /// Executes a READ: copies the target range straight into the destination the request
-/// carries (or into the response, for a requester in another process), and builds the
-/// response.
+/// carries, and builds the response (for a requester in another process, the response
+/// names the target range: the fabric copies it out as it sends, or lets a large one be
+/// read from here).
 fn read_response(qp: &QpShared, g: &QpInner, req: &Packet, r: ReadReq) -> Result<Packet, ()> {
     let mut p = reply(g, req, Kind::ReadResponse, r.psn, Syndrome::Ack);
     p.npkts = r.npkts;
     p.len = r.len;
     if let Some((region, offset)) = target(qp, g, r.rkey, r.va, r.len, AccessFlags::REMOTE_READ)? {
+        let src = MemRef { region, offset, len: r.len as usize };
         if matches!(req.payload, Payload::Remote) {
-            let mut bytes = vec![0; r.len as usize];
-            region.read(offset, &mut bytes).map_err(|_| ())?;
-            p.payload = Payload::Bytes(bytes.into());
+            p.payload = Payload::One(src);
         } else {
-            let src = MemRef { region, offset, len: r.len as usize };
             let dst = req.payload.ranges().iter().map(|m| (&m.region, m.offset, m.len));
             // The destination was checked by the requester, so this cannot fault.
             sgl::copy_into(&Payload::One(src.clone()), dst).map_err(|_| ())?;

@@ -80,6 +80,8 @@ const RING_BYTES: usize = 2 << 20;
 const LEND_MIN: usize = 2048;
 /// How long a sender waits for room in a full ring before leaving the rest to the flusher.
 const SEND_PATIENCE: Duration = Duration::from_millis(2);
+/// How long the reader watches the rings after taking something in, before it sleeps.
+const READER_SPIN: Duration = Duration::from_micros(50);
 /// How long the reader, while an application thread polls, sleeps between looks of its own.
 const POLLED_NAP: Duration = Duration::from_millis(1);
 
@@ -331,13 +333,16 @@ impl Node {
     fn send_to(&self, slot: u8, pkt: &Packet) {
         let peer = self.peer(slot);
         let msg = Encoded::packet(pkt);
-        // Too large to stream through the ring in place: read from here, where allowed. (No
-        // ring holds less than half its bytes whole: smaller messages skip the peer's lock.)
-        let large = msg.len() > RING_BYTES / 2 && wire::pullable(pkt);
-        let msg = match large.then(|| peer.pull_beyond()).flatten() {
-            Some(max) if msg.len() > max && self.reliable(pkt.src_qpn) => Encoded::pulled(pkt),
-            _ => msg,
-        };
+        // Too large to stream through the ring in place, or a reply the ring has no room for
+        // now (the reader's replies never wait, and would go the slow way, as datagrams): read
+        // from here, where allowed. (No ring holds less than half its bytes whole: smaller
+        // messages skip the peer's lock, unless they are replies.)
+        let replying = RECEIVING.get();
+        let pull = (replying || msg.len() > RING_BYTES / 2)
+            && wire::pullable(pkt)
+            && peer.better_pulled(msg.len(), replying)
+            && self.reliable(pkt.src_qpn);
+        let msg = if pull { Encoded::pulled(pkt) } else { msg };
         peer.send(pkt.dst_qpn, &msg);
     }
 
@@ -605,7 +610,9 @@ fn read_loop(inbound: &Inbound, fabric: &Weak<FabricInner>) {
         }
         let Some(fabric) = fabric.upgrade() else { return };
         let mut rx = inbound.rx.lock();
-        receive(inbound, &mut rx, &fabric, true);
+        let events = fabric.cq_events.load(Ordering::Relaxed);
+        let delivered = receive(inbound, &mut rx, &fabric, true);
+        let woke = fabric.cq_events.load(Ordering::Relaxed) != events;
         let now = inbound.polls.load(Ordering::Relaxed);
         if now != polls {
             // An application thread is reading the rings: look again soon, unrung, unless
@@ -621,12 +628,37 @@ fn read_loop(inbound: &Inbound, fabric: &Weak<FabricInner>) {
             inbound.napping.store(false, Ordering::SeqCst);
         }
         sleepers = inbound.sleepers.load(Ordering::SeqCst);
-        // Nobody else looks: ask for doorbells, and sleep unless something came meanwhile.
-        // (No spinning first: the reader shares its process's CPUs with the application,
-        // whose own looks, in poll and before sleeping on an event, move the traffic better.)
-        let waiting = rx.rings.iter().fold(false, |w, (_, r)| r.arm() | w);
+        // Nobody else looks. Right after traffic, more is likely on its way (the next READ
+        // request of a stream, the next WRITE): watch the rings a little before sleeping, as
+        // waking costs far more than that. Not when what came raised a completion event: the
+        // thread it wakes may need this very CPU, and it looks for the traffic itself.
+        let rings: Vec<Arc<Ring>> = rx.rings.iter().map(|(_, r)| r.clone()).collect();
+        drop(rx);
+        if delivered && !woke && busy_wait(&rings, &inbound.quit) {
+            nap = Some(Duration::ZERO);
+            continue;
+        }
+        // Then ask for doorbells, and sleep unless something came meanwhile.
+        let waiting = rings.iter().fold(false, |w, r| r.arm() | w);
         nap = if waiting { Some(Duration::ZERO) } else { None };
     }
+}
+
+/// Watches `rings` for up to [`READER_SPIN`]; whether a record arrived.
+fn busy_wait(rings: &[Arc<Ring>], quit: &AtomicBool) -> bool {
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < READER_SPIN {
+        for _ in 0..64 {
+            if rings.iter().any(|r| r.pending()) {
+                return true;
+            }
+            std::hint::spin_loop();
+        }
+        if quit.load(Ordering::Relaxed) {
+            return false;
+        }
+    }
+    false
 }
 
 /// Takes in what has arrived (the socket's datagrams too if `socket`, then the rings), hands
@@ -1146,11 +1178,14 @@ impl Peer {
         }
     }
 
-    /// If the peer has shown it may read our memory (see `wire::pullable`): the size beyond
-    /// which a message is better read from here than streamed through the ring.
-    fn pull_beyond(&self) -> Option<usize> {
+    /// Whether a message of `len` bytes is better read by the peer from here than streamed
+    /// through the ring, if the peer has shown it may read our memory (see `wire::pullable`):
+    /// one the ring cannot hold whole, or a reply (`replying`) for which it has no room now.
+    fn better_pulled(&self, len: usize, replying: bool) -> bool {
         let tx = self.tx.lock();
-        tx.ring.as_ref().filter(|r| r.reader_may_pull()).map(|r| r.max_held_message())
+        let Some(ring) = tx.ring.as_ref().filter(|r| r.reader_may_pull()) else { return false };
+        // Records carry headers and may leave a filler at the wrap: ask for twice the bytes.
+        len > ring.max_held_message() || (replying && ring.room() < 2 * len)
     }
 
     /// Stops its flusher: the peer (or this node) is gone.

@@ -155,6 +155,8 @@ pub(crate) struct FabricInner {
     pub(crate) cm: crate::cm::Manager,
     /// Told of every change of a port's state (see [`Fabric::on_port_change`]).
     pub(crate) port_watch: OnceLock<Watcher>,
+    /// Completion events put on channels so far: what wakes application threads that sleep.
+    pub(crate) cq_events: std::sync::atomic::AtomicU64,
     this: Weak<FabricInner>,
 }
 
@@ -419,6 +421,7 @@ impl Fabric {
             node: OnceLock::new(),
             cm: crate::cm::Manager::new(addrs),
             port_watch: OnceLock::new(),
+            cq_events: Default::default(),
             this: this.clone(),
         }));
         if !cfg.faults.is_empty() {

@@ -216,6 +216,15 @@ impl Ring {
         self.cap / 2 + self.cap / 8
     }
 
+    /// Writer: the bytes free for records now (the reader may free more meanwhile).
+    pub(crate) fn room(&self) -> usize {
+        let used = self
+            .write_to
+            .load(Ordering::Relaxed)
+            .wrapping_sub(self.word(HEAD_AT).load(Ordering::Acquire));
+        self.cap.saturating_sub(usize::try_from(used).unwrap_or(usize::MAX))
+    }
+
     fn word(&self, at: usize) -> &AtomicU64 {
         // SAFETY: `at` is one of the 8-aligned header offsets, inside the page-aligned
         // mapping, which outlives `&self`; shared fields are only ever accessed atomically.

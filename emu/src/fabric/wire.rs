@@ -186,9 +186,12 @@ const MAX_PULL_RANGES: u32 = 1024;
 
 /// Whether the receiver may read `pkt`'s payload straight from this process's memory, if it
 /// is allowed to and the sending QP is reliable: a SEND or WRITE gathered from registered
-/// memory, which the application leaves alone until the ACK completes it.
+/// memory, which the application leaves alone until the ACK completes it; or a READ
+/// response, read from the target memory before the READ completes at the requester, which
+/// is all a READ promises (the target's application learns of the READ only afterwards, and
+/// if the memory is gone by then the pull fails and the requester asks again).
 pub(crate) fn pullable(pkt: &Packet) -> bool {
-    matches!(pkt.kind, Kind::Send | Kind::Write)
+    matches!(pkt.kind, Kind::Send | Kind::Write | Kind::ReadResponse)
         && matches!(pkt.payload, Payload::One(_) | Payload::Gather(_))
         && pkt.payload.ranges().len() <= MAX_PULL_RANGES as usize
 }

@@ -191,6 +191,7 @@ impl CqInner {
         st.announced = st.pushed;
         drop(st);
         if let Some(ch) = &self.channel {
+            self.ctx.fabric.cq_events.fetch_add(1, Ordering::Relaxed);
             ch.queue.push(self.clone());
         }
     }
