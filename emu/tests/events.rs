@@ -91,6 +91,30 @@ fn solicited_only_arm_ignores_unsolicited_receives() {
     assert!(!readable(&a.ch, 0));
 }
 
+/// IBA C11-31/32: an arming for the next completion stands until its event; a solicited-only
+/// arming meanwhile does not narrow it (rxe keeps it too). The other way round widens it.
+#[test]
+fn a_solicited_only_arming_does_not_narrow_one_for_any_completion() {
+    for profile in [Profile::Full, Profile::Rxe] {
+        let (_f, a, b) =
+            ev_pair_on(FabricConfig { profile, ..Default::default() }, CqOptions::default());
+        for i in 0..2 {
+            post_recv(&b.qp, i, &[sge(&b.mr, 0, 64)]);
+        }
+        b.cq.req_notify(false).unwrap();
+        b.cq.req_notify(true).unwrap();
+        a.qp.post_send(&SendWr::send(1, &[sge(&a.mr, 0, 8)])).unwrap();
+        assert!(readable(&b.ch, 1000), "{profile:?}: still armed for any completion");
+        b.ch.get_cq_event().unwrap().ack_events(1);
+        assert_eq!(wait1(&b.cq).wr_id, 0);
+        b.cq.req_notify(true).unwrap();
+        b.cq.req_notify(false).unwrap();
+        a.qp.post_send(&SendWr::send(2, &[sge(&a.mr, 0, 8)])).unwrap();
+        assert!(readable(&b.ch, 1000), "{profile:?}: widened to any completion");
+        b.ch.get_cq_event().unwrap().ack_events(1);
+    }
+}
+
 #[test]
 fn nonblocking_channel_gives_eagain_and_blocking_get_waits() {
     let (_f, a, b) = ev_pair();

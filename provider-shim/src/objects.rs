@@ -236,7 +236,8 @@ pub(crate) unsafe fn free<S: 'static>(p: *const S) {
 
 /// The body of every `ibv_destroy_*` / `ibv_dealloc_*` / `ibv_dereg_mr`: recover the object
 /// (`EINVAL` for NULL, destroyed or foreign pointers), destroy it in the emulator, and free it
-/// once that succeeded; the emulator's errno otherwise (e.g. `EBUSY`).
+/// once that succeeded; the emulator's errno otherwise (e.g. `EBUSY`), also left in `errno` as
+/// the failed kernel command leaves it under libibverbs.
 ///
 /// # Safety
 /// As [`obj`]: C does not use `p` again after a successful destroy.
@@ -245,14 +246,20 @@ pub(crate) unsafe fn destroy<C, S: 'static>(
     f: impl FnOnce(&S) -> rdma_emu::Result<()>,
 ) -> core::ffi::c_int {
     // SAFETY: forwarded contract.
-    let Some(s) = (unsafe { obj::<C, S>(p) }) else { return libc::EINVAL };
+    let Some(s) = (unsafe { obj::<C, S>(p) }) else {
+        crate::boundary::set_errno(libc::EINVAL);
+        return libc::EINVAL;
+    };
     match f(s) {
         Ok(()) => {
             // SAFETY: destroyed in the emulator; C does not use the pointer again.
             unsafe { free(s as *const S) };
             0
         }
-        Err(e) => e.errno().raw(),
+        Err(e) => {
+            crate::boundary::set_errno(e.errno().raw());
+            e.errno().raw()
+        }
     }
 }
 

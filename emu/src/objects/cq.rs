@@ -317,7 +317,12 @@ impl Cq {
             st.held = 0;
             st.generation += 1;
         }
-        st.notify = if solicited_only { Notify::Solicited } else { Notify::Next };
+        // An arming for any completion stands until its event: asking for solicited ones only
+        // meanwhile does not narrow it (IBA C11-31, C11-32; rxe keeps it too).
+        st.notify = match (st.notify, solicited_only) {
+            (Notify::Next, _) | (_, false) => Notify::Next,
+            _ => Notify::Solicited,
+        };
         if self.0.ctx.device.profile.arm_announces_waiting() && st.holds_unannounced(st.notify) {
             self.0.fire(st);
             return Ok(());

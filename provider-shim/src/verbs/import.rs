@@ -132,17 +132,37 @@ fn unimport<C, S: 'static>(p: *mut C) {
     }
 }
 
+/// Whether the verbs of sharing (the import family) are refused on `emu`'s device: rxe's
+/// provider has no `import_context` nor `import_*` operations, so libibverbs answers
+/// `EOPNOTSUPP` there.
+fn unshared(emu: &rdma_emu::Context) -> bool {
+    emu.device().profile() == rdma_emu::Profile::Rxe
+}
+
+/// Whether `fd` is a character device (libibverbs' first test of a command fd).
+fn char_device(fd: c_int) -> bool {
+    // SAFETY: fstat writes into a zeroed stat of ours; a bad fd makes it fail.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::fstat(fd, &mut st) == 0 && st.st_mode & libc::S_IFMT == libc::S_IFCHR }
+}
+
 /// `ibv_import_device(cmd_fd)`: a context over the objects of the context whose (dup'd)
-/// command fd this is; it owns `cmd_fd` and closes it with the context. `EINVAL` for an fd
-/// that is not a context's.
+/// command fd this is; it owns `cmd_fd` and closes it with the context. As libibverbs:
+/// `EINVAL` for an fd that is no character device, `ENODEV` for one of no device;
+/// `EOPNOTSUPP` in the rxe profile (the fd stays the caller's then).
 pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_import_device(
     cmd_fd: c_int,
 ) -> *mut ibv_context {
     ffi!(ptr::null_mut(), {
         let Some(uf) = Ufile::of_fd(cmd_fd) else {
-            set_errno(libc::EINVAL);
+            set_errno(if char_device(cmd_fd) { libc::ENODEV } else { libc::EINVAL });
             return ptr::null_mut();
         };
+        if unshared(&uf.emu) {
+            set_errno(libc::EOPNOTSUPP);
+            return ptr::null_mut();
+        }
         // SAFETY: the caller hands over `cmd_fd` (a dup made for this call, as the man page
         // requires); the context closes it.
         let fd = unsafe { OwnedFd::from_raw_fd(cmd_fd) };
@@ -151,14 +171,19 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_import_device(
 }
 
 /// `ibv_import_pd(context, pd_handle)`: `EINVAL` for a handle of no live PD of the
-/// context's ufile.
+/// context's ufile; `EOPNOTSUPP` in the rxe profile.
 pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_import_pd(
     c: *mut ibv_context,
     handle: u32,
 ) -> *mut ibv_pd {
     ffi!(ptr::null_mut(), {
         // SAFETY: NULL or a live context.
-        let found = unsafe { ctx(c) }.and_then(|s| s.ufile.get(handle));
+        let s = unsafe { ctx(c) };
+        if s.is_some_and(|s| unshared(&s.ufile.emu)) {
+            set_errno(libc::EOPNOTSUPP);
+            return ptr::null_mut();
+        }
+        let found = s.and_then(|s| s.ufile.get(handle));
         let Some(Shared::Pd(emu)) = found else {
             set_errno(libc::EINVAL);
             return ptr::null_mut();
@@ -173,7 +198,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_unimport_pd(pd: *mut ibv_pd) 
 }
 
 /// `ibv_import_mr(pd, mr_handle)`: the MR as its owner registered it (address, length, keys),
-/// in `pd`; `EINVAL` for a handle of no live MR.
+/// in `pd`; `EINVAL` for a handle of no live MR; `EOPNOTSUPP` in the rxe profile.
 pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_import_mr(
     pd: *mut ibv_pd,
     handle: u32,
@@ -183,6 +208,10 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_import_mr(
         let p = unsafe { obj::<_, ShimPd>(pd) };
         // SAFETY: a live PD's context is live.
         let c = p.and_then(|p| unsafe { ctx(p.pd.context) });
+        if c.is_some_and(|s| unshared(&s.ufile.emu)) {
+            set_errno(libc::EOPNOTSUPP);
+            return ptr::null_mut();
+        }
         let found = c.and_then(|s| s.ufile.get(handle));
         let (Some(p), Some(Shared::Mr(r))) = (p, found) else {
             set_errno(libc::EINVAL);
@@ -206,14 +235,20 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_unimport_mr(mr: *mut ibv_mr) 
     ffi!((), { unimport::<_, ShimMr>(mr) })
 }
 
-/// `ibv_import_dm(context, dm_handle)`: `EINVAL` for a handle of no live device memory.
+/// `ibv_import_dm(context, dm_handle)`: `EINVAL` for a handle of no live device memory;
+/// `EOPNOTSUPP` in the rxe profile.
 pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_import_dm(
     c: *mut ibv_context,
     handle: u32,
 ) -> *mut ibv_dm {
     ffi!(ptr::null_mut(), {
         // SAFETY: NULL or a live context.
-        let found = unsafe { ctx(c) }.and_then(|s| s.ufile.get(handle));
+        let s = unsafe { ctx(c) };
+        if s.is_some_and(|s| unshared(&s.ufile.emu)) {
+            set_errno(libc::EOPNOTSUPP);
+            return ptr::null_mut();
+        }
+        let found = s.and_then(|s| s.ufile.get(handle));
         let Some(Shared::Dm(emu)) = found else {
             set_errno(libc::EINVAL);
             return ptr::null_mut();
