@@ -321,6 +321,28 @@ fn connections_cross_between_processes_and_end_when_one_dies() {
     assert_eq!(next(&ch, E::Rejected).status, REJ_INVALID_SERVICE_ID);
 }
 
+/// A UD request is answered by a SIDR REP whose status the requester hears with
+/// `Unreachable`, not `Rejected` (measured on rxe): 1 (unsupported) when nobody listens, 2
+/// (reject) when the listener's application says no.
+#[test]
+fn refused_datagram_requests_come_back_as_unreachable_with_the_sidr_status() {
+    let f = fabric(Profile::Rxe);
+    let (sch, cch) = (CmChannel::new(&f).unwrap(), CmChannel::new(&f).unwrap());
+    let nobody = resolved(&cch, PortSpace::Udp, None, "127.0.0.1:7485");
+    nobody.connect(&ConnParam::default()).unwrap();
+    assert_eq!(next(&cch, E::Unreachable).status, cm::SIDR_UNSUPPORTED);
+
+    let server = CmId::create(&sch, PortSpace::Udp).unwrap();
+    server.bind_addr(addr("127.0.0.1:7486")).unwrap();
+    server.listen(1).unwrap();
+    let client = resolved(&cch, PortSpace::Udp, None, "127.0.0.1:7486");
+    client.connect(&ConnParam::default()).unwrap();
+    next(&sch, E::ConnectRequest).id.reject(b"no").unwrap();
+    let refused = next(&cch, E::Unreachable);
+    assert_eq!(refused.status, cm::SIDR_REJECT);
+    assert_eq!(&refused.param.private_data[..2], b"no");
+}
+
 #[test]
 fn datagram_ids_learn_each_others_qpn_and_address() {
     let f = fabric(Profile::Full);

@@ -221,20 +221,33 @@ fn udaddy_resolves_datagram_peers_and_moves_data() {
     }
 }
 
+/// perftest's UD test over the CM. Its client makes its UD "connection" right after the two
+/// sides' handshake, while the server may still be creating the listener for it: when the
+/// client wins that race its request finds nobody (`UNREACHABLE`, as on rxe), and perftest
+/// 4.5-0.17 (Debian 12) retries with the ids it just destroyed and gives up. That race is the
+/// program's, on rxe as here; a run that lost it is run again (three times at most).
 #[test]
 fn perftest_ud_connects_through_rdma_cm() {
     for (profile, port) in [("full", 7740u16), ("rxe", 7741)] {
         let p = port.to_string();
         let args = ["-R", "-c", "UD", "-n", "200", "-p", &p];
         let client = [&args[..], &["127.0.0.1"]].concat();
-        let fabric = Fabric::new("rdmacm");
-        let s = program(&fabric, profile, "ib_send_lat", &args).spawn().unwrap();
-        wait_listening_in(&fabric, "*", port);
-        let c = program(&fabric, profile, "ib_send_lat", &client).spawn().unwrap();
-        let (c_ok, c_out) = finish(c, Duration::from_secs(60));
-        let (s_ok, s_out) = finish(s, Duration::from_secs(20));
-        assert!(c_ok && s_ok, "{profile}\n--- client:\n{c_out}\n--- server:\n{s_out}");
-        assert!(c_out.contains("Connection type : UD") && c_out.contains("t_typical"), "{c_out}");
+        for attempt in 1.. {
+            let fabric = Fabric::new("rdmacm");
+            let s = program(&fabric, profile, "ib_send_lat", &args).spawn().unwrap();
+            wait_listening_in(&fabric, "*", port);
+            let c = program(&fabric, profile, "ib_send_lat", &client).spawn().unwrap();
+            let (c_ok, c_out) = finish(c, Duration::from_secs(60));
+            let (s_ok, s_out) = finish(s, Duration::from_secs(20));
+            let lost_race = c_out.contains("Event: RDMA_CM_EVENT_UNREACHABLE; error: 1.");
+            if !c_ok && lost_race && attempt < 3 {
+                continue;
+            }
+            assert!(c_ok && s_ok, "{profile}\n--- client:\n{c_out}\n--- server:\n{s_out}");
+            let ran = c_out.contains("Connection type : UD") && c_out.contains("t_typical");
+            assert!(ran, "{c_out}");
+            break;
+        }
     }
 }
 

@@ -157,6 +157,13 @@ impl ConnParam {
 
 /// The Q_Key of QPs the CM connects in `RDMA_PS_UDP` (`RDMA_UDP_QKEY`).
 pub const UDP_QKEY: u32 = 0x0123_4567;
+/// SIDR REP status "unsupported": no listener for the service (the requester hears
+/// `Unreachable` with this status).
+pub const SIDR_UNSUPPORTED: i32 = 1;
+/// SIDR REP status "reject": the listener's application said no (`rdma_reject` of a UD
+/// request).
+pub const SIDR_REJECT: i32 = 2;
+
 /// Private data a SIDR REQ carries (a UD "connection" request).
 pub const SIDR_REQ_PRIVATE_DATA: usize = 180;
 /// Private data a SIDR REP carries.
@@ -1227,7 +1234,10 @@ impl CmId {
         self.raise(CmEventType::Established, 0, ConnParam::default(), None);
     }
 
-    /// Active side: the request was refused (`reason`: the IB CM reject reason).
+    /// Active side: the request was refused (`reason`: the IB CM reject reason). A UD
+    /// request (SIDR) is answered by a SIDR REP with a status instead, which the kernel's CM
+    /// reports as `Unreachable`: [`SIDR_UNSUPPORTED`] when nobody listens, [`SIDR_REJECT`]
+    /// when the listener's application refused (as measured on rxe).
     fn rejected(&self, reason: i32, private_data: &[u8]) {
         let mut st = self.0.st.lock();
         if st.state != State::Connecting {
@@ -1235,6 +1245,15 @@ impl CmId {
         }
         st.state = State::RouteResolved;
         drop(st);
+        if self.datagram() {
+            let status =
+                if reason == REJ_INVALID_SERVICE_ID { SIDR_UNSUPPORTED } else { SIDR_REJECT };
+            let param = ConnParam {
+                private_data: padded(private_data, SIDR_REP_PRIVATE_DATA),
+                ..Default::default()
+            };
+            return self.raise(CmEventType::Unreachable, status, param, None);
+        }
         let param = ConnParam {
             private_data: padded(private_data, REJ_PRIVATE_DATA),
             ..Default::default()
