@@ -124,10 +124,12 @@ impl Mr {
         dm: Option<Arc<DmInner>>,
     ) -> Result<Mr> {
         check_access(access)?;
-        if region.len() == 0 {
+        // Pinning no pages fails in the kernel; a device memory MR of length 0 only has its
+        // bounds checked (small allocations with fractional sizes produce them).
+        if region.len() == 0 && dm.is_none() {
             return Err(einval("zero-length memory region"));
         }
-        if iova.checked_add(region.len() as u64 - 1).is_none() {
+        if iova.checked_add((region.len() as u64).saturating_sub(1)).is_none() {
             return Err(einval("iova range overflows"));
         }
         let dev = pd.0.ctx.device.clone();

@@ -52,6 +52,16 @@ int main(void)
 	CHECK(ibv_reg_dm_mr(b.pd, dm, 0, 64, ALL_ACCESS) == NULL && errno == EINVAL);
 	errno = 0;
 	CHECK(ibv_reg_dm_mr(b.pd, dm, 4000, 128, DM_ACCESS) == NULL && errno == EINVAL);
+	/* Length 0 only has its bounds checked, as the kernel and mlx5 (unlike ibv_reg_mr). */
+	{
+		struct ibv_mr *empty = ibv_reg_dm_mr(b.pd, dm, 4096, 0, DM_ACCESS);
+
+		CHECK(empty && empty->length == 0 && ibv_dereg_mr(empty) == 0);
+		errno = 0;
+		CHECK(ibv_reg_dm_mr(b.pd, dm, 4097, 0, DM_ACCESS) == NULL && errno == EINVAL);
+		errno = 0;
+		CHECK(ibv_reg_mr(b.pd, a.buf, 0, IBV_ACCESS_LOCAL_WRITE) == NULL && errno == EINVAL);
+	}
 	struct ibv_mr *mr;
 	CHECK(mr = ibv_reg_dm_mr(b.pd, dm, 1024, 1024, DM_ACCESS));
 	CHECK(mr->addr == NULL && mr->length == 1024 && mr->pd == b.pd && mr->rkey != 0);
