@@ -276,6 +276,15 @@ impl Profile {
         }
     }
 
+    /// Whether moving a QP to RESET takes its completions out of its CQs, as mlx5 and mlx4
+    /// clean a CQ of a QP's CQEs then (rxe leaves them).
+    pub fn reset_cleans_cqs(self) -> bool {
+        match self {
+            Profile::Rxe => false,
+            Profile::Full => true,
+        }
+    }
+
     /// Ports a device of this profile has when `wanted` are asked for (rxe has exactly one).
     pub fn port_count(self, wanted: u8) -> u8 {
         match self {

@@ -250,6 +250,34 @@ impl Drop for Host {
     }
 }
 
+/// Two processes binding free ports at once never get the same one: the port's file is
+/// created by one of them only (each process counts its free ports from 32768).
+#[test]
+fn processes_binding_free_ports_at_once_get_different_ones() {
+    let host = Host::new("ports");
+    let fabrics = [host.fabric(), host.fabric()];
+    let ports: Vec<Vec<(u16, CmId)>> = std::thread::scope(|s| {
+        let each = fabrics.iter().map(|f| {
+            s.spawn(move || {
+                let ch = CmChannel::new(f).unwrap();
+                (0..40)
+                    .map(|_| {
+                        let id = CmId::create(&ch, PortSpace::Tcp).unwrap();
+                        id.bind_addr(addr("0.0.0.0:0")).unwrap();
+                        (id.local_addr().unwrap().port(), id)
+                    })
+                    .collect()
+            })
+        });
+        each.collect::<Vec<_>>().into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    let mut all: Vec<u16> = ports.iter().flatten().map(|(p, _)| *p).collect();
+    all.sort_unstable();
+    let n = all.len();
+    all.dedup();
+    assert_eq!(all.len(), n, "a port handed to both processes");
+}
+
 #[test]
 fn connections_cross_between_processes_and_end_when_one_dies() {
     let host = Host::new("cross");

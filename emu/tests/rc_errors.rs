@@ -208,6 +208,30 @@ fn modify_to_err_flushes_both_queues_and_later_posts_flush_at_once() {
     expect_flushed(&a.cq, &[8]);
 }
 
+/// A QP moved to RESET leaves no completions of its own behind in the full profile, as mlx5
+/// and mlx4 clean its CQs then (a program restating its QPs sees no stale flushes); rxe leaves
+/// them. The other QP's completions in the same CQ stay.
+#[test]
+fn reset_takes_the_qps_completions_out_of_its_cqs_on_the_full_profile_only() {
+    for profile in [Profile::Full, Profile::Rxe] {
+        let (_f, a, _b) = pair(profile);
+        let shared = a.pd.create_qp(&QpInitAttr::new(QpType::UD, &a.cq, cap(4))).unwrap();
+        let init = QpAttr { qp_state: QpState::INIT, port_num: 1, qkey: 7, ..Default::default() };
+        let mask = QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY;
+        shared.modify(&init, mask).unwrap();
+        post_recv(&a.qp, 100, &[sge(&a.mr, 0, 8)]);
+        post_recv(&a.qp, 101, &[sge(&a.mr, 0, 8)]);
+        post_recv(&shared, 200, &[sge(&a.mr, 0, 8)]);
+        let to = |s| QpAttr { qp_state: s, ..Default::default() };
+        a.qp.modify(&to(QpState::ERR), QpAttrMask::STATE).unwrap();
+        shared.modify(&to(QpState::ERR), QpAttrMask::STATE).unwrap();
+        a.qp.modify(&to(QpState::RESET), QpAttrMask::STATE).unwrap();
+        let left: Vec<u64> = std::iter::from_fn(|| a.cq.poll_one()).map(|wc| wc.wr_id).collect();
+        let want: &[u64] = if profile == Profile::Full { &[200] } else { &[100, 101, 200] };
+        assert_eq!(left, want, "{profile:?}");
+    }
+}
+
 #[test]
 fn posting_in_states_that_forbid_it_gives_einval() {
     let fabric = Fabric::new(FabricConfig::default());

@@ -613,23 +613,23 @@ impl CmId {
                     })
                 })
         };
+        // Taken in every process of the host fabric by creating its file: of two processes
+        // after the same free port, one gets it and the other looks further.
+        let claim = |p: u16| node.is_none_or(|n| n.claim(&port_name(self.0.ps, p)));
         let port = if port == 0 {
             let free = (0..(65536 - EPHEMERAL)).find_map(|_| {
                 let p = cm.next_port.fetch_add(1, Ordering::Relaxed);
                 let p = (EPHEMERAL + p % (65536 - EPHEMERAL)) as u16;
-                (!taken(p, &bound)).then_some(p)
+                (!taken(p, &bound) && claim(p)).then_some(p)
             });
             free.ok_or_else(|| Error::new(Errno::EADDRNOTAVAIL, "no free port"))?
         } else if taken(port, &bound) {
             return Err(Error::new(Errno::EADDRINUSE, "the address is in use"));
+        } else if !claim(port) {
+            return Err(Error::new(Errno::EADDRINUSE, "another process holds the port"));
         } else {
             port
         };
-        if let Some(node) = node
-            && !node.claim(&port_name(self.0.ps, port))
-        {
-            return Err(Error::new(Errno::EADDRINUSE, "another process holds the port"));
-        }
         let v = bound.entry((self.0.ps, port)).or_default();
         v.retain(|w| w.strong_count() > 0);
         v.push(Arc::downgrade(&self.0));

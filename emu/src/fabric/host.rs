@@ -368,10 +368,16 @@ impl Node {
     /// Takes the name `name` in the fabric's directory for this node (a port of the
     /// connection manager): `false` if a live node holds it.
     pub(crate) fn claim(&self, name: &str) -> bool {
-        if self.holder(name).is_some() {
-            return false;
+        let me = self.slot.to_string();
+        match self.dir.create_file(name, me.as_bytes()) {
+            Ok(true) => true,
+            // Two processes binding the same free port at once: the file's creation decides.
+            // One that is there already is kept if a live node holds it, else taken over.
+            Ok(false) => {
+                self.holder(name).is_none() && self.dir.write_file(name, me.as_bytes()).is_ok()
+            }
+            Err(_) => false,
         }
-        self.dir.write_file(name, self.slot.to_string().as_bytes()).is_ok()
     }
 
     /// The live node, other than this one, that holds `name`.

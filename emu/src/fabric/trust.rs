@@ -151,6 +151,24 @@ impl FabricDir {
         })
     }
 
+    /// Makes `bytes` the file `name` (mode 0600) only if there is no such file yet: written
+    /// aside, then linked in place, which fails if the name exists (one of several processes
+    /// creating it at once wins); whether it was created.
+    pub(crate) fn create_file(&self, name: &str, bytes: &[u8]) -> io::Result<bool> {
+        use std::io::Write;
+        let aside = format!(".{name}.{}.{:?}", std::process::id(), std::thread::current().id());
+        let mut f = self.open_file(&aside, true)?;
+        f.set_len(0)?;
+        f.write_all(bytes)?;
+        let linked = std::fs::hard_link(self.entry(&aside), self.entry(name));
+        let _ = self.remove(&aside);
+        match linked {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// The contents of the file `name` (at most a page).
     pub(crate) fn read_file(&self, name: &str) -> io::Result<Vec<u8>> {
         use std::io::Read;

@@ -196,6 +196,14 @@ impl CqInner {
         }
     }
 
+    /// Takes the completions of QP `qpn` out of the CQ (a QP moved to RESET on a device that
+    /// cleans its CQs then).
+    pub(crate) fn remove_qp(&self, qpn: u32) {
+        let mut st = self.st.lock();
+        st.ring.retain(|wc| wc.qp_num != qpn);
+        self.queued.store(st.ring.len(), Ordering::Release);
+    }
+
     /// The moderation period of the arming `generation` ran out: its event fires now, with
     /// the completions held so far.
     pub(crate) fn moderation_due(self: &Arc<CqInner>, generation: u64) {

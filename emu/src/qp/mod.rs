@@ -968,6 +968,10 @@ fn transition(
             g.resp = Responder::default();
             g.attr = QpAttr { cap: qp.cap, port_num: g.attr.port_num, ..Default::default() };
             qp.inbox.lock().clear();
+            if qp.ctx.device.profile.reset_cleans_cqs() {
+                qp.send_cq.remove_qp(qp.qpn);
+                qp.recv_cq.remove_qp(qp.qpn);
+            }
         }
         QpState::ERR => engine::enter_error(qp, g),
         QpState::SQD => {
