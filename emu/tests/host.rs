@@ -41,11 +41,26 @@ impl Drop for HostDir {
 /// Two fabrics on one host fabric, each with a node on its `emu0` (as two processes that both
 /// open the first device), connected.
 fn host_pair(dir: &HostDir, profile: Profile, p: &RcParams) -> (Fabric, Node, Fabric, Node) {
+    host_pair_sized(dir, profile, p, 1 << 20)
+}
+
+/// `host_pair` with MRs of `mr_len` bytes.
+fn host_pair_sized(
+    dir: &HostDir,
+    profile: Profile,
+    p: &RcParams,
+    mr_len: usize,
+) -> (Fabric, Node, Fabric, Node) {
     let (fa, fb) = (dir.fabric(profile), dir.fabric(profile));
-    let a = node_on(&fa.devices()[0], 1 << 20);
-    let b = node_on(&fb.devices()[0], 1 << 20);
+    let a = node_on(&fa.devices()[0], mr_len);
+    let b = node_on(&fb.devices()[0], mr_len);
     connect(&a.qp, &b.qp, p, p);
     (fa, a, fb, b)
+}
+
+/// Two full-profile nodes with 8 MiB MRs, connected.
+fn big_pair(dir: &HostDir) -> (Fabric, Node, Fabric, Node) {
+    host_pair_sized(dir, Profile::Full, &RcParams::default(), 8 << 20)
 }
 
 #[test]
@@ -125,13 +140,7 @@ const SIZES: [usize; 9] = [1, 2047, 2048, 100_000, 262_100, 262_200, 700_000, 1_
 #[test]
 fn messages_of_every_size_cross_intact() {
     let dir = HostDir::new();
-    let (_fa, a, _fb, b) = {
-        let (fa, fb) = (dir.fabric(Profile::Full), dir.fabric(Profile::Full));
-        let a = node_on(&fa.devices()[0], 8 << 20);
-        let b = node_on(&fb.devices()[0], 8 << 20);
-        connect(&a.qp, &b.qp, &RcParams::default(), &RcParams::default());
-        (fa, a, fb, b)
-    };
+    let (_fa, a, _fb, b) = big_pair(&dir);
     for (i, &len) in SIZES.iter().enumerate() {
         // A WRITE from two SGEs.
         let data = pattern(i, len);
@@ -175,10 +184,7 @@ fn more_reads_in_flight_than_the_ring_holds_all_come_back_intact() {
     // sends without waiting, outgrow the 2 MiB ring, and the rest are read by the requester
     // straight from the target's memory. Every byte comes back, from the right place.
     let dir = HostDir::new();
-    let (fa, fb) = (dir.fabric(Profile::Full), dir.fabric(Profile::Full));
-    let a = node_on(&fa.devices()[0], 8 << 20);
-    let b = node_on(&fb.devices()[0], 8 << 20);
-    connect(&a.qp, &b.qp, &RcParams::default(), &RcParams::default());
+    let (fa, a, _fb, b) = big_pair(&dir);
     const LEN: usize = 300_000;
     const N: usize = 16;
     for k in 0..N {
@@ -205,10 +211,7 @@ fn many_large_writes_in_flight_keep_their_order_and_bytes() {
     // More in flight than the ring holds: senders wait for room or leave the rest to the
     // flusher; every message still lands, in order (the last one wins each slot).
     let dir = HostDir::new();
-    let (fa, fb) = (dir.fabric(Profile::Full), dir.fabric(Profile::Full));
-    let a = node_on(&fa.devices()[0], 8 << 20);
-    let b = node_on(&fb.devices()[0], 8 << 20);
-    connect(&a.qp, &b.qp, &RcParams::default(), &RcParams::default());
+    let (_fa, a, _fb, b) = big_pair(&dir);
     let len = 600_000;
     for round in 0..3 {
         for k in 0..12 {

@@ -379,6 +379,11 @@ impl Manager {
 }
 
 /// This fabric's node slot on the host fabric (0: none).
+/// Device `dev` of `fabric` (an id's port names it); `EINVAL` if there is none.
+fn device_at(fabric: &FabricInner, dev: u32) -> Result<&Arc<DeviceInner>> {
+    fabric.devices.get(dev as usize).ok_or_else(|| einval("no such device"))
+}
+
 fn my_slot(fabric: &FabricInner) -> u8 {
     fabric.node.get().map_or(0, |n| n.slot)
 }
@@ -882,9 +887,7 @@ impl CmId {
         if state == QpState::RTS {
             return Ok(q.rts(ty));
         }
-        let fabric = self.fabric();
-        let device = fabric.devices.get(dev as usize).ok_or_else(|| einval("no such device"))?;
-        q.rtr(fabric, device, ty)
+        q.rtr(self.fabric(), device_at(self.fabric(), dev)?, ty)
     }
 
     /// `rdma_connect`: sends the connection request to the listener of the resolved address.
@@ -901,8 +904,8 @@ impl CmId {
         }
         let qpn = st.qp.as_ref().map_or(p.qp_num, Qp::qp_num);
         let (dev, port) = st.port.expect("resolved");
-        let device = self.fabric().devices.get(dev as usize).ok_or_else(|| einval("no device"))?;
-        let (responder_resources, initiator_depth) = p.rd_atomic(device, None)?;
+        let (responder_resources, initiator_depth) =
+            p.rd_atomic(device_at(self.fabric(), dev)?, None)?;
         let p = &ConnParam { responder_resources, initiator_depth, ..p.clone() };
         let (dst, src) = (st.peer.expect("resolved"), st.local.expect("resolved"));
         st.state = State::Connecting;
@@ -949,9 +952,9 @@ impl CmId {
         }
         let remote = st.remote.expect("a request has a remote");
         let (dev, _) = st.port.expect("a request has a port");
-        let device = self.fabric().devices.get(dev as usize).ok_or_else(|| einval("no device"))?;
         let asked = (remote.initiator_depth, remote.responder_resources);
-        let (responder_resources, initiator_depth) = p.rd_atomic(device, Some(asked))?;
+        let (responder_resources, initiator_depth) =
+            p.rd_atomic(device_at(self.fabric(), dev)?, Some(asked))?;
         let p = &ConnParam { responder_resources, initiator_depth, ..p.clone() };
         st.mine = p.clone();
         if let Some(qp) = st.qp.as_ref().filter(|_| !self.datagram()) {

@@ -141,11 +141,7 @@ impl FabricDir {
     /// Makes `bytes` the whole of the file `name` (mode 0600) at once: written aside, then
     /// renamed over it, so a reader sees the old contents or the new, never a part.
     pub(crate) fn write_file(&self, name: &str, bytes: &[u8]) -> io::Result<()> {
-        use std::io::Write;
-        let aside = format!(".{name}.{}.{:?}", std::process::id(), std::thread::current().id());
-        let mut f = self.open_file(&aside, true)?;
-        f.set_len(0)?;
-        f.write_all(bytes)?;
+        let aside = self.write_aside(name, bytes)?;
         std::fs::rename(self.entry(&aside), self.entry(name)).inspect_err(|_| {
             let _ = self.remove(&aside);
         })
@@ -155,11 +151,7 @@ impl FabricDir {
     /// aside, then linked in place, which fails if the name exists (one of several processes
     /// creating it at once wins); whether it was created.
     pub(crate) fn create_file(&self, name: &str, bytes: &[u8]) -> io::Result<bool> {
-        use std::io::Write;
-        let aside = format!(".{name}.{}.{:?}", std::process::id(), std::thread::current().id());
-        let mut f = self.open_file(&aside, true)?;
-        f.set_len(0)?;
-        f.write_all(bytes)?;
+        let aside = self.write_aside(name, bytes)?;
         let linked = std::fs::hard_link(self.entry(&aside), self.entry(name));
         let _ = self.remove(&aside);
         match linked {
@@ -167,6 +159,17 @@ impl FabricDir {
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
             Err(e) => Err(e),
         }
+    }
+
+    /// Writes `bytes` to a file of this thread's own beside `name`, to be moved in place;
+    /// its name.
+    fn write_aside(&self, name: &str, bytes: &[u8]) -> io::Result<String> {
+        use std::io::Write;
+        let aside = format!(".{name}.{}.{:?}", std::process::id(), std::thread::current().id());
+        let mut f = self.open_file(&aside, true)?;
+        f.set_len(0)?;
+        f.write_all(bytes)?;
+        Ok(aside)
     }
 
     /// The contents of the file `name` (at most a page).

@@ -132,11 +132,15 @@ fn unimport<C, S: 'static>(p: *mut C) {
     }
 }
 
-/// Whether the verbs of sharing (the import family) are refused on `emu`'s device: rxe's
-/// provider has no `import_context` nor `import_*` operations, so libibverbs answers
-/// `EOPNOTSUPP` there.
-fn unshared(emu: &rdma_emu::Context) -> bool {
-    emu.device().profile() == rdma_emu::Profile::Rxe
+/// Whether the verbs of sharing (the import family) are refused on the device of `uf` (then
+/// with `EOPNOTSUPP` in errno): rxe's provider has no `import_context` nor `import_*`
+/// operations, so libibverbs answers that there.
+fn unshared(uf: Option<&Ufile>) -> bool {
+    let refused = uf.is_some_and(|u| u.emu.device().profile() == rdma_emu::Profile::Rxe);
+    if refused {
+        set_errno(libc::EOPNOTSUPP);
+    }
+    refused
 }
 
 /// Whether `fd` is a character device (libibverbs' first test of a command fd).
@@ -159,8 +163,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_import_device(
             set_errno(if char_device(cmd_fd) { libc::ENODEV } else { libc::EINVAL });
             return ptr::null_mut();
         };
-        if unshared(&uf.emu) {
-            set_errno(libc::EOPNOTSUPP);
+        if unshared(Some(&uf)) {
             return ptr::null_mut();
         }
         // SAFETY: the caller hands over `cmd_fd` (a dup made for this call, as the man page
@@ -179,8 +182,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_import_pd(
     ffi!(ptr::null_mut(), {
         // SAFETY: NULL or a live context.
         let s = unsafe { ctx(c) };
-        if s.is_some_and(|s| unshared(&s.ufile.emu)) {
-            set_errno(libc::EOPNOTSUPP);
+        if unshared(s.map(|s| &*s.ufile)) {
             return ptr::null_mut();
         }
         let found = s.and_then(|s| s.ufile.get(handle));
@@ -208,8 +210,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_import_mr(
         let p = unsafe { obj::<_, ShimPd>(pd) };
         // SAFETY: a live PD's context is live.
         let c = p.and_then(|p| unsafe { ctx(p.pd.context) });
-        if c.is_some_and(|s| unshared(&s.ufile.emu)) {
-            set_errno(libc::EOPNOTSUPP);
+        if unshared(c.map(|s| &*s.ufile)) {
             return ptr::null_mut();
         }
         let found = c.and_then(|s| s.ufile.get(handle));
@@ -244,8 +245,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_import_dm(
     ffi!(ptr::null_mut(), {
         // SAFETY: NULL or a live context.
         let s = unsafe { ctx(c) };
-        if s.is_some_and(|s| unshared(&s.ufile.emu)) {
-            set_errno(libc::EOPNOTSUPP);
+        if unshared(s.map(|s| &*s.ufile)) {
             return ptr::null_mut();
         }
         let found = s.and_then(|s| s.ufile.get(handle));
