@@ -270,8 +270,27 @@ fn cmtime_times_a_hundred_connections() {
     }
 }
 
+/// rping under LD_PRELOAD. rping's server tears down racily: its CM thread may ask for the
+/// next event after the main thread destroyed the event channel, and then exits with an error
+/// ("rdma_get_cm_event: Invalid argument" here; a read of a closed fd on librdmacm). A run that
+/// lost that race after the pings all came back is run again (three times at most).
 #[test]
 fn both_libraries_work_as_ld_preload() {
+    for attempt in 1.. {
+        let (c_out, s_out, ok) = rping_preloaded();
+        let teardown_race = s_out.contains("rdma_get_cm_event: Invalid argument");
+        if !ok && teardown_race && attempt < 3 {
+            continue;
+        }
+        assert!(ok, "--- client:\n{c_out}\n--- server:\n{s_out}");
+        assert_eq!(c_out.matches("ping data: rdma-ping-").count(), 10, "{c_out}");
+        break;
+    }
+}
+
+/// rping's server and client (10 verified pings) preloaded on the two libraries: their
+/// output, and whether both succeeded.
+fn rping_preloaded() -> (String, String, bool) {
     let fabric = Fabric::new("rdmacm");
     let preload = format!("{} {}", common::cdylib().display(), common::rdmacm_lib().display());
     let rping = |args: &[&str]| {
@@ -287,8 +306,7 @@ fn both_libraries_work_as_ld_preload() {
     wait_listening(&fabric, 7760);
     let (c_ok, c_out) = finish(rping(&["-c", "-v"]), Duration::from_secs(60));
     let (s_ok, s_out) = finish(server, Duration::from_secs(20));
-    assert!(c_ok && s_ok, "--- client:\n{c_out}\n--- server:\n{s_out}");
-    assert_eq!(c_out.matches("ping data: rdma-ping-").count(), 10, "{c_out}");
+    (c_out, s_out, c_ok && s_ok)
 }
 
 /// rstream runs unmodified over rsockets between two processes, verifying its data (`-T v`),
