@@ -404,3 +404,46 @@ pub(crate) fn host_addresses() -> Vec<std::net::IpAddr> {
     unsafe { libc::freeifaddrs(list) };
     out
 }
+
+/// Faults in `addr..addr+len` as the kernel's pinning of a registration does (for writing when
+/// `write`) with one `madvise(MADV_POPULATE_*)`; false where part of the range is unmapped or
+/// lacks the access, where the kernel fails `ibv_reg_mr` with `EFAULT`. Before Linux 5.14 (no
+/// such advice) only the mapping is checked.
+pub(crate) fn fault_in(addr: u64, len: usize, write: bool) -> bool {
+    static POPULATE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    // SAFETY: sysconf takes no pointers.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
+    let start = addr & !(page - 1);
+    let Some(end) = addr.checked_add(len as u64) else { return false };
+    let span = (end - start) as usize;
+    let populate = *POPULATE.get_or_init(|| {
+        // SAFETY: a private anonymous page of our own, advised and unmapped here.
+        unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                page as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            if p == libc::MAP_FAILED {
+                return false;
+            }
+            let ok = libc::madvise(p, page as usize, libc::MADV_POPULATE_WRITE) == 0;
+            libc::munmap(p, page as usize);
+            ok
+        }
+    });
+    let rc = if populate {
+        let advice = if write { libc::MADV_POPULATE_WRITE } else { libc::MADV_POPULATE_READ };
+        // SAFETY: populating changes no contents; it fails (ENOMEM, EINVAL, EFAULT) where the
+        // range is unmapped or lacks the access, which is what we ask.
+        unsafe { libc::madvise(start as *mut libc::c_void, span, advice) }
+    } else {
+        let mut vec = vec![0u8; span.div_ceil(page as usize)];
+        // SAFETY: `vec` has one byte per page of the range, as mincore writes.
+        unsafe { libc::mincore(start as *mut libc::c_void, span, vec.as_mut_ptr()) }
+    };
+    rc == 0
+}

@@ -120,12 +120,14 @@ fn rereg_changes_access_and_pd_in_full_and_is_eopnotsupp_in_rxe() {
     let (_f, a, b) = pair(Profile::Full);
     let target = b.pd.reg_mr(64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ).unwrap();
     let src = [sge(&a.mr, 0, 8)];
-    target.rereg(Rereg::Access(ALL_ACCESS)).unwrap();
+    let rkey = target.rkey();
+    target.rereg(Rereg::access(ALL_ACCESS)).unwrap();
+    assert_eq!(target.rkey(), rkey, "the rkey saved at registration stays valid");
     assert_eq!(target.access(), ALL_ACCESS);
     a.qp.post_send(&SendWr::write(1, &src, target.addr(), target.rkey()).signaled()).unwrap();
     assert_eq!(wait1(&a.cq).status, WcStatus::SUCCESS, "the new access right is in force");
     let other = b.ctx.alloc_pd().unwrap();
-    target.rereg(Rereg::Pd(&other)).unwrap();
+    target.rereg(Rereg::pd(&other)).unwrap();
     assert!(target.pd().same(&other));
     a.qp.post_send(&SendWr::write(2, &src, target.addr(), target.rkey())).unwrap();
     assert_eq!(wait1(&a.cq).status, WcStatus::REM_ACCESS_ERR, "now in a PD the QP is not in");
@@ -133,7 +135,69 @@ fn rereg_changes_access_and_pd_in_full_and_is_eopnotsupp_in_rxe() {
     let f = Fabric::new(FabricConfig { devices: 1, profile: Profile::Rxe, ..Default::default() });
     let pd = f.devices()[0].open().unwrap().alloc_pd().unwrap();
     let mr = pd.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
-    assert_eq!(mr.rereg(Rereg::Access(ALL_ACCESS)).unwrap_err().errno(), Errno::EOPNOTSUPP);
+    assert_eq!(mr.rereg(Rereg::access(ALL_ACCESS)).unwrap_err().errno(), Errno::EOPNOTSUPP);
+}
+
+#[test]
+fn the_full_profile_rkey_is_the_lkey_whatever_the_access_and_rxe_gives_local_mrs_none() {
+    for (profile, rkey_of_local) in [(Profile::Full, true), (Profile::Rxe, false)] {
+        let f = Fabric::new(FabricConfig { devices: 1, profile, ..Default::default() });
+        let pd = f.devices()[0].open().unwrap().alloc_pd().unwrap();
+        let local = pd.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        let remote = pd.reg_mr(64, ALL_ACCESS).unwrap();
+        let expect = if rkey_of_local { local.lkey() } else { 0 };
+        assert_eq!(local.rkey(), expect, "{profile:?}");
+        assert_eq!(remote.rkey(), remote.lkey(), "{profile:?}");
+    }
+}
+
+#[test]
+fn rereg_moves_an_mr_to_new_memory_under_the_same_keys() {
+    let (_f, a, b) = pair(Profile::Full);
+    let mut first = vec![0u64; 8];
+    let mut second = vec![0u64; 16];
+    // SAFETY: both buffers outlive the MR, deregistered before they are dropped.
+    let raw = unsafe { RawMemory::new(first.as_mut_ptr().cast(), 64) };
+    let mr = b.pd.reg_mr_raw(raw, 0x1000, ALL_ACCESS).unwrap();
+    let (lkey, rkey) = (mr.lkey(), mr.rkey());
+    // SAFETY: as above.
+    let raw = unsafe { RawMemory::new(second.as_mut_ptr().cast(), 128) };
+    mr.rereg(Rereg { translation: Some((raw, 0x8000)), ..Rereg::default() }).unwrap();
+    assert_eq!((mr.lkey(), mr.rkey(), mr.addr(), mr.length()), (lkey, rkey, 0x8000, 128));
+    a.mr.write_u64(0, 0xfeed).unwrap();
+    a.qp.post_send(&SendWr::write(1, &[sge(&a.mr, 0, 8)], 0x8000 + 120, rkey).signaled()).unwrap();
+    assert_eq!(wait1(&a.cq).status, WcStatus::SUCCESS);
+    a.qp.post_send(&SendWr::write(2, &[sge(&a.mr, 0, 8)], 0x1000, rkey).signaled()).unwrap();
+    assert_eq!(wait1(&a.cq).status, WcStatus::REM_ACCESS_ERR, "the old iova is gone");
+    assert_eq!(mr.rereg(Rereg::default()).unwrap_err().errno(), Errno::EINVAL, "no change");
+    mr.dereg().unwrap();
+    assert_eq!((second[15], first.iter().sum::<u64>()), (0xfeed, 0));
+}
+
+#[test]
+fn registering_memory_that_cannot_be_pinned_is_efault() {
+    let f = Fabric::new(FabricConfig::default());
+    let pd = f.devices()[0].open().unwrap().alloc_pd().unwrap();
+    // SAFETY: the registrations below fail, so nothing ever touches these addresses.
+    let wild = unsafe { RawMemory::new(0x10 as *mut u8, 64) };
+    assert_eq!(pd.reg_mr_raw(wild, 0x10, ALL_ACCESS).unwrap_err().errno(), Errno::EFAULT);
+    let text = registering_memory_that_cannot_be_pinned_is_efault as *const u8 as *mut u8;
+    // SAFETY: code pages are mapped read-only for the whole run; a read-only MR only reads.
+    let code = unsafe { RawMemory::new(text, 64) };
+    assert_eq!(
+        pd.reg_mr_raw(code, text as u64, AccessFlags::LOCAL_WRITE).unwrap_err().errno(),
+        Errno::EFAULT,
+        "read-only memory with a writable right"
+    );
+    // SAFETY: as above.
+    let code = unsafe { RawMemory::new(text, 64) };
+    let mr = pd.reg_mr_raw(code, text as u64, AccessFlags::REMOTE_READ).unwrap();
+    assert_eq!(
+        mr.rereg(Rereg::access(AccessFlags::LOCAL_WRITE)).unwrap_err().errno(),
+        Errno::EFAULT,
+        "nor can rereg make it writable"
+    );
+    mr.dereg().unwrap();
 }
 
 #[test]

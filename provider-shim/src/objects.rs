@@ -50,6 +50,15 @@ pub(crate) struct ShimPd {
 pub(crate) struct ShimMr {
     pub(crate) mr: ibv_mr,
     pub(crate) emu: rdma_emu::Mr,
+    pub(crate) kind: MrKind,
+}
+
+/// libibverbs' `enum ibv_mr_type`: only registered memory can be re-registered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum MrKind {
+    Registered,
+    DeviceMemory,
+    Imported,
 }
 
 #[repr(C)]

@@ -190,6 +190,11 @@ fn raw_packet_qps_flows_wqs_rss_and_tso_through_the_c_abi() {
 }
 
 #[test]
+fn memory_registration_pins_and_rereg_answers_as_libibverbs_and_the_providers() {
+    c_program("mr", &["full", "rxe"]);
+}
+
+#[test]
 fn device_memory_through_the_c_abi() {
     c_program("dm", &["full", "rxe"]);
 }

@@ -74,15 +74,28 @@ impl Drop for MrShared {
     }
 }
 
-/// What `rereg` changes.
-#[derive(Debug)]
-pub enum Rereg<'a> {
-    /// `IBV_REREG_MR_CHANGE_ACCESS`.
-    Access(AccessFlags),
+/// What `rereg` changes: each field set is one `IBV_REREG_MR_CHANGE_*` flag. Changing nothing
+/// is refused (`EINVAL`), as the kernel refuses `flags == 0`.
+#[derive(Debug, Default)]
+pub struct Rereg<'a> {
     /// `IBV_REREG_MR_CHANGE_PD`.
-    Pd(&'a Pd),
-    /// Both.
-    PdAndAccess(&'a Pd, AccessFlags),
+    pub pd: Option<&'a Pd>,
+    /// `IBV_REREG_MR_CHANGE_ACCESS`.
+    pub access: Option<AccessFlags>,
+    /// `IBV_REREG_MR_CHANGE_TRANSLATION`: new memory and the iova of its first byte.
+    pub translation: Option<(RawMemory, u64)>,
+}
+
+impl<'a> Rereg<'a> {
+    /// Only the access flags.
+    pub fn access(access: AccessFlags) -> Rereg<'a> {
+        Rereg { access: Some(access), ..Rereg::default() }
+    }
+
+    /// Only the PD.
+    pub fn pd(pd: &'a Pd) -> Rereg<'a> {
+        Rereg { pd: Some(pd), ..Rereg::default() }
+    }
 }
 
 /// A registered memory region (`struct ibv_mr`). Deregistered by [`Mr::dereg`], or when the
@@ -109,10 +122,35 @@ fn check_access(access: AccessFlags) -> Result<()> {
     Ok(())
 }
 
-/// rxe hands out an rkey only to MRs with a remote access right; others report rkey 0.
-fn rkey_for(key: u32, access: AccessFlags) -> u32 {
+/// rxe hands out an rkey only to MRs with a remote access right (others report rkey 0); on
+/// mlx5, which the full profile follows, the rkey is the lkey whatever the access, so an rkey
+/// saved at registration stays valid when `rereg` grants remote access later.
+fn rkey_for(profile: crate::Profile, key: u32, access: AccessFlags) -> u32 {
     let remote = AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
-    if access.intersects(remote) { key } else { 0 }
+    if profile == crate::Profile::Full || access.intersects(remote) { key } else { 0 }
+}
+
+/// The kernel pins an MR's pages for writing when any of these rights lets the device or a
+/// window write them (`ib_access_writable`).
+fn writable(access: AccessFlags) -> bool {
+    access.intersects(
+        AccessFlags::LOCAL_WRITE
+            | AccessFlags::REMOTE_WRITE
+            | AccessFlags::REMOTE_ATOMIC
+            | AccessFlags::MW_BIND,
+    )
+}
+
+/// Checks that application memory lent to an MR can be pinned with `access`: `EFAULT` for an
+/// unmapped range, or a read-only one given a writable right, as the kernel's pinning fails.
+/// Pages the application unmaps after this check are its own fault, as with a NIC: the first
+/// access the emulator makes to them ends the process with `SIGSEGV`.
+fn pin(region: &MemRegion, access: AccessFlags) -> Result<()> {
+    if crate::sys::fault_in(region.host_addr(), region.len(), writable(access)) {
+        Ok(())
+    } else {
+        Err(Error::new(Errno::EFAULT, "the memory cannot be pinned (unmapped or read-only)"))
+    }
 }
 
 impl Mr {
@@ -122,6 +160,7 @@ impl Mr {
         iova: u64,
         access: AccessFlags,
         dm: Option<Arc<DmInner>>,
+        app_memory: bool,
     ) -> Result<Mr> {
         check_access(access)?;
         // Pinning no pages fails in the kernel; a device memory MR of length 0 only has its
@@ -131,6 +170,9 @@ impl Mr {
         }
         if iova.checked_add((region.len() as u64).saturating_sub(1)).is_none() {
             return Err(einval("iova range overflows"));
+        }
+        if app_memory {
+            pin(&region, access)?;
         }
         let dev = pd.0.ctx.device.clone();
         ResourceCounts::take(&dev.counts.mr, dev.attr.max_mr, "too many memory regions")?;
@@ -146,6 +188,7 @@ impl Mr {
             return Err(e);
         }
         let region = Arc::new(region);
+        let profile = dev.profile;
         let mut made = None;
         let inserted = dev.keys.write().insert(|key| {
             let mr = Arc::new(MrInner {
@@ -154,7 +197,7 @@ impl Mr {
                 iova,
                 access,
                 lkey: key,
-                rkey: rkey_for(key, access),
+                rkey: rkey_for(profile, key, access),
                 windows: Arc::default(),
             });
             made = Some(mr.clone());
@@ -178,7 +221,7 @@ impl Mr {
     pub(crate) fn register_owned(pd: &Pd, len: usize, access: AccessFlags) -> Result<Mr> {
         let region = MemRegion::owned(len);
         let iova = region.host_addr();
-        Mr::register(pd, region, iova, access, None)
+        Mr::register(pd, region, iova, access, None, false)
     }
 
     /// An MR over `part` of the device memory `dm`, zero-based.
@@ -188,7 +231,7 @@ impl Mr {
         dm: Arc<DmInner>,
         access: AccessFlags,
     ) -> Result<Mr> {
-        Mr::register(pd, part, 0, access, Some(dm))
+        Mr::register(pd, part, 0, access, Some(dm), false)
     }
 
     pub(crate) fn register_raw(
@@ -197,7 +240,7 @@ impl Mr {
         iova: u64,
         access: AccessFlags,
     ) -> Result<Mr> {
-        Mr::register(pd, mem.0, iova, access, None)
+        Mr::register(pd, mem.0, iova, access, None, true)
     }
 
     fn snapshot(&self) -> Arc<MrInner> {
@@ -209,8 +252,8 @@ impl Mr {
         self.0.key
     }
 
-    /// The remote key (`ibv_mr.rkey`): the lkey when the MR grants a remote access right,
-    /// else 0 (as rxe reports).
+    /// The remote key (`ibv_mr.rkey`): the lkey, except in the rxe profile for an MR without a
+    /// remote access right (0, as rxe reports).
     pub fn rkey(&self) -> u32 {
         self.snapshot().rkey
     }
@@ -257,21 +300,43 @@ impl Mr {
         self.write(offset, &v.to_ne_bytes())
     }
 
-    /// `ibv_rereg_mr` without a new translation: changes the PD and/or the access flags; the
-    /// lkey stays the same. The rxe profile has no rereg (rdma-core answers `EOPNOTSUPP`).
+    /// `ibv_rereg_mr`: changes the PD, the access flags and/or the memory (the translation)
+    /// in one step; the keys stay the same, as when mlx5 can update an MR in place. The rxe
+    /// profile has no rereg (rdma-core answers `EOPNOTSUPP`); device memory MRs and MRs with
+    /// windows bound cannot take new memory (`EINVAL`).
     pub fn rereg(&self, what: Rereg<'_>) -> Result<()> {
         self.0.life.check()?;
         if self.0.dev.profile == crate::Profile::Rxe {
             return Err(Error::new(Errno::EOPNOTSUPP, "rxe does not support rereg_mr"));
         }
         let old = self.snapshot();
-        let (new_pd, access) = match what {
-            Rereg::Access(a) => (None, a),
-            Rereg::Pd(pd) => (Some(pd), old.access),
-            Rereg::PdAndAccess(pd, a) => (Some(pd), a),
-        };
+        if what.pd.is_none() && what.access.is_none() && what.translation.is_none() {
+            return Err(einval("rereg changes nothing"));
+        }
+        let access = what.access.unwrap_or(old.access);
         check_access(access)?;
-        let pd = match new_pd {
+        let (region, iova) = match what.translation {
+            Some(_) if self.0.dm.is_some() => return Err(einval("a device memory MR")),
+            Some(_) if old.windows.load(Ordering::Acquire) > 0 => {
+                return Err(einval("memory windows are bound to the MR"));
+            }
+            Some((mem, _)) if mem.0.len() == 0 => return Err(einval("zero-length memory region")),
+            Some((mem, iova)) => {
+                if iova.checked_add(mem.0.len() as u64 - 1).is_none() {
+                    return Err(einval("iova range overflows"));
+                }
+                pin(&mem.0, access)?;
+                (Arc::new(mem.0), iova)
+            }
+            None => {
+                // New rights over the same pages: a writable right pins them for writing.
+                if writable(access) && !writable(old.access) && self.0.dm.is_none() {
+                    pin(&old.region, access)?;
+                }
+                (old.region.clone(), old.iova)
+            }
+        };
+        let pd = match what.pd {
             Some(p) => {
                 if !Arc::ptr_eq(&p.0.ctx.device, &self.0.dev) {
                     return Err(einval("PD belongs to another device"));
@@ -284,11 +349,11 @@ impl Mr {
         };
         let new = Arc::new(MrInner {
             pd,
-            region: old.region.clone(),
-            iova: old.iova,
+            region,
+            iova,
             access,
             lkey: old.lkey,
-            rkey: rkey_for(old.lkey, access),
+            rkey: rkey_for(self.0.dev.profile, old.lkey, access),
             windows: old.windows.clone(),
         });
         let mut keys = self.0.dev.keys.write();

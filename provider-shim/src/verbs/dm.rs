@@ -139,8 +139,10 @@ pub(crate) unsafe extern "C" fn reg_dm_mr(
         };
         let access = AccessFlags::from_bits_retain(access & !IBV_ACCESS_OPTIONAL_RANGE);
         match d.emu.reg_mr(&p.emu, dm_offset, length, access) {
-            // SAFETY: the PD's context is live.
-            Ok(emu) => unsafe { new_mr(pd, ptr::null_mut(), length, emu) }.cast(),
+            Ok(emu) => {
+                // SAFETY: the PD's context is live.
+                unsafe { new_mr(pd, ptr::null_mut(), length, emu, MrKind::DeviceMemory) }.cast()
+            }
             Err(e) => null_with(e),
         }
     })

@@ -122,6 +122,17 @@ pub(crate) fn forget(c: *mut ibv_context, handle: u32) {
     }
 }
 
+/// Records that MR `handle` of context `c` now lies at `addr` for `length` bytes (a rereg gave
+/// it a new translation), for later imports.
+pub(crate) fn mr_moved(c: *mut ibv_context, handle: u32, addr: usize, length: usize) {
+    // SAFETY: the context of a live object of ours is live.
+    if let Some(s) = unsafe { ctx(c) }
+        && let Some(Shared::Mr(r)) = s.ufile.objects.lock().get_mut(&handle)
+    {
+        (r.addr, r.length) = (addr, length);
+    }
+}
+
 /// Frees `p`, a struct of ours (else nothing), leaving the object it names alive.
 fn unimport<C, S: 'static>(p: *mut C) {
     // SAFETY: NULL or a struct of ours (checked by `obj`), not used after this call (the
@@ -227,7 +238,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_import_mr(
             lkey: r.emu.lkey(),
             rkey: r.emu.rkey(),
         };
-        leak(ShimMr { mr, emu: r.emu }).cast()
+        leak(ShimMr { mr, emu: r.emu, kind: MrKind::Imported }).cast()
     })
 }
 

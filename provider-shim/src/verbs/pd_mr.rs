@@ -55,6 +55,7 @@ pub(crate) unsafe fn new_mr(
     addr: *mut c_void,
     length: usize,
     emu: rdma_emu::Mr,
+    kind: MrKind,
 ) -> *mut ShimMr {
     // SAFETY: the caller's contract; a live PD's context is live.
     let c = unsafe { (*pd).context };
@@ -62,7 +63,7 @@ pub(crate) unsafe fn new_mr(
     // SAFETY: as above.
     let handle = unsafe { ctx(c) }.map_or(0, |s| s.ufile.add(Shared::Mr(record)));
     let mr = ibv_mr { context: c, pd, addr, length, handle, lkey: emu.lkey(), rkey: emu.rkey() };
-    leak(ShimMr { mr, emu })
+    leak(ShimMr { mr, emu, kind })
 }
 
 /// Access bits that libibverbs drops when the device does not support them.
@@ -90,7 +91,7 @@ unsafe fn reg(
     let mem = unsafe { RawMemory::new(addr.cast(), len) };
     match s.emu.reg_mr_raw(mem, iova, access) {
         // SAFETY: `pd` was checked live above.
-        Ok(emu) => unsafe { new_mr(pd, addr, len, emu) }.cast(),
+        Ok(emu) => unsafe { new_mr(pd, addr, len, emu, MrKind::Registered) }.cast(),
         Err(e) => null_with(e),
     }
 }
@@ -152,51 +153,60 @@ const IBV_REREG_MR_CHANGE_TRANSLATION: c_int = 1;
 const IBV_REREG_MR_CHANGE_PD: c_int = 2;
 const IBV_REREG_MR_CHANGE_ACCESS: c_int = 4;
 
-/// `ibv_rereg_mr(mr, flags, pd, addr, length, access)`: changes the PD and/or the access flags
-/// (keys unchanged). A new translation is not supported (`EOPNOTSUPP`), nor is rereg at all in
-/// the rxe profile, as rdma-core answers for rxe. Returns 0 or an `IBV_REREG_MR_ERR_*` code
-/// with `errno` set.
+/// `ibv_rereg_mr(mr, flags, pd, addr, length, access)`: changes the PD, the access flags and/or
+/// the memory (keys unchanged). Returns 0 or an `IBV_REREG_MR_ERR_*` code with `errno` set:
+/// `ERR_INPUT` for what libibverbs refuses before calling the provider (unknown flags, a device
+/// memory or imported MR, a translation without address or length, access flags without
+/// `CHANGE_ACCESS`), `ERR_CMD` for what the provider refuses (all of it in the rxe profile, with
+/// `EOPNOTSUPP`, as rxe has no rereg; `flags == 0` with `EINVAL` as the kernel).
 pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_rereg_mr(
     mr: *mut ibv_mr,
     flags: c_int,
     pd: *mut ibv_pd,
-    _addr: *mut c_void,
-    _length: usize,
+    addr: *mut c_void,
+    length: usize,
     access: c_int,
 ) -> c_int {
     ffi!(IBV_REREG_MR_ERR_CMD, {
         let all =
             IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD | IBV_REREG_MR_CHANGE_ACCESS;
-        // SAFETY: NULL or a live MR.
-        let Some(s) = (unsafe { obj::<_, ShimMr>(mr) }) else {
-            set_errno(libc::EINVAL);
-            return IBV_REREG_MR_ERR_INPUT;
+        let input = |errno| {
+            set_errno(errno);
+            IBV_REREG_MR_ERR_INPUT
         };
-        if flags == 0 || flags & !all != 0 {
-            set_errno(libc::EINVAL);
-            return IBV_REREG_MR_ERR_INPUT;
-        }
-        if flags & IBV_REREG_MR_CHANGE_TRANSLATION != 0 {
-            set_errno(libc::EOPNOTSUPP);
-            return IBV_REREG_MR_ERR_INPUT;
+        // SAFETY: NULL or a live MR.
+        let Some(s) = (unsafe { obj::<_, ShimMr>(mr) }) else { return input(libc::EINVAL) };
+        let translation = flags & IBV_REREG_MR_CHANGE_TRANSLATION != 0;
+        if s.kind != MrKind::Registered
+            || flags & !all != 0
+            || (translation && (addr.is_null() || length == 0))
+            || (access != 0 && flags & IBV_REREG_MR_CHANGE_ACCESS == 0)
+        {
+            return input(libc::EINVAL);
         }
         let new_pd = if flags & IBV_REREG_MR_CHANGE_PD != 0 {
             // SAFETY: NULL or a live PD.
             match unsafe { obj::<_, ShimPd>(pd) } {
                 Some(p) => Some(p),
+                // The provider refuses: rxe has no rereg at all; the kernel finds no PD under
+                // the handle.
                 None => {
-                    set_errno(libc::EINVAL);
-                    return IBV_REREG_MR_ERR_INPUT;
+                    let rxe = s.emu.pd().context().device().profile() == rdma_emu::Profile::Rxe;
+                    set_errno(if rxe { libc::EOPNOTSUPP } else { libc::EINVAL });
+                    return IBV_REREG_MR_ERR_CMD;
                 }
             }
         } else {
             None
         };
-        let acc = AccessFlags::from_bits_retain(access as u32 & !IBV_ACCESS_OPTIONAL_RANGE);
-        let what = match (new_pd, flags & IBV_REREG_MR_CHANGE_ACCESS != 0) {
-            (Some(p), true) => rdma_emu::Rereg::PdAndAccess(&p.emu, acc),
-            (Some(p), false) => rdma_emu::Rereg::Pd(&p.emu),
-            (None, _) => rdma_emu::Rereg::Access(acc),
+        let what = rdma_emu::Rereg {
+            pd: new_pd.map(|p| &p.emu),
+            access: (flags & IBV_REREG_MR_CHANGE_ACCESS != 0)
+                .then(|| AccessFlags::from_bits_retain(access as u32 & !IBV_ACCESS_OPTIONAL_RANGE)),
+            // SAFETY: the ibv_rereg_mr contract: the new range stays mapped until the MR is
+            // deregistered or given another translation.
+            translation: translation
+                .then(|| (unsafe { RawMemory::new(addr.cast(), length) }, addr as u64)),
         };
         match s.emu.rereg(what) {
             Ok(()) => {
@@ -205,13 +215,13 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_rereg_mr(
                     if new_pd.is_some() {
                         (*mr).pd = pd;
                     }
+                    if translation {
+                        ((*mr).addr, (*mr).length) = (addr, length);
+                        super::import::mr_moved((*mr).context, (*mr).handle, addr as usize, length);
+                    }
                     (*mr).rkey = s.emu.rkey();
                 }
                 0
-            }
-            Err(e) if e.errno() == rdma_emu::Errno::EOPNOTSUPP => {
-                set_errno(libc::EOPNOTSUPP);
-                IBV_REREG_MR_ERR_INPUT
             }
             Err(e) => {
                 set_errno(e.errno().raw());

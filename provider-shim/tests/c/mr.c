@@ -1,0 +1,154 @@
+/* Memory registration as the kernel and the providers answer it: pinning (EFAULT), the full
+ * profile's rkey (mlx5: rkey = lkey), and ibv_rereg_mr's errors as libibverbs maps them. */
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "common.h"
+
+static int rxe;
+
+/* A WRITE of one word from a to (addr, rkey), b's side; the completion's status. After an
+ * error both QPs are in ERR (rxe and mlx5 fail the responder too): they are connected again. */
+static enum ibv_wc_status write_word(struct side *a, struct side *b, uint64_t addr, uint32_t rkey)
+{
+	struct ibv_sge sge = { .addr = (uintptr_t)a->buf, .length = 8, .lkey = a->mr->lkey };
+	struct ibv_send_wr wr = { .wr_id = 7, .sg_list = &sge, .num_sge = 1,
+				  .opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED };
+	struct ibv_send_wr *bad;
+	struct ibv_wc wc;
+
+	wr.wr.rdma.remote_addr = addr;
+	wr.wr.rdma.rkey = rkey;
+	CHECK(ibv_post_send(a->qp, &wr, &bad) == 0);
+	wc = wait_wc(a->cq);
+	if (wc.status != IBV_WC_SUCCESS) {
+		struct ibv_qp_attr attr = { .qp_state = IBV_QPS_RESET };
+		CHECK(ibv_modify_qp(a->qp, &attr, IBV_QP_STATE) == 0);
+		CHECK(ibv_modify_qp(b->qp, &attr, IBV_QP_STATE) == 0);
+		connect_to(a, b);
+		connect_to(b, a);
+	}
+	return wc.status;
+}
+
+static void pinning(struct side *a)
+{
+	long page = sysconf(_SC_PAGESIZE);
+	char *p = mmap(NULL, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	struct ibv_mr *mr;
+
+	CHECK(p != MAP_FAILED);
+	/* A wild address, and a range reaching into unmapped memory. */
+	CHECK(!ibv_reg_mr(a->pd, (void *)0x10, 64, IBV_ACCESS_LOCAL_WRITE) && errno == EFAULT);
+	CHECK(munmap(p + page, page) == 0);
+	CHECK(!ibv_reg_mr(a->pd, p, 2 * page, IBV_ACCESS_LOCAL_WRITE) && errno == EFAULT);
+	/* Read-only memory: fine for reading, EFAULT with any right that writes. */
+	CHECK(mprotect(p, page, PROT_READ) == 0);
+	CHECK(!ibv_reg_mr(a->pd, p, page, IBV_ACCESS_LOCAL_WRITE) && errno == EFAULT);
+	CHECK(!ibv_reg_mr(a->pd, p, page, ALL_ACCESS) && errno == EFAULT);
+	CHECK(mr = ibv_reg_mr(a->pd, p, page, IBV_ACCESS_REMOTE_READ));
+	CHECK(ibv_dereg_mr(mr) == 0);
+	/* Access flags are checked before the pages (EINVAL, not EFAULT). */
+	CHECK(!ibv_reg_mr(a->pd, (void *)0x10, 64, IBV_ACCESS_REMOTE_WRITE) && errno == EINVAL);
+	CHECK(munmap(p, page) == 0);
+}
+
+static void rereg(struct side *a, struct side *b)
+{
+	char *mem = aligned_alloc(4096, 2 * BUF);
+	struct ibv_mr *mr;
+	uint32_t lkey, rkey;
+
+	CHECK(mem);
+	memset(mem, 0, 2 * BUF);
+	/* A local-only MR: rxe gives it no rkey, mlx5 (the full profile) its lkey. */
+	CHECK(mr = ibv_reg_mr(b->pd, mem, BUF, IBV_ACCESS_LOCAL_WRITE));
+	CHECK(mr->rkey == (rxe ? 0 : mr->lkey));
+	lkey = mr->lkey;
+	rkey = mr->lkey; /* what a program written for mlx5 saves */
+
+	/* What libibverbs itself refuses: ERR_INPUT, EINVAL, whatever the provider. */
+	CHECK(ibv_rereg_mr(mr, 8, NULL, NULL, 0, 0) == IBV_REREG_MR_ERR_INPUT && errno == EINVAL);
+	CHECK(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, NULL, BUF, 0) ==
+		      IBV_REREG_MR_ERR_INPUT && errno == EINVAL);
+	CHECK(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, mem, 0, 0) ==
+		      IBV_REREG_MR_ERR_INPUT && errno == EINVAL);
+	CHECK(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_PD, b->pd, NULL, 0, IBV_ACCESS_LOCAL_WRITE) ==
+		      IBV_REREG_MR_ERR_INPUT && errno == EINVAL);
+
+	if (rxe) {
+		/* rxe has no rereg: libibverbs maps the provider's refusal to ERR_CMD. */
+		errno = 0;
+		CHECK(ibv_rereg_mr(mr, 0, NULL, NULL, 0, 0) == IBV_REREG_MR_ERR_CMD &&
+		      errno == EOPNOTSUPP);
+		CHECK(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0, ALL_ACCESS) ==
+			      IBV_REREG_MR_ERR_CMD && errno == EOPNOTSUPP);
+		CHECK(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_PD, NULL, NULL, 0, 0) ==
+			      IBV_REREG_MR_ERR_CMD && errno == EOPNOTSUPP);
+		CHECK(ibv_dereg_mr(mr) == 0);
+		free(mem);
+		return;
+	}
+	/* flags == 0 reaches the kernel, which refuses it. */
+	CHECK(ibv_rereg_mr(mr, 0, NULL, NULL, 0, 0) == IBV_REREG_MR_ERR_CMD && errno == EINVAL);
+	/* A stale rkey fails until rereg grants the right; then the saved one works. */
+	CHECK(write_word(a, b, (uintptr_t)mem, rkey) == IBV_WC_REM_ACCESS_ERR);
+	CHECK(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0, ALL_ACCESS) == 0);
+	CHECK(mr->lkey == lkey && mr->rkey == rkey);
+	memcpy(a->buf, "8 bytes", 8);
+	CHECK(write_word(a, b, (uintptr_t)mem + 8, rkey) == IBV_WC_SUCCESS);
+	CHECK(memcmp(mem + 8, "8 bytes", 8) == 0);
+	/* A new translation: the second half of the buffer, same keys, old range gone. */
+	CHECK(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, mem + BUF, BUF, 0) == 0);
+	CHECK(mr->addr == mem + BUF && mr->length == BUF && mr->lkey == lkey && mr->rkey == rkey);
+	CHECK(write_word(a, b, (uintptr_t)mem + BUF, rkey) == IBV_WC_SUCCESS);
+	CHECK(memcmp(mem + BUF, "8 bytes", 8) == 0);
+	CHECK(write_word(a, b, (uintptr_t)mem + 16, rkey) == IBV_WC_REM_ACCESS_ERR);
+	/* A new translation onto memory that cannot be pinned: the provider's EFAULT. */
+	CHECK(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, (void *)0x10, 64, 0) ==
+		      IBV_REREG_MR_ERR_CMD && errno == EFAULT);
+	CHECK(mr->addr == mem + BUF);
+	/* A destroyed PD: the kernel finds no PD under the handle. */
+	{
+		struct ibv_pd *gone = ibv_alloc_pd(b->ctx);
+		CHECK(gone && ibv_dealloc_pd(gone) == 0);
+		CHECK(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_PD, gone, NULL, 0, 0) ==
+			      IBV_REREG_MR_ERR_CMD && errno == EINVAL);
+	}
+	CHECK(ibv_dereg_mr(mr) == 0);
+	free(mem);
+}
+
+static void device_memory(struct side *a)
+{
+	struct ibv_alloc_dm_attr attr = { .length = 64 };
+	struct ibv_dm *dm = ibv_alloc_dm(a->ctx, &attr);
+	struct ibv_mr *mr;
+
+	if (rxe) {
+		CHECK(!dm);
+		return;
+	}
+	CHECK(dm);
+	CHECK(mr = ibv_reg_dm_mr(a->pd, dm, 0, 64, IBV_ACCESS_ZERO_BASED | IBV_ACCESS_LOCAL_WRITE));
+	/* Only registered memory can be re-registered (libibverbs checks the MR's type). */
+	CHECK(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0, ALL_ACCESS) ==
+		      IBV_REREG_MR_ERR_INPUT && errno == EINVAL);
+	CHECK(ibv_dereg_mr(mr) == 0 && ibv_free_dm(dm) == 0);
+}
+
+int main(void)
+{
+	struct ibv_device **list = ibv_get_device_list(NULL);
+	struct side a, b;
+	const char *profile = getenv("RDMA_EMU_PROFILE");
+
+	rxe = profile && strcmp(profile, "rxe") == 0;
+	CHECK(list && list[0] && list[1]);
+	setup_pair(list, &a, &b);
+	pinning(&a);
+	rereg(&a, &b);
+	device_memory(&a);
+	printf("mr ok\n");
+	return 0;
+}
