@@ -252,8 +252,15 @@ impl Drop for QpShared {
     }
 }
 
-/// The largest `max_tso_header` (a ConnectX inlines the header into the send WQE).
-const MAX_TSO_HEADER: u32 = 256;
+/// The largest send WQE, in bytes: a ConnectX's (16 basic blocks of 64 bytes).
+const MAX_SEND_WQE: u32 = 1024;
+
+/// Whether a raw packet QP's send WQE holds a TSO header of `max_tso_header` bytes beside
+/// `max_send_sge` SGEs: a ConnectX inlines the header after the control and Ethernet segments
+/// (48 bytes), rounded up to 16 bytes, and each SGE takes 16 (mlx5's `mlx5_calc_send_wqe`).
+fn tso_header_fits(max_tso_header: u32, max_send_sge: u32) -> bool {
+    48 + max_tso_header.next_multiple_of(16) + 16 * max_send_sge <= MAX_SEND_WQE
+}
 
 /// The receive offloads a raw packet QP's create flags ask for.
 fn rx_offloads(f: QpCreateFlags) -> WqFlags {
@@ -410,9 +417,10 @@ impl Qp {
             _ => return Err(einval("unknown QP type")),
         }
         if init.max_tso_header > 0
-            && (init.qp_type != QpType::RAW_PACKET || init.max_tso_header > MAX_TSO_HEADER)
+            && (init.qp_type != QpType::RAW_PACKET
+                || !tso_header_fits(init.max_tso_header, init.cap.max_send_sge))
         {
-            return Err(einval("max_tso_header: raw packet QPs only, at most 256 bytes"));
+            return Err(einval("max_tso_header: raw packet QPs only, within the send WQE"));
         }
         let rx = rx_offloads(init.create_flags);
         if !init.create_flags.is_empty()

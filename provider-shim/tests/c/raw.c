@@ -335,6 +335,12 @@ int main(void)
 
 	/* A raw QP on each device; the receiver's flow takes TCP to port 80 for MAC_B. */
 	struct ibv_qp *tx, *rx;
+	/* The header is inlined into the send WQE, as on mlx5: 1024 bytes hold the control and
+	 * Ethernet segments (48), the header rounded up to 16 and 16 per SGE (2 here). */
+	CHECK(tx = raw_qp(&a, 944));
+	CHECK(ibv_destroy_qp(tx) == 0);
+	errno = 0;
+	CHECK(raw_qp(&a, 945) == NULL && errno == EINVAL);
 	CHECK(tx = raw_qp(&a, 64));
 	CHECK(rx = raw_qp(&b, 0));
 	to_rts(tx);
