@@ -392,6 +392,21 @@ impl Profile {
         }
     }
 
+    /// The active MTU of a RoCE port over a netdev of `netdev_mtu` bytes: the largest IB MTU
+    /// that fits once the headers are taken off (rxe reserves 80 bytes, mlx5 96: GRH, UDP, BTH
+    /// and the largest extended headers, ICRC), at least 256 and at most 4096.
+    pub fn roce_active_mtu(self, netdev_mtu: u32) -> Mtu {
+        let headers = match self {
+            Profile::Rxe => 80,
+            Profile::Full => 96,
+        };
+        let room = netdev_mtu.saturating_sub(headers);
+        [Mtu::MTU_4096, Mtu::MTU_2048, Mtu::MTU_1024, Mtu::MTU_512]
+            .into_iter()
+            .find(|m| m.bytes().is_some_and(|b| b <= room))
+            .unwrap_or(Mtu::MTU_256)
+    }
+
     /// The attributes of port `port` (1-based) of the device with identity `id` and `ports`
     /// ports. LIDs are unique on the fabric: device-major, port-minor, from 1.
     /// On the full profile `link` picks InfiniBand (LIDs) or Ethernet (RoCE: LID 0).

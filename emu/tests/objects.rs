@@ -139,6 +139,38 @@ fn rereg_changes_access_and_pd_in_full_and_is_eopnotsupp_in_rxe() {
 }
 
 #[test]
+fn the_active_mtu_of_roce_ports_follows_the_netdev_mtu() {
+    // rxe keeps 80 bytes for headers, mlx5 96: the largest IB MTU that fits what is left.
+    let cases = [
+        (Profile::Rxe, 1500, Mtu::MTU_1024),
+        (Profile::Rxe, 9000, Mtu::MTU_4096),
+        (Profile::Rxe, 4176, Mtu::MTU_4096),
+        (Profile::Rxe, 4175, Mtu::MTU_2048),
+        (Profile::Rxe, 576, Mtu::MTU_256),
+        (Profile::Full, 4191, Mtu::MTU_2048),
+        (Profile::Full, 4192, Mtu::MTU_4096),
+    ];
+    for (profile, netdev_mtu, active) in cases {
+        let cfg = FabricConfig {
+            devices: 1,
+            profile,
+            link_layer: LinkLayer::ETHERNET,
+            netdev_mtu: Some(netdev_mtu),
+            ..Default::default()
+        };
+        let port = Fabric::new(cfg).devices()[0].open().unwrap().query_port(1).unwrap();
+        assert_eq!((port.active_mtu, port.max_mtu), (active, Mtu::MTU_4096), "{netdev_mtu}");
+    }
+    // InfiniBand ports have no netdev: the subnet's MTU stays.
+    let cfg = FabricConfig { devices: 1, netdev_mtu: Some(1500), ..Default::default() };
+    let port = Fabric::new(cfg).devices()[0].open().unwrap().query_port(1).unwrap();
+    assert_eq!(port.active_mtu, Mtu::MTU_4096);
+    let vars = |v: &'static str| move |k: &str| (k == "RDMA_EMU_MTU").then(|| v.to_owned());
+    assert_eq!(FabricConfig::try_from_vars(vars("9000")).unwrap().netdev_mtu, Some(9000));
+    assert!(FabricConfig::try_from_vars(vars("9k")).is_err(), "a malformed MTU is an error");
+}
+
+#[test]
 fn the_full_profile_rkey_is_the_lkey_whatever_the_access_and_rxe_gives_local_mrs_none() {
     for (profile, rkey_of_local) in [(Profile::Full, true), (Profile::Rxe, false)] {
         let f = Fabric::new(FabricConfig { devices: 1, profile, ..Default::default() });

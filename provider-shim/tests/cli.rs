@@ -66,6 +66,26 @@ fn link_layer_ethernet_makes_the_full_profile_roce() {
 }
 
 #[test]
+fn mtu_sets_the_netdev_mtu_the_active_mtu_follows() {
+    for (profile, mtu, active) in [
+        ("rxe", None, "1024 (3)"),
+        ("rxe", Some("9000"), "4096 (5)"),
+        ("rxe", Some("1500"), "1024 (3)"),
+    ] {
+        let mut cmd = rdma_emu();
+        cmd.args(["run", "--profile", profile]);
+        if let Some(m) = mtu {
+            cmd.args(["--mtu", m]);
+        }
+        let out = cmd.args(["--", "ibv_devinfo", "-d", "emu0"]).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{text}");
+        assert!(text.contains(&format!("active_mtu:\t\t{active}")), "{mtu:?}: {text}");
+        assert!(text.contains("max_mtu:\t\t4096 (5)"), "{text}");
+    }
+}
+
+#[test]
 fn bad_usage_exits_2_with_a_message() {
     for args in [
         &["run", "--profile", "mlx5", "--", "true"][..],
@@ -75,6 +95,8 @@ fn bad_usage_exits_2_with_a_message() {
         &["run", "--seed", "x", "--", "true"],
         &["run", "--faults", "drop:p=9", "--", "true"],
         &["run", "--link-layer", "fddi", "--", "true"],
+        &["run", "--mtu", "20", "--", "true"],
+        &["run", "--mtu", "jumbo", "--", "true"],
     ] {
         let out = rdma_emu().args(args).output().unwrap();
         assert_eq!(out.status.code(), Some(2), "{args:?}");

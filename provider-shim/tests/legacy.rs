@@ -17,6 +17,8 @@ fn free_port() -> u16 {
     listen::free_port().unwrap()
 }
 
+/// `prog args` under `rdma-emu run`; `profile` is the profile's name, optionally followed by
+/// more `rdma-emu run` options.
 fn program(fabric: &Fabric, profile: &str, prog: &str, args: &[&str], port: u16) -> Command {
     assert!(
         Command::new("sh")
@@ -29,7 +31,8 @@ fn program(fabric: &Fabric, profile: &str, prog: &str, args: &[&str], port: u16)
     );
     let mut c = Command::new(env!("CARGO_BIN_EXE_rdma-emu"));
     c.env("RDMA_EMU_LIB", common::cdylib()).env_remove("LD_LIBRARY_PATH");
-    c.args(["run", "--profile", profile, "--fabric", &fabric.0, "--", prog]);
+    c.args(["run", "--profile"]).args(profile.split_whitespace());
+    c.args(["--fabric", &fabric.0, "--", prog]);
     c.args(args).args(["-p", &port.to_string()]);
     c.stdout(Stdio::piped()).stderr(Stdio::piped());
     c
@@ -181,6 +184,20 @@ fn perftest_rxe(prog: &str, extra: &[&str]) {
     args.extend(extra);
     let out = server_and_client("rxe", prog, &args);
     assert_eq!(result_rows(&out), 1, "{prog} {args:?}: {out}");
+}
+
+#[test]
+fn jumbo_frame_ud_messages_run_on_the_rxe_profile_over_a_jumbo_netdev_only() {
+    let args = ["-n", "10", "-c", "UD", "-s", "4096", "-m", "4096"];
+    let out = server_and_client("rxe --mtu 9000", "ib_send_bw", &args);
+    assert_eq!(result_rows(&out), 1, "{out}");
+    // Over the default 1500-byte netdev the port's MTU is 1024, as rxe's: perftest refuses.
+    let (fabric, port) = (Fabric::new("legacy"), free_port());
+    let server = start_server(&fabric, "rxe", "ib_send_bw", &args, port);
+    let client = program(&fabric, "rxe", "ib_send_bw", &args, port).arg("localhost").spawn();
+    let (ok, out) = finish(client.unwrap(), Duration::from_secs(60), "client");
+    assert!(!ok && out.contains("Max message size in UD cannot be greater than MTU"), "{out}");
+    finish(server, Duration::from_secs(20), "server");
 }
 
 macro_rules! legacy_tests {

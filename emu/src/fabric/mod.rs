@@ -56,6 +56,11 @@ pub struct FabricConfig {
     /// The full profile's link layer: InfiniBand (the default, with LIDs) or Ethernet
     /// (RoCE v2 GIDs as rxe's, and raw packet QPs). The rxe profile is always Ethernet.
     pub link_layer: crate::LinkLayer,
+    /// The MTU in bytes of the network device under each Ethernet port (`ip link set mtu`):
+    /// the ports' active MTU follows it as rxe's and mlx5's follow their netdev's (1500 gives
+    /// 1024, 9000 gives 4096). `None`: 1500 for the rxe profile, jumbo frames (4096) for the
+    /// full profile. Set the same value in every process of a host fabric.
+    pub netdev_mtu: Option<u32>,
     /// IP addresses of the ports beyond the default ones (`127.0.0.1` and `::1` name port 1
     /// of the first device), for the connection manager: see [`crate::cm::addr`].
     pub addresses: Vec<crate::cm::addr::PortAddress>,
@@ -72,6 +77,7 @@ impl Default for FabricConfig {
             faults: Vec::new(),
             pcap: None,
             link_layer: crate::LinkLayer::INFINIBAND,
+            netdev_mtu: None,
             addresses: Vec::new(),
         }
     }
@@ -83,8 +89,9 @@ impl FabricConfig {
     /// `RDMA_EMU_PORTS` (default 1), `RDMA_EMU_LINK_LAYER` (`ethernet` or `infiniband`, the
     /// full profile's ports) and `RDMA_EMU_FABRIC`: the host fabric to join, `default`
     /// when unset or empty, `none` for this process only; `RDMA_EMU_SEED` (simulation with
-    /// that seed), `RDMA_EMU_FAULTS` (fault rules) and `RDMA_EMU_PCAP` (a packet trace file).
-    /// A malformed `RDMA_EMU_SEED` or `RDMA_EMU_FAULTS` is an error, never silently ignored.
+    /// that seed), `RDMA_EMU_FAULTS` (fault rules), `RDMA_EMU_PCAP` (a packet trace file) and
+    /// `RDMA_EMU_MTU` (the netdev MTU, [`FabricConfig::netdev_mtu`]). A malformed
+    /// `RDMA_EMU_SEED`, `RDMA_EMU_FAULTS` or `RDMA_EMU_MTU` is an error, never silently ignored.
     pub fn try_from_vars(
         var: impl Fn(&str) -> Option<String>,
     ) -> Result<FabricConfig, crate::ConfigError> {
@@ -99,13 +106,27 @@ impl FabricConfig {
             cfg.faults = crate::FaultRule::parse(&f)?;
         }
         cfg.pcap = var("RDMA_EMU_PCAP").filter(|p| !p.is_empty()).map(PathBuf::from);
+        if let Some(m) = var("RDMA_EMU_MTU").filter(|m| !m.is_empty()) {
+            FabricConfig::parse_netdev_mtu(&m)?;
+        }
         if let Some(a) = var("RDMA_EMU_ADDRS") {
             cfg.addresses = crate::cm::addr::PortAddress::parse_list(&a)?;
         }
         Ok(cfg)
     }
 
-    /// [`try_from_vars`](Self::try_from_vars) without the seed, faults and packet trace.
+    /// A netdev MTU in bytes, as `ip link` takes it (68, IPv4's minimum, to 65535).
+    pub fn parse_netdev_mtu(s: &str) -> Result<u32, crate::ConfigError> {
+        match s.parse::<u32>() {
+            Ok(m) if (68..=65_535).contains(&m) => Ok(m),
+            _ => Err(crate::ConfigError(format!(
+                "RDMA_EMU_MTU={s:?} is not a network MTU in bytes (68 to 65535, e.g. 1500 or 9000)"
+            ))),
+        }
+    }
+
+    /// [`try_from_vars`](Self::try_from_vars) without the seed, faults and packet trace, and
+    /// without the errors (a malformed `RDMA_EMU_MTU` is left out).
     pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> FabricConfig {
         let host = match var("RDMA_EMU_FABRIC").unwrap_or_default().as_str() {
             "none" => None,
@@ -122,6 +143,7 @@ impl FabricConfig {
                 Some("ethernet" | "eth") => crate::LinkLayer::ETHERNET,
                 _ => crate::LinkLayer::INFINIBAND,
             },
+            netdev_mtu: var("RDMA_EMU_MTU").and_then(|m| FabricConfig::parse_netdev_mtu(&m).ok()),
             host,
             ..Default::default()
         }
@@ -403,7 +425,8 @@ impl Fabric {
         let addrs = crate::cm::addr::AddressMap::new(&cfg.addresses);
         let device = |i| {
             let (profile, link) = (cfg.profile, cfg.link_layer);
-            DeviceInner::new(i, profile, cfg.ports, link, |p| addrs.addresses_of(i, p))
+            let ports = (cfg.ports, link, cfg.netdev_mtu);
+            DeviceInner::new(i, profile, ports, |p| addrs.addresses_of(i, p))
         };
         let devices = (0..cfg.devices).map(|i| Arc::new(device(i))).collect();
         let pcap = cfg.pcap.as_deref().map(pcap::Pcap::create).transpose()?;

@@ -77,19 +77,26 @@ pub(crate) struct DeviceInner {
 }
 
 impl DeviceInner {
-    /// Device `index`, whose port `p` has the IP addresses `addrs(p)`.
+    /// Device `index` with `ports` ports of `link` layer over netdevs of MTU `netdev_mtu`,
+    /// whose port `p` has the IP addresses `addrs(p)`.
     pub(crate) fn new(
         index: u32,
         profile: Profile,
-        ports: u8,
-        link: LinkLayer,
+        (ports, link, netdev_mtu): (u8, LinkLayer, Option<u32>),
         addrs: impl Fn(u8) -> Vec<std::net::IpAddr>,
     ) -> DeviceInner {
         let id = DeviceIdentity::new(index);
         let n = profile.port_count(ports);
+        let port_attr = |p| {
+            let mut attr = profile.port_attr(&id, p, n, link);
+            if let Some(mtu) = netdev_mtu.filter(|_| attr.link_layer == LinkLayer::ETHERNET) {
+                attr.active_mtu = profile.roce_active_mtu(mtu);
+            }
+            attr
+        };
         let ports = (1..=n)
             .map(|p| PortInner {
-                attr: Mutex::new(profile.port_attr(&id, p, n, link)),
+                attr: Mutex::new(port_attr(p)),
                 gids: profile.gid_table(&id, p, link, &addrs(p)),
                 pkeys: profile.pkey_table(),
                 up: std::sync::atomic::AtomicBool::new(true),

@@ -1,8 +1,8 @@
 //! `rdma-emu`: run programs on the emulator, list its devices, or run the demo.
 //!
 //! ```text
-//! rdma-emu run [--devices N] [--profile rxe|full] [--ports N] [--link-layer ib|eth] [--fabric NAME]
-//!              [--seed S] [--faults RULES] [--pcap FILE] -- PROGRAM [ARGS...]
+//! rdma-emu run [--devices N] [--profile rxe|full] [--ports N] [--link-layer ib|eth] [--mtu BYTES]
+//!              [--fabric NAME] [--seed S] [--faults RULES] [--pcap FILE] -- PROGRAM [ARGS...]
 //! rdma-emu devices [--devices N] [--profile rxe|full] [--ports N] [--link-layer ib|eth]
 //! rdma-emu event [--fabric NAME] [--device DEV] [--port N] EVENT
 //! rdma-emu port [--fabric NAME] [--device DEV] [--port N] up|down
@@ -12,7 +12,8 @@
 //! `run` executes PROGRAM with the emulator's `libibverbs.so.1` first on `LD_LIBRARY_PATH`
 //! (found next to this executable, or named by `RDMA_EMU_LIB`) and the options passed on as the
 //! environment variables the library reads: `RDMA_EMU_DEVICES`, `RDMA_EMU_PROFILE`,
-//! `RDMA_EMU_PORTS`, `RDMA_EMU_LINK_LAYER`, `RDMA_EMU_FABRIC` (programs run this way meet on the host fabric of that
+//! `RDMA_EMU_PORTS`, `RDMA_EMU_LINK_LAYER`, `RDMA_EMU_MTU` (the netdev MTU under Ethernet
+//! ports, which their active MTU follows), `RDMA_EMU_FABRIC` (programs run this way meet on the host fabric of that
 //! name, `default` unless given; `none` keeps each process to itself), `RDMA_EMU_SEED`
 //! (simulation: virtual time, seeded choices), `RDMA_EMU_FAULTS` (fault rules, see
 //! `docs/faults.md`) and `RDMA_EMU_PCAP` (a packet trace).
@@ -32,8 +33,8 @@ use std::{
 use rdma_emu::{Fabric, FabricConfig, Profile};
 
 const USAGE: &str = "usage:
-  rdma-emu run [--devices N] [--profile rxe|full] [--ports N] [--link-layer ib|eth] [--fabric NAME]
-               [--seed S] [--faults RULES] [--pcap FILE] -- PROGRAM [ARGS...]
+  rdma-emu run [--devices N] [--profile rxe|full] [--ports N] [--link-layer ib|eth] [--mtu BYTES]
+               [--fabric NAME] [--seed S] [--faults RULES] [--pcap FILE] -- PROGRAM [ARGS...]
   rdma-emu devices [--devices N] [--profile rxe|full] [--ports N] [--link-layer ib|eth]
   rdma-emu event [--fabric NAME] [--device DEV] [--port N] EVENT   (e.g. PORT_ERR, DEVICE_FATAL)
   rdma-emu port [--fabric NAME] [--device DEV] [--port N] up|down
@@ -70,6 +71,11 @@ fn parse_opts(args: &mut std::slice::Iter<'_, String>) -> Result<(Opts, Vec<Stri
                     v => return Err(format!("--link-layer: ib or eth, not {v}")),
                 };
                 o.env.push(("RDMA_EMU_LINK_LAYER", v.to_owned()));
+            }
+            "--mtu" => {
+                let v = value("--mtu")?;
+                FabricConfig::parse_netdev_mtu(&v).map_err(|e| format!("--mtu: {e}"))?;
+                o.env.push(("RDMA_EMU_MTU", v));
             }
             "--profile" => {
                 let v = value("--profile")?;
