@@ -153,6 +153,24 @@ fn ud_too_small_receive_buffer_is_a_local_length_error() {
 }
 
 #[test]
+fn roce_address_handles_resolve_their_destination_as_the_kernel_does() {
+    let (_f, a, b) = pair(Profile::Rxe);
+    let good = ah_to(&a, &b).attr();
+    let gids = a.n.ctx.device().gid_table(1).unwrap();
+    let v4_source = gids.iter().find(|e| e.gid.0[10] == 0xff).unwrap();
+    let mut nobody = AhAttr { sgid_index: v4_source.index as u8, ..good };
+    nobody.dgid.0[12..].copy_from_slice(&[203, 0, 113, 9]);
+    nobody.dgid.0[..12].copy_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff]);
+    assert_eq!(a.n.pd.create_ah(&nobody).unwrap_err().errno(), Errno::ETIMEDOUT);
+    let mut group = nobody;
+    group.dgid.0[12] = 239;
+    a.n.pd.create_ah(&group).expect("multicast needs no neighbour");
+    let mixed = AhAttr { sgid_index: v4_source.index as u8, ..good };
+    assert_eq!(good.dgid.0[..2], [0xfe, 0x80], "the peer's link-local GID");
+    assert_eq!(a.n.pd.create_ah(&mixed).unwrap_err().errno(), Errno::EINVAL, "v4 to v6");
+}
+
+#[test]
 fn ud_posting_and_address_handle_errors() {
     let (_f, a, b) = pair(Profile::Rxe);
     let s = [sge(&a.n.mr, 0, 8)];

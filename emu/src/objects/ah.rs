@@ -4,13 +4,45 @@ use std::sync::Arc;
 
 use super::{
     Lifecycle,
-    device::ResourceCounts,
+    device::{PortInner, ResourceCounts},
     pd::{Pd, PdInner},
 };
 use crate::{
     error::{Errno, Error, Result, einval},
-    types::{AhAttr, LinkLayer},
+    fabric::FabricInner,
+    types::{AhAttr, Gid, GidType, LinkLayer},
 };
+
+/// Resolves a RoCE address vector as the kernel does when an AH is created or a QP given a
+/// path (`ib_resolve_eth_dmac`): a multicast GID maps to its MAC; a link-local GID from a RoCE
+/// v1 source needs no lookup; otherwise the source and destination must be of one IP family
+/// (`EINVAL`) and a port on the fabric must own the destination, else neighbour resolution
+/// fails (`ETIMEDOUT`; the kernel gives up after a second, the emulator at once).
+pub(crate) fn resolve_roce(fabric: &FabricInner, port: &PortInner, attr: &AhAttr) -> Result<()> {
+    let d = &attr.dgid;
+    let v4 = |g: &Gid| crate::fabric::pcap::ipv4_of(g);
+    let multicast = match v4(d) {
+        Some(ip) => ip[0] & 0xf0 == 0xe0,
+        None => d.0[0] == 0xff,
+    };
+    if multicast {
+        return Ok(());
+    }
+    let Some(sgid) = port.gids.iter().find(|e| e.index == attr.sgid_index as u32) else {
+        return Err(einval("sgid_index names no GID"));
+    };
+    let link_local = d.0[..8] == [0xfe, 0x80, 0, 0, 0, 0, 0, 0];
+    if link_local && sgid.gid_type == GidType::ROCE_V1 {
+        return Ok(());
+    }
+    if v4(d).is_some() != v4(&sgid.gid).is_some() {
+        return Err(einval("the source and destination GIDs are of different IP families"));
+    }
+    if fabric.route(attr).is_none() {
+        return Err(Error::new(Errno::ETIMEDOUT, "no port on the fabric has the destination GID"));
+    }
+    Ok(())
+}
 
 #[derive(Debug)]
 pub(crate) struct AhInner {
@@ -47,6 +79,9 @@ impl Ah {
         }
         if !attr.is_global && attr.dlid == 0 {
             return Err(einval("a LID-routed address needs a DLID"));
+        }
+        if pattr.link_layer == LinkLayer::ETHERNET {
+            resolve_roce(&pd.0.ctx.fabric, port, attr)?;
         }
         ResourceCounts::take(&dev.counts.ah, dev.attr.max_ah, "too many address handles")?;
         if let Err(e) = pd.0.life.get() {

@@ -764,6 +764,9 @@ impl Qp {
             if ah.is_global && !port.gids.iter().any(|e| e.index == ah.sgid_index as u32) {
                 return Err(Error::new(Errno::ENODATA, "sgid_index names an empty GID entry"));
             }
+            if pattr.link_layer == LinkLayer::ETHERNET {
+                crate::objects::ah::resolve_roce(&self.0.ctx.fabric, port, ah)?;
+            }
         }
         Ok(())
     }

@@ -40,6 +40,56 @@ static void post_recv(struct side *s, uint64_t id, uint32_t off, uint32_t len)
 	CHECK(ibv_post_recv(s->qp, &wr, &bad) == 0);
 }
 
+/* RoCE resolves a path's destination when an AH is made or a QP given a path, as the kernel
+ * does: a GID no port owns times out (neighbour resolution), mixed IP families are EINVAL,
+ * multicast needs no lookup. */
+static void roce_routes(struct side *a, struct side *b)
+{
+	struct ibv_qp_init_attr init = { .send_cq = a->cq, .recv_cq = a->cq, .qp_type = IBV_QPT_RC,
+					 .cap = { .max_send_wr = 1, .max_recv_wr = 1,
+						  .max_send_sge = 1, .max_recv_sge = 1 } };
+	struct ibv_qp_attr attr = { .qp_state = IBV_QPS_INIT, .port_num = 1 };
+	int rtr = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+		  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+	union ibv_gid v4;
+	struct ibv_qp *qp;
+	struct ibv_ah *ah;
+	int v4_index = -1;
+
+	for (int i = 0; i < 4 && v4_index < 0; i++)
+		if (ibv_query_gid(b->ctx, 1, i, &v4) == 0 && v4.raw[10] == 0xff && v4.raw[11] == 0xff)
+			v4_index = i;
+	CHECK(v4_index >= 0);
+	CHECK(qp = ibv_create_qp(a->pd, &init));
+	CHECK(ibv_modify_qp(qp, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+						IBV_QP_ACCESS_FLAGS) == 0);
+	memset(&attr, 0, sizeof(attr));
+	attr.qp_state = IBV_QPS_RTR;
+	attr.path_mtu = IBV_MTU_1024;
+	attr.dest_qp_num = b->qp->qp_num;
+	attr.max_dest_rd_atomic = 1;
+	attr.ah_attr.is_global = 1;
+	attr.ah_attr.port_num = 1;
+	attr.ah_attr.grh.hop_limit = 64;
+	attr.ah_attr.grh.sgid_index = v4_index;
+	/* An IPv4 address nobody on the fabric has (TEST-NET-3). */
+	CHECK(inet_pton(AF_INET6, "::ffff:203.0.113.9", attr.ah_attr.grh.dgid.raw) == 1);
+	CHECK(ibv_modify_qp(qp, &attr, rtr) == ETIMEDOUT);
+	CHECK(!ibv_create_ah(a->pd, &attr.ah_attr) && errno == ETIMEDOUT);
+	/* The peer's link-local GID from an IPv4 source. */
+	attr.ah_attr.grh.dgid = b->gid;
+	CHECK(ibv_modify_qp(qp, &attr, rtr) == EINVAL);
+	CHECK(!ibv_create_ah(a->pd, &attr.ah_attr) && errno == EINVAL);
+	/* A multicast group: no neighbour to resolve. */
+	CHECK(inet_pton(AF_INET6, "::ffff:239.1.2.3", attr.ah_attr.grh.dgid.raw) == 1);
+	CHECK(ah = ibv_create_ah(a->pd, &attr.ah_attr));
+	CHECK(ibv_destroy_ah(ah) == 0);
+	/* The peer's IPv4 GID resolves. */
+	attr.ah_attr.grh.dgid = v4;
+	CHECK(ibv_modify_qp(qp, &attr, rtr) == 0 && qp->state == IBV_QPS_RTR);
+	CHECK(ibv_destroy_qp(qp) == 0);
+}
+
 int main(void)
 {
 	struct side a = { 0 }, b = { 0 };
@@ -161,6 +211,9 @@ int main(void)
 			ibv_ack_async_event(&ev);
 		}
 	}
+
+	if (a.port.link_layer == IBV_LINK_LAYER_ETHERNET)
+		roce_routes(&a, &b);
 
 	/* P_Key lookup and rereg. */
 	CHECK(ibv_get_pkey_index(a.ctx, 1, htons(0xffff)) == 0);
