@@ -12,7 +12,21 @@ struct Ud {
 }
 
 fn pair(profile: Profile) -> (Fabric, Ud, Ud) {
-    let f = Fabric::new(FabricConfig { devices: 2, profile, ..Default::default() });
+    pair_on(FabricConfig { devices: 2, profile, ..Default::default() })
+}
+
+/// A pair on RoCE ports (the full profile's ports are InfiniBand unless asked).
+fn roce_pair(profile: Profile) -> (Fabric, Ud, Ud) {
+    pair_on(FabricConfig {
+        devices: 2,
+        profile,
+        link_layer: LinkLayer::ETHERNET,
+        ..Default::default()
+    })
+}
+
+fn pair_on(cfg: FabricConfig) -> (Fabric, Ud, Ud) {
+    let f = Fabric::new(cfg);
     let devs = f.devices();
     let mk = |d: &Device| {
         let n = node_on(d, 8192);
@@ -70,41 +84,71 @@ fn ud_datagram_lands_after_the_grh_with_src_qp() {
     }
 }
 
-#[test]
-fn ud_over_ipv4_roce_lays_the_ipv4_header_in_the_grh_area_as_rxe() {
-    // RoCE v2 over IPv4 (GID index 1 of the rxe profile): 20 zero bytes, then the packet's IPv4
-    // header (the conformance suite compares these bytes with rxe's).
-    let (_f, a, b) = pair(Profile::Rxe);
-    let (sgid, dgid) =
-        (a.n.ctx.device().query_gid(1, 1).unwrap(), b.n.ctx.device().query_gid(1, 1).unwrap());
+/// One datagram from `a` to `b` through GID index `gid_index` with the AH's traffic class 0x28,
+/// flow label 0x12345 and hop limit 9: the receive's 40-byte GRH area, and its completion.
+fn datagram_through(a: &Ud, b: &Ud, gid_index: u32) -> ([u8; 40], Wc, Gid, Gid) {
+    let sgid = a.n.ctx.device().query_gid(1, gid_index).unwrap();
+    let dgid = b.n.ctx.device().query_gid(1, gid_index).unwrap();
     let attr = AhAttr {
         is_global: true,
         dgid,
-        sgid_index: 1,
+        sgid_index: gid_index as u8,
         port_num: 1,
-        hop_limit: 64,
+        hop_limit: 9,
+        traffic_class: 0x28,
+        flow_label: 0x12345,
         ..Default::default()
     };
     let ah = a.n.pd.create_ah(&attr).unwrap();
     post_recv(&b.qp, 5, &[sge(&b.n.mr, 0, 40 + 64)]);
     a.qp.post_send(&SendWr::send_ud(1, &[sge(&a.n.mr, 0, 9)], &ah, b.qp.qp_num(), QKEY)).unwrap();
     wait1(&a.n.cq);
-    assert_eq!(wait1(&b.n.cq).status, WcStatus::SUCCESS);
+    let wc = wait1(&b.n.cq);
+    assert_eq!(wc.status, WcStatus::SUCCESS);
     let mut grh = [0u8; 40];
     b.n.mr.read(0, &mut grh).unwrap();
-    assert_eq!(grh[..20], [0; 20]);
-    let ip = &grh[20..];
-    assert_eq!(ip[0], 0x45, "IPv4, 20-byte header");
-    // IP 20 + UDP 8 + BTH 12 + DETH 8 + 9 bytes + 3 pad + ICRC 4
-    assert_eq!(u16::from_be_bytes([ip[2], ip[3]]), 20 + 8 + 12 + 8 + 9 + 3 + 4);
-    assert_eq!((ip[8], ip[9]), (64, 17), "TTL, UDP");
-    assert_eq!(&ip[12..16], &sgid.0[12..], "source address");
-    assert_eq!(&ip[16..20], &dgid.0[12..], "destination address");
-    let mut sum: u32 = ip.chunks(2).map(|c| u32::from(u16::from_be_bytes([c[0], c[1]]))).sum();
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
+    (grh, wc, sgid, dgid)
+}
+
+#[test]
+fn ud_over_ipv4_roce_lays_the_ipv4_header_in_the_grh_area_as_rxe() {
+    // RoCE v2 over IPv4 (GID index 1): 20 zero bytes, then the packet's IPv4 header (the
+    // conformance suite compares these bytes with rxe's), the TOS from the sender's AH.
+    // mlx5 reports the header type in `sl` (2: IPv4); rxe reports 0.
+    for (profile, sl) in [(Profile::Rxe, 0), (Profile::Full, 2)] {
+        let (_f, a, b) = roce_pair(profile);
+        let (grh, wc, sgid, dgid) = datagram_through(&a, &b, 1);
+        assert_eq!(grh[..20], [0; 20]);
+        let ip = &grh[20..];
+        assert_eq!((ip[0], ip[1]), (0x45, 0x28), "IPv4, 20-byte header, TOS");
+        // IP 20 + UDP 8 + BTH 12 + DETH 8 + 9 bytes + 3 pad + ICRC 4
+        assert_eq!(u16::from_be_bytes([ip[2], ip[3]]), 20 + 8 + 12 + 8 + 9 + 3 + 4);
+        // The kernel's route lookup replaces the AH's hop limit (9) with the route's.
+        assert_eq!((ip[8], ip[9]), (64, 17), "TTL, UDP");
+        assert_eq!(&ip[12..16], &sgid.0[12..], "source address");
+        assert_eq!(&ip[16..20], &dgid.0[12..], "destination address");
+        let mut sum: u32 = ip.chunks(2).map(|c| u32::from(u16::from_be_bytes([c[0], c[1]]))).sum();
+        while sum > 0xffff {
+            sum = (sum & 0xffff) + (sum >> 16);
+        }
+        assert_eq!(sum, 0xffff, "header checksum");
+        assert_eq!((wc.sl, wc.wc_flags.contains(WcFlags::GRH)), (sl, true), "{profile:?}");
     }
-    assert_eq!(sum, 0xffff, "header checksum");
+}
+
+#[test]
+fn ud_over_ipv6_roce_carries_traffic_class_flow_label_and_hop_limit() {
+    // rxe sends every IPv6 packet with flow label 0; mlx5 sends the AH's and reports the
+    // header type in `sl` (1: IPv6).
+    for (profile, flow_label, sl) in [(Profile::Rxe, 0, 0), (Profile::Full, 0x12345, 1)] {
+        let (_f, a, b) = roce_pair(profile);
+        let (grh, wc, sgid, dgid) = datagram_through(&a, &b, 0);
+        let word = u32::from_be_bytes([grh[0], grh[1], grh[2], grh[3]]);
+        assert_eq!((word >> 28, word >> 20 & 0xff, word & 0xf_ffff), (6, 0x28, flow_label));
+        assert_eq!((grh[6], grh[7]), (17, 64), "UDP, the route's hop limit");
+        assert_eq!((&grh[8..24], &grh[24..40]), (&sgid.0[..], &dgid.0[..]));
+        assert_eq!(wc.sl, sl, "{profile:?}");
+    }
 }
 
 #[test]

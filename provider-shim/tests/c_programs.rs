@@ -245,6 +245,13 @@ fn closing_a_context_destroys_what_it_owns() {
 #[test]
 fn ud_datagrams_through_the_c_abi() {
     c_program("ud", &["full", "rxe"]);
+    // The full profile over RoCE, as mlx5.
+    let out = run_on_shim(
+        Command::new(build("ud"))
+            .env("RDMA_EMU_PROFILE", "full")
+            .env("RDMA_EMU_LINK_LAYER", "ethernet"),
+    );
+    assert!(out.contains("ud ok"), "{out}");
 }
 
 #[test]

@@ -240,7 +240,7 @@ impl Drop for Driver<'_> {
 /// Hands a copy of the multicast datagram `pkt` to every QP of this fabric attached to its
 /// group (the MGID in its GRH).
 pub(crate) fn fan_out(fabric: &FabricInner, pkt: &Packet, drv: &mut Driver<'_>) {
-    let mgid = pkt.grh.as_ref().map(|g| g.1.0).unwrap_or_default();
+    let mgid = pkt.grh.as_ref().map(|g| g.dgid.0).unwrap_or_default();
     for (m, port) in fabric.mcast_members(&mgid) {
         let mut copy = pkt.clone();
         copy.dst_dev = m.device_index();

@@ -257,14 +257,27 @@ pub(crate) struct Packet {
     pub(crate) orig: u64,
     /// DETH Q_Key (UD).
     pub(crate) qkey: u32,
-    /// GRH source and destination GIDs (UD; what the receiver finds in its first 40 bytes).
-    pub(crate) grh: Option<Box<(Gid, Gid)>>,
+    /// The GRH (UD; what the receiver finds in its first 40 bytes).
+    pub(crate) grh: Option<Box<Grh>>,
     /// `XrcDeliver`: what was forwarded.
     pub(crate) forwarded: Option<Box<Forwarded>>,
     /// SEND/WRITE: the data. READ request: where the requester wants the data; the responder
     /// places it there when it executes the READ, as a NIC's DMA would, so the data is the
     /// memory as it was at that point of the responder's order.
     pub(crate) payload: Payload,
+}
+
+/// A global route header as it travels (RoCE v2: the IP header's fields).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Grh {
+    pub(crate) sgid: Gid,
+    pub(crate) dgid: Gid,
+    /// Traffic class (IPv4: the TOS byte).
+    pub(crate) traffic_class: u8,
+    /// 20-bit flow label (none in IPv4).
+    pub(crate) flow_label: u32,
+    /// Hop limit (IPv4: the TTL).
+    pub(crate) hop_limit: u8,
 }
 
 impl Packet {

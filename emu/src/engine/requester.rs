@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::{
     Driver, completer,
-    packet::{Kind, Packet, Payload},
+    packet::{Grh, Kind, Packet, Payload},
     packets_for, psn_add, raw,
     sgl::{self, SglError},
 };
@@ -117,12 +117,18 @@ pub(crate) fn post(qp: &QpShared, g: &mut QpInner, wr: &SendWr<'_>) -> Result<()
             .and_then(|p| p.gids.iter().find(|e| e.index == a.sgid_index as u32).map(|e| e.gid))
             .unwrap_or_default();
         let dest = u.ah.0.dest.unwrap_or((u32::MAX, 0));
-        Some((
-            dest,
-            u.remote_qpn,
-            u.remote_qkey,
-            if a.is_global { Some((sgid, a.dgid)) } else { None },
-        ))
+        let grh = Grh {
+            sgid,
+            dgid: a.dgid,
+            traffic_class: a.traffic_class,
+            // rxe sends IPv6 with flow label 0 whatever the AH says; mlx5 sends the AH's.
+            flow_label: match qp.ctx.device.profile {
+                crate::Profile::Rxe => 0,
+                crate::Profile::Full => a.flow_label & 0xf_ffff,
+            },
+            hop_limit: a.hop_limit,
+        };
+        Some((dest, u.remote_qpn, u.remote_qkey, a.is_global.then_some(grh)))
     } else {
         None
     };

@@ -6,7 +6,7 @@ use std::{collections::VecDeque, sync::Arc};
 
 use super::{
     Driver, enter_error,
-    packet::{Kind, MemRef, NakCode, Packet, Payload, Syndrome},
+    packet::{Grh, Kind, MemRef, NakCode, Packet, Payload, Syndrome},
     psn_add, psn_diff, raises_qp_errors,
     sgl::{self, SglError},
     wc, wc_ok,
@@ -206,32 +206,38 @@ pub(super) fn advance(g: &mut QpInner, pkt: &Packet) {
 
 /// The 40 bytes a UD receive buffer starts with, as rxe and the RoCE v2 annex lay them out:
 /// on RoCE v2 the packet's IP header, IPv6 (next header UDP), or between IPv4-mapped GIDs 20
-/// zero bytes and the IPv4 header; on InfiniBand an IB GRH (IBA 8.3, next header 0x1B).
-/// `headers` is the length of BTH and the extended headers after it.
-fn grh_bytes(
-    sgid: &crate::types::Gid,
-    dgid: &crate::types::Gid,
-    paylen: u32,
-    headers: u32,
-    roce: bool,
-) -> [u8; 40] {
+/// zero bytes and the IPv4 header (TOS the traffic class, TTL the hop limit); on InfiniBand
+/// an IB GRH (IBA 8.3, next header 0x1B). `headers` is the length of BTH and the extended
+/// headers after it.
+fn grh_bytes(grh: &Grh, paylen: u32, headers: u32, roce: bool) -> [u8; 40] {
+    use crate::fabric::pcap::{ipv4_header, ipv4_of, ipv6_first_word};
     let mut h = [0u8; 40];
     let pad = (4 - paylen % 4) % 4;
     let udp_len = 8 + headers + paylen + pad + 4; // UDP, headers, payload, pad, ICRC
-    if let (Some(s), Some(d)) =
-        (crate::fabric::pcap::ipv4_of(sgid), crate::fabric::pcap::ipv4_of(dgid))
-    {
-        h[20..].copy_from_slice(&crate::fabric::pcap::ipv4_header(s, d, udp_len as usize));
+    if let (Some(s), Some(d)) = (ipv4_of(&grh.sgid), ipv4_of(&grh.dgid)) {
+        let ip = ipv4_header(s, d, udp_len as usize, grh.traffic_class, grh.hop_limit);
+        h[20..].copy_from_slice(&ip);
         return h;
     }
-    h[0] = 0x60;
+    h[..4].copy_from_slice(&ipv6_first_word(grh.traffic_class, grh.flow_label));
     let (len, next) = if roce { (udp_len, libc::IPPROTO_UDP as u8) } else { (paylen, 0x1b) };
     h[4..6].copy_from_slice(&(len.min(u16::MAX as u32) as u16).to_be_bytes());
     h[6] = next;
-    h[7] = 64;
-    h[8..24].copy_from_slice(&sgid.0);
-    h[24..40].copy_from_slice(&dgid.0);
+    h[7] = grh.hop_limit;
+    h[8..24].copy_from_slice(&grh.sgid.0);
+    h[24..40].copy_from_slice(&grh.dgid.0);
     h
+}
+
+/// What a UD receive over RoCE reports as `sl`: 0 on rxe; on mlx5 (the full profile) the
+/// CQE's field holds the packet's network header type there, which programs read to tell the
+/// GRH area's layouts apart: 2 for IPv4, 1 for IPv6 (0 would be RoCE v1).
+fn roce_sl(profile: crate::Profile, grh: &Grh) -> u8 {
+    match profile {
+        crate::Profile::Rxe => 0,
+        crate::Profile::Full if crate::fabric::pcap::ipv4_of(&grh.sgid).is_some() => 2,
+        crate::Profile::Full => 1,
+    }
 }
 
 /// The largest UD payload: the largest path MTU.
@@ -253,7 +259,7 @@ fn ud_receive(qp: &Arc<QpShared>, g: &mut QpInner, pkt: &Packet) {
     if let Some(grh) = &pkt.grh {
         // BTH, DETH and the immediate data, if any.
         let headers = 12 + 8 + if pkt.imm.is_some() { 4 } else { 0 };
-        data[..40].copy_from_slice(&grh_bytes(&grh.0, &grh.1, paylen as u32, headers, g.port.roce));
+        data[..40].copy_from_slice(&grh_bytes(grh, paylen as u32, headers, g.port.roce));
     }
     let mut off = 40;
     for piece in pkt.payload.pieces() {
@@ -288,6 +294,9 @@ fn ud_receive(qp: &Arc<QpShared>, g: &mut QpInner, pkt: &Packet) {
     w.imm_data = pkt.imm.unwrap_or(0);
     w.src_qp = pkt.src_qpn;
     w.slid = pkt.src_lid;
+    if let Some(grh) = pkt.grh.as_deref().filter(|_| g.port.roce) {
+        w.sl = roce_sl(qp.ctx.device.profile, grh);
+    }
     if qp.recv_cq.push(w, pkt.solicited).is_err() {
         enter_error(qp, g);
     }

@@ -13,7 +13,7 @@ use parking_lot::Mutex;
 
 use super::FabricInner;
 use crate::{
-    engine::packet::{Kind, NakCode, Packet, Payload, Syndrome},
+    engine::packet::{Grh, Kind, NakCode, Packet, Payload, Syndrome},
     error::Result,
     types::{Gid, QpType},
 };
@@ -84,10 +84,9 @@ fn record_header(out: &mut Vec<u8>, now: u64, len: usize) {
     out.extend_from_slice(&(len as u32).to_le_bytes());
 }
 
-/// The addresses of both ends.
+/// The addresses of both ends, and the IP header's other fields.
 struct Ends {
-    src: Gid,
-    dst: Gid,
+    ip: Grh,
     src_port: u16,
 }
 
@@ -97,16 +96,18 @@ impl Ends {
             let d = fabric.devices.get(dev as usize)?;
             d.port(port).ok()?.gids.first().map(|e| e.gid)
         };
-        let (src, dst) = match &pkt.grh {
-            Some(g) => (g.0, g.1),
-            None => (
-                gid(pkt.src_dev, pkt.src_port).unwrap_or_default(),
-                gid(pkt.dst_dev, pkt.dst_port).unwrap_or_default(),
-            ),
+        let ip = match &pkt.grh {
+            Some(g) => **g,
+            None => Grh {
+                sgid: gid(pkt.src_dev, pkt.src_port).unwrap_or_default(),
+                dgid: gid(pkt.dst_dev, pkt.dst_port).unwrap_or_default(),
+                hop_limit: 64,
+                ..Grh::default()
+            },
         };
         // As rxe: a source port from the QP, in the dynamic range.
         let src_port = 0xc000 | (pkt.src_qpn & 0x3fff) as u16;
-        Ends { src, dst, src_port }
+        Ends { ip, src_port }
     }
 }
 
@@ -348,12 +349,23 @@ fn fold(mut sum: u32) -> u16 {
     !(sum as u16)
 }
 
-/// The IPv4 header of a RoCE v2 packet carrying `udp_len` bytes of UDP: DF, TTL 64, checksum.
-pub(crate) fn ipv4_header(src: [u8; 4], dst: [u8; 4], udp_len: usize) -> [u8; 20] {
+/// The first word of an IPv6 header (or IB GRH): version 6, traffic class, flow label.
+pub(crate) fn ipv6_first_word(traffic_class: u8, flow_label: u32) -> [u8; 4] {
+    (6 << 28 | u32::from(traffic_class) << 20 | flow_label & 0xf_ffff).to_be_bytes()
+}
+
+/// The IPv4 header of a RoCE v2 packet carrying `udp_len` bytes of UDP: DF, checksum.
+pub(crate) fn ipv4_header(
+    src: [u8; 4],
+    dst: [u8; 4],
+    udp_len: usize,
+    tos: u8,
+    ttl: u8,
+) -> [u8; 20] {
     let mut h = [0u8; 20];
-    h[..2].copy_from_slice(&[0x45, 0]);
+    h[..2].copy_from_slice(&[0x45, tos]);
     h[2..4].copy_from_slice(&((20 + udp_len) as u16).to_be_bytes());
-    h[4..12].copy_from_slice(&[0, 0, 0x40, 0, 64, 17, 0, 0]); // DF, TTL 64, UDP
+    h[4..12].copy_from_slice(&[0, 0, 0x40, 0, ttl, 17, 0, 0]); // DF, UDP
     h[12..16].copy_from_slice(&src);
     h[16..20].copy_from_slice(&dst);
     let csum = fold(ones_complement_sum(0, &h));
@@ -365,27 +377,34 @@ pub(crate) fn ipv4_header(src: [u8; 4], dst: [u8; 4], udp_len: usize) -> [u8; 20
 fn frame(ends: &Ends, transport: &[u8], data: &[u8], damaged: bool) -> Vec<u8> {
     let pad = (4 - data.len() % 4) % 4;
     let udp_len = 8 + transport.len() + data.len() + pad + 4;
-    let v4 = ipv4_of(&ends.src).zip(ipv4_of(&ends.dst));
+    let (src, dst) = (&ends.ip.sgid, &ends.ip.dgid);
+    let v4 = ipv4_of(src).zip(ipv4_of(dst));
     let mut f = Vec::with_capacity(14 + 40 + udp_len);
-    f.extend_from_slice(&mac_of(&ends.dst));
-    f.extend_from_slice(&mac_of(&ends.src));
+    f.extend_from_slice(&mac_of(dst));
+    f.extend_from_slice(&mac_of(src));
     f.extend_from_slice(&(if v4.is_some() { 0x0800u16 } else { 0x86dd }).to_be_bytes());
     let ip_start = f.len();
     let pseudo = match v4 {
         Some((s, d)) => {
-            f.extend_from_slice(&ipv4_header(s, d, udp_len));
+            f.extend_from_slice(&ipv4_header(
+                s,
+                d,
+                udp_len,
+                ends.ip.traffic_class,
+                ends.ip.hop_limit,
+            ));
             let mut p = ones_complement_sum(0, &s);
             p = ones_complement_sum(p, &d);
             p + 17 + udp_len as u32
         }
         None => {
-            f.extend_from_slice(&[0x60, 0, 0, 0]);
+            f.extend_from_slice(&ipv6_first_word(ends.ip.traffic_class, ends.ip.flow_label));
             f.extend_from_slice(&(udp_len as u16).to_be_bytes());
-            f.extend_from_slice(&[17, 64]);
-            f.extend_from_slice(&ends.src.0);
-            f.extend_from_slice(&ends.dst.0);
-            let mut p = ones_complement_sum(0, &ends.src.0);
-            p = ones_complement_sum(p, &ends.dst.0);
+            f.extend_from_slice(&[17, ends.ip.hop_limit]);
+            f.extend_from_slice(&src.0);
+            f.extend_from_slice(&dst.0);
+            let mut p = ones_complement_sum(0, &src.0);
+            p = ones_complement_sum(p, &dst.0);
             p + 17 + udp_len as u32
         }
     };
@@ -480,7 +499,8 @@ mod test {
             g[12..].copy_from_slice(&[10, 0, 0, a]);
             Gid(g)
         };
-        let ends = Ends { src: v4(1), dst: v4(2), src_port: 0xc011 };
+        let ip = Grh { sgid: v4(1), dgid: v4(2), hop_limit: 64, ..Grh::default() };
+        let ends = Ends { ip, src_port: 0xc011 };
         let f = frame(&ends, &[0x04, 0, 0xff, 0xff, 0, 0, 0, 0x12, 0x80, 0, 0, 1], b"abcd", false);
         assert_eq!(&f[12..14], &[0x08, 0x00]);
         assert_eq!(fold(ones_complement_sum(0, &f[14..34])), 0, "IPv4 header checksum");

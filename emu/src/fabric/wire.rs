@@ -7,13 +7,13 @@
 use std::{ops::Range, sync::Arc};
 
 use crate::{
-    engine::packet::{Forwarded, Kind, NakCode, Packet, Payload, Piece, Syndrome},
+    engine::packet::{Forwarded, Grh, Kind, NakCode, Packet, Payload, Piece, Syndrome},
     mem::{MemFault, PeerProcess, PeerRange},
     types::Gid,
 };
 
 /// Bumped whenever the layout below changes; a mismatching packet is dropped.
-const VERSION: u8 = 2;
+const VERSION: u8 = 3;
 /// First byte of a control message (see [`Control`]).
 const CONTROL: u8 = 0x81;
 /// First byte of a connection manager message (its bytes are the CM's business).
@@ -227,8 +227,10 @@ fn encode_head(pkt: &Packet, pulled: bool, out: &mut Vec<u8>) {
         out.extend_from_slice(&v.to_le_bytes());
     }
     if let Some(grh) = &pkt.grh {
-        out.extend_from_slice(&grh.0.0);
-        out.extend_from_slice(&grh.1.0);
+        out.extend_from_slice(&grh.sgid.0);
+        out.extend_from_slice(&grh.dgid.0);
+        out.extend_from_slice(&[grh.traffic_class, grh.hop_limit]);
+        out.extend_from_slice(&grh.flow_label.to_le_bytes());
     }
     if let Some(f) = pkt.forwarded.as_deref().filter(|_| pkt.kind == Kind::XrcDeliver) {
         out.push(kind_code(f.kind));
@@ -352,8 +354,10 @@ fn decode_fields(bytes: &[u8]) -> Option<(Packet, Option<Range<usize>>, Option<P
     p.src_lid = r.u16()?;
     (p.va, p.swap_add, p.compare, p.orig) = (r.u64()?, r.u64()?, r.u64()?, r.u64()?);
     if has_grh != 0 {
-        let (src, dst) = (Gid(r.take()?), Gid(r.take()?));
-        p.grh = Some(Box::new((src, dst)));
+        let (sgid, dgid) = (Gid(r.take()?), Gid(r.take()?));
+        let [traffic_class, hop_limit] = r.take()?;
+        let flow_label = r.u32()?;
+        p.grh = Some(Box::new(Grh { sgid, dgid, traffic_class, flow_label, hop_limit }));
     }
     if kind == Kind::XrcDeliver {
         let (kind, file) = (kind_of(r.take::<1>()?[0])?, (r.u64()?, r.u64()?));
@@ -391,7 +395,13 @@ mod test {
         (p.solicited, p.imm, p.va, p.rkey, p.len) = (true, Some(0x1234), 0xdead_beef, 9, 5);
         (p.swap_add, p.compare, p.msn, p.orig, p.qkey) = (11, 12, 13, 14, 0x1111_1111);
         p.syndrome = Syndrome::Nak(NakCode::RemoteAccessError);
-        p.grh = Some(Box::new((Gid([1; 16]), Gid([2; 16]))));
+        p.grh = Some(Box::new(Grh {
+            sgid: Gid([1; 16]),
+            dgid: Gid([2; 16]),
+            traffic_class: 0x28,
+            flow_label: 0xabcde,
+            hop_limit: 7,
+        }));
         p.payload = Payload::Bytes(b"hello".as_slice().into());
         let mut bytes = Vec::new();
         encode(&p, &mut bytes).unwrap();

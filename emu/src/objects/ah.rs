@@ -13,12 +13,21 @@ use crate::{
     types::{AhAttr, Gid, GidType, LinkLayer},
 };
 
+/// The hop limit the kernel's route lookup gives a resolved unicast RoCE path, replacing the
+/// one asked for (IPv4's default TTL and IPv6's default hop limit).
+const ROUTE_HOP_LIMIT: u8 = 64;
+
 /// Resolves a RoCE address vector as the kernel does when an AH is created or a QP given a
 /// path (`ib_resolve_eth_dmac`): a multicast GID maps to its MAC; a link-local GID from a RoCE
 /// v1 source needs no lookup; otherwise the source and destination must be of one IP family
 /// (`EINVAL`) and a port on the fabric must own the destination, else neighbour resolution
-/// fails (`ETIMEDOUT`; the kernel gives up after a second, the emulator at once).
-pub(crate) fn resolve_roce(fabric: &FabricInner, port: &PortInner, attr: &AhAttr) -> Result<()> {
+/// fails (`ETIMEDOUT`; the kernel gives up after a second, the emulator at once). A resolved
+/// route sets the hop limit to the route's (rxe sends IPv4 with TTL 64 whatever the AH says).
+pub(crate) fn resolve_roce(
+    fabric: &FabricInner,
+    port: &PortInner,
+    attr: &mut AhAttr,
+) -> Result<()> {
     let d = &attr.dgid;
     let v4 = |g: &Gid| crate::fabric::pcap::ipv4_of(g);
     let multicast = match v4(d) {
@@ -41,6 +50,7 @@ pub(crate) fn resolve_roce(fabric: &FabricInner, port: &PortInner, attr: &AhAttr
     if fabric.route(attr).is_none() {
         return Err(Error::new(Errno::ETIMEDOUT, "no port on the fabric has the destination GID"));
     }
+    attr.hop_limit = ROUTE_HOP_LIMIT;
     Ok(())
 }
 
@@ -80,21 +90,17 @@ impl Ah {
         if !attr.is_global && attr.dlid == 0 {
             return Err(einval("a LID-routed address needs a DLID"));
         }
+        let mut attr = *attr;
         if pattr.link_layer == LinkLayer::ETHERNET {
-            resolve_roce(&pd.0.ctx.fabric, port, attr)?;
+            resolve_roce(&pd.0.ctx.fabric, port, &mut attr)?;
         }
         ResourceCounts::take(&dev.counts.ah, dev.attr.max_ah, "too many address handles")?;
         if let Err(e) = pd.0.life.get() {
             ResourceCounts::give(&dev.counts.ah);
             return Err(e);
         }
-        let dest = pd.0.ctx.fabric.route(attr);
-        Ok(Ah(Arc::new(AhInner {
-            pd: pd.0.clone(),
-            attr: *attr,
-            dest,
-            life: Lifecycle::default(),
-        })))
+        let dest = pd.0.ctx.fabric.route(&attr);
+        Ok(Ah(Arc::new(AhInner { pd: pd.0.clone(), attr, dest, life: Lifecycle::default() })))
     }
 
     /// The address this handle was created with.

@@ -703,16 +703,17 @@ impl Qp {
             let mask = mask - state::ignored_attrs(qp.qp_type);
             state::check(qp.qp_type, cur, next, mask)
                 .map_err(|_| einval("invalid state transition or attribute mask"))?;
-            self.check_values(attr, mask, g.attr.port_num)?;
-            apply(qp, &mut g, attr, mask);
+            let ah_attr = self.check_values(attr, mask, g.attr.port_num)?;
+            apply(qp, &mut g, &QpAttr { ah_attr, ..*attr }, mask);
             transition(qp, &mut g, cur, next, &mut drv);
         }
         drv.finish();
         Ok(())
     }
 
-    /// Checks attribute values; `cur_port` is the QP's port before this modify.
-    fn check_values(&self, attr: &QpAttr, mask: QpAttrMask, cur_port: u8) -> Result<()> {
+    /// Checks attribute values; `cur_port` is the QP's port before this modify. The address
+    /// vector as resolved (RoCE: the route's hop limit).
+    fn check_values(&self, attr: &QpAttr, mask: QpAttrMask, cur_port: u8) -> Result<AhAttr> {
         let dev = &self.0.ctx.device;
         let port_num = if mask.contains(QpAttrMask::PORT) { attr.port_num } else { cur_port };
         let port = dev.port(port_num)?;
@@ -765,10 +766,12 @@ impl Qp {
                 return Err(Error::new(Errno::ENODATA, "sgid_index names an empty GID entry"));
             }
             if pattr.link_layer == LinkLayer::ETHERNET {
-                crate::objects::ah::resolve_roce(&self.0.ctx.fabric, port, ah)?;
+                let mut resolved = *ah;
+                crate::objects::ah::resolve_roce(&self.0.ctx.fabric, port, &mut resolved)?;
+                return Ok(resolved);
             }
         }
-        Ok(())
+        Ok(attr.ah_attr)
     }
 
     /// `ibv_post_send` of one WR.

@@ -107,9 +107,12 @@ int main(void)
 		struct ibv_ah_attr back;
 		CHECK(b.buf[0] == 0x60 && b.buf[6] == 17);
 		CHECK(ibv_query_gid(a.ctx, 1, 1, &a4) == 0 && ibv_query_gid(b.ctx, 1, 1, &b4) == 0);
+		const char *profile = getenv("RDMA_EMU_PROFILE");
+		int mlx5 = !profile || strcmp(profile, "rxe") != 0;
 		struct ibv_ah_attr v4 = ah_attr;
 		v4.grh.dgid = b4;
 		v4.grh.sgid_index = 1;
+		v4.grh.traffic_class = 0x28;
 		struct ibv_ah *ah4 = ibv_create_ah(a.pd, &v4);
 		CHECK(ah4);
 		CHECK(ibv_post_recv(b.qp, &rwr, &rbad) == 0);
@@ -120,6 +123,10 @@ int main(void)
 		for (int i = 0; i < 20; i++)
 			CHECK(b.buf[i] == 0);
 		CHECK((unsigned char)b.buf[20] == 0x45 && b.buf[29] == 17); /* IPv4, 5 words; UDP */
+		/* The AH's traffic class is the TOS; the route's TTL (64) replaced its hop limit. */
+		CHECK(b.buf[21] == 0x28 && b.buf[28] == 64);
+		/* mlx5 reports the network header type in sl (2: IPv4), rxe 0. */
+		CHECK(wc.sl == (mlx5 ? 2 : 0));
 		CHECK(memcmp(b.buf + 32, &a4.raw[12], 4) == 0 && memcmp(b.buf + 36, &b4.raw[12], 4) == 0);
 		CHECK(ibv_init_ah_from_wc(b.ctx, 1, &wc, (struct ibv_grh *)b.buf, &back) == 0);
 		CHECK(back.is_global && back.grh.sgid_index == 1 && back.grh.hop_limit == 64);
