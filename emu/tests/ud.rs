@@ -197,6 +197,33 @@ fn ud_too_small_receive_buffer_is_a_local_length_error() {
 }
 
 #[test]
+fn a_datagram_to_a_connected_qp_is_dropped_for_its_transport() {
+    let (_f, a, b) = common::pair(Profile::Full);
+    // Its PSN is the one the RC QP expects next, so only the transport tells them apart.
+    let ud = new_qp(&a.pd, &a.cq, QpType::UD, 4, true);
+    use QpAttrMask as M;
+    let init = QpAttr { qp_state: QpState::INIT, port_num: 1, qkey: QKEY, ..Default::default() };
+    ud.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY).unwrap();
+    ud.modify(&QpAttr { qp_state: QpState::RTR, ..Default::default() }, M::STATE).unwrap();
+    let sq_psn = b.qp.query().unwrap().rq_psn;
+    let rts = QpAttr { qp_state: QpState::RTS, sq_psn, ..Default::default() };
+    ud.modify(&rts, M::STATE | M::SQ_PSN).unwrap();
+    let ep = b.qp.endpoint(0);
+    let attr = AhAttr { dlid: ep.lid, port_num: 1, ..Default::default() };
+    let ah = a.pd.create_ah(&attr).unwrap();
+    post_recv(&b.qp, 7, &[sge(&b.mr, 0, 64)]);
+    ud.post_send(&SendWr::send_ud(1, &[sge(&a.mr, 0, 8)], &ah, b.qp.qp_num(), QKEY).signaled())
+        .unwrap();
+    assert_eq!(wait1(&a.cq).status, WcStatus::SUCCESS, "sent");
+    // The RC QP's receive is still there for its own peer's SEND.
+    a.qp.post_send(&SendWr::send(2, &[sge(&a.mr, 8, 4)]).signaled()).unwrap();
+    assert_eq!(wait1(&a.cq).status, WcStatus::SUCCESS);
+    let r = wait1(&b.cq);
+    assert_eq!((r.wr_id, r.byte_len, r.src_qp), (7, 4, 0), "the RC SEND, not the datagram");
+    assert_eq!(b.qp.state(), QpState::RTS);
+}
+
+#[test]
 fn roce_address_handles_resolve_their_destination_as_the_kernel_does() {
     let (_f, a, b) = pair(Profile::Rxe);
     let good = ah_to(&a, &b).attr();

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use crate::{
     fabric::ring::Lent,
     mem::{MemFault, MemRegion, PeerRange},
-    types::Gid,
+    types::{Gid, QpType},
 };
 
 /// What a message is, at the granularity the engine moves it.
@@ -221,6 +221,8 @@ impl Piece<'_> {
 #[derive(Debug, Clone)]
 pub(crate) struct Packet {
     pub(crate) kind: Kind,
+    /// The sending QP's transport, which a BTH opcode names (requests; RC for the rest).
+    pub(crate) transport: QpType,
     pub(crate) src_dev: u32,
     pub(crate) src_qpn: u32,
     /// Source port's LID (0 on Ethernet), reported as `wc.slid`.
@@ -284,6 +286,7 @@ impl Packet {
     pub(crate) fn new(kind: Kind) -> Packet {
         Packet {
             kind,
+            transport: QpType::RC,
             src_dev: 0,
             src_qpn: 0,
             src_lid: 0,

@@ -375,6 +375,7 @@ fn build(qp: &QpShared, g: &mut QpInner, idx: u32) -> Result<Packet, WcStatus> {
         _ => return Err(WcStatus::LOC_QP_OP_ERR),
     };
     let mut pkt = Packet::new(kind);
+    pkt.transport = qp.qp_type;
     pkt.mtu = mtu;
     pkt.imm = imm;
     pkt.inv = (wqe.opcode == WrOpcode::SEND_WITH_INV).then_some(wqe.inv_rkey);

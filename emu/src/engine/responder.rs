@@ -101,9 +101,11 @@ pub(crate) fn receive(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mu
         super::xrc::result(qp, g, pkt, drv);
         return;
     }
-    // Requests to a QP that is not at least RTR (or is in ERR) are dropped, as on the wire.
+    // Requests to a QP that is not at least RTR (or is in ERR) are dropped, as on the wire;
+    // so are requests of another transport than the QP's (the BTH opcode's first 3 bits).
     if !matches!(g.state, QpState::RTR | QpState::RTS | QpState::SQD | QpState::SQE)
         || pkt.dst_port != g.attr.port_num
+        || !serves(qp.qp_type, pkt.transport)
     {
         return;
     }
@@ -179,6 +181,14 @@ pub(crate) fn receive(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mu
         Kind::CompareSwap | Kind::FetchAdd => atomic(qp, g, pkt, drv),
         Kind::AtomicWrite => atomic_write(qp, g, pkt, drv),
         _ => {}
+    }
+}
+
+/// Whether a QP of type `qp` takes requests sent by a QP of type `sender`.
+fn serves(qp: QpType, sender: QpType) -> bool {
+    match qp {
+        QpType::XRC_RECV => sender == QpType::XRC_SEND,
+        _ => qp == sender,
     }
 }
 

@@ -116,6 +116,7 @@ impl Victim {
     /// A UD SEND to our QP.
     fn send(&self, payload: Payload) -> Packet {
         let mut p = Packet::new(Kind::Send);
+        p.transport = crate::QpType::UD;
         (p.dst_qpn, p.qkey, p.src_qpn) = (self.qp.qp_num(), QKEY, u32::from(LIAR) << 16 | 1);
         p.len = payload.pieces().map(|p| p.len() as u32).sum();
         p.payload = payload;
@@ -236,6 +237,7 @@ fn hostile_child() {
     let me = std::process::id();
     let send = |payload| {
         let mut p = Packet::new(Kind::Send);
+        p.transport = crate::QpType::UD;
         (p.dst_qpn, p.qkey, p.src_qpn) = (v_qpn, QKEY, u32::from(LIAR) << 16 | 1);
         p.len = mine.len() as u32;
         p.payload = payload;

@@ -9,7 +9,7 @@ use std::{ops::Range, sync::Arc};
 use crate::{
     engine::packet::{Forwarded, Grh, Kind, NakCode, Packet, Payload, Piece, Syndrome},
     mem::{MemFault, PeerProcess, PeerRange},
-    types::Gid,
+    types::{Gid, QpType},
 };
 
 /// Bumped whenever the layout below changes; a mismatching packet is dropped.
@@ -215,6 +215,7 @@ fn encode_head(pkt: &Packet, pulled: bool, out: &mut Vec<u8>) {
         | u8::from(pulled) << 3;
     out.extend_from_slice(&[VERSION, kind, syn, syn_arg, flags, pkt.src_port, pkt.dst_port]);
     out.push(u8::from(pkt.grh.is_some()));
+    out.push(pkt.transport.0 as u8);
     for v in [pkt.src_dev, pkt.src_qpn, pkt.dst_dev, pkt.dst_qpn, pkt.psn, pkt.npkts] {
         out.extend_from_slice(&v.to_le_bytes());
     }
@@ -327,7 +328,8 @@ type Pulled = (u32, Vec<(u64, usize)>);
 
 fn decode_fields(bytes: &[u8]) -> Option<(Packet, Option<Range<usize>>, Option<Pulled>)> {
     let mut r = Reader(bytes);
-    let [version, kind, syn, syn_arg, flags, src_port, dst_port, has_grh] = r.take::<8>()?;
+    let [version, kind, syn, syn_arg, flags, src_port, dst_port, has_grh, transport] =
+        r.take::<9>()?;
     if version != VERSION {
         return None;
     }
@@ -343,6 +345,7 @@ fn decode_fields(bytes: &[u8]) -> Option<(Packet, Option<Range<usize>>, Option<P
         _ => return None,
     };
     p.solicited = flags & 1 != 0;
+    p.transport = QpType(u32::from(transport));
     (p.src_port, p.dst_port) = (src_port, dst_port);
     (p.src_dev, p.src_qpn, p.dst_dev) = (r.u32()?, r.u32()?, r.u32()?);
     (p.dst_qpn, p.psn, p.npkts) = (r.u32()?, r.u32()?, r.u32()?);
@@ -390,6 +393,7 @@ mod test {
     #[test]
     fn test_every_field_survives_a_round_trip() {
         let mut p = Packet::new(Kind::Send);
+        p.transport = QpType::UD;
         (p.src_dev, p.src_qpn, p.src_lid, p.src_port) = (1, 0x10011, 7, 2);
         (p.dst_dev, p.dst_port, p.dst_qpn, p.psn, p.npkts) = (0, 1, 0x20012, 0xabcdef, 3);
         (p.solicited, p.imm, p.va, p.rkey, p.len) = (true, Some(0x1234), 0xdead_beef, 9, 5);
