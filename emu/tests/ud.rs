@@ -224,6 +224,27 @@ fn a_datagram_to_a_connected_qp_is_dropped_for_its_transport() {
 }
 
 #[test]
+fn an_address_handle_of_another_pd_fails_the_wr_on_rxe_and_is_sent_on_the_full_profile() {
+    for profile in [Profile::Rxe, Profile::Full] {
+        let (_f, a, b) = pair(profile);
+        let other = a.n.ctx.alloc_pd().unwrap();
+        let ah = other.create_ah(&ah_to(&a, &b).attr()).unwrap();
+        post_recv(&b.qp, 5, &[sge(&b.n.mr, 0, 40 + 64)]);
+        let s = [sge(&a.n.mr, 0, 8)];
+        a.qp.post_send(&SendWr::send_ud(1, &s, &ah, b.qp.qp_num(), QKEY))
+            .expect("the post takes it");
+        let status = wait1(&a.n.cq).status;
+        if profile == Profile::Rxe {
+            assert_eq!(status, WcStatus::LOC_QP_OP_ERR);
+            assert_eq!(a.qp.query().unwrap().qp_state, QpState::ERR);
+        } else {
+            assert_eq!(status, WcStatus::SUCCESS, "mlx5 copies the address into the WQE");
+            assert_eq!(wait1(&b.n.cq).status, WcStatus::SUCCESS);
+        }
+    }
+}
+
+#[test]
 fn roce_address_handles_resolve_their_destination_as_the_kernel_does() {
     let (_f, a, b) = pair(Profile::Rxe);
     let good = ah_to(&a, &b).attr();

@@ -105,9 +105,6 @@ pub(crate) fn post(qp: &QpShared, g: &mut QpInner, wr: &SendWr<'_>) -> Result<()
     let ud = if qp.qp_type == QpType::UD {
         let Some(u) = wr.ud else { return Err(einval("a UD send needs an address handle")) };
         u.ah.check()?;
-        if !Arc::ptr_eq(&u.ah.0.pd, &qp.pd) {
-            return Err(einval("the address handle belongs to another PD"));
-        }
         let a = &u.ah.0.attr;
         let sgid = qp
             .ctx
@@ -128,7 +125,11 @@ pub(crate) fn post(qp: &QpShared, g: &mut QpInner, wr: &SendWr<'_>) -> Result<()
             },
             hop_limit: a.hop_limit,
         };
-        Some((dest, u.remote_qpn, u.remote_qkey, a.is_global.then_some(grh)))
+        // An AH of another PD is taken by the post: rxe fails the WR when it runs (a local
+        // QP operation error); mlx5 copies the AH's address into the WQE and sends.
+        let foreign =
+            !Arc::ptr_eq(&u.ah.0.pd, &qp.pd) && qp.ctx.device.profile == crate::Profile::Rxe;
+        Some((dest, u.remote_qpn, u.remote_qkey, a.is_global.then_some(grh), foreign))
     } else {
         None
     };
@@ -362,6 +363,9 @@ fn build(qp: &QpShared, g: &mut QpInner, idx: u32) -> Result<Packet, WcStatus> {
     if wqe.length > g.port.max_msg_sz || (wqe.ud.is_some() && wqe.length > g.port.mtu) {
         return Err(WcStatus::LOC_LEN_ERR);
     }
+    if wqe.ud.as_ref().is_some_and(|u| u.4) {
+        return Err(WcStatus::LOC_QP_OP_ERR);
+    }
     let (kind, imm) = match wqe.opcode {
         WrOpcode::SEND => (Kind::Send, None),
         WrOpcode::SEND_WITH_IMM => (Kind::Send, Some(wqe.imm)),
@@ -414,7 +418,7 @@ fn build(qp: &QpShared, g: &mut QpInner, idx: u32) -> Result<Packet, WcStatus> {
     pkt.src_lid = g.port.lid;
     pkt.src_port = g.attr.port_num;
     match g.sq.ring.at(idx).ud {
-        Some((dest, qpn, qkey, grh)) => {
+        Some((dest, qpn, qkey, grh, _)) => {
             (pkt.dst_dev, pkt.dst_port) = dest;
             pkt.dst_qpn = qpn;
             // A Q_Key with the high bit set means "use the QP's own" (IBA 10.2.5).

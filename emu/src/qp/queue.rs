@@ -7,9 +7,9 @@ use crate::{
     types::{SendFlags, Sge, WcStatus, WrOpcode},
 };
 
-/// A UD destination captured at post time: (device, port), QPN, Q_Key, and the GRH when the
-/// address handle has one.
-pub(crate) type UdTarget = ((u32, u8), u32, u32, Option<crate::engine::packet::Grh>);
+/// A UD destination captured at post time: (device, port), QPN, Q_Key, the GRH when the
+/// address handle has one, and whether the AH is of another PD than the QP's.
+pub(crate) type UdTarget = ((u32, u8), u32, u32, Option<crate::engine::packet::Grh>, bool);
 
 /// A send WQE: the posted request plus what the requester recorded when it transmitted it.
 #[derive(Debug, Default)]
