@@ -117,6 +117,15 @@ fn bad_local_lkey_is_loc_prot_err() {
     assert_eq!(ro.rkey(), ro.lkey(), "the full profile's rkey is the lkey, as mlx5's");
     a.qp.post_send(&SendWr::read(2, &[sge(&ro, 0, 8)], b.mr.addr(), b.mr.rkey())).unwrap();
     assert_eq!(wait1(&a.cq).status, WcStatus::LOC_PROT_ERR);
+
+    // Both keys bad: the local buffer is only touched when the data comes back, so the
+    // responder's refusal is what the READ reports (as rxe).
+    for profile in [Profile::Full, Profile::Rxe] {
+        let (_f, a, b) = pair(profile);
+        let bad = [Sge { addr: a.mr.addr(), length: 8, lkey: a.mr.lkey() ^ 0x100 }];
+        a.qp.post_send(&SendWr::read(3, &bad, b.mr.addr(), b.mr.rkey() ^ 0x100)).unwrap();
+        assert_eq!(wait1(&a.cq).status, WcStatus::REM_ACCESS_ERR, "{profile:?}");
+    }
 }
 
 #[test]

@@ -400,7 +400,11 @@ fn build(qp: &QpShared, g: &mut QpInner, idx: u32) -> Result<Packet, WcStatus> {
                 wqe.flags.contains(SendFlags::SOLICITED) && (kind == Kind::Send || imm.is_some());
         }
         Kind::ReadRequest => {
-            pkt.payload = sgl::resolve(qp, &wqe.sges, true).map_err(|_| WcStatus::LOC_PROT_ERR)?;
+            // A READ touches its local buffers only when the response arrives (rxe, and a
+            // NIC's DMA): with a bad lkey the request still goes, the responder's answer comes
+            // back as data, and placing it fails then (LOC_PROT_ERR), unless the responder
+            // refused first (a bad rkey: REM_ACCESS_ERR).
+            pkt.payload = sgl::resolve(qp, &wqe.sges, true).unwrap_or(Payload::Remote);
             pkt.npkts = packets_for(wqe.length, mtu);
         }
         _ => {
