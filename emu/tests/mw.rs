@@ -261,3 +261,52 @@ fn deallocated_window_grants_nothing_and_ud_qps_cannot_bind() {
     .unwrap();
     assert_eq!(ud.bind_mw(&mw, 1, SendFlags::empty(), &unbind).unwrap_err().errno(), Errno::EINVAL);
 }
+
+#[test]
+fn on_the_full_profile_only_the_windows_pd_binds_it_and_only_its_qp_invalidates_it() {
+    for profile in [Profile::Full, Profile::Rxe] {
+        let full = profile == Profile::Full;
+        let (_f, _a, b, target) = setup(profile);
+        // A type 1 window of b's PD, bound through a QP of another PD.
+        let mw = b.pd.alloc_mw(MwType::TYPE_1).unwrap();
+        let other_pd = b.ctx.alloc_pd().unwrap();
+        let stranger = new_qp(&other_pd, &b.cq, QpType::RC, 4, true);
+        let peer = new_qp(&other_pd, &b.cq, QpType::RC, 4, true);
+        connect(&stranger, &peer, &RcParams::default(), &RcParams::default());
+        let flags = SendFlags::SIGNALED;
+        stranger.bind_mw(&mw, 1, flags, &info(&target, 0, 64, AccessFlags::REMOTE_READ)).unwrap();
+        let want = if full { WcStatus::MW_BIND_ERR } else { WcStatus::SUCCESS };
+        assert_eq!(wait1(&b.cq).status, want, "{profile:?}: type 1 bind from another PD");
+
+        // A type 2 window bound to b.qp, invalidated by another QP of its PD.
+        let (_f, _a, b, target) = setup(profile);
+        let mw = b.pd.alloc_mw(MwType::TYPE_2).unwrap();
+        let bind = type2_bind(&mw, &target, 0, 64, AccessFlags::REMOTE_WRITE);
+        let rkey = bind.rkey;
+        b.qp.post_send(&SendWr::bind_mw(1, bind).signaled()).unwrap();
+        assert_eq!(wait1(&b.cq).status, WcStatus::SUCCESS);
+        let other = new_qp(&b.pd, &b.cq, QpType::RC, 4, true);
+        let peer = new_qp(&b.pd, &b.cq, QpType::RC, 4, true);
+        connect(&other, &peer, &RcParams::default(), &RcParams::default());
+        other.post_send(&SendWr::local_inv(2, rkey).signaled()).unwrap();
+        let want = if full { WcStatus::LOC_QP_OP_ERR } else { WcStatus::SUCCESS };
+        assert_eq!(wait1(&b.cq).status, want, "{profile:?}: LOCAL_INV from another QP");
+        assert_eq!(mw.is_bound(), full);
+    }
+}
+
+#[test]
+fn a_write_with_immediate_that_fails_its_rkey_completes_the_receive_as_each_device_does() {
+    for (profile, want) in
+        [(Profile::Full, WcStatus::LOC_ACCESS_ERR), (Profile::Rxe, WcStatus::REM_ACCESS_ERR)]
+    {
+        let (_f, a, b, target) = setup(profile);
+        post_recv(&b.qp, 9, &[sge(&b.mr, 0, 64)]);
+        let s = [sge(&a.mr, 0, 4)];
+        let w = SendWr::write(1, &s, target.addr(), target.rkey() ^ 0x80).with_imm(5);
+        a.qp.post_send(&w.signaled()).unwrap();
+        assert_eq!(wait1(&a.cq).status, WcStatus::REM_ACCESS_ERR);
+        let r = wait1(&b.cq);
+        assert_eq!((r.wr_id, r.status), (9, want), "{profile:?}");
+    }
+}

@@ -175,3 +175,37 @@ fn srq_create_limits_and_busy_destroys() {
         Errno::EINVAL
     );
 }
+
+#[test]
+fn srq_receive_buffers_are_checked_against_the_srqs_pd_on_the_full_profile_and_the_qps_on_rxe() {
+    for (profile, want) in
+        [(Profile::Full, WcStatus::SUCCESS), (Profile::Rxe, WcStatus::LOC_PROT_ERR)]
+    {
+        let f = Fabric::new(FabricConfig { devices: 2, profile, ..Default::default() });
+        let devs = f.devices();
+        let (tx, rx) = (node_on(&devs[0], 4096), node_on(&devs[1], 4096));
+        // The SRQ and its buffer in one PD, the QP that takes from it in another.
+        let srq_pd = rx.ctx.alloc_pd().unwrap();
+        let srq = srq_pd.create_srq(&SrqAttr { max_wr: 4, max_sge: 1, srq_limit: 0 }).unwrap();
+        let buf = srq_pd.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        let qp = rx
+            .pd
+            .create_qp(&QpInitAttr {
+                qp_type: QpType::RC,
+                send_cq: &rx.cq,
+                recv_cq: &rx.cq,
+                cap: cap(4),
+                sq_sig_all: false,
+                srq: Some(&srq),
+                max_tso_header: 0,
+                create_flags: QpCreateFlags::empty(),
+            })
+            .unwrap();
+        let p = RcParams::default();
+        connect(&tx.qp, &qp, &p, &p);
+        srq.post_recv(&RecvWr { wr_id: 9, sg_list: &[sge(&buf, 0, 64)] }).unwrap();
+        tx.qp.post_send(&SendWr::send(1, &[sge(&tx.mr, 0, 4)])).unwrap();
+        let wc = wait1(&rx.cq);
+        assert_eq!((wc.wr_id, wc.status), (9, want), "{profile:?}");
+    }
+}

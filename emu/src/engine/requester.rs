@@ -352,7 +352,7 @@ fn local_op(qp: &QpShared, g: &QpInner, idx: u32) -> Result<(), WcStatus> {
     if wqe.opcode == WrOpcode::BIND_MW {
         mw::bind(&keys, &qp.pd, qp.qpn, &wqe.bind).map_err(|()| WcStatus::MW_BIND_ERR)
     } else {
-        mw::invalidate(&keys, wqe.inv_rkey).map_err(|()| WcStatus::LOC_QP_OP_ERR)
+        mw::invalidate(&keys, wqe.inv_rkey, Some(qp.qpn)).map_err(|()| WcStatus::LOC_QP_OP_ERR)
     }
 }
 

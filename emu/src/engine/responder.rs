@@ -280,7 +280,7 @@ fn ud_receive(qp: &Arc<QpShared>, g: &mut QpInner, pkt: &Packet) {
         off += n;
     }
     let Some(r) = pop_recv(qp, g) else { return }; // no receive: the datagram is dropped
-    let res = sgl::scatter(&qp.pd, &r.sges, &Payload::Bytes(data.into()), total as u32);
+    let res = sgl::scatter(&recv_pd(qp, g), &r.sges, &Payload::Bytes(data.into()), total as u32);
     let wr_id = r.wr_id;
     done_recv(g, r);
     let status = match res {
@@ -322,6 +322,16 @@ fn recv_cq(qp: &QpShared, g: &QpInner) -> Arc<CqInner> {
     match &g.resp.xrc {
         Some(s) => s.xrc.as_ref().map_or_else(|| qp.recv_cq.clone(), |x| x.1.clone()),
         None => qp.recv_cq.clone(),
+    }
+}
+
+/// The PD a receive WQE's lkeys are checked against: an XRC SRQ's; a plain SRQ's in the full
+/// profile, as hardware (the WQE belongs to the SRQ), where rxe checks them against the QP's.
+fn recv_pd(qp: &QpShared, g: &QpInner) -> Arc<PdInner> {
+    match (&g.resp.xrc, &qp.srq) {
+        (Some(x), _) => x.pd.clone(),
+        (None, Some(s)) if qp.ctx.device.profile == crate::Profile::Full => s.pd.clone(),
+        _ => qp.pd.clone(),
     }
 }
 
@@ -452,13 +462,13 @@ fn send(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>) 
         rnr(qp, g, &pkt, drv);
         return;
     };
-    let res = sgl::scatter(&key_pd(qp, g), &r.sges, &pkt.payload, pkt.len);
+    let res = sgl::scatter(&recv_pd(qp, g), &r.sges, &pkt.payload, pkt.len);
     let wr_id = r.wr_id;
     done_recv(g, r);
     match res {
         Ok(()) => {
             if let Some(rkey) = pkt.inv
-                && mw::invalidate(&qp.ctx.device.keys.read(), rkey).is_err()
+                && mw::invalidate(&qp.ctx.device.keys.read(), rkey, Some(qp.qpn)).is_err()
             {
                 // The rkey names no window this SEND may invalidate: an invalid request.
                 let status = Some((WcStatus::REM_INV_REQ_ERR, wr_id));
@@ -558,7 +568,13 @@ fn write(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>)
     } else {
         None
     };
-    let recv_status = recv.map(|id| (WcStatus::REM_ACCESS_ERR, id));
+    // The receive of a WRITE with immediate that failed its rkey: rxe reports a remote access
+    // error; the full profile a local access error, as verbs documents for the responder.
+    let status = match qp.ctx.device.profile {
+        crate::Profile::Rxe => WcStatus::REM_ACCESS_ERR,
+        crate::Profile::Full => WcStatus::LOC_ACCESS_ERR,
+    };
+    let recv_status = recv.map(|id| (status, id));
     match dest {
         Ok(Some((region, off))) => {
             let dst = std::iter::once((&region, off, pkt.len as usize));

@@ -195,7 +195,7 @@ impl<'a> Target<'a> {
                     }
                 }
                 if let Some(rkey) = pkt.inv
-                    && mw::invalidate(&dev.keys.read(), rkey).is_err()
+                    && mw::invalidate(&dev.keys.read(), rkey, None).is_err()
                 {
                     return fails(WcStatus::REM_INV_REQ_ERR, NakCode::InvalidRequest);
                 }

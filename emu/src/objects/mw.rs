@@ -258,8 +258,12 @@ pub(crate) fn bind(keys: &KeyTable, pd: &Arc<PdInner>, qpn: u32, a: &BindArgs) -
     }
     match mw.mw_type {
         MwType::TYPE_1 => {
-            // o10-36.2.2: a type 1 window is never zero based.
-            if b.state != State::Valid || a.access.contains(AccessFlags::ZERO_BASED) {
+            // o10-36.2.2: a type 1 window is never zero based. The full profile also holds
+            // the binding QP to the window's PD, as hardware does (rxe does not check it).
+            if b.state != State::Valid
+                || a.access.contains(AccessFlags::ZERO_BASED)
+                || (mw.dev.profile == crate::Profile::Full && !Arc::ptr_eq(pd, &mw.pd))
+            {
                 return Err(());
             }
         }
@@ -301,12 +305,17 @@ pub(crate) fn bind(keys: &KeyTable, pd: &Arc<PdInner>, qpn: u32, a: &BindArgs) -
 }
 
 /// Invalidates the type 2 window `rkey` names (LOCAL_INV, or SEND_WITH_INV at the
-/// responder); `Err` when it names no bound type 2 window (o10-37.2.26). Memory regions
-/// registered from user space cannot be invalidated (rxe: only fast-registration MRs).
-pub(crate) fn invalidate(keys: &KeyTable, rkey: u32) -> Result<(), ()> {
+/// responder) for the QP `by_qpn`; `Err` when it names no bound type 2 window (o10-37.2.26)
+/// or, in the full profile, one bound to another QP (only the QP a window is bound to may
+/// invalidate it; rxe does not check). Memory regions registered from user space cannot be
+/// invalidated (rxe: only fast-registration MRs).
+pub(crate) fn invalidate(keys: &KeyTable, rkey: u32, by_qpn: Option<u32>) -> Result<(), ()> {
     let mw = keys.mw(rkey).ok_or(())?;
     let mut b = mw.binding.lock();
     if b.rkey != rkey || mw.mw_type != MwType::TYPE_2 || b.state != State::Valid {
+        return Err(());
+    }
+    if mw.dev.profile == crate::Profile::Full && by_qpn.is_some_and(|q| q != b.qpn) {
         return Err(());
     }
     b.unbind();
