@@ -500,7 +500,8 @@ fn multicast_reaches_the_members_in_every_process() {
     qb.detach_mcast(&mgid, 0xc001).unwrap();
     qa.post_send(&SendWr::send_ud(2, &[sge(&a.mr, 0, 12)], &ah, 0xff_ffff, 5)).unwrap();
     let ep = qb.endpoint(0);
-    let direct = AhAttr { is_global: true, dgid: ep.gid, port_num: 1, ..Default::default() };
+    let direct =
+        AhAttr { is_global: true, dgid: ep.gid, dlid: ep.lid, port_num: 1, ..Default::default() };
     let ah_b = a.pd.create_ah(&direct).unwrap();
     a.mr.write(16, b"just for b").unwrap();
     qa.post_send(&SendWr::send_ud(3, &[sge(&a.mr, 16, 10)], &ah_b, ep.qpn, 5)).unwrap();

@@ -439,6 +439,26 @@ fn several_ports_per_device_route_by_lid_and_gid() {
 }
 
 #[test]
+fn infiniband_routes_by_lid_even_when_a_grh_names_another_port() {
+    let f = Fabric::new(FabricConfig { ports: 2, ..Default::default() });
+    let devs = f.devices();
+    let (a, b) = (node_on(&devs[0], 4096), node_on(&devs[1], 4096));
+    let (qa, qb) = (ud_qp(&a, 5, 4), ud_qp(&b, 5, 4)); // both on port 1; b's LID is 3
+    let gid = devs[1].query_gid(1, 0).unwrap();
+    let to = |dlid| {
+        let attr = AhAttr { is_global: true, dgid: gid, dlid, port_num: 1, ..Default::default() };
+        a.pd.create_ah(&attr).unwrap()
+    };
+    post_recv(&qb, 1, &[sge(&b.mr, 0, 128)]);
+    // The GRH names b's port 1, the DLID its port 2: the subnet delivers to port 2.
+    qa.post_send(&SendWr::send_ud(1, &[sge(&a.mr, 0, 8)], &to(4), qb.qp_num(), 5)).unwrap();
+    qa.post_send(&SendWr::send_ud(2, &[sge(&a.mr, 0, 4)], &to(3), qb.qp_num(), 5)).unwrap();
+    assert_eq!(wait_n(&a.cq, 2).len(), 2);
+    let r = wait1(&b.cq);
+    assert_eq!(r.byte_len, 40 + 4, "only the datagram to port 1's LID arrived");
+}
+
+#[test]
 fn address_vector_port_must_be_the_qps_port() {
     let f = Fabric::new(FabricConfig { ports: 2, ..Default::default() });
     let devs = f.devices();

@@ -326,11 +326,13 @@ impl FabricInner {
         self.qps.read().get(&qpn)?.upgrade()
     }
 
-    /// The device and port an address vector leads to: by GID when it carries a GRH, else by
-    /// LID.
+    /// The device and port an address vector leads to: on RoCE by its GID; on InfiniBand by
+    /// its DLID, as a subnet's switches forward (a GRH only matters between subnets).
     pub(crate) fn route(&self, ah: &AhAttr) -> Option<(u32, u8)> {
         self.devices.iter().find_map(|d| {
-            let port = if ah.is_global { d.has_gid(&ah.dgid) } else { d.has_lid(ah.dlid) };
+            let roce =
+                d.port(1).is_ok_and(|p| p.attr.lock().link_layer == crate::LinkLayer::ETHERNET);
+            let port = if roce { d.has_gid(&ah.dgid) } else { d.has_lid(ah.dlid) };
             port.map(|p| (d.id.index, p))
         })
     }
