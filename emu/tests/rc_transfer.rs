@@ -48,6 +48,15 @@ fn send_with_imm_and_roce_grh_flag() {
     assert_eq!(r.imm_data, 0xdead_beef);
     assert_eq!(r.wc_flags, WcFlags::GRH | WcFlags::WITH_IMM, "rxe sets GRH on every RoCE receive");
     assert_eq!(r.slid, 0);
+
+    // mlx5 (the full profile) says a GRH came only on UD receives.
+    let cfg = FabricConfig { link_layer: LinkLayer::ETHERNET, ..Default::default() };
+    let f = Fabric::new(cfg);
+    let (a, b) = (node_on(&f.devices()[0], 4096), node_on(&f.devices()[1], 4096));
+    connect(&a.qp, &b.qp, &RcParams::default(), &RcParams::default());
+    post_recv(&b.qp, 1, &[sge(&b.mr, 0, 64)]);
+    a.qp.post_send(&SendWr::send(2, &[sge(&a.mr, 0, 8)]).with_imm(7)).unwrap();
+    assert_eq!(wait1(&b.cq).wc_flags, WcFlags::WITH_IMM);
 }
 
 #[test]

@@ -427,10 +427,12 @@ pub(super) fn rnr(qp: &QpShared, g: &mut QpInner, pkt: &Packet, drv: &mut Driver
     drv.send(&mut g.route, r);
 }
 
-/// The flags a receive completion of `pkt` carries on a RoCE port or not.
-pub(super) fn recv_flags(roce: bool, pkt: &Packet) -> WcFlags {
+/// The flags a receive completion of `pkt` on a connected QP carries; `grh`: whether it says
+/// a GRH came (rxe sets `IBV_WC_GRH` on every receive over RoCE; mlx5, which the full profile
+/// follows, only on UD receives).
+pub(super) fn recv_flags(grh: bool, pkt: &Packet) -> WcFlags {
     let mut f = WcFlags::empty();
-    if roce {
+    if grh {
         f |= WcFlags::GRH;
     }
     if pkt.imm.is_some() {
@@ -443,7 +445,8 @@ pub(super) fn recv_flags(roce: bool, pkt: &Packet) -> WcFlags {
 }
 
 fn complete_recv(qp: &Arc<QpShared>, g: &mut QpInner, pkt: &Packet, opcode: WcOpcode, wr_id: u64) {
-    let mut w = wc_ok(qp, wr_id, opcode, pkt.len, recv_flags(g.port.roce, pkt));
+    let grh = g.port.roce && qp.ctx.device.profile == crate::Profile::Rxe;
+    let mut w = wc_ok(qp, wr_id, opcode, pkt.len, recv_flags(grh, pkt));
     // `imm_data` and `invalidated_rkey` share the completion's union.
     w.imm_data = pkt.imm.or(pkt.inv).unwrap_or(0);
     w.slid = pkt.src_lid;

@@ -31,7 +31,7 @@ use crate::{
     mem::{MemFault, MemRegion},
     objects::{device::DeviceInner, mw, srq::SrqInner, xrcd::XrcdInner},
     qp::{QpInner, QpShared},
-    types::{AccessFlags, LinkLayer, Wc, WcOpcode, WcStatus},
+    types::{AccessFlags, Wc, WcOpcode, WcStatus},
 };
 
 /// Whether the SRQ `pkt` names may live in another process of the domain: the domain is
@@ -209,13 +209,12 @@ impl<'a> Target<'a> {
                 WcOpcode::RECV_RDMA_WITH_IMM
             }
         };
-        let roce =
-            dev.port(pkt.dst_port).is_ok_and(|p| p.attr.lock().link_layer == LinkLayer::ETHERNET);
+        // XRC is the full profile's: as mlx5, no IBV_WC_GRH on a connected QP's receive.
         let wc = Wc {
             status: WcStatus::SUCCESS,
             opcode,
             byte_len: pkt.len,
-            wc_flags: recv_flags(roce, pkt),
+            wc_flags: recv_flags(false, pkt),
             // `imm_data` and `invalidated_rkey` share the completion's union.
             imm_data: pkt.imm.or(pkt.inv).unwrap_or(0),
             slid: pkt.src_lid,
