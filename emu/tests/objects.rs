@@ -207,6 +207,22 @@ fn rereg_moves_an_mr_to_new_memory_under_the_same_keys() {
 }
 
 #[test]
+fn zero_based_mrs_count_from_zero_on_the_full_profile_and_rxe_ignores_the_flag() {
+    for profile in [Profile::Full, Profile::Rxe] {
+        let f = Fabric::new(FabricConfig { devices: 1, profile, ..Default::default() });
+        let pd = f.devices()[0].open().unwrap().alloc_pd().unwrap();
+        let mut buf = vec![0u64; 8];
+        let host = buf.as_mut_ptr() as u64;
+        // SAFETY: `buf` outlives the MR, deregistered below.
+        let raw = unsafe { RawMemory::new(buf.as_mut_ptr().cast(), 64) };
+        let mr = pd.reg_mr_raw(raw, host, ALL_ACCESS | AccessFlags::ZERO_BASED).unwrap();
+        let want = if profile == Profile::Full { 0 } else { host };
+        assert_eq!(mr.addr(), want, "{profile:?}");
+        mr.dereg().unwrap();
+    }
+}
+
+#[test]
 fn registering_memory_that_cannot_be_pinned_is_efault() {
     let f = Fabric::new(FabricConfig::default());
     let pd = f.devices()[0].open().unwrap().alloc_pd().unwrap();

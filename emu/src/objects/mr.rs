@@ -17,6 +17,7 @@ use super::{
 use crate::{
     error::{Errno, Error, Result, einval},
     mem::{MemRegion, RawMemory},
+    profile::Profile,
     types::AccessFlags,
 };
 
@@ -125,9 +126,15 @@ fn check_access(access: AccessFlags) -> Result<()> {
 /// rxe hands out an rkey only to MRs with a remote access right (others report rkey 0); on
 /// mlx5, which the full profile follows, the rkey is the lkey whatever the access, so an rkey
 /// saved at registration stays valid when `rereg` grants remote access later.
-fn rkey_for(profile: crate::Profile, key: u32, access: AccessFlags) -> u32 {
+fn rkey_for(profile: Profile, key: u32, access: AccessFlags) -> u32 {
     let remote = AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
-    if profile == crate::Profile::Full || access.intersects(remote) { key } else { 0 }
+    if profile == Profile::Full || access.intersects(remote) { key } else { 0 }
+}
+
+/// The iova of an MR's first byte: 0 for a zero-based MR in the full profile (mlx5 honours
+/// `IBV_ACCESS_ZERO_BASED`; rxe ignores it).
+fn effective_iova(profile: Profile, access: AccessFlags, iova: u64) -> u64 {
+    if access.contains(AccessFlags::ZERO_BASED) && profile == Profile::Full { 0 } else { iova }
 }
 
 /// The kernel pins an MR's pages for writing when any of these rights lets the device or a
@@ -175,6 +182,7 @@ impl Mr {
             pin(&region, access)?;
         }
         let dev = pd.0.ctx.device.clone();
+        let iova = effective_iova(dev.profile, access, iova);
         ResourceCounts::take(&dev.counts.mr, dev.attr.max_mr, "too many memory regions")?;
         if let Err(e) = pd.0.life.get() {
             ResourceCounts::give(&dev.counts.mr);
@@ -306,7 +314,7 @@ impl Mr {
     /// windows bound cannot take new memory (`EINVAL`).
     pub fn rereg(&self, what: Rereg<'_>) -> Result<()> {
         self.0.life.check()?;
-        if self.0.dev.profile == crate::Profile::Rxe {
+        if self.0.dev.profile == Profile::Rxe {
             return Err(Error::new(Errno::EOPNOTSUPP, "rxe does not support rereg_mr"));
         }
         let old = self.snapshot();
@@ -326,7 +334,7 @@ impl Mr {
                     return Err(einval("iova range overflows"));
                 }
                 pin(&mem.0, access)?;
-                (Arc::new(mem.0), iova)
+                (Arc::new(mem.0), effective_iova(self.0.dev.profile, access, iova))
             }
             None => {
                 // New rights over the same pages: a writable right pins them for writing.

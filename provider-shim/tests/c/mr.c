@@ -119,6 +119,24 @@ static void rereg(struct side *a, struct side *b)
 	free(mem);
 }
 
+/* IBV_ACCESS_ZERO_BASED: mlx5 (the full profile) counts the MR's addresses from 0; rxe
+ * ignores the flag and keeps the virtual address. */
+static void zero_based(struct side *a, struct side *b)
+{
+	char *mem = aligned_alloc(4096, BUF);
+	struct ibv_mr *mr;
+
+	CHECK(mem);
+	memset(mem, 0, BUF);
+	CHECK(mr = ibv_reg_mr(b->pd, mem, BUF, ALL_ACCESS | IBV_ACCESS_ZERO_BASED));
+	CHECK(mr->addr == mem);
+	memcpy(a->buf, "zerobase", 8);
+	CHECK(write_word(a, b, rxe ? (uintptr_t)mem + 24 : 24, mr->rkey) == IBV_WC_SUCCESS);
+	CHECK(memcmp(mem + 24, "zerobase", 8) == 0);
+	CHECK(ibv_dereg_mr(mr) == 0);
+	free(mem);
+}
+
 static void device_memory(struct side *a)
 {
 	struct ibv_alloc_dm_attr attr = { .length = 64 };
@@ -148,6 +166,7 @@ int main(void)
 	setup_pair(list, &a, &b);
 	pinning(&a);
 	rereg(&a, &b);
+	zero_based(&a, &b);
 	device_memory(&a);
 	printf("mr ok\n");
 	return 0;
