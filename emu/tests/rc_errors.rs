@@ -246,8 +246,8 @@ fn reset_takes_the_qps_completions_out_of_its_cqs_on_the_full_profile_only() {
 }
 
 #[test]
-fn posting_in_states_that_forbid_it_gives_einval() {
-    let fabric = Fabric::new(FabricConfig::default());
+fn posting_below_rts_is_einval_on_rxe_and_queued_until_rts_on_the_full_profile() {
+    let fabric = Fabric::new(FabricConfig { profile: Profile::Rxe, ..Default::default() });
     let n = node_on(&fabric.devices()[0], 4096);
     let s = [sge(&n.mr, 0, 8)];
     let send = SendWr::send(1, &s);
@@ -264,6 +264,18 @@ fn posting_in_states_that_forbid_it_gives_einval() {
     .unwrap();
     assert_eq!(n.qp.post_send(&send).unwrap_err().errno(), Errno::EINVAL, "INIT");
     n.qp.post_recv(&RecvWr { wr_id: 1, sg_list: &s }).unwrap();
+
+    // mlx5 queues both in RESET; the SEND goes out when its QP reaches RTS.
+    let fabric = Fabric::new(FabricConfig::default());
+    let (a, b) = (node_on(&fabric.devices()[0], 4096), node_on(&fabric.devices()[1], 4096));
+    b.qp.post_recv(&RecvWr { wr_id: 9, sg_list: &[sge(&b.mr, 0, 64)] }).unwrap();
+    a.mr.write(0, b"early").unwrap();
+    a.qp.post_send(&SendWr::send(1, &[sge(&a.mr, 0, 5)]).signaled()).unwrap();
+    assert_empty(&a.cq);
+    connect(&a.qp, &b.qp, &RcParams::default(), &RcParams::default());
+    assert_eq!(wait1(&a.cq).status, WcStatus::SUCCESS);
+    let r = wait1(&b.cq);
+    assert_eq!((r.wr_id, r.byte_len), (9, 5));
 }
 
 #[test]

@@ -51,7 +51,11 @@ pub(crate) fn post(qp: &QpShared, g: &mut QpInner, wr: &SendWr<'_>) -> Result<()
     if qp.qp_type == QpType::XRC_RECV || qp.rss.is_some() {
         return Err(einval("an XRC target or RSS QP has no send queue"));
     }
-    if matches!(g.state, QpState::RESET | QpState::INIT | QpState::RTR) {
+    // rxe refuses a post below RTS; mlx5 (the full profile) queues the WQE, which goes out
+    // once the QP reaches RTS (a move to RESET discards it).
+    if matches!(g.state, QpState::RESET | QpState::INIT | QpState::RTR)
+        && qp.ctx.device.profile == crate::Profile::Rxe
+    {
         return Err(einval("QP is not ready to send (state below RTS)"));
     }
     let cap = &qp.cap;

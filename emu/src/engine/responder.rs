@@ -72,7 +72,8 @@ pub(crate) fn post_recv(qp: &Arc<QpShared>, g: &mut QpInner, wr: &RecvWr<'_>) ->
     if qp.srq.is_some() || qp.rss.is_some() {
         return Err(einval("the QP takes its receives from an SRQ or its WQs"));
     }
-    if g.state == QpState::RESET {
+    // rxe refuses a receive posted in RESET; mlx5 (the full profile) queues it.
+    if g.state == QpState::RESET && qp.ctx.device.profile == crate::Profile::Rxe {
         return Err(einval("QP is in RESET"));
     }
     g.rq.post(wr, qp.cap.max_recv_sge, "receive queue is full")?;
