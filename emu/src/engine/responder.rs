@@ -474,9 +474,13 @@ fn send(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>) 
             if let Some(rkey) = pkt.inv
                 && mw::invalidate(&qp.ctx.device.keys.read(), rkey, Some(qp.qpn)).is_err()
             {
-                // The rkey names no window this SEND may invalidate: an invalid request.
-                let status = Some((WcStatus::REM_INV_REQ_ERR, wr_id));
-                return fail(qp, g, &pkt, NakCode::InvalidRequest, status, drv);
+                // The rkey names no window this SEND may invalidate (IBA 9.9.6.3, responder
+                // class J, as rxe): the message was received, so it is acknowledged, but the
+                // receive completes in error and the QP goes to ERR; no NAK.
+                ack(qp, g, &pkt, drv);
+                let _ = recv_cq(qp, g).push(wc(qp, wr_id, WcStatus::REM_INV_REQ_ERR), true);
+                enter_error(qp, g);
+                return;
             }
             complete_recv(qp, g, &pkt, WcOpcode::RECV, wr_id);
             ack(qp, g, &pkt, drv);
