@@ -263,6 +263,12 @@ impl Gid {
     /// The all-zero GID (an unused table entry).
     pub const ZERO: Gid = Gid([0; 16]);
 
+    /// The IPv4 address of an IPv4-mapped GID (`::ffff:a.b.c.d`).
+    pub(crate) fn ipv4(&self) -> Option<[u8; 4]> {
+        let g = &self.0;
+        (g[..10] == [0; 10] && g[10..12] == [0xff, 0xff]).then(|| [g[12], g[13], g[14], g[15]])
+    }
+
     /// `fe80::` followed by the 64-bit interface identifier `guid`.
     pub fn link_local(guid: u64) -> Gid {
         let mut g = [0u8; 16];

@@ -213,8 +213,8 @@ fn send_with_invalidate_of_an_rkey_it_cannot_invalidate_fails_the_receive_withou
     for profile in [Profile::Full, Profile::Rxe] {
         let (_f, a, b, target) = setup(profile);
         post_recv(&b.qp, 30, &[sge(&b.mr, 0, 64)]);
-        let inv = SendWr::send_inv(40, &[sge(&a.mr, 0, 3)], target.rkey());
-        a.qp.post_send(&inv.signaled()).unwrap();
+        let s = [sge(&a.mr, 0, 3)];
+        a.qp.post_send(&SendWr::send_inv(40, &s, target.rkey()).signaled()).unwrap();
         assert_eq!(wait1(&a.cq).status, WcStatus::SUCCESS, "{profile:?}");
         assert_eq!(wait1(&b.cq).status, WcStatus::REM_INV_REQ_ERR);
         assert_eq!(b.qp.state(), QpState::ERR);

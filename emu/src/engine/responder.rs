@@ -221,11 +221,11 @@ pub(super) fn advance(g: &mut QpInner, pkt: &Packet) {
 /// an IB GRH (IBA 8.3, next header 0x1B). `headers` is the length of BTH and the extended
 /// headers after it.
 fn grh_bytes(grh: &Grh, paylen: u32, headers: u32, roce: bool) -> [u8; 40] {
-    use crate::fabric::pcap::{ipv4_header, ipv4_of, ipv6_first_word};
+    use crate::fabric::pcap::{ipv4_header, ipv6_first_word};
     let mut h = [0u8; 40];
     let pad = (4 - paylen % 4) % 4;
     let udp_len = 8 + headers + paylen + pad + 4; // UDP, headers, payload, pad, ICRC
-    if let (Some(s), Some(d)) = (ipv4_of(&grh.sgid), ipv4_of(&grh.dgid)) {
+    if let (Some(s), Some(d)) = (grh.sgid.ipv4(), grh.dgid.ipv4()) {
         let ip = ipv4_header(s, d, udp_len as usize, grh.traffic_class, grh.hop_limit);
         h[20..].copy_from_slice(&ip);
         return h;
@@ -246,7 +246,7 @@ fn grh_bytes(grh: &Grh, paylen: u32, headers: u32, roce: bool) -> [u8; 40] {
 fn roce_sl(profile: crate::Profile, grh: &Grh) -> u8 {
     match profile {
         crate::Profile::Rxe => 0,
-        crate::Profile::Full if crate::fabric::pcap::ipv4_of(&grh.sgid).is_some() => 2,
+        crate::Profile::Full if grh.sgid.ipv4().is_some() => 2,
         crate::Profile::Full => 1,
     }
 }

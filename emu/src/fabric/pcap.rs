@@ -318,12 +318,6 @@ fn headers(pkt: &Packet, prefix: u8, place: Place, psn: u32, data_len: usize) ->
     h
 }
 
-/// The IPv4 address of an IPv4-mapped GID (`::ffff:a.b.c.d`).
-pub(crate) fn ipv4_of(g: &Gid) -> Option<[u8; 4]> {
-    (g.0[..10] == [0; 10] && g.0[10..12] == [0xff, 0xff])
-        .then(|| [g.0[12], g.0[13], g.0[14], g.0[15]])
-}
-
 /// The MAC address behind a GID: the EUI-64 interface identifier of a link-local GID, or a
 /// locally administered address from its last bytes.
 fn mac_of(g: &Gid) -> [u8; 6] {
@@ -378,7 +372,7 @@ fn frame(ends: &Ends, transport: &[u8], data: &[u8], damaged: bool) -> Vec<u8> {
     let pad = (4 - data.len() % 4) % 4;
     let udp_len = 8 + transport.len() + data.len() + pad + 4;
     let (src, dst) = (&ends.ip.sgid, &ends.ip.dgid);
-    let v4 = ipv4_of(src).zip(ipv4_of(dst));
+    let v4 = src.ipv4().zip(dst.ipv4());
     let mut f = Vec::with_capacity(14 + 40 + udp_len);
     f.extend_from_slice(&mac_of(dst));
     f.extend_from_slice(&mac_of(src));

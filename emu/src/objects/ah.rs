@@ -29,7 +29,7 @@ pub(crate) fn resolve_roce(
     attr: &mut AhAttr,
 ) -> Result<()> {
     let d = &attr.dgid;
-    let v4 = |g: &Gid| crate::fabric::pcap::ipv4_of(g);
+    let v4 = Gid::ipv4;
     let multicast = match v4(d) {
         Some(ip) => ip[0] & 0xf0 == 0xe0,
         None => d.0[0] == 0xff,
