@@ -137,6 +137,19 @@ fn effective_iova(profile: Profile, access: AccessFlags, iova: u64) -> u64 {
     if access.contains(AccessFlags::ZERO_BASED) && profile == Profile::Full { 0 } else { iova }
 }
 
+/// Checks the range `len` bytes at `iova` an MR would cover. Pinning no pages fails in the
+/// kernel; a device memory MR (`device_memory`) of length 0 only has its bounds checked (small
+/// allocations with fractional sizes produce them).
+fn check_range(len: usize, iova: u64, device_memory: bool) -> Result<()> {
+    if len == 0 && !device_memory {
+        return Err(einval("zero-length memory region"));
+    }
+    if iova.checked_add((len as u64).saturating_sub(1)).is_none() {
+        return Err(einval("iova range overflows"));
+    }
+    Ok(())
+}
+
 /// The kernel pins an MR's pages for writing when any of these rights lets the device or a
 /// window write them (`ib_access_writable`).
 fn writable(access: AccessFlags) -> bool {
@@ -170,14 +183,7 @@ impl Mr {
         app_memory: bool,
     ) -> Result<Mr> {
         check_access(access)?;
-        // Pinning no pages fails in the kernel; a device memory MR of length 0 only has its
-        // bounds checked (small allocations with fractional sizes produce them).
-        if region.len() == 0 && dm.is_none() {
-            return Err(einval("zero-length memory region"));
-        }
-        if iova.checked_add((region.len() as u64).saturating_sub(1)).is_none() {
-            return Err(einval("iova range overflows"));
-        }
+        check_range(region.len(), iova, dm.is_some())?;
         if app_memory {
             pin(&region, access)?;
         }
@@ -328,11 +334,8 @@ impl Mr {
             Some(_) if old.windows.load(Ordering::Acquire) > 0 => {
                 return Err(einval("memory windows are bound to the MR"));
             }
-            Some((mem, _)) if mem.0.len() == 0 => return Err(einval("zero-length memory region")),
             Some((mem, iova)) => {
-                if iova.checked_add(mem.0.len() as u64 - 1).is_none() {
-                    return Err(einval("iova range overflows"));
-                }
+                check_range(mem.0.len(), iova, false)?;
                 pin(&mem.0, access)?;
                 (Arc::new(mem.0), effective_iova(self.0.dev.profile, access, iova))
             }
