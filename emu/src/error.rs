@@ -29,6 +29,7 @@ impl Errno {
     pub const ENODATA: Errno = Errno(libc::ENODATA);
     pub const EADDRINUSE: Errno = Errno(libc::EADDRINUSE);
     pub const EADDRNOTAVAIL: Errno = Errno(libc::EADDRNOTAVAIL);
+    pub const EHOSTUNREACH: Errno = Errno(libc::EHOSTUNREACH);
 
     /// The raw (positive) value.
     pub fn raw(self) -> i32 {
@@ -55,6 +56,7 @@ impl Errno {
             libc::EOPNOTSUPP => "EOPNOTSUPP",
             libc::ETIMEDOUT => "ETIMEDOUT",
             libc::ENODATA => "ENODATA",
+            libc::EHOSTUNREACH => "EHOSTUNREACH",
             _ => return None,
         })
     }

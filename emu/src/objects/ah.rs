@@ -54,6 +54,36 @@ pub(crate) fn resolve_roce(
     Ok(())
 }
 
+/// The Ethernet address a RoCE destination resolves to, as libibverbs' neighbour lookup
+/// (`ibv_resolve_eth_l2_from_gid`) finds it from source port `port`: a multicast GID's
+/// mapped MAC (`01:00:5e` + 23 bits for IPv4, `33:33` + 32 bits for IPv6), else the MAC of the
+/// device that owns the GID. `EINVAL` on an InfiniBand port (no netdev to route on), for a
+/// GID index with no GID or GIDs of different IP families; `EHOSTUNREACH` when no port owns
+/// the destination.
+pub(crate) fn resolve_eth_l2(
+    fabric: &FabricInner,
+    port: &PortInner,
+    attr: &AhAttr,
+) -> Result<[u8; 6]> {
+    if port.attr.lock().link_layer != LinkLayer::ETHERNET {
+        return Err(einval("an InfiniBand port has no Ethernet neighbours"));
+    }
+    let Some(sgid) = port.gids.iter().find(|e| e.index == attr.sgid_index as u32) else {
+        return Err(einval("sgid_index names no GID"));
+    };
+    let d = &attr.dgid.0;
+    match Gid::ipv4(&attr.dgid) {
+        Some(ip) if ip[0] & 0xf0 == 0xe0 => return Ok([1, 0, 0x5e, ip[1] & 0x7f, ip[2], ip[3]]),
+        None if d[0] == 0xff => return Ok([0x33, 0x33, d[12], d[13], d[14], d[15]]),
+        _ => {}
+    }
+    if Gid::ipv4(&attr.dgid).is_some() != Gid::ipv4(&sgid.gid).is_some() {
+        return Err(einval("the source and destination GIDs are of different IP families"));
+    }
+    let owner = fabric.route(attr).and_then(|(dev, _)| fabric.devices.get(dev as usize));
+    owner.map(|d| d.id.mac).ok_or(Error::new(Errno::EHOSTUNREACH, "no neighbour has that GID"))
+}
+
 #[derive(Debug)]
 pub(crate) struct AhInner {
     pub(crate) pd: Arc<PdInner>,

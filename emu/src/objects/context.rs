@@ -106,7 +106,15 @@ impl Context {
         self.device().query_port(port)
     }
 
-    /// `ibv_alloc_pd`.
+    /// `ibv_resolve_eth_l2_from_gid`: the MAC address `attr`'s destination GID resolves to
+    /// from port `port` (see [`AhAttr`](crate::AhAttr)); `EINVAL` on an InfiniBand port, for
+    /// an `sgid_index` with no GID or GIDs of different IP families, `EHOSTUNREACH` when no
+    /// port on the fabric has the GID.
+    pub fn resolve_eth_l2(&self, port: u8, attr: &crate::AhAttr) -> Result<[u8; 6]> {
+        let p = self.0.device.port(port)?;
+        super::ah::resolve_eth_l2(&self.0.fabric, p, attr)
+    }
+
     /// `ibv_open_xrcd`; see [`Xrcd`](crate::Xrcd) for how `file` and `oflags` decide between
     /// a new domain and a shared one.
     pub fn open_xrcd(
@@ -117,6 +125,7 @@ impl Context {
         super::xrcd::Xrcd::open(self, file, oflags)
     }
 
+    /// `ibv_alloc_pd`.
     pub fn alloc_pd(&self) -> Result<Pd> {
         let dev = &self.0.device;
         ResourceCounts::take(&dev.counts.pd, dev.attr.max_pd, "too many protection domains")?;

@@ -740,6 +740,103 @@ mirrors! {
         alt_timeout: u8,
         rate_limit: u32,
     }
+    ib_uverbs_global_route = "struct ib_uverbs_global_route" {
+        dgid: [u8; 16],
+        flow_label: u32,
+        sgid_index: u8,
+        hop_limit: u8,
+        traffic_class: u8,
+        reserved: u8,
+    }
+    ib_uverbs_ah_attr = "struct ib_uverbs_ah_attr" {
+        grh: ib_uverbs_global_route,
+        dlid: u16,
+        sl: u8,
+        src_path_bits: u8,
+        static_rate: u8,
+        is_global: u8,
+        port_num: u8,
+        reserved: u8,
+    }
+    /// The kernel's QP attributes (`<rdma/ib_user_verbs.h>`), as `ibv_copy_qp_attr_from_kern`
+    /// reads them.
+    ib_uverbs_qp_attr = "struct ib_uverbs_qp_attr" {
+        qp_attr_mask: u32,
+        qp_state: u32,
+        cur_qp_state: u32,
+        path_mtu: u32,
+        path_mig_state: u32,
+        qkey: u32,
+        rq_psn: u32,
+        sq_psn: u32,
+        dest_qp_num: u32,
+        qp_access_flags: u32,
+        ah_attr: ib_uverbs_ah_attr,
+        alt_ah_attr: ib_uverbs_ah_attr,
+        max_send_wr: u32,
+        max_recv_wr: u32,
+        max_send_sge: u32,
+        max_recv_sge: u32,
+        max_inline_data: u32,
+        pkey_index: u16,
+        alt_pkey_index: u16,
+        en_sqd_async_notify: u8,
+        sq_draining: u8,
+        max_rd_atomic: u8,
+        max_dest_rd_atomic: u8,
+        min_rnr_timer: u8,
+        port_num: u8,
+        timeout: u8,
+        retry_cnt: u8,
+        rnr_retry: u8,
+        alt_port_num: u8,
+        alt_timeout: u8,
+        reserved: [u8; 5],
+    }
+    /// The kernel's path record (`<rdma/ib_user_sa.h>`).
+    ib_user_path_rec = "struct ib_user_path_rec" {
+        dgid: [u8; 16],
+        sgid: [u8; 16],
+        dlid: u16,
+        slid: u16,
+        raw_traffic: u32,
+        flow_label: u32,
+        reversible: u32,
+        mtu: u32,
+        pkey: u16,
+        hop_limit: u8,
+        traffic_class: u8,
+        numb_path: u8,
+        sl: u8,
+        mtu_selector: u8,
+        rate_selector: u8,
+        rate: u8,
+        packet_life_time_selector: u8,
+        packet_life_time: u8,
+        preference: u8,
+    }
+    /// libibverbs' path record (`<infiniband/sa.h>`).
+    ibv_sa_path_rec = "struct ibv_sa_path_rec" {
+        dgid: ibv_gid,
+        sgid: ibv_gid,
+        dlid: u16,
+        slid: u16,
+        raw_traffic: c_int,
+        flow_label: u32,
+        hop_limit: u8,
+        traffic_class: u8,
+        reversible: c_int,
+        numb_path: u8,
+        pkey: u16,
+        sl: u8,
+        mtu_selector: u8,
+        mtu: u8,
+        rate_selector: u8,
+        rate: u8,
+        packet_life_time_selector: u8,
+        packet_life_time: u8,
+        preference: u8,
+    }
     ibv_srq = "struct ibv_srq" {
         context: *mut ibv_context,
         srq_context: *mut c_void,
@@ -892,7 +989,7 @@ mod layout_test {
     #[test]
     fn every_mirror_matches_the_c_compiler() {
         let mut c = String::from(
-            "#include <stdio.h>\n#include <stddef.h>\n#include <infiniband/verbs.h>\n#include <rdma/rdma_cma.h>\nint main(void) {\n",
+            "#include <stdio.h>\n#include <stddef.h>\n#include <infiniband/verbs.h>\n#include <rdma/rdma_cma.h>\n#include <rdma/ib_user_verbs.h>\n#include <rdma/ib_user_sa.h>\n#include <infiniband/sa.h>\nint main(void) {\n",
         );
         let rows: Vec<_> = super::LAYOUTS.iter().collect();
         for (s, f, _, _) in &rows {

@@ -466,6 +466,43 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_query_gid(
     })
 }
 
+/// `ibv_resolve_eth_l2_from_gid(context, attr, eth_mac, vid)`: the MAC address of the port
+/// that owns `attr`'s destination GID on the fabric (libibverbs asks the kernel's neighbour
+/// table), and VLAN 0xffff (none). As libibverbs: -1 when `attr`'s source GID cannot be
+/// queried, otherwise a negative errno (`-EINVAL`: InfiniBand port, GIDs of different
+/// families; `-EHOSTUNREACH`: nobody has the GID).
+pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_resolve_eth_l2_from_gid(
+    c: *mut ibv_context,
+    attr: *mut ibv_ah_attr,
+    eth_mac: *mut [u8; 6],
+    vid: *mut u16,
+) -> c_int {
+    ffi!(-libc::EIO, {
+        // SAFETY: NULL or a live context; `attr` NULL or readable, `eth_mac` NULL or six
+        // writable bytes (the verb's contract).
+        let (Some(s), Some(attr), Some(mac)) =
+            (unsafe { ctx(c) }, unsafe { attr.as_ref() }, unsafe { eth_mac.as_mut() })
+        else {
+            return -libc::EINVAL;
+        };
+        let attr = super::qp::ah_from_c(attr);
+        if s.emu().device().query_gid(attr.port_num, attr.sgid_index as u32).is_err() {
+            return -1;
+        }
+        match s.emu().resolve_eth_l2(attr.port_num, &attr) {
+            Ok(m) => {
+                *mac = m;
+                // SAFETY: NULL or a writable u16.
+                if let Some(vid) = unsafe { vid.as_mut() } {
+                    *vid = 0xffff;
+                }
+                0
+            }
+            Err(e) => -e.errno().raw(),
+        }
+    })
+}
+
 /// `_ibv_query_gid_ex(context, port_num, gid_index, entry, flags, entry_size)`.
 pub(crate) unsafe extern "C" fn rdma_emu_shim___ibv_query_gid_ex(
     c: *mut ibv_context,

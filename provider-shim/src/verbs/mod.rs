@@ -8,6 +8,7 @@ pub(crate) mod device;
 pub(crate) mod dm;
 pub(crate) mod events;
 pub(crate) mod import;
+pub(crate) mod marshall;
 pub(crate) mod mw;
 pub(crate) mod ops;
 pub(crate) mod pd_mr;
@@ -24,6 +25,6 @@ pub(crate) mod xrc;
 // Only the generated trampolines use these (not in the unit-test build).
 #[allow(unused_imports)]
 pub(crate) use self::{
-    cm::*, control::*, cq::*, device::*, events::*, import::*, pd_mr::*, qp::*, rates::*,
-    rsocket::*, srq::*, strings::*,
+    cm::*, control::*, cq::*, device::*, events::*, import::*, marshall::*, pd_mr::*, qp::*,
+    rates::*, rsocket::*, srq::*, strings::*,
 };

@@ -345,7 +345,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_destroy_qp(qp: *mut ibv_qp) -
     ffi!(libc::EIO, { unsafe { destroy(qp, |s: &ShimQp| s.emu.destroy()) } })
 }
 
-fn ah_from_c(a: &ibv_ah_attr) -> AhAttr {
+pub(crate) fn ah_from_c(a: &ibv_ah_attr) -> AhAttr {
     AhAttr {
         dgid: Gid(a.grh.dgid.raw),
         flow_label: a.grh.flow_label,

@@ -143,6 +143,39 @@ int main(void)
 		CHECK(ibv_destroy_ah(ah4) == 0);
 	}
 
+	/* ibv_resolve_eth_l2_from_gid: b's MAC, which its GUID is the EUI-64 of (as on rxe), for
+	 * either of its GIDs; group MACs for multicast GIDs; negative errnos otherwise. */
+	{
+		struct ibv_ah_attr r = { .is_global = 1, .port_num = 1 };
+		uint8_t mac[6] = { 0 };
+		uint16_t vid = 0;
+		r.grh.dgid = b.gid;
+		if (b.port.link_layer == IBV_LINK_LAYER_ETHERNET) {
+			uint64_t g = be64toh(ibv_get_device_guid(list[1]));
+			uint8_t want[6] = { (uint8_t)((g >> 56) ^ 2), g >> 48, g >> 40, g >> 16, g >> 8, g };
+			CHECK(ibv_resolve_eth_l2_from_gid(a.ctx, &r, mac, &vid) == 0);
+			CHECK(memcmp(mac, want, 6) == 0 && vid == 0xffff);
+			r.grh.sgid_index = 1; /* IPv4 source, IPv6 destination */
+			CHECK(ibv_resolve_eth_l2_from_gid(a.ctx, &r, mac, &vid) == -EINVAL);
+			memset(mac, 0, 6);
+			CHECK(ibv_query_gid(b.ctx, 1, 1, &r.grh.dgid) == 0);
+			CHECK(ibv_resolve_eth_l2_from_gid(a.ctx, &r, mac, NULL) == 0);
+			CHECK(memcmp(mac, want, 6) == 0);
+			r.grh.dgid.raw[15] ^= 0x40; /* an address nobody has */
+			CHECK(ibv_resolve_eth_l2_from_gid(a.ctx, &r, mac, &vid) == -EHOSTUNREACH);
+			r.grh.dgid.raw[12] = 239; /* IPv4 multicast 239.x.y.z */
+			CHECK(ibv_resolve_eth_l2_from_gid(a.ctx, &r, mac, &vid) == 0);
+			CHECK(mac[0] == 1 && mac[1] == 0 && mac[2] == 0x5e && mac[3] == (r.grh.dgid.raw[13] & 0x7f));
+			r.grh.sgid_index = 200; /* an empty GID: no interface has the source */
+			CHECK(ibv_resolve_eth_l2_from_gid(a.ctx, &r, mac, &vid) == -EINVAL);
+			r.port_num = 9; /* ibv_query_gid fails */
+			CHECK(ibv_resolve_eth_l2_from_gid(a.ctx, &r, mac, &vid) == -1);
+		} else {
+			/* No netdev, no neighbours. */
+			CHECK(ibv_resolve_eth_l2_from_gid(a.ctx, &r, mac, &vid) == -EINVAL);
+		}
+	}
+
 	/* Multicast: b attaches to a group and receives what a sends to it. */
 	{
 		union ibv_gid mgid = { .raw = { 0xff, 0x12 } };
