@@ -30,6 +30,7 @@ impl Errno {
     pub const EADDRINUSE: Errno = Errno(libc::EADDRINUSE);
     pub const EADDRNOTAVAIL: Errno = Errno(libc::EADDRNOTAVAIL);
     pub const EHOSTUNREACH: Errno = Errno(libc::EHOSTUNREACH);
+    pub const EBADF: Errno = Errno(libc::EBADF);
 
     /// The raw (positive) value.
     pub fn raw(self) -> i32 {
@@ -57,6 +58,7 @@ impl Errno {
             libc::ETIMEDOUT => "ETIMEDOUT",
             libc::ENODATA => "ENODATA",
             libc::EHOSTUNREACH => "EHOSTUNREACH",
+            libc::EBADF => "EBADF",
             _ => return None,
         })
     }

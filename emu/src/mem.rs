@@ -34,6 +34,8 @@ pub(crate) struct MemRegion {
     _owned: Option<Box<[AtomicU64]>>,
     /// The region this one is a part of ([`MemRegion::part`]), kept alive with it.
     _parent: Option<Arc<MemRegion>>,
+    /// The file mapping the region lies in (a dma-buf MR), unmapped with it.
+    _mapping: Option<crate::sys::FileMapping>,
 }
 
 // SAFETY: the region is a plain address range; all access goes through the copy functions,
@@ -151,7 +153,7 @@ impl MemRegion {
     /// `base..base+len` must stay valid for reads and writes until the returned region (and
     /// every clone of the `Arc` that will hold it) is dropped.
     pub(crate) unsafe fn from_raw(base: *mut u8, len: usize) -> MemRegion {
-        MemRegion { base, len, _owned: None, _parent: None }
+        MemRegion { base, len, _owned: None, _parent: None, _mapping: None }
     }
 
     /// A zeroed region of `len` bytes that owns its memory.
@@ -161,7 +163,7 @@ impl MemRegion {
         // `AtomicU64` is an `UnsafeCell`, so writing through a pointer derived from a shared
         // reference is allowed; the pointer stays valid because the box is never moved out.
         let base = store.as_ptr() as *mut u8;
-        MemRegion { base, len, _owned: Some(store), _parent: None }
+        MemRegion { base, len, _owned: Some(store), _parent: None, _mapping: None }
     }
 
     /// The `len` bytes of `parent` at `off`, as a region of their own (an MR over part of
@@ -170,7 +172,20 @@ impl MemRegion {
         let base = parent.check(off, len).ok()?;
         // `base..base+len` lies in `parent` (checked), whose memory lives as long as the
         // `Arc` held in `_parent`.
-        Some(MemRegion { base, len, _owned: None, _parent: Some(parent.clone()) })
+        Some(MemRegion { base, len, _owned: None, _parent: Some(parent.clone()), _mapping: None })
+    }
+
+    /// Bytes `offset..offset+len` of the file `fd`, mapped shared (writable when `write`)
+    /// for as long as the region lives; errors as [`FileMapping::map`](crate::sys::FileMapping).
+    pub(crate) fn mapped(
+        fd: std::os::fd::RawFd,
+        offset: u64,
+        len: usize,
+        write: bool,
+    ) -> Result<MemRegion, i32> {
+        let (mapping, base) = crate::sys::FileMapping::map(fd, offset, len, write)?;
+        // `base..base+len` lies in the mapping, which lives as long as the region.
+        Ok(MemRegion { base, len, _owned: None, _parent: None, _mapping: Some(mapping) })
     }
 
     pub(crate) fn len(&self) -> usize {

@@ -411,8 +411,7 @@ pub(crate) fn host_addresses() -> Vec<std::net::IpAddr> {
 /// such advice) only the mapping is checked.
 pub(crate) fn fault_in(addr: u64, len: usize, write: bool) -> bool {
     static POPULATE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    // SAFETY: sysconf takes no pointers.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
+    let page = page_size();
     let start = addr & !(page - 1);
     let Some(end) = addr.checked_add(len as u64) else { return false };
     let span = (end - start) as usize;
@@ -446,4 +445,101 @@ pub(crate) fn fault_in(addr: u64, len: usize, write: bool) -> bool {
         unsafe { libc::mincore(start as *mut libc::c_void, span, vec.as_mut_ptr()) }
     };
     rc == 0
+}
+
+/// The host's page size.
+pub(crate) fn page_size() -> u64 {
+    // SAFETY: sysconf takes no pointers.
+    unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64
+}
+
+/// A shared, writable-or-not mapping of part of a file (the dma-buf or memfd behind an MR
+/// from `ibv_reg_dmabuf_mr`), unmapped when dropped.
+#[derive(Debug)]
+pub(crate) struct FileMapping {
+    base: *mut libc::c_void,
+    len: usize,
+}
+
+// SAFETY: a plain address range owned by this value; it is only unmapped in `drop`.
+unsafe impl Send for FileMapping {}
+// SAFETY: as above; `&FileMapping` gives access to nothing.
+unsafe impl Sync for FileMapping {}
+
+impl FileMapping {
+    /// Maps bytes `offset..offset+len` of `fd` shared and returns the mapping and the address
+    /// of byte `offset`. The mapping is writable if the descriptor allows (so that new rights
+    /// can be given later), and must be when `write`. `EBADF` for a descriptor that is not open,
+    /// `EINVAL` for a range past the end of the file, or a file that cannot be mapped (as the
+    /// kernel refuses a descriptor that is no dma-buf).
+    pub(crate) fn map(
+        fd: RawFd,
+        offset: u64,
+        len: usize,
+        write: bool,
+    ) -> Result<(FileMapping, *mut u8), i32> {
+        let size = file_size(fd)?;
+        let end = offset.checked_add(len as u64).ok_or(libc::EINVAL)?;
+        if len == 0 || end > size {
+            return Err(libc::EINVAL);
+        }
+        let page = page_size();
+        let lead = (offset % page) as usize;
+        let span = lead + len;
+        let at = (offset - lead as u64) as libc::off_t;
+        let map = |prot| {
+            // SAFETY: a new shared mapping chosen by the kernel, aliasing nothing of ours; the
+            // file offset is page-aligned as mmap requires.
+            unsafe { libc::mmap(std::ptr::null_mut(), span, prot, libc::MAP_SHARED, fd, at) }
+        };
+        let mut base = map(libc::PROT_READ | libc::PROT_WRITE);
+        if base == libc::MAP_FAILED
+            && !write
+            && io::Error::last_os_error().raw_os_error() == Some(libc::EACCES)
+        {
+            base = map(libc::PROT_READ);
+        }
+        if base == libc::MAP_FAILED {
+            return Err(match io::Error::last_os_error().raw_os_error() {
+                Some(libc::EBADF) => libc::EBADF,
+                // A read-only descriptor asked for a writable mapping: the caller's access.
+                Some(libc::EACCES) => libc::EACCES,
+                _ => libc::EINVAL,
+            });
+        }
+        // SAFETY: `lead < span`, inside the mapping just made.
+        let start = unsafe { base.cast::<u8>().add(lead) };
+        Ok((FileMapping { base, len: span }, start))
+    }
+}
+
+impl Drop for FileMapping {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `map`, unmapped once, here; nothing refers to it after
+        // its owner (the MR's region) is dropped.
+        unsafe { libc::munmap(self.base, self.len) };
+    }
+}
+
+/// The size of the file behind `fd`: `st_size` for a regular file (a memfd), else where
+/// `SEEK_END` lands (a dma-buf reports its size that way), the file position restored.
+fn file_size(fd: RawFd) -> Result<u64, i32> {
+    // SAFETY: `st` is a writable stat buffer; fstat fails cleanly (EBADF) for a bad fd.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(io::Error::last_os_error().raw_os_error().unwrap_or(libc::EBADF));
+    }
+    if st.st_mode & libc::S_IFMT == libc::S_IFREG {
+        return Ok(st.st_size as u64);
+    }
+    // SAFETY: lseek takes no pointers; the position is put back as it was.
+    unsafe {
+        let at = libc::lseek(fd, 0, libc::SEEK_CUR);
+        let end = libc::lseek(fd, 0, libc::SEEK_END);
+        if at >= 0 {
+            libc::lseek(fd, at, libc::SEEK_SET);
+        }
+        if at < 0 || end <= 0 { Err(libc::EINVAL) } else { Ok(end as u64) }
+    }
 }

@@ -266,6 +266,35 @@ fn raw_memory_registration_reads_and_writes_the_callers_buffer() {
 }
 
 #[test]
+fn dmabuf_registration_maps_the_file_and_peers_write_into_it() {
+    use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+    // SAFETY: memfd_create takes a NUL-terminated name; a non-negative result is our fd.
+    let fd = unsafe { libc::memfd_create(c"emu-dmabuf".as_ptr(), libc::MFD_CLOEXEC) };
+    assert!(fd >= 0);
+    // SAFETY: just created, owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let file = std::fs::File::from(fd.try_clone().unwrap());
+    file.set_len(2 * 4096).unwrap();
+    let (_f, a, b) = pair(Profile::Full);
+    let mr = b.pd.reg_dmabuf_mr(fd.as_fd(), 4096 + 8, 64, 0x9008, ALL_ACCESS).unwrap();
+    drop(fd); // the MR keeps its own mapping
+    a.mr.write_u64(0, 0x0102_0304_0506_0708).unwrap();
+    a.qp.post_send(&SendWr::write(1, &[sge(&a.mr, 0, 8)], 0x9008 + 16, mr.rkey()).signaled())
+        .unwrap();
+    assert_eq!(wait1(&a.cq).status, WcStatus::SUCCESS);
+    let mut word = [0u8; 8];
+    std::os::unix::fs::FileExt::read_exact_at(&file, &mut word, 4096 + 8 + 16).unwrap();
+    assert_eq!(u64::from_ne_bytes(word), 0x0102_0304_0506_0708);
+    let einval = |off, len, iova| b.pd.reg_dmabuf_mr(file.as_fd(), off, len, iova, ALL_ACCESS);
+    assert_eq!(einval(0, 8, 8).unwrap_err().errno(), Errno::EINVAL, "page offsets differ");
+    assert_eq!(einval(4096, 4097, 4096).unwrap_err().errno(), Errno::EINVAL, "past the end");
+    mr.dereg().unwrap();
+    let (_f, _a, rxe) = pair(Profile::Rxe);
+    let refused = rxe.pd.reg_dmabuf_mr(file.as_fd(), 0, 8, 0, ALL_ACCESS).unwrap_err();
+    assert_eq!(refused.errno(), Errno::EOPNOTSUPP);
+}
+
+#[test]
 fn cq_sizes_limits_and_resize() {
     let f = Fabric::new(FabricConfig { devices: 1, profile: Profile::Rxe, ..Default::default() });
     let ctx = f.devices()[0].open().unwrap();

@@ -59,6 +59,7 @@ pub(crate) enum MrKind {
     Registered,
     DeviceMemory,
     Imported,
+    DmaBuf,
 }
 
 #[repr(C)]

@@ -248,6 +248,33 @@ impl Mr {
         Mr::register(pd, part, 0, access, Some(dm), false)
     }
 
+    /// `ibv_reg_dmabuf_mr`: an MR over bytes `offset..offset+len` of the dma-buf (or memfd)
+    /// `fd`, mapped for as long as the MR lives. As the kernel: `EOPNOTSUPP` in the rxe profile
+    /// (rxe has no dma-buf registration), `EINVAL` when `offset` and `iova` differ within a
+    /// page, for bad access flags, a range past the end of the file or a file that cannot be
+    /// mapped; `EBADF` for a descriptor that is not open.
+    pub(crate) fn register_dmabuf(
+        pd: &Pd,
+        fd: std::os::fd::BorrowedFd<'_>,
+        offset: u64,
+        len: usize,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<Mr> {
+        use std::os::fd::AsRawFd;
+        if pd.0.ctx.device.profile == Profile::Rxe {
+            return Err(Error::new(Errno::EOPNOTSUPP, "rxe registers no dma-buf memory"));
+        }
+        let page = crate::sys::page_size();
+        if offset % page != iova % page {
+            return Err(einval("offset and iova differ within a page"));
+        }
+        check_access(access)?;
+        let region = MemRegion::mapped(fd.as_raw_fd(), offset, len, writable(access))
+            .map_err(|e| Error::new(Errno(e), "the dma-buf range cannot be mapped"))?;
+        Mr::register(pd, region, iova, access, None, false)
+    }
+
     pub(crate) fn register_raw(
         pd: &Pd,
         mem: RawMemory,

@@ -55,6 +55,20 @@ impl Pd {
         Mr::register_raw(self, mem, iova, access)
     }
 
+    /// `ibv_reg_dmabuf_mr`: an MR over bytes `offset..offset+len` of the dma-buf or memfd
+    /// `fd` (mapped shared while the MR lives, so the file's other users see what remote
+    /// peers write); `iova` is its first byte's address. See [`Mr`] for the errors.
+    pub fn reg_dmabuf_mr(
+        &self,
+        fd: std::os::fd::BorrowedFd<'_>,
+        offset: u64,
+        len: usize,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<Mr> {
+        Mr::register_dmabuf(self, fd, offset, len, iova, access)
+    }
+
     /// `ibv_alloc_mw`: a window of `mw_type` (1 or 2) in this PD, not bound yet.
     pub fn alloc_mw(&self, mw_type: crate::MwType) -> Result<super::mw::Mw> {
         super::mw::Mw::alloc(self, mw_type)

@@ -131,6 +131,41 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_reg_mr_iova2(
     ffi!(ptr::null_mut(), { unsafe { reg(pd, addr, len, iova, access) } })
 }
 
+/// `ibv_reg_dmabuf_mr(pd, offset, length, iova, fd, access)`: an MR over bytes
+/// `offset..offset+length` of a dma-buf or memfd, its `addr` the offset as libibverbs sets it.
+/// `EOPNOTSUPP` in the rxe profile; `EBADF`, `EINVAL` as the kernel (see the Rust API).
+pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_reg_dmabuf_mr(
+    pd: *mut ibv_pd,
+    offset: u64,
+    length: usize,
+    iova: u64,
+    fd: c_int,
+    access: c_int,
+) -> *mut ibv_mr {
+    ffi!(ptr::null_mut(), {
+        // SAFETY: NULL or a live PD.
+        let Some(s) = (unsafe { obj::<_, ShimPd>(pd) }) else {
+            set_errno(libc::EINVAL);
+            return ptr::null_mut();
+        };
+        if fd < 0 {
+            set_errno(libc::EBADF);
+            return ptr::null_mut();
+        }
+        // SAFETY: a non-negative descriptor number, used for the duration of this call only
+        // (an fd that is not open makes the system calls fail with EBADF).
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        let access = AccessFlags::from_bits_retain(access as u32 & !IBV_ACCESS_OPTIONAL_RANGE);
+        match s.emu.reg_dmabuf_mr(fd, offset, length, iova, access) {
+            Ok(emu) => {
+                // SAFETY: `pd` was checked live above.
+                unsafe { new_mr(pd, offset as *mut c_void, length, emu, MrKind::DmaBuf) }.cast()
+            }
+            Err(e) => null_with(e),
+        }
+    })
+}
+
 /// `ibv_dereg_mr(mr)`.
 pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
     ffi!(libc::EIO, {

@@ -1,5 +1,9 @@
 /* Memory registration as the kernel and the providers answer it: pinning (EFAULT), the full
  * profile's rkey (mlx5: rkey = lkey), and ibv_rereg_mr's errors as libibverbs maps them. */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <linux/udmabuf.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -155,6 +159,77 @@ static void device_memory(struct side *a)
 	CHECK(ibv_dereg_mr(mr) == 0 && ibv_free_dm(dm) == 0);
 }
 
+/* ibv_reg_dmabuf_mr over a memfd (as over a dma-buf the process can map): what a peer writes
+ * lands in the file; the kernel's checks; rxe (Linux 6.1) registers no dma-buf memory. */
+static void dmabuf(struct side *a, struct side *b)
+{
+	int fd = memfd_create("rdma-emu-dmabuf", MFD_CLOEXEC);
+	struct ibv_mr *mr;
+	char word[8];
+
+	CHECK(fd >= 0 && ftruncate(fd, 3 * 4096) == 0);
+	mr = ibv_reg_dmabuf_mr(b->pd, 4096 + 100, 1000, 0x7000 + 100, fd, ALL_ACCESS);
+	if (rxe) {
+		CHECK(!mr && errno == EOPNOTSUPP);
+		close(fd);
+		return;
+	}
+	CHECK(mr && mr->addr == (void *)(4096 + 100) && mr->length == 1000 && mr->pd == b->pd);
+	memcpy(a->buf, "dma-buf!", 8);
+	CHECK(write_word(a, b, 0x7000 + 100 + 16, mr->rkey) == IBV_WC_SUCCESS);
+	CHECK(pread(fd, word, 8, 4096 + 100 + 16) == 8 && memcmp(word, "dma-buf!", 8) == 0);
+	/* Past the MR's 1000 bytes (the file goes on): REM_ACCESS_ERR. */
+	CHECK(write_word(a, b, 0x7000 + 100 + 996, mr->rkey) == IBV_WC_REM_ACCESS_ERR);
+	/* libibverbs re-registers only ordinary MRs. */
+	CHECK(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0, IBV_ACCESS_LOCAL_WRITE) ==
+		      IBV_REREG_MR_ERR_INPUT && errno == EINVAL);
+	CHECK(ibv_dereg_mr(mr) == 0);
+
+	/* The kernel's refusals: offset and iova in different places of a page, a range past the
+	 * end of the file, zero length, remote write without local write, a descriptor that is not
+	 * open, one that cannot be mapped (a pipe: no dma-buf either). */
+	errno = 0;
+	CHECK(!ibv_reg_dmabuf_mr(b->pd, 100, 8, 200, fd, ALL_ACCESS) && errno == EINVAL);
+	errno = 0;
+	CHECK(!ibv_reg_dmabuf_mr(b->pd, 2 * 4096, 4097, 2 * 4096, fd, ALL_ACCESS) && errno == EINVAL);
+	errno = 0;
+	CHECK(!ibv_reg_dmabuf_mr(b->pd, 0, 0, 0, fd, ALL_ACCESS) && errno == EINVAL);
+	errno = 0;
+	CHECK(!ibv_reg_dmabuf_mr(b->pd, 0, 8, 0, fd, IBV_ACCESS_REMOTE_WRITE) && errno == EINVAL);
+	errno = 0;
+	CHECK(!ibv_reg_dmabuf_mr(b->pd, 0, 8, 0, 999, ALL_ACCESS) && errno == EBADF);
+	int p[2];
+	CHECK(pipe(p) == 0);
+	errno = 0;
+	CHECK(!ibv_reg_dmabuf_mr(b->pd, 0, 8, 0, p[0], ALL_ACCESS) && errno == EINVAL);
+	close(p[0]);
+	close(p[1]);
+	/* The MR keeps its own mapping: closing the descriptor first is fine, as with a dma-buf. */
+	CHECK(mr = ibv_reg_dmabuf_mr(b->pd, 0, 4096, 0, fd, ALL_ACCESS));
+	close(fd);
+	memcpy(a->buf, "closed!!", 8);
+	CHECK(write_word(a, b, 8, mr->rkey) == IBV_WC_SUCCESS);
+	CHECK(ibv_dereg_mr(mr) == 0);
+
+	/* A real dma-buf where the host offers one (udmabuf over a sealed memfd). */
+	int dev = open("/dev/udmabuf", O_RDWR);
+	if (dev >= 0) {
+		int mfd = memfd_create("rdma-emu-udmabuf", MFD_ALLOW_SEALING);
+		CHECK(mfd >= 0 && ftruncate(mfd, 4096) == 0 && fcntl(mfd, F_ADD_SEALS, F_SEAL_SHRINK) == 0);
+		struct udmabuf_create create = { .memfd = mfd, .offset = 0, .size = 4096 };
+		int buf = ioctl(dev, UDMABUF_CREATE, &create);
+		CHECK(buf >= 0);
+		CHECK(mr = ibv_reg_dmabuf_mr(b->pd, 0, 4096, 0, buf, ALL_ACCESS));
+		memcpy(a->buf, "udmabuf!", 8);
+		CHECK(write_word(a, b, 64, mr->rkey) == IBV_WC_SUCCESS);
+		CHECK(pread(mfd, word, 8, 64) == 8 && memcmp(word, "udmabuf!", 8) == 0);
+		CHECK(ibv_dereg_mr(mr) == 0);
+		close(buf);
+		close(mfd);
+		close(dev);
+	}
+}
+
 int main(void)
 {
 	struct ibv_device **list = ibv_get_device_list(NULL);
@@ -168,6 +243,7 @@ int main(void)
 	rereg(&a, &b);
 	zero_based(&a, &b);
 	device_memory(&a);
+	dmabuf(&a, &b);
 	printf("mr ok\n");
 	return 0;
 }
