@@ -730,3 +730,33 @@ fn ethernet_frames_reach_the_raw_qps_of_every_process_by_their_own_steering() {
     std::thread::sleep(std::time::Duration::from_millis(20));
     assert_eq!([count(&a), count(&b), count(&b_low), count(&a_sniff)], [0, 0, 0, 0]);
 }
+
+/// A node numbers its QPs within its slot (`slot << 16 | n`): the device reports that many as
+/// `max_qp` on a host fabric, and exactly that many can be created (in one process, the
+/// profile's figure stands).
+#[test]
+fn max_qp_on_a_host_fabric_is_what_a_node_can_create() {
+    let dir = HostDir::new();
+    let f = dir.fabric(Profile::Rxe);
+    let dev = &f.devices()[0];
+    let max = dev.attr().max_qp;
+    assert_eq!(max, 65_535);
+    let ctx = dev.open().unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(1, None, 0).unwrap();
+    let qps: Vec<Qp> = (0..max).map(|_| new_qp(&pd, &cq, QpType::UD, 1, false)).collect();
+    let attr = QpInitAttr {
+        qp_type: QpType::UD,
+        send_cq: &cq,
+        recv_cq: &cq,
+        cap: cap(1),
+        sq_sig_all: false,
+        srq: None,
+        max_tso_header: 0,
+        create_flags: QpCreateFlags::empty(),
+    };
+    assert_eq!(pd.create_qp(&attr).unwrap_err().errno(), Errno::ENOMEM);
+    drop(qps);
+    let alone = Fabric::new(FabricConfig { devices: 1, profile: Profile::Rxe, ..Default::default() });
+    assert_eq!(alone.devices()[0].attr().max_qp, 1_048_560);
+}

@@ -85,6 +85,9 @@ const READER_SPIN: Duration = Duration::from_micros(50);
 /// How long the reader, while an application thread polls, sleeps between looks of its own.
 const POLLED_NAP: Duration = Duration::from_millis(1);
 
+/// QPs one node can hold at once: the QPNs `s << 16 | 1..=0xffff` of its slot.
+pub(crate) const NODE_QPS: u32 = 0xffff;
+
 /// The node slot that owns `qpn`.
 pub(crate) fn slot_of(qpn: u32) -> u8 {
     (qpn >> 16) as u8

@@ -206,7 +206,7 @@ impl FabricInner {
         let (first, last) = match node {
             Some(node) => {
                 let base = u32::from(node.slot) << 16;
-                (base | 1, base | 0xffff)
+                (base | 1, base | host::NODE_QPS)
             }
             None => (FIRST_QPN, MAX_QPN),
         };
@@ -428,7 +428,13 @@ impl Fabric {
         let device = |i| {
             let (profile, link) = (cfg.profile, cfg.link_layer);
             let ports = (cfg.ports, link, cfg.netdev_mtu);
-            DeviceInner::new(i, profile, ports, |p| addrs.addresses_of(i, p))
+            let mut d = DeviceInner::new(i, profile, ports, |p| addrs.addresses_of(i, p));
+            if cfg.host.is_some() {
+                // A process numbers its QPs within its node's slot on a host fabric: report
+                // what can be created, not the profile's (larger) figure.
+                d.attr.max_qp = d.attr.max_qp.min(host::NODE_QPS);
+            }
+            d
         };
         let devices = (0..cfg.devices).map(|i| Arc::new(device(i))).collect();
         let pcap = cfg.pcap.as_deref().map(pcap::Pcap::create).transpose()?;
