@@ -757,6 +757,7 @@ fn max_qp_on_a_host_fabric_is_what_a_node_can_create() {
     };
     assert_eq!(pd.create_qp(&attr).unwrap_err().errno(), Errno::ENOMEM);
     drop(qps);
-    let alone = Fabric::new(FabricConfig { devices: 1, profile: Profile::Rxe, ..Default::default() });
+    let alone =
+        Fabric::new(FabricConfig { devices: 1, profile: Profile::Rxe, ..Default::default() });
     assert_eq!(alone.devices()[0].attr().max_qp, 1_048_560);
 }

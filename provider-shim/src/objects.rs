@@ -129,6 +129,8 @@ pub(crate) trait Owned: 'static {
     const RANK: u8;
     /// The context it was made through (its C struct's `context`).
     fn context(&self) -> *mut ibv_context;
+    /// Its kernel handle as its C struct now says (0: an object without one, never checked).
+    fn handle(&self) -> u32;
     /// Destroys the emulator object. A failure (already destroyed through another struct,
     /// or still used by another context's object, which keeps it alive) is nothing to report.
     fn close(&self);
@@ -140,6 +142,8 @@ struct Entry {
     /// The [`Ufile`](crate::verbs::import::Ufile) it belongs to (0: none, as devices and
     /// contexts).
     owner: usize,
+    /// The handle the object was given (0: none to check).
+    handle: u32,
     rank: u8,
     teardown: Option<unsafe fn(usize)>,
 }
@@ -155,7 +159,7 @@ fn live() -> &'static parking_lot::RwLock<HashMap<usize, Entry>> {
 
 /// Records an object handed to C that no context owns (a device, a context).
 pub(crate) fn register<S: 'static>(p: *const S) {
-    let e = Entry { ty: TypeId::of::<S>(), owner: 0, rank: 0, teardown: None };
+    let e = Entry { ty: TypeId::of::<S>(), owner: 0, handle: 0, rank: 0, teardown: None };
     live().write().insert(p as usize, e);
 }
 
@@ -172,6 +176,35 @@ pub(crate) unsafe fn obj<'a, C, S: 'static>(p: *mut C) -> Option<&'a S> {
     // SAFETY: the registry holds only pointers of live, boxed S objects; every S here is
     // #[repr(C)] with its C struct first, so the C pointer is the object's address.
     unsafe { (p as *const S).as_ref() }
+}
+
+/// [`obj`] for a verb that the kernel runs on the object's handle: `None` also when the
+/// application changed the C struct's `handle`, or its `context` to one over other objects (the
+/// kernel looks the handle up in the context's command file and finds nothing; the object
+/// stays alive). Objects without a handle (0) pass on their pointer alone.
+///
+/// # Safety
+/// As [`obj`].
+pub(crate) unsafe fn checked<'a, C, S: Owned>(p: *mut C) -> Option<&'a S> {
+    let entry = live().read().get(&(p as usize)).map(|e| (e.ty, e.handle, e.owner));
+    let (ty, handle, owner) = entry?;
+    if ty != TypeId::of::<S>() {
+        return None;
+    }
+    // SAFETY: the registry lists a live S at `p` (see `obj`).
+    let s = unsafe { (p as *const S).as_ref() }?;
+    if handle == 0 {
+        return Some(s);
+    }
+    // SAFETY: NULL or any pointer: `ctx` checks it against the registry.
+    let file = unsafe { ctx(s.context()) }.map(|c| Arc::as_ptr(&c.ufile) as usize);
+    (s.handle() == handle && file == Some(owner)).then_some(s)
+}
+
+/// A new handle in the command file of context `c` (0 if `c` is not a live context).
+pub(crate) fn new_handle(c: *mut ibv_context) -> u32 {
+    // SAFETY: NULL or any pointer: `ctx` checks it against the registry.
+    unsafe { ctx(c) }.map_or(0, |s| s.ufile.new_handle())
 }
 
 /// Recovers the context object from `struct ibv_context *`.
@@ -193,8 +226,10 @@ pub(crate) unsafe fn ctx<'a>(p: *mut ibv_context) -> Option<&'a ShimContext> {
 pub(crate) fn leak<S: Owned>(s: S) -> *mut S {
     // SAFETY: the object's context is NULL or one of ours.
     let owner = unsafe { ctx(s.context()) }.map_or(0, |c| Arc::as_ptr(&c.ufile) as usize);
+    let handle = s.handle();
     let p = Box::into_raw(Box::new(s));
-    let e = Entry { ty: TypeId::of::<S>(), owner, rank: S::RANK, teardown: Some(teardown::<S>) };
+    let rank = S::RANK;
+    let e = Entry { ty: TypeId::of::<S>(), owner, handle, rank, teardown: Some(teardown::<S>) };
     live().write().insert(p as usize, e);
     p
 }
@@ -251,7 +286,7 @@ pub(crate) unsafe fn free<S: 'static>(p: *const S) {
 ///
 /// # Safety
 /// As [`obj`]: C does not use `p` again after a successful destroy.
-pub(crate) unsafe fn destroy<C, S: 'static>(
+pub(crate) unsafe fn destroy<C, S: Owned>(
     p: *mut C,
     f: impl FnOnce(&S) -> rdma_emu::Result<()>,
 ) -> core::ffi::c_int {
@@ -260,6 +295,12 @@ pub(crate) unsafe fn destroy<C, S: 'static>(
         crate::boundary::set_errno(libc::EINVAL);
         return libc::EINVAL;
     };
+    // SAFETY: as above.
+    if unsafe { checked::<C, S>(p) }.is_none() {
+        // The kernel's destroy finds no object under the handle in that command file.
+        crate::boundary::set_errno(libc::ENOENT);
+        return libc::ENOENT;
+    }
     match f(s) {
         Ok(()) => {
             // SAFETY: destroyed in the emulator; C does not use the pointer again.
@@ -288,11 +329,19 @@ pub(crate) fn init_sync(m: *mut libc::pthread_mutex_t, c: *mut libc::pthread_con
 /// for its `context`), destroyed by `emu.$close()`.
 macro_rules! owned {
     ($t:ty, $rank:expr, |$s:ident| $ctx:expr, $close:ident) => {
+        owned!($t, $rank, |$s| $ctx, $close, 0);
+    };
+    ($t:ty, $rank:expr, |$s:ident| $ctx:expr, $close:ident, $handle:expr) => {
         impl Owned for $t {
             const RANK: u8 = $rank;
             fn context(&self) -> *mut ibv_context {
                 let $s = self;
                 $ctx
+            }
+            fn handle(&self) -> u32 {
+                let $s = self;
+                let _ = $s;
+                $handle
             }
             fn close(&self) {
                 let _ = self.emu.$close();
@@ -302,13 +351,14 @@ macro_rules! owned {
 }
 pub(crate) use owned;
 
-owned!(ShimMw, 0, |s| s.mw.context, dealloc);
-owned!(ShimQp, 1, |s| s.qp.qp_base.context, destroy);
-owned!(ShimAh, 2, |s| s.ah.context, destroy);
-owned!(ShimSrq, 3, |s| s.srq.context, destroy);
-owned!(ShimMr, 4, |s| s.mr.context, dereg);
-owned!(ShimCq, 5, |s| s.cq.context, destroy);
-owned!(ShimDm, 5, |s| s.dm.context, free);
+// The objects the kernel knows by handle are checked by it; the rest by pointer alone.
+owned!(ShimMw, 0, |s| s.mw.context, dealloc, s.mw.handle);
+owned!(ShimQp, 1, |s| s.qp.qp_base.context, destroy, s.qp.qp_base.handle);
+owned!(ShimAh, 2, |s| s.ah.context, destroy, s.ah.handle);
+owned!(ShimSrq, 3, |s| s.srq.context, destroy, s.srq.handle);
+owned!(ShimMr, 4, |s| s.mr.context, dereg, s.mr.handle);
+owned!(ShimCq, 5, |s| s.cq.context, destroy, s.cq.handle);
+owned!(ShimDm, 5, |s| s.dm.context, free, s.dm.handle);
 owned!(ShimChannel, 6, |s| s.ch.context, destroy);
 owned!(ShimXrcd, 6, |s| s.xrcd.context, close);
-owned!(ShimPd, 7, |s| s.pd.context, dealloc);
+owned!(ShimPd, 7, |s| s.pd.context, dealloc, s.pd.handle);

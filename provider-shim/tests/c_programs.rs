@@ -213,6 +213,17 @@ fn contexts_share_objects_by_import_through_the_c_abi() {
 }
 
 #[test]
+fn objects_whose_kernel_handle_or_context_was_changed_are_refused_and_stay_alive() {
+    c_program("handles", &["full", "rxe"]);
+    let out = run_on_shim(
+        Command::new(build("handles"))
+            .env("RDMA_EMU_PROFILE", "full")
+            .env("RDMA_EMU_LINK_LAYER", "ethernet"),
+    );
+    assert!(out.contains("handles ok"), "{out}");
+}
+
+#[test]
 fn null_destroyed_and_foreign_handles_get_errnos() {
     c_program("bad_input", &["full"]);
 }

@@ -77,6 +77,7 @@ fn new_cq(
         // objects initialised below); all-zero is valid for each.
         let mut cq: ibv_cq_ex = unsafe { std::mem::zeroed() };
         cq.context = c;
+        cq.handle = new_handle(c);
         cq.channel = ch;
         cq.cq_context = cq_context;
         cq.cqe = emu.cqe() as c_int;
@@ -249,7 +250,8 @@ unsafe extern "C" fn read_tm_info(_cq: *mut ibv_cq_ex, info: *mut c_void) {
 pub(crate) unsafe extern "C" fn modify_cq(cq: *mut ibv_cq, attr: *mut ibv_modify_cq_attr) -> c_int {
     ffi!(libc::EIO, {
         // SAFETY: NULL or a live CQ; `attr` NULL or readable.
-        let (Some(s), Some(a)) = (unsafe { obj::<_, ShimCq>(cq) }, unsafe { attr.as_ref() }) else {
+        let (Some(s), Some(a)) = (unsafe { checked::<_, ShimCq>(cq) }, unsafe { attr.as_ref() })
+        else {
             return libc::EINVAL;
         };
         if a.attr_mask != IBV_CQ_ATTR_MODERATE {
@@ -274,7 +276,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_destroy_cq(cq: *mut ibv_cq) -
 pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
     ffi!(libc::EIO, {
         // SAFETY: NULL or a live CQ; the cqe field is ours to update.
-        let Some(s) = (unsafe { obj::<_, ShimCq>(cq) }) else { return libc::EINVAL };
+        let Some(s) = (unsafe { checked::<_, ShimCq>(cq) }) else { return libc::EINVAL };
         match s.emu.resize(cqe) {
             Ok(n) => {
                 // SAFETY: `cq` is a live ShimCq; C reads `cqe` after this call returns.
@@ -328,6 +330,12 @@ pub(crate) unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c
     ffi!(libc::EIO, {
         // SAFETY: a live CQ.
         let Some(s) = (unsafe { obj::<_, ShimCq>(cq) }) else { return libc::EINVAL };
+        // rxe arms a CQ with a kernel command on its handle (mlx5 rings a doorbell).
+        let rxe = s.emu.context().device().profile() == rdma_emu::Profile::Rxe;
+        // SAFETY: as above.
+        if rxe && unsafe { checked::<_, ShimCq>(cq) }.is_none() {
+            return libc::EINVAL;
+        }
         if s.emu.channel().is_none() {
             return libc::EINVAL;
         }

@@ -104,9 +104,14 @@ impl Ufile {
 
     /// Records a new object; its handle.
     pub(crate) fn add(&self, object: Shared) -> u32 {
-        let h = self.next_handle.fetch_add(1, Ordering::Relaxed);
+        let h = self.new_handle();
         self.objects.lock().insert(h, object);
         h
+    }
+
+    /// A handle for a new object of this file that cannot be imported (a CQ, QP, ...).
+    pub(crate) fn new_handle(&self) -> u32 {
+        self.next_handle.fetch_add(1, Ordering::Relaxed)
     }
 
     fn get(&self, h: u32) -> Option<Shared> {

@@ -16,7 +16,7 @@ use crate::{
 pub(crate) unsafe extern "C" fn alloc_mw(pd: *mut ibv_pd, mw_type: u32) -> *mut ibv_mw {
     ffi!(ptr::null_mut(), {
         // SAFETY: NULL or a live PD.
-        let Some(p) = (unsafe { obj::<_, ShimPd>(pd) }) else {
+        let Some(p) = (unsafe { checked::<_, ShimPd>(pd) }) else {
             set_errno(libc::EINVAL);
             return ptr::null_mut();
         };
@@ -26,7 +26,7 @@ pub(crate) unsafe extern "C" fn alloc_mw(pd: *mut ibv_pd, mw_type: u32) -> *mut 
                     context: p.pd.context,
                     pd,
                     rkey: emu.rkey(),
-                    handle: 0,
+                    handle: new_handle(p.pd.context),
                     type_: mw_type,
                 };
                 leak(ShimMw { mw, emu }).cast()

@@ -77,7 +77,7 @@ unsafe fn reg(
     access: u32,
 ) -> *mut ibv_mr {
     // SAFETY: NULL or a live PD.
-    let Some(s) = (unsafe { obj::<_, ShimPd>(pd) }) else {
+    let Some(s) = (unsafe { checked::<_, ShimPd>(pd) }) else {
         set_errno(libc::EINVAL);
         return ptr::null_mut();
     };
@@ -219,17 +219,22 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_rereg_mr(
         {
             return input(libc::EINVAL);
         }
+        let rxe = s.emu.pd().context().device().profile() == rdma_emu::Profile::Rxe;
+        // The provider refuses: rxe has no rereg at all; the kernel finds no MR under a
+        // changed handle (ENOENT), no PD under the new PD's (EINVAL).
+        let cmd = |errno| {
+            set_errno(if rxe { libc::EOPNOTSUPP } else { errno });
+            IBV_REREG_MR_ERR_CMD
+        };
+        // SAFETY: `mr` is a live MR (above).
+        if unsafe { checked::<_, ShimMr>(mr) }.is_none() {
+            return cmd(libc::ENOENT);
+        }
         let new_pd = if flags & IBV_REREG_MR_CHANGE_PD != 0 {
             // SAFETY: NULL or a live PD.
-            match unsafe { obj::<_, ShimPd>(pd) } {
+            match unsafe { checked::<_, ShimPd>(pd) } {
                 Some(p) => Some(p),
-                // The provider refuses: rxe has no rereg at all; the kernel finds no PD under
-                // the handle.
-                None => {
-                    let rxe = s.emu.pd().context().device().profile() == rdma_emu::Profile::Rxe;
-                    set_errno(if rxe { libc::EOPNOTSUPP } else { libc::EINVAL });
-                    return IBV_REREG_MR_ERR_CMD;
-                }
+                None => return cmd(libc::EINVAL),
             }
         } else {
             None

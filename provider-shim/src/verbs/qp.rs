@@ -251,6 +251,19 @@ unsafe fn create(
         set_errno(libc::EINVAL);
         return ptr::null_mut();
     };
+    // SAFETY: as above; the kernel's create finds no object under a changed handle.
+    let stale = unsafe {
+        checked::<_, ShimPd>(pd).is_none()
+            || checked::<_, ShimCq>(send_cq).is_none()
+            || checked::<_, ShimCq>(recv_cq).is_none()
+            || (!srq.is_null()
+                && obj::<_, ShimSrq>(srq).is_some()
+                && checked::<_, ShimSrq>(srq).is_none())
+    };
+    if stale {
+        set_errno(libc::ENOENT);
+        return ptr::null_mut();
+    }
     if QpType(qp_type) == QpType::XRC_RECV {
         set_errno(libc::EINVAL); // made in an XRC domain (IBV_QP_INIT_ATTR_XRCD)
         return ptr::null_mut();
@@ -306,6 +319,7 @@ pub(crate) fn wrap(c: QpParts, emu: rdma_emu::Qp, extended: bool) -> *mut ibv_qp
     let mut qp: ibv_qp_ex = unsafe { std::mem::zeroed() };
     let b = &mut qp.qp_base;
     b.context = c.context;
+    b.handle = new_handle(c.context);
     b.qp_context = c.qp_context;
     b.pd = c.pd;
     b.send_cq = c.send_cq;
@@ -440,7 +454,8 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_modify_qp(
 ) -> c_int {
     ffi!(libc::EIO, {
         // SAFETY: NULL or a live QP; `a` NULL or a valid attr.
-        let (Some(s), Some(a)) = (unsafe { obj::<_, ShimQp>(qp) }, unsafe { a.as_ref() }) else {
+        let (Some(s), Some(a)) = (unsafe { checked::<_, ShimQp>(qp) }, unsafe { a.as_ref() })
+        else {
             return libc::EINVAL;
         };
         let attr = qp_attr_from_c(a);
@@ -468,7 +483,9 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_query_qp(
     ffi!(libc::EIO, {
         // SAFETY: NULL or a live QP; out pointers NULL or writable.
         let (Some(s), Some(out), Some(init)) =
-            (unsafe { obj::<_, ShimQp>(qp) }, unsafe { out.as_mut() }, unsafe { init.as_mut() })
+            (unsafe { checked::<_, ShimQp>(qp) }, unsafe { out.as_mut() }, unsafe {
+                init.as_mut()
+            })
         else {
             return libc::EINVAL;
         };
@@ -690,9 +707,22 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_create_ah(
             set_errno(libc::EINVAL);
             return ptr::null_mut();
         };
+        // rxe makes every AH in the kernel (which looks the PD up by handle), mlx5 those on
+        // RoCE ports; mlx5's AHs on InfiniBand live in user space alone, with handle 0.
+        let ctx = p.emu.context();
+        let roce = ctx
+            .query_port(a.port_num)
+            .is_ok_and(|pa| pa.link_layer == rdma_emu::LinkLayer::ETHERNET);
+        let kernel = roce || ctx.device().profile() == rdma_emu::Profile::Rxe;
+        // SAFETY: as above.
+        if kernel && unsafe { checked::<_, ShimPd>(pd) }.is_none() {
+            set_errno(libc::EINVAL);
+            return ptr::null_mut();
+        }
         match p.emu.create_ah(&ah_from_c(a)) {
             Ok(emu) => {
-                leak(ShimAh { ah: ibv_ah { context: p.pd.context, pd, handle: 0 }, emu }).cast()
+                let handle = if kernel { new_handle(p.pd.context) } else { 0 };
+                leak(ShimAh { ah: ibv_ah { context: p.pd.context, pd, handle }, emu }).cast()
             }
             Err(e) => null_with(e),
         }
@@ -931,7 +961,8 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_attach_mcast(
 ) -> c_int {
     ffi!(libc::EIO, {
         // SAFETY: NULL or a live QP; `gid` NULL or readable.
-        let (Some(s), Some(g)) = (unsafe { obj::<_, ShimQp>(qp) }, unsafe { gid.as_ref() }) else {
+        let (Some(s), Some(g)) = (unsafe { checked::<_, ShimQp>(qp) }, unsafe { gid.as_ref() })
+        else {
             return libc::EINVAL;
         };
         s.emu.attach_mcast(&Gid(g.raw), lid).map_or_else(|e| e.errno().raw(), |()| 0)
@@ -946,7 +977,8 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_detach_mcast(
 ) -> c_int {
     ffi!(libc::EIO, {
         // SAFETY: NULL or a live QP; `gid` NULL or readable.
-        let (Some(s), Some(g)) = (unsafe { obj::<_, ShimQp>(qp) }, unsafe { gid.as_ref() }) else {
+        let (Some(s), Some(g)) = (unsafe { checked::<_, ShimQp>(qp) }, unsafe { gid.as_ref() })
+        else {
             return libc::EINVAL;
         };
         s.emu.detach_mcast(&Gid(g.raw), lid).map_or_else(|e| e.errno().raw(), |()| 0)

@@ -22,6 +22,11 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_create_srq(
             set_errno(libc::EINVAL);
             return ptr::null_mut();
         };
+        // SAFETY: as above; the kernel's create finds no PD under a changed handle.
+        if unsafe { checked::<_, ShimPd>(pd) }.is_none() {
+            set_errno(libc::ENOENT);
+            return ptr::null_mut();
+        }
         let a =
             SrqAttr { max_wr: i.attr.max_wr, max_sge: i.attr.max_sge, srq_limit: i.attr.srq_limit };
         let emu = match p.emu.create_srq(&a) {
@@ -46,6 +51,7 @@ pub(crate) fn wrap(
     // SAFETY: ibv_srq is plain data (pointers, integers, pthread objects initialised below).
     let mut srq: ibv_srq = unsafe { std::mem::zeroed() };
     srq.context = context;
+    srq.handle = new_handle(context);
     srq.srq_context = srq_context;
     srq.pd = pd;
     let s = leak(ShimSrq { srq, emu });
@@ -65,7 +71,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_modify_srq(
 ) -> c_int {
     ffi!(libc::EIO, {
         // SAFETY: NULL or a live SRQ; `attr` NULL or valid.
-        let (Some(s), Some(a)) = (unsafe { obj::<_, ShimSrq>(srq) }, unsafe { attr.as_ref() })
+        let (Some(s), Some(a)) = (unsafe { checked::<_, ShimSrq>(srq) }, unsafe { attr.as_ref() })
         else {
             return libc::EINVAL;
         };
@@ -81,7 +87,8 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_query_srq(
 ) -> c_int {
     ffi!(libc::EIO, {
         // SAFETY: NULL or a live SRQ; `attr` NULL or writable.
-        let (Some(s), Some(out)) = (unsafe { obj::<_, ShimSrq>(srq) }, unsafe { attr.as_mut() })
+        let (Some(s), Some(out)) =
+            (unsafe { checked::<_, ShimSrq>(srq) }, unsafe { attr.as_mut() })
         else {
             return libc::EINVAL;
         };

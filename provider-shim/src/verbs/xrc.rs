@@ -98,6 +98,10 @@ pub(crate) unsafe extern "C" fn create_srq_ex(
         else {
             return fail(libc::EINVAL);
         };
+        // SAFETY: as above; the kernel's create finds no PD under a changed handle.
+        if unsafe { checked::<_, ShimPd>(i.pd) }.is_none() {
+            return fail(libc::ENOENT);
+        }
         let a =
             SrqAttr { max_wr: i.attr.max_wr, max_sge: i.attr.max_sge, srq_limit: i.attr.srq_limit };
         let made = match srq_type {
