@@ -101,6 +101,9 @@ pub use crate::{
         xrcd::{FileId, Xrcd, xrcd_oflags},
     },
     profile::{DeviceAttr, GidEntry, PortAttr, Profile},
-    qp::{Endpoint, Qp, QpAttr, QpCap, QpInitAttr, RcParams, RecvWr, RssConf, SendWr, Tso, UdDest},
+    qp::{
+        Endpoint, Flush, Qp, QpAttr, QpCap, QpInitAttr, RcParams, RecvWr, RssConf, SendWr, Tso,
+        UdDest,
+    },
     types::*,
 };

@@ -192,6 +192,16 @@ impl MemRegion {
         self.len
     }
 
+    /// Writes bytes `off..off+len` back to the file they are mapped from (a persistent
+    /// FLUSH); false if the range is outside the region or not mapped. Anonymous memory has
+    /// nowhere further to go and succeeds.
+    pub(crate) fn write_back(&self, off: usize, len: usize) -> bool {
+        match self.check(off, len) {
+            Ok(p) => len == 0 || crate::sys::write_back(p as u64, len),
+            Err(_) => false,
+        }
+    }
+
     /// The host address of the first byte.
     pub(crate) fn host_addr(&self) -> u64 {
         self.base as u64

@@ -73,6 +73,9 @@ pub mod raw_packet_caps {
 pub mod cap_flags_ex {
     pub const RAW_SCATTER_FCS: u64 = 1 << 34;
     pub const PCI_WRITE_END_PADDING: u64 = 1 << 36;
+    pub const FLUSH_GLOBAL: u64 = 1 << 38;
+    pub const FLUSH_PERSISTENT: u64 = 1 << 39;
+    pub const ATOMIC_WRITE: u64 = 1 << 40;
 }
 
 /// `struct ibv_device_attr`, field for field.
@@ -140,6 +143,8 @@ pub struct DeviceAttr {
     /// Whether RC QPs carry `IBV_WR_ATOMIC_WRITE` (rxe in Linux 6.1 takes it at the post and
     /// fails it with `LOC_QP_OP_ERR`).
     pub atomic_write: bool,
+    /// Whether RC QPs carry `IBV_WR_FLUSH` (RDMA FLUSH, IBA 1.5; Linux 6.1's rxe has none).
+    pub flush: bool,
     /// Largest number of receive WQs (`max_wq_type_rq`); 0: no WQs, RSS, raw packet QPs or
     /// flow steering.
     pub max_wq_type_rq: u32,
@@ -347,6 +352,7 @@ impl Profile {
             max_dm_size: 0,
             ece_options: 0,
             atomic_write: false,
+            flush: false,
             max_wq_type_rq: 0,
             max_rwq_indirection_tables: 0,
             max_rwq_indirection_table_size: 0,
@@ -376,6 +382,7 @@ impl Profile {
                 // Two options; their meaning is vendor-defined and changes nothing here.
                 ece_options: 0x3,
                 atomic_write: true,
+                flush: true,
                 // A ConnectX-5's RSS and TSO limits.
                 max_wq_type_rq: 65_536,
                 max_rwq_indirection_tables: 65_536,
@@ -386,7 +393,11 @@ impl Profile {
                     | raw_packet_caps::CVLAN_STRIPPING
                     | raw_packet_caps::SCATTER_FCS
                     | raw_packet_caps::DELAY_DROP,
-                cap_flags_ex: cap_flags_ex::RAW_SCATTER_FCS | cap_flags_ex::PCI_WRITE_END_PADDING,
+                cap_flags_ex: cap_flags_ex::RAW_SCATTER_FCS
+                    | cap_flags_ex::PCI_WRITE_END_PADDING
+                    | cap_flags_ex::FLUSH_GLOBAL
+                    | cap_flags_ex::FLUSH_PERSISTENT
+                    | cap_flags_ex::ATOMIC_WRITE,
                 ..rxe
             },
         }

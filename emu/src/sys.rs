@@ -447,6 +447,15 @@ pub(crate) fn fault_in(addr: u64, len: usize, write: bool) -> bool {
     rc == 0
 }
 
+/// `msync(MS_SYNC)` over the pages of `addr..addr+len`: false where part of it is unmapped.
+pub(crate) fn write_back(addr: u64, len: usize) -> bool {
+    let page = page_size();
+    let start = addr & !(page - 1);
+    let Some(end) = addr.checked_add(len as u64) else { return false };
+    // SAFETY: msync reads no memory of ours; it fails (ENOMEM) where the range is unmapped.
+    unsafe { libc::msync(start as *mut libc::c_void, (end - start) as usize, libc::MS_SYNC) == 0 }
+}
+
 /// The host's page size.
 pub(crate) fn page_size() -> u64 {
     // SAFETY: sysconf takes no pointers.

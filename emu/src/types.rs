@@ -48,7 +48,7 @@ open_enum! {
     /// `enum ibv_wc_opcode`.
     WcOpcode(u32) {
         SEND = 0, RDMA_WRITE = 1, RDMA_READ = 2, COMP_SWAP = 3, FETCH_ADD = 4, BIND_MW = 5,
-        LOCAL_INV = 6, TSO = 7, ATOMIC_WRITE = 9, RECV = 128, RECV_RDMA_WITH_IMM = 129,
+        LOCAL_INV = 6, TSO = 7, FLUSH = 8, ATOMIC_WRITE = 9, RECV = 128, RECV_RDMA_WITH_IMM = 129,
     }
 }
 
@@ -58,6 +58,27 @@ open_enum! {
         RDMA_WRITE = 0, RDMA_WRITE_WITH_IMM = 1, SEND = 2, SEND_WITH_IMM = 3, RDMA_READ = 4,
         ATOMIC_CMP_AND_SWP = 5, ATOMIC_FETCH_AND_ADD = 6, LOCAL_INV = 7, BIND_MW = 8,
         SEND_WITH_INV = 9, TSO = 10, DRIVER1 = 11, FLUSH = 14, ATOMIC_WRITE = 15,
+    }
+}
+
+bitflags! {
+    /// `enum ibv_placement_type`: where an RDMA FLUSH makes the data land.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct FlushType: u8 {
+        /// Visible to every later reader (the responder's memory hierarchy).
+        const GLOBAL = 1;
+        /// Written back to the memory's persistence domain.
+        const PERSISTENT = 1 << 1;
+    }
+}
+
+open_enum! {
+    /// `enum ibv_selectivity_level`: what an RDMA FLUSH covers.
+    FlushLevel(u8) {
+        /// The range the request names.
+        RANGE = 0,
+        /// The whole memory region its rkey names.
+        MR = 1,
     }
 }
 

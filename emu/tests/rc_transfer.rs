@@ -296,3 +296,82 @@ fn atomic_write_on_the_rxe_profile_fails_at_execution_as_rxe() {
     assert_eq!(wait1(&a.cq).status, WcStatus::LOC_QP_OP_ERR);
     assert_eq!(a.qp.query().unwrap().qp_state, QpState::ERR);
 }
+
+/// RDMA FLUSH (full profile): acknowledged once the range (or the whole MR) is made visible or
+/// persistent; the QP's and the memory's FLUSH rights are checked; the rxe profile has none.
+#[test]
+fn flush_completes_and_checks_the_rights_it_needs() {
+    let flush_rights = AccessFlags::FLUSH_GLOBAL | AccessFlags::FLUSH_PERSISTENT;
+    let p = RcParams { access: RcParams::default().access | flush_rights, ..Default::default() };
+    let (_f, a, b) = pair_with(Profile::Full, &p, &p);
+    let mr = b.pd.reg_mr(4096, ALL_ACCESS | flush_rights).unwrap();
+    let global_only = b.pd.reg_mr(4096, ALL_ACCESS | AccessFlags::FLUSH_GLOBAL).unwrap();
+    let flush = |id, mr: &Mr, off: u64, len, ty, level| {
+        a.qp.post_send(&SendWr::flush(id, mr.addr() + off, mr.rkey(), len, ty, level).signaled())
+            .unwrap();
+        wait1(&a.cq)
+    };
+    // A WRITE, then a FLUSH of its range: both done, the FLUSH completing as FLUSH.
+    a.mr.write_u64(0, 42).unwrap();
+    a.qp.post_send(&SendWr::write(1, &[sge(&a.mr, 0, 8)], mr.addr(), mr.rkey())).unwrap();
+    let wc = flush(2, &mr, 0, 8, FlushType::GLOBAL | FlushType::PERSISTENT, FlushLevel::RANGE);
+    assert_eq!((wc.wr_id, wc.status, wc.opcode), (2, WcStatus::SUCCESS, WcOpcode::FLUSH));
+    assert_eq!(mr.read_u64(0).unwrap(), 42);
+    // The whole MR (its length ignored), and an empty range of memory the rkey grants.
+    let wc = flush(3, &global_only, 0, 0, FlushType::GLOBAL, FlushLevel::MR);
+    assert_eq!(wc.status, WcStatus::SUCCESS);
+    let wc = flush(4, &mr, 4096, 0, FlushType::PERSISTENT, FlushLevel::RANGE);
+    assert_eq!(wc.status, WcStatus::SUCCESS, "at the MR's end");
+    // Memory without the persistent right: a remote access error.
+    let wc = flush(5, &global_only, 0, 8, FlushType::PERSISTENT, FlushLevel::RANGE);
+    assert_eq!(wc.status, WcStatus::REM_ACCESS_ERR);
+    // A range past the MR: the same.
+    let (_f, a2, b2) = pair_with(Profile::Full, &p, &p);
+    let mr2 = b2.pd.reg_mr(64, ALL_ACCESS | flush_rights).unwrap();
+    let far =
+        SendWr::flush(6, mr2.addr() + 32, mr2.rkey(), 64, FlushType::GLOBAL, FlushLevel::RANGE);
+    a2.qp.post_send(&far.signaled()).unwrap();
+    assert_eq!(wait1(&a2.cq).status, WcStatus::REM_ACCESS_ERR);
+    // A responder QP without the FLUSH rights refuses the request (an invalid request).
+    let (_f, a3, b3) = pair(Profile::Full);
+    let mr3 = b3.pd.reg_mr(64, ALL_ACCESS | flush_rights).unwrap();
+    let req = SendWr::flush(7, mr3.addr(), mr3.rkey(), 8, FlushType::GLOBAL, FlushLevel::RANGE);
+    a3.qp.post_send(&req.signaled()).unwrap();
+    assert_eq!(wait1(&a3.cq).status, WcStatus::REM_INV_REQ_ERR);
+    // Bad arguments at the post.
+    let none = SendWr::flush(8, 0, 0, 8, FlushType::empty(), FlushLevel::RANGE);
+    assert_eq!(a3.qp.post_send(&none).unwrap_err().errno(), Errno::EINVAL);
+    let level = SendWr::flush(8, 0, 0, 8, FlushType::GLOBAL, FlushLevel(2));
+    assert_eq!(a3.qp.post_send(&level).unwrap_err().errno(), Errno::EINVAL);
+    // The rxe profile (Linux 6.1): no FLUSH, and the FLUSH rights are unknown access bits.
+    let (_f, r, rb) = pair(Profile::Rxe);
+    let req = SendWr::flush(9, 0, 0, 8, FlushType::GLOBAL, FlushLevel::RANGE);
+    assert_eq!(r.qp.post_send(&req).unwrap_err().errno(), Errno::EOPNOTSUPP);
+    let refused = rb.pd.reg_mr(64, ALL_ACCESS | AccessFlags::FLUSH_GLOBAL).unwrap_err();
+    assert_eq!(refused.errno(), Errno::EINVAL);
+}
+
+/// A persistent FLUSH writes the range back to the file an MR maps (a memfd here).
+#[test]
+fn persistent_flush_over_a_file_backed_mr() {
+    use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+    // SAFETY: a NUL-terminated name; a non-negative result is a descriptor we own.
+    let fd = unsafe { libc::memfd_create(c"emu-flush".as_ptr(), libc::MFD_CLOEXEC) };
+    assert!(fd >= 0);
+    // SAFETY: just created, owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    std::fs::File::from(fd.try_clone().unwrap()).set_len(4096).unwrap();
+    let rights = AccessFlags::FLUSH_GLOBAL | AccessFlags::FLUSH_PERSISTENT;
+    let p = RcParams { access: RcParams::default().access | rights, ..Default::default() };
+    let (_f, a, b) = pair_with(Profile::Full, &p, &p);
+    let mr = b.pd.reg_dmabuf_mr(fd.as_fd(), 0, 4096, 0x40_0000, ALL_ACCESS | rights).unwrap();
+    a.mr.write_u64(0, 7).unwrap();
+    a.qp.post_send(&SendWr::write(1, &[sge(&a.mr, 0, 8)], 0x40_0000 + 64, mr.rkey())).unwrap();
+    let f = SendWr::flush(2, 0x40_0000, mr.rkey(), 0, FlushType::PERSISTENT, FlushLevel::MR);
+    a.qp.post_send(&f.signaled()).unwrap();
+    let wc = wait1(&a.cq);
+    assert_eq!((wc.status, wc.opcode), (WcStatus::SUCCESS, WcOpcode::FLUSH));
+    let mut word = [0u8; 8];
+    std::os::unix::fs::FileExt::read_exact_at(&std::fs::File::from(fd), &mut word, 64).unwrap();
+    assert_eq!(u64::from_ne_bytes(word), 7);
+}

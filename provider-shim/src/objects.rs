@@ -112,12 +112,18 @@ pub(crate) struct ShimCq {
 #[repr(C)]
 pub(crate) struct ShimQp {
     pub(crate) qp: ibv_qp_ex,
+    /// The slot later rdma-core releases add after rdma-core 44's `ibv_qp_ex` (`wr_flush`),
+    /// right behind it, so that programs built against their headers find it.
+    pub(crate) wr_flush: Option<crate::verbs::wr::WrFlush>,
     pub(crate) emu: rdma_emu::Qp,
     /// Created through `ibv_create_qp_ex` with send ops: `ibv_qp_to_qp_ex` returns it.
     pub(crate) extended: bool,
     /// The `ibv_wr_*` batch being built between `wr_start` and `wr_complete`.
     pub(crate) batch: parking_lot::Mutex<crate::verbs::wr::Batch>,
 }
+
+// `wr_flush` sits where rdma-core 45's `struct ibv_qp_ex` has it.
+const _: () = assert!(offset_of!(ShimQp, wr_flush) == size_of::<ibv_qp_ex>());
 
 /// An object handed to C that belongs to its context's objects (the kernel's uverbs file):
 /// when the last context over them closes, it is destroyed as the kernel destroys a closed

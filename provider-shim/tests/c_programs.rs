@@ -224,6 +224,11 @@ fn objects_whose_kernel_handle_or_context_was_changed_are_refused_and_stay_alive
 }
 
 #[test]
+fn rdma_flush_through_ibv_wr_flush() {
+    c_program("flush", &["full", "rxe"]);
+}
+
+#[test]
 fn null_destroyed_and_foreign_handles_get_errnos() {
     c_program("bad_input", &["full"]);
 }

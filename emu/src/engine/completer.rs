@@ -120,6 +120,7 @@ pub(crate) fn complete_ok(qp: &QpShared, g: &mut QpInner) {
             WrOpcode::RDMA_READ => (WcOpcode::RDMA_READ, WcFlags::empty()),
             WrOpcode::ATOMIC_CMP_AND_SWP => (WcOpcode::COMP_SWAP, WcFlags::empty()),
             WrOpcode::ATOMIC_WRITE => (WcOpcode::ATOMIC_WRITE, WcFlags::empty()),
+            WrOpcode::FLUSH => (WcOpcode::FLUSH, WcFlags::empty()),
             WrOpcode::TSO => (WcOpcode::TSO, WcFlags::empty()),
             _ => (WcOpcode::FETCH_ADD, WcFlags::empty()),
         };

@@ -28,6 +28,8 @@ pub(crate) enum Kind {
     FetchAdd,
     /// ATOMIC WRITE (IBA 1.5): RETH and 8 bytes written as one.
     AtomicWrite,
+    /// FLUSH (IBA 1.5): FETH and RETH, no payload; answered by an ACK.
+    Flush,
     /// ACK / NAK (an AETH).
     Ack,
     /// ATOMIC ACKNOWLEDGE (AETH + AtomicAckETH).
@@ -56,6 +58,7 @@ impl Kind {
                 | Kind::CompareSwap
                 | Kind::FetchAdd
                 | Kind::AtomicWrite
+                | Kind::Flush
                 | Kind::Raw
         )
     }
@@ -249,6 +252,8 @@ pub(crate) struct Packet {
     pub(crate) va: u64,
     pub(crate) rkey: u32,
     pub(crate) len: u32,
+    /// FETH of a FLUSH: placement type (bits 0..3) and selectivity level (bits 4..5).
+    pub(crate) feth: u8,
     /// AtomicETH operands.
     pub(crate) swap_add: u64,
     pub(crate) compare: u64,
@@ -304,6 +309,7 @@ impl Packet {
             va: 0,
             rkey: 0,
             len: 0,
+            feth: 0,
             swap_add: 0,
             compare: 0,
             syndrome: Syndrome::Ack,

@@ -13,7 +13,7 @@ use crate::{
     error::{Errno, Error, Result, einval},
     objects::mw,
     qp::{QpInner, QpShared, SendWr},
-    types::{EventType, QpState, QpType, SendFlags, WcStatus, WrOpcode},
+    types::{EventType, FlushLevel, FlushType, QpState, QpType, SendFlags, WcStatus, WrOpcode},
 };
 
 #[derive(Debug, Default)]
@@ -98,8 +98,18 @@ pub(crate) fn post(qp: &QpShared, g: &mut QpInner, wr: &SendWr<'_>) -> Result<()
                 ));
             }
         }
+        WrOpcode::FLUSH if !qp.ctx.device.attr.flush => {
+            return Err(Error::new(Errno::EOPNOTSUPP, "the device has no RDMA FLUSH"));
+        }
         WrOpcode::FLUSH => {
-            return Err(Error::new(Errno::EOPNOTSUPP, "opcode not implemented yet"));
+            let ok = wr.flush.is_some_and(|f| {
+                !f.placement.is_empty()
+                    && FlushType::all().contains(f.placement)
+                    && matches!(f.level, FlushLevel::RANGE | FlushLevel::MR)
+            });
+            if !ok {
+                return Err(einval("a FLUSH needs a placement type and a selectivity level"));
+            }
         }
         _ => return Err(einval("invalid opcode")),
     }
@@ -138,7 +148,10 @@ pub(crate) fn post(qp: &QpShared, g: &mut QpInner, wr: &SendWr<'_>) -> Result<()
         None
     };
     let inline = wr.send_flags.contains(SendFlags::INLINE);
-    let length: u64 = if inline {
+    let length: u64 = if let Some(f) = wr.flush.filter(|_| wr.opcode == WrOpcode::FLUSH) {
+        // A FLUSH carries no data: its length is the range it covers.
+        f.len as u64
+    } else if inline {
         wr.inline_data.len() as u64
     } else {
         wr.sg_list.iter().map(|s| s.length as u64).sum()
@@ -213,6 +226,10 @@ pub(crate) fn post(qp: &QpShared, g: &mut QpInner, wr: &SendWr<'_>) -> Result<()
     }
     wqe.inv_rkey = wr.invalidate_rkey;
     wqe.xrc_srqn = wr.xrc_remote_srqn;
+    wqe.feth = wr
+        .flush
+        .filter(|_| wr.opcode == WrOpcode::FLUSH)
+        .map_or(0, |f| f.placement.bits() | f.level.0 << 4);
     wqe.tso_hdr.clear();
     if let Some(t) = wr.tso.filter(|_| wr.opcode == WrOpcode::TSO) {
         wqe.tso_hdr.extend_from_slice(t.hdr);
@@ -344,7 +361,8 @@ fn carries(ty: QpType, op: WrOpcode) -> bool {
             | WrOpcode::ATOMIC_FETCH_AND_ADD
     );
     let read_atomic = rdma && !matches!(op, WrOpcode::RDMA_WRITE | WrOpcode::RDMA_WRITE_WITH_IMM)
-        || op == WrOpcode::ATOMIC_WRITE;
+        || op == WrOpcode::ATOMIC_WRITE
+        || op == WrOpcode::FLUSH;
     match ty {
         QpType::UD => matches!(op, WrOpcode::SEND | WrOpcode::SEND_WITH_IMM),
         QpType::UC => !read_atomic && op != WrOpcode::SEND_WITH_INV,
@@ -383,6 +401,7 @@ fn build(qp: &QpShared, g: &mut QpInner, idx: u32) -> Result<Packet, WcStatus> {
         WrOpcode::ATOMIC_CMP_AND_SWP => (Kind::CompareSwap, None),
         WrOpcode::ATOMIC_FETCH_AND_ADD => (Kind::FetchAdd, None),
         WrOpcode::ATOMIC_WRITE if qp.ctx.device.attr.atomic_write => (Kind::AtomicWrite, None),
+        WrOpcode::FLUSH if qp.ctx.device.attr.flush => (Kind::Flush, None),
         _ => return Err(WcStatus::LOC_QP_OP_ERR),
     };
     let mut pkt = Packet::new(kind);
@@ -406,6 +425,7 @@ fn build(qp: &QpShared, g: &mut QpInner, idx: u32) -> Result<Packet, WcStatus> {
             pkt.solicited =
                 wqe.flags.contains(SendFlags::SOLICITED) && (kind == Kind::Send || imm.is_some());
         }
+        Kind::Flush => pkt.feth = wqe.feth,
         Kind::ReadRequest => {
             // A READ touches its local buffers only when the response arrives (rxe, and a
             // NIC's DMA): with a bad lkey the request still goes, the responder's answer comes

@@ -16,7 +16,10 @@ use crate::{
     mem::{MemFault, MemRegion},
     objects::{cq::CqInner, keys::KeyTable, mw, pd::PdInner, srq::SrqInner},
     qp::{QpInner, QpShared, RecvWr},
-    types::{AccessFlags, EventType, QpState, QpType, Sge, WcFlags, WcOpcode, WcStatus},
+    types::{
+        AccessFlags, EventType, FlushLevel, FlushType, QpState, QpType, Sge, WcFlags, WcOpcode,
+        WcStatus,
+    },
 };
 
 /// What a READ request asked for.
@@ -181,6 +184,7 @@ pub(crate) fn receive(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mu
         Kind::ReadRequest => read(qp, g, pkt, drv),
         Kind::CompareSwap | Kind::FetchAdd => atomic(qp, g, pkt, drv),
         Kind::AtomicWrite => atomic_write(qp, g, pkt, drv),
+        Kind::Flush => flush(qp, g, pkt, drv),
         _ => {}
     }
 }
@@ -545,6 +549,8 @@ pub(super) fn refused(g: &QpInner, pkt: &Packet) -> bool {
     match pkt.kind {
         Kind::Write => !allows(AccessFlags::REMOTE_WRITE),
         Kind::AtomicWrite => !allows(AccessFlags::REMOTE_WRITE) || pkt.len != 8 || pkt.va & 7 != 0,
+        // The QP must enable each placement type the FLUSH asks for (as rxe checks).
+        Kind::Flush => !allows(flush_access(pkt.feth)),
         Kind::ReadRequest => !allows(AccessFlags::REMOTE_READ) || g.attr.max_dest_rd_atomic == 0,
         Kind::CompareSwap | Kind::FetchAdd => {
             !allows(AccessFlags::REMOTE_ATOMIC) || g.attr.max_dest_rd_atomic == 0 || pkt.va & 7 != 0
@@ -611,6 +617,59 @@ fn atomic_write(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driv
     };
     let stored = store_word(&pkt, &region, off);
     if stored.is_err() {
+        return fail(qp, g, &pkt, NakCode::RemoteAccessError, None, drv);
+    }
+    ack(qp, g, &pkt, drv);
+}
+
+/// The access a FLUSH's placement types need, of the QP and of the memory.
+fn flush_access(feth: u8) -> AccessFlags {
+    let placement = FlushType::from_bits_retain(feth & 0xf);
+    let mut access = AccessFlags::empty();
+    if placement.contains(FlushType::GLOBAL) {
+        access |= AccessFlags::FLUSH_GLOBAL;
+    }
+    if placement.contains(FlushType::PERSISTENT) {
+        access |= AccessFlags::FLUSH_PERSISTENT;
+    }
+    access
+}
+
+/// FLUSH (IBA 1.5): the QP and the memory must grant each placement type asked for; the range
+/// (selectivity RANGE: the request's, MR: the whole region its rkey names) is made globally
+/// visible (every store before it in this QP's order is already in memory, and a fence orders
+/// them for other readers) and, for PERSISTENT, written back to the file behind it (`msync`;
+/// anonymous memory has nothing further to reach). Then an ACK, as rxe answers it.
+fn flush(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>) {
+    if refused(g, &pkt) {
+        return fail(qp, g, &pkt, NakCode::InvalidRequest, None, drv);
+    }
+    let access = flush_access(pkt.feth);
+    let level = FlushLevel((pkt.feth >> 4) & 0x3);
+    let range = if level == FlushLevel::MR || pkt.len == 0 {
+        // The MR the rkey names (an empty range too must lie in memory the rkey grants).
+        let keys = qp.ctx.device.keys.read();
+        let mr = keys.mr(pkt.rkey).filter(|mr| {
+            mr.rkey == pkt.rkey && Arc::ptr_eq(&mr.pd, &key_pd(qp, g)) && mr.access.contains(access)
+        });
+        match mr {
+            Some(mr) if level == FlushLevel::MR => {
+                Ok(Some((mr.region.clone(), 0, mr.region.len())))
+            }
+            Some(mr) => {
+                mr.offset_of(pkt.va, 0).map(|off| Some((mr.region.clone(), off, 0))).ok_or(())
+            }
+            None => Err(()),
+        }
+    } else {
+        target(qp, g, pkt.rkey, pkt.va, pkt.len, access)
+            .map(|t| t.map(|(region, off)| (region, off, pkt.len as usize)))
+    };
+    let Ok(Some((region, off, len))) = range else {
+        return fail(qp, g, &pkt, NakCode::RemoteAccessError, None, drv);
+    };
+    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+    if access.contains(AccessFlags::FLUSH_PERSISTENT) && !region.write_back(off, len) {
         return fail(qp, g, &pkt, NakCode::RemoteAccessError, None, drv);
     }
     ack(qp, g, &pkt, drv);
@@ -720,8 +779,9 @@ fn replayed_read(g: &QpInner, pkt: &Packet) -> Option<ReadReq> {
 
 fn duplicate(qp: &Arc<QpShared>, g: &mut QpInner, pkt: &Packet, drv: &mut Driver<'_>) {
     match pkt.kind {
-        // An ATOMIC WRITE is not done again: a later write may have landed since.
-        Kind::Send | Kind::Write | Kind::AtomicWrite => {
+        // An ATOMIC WRITE is not done again: a later write may have landed since. A FLUSH
+        // repeated is acknowledged again (IBA oA19-14).
+        Kind::Send | Kind::Write | Kind::AtomicWrite | Kind::Flush => {
             let last_done = psn_add(g.resp.epsn, super::PSN_MASK);
             let r = reply(g, pkt, Kind::Ack, last_done, Syndrome::Ack);
             drv.send(&mut g.route, r);

@@ -162,6 +162,7 @@ mod op {
     pub(super) const COMPARE_SWAP: u8 = 0x13;
     pub(super) const FETCH_ADD: u8 = 0x14;
     // IBA 1.5 (RC only).
+    pub(super) const FLUSH: u8 = 0x1c;
     pub(super) const ATOMIC_WRITE: u8 = 0x1d;
     pub(super) const SEND_LAST_INV: u8 = 0x16;
     pub(super) const SEND_ONLY_INV: u8 = 0x17;
@@ -252,6 +253,7 @@ fn headers(pkt: &Packet, prefix: u8, place: Place, psn: u32, data_len: usize) ->
         Kind::CompareSwap => (op::COMPARE_SWAP, false, false, false, false),
         Kind::FetchAdd => (op::FETCH_ADD, false, false, false, false),
         Kind::AtomicWrite => (op::ATOMIC_WRITE, true, false, false, false),
+        Kind::Flush => (op::FLUSH, true, false, false, false),
         Kind::Ack => (op::ACK, false, false, false, true),
         Kind::AtomicAck => (op::ATOMIC_ACK, false, false, false, true),
         Kind::Raw => unreachable!("raw frames are written as they are"),
@@ -278,6 +280,10 @@ fn headers(pkt: &Packet, prefix: u8, place: Place, psn: u32, data_len: usize) ->
         h.extend_from_slice(&pkt.qkey.to_be_bytes());
         h.push(0);
         h.extend_from_slice(&pkt.src_qpn.to_be_bytes()[1..]);
+    }
+    if pkt.kind == Kind::Flush {
+        // FETH: selectivity level in bits 4..5, placement type in bits 0..3.
+        h.extend_from_slice(&u32::from(pkt.feth & 0x3f).to_be_bytes());
     }
     if reth {
         h.extend_from_slice(&pkt.va.to_be_bytes());
@@ -470,6 +476,21 @@ mod test {
         assert_eq!(segs[2].data, 2048..2500);
         assert_eq!(segs[2].headers[8] & 0x80, 0x80, "AckReq on the last packet");
         assert_eq!(segs[2].headers[1] >> 4 & 3, 0, "2500 - 2048 = 452: no pad");
+    }
+
+    #[test]
+    fn test_a_flush_is_one_packet_with_feth_then_reth() {
+        let mut p = Packet::new(Kind::Flush);
+        (p.psn, p.dst_qpn, p.va, p.rkey, p.len, p.feth) = (5, 0x12, 0x1000, 0x77, 4096, 0x12);
+        let segs = segments(&p, QpType::RC, 0);
+        assert_eq!(segs.len(), 1);
+        let h = &segs[0].headers;
+        assert_eq!(h[0], op::FLUSH);
+        assert_eq!(h.len(), 12 + 4 + 16, "BTH, FETH, RETH");
+        assert_eq!(&h[12..16], &[0, 0, 0, 0x12], "selectivity MR (1 << 4), placement GLOBAL");
+        assert_eq!(&h[16..24], &0x1000u64.to_be_bytes());
+        assert_eq!(&h[28..32], &4096u32.to_be_bytes());
+        assert_eq!(segs[0].data, 0..0);
     }
 
     #[test]

@@ -13,7 +13,7 @@ use crate::{
 };
 
 /// Bumped whenever the layout below changes; a mismatching packet is dropped.
-const VERSION: u8 = 3;
+const VERSION: u8 = 4;
 /// First byte of a control message (see [`Control`]).
 const CONTROL: u8 = 0x81;
 /// First byte of a connection manager message (its bytes are the CM's business).
@@ -233,6 +233,9 @@ fn encode_head(pkt: &Packet, pulled: bool, out: &mut Vec<u8>) {
         out.extend_from_slice(&[grh.traffic_class, grh.hop_limit]);
         out.extend_from_slice(&grh.flow_label.to_le_bytes());
     }
+    if pkt.kind == Kind::Flush {
+        out.push(pkt.feth);
+    }
     if let Some(f) = pkt.forwarded.as_deref().filter(|_| pkt.kind == Kind::XrcDeliver) {
         out.push(kind_code(f.kind));
         out.extend_from_slice(&f.file.0.to_le_bytes());
@@ -254,6 +257,7 @@ fn kind_code(kind: Kind) -> u8 {
         Kind::Raw => 9,
         Kind::XrcDeliver => 10,
         Kind::XrcResult => 11,
+        Kind::Flush => 12,
     }
 }
 
@@ -271,6 +275,7 @@ fn kind_of(code: u8) -> Option<Kind> {
         9 => Kind::Raw,
         10 => Kind::XrcDeliver,
         11 => Kind::XrcResult,
+        12 => Kind::Flush,
         _ => return None,
     })
 }
@@ -361,6 +366,9 @@ fn decode_fields(bytes: &[u8]) -> Option<(Packet, Option<Range<usize>>, Option<P
         let [traffic_class, hop_limit] = r.take()?;
         let flow_label = r.u32()?;
         p.grh = Some(Box::new(Grh { sgid, dgid, traffic_class, flow_label, hop_limit }));
+    }
+    if kind == Kind::Flush {
+        p.feth = r.take::<1>()?[0];
     }
     if kind == Kind::XrcDeliver {
         let (kind, file) = (kind_of(r.take::<1>()?[0])?, (r.u64()?, r.u64()?));

@@ -105,11 +105,16 @@ impl<'a> Rereg<'a> {
 pub struct Mr(pub(crate) Arc<MrShared>);
 
 /// Access flags `ibv_reg_mr` accepts (bits 0..7 and relaxed ordering), as the kernel's
-/// `IB_ACCESS_SUPPORTED` in Linux 6.1.
-const SUPPORTED_ACCESS: u32 = 0xff | AccessFlags::RELAXED_ORDERING.bits();
+/// `IB_ACCESS_SUPPORTED` in Linux 6.1; the full profile also takes the FLUSH rights (a later
+/// kernel's, with a device that does RDMA FLUSH).
+fn supported_access(profile: Profile) -> u32 {
+    let flush = AccessFlags::FLUSH_GLOBAL | AccessFlags::FLUSH_PERSISTENT;
+    let base = 0xff | AccessFlags::RELAXED_ORDERING.bits();
+    if profile == Profile::Full { base | flush.bits() } else { base }
+}
 
-fn check_access(access: AccessFlags) -> Result<()> {
-    if access.bits() & !SUPPORTED_ACCESS != 0 {
+fn check_access(profile: Profile, access: AccessFlags) -> Result<()> {
+    if access.bits() & !supported_access(profile) != 0 {
         return Err(einval("unsupported access flags"));
     }
     if access.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
@@ -182,7 +187,7 @@ impl Mr {
         dm: Option<Arc<DmInner>>,
         app_memory: bool,
     ) -> Result<Mr> {
-        check_access(access)?;
+        check_access(pd.0.ctx.device.profile, access)?;
         check_range(region.len(), iova, dm.is_some())?;
         if app_memory {
             pin(&region, access)?;
@@ -269,7 +274,7 @@ impl Mr {
         if offset % page != iova % page {
             return Err(einval("offset and iova differ within a page"));
         }
-        check_access(access)?;
+        check_access(Profile::Full, access)?;
         let region = MemRegion::mapped(fd.as_raw_fd(), offset, len, writable(access))
             .map_err(|e| Error::new(Errno(e), "the dma-buf range cannot be mapped"))?;
         Mr::register(pd, region, iova, access, None, false)
@@ -355,7 +360,7 @@ impl Mr {
             return Err(einval("rereg changes nothing"));
         }
         let access = what.access.unwrap_or(old.access);
-        check_access(access)?;
+        check_access(self.0.dev.profile, access)?;
         let (region, iova) = match what.translation {
             Some(_) if self.0.dm.is_some() => return Err(einval("a device memory MR")),
             Some(_) if old.windows.load(Ordering::Acquire) > 0 => {

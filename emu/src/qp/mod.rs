@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 use self::queue::{RecvQueue, SendQueue};
 pub use self::{
     connect::{Endpoint, RcParams},
-    wr::{RecvWr, SendWr, Tso, UdDest},
+    wr::{Flush, RecvWr, SendWr, Tso, UdDest},
 };
 use crate::{
     engine::{self, Driver, Route, packet::Packet, requester::Requester, responder::Responder},

@@ -44,6 +44,8 @@ pub(crate) struct SendWqe {
     /// TSO: the header put in front of each segment, and the segment size.
     pub(crate) tso_hdr: Vec<u8>,
     pub(crate) mss: u16,
+    /// FLUSH: its FETH (placement type in bits 0..3, selectivity level in bits 4..5).
+    pub(crate) feth: u8,
 }
 
 impl SendWqe {

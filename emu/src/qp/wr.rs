@@ -2,7 +2,7 @@
 
 use crate::{
     objects::mw::MwBind,
-    types::{SendFlags, Sge, WrOpcode},
+    types::{FlushLevel, FlushType, SendFlags, Sge, WrOpcode},
 };
 
 /// A send work request (`struct ibv_send_wr`, one element of the list).
@@ -34,6 +34,18 @@ pub struct SendWr<'a> {
     pub xrc_remote_srqn: u32,
     /// `IBV_WR_TSO` (raw packet QPs): the headers and segment size.
     pub tso: Option<Tso<'a>>,
+    /// `IBV_WR_FLUSH`: what it covers beyond `remote_addr`/`rkey`.
+    pub flush: Option<Flush>,
+}
+
+/// An RDMA FLUSH (`ibv_wr_flush`): `len` bytes from `remote_addr` (with
+/// [`FlushLevel::RANGE`]; [`FlushLevel::MR`] covers the whole MR the rkey names) made globally
+/// visible and/or persistent at the responder.
+#[derive(Debug, Clone, Copy)]
+pub struct Flush {
+    pub len: u32,
+    pub placement: FlushType,
+    pub level: FlushLevel,
 }
 
 /// TCP segmentation offload (`wr.tso` of `struct ibv_send_wr`): `hdr` (Ethernet, IP and TCP
@@ -78,6 +90,25 @@ impl<'a> SendWr<'a> {
         SendWr {
             opcode: WrOpcode::ATOMIC_WRITE,
             ..SendWr::write(wr_id, sg_list, remote_addr, rkey)
+        }
+    }
+
+    /// An RDMA FLUSH of `len` bytes at `remote_addr` under `rkey` (full profile; RC).
+    pub fn flush(
+        wr_id: u64,
+        remote_addr: u64,
+        rkey: u32,
+        len: u32,
+        placement: FlushType,
+        level: FlushLevel,
+    ) -> Self {
+        SendWr {
+            wr_id,
+            opcode: WrOpcode::FLUSH,
+            remote_addr,
+            rkey,
+            flush: Some(Flush { len, placement, level }),
+            ..Default::default()
         }
     }
 

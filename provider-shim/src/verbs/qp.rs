@@ -60,13 +60,16 @@ const IBV_QP_INIT_ATTR_MAX_TSO_HEADER: u32 = 8;
 const IBV_QP_INIT_ATTR_IND_TABLE: u32 = 16;
 const IBV_QP_INIT_ATTR_RX_HASH: u32 = 32;
 const IBV_QP_INIT_ATTR_SEND_OPS_FLAGS: u32 = 64;
+/// `IBV_QP_EX_WITH_FLUSH` (rdma-core 45 and later).
+const IBV_QP_EX_WITH_FLUSH: u64 = 1 << 11;
 /// The `IBV_QP_EX_WITH_*` send ops a QP type takes (rxe's provider's table; XRC_SEND as RC):
 /// RC every op through SEND_WITH_INV (0x3ff); UC WRITE (with imm), SEND (with imm), BIND_MW,
 /// SEND_WITH_INV; UD SEND (with imm). Others are `EOPNOTSUPP`.
 fn supported_send_ops(qp_type: u32) -> u64 {
     match QpType(qp_type) {
-        // Bits 0..9, and ATOMIC_WRITE (bit 12), which rxe's provider takes too.
-        QpType::RC | QpType::XRC_SEND => 0x3ff | 1 << 12,
+        // Bits 0..9, and ATOMIC_WRITE (bit 12), which rxe's provider takes too; FLUSH
+        // (bit 11) where the device has it (`create_qp_ex` checks).
+        QpType::RC | QpType::XRC_SEND => 0x3ff | IBV_QP_EX_WITH_FLUSH | 1 << 12,
         QpType::UC => 0x30f,
         QpType::UD => 0x00c,
         // SEND and TSO.
@@ -111,7 +114,11 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
         let flags =
             if i.comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 { i.create_flags } else { 0 };
         let create_flags = QpCreateFlags::from_bits(flags);
+        // SAFETY: as above.
+        let flush = unsafe { ctx(c) }.is_some_and(|s| s.emu().query_device().flush);
+        let ops_known = if flush { !0 } else { !IBV_QP_EX_WITH_FLUSH };
         if i.comp_mask & !allowed != 0
+            || ops & !ops_known != 0
             || create_flags.is_none()
             || ops & !supported_send_ops(i.qp_type) != 0
         {
@@ -331,7 +338,10 @@ pub(crate) fn wrap(c: QpParts, emu: rdma_emu::Qp, extended: bool) -> *mut ibv_qp
     if extended {
         super::wr::fill(&mut qp);
     }
-    let s = leak(ShimQp { qp, emu, extended, batch: Default::default() });
+    // SAFETY: NULL or a live context.
+    let flush = unsafe { ctx(c.context) }.is_some_and(|s| s.emu().query_device().flush);
+    let wr_flush = (extended && flush).then_some(super::wr::wr_flush as super::wr::WrFlush);
+    let s = leak(ShimQp { qp, wr_flush, emu, extended, batch: Default::default() });
     // SAFETY: s is ours and not shared yet.
     unsafe {
         init_sync(&mut (*s).qp.qp_base.mutex, &mut (*s).qp.qp_base.cond);
@@ -631,6 +641,8 @@ pub(crate) unsafe extern "C" fn post_send(
                 invalidate_rkey: w.invalidate_rkey(),
                 xrc_remote_srqn: w.qp_type,
                 tso,
+                // `struct ibv_send_wr` has no FLUSH fields: only `ibv_wr_flush` makes one.
+                flush: None,
             };
             if let Err(e) = s.emu.post_send(&ewr) {
                 return fail(wr, e.errno().raw());

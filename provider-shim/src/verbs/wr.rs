@@ -30,6 +30,8 @@ pub(crate) struct Pending {
     ud: Option<(*mut ibv_ah, u32, u32)>,
     /// `wr_send_tso`: the header (copied) and the segment size.
     tso: Option<(Vec<u8>, u16)>,
+    /// `wr_flush`: length, placement type and selectivity level.
+    flush: Option<rdma_emu::Flush>,
 }
 
 impl std::fmt::Debug for Pending {
@@ -110,6 +112,28 @@ unsafe extern "C" fn wr_atomic_write(
     // SAFETY: the 8 readable bytes the verb takes.
     let word = unsafe { std::ptr::read_unaligned(data as *const [u8; 8]) };
     begin(qp, WrOpcode::ATOMIC_WRITE, addr, rkey, |p| p.inline = Some(word.to_vec()));
+}
+
+/// The `wr_flush` slot's type (rdma-core 45 and later).
+pub(crate) type WrFlush = unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, usize, u8, u8);
+
+/// `ibv_wr_flush(qp, rkey, remote_addr, len, type, level)` (full profile): an RDMA FLUSH of
+/// the range, or of the whole MR (`IBV_FLUSH_MR`); a length beyond 32 bits (the RETH's) fails
+/// the batch with `EINVAL`, as do a bad type or level at `wr_complete`.
+pub(crate) unsafe extern "C" fn wr_flush(
+    qp: *mut ibv_qp_ex,
+    rkey: u32,
+    addr: u64,
+    len: usize,
+    placement: u8,
+    level: u8,
+) {
+    let Ok(len) = u32::try_from(len) else { return fail_batch(qp, libc::EINVAL) };
+    let placement = rdma_emu::FlushType::from_bits_retain(placement);
+    let level = rdma_emu::FlushLevel(level);
+    begin(qp, WrOpcode::FLUSH, addr, rkey, |p| {
+        p.flush = Some(rdma_emu::Flush { len, placement, level })
+    });
 }
 
 /// Runs `f` on the QP's batch.
@@ -220,6 +244,7 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
                     invalidate_rkey: p.invalidate_rkey,
                     xrc_remote_srqn: p.xrc_srqn,
                     tso: p.tso.as_ref().map(|(hdr, mss)| rdma_emu::Tso { hdr, mss: *mss }),
+                    flush: p.flush,
                 };
                 if let Err(e) = s.emu.post_send(&wr) {
                     rc = match e.errno().raw() {
