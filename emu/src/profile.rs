@@ -145,6 +145,8 @@ pub struct DeviceAttr {
     pub atomic_write: bool,
     /// Whether RC QPs carry `IBV_WR_FLUSH` (RDMA FLUSH, IBA 1.5; Linux 6.1's rxe has none).
     pub flush: bool,
+    /// Whether the C library offers thread and parent domains (mlx5 does, rxe does not).
+    pub parent_domains: bool,
     /// Largest number of receive WQs (`max_wq_type_rq`); 0: no WQs, RSS, raw packet QPs or
     /// flow steering.
     pub max_wq_type_rq: u32,
@@ -353,6 +355,7 @@ impl Profile {
             ece_options: 0,
             atomic_write: false,
             flush: false,
+            parent_domains: false,
             max_wq_type_rq: 0,
             max_rwq_indirection_tables: 0,
             max_rwq_indirection_table_size: 0,
@@ -383,6 +386,7 @@ impl Profile {
                 ece_options: 0x3,
                 atomic_write: true,
                 flush: true,
+                parent_domains: true,
                 // A ConnectX-5's RSS and TSO limits.
                 max_wq_type_rq: 65_536,
                 max_rwq_indirection_tables: 65_536,

@@ -43,7 +43,19 @@ impl ShimContext {
 #[repr(C)]
 pub(crate) struct ShimPd {
     pub(crate) pd: ibv_pd,
+    /// The protection domain (a parent domain's is its PD's).
     pub(crate) emu: rdma_emu::Pd,
+    /// Set for a parent domain (`ibv_alloc_parent_domain`).
+    pub(crate) parent: Option<crate::verbs::parent::ParentDomain>,
+    /// Parent domains over this PD, or QPs, CQs and SRQs made through this parent domain:
+    /// while any is left, deallocating it is `EBUSY`.
+    pub(crate) users: std::sync::atomic::AtomicU32,
+}
+
+impl ShimPd {
+    pub(crate) fn new(pd: ibv_pd, emu: rdma_emu::Pd) -> ShimPd {
+        ShimPd { pd, emu, parent: None, users: Default::default() }
+    }
 }
 
 #[repr(C)]
@@ -78,6 +90,8 @@ pub(crate) struct ShimChannel {
 pub(crate) struct ShimSrq {
     pub(crate) srq: ibv_srq,
     pub(crate) emu: rdma_emu::Srq,
+    /// Made through a parent domain: as for QPs.
+    pub(crate) parent_use: Option<crate::verbs::parent::ParentUse>,
 }
 
 #[repr(C)]
@@ -106,6 +120,8 @@ pub(crate) struct ShimCq {
     /// The completion `start_poll`/`next_poll` made current, for the `read_*` functions. Only
     /// the thread inside a start/end poll pair touches it (the verbs contract).
     pub(crate) cur: std::cell::Cell<rdma_emu::Wc>,
+    /// Made through a parent domain (`IBV_CQ_INIT_ATTR_MASK_PD`): as for QPs.
+    pub(crate) parent_use: Option<crate::verbs::parent::ParentUse>,
 }
 
 /// Every QP is an `ibv_qp_ex` (which starts with `ibv_qp`).
@@ -120,6 +136,8 @@ pub(crate) struct ShimQp {
     pub(crate) extended: bool,
     /// The `ibv_wr_*` batch being built between `wr_start` and `wr_complete`.
     pub(crate) batch: parking_lot::Mutex<crate::verbs::wr::Batch>,
+    /// Made through a parent domain: its use of it and the buffers its allocator gave.
+    pub(crate) parent_use: Option<crate::verbs::parent::ParentUse>,
 }
 
 // `wr_flush` sits where rdma-core 45's `struct ibv_qp_ex` has it.
@@ -367,4 +385,18 @@ owned!(ShimCq, 5, |s| s.cq.context, destroy, s.cq.handle);
 owned!(ShimDm, 5, |s| s.dm.context, free, s.dm.handle);
 owned!(ShimChannel, 6, |s| s.ch.context, destroy);
 owned!(ShimXrcd, 6, |s| s.xrcd.context, close);
-owned!(ShimPd, 7, |s| s.pd.context, dealloc, s.pd.handle);
+impl Owned for ShimPd {
+    const RANK: u8 = 7;
+    fn context(&self) -> *mut ibv_context {
+        self.pd.context
+    }
+    fn handle(&self) -> u32 {
+        self.pd.handle
+    }
+    fn close(&self) {
+        // A parent domain shares its PD's emulator object, which the PD's own close frees.
+        if self.parent.is_none() {
+            let _ = self.emu.dealloc();
+        }
+    }
+}

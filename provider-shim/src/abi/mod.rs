@@ -119,9 +119,11 @@ mirrors! {
         destroy_flow_action: *mut c_void,
         create_flow_action_esp: *mut c_void,
         modify_qp_rate_limit: *mut c_void,
-        alloc_parent_domain: *mut c_void,
-        dealloc_td: *mut c_void,
-        alloc_td: *mut c_void,
+        alloc_parent_domain: Option<
+            unsafe extern "C" fn(*mut ibv_context, *mut ibv_parent_domain_init_attr) -> *mut ibv_pd,
+        >,
+        dealloc_td: Option<unsafe extern "C" fn(*mut ibv_td) -> c_int>,
+        alloc_td: Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_td_init_attr) -> *mut ibv_td>,
         modify_cq: Option<unsafe extern "C" fn(*mut ibv_cq, *mut ibv_modify_cq_attr) -> c_int>,
         post_srq_ops: *mut c_void,
         destroy_rwq_ind_table: Option<unsafe extern "C" fn(*mut ibv_rwq_ind_table) -> c_int>,
@@ -406,6 +408,20 @@ mirrors! {
     ibv_pd = "struct ibv_pd" {
         context: *mut ibv_context,
         handle: u32,
+    }
+    ibv_td = "struct ibv_td" {
+        context: *mut ibv_context,
+    }
+    ibv_td_init_attr = "struct ibv_td_init_attr" {
+        comp_mask: u32,
+    }
+    ibv_parent_domain_init_attr = "struct ibv_parent_domain_init_attr" {
+        pd: *mut ibv_pd,
+        td: *mut ibv_td,
+        comp_mask: u32,
+        alloc: Option<crate::verbs::parent::AllocFn>,
+        free: Option<crate::verbs::parent::FreeFn>,
+        pd_context: *mut c_void,
     }
     ibv_dm = "struct ibv_dm" {
         context: *mut ibv_context,

@@ -102,7 +102,7 @@ fn new_cq(
         // A field a CQ cannot be created with (create_cq_ex refuses that wc_flag); the slot
         // still answers, with 0, so that no call through it can crash.
         cq.read_tm_info = Some(read_tm_info);
-        let p = leak(ShimCq { cq, emu, cur: Default::default() });
+        let p = leak(ShimCq { cq, emu, cur: Default::default(), parent_use: None });
         // SAFETY: p is ours and not shared yet.
         unsafe {
             init_sync(&mut (*p).cq.mutex, &mut (*p).cq.cond);
@@ -120,6 +120,7 @@ const RAW_WC_FLAGS: u64 = 1 << 8 | 1 << 9;
 /// `IBV_WC_EX_WITH_COMPLETION_TIMESTAMP` and its `_WALLCLOCK` form: on devices with a clock.
 const TIMESTAMP_WC_FLAGS: u64 = 1 << 7 | 1 << 11;
 const IBV_CQ_INIT_ATTR_MASK_FLAGS: u32 = 1;
+const IBV_CQ_INIT_ATTR_MASK_PD: u32 = 2;
 
 /// The `create_cq_ex` slot: `ibv_create_cq_ex(context, cq_attr)`.
 pub(crate) unsafe extern "C" fn create_cq_ex(
@@ -137,8 +138,11 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
         let supported = STANDARD_WC_FLAGS
             | if clock { TIMESTAMP_WC_FLAGS } else { 0 }
             | if raw { RAW_WC_FLAGS } else { 0 };
+        let parents = s.emu().query_device().parent_domains;
+        let masks =
+            IBV_CQ_INIT_ATTR_MASK_FLAGS | if parents { IBV_CQ_INIT_ATTR_MASK_PD } else { 0 };
         if a.wc_flags & !supported != 0
-            || a.comp_mask & !IBV_CQ_INIT_ATTR_MASK_FLAGS != 0
+            || a.comp_mask & !masks != 0
             || (a.comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS != 0 && a.flags != 0)
         {
             set_errno(libc::EOPNOTSUPP);
@@ -147,11 +151,40 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
         // SAFETY: NULL or a live channel.
         let channel = unsafe { obj::<_, ShimChannel>(a.channel) }.map(|c| &c.emu);
         let options = rdma_emu::CqOptions { timestamps: a.wc_flags & TIMESTAMP_WC_FLAGS != 0 };
+        // A CQ of a parent domain (as mlx5: it must be one, of this context's objects).
+        let domain = if a.comp_mask & IBV_CQ_INIT_ATTR_MASK_PD != 0 {
+            // SAFETY: NULL or a live PD.
+            let d = unsafe { checked::<_, ShimPd>(a.parent_domain) };
+            if !d.is_some_and(|d| d.parent.is_some() && super::parent::same_file(d.pd.context, s)) {
+                set_errno(libc::EINVAL);
+                return ptr::null_mut();
+            }
+            a.parent_domain
+        } else {
+            ptr::null_mut()
+        };
         let cqe = a.cqe.min(i32::MAX as u32) as c_int;
-        match s.emu().create_cq_ex(cqe, channel, a.comp_vector, options) {
-            Ok(emu) => new_cq(c, a.channel, a.cq_context, emu).cast(),
-            Err(e) => null_with(e),
-        }
+        let emu = match s.emu().create_cq_ex(cqe, channel, a.comp_vector, options) {
+            Ok(emu) => emu,
+            Err(e) => return null_with(e),
+        };
+        // mlx5's CQ buffer: 64-byte CQEs, a power of two above the size asked for.
+        use super::parent::{DBR, PAGE, ParentUse, res_type, ring_bytes};
+        let ring = ring_bytes(emu.cqe() + 1, 64);
+        // SAFETY: NULL or a live parent domain (checked above).
+        let parent_use =
+            match unsafe { ParentUse::take(domain, &[(ring, PAGE, res_type::CQ), DBR]) } {
+                Ok(u) => u,
+                Err(errno) => {
+                    let _ = emu.destroy();
+                    set_errno(errno);
+                    return ptr::null_mut();
+                }
+            };
+        let made = new_cq(c, a.channel, a.cq_context, emu);
+        // SAFETY: the CQ just made, ours and not shared yet.
+        unsafe { (*made).parent_use = parent_use };
+        made.cast()
     })
 }
 

@@ -206,7 +206,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_import_pd(
             set_errno(libc::EINVAL);
             return ptr::null_mut();
         };
-        leak(ShimPd { pd: ibv_pd { context: c, handle }, emu }).cast()
+        leak(ShimPd::new(ibv_pd { context: c, handle }, emu)).cast()
     })
 }
 

@@ -11,6 +11,7 @@ pub(crate) mod import;
 pub(crate) mod marshall;
 pub(crate) mod mw;
 pub(crate) mod ops;
+pub(crate) mod parent;
 pub(crate) mod pd_mr;
 pub(crate) mod qp;
 pub(crate) mod rates;

@@ -42,6 +42,11 @@ pub(crate) fn fill(v: &mut verbs_context, attr: &rdma_emu::DeviceAttr) {
         v.ibv_create_flow = Some(super::wq::create_flow);
         v.ibv_destroy_flow = Some(super::wq::destroy_flow);
     }
+    if attr.parent_domains {
+        v.alloc_td = Some(super::parent::alloc_td);
+        v.dealloc_td = Some(super::parent::dealloc_td);
+        v.alloc_parent_domain = Some(super::parent::alloc_parent_domain);
+    }
     if attr.has_clock() {
         v.query_rt_values = Some(super::device::query_rt_values);
     }

@@ -23,20 +23,28 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_alloc_pd(c: *mut ibv_context)
         match s.emu().alloc_pd() {
             Ok(emu) => {
                 let handle = s.ufile.add(Shared::Pd(emu.clone()));
-                leak(ShimPd { pd: ibv_pd { context: c, handle }, emu }).cast()
+                leak(ShimPd::new(ibv_pd { context: c, handle }, emu)).cast()
             }
             Err(e) => null_with(e),
         }
     })
 }
 
-/// `ibv_dealloc_pd(pd)`: `EBUSY` while MRs or QPs use it.
+/// `ibv_dealloc_pd(pd)`: `EBUSY` while MRs, QPs or parent domains use it; a parent domain is
+/// freed once no QP, CQ or SRQ made through it is left (its PD stays).
 pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     ffi!(libc::EIO, {
         // SAFETY: NULL or an object of this library (checked by `destroy`); its context is
         // live while it is.
         unsafe {
             destroy(pd, |s: &ShimPd| {
+                if s.users.load(std::sync::atomic::Ordering::Acquire) > 0 {
+                    return Err(rdma_emu::Error::new(rdma_emu::Errno::EBUSY, "the PD is in use"));
+                }
+                if let Some(p) = &s.parent {
+                    p.release();
+                    return Ok(());
+                }
                 s.emu.dealloc()?;
                 super::import::forget(s.pd.context, s.pd.handle);
                 Ok(())

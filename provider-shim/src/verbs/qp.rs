@@ -303,10 +303,33 @@ unsafe fn create(
         Ok(q) => q,
         Err(e) => return null_with(e),
     };
-    *cap = cap_to_c(&emu.cap());
+    let granted = emu.cap();
+    *cap = cap_to_c(&granted);
+    // Through a parent domain with allocators: the buffer mlx5 would hold the QP's rings in
+    // (64-byte send WQEs, 16 bytes per receive SGE; no receive ring on an SRQ) and its
+    // doorbell record.
+    use super::parent::{DBR, PAGE, ParentUse, res_type, ring_bytes};
+    let rq = if srq_ptr_is_null {
+        ring_bytes(granted.max_recv_wr, 16 * granted.max_recv_sge.max(1) as usize)
+    } else {
+        0
+    };
+    let ring = ring_bytes(granted.max_send_wr, 64) + rq;
+    // SAFETY: `pd` is a live PD (above).
+    let parent_use = match unsafe { ParentUse::take(pd, &[(ring, PAGE, res_type::QP), DBR]) } {
+        Ok(u) => u,
+        Err(errno) => {
+            let _ = emu.destroy();
+            set_errno(errno);
+            return ptr::null_mut();
+        }
+    };
     let recv_cq = if xrc_send { ptr::null_mut() } else { recv_cq };
     let parts = QpParts { context: p.pd.context, qp_context, pd, send_cq, recv_cq, srq: srq_raw };
-    wrap(parts, emu, ex.extended)
+    let made = wrap(parts, emu, ex.extended);
+    // SAFETY: the QP just made, ours and not shared yet.
+    unsafe { (*made.cast::<ShimQp>()).parent_use = parent_use };
+    made
 }
 
 /// The C-visible objects an `ibv_qp` names.
@@ -341,7 +364,8 @@ pub(crate) fn wrap(c: QpParts, emu: rdma_emu::Qp, extended: bool) -> *mut ibv_qp
     // SAFETY: NULL or a live context.
     let flush = unsafe { ctx(c.context) }.is_some_and(|s| s.emu().query_device().flush);
     let wr_flush = (extended && flush).then_some(super::wr::wr_flush as super::wr::WrFlush);
-    let s = leak(ShimQp { qp, wr_flush, emu, extended, batch: Default::default() });
+    let s =
+        leak(ShimQp { qp, wr_flush, emu, extended, batch: Default::default(), parent_use: None });
     // SAFETY: s is ours and not shared yet.
     unsafe {
         init_sync(&mut (*s).qp.qp_base.mutex, &mut (*s).qp.qp_base.cond);

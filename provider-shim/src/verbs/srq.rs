@@ -37,7 +37,9 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_create_srq(
     })
 }
 
-/// Hands a new emulator SRQ to C, writing the granted sizes back into `attr`.
+/// Hands a new emulator SRQ to C, writing the granted sizes back into `attr`; through a parent
+/// domain with allocators, its ring (mlx5's: 16 bytes of header and 16 per SGE for each WQE) and
+/// doorbell record come from the domain's allocator (NULL with `ENOMEM` when it fails).
 pub(crate) fn wrap(
     context: *mut ibv_context,
     srq_context: *mut core::ffi::c_void,
@@ -48,13 +50,25 @@ pub(crate) fn wrap(
     if let Ok(got) = emu.query() {
         (attr.max_wr, attr.max_sge) = (got.max_wr, got.max_sge);
     }
+    use super::parent::{DBR, PAGE, ParentUse, res_type, ring_bytes};
+    let stride = (16 + 16 * attr.max_sge.max(1) as usize).next_power_of_two();
+    let ring = ring_bytes(attr.max_wr + 1, stride);
+    // SAFETY: `pd` is NULL or a live PD (the callers checked it).
+    let parent_use = match unsafe { ParentUse::take(pd, &[(ring, PAGE, res_type::SRQ), DBR]) } {
+        Ok(u) => u,
+        Err(errno) => {
+            let _ = emu.destroy();
+            crate::boundary::set_errno(errno);
+            return std::ptr::null_mut();
+        }
+    };
     // SAFETY: ibv_srq is plain data (pointers, integers, pthread objects initialised below).
     let mut srq: ibv_srq = unsafe { std::mem::zeroed() };
     srq.context = context;
     srq.handle = new_handle(context);
     srq.srq_context = srq_context;
     srq.pd = pd;
-    let s = leak(ShimSrq { srq, emu });
+    let s = leak(ShimSrq { srq, emu, parent_use });
     // SAFETY: s is ours and not shared yet.
     unsafe {
         init_sync(&mut (*s).srq.mutex, &mut (*s).srq.cond);
