@@ -100,7 +100,7 @@ pub use crate::{
         wq::{RwqIndTable, Wq, WqInitAttr},
         xrcd::{FileId, Xrcd, xrcd_oflags},
     },
-    profile::{DeviceAttr, GidEntry, PortAttr, Profile},
+    profile::{DeviceAttr, GidEntry, OdpCaps, PortAttr, Profile, odp},
     qp::{
         Endpoint, Flush, Qp, QpAttr, QpCap, QpInitAttr, RcParams, RecvWr, RssConf, SendWr, Tso,
         UdDest,

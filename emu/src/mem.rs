@@ -36,6 +36,11 @@ pub(crate) struct MemRegion {
     _parent: Option<Arc<MemRegion>>,
     /// The file mapping the region lies in (a dma-buf MR), unmapped with it.
     _mapping: Option<crate::sys::FileMapping>,
+    /// An on-demand paging MR's memory: nothing is promised mapped, so every access first
+    /// faults its pages in (as the device's page-fault handling does) and fails cleanly
+    /// where they cannot be. With a NULL `base` the region is the whole address space
+    /// (implicit ODP): offsets are addresses.
+    on_demand: bool,
 }
 
 // SAFETY: the region is a plain address range; all access goes through the copy functions,
@@ -153,7 +158,7 @@ impl MemRegion {
     /// `base..base+len` must stay valid for reads and writes until the returned region (and
     /// every clone of the `Arc` that will hold it) is dropped.
     pub(crate) unsafe fn from_raw(base: *mut u8, len: usize) -> MemRegion {
-        MemRegion { base, len, _owned: None, _parent: None, _mapping: None }
+        MemRegion { base, len, _owned: None, _parent: None, _mapping: None, on_demand: false }
     }
 
     /// A zeroed region of `len` bytes that owns its memory.
@@ -163,7 +168,14 @@ impl MemRegion {
         // `AtomicU64` is an `UnsafeCell`, so writing through a pointer derived from a shared
         // reference is allowed; the pointer stays valid because the box is never moved out.
         let base = store.as_ptr() as *mut u8;
-        MemRegion { base, len, _owned: Some(store), _parent: None, _mapping: None }
+        MemRegion {
+            base,
+            len,
+            _owned: Some(store),
+            _parent: None,
+            _mapping: None,
+            on_demand: false,
+        }
     }
 
     /// The `len` bytes of `parent` at `off`, as a region of their own (an MR over part of
@@ -172,7 +184,14 @@ impl MemRegion {
         let base = parent.check(off, len).ok()?;
         // `base..base+len` lies in `parent` (checked), whose memory lives as long as the
         // `Arc` held in `_parent`.
-        Some(MemRegion { base, len, _owned: None, _parent: Some(parent.clone()), _mapping: None })
+        Some(MemRegion {
+            base,
+            len,
+            _owned: None,
+            _parent: Some(parent.clone()),
+            _mapping: None,
+            on_demand: false,
+        })
     }
 
     /// Bytes `offset..offset+len` of the file `fd`, mapped shared (writable when `write`)
@@ -185,7 +204,28 @@ impl MemRegion {
     ) -> Result<MemRegion, i32> {
         let (mapping, base) = crate::sys::FileMapping::map(fd, offset, len, write)?;
         // `base..base+len` lies in the mapping, which lives as long as the region.
-        Ok(MemRegion { base, len, _owned: None, _parent: None, _mapping: Some(mapping) })
+        Ok(MemRegion {
+            base,
+            len,
+            _owned: None,
+            _parent: None,
+            _mapping: Some(mapping),
+            on_demand: false,
+        })
+    }
+
+    /// The same range as an on-demand paging MR's: nothing need be mapped, each access checks
+    /// (a page unmapped between the check and the access is the application's fault, as
+    /// with a device).
+    pub(crate) fn into_on_demand(mut self) -> MemRegion {
+        self.on_demand = true;
+        self
+    }
+
+    /// Implicit on-demand paging: the whole address space, offsets being addresses.
+    pub(crate) fn whole_address_space() -> MemRegion {
+        // SAFETY: no byte of it is promised valid: an on-demand region checks every access.
+        unsafe { MemRegion::from_raw(std::ptr::null_mut(), usize::MAX) }.into_on_demand()
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -209,6 +249,10 @@ impl MemRegion {
 
     fn check(&self, off: usize, len: usize) -> Result<*mut u8, MemFault> {
         match off.checked_add(len) {
+            Some(end) if end <= self.len && self.base.is_null() => {
+                // The whole address space (implicit ODP): the offset is the address.
+                Ok(std::ptr::with_exposed_provenance_mut(off))
+            }
             Some(end) if end <= self.len => {
                 // SAFETY: off <= len of the region, so the result is within (or one past)
                 // the allocation described by base..base+len.
@@ -218,9 +262,20 @@ impl MemRegion {
         }
     }
 
+    /// [`check`](Self::check), and for an on-demand region the page faults a device takes:
+    /// the range's pages are brought in (for writing when `write`), or `Unreadable` where
+    /// they cannot be (unmapped, or without the access).
+    fn access(&self, off: usize, len: usize, write: bool) -> Result<*mut u8, MemFault> {
+        let p = self.check(off, len)?;
+        if self.on_demand && len > 0 && !crate::sys::fault_in(p as u64, len, write) {
+            return Err(MemFault::Unreadable);
+        }
+        Ok(p)
+    }
+
     /// Copies `dst.len()` bytes at `off` into `dst`.
     pub(crate) fn read(&self, off: usize, dst: &mut [u8]) -> Result<(), MemFault> {
-        let p = self.check(off, dst.len())?;
+        let p = self.access(off, dst.len(), false)?;
         // SAFETY: `check` proved p..p+len lies in the region, valid for reads by the region's
         // invariant; `dst` is a distinct Rust buffer, so `copy` (memmove) is sound.
         unsafe { std::ptr::copy(p, dst.as_mut_ptr(), dst.len()) };
@@ -229,7 +284,7 @@ impl MemRegion {
 
     /// Copies `src` into the region at `off`.
     pub(crate) fn write(&self, off: usize, src: &[u8]) -> Result<(), MemFault> {
-        let p = self.check(off, src.len())?;
+        let p = self.access(off, src.len(), true)?;
         // SAFETY: `check` proved p..p+len lies in the region, valid for writes.
         unsafe { std::ptr::copy(src.as_ptr(), p, src.len()) };
         Ok(())
@@ -244,7 +299,7 @@ impl MemRegion {
         src_off: usize,
         len: usize,
     ) -> Result<(), MemFault> {
-        let d = self.check(off, len)?;
+        let d = self.access(off, len, true)?;
         if src_off.checked_add(len).is_none_or(|end| end > src.len) {
             return Err(MemFault::OutOfBounds);
         }
@@ -261,8 +316,8 @@ impl MemRegion {
         dst_off: usize,
         len: usize,
     ) -> Result<(), MemFault> {
-        let s = src.check(src_off, len)?;
-        let d = dst.check(dst_off, len)?;
+        let s = src.access(src_off, len, false)?;
+        let d = dst.access(dst_off, len, true)?;
         // SAFETY: both ranges were checked against their regions (valid for read / write);
         // `copy` has memmove semantics, so overlap is allowed.
         unsafe { std::ptr::copy(s, d, len) };
@@ -270,7 +325,7 @@ impl MemRegion {
     }
 
     fn atomic_at(&self, off: usize) -> Result<&AtomicU64, MemFault> {
-        let p = self.check(off, 8)?;
+        let p = self.access(off, 8, true)?;
         if !(p as usize).is_multiple_of(8) {
             return Err(MemFault::Misaligned);
         }

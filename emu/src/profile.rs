@@ -78,6 +78,29 @@ pub mod cap_flags_ex {
     pub const ATOMIC_WRITE: u64 = 1 << 40;
 }
 
+/// `struct ibv_odp_caps` and `xrc_odp_caps`: `general` of [`odp`]'s `SUPPORT*` bits, the
+/// rest of its per-operation bits.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OdpCaps {
+    pub general: u64,
+    pub rc: u32,
+    pub uc: u32,
+    pub ud: u32,
+    pub xrc: u32,
+}
+
+/// `enum ibv_odp_general_caps` and `enum ibv_odp_transport_cap_bits`.
+pub mod odp {
+    pub const SUPPORT: u64 = 1;
+    pub const SUPPORT_IMPLICIT: u64 = 1 << 1;
+    pub const SEND: u32 = 1;
+    pub const RECV: u32 = 1 << 1;
+    pub const WRITE: u32 = 1 << 2;
+    pub const READ: u32 = 1 << 3;
+    pub const ATOMIC: u32 = 1 << 4;
+    pub const SRQ_RECV: u32 = 1 << 5;
+}
+
 /// `struct ibv_device_attr`, field for field.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceAttr {
@@ -147,6 +170,8 @@ pub struct DeviceAttr {
     pub flush: bool,
     /// Whether the C library offers thread and parent domains (mlx5 does, rxe does not).
     pub parent_domains: bool,
+    /// On-demand paging (`odp_caps`, `xrc_odp_caps`); all zero: none.
+    pub odp: OdpCaps,
     /// Largest number of receive WQs (`max_wq_type_rq`); 0: no WQs, RSS, raw packet QPs or
     /// flow steering.
     pub max_wq_type_rq: u32,
@@ -356,6 +381,7 @@ impl Profile {
             atomic_write: false,
             flush: false,
             parent_domains: false,
+            odp: OdpCaps::default(),
             max_wq_type_rq: 0,
             max_rwq_indirection_tables: 0,
             max_rwq_indirection_table_size: 0,
@@ -387,6 +413,25 @@ impl Profile {
                 atomic_write: true,
                 flush: true,
                 parent_domains: true,
+                // Every operation of each transport may touch on-demand memory, and an MR may
+                // cover the whole address space (implicit ODP).
+                odp: OdpCaps {
+                    general: odp::SUPPORT | odp::SUPPORT_IMPLICIT,
+                    rc: odp::SEND
+                        | odp::RECV
+                        | odp::WRITE
+                        | odp::READ
+                        | odp::ATOMIC
+                        | odp::SRQ_RECV,
+                    uc: odp::SEND | odp::RECV | odp::WRITE,
+                    ud: odp::SEND | odp::RECV,
+                    xrc: odp::SEND
+                        | odp::RECV
+                        | odp::WRITE
+                        | odp::READ
+                        | odp::ATOMIC
+                        | odp::SRQ_RECV,
+                },
                 // A ConnectX-5's RSS and TSO limits.
                 max_wq_type_rq: 65_536,
                 max_rwq_indirection_tables: 65_536,

@@ -83,6 +83,18 @@ open_enum! {
 }
 
 open_enum! {
+    /// `enum ibv_advise_mr_advice`: what `ibv_advise_mr` asks of an on-demand MR's pages.
+    Advice(u32) {
+        /// Bring the pages in for reading.
+        PREFETCH = 0,
+        /// Bring them in for writing (the MR needs local write).
+        PREFETCH_WRITE = 1,
+        /// Map only what is present, faulting nothing in: never fails on missing pages.
+        PREFETCH_NO_FAULT = 2,
+    }
+}
+
+open_enum! {
     /// `enum ibv_mw_type`.
     MwType(u32) { TYPE_1 = 1, TYPE_2 = 2, }
 }

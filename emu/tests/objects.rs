@@ -86,9 +86,16 @@ fn pd_in_use_cannot_be_deallocated_and_destroyed_objects_refuse_use() {
 fn mr_access_flags_are_validated_like_the_kernel() {
     let f = Fabric::new(FabricConfig::default());
     let pd = f.devices()[0].open().unwrap().alloc_pd().unwrap();
-    for bad in [AccessFlags::REMOTE_WRITE, AccessFlags::REMOTE_ATOMIC, AccessFlags::ON_DEMAND] {
+    for bad in [AccessFlags::REMOTE_WRITE, AccessFlags::REMOTE_ATOMIC] {
         assert_eq!(pd.reg_mr(64, bad).unwrap_err().errno(), Errno::EINVAL, "{bad:?}");
     }
+    // On-demand paging is the full profile's (as mlx5), not rxe's (Linux 6.1).
+    let odp = AccessFlags::LOCAL_WRITE | AccessFlags::ON_DEMAND;
+    let mr = pd.reg_mr(64, odp).unwrap();
+    assert!(format!("{mr:?}").contains("KeyTable"), "an MR prints without recursing");
+    let rxe = Fabric::new(FabricConfig { profile: Profile::Rxe, ..Default::default() });
+    let rxe_pd = rxe.devices()[0].open().unwrap().alloc_pd().unwrap();
+    assert_eq!(rxe_pd.reg_mr(64, odp).unwrap_err().errno(), Errno::EINVAL);
     assert_eq!(
         pd.reg_mr(64, AccessFlags::from_bits_retain(1 << 12)).unwrap_err().errno(),
         Errno::EINVAL
@@ -292,6 +299,78 @@ fn dmabuf_registration_maps_the_file_and_peers_write_into_it() {
     let (_f, _a, rxe) = pair(Profile::Rxe);
     let refused = rxe.pd.reg_dmabuf_mr(file.as_fd(), 0, 8, 0, ALL_ACCESS).unwrap_err();
     assert_eq!(refused.errno(), Errno::EOPNOTSUPP);
+}
+
+#[test]
+fn on_demand_paging_takes_unmapped_memory_and_faults_pages_in_when_used() {
+    let (_f, a, b) = pair(Profile::Full);
+    let odp = ALL_ACCESS | AccessFlags::ON_DEMAND;
+    // A range reserved without access (PROT_NONE, so no other thread's mapping can land in it
+    // while the test runs): nothing there can be pinned or touched yet.
+    // SAFETY: a private anonymous mapping of our own.
+    let mem = unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED);
+        p.cast::<u8>()
+    };
+    // SAFETY: an on-demand MR promises nothing mapped: the emulator checks each access.
+    let raw = || unsafe { RawMemory::new(mem, 4096) };
+    assert_eq!(b.pd.reg_mr_raw(raw(), mem as u64, ALL_ACCESS).unwrap_err().errno(), Errno::EFAULT);
+    let mr = b.pd.reg_mr_raw(raw(), mem as u64, odp).unwrap();
+    let write = |id| {
+        a.qp.post_send(
+            &SendWr::write(id, &[sge(&a.mr, 0, 8)], mem as u64 + 8, mr.rkey()).signaled(),
+        )
+        .unwrap();
+        wait1(&a.cq).status
+    };
+    let prefetch = |flush| b.pd.advise_mr(Advice::PREFETCH_WRITE, flush, &[sge(&mr, 0, 4096)]);
+    assert_eq!(prefetch(true).unwrap_err().errno(), Errno::EFAULT);
+    assert!(prefetch(false).is_ok(), "an asynchronous prefetch reports nothing");
+    a.mr.write_u64(0, 0x0dd).unwrap();
+    assert_eq!(write(1), WcStatus::REM_ACCESS_ERR, "no page to fault in");
+    // SAFETY: our reservation, replaced by usable memory (MAP_FIXED over our own mapping).
+    let again = unsafe {
+        libc::mmap(
+            mem.cast(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+            -1,
+            0,
+        )
+    };
+    assert_eq!(again, mem.cast());
+    prefetch(true).unwrap();
+    let (_f, a, b2) = pair(Profile::Full);
+    let mr = b2.pd.reg_mr_raw(raw(), mem as u64, odp).unwrap();
+    a.mr.write_u64(0, 0x0dd).unwrap();
+    a.qp.post_send(&SendWr::write(2, &[sge(&a.mr, 0, 8)], mem as u64 + 8, mr.rkey()).signaled())
+        .unwrap();
+    assert_eq!(wait1(&a.cq).status, WcStatus::SUCCESS);
+    assert_eq!(mr.read_u64(8).unwrap(), 0x0dd);
+    mr.dereg().unwrap();
+    // Implicit ODP: any address through one rkey.
+    let all = b2.pd.reg_mr_implicit_odp(odp).unwrap();
+    assert_eq!((all.addr(), all.length()), (0, usize::MAX));
+    let target = Box::new(0u64);
+    let at = &*target as *const u64 as u64;
+    a.qp.post_send(&SendWr::write(3, &[sge(&a.mr, 0, 8)], at, all.rkey()).signaled()).unwrap();
+    assert_eq!(wait1(&a.cq).status, WcStatus::SUCCESS);
+    // SAFETY: the emulator's write has completed; nothing else touches the box.
+    assert_eq!(unsafe { std::ptr::read_volatile(at as *const u64) }, 0x0dd);
+    all.dereg().unwrap();
+    // SAFETY: our own mapping, no MR over it any more.
+    unsafe { libc::munmap(mem.cast(), 4096) };
+    let (_f, _a, rxe) = pair(Profile::Rxe);
+    assert_eq!(rxe.pd.reg_mr_implicit_odp(odp).unwrap_err().errno(), Errno::EINVAL);
 }
 
 #[test]

@@ -16,11 +16,20 @@ pub(crate) enum KeyEntry {
 /// Keys are `index << 8 | tag`; the tag changes each time a slot is reused, so a stale key
 /// never names a newer object (as rxe's 8-bit key part does). A memory window changes its own
 /// tag with every bind, so windows are found by index and match their current rkey themselves.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub(crate) struct KeyTable {
     slots: Vec<(u8, Option<KeyEntry>)>,
     /// Free slot indices, reused last-freed-first (deterministic).
     free: Vec<u32>,
+}
+
+/// Counts only: an entry's MR leads back to its device, whose table this is, so printing the
+/// entries would recurse without end.
+impl std::fmt::Debug for KeyTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let used = self.slots.iter().filter(|s| s.1.is_some()).count();
+        f.debug_struct("KeyTable").field("used", &used).field("free", &self.free.len()).finish()
+    }
 }
 
 /// Index 0 is never handed out, so key 0 is never valid.

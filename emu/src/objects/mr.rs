@@ -122,7 +122,8 @@ fn check_access(profile: Profile, access: AccessFlags) -> Result<()> {
     {
         return Err(einval("remote write or atomic access needs local write"));
     }
-    if access.contains(AccessFlags::ON_DEMAND) {
+    if access.contains(AccessFlags::ON_DEMAND) && profile == Profile::Rxe {
+        // Linux 6.1's rxe has no on-demand paging.
         return Err(einval("on-demand paging is not supported"));
     }
     Ok(())
@@ -166,6 +167,56 @@ fn writable(access: AccessFlags) -> bool {
     )
 }
 
+/// `ibv_advise_mr` (see [`Pd::advise_mr`]): every SGE must name an on-demand MR of `pd`
+/// (`ENOENT`) and lie inside it (`EFAULT`); then its pages are faulted in, which with `flush`
+/// (`IBV_ADVISE_MR_FLAG_FLUSH`) must succeed before the call returns (`EFAULT`), and without it
+/// is a hint whose failure nobody sees, as the device's asynchronous prefetch.
+pub(crate) fn advise(
+    pd: &Pd,
+    advice: crate::Advice,
+    flush: bool,
+    sg_list: &[crate::Sge],
+) -> Result<()> {
+    use crate::Advice;
+    pd.0.life.check()?;
+    if !matches!(advice, Advice::PREFETCH | Advice::PREFETCH_WRITE | Advice::PREFETCH_NO_FAULT) {
+        return Err(Error::new(Errno::EOPNOTSUPP, "unknown advice"));
+    }
+    if sg_list.is_empty() {
+        return Err(einval("no SGE to advise"));
+    }
+    let write = advice == Advice::PREFETCH_WRITE;
+    let mut ranges = Vec::with_capacity(sg_list.len());
+    {
+        let keys = pd.0.ctx.device.keys.read();
+        for sge in sg_list {
+            let mr = keys.mr(sge.lkey).filter(|mr| {
+                mr.lkey == sge.lkey
+                    && Arc::ptr_eq(&mr.pd, &pd.0)
+                    && mr.access.contains(AccessFlags::ON_DEMAND)
+                    && (!write || mr.access.contains(AccessFlags::LOCAL_WRITE))
+            });
+            let Some(mr) = mr else {
+                return Err(Error::new(Errno::ENOENT, "no on-demand MR of this PD has the lkey"));
+            };
+            let Some(off) = mr.offset_of(sge.addr, sge.length as u64) else {
+                return Err(Error::new(Errno::EFAULT, "the range is outside the MR"));
+            };
+            ranges.push(mr.region.host_addr().wrapping_add(off as u64));
+        }
+    }
+    if advice == Advice::PREFETCH_NO_FAULT {
+        return Ok(());
+    }
+    for (addr, sge) in ranges.into_iter().zip(sg_list) {
+        let brought = sge.length == 0 || crate::sys::fault_in(addr, sge.length as usize, write);
+        if flush && !brought {
+            return Err(Error::new(Errno::EFAULT, "the pages cannot be brought in"));
+        }
+    }
+    Ok(())
+}
+
 /// Checks that application memory lent to an MR can be pinned with `access`: `EFAULT` for an
 /// unmapped range, or a read-only one given a writable right, as the kernel's pinning fails.
 /// Pages the application unmaps after this check are its own fault, as with a NIC: the first
@@ -189,7 +240,10 @@ impl Mr {
     ) -> Result<Mr> {
         check_access(pd.0.ctx.device.profile, access)?;
         check_range(region.len(), iova, dm.is_some())?;
-        if app_memory {
+        // On-demand paging pins nothing: pages are faulted in as the device touches them.
+        let on_demand = access.contains(AccessFlags::ON_DEMAND);
+        let region = if on_demand && dm.is_none() { region.into_on_demand() } else { region };
+        if app_memory && !on_demand {
             pin(&region, access)?;
         }
         let dev = pd.0.ctx.device.clone();
@@ -278,6 +332,16 @@ impl Mr {
         let region = MemRegion::mapped(fd.as_raw_fd(), offset, len, writable(access))
             .map_err(|e| Error::new(Errno(e), "the dma-buf range cannot be mapped"))?;
         Mr::register(pd, region, iova, access, None, false)
+    }
+
+    /// Implicit on-demand paging (`ibv_reg_mr(pd, NULL, SIZE_MAX, access)`): one MR over the
+    /// whole address space, iova 0, each address its own; `EINVAL` without `ON_DEMAND` (and in
+    /// the rxe profile, which has no ODP).
+    pub(crate) fn register_implicit(pd: &Pd, access: AccessFlags) -> Result<Mr> {
+        if !access.contains(AccessFlags::ON_DEMAND) {
+            return Err(einval("an MR over the whole address space needs on-demand paging"));
+        }
+        Mr::register(pd, MemRegion::whole_address_space(), 0, access, None, false)
     }
 
     pub(crate) fn register_raw(

@@ -69,6 +69,26 @@ impl Pd {
         Mr::register_dmabuf(self, fd, offset, len, iova, access)
     }
 
+    /// `ibv_reg_mr(pd, NULL, SIZE_MAX, access)` with `ON_DEMAND`: implicit on-demand paging,
+    /// one MR whose keys reach any address of the process (full profile).
+    pub fn reg_mr_implicit_odp(&self, access: AccessFlags) -> Result<Mr> {
+        Mr::register_implicit(self, access)
+    }
+
+    /// `ibv_advise_mr(pd, advice, flags, sg_list)`: prefetches the pages of on-demand MRs.
+    /// See [`Advice`](crate::Advice) for what each advice does; `EOPNOTSUPP` for an unknown
+    /// advice, `EINVAL` for unknown flags or no SGE, `ENOENT` for an lkey that names no
+    /// on-demand MR of this PD (or, for `PREFETCH_WRITE`, one without local write),
+    /// `EFAULT` for a range outside its MR or (with `flush`) pages that cannot be brought in.
+    pub fn advise_mr(
+        &self,
+        advice: crate::Advice,
+        flush: bool,
+        sg_list: &[crate::Sge],
+    ) -> Result<()> {
+        super::mr::advise(self, advice, flush, sg_list)
+    }
+
     /// `ibv_alloc_mw`: a window of `mw_type` (1 or 2) in this PD, not bound yet.
     pub fn alloc_mw(&self, mw_type: crate::MwType) -> Result<super::mw::Mw> {
         super::mw::Mw::alloc(self, mw_type)

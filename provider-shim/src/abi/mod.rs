@@ -106,7 +106,7 @@ mirrors! {
     }
     verbs_context = "struct verbs_context" {
         query_port: Option<unsafe extern "C" fn(*mut ibv_context, u8, *mut ibv_port_attr, usize) -> c_int>,
-        advise_mr: *mut c_void,
+        advise_mr: Option<unsafe extern "C" fn(*mut ibv_pd, u32, u32, *mut ibv_sge, u32) -> c_int>,
         alloc_null_mr: *mut c_void,
         read_counters: *mut c_void,
         attach_counters_point_flow: *mut c_void,

@@ -325,6 +325,10 @@ pub(crate) unsafe extern "C" fn query_device_ex(
         ex.cq_mod_caps.max_cq_count = a.max_cq_count;
         ex.cq_mod_caps.max_cq_period = a.max_cq_period;
         ex.max_dm_size = a.max_dm_size;
+        // `struct ibv_odp_caps`: general_caps, then the RC, UC and UD words.
+        let o = a.odp;
+        ex.odp_caps = [o.general, u64::from(o.rc) | u64::from(o.uc) << 32, u64::from(o.ud)];
+        ex.xrc_odp_caps = o.xrc;
         if a.has_raw_packet() {
             let raw_qpts = 1 << rdma_emu::QpType::RAW_PACKET.0;
             ex.tso_caps = ibv_tso_caps { max_tso: a.max_tso, supported_qpts: raw_qpts };

@@ -42,6 +42,9 @@ pub(crate) fn fill(v: &mut verbs_context, attr: &rdma_emu::DeviceAttr) {
         v.ibv_create_flow = Some(super::wq::create_flow);
         v.ibv_destroy_flow = Some(super::wq::destroy_flow);
     }
+    if attr.odp.general != 0 {
+        v.advise_mr = Some(super::pd_mr::advise_mr);
+    }
     if attr.parent_domains {
         v.alloc_td = Some(super::parent::alloc_td);
         v.dealloc_td = Some(super::parent::dealloc_td);

@@ -30,6 +30,41 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_alloc_pd(c: *mut ibv_context)
     })
 }
 
+/// `IBV_ADVISE_MR_FLAG_FLUSH`: the prefetch is done before the call returns.
+const IBV_ADVISE_MR_FLAG_FLUSH: u32 = 1;
+
+/// The `advise_mr` slot (devices with on-demand paging): `ibv_advise_mr(pd, advice, flags,
+/// sg_list, num_sge)`; an errno as the kernel's command answers it (see the Rust API).
+pub(crate) unsafe extern "C" fn advise_mr(
+    pd: *mut ibv_pd,
+    advice: u32,
+    flags: u32,
+    sg_list: *mut ibv_sge,
+    num_sge: u32,
+) -> c_int {
+    ffi!(libc::EIO, {
+        // SAFETY: NULL or a live PD of ours.
+        let Some(s) = (unsafe { checked::<_, ShimPd>(pd) }) else { return libc::EINVAL };
+        if flags & !IBV_ADVISE_MR_FLAG_FLUSH != 0 || (sg_list.is_null() && num_sge > 0) {
+            return libc::EINVAL;
+        }
+        let sges: Vec<rdma_emu::Sge> = if num_sge == 0 {
+            Vec::new()
+        } else {
+            // SAFETY: `num_sge` readable SGEs at `sg_list` (the verb's contract).
+            unsafe { std::slice::from_raw_parts(sg_list, num_sge as usize) }
+                .iter()
+                .map(|g| rdma_emu::Sge { addr: g.addr, length: g.length, lkey: g.lkey })
+                .collect()
+        };
+        let flush = flags & IBV_ADVISE_MR_FLAG_FLUSH != 0;
+        match s.emu.advise_mr(rdma_emu::Advice(advice), flush, &sges) {
+            Ok(()) => 0,
+            Err(e) => e.errno().raw(),
+        }
+    })
+}
+
 /// `ibv_dealloc_pd(pd)`: `EBUSY` while MRs, QPs or parent domains use it; a parent domain is
 /// freed once no QP, CQ or SRQ made through it is left (its PD stays).
 pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
@@ -89,11 +124,19 @@ unsafe fn reg(
         set_errno(libc::EINVAL);
         return ptr::null_mut();
     };
+    let access = AccessFlags::from_bits_retain(access & !IBV_ACCESS_OPTIONAL_RANGE);
+    if addr.is_null() && len == usize::MAX && iova == 0 {
+        // Implicit on-demand paging: the whole address space.
+        return match s.emu.reg_mr_implicit_odp(access) {
+            // SAFETY: `pd` was checked live above.
+            Ok(emu) => unsafe { new_mr(pd, addr, len, emu, MrKind::Registered) }.cast(),
+            Err(e) => null_with(e),
+        };
+    }
     if addr.is_null() && len != 0 {
         set_errno(libc::EINVAL);
         return ptr::null_mut();
     }
-    let access = AccessFlags::from_bits_retain(access & !IBV_ACCESS_OPTIONAL_RANGE);
     // SAFETY: the ibv_reg_mr contract: the application keeps addr..addr+len mapped until it
     // deregisters the MR.
     let mem = unsafe { RawMemory::new(addr.cast(), len) };

@@ -230,6 +230,74 @@ static void dmabuf(struct side *a, struct side *b)
 	}
 }
 
+/* On-demand paging (full profile, as mlx5; rxe on 6.1 has none): an MR over memory that is
+ * not mapped yet, used once it is; ibv_advise_mr; implicit ODP over the whole address space. */
+static void on_demand(struct side *a, struct side *b)
+{
+	struct ibv_device_attr_ex dx;
+	int odp = IBV_ACCESS_ON_DEMAND;
+	CHECK(ibv_query_device_ex(b->ctx, NULL, &dx) == 0);
+	if (rxe) {
+		CHECK(dx.odp_caps.general_caps == 0);
+		CHECK(!ibv_reg_mr(b->pd, b->buf, 64, ALL_ACCESS | odp) && errno == EINVAL);
+		CHECK(!ibv_reg_mr(b->pd, NULL, SIZE_MAX, ALL_ACCESS | odp) && errno == EINVAL);
+		struct ibv_sge sge = { (uintptr_t)b->buf, 8, b->mr->lkey };
+		CHECK(ibv_advise_mr(b->pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &sge, 1) == EOPNOTSUPP);
+		return;
+	}
+	CHECK(dx.odp_caps.general_caps == (IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT));
+	CHECK(dx.odp_caps.per_transport_caps.rc_odp_caps == 0x3f && dx.xrc_odp_caps == 0x3f);
+	CHECK(dx.odp_caps.per_transport_caps.uc_odp_caps == (IBV_ODP_SUPPORT_SEND |
+	      IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE));
+	CHECK(dx.odp_caps.per_transport_caps.ud_odp_caps == (IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV));
+
+	/* Two pages reserved without access (PROT_NONE: no other mapping can land there), so
+	 * nothing is there to pin or touch yet: pinning refuses them, on-demand paging takes them. */
+	char *mem = mmap(NULL, 8192, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	CHECK(mem != MAP_FAILED);
+	CHECK(!ibv_reg_mr(b->pd, mem, 8192, ALL_ACCESS) && errno == EFAULT);
+	struct ibv_mr *mr = ibv_reg_mr(b->pd, mem, 8192, ALL_ACCESS | odp);
+	CHECK(mr);
+	memcpy(a->buf, "ondemand", 8);
+	/* Nothing there yet: the page fault fails, as on a device. */
+	CHECK(write_word(a, b, (uintptr_t)mem + 4096, mr->rkey) == IBV_WC_REM_ACCESS_ERR);
+	struct ibv_sge sge = { (uintptr_t)mem, 8192, mr->lkey };
+	CHECK(ibv_advise_mr(b->pd, IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE, IBV_ADVISE_MR_FLAG_FLUSH,
+			    &sge, 1) == EFAULT);
+	CHECK(ibv_advise_mr(b->pd, IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT, IBV_ADVISE_MR_FLAG_FLUSH,
+			    &sge, 1) == 0);
+	/* Memory mapped there after registration: now it works. */
+	CHECK(mmap(mem, 8192, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == mem);
+	CHECK(ibv_advise_mr(b->pd, IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE, IBV_ADVISE_MR_FLAG_FLUSH,
+			    &sge, 1) == 0);
+	CHECK(write_word(a, b, (uintptr_t)mem + 4096, mr->rkey) == IBV_WC_SUCCESS);
+	CHECK(memcmp(mem + 4096, "ondemand", 8) == 0);
+	/* ibv_advise_mr's errors: unknown advice, unknown flags, no SGE, a range past the MR, an
+	 * lkey of an MR without on-demand paging. */
+	CHECK(ibv_advise_mr(b->pd, 7, 0, &sge, 1) == EOPNOTSUPP);
+	CHECK(ibv_advise_mr(b->pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 2, &sge, 1) == EINVAL);
+	CHECK(ibv_advise_mr(b->pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &sge, 0) == EINVAL);
+	struct ibv_sge past = { (uintptr_t)mem + 4096, 8192, mr->lkey };
+	CHECK(ibv_advise_mr(b->pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &past, 1) == EFAULT);
+	struct ibv_sge pinned = { (uintptr_t)b->buf, 8, b->mr->lkey };
+	CHECK(ibv_advise_mr(b->pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &pinned, 1) == ENOENT);
+	CHECK(ibv_dereg_mr(mr) == 0);
+	CHECK(munmap(mem, 8192) == 0);
+
+	/* Implicit ODP: one MR whose keys reach every address. */
+	CHECK(!ibv_reg_mr(b->pd, NULL, SIZE_MAX, ALL_ACCESS) && errno == EINVAL);
+	struct ibv_mr *all = ibv_reg_mr(b->pd, NULL, SIZE_MAX, ALL_ACCESS | odp);
+	CHECK(all && all->addr == NULL && all->length == SIZE_MAX);
+	char *elsewhere = malloc(64);
+	CHECK(elsewhere);
+	memcpy(a->buf, "implicit", 8);
+	CHECK(write_word(a, b, (uintptr_t)elsewhere + 8, all->rkey) == IBV_WC_SUCCESS);
+	CHECK(memcmp(elsewhere + 8, "implicit", 8) == 0);
+	CHECK(write_word(a, b, 16, all->rkey) == IBV_WC_REM_ACCESS_ERR); /* the null page */
+	CHECK(ibv_dereg_mr(all) == 0);
+	free(elsewhere);
+}
+
 int main(void)
 {
 	struct ibv_device **list = ibv_get_device_list(NULL);
@@ -244,6 +312,7 @@ int main(void)
 	zero_based(&a, &b);
 	device_memory(&a);
 	dmabuf(&a, &b);
+	on_demand(&a, &b);
 	printf("mr ok\n");
 	return 0;
 }
