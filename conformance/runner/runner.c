@@ -264,6 +264,9 @@ static const struct named access_names[] = {
 	{ "LW", IBV_ACCESS_LOCAL_WRITE },   { "RW", IBV_ACCESS_REMOTE_WRITE },
 	{ "RR", IBV_ACCESS_REMOTE_READ },   { "RA", IBV_ACCESS_REMOTE_ATOMIC },
 	{ "MW", IBV_ACCESS_MW_BIND },	    { "ZB", IBV_ACCESS_ZERO_BASED },
+	/* On-demand paging; the FLUSH rights (rdma-core 45's IBV_ACCESS_FLUSH_GLOBAL/PERSISTENT). */
+	{ "OD", IBV_ACCESS_ON_DEMAND },	    { "FG", 1 << 8 },
+	{ "FP", 1 << 9 },
 	{ NULL, 0 },
 };
 

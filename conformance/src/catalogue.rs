@@ -93,7 +93,7 @@ pub const VERBS: &[Verb] = &[
         calls: "ibv_reg_mr",
         needs: &[Pd],
         makes: Some(Mr),
-        valid: "ACCESS from LW|RW|RR|RA|MW|ZB or 0; remote write or atomic needs LW",
+        valid: "ACCESS from LW|RW|RR|RA|MW|ZB|OD|FG|FP or 0 (OD: on-demand paging, FG/FP: the FLUSH rights, all EINVAL on rxe); remote write or atomic needs LW",
         errors: "remote write/atomic without local write (EINVAL); MRs lacking the access a later WR needs",
     },
     Verb {

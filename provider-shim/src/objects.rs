@@ -225,6 +225,21 @@ pub(crate) unsafe fn checked<'a, C, S: Owned>(p: *mut C) -> Option<&'a S> {
     (s.handle() == handle && file == Some(owner)).then_some(s)
 }
 
+/// [`checked`] as the kernel answers a lookup: `EINVAL` for a pointer that is no live `S` of
+/// this library, `ENOENT` for one whose handle or context no longer names it (the kernel finds
+/// no object under the handle in that command file, whatever the command).
+///
+/// # Safety
+/// As [`obj`].
+pub(crate) unsafe fn lookup<'a, C, S: Owned>(p: *mut C) -> Result<&'a S, core::ffi::c_int> {
+    // SAFETY: forwarded contract.
+    match unsafe { (obj::<C, S>(p), checked::<C, S>(p)) } {
+        (_, Some(s)) => Ok(s),
+        (Some(_), None) => Err(libc::ENOENT),
+        (None, None) => Err(libc::EINVAL),
+    }
+}
+
 /// A new handle in the command file of context `c` (0 if `c` is not a live context).
 pub(crate) fn new_handle(c: *mut ibv_context) -> u32 {
     // SAFETY: NULL or any pointer: `ctx` checks it against the registry.

@@ -51,9 +51,7 @@ pub(crate) fn publish(devices: &[Device]) {
         return;
     }
     let root = &ROOT.get().expect("set").0;
-    for d in devices {
-        let _ = write_device(root, d);
-    }
+    let _ = write_tree(root, devices);
     let root = root.clone();
     let _ = first.fabric().on_port_change(Box::new(move |d, port| {
         let _ = write_port_state(&root, d, port);
@@ -62,6 +60,11 @@ pub(crate) fn publish(devices: &[Device]) {
         // SAFETY: registers a plain function with no captured state; it may run at exit.
         unsafe { libc::atexit(remove_at_exit) };
     }
+}
+
+/// Writes the tree of `devices` under `root` (`class/infiniband`, `class/infiniband_verbs`).
+pub(crate) fn write_tree(root: &Path, devices: &[Device]) -> std::io::Result<()> {
+    devices.iter().try_for_each(|d| write_device(root, d))
 }
 
 extern "C" fn remove_at_exit() {

@@ -39,6 +39,23 @@ fn run_hands_seed_faults_and_packet_trace_to_the_program() {
     assert!(err.contains("rdma-emu: seed 5 (simulation); replay with RDMA_EMU_SEED=5"), "{err}");
 }
 
+/// The devices' sysfs tree is there before the program loads the library (a CI step that
+/// lists `/sys/class/infiniband` first finds the devices).
+#[test]
+fn run_writes_the_sysfs_tree_before_the_program_starts() {
+    let script = "ls $RDMA_EMU_SYSFS/class/infiniband; cat $RDMA_EMU_SYSFS/class/infiniband/emu1/ports/1/gids/1";
+    let out =
+        rdma_emu().args(["run", "--profile", "rxe", "--", "sh", "-c", script]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[..2], ["emu0", "emu1"], "{text}");
+    assert!(
+        lines[2].starts_with("0000:0000:0000:0000:0000:ffff:"),
+        "an IPv4 GID at index 1: {text}"
+    );
+}
+
 #[test]
 fn run_passes_the_exit_status_through() {
     let out = rdma_emu().args(["run", "--", "sh", "-c", "exit 7"]).output().unwrap();

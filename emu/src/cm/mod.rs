@@ -603,20 +603,29 @@ impl CmId {
         // A port is taken in every process of the host fabric: join it now if not yet.
         let node = self.fabric().joined().ok().flatten();
         let mine = self.0.st.lock().options;
-        let taken = |p: u16, bound: &Bound| {
-            let elsewhere = node.is_some_and(|n| n.holder(&port_name(self.0.ps, p)).is_some());
-            elsewhere
-                || bound.get(&(self.0.ps, p)).is_some_and(|v| {
-                    v.iter().filter_map(Weak::upgrade).any(|o| {
-                        let st = o.st.lock();
-                        let reused =
-                            mine.reuse_addr && st.options.reuse_addr && st.state != State::Listen;
-                        let other = st.local.map(|a| a.ip());
-                        !reused
-                            && other
-                                .is_none_or(|o| overlap(o, st.options.af_only, ip, mine.af_only))
-                    })
-                })
+        // The kernel's answer to a conflict (`cma_check_port`): EADDRNOTAVAIL when either
+        // address is a wildcard (or loopback, as Linux 6.1 answers it), EADDRINUSE for the same
+        // address twice. Another process's binding is known by its port alone.
+        let wide = |a: IpAddr| a.is_unspecified() || a.is_loopback();
+        let conflict = |other: Option<IpAddr>| {
+            if wide(ip) || other.is_none_or(wide) {
+                Errno::EADDRNOTAVAIL
+            } else {
+                Errno::EADDRINUSE
+            }
+        };
+        let taken = |p: u16, bound: &Bound| -> Option<Errno> {
+            if node.is_some_and(|n| n.holder(&port_name(self.0.ps, p)).is_some()) {
+                return Some(if wide(ip) { Errno::EADDRNOTAVAIL } else { Errno::EADDRINUSE });
+            }
+            let v = bound.get(&(self.0.ps, p))?;
+            v.iter().filter_map(Weak::upgrade).find_map(|o| {
+                let st = o.st.lock();
+                let reused = mine.reuse_addr && st.options.reuse_addr && st.state != State::Listen;
+                let other = st.local.map(|a| a.ip());
+                let clash = other.is_none_or(|o| overlap(o, st.options.af_only, ip, mine.af_only));
+                (!reused && clash).then(|| conflict(other))
+            })
         };
         // Taken in every process of the host fabric by creating its file: of two processes
         // after the same free port, one gets it and the other looks further.
@@ -625,13 +634,14 @@ impl CmId {
             let free = (0..(65536 - EPHEMERAL)).find_map(|_| {
                 let p = cm.next_port.fetch_add(1, Ordering::Relaxed);
                 let p = (EPHEMERAL + p % (65536 - EPHEMERAL)) as u16;
-                (!taken(p, &bound) && claim(p)).then_some(p)
+                (taken(p, &bound).is_none() && claim(p)).then_some(p)
             });
             free.ok_or_else(|| Error::new(Errno::EADDRNOTAVAIL, "no free port"))?
-        } else if taken(port, &bound) {
-            return Err(Error::new(Errno::EADDRINUSE, "the address is in use"));
+        } else if let Some(errno) = taken(port, &bound) {
+            return Err(Error::new(errno, "the address is in use"));
         } else if !claim(port) {
-            return Err(Error::new(Errno::EADDRINUSE, "another process holds the port"));
+            let errno = if wide(ip) { Errno::EADDRNOTAVAIL } else { Errno::EADDRINUSE };
+            return Err(Error::new(errno, "another process holds the port"));
         } else {
             port
         };

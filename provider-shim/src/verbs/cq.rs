@@ -283,10 +283,12 @@ unsafe extern "C" fn read_tm_info(_cq: *mut ibv_cq_ex, info: *mut c_void) {
 pub(crate) unsafe extern "C" fn modify_cq(cq: *mut ibv_cq, attr: *mut ibv_modify_cq_attr) -> c_int {
     ffi!(libc::EIO, {
         // SAFETY: NULL or a live CQ; `attr` NULL or readable.
-        let (Some(s), Some(a)) = (unsafe { checked::<_, ShimCq>(cq) }, unsafe { attr.as_ref() })
-        else {
-            return libc::EINVAL;
+        let s = match unsafe { lookup::<_, ShimCq>(cq) } {
+            Ok(s) => s,
+            Err(e) => return e,
         };
+        // SAFETY: NULL or valid for the verb (its contract).
+        let Some(a) = (unsafe { attr.as_ref() }) else { return libc::EINVAL };
         if a.attr_mask != IBV_CQ_ATTR_MODERATE {
             return libc::EINVAL;
         }
@@ -309,7 +311,10 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_destroy_cq(cq: *mut ibv_cq) -
 pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
     ffi!(libc::EIO, {
         // SAFETY: NULL or a live CQ; the cqe field is ours to update.
-        let Some(s) = (unsafe { checked::<_, ShimCq>(cq) }) else { return libc::EINVAL };
+        let s = match unsafe { lookup::<_, ShimCq>(cq) } {
+            Ok(s) => s,
+            Err(e) => return e,
+        };
         match s.emu.resize(cqe) {
             Ok(n) => {
                 // SAFETY: `cq` is a live ShimCq; C reads `cqe` after this call returns.
@@ -367,7 +372,7 @@ pub(crate) unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c
         let rxe = s.emu.context().device().profile() == rdma_emu::Profile::Rxe;
         // SAFETY: as above.
         if rxe && unsafe { checked::<_, ShimCq>(cq) }.is_none() {
-            return libc::EINVAL;
+            return libc::ENOENT;
         }
         if s.emu.channel().is_none() {
             return libc::EINVAL;

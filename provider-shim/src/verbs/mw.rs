@@ -16,9 +16,12 @@ use crate::{
 pub(crate) unsafe extern "C" fn alloc_mw(pd: *mut ibv_pd, mw_type: u32) -> *mut ibv_mw {
     ffi!(ptr::null_mut(), {
         // SAFETY: NULL or a live PD.
-        let Some(p) = (unsafe { checked::<_, ShimPd>(pd) }) else {
-            set_errno(libc::EINVAL);
-            return ptr::null_mut();
+        let p = match unsafe { lookup::<_, ShimPd>(pd) } {
+            Ok(p) => p,
+            Err(e) => {
+                set_errno(e);
+                return ptr::null_mut();
+            }
         };
         match p.emu.alloc_mw(MwType(mw_type)) {
             Ok(emu) => {

@@ -44,7 +44,10 @@ pub(crate) unsafe extern "C" fn advise_mr(
 ) -> c_int {
     ffi!(libc::EIO, {
         // SAFETY: NULL or a live PD of ours.
-        let Some(s) = (unsafe { checked::<_, ShimPd>(pd) }) else { return libc::EINVAL };
+        let s = match unsafe { lookup::<_, ShimPd>(pd) } {
+            Ok(s) => s,
+            Err(e) => return e,
+        };
         if flags & !IBV_ADVISE_MR_FLAG_FLUSH != 0 || (sg_list.is_null() && num_sge > 0) {
             return libc::EINVAL;
         }
@@ -120,9 +123,12 @@ unsafe fn reg(
     access: u32,
 ) -> *mut ibv_mr {
     // SAFETY: NULL or a live PD.
-    let Some(s) = (unsafe { checked::<_, ShimPd>(pd) }) else {
-        set_errno(libc::EINVAL);
-        return ptr::null_mut();
+    let s = match unsafe { lookup::<_, ShimPd>(pd) } {
+        Ok(s) => s,
+        Err(e) => {
+            set_errno(e);
+            return ptr::null_mut();
+        }
     };
     let access = AccessFlags::from_bits_retain(access & !IBV_ACCESS_OPTIONAL_RANGE);
     if addr.is_null() && len == usize::MAX && iova == 0 {
@@ -272,7 +278,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_rereg_mr(
         }
         let rxe = s.emu.pd().context().device().profile() == rdma_emu::Profile::Rxe;
         // The provider refuses: rxe has no rereg at all; the kernel finds no MR under a
-        // changed handle (ENOENT), no PD under the new PD's (EINVAL).
+        // changed handle, nor a PD under the new PD's (ENOENT both; EINVAL for no PD of ours).
         let cmd = |errno| {
             set_errno(if rxe { libc::EOPNOTSUPP } else { errno });
             IBV_REREG_MR_ERR_CMD
@@ -283,9 +289,9 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_rereg_mr(
         }
         let new_pd = if flags & IBV_REREG_MR_CHANGE_PD != 0 {
             // SAFETY: NULL or a live PD.
-            match unsafe { checked::<_, ShimPd>(pd) } {
-                Some(p) => Some(p),
-                None => return cmd(libc::EINVAL),
+            match unsafe { lookup::<_, ShimPd>(pd) } {
+                Ok(p) => Some(p),
+                Err(e) => return cmd(e),
             }
         } else {
             None

@@ -488,10 +488,12 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_modify_qp(
 ) -> c_int {
     ffi!(libc::EIO, {
         // SAFETY: NULL or a live QP; `a` NULL or a valid attr.
-        let (Some(s), Some(a)) = (unsafe { checked::<_, ShimQp>(qp) }, unsafe { a.as_ref() })
-        else {
-            return libc::EINVAL;
+        let s = match unsafe { lookup::<_, ShimQp>(qp) } {
+            Ok(s) => s,
+            Err(e) => return e,
         };
+        // SAFETY: NULL or valid for the verb (its contract).
+        let Some(a) = (unsafe { a.as_ref() }) else { return libc::EINVAL };
         let attr = qp_attr_from_c(a);
         let mask = QpAttrMask::from_bits_retain(mask as u32);
         match s.emu.modify(&attr, mask) {
@@ -516,11 +518,12 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_query_qp(
 ) -> c_int {
     ffi!(libc::EIO, {
         // SAFETY: NULL or a live QP; out pointers NULL or writable.
-        let (Some(s), Some(out), Some(init)) =
-            (unsafe { checked::<_, ShimQp>(qp) }, unsafe { out.as_mut() }, unsafe {
-                init.as_mut()
-            })
-        else {
+        let s = match unsafe { lookup::<_, ShimQp>(qp) } {
+            Ok(s) => s,
+            Err(e) => return e,
+        };
+        // SAFETY: NULL or valid for the verb (its contract).
+        let (Some(out), Some(init)) = (unsafe { out.as_mut() }, unsafe { init.as_mut() }) else {
             return libc::EINVAL;
         };
         let a = match s.emu.query() {
@@ -752,7 +755,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_create_ah(
         let kernel = roce || ctx.device().profile() == rdma_emu::Profile::Rxe;
         // SAFETY: as above.
         if kernel && unsafe { checked::<_, ShimPd>(pd) }.is_none() {
-            set_errno(libc::EINVAL);
+            set_errno(libc::ENOENT);
             return ptr::null_mut();
         }
         match p.emu.create_ah(&ah_from_c(a)) {
@@ -997,10 +1000,12 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_attach_mcast(
 ) -> c_int {
     ffi!(libc::EIO, {
         // SAFETY: NULL or a live QP; `gid` NULL or readable.
-        let (Some(s), Some(g)) = (unsafe { checked::<_, ShimQp>(qp) }, unsafe { gid.as_ref() })
-        else {
-            return libc::EINVAL;
+        let s = match unsafe { lookup::<_, ShimQp>(qp) } {
+            Ok(s) => s,
+            Err(e) => return e,
         };
+        // SAFETY: NULL or valid for the verb (its contract).
+        let Some(g) = (unsafe { gid.as_ref() }) else { return libc::EINVAL };
         s.emu.attach_mcast(&Gid(g.raw), lid).map_or_else(|e| e.errno().raw(), |()| 0)
     })
 }
@@ -1013,10 +1018,12 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_detach_mcast(
 ) -> c_int {
     ffi!(libc::EIO, {
         // SAFETY: NULL or a live QP; `gid` NULL or readable.
-        let (Some(s), Some(g)) = (unsafe { checked::<_, ShimQp>(qp) }, unsafe { gid.as_ref() })
-        else {
-            return libc::EINVAL;
+        let s = match unsafe { lookup::<_, ShimQp>(qp) } {
+            Ok(s) => s,
+            Err(e) => return e,
         };
+        // SAFETY: NULL or valid for the verb (its contract).
+        let Some(g) = (unsafe { gid.as_ref() }) else { return libc::EINVAL };
         s.emu.detach_mcast(&Gid(g.raw), lid).map_or_else(|e| e.errno().raw(), |()| 0)
     })
 }

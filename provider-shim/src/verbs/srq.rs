@@ -85,10 +85,12 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_modify_srq(
 ) -> c_int {
     ffi!(libc::EIO, {
         // SAFETY: NULL or a live SRQ; `attr` NULL or valid.
-        let (Some(s), Some(a)) = (unsafe { checked::<_, ShimSrq>(srq) }, unsafe { attr.as_ref() })
-        else {
-            return libc::EINVAL;
+        let s = match unsafe { lookup::<_, ShimSrq>(srq) } {
+            Ok(s) => s,
+            Err(e) => return e,
         };
+        // SAFETY: NULL or valid for the verb (its contract).
+        let Some(a) = (unsafe { attr.as_ref() }) else { return libc::EINVAL };
         let a = SrqAttr { max_wr: a.max_wr, max_sge: a.max_sge, srq_limit: a.srq_limit };
         s.emu.modify(&a, mask as u32).map_or_else(|e| e.errno().raw(), |()| 0)
     })
@@ -101,11 +103,12 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_query_srq(
 ) -> c_int {
     ffi!(libc::EIO, {
         // SAFETY: NULL or a live SRQ; `attr` NULL or writable.
-        let (Some(s), Some(out)) =
-            (unsafe { checked::<_, ShimSrq>(srq) }, unsafe { attr.as_mut() })
-        else {
-            return libc::EINVAL;
+        let s = match unsafe { lookup::<_, ShimSrq>(srq) } {
+            Ok(s) => s,
+            Err(e) => return e,
         };
+        // SAFETY: NULL or valid for the verb (its contract).
+        let Some(out) = (unsafe { attr.as_mut() }) else { return libc::EINVAL };
         match s.emu.query() {
             Ok(a) => {
                 *out =

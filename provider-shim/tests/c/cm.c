@@ -97,7 +97,8 @@ int main(void)
 	CHECK(rdma_bind_addr(listen, (struct sockaddr *)&any) == 0);
 	CHECK(ntohs(rdma_get_src_port(listen)) == 7471);
 	CHECK(rdma_create_id(ch, &other, NULL, RDMA_PS_TCP) == 0);
-	CHECK(rdma_bind_addr(other, (struct sockaddr *)&any) == -1 && errno == EADDRINUSE);
+	/* A wildcard twice: EADDRNOTAVAIL, as Linux answers (EADDRINUSE is for one address twice). */
+	CHECK(rdma_bind_addr(other, (struct sockaddr *)&any) == -1 && errno == EADDRNOTAVAIL);
 	CHECK(rdma_resolve_route(other, 100) == -1 && errno == EINVAL);
 	CHECK(rdma_connect(other, &p) == -1 && errno == EINVAL);
 	{

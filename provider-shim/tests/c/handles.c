@@ -1,8 +1,8 @@
 /* Kernel handles: every object the kernel knows has a handle of its own, and a verb the kernel
  * runs on that handle fails when the application changed the struct's handle, or its context
- * to one over other objects, as the kernel's lookup in that command file fails: destroys with
- * ENOENT, the write commands (modify, query, resize, registration in a PD) with EINVAL,
- * creates with ENOENT. The object stays alive and is destroyed once the struct is put back.
+ * to one over other objects, as the kernel's lookup in that command file fails: ENOENT, for
+ * every command (as recorded on Linux 6.1's rxe: destroys, modify, query, resize, registration
+ * and creates in a PD). The object stays alive and is destroyed once the struct is put back.
  * mlx5 (the full profile) makes AHs on InfiniBand in user space only: handle 0, no check. */
 #include "common.h"
 
@@ -66,7 +66,8 @@ int main(void)
 	CHECK(pd && cq && cqx && srq && qp && buf && mr && mw && ah);
 	struct ibv_cq *cqb = ibv_cq_ex_to_cq(cqx);
 
-	/* Handles: non-zero and all different (one numbering per command file, as the kernel's). */
+	/* Handles: all different (one numbering per command file, as the kernel's, which counts
+	 * from 0; the emulator counts from 1 and keeps 0 for objects the kernel does not know). */
 	int kernel_ah = rxe || roce;
 	uint32_t h[] = { pd->handle, cq->handle, cqb->handle, srq->handle, qp->handle, mr->handle,
 			 mw->handle, kernel_ah ? ah->handle : 0xffffffff };
@@ -78,26 +79,26 @@ int main(void)
 	if (!kernel_ah)
 		CHECK(ah->handle == 0);
 
-	/* The write commands: EINVAL. */
+	/* Commands on the object: ENOENT. */
 	struct ibv_qp_attr attr = { .qp_state = IBV_QPS_INIT, .port_num = 1 };
 	struct ibv_qp_init_attr init;
 	WITH_BAD_HANDLE(qp->handle, ibv_modify_qp(qp, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX |
-					IBV_QP_PORT | IBV_QP_ACCESS_FLAGS), EINVAL, 0);
-	WITH_BAD_HANDLE(qp->handle, ibv_query_qp(qp, &attr, IBV_QP_STATE, &init), EINVAL, 0);
-	WITH_OTHER_CONTEXT(qp->context, other, ibv_query_qp(qp, &attr, IBV_QP_STATE, &init), EINVAL, 0);
+					IBV_QP_PORT | IBV_QP_ACCESS_FLAGS), ENOENT, 0);
+	WITH_BAD_HANDLE(qp->handle, ibv_query_qp(qp, &attr, IBV_QP_STATE, &init), ENOENT, 0);
+	WITH_OTHER_CONTEXT(qp->context, other, ibv_query_qp(qp, &attr, IBV_QP_STATE, &init), ENOENT, 0);
 	CHECK(ibv_query_qp(qp, &attr, IBV_QP_STATE, &init) == 0 && attr.qp_state == IBV_QPS_RESET);
 	struct ibv_srq_attr sattr = { .srq_limit = 1 };
-	WITH_BAD_HANDLE(srq->handle, ibv_modify_srq(srq, &sattr, IBV_SRQ_LIMIT), EINVAL, 0);
-	WITH_BAD_HANDLE(srq->handle, ibv_query_srq(srq, &sattr), EINVAL, 0);
-	WITH_BAD_HANDLE(cq->handle, ibv_resize_cq(cq, 16), EINVAL, 0);
-	WITH_BAD_HANDLE(pd->handle, ibv_reg_mr(pd, buf, 64, ALL_ACCESS), NULL, EINVAL);
-	WITH_OTHER_CONTEXT(pd->context, other, ibv_reg_mr(pd, buf, 64, ALL_ACCESS), NULL, EINVAL);
-	WITH_BAD_HANDLE(pd->handle, ibv_alloc_mw(pd, IBV_MW_TYPE_2), NULL, EINVAL);
+	WITH_BAD_HANDLE(srq->handle, ibv_modify_srq(srq, &sattr, IBV_SRQ_LIMIT), ENOENT, 0);
+	WITH_BAD_HANDLE(srq->handle, ibv_query_srq(srq, &sattr), ENOENT, 0);
+	WITH_BAD_HANDLE(cq->handle, ibv_resize_cq(cq, 16), ENOENT, 0);
+	WITH_BAD_HANDLE(pd->handle, ibv_reg_mr(pd, buf, 64, ALL_ACCESS), NULL, ENOENT);
+	WITH_OTHER_CONTEXT(pd->context, other, ibv_reg_mr(pd, buf, 64, ALL_ACCESS), NULL, ENOENT);
+	WITH_BAD_HANDLE(pd->handle, ibv_alloc_mw(pd, IBV_MW_TYPE_2), NULL, ENOENT);
 	if (kernel_ah)
-		WITH_BAD_HANDLE(pd->handle, ibv_create_ah(pd, &aa), NULL, EINVAL);
+		WITH_BAD_HANDLE(pd->handle, ibv_create_ah(pd, &aa), NULL, ENOENT);
 	if (rxe) /* rxe arms a CQ through the kernel */
-		WITH_BAD_HANDLE(cq->handle, ibv_req_notify_cq(cq, 0), EINVAL, 0);
-	/* Creates: ENOENT. */
+		WITH_BAD_HANDLE(cq->handle, ibv_req_notify_cq(cq, 0), ENOENT, 0);
+	/* Creates naming it: ENOENT. */
 	WITH_BAD_HANDLE(pd->handle, ibv_create_qp(pd, &qa), NULL, ENOENT);
 	WITH_BAD_HANDLE(cq->handle, ibv_create_qp(pd, &qa), NULL, ENOENT);
 	WITH_BAD_HANDLE(pd->handle, ibv_create_srq(pd, &sa), NULL, ENOENT);

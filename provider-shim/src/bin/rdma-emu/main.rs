@@ -22,6 +22,11 @@
 //! or device event to test handlers with (`ibv_asyncwatch` prints it), or a port going down.
 
 mod demo;
+// The library's own sysfs writer (it is a module of the cdylib, which a binary cannot link):
+// `run` writes the tree before the program starts. Only `write_tree` is used here.
+#[allow(dead_code)]
+#[path = "../../sysfs.rs"]
+mod sysfs;
 mod view;
 
 use std::{
@@ -179,8 +184,17 @@ fn run(opts: Opts, argv: Vec<String>) -> Result<ExitCode, String> {
         view::sweep(parent);
     }
     cmd.env("RDMA_EMU_SYSFS", &tree);
+    // Written now, so that a step that looks before any verbs program has run (`ls
+    // /sys/class/infiniband`) finds the devices; the library rewrites it when it lists them.
+    let cfg = fabric_config(&opts);
+    let devices = cfg.devices;
+    // (No packet trace or faults: this fabric only describes the devices.)
+    let describe = FabricConfig { pcap: None, faults: Vec::new(), ..cfg };
+    let fabric = Fabric::try_new(describe).map_err(|e| format!("the devices: {e}"))?;
+    sysfs::write_tree(&tree, &fabric.devices())
+        .map_err(|e| format!("the devices' sysfs tree: {e}"))?;
+    drop(fabric);
     let wanted = std::env::var("RDMA_EMU_NAMESPACE").map_or(true, |v| v != "0");
-    let devices = fabric_config(&opts).devices;
     if wanted && view::enter(&tree, devices).map_err(|e| format!("the devices' view: {e}"))? {
         cmd.env("RDMA_EMU_SYSFS_MOUNTED", "1");
     }
