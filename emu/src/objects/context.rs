@@ -87,7 +87,11 @@ impl Context {
             async_q: EventQueue::new()?,
             closed: AtomicBool::new(false),
         });
-        dev.inner.contexts.lock().push(Arc::downgrade(&c));
+        // Closed contexts leave dead entries: drop them here, or every open would grow the list.
+        let mut contexts = dev.inner.contexts.lock();
+        contexts.retain(|w| w.strong_count() > 0);
+        contexts.push(Arc::downgrade(&c));
+        drop(contexts);
         Ok(Context(c))
     }
 

@@ -313,4 +313,16 @@ mod test {
         ResourceCounts::give(&c);
         ResourceCounts::take(&c, 2, "x").unwrap();
     }
+
+    #[test]
+    fn test_opening_and_closing_contexts_does_not_grow_the_device() {
+        let f = crate::Fabric::new(crate::FabricConfig { devices: 1, ..Default::default() });
+        let dev = &f.devices()[0];
+        for _ in 0..100 {
+            dev.open().unwrap().close();
+        }
+        let kept = dev.open().unwrap();
+        assert_eq!(dev.inner.contexts.lock().len(), 1, "only the open context is listed");
+        drop(kept);
+    }
 }

@@ -105,9 +105,10 @@ int main(void)
 		char got[9] = { 0 };
 		CHECK(ibv_memcpy_from_dm(got, dm2, 0, 8) == 0 && strcmp(got, "shared!!") == 0);
 		ibv_unimport_dm(dm2);
+		uint32_t dm_handle = dm1->handle; /* dm1 is gone after the free */
 		CHECK(ibv_free_dm(dm1) == 0);
 		errno = 0;
-		CHECK(ibv_import_dm(c2, dm1->handle) == NULL && errno == EINVAL);
+		CHECK(ibv_import_dm(c2, dm_handle) == NULL && errno == EINVAL);
 	}
 
 	/* Unimporting frees the structs only; the objects go with their owner's destroy. */
