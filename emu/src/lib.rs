@@ -96,11 +96,11 @@ pub use crate::{
         mr::{Mr, Rereg},
         mw::{Mw, MwBind, MwBindInfo},
         pd::Pd,
-        srq::{Srq, SrqAttr, srq_attr_mask},
+        srq::{Srq, SrqAttr, SrqOp, SrqOpKind, srq_attr_mask, tmh},
         wq::{RwqIndTable, Wq, WqInitAttr},
         xrcd::{FileId, Xrcd, xrcd_oflags},
     },
-    profile::{DeviceAttr, GidEntry, OdpCaps, PortAttr, Profile, odp},
+    profile::{DeviceAttr, GidEntry, OdpCaps, PortAttr, Profile, TmCaps, odp},
     qp::{
         Endpoint, Flush, Qp, QpAttr, QpCap, QpInitAttr, RcParams, RecvWr, RssConf, SendWr, Tso,
         UdDest,

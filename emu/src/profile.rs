@@ -89,6 +89,17 @@ pub struct OdpCaps {
     pub xrc: u32,
 }
 
+/// `struct ibv_tm_caps`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TmCaps {
+    pub max_rndv_hdr_size: u32,
+    pub max_num_tags: u32,
+    /// `enum ibv_tm_cap_flags` (`IBV_TM_CAP_RC` = 1).
+    pub flags: u32,
+    pub max_ops: u32,
+    pub max_sge: u32,
+}
+
 /// `enum ibv_odp_general_caps` and `enum ibv_odp_transport_cap_bits`.
 pub mod odp {
     pub const SUPPORT: u64 = 1;
@@ -172,6 +183,8 @@ pub struct DeviceAttr {
     pub parent_domains: bool,
     /// On-demand paging (`odp_caps`, `xrc_odp_caps`); all zero: none.
     pub odp: OdpCaps,
+    /// Tag matching (`tm_caps`); all zero: none.
+    pub tm: TmCaps,
     /// Largest number of receive WQs (`max_wq_type_rq`); 0: no WQs, RSS, raw packet QPs or
     /// flow steering.
     pub max_wq_type_rq: u32,
@@ -382,6 +395,7 @@ impl Profile {
             flush: false,
             parent_domains: false,
             odp: OdpCaps::default(),
+            tm: TmCaps::default(),
             max_wq_type_rq: 0,
             max_rwq_indirection_tables: 0,
             max_rwq_indirection_table_size: 0,
@@ -431,6 +445,14 @@ impl Profile {
                         | odp::READ
                         | odp::ATOMIC
                         | odp::SRQ_RECV,
+                },
+                // A ConnectX-5's tag matching: 255 tags, eager and rendezvous on RC.
+                tm: TmCaps {
+                    max_rndv_hdr_size: 64,
+                    max_num_tags: 255,
+                    flags: 1, // IBV_TM_CAP_RC
+                    max_ops: 32_768,
+                    max_sge: 1,
                 },
                 // A ConnectX-5's RSS and TSO limits.
                 max_wq_type_rq: 65_536,

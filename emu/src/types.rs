@@ -40,7 +40,7 @@ open_enum! {
         REM_INV_REQ_ERR = 9, REM_ACCESS_ERR = 10, REM_OP_ERR = 11, RETRY_EXC_ERR = 12,
         RNR_RETRY_EXC_ERR = 13, LOC_RDD_VIOL_ERR = 14, REM_INV_RD_REQ_ERR = 15,
         REM_ABORT_ERR = 16, INV_EECN_ERR = 17, INV_EEC_STATE_ERR = 18, FATAL_ERR = 19,
-        RESP_TIMEOUT_ERR = 20, GENERAL_ERR = 21,
+        RESP_TIMEOUT_ERR = 20, GENERAL_ERR = 21, TM_ERR = 22, TM_RNDV_INCOMPLETE = 23,
     }
 }
 
@@ -49,6 +49,7 @@ open_enum! {
     WcOpcode(u32) {
         SEND = 0, RDMA_WRITE = 1, RDMA_READ = 2, COMP_SWAP = 3, FETCH_ADD = 4, BIND_MW = 5,
         LOCAL_INV = 6, TSO = 7, FLUSH = 8, ATOMIC_WRITE = 9, RECV = 128, RECV_RDMA_WITH_IMM = 129,
+        TM_ADD = 130, TM_DEL = 131, TM_SYNC = 132, TM_RECV = 133, TM_NO_TAG = 134,
     }
 }
 
@@ -223,6 +224,13 @@ bitflags! {
         const WITH_IMM = 1 << 1;
         const IP_CSUM_OK = 1 << 2;
         const WITH_INV = 1 << 3;
+        /// Tag matching: the application must sync (`IBV_OPS_TM_SYNC`) before the device
+        /// matches again.
+        const TM_SYNC_REQ = 1 << 4;
+        /// Tag matching: the message matched a posted tag.
+        const TM_MATCH = 1 << 5;
+        /// Tag matching: the tag's buffer holds the message's data.
+        const TM_DATA_VALID = 1 << 6;
     }
 }
 
@@ -386,6 +394,9 @@ pub struct Wc {
     /// The tag of the steering rule that delivered the frame (`ibv_wc_read_flow_tag`); 0 for
     /// none.
     pub flow_tag: u32,
+    /// Tag matching (`ibv_wc_read_tm_info`): the message's tag and its TMH's `app_ctx`.
+    pub tm_tag: u64,
+    pub tm_priv: u32,
 }
 
 /// Address vector: `struct ibv_ah_attr` with its `ibv_global_route`.

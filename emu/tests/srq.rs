@@ -209,3 +209,97 @@ fn srq_receive_buffers_are_checked_against_the_srqs_pd_on_the_full_profile_and_t
         assert_eq!((wc.wr_id, wc.status), (9, want), "{profile:?}");
     }
 }
+
+/// Tag matching (full profile, as an mlx5 HCA matches): tagged messages land in the buffer of
+/// the first posted tag they match, without their header; unmatched ones go whole to ordinary
+/// receives and pause matching until the application syncs; list operations complete on the
+/// SRQ's CQ.
+#[test]
+fn a_tag_matching_srq_matches_eager_messages_and_syncs() {
+    let f = Fabric::new(FabricConfig { devices: 2, ..Default::default() });
+    let devs = f.devices();
+    let (a, b) = (node_on(&devs[0], 4096), node_on(&devs[1], 4096));
+    let tm_cq = b.ctx.create_cq(16, None, 0).unwrap();
+    let attr = SrqAttr { max_wr: 8, max_sge: 1, srq_limit: 0 };
+    assert_eq!(b.pd.create_srq_tm(&attr, 0, &tm_cq).unwrap_err().errno(), Errno::EINVAL);
+    assert_eq!(b.pd.create_srq_tm(&attr, 256, &tm_cq).unwrap_err().errno(), Errno::EINVAL);
+    let srq = b.pd.create_srq_tm(&attr, 4, &tm_cq).unwrap();
+    let qp = b
+        .pd
+        .create_qp(&QpInitAttr { srq: Some(&srq), ..QpInitAttr::new(QpType::RC, &b.cq, cap(8)) })
+        .unwrap();
+    let p = RcParams::default();
+    connect(&a.qp, &qp, &p, &p);
+    fn op(wr_id: u64, kind: SrqOpKind<'_>, sync: Option<u32>) -> SrqOp<'_> {
+        SrqOp { wr_id, kind, signaled: true, sync }
+    }
+    let add = |wr_id, tag, recv_wr_id, off, sync| {
+        let sg = [sge(&b.mr, off, 64)];
+        let kind = SrqOpKind::AddTag { tag, mask: u64::MAX, recv_wr_id, sg_list: &sg };
+        srq.post_ops(&[op(wr_id, kind, sync)]).unwrap()[0].unwrap()
+    };
+    // A message with a TMH of `op`, `tag`, app_ctx 9, then `body`.
+    let send = |id, tmh_op: u8, tag: u64, body: &[u8]| {
+        let mut m = vec![tmh_op, 0, 0, 0, 0, 0, 0, 9];
+        m.extend_from_slice(&tag.to_be_bytes());
+        m.extend_from_slice(body);
+        a.mr.write(0, &m).unwrap();
+        a.qp.post_send(&SendWr::send(id, &[sge(&a.mr, 0, m.len())]).signaled()).unwrap();
+        assert_eq!(wait1(&a.cq).status, WcStatus::SUCCESS);
+        wait1(&b.cq)
+    };
+    let h = add(1, 0x1234, 77, 0, None);
+    let w = wait1(&tm_cq);
+    assert_eq!((w.wr_id, w.opcode, w.wc_flags), (1, WcOpcode::TM_ADD, WcFlags::empty()));
+    for (wr_id, off) in [(50, 1024), (51, 2048), (52, 3072)] {
+        srq.post_recv(&RecvWr { wr_id, sg_list: &[sge(&b.mr, off, 64)] }).unwrap();
+    }
+    // Expected: the tag's buffer, the body only.
+    let w = send(1, tmh::EAGER, 0x1234, b"hello");
+    assert_eq!((w.wr_id, w.opcode, w.byte_len), (77, WcOpcode::TM_RECV, 5));
+    assert_eq!(w.wc_flags, WcFlags::TM_MATCH | WcFlags::TM_DATA_VALID);
+    assert_eq!((w.tm_tag, w.tm_priv), (0x1234, 9));
+    let mut got = [0u8; 5];
+    b.mr.read(0, &mut got).unwrap();
+    assert_eq!(&got, b"hello");
+    // Unexpected: an ordinary receive takes it whole, and matching pauses.
+    let w = send(2, tmh::EAGER, 0x9999, b"early");
+    assert_eq!(
+        (w.wr_id, w.opcode, w.byte_len, w.wc_flags),
+        (50, WcOpcode::TM_RECV, 21, WcFlags::empty())
+    );
+    b.mr.read(1024 + 16, &mut got).unwrap();
+    assert_eq!(&got, b"early");
+    add(3, 0x9999, 78, 64, None);
+    let w = wait1(&tm_cq);
+    assert_eq!((w.opcode, w.wc_flags), (WcOpcode::TM_ADD, WcFlags::TM_SYNC_REQ));
+    let w = send(3, tmh::EAGER, 0x9999, b"again");
+    assert_eq!((w.wr_id, w.opcode), (51, WcOpcode::TM_RECV), "no matching before the sync");
+    // The application handled both unexpected messages: matching resumes.
+    srq.post_ops(&[op(4, SrqOpKind::Sync, Some(2))]).unwrap();
+    let w = wait1(&tm_cq);
+    assert_eq!((w.wr_id, w.opcode, w.wc_flags), (4, WcOpcode::TM_SYNC, WcFlags::empty()));
+    let w = send(4, tmh::EAGER, 0x9999, b"match");
+    assert_eq!((w.wr_id, w.wc_flags), (78, WcFlags::TM_MATCH | WcFlags::TM_DATA_VALID));
+    // A message without a tag.
+    let w = send(5, tmh::NO_TAG, 0, b"plain");
+    assert_eq!((w.wr_id, w.opcode), (52, WcOpcode::TM_NO_TAG));
+    // Removing a consumed tag reports TM_ERR; a handle past the list is refused; the list is
+    // four tags long.
+    srq.post_ops(&[op(5, SrqOpKind::DelTag { handle: h }, None)]).unwrap();
+    let w = wait1(&tm_cq);
+    assert_eq!((w.opcode, w.status), (WcOpcode::TM_DEL, WcStatus::TM_ERR));
+    let e = srq.post_ops(&[op(6, SrqOpKind::DelTag { handle: 99 }, None)]).unwrap_err();
+    assert_eq!((e.0, e.1.errno()), (0, Errno::EINVAL));
+    for i in 0..4 {
+        add(10 + i, 0x100 + i, 0, 0, None);
+    }
+    let sg = [sge(&b.mr, 0, 8)];
+    let kind = SrqOpKind::AddTag { tag: 1, mask: 1, recv_wr_id: 0, sg_list: &sg };
+    let e = srq.post_ops(&[op(20, kind, None)]).unwrap_err();
+    assert_eq!(e.1.errno(), Errno::ENOMEM);
+    // The rxe profile (Linux 6.1) has no tag matching.
+    let rxe = Fabric::new(FabricConfig { devices: 1, profile: Profile::Rxe, ..Default::default() });
+    let r = node_on(&rxe.devices()[0], 64);
+    assert_eq!(r.pd.create_srq_tm(&attr, 4, &r.cq).unwrap_err().errno(), Errno::EOPNOTSUPP);
+}

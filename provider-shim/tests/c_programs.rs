@@ -224,6 +224,11 @@ fn objects_whose_kernel_handle_or_context_was_changed_are_refused_and_stay_alive
 }
 
 #[test]
+fn tag_matching_through_the_c_abi() {
+    c_program("tm", &["full", "rxe"]);
+}
+
+#[test]
 fn thread_and_parent_domains_with_custom_allocators() {
     c_program("parent", &["full", "rxe"]);
 }

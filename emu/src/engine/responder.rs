@@ -466,6 +466,9 @@ fn send(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>) 
         rnr(qp, g, &pkt, drv);
         return;
     }
+    if let Some(srq) = qp.srq.as_ref().filter(|s| s.tm.is_some()) {
+        return tm_send(qp, g, pkt, drv, srq.clone());
+    }
     let Some(r) = pop_recv(qp, g) else {
         rnr(qp, g, &pkt, drv);
         return;
@@ -491,6 +494,82 @@ fn send(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>) 
         }
         // IBA 9.7.5.2.2: a message longer than the receive buffer is a Local Length Error on
         // the responder and an Invalid Request for the requester.
+        Err(SglError::TooLong) => {
+            fail(qp, g, &pkt, NakCode::InvalidRequest, Some((WcStatus::LOC_LEN_ERR, wr_id)), drv)
+        }
+        Err(SglError::Protection) => fail(
+            qp,
+            g,
+            &pkt,
+            NakCode::RemoteOperationalError,
+            Some((WcStatus::LOC_PROT_ERR, wr_id)),
+            drv,
+        ),
+    }
+}
+
+/// A SEND to a QP on a tag-matching SRQ, as an mlx5 HCA places it: a tagged message (TMH
+/// opcode EAGER or RNDV) that matches a posted tag lands in the tag's buffer without its
+/// 16-byte TMH and completes `IBV_WC_TM_RECV` with `MATCH | DATA_VALID` and the tag's `wr_id`
+/// (a rendezvous: its RVH and what follows, with `IBV_WC_TM_RNDV_INCOMPLETE`, the read left to
+/// software, as mlx5's software-rendezvous completion); anything else goes whole to an
+/// ordinary receive WQE: `IBV_WC_TM_RECV` for an unexpected tagged message (which pauses
+/// matching until the application syncs), `IBV_WC_TM_NO_TAG` otherwise. The TMH's tag and
+/// `app_ctx` go with the completion (`ibv_wc_read_tm_info`).
+fn tm_send(
+    qp: &Arc<QpShared>,
+    g: &mut QpInner,
+    pkt: Packet,
+    drv: &mut Driver<'_>,
+    srq: Arc<crate::objects::srq::SrqInner>,
+) {
+    use crate::objects::srq::tmh;
+    let mut header = [0u8; tmh::LEN];
+    let tagged = pkt.len as usize >= tmh::LEN && sgl::gather(&pkt.payload, &mut header).is_ok();
+    let (op, app_ctx, tag) = if tagged {
+        let word =
+            |r: std::ops::Range<usize>| header[r].iter().fold(0u64, |a, &b| a << 8 | b as u64);
+        (header[0], word(4..8) as u32, word(8..16))
+    } else {
+        (tmh::NO_TAG, 0, 0)
+    };
+    let tm = srq.tm.as_ref().expect("a tag-matching SRQ");
+    let hit = tm.lock().take_match(op, tag);
+    let (wr_id, opcode, flags, status, res) = if let Some(t) = hit {
+        let mut all = vec![0u8; pkt.len as usize];
+        let data = match sgl::gather(&pkt.payload, &mut all) {
+            Ok(_) => Payload::Bytes(all[tmh::LEN..].to_vec().into()),
+            Err(_) => Payload::None,
+        };
+        let len = pkt.len - tmh::LEN as u32;
+        let res = sgl::scatter(&srq.pd, &t.sges, &data, len);
+        let status = if op == tmh::RNDV { WcStatus::TM_RNDV_INCOMPLETE } else { WcStatus::SUCCESS };
+        let flags = WcFlags::TM_MATCH | WcFlags::TM_DATA_VALID;
+        (t.wr_id(), WcOpcode::TM_RECV, flags, status, res.map(|()| len))
+    } else {
+        let Some(r) = pop_recv(qp, g) else {
+            rnr(qp, g, &pkt, drv);
+            return;
+        };
+        let unexpected = op == tmh::EAGER || op == tmh::RNDV;
+        if unexpected {
+            tm.lock().unexpected();
+        }
+        let res = sgl::scatter(&recv_pd(qp, g), &r.sges, &pkt.payload, pkt.len);
+        let wr_id = r.wr_id;
+        done_recv(g, r);
+        let opcode = if unexpected { WcOpcode::TM_RECV } else { WcOpcode::TM_NO_TAG };
+        (wr_id, opcode, WcFlags::empty(), WcStatus::SUCCESS, res.map(|()| pkt.len))
+    };
+    match res {
+        Ok(len) => {
+            let mut w = wc_ok(qp, wr_id, opcode, len, flags);
+            (w.status, w.tm_tag, w.tm_priv) = (status, tag, app_ctx);
+            if recv_cq(qp, g).push(w, pkt.solicited).is_err() {
+                enter_error(qp, g);
+            }
+            ack(qp, g, &pkt, drv);
+        }
         Err(SglError::TooLong) => {
             fail(qp, g, &pkt, NakCode::InvalidRequest, Some((WcStatus::LOC_LEN_ERR, wr_id)), drv)
         }

@@ -89,6 +89,17 @@ impl Pd {
         super::mr::advise(self, advice, flush, sg_list)
     }
 
+    /// `ibv_create_srq_ex` with `IBV_SRQT_TM` (full profile): a tag-matching SRQ for up to
+    /// `max_tags` tags whose list operations complete on `cq`; see [`Srq::post_ops`].
+    pub fn create_srq_tm(
+        &self,
+        init: &super::srq::SrqAttr,
+        max_tags: u32,
+        cq: &super::cq::Cq,
+    ) -> Result<super::srq::Srq> {
+        super::srq::Srq::create_tm(self, init, max_tags, cq)
+    }
+
     /// `ibv_alloc_mw`: a window of `mw_type` (1 or 2) in this PD, not bound yet.
     pub fn alloc_mw(&self, mw_type: crate::MwType) -> Result<super::mw::Mw> {
         super::mw::Mw::alloc(self, mw_type)

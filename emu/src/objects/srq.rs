@@ -45,12 +45,101 @@ struct SrqState {
 /// What an XRC SRQ adds: its domain, and the CQ its receive completions go to.
 pub(crate) type XrcPart = (Arc<super::xrcd::XrcdInner>, Arc<super::cq::CqInner>);
 
+/// The tag-matching header that starts a message to a tag-matching SRQ (`struct ibv_tmh`).
+pub mod tmh {
+    pub const NO_TAG: u8 = 0;
+    pub const RNDV: u8 = 1;
+    pub const FIN: u8 = 2;
+    pub const EAGER: u8 = 3;
+    /// Its length: opcode, 3 reserved bytes, a 32-bit `app_ctx` and a 64-bit tag (big-endian).
+    pub const LEN: usize = 16;
+}
+
+/// A tag posted to a tag-matching SRQ (`IBV_WR_TAG_ADD`).
+#[derive(Debug)]
+pub(crate) struct Tag {
+    tag: u64,
+    mask: u64,
+    wr_id: u64,
+    pub(crate) sges: Vec<Sge>,
+}
+
+/// A tag-matching SRQ's state: the tags posted, in the order they were added, and the count of
+/// unexpected messages against the count the application last synced to; the device matches
+/// only while the two agree (as an mlx5 HCA stops matching after an unexpected message until
+/// software catches up).
+#[derive(Debug)]
+pub(crate) struct TagMatching {
+    max_tags: u32,
+    /// By handle (`ibv_ops_wr.tm.handle`); `None` for a free handle.
+    tags: Vec<Option<Tag>>,
+    order: std::collections::VecDeque<u32>,
+    unexpected: u32,
+    synced: u32,
+    /// Where the list operations complete (`ibv_srq_init_attr_ex.cq`).
+    cq: Arc<super::cq::CqInner>,
+}
+
+impl TagMatching {
+    /// Takes off the list the first posted tag that a tagged message (`op` EAGER or RNDV)
+    /// with `tag` matches (`(tag & mask) == (posted & mask)`), while matching is on (no
+    /// unexpected message waits for the application's sync).
+    pub(crate) fn take_match(&mut self, op: u8, tag: u64) -> Option<Tag> {
+        if (op != tmh::EAGER && op != tmh::RNDV) || self.unexpected != self.synced {
+            return None;
+        }
+        let i = self.order.iter().position(|&h| {
+            self.tags[h as usize].as_ref().is_some_and(|t| (t.tag ^ tag) & t.mask == 0)
+        })?;
+        let h = self.order.remove(i).expect("found above");
+        self.tags[h as usize].take()
+    }
+
+    /// Counts a tagged message that went to an ordinary receive WQE: matching pauses until
+    /// the application syncs to the new count.
+    pub(crate) fn unexpected(&mut self) {
+        self.unexpected = self.unexpected.wrapping_add(1);
+    }
+}
+
+impl Tag {
+    pub(crate) fn wr_id(&self) -> u64 {
+        self.wr_id
+    }
+}
+
+/// An operation on a tag-matching SRQ's list (`struct ibv_ops_wr`).
+#[derive(Debug, Clone, Copy)]
+pub struct SrqOp<'a> {
+    pub wr_id: u64,
+    pub kind: SrqOpKind<'a>,
+    /// `IBV_OPS_SIGNALED`: a completion on the SRQ's CQ.
+    pub signaled: bool,
+    /// `IBV_OPS_TM_SYNC`: the count of unexpected messages the application has handled.
+    pub sync: Option<u32>,
+}
+
+/// What an [`SrqOp`] does.
+#[derive(Debug, Clone, Copy)]
+pub enum SrqOpKind<'a> {
+    /// `IBV_WR_TAG_ADD`: messages whose tag matches `tag` under `mask` land in `sg_list` and
+    /// complete with `recv_wr_id`.
+    AddTag { tag: u64, mask: u64, recv_wr_id: u64, sg_list: &'a [Sge] },
+    /// `IBV_WR_TAG_DEL`: removes the tag `handle` (completing with `IBV_WC_TM_ERR` if a
+    /// message consumed it first).
+    DelTag { handle: u32 },
+    /// `IBV_WR_TAG_SYNC`: only the sync.
+    Sync,
+}
+
 #[derive(Debug)]
 pub(crate) struct SrqInner {
     pub(crate) pd: Arc<PdInner>,
     /// The SRQ number (`ibv_get_srq_num`), unique on the device.
     pub(crate) num: u32,
     pub(crate) xrc: Option<XrcPart>,
+    /// Set for a tag-matching SRQ (`IBV_SRQT_TM`).
+    pub(crate) tm: Option<Mutex<TagMatching>>,
     st: Mutex<SrqState>,
     /// Dependents: QPs using the SRQ.
     pub(crate) life: Lifecycle,
@@ -72,6 +161,9 @@ impl SrqInner {
             xrcd.forget_srq(self.num);
             cq.life.put();
             xrcd.life.put();
+        }
+        if let Some(tm) = &self.tm {
+            tm.lock().cq.life.put();
         }
         self.pd.life.put();
         ResourceCounts::give(&self.pd.ctx.device.counts.srq);
@@ -119,6 +211,45 @@ impl Srq {
         Srq::create_in(pd, init, None)
     }
 
+    /// A tag-matching SRQ (`IBV_SRQT_TM`, full profile) for up to `max_tags` posted tags,
+    /// whose list operations complete on `cq`. `EOPNOTSUPP` on a device without tag matching,
+    /// `EINVAL` for `max_tags` 0 or past the device's `tm_caps`.
+    pub(crate) fn create_tm(
+        pd: &Pd,
+        init: &SrqAttr,
+        max_tags: u32,
+        cq: &super::cq::Cq,
+    ) -> Result<Srq> {
+        let caps = pd.0.ctx.device.attr.tm;
+        if caps.max_num_tags == 0 {
+            return Err(crate::Error::new(
+                crate::Errno::EOPNOTSUPP,
+                "the device has no tag matching",
+            ));
+        }
+        if max_tags == 0 || max_tags > caps.max_num_tags || init.max_sge > caps.max_sge.max(1) {
+            return Err(einval("tag matching caps out of range"));
+        }
+        cq.0.life.get()?;
+        let made = Srq::create_in(pd, init, None);
+        let Ok(srq) = made else {
+            cq.0.life.put();
+            return made;
+        };
+        let tm = TagMatching {
+            max_tags,
+            tags: (0..max_tags).map(|_| None).collect(),
+            order: Default::default(),
+            unexpected: 0,
+            synced: 0,
+            cq: cq.0.clone(),
+        };
+        // The SRQ was just made and is not shared yet.
+        let mut inner = Arc::try_unwrap(srq.0).expect("a new SRQ has one handle");
+        inner.tm = Some(Mutex::new(tm));
+        Ok(Srq(Arc::new(inner)))
+    }
+
     /// Creates a basic SRQ, or with `xrc` an XRC SRQ (the caller holds the references `xrc`
     /// names; they are released with the SRQ).
     pub(crate) fn create_in(pd: &Pd, init: &SrqAttr, xrc: Option<XrcPart>) -> Result<Srq> {
@@ -140,6 +271,7 @@ impl Srq {
             pd: pd.0.clone(),
             num,
             xrc,
+            tm: None,
             st: Mutex::new(SrqState {
                 rq: RecvQueue::new(max_wr, max_sge),
                 max_sge,
@@ -230,6 +362,70 @@ impl Srq {
             return Err(crate::Error::new(crate::Errno::EOPNOTSUPP, "the device has no XRC"));
         }
         Ok(self.0.num)
+    }
+
+    /// `ibv_post_srq_ops`: runs each operation on a tag-matching SRQ's list in order and
+    /// returns the handles the added tags got (`ibv_ops_wr.tm.handle`), or the index of the
+    /// first operation refused and why: `EINVAL` on an SRQ without tag matching, for too many
+    /// SGEs or a handle past the list; `ENOMEM` when every tag slot is taken. Signaled
+    /// operations complete on the SRQ's CQ (`IBV_WC_TM_ADD` / `_DEL` / `_SYNC`), with
+    /// `IBV_WC_TM_SYNC_REQ` while unexpected messages wait for the application's sync.
+    pub fn post_ops(
+        &self,
+        ops: &[SrqOp<'_>],
+    ) -> std::result::Result<Vec<Option<u32>>, (usize, crate::Error)> {
+        use crate::{Wc, WcFlags, WcOpcode, WcStatus};
+        self.0.life.check().map_err(|e| (0, e))?;
+        let Some(tm) = &self.0.tm else {
+            return Err((0, einval("the SRQ does not match tags")));
+        };
+        let max_sge = self.0.st.lock().max_sge;
+        let mut handles = Vec::with_capacity(ops.len());
+        for (i, op) in ops.iter().enumerate() {
+            let mut t = tm.lock();
+            if let Some(n) = op.sync {
+                t.synced = n;
+            }
+            let (opcode, status, handle) = match op.kind {
+                SrqOpKind::AddTag { tag, mask, recv_wr_id, sg_list } => {
+                    if sg_list.len() as u32 > max_sge {
+                        return Err((i, einval("too many SGEs for the tag")));
+                    }
+                    let Some(h) = t.tags.iter().position(Option::is_none) else {
+                        return Err((
+                            i,
+                            crate::Error::new(crate::Errno::ENOMEM, "every tag slot is taken"),
+                        ));
+                    };
+                    let posted = Tag { tag, mask, wr_id: recv_wr_id, sges: sg_list.to_vec() };
+                    t.tags[h] = Some(posted);
+                    t.order.push_back(h as u32);
+                    (WcOpcode::TM_ADD, WcStatus::SUCCESS, Some(h as u32))
+                }
+                SrqOpKind::DelTag { handle } => {
+                    if handle >= t.max_tags {
+                        return Err((i, einval("no such tag handle")));
+                    }
+                    let gone = t.tags[handle as usize].take().is_some();
+                    t.order.retain(|&h| h != handle);
+                    (
+                        WcOpcode::TM_DEL,
+                        if gone { WcStatus::SUCCESS } else { WcStatus::TM_ERR },
+                        None,
+                    )
+                }
+                SrqOpKind::Sync => (WcOpcode::TM_SYNC, WcStatus::SUCCESS, None),
+            };
+            handles.push(handle);
+            if op.signaled {
+                let flags =
+                    if t.unexpected != t.synced { WcFlags::TM_SYNC_REQ } else { WcFlags::empty() };
+                let w =
+                    Wc { wr_id: op.wr_id, status, opcode, wc_flags: flags, ..Default::default() };
+                let _ = t.cq.push(w, false);
+            }
+        }
+        Ok(handles)
     }
 
     /// Whether this is an XRC SRQ.

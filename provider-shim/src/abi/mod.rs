@@ -38,6 +38,21 @@ pub struct ibv_flow_spec_hdr {
     pub size: u16,
 }
 
+/// The anonymous `tm` member of `struct ibv_ops_wr` (its offset and the whole struct's size
+/// are checked through `ibv_ops_wr`).
+#[repr(C)]
+#[allow(non_camel_case_types)]
+#[derive(Debug)]
+pub struct ibv_ops_wr_tm {
+    pub unexpected_cnt: u32,
+    pub handle: u32,
+    pub recv_wr_id: u64,
+    pub sg_list: *mut ibv_sge,
+    pub num_sge: c_int,
+    pub tag: u64,
+    pub mask: u64,
+}
+
 /// `union ibv_gid`: 16 bytes in network order, 8-aligned (it also holds two `__be64`).
 #[repr(C, align(8))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -125,7 +140,9 @@ mirrors! {
         dealloc_td: Option<unsafe extern "C" fn(*mut ibv_td) -> c_int>,
         alloc_td: Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_td_init_attr) -> *mut ibv_td>,
         modify_cq: Option<unsafe extern "C" fn(*mut ibv_cq, *mut ibv_modify_cq_attr) -> c_int>,
-        post_srq_ops: *mut c_void,
+        post_srq_ops: Option<
+            unsafe extern "C" fn(*mut ibv_srq, *mut ibv_ops_wr, *mut *mut ibv_ops_wr) -> c_int,
+        >,
         destroy_rwq_ind_table: Option<unsafe extern "C" fn(*mut ibv_rwq_ind_table) -> c_int>,
         create_rwq_ind_table: Option<
             unsafe extern "C" fn(*mut ibv_context, *mut ibv_rwq_ind_table_init_attr) -> *mut ibv_rwq_ind_table,
@@ -870,6 +887,14 @@ mirrors! {
     ibv_srq_init_attr = "struct ibv_srq_init_attr" {
         srq_context: *mut c_void,
         attr: ibv_srq_attr,
+    }
+    ibv_ops_wr = "struct ibv_ops_wr" {
+        wr_id: u64,
+        next: *mut ibv_ops_wr,
+        opcode: u32,
+        flags: c_int,
+        /// The anonymous `tm` struct.
+        tm: ibv_ops_wr_tm,
     }
     ibv_srq_init_attr_ex = "struct ibv_srq_init_attr_ex" {
         srq_context: *mut c_void,

@@ -117,6 +117,8 @@ fn new_cq(
 const STANDARD_WC_FLAGS: u64 = 0x7f;
 /// `IBV_WC_EX_WITH_CVLAN` and `_FLOW_TAG`: on devices with raw packet QPs.
 const RAW_WC_FLAGS: u64 = 1 << 8 | 1 << 9;
+/// `IBV_WC_EX_WITH_TM_INFO`: on devices with tag matching.
+const TM_WC_FLAGS: u64 = 1 << 10;
 /// `IBV_WC_EX_WITH_COMPLETION_TIMESTAMP` and its `_WALLCLOCK` form: on devices with a clock.
 const TIMESTAMP_WC_FLAGS: u64 = 1 << 7 | 1 << 11;
 const IBV_CQ_INIT_ATTR_MASK_FLAGS: u32 = 1;
@@ -137,7 +139,8 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
         let raw = s.emu().query_device().has_raw_packet();
         let supported = STANDARD_WC_FLAGS
             | if clock { TIMESTAMP_WC_FLAGS } else { 0 }
-            | if raw { RAW_WC_FLAGS } else { 0 };
+            | if raw { RAW_WC_FLAGS } else { 0 }
+            | if s.emu().query_device().tm.max_num_tags > 0 { TM_WC_FLAGS } else { 0 };
         let parents = s.emu().query_device().parent_domains;
         let masks =
             IBV_CQ_INIT_ATTR_MASK_FLAGS | if parents { IBV_CQ_INIT_ATTR_MASK_PD } else { 0 };
@@ -270,10 +273,18 @@ unsafe extern "C" fn read_flow_tag(cq: *mut ibv_cq_ex) -> u32 {
 unsafe extern "C" fn read_cvlan(cq: *mut ibv_cq_ex) -> u16 {
     cur(cq).cvlan
 }
-unsafe extern "C" fn read_tm_info(_cq: *mut ibv_cq_ex, info: *mut c_void) {
+/// `struct ibv_wc_tm_info`: the message's tag and its TMH's `app_ctx`.
+#[repr(C)]
+struct WcTmInfo {
+    tag: u64,
+    priv_: u32,
+}
+
+unsafe extern "C" fn read_tm_info(cq: *mut ibv_cq_ex, info: *mut c_void) {
     if !info.is_null() {
-        // SAFETY: the caller passes a writable struct ibv_wc_tm_info (16 bytes).
-        unsafe { ptr::write_bytes(info as *mut u8, 0, 16) };
+        let w = cur(cq);
+        // SAFETY: the caller passes a writable struct ibv_wc_tm_info.
+        unsafe { ptr::write(info as *mut WcTmInfo, WcTmInfo { tag: w.tm_tag, priv_: w.tm_priv }) };
     }
 }
 

@@ -329,6 +329,8 @@ pub(crate) unsafe extern "C" fn query_device_ex(
         let o = a.odp;
         ex.odp_caps = [o.general, u64::from(o.rc) | u64::from(o.uc) << 32, u64::from(o.ud)];
         ex.xrc_odp_caps = o.xrc;
+        let t = a.tm;
+        ex.tm_caps = [t.max_rndv_hdr_size, t.max_num_tags, t.flags, t.max_ops, t.max_sge];
         if a.has_raw_packet() {
             let raw_qpts = 1 << rdma_emu::QpType::RAW_PACKET.0;
             ex.tso_caps = ibv_tso_caps { max_tso: a.max_tso, supported_qpts: raw_qpts };

@@ -45,6 +45,9 @@ pub(crate) fn fill(v: &mut verbs_context, attr: &rdma_emu::DeviceAttr) {
     if attr.odp.general != 0 {
         v.advise_mr = Some(super::pd_mr::advise_mr);
     }
+    if attr.tm.max_num_tags > 0 {
+        v.post_srq_ops = Some(super::srq::post_srq_ops);
+    }
     if attr.parent_domains {
         v.alloc_td = Some(super::parent::alloc_td);
         v.dealloc_td = Some(super::parent::dealloc_td);

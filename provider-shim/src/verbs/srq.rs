@@ -77,6 +77,73 @@ pub(crate) fn wrap(
     s.cast()
 }
 
+const IBV_WR_TAG_ADD: u32 = 0;
+const IBV_WR_TAG_DEL: u32 = 1;
+const IBV_WR_TAG_SYNC: u32 = 2;
+const IBV_OPS_SIGNALED: c_int = 1;
+const IBV_OPS_TM_SYNC: c_int = 2;
+
+/// The `post_srq_ops` slot (devices with tag matching): `ibv_post_srq_ops(srq, op, bad_op)`
+/// runs the list operations in order, writing each added tag's handle into `op->tm.handle`;
+/// the first refused sets `*bad_op` and its errno is returned (see the Rust API).
+pub(crate) unsafe extern "C" fn post_srq_ops(
+    srq: *mut ibv_srq,
+    mut op: *mut ibv_ops_wr,
+    bad_op: *mut *mut ibv_ops_wr,
+) -> c_int {
+    ffi!(libc::EIO, {
+        let fail = |op: *mut ibv_ops_wr, errno| {
+            // SAFETY: NULL or the caller's writable pointer.
+            if let Some(b) = unsafe { bad_op.as_mut() } {
+                *b = op;
+            }
+            errno
+        };
+        // SAFETY: NULL or a live SRQ.
+        let Some(s) = (unsafe { obj::<_, ShimSrq>(srq) }) else { return fail(op, libc::EINVAL) };
+        // SAFETY: each op is the caller's valid, readable and writable `ibv_ops_wr`.
+        while let Some(o) = unsafe { op.as_mut() } {
+            let t = &o.tm;
+            let sges: Vec<rdma_emu::Sge> = if t.sg_list.is_null() || t.num_sge <= 0 {
+                Vec::new()
+            } else {
+                // SAFETY: `num_sge` readable SGEs at `sg_list` (the verb's contract).
+                unsafe { std::slice::from_raw_parts(t.sg_list, t.num_sge as usize) }
+                    .iter()
+                    .map(|g| rdma_emu::Sge { addr: g.addr, length: g.length, lkey: g.lkey })
+                    .collect()
+            };
+            let kind = match o.opcode {
+                IBV_WR_TAG_ADD => rdma_emu::SrqOpKind::AddTag {
+                    tag: t.tag,
+                    mask: t.mask,
+                    recv_wr_id: t.recv_wr_id,
+                    sg_list: &sges,
+                },
+                IBV_WR_TAG_DEL => rdma_emu::SrqOpKind::DelTag { handle: t.handle },
+                IBV_WR_TAG_SYNC => rdma_emu::SrqOpKind::Sync,
+                _ => return fail(op, libc::EINVAL),
+            };
+            let one = rdma_emu::SrqOp {
+                wr_id: o.wr_id,
+                kind,
+                signaled: o.flags & IBV_OPS_SIGNALED != 0,
+                sync: (o.flags & IBV_OPS_TM_SYNC != 0).then_some(t.unexpected_cnt),
+            };
+            match s.emu.post_ops(&[one]) {
+                Ok(handles) => {
+                    if let Some(Some(h)) = handles.first() {
+                        o.tm.handle = *h;
+                    }
+                }
+                Err((_, e)) => return fail(op, e.errno().raw()),
+            }
+            op = o.next;
+        }
+        0
+    })
+}
+
 /// `ibv_modify_srq(srq, attr, mask)`: resize (`IBV_SRQ_MAX_WR`) and/or arm (`IBV_SRQ_LIMIT`).
 pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_modify_srq(
     srq: *mut ibv_srq,

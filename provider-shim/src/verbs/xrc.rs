@@ -21,6 +21,7 @@ pub(crate) const IBV_SRQ_INIT_ATTR_CQ: u32 = 8;
 const IBV_SRQ_INIT_ATTR_TM: u32 = 16;
 pub(crate) const IBV_SRQT_BASIC: u32 = 0;
 pub(crate) const IBV_SRQT_XRC: u32 = 1;
+const IBV_SRQT_TM: u32 = 2;
 const IBV_QP_OPEN_ATTR_NUM: u32 = 1;
 const IBV_QP_OPEN_ATTR_XRCD: u32 = 2;
 const IBV_QP_OPEN_ATTR_CONTEXT: u32 = 4;
@@ -73,8 +74,9 @@ pub(crate) unsafe extern "C" fn close_xrcd(xrcd: *mut ibv_xrcd) -> c_int {
     ffi!(libc::EIO, { unsafe { destroy(xrcd, |s: &ShimXrcd| s.emu.close()) } })
 }
 
-/// The `create_srq_ex` slot: `ibv_create_srq_ex(context, srq_init_attr_ex)`, basic or XRC
-/// (an XRC SRQ needs `TYPE | PD | XRCD | CQ`).
+/// The `create_srq_ex` slot: `ibv_create_srq_ex(context, srq_init_attr_ex)`, basic, XRC
+/// (an XRC SRQ needs `TYPE | PD | XRCD | CQ`) or tag matching (`TYPE | PD | CQ | TM`, full
+/// profile).
 pub(crate) unsafe extern "C" fn create_srq_ex(
     c: *mut ibv_context,
     init: *mut ibv_srq_init_attr_ex,
@@ -119,8 +121,23 @@ pub(crate) unsafe extern "C" fn create_srq_ex(
                 }
                 x.emu.create_srq(&p.emu, &cq.emu, &a)
             }
-            // Tag matching is not implemented.
-            2 => return fail(libc::EOPNOTSUPP),
+            IBV_SRQT_TM => {
+                // As mlx5: a CQ for the list operations and the TM caps; `max_ops` within the
+                // device's.
+                let need = IBV_SRQ_INIT_ATTR_TM | IBV_SRQ_INIT_ATTR_CQ;
+                // SAFETY: NULL or a live CQ of this library.
+                let Some(cq) = (unsafe { obj::<_, ShimCq>(i.cq) }) else {
+                    return fail(libc::EINVAL);
+                };
+                let [max_tags, max_ops] = i.tm_cap;
+                let caps = p.emu.context().query_device().tm;
+                if caps.max_num_tags > 0
+                    && (i.comp_mask & need != need || max_ops == 0 || max_ops > caps.max_ops)
+                {
+                    return fail(libc::EINVAL);
+                }
+                p.emu.create_srq_tm(&a, max_tags, &cq.emu)
+            }
             _ => return fail(libc::EINVAL),
         };
         match made {
