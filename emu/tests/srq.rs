@@ -284,6 +284,41 @@ fn a_tag_matching_srq_matches_eager_messages_and_syncs() {
     // A message without a tag.
     let w = send(5, tmh::NO_TAG, 0, b"plain");
     assert_eq!((w.wr_id, w.opcode), (52, WcOpcode::TM_NO_TAG));
+    // Rendezvous, as the HCA runs it: the match completes, the HCA reads the sender's buffer
+    // (the RVH names it) into the tag's, completes the data, and sends the sender a FIN.
+    add(6, 0x5555, 79, 512, None);
+    wait1(&tm_cq);
+    for (wr_id, off) in [(53, 3072), (54, 3200)] {
+        srq.post_recv(&RecvWr { wr_id, sg_list: &[sge(&b.mr, off, 64)] }).unwrap();
+    }
+    a.mr.write(2048, &[0xab; 32]).unwrap();
+    a.qp.post_recv(&RecvWr { wr_id: 90, sg_list: &[sge(&a.mr, 3072, 64)] }).unwrap();
+    let rvh = |len: u32| {
+        let mut r = (a.mr.addr() + 2048).to_be_bytes().to_vec();
+        r.extend_from_slice(&a.mr.rkey().to_be_bytes());
+        r.extend_from_slice(&len.to_be_bytes());
+        r
+    };
+    let w = send(6, tmh::RNDV, 0x5555, &rvh(32));
+    assert_eq!((w.wr_id, w.opcode, w.wc_flags), (79, WcOpcode::TM_RECV, WcFlags::TM_MATCH));
+    let w = wait1(&b.cq);
+    assert_eq!((w.wr_id, w.status, w.byte_len), (79, WcStatus::SUCCESS, 32));
+    assert_eq!((w.wc_flags, w.tm_tag), (WcFlags::TM_DATA_VALID, 0x5555));
+    let mut data = [0u8; 32];
+    b.mr.read(512, &mut data).unwrap();
+    assert_eq!(data, [0xab; 32]);
+    let fin = wait1(&a.cq);
+    assert_eq!((fin.wr_id, fin.opcode, fin.byte_len), (90, WcOpcode::RECV, 16));
+    let mut fin_tmh = [0u8; 16];
+    a.mr.read(3072, &mut fin_tmh).unwrap();
+    let expect: (u8, &[u8], &[u8]) = (tmh::FIN, &[0, 0, 0, 9], &0x5555u64.to_be_bytes());
+    assert_eq!((fin_tmh[0], &fin_tmh[4..8], &fin_tmh[8..16]), expect);
+    // Longer than the tag's buffer: left to software (IBV_WC_TM_RNDV_INCOMPLETE, RVH delivered).
+    add(7, 0x6666, 80, 1024, None);
+    wait1(&tm_cq);
+    let w = send(7, tmh::RNDV, 0x6666, &rvh(100));
+    assert_eq!((w.wr_id, w.status), (80, WcStatus::TM_RNDV_INCOMPLETE));
+    assert_eq!(w.wc_flags, WcFlags::TM_MATCH | WcFlags::TM_DATA_VALID);
     // Removing a consumed tag reports TM_ERR; a handle past the list is refused; the list is
     // four tags long.
     srq.post_ops(&[op(5, SrqOpKind::DelTag { handle: h }, None)]).unwrap();

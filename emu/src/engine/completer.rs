@@ -102,6 +102,23 @@ fn ack_through(qp: &Arc<QpShared>, g: &mut QpInner, psn: u32) {
     }
 }
 
+/// For work the device queued itself ([`Hidden`]): its completion, which never goes to the
+/// send CQ (a rendezvous READ completes its tag on the receive CQ, with `status`); whether `w`
+/// was such work.
+fn hidden_done(qp: &QpShared, w: &crate::qp::queue::SendWqe, status: WcStatus) -> bool {
+    use crate::qp::queue::Hidden;
+    match w.hidden {
+        Hidden::None => false,
+        Hidden::RndvRead { wr_id, tag, app_ctx } => {
+            let mut c = wc_ok(qp, wr_id, WcOpcode::TM_RECV, w.length, WcFlags::TM_DATA_VALID);
+            (c.status, c.tm_tag, c.tm_priv) = (status, tag, app_ctx);
+            let _ = qp.recv_cq.push(c, false);
+            true
+        }
+        Hidden::Fin => true,
+    }
+}
+
 /// Completes the tail WQE successfully and records forward progress.
 pub(crate) fn complete_ok(qp: &QpShared, g: &mut QpInner) {
     let tail = g.sq.tail;
@@ -109,7 +126,9 @@ pub(crate) fn complete_ok(qp: &QpShared, g: &mut QpInner) {
     if w.is_read_or_atomic() {
         g.req.rd_atomic_in_flight -= 1;
     }
-    if qp.sq_sig_all || w.flags.contains(SendFlags::SIGNALED) {
+    if hidden_done(qp, w, WcStatus::SUCCESS) {
+        // Completed where it belongs.
+    } else if qp.sq_sig_all || w.flags.contains(SendFlags::SIGNALED) {
         let (opcode, flags) = match w.opcode {
             WrOpcode::SEND | WrOpcode::SEND_WITH_INV => (WcOpcode::SEND, WcFlags::empty()),
             WrOpcode::BIND_MW => (WcOpcode::BIND_MW, WcFlags::empty()),
@@ -137,7 +156,9 @@ pub(crate) fn complete_ok(qp: &QpShared, g: &mut QpInner) {
 /// alone).
 pub(crate) fn complete_err(qp: &QpShared, g: &mut QpInner, status: WcStatus) {
     let w = g.sq.ring.at(g.sq.tail);
-    let _ = qp.send_cq.push(wc(qp, w.wr_id, status), false);
+    if !hidden_done(qp, w, status) {
+        let _ = qp.send_cq.push(wc(qp, w.wr_id, status), false);
+    }
     g.sq.tail = g.sq.tail.wrapping_add(1);
 }
 
@@ -146,7 +167,9 @@ pub(crate) fn complete_err(qp: &QpShared, g: &mut QpInner, status: WcStatus) {
 pub(crate) fn fail_wqe(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, status: WcStatus) {
     debug_assert_eq!(idx, g.sq.tail, "WQEs fail in order");
     let w = g.sq.ring.at(idx);
-    let _ = qp.send_cq.push(wc(qp, w.wr_id, status), false);
+    if !hidden_done(qp, w, status) {
+        let _ = qp.send_cq.push(wc(qp, w.wr_id, status), false);
+    }
     g.sq.tail = idx.wrapping_add(1);
     if g.sq.next == idx {
         g.sq.next = g.sq.tail;
@@ -158,7 +181,9 @@ pub(crate) fn fail_wqe(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, status: Wc
 pub(crate) fn flush_send_queue(qp: &QpShared, g: &mut QpInner) {
     while g.sq.tail != g.sq.head {
         let w = g.sq.ring.at(g.sq.tail);
-        let _ = qp.send_cq.push(wc(qp, w.wr_id, WcStatus::WR_FLUSH_ERR), false);
+        if !hidden_done(qp, w, WcStatus::WR_FLUSH_ERR) {
+            let _ = qp.send_cq.push(wc(qp, w.wr_id, WcStatus::WR_FLUSH_ERR), false);
+        }
         g.sq.tail = g.sq.tail.wrapping_add(1);
     }
     g.sq.next = g.sq.tail;

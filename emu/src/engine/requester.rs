@@ -226,6 +226,7 @@ pub(crate) fn post(qp: &QpShared, g: &mut QpInner, wr: &SendWr<'_>) -> Result<()
     }
     wqe.inv_rkey = wr.invalidate_rkey;
     wqe.xrc_srqn = wr.xrc_remote_srqn;
+    wqe.hidden = crate::qp::queue::Hidden::None;
     wqe.feth = wr
         .flush
         .filter(|_| wr.opcode == WrOpcode::FLUSH)
@@ -237,6 +238,50 @@ pub(crate) fn post(qp: &QpShared, g: &mut QpInner, wr: &SendWr<'_>) -> Result<()
     }
     sq.head = head.wrapping_add(1);
     Ok(())
+}
+
+/// Queues the rendezvous of a matched tag as an mlx5 HCA runs it: an RDMA READ of `read`
+/// (va, rkey, length) from the sender into the tag's `sges`, then the FIN, a SEND of the 16
+/// bytes `fin` (a TMH with opcode FIN). `false` when the QP cannot send or its send queue has
+/// no room for both: the caller hands the rendezvous to software.
+pub(crate) fn queue_rndv(
+    g: &mut QpInner,
+    read: (u64, u32, u32),
+    sges: &[crate::types::Sge],
+    done: crate::qp::queue::Hidden,
+    fin: [u8; 16],
+) -> bool {
+    use crate::qp::queue::Hidden;
+    let sq = &mut g.sq;
+    if g.state != QpState::RTS || sq.depth - sq.len() < 2 {
+        return false;
+    }
+    for (opcode, hidden) in [(WrOpcode::RDMA_READ, done), (WrOpcode::SEND, Hidden::Fin)] {
+        let head = sq.head;
+        let wqe = sq.ring.at_mut(head);
+        let is_read = opcode == WrOpcode::RDMA_READ;
+        wqe.wr_id = 0;
+        wqe.opcode = opcode;
+        wqe.flags = if is_read { SendFlags::empty() } else { SendFlags::INLINE };
+        wqe.sges.clear();
+        wqe.inline.clear();
+        if is_read {
+            wqe.sges.extend_from_slice(sges);
+        } else {
+            wqe.inline.extend_from_slice(&fin);
+        }
+        (wqe.imm, wqe.compare_add, wqe.swap, wqe.inv_rkey, wqe.xrc_srqn, wqe.feth) =
+            (0, 0, 0, 0, 0, 0);
+        (wqe.remote_addr, wqe.rkey) = if is_read { (read.0, read.1) } else { (0, 0) };
+        wqe.length = if is_read { read.2 } else { fin.len() as u32 };
+        wqe.status = WcStatus::SUCCESS;
+        wqe.ud = None;
+        wqe.bind = Default::default();
+        wqe.tso_hdr.clear();
+        wqe.hidden = hidden;
+        sq.head = head.wrapping_add(1);
+    }
+    true
 }
 
 /// Sends every WQE the state, the fence and the `max_rd_atomic` window allow; returns whether

@@ -541,6 +541,30 @@ fn tm_send(
             Ok(_) => Payload::Bytes(all[tmh::LEN..].to_vec().into()),
             Err(_) => Payload::None,
         };
+        // A rendezvous the HCA runs itself: the match completes now, the data once its READ
+        // of the sender's buffer (the RVH's va, rkey, length) is done, then the FIN goes back.
+        // Too long for the tag's buffer, no RVH, or no room to queue the work: software's.
+        if op == tmh::RNDV && all.len() >= tmh::LEN + 16 {
+            let be =
+                |r: std::ops::Range<usize>| all[r].iter().fold(0u64, |a, &b| a << 8 | b as u64);
+            let (va, rkey, len) = (be(16..24), be(24..28) as u32, be(28..32) as u32);
+            let room: u64 = t.sges.iter().map(|s| s.length as u64).sum();
+            let mut fin = [0u8; tmh::LEN];
+            fin[0] = tmh::FIN;
+            fin[4..8].copy_from_slice(&app_ctx.to_be_bytes());
+            fin[8..16].copy_from_slice(&tag.to_be_bytes());
+            let done = crate::qp::queue::Hidden::RndvRead { wr_id: t.wr_id(), tag, app_ctx };
+            if len as u64 <= room
+                && super::requester::queue_rndv(g, (va, rkey, len), &t.sges, done, fin)
+            {
+                let mut w = wc_ok(qp, t.wr_id(), WcOpcode::TM_RECV, 0, WcFlags::TM_MATCH);
+                (w.tm_tag, w.tm_priv) = (tag, app_ctx);
+                if recv_cq(qp, g).push(w, pkt.solicited).is_err() {
+                    enter_error(qp, g);
+                }
+                return ack(qp, g, &pkt, drv);
+            }
+        }
         let len = pkt.len - tmh::LEN as u32;
         let res = sgl::scatter(&srq.pd, &t.sges, &data, len);
         let status = if op == tmh::RNDV { WcStatus::TM_RNDV_INCOMPLETE } else { WcStatus::SUCCESS };

@@ -46,6 +46,21 @@ pub(crate) struct SendWqe {
     pub(crate) mss: u16,
     /// FLUSH: its FETH (placement type in bits 0..3, selectivity level in bits 4..5).
     pub(crate) feth: u8,
+    /// Work the device queued itself (see [`Hidden`]); `None` for the application's.
+    pub(crate) hidden: Hidden,
+}
+
+/// Work a device queues on a QP's send queue by itself, completed to nobody's send CQ: the
+/// RDMA READ and the FIN of an mlx5 HCA's rendezvous for a matched tag.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum Hidden {
+    #[default]
+    None,
+    /// The rendezvous READ into a tag's buffer: when it completes, the tag's second completion
+    /// (`IBV_WC_TM_RECV` with `DATA_VALID`) goes to the receive CQ.
+    RndvRead { wr_id: u64, tag: u64, app_ctx: u32 },
+    /// The FIN telling the sender its rendezvous is done.
+    Fin,
 }
 
 impl SendWqe {

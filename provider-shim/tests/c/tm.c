@@ -152,6 +152,40 @@ int main(void)
 	send_tagged(&a, IBV_TMH_NO_TAG, 0, "plain", 4);
 	w = next_tm_wc();
 	CHECK(w.wr_id == 51 && w.opcode == IBV_WC_TM_NO_TAG);
+	/* Rendezvous: the HCA reads the sender's buffer (named by the RVH) into the tag's, with a
+	 * completion for the match and one for the data, and sends the sender a FIN. */
+	struct ibv_ops_wr rndv_tag = add;
+	rndv_tag.wr_id = 5;
+	rndv_tag.tm.add.tag = 0x5555;
+	rndv_tag.tm.add.recv_wr_id = 79;
+	CHECK(post_op(srq, &rndv_tag) == 0);
+	CHECK(wait_wc(b.cq).opcode == IBV_WC_TM_ADD);
+	memset(b.buf, 0, 64);
+	memset(a.buf + 2048, 0xab, 32);
+	struct ibv_sge fs = { (uintptr_t)a.buf + 3072, 64, a.mr->lkey };
+	struct ibv_recv_wr frw = { .wr_id = 90, .sg_list = &fs, .num_sge = 1 }, *frb;
+	CHECK(ibv_post_recv(a.qp, &frw, &frb) == 0);
+	struct ibv_rvh rvh = { .va = htobe64((uintptr_t)a.buf + 2048), .rkey = htobe32(a.mr->rkey),
+			       .len = htobe32(32) };
+	struct ibv_tmh h = { .opcode = IBV_TMH_RNDV, .app_ctx = htobe32(9), .tag = htobe64(0x5555) };
+	memcpy(a.buf, &h, sizeof(h));
+	memcpy(a.buf + sizeof(h), &rvh, sizeof(rvh));
+	struct ibv_sge rs = { (uintptr_t)a.buf, sizeof(h) + sizeof(rvh), a.mr->lkey };
+	struct ibv_send_wr rwr = { .wr_id = 6, .sg_list = &rs, .num_sge = 1, .opcode = IBV_WR_SEND,
+				   .send_flags = IBV_SEND_SIGNALED }, *rbad;
+	CHECK(ibv_post_send(a.qp, &rwr, &rbad) == 0);
+	w = next_tm_wc();
+	CHECK(w.wr_id == 79 && w.opcode == IBV_WC_TM_RECV && (w.flags & tm_flags) == IBV_WC_TM_MATCH);
+	w = next_tm_wc();
+	CHECK(w.wr_id == 79 && w.status == IBV_WC_SUCCESS && (w.flags & tm_flags) == IBV_WC_TM_DATA_VALID);
+	CHECK(w.len == 32 && (unsigned char)b.buf[0] == 0xab && (unsigned char)b.buf[31] == 0xab);
+	/* The sender: its SEND completes, and the FIN arrives (TMH opcode FIN, its app_ctx). */
+	for (int n = 0; n < 2; n++) {
+		wc = wait_wc(a.cq);
+		CHECK(wc.status == IBV_WC_SUCCESS && (wc.wr_id == 6 || (wc.wr_id == 90 && wc.byte_len == 16)));
+	}
+	CHECK(a.buf[3072] == IBV_TMH_FIN && be32toh(*(uint32_t *)(a.buf + 3076)) == 9);
+
 	/* Removing a consumed tag: IBV_WC_TM_ERR. An unknown opcode: EINVAL and bad_op. */
 	struct ibv_ops_wr del = { .wr_id = 3, .opcode = IBV_WR_TAG_DEL, .flags = IBV_OPS_SIGNALED };
 	del.tm.handle = add.tm.handle;
