@@ -287,6 +287,7 @@ static const struct named opcode_names[] = {
 	{ "LOCAL_INV", IBV_WR_LOCAL_INV },
 	{ "BIND_MW", IBV_WR_BIND_MW },
 	{ "SEND_INV", IBV_WR_SEND_WITH_INV },
+	{ "ATOMIC_WRITE", IBV_WR_ATOMIC_WRITE },
 	{ NULL, 0 },
 };
 
@@ -310,6 +311,7 @@ static const struct named wc_opcode_names[] = {
 	{ "LOCAL_INV", IBV_WC_LOCAL_INV },
 	{ "RECV", IBV_WC_RECV },
 	{ "RECV_IMM", IBV_WC_RECV_RDMA_WITH_IMM },
+	{ "ATOMIC_WRITE", IBV_WC_ATOMIC_WRITE },
 	{ NULL, 0 },
 };
 

@@ -291,7 +291,7 @@ pub const VERBS: &[Verb] = &[
         calls: "ibv_post_send (inline)",
         needs: &[Qp],
         makes: None,
-        valid: "OP from SEND SEND_IMM WRITE WRITE_IMM READ CAS FAA SEND_INV LOCAL_INV BIND_MW as the QP type allows; the QP in RTS (or SQD)",
+        valid: "OP from SEND SEND_IMM WRITE WRITE_IMM READ CAS FAA SEND_INV LOCAL_INV BIND_MW ATOMIC_WRITE as the QP type allows (ATOMIC_WRITE: 8 bytes, which Linux 6.1's rxe fails); the QP in RTS (or SQD)",
         errors: "bad lkeys and rkeys, ranges past the MR or window, missing access rights, misaligned atomics, too many SGEs, a full send queue, the wrong QP type or state, sends without a receive posted (RNR), UD sends to a wrong Q_Key; prints bad= on failure",
     },
     Verb {
