@@ -761,3 +761,48 @@ fn max_qp_on_a_host_fabric_is_what_a_node_can_create() {
         Fabric::new(FabricConfig { devices: 1, profile: Profile::Rxe, ..Default::default() });
     assert_eq!(alone.devices()[0].attr().max_qp, 1_048_560);
 }
+
+/// Tag matching's rendezvous between processes: the receiving node's QP reads the sender's
+/// buffer across the host fabric into the tag's, and its FIN comes back.
+#[test]
+fn a_tag_matching_rendezvous_reads_across_processes() {
+    let dir = HostDir::new();
+    let (fa, fb) = (dir.fabric(Profile::Full), dir.fabric(Profile::Full));
+    let a = node_on(&fa.devices()[0], 1 << 16);
+    let b = node_on(&fb.devices()[0], 1 << 16);
+    let tm_cq = b.ctx.create_cq(8, None, 0).unwrap();
+    let attr = SrqAttr { max_wr: 4, max_sge: 1, srq_limit: 0 };
+    let srq = b.pd.create_srq_tm(&attr, 4, &tm_cq).unwrap();
+    let qp = b
+        .pd
+        .create_qp(&QpInitAttr { srq: Some(&srq), ..QpInitAttr::new(QpType::RC, &b.cq, cap(8)) })
+        .unwrap();
+    connect(&a.qp, &qp, &RcParams::default(), &RcParams::default());
+    let sg = [sge(&b.mr, 0, 8192)];
+    let add = SrqOpKind::AddTag { tag: 0x77, mask: u64::MAX, recv_wr_id: 5, sg_list: &sg };
+    srq.post_ops(&[SrqOp { wr_id: 1, kind: add, signaled: false, sync: None }]).unwrap();
+    let data = pattern(3, 8192);
+    a.mr.write(16384, &data).unwrap();
+    post_recv(&a.qp, 90, &[sge(&a.mr, 32768, 64)]);
+    let mut m = vec![tmh::RNDV, 0, 0, 0, 0, 0, 0, 4];
+    m.extend_from_slice(&0x77u64.to_be_bytes());
+    m.extend_from_slice(&(a.mr.addr() + 16384).to_be_bytes());
+    m.extend_from_slice(&a.mr.rkey().to_be_bytes());
+    m.extend_from_slice(&8192u32.to_be_bytes());
+    a.mr.write(0, &m).unwrap();
+    a.qp.post_send(&SendWr::send(2, &[sge(&a.mr, 0, m.len())]).signaled()).unwrap();
+    let matched = wait1(&b.cq);
+    assert_eq!((matched.wr_id, matched.wc_flags), (5, WcFlags::TM_MATCH));
+    let landed = wait1(&b.cq);
+    assert_eq!((landed.wr_id, landed.status, landed.byte_len), (5, WcStatus::SUCCESS, 8192));
+    assert_eq!(landed.wc_flags, WcFlags::TM_DATA_VALID);
+    let mut got = vec![0u8; 8192];
+    b.mr.read(0, &mut got).unwrap();
+    assert!(got == data, "the rendezvous READ brought the sender's bytes");
+    let mut ids: Vec<u64> = wait_n(&a.cq, 2).iter().map(|w| w.wr_id).collect();
+    ids.sort();
+    assert_eq!(ids, [2, 90], "the SEND completed and the FIN arrived");
+    let mut fin = [0u8; 1];
+    a.mr.read(32768, &mut fin).unwrap();
+    assert_eq!(fin[0], tmh::FIN);
+}

@@ -90,7 +90,7 @@ impl Pd {
     }
 
     /// `ibv_create_srq_ex` with `IBV_SRQT_TM` (full profile): a tag-matching SRQ for up to
-    /// `max_tags` tags whose list operations complete on `cq`; see [`Srq::post_ops`].
+    /// `max_tags` tags whose list operations complete on `cq`; see [`Srq::post_ops`](super::srq::Srq::post_ops).
     pub fn create_srq_tm(
         &self,
         init: &super::srq::SrqAttr,
