@@ -492,19 +492,29 @@ fn send(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>) 
             complete_recv(qp, g, &pkt, WcOpcode::RECV, wr_id);
             ack(qp, g, &pkt, drv);
         }
-        // IBA 9.7.5.2.2: a message longer than the receive buffer is a Local Length Error on
-        // the responder and an Invalid Request for the requester.
-        Err(SglError::TooLong) => {
-            fail(qp, g, &pkt, NakCode::InvalidRequest, Some((WcStatus::LOC_LEN_ERR, wr_id)), drv)
+        Err(e) => scatter_failed(qp, g, &pkt, e, wr_id, drv),
+    }
+}
+
+/// A received message that could not be placed in the receive WQE `wr_id`: IBA 9.7.5.2.2, a
+/// message longer than the buffer is a Local Length Error on the responder and an Invalid
+/// Request for the requester; a bad lkey a Local Protection Error.
+fn scatter_failed(
+    qp: &Arc<QpShared>,
+    g: &mut QpInner,
+    pkt: &Packet,
+    e: SglError,
+    wr_id: u64,
+    drv: &mut Driver<'_>,
+) {
+    match e {
+        SglError::TooLong => {
+            fail(qp, g, pkt, NakCode::InvalidRequest, Some((WcStatus::LOC_LEN_ERR, wr_id)), drv)
         }
-        Err(SglError::Protection) => fail(
-            qp,
-            g,
-            &pkt,
-            NakCode::RemoteOperationalError,
-            Some((WcStatus::LOC_PROT_ERR, wr_id)),
-            drv,
-        ),
+        SglError::Protection => {
+            let status = Some((WcStatus::LOC_PROT_ERR, wr_id));
+            fail(qp, g, pkt, NakCode::RemoteOperationalError, status, drv)
+        }
     }
 }
 
@@ -594,17 +604,7 @@ fn tm_send(
             }
             ack(qp, g, &pkt, drv);
         }
-        Err(SglError::TooLong) => {
-            fail(qp, g, &pkt, NakCode::InvalidRequest, Some((WcStatus::LOC_LEN_ERR, wr_id)), drv)
-        }
-        Err(SglError::Protection) => fail(
-            qp,
-            g,
-            &pkt,
-            NakCode::RemoteOperationalError,
-            Some((WcStatus::LOC_PROT_ERR, wr_id)),
-            drv,
-        ),
+        Err(e) => scatter_failed(qp, g, &pkt, e, wr_id, drv),
     }
 }
 
