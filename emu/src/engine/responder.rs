@@ -518,6 +518,11 @@ fn scatter_failed(
     }
 }
 
+/// A big-endian field of up to 8 bytes (the TMH's and RVH's).
+fn be_word(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0, |a, &b| a << 8 | u64::from(b))
+}
+
 /// A SEND to a QP on a tag-matching SRQ, as an mlx5 HCA places it: a tagged message (TMH
 /// opcode EAGER or RNDV) that matches a posted tag lands in the tag's buffer without its
 /// 16-byte TMH and completes `IBV_WC_TM_RECV` with `MATCH | DATA_VALID` and the tag's `wr_id`
@@ -537,9 +542,7 @@ fn tm_send(
     let mut header = [0u8; tmh::LEN];
     let tagged = pkt.len as usize >= tmh::LEN && sgl::gather(&pkt.payload, &mut header).is_ok();
     let (op, app_ctx, tag) = if tagged {
-        let word =
-            |r: std::ops::Range<usize>| header[r].iter().fold(0u64, |a, &b| a << 8 | b as u64);
-        (header[0], word(4..8) as u32, word(8..16))
+        (header[0], be_word(&header[4..8]) as u32, be_word(&header[8..16]))
     } else {
         (tmh::NO_TAG, 0, 0)
     };
@@ -555,9 +558,8 @@ fn tm_send(
         // of the sender's buffer (the RVH's va, rkey, length) is done, then the FIN goes back.
         // Too long for the tag's buffer, no RVH, or no room to queue the work: software's.
         if op == tmh::RNDV && all.len() >= tmh::LEN + 16 {
-            let be =
-                |r: std::ops::Range<usize>| all[r].iter().fold(0u64, |a, &b| a << 8 | b as u64);
-            let (va, rkey, len) = (be(16..24), be(24..28) as u32, be(28..32) as u32);
+            let (va, rkey, len) =
+                (be_word(&all[16..24]), be_word(&all[24..28]) as u32, be_word(&all[28..32]) as u32);
             let room: u64 = t.sges.iter().map(|s| s.length as u64).sum();
             let mut fin = [0u8; tmh::LEN];
             fin[0] = tmh::FIN;
