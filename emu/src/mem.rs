@@ -243,6 +243,11 @@ impl MemRegion {
     }
 
     /// The host address of the first byte.
+    /// Whether an access may fault (on-demand paging): only then can a checked access fail.
+    pub(crate) fn on_demand(&self) -> bool {
+        self.on_demand
+    }
+
     pub(crate) fn host_addr(&self) -> u64 {
         self.base as u64
     }

@@ -11,6 +11,7 @@
 //!   timer thread (`fabric::timer`) is the same driver started by a deadline.
 
 pub(crate) mod completer;
+pub(crate) mod express;
 pub(crate) mod frame;
 pub(crate) mod packet;
 pub(crate) mod raw;

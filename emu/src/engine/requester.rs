@@ -357,6 +357,9 @@ pub(crate) fn run(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>) -> 
         if rd_atomic && g.req.rd_atomic_in_flight >= g.attr.max_rd_atomic as u32 {
             break;
         }
+        if super::express::execute(qp, g, idx, drv) {
+            continue;
+        }
         match build(qp, g, idx) {
             Ok(pkt) => {
                 g.sq.next = idx.wrapping_add(1);

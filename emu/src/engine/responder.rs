@@ -45,6 +45,13 @@ pub(crate) enum Replay {
     Atomic { psn: u32, orig: u64 },
 }
 
+impl Replay {
+    /// The READ of `len` bytes at `(va, rkey)` that occupied `npkts` PSNs from `psn`.
+    pub(super) fn read(psn: u32, npkts: u32, va: u64, rkey: u32, len: u32) -> Replay {
+        Replay::Read(ReadReq { psn, npkts, va, rkey, len })
+    }
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct Responder {
     /// Expected PSN of the next new request (`rq_psn`).
@@ -215,7 +222,12 @@ pub(super) fn reply(g: &QpInner, req: &Packet, kind: Kind, psn: u32, syndrome: S
 
 /// The request executed: advance the expected PSN and the MSN.
 pub(super) fn advance(g: &mut QpInner, pkt: &Packet) {
-    g.resp.epsn = psn_add(pkt.psn, pkt.npkts);
+    advance_past(g, pkt.psn, pkt.npkts);
+}
+
+/// The request of `npkts` PSNs from `psn` executed.
+pub(super) fn advance_past(g: &mut QpInner, psn: u32, npkts: u32) {
+    g.resp.epsn = psn_add(psn, npkts);
     g.resp.msn = g.resp.msn.wrapping_add(1) & super::PSN_MASK;
 }
 
@@ -332,7 +344,7 @@ fn recv_cq(qp: &QpShared, g: &QpInner) -> Arc<CqInner> {
 
 /// The PD a receive WQE's lkeys are checked against: an XRC SRQ's; a plain SRQ's in the full
 /// profile, as hardware (the WQE belongs to the SRQ), where rxe checks them against the QP's.
-fn recv_pd(qp: &QpShared, g: &QpInner) -> Arc<PdInner> {
+pub(super) fn recv_pd(qp: &QpShared, g: &QpInner) -> Arc<PdInner> {
     match (&g.resp.xrc, &qp.srq) {
         (Some(x), _) => x.pd.clone(),
         (None, Some(s)) if qp.ctx.device.profile == crate::Profile::Full => s.pd.clone(),
@@ -436,26 +448,57 @@ pub(super) fn rnr(qp: &QpShared, g: &mut QpInner, pkt: &Packet, drv: &mut Driver
 /// a GRH came (rxe sets `IBV_WC_GRH` on every receive over RoCE; mlx5, which the full profile
 /// follows, only on UD receives).
 pub(super) fn recv_flags(grh: bool, pkt: &Packet) -> WcFlags {
-    let mut f = WcFlags::empty();
-    if grh {
-        f |= WcFlags::GRH;
+    Arrival::of(pkt).flags(grh)
+}
+
+/// What a receive completion reports of the message that consumed it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Arrival {
+    pub(super) len: u32,
+    pub(super) imm: Option<u32>,
+    pub(super) inv: Option<u32>,
+    pub(super) src_lid: u16,
+    pub(super) solicited: bool,
+}
+
+impl Arrival {
+    fn of(pkt: &Packet) -> Arrival {
+        Arrival {
+            len: pkt.len,
+            imm: pkt.imm,
+            inv: pkt.inv,
+            src_lid: pkt.src_lid,
+            solicited: pkt.solicited,
+        }
     }
-    if pkt.imm.is_some() {
-        f |= WcFlags::WITH_IMM;
+
+    fn flags(&self, grh: bool) -> WcFlags {
+        let mut f = WcFlags::empty();
+        f.set(WcFlags::GRH, grh);
+        f.set(WcFlags::WITH_IMM, self.imm.is_some());
+        f.set(WcFlags::WITH_INV, self.inv.is_some());
+        f
     }
-    if pkt.inv.is_some() {
-        f |= WcFlags::WITH_INV;
-    }
-    f
 }
 
 fn complete_recv(qp: &Arc<QpShared>, g: &mut QpInner, pkt: &Packet, opcode: WcOpcode, wr_id: u64) {
+    complete_arrival(qp, g, &Arrival::of(pkt), opcode, wr_id);
+}
+
+/// Completes the receive WQE `wr_id` with the message `a`.
+pub(super) fn complete_arrival(
+    qp: &Arc<QpShared>,
+    g: &mut QpInner,
+    a: &Arrival,
+    opcode: WcOpcode,
+    wr_id: u64,
+) {
     let grh = g.port.roce && qp.ctx.device.profile == crate::Profile::Rxe;
-    let mut w = wc_ok(qp, wr_id, opcode, pkt.len, recv_flags(grh, pkt));
+    let mut w = wc_ok(qp, wr_id, opcode, a.len, a.flags(grh));
     // `imm_data` and `invalidated_rkey` share the completion's union.
-    w.imm_data = pkt.imm.or(pkt.inv).unwrap_or(0);
-    w.slid = pkt.src_lid;
-    if recv_cq(qp, g).push(w, pkt.solicited).is_err() {
+    w.imm_data = a.imm.or(a.inv).unwrap_or(0);
+    w.slid = a.src_lid;
+    if recv_cq(qp, g).push(w, a.solicited).is_err() {
         // rxe: a receive completion lost to a CQ overrun puts the QP in ERR.
         enter_error(qp, g);
     }
@@ -650,15 +693,20 @@ pub(super) fn resolve(
 /// Whether the QP's own attributes refuse the request `pkt` outright (an invalid request):
 /// remote access it does not enable, or an atomic's bad size or alignment.
 pub(super) fn refused(g: &QpInner, pkt: &Packet) -> bool {
+    refuses(g, pkt.kind, pkt.len, pkt.va, pkt.feth)
+}
+
+/// [`refused`] for a request of `kind` of `len` bytes at `va` (with FETH `feth`).
+pub(super) fn refuses(g: &QpInner, kind: Kind, len: u32, va: u64, feth: u8) -> bool {
     let allows = |a| g.attr.qp_access_flags.contains(a);
-    match pkt.kind {
+    match kind {
         Kind::Write => !allows(AccessFlags::REMOTE_WRITE),
-        Kind::AtomicWrite => !allows(AccessFlags::REMOTE_WRITE) || pkt.len != 8 || pkt.va & 7 != 0,
+        Kind::AtomicWrite => !allows(AccessFlags::REMOTE_WRITE) || len != 8 || va & 7 != 0,
         // The QP must enable each placement type the FLUSH asks for (as rxe checks).
-        Kind::Flush => !allows(flush_access(pkt.feth)),
+        Kind::Flush => !allows(flush_access(feth)),
         Kind::ReadRequest => !allows(AccessFlags::REMOTE_READ) || g.attr.max_dest_rd_atomic == 0,
         Kind::CompareSwap | Kind::FetchAdd => {
-            !allows(AccessFlags::REMOTE_ATOMIC) || g.attr.max_dest_rd_atomic == 0 || pkt.va & 7 != 0
+            !allows(AccessFlags::REMOTE_ATOMIC) || g.attr.max_dest_rd_atomic == 0 || va & 7 != 0
         }
         _ => false,
     }

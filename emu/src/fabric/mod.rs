@@ -64,6 +64,11 @@ pub struct FabricConfig {
     /// IP addresses of the ports beyond the default ones (`127.0.0.1` and `::1` name port 1
     /// of the first device), for the connection manager: see [`crate::cm::addr`].
     pub addresses: Vec<crate::cm::addr::PortAddress>,
+    /// Runs work requests between QPs of this process on the express path (see
+    /// `engine::express`) whenever no fault rule, simulation or packet trace needs packets.
+    /// On by default; `RDMA_EMU_EXPRESS=0` turns it off (every WR then takes the packet path,
+    /// which behaves identically, only slower).
+    pub express: bool,
 }
 
 impl Default for FabricConfig {
@@ -79,6 +84,7 @@ impl Default for FabricConfig {
             link_layer: crate::LinkLayer::INFINIBAND,
             netdev_mtu: None,
             addresses: Vec::new(),
+            express: true,
         }
     }
 }
@@ -144,6 +150,7 @@ impl FabricConfig {
                 _ => crate::LinkLayer::INFINIBAND,
             },
             netdev_mtu: var("RDMA_EMU_MTU").and_then(|m| FabricConfig::parse_netdev_mtu(&m).ok()),
+            express: var("RDMA_EMU_EXPRESS").is_none_or(|v| v != "0"),
             host,
             ..Default::default()
         }
@@ -179,6 +186,8 @@ pub(crate) struct FabricInner {
     pub(crate) port_watch: OnceLock<Watcher>,
     /// Completion events put on channels so far: what wakes application threads that sleep.
     pub(crate) cq_events: std::sync::atomic::AtomicU64,
+    /// Whether the express path may run (see [`FabricConfig::express`]).
+    express: std::sync::atomic::AtomicBool,
     this: Weak<FabricInner>,
 }
 
@@ -252,6 +261,15 @@ impl FabricInner {
     }
 
     /// Whether port `port` of device `dev` exists here and is up (packets pass).
+    /// Whether a work request may take the express path now: switched on, and no fault rule,
+    /// simulated time or packet trace that needs to see its packets.
+    pub(crate) fn express(&self) -> bool {
+        self.express.load(std::sync::atomic::Ordering::Relaxed)
+            && !self.faults.active()
+            && self.pcap.is_none()
+            && !self.timer.simulated()
+    }
+
     pub(crate) fn port_up(&self, dev: u32, port: u8) -> bool {
         self.devices.get(dev as usize).is_some_and(|d| Device::port_up(d, port))
     }
@@ -453,6 +471,7 @@ impl Fabric {
             cm: crate::cm::Manager::new(addrs),
             port_watch: OnceLock::new(),
             cq_events: Default::default(),
+            express: cfg.express.into(),
             this: this.clone(),
         }));
         if !cfg.faults.is_empty() {
@@ -482,6 +501,12 @@ impl Fabric {
     /// run in simulation.
     pub fn seed(&self) -> u64 {
         self.0.faults.seed()
+    }
+
+    /// Turns the express path on or off from now on (see [`FabricConfig::express`]); work
+    /// already in flight finishes on the path it took.
+    pub fn set_express(&self, on: bool) {
+        self.0.express.store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Whether time is virtual (a seeded simulation).

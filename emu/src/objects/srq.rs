@@ -179,13 +179,21 @@ impl SrqInner {
     /// Takes the oldest receive WQE, raising `SRQ_LIMIT_REACHED` once when the count falls
     /// below an armed limit (IBA 10.2.9.2).
     pub(crate) fn pop(self: &Arc<SrqInner>) -> Option<(u64, Vec<Sge>)> {
+        self.pop_with(|w| Some((w.wr_id, std::mem::take(&mut w.sges))))
+    }
+
+    /// Takes the oldest receive WQE if `take` returns something for it (it runs under the
+    /// SRQ's lock: no other QP can take the WQE meanwhile); `None` leaves it queued.
+    pub(crate) fn pop_with<R>(
+        self: &Arc<SrqInner>,
+        take: impl FnOnce(&mut crate::qp::queue::RecvWqe) -> Option<R>,
+    ) -> Option<R> {
         let mut st = self.st.lock();
         if st.rq.len() == 0 {
             return None;
         }
         let tail = st.rq.tail;
-        let w = st.rq.ring.at_mut(tail);
-        let taken = (w.wr_id, std::mem::take(&mut w.sges));
+        let taken = take(st.rq.ring.at_mut(tail))?;
         st.rq.tail = tail.wrapping_add(1);
         let fire = st.limit > 0 && st.rq.len() < st.limit;
         if fire {
