@@ -128,8 +128,24 @@ pub(crate) fn complete_ok(qp: &QpShared, g: &mut QpInner) {
     }
     if hidden_done(qp, w, WcStatus::SUCCESS) {
         // Completed where it belongs.
-    } else if qp.sq_sig_all || w.flags.contains(SendFlags::SIGNALED) {
-        let (opcode, flags) = match w.opcode {
+    } else {
+        send_done(qp, w.wr_id, w.opcode, w.flags, w.length);
+    }
+    g.sq.tail = tail.wrapping_add(1);
+    progressed(g);
+}
+
+/// The requester made progress: the retry budgets start afresh and no ACK is awaited.
+pub(crate) fn progressed(g: &mut QpInner) {
+    g.req.retry_left = g.attr.retry_cnt;
+    g.req.rnr_retry_left = g.attr.rnr_retry;
+    g.req.retrans_at = None;
+}
+
+/// The successful completion of the application's send WR `wr_id`, if it is signaled.
+pub(crate) fn send_done(qp: &QpShared, wr_id: u64, op: WrOpcode, flags: SendFlags, len: u32) {
+    if qp.sq_sig_all || flags.contains(SendFlags::SIGNALED) {
+        let (opcode, flags) = match op {
             WrOpcode::SEND | WrOpcode::SEND_WITH_INV => (WcOpcode::SEND, WcFlags::empty()),
             WrOpcode::BIND_MW => (WcOpcode::BIND_MW, WcFlags::empty()),
             WrOpcode::LOCAL_INV => (WcOpcode::LOCAL_INV, WcFlags::empty()),
@@ -144,12 +160,8 @@ pub(crate) fn complete_ok(qp: &QpShared, g: &mut QpInner) {
             _ => (WcOpcode::FETCH_ADD, WcFlags::empty()),
         };
         // A lost send completion (CQ overrun) does not stop the QP, as in rxe.
-        let _ = qp.send_cq.push(wc_ok(qp, w.wr_id, opcode, w.length, flags), false);
+        let _ = qp.send_cq.push(wc_ok(qp, wr_id, opcode, len, flags), false);
     }
-    g.sq.tail = tail.wrapping_add(1);
-    g.req.retry_left = g.attr.retry_cnt;
-    g.req.rnr_retry_left = g.attr.rnr_retry;
-    g.req.retrans_at = None;
 }
 
 /// Completes the tail WQE with `status` and leaves the QP as it is (a UD send that failed

@@ -16,15 +16,16 @@
 use std::sync::Arc;
 
 use super::{
-    Driver,
+    Driver, completer,
     packet::Kind,
     packets_for, psn_add, raises_qp_errors,
     responder::{self, Arrival, Replay},
 };
 use crate::{
+    fabric::FabricInner,
     mem::MemRegion,
     objects::{keys::KeyTable, pd::PdInner},
-    qp::{QpInner, QpShared, queue::Hidden},
+    qp::{QpInner, QpShared, SendWr, queue::Hidden},
     types::{AccessFlags, QpState, QpType, SendFlags, Sge, WcOpcode, WrOpcode},
 };
 
@@ -47,66 +48,135 @@ impl Src<'_> {
 /// A destination range: `(region, offset, length)`.
 type Dst<'a> = (&'a MemRegion, usize, usize);
 
-/// A list of the few SGEs a WR has, kept on the stack up to four.
-struct List<T> {
-    head: [Option<T>; 4],
-    more: Vec<T>,
+/// What the express path needs of a send WR: taken from the application's WR when it
+/// runs at the post, or from its WQE when it runs from the send queue.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Request<'a> {
+    pub(crate) opcode: WrOpcode,
+    pub(crate) flags: SendFlags,
+    pub(crate) sges: &'a [Sge],
+    pub(crate) inline: &'a [u8],
+    pub(crate) imm: u32,
+    pub(crate) remote_addr: u64,
+    pub(crate) rkey: u32,
+    pub(crate) compare_add: u64,
+    pub(crate) swap: u64,
+    pub(crate) length: u32,
 }
 
-impl<T: Copy> List<T> {
-    fn new() -> List<T> {
-        List { head: [None; 4], more: Vec::new() }
-    }
-
-    fn one(t: T) -> List<T> {
-        let mut l = List::new();
-        l.push(t);
-        l
-    }
-
-    fn push(&mut self, t: T) {
-        match self.head.iter_mut().find(|s| s.is_none()) {
-            Some(slot) => *slot = Some(t),
-            None => self.more.push(t),
+impl<'a> Request<'a> {
+    /// The application's WR, already checked by the post, of `length` bytes.
+    pub(crate) fn of_wr(wr: &SendWr<'a>, length: u32) -> Request<'a> {
+        Request {
+            opcode: wr.opcode,
+            flags: wr.send_flags,
+            sges: wr.sg_list,
+            inline: wr.inline_data,
+            imm: wr.imm_data,
+            remote_addr: wr.remote_addr,
+            rkey: wr.rkey,
+            compare_add: wr.compare_add,
+            swap: wr.swap,
+            length,
         }
     }
+}
 
-    fn iter(&self) -> impl Iterator<Item = T> + '_ {
-        self.head.iter().flatten().copied().chain(self.more.iter().copied())
+/// Executes the WR at the post, the send queue being empty: its completion goes straight to
+/// the send CQ and it never occupies a WQE. Whether it ran.
+pub(crate) fn post(
+    qp: &Arc<QpShared>,
+    g: &mut QpInner,
+    wr: &SendWr<'_>,
+    length: u32,
+    f: &FabricInner,
+) -> bool {
+    if g.sq.head != g.sq.tail || g.req.rnr_until.is_some() {
+        return false;
     }
+    let req = Request::of_wr(wr, length);
+    if execute(qp, g, &req, f).is_none() {
+        return false;
+    }
+    completer::send_done(qp, wr.wr_id, wr.opcode, wr.send_flags, length);
+    completer::progressed(g);
+    true
 }
 
 /// Executes the WQE at `idx` (the next to send) if the express path can; whether it did.
-pub(crate) fn execute(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, drv: &Driver<'_>) -> bool {
-    let f = drv.fabric;
-    if !matches!(qp.qp_type, QpType::RC | QpType::UC) || g.sq.in_flight() != 0 || !f.express() {
+pub(crate) fn from_queue(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, drv: &Driver<'_>) -> bool {
+    if g.sq.in_flight() != 0 {
         return false;
     }
-    let wqe = g.sq.ring.at(idx);
+    let wqe = g.sq.ring.at_mut(idx);
+    if wqe.hidden != Hidden::None {
+        return false;
+    }
+    // Lend the WQE's lists to the request (moved, not copied) while `g` is in use.
+    let (sges, inline) = (std::mem::take(&mut wqe.sges), std::mem::take(&mut wqe.inline));
+    let req = Request {
+        opcode: wqe.opcode,
+        flags: wqe.flags,
+        sges: &sges,
+        inline: &inline,
+        imm: wqe.imm,
+        remote_addr: wqe.remote_addr,
+        rkey: wqe.rkey,
+        compare_add: wqe.compare_add,
+        swap: wqe.swap,
+        length: wqe.length,
+    };
+    let ran = execute(qp, g, &req, drv.fabric);
+    let wqe = g.sq.ring.at_mut(idx);
+    (wqe.sges, wqe.inline) = (sges, inline);
+    let Some((psn, npkts)) = ran else { return false };
+    wqe.first_psn = psn;
+    wqe.last_psn = psn_add(psn, npkts - 1);
+    g.sq.next = idx.wrapping_add(1);
+    if g.sq.ring.at(idx).is_read_or_atomic() {
+        g.req.rd_atomic_in_flight += 1;
+    }
+    completer::complete_ok(qp, g);
+    true
+}
+
+/// Executes `wqe` if the express path can, taking its PSNs: the first and how many.
+fn execute(
+    qp: &Arc<QpShared>,
+    g: &mut QpInner,
+    wqe: &Request<'_>,
+    f: &FabricInner,
+) -> Option<(u32, u32)> {
+    if !matches!(qp.qp_type, QpType::RC | QpType::UC) || g.state != QpState::RTS || !f.express() {
+        return None;
+    }
     let kind = match wqe.opcode {
         WrOpcode::RDMA_WRITE | WrOpcode::RDMA_WRITE_WITH_IMM => Kind::Write,
         WrOpcode::SEND | WrOpcode::SEND_WITH_IMM => Kind::Send,
+        // UC carries no READ or atomic: the packet path fails them.
+        _ if qp.qp_type == QpType::UC => return None,
         WrOpcode::RDMA_READ => Kind::ReadRequest,
         WrOpcode::ATOMIC_FETCH_AND_ADD => Kind::FetchAdd,
         WrOpcode::ATOMIC_CMP_AND_SWP => Kind::CompareSwap,
-        _ => return false,
+        _ => return None,
     };
-    if wqe.hidden != Hidden::None || wqe.length > g.port.max_msg_sz {
-        return false;
+    let rd_atomic = !matches!(kind, Kind::Write | Kind::Send);
+    if wqe.length > g.port.max_msg_sz || (rd_atomic && g.attr.max_rd_atomic == 0) {
+        return None;
     }
-    let Some((dev, port)) = g.dest else { return false };
+    let (dev, port) = g.dest?;
     let dqpn = g.attr.dest_qp_num;
     if f.remote_node(dqpn).is_some()
         || !f.port_up(qp.device_index(), g.attr.port_num)
         || !f.port_up(dev, port)
     {
-        return false;
+        return None;
     }
-    let Some(dst) = g.route.resolve(f, dev, dqpn) else { return false };
+    let dst = g.route.resolve(f, dev, dqpn)?;
     if Arc::ptr_eq(&dst, qp) {
-        return false;
+        return None;
     }
-    let Some(mut dg) = dst.inner.try_lock() else { return false };
+    let mut dg = dst.inner.try_lock()?;
     let imm = matches!(wqe.opcode, WrOpcode::RDMA_WRITE_WITH_IMM | WrOpcode::SEND_WITH_IMM)
         .then_some(wqe.imm);
     let (psn, len) = (g.req.psn, wqe.length);
@@ -127,11 +197,11 @@ pub(crate) fn execute(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, drv: &Drive
         || !dst.inbox.lock().is_empty()
         || responder::refuses(&dg, kind, len, wqe.remote_addr, 0)
     {
-        return false;
+        return None;
     }
     let receives = kind == Kind::Send || imm.is_some();
     if receives && dst.srq.as_ref().is_some_and(|s| s.tm.is_some()) {
-        return false;
+        return None;
     }
     let arrival = Arrival {
         len,
@@ -146,43 +216,50 @@ pub(crate) fn execute(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, drv: &Drive
     let rkeys: &KeyTable = rkeys_guard.as_deref().unwrap_or(&lkeys);
     match kind {
         Kind::Write | Kind::Send => {
-            let Some(src) = sources(&lkeys, &qp.pd, g, idx) else { return false };
+            let inline = wqe.flags.contains(SendFlags::INLINE);
+            if !inline && !wqe.sges.iter().all(|s| local_ok(&lkeys, &qp.pd, s, false)) {
+                return None;
+            }
             let target = if kind == Kind::Write {
-                let Some(t) = remote(rkeys, &dst.pd, (wqe.rkey, wqe.remote_addr, len), false)
-                else {
-                    return false;
-                };
+                let t = remote(rkeys, &dst.pd, (wqe.rkey, wqe.remote_addr, len), false)?;
                 t.map(|(region, off)| (region, off, len as usize))
             } else {
                 None
             };
+            let src = || sources(&lkeys, wqe);
             if receives {
                 let pd = responder::recv_pd(&dst, &dg);
+                let send = kind == Kind::Send;
                 let place = |sges: &[Sge]| {
-                    let dsts = if kind == Kind::Send {
-                        scatter_list(rkeys, &pd, sges, len)?
-                    } else {
-                        List::new()
-                    };
-                    copy(&src, target.into_iter().chain(dsts.iter()));
+                    if send && !reaches(rkeys, &pd, sges, len) {
+                        return None;
+                    }
+                    let sges = if send { sges } else { &[] };
+                    copy(src(), target.into_iter().chain(ranges(rkeys, sges, len)));
                     Some(())
                 };
-                let Some(wr_id) = take_recv(&dst, &mut dg, place) else { return false };
-                let opcode =
-                    if kind == Kind::Send { WcOpcode::RECV } else { WcOpcode::RECV_RDMA_WITH_IMM };
+                let wr_id = take_recv(&dst, &mut dg, place)?;
+                let opcode = if send { WcOpcode::RECV } else { WcOpcode::RECV_RDMA_WITH_IMM };
                 responder::complete_arrival(&dst, &mut dg, &arrival, opcode, wr_id);
-            } else {
-                copy(&src, target.into_iter());
+            } else if let Some((region, off, n)) = target {
+                match single(&lkeys, wqe) {
+                    // The common one-piece WRITE, without the iterators.
+                    Some(piece) => copy_piece(piece, 0, region, off, n),
+                    None => copy(src(), target.into_iter()),
+                }
             }
         }
         Kind::ReadRequest => {
-            let Some(source) = remote(rkeys, &dst.pd, (wqe.rkey, wqe.remote_addr, len), true)
-            else {
-                return false;
-            };
-            let Some(dsts) = local_writable(&lkeys, &qp.pd, &wqe.sges, len) else { return false };
+            let source = remote(rkeys, &dst.pd, (wqe.rkey, wqe.remote_addr, len), true)?;
+            // The packet path's requester checks every SGE of a READ, and its completer that
+            // they hold the response.
+            let room: u64 = wqe.sges.iter().map(|s| s.length as u64).sum();
+            if room < len as u64 || !wqe.sges.iter().all(|s| local_ok(&lkeys, &qp.pd, s, true)) {
+                return None;
+            }
             if let Some((region, off)) = source {
-                copy(&List::one(Src::Mem(region, off, len as usize)), dsts.iter());
+                let src = std::iter::once(Src::Mem(region, off, len as usize));
+                copy(src, ranges(&lkeys, wqe.sges, len));
             }
             responder::remember(&mut dg, Replay::read(psn, npkts, wqe.remote_addr, wqe.rkey, len));
         }
@@ -190,17 +267,19 @@ pub(crate) fn execute(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, drv: &Drive
             let Some(Some((region, off))) =
                 remote_atomic(rkeys, &dst.pd, wqe.rkey, wqe.remote_addr)
             else {
-                return false;
+                return None;
             };
-            let Some(dsts) = local_writable(&lkeys, &qp.pd, &wqe.sges, 8) else { return false };
+            if !reaches(&lkeys, &qp.pd, wqe.sges, 8) {
+                return None;
+            }
             let op = if kind == Kind::CompareSwap {
                 region.compare_swap(off, wqe.compare_add, wqe.swap)
             } else {
                 region.fetch_add(off, wqe.compare_add)
             };
-            let Ok(orig) = op else { return false };
+            let Ok(orig) = op else { return None };
             let word = orig.to_ne_bytes();
-            copy(&List::one(Src::Bytes(&word)), dsts.iter());
+            copy(std::iter::once(Src::Bytes(&word)), ranges(&lkeys, wqe.sges, 8));
             responder::remember(&mut dg, Replay::Atomic { psn, orig });
         }
     }
@@ -212,41 +291,70 @@ pub(crate) fn execute(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, drv: &Drive
     responder::advance_past(&mut dg, psn, npkts);
     drop(dg);
     // The requester's.
-    let wqe = g.sq.ring.at_mut(idx);
-    wqe.first_psn = psn;
-    wqe.last_psn = psn_add(psn, npkts - 1);
     g.req.psn = psn_add(psn, npkts);
-    g.sq.next = idx.wrapping_add(1);
-    if g.sq.ring.at(idx).is_read_or_atomic() {
-        g.req.rd_atomic_in_flight += 1;
-    }
-    super::completer::complete_ok(qp, g);
-    true
+    Some((psn, npkts))
 }
 
-/// The source of the SEND/WRITE at `idx`: its inline bytes, or its SGEs as the packet path's
-/// requester resolves them (lkey of the QP's PD, range inside the MR); `None` where that
-/// fails or the memory may fault.
-fn sources<'k>(
-    keys: &'k KeyTable,
-    pd: &Arc<PdInner>,
-    g: &'k QpInner,
-    idx: u32,
-) -> Option<List<Src<'k>>> {
-    let wqe = g.sq.ring.at(idx);
-    if wqe.flags.contains(SendFlags::INLINE) {
-        return Some(List::one(Src::Bytes(&wqe.inline)));
-    }
-    let mut out = List::new();
-    for sge in wqe.sges.iter().filter(|s| s.length > 0) {
-        let mr = keys.mr(sge.lkey)?;
-        if !Arc::ptr_eq(&mr.pd, pd) || mr.region.on_demand() {
+/// Whether `sge` is usable here as the packet path checks it: an empty SGE always; else an
+/// lkey of an MR of `pd` (writable when `write`) whose range holds it, over memory that cannot
+/// fault.
+fn local_ok(keys: &KeyTable, pd: &Arc<PdInner>, sge: &Sge, write: bool) -> bool {
+    sge.length == 0
+        || keys.mr(sge.lkey).is_some_and(|mr| {
+            Arc::ptr_eq(&mr.pd, pd)
+                && (!write || mr.access.contains(AccessFlags::LOCAL_WRITE))
+                && !mr.region.on_demand()
+                && mr.offset_of(sge.addr, sge.length as u64).is_some()
+        })
+}
+
+/// Whether a message of `len` bytes can be scattered into `sges` as the packet path's scatter
+/// checks it: room for it, and every SGE the data reaches writable in `pd`.
+fn reaches(keys: &KeyTable, pd: &Arc<PdInner>, sges: &[Sge], len: u32) -> bool {
+    let room: u64 = sges.iter().map(|s| s.length as u64).sum();
+    let mut left = len as u64;
+    room >= left
+        && sges.iter().filter(|s| s.length > 0).all(|s| {
+            let ok = left == 0 || local_ok(keys, pd, s, true);
+            left -= left.min(s.length as u64);
+            ok
+        })
+}
+
+/// The memory of checked SGEs, in order, up to `len` bytes.
+fn ranges<'k>(keys: &'k KeyTable, sges: &'k [Sge], len: u32) -> impl Iterator<Item = Dst<'k>> {
+    let mut left = len as usize;
+    sges.iter().filter(|s| s.length > 0).map_while(move |s| {
+        if left == 0 {
             return None;
         }
-        let off = mr.offset_of(sge.addr, sge.length as u64)?;
-        out.push(Src::Mem(&mr.region, off, sge.length as usize));
+        let mr = keys.mr(s.lkey)?;
+        let off = mr.offset_of(s.addr, s.length as u64)?;
+        let take = left.min(s.length as usize);
+        left -= take;
+        Some((&*mr.region, off, take))
+    })
+}
+
+/// The source of a checked SEND/WRITE if it is one piece.
+fn single<'k>(keys: &'k KeyTable, wqe: &Request<'k>) -> Option<Src<'k>> {
+    if wqe.flags.contains(SendFlags::INLINE) {
+        return Some(Src::Bytes(wqe.inline));
     }
-    Some(out)
+    let [sge] = wqe.sges else { return None };
+    let mr = keys.mr(sge.lkey)?;
+    let off = mr.offset_of(sge.addr, sge.length as u64)?;
+    Some(Src::Mem(&mr.region, off, sge.length as usize))
+}
+
+/// The source of a checked SEND/WRITE: its inline bytes, or its SGEs' memory.
+fn sources<'k>(keys: &'k KeyTable, wqe: &Request<'k>) -> impl Iterator<Item = Src<'k>> {
+    let inline = wqe.flags.contains(SendFlags::INLINE);
+    let sges = if inline { &[][..] } else { wqe.sges };
+    inline
+        .then_some(Src::Bytes(wqe.inline))
+        .into_iter()
+        .chain(ranges(keys, sges, wqe.length).map(|(r, o, n)| Src::Mem(r, o, n)))
 }
 
 /// The memory an rkey names for `(rkey, va, len)`, as the responder resolves it, for a WRITE
@@ -294,67 +402,6 @@ fn remote_atomic<'k>(
     (mr.region.host_addr().wrapping_add(off as u64) % 8 == 0).then_some(Some((&mr.region, off)))
 }
 
-/// Local SGEs a READ response or an atomic result of `len` bytes lands in, all of which must
-/// be writable MRs of the QP's PD (every SGE is checked, as the packet path's requester does)
-/// and hold `len` bytes.
-fn local_writable<'k>(
-    keys: &'k KeyTable,
-    pd: &Arc<PdInner>,
-    sges: &[Sge],
-    len: u32,
-) -> Option<List<Dst<'k>>> {
-    let room: u64 = sges.iter().map(|s| s.length as u64).sum();
-    if room < len as u64 {
-        return None;
-    }
-    let mut out = List::new();
-    for sge in sges.iter().filter(|s| s.length > 0) {
-        let mr = keys.mr(sge.lkey)?;
-        if !Arc::ptr_eq(&mr.pd, pd)
-            || !mr.access.contains(AccessFlags::LOCAL_WRITE)
-            || mr.region.on_demand()
-        {
-            return None;
-        }
-        let off = mr.offset_of(sge.addr, sge.length as u64)?;
-        out.push((&*mr.region, off, sge.length as usize));
-    }
-    Some(out)
-}
-
-/// A receive WQE's SGEs that take a message of `len` bytes, as the packet path's scatter
-/// checks them: room for the message, and every SGE the data reaches writable in `pd`.
-fn scatter_list<'k>(
-    keys: &'k KeyTable,
-    pd: &Arc<PdInner>,
-    sges: &[Sge],
-    len: u32,
-) -> Option<List<Dst<'k>>> {
-    let room: u64 = sges.iter().map(|s| s.length as u64).sum();
-    if len as u64 > room {
-        return None;
-    }
-    let mut out = List::new();
-    let mut left = len as u64;
-    for sge in sges.iter().filter(|s| s.length > 0) {
-        if left == 0 {
-            break;
-        }
-        let mr = keys.mr(sge.lkey)?;
-        if !Arc::ptr_eq(&mr.pd, pd)
-            || !mr.access.contains(AccessFlags::LOCAL_WRITE)
-            || mr.region.on_demand()
-        {
-            return None;
-        }
-        let off = mr.offset_of(sge.addr, sge.length as u64)?;
-        let take = left.min(sge.length as u64);
-        out.push((&*mr.region, off, take as usize));
-        left -= take;
-    }
-    Some(out)
-}
-
 /// Takes the responder's next receive WQE (from its SRQ if it has one) if `place` succeeds
 /// with its SGEs; the WQE's `wr_id`.
 fn take_recv(
@@ -378,20 +425,26 @@ fn take_recv(
 
 /// Copies the sources, in order, into consecutive destination ranges (stopping where either
 /// ends). Every range was checked and none may fault, so no copy fails.
-fn copy<'a>(src: &List<Src<'_>>, mut dst: impl Iterator<Item = Dst<'a>>) {
+fn copy<'a, 'b>(src: impl Iterator<Item = Src<'a>>, mut dst: impl Iterator<Item = Dst<'b>>) {
     let mut cur = dst.next();
-    for piece in src.iter() {
+    for piece in src {
         let mut done = 0usize;
         while done < piece.len() {
             let Some((region, off, room)) = cur else { return };
             let n = room.min(piece.len() - done);
-            let ok = match piece {
-                Src::Bytes(b) => region.write(off, &b[done..done + n]),
-                Src::Mem(r, o, _) => MemRegion::copy(r, o + done, region, off, n),
-            };
-            debug_assert!(ok.is_ok(), "a checked, non-faulting copy failed");
+            copy_piece(piece, done, region, off, n);
             done += n;
             cur = if n == room { dst.next() } else { Some((region, off + n, room - n)) };
         }
     }
+}
+
+/// Copies `n` bytes of `piece` from `at` to `region` at `off` (checked ranges, memory that
+/// cannot fault: no copy fails).
+fn copy_piece(piece: Src<'_>, at: usize, region: &MemRegion, off: usize, n: usize) {
+    let ok = match piece {
+        Src::Bytes(b) => region.write(off, &b[at..at + n]),
+        Src::Mem(r, o, _) => MemRegion::copy(r, o + at, region, off, n),
+    };
+    debug_assert!(ok.is_ok(), "a checked, non-faulting copy failed");
 }

@@ -46,8 +46,14 @@ impl Requester {
 /// The destination QPN of datagrams sent to a multicast group.
 pub(crate) const MULTICAST_QPN: u32 = 0x00ff_ffff;
 
-/// Validates `wr` the way rxe's provider and kernel do and queues it.
-pub(crate) fn post(qp: &QpShared, g: &mut QpInner, wr: &SendWr<'_>) -> Result<()> {
+/// Validates `wr` the way rxe's provider and kernel do and queues it, or runs it at once on
+/// the express path; whether it was queued (and the QP needs servicing).
+pub(crate) fn post(
+    qp: &Arc<QpShared>,
+    g: &mut QpInner,
+    wr: &SendWr<'_>,
+    f: &crate::fabric::FabricInner,
+) -> Result<bool> {
     if qp.qp_type == QpType::XRC_RECV || qp.rss.is_some() {
         return Err(einval("an XRC target or RSS QP has no send queue"));
     }
@@ -195,6 +201,9 @@ pub(crate) fn post(qp: &QpShared, g: &mut QpInner, wr: &SendWr<'_>) -> Result<()
     if wr.opcode == WrOpcode::TSO && length > qp.ctx.device.attr.max_tso as u64 {
         return Err(einval("TSO payload above max_tso"));
     }
+    if super::express::post(qp, g, wr, length as u32, f) {
+        return Ok(false);
+    }
     let sq = &mut g.sq;
     if sq.len() >= sq.depth {
         return Err(Error::new(Errno::ENOMEM, "send queue is full"));
@@ -237,7 +246,7 @@ pub(crate) fn post(qp: &QpShared, g: &mut QpInner, wr: &SendWr<'_>) -> Result<()
         wqe.mss = t.mss;
     }
     sq.head = head.wrapping_add(1);
-    Ok(())
+    Ok(true)
 }
 
 /// Queues the rendezvous of a matched tag as an mlx5 HCA runs it: an RDMA READ of `read`
@@ -357,7 +366,7 @@ pub(crate) fn run(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>) -> 
         if rd_atomic && g.req.rd_atomic_in_flight >= g.attr.max_rd_atomic as u32 {
             break;
         }
-        if super::express::execute(qp, g, idx, drv) {
+        if super::express::from_queue(qp, g, idx, drv) {
             continue;
         }
         match build(qp, g, idx) {

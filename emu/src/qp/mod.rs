@@ -783,19 +783,26 @@ impl Qp {
     /// and why. WRs before it were posted.
     pub fn post_send_list(&self, wrs: &[SendWr<'_>]) -> Result<(), (usize, Error)> {
         let qp = &self.0;
-        let mut drv = Driver::new(&qp.ctx.fabric);
+        let f = &qp.ctx.fabric;
         let mut res = Ok(());
-        {
-            let mut g = qp.inner.lock();
-            for (i, wr) in wrs.iter().enumerate() {
-                if let Err(e) = engine::requester::post(qp, &mut g, wr) {
+        let mut queued = false;
+        let mut g = qp.inner.lock();
+        for (i, wr) in wrs.iter().enumerate() {
+            match engine::requester::post(qp, &mut g, wr, f) {
+                Ok(q) => queued |= q,
+                Err(e) => {
                     res = Err((i, e));
                     break;
                 }
             }
-            drv.service(qp, &mut g);
         }
-        drv.finish();
+        // WRs that ran on the express path at the post left nothing to do.
+        if queued {
+            let mut drv = Driver::new(f);
+            drv.service(qp, &mut g);
+            drop(g);
+            drv.finish();
+        }
         res
     }
 
