@@ -21,6 +21,7 @@ use rdma_emu::*;
 mod baseline;
 mod listen;
 mod perftest;
+mod scale;
 use perftest::Ready;
 
 struct Opts {
@@ -593,6 +594,12 @@ fn main() {
                 Err(e) => eprintln!("{goal} skipped: {e}"),
             }
         }
+    }
+    if want("SC") {
+        scale::sc(&o).iter().for_each(Row::print);
+    }
+    if want("objects") {
+        scale::objects();
     }
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!("\nsamples per goal: {}; load average at the end: {}", o.samples, load.trim());

@@ -1,13 +1,12 @@
 //! Completion queues.
 
-use std::{
-    collections::VecDeque,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, AtomicUsize, Ordering},
-    },
+use std::sync::{
+    Arc, PoisonError,
+    atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence},
 };
 
+use crossbeam_queue::ArrayQueue;
+use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
 use parking_lot::Mutex;
 
 use super::{
@@ -33,11 +32,36 @@ enum Notify {
     Solicited,
 }
 
+impl Notify {
+    fn of(armed: u8) -> Notify {
+        match armed {
+            1 => Notify::Next,
+            2 => Notify::Solicited,
+            _ => Notify::None,
+        }
+    }
+
+    fn bits(self) -> u8 {
+        match self {
+            Notify::None => 0,
+            Notify::Next => 1,
+            Notify::Solicited => 2,
+        }
+    }
+
+    /// Whether a completion (`solicited`: solicited or unsuccessful) meets the arming.
+    fn met_by(self, solicited: bool) -> bool {
+        match self {
+            Notify::None => false,
+            Notify::Next => true,
+            Notify::Solicited => solicited,
+        }
+    }
+}
+
+/// What changes only when the CQ is armed, fires, is moderated or resized (under `st`).
 #[derive(Debug)]
 struct CqState {
-    ring: VecDeque<Wc>,
-    /// Entries the CQ holds (what `ibv_cq.cqe` reports).
-    cqe: u32,
     notify: Notify,
     moderation: Moderation,
     /// Completions that met the armed condition but whose event moderation holds back.
@@ -45,25 +69,8 @@ struct CqState {
     /// Bumped whenever the CQ is armed or its event fires: a moderation timer started for an
     /// older arming does nothing.
     generation: u64,
-    /// Completions ever queued: the sequence number of the newest.
-    pushed: u64,
-    /// The sequence number of the newest solicited or unsuccessful completion.
-    last_solicited: u64,
     /// `pushed` when the last event fired: what came later no event announced yet.
     announced: u64,
-}
-
-impl CqState {
-    /// Whether the ring holds a completion that meets `notify` and no event announced.
-    fn holds_unannounced(&self, notify: Notify) -> bool {
-        let oldest = self.pushed + 1 - self.ring.len() as u64;
-        let newest = match notify {
-            Notify::None => return false,
-            Notify::Next => self.pushed,
-            Notify::Solicited => self.last_solicited,
-        };
-        !self.ring.is_empty() && newest > self.announced && newest >= oldest
-    }
 }
 
 /// Completion event moderation (`ibv_modify_cq`): an armed CQ's event waits until `count`
@@ -96,10 +103,22 @@ pub(crate) struct CqInner {
     pub(crate) ctx: Arc<ContextInner>,
     channel: Option<Arc<ChannelInner>>,
     comp_vector: u32,
+    /// The completions, oldest first. Producers push and pollers pop without a lock between
+    /// them (a bounded lock-free queue); each takes only its own thread's shard of the read
+    /// side here, so threads sharing the CQ contend on the queue's indices alone. Growing,
+    /// resizing and cleaning the ring (rare) take the write side.
+    ring: ShardedLock<ArrayQueue<Wc>>,
+    /// Entries the CQ holds (what `ibv_cq.cqe` reports): a push beyond them overruns. The
+    /// ring's capacity grows up to it as completions accumulate.
+    cqe: AtomicU32,
+    /// Completions ever queued: the sequence number of the newest.
+    pushed: AtomicU64,
+    /// The sequence number of the newest solicited or unsuccessful completion.
+    last_solicited: AtomicU64,
+    /// `st.notify`, readable without the lock: a producer learns from it that nobody waits
+    /// for an event. Written under `st`; see [`CqInner::push`] for the ordering argument.
+    armed: AtomicU8,
     st: Mutex<CqState>,
-    /// Number of queued completions, written under `st` and read without it, so that polling
-    /// an empty CQ takes no lock (a polling thread then does not fight the producer for it).
-    queued: AtomicUsize,
     /// Set on the first overrun: the CQ is in error and its CQ_ERR event was raised.
     overrun: AtomicBool,
     timestamps: bool,
@@ -109,6 +128,11 @@ pub(crate) struct CqInner {
     pub(crate) async_events: EventCount,
     /// An opaque word for the embedding layer (the C shim keeps its `ibv_cq` pointer here).
     user_data: AtomicUsize,
+}
+
+/// A ring's first capacity: a CQ of millions of entries takes memory as it fills.
+fn first_capacity(cqe: u32) -> usize {
+    cqe.min(4096) as usize
 }
 
 /// rxe sizes a CQ ring to a power of two with one slot kept empty, and reports the usable
@@ -133,16 +157,57 @@ impl CqInner {
         }
     }
 
+    fn ring(&self) -> ShardedLockReadGuard<'_, ArrayQueue<Wc>> {
+        self.ring.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn ring_mut(&self) -> ShardedLockWriteGuard<'_, ArrayQueue<Wc>> {
+        self.ring.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Completions queued now.
+    pub(crate) fn len(&self) -> usize {
+        self.ring().len()
+    }
+
+    /// Puts `wc` on the ring, growing it as far as `cqe`; `Err` when it holds `cqe` already.
+    fn enqueue(&self, mut wc: Wc) -> Result<(), Overrun> {
+        loop {
+            match self.ring().push(wc) {
+                Ok(()) => return Ok(()),
+                Err(w) => wc = w,
+            }
+            let mut ring = self.ring_mut();
+            let cqe = self.cqe.load(Ordering::Relaxed) as usize;
+            if ring.len() < ring.capacity() {
+                continue; // a poller made room meanwhile
+            }
+            if ring.capacity() >= cqe {
+                return Err(Overrun);
+            }
+            let bigger = ArrayQueue::new((ring.capacity() * 2).min(cqe));
+            while let Some(w) = ring.pop() {
+                let _ = bigger.push(w);
+            }
+            *ring = bigger;
+        }
+    }
+
     /// Queues a completion. On overrun the completion is lost, the CQ enters the error state
     /// and `IBV_EVENT_CQ_ERR` is raised once (IBA 11.4.2.1); the caller decides what happens
     /// to the QP.
+    ///
+    /// No lock is taken unless the CQ is armed. Against a concurrent `req_notify` this is
+    /// Dekker's protocol: the push is made visible before `armed` is read, the arming stored
+    /// before the ring is read, with a sequentially consistent fence between each pair; so
+    /// either this producer sees the arming (and fires under the lock) or the arming thread
+    /// sees the completion (and its poll finds it; in the full profile the arming itself
+    /// fires). The model test below checks every interleaving of the two.
     pub(crate) fn push(self: &Arc<CqInner>, mut wc: Wc, solicited: bool) -> Result<(), Overrun> {
         if self.timestamps {
             wc.timestamp = self.ctx.fabric.now();
         }
-        let mut st = self.st.lock();
-        if st.ring.len() >= st.cqe as usize || self.overrun.load(Ordering::Relaxed) {
-            drop(st);
+        if self.overrun.load(Ordering::Relaxed) || self.enqueue(wc).is_err() {
             if !self.overrun.swap(true, Ordering::AcqRel) {
                 self.ctx.raise(AsyncEvent {
                     event_type: EventType::CQ_ERR,
@@ -151,20 +216,18 @@ impl CqInner {
             }
             return Err(Overrun);
         }
-        st.ring.push_back(wc);
-        self.queued.store(st.ring.len(), Ordering::Release);
-        st.pushed += 1;
+        let seq = self.pushed.fetch_add(1, Ordering::AcqRel) + 1;
         let solicited = solicited || wc.status != WcStatus::SUCCESS;
         if solicited {
-            st.last_solicited = st.pushed;
+            self.last_solicited.fetch_max(seq, Ordering::AcqRel);
         }
-        let qualifies = match st.notify {
-            Notify::None => false,
-            Notify::Next => true,
-            Notify::Solicited => solicited,
-        };
-        if !qualifies {
+        fence(Ordering::SeqCst);
+        if !Notify::of(self.armed.load(Ordering::Relaxed)).met_by(solicited) {
             return Ok(());
+        }
+        let mut st = self.st.lock();
+        if !st.notify.met_by(solicited) {
+            return Ok(()); // another completion's event came first
         }
         let m = st.moderation;
         if m.active() {
@@ -183,12 +246,31 @@ impl CqInner {
         Ok(())
     }
 
+    /// Sets what is armed (under `st`).
+    fn arm(&self, st: &mut CqState, notify: Notify) {
+        st.notify = notify;
+        self.armed.store(notify.bits(), Ordering::Relaxed);
+    }
+
+    /// Whether the ring holds a completion that meets `notify` and no event announced.
+    fn holds_unannounced(&self, st: &CqState) -> bool {
+        let len = self.len() as u64;
+        let pushed = self.pushed.load(Ordering::Acquire);
+        let oldest = (pushed + 1).saturating_sub(len);
+        let newest = match st.notify {
+            Notify::None => return false,
+            Notify::Next => pushed,
+            Notify::Solicited => self.last_solicited.load(Ordering::Acquire),
+        };
+        len > 0 && newest > st.announced && newest >= oldest
+    }
+
     /// Disarms the CQ and puts its event on the channel.
     fn fire(self: &Arc<CqInner>, mut st: parking_lot::MutexGuard<'_, CqState>) {
-        st.notify = Notify::None;
+        self.arm(&mut st, Notify::None);
         st.held = 0;
         st.generation += 1;
-        st.announced = st.pushed;
+        st.announced = self.pushed.load(Ordering::Acquire);
         drop(st);
         if let Some(ch) = &self.channel {
             self.ctx.fabric.cq_events.fetch_add(1, Ordering::Relaxed);
@@ -199,9 +281,12 @@ impl CqInner {
     /// Takes the completions of QP `qpn` out of the CQ (a QP moved to RESET on a device that
     /// cleans its CQs then).
     pub(crate) fn remove_qp(&self, qpn: u32) {
-        let mut st = self.st.lock();
-        st.ring.retain(|wc| wc.qp_num != qpn);
-        self.queued.store(st.ring.len(), Ordering::Release);
+        let ring = self.ring_mut();
+        let kept: Vec<Wc> =
+            std::iter::from_fn(|| ring.pop()).filter(|wc| wc.qp_num != qpn).collect();
+        for wc in kept {
+            let _ = ring.push(wc);
+        }
     }
 
     /// The moderation period of the arming `generation` ran out: its event fires now, with
@@ -270,18 +355,18 @@ impl Cq {
             ctx: ctx.0.clone(),
             channel: channel.map(|c| c.0.clone()),
             comp_vector,
+            ring: ShardedLock::new(ArrayQueue::new(first_capacity(granted))),
+            cqe: AtomicU32::new(granted),
+            pushed: AtomicU64::new(0),
+            last_solicited: AtomicU64::new(0),
+            armed: AtomicU8::new(0),
             st: Mutex::new(CqState {
-                ring: VecDeque::with_capacity(granted.min(4096) as usize),
-                cqe: granted,
                 notify: Notify::None,
                 moderation: Moderation::default(),
                 held: 0,
                 generation: 0,
-                pushed: 0,
-                last_solicited: 0,
                 announced: 0,
             }),
-            queued: AtomicUsize::new(0),
             overrun: AtomicBool::new(false),
             timestamps: options.timestamps,
             life: Lifecycle::default(),
@@ -294,20 +379,16 @@ impl Cq {
     /// `ibv_poll_cq`: moves up to `out.len()` completions into `out`, oldest first; returns how
     /// many.
     pub fn poll(&self, out: &mut [Wc]) -> usize {
-        // On a host fabric an empty poll moves inbound packets itself: the spinning caller
-        // may hold the CPU the node's reader thread is waiting for.
-        if self.0.queued.load(Ordering::Acquire) == 0
-            && !(self.0.ctx.fabric.progress() && self.0.queued.load(Ordering::Acquire) > 0)
-        {
-            return 0;
+        let take = |out: &mut [Wc]| {
+            let ring = self.0.ring();
+            out.iter_mut().map_while(|slot| ring.pop().map(|wc| *slot = wc)).count()
+        };
+        match take(out) {
+            // On a host fabric an empty poll moves inbound packets itself: the spinning
+            // caller may hold the CPU the node's reader thread is waiting for.
+            0 if self.0.ctx.fabric.progress() => take(out),
+            n => n,
         }
-        let mut st = self.0.st.lock();
-        let n = out.len().min(st.ring.len());
-        for (slot, wc) in out.iter_mut().zip(st.ring.drain(..n)) {
-            *slot = wc;
-        }
-        self.0.queued.store(st.ring.len(), Ordering::Release);
-        n
     }
 
     /// Polls one completion.
@@ -327,11 +408,14 @@ impl Cq {
         }
         // An arming for any completion stands until its event: asking for solicited ones only
         // meanwhile does not narrow it (IBA C11-31, C11-32; rxe keeps it too).
-        st.notify = match (st.notify, solicited_only) {
+        let notify = match (st.notify, solicited_only) {
             (Notify::Next, _) | (_, false) => Notify::Next,
             _ => Notify::Solicited,
         };
-        if self.0.ctx.device.profile.arm_announces_waiting() && st.holds_unannounced(st.notify) {
+        self.0.arm(&mut st, notify);
+        // See `CqInner::push`: the arming is visible before the ring is read.
+        fence(Ordering::SeqCst);
+        if self.0.ctx.device.profile.arm_announces_waiting() && self.0.holds_unannounced(&st) {
             self.0.fire(st);
             return Ok(());
         }
@@ -372,7 +456,7 @@ impl Cq {
 
     /// Number of entries the CQ holds (`ibv_cq.cqe`).
     pub fn cqe(&self) -> u32 {
-        self.0.st.lock().cqe
+        self.0.cqe.load(Ordering::Relaxed)
     }
 
     /// Completion vector given at creation.
@@ -397,12 +481,18 @@ impl Cq {
         if cqe < 1 || cqe as u32 > self.0.ctx.device.attr.max_cqe {
             return Err(einval("cqe out of range"));
         }
-        let mut st = self.0.st.lock();
+        let mut ring = self.0.ring_mut();
         let granted = granted_cqe(cqe as u32);
-        if (granted as usize) < st.ring.len() {
+        if (granted as usize) < ring.len() {
             return Err(einval("new size is smaller than the queued completions"));
         }
-        st.cqe = granted;
+        // The ring never holds more than the CQ's size: the next push beyond it overruns.
+        let resized = ArrayQueue::new(ring.len().max(first_capacity(granted)));
+        while let Some(wc) = ring.pop() {
+            let _ = resized.push(wc);
+        }
+        *ring = resized;
+        self.0.cqe.store(granted, Ordering::Relaxed);
         Ok(granted)
     }
 
@@ -419,8 +509,9 @@ impl Cq {
             .discard_events(|e| matches!(e, EventElement::Cq(c) if Arc::ptr_eq(&c.0, &self.0)));
         self.0.ctx.wait_acked(&self.0.comp_events);
         self.0.ctx.wait_acked(&self.0.async_events);
-        self.0.st.lock().ring.clear();
-        self.0.queued.store(0, Ordering::Release);
+        let ring = self.0.ring_mut();
+        while ring.pop().is_some() {}
+        drop(ring);
         self.0.release();
         Ok(())
     }
@@ -449,6 +540,110 @@ impl Cq {
 #[cfg(test)]
 mod test {
     use super::granted_cqe;
+
+    /// The arm / produce / poll protocol of [`super::CqInner::push`] and `Cq::req_notify`,
+    /// modelled step by step (each step one atomic access, or one critical section of `st`;
+    /// the SeqCst fences make the orders of these accesses sequentially consistent), and every
+    /// interleaving of an application thread with two producers explored: the application
+    /// polled nothing, arms the CQ, polls once more and sleeps if that found nothing. It must
+    /// never sleep without an event to wake it, and no arming may fire twice.
+    #[derive(Clone, Copy, Debug, Default)]
+    struct Model {
+        /// Completions on the ring, pushed so far, the `pushed` when the last event fired.
+        ring: u32,
+        pushed: u32,
+        announced: u32,
+        /// `armed` (the atomic) and `st.notify` (under the lock), as `Next` or not.
+        armed: bool,
+        notify: bool,
+        events: u32,
+        /// Producers' program counters and what each read of `armed`.
+        pc: [u8; 2],
+        saw: [bool; 2],
+        /// The application's program counter and whether its poll found a completion.
+        app: u8,
+        got: bool,
+    }
+
+    fn fire(m: &mut Model) {
+        m.notify = false;
+        m.armed = false;
+        m.announced = m.pushed;
+        m.events += 1;
+    }
+
+    /// Every next state: one step of one thread.
+    fn steps(m: Model, announce_waiting: bool) -> Vec<Model> {
+        let mut out = Vec::new();
+        for p in 0..2 {
+            let mut n = m;
+            match m.pc[p] {
+                0 => n.ring += 1,        // enqueue
+                1 => n.pushed += 1,      // pushed.fetch_add
+                2 => n.saw[p] = m.armed, // fence; armed.load
+                // With `armed` seen: lock st (not while the application holds it), fire if
+                // still armed.
+                3 if m.saw[p] && m.app == 1 => continue,
+                3 => {
+                    if m.saw[p] && m.notify {
+                        fire(&mut n);
+                    }
+                }
+                _ => continue,
+            }
+            n.pc[p] += 1;
+            out.push(n);
+        }
+        let mut n = m;
+        match m.app {
+            // req_notify: lock st and arm; then (still locked) fence, and in the full profile
+            // fire for what waits unannounced, and unlock.
+            0 => {
+                n.notify = true;
+                n.armed = true;
+            }
+            1 => {
+                if announce_waiting && m.ring > 0 && m.pushed > m.announced {
+                    fire(&mut n);
+                }
+            }
+            // The poll after arming.
+            2 => {
+                if m.ring > 0 {
+                    n.ring -= 1;
+                    n.got = true;
+                }
+            }
+            _ => return out,
+        }
+        n.app += 1;
+        out.push(n);
+        out
+    }
+
+    fn explore(m: Model, announce_waiting: bool, seen: &mut u64) {
+        let next = steps(m, announce_waiting);
+        if next.is_empty() {
+            *seen += 1;
+            assert!(m.got || m.events > 0, "the application sleeps with no event: {m:?}");
+            assert!(m.events <= 1, "one arming fired twice: {m:?}");
+            return;
+        }
+        for n in next {
+            explore(n, announce_waiting, seen);
+        }
+    }
+
+    #[test]
+    fn test_no_interleaving_of_arming_and_producers_loses_a_wake_up() {
+        for announce_waiting in [true, false] {
+            let mut seen = 0;
+            explore(Model::default(), announce_waiting, &mut seen);
+            // 4 + 4 steps of the producers and 3 of the application: 11! / (4! 4! 3!) orders,
+            // less those where a producer would take the lock the application holds.
+            assert!(seen > 5_000 && seen < 11_550, "{seen} interleavings");
+        }
+    }
 
     #[test]
     fn test_cqe_rounds_like_rxe() {

@@ -1,0 +1,142 @@
+//! The express path allocates nothing per work request in steady state: a counting global
+//! allocator watches WRITEs, WRITEs with immediate, SENDs (receives reposted from a QP's own
+//! queue and from an SRQ), READs and atomics, each posted and polled on one thread after a
+//! warm-up. (One test in this binary, so no other test's thread allocates meanwhile.)
+
+use std::{
+    alloc::{GlobalAlloc, Layout, System},
+    sync::atomic::{AtomicU64, Ordering},
+};
+
+use rdma_emu::*;
+
+struct Counting;
+
+static ALLOCS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: every call is forwarded unchanged to the system allocator; the counter is a side
+// effect that allocates nothing.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the caller's contract for `alloc` is passed on as is.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from `System.alloc` with this layout (see `alloc`).
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the caller's contract for `realloc` is passed on as is.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+const ACCESS: AccessFlags = AccessFlags::LOCAL_WRITE
+    .union(AccessFlags::REMOTE_WRITE)
+    .union(AccessFlags::REMOTE_READ)
+    .union(AccessFlags::REMOTE_ATOMIC);
+
+struct Side {
+    _ctx: Context,
+    cq: Cq,
+    mr: Mr,
+    qp: Qp,
+    srq_qp: Qp,
+    srq: Srq,
+}
+
+fn side(d: &Device) -> Side {
+    let ctx = d.open().unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(256, None, 0).unwrap();
+    let mr = pd.reg_mr(4096, ACCESS).unwrap();
+    let cap = QpCap {
+        max_send_wr: 16,
+        max_recv_wr: 16,
+        max_send_sge: 2,
+        max_recv_sge: 2,
+        max_inline_data: 64,
+    };
+    let qp = pd.create_qp(&QpInitAttr::new(QpType::RC, &cq, cap)).unwrap();
+    let srq = pd.create_srq(&SrqAttr { max_wr: 16, max_sge: 2, srq_limit: 0 }).unwrap();
+    let mut attr = QpInitAttr::new(QpType::RC, &cq, cap);
+    attr.srq = Some(&srq);
+    let srq_qp = pd.create_qp(&attr).unwrap();
+    Side { _ctx: ctx, cq, mr, qp, srq_qp, srq }
+}
+
+fn sge(mr: &Mr, off: usize, len: u32) -> Sge {
+    Sge { addr: mr.addr() + off as u64, length: len, lkey: mr.lkey() }
+}
+
+fn poll(cq: &Cq, n: usize) {
+    let mut got = 0;
+    while got < n {
+        if let Some(wc) = cq.poll_one() {
+            assert_eq!(wc.status, WcStatus::SUCCESS, "{wc:?}");
+            got += 1;
+        }
+    }
+}
+
+/// One round of every kind of WR, each completed before the next.
+fn round(a: &Side, b: &Side) {
+    let (src, res) = ([sge(&a.mr, 0, 8)], [sge(&a.mr, 64, 8)]);
+    let (raddr, rkey) = (b.mr.addr(), b.mr.rkey());
+    let wrs = [
+        SendWr::write(1, &src, raddr, rkey).signaled(),
+        SendWr::read(2, &res, raddr + 8, rkey).signaled(),
+        SendWr::fetch_add(3, &res, raddr + 16, rkey, 1).signaled(),
+        SendWr::cmp_swap(4, &res, raddr + 16, rkey, 0, 1).signaled(),
+    ];
+    for wr in &wrs {
+        a.qp.post_send(wr).unwrap();
+        poll(&a.cq, 1);
+    }
+    let recv = [sge(&b.mr, 1024, 64)];
+    // A SEND and a WRITE with immediate into a QP's own receive queue, then into an SRQ.
+    for (qp, peer) in [(&a.qp, &b.qp), (&a.srq_qp, &b.srq_qp)] {
+        for wr in [
+            SendWr::send(5, &src).signaled(),
+            SendWr::write(6, &src, raddr, rkey).signaled().with_imm(9),
+        ] {
+            let r = RecvWr { wr_id: 7, sg_list: &recv };
+            if std::ptr::eq(peer, &b.qp) {
+                peer.post_recv(&r).unwrap();
+            } else {
+                b.srq.post_recv(&r).unwrap();
+            }
+            qp.post_send(&wr).unwrap();
+            poll(&a.cq, 1);
+            poll(&b.cq, 1);
+        }
+    }
+}
+
+#[test]
+fn steady_state_work_requests_allocate_nothing() {
+    let f = Fabric::new(FabricConfig::default());
+    let devs = f.devices();
+    let (a, b) = (side(&devs[0]), side(&devs[1]));
+    let p = RcParams::default();
+    for (x, y) in [(&a.qp, &b.qp), (&a.srq_qp, &b.srq_qp)] {
+        x.connect(1, &y.endpoint(2), &p).unwrap();
+        y.connect(2, &x.endpoint(1), &p).unwrap();
+    }
+    for _ in 0..100 {
+        round(&a, &b);
+    }
+    let before = ALLOCS.load(Ordering::Relaxed);
+    for _ in 0..1000 {
+        round(&a, &b);
+    }
+    let allocs = ALLOCS.load(Ordering::Relaxed) - before;
+    assert_eq!(allocs, 0, "{allocs} allocations in 1,000 rounds of 8 WRs");
+}
