@@ -43,6 +43,16 @@ case "${1:-test}" in
         ./target/release/rdma-emu demo
         ;;
     lint) lint ;;
-    bench) cargo run --release -p rdma-emu-benches --bin ratios -- "${@:2}" ;;
+    bench)
+        cargo build --release -p rdma-emu-benches
+        ./target/release/ratios "${@:2}"
+        # The engine's cost per work request, counted (stable where timings are not).
+        if command -v valgrind > /dev/null; then
+            n=20000
+            valgrind --tool=callgrind --toggle-collect='*measured_loop*' \
+                --callgrind-out-file=target/wr_cost.callgrind ./target/release/wr_cost $n 2>&1 |
+                awk -v n=$n '/Collected/ { printf "instructions per 8-byte WRITE + poll: %d\n", $4 / n }'
+        fi
+        ;;
     *) echo "usage: $0 [test|lint|bench]" >&2; exit 2 ;;
 esac

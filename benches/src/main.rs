@@ -1,7 +1,9 @@
 //! Ratio benchmarks: each goal of shared/design/performance.md measures its baseline in the same
 //! process, right next to the emulator figure, and reports emulator / baseline.
 //!
-//!     cargo run --release -p rdma-emu-benches --bin ratios [-- --quick] [-- --only G3]
+//!     cargo run --release -p rdma-emu-benches --bin ratios [-- --quick] [-- --only G3] [-- --svg F]
+//!
+//! and writes the chart of the ratios against their goals to F (default target/benchmarks.svg).
 //!
 //! Threads are pinned (core 0 and core 1). Each goal takes 7 samples (3 with `--quick`); the
 //! table gives the median ratio and the min..max of the ratios. Never used as a test.
@@ -22,6 +24,10 @@ mod baseline;
 mod listen;
 mod perftest;
 mod scale;
+mod svg;
+
+/// Every row printed so far, for the chart.
+static BARS: std::sync::Mutex<Vec<svg::Bar>> = std::sync::Mutex::new(Vec::new());
 use perftest::Ready;
 
 struct Opts {
@@ -80,6 +86,11 @@ impl Row {
             self.target
         );
         let _ = self.higher_better;
+        BARS.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(svg::Bar {
+            label: format!("{} {}", self.goal, self.what),
+            ratio: median(&r),
+            target: self.target.to_string(),
+        });
     }
 }
 
@@ -539,6 +550,11 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
     let only = args.iter().position(|a| a == "--only").and_then(|i| args.get(i + 1).cloned());
+    let chart = args
+        .iter()
+        .position(|a| a == "--svg")
+        .and_then(|i| args.get(i + 1).cloned())
+        .unwrap_or_else(|| "target/benchmarks.svg".into());
     let o = Opts { samples: if quick { 3 } else { 7 }, quick, only };
     pin(0);
     let want = |g: &str| o.only.as_deref().is_none_or(|x| x.eq_ignore_ascii_case(g));
@@ -603,5 +619,11 @@ fn main() {
     }
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!("\nsamples per goal: {}; load average at the end: {}", o.samples, load.trim());
+    let bars = BARS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let title = format!("rdma-emu ratios, {} samples per goal", o.samples);
+    match std::fs::write(&chart, svg::chart(&title, &bars)) {
+        Ok(()) => println!("chart: {chart}"),
+        Err(e) => eprintln!("chart {chart} not written: {e}"),
+    }
     let _ = AtomicU64::new(0).load(Ordering::Relaxed);
 }

@@ -33,6 +33,28 @@ fn the_emulator_matches_rxe_on_every_golden_program() {
     }
 }
 
+/// The express path is observably the packet path: with it off (every WR through packets),
+/// every golden program still matches rxe's trace, and leaves exactly the trace it leaves
+/// with it on.
+#[test]
+fn the_packet_path_alone_matches_rxe_and_the_express_path() {
+    let devs = suite::deviations().unwrap();
+    for set in suite::SETS {
+        let rxe = suite::golden(set).unwrap();
+        let programs: Vec<_> = rxe.iter().map(Trace::program).collect();
+        let run = |env: &[(&str, &str)]| {
+            let (exe, dev) = (runner_exe(), &runner::Device::Emulator);
+            runner::run_with(exe, dev, &programs, suite::EMU_SETTLE_MS, env).unwrap()
+        };
+        let (packets, express) = (run(&[("RDMA_EMU_EXPRESS", "0")]), run(&[]));
+        let report = suite::compare_set(set, &rxe, &packets, &devs);
+        assert!(report.failures.is_empty(), "{}", suite::render(&[report], true));
+        for (p, e) in packets.iter().zip(&express) {
+            assert_eq!(p, e, "the two paths differ on\n{}", p.program().text());
+        }
+    }
+}
+
 #[test]
 fn a_broken_emulator_fails_the_comparison() {
     // Every packet lost: RC work ends in RETRY_EXC_ERR, UD and UC receives never complete.

@@ -216,8 +216,13 @@ fn execute(
     let rkeys: &KeyTable = rkeys_guard.as_deref().unwrap_or(&lkeys);
     match kind {
         Kind::Write | Kind::Send => {
+            // The common one-piece source is checked and found at once.
+            let one = single(&lkeys, &qp.pd, wqe);
             let inline = wqe.flags.contains(SendFlags::INLINE);
-            if !inline && !wqe.sges.iter().all(|s| local_ok(&lkeys, &qp.pd, s, false)) {
+            if one.is_none()
+                && !inline
+                && !wqe.sges.iter().all(|s| local_ok(&lkeys, &qp.pd, s, false))
+            {
                 return None;
             }
             let target = if kind == Kind::Write {
@@ -228,10 +233,10 @@ fn execute(
             };
             let src = || sources(&lkeys, wqe);
             if receives {
-                let pd = responder::recv_pd(&dst, &dg);
+                let pd = responder::own_recv_pd(&dst);
                 let send = kind == Kind::Send;
                 let place = |sges: &[Sge]| {
-                    if send && !reaches(rkeys, &pd, sges, len) {
+                    if send && !reaches(rkeys, pd, sges, len) {
                         return None;
                     }
                     let sges = if send { sges } else { &[] };
@@ -242,7 +247,7 @@ fn execute(
                 let opcode = if send { WcOpcode::RECV } else { WcOpcode::RECV_RDMA_WITH_IMM };
                 responder::complete_arrival(&dst, &mut dg, &arrival, opcode, wr_id);
             } else if let Some((region, off, n)) = target {
-                match single(&lkeys, wqe) {
+                match one {
                     // The common one-piece WRITE, without the iterators.
                     Some(piece) => copy_piece(piece, 0, region, off, n),
                     None => copy(src(), target.into_iter()),
@@ -337,12 +342,13 @@ fn ranges<'k>(keys: &'k KeyTable, sges: &'k [Sge], len: u32) -> impl Iterator<It
 }
 
 /// The source of a checked SEND/WRITE if it is one piece.
-fn single<'k>(keys: &'k KeyTable, wqe: &Request<'k>) -> Option<Src<'k>> {
+/// `None` also where the one SGE fails [`local_ok`].
+fn single<'k>(keys: &'k KeyTable, pd: &Arc<PdInner>, wqe: &Request<'k>) -> Option<Src<'k>> {
     if wqe.flags.contains(SendFlags::INLINE) {
         return Some(Src::Bytes(wqe.inline));
     }
     let [sge] = wqe.sges else { return None };
-    let mr = keys.mr(sge.lkey)?;
+    let mr = keys.mr(sge.lkey).filter(|mr| Arc::ptr_eq(&mr.pd, pd) && !mr.region.on_demand())?;
     let off = mr.offset_of(sge.addr, sge.length as u64)?;
     Some(Src::Mem(&mr.region, off, sge.length as usize))
 }

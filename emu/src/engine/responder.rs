@@ -345,10 +345,17 @@ fn recv_cq(qp: &QpShared, g: &QpInner) -> Arc<CqInner> {
 /// The PD a receive WQE's lkeys are checked against: an XRC SRQ's; a plain SRQ's in the full
 /// profile, as hardware (the WQE belongs to the SRQ), where rxe checks them against the QP's.
 pub(super) fn recv_pd(qp: &QpShared, g: &QpInner) -> Arc<PdInner> {
-    match (&g.resp.xrc, &qp.srq) {
-        (Some(x), _) => x.pd.clone(),
-        (None, Some(s)) if qp.ctx.device.profile == crate::Profile::Full => s.pd.clone(),
-        _ => qp.pd.clone(),
+    match &g.resp.xrc {
+        Some(x) => x.pd.clone(),
+        None => own_recv_pd(qp).clone(),
+    }
+}
+
+/// [`recv_pd`] outside XRC.
+pub(super) fn own_recv_pd(qp: &QpShared) -> &Arc<PdInner> {
+    match &qp.srq {
+        Some(s) if qp.ctx.device.profile == crate::Profile::Full => &s.pd,
+        _ => &qp.pd,
     }
 }
 
@@ -498,7 +505,11 @@ pub(super) fn complete_arrival(
     // `imm_data` and `invalidated_rkey` share the completion's union.
     w.imm_data = a.imm.or(a.inv).unwrap_or(0);
     w.slid = a.src_lid;
-    if recv_cq(qp, g).push(w, a.solicited).is_err() {
+    let cq = match &g.resp.xrc {
+        Some(s) => s.xrc.as_ref().map_or(&qp.recv_cq, |x| &x.1),
+        None => &qp.recv_cq,
+    };
+    if cq.push(w, a.solicited).is_err() {
         // rxe: a receive completion lost to a CQ overrun puts the QP in ERR.
         enter_error(qp, g);
     }
