@@ -123,6 +123,13 @@ fn rss() -> u64 {
     pages * unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64
 }
 
+/// Prints a row of the objects table: `n` objects created since `start` (resident memory, time).
+fn report(what: &str, n: usize, start: (u64, Instant)) {
+    let (dt, dm) = (start.1.elapsed(), rss().saturating_sub(start.0));
+    let (us, kib) = (dt.as_secs_f64() * 1e6 / n as f64, dm as f64 / 1024.0 / n as f64);
+    println!("| {what} | {n} | {us:.2} us | {kib:.2} KiB |");
+}
+
 /// Creating 10,000 QPs and 100,000 MRs: time and resident memory per object.
 pub(crate) fn objects() {
     let f = Fabric::new(FabricConfig::default());
@@ -142,13 +149,7 @@ pub(crate) fn objects() {
     let qps: Vec<Qp> = (0..10_000)
         .map(|_| pd.create_qp(&QpInitAttr::new(QpType::RC, &cq, cap)).unwrap())
         .collect();
-    let (dt, dm) = (t0.elapsed(), rss().saturating_sub(m0));
-    println!(
-        "| RC QPs (16 send + 16 receive WRs) | {} | {:.2} us | {:.1} KiB |",
-        qps.len(),
-        dt.as_secs_f64() * 1e6 / qps.len() as f64,
-        dm as f64 / 1024.0 / qps.len() as f64
-    );
+    report("RC QPs (16 send + 16 receive WRs)", qps.len(), (m0, t0));
     // Registering memory the MR does not own: what ibv_reg_mr costs beyond the buffer.
     let buf = vec![0u8; 4096];
     let (m0, t0) = (rss(), Instant::now());
@@ -159,13 +160,7 @@ pub(crate) fn objects() {
             pd.reg_mr_raw(raw, buf.as_ptr() as u64, ACCESS).unwrap()
         })
         .collect();
-    let (dt, dm) = (t0.elapsed(), rss().saturating_sub(m0));
-    println!(
-        "| MRs of 4 KiB over one buffer | {} | {:.2} us | {:.2} KiB |",
-        mrs.len(),
-        dt.as_secs_f64() * 1e6 / mrs.len() as f64,
-        dm as f64 / 1024.0 / mrs.len() as f64
-    );
+    report("MRs of 4 KiB over one buffer", mrs.len(), (m0, t0));
     drop(mrs);
     drop(qps);
 }

@@ -226,7 +226,12 @@ fn execute(
                 return None;
             }
             let target = if kind == Kind::Write {
-                let t = remote(rkeys, &dst.pd, (wqe.rkey, wqe.remote_addr, len), false)?;
+                let t = remote(
+                    rkeys,
+                    &dst.pd,
+                    (wqe.rkey, wqe.remote_addr, len),
+                    AccessFlags::REMOTE_WRITE,
+                )?;
                 t.map(|(region, off)| (region, off, len as usize))
             } else {
                 None
@@ -255,7 +260,8 @@ fn execute(
             }
         }
         Kind::ReadRequest => {
-            let source = remote(rkeys, &dst.pd, (wqe.rkey, wqe.remote_addr, len), true)?;
+            let source =
+                remote(rkeys, &dst.pd, (wqe.rkey, wqe.remote_addr, len), AccessFlags::REMOTE_READ)?;
             // The packet path's requester checks every SGE of a READ, and its completer that
             // they hold the response.
             let room: u64 = wqe.sges.iter().map(|s| s.length as u64).sum();
@@ -269,12 +275,14 @@ fn execute(
             responder::remember(&mut dg, Replay::read(psn, npkts, wqe.remote_addr, wqe.rkey, len));
         }
         _ => {
-            let Some(Some((region, off))) =
-                remote_atomic(rkeys, &dst.pd, wqe.rkey, wqe.remote_addr)
+            let key = (wqe.rkey, wqe.remote_addr, 8);
+            let Some(Some((region, off))) = remote(rkeys, &dst.pd, key, AccessFlags::REMOTE_ATOMIC)
             else {
                 return None;
             };
-            if !reaches(&lkeys, &qp.pd, wqe.sges, 8) {
+            // An atomic must be aligned in memory (the packet path refuses it otherwise).
+            let aligned = region.host_addr().wrapping_add(off as u64) % 8 == 0;
+            if !aligned || !reaches(&lkeys, &qp.pd, wqe.sges, 8) {
                 return None;
             }
             let op = if kind == Kind::CompareSwap {
@@ -363,49 +371,20 @@ fn sources<'k>(keys: &'k KeyTable, wqe: &Request<'k>) -> impl Iterator<Item = Sr
         .chain(ranges(keys, sges, wqe.length).map(|(r, o, n)| Src::Mem(r, o, n)))
 }
 
-/// The memory an rkey names for `(rkey, va, len)`, as the responder resolves it, for a WRITE
-/// (`read`: false) or a READ; `Some(None)` for a zero-length access. `None` for anything the
-/// packet path must handle: a bad key, a memory window, memory that may fault.
+/// The memory an rkey names for `(rkey, va, len)` with `access`, as the responder checks it;
+/// `Some(None)` for a zero-length access. `None` for anything the packet path must handle: a
+/// bad key, a memory window, memory that may fault.
 fn remote<'k>(
     keys: &'k KeyTable,
     pd: &Arc<PdInner>,
-    (rkey, va, len): (u32, u64, u32),
-    read: bool,
+    key: (u32, u64, u32),
+    access: AccessFlags,
 ) -> Option<Option<(&'k MemRegion, usize)>> {
-    if len == 0 {
+    if key.2 == 0 {
         return Some(None);
     }
-    let access = if read { AccessFlags::REMOTE_READ } else { AccessFlags::REMOTE_WRITE };
-    let mr = keys.mr(rkey)?;
-    if mr.rkey != rkey
-        || !Arc::ptr_eq(&mr.pd, pd)
-        || !mr.access.contains(access)
-        || mr.region.on_demand()
-    {
-        return None;
-    }
-    let off = mr.offset_of(va, len as u64)?;
-    Some(Some((&mr.region, off)))
-}
-
-/// The 8-byte target of an atomic, which must be aligned in memory (the packet path refuses
-/// it otherwise).
-fn remote_atomic<'k>(
-    keys: &'k KeyTable,
-    pd: &Arc<PdInner>,
-    rkey: u32,
-    va: u64,
-) -> Option<Option<(&'k MemRegion, usize)>> {
-    let mr = keys.mr(rkey)?;
-    if mr.rkey != rkey
-        || !Arc::ptr_eq(&mr.pd, pd)
-        || !mr.access.contains(AccessFlags::REMOTE_ATOMIC)
-        || mr.region.on_demand()
-    {
-        return None;
-    }
-    let off = mr.offset_of(va, 8)?;
-    (mr.region.host_addr().wrapping_add(off as u64) % 8 == 0).then_some(Some((&mr.region, off)))
+    let (mr, off) = responder::mr_target(keys, pd, key, access)?.ok()?;
+    (!mr.region.on_demand()).then_some(Some((&mr.region, off)))
 }
 
 /// Takes the responder's next receive WQE (from its SRQ if it has one) if `place` succeeds

@@ -14,7 +14,7 @@ use super::{
 use crate::{
     error::{Result, einval},
     mem::{MemFault, MemRegion},
-    objects::{cq::CqInner, keys::KeyTable, mw, pd::PdInner, srq::SrqInner},
+    objects::{cq::CqInner, keys::KeyTable, mr::MrInner, mw, pd::PdInner, srq::SrqInner},
     qp::{QpInner, QpShared, RecvWr},
     types::{
         AccessFlags, EventType, FlushLevel, FlushType, QpState, QpType, Sge, WcFlags, WcOpcode,
@@ -690,15 +690,27 @@ pub(super) fn resolve(
     if len == 0 {
         return Ok(None);
     }
-    let Some(mr) = keys.mr(rkey) else {
+    match mr_target(keys, pd, (rkey, va, len), access) {
         // Not a memory region: perhaps a memory window.
-        return mw::resolve(keys, pd, qpn, rkey, va, len as u64, access).map(Some).ok_or(());
-    };
-    if mr.rkey != rkey || !Arc::ptr_eq(&mr.pd, pd) || !mr.access.contains(access) {
-        return Err(());
+        None => mw::resolve(keys, pd, qpn, rkey, va, len as u64, access).map(Some).ok_or(()),
+        Some(t) => t.map(|(mr, off)| Some((mr.region.clone(), off))),
     }
-    let off = mr.offset_of(va, len as u64).ok_or(())?;
-    Ok(Some((mr.region.clone(), off)))
+}
+
+/// The MR `rkey` names and the offset of `[va, va+len)` in it: `None` when the key names no
+/// MR (a window, or nothing), `Err` when the MR is not `pd`'s, does not grant `access`, or
+/// does not hold the range.
+pub(super) fn mr_target<'k>(
+    keys: &'k KeyTable,
+    pd: &Arc<PdInner>,
+    (rkey, va, len): (u32, u64, u32),
+    access: AccessFlags,
+) -> Option<Result<(&'k MrInner, usize), ()>> {
+    let mr = keys.mr(rkey)?;
+    if mr.rkey != rkey || !Arc::ptr_eq(&mr.pd, pd) || !mr.access.contains(access) {
+        return Some(Err(()));
+    }
+    Some(mr.offset_of(va, len as u64).map(|off| (&**mr, off)).ok_or(()))
 }
 
 /// Whether the QP's own attributes refuse the request `pkt` outright (an invalid request):
