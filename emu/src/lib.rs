@@ -82,7 +82,7 @@ pub use crate::{
     fabric::{
         Fabric, FabricConfig, PortWatch,
         faults::{FaultAction, FaultRule, PacketClass},
-        host::{HostDrops, fabric_dir, private_dir},
+        host::{Flushed, HostDrops, fabric_dir, private_dir},
     },
     mem::RawMemory,
     objects::{

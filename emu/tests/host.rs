@@ -394,6 +394,82 @@ fn a_killed_peer_breaks_its_connections_but_not_the_ones_it_closed() {
     assert_empty(&parted.cq);
 }
 
+/// A UC QP with 64 KiB of memory.
+fn uc_node(dev: &Device) -> Node {
+    let ctx = dev.open().unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(1024, None, 0).unwrap();
+    let mr = pd.reg_mr(1 << 16, ALL_ACCESS).unwrap();
+    let qp = pd.create_qp(&QpInitAttr::new(QpType::UC, &cq, cap(64))).unwrap();
+    Node { ctx, pd, cq, qp, mr }
+}
+
+/// The other process of `an_exit_does_not_wait_for_a_stopped_peer`: a UC QP connected to the
+/// endpoint the test gives; does nothing unless that test started this binary as its child.
+#[test]
+fn peer_process_for_the_stop_test() {
+    use std::io::Write;
+    let Ok(spec) = std::env::var("RDMA_EMU_TEST_STOPPED") else { return };
+    let (dir, theirs) = spec.split_once(';').unwrap();
+    let host = Some(dir.to_owned());
+    let fabric = Fabric::new(FabricConfig { devices: 1, host, ..Default::default() });
+    let n = uc_node(&fabric.devices()[0]);
+    n.qp.connect(0, &endpoint_parse(theirs), &RcParams::default()).unwrap();
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "endpoint: {}", endpoint_text(&n.qp.endpoint(0))).unwrap();
+    out.flush().unwrap();
+    // Stopped here, then killed.
+    std::thread::sleep(std::time::Duration::from_secs(60));
+}
+
+/// A process whose peer is stopped (SIGSTOP, a debugger) exits without waiting for it: what
+/// it queued for the peer is left behind once the peer is seen taking nothing, long before
+/// the flush's own limit (which the old flush waited out, long enough for perftest's pending
+/// SIGALRM to fire during teardown).
+#[test]
+fn an_exit_does_not_wait_for_a_stopped_peer() {
+    use std::io::{BufRead, BufReader};
+    let dir = HostDir::new();
+    let fa = dir.fabric(Profile::Full);
+    let a = uc_node(&fa.devices()[0]);
+    let spec = format!("{};{}", dir.0.display(), endpoint_text(&a.qp.endpoint(0)));
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "peer_process_for_the_stop_test", "--nocapture", "--test-threads=1"])
+        .env("RDMA_EMU_TEST_STOPPED", spec)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines().map(Result::unwrap);
+    let theirs = loop {
+        let l = lines.next().expect("the peer process ended early");
+        if let Some((_, e)) = l.split_once("endpoint: ") {
+            break e.to_owned();
+        }
+    };
+    a.qp.connect(0, &endpoint_parse(&theirs), &RcParams::default()).unwrap();
+    // SAFETY: signals a child process this test started and still owns.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGSTOP) }, 0);
+    // The signal takes effect asynchronously: wait (a bounded guard) until it is stopped.
+    let stat = format!("/proc/{}/stat", child.id());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !std::fs::read_to_string(&stat).unwrap().contains(") T ") {
+        assert!(std::time::Instant::now() < deadline, "the peer never stopped");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    // More than the ring to it holds: UC SENDs complete as they leave, the rest queues.
+    let sg = [sge(&a.mr, 0, 1 << 16)];
+    for i in 0..96 {
+        a.qp.post_send(&SendWr::send(i, &sg).signaled()).unwrap();
+        assert_eq!(wait1(&a.cq).status, WcStatus::SUCCESS);
+    }
+    let flushed = fa.flush(std::time::Duration::from_secs(60));
+    // SAFETY: as above.
+    unsafe { libc::kill(child.id() as i32, libc::SIGCONT) };
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(flushed, Flushed::LeftStalled(1));
+}
+
 #[test]
 fn a_peer_that_is_gone_ends_in_retry_exceeded_not_a_hang() {
     let dir = HostDir::new();

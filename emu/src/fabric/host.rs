@@ -37,7 +37,7 @@ use std::{
         Arc, Weak,
         atomic::{AtomicBool, AtomicU64, Ordering},
     },
-    time::{Duration, SystemTime},
+    time::{Duration, Instant, SystemTime},
 };
 
 use parking_lot::{Condvar, Mutex};
@@ -471,34 +471,63 @@ impl Node {
     }
 }
 
+/// How long a peer may take nothing from its ring before a flush stops waiting for it: a
+/// stopped process (SIGSTOP, a debugger) or a dying one. Long enough for a busy peer that is
+/// merely descheduled now and then.
+const STALLED: Duration = Duration::from_millis(250);
+
+/// What [`Fabric::flush`](crate::Fabric::flush) came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flushed {
+    /// Everything this process queued for others left it.
+    All,
+    /// What was queued for this many peers, which took nothing for a while (stopped or
+    /// dying), was left behind; the rest left.
+    LeftStalled(u32),
+    /// The limit passed first.
+    TimedOut,
+}
+
 impl Node {
     /// Waits, at most `limit`, until nothing this node sent is still queued in the process
-    /// (every backlog pushed to its peer's socket); whether it got there.
-    pub(crate) fn flush(&self, limit: Duration) -> bool {
-        let deadline = std::time::Instant::now() + limit;
+    /// (every backlog pushed to its peer's socket), but not for peers that take nothing for
+    /// [`STALLED`]: an exit must not linger on them.
+    pub(crate) fn flush(&self, limit: Duration) -> Flushed {
+        let deadline = Instant::now() + limit;
         // Take in what has arrived, so that it is acknowledged as a NIC would have done
         // before the QPs go (a thread servicing inbound packets holds this lock: its replies
         // are about to be sent).
-        if let Some(mut rx) = self.inbound.rx.try_lock_for(limit)
+        if let Some(mut rx) = self.inbound.rx.try_lock_for(limit.min(STALLED))
             && let Some(fabric) = self.fabric.upgrade()
         {
             receive(&self.inbound, &mut rx, &fabric, true);
         }
         let peers: Vec<Arc<Peer>> = self.peers.lock().values().cloned().collect();
+        let mut stalled = 0;
         for p in peers {
+            // Progress: fragments leaving the backlog.
+            let (mut least, mut since) = (usize::MAX, Instant::now());
             loop {
                 let tx = p.tx.lock();
-                if tx.backlog.is_empty() && !tx.flushing {
+                let left = tx.backlog.len() + usize::from(tx.flushing);
+                drop(tx);
+                let now = Instant::now();
+                if left == 0 {
                     break;
                 }
-                drop(tx);
-                if std::time::Instant::now() > deadline {
-                    return false;
+                if left < least {
+                    (least, since) = (left, now);
+                } else if now - since > STALLED {
+                    stalled += 1;
+                    break;
+                }
+                if now > deadline {
+                    return Flushed::TimedOut;
                 }
                 std::thread::sleep(Duration::from_micros(200));
             }
         }
-        true
+        if stalled == 0 { Flushed::All } else { Flushed::LeftStalled(stalled) }
     }
 }
 
@@ -655,7 +684,7 @@ fn read_loop(inbound: &Inbound, fabric: &Weak<FabricInner>) {
 
 /// Watches `rings` for up to [`READER_SPIN`]; whether a record arrived.
 fn busy_wait(rings: &[Arc<Ring>], quit: &AtomicBool) -> bool {
-    let t0 = std::time::Instant::now();
+    let t0 = Instant::now();
     while t0.elapsed() < READER_SPIN {
         for _ in 0..64 {
             if rings.iter().any(|r| r.pending()) {

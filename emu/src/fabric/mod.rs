@@ -525,10 +525,11 @@ impl Fabric {
     }
 
     /// Waits, at most `limit`, until every packet this fabric queued for other processes on
-    /// the host fabric has left the process; whether it got there. A process about to exit
-    /// calls this so its last messages (an ACK, say) are not lost with it.
-    pub fn flush(&self, limit: std::time::Duration) -> bool {
-        self.0.node.get().is_none_or(|n| n.flush(limit))
+    /// the host fabric has left the process. A process about to exit calls this so its last
+    /// messages (an ACK, say) are not lost with it; it does not wait for a peer that has
+    /// taken nothing for a quarter of a second (stopped, or dying), so an exit never lingers.
+    pub fn flush(&self, limit: std::time::Duration) -> host::Flushed {
+        self.0.node.get().map_or(host::Flushed::All, |n| n.flush(limit))
     }
 
     /// The device called `name`.
