@@ -335,10 +335,10 @@ fn reliable(qp: &QpShared) -> bool {
 }
 
 /// The CQ that receive completions go to: the XRC SRQ's, or the QP's.
-fn recv_cq(qp: &QpShared, g: &QpInner) -> Arc<CqInner> {
+fn recv_cq<'a>(qp: &'a QpShared, g: &'a QpInner) -> &'a Arc<CqInner> {
     match &g.resp.xrc {
-        Some(s) => s.xrc.as_ref().map_or_else(|| qp.recv_cq.clone(), |x| x.1.clone()),
-        None => qp.recv_cq.clone(),
+        Some(s) => s.xrc.as_ref().map_or(&qp.recv_cq, |x| &x.1),
+        None => &qp.recv_cq,
     }
 }
 
@@ -505,11 +505,7 @@ pub(super) fn complete_arrival(
     // `imm_data` and `invalidated_rkey` share the completion's union.
     w.imm_data = a.imm.or(a.inv).unwrap_or(0);
     w.slid = a.src_lid;
-    let cq = match &g.resp.xrc {
-        Some(s) => s.xrc.as_ref().map_or(&qp.recv_cq, |x| &x.1),
-        None => &qp.recv_cq,
-    };
-    if cq.push(w, a.solicited).is_err() {
+    if recv_cq(qp, g).push(w, a.solicited).is_err() {
         // rxe: a receive completion lost to a CQ overrun puts the QP in ERR.
         enter_error(qp, g);
     }

@@ -130,6 +130,15 @@ pub(crate) struct CqInner {
     user_data: AtomicUsize,
 }
 
+/// A ring of `cap` (at least the entries of `ring`) holding what `ring` held, in order.
+fn moved(ring: &ArrayQueue<Wc>, cap: usize) -> ArrayQueue<Wc> {
+    let to = ArrayQueue::new(cap);
+    while let Some(wc) = ring.pop() {
+        let _ = to.push(wc);
+    }
+    to
+}
+
 /// A ring's first capacity: a CQ of millions of entries takes memory as it fills.
 fn first_capacity(cqe: u32) -> usize {
     cqe.min(4096) as usize
@@ -166,7 +175,7 @@ impl CqInner {
     }
 
     /// Completions queued now.
-    pub(crate) fn len(&self) -> usize {
+    fn len(&self) -> usize {
         self.ring().len()
     }
 
@@ -185,11 +194,7 @@ impl CqInner {
             if ring.capacity() >= cqe {
                 return Err(Overrun);
             }
-            let bigger = ArrayQueue::new((ring.capacity() * 2).min(cqe));
-            while let Some(w) = ring.pop() {
-                let _ = bigger.push(w);
-            }
-            *ring = bigger;
+            *ring = moved(&ring, (ring.capacity() * 2).min(cqe));
         }
     }
 
@@ -487,11 +492,7 @@ impl Cq {
             return Err(einval("new size is smaller than the queued completions"));
         }
         // The ring never holds more than the CQ's size: the next push beyond it overruns.
-        let resized = ArrayQueue::new(ring.len().max(first_capacity(granted)));
-        while let Some(wc) = ring.pop() {
-            let _ = resized.push(wc);
-        }
-        *ring = resized;
+        *ring = moved(&ring, ring.len().max(first_capacity(granted)));
         self.0.cqe.store(granted, Ordering::Relaxed);
         Ok(granted)
     }
