@@ -5,18 +5,30 @@
 //!         target/release/wr_cost 100000
 //!
 //! counts the instructions of exactly those work requests (divide by `N`). `--op fetch_add`
-//! measures an 8-byte FETCH_ADD instead. Never used as a test.
+//! measures an 8-byte FETCH_ADD instead; `--op send` one hop of a ping-pong: a receive posted,
+//! an unsignaled 8-byte SEND into it, the receive completion polled. Never used as a test.
 
 use std::hint::black_box;
 
 use rdma_emu::*;
 
+/// The rounds callgrind counts.
 #[inline(never)]
-fn measured_loop(qp: &Qp, cq: &Cq, wr: &SendWr<'_>, n: usize) {
+fn measured_loop(qp: &Qp, cq: &Cq, wr: &SendWr<'_>, recv: Option<(&Qp, &RecvWr<'_>)>, n: usize) {
+    rounds(qp, cq, wr, recv, n)
+}
+
+/// Per round: `recv` posted on `rq` (if any), `wr` posted on `qp`, one completion polled.
+#[inline(always)]
+fn rounds(qp: &Qp, cq: &Cq, wr: &SendWr<'_>, recv: Option<(&Qp, &RecvWr<'_>)>, n: usize) {
     for _ in 0..n {
+        if let Some((rq, r)) = recv {
+            rq.post_recv(r).unwrap();
+        }
         qp.post_send(wr).unwrap();
         loop {
             if let Some(wc) = cq.poll_one() {
+                assert_eq!(wc.status, WcStatus::SUCCESS);
                 black_box(wc);
                 break;
             }
@@ -55,15 +67,17 @@ fn main() {
     b.4.connect(2, &a.4.endpoint(1), &p).unwrap();
     let src = [Sge { addr: a.3.addr(), length: 8, lkey: a.3.lkey() }];
     let res = [Sge { addr: a.3.addr() + 64, length: 8, lkey: a.3.lkey() }];
-    let wr = match op.as_deref() {
-        Some("fetch_add") => SendWr::fetch_add(0, &res, b.3.addr() + 128, b.3.rkey(), 1),
-        _ => SendWr::write(0, &src, b.3.addr(), b.3.rkey()),
-    }
-    .signaled();
+    let dst = [Sge { addr: b.3.addr() + 256, length: 8, lkey: b.3.lkey() }];
+    let recv = RecvWr { wr_id: 7, sg_list: &dst };
+    let (wr, recv, cq) = match op.as_deref() {
+        Some("fetch_add") => {
+            let wr = SendWr::fetch_add(0, &res, b.3.addr() + 128, b.3.rkey(), 1);
+            (wr.signaled(), None, &a.2)
+        }
+        Some("send") => (SendWr::send(0, &src), Some((&b.4, &recv)), &b.2),
+        _ => (SendWr::write(0, &src, b.3.addr(), b.3.rkey()).signaled(), None, &a.2),
+    };
     // Warm up (first-use allocations of queues and tables are not per-WR costs).
-    for _ in 0..1000 {
-        a.4.post_send(&wr).unwrap();
-        while a.2.poll_one().is_none() {}
-    }
-    measured_loop(&a.4, &a.2, &wr, n);
+    rounds(&a.4, cq, &wr, recv, 1000);
+    measured_loop(&a.4, cq, &wr, recv, n);
 }

@@ -194,7 +194,7 @@ fn execute(
         || dst.xrcd.is_some()
         || dg.resp.forwarded.is_some()
         || (qp.qp_type == QpType::RC && dg.resp.epsn != psn)
-        || !dst.inbox.lock().is_empty()
+        || !dst.inbox.is_empty()
         || responder::refuses(&dg, kind, len, wqe.remote_addr, 0)
     {
         return None;
@@ -245,7 +245,17 @@ fn execute(
                         return None;
                     }
                     let sges = if send { sges } else { &[] };
-                    copy(src(), target.into_iter().chain(ranges(rkeys, sges, len)));
+                    let mut into = target.into_iter().chain(ranges(rkeys, sges, len));
+                    match (one, sges.len() <= 1) {
+                        // The common one-piece message into one range, without the iterators
+                        // (the range holds it all: `reaches` or the rkey's check said so).
+                        (Some(piece), true) => {
+                            if let Some((region, off, n)) = into.next() {
+                                copy_piece(piece, 0, region, off, n);
+                            }
+                        }
+                        _ => copy(src(), into),
+                    }
                     Some(())
                 };
                 let wr_id = take_recv(&dst, &mut dg, place)?;

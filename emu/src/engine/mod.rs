@@ -169,7 +169,7 @@ impl<'f> Driver<'f> {
             return;
         }
         let Some(dst) = route.resolve(self.fabric, pkt.dst_dev, pkt.dst_qpn) else { return };
-        dst.inbox.lock().push_back(pkt);
+        dst.inbox.push(pkt);
         let ptr = Arc::as_ptr(&dst);
         if self.active[..self.depth].contains(&ptr) {
             return; // its step loop is running below us and drains the inbox
@@ -275,10 +275,16 @@ impl Route {
     }
 }
 
+/// Whether servicing the QP would do nothing: no packet waits, nothing is queued or in flight
+/// on its send queue and it waits for no RNR delay.
+pub(crate) fn idle(qp: &QpShared, g: &QpInner) -> bool {
+    g.sq.head == g.sq.tail && g.req.rnr_until.is_none() && qp.inbox.is_empty()
+}
+
 /// Processes the QP's inbox in order and lets the requester send, until neither has work.
 pub(crate) fn step(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>) {
     loop {
-        std::mem::swap(&mut *qp.inbox.lock(), &mut g.batch);
+        qp.inbox.take_into(&mut g.batch);
         let had = !g.batch.is_empty();
         while let Some(pkt) = g.batch.pop_front() {
             if pkt.kind.is_request() || pkt.kind == Kind::XrcResult {

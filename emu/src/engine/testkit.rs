@@ -68,10 +68,10 @@ pub(crate) fn feed(qp: &Qp, peer: &Qp, pkt: Packet) -> Vec<Packet> {
     {
         // Mark the peer active so that nothing is delivered to it inline.
         drv.enter(Arc::as_ptr(&peer.0));
-        shared.inbox.lock().push_back(pkt);
+        shared.inbox.push(pkt);
         let mut g = shared.inner.lock();
         drv.service(shared, &mut g);
     }
     std::mem::forget(drv); // leave the peer's inbox alone
-    peer.0.inbox.lock().drain(..).collect()
+    peer.0.inbox.drain()
 }

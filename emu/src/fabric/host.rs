@@ -874,7 +874,7 @@ impl Batch<'_> {
         let named =
             |q: &Arc<crate::qp::QpShared>| q.qpn == pkt.dst_qpn && q.device_index() == pkt.dst_dev;
         let Some(qp) = to.filter(named) else { return };
-        qp.inbox.lock().push_back(pkt);
+        qp.inbox.push(pkt);
         if !self.ready.iter().any(|q| Arc::ptr_eq(q, &qp)) {
             self.ready.push(qp);
         }

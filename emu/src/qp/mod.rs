@@ -4,6 +4,7 @@
 //! transitions and their side effects, and the entry points `post_send` / `post_recv`.
 
 mod connect;
+pub(crate) mod inbox;
 pub(crate) mod queue;
 pub mod state;
 mod wr;
@@ -191,7 +192,7 @@ pub(crate) struct QpShared {
     pub(crate) cap: QpCap,
     pub(crate) inner: Mutex<QpInner>,
     /// Packets delivered by the fabric, drained in order by whoever services the QP.
-    pub(crate) inbox: Mutex<VecDeque<Packet>>,
+    pub(crate) inbox: inbox::Inbox,
     /// When (fabric time) a datagram for this QP last arrived from another process, part of
     /// a message or a whole one: the wire was making progress toward it.
     pub(crate) heard: std::sync::atomic::AtomicU64,
@@ -512,7 +513,7 @@ impl Qp {
                     ece_wanted: 0,
                     ece: ctx.device.attr.ece_options,
                 }),
-                inbox: Mutex::new(VecDeque::new()),
+                inbox: inbox::Inbox::default(),
                 life: Lifecycle::default(),
                 async_events: EventCount::default(),
                 heard: Default::default(),
@@ -849,19 +850,21 @@ impl Qp {
     /// `ibv_post_recv` of a list; see [`Qp::post_send_list`] for the failure index.
     pub fn post_recv_list(&self, wrs: &[RecvWr<'_>]) -> Result<(), (usize, Error)> {
         let qp = &self.0;
-        let mut drv = Driver::new(&qp.ctx.fabric);
         let mut res = Ok(());
-        {
-            let mut g = qp.inner.lock();
-            for (i, wr) in wrs.iter().enumerate() {
-                if let Err(e) = engine::responder::post_recv(qp, &mut g, wr) {
-                    res = Err((i, e));
-                    break;
-                }
+        let mut g = qp.inner.lock();
+        for (i, wr) in wrs.iter().enumerate() {
+            if let Err(e) = engine::responder::post_recv(qp, &mut g, wr) {
+                res = Err((i, e));
+                break;
             }
-            drv.service(qp, &mut g);
         }
-        drv.finish();
+        // A receive changes nothing for a QP with no packet waiting and nothing to send.
+        if !engine::idle(qp, &g) {
+            let mut drv = Driver::new(&qp.ctx.fabric);
+            drv.service(qp, &mut g);
+            drop(g);
+            drv.finish();
+        }
         res
     }
 
@@ -883,7 +886,7 @@ impl Qp {
             g.state = QpState::RESET;
             g.sq.clear();
             g.rq.clear();
-            self.0.inbox.lock().clear();
+            self.0.inbox.clear();
         }
         self.0
             .ctx
@@ -988,7 +991,7 @@ fn transition(
             g.req = Requester::default();
             g.resp = Responder::default();
             g.attr = QpAttr { cap: qp.cap, port_num: g.attr.port_num, ..Default::default() };
-            qp.inbox.lock().clear();
+            qp.inbox.clear();
             if qp.ctx.device.profile.reset_cleans_cqs() {
                 qp.send_cq.remove_qp(qp.qpn);
                 qp.recv_cq.remove_qp(qp.qpn);
