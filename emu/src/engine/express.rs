@@ -211,8 +211,8 @@ fn execute(
         solicited: wqe.flags.contains(SendFlags::SOLICITED) && receives,
     };
     let same_keys = Arc::ptr_eq(&qp.ctx.device, &dst.ctx.device);
-    let lkeys = qp.ctx.device.keys.read_recursive();
-    let rkeys_guard = (!same_keys).then(|| dst.ctx.device.keys.read_recursive());
+    let lkeys = qp.ctx.device.keys.read();
+    let rkeys_guard = if same_keys { None } else { Some(dst.ctx.device.keys.try_read()?) };
     let rkeys: &KeyTable = rkeys_guard.as_deref().unwrap_or(&lkeys);
     match kind {
         Kind::Write | Kind::Send => {

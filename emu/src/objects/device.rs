@@ -6,9 +6,9 @@ use std::sync::{
     atomic::{AtomicU32, Ordering},
 };
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 
-use super::{context::Context, keys::KeyTable};
+use super::{context::Context, keys::Keys};
 use crate::{
     error::{Errno, Error, Result, einval},
     fabric::FabricInner,
@@ -62,7 +62,7 @@ pub(crate) struct DeviceInner {
     pub(crate) attr: DeviceAttr,
     pub(crate) ports: Vec<PortInner>,
     /// lkeys and rkeys of this device's MRs and MWs (one key space, as in rxe).
-    pub(crate) keys: RwLock<KeyTable>,
+    pub(crate) keys: Keys,
     /// XRC domains opened on a file, by the file's identity (shared by every open of it).
     pub(crate) xrcds: Mutex<Vec<(super::xrcd::FileId, std::sync::Weak<super::xrcd::XrcdInner>)>>,
     /// The next SRQ number.
@@ -108,7 +108,7 @@ impl DeviceInner {
             attr: profile.device_attr(&id, n),
             id,
             ports,
-            keys: RwLock::new(KeyTable::default()),
+            keys: Keys::default(),
             xrcds: Mutex::new(Vec::new()),
             next_srqn: AtomicU32::new(1),
             next_wqn: AtomicU32::new(1),
