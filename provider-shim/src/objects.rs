@@ -5,8 +5,10 @@ use std::{
     any::TypeId,
     collections::HashMap,
     mem::offset_of,
-    sync::{Arc, OnceLock},
+    sync::{Arc, OnceLock, PoisonError},
 };
+
+use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
 
 use crate::abi::*;
 
@@ -176,9 +178,29 @@ struct Entry {
 /// or mistyped pointer passed to an exported verb gets `EINVAL` instead of a use-after-free.
 /// (Inline verbs such as `ibv_post_send` read the object before calling us; for those the
 /// application's pointer must be valid, as with every provider.)
-fn live() -> &'static parking_lot::RwLock<HashMap<usize, Entry>> {
-    static LIVE: OnceLock<parking_lot::RwLock<HashMap<usize, Entry>>> = OnceLock::new();
+fn live() -> &'static Live {
+    static LIVE: OnceLock<Live> = OnceLock::new();
     LIVE.get_or_init(Default::default)
+}
+
+/// The registry's table. Every verb reads it (`ibv_post_send` and `ibv_poll_cq` included), so
+/// it is keyed by FxHash (rustc-hash): SipHash's defence against chosen keys buys nothing for
+/// addresses the allocator picked and cost more than the lookup. Each reading thread takes a
+/// shard of the lock of its own (crossbeam-utils' ShardedLock), so threads posting at once do
+/// not pass a lock word between cores; creating and destroying objects take every shard.
+#[derive(Default)]
+struct Live(ShardedLock<Table>);
+
+type Table = HashMap<usize, Entry, rustc_hash::FxBuildHasher>;
+
+impl Live {
+    fn read(&self) -> ShardedLockReadGuard<'_, Table> {
+        self.0.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn write(&self) -> ShardedLockWriteGuard<'_, Table> {
+        self.0.write().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 /// Records an object handed to C that no context owns (a device, a context).
