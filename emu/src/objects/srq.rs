@@ -280,11 +280,7 @@ impl Srq {
             num,
             xrc,
             tm: None,
-            st: Mutex::new(SrqState {
-                rq: RecvQueue::new(max_wr, max_sge),
-                max_sge,
-                limit: init.srq_limit,
-            }),
+            st: Mutex::new(SrqState { rq: RecvQueue::new(max_wr), max_sge, limit: init.srq_limit }),
             life: Lifecycle::default(),
             async_events: EventCount::default(),
             user_data: AtomicUsize::new(0),
@@ -331,7 +327,7 @@ impl Srq {
             return Err(einval("srq_limit above the queue size"));
         }
         if new_depth != st.rq.depth {
-            let mut rq = RecvQueue::new(new_depth, st.max_sge);
+            let mut rq = RecvQueue::new(new_depth);
             while st.rq.tail != st.rq.head {
                 let t = st.rq.tail;
                 let w = st.rq.ring.at_mut(t);

@@ -244,7 +244,7 @@ impl Wq {
             max_sge: init.max_sge,
             st: Mutex::new(WqQueue {
                 state: WqState::RESET,
-                rq: RecvQueue::new(depth, init.max_sge.max(1)),
+                rq: RecvQueue::new(depth),
                 flags: init.flags,
                 held: VecDeque::new(),
             }),

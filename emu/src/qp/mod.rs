@@ -500,8 +500,8 @@ impl Qp {
                 inner: Mutex::new(QpInner {
                     state: QpState::RESET,
                     attr: QpAttr { cap, port_num: 1, ..Default::default() },
-                    sq: SendQueue::new(cap.max_send_wr, cap.max_send_sge, cap.max_inline_data),
-                    rq: RecvQueue::new(cap.max_recv_wr, cap.max_recv_sge),
+                    sq: SendQueue::new(cap.max_send_wr),
+                    rq: RecvQueue::new(cap.max_recv_wr),
                     req: Requester::default(),
                     resp: Responder::default(),
                     mtu: 256,

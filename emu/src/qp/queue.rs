@@ -1,5 +1,6 @@
-//! The send and receive queues: fixed rings of preallocated WQE slots, so posting never
-//! allocates (a NIC's queues are fixed-size too).
+//! The send and receive queues: fixed-size rings (as a NIC's) whose WQE slots are made on first
+//! use and then reused, so posting allocates only while a queue fills deeper than ever before,
+//! and a queue created with the device's largest sizes takes memory only as deep as it is used.
 
 use crate::{
     error::{Errno, Error, Result, einval},
@@ -12,14 +13,13 @@ use crate::{
 pub(crate) type UdTarget = ((u32, u8), u32, u32, Option<crate::engine::packet::Grh>, bool);
 
 /// A send WQE: the posted request plus what the requester recorded when it transmitted it.
+/// Its lists grow to what a post needs and keep their capacity for the next.
 #[derive(Debug, Default)]
 pub(crate) struct SendWqe {
     pub(crate) wr_id: u64,
     pub(crate) opcode: WrOpcode,
     pub(crate) flags: SendFlags,
-    /// Capacity `max_send_sge`, reused across posts.
     pub(crate) sges: Vec<Sge>,
-    /// Capacity `max_inline_data`, reused across posts.
     pub(crate) inline: Vec<u8>,
     pub(crate) imm: u32,
     pub(crate) remote_addr: u64,
@@ -81,32 +81,33 @@ impl SendWqe {
 #[derive(Debug, Default)]
 pub(crate) struct RecvWqe {
     pub(crate) wr_id: u64,
-    /// Capacity `max_recv_sge`, reused across posts.
     pub(crate) sges: Vec<Sge>,
 }
 
-/// A ring of `cap` slots addressed by free-running `u32` counters (`idx % cap`).
+/// A ring of `cap` slots addressed by free-running `u32` counters (`idx % cap`). Slots are
+/// made when first written; one never written reads as a blank one.
 #[derive(Debug)]
 pub(crate) struct Ring<T> {
     slots: Vec<T>,
+    cap: u32,
+    blank: T,
 }
 
-impl<T> Ring<T> {
-    pub(crate) fn new(cap: u32, mut make: impl FnMut() -> T) -> Ring<T> {
-        Ring { slots: (0..cap.max(1)).map(|_| make()).collect() }
-    }
-
-    pub(crate) fn cap(&self) -> u32 {
-        self.slots.len() as u32
+impl<T: Default> Ring<T> {
+    pub(crate) fn new(cap: u32) -> Ring<T> {
+        Ring { slots: Vec::new(), cap: cap.max(1), blank: T::default() }
     }
 
     pub(crate) fn at(&self, idx: u32) -> &T {
-        &self.slots[(idx % self.cap()) as usize]
+        self.slots.get((idx % self.cap) as usize).unwrap_or(&self.blank)
     }
 
     pub(crate) fn at_mut(&mut self, idx: u32) -> &mut T {
-        let cap = self.cap();
-        &mut self.slots[(idx % cap) as usize]
+        let i = (idx % self.cap) as usize;
+        if i >= self.slots.len() {
+            self.slots.resize_with(i + 1, T::default);
+        }
+        &mut self.slots[i]
     }
 }
 
@@ -123,18 +124,8 @@ pub(crate) struct SendQueue {
 }
 
 impl SendQueue {
-    pub(crate) fn new(depth: u32, max_sge: u32, max_inline: u32) -> SendQueue {
-        SendQueue {
-            ring: Ring::new(depth, || SendWqe {
-                sges: Vec::with_capacity(max_sge as usize),
-                inline: Vec::with_capacity(max_inline as usize),
-                ..Default::default()
-            }),
-            depth,
-            head: 0,
-            next: 0,
-            tail: 0,
-        }
+    pub(crate) fn new(depth: u32) -> SendQueue {
+        SendQueue { ring: Ring::new(depth), depth, head: 0, next: 0, tail: 0 }
     }
 
     pub(crate) fn len(&self) -> u32 {
@@ -163,16 +154,8 @@ pub(crate) struct RecvQueue {
 }
 
 impl RecvQueue {
-    pub(crate) fn new(depth: u32, max_sge: u32) -> RecvQueue {
-        RecvQueue {
-            ring: Ring::new(depth, || RecvWqe {
-                wr_id: 0,
-                sges: Vec::with_capacity(max_sge as usize),
-            }),
-            depth,
-            head: 0,
-            tail: 0,
-        }
+    pub(crate) fn new(depth: u32) -> RecvQueue {
+        RecvQueue { ring: Ring::new(depth), depth, head: 0, tail: 0 }
     }
 
     pub(crate) fn len(&self) -> u32 {
