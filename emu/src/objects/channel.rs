@@ -3,7 +3,7 @@
 
 use std::{
     os::fd::{AsRawFd, RawFd},
-    sync::Arc,
+    sync::{Arc, Weak},
     time::{Duration, Instant},
 };
 
@@ -18,7 +18,10 @@ const LOOK: Duration = Duration::from_micros(50);
 #[derive(Debug)]
 pub(crate) struct ChannelInner {
     pub(crate) ctx: Arc<ContextInner>,
-    pub(crate) queue: EventQueue<Arc<CqInner>>,
+    /// The CQs whose events wait, by weak reference: an unread event must not keep its CQ
+    /// alive, nor through it this channel (a cycle). A CQ gone by the time its event is read
+    /// has its event dropped, as destroying the CQ drops it.
+    pub(crate) queue: EventQueue<Weak<CqInner>>,
     /// Dependents: CQs attached to the channel.
     pub(crate) life: Lifecycle,
 }
@@ -38,7 +41,11 @@ impl CompChannel {
         if !queue.ready() && !queue.is_nonblocking() {
             self.look_before_sleeping();
         }
-        let cq = queue.pop()?;
+        let cq = loop {
+            if let Some(cq) = queue.pop()?.upgrade() {
+                break cq;
+            }
+        };
         cq.comp_events.reported();
         Ok(Cq(cq))
     }

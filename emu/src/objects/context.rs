@@ -3,7 +3,7 @@
 use std::{
     os::fd::{AsRawFd, RawFd},
     sync::{
-        Arc,
+        Arc, Weak,
         atomic::{AtomicBool, Ordering},
     },
 };
@@ -44,11 +44,67 @@ pub struct AsyncEvent {
     pub element: EventElement,
 }
 
+/// An async event as its queue keeps it: its object by weak reference, so that an unread event
+/// keeps neither the object alive nor, through it, the context whose queue holds the event (a
+/// cycle that leaked the whole graph of a program that just dropped its handles). An event
+/// whose object is gone when it is read is dropped, as destroying an object drops its events.
+#[derive(Debug)]
+pub(crate) struct Queued {
+    event_type: EventType,
+    about: About,
+}
+
+#[derive(Debug)]
+enum About {
+    Qp(Weak<crate::qp::QpShared>),
+    Cq(Weak<super::cq::CqInner>),
+    Srq(Weak<super::srq::SrqInner>),
+    Wq(Weak<super::wq::WqInner>),
+    Port(u8),
+    Device,
+}
+
+impl About {
+    fn of(e: &EventElement) -> About {
+        match e {
+            EventElement::Qp(q) => About::Qp(Arc::downgrade(&q.0)),
+            EventElement::Cq(c) => About::Cq(Arc::downgrade(&c.0)),
+            EventElement::Srq(s) => About::Srq(Arc::downgrade(&s.0)),
+            EventElement::Wq(w) => About::Wq(Arc::downgrade(&w.0)),
+            EventElement::Port(p) => About::Port(*p),
+            EventElement::Device => About::Device,
+        }
+    }
+
+    /// The object, if it is still there.
+    fn upgrade(&self) -> Option<EventElement> {
+        Some(match self {
+            About::Qp(q) => EventElement::Qp(Qp(q.upgrade()?)),
+            About::Cq(c) => EventElement::Cq(Cq(c.upgrade()?)),
+            About::Srq(s) => EventElement::Srq(super::srq::Srq(s.upgrade()?)),
+            About::Wq(w) => EventElement::Wq(super::wq::Wq(w.upgrade()?)),
+            About::Port(p) => EventElement::Port(*p),
+            About::Device => EventElement::Device,
+        })
+    }
+
+    /// The address of the object (null for a port or the device).
+    fn object(&self) -> *const () {
+        match self {
+            About::Qp(q) => q.as_ptr().cast(),
+            About::Cq(c) => c.as_ptr().cast(),
+            About::Srq(s) => s.as_ptr().cast(),
+            About::Wq(w) => w.as_ptr().cast(),
+            About::Port(_) | About::Device => std::ptr::null(),
+        }
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct ContextInner {
     pub(crate) device: Arc<DeviceInner>,
     pub(crate) fabric: Arc<FabricInner>,
-    pub(crate) async_q: EventQueue<AsyncEvent>,
+    pub(crate) async_q: EventQueue<Queued>,
     /// Set by [`Context::close`]: events handed out can no longer be acknowledged.
     closed: AtomicBool,
 }
@@ -62,12 +118,14 @@ impl ContextInner {
 
     /// Queues an async event.
     pub(crate) fn raise(&self, ev: AsyncEvent) {
-        self.async_q.push(ev);
+        self.async_q.push(Queued { event_type: ev.event_type, about: About::of(&ev.element) });
     }
 
-    /// Drops the unread events about an object being destroyed (the kernel does the same).
-    pub(crate) fn discard_events(&self, is_about: impl Fn(&EventElement) -> bool) {
-        self.async_q.remove_if(|ev| is_about(&ev.element));
+    /// Drops the unread events about the object at `object` (being destroyed: the kernel does
+    /// the same). By address: upgrading the events' objects here could drop one's last
+    /// reference, and its destroy would come back to this queue.
+    pub(crate) fn discard_events<T>(&self, object: *const T) {
+        self.async_q.remove_if(|ev| ev.about.object() == object.cast());
     }
 }
 
@@ -204,7 +262,12 @@ impl Context {
     /// non-blocking (then fails with `EAGAIN` when none is pending); `EINTR` when a signal
     /// interrupts the wait (unless its handler has `SA_RESTART`).
     pub fn get_async_event(&self) -> Result<AsyncEvent> {
-        let ev = self.0.async_q.pop()?;
+        let ev = loop {
+            let q = self.0.async_q.pop()?;
+            if let Some(element) = q.about.upgrade() {
+                break AsyncEvent { event_type: q.event_type, element };
+            }
+        };
         // Counted when handed out: the object's destroy waits for this event's ack.
         match &ev.element {
             EventElement::Qp(qp) => qp.0.async_events.reported(),

@@ -279,7 +279,7 @@ impl CqInner {
         drop(st);
         if let Some(ch) = &self.channel {
             self.ctx.fabric.cq_events.fetch_add(1, Ordering::Relaxed);
-            ch.queue.push(self.clone());
+            ch.queue.push(Arc::downgrade(self));
         }
     }
 
@@ -307,12 +307,21 @@ impl CqInner {
 impl Drop for CqInner {
     fn drop(&mut self) {
         if self.life.destroy().is_ok() {
+            self.forget_events();
             self.release();
         }
     }
 }
 
 impl CqInner {
+    /// Drops the CQ's unread channel and async events (it is being destroyed).
+    fn forget_events(&self) {
+        if let Some(ch) = &self.channel {
+            ch.queue.remove_if(|cq| std::ptr::eq(cq.as_ptr(), self));
+        }
+        self.ctx.discard_events(self as *const Self);
+    }
+
     fn release(&self) {
         if let Some(ch) = &self.channel {
             ch.life.put();
@@ -502,12 +511,7 @@ impl Cq {
     /// application has been acknowledged.
     pub fn destroy(&self) -> Result<()> {
         self.0.life.destroy()?;
-        if let Some(ch) = &self.0.channel {
-            ch.queue.remove_if(|cq| Arc::ptr_eq(cq, &self.0));
-        }
-        self.0
-            .ctx
-            .discard_events(|e| matches!(e, EventElement::Cq(c) if Arc::ptr_eq(&c.0, &self.0)));
+        self.0.forget_events();
         self.0.ctx.wait_acked(&self.0.comp_events);
         self.0.ctx.wait_acked(&self.0.async_events);
         let ring = self.0.ring_mut();

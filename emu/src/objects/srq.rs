@@ -150,6 +150,7 @@ pub(crate) struct SrqInner {
 impl Drop for SrqInner {
     fn drop(&mut self) {
         if self.life.destroy().is_ok() {
+            self.pd.ctx.discard_events(self as *const Self);
             self.release();
         }
     }
@@ -349,10 +350,7 @@ impl Srq {
     /// `ibv_destroy_srq`: `EBUSY` while a QP uses it; waits for acknowledged events.
     pub fn destroy(&self) -> Result<()> {
         self.0.life.destroy()?;
-        self.0
-            .pd
-            .ctx
-            .discard_events(|e| matches!(e, EventElement::Srq(s) if Arc::ptr_eq(&s.0, &self.0)));
+        self.0.pd.ctx.discard_events(Arc::as_ptr(&self.0));
         self.0.pd.ctx.wait_acked(&self.0.async_events);
         self.0.release();
         Ok(())

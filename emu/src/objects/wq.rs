@@ -92,6 +92,7 @@ pub(crate) struct WqInner {
 impl Drop for WqInner {
     fn drop(&mut self) {
         if self.life.destroy().is_ok() {
+            self.pd.ctx.discard_events(self as *const Self);
             self.release();
         }
     }
@@ -362,10 +363,7 @@ impl Wq {
         q.rq.clear();
         q.held.clear();
         drop(q);
-        self.0
-            .pd
-            .ctx
-            .discard_events(|e| matches!(e, EventElement::Wq(w) if Arc::ptr_eq(&w.0, &self.0)));
+        self.0.pd.ctx.discard_events(Arc::as_ptr(&self.0));
         self.0.pd.ctx.wait_acked(&self.0.async_events);
         self.0.release();
         Ok(())

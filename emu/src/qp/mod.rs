@@ -247,6 +247,7 @@ impl QpShared {
 impl Drop for QpShared {
     fn drop(&mut self) {
         if self.life.destroy().is_ok() {
+            self.ctx.discard_events(self as *const Self);
             self.part(&self.inner.lock());
             self.release();
         }
@@ -888,9 +889,7 @@ impl Qp {
             g.rq.clear();
             self.0.inbox.clear();
         }
-        self.0
-            .ctx
-            .discard_events(|e| matches!(e, EventElement::Qp(q) if Arc::ptr_eq(&q.0, &self.0)));
+        self.0.ctx.discard_events(Arc::as_ptr(&self.0));
         self.0.ctx.wait_acked(&self.0.async_events);
         self.0.release();
         Ok(())

@@ -1,0 +1,105 @@
+//! Objects are freed when their handles go, whatever the application left unread: a counting
+//! global allocator follows the bytes alive across rounds that build a fabric with connected
+//! QPs, an SRQ, MRs and traffic, raise async events nobody reads, and drop every handle. (One
+//! test in this binary, so no other test's thread allocates meanwhile.)
+
+use std::{
+    alloc::{GlobalAlloc, Layout, System},
+    sync::atomic::{AtomicI64, Ordering},
+};
+
+use rdma_emu::*;
+
+struct Counting;
+
+static LIVE: AtomicI64 = AtomicI64::new(0);
+
+// SAFETY: every call is forwarded unchanged to the system allocator; the counter is a side
+// effect that allocates nothing.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size() as i64, Ordering::Relaxed);
+        // SAFETY: the caller's contract for `alloc` is passed on as is.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size() as i64, Ordering::Relaxed);
+        // SAFETY: `ptr` came from `System.alloc` with this layout (see `alloc`).
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        LIVE.fetch_add(new_size as i64 - layout.size() as i64, Ordering::Relaxed);
+        // SAFETY: the caller's contract for `realloc` is passed on as is.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+const ACCESS: AccessFlags = AccessFlags::LOCAL_WRITE
+    .union(AccessFlags::REMOTE_WRITE)
+    .union(AccessFlags::REMOTE_READ)
+    .union(AccessFlags::REMOTE_ATOMIC);
+
+/// One program's life: objects made, used, left with unread events, dropped.
+fn round(profile: Profile) {
+    let f = Fabric::new(FabricConfig { devices: 2, profile, ..Default::default() });
+    let devs = f.devices();
+    let side = |d: &Device| {
+        let ctx = d.open().unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let ch = ctx.create_comp_channel().unwrap();
+        let cq = ctx.create_cq(64, Some(&ch), 0).unwrap();
+        let mr = pd.reg_mr(4096, ACCESS).unwrap();
+        let srq = pd.create_srq(&SrqAttr { max_wr: 16, max_sge: 1, srq_limit: 0 }).unwrap();
+        let cap = QpCap {
+            max_send_wr: 16,
+            max_recv_wr: 16,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            ..Default::default()
+        };
+        let qp = pd.create_qp(&QpInitAttr::new(QpType::RC, &cq, cap)).unwrap();
+        (ctx, pd, ch, cq, mr, srq, qp)
+    };
+    let (a, b) = (side(&devs[0]), side(&devs[1]));
+    a.6.connect(1, &b.6.endpoint(2), &RcParams::default()).unwrap();
+    b.6.connect(2, &a.6.endpoint(1), &RcParams::default()).unwrap();
+    let src = [Sge { addr: a.4.addr(), length: 64, lkey: a.4.lkey() }];
+    for i in 0..8 {
+        let wr = SendWr::write(i, &src, b.4.addr(), b.4.rkey()).signaled();
+        a.6.post_send(&wr).unwrap();
+    }
+    let mut got = 0;
+    while got < 8 {
+        got += a.3.poll_one().is_some() as usize;
+    }
+    // A completion left in the CQ, an armed CQ, and events nobody reads, about every kind of
+    // object that has them.
+    a.3.req_notify(false).unwrap();
+    a.6.post_send(&SendWr::write(9, &src, b.4.addr(), b.4.rkey()).signaled()).unwrap();
+    a.0.inject_event(EventType::QP_FATAL, EventElement::Qp(a.6.clone()));
+    a.0.inject_event(EventType::CQ_ERR, EventElement::Cq(a.3.clone()));
+    a.0.inject_event(EventType::SRQ_LIMIT_REACHED, EventElement::Srq(a.5.clone()));
+    a.0.inject_event(EventType::PORT_ACTIVE, EventElement::Port(1));
+    b.0.inject_event(EventType::QP_LAST_WQE_REACHED, EventElement::Qp(b.6.clone()));
+}
+
+#[test]
+fn dropping_every_handle_frees_everything_even_with_events_unread() {
+    for profile in [Profile::Rxe, Profile::Full] {
+        // The first rounds make what lives for the process (lazy statics, thread locals).
+        for _ in 0..3 {
+            round(profile);
+        }
+        let before = LIVE.load(Ordering::Relaxed);
+        for _ in 0..40 {
+            round(profile);
+        }
+        let grew = LIVE.load(Ordering::Relaxed) - before;
+        assert!(grew < 16 << 10, "{profile:?}: {grew} bytes still allocated after 40 rounds");
+    }
+}
