@@ -456,6 +456,39 @@ pub(crate) fn write_back(addr: u64, len: usize) -> bool {
     unsafe { libc::msync(start as *mut libc::c_void, (end - start) as usize, libc::MS_SYNC) == 0 }
 }
 
+/// `RLIMIT_MEMLOCK` (the soft limit) in bytes; `None` when unlimited.
+pub(crate) fn memlock_limit() -> Option<u64> {
+    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes one rlimit into `r`, which lives across the call.
+    let ok = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) } == 0;
+    (ok && r.rlim_cur != libc::RLIM_INFINITY).then_some(r.rlim_cur)
+}
+
+/// Whether this process's effective capabilities hold `CAP_IPC_LOCK` (which lifts
+/// `RLIMIT_MEMLOCK` for the kernel's memory pinning).
+pub(crate) fn can_lock_memory() -> bool {
+    const CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+    const CAP_IPC_LOCK: u32 = 14;
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: libc::c_int,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    let mut h = Header { version: CAPABILITY_VERSION_3, pid: 0 };
+    let mut d = [Data::default(); 2];
+    // SAFETY: capget reads the header and writes two data structs (version 3's layout), all
+    // of which live across the call.
+    let rc = unsafe { libc::syscall(libc::SYS_capget, &mut h, d.as_mut_ptr()) };
+    rc == 0 && d[0].effective & (1 << CAP_IPC_LOCK) != 0
+}
+
 /// The host's page size.
 pub(crate) fn page_size() -> u64 {
     // SAFETY: sysconf takes no pointers.

@@ -58,3 +58,117 @@ fn queues_at_the_largest_sizes_take_memory_as_they_fill() {
         drop((qp, srq, cq));
     }
 }
+
+/// Runs `case` of [`registration_is_charged_to_rlimit_memlock`] in a child process of this
+/// test binary (it lowers its own limits); whether it passed.
+fn in_child(case: &str) -> bool {
+    let exe = std::env::current_exe().unwrap();
+    let out = std::process::Command::new(exe)
+        .args(["--exact", "memlock_child", "--nocapture", "--test-threads=1"])
+        .env("MEMLOCK_CASE", case)
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(text.contains("1 passed"), "case {case}:\n{text}");
+    out.status.success()
+}
+
+/// Registrations of application memory are charged to `RLIMIT_MEMLOCK` as the kernel charges
+/// them (by pages spanned, per process, given back at deregistration), `ENOMEM` past it for a
+/// process without `CAP_IPC_LOCK`; with the capability, or `RDMA_EMU_MEMLOCK=off`, there is
+/// no limit.
+#[test]
+fn registration_is_charged_to_rlimit_memlock() {
+    assert!(in_child("limited"));
+    assert!(in_child("off"));
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        assert!(in_child("capable"));
+    } else {
+        eprintln!("not root: the CAP_IPC_LOCK case is skipped");
+    }
+}
+
+/// The child's side of [`registration_is_charged_to_rlimit_memlock`] (does nothing unless
+/// `MEMLOCK_CASE` says which case to run).
+#[test]
+fn memlock_child() {
+    let Ok(case) = std::env::var("MEMLOCK_CASE") else { return };
+    const PAGE: usize = 4096;
+    const LIMIT: usize = 16 * PAGE;
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit and setrlimit take one rlimit that lives across the calls (lowering
+    // the soft limit is always allowed).
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim), 0);
+        lim.rlim_cur = LIMIT as u64;
+        assert_eq!(libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim), 0);
+    }
+    if case != "capable" {
+        drop_ipc_lock();
+    }
+    let f = Fabric::new(FabricConfig { memlock: case != "off", ..Default::default() });
+    let pd = f.devices()[0].open().unwrap().alloc_pd().unwrap();
+    // Page-aligned memory, four times the limit.
+    let layout = std::alloc::Layout::from_size_align(4 * LIMIT, PAGE).unwrap();
+    // SAFETY: a non-zero size.
+    let buf = unsafe { std::alloc::alloc_zeroed(layout) };
+    assert!(!buf.is_null());
+    let reg = |off: usize, len: usize| {
+        // SAFETY: `buf` is allocated for 4 * LIMIT bytes until the end of this function,
+        // after every MR is dropped.
+        let mem = unsafe { RawMemory::new(buf.add(off), len) };
+        pd.reg_mr_raw(mem, buf as u64 + off as u64, AccessFlags::LOCAL_WRITE)
+    };
+    if case == "limited" {
+        // 15 pages, then a 2-byte range across a page boundary (2 pages) is one too many,
+        // while 1 byte in one page fits exactly.
+        let a = reg(0, LIMIT - PAGE).unwrap();
+        let e = reg(LIMIT + PAGE - 1, 2).unwrap_err();
+        assert_eq!(e.errno(), Errno::ENOMEM, "{e}");
+        let b = reg(LIMIT + 8, 1).unwrap();
+        // The same pages registered again are charged again, as the kernel charges them.
+        assert_eq!(reg(0, PAGE).unwrap_err().errno(), Errno::ENOMEM);
+        // Deregistration gives the pages back.
+        a.dereg().unwrap();
+        let c = reg(0, LIMIT - PAGE).unwrap();
+        drop((b, c));
+        // Dropping the last handle does too: the whole limit is free again.
+        let d = reg(2 * LIMIT, LIMIT).unwrap();
+        drop(d);
+    } else {
+        // No limit: four times it.
+        let a = reg(0, 4 * LIMIT).unwrap();
+        let b = reg(0, 4 * LIMIT).unwrap();
+        drop((a, b));
+    }
+    drop(pd);
+    // SAFETY: allocated above with this layout; every MR over it is gone.
+    unsafe { std::alloc::dealloc(buf, layout) };
+}
+
+/// Drops `CAP_IPC_LOCK` from this process's effective set (a process may always lower it).
+fn drop_ipc_lock() {
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: libc::c_int,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    let mut h = Header { version: 0x2008_0522, pid: 0 };
+    let mut d = [Data::default(); 2];
+    // SAFETY: capget/capset read the header and two data structs of version 3's layout, all
+    // alive across the calls.
+    unsafe {
+        assert_eq!(libc::syscall(libc::SYS_capget, &mut h, d.as_mut_ptr()), 0);
+        d[0].effective &= !(1 << 14);
+        assert_eq!(libc::syscall(libc::SYS_capset, &mut h, d.as_ptr()), 0);
+    }
+}

@@ -69,6 +69,10 @@ pub struct FabricConfig {
     /// On by default; `RDMA_EMU_EXPRESS=0` turns it off (every WR then takes the packet path,
     /// which behaves identically, only slower).
     pub express: bool,
+    /// Charges registrations of application memory to the process's `RLIMIT_MEMLOCK` as the
+    /// kernel does (`ENOMEM` past it without `CAP_IPC_LOCK`; see `objects::pinned`). On by
+    /// default; `RDMA_EMU_MEMLOCK=off` turns it off.
+    pub memlock: bool,
 }
 
 impl Default for FabricConfig {
@@ -85,6 +89,7 @@ impl Default for FabricConfig {
             netdev_mtu: None,
             addresses: Vec::new(),
             express: true,
+            memlock: true,
         }
     }
 }
@@ -151,6 +156,7 @@ impl FabricConfig {
             },
             netdev_mtu: var("RDMA_EMU_MTU").and_then(|m| FabricConfig::parse_netdev_mtu(&m).ok()),
             express: var("RDMA_EMU_EXPRESS").is_none_or(|v| v != "0"),
+            memlock: var("RDMA_EMU_MEMLOCK").is_none_or(|v| v != "off" && v != "0"),
             host,
             ..Default::default()
         }
@@ -188,6 +194,8 @@ pub(crate) struct FabricInner {
     pub(crate) cq_events: std::sync::atomic::AtomicU64,
     /// Whether the express path may run (see [`FabricConfig::express`]).
     express: std::sync::atomic::AtomicBool,
+    /// See [`FabricConfig::memlock`].
+    pub(crate) memlock: bool,
     this: Weak<FabricInner>,
 }
 
@@ -472,6 +480,7 @@ impl Fabric {
             port_watch: OnceLock::new(),
             cq_events: Default::default(),
             express: cfg.express.into(),
+            memlock: cfg.memlock,
             this: this.clone(),
         }));
         if !cfg.faults.is_empty() {

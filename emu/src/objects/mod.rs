@@ -17,6 +17,7 @@ pub(crate) mod keys;
 pub(crate) mod mr;
 pub(crate) mod mw;
 pub(crate) mod pd;
+pub(crate) mod pinned;
 pub(crate) mod srq;
 pub(crate) mod wq;
 pub(crate) mod xrcd;

@@ -5,7 +5,7 @@ use std::sync::{
     atomic::{AtomicU32, Ordering},
 };
 
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 
 use super::{
     Lifecycle,
@@ -13,6 +13,7 @@ use super::{
     dm::DmInner,
     keys::{KeyEntry, KeyTable},
     pd::{Pd, PdInner},
+    pinned::Charge,
 };
 use crate::{
     error::{Errno, Error, Result, einval},
@@ -53,12 +54,15 @@ pub(crate) struct MrShared {
     life: Lifecycle,
     /// The device memory the MR lies in (`ibv_reg_dm_mr`), kept busy while it lives.
     dm: Option<Arc<DmInner>>,
+    /// The locked-memory pages its application memory holds charged.
+    charge: Mutex<Charge>,
 }
 
 impl MrShared {
     /// Frees the key (under the key table's lock, `keys`) and the references.
     fn teardown(&self, keys: &mut KeyTable) {
         keys.remove(self.key);
+        drop(std::mem::take(&mut *self.charge.lock()));
         self.cur.read().pd.life.put();
         if let Some(dm) = &self.dm {
             dm.life.put();
@@ -229,6 +233,18 @@ fn pin(region: &MemRegion, access: AccessFlags) -> Result<()> {
     }
 }
 
+/// The locked-memory charge of registering `region` in `pd` (see `pinned`).
+fn charged(pd: &Pd, region: &MemRegion) -> Result<Charge> {
+    charged_to(&pd.0.ctx.fabric, region)
+}
+
+fn charged_to(fabric: &crate::fabric::FabricInner, region: &MemRegion) -> Result<Charge> {
+    if !fabric.memlock {
+        return Ok(Charge::default());
+    }
+    Charge::take(region.host_addr(), region.len())
+}
+
 impl Mr {
     fn register(
         pd: &Pd,
@@ -243,9 +259,12 @@ impl Mr {
         // On-demand paging pins nothing: pages are faulted in as the device touches them.
         let on_demand = access.contains(AccessFlags::ON_DEMAND);
         let region = if on_demand && dm.is_none() { region.into_on_demand() } else { region };
-        if app_memory && !on_demand {
+        let charge = if app_memory && !on_demand {
             pin(&region, access)?;
-        }
+            charged(pd, &region)?
+        } else {
+            Charge::default()
+        };
         let dev = pd.0.ctx.device.clone();
         let iova = effective_iova(dev.profile, access, iova);
         ResourceCounts::take(&dev.counts.mr, dev.attr.max_mr, "too many memory regions")?;
@@ -288,7 +307,8 @@ impl Mr {
             }
         };
         let cur = RwLock::new(made.expect("filled by insert"));
-        Ok(Mr(Arc::new(MrShared { dev, key, cur, life: Lifecycle::default(), dm })))
+        let charge = Mutex::new(charge);
+        Ok(Mr(Arc::new(MrShared { dev, key, cur, life: Lifecycle::default(), dm, charge })))
     }
 
     pub(crate) fn register_owned(pd: &Pd, len: usize, access: AccessFlags) -> Result<Mr> {
@@ -425,6 +445,7 @@ impl Mr {
         }
         let access = what.access.unwrap_or(old.access);
         check_access(self.0.dev.profile, access)?;
+        let mut charge = None;
         let (region, iova) = match what.translation {
             Some(_) if self.0.dm.is_some() => return Err(einval("a device memory MR")),
             Some(_) if old.windows.load(Ordering::Acquire) > 0 => {
@@ -433,6 +454,8 @@ impl Mr {
             Some((mem, iova)) => {
                 check_range(mem.0.len(), iova, false)?;
                 pin(&mem.0, access)?;
+                let pd = what.pd.map_or(&old.pd, |p| &p.0);
+                charge = Some(charged_to(&pd.ctx.fabric, &mem.0)?);
                 (Arc::new(mem.0), effective_iova(self.0.dev.profile, access, iova))
             }
             None => {
@@ -466,6 +489,10 @@ impl Mr {
         let mut keys = self.0.dev.keys.write();
         keys.replace(self.0.key, KeyEntry::Mr(new.clone()));
         *self.0.cur.write() = new;
+        if let Some(c) = charge {
+            // The old pages are given back as the new ones stay charged.
+            *self.0.charge.lock() = c;
+        }
         Ok(())
     }
 
