@@ -333,3 +333,37 @@ fn cq_overrun_loses_the_completion_and_raises_cq_err() {
     assert_eq!(small.poll_one(), None, "the second completion was lost");
     assert_eq!(qp.state(), QpState::RTS, "a lost send completion does not stop the QP (rxe)");
 }
+
+/// A WR that fails locally while earlier ones are still unacknowledged fails in its turn: the
+/// earlier ones complete first (successfully, once their ACKs arrive), then it with its error,
+/// then the rest are flushed; no completion is lost. (The packet path only: the express path
+/// completes the WRITE at its post, before the bad SEND is looked at.)
+#[test]
+fn a_local_error_behind_outstanding_wrs_fails_after_them_and_loses_none() {
+    for profile in [Profile::Rxe, Profile::Full] {
+        let (f, a, b) = pair(profile);
+        f.set_express(false);
+        let src = [sge(&a.mr, 0, 8)];
+        let bad = [Sge { lkey: a.mr.lkey() ^ 0x100, ..sge(&a.mr, 0, 8) }];
+        let wrs = [
+            SendWr::write(1, &src, b.mr.addr(), b.mr.rkey()).signaled(),
+            SendWr::write(2, &src, b.mr.addr() + 8, b.mr.rkey()).signaled(),
+            SendWr::send(3, &bad).signaled(),
+            SendWr::write(4, &src, b.mr.addr() + 16, b.mr.rkey()).signaled(),
+        ];
+        a.qp.post_send_list(&wrs).unwrap();
+        let got: Vec<_> = wait_n(&a.cq, 4).iter().map(|w| (w.wr_id, w.status)).collect();
+        assert_eq!(
+            got,
+            [
+                (1, WcStatus::SUCCESS),
+                (2, WcStatus::SUCCESS),
+                (3, WcStatus::LOC_PROT_ERR),
+                (4, WcStatus::WR_FLUSH_ERR)
+            ],
+            "{profile:?}"
+        );
+        assert_empty(&a.cq);
+        assert_eq!(a.qp.state(), QpState::ERR);
+    }
+}

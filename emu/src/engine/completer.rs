@@ -200,6 +200,7 @@ pub(crate) fn flush_send_queue(qp: &QpShared, g: &mut QpInner) {
     }
     g.sq.next = g.sq.tail;
     g.req.rd_atomic_in_flight = 0;
+    g.req.failed = None;
 }
 
 /// Resends from the oldest outstanding WQE, or fails it with `IBV_WC_RETRY_EXC_ERR` once

@@ -34,6 +34,9 @@ pub(crate) struct Requester {
     pub(crate) armed: Option<u64>,
     /// SQ_DRAINED was raised for the current SQD episode.
     pub(crate) drained_reported: bool,
+    /// A WQE that could not be sent, and its status, while earlier ones were outstanding: it
+    /// fails when they have completed (see [`fail_in_turn`]).
+    pub(crate) failed: Option<(u32, WcStatus)>,
 }
 
 impl Requester {
@@ -320,6 +323,16 @@ pub(crate) fn run(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>) -> 
     let mut sent = false;
     while g.sq.next != g.sq.head {
         let idx = g.sq.next;
+        if let Some((at, status)) = g.req.failed
+            && at == idx
+        {
+            // Nothing after it goes; it fails once every earlier WQE has completed.
+            if idx == g.sq.tail {
+                g.req.failed = None;
+                completer::fail_wqe(qp, g, idx, status);
+            }
+            return sent;
+        }
         let wqe = g.sq.ring.at(idx);
         if !carries(qp.qp_type, wqe.opcode) {
             // An opcode the transport lacks (a READ on UC, a WRITE on UD) is taken by the post,
@@ -397,12 +410,23 @@ pub(crate) fn run(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>) -> 
                 completer::complete_err(qp, g, status);
             }
             Err(status) => {
-                completer::fail_wqe(qp, g, idx, status);
+                fail_in_turn(qp, g, idx, status);
                 return sent;
             }
         }
     }
     sent
+}
+
+/// Fails the WQE at `idx`, which cannot be sent, in its turn: at once if no earlier WQE is
+/// outstanding, else once they have completed (as rxe's completer reaches an errored WQE in
+/// order), so that their completions come first and none is lost.
+fn fail_in_turn(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, status: WcStatus) {
+    if idx == g.sq.tail {
+        completer::fail_wqe(qp, g, idx, status);
+    } else {
+        g.req.failed = Some((idx, status));
+    }
 }
 
 /// Whether a QP of `ty` carries requests of `op`: UC no READ, atomics or SEND with invalidate,
