@@ -72,6 +72,9 @@ pub(crate) fn feed(qp: &Qp, peer: &Qp, pkt: Packet) -> Vec<Packet> {
         let mut g = shared.inner.lock();
         drv.service(shared, &mut g);
     }
-    std::mem::forget(drv); // leave the peer's inbox alone
+    // Leave the peer's inbox alone: nothing more is serviced.
+    drv.ready.clear();
+    drv.check_timers.clear();
+    drop(drv);
     peer.0.inbox.drain()
 }
