@@ -88,16 +88,56 @@ fn round(profile: Profile) {
     b.0.inject_event(EventType::QP_LAST_WQE_REACHED, EventElement::Qp(b.6.clone()));
 }
 
+/// A connection request nobody reads, then both ids destroyed: the unread request goes with the
+/// listener, its new id with it, as the kernel's ucma drops them.
+fn cm_round(port: u16) {
+    use rdma_emu::cm::{addr::PortAddress, *};
+    let addresses = PortAddress::parse_list("127.0.0.2=emu1").unwrap();
+    let f = Fabric::new(FabricConfig { addresses, ..Default::default() });
+    let (sch, cch) = (CmChannel::new(&f).unwrap(), CmChannel::new(&f).unwrap());
+    let server = CmId::create(&sch, PortSpace::Tcp).unwrap();
+    let at: std::net::SocketAddr = format!("127.0.0.2:{port}").parse().unwrap();
+    server.bind_addr(at).unwrap();
+    server.listen(4).unwrap();
+    let client = CmId::create(&cch, PortSpace::Tcp).unwrap();
+    client.resolve_addr(None, at, 2000).unwrap();
+    assert_eq!(cch.get_event().unwrap().event, CmEventType::AddrResolved);
+    client.resolve_route(2000).unwrap();
+    assert_eq!(cch.get_event().unwrap().event, CmEventType::RouteResolved);
+    let ctx = client.context().unwrap();
+    let (pd, cq) = (ctx.alloc_pd().unwrap(), ctx.create_cq(8, None, 0).unwrap());
+    let cap = QpCap {
+        max_send_wr: 4,
+        max_recv_wr: 4,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        ..Default::default()
+    };
+    let qp = pd.create_qp(&QpInitAttr::new(QpType::RC, &cq, cap)).unwrap();
+    client.set_qp(&qp).unwrap();
+    client.connect(&ConnParam::default()).unwrap();
+    // Wait until the request is queued on the server's channel (its fd readable), then
+    // leave it there.
+    use std::os::fd::AsRawFd;
+    let mut pfd = libc::pollfd { fd: sch.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    // SAFETY: poll reads and writes one pollfd that lives across the call.
+    assert_eq!(unsafe { libc::poll(&mut pfd, 1, 10_000) }, 1, "no connection request");
+    client.destroy().unwrap();
+    server.destroy().unwrap();
+}
+
 #[test]
 fn dropping_every_handle_frees_everything_even_with_events_unread() {
     for profile in [Profile::Rxe, Profile::Full] {
         // The first rounds make what lives for the process (lazy statics, thread locals).
-        for _ in 0..3 {
+        for i in 0..3 {
             round(profile);
+            cm_round(7000 + i);
         }
         let before = LIVE.load(Ordering::Relaxed);
-        for _ in 0..40 {
+        for i in 0..40 {
             round(profile);
+            cm_round(7100 + i);
         }
         let grew = LIVE.load(Ordering::Relaxed) - before;
         assert!(grew < 16 << 10, "{profile:?}: {grew} bytes still allocated after 40 rounds");

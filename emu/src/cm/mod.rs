@@ -1116,6 +1116,21 @@ impl CmId {
         if let Some((slot, m)) = self.last_word(state, remote) {
             deliver(self.fabric(), slot, m);
         }
+        // Its unread events go, as the kernel's ucma drops them; a connection request to a
+        // listener takes its new id with it.
+        let me = |id: &CmId| Arc::ptr_eq(&id.0, &self.0);
+        let unread = self
+            .0
+            .channel
+            .lock()
+            .0
+            .queue
+            .remove_if(|e| me(&e.id) || e.listen_id.as_ref().is_some_and(me));
+        for e in unread {
+            if e.listen_id.as_ref().is_some_and(me) {
+                let _ = e.id.destroy();
+            }
+        }
         let cm = self.cm();
         cm.ids.lock().remove(&self.0.num);
         let mut released = Vec::new();

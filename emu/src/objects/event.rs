@@ -58,14 +58,16 @@ impl<T> EventQueue<T> {
         }
     }
 
-    /// Removes every queued event for which `pred` holds; returns how many.
-    pub(crate) fn remove_if(&self, mut pred: impl FnMut(&T) -> bool) -> usize {
+    /// Takes out every queued event for which `pred` holds (dropped by the caller, after the
+    /// queue's lock is released).
+    pub(crate) fn remove_if(&self, mut pred: impl FnMut(&T) -> bool) -> Vec<T> {
         let mut q = self.q.lock();
-        let before = q.len();
-        q.retain(|e| !pred(e));
-        let removed = before - q.len();
-        self.pending.fetch_sub(removed, Ordering::Release);
-        removed
+        let mut taken = Vec::new();
+        for e in std::mem::take(&mut *q) {
+            if pred(&e) { taken.push(e) } else { q.push_back(e) }
+        }
+        self.pending.fetch_sub(taken.len(), Ordering::Release);
+        taken
     }
 
     pub(crate) fn set_nonblocking(&self, on: bool) -> Result<()> {
