@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One entry point for CI and humans: ./ci.sh test | lint | bench
+# One entry point for CI and humans: ./ci.sh test | lint | bench | sanitize
 set -euo pipefail
 cd "$(dirname "$0")"
 export CARGO_TERM_COLOR=never
@@ -32,6 +32,17 @@ lint() {
     RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p rdma-emu
 }
 
+# The emulator's own tests under LeakSanitizer (nightly toolchain, a debug build: the engine's
+# debug assertions run too). Any leak or failure fails it. Skipped where there is no nightly.
+sanitize() {
+    if ! rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
+        echo "sanitize: no nightly toolchain, skipped" >&2
+        return 0
+    fi
+    RUSTFLAGS="-Zsanitizer=leak" CARGO_TARGET_DIR=target/sanitize \
+        timeout 1500 cargo +nightly test -p rdma-emu --target x86_64-unknown-linux-gnu
+}
+
 case "${1:-test}" in
     test)
         install_pkgs
@@ -43,6 +54,7 @@ case "${1:-test}" in
         ./target/release/rdma-emu demo
         ;;
     lint) lint ;;
+    sanitize) sanitize ;;
     bench)
         cargo build --release -p rdma-emu-benches
         ./target/release/ratios "${@:2}"
@@ -54,5 +66,5 @@ case "${1:-test}" in
                 awk -v n=$n '/Collected/ { printf "instructions per 8-byte WRITE + poll: %d\n", $4 / n }'
         fi
         ;;
-    *) echo "usage: $0 [test|lint|bench]" >&2; exit 2 ;;
+    *) echo "usage: $0 [test|lint|bench|sanitize]" >&2; exit 2 ;;
 esac

@@ -88,8 +88,9 @@ fn round(profile: Profile) {
     b.0.inject_event(EventType::QP_LAST_WQE_REACHED, EventElement::Qp(b.6.clone()));
 }
 
-/// A connection request nobody reads, then both ids destroyed: the unread request goes with the
-/// listener, its new id with it, as the kernel's ucma drops them.
+/// A connection request nobody reads, then both ids destroyed (the unread request goes with the
+/// listener, its new id with it, as the kernel's ucma drops them), or every handle just
+/// dropped (the Rust API's way: the events nobody can read any more go with the channels).
 fn cm_round(port: u16) {
     use rdma_emu::cm::{addr::PortAddress, *};
     let addresses = PortAddress::parse_list("127.0.0.2=emu1").unwrap();
@@ -122,8 +123,10 @@ fn cm_round(port: u16) {
     let mut pfd = libc::pollfd { fd: sch.as_raw_fd(), events: libc::POLLIN, revents: 0 };
     // SAFETY: poll reads and writes one pollfd that lives across the call.
     assert_eq!(unsafe { libc::poll(&mut pfd, 1, 10_000) }, 1, "no connection request");
-    client.destroy().unwrap();
-    server.destroy().unwrap();
+    if port.is_multiple_of(2) {
+        client.destroy().unwrap();
+        server.destroy().unwrap();
+    }
 }
 
 #[test]

@@ -199,22 +199,50 @@ pub struct CmEvent {
 
 /// A channel that connection manager events arrive on (`struct rdma_event_channel`); its
 /// descriptor is readable while an event waits.
-#[derive(Debug, Clone)]
+///
+/// Its ids hold the channel, and its unread events their ids; when the application has let
+/// go of every handle of the channel, nobody can read those events any more, so they are
+/// dropped, and with them that cycle (which kept the ids, the channel and the fabric alive).
+#[derive(Debug)]
 pub struct CmChannel(Arc<ChannelInner>);
 
 #[derive(Debug)]
 struct ChannelInner {
     fabric: Arc<FabricInner>,
     queue: EventQueue<CmEvent>,
+    /// The application's handles ([`CmChannel`]s); ids hold the channel without one.
+    handles: AtomicUsize,
+}
+
+impl Clone for CmChannel {
+    fn clone(&self) -> CmChannel {
+        CmChannel::handle(&self.0)
+    }
+}
+
+impl Drop for CmChannel {
+    fn drop(&mut self) {
+        if self.0.handles.fetch_sub(1, Ordering::AcqRel) == 1 {
+            drop(self.0.queue.remove_if(|_| true));
+        }
+    }
 }
 
 impl CmChannel {
     /// `rdma_create_event_channel`.
     pub fn new(fabric: &Fabric) -> Result<CmChannel> {
-        Ok(CmChannel(Arc::new(ChannelInner {
+        let inner = ChannelInner {
             fabric: fabric.0.clone(),
             queue: EventQueue::new()?,
-        })))
+            handles: AtomicUsize::new(0),
+        };
+        Ok(CmChannel::handle(&Arc::new(inner)))
+    }
+
+    /// A handle for the application on `inner`.
+    fn handle(inner: &Arc<ChannelInner>) -> CmChannel {
+        inner.handles.fetch_add(1, Ordering::AcqRel);
+        CmChannel(inner.clone())
     }
 
     /// `rdma_get_cm_event`: the next event; blocks unless the descriptor is non-blocking
@@ -279,7 +307,7 @@ struct IdInner {
     ps: PortSpace,
     fabric: Arc<FabricInner>,
     /// Where its events go ([`CmId::migrate`] moves it).
-    channel: Mutex<CmChannel>,
+    channel: Mutex<Arc<ChannelInner>>,
     st: Mutex<IdState>,
     /// An opaque word for the layer that wraps the id (the C library's `rdma_cm_id`).
     user_data: AtomicUsize,
@@ -503,7 +531,11 @@ fn padded(data: &[u8], len: usize) -> Vec<u8> {
 impl CmId {
     /// `rdma_create_id` on `channel`, in port space `ps`.
     pub fn create(channel: &CmChannel, ps: PortSpace) -> Result<CmId> {
-        let cm = &channel.0.fabric.cm;
+        Ok(CmId::create_on(&channel.0, ps))
+    }
+
+    fn create_on(channel: &Arc<ChannelInner>, ps: PortSpace) -> CmId {
+        let cm = &channel.fabric.cm;
         let num = cm.next_id.fetch_add(1, Ordering::Relaxed);
         let st = IdState {
             state: State::Idle,
@@ -522,11 +554,11 @@ impl CmId {
             local_ece: Ece::default(),
             remote_ece: Ece::default(),
         };
-        let (fabric, channel) = (channel.0.fabric.clone(), Mutex::new(channel.clone()));
+        let (fabric, channel) = (channel.fabric.clone(), Mutex::new(channel.clone()));
         let (st, user_data) = (Mutex::new(st), AtomicUsize::new(0));
         let id = CmId(Arc::new(IdInner { num, ps, fabric, channel, st, user_data }));
         cm.ids.lock().insert(num, Arc::downgrade(&id.0));
-        Ok(id)
+        id
     }
 
     fn fabric(&self) -> &Arc<FabricInner> {
@@ -550,7 +582,7 @@ impl CmId {
         ud: Option<UdParam>,
     ) {
         let ev = CmEvent { id: self.clone(), listen_id, event, status, param, ud, group: None };
-        self.0.channel.lock().0.queue.push(ev);
+        self.0.channel.lock().queue.push(ev);
     }
 
     /// Whether the id's connections are UD ones (SIDR: no RTU, no disconnection).
@@ -841,7 +873,7 @@ impl CmId {
             ud: Some(ud),
             group: Some(group),
         };
-        self.0.channel.lock().0.queue.push(ev);
+        self.0.channel.lock().queue.push(ev);
         Ok(())
     }
 
@@ -1123,7 +1155,6 @@ impl CmId {
             .0
             .channel
             .lock()
-            .0
             .queue
             .remove_if(|e| me(&e.id) || e.listen_id.as_ref().is_some_and(me));
         for e in unread {
@@ -1317,9 +1348,10 @@ impl CmId {
         self.0.user_data.store(v, Ordering::Release);
     }
 
-    /// The channel its events arrive on.
+    /// The channel its events arrive on. (Its events wait only while the application holds a
+    /// handle of the channel: see [`CmChannel`].)
     pub fn channel(&self) -> CmChannel {
-        self.0.channel.lock().clone()
+        CmChannel::handle(&self.0.channel.lock())
     }
 
     /// `rdma_set_option(RDMA_OPTION_ID_TOS)`: the traffic class of the connection's GRH.
@@ -1365,7 +1397,7 @@ impl CmId {
         if !Arc::ptr_eq(&channel.0.fabric, &self.0.fabric) {
             return Err(einval("the channel belongs to another fabric"));
         }
-        *self.0.channel.lock() = channel.clone();
+        *self.0.channel.lock() = channel.0.clone();
         Ok(())
     }
 
@@ -1422,9 +1454,7 @@ fn request(
     if waiting >= listener.0.st.lock().backlog {
         return reject(REJ_CONSUMER_DEFINED);
     }
-    let Ok(conn) = CmId::create(&listener.channel(), listener.0.ps) else {
-        return reject(REJ_CONSUMER_DEFINED);
-    };
+    let conn = CmId::create_on(&listener.0.channel.lock(), listener.0.ps);
     let dest = cm.addrs.port_of(dst.ip());
     let ctx = dest.and_then(|(dev, _)| conn.open_device(dev).ok());
     {
