@@ -51,6 +51,7 @@ case "${1:-test}" in
         cargo build --workspace --release
         # A hang must fail CI quickly, not eat its 90 minutes.
         timeout 1200 cargo test --workspace --release
+        sanitize
         ./target/release/rdma-emu demo
         ;;
     lint) lint ;;
