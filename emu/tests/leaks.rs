@@ -3,46 +3,12 @@
 //! QPs, an SRQ, MRs and traffic, raise async events nobody reads, and drop every handle. (One
 //! test in this binary, so no other test's thread allocates meanwhile.)
 
-use std::{
-    alloc::{GlobalAlloc, Layout, System},
-    sync::atomic::{AtomicI64, Ordering},
-};
-
+mod common;
+use common::{ALL_ACCESS as ACCESS, counting::Counting};
 use rdma_emu::*;
-
-struct Counting;
-
-static LIVE: AtomicI64 = AtomicI64::new(0);
-
-// SAFETY: every call is forwarded unchanged to the system allocator; the counter is a side
-// effect that allocates nothing.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size() as i64, Ordering::Relaxed);
-        // SAFETY: the caller's contract for `alloc` is passed on as is.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size() as i64, Ordering::Relaxed);
-        // SAFETY: `ptr` came from `System.alloc` with this layout (see `alloc`).
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LIVE.fetch_add(new_size as i64 - layout.size() as i64, Ordering::Relaxed);
-        // SAFETY: the caller's contract for `realloc` is passed on as is.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
-
-const ACCESS: AccessFlags = AccessFlags::LOCAL_WRITE
-    .union(AccessFlags::REMOTE_WRITE)
-    .union(AccessFlags::REMOTE_READ)
-    .union(AccessFlags::REMOTE_ATOMIC);
 
 /// One program's life: objects made, used, left with unread events, dropped.
 fn round(profile: Profile) {
@@ -137,12 +103,12 @@ fn dropping_every_handle_frees_everything_even_with_events_unread() {
             round(profile);
             cm_round(7000 + i);
         }
-        let before = LIVE.load(Ordering::Relaxed);
+        let before = Counting::live();
         for i in 0..40 {
             round(profile);
             cm_round(7100 + i);
         }
-        let grew = LIVE.load(Ordering::Relaxed) - before;
+        let grew = Counting::live() - before;
         assert!(grew < 16 << 10, "{profile:?}: {grew} bytes still allocated after 40 rounds");
     }
 }

@@ -3,45 +3,12 @@
 //! queue and from an SRQ), READs and atomics, each posted and polled on one thread after a
 //! warm-up. (One test in this binary, so no other test's thread allocates meanwhile.)
 
-use std::{
-    alloc::{GlobalAlloc, Layout, System},
-    sync::atomic::{AtomicU64, Ordering},
-};
-
+mod common;
+use common::{ALL_ACCESS as ACCESS, counting::Counting};
 use rdma_emu::*;
-
-struct Counting;
-
-static ALLOCS: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: every call is forwarded unchanged to the system allocator; the counter is a side
-// effect that allocates nothing.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: the caller's contract for `alloc` is passed on as is.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` came from `System.alloc` with this layout (see `alloc`).
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: the caller's contract for `realloc` is passed on as is.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
-
-const ACCESS: AccessFlags = AccessFlags::LOCAL_WRITE
-    .union(AccessFlags::REMOTE_WRITE)
-    .union(AccessFlags::REMOTE_READ)
-    .union(AccessFlags::REMOTE_ATOMIC);
 
 struct Side {
     _ctx: Context,
@@ -133,10 +100,10 @@ fn steady_state_work_requests_allocate_nothing() {
     for _ in 0..100 {
         round(&a, &b);
     }
-    let before = ALLOCS.load(Ordering::Relaxed);
+    let before = Counting::allocs();
     for _ in 0..1000 {
         round(&a, &b);
     }
-    let allocs = ALLOCS.load(Ordering::Relaxed) - before;
+    let allocs = Counting::allocs() - before;
     assert_eq!(allocs, 0, "{allocs} allocations in 1,000 rounds of 8 WRs");
 }

@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests: connected RC pairs and bounded waits.
 #![allow(dead_code)]
 
+pub mod counting;
 pub mod raw;
 
 use std::time::{Duration, Instant};
