@@ -27,7 +27,7 @@ fn program(fabric: &Fabric, profile: &str, prog: &str, args: &[&str], port: u16)
             .unwrap()
             .status
             .success(),
-        "{prog} is not installed (Debian packages ibverbs-utils and perftest; ./ci.sh installs them)"
+        "{prog} is not installed (Debian packages ibverbs-utils, perftest and valgrind; ./ci.sh installs them)"
     );
     let mut c = Command::new(env!("CARGO_BIN_EXE_rdma-emu"));
     c.env("RDMA_EMU_LIB", common::cdylib()).env_remove("LD_LIBRARY_PATH");
@@ -277,4 +277,15 @@ legacy_tests! { perftest_rxe:
     send_bw_ud_rxe => "ib_send_bw" ["-c", "UD"];
     send_lat_rxe => "ib_send_lat" [];
     atomic_bw_rxe => "ib_atomic_bw" [];
+}
+
+/// Memcheck: Debian's `ibv_rc_pingpong` as server and client, both under Valgrind, between two
+/// processes on the shim: no invalid read or write and no use of uninitialised memory in
+/// either (`--error-exitcode`). Leaks are LeakSanitizer's business (`./ci.sh sanitize`); the
+/// program's own unfreed buffers are not ours.
+#[test]
+fn the_pingpong_pair_runs_clean_under_valgrind_memcheck() {
+    let args = ["-q", "--error-exitcode=9", "--leak-check=no", "ibv_rc_pingpong", "-n", "200"];
+    let out = server_and_client("full", "valgrind", &args);
+    assert!(out.contains("200 iters in"), "{out}");
 }
