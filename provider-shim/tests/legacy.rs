@@ -59,19 +59,30 @@ fn server_and_client(profile: &str, prog: &str, args: &[&str]) -> String {
         let client = program(&fabric, profile, prog, args, port).arg("localhost").spawn().unwrap();
         let (c_ok, c_out) = finish(client, Duration::from_secs(120), "client");
         let (s_ok, s_out) = finish(server, Duration::from_secs(20), "server");
-        (c_ok && s_ok, c_out, s_out)
+        (c_ok && s_ok, c_out, s_out, sockets(&fabric))
     };
-    let (mut ok, mut c_out, mut s_out) = run();
+    let (mut ok, mut c_out, mut s_out, mut left) = run();
     // perftest times its report with the CPU's cycle counter, whose rate it samples first; on
     // a loaded machine the samples can scatter ("Correlation coefficient r^2 < 0.9"), and it
     // gives up ("Can't produce a report") whatever the transfer did. Such a run is tried once
     // more; any other failure, or a second one, fails.
     let unsampled = |out: &str| out.contains("Correlation coefficient r^2");
     if !ok && (unsampled(&c_out) || unsampled(&s_out)) {
-        (ok, c_out, s_out) = run();
+        (ok, c_out, s_out, left) = run();
     }
     assert!(ok, "{prog} {args:?}\n--- client:\n{c_out}\n--- server:\n{s_out}");
+    // Both left the fabric's directory as they found it.
+    assert!(left.is_empty(), "{prog} {args:?}: sockets left behind: {left:?}");
     c_out
+}
+
+/// The sockets left in a fabric's directory.
+fn sockets(fabric: &Fabric) -> Vec<String> {
+    let names = std::fs::read_dir(fabric.dir()).into_iter().flatten().flatten();
+    names
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".sock"))
+        .collect()
 }
 
 /// Kills the server with SIGKILL while it transfers: the client must not hang, and must fail.

@@ -531,6 +531,15 @@ impl Node {
     }
 }
 
+impl Node {
+    /// At the process's exit: takes the node's socket out of the fabric's directory (the
+    /// process leaves without dropping the node, so `Drop` never runs). Peers that still send
+    /// find no one, as they would a moment later.
+    pub(crate) fn leave(&self) {
+        let _ = self.dir.remove(&sock_name(self.slot));
+    }
+}
+
 impl Drop for Node {
     fn drop(&mut self) {
         // What the application handed over before letting go (final ACKs too) still leaves.

@@ -541,6 +541,15 @@ impl Fabric {
         self.0.node.get().map_or(host::Flushed::All, |n| n.flush(limit))
     }
 
+    /// At the process's exit, after [`Fabric::flush`]: leaves the host fabric's directory as
+    /// it found it (the node's socket goes; its lock file stays for the next owner of the
+    /// slot, and the kernel releases the lock itself).
+    pub fn leave_at_exit(&self) {
+        if let Some(n) = self.0.node.get() {
+            n.leave();
+        }
+    }
+
     /// The device called `name`.
     pub fn device(&self, name: &str) -> Option<Device> {
         self.devices().into_iter().find(|d| d.name() == name)

@@ -94,11 +94,13 @@ fn fabric_from_env() -> Option<Fabric> {
 }
 
 /// At exit, lets the packets still queued for other processes (a final ACK, say) leave
-/// before the process and its queues are gone, within a bound.
+/// before the process and its queues are gone, within a bound, then takes the node's socket
+/// out of the fabric's directory.
 extern "C" fn flush_at_exit() {
     let _ = std::panic::catch_unwind(|| {
         if let Some(f) = FABRIC.get() {
             f.flush(std::time::Duration::from_secs(2));
+            f.leave_at_exit();
         }
     });
 }
