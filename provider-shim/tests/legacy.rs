@@ -300,3 +300,47 @@ fn the_pingpong_pair_runs_clean_under_valgrind_memcheck() {
     let out = server_and_client("full", "valgrind", &args);
     assert!(out.contains("200 iters in"), "{out}");
 }
+
+/// A process storm: pingpong pairs on one fabric killed with SIGKILL mid-transfer, round after
+/// round (the server, the client, or both), beside a third process killed each round too;
+/// then a pair that runs to the end works, and the fabric's directory keeps no socket of any
+/// of them (the dead ones are swept by the next process that joins, even in slots nobody
+/// takes again; the living remove their own at exit).
+#[test]
+fn pairs_killed_mid_transfer_round_after_round_leave_a_working_fabric_and_no_sockets() {
+    let fabric = Fabric::new("storm");
+    let args = ["-n", "100000000"];
+    for round in 0..6 {
+        let port = free_port();
+        let mut idle = start_server(&fabric, "full", "ibv_rc_pingpong", &args, free_port());
+        let mut server = start_server(&fabric, "full", "ibv_rc_pingpong", &args, port);
+        let mut client = program(&fabric, "full", "ibv_rc_pingpong", &args, port)
+            .arg("localhost")
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        let victims: &mut [&mut Child] = match round % 3 {
+            0 => &mut [&mut server],
+            1 => &mut [&mut client],
+            _ => &mut [&mut server, &mut client],
+        };
+        for v in victims.iter_mut() {
+            v.kill().unwrap();
+        }
+        idle.kill().unwrap();
+        idle.wait().unwrap();
+        // The survivor (if any) fails on its own; it must not hang.
+        for (who, child) in [("server", server), ("client", client)] {
+            let (_, out) = finish(child, Duration::from_secs(30), who);
+            assert!(!out.contains("did not finish"), "round {round}: the {who} hung\n{out}");
+        }
+    }
+    let port = free_port();
+    let server = start_server(&fabric, "full", "ibv_rc_pingpong", &["-n", "50"], port);
+    let client =
+        program(&fabric, "full", "ibv_rc_pingpong", &["-n", "50"], port).arg("localhost").spawn();
+    let (c_ok, c_out) = finish(client.unwrap(), Duration::from_secs(60), "client");
+    let (s_ok, s_out) = finish(server, Duration::from_secs(20), "server");
+    assert!(c_ok && s_ok && c_out.contains("50 iters in"), "{c_out}\n{s_out}");
+    assert_eq!(sockets(&fabric), Vec::<String>::new(), "sockets left behind");
+}
