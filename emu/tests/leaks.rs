@@ -4,7 +4,7 @@
 //! test in this binary, so no other test's thread allocates meanwhile.)
 
 mod common;
-use common::{ALL_ACCESS as ACCESS, counting::Counting};
+use common::{ALL_ACCESS as ACCESS, cap, counting::Counting};
 use rdma_emu::*;
 
 #[global_allocator]
@@ -21,14 +21,7 @@ fn round(profile: Profile) {
         let cq = ctx.create_cq(64, Some(&ch), 0).unwrap();
         let mr = pd.reg_mr(4096, ACCESS).unwrap();
         let srq = pd.create_srq(&SrqAttr { max_wr: 16, max_sge: 1, srq_limit: 0 }).unwrap();
-        let cap = QpCap {
-            max_send_wr: 16,
-            max_recv_wr: 16,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            ..Default::default()
-        };
-        let qp = pd.create_qp(&QpInitAttr::new(QpType::RC, &cq, cap)).unwrap();
+        let qp = pd.create_qp(&QpInitAttr::new(QpType::RC, &cq, cap(16))).unwrap();
         (ctx, pd, ch, cq, mr, srq, qp)
     };
     let (a, b) = (side(&devs[0]), side(&devs[1]));
@@ -73,14 +66,7 @@ fn cm_round(port: u16) {
     assert_eq!(cch.get_event().unwrap().event, CmEventType::RouteResolved);
     let ctx = client.context().unwrap();
     let (pd, cq) = (ctx.alloc_pd().unwrap(), ctx.create_cq(8, None, 0).unwrap());
-    let cap = QpCap {
-        max_send_wr: 4,
-        max_recv_wr: 4,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        ..Default::default()
-    };
-    let qp = pd.create_qp(&QpInitAttr::new(QpType::RC, &cq, cap)).unwrap();
+    let qp = pd.create_qp(&QpInitAttr::new(QpType::RC, &cq, cap(4))).unwrap();
     client.set_qp(&qp).unwrap();
     client.connect(&ConnParam::default()).unwrap();
     // Wait until the request is queued on the server's channel (its fd readable), then

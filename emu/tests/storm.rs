@@ -13,6 +13,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+mod common;
 use rdma_emu::*;
 
 const ACCESS: AccessFlags =
@@ -53,13 +54,7 @@ fn storm(profile: Profile) {
     let srq = pb.create_srq(&SrqAttr { max_wr: RECVS as u32, max_sge: 1, srq_limit: 0 }).unwrap();
     let src = pa.reg_mr(SENDERS * WINDOW as usize * SLOT, ACCESS).unwrap();
     let dst = pb.reg_mr(RECVS as usize * SLOT, ACCESS).unwrap();
-    let cap = QpCap {
-        max_send_wr: 64,
-        max_recv_wr: 64,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        ..Default::default()
-    };
+    let cap = common::cap(64);
     let params = RcParams { rnr_retry: 7, min_rnr_timer: 1, ..Default::default() };
     let mut pairs = Vec::new();
     for i in 0..SENDERS {
