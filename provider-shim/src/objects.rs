@@ -224,6 +224,20 @@ pub(crate) unsafe fn obj<'a, C, S: 'static>(p: *mut C) -> Option<&'a S> {
     unsafe { (p as *const S).as_ref() }
 }
 
+/// [`obj`] for an argument that may be NULL: `Ok(None)` for NULL, `Err(())` for a pointer that
+/// names no live `S` (the kernel fails such a command with `EINVAL`; taking it for NULL would
+/// make the object without what the application asked for).
+///
+/// # Safety
+/// As [`obj`].
+pub(crate) unsafe fn optional<'a, C, S: 'static>(p: *mut C) -> Result<Option<&'a S>, ()> {
+    if p.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: the caller's promise.
+    unsafe { obj(p) }.map(Some).ok_or(())
+}
+
 /// [`obj`] for a verb that the kernel runs on the object's handle: `None` also when the
 /// application changed the C struct's `handle`, or its `context` to one over other objects (the
 /// kernel looks the handle up in the context's command file and finds nothing; the object

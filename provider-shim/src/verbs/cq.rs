@@ -52,7 +52,11 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_create_cq(
             return ptr::null_mut();
         };
         // SAFETY: as above.
-        let channel = unsafe { obj::<_, ShimChannel>(ch) }.map(|c| &c.emu);
+        let Ok(channel) = (unsafe { optional::<_, ShimChannel>(ch) }) else {
+            set_errno(libc::EINVAL);
+            return ptr::null_mut();
+        };
+        let channel = channel.map(|c| &c.emu);
         if comp_vector < 0 {
             set_errno(libc::EINVAL);
             return ptr::null_mut();
@@ -152,7 +156,11 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
             return ptr::null_mut();
         }
         // SAFETY: NULL or a live channel.
-        let channel = unsafe { obj::<_, ShimChannel>(a.channel) }.map(|c| &c.emu);
+        let Ok(channel) = (unsafe { optional::<_, ShimChannel>(a.channel) }) else {
+            set_errno(libc::EINVAL);
+            return ptr::null_mut();
+        };
+        let channel = channel.map(|c| &c.emu);
         let options = rdma_emu::CqOptions { timestamps: a.wc_flags & TIMESTAMP_WC_FLAGS != 0 };
         // A CQ of a parent domain (as mlx5: it must be one, of this context's objects).
         let domain = if a.comp_mask & IBV_CQ_INIT_ATTR_MASK_PD != 0 {

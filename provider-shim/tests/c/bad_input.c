@@ -64,6 +64,21 @@ int main(void)
 	CHECK(ibv_dealloc_pd((struct ibv_pd *)junk) == EINVAL);
 	CHECK(ibv_destroy_cq((struct ibv_cq *)junk) == EINVAL);
 	CHECK(ibv_close_device((struct ibv_context *)junk) == EINVAL);
+	/* A completion channel that is none (found by the fuzzer: the CQ was made without one,
+	 * its struct naming the junk). */
+	errno = 0;
+	CHECK(ibv_create_cq(a.ctx, 4, NULL, (struct ibv_comp_channel *)junk, 0) == NULL &&
+	      errno == EINVAL);
+	errno = 0;
+	CHECK(ibv_create_cq(a.ctx, 4, NULL, (struct ibv_comp_channel *)a.pd, 0) == NULL &&
+	      errno == EINVAL);
+	{
+		struct ibv_cq_init_attr_ex cqa = { .cqe = 4,
+						   .channel = (struct ibv_comp_channel *)junk };
+
+		errno = 0;
+		CHECK(ibv_create_cq_ex(a.ctx, &cqa) == NULL && errno == EINVAL);
+	}
 	/* A handle of the wrong type. */
 	CHECK(ibv_dealloc_pd((struct ibv_pd *)a.mr) == EINVAL);
 	CHECK(ibv_dereg_mr(a.mr) == 0);
