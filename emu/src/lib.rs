@@ -69,6 +69,7 @@ pub mod cm;
 mod engine;
 mod error;
 mod fabric;
+mod guarded;
 mod mem;
 mod objects;
 pub mod profile;

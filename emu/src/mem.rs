@@ -41,6 +41,10 @@ pub(crate) struct MemRegion {
     /// where they cannot be. With a NULL `base` the region is the whole address space
     /// (implicit ODP): offsets are addresses.
     on_demand: bool,
+    /// Memory the application or a file owns, which may go away under a live MR (unmapped,
+    /// truncated): every access runs through [`crate::guarded`], and one that faults fails
+    /// with `Unreadable` instead of ending the process.
+    guarded: bool,
 }
 
 // SAFETY: the region is a plain address range; all access goes through the copy functions,
@@ -158,7 +162,16 @@ impl MemRegion {
     /// `base..base+len` must stay valid for reads and writes until the returned region (and
     /// every clone of the `Arc` that will hold it) is dropped.
     pub(crate) unsafe fn from_raw(base: *mut u8, len: usize) -> MemRegion {
-        MemRegion { base, len, _owned: None, _parent: None, _mapping: None, on_demand: false }
+        crate::guarded::install();
+        MemRegion {
+            base,
+            len,
+            _owned: None,
+            _parent: None,
+            _mapping: None,
+            on_demand: false,
+            guarded: true,
+        }
     }
 
     /// A zeroed region of `len` bytes that owns its memory.
@@ -175,6 +188,7 @@ impl MemRegion {
             _parent: None,
             _mapping: None,
             on_demand: false,
+            guarded: false,
         }
     }
 
@@ -191,6 +205,7 @@ impl MemRegion {
             _parent: Some(parent.clone()),
             _mapping: None,
             on_demand: false,
+            guarded: parent.guarded,
         })
     }
 
@@ -203,7 +218,9 @@ impl MemRegion {
         write: bool,
     ) -> Result<MemRegion, i32> {
         let (mapping, base) = crate::sys::FileMapping::map(fd, offset, len, write)?;
-        // `base..base+len` lies in the mapping, which lives as long as the region.
+        crate::guarded::install();
+        // `base..base+len` lies in the mapping, which lives as long as the region (the file
+        // may shrink under it: guarded).
         Ok(MemRegion {
             base,
             len,
@@ -211,6 +228,7 @@ impl MemRegion {
             _parent: None,
             _mapping: Some(mapping),
             on_demand: false,
+            guarded: true,
         })
     }
 
@@ -281,18 +299,15 @@ impl MemRegion {
     /// Copies `dst.len()` bytes at `off` into `dst`.
     pub(crate) fn read(&self, off: usize, dst: &mut [u8]) -> Result<(), MemFault> {
         let p = self.access(off, dst.len(), false)?;
-        // SAFETY: `check` proved p..p+len lies in the region, valid for reads by the region's
-        // invariant; `dst` is a distinct Rust buffer, so `copy` (memmove) is sound.
-        unsafe { std::ptr::copy(p, dst.as_mut_ptr(), dst.len()) };
-        Ok(())
+        // `check` proved p..p+len lies in the region; `dst` is a distinct Rust buffer.
+        move_bytes(p, dst.as_mut_ptr(), dst.len(), self.guarded)
     }
 
     /// Copies `src` into the region at `off`.
     pub(crate) fn write(&self, off: usize, src: &[u8]) -> Result<(), MemFault> {
         let p = self.access(off, src.len(), true)?;
-        // SAFETY: `check` proved p..p+len lies in the region, valid for writes.
-        unsafe { std::ptr::copy(src.as_ptr(), p, src.len()) };
-        Ok(())
+        // `check` proved p..p+len lies in the region.
+        move_bytes(src.as_ptr(), p, src.len(), self.guarded)
     }
 
     /// Copies `len` bytes of another process's memory, `src` from `src_off`, into the region
@@ -323,31 +338,46 @@ impl MemRegion {
     ) -> Result<(), MemFault> {
         let s = src.access(src_off, len, false)?;
         let d = dst.access(dst_off, len, true)?;
-        // SAFETY: both ranges were checked against their regions (valid for read / write);
-        // `copy` has memmove semantics, so overlap is allowed.
-        unsafe { std::ptr::copy(s, d, len) };
-        Ok(())
+        // Both ranges were checked against their regions; they may overlap (memmove).
+        move_bytes(s, d, len, src.guarded || dst.guarded)
     }
 
-    fn atomic_at(&self, off: usize) -> Result<&AtomicU64, MemFault> {
+    /// The 8-byte aligned word at `off`.
+    fn word_at(&self, off: usize) -> Result<*mut u64, MemFault> {
         let p = self.access(off, 8, true)?;
         if !(p as usize).is_multiple_of(8) {
             return Err(MemFault::Misaligned);
         }
-        // SAFETY: p is in bounds for 8 bytes, 8-byte aligned, and valid for the region's
-        // lifetime, which bounds the returned reference's lifetime.
-        Ok(unsafe { &*(p as *const AtomicU64) })
+        Ok(p.cast())
+    }
+
+    /// The word at `off` as an atomic (memory that cannot go away).
+    fn atomic(&self, p: *mut u64) -> &AtomicU64 {
+        debug_assert!(!self.guarded);
+        // SAFETY: p came from `word_at` (in bounds, aligned) and stays valid for the region's
+        // lifetime, which bounds the returned reference's.
+        unsafe { AtomicU64::from_ptr(p) }
     }
 
     /// Stores the 8 bytes `word` at `off` as one (an ATOMIC WRITE).
     pub(crate) fn store(&self, off: usize, word: [u8; 8]) -> Result<(), MemFault> {
-        self.atomic_at(off)?.store(u64::from_ne_bytes(word), Ordering::SeqCst);
-        Ok(())
+        let (p, word) = (self.word_at(off)?, u64::from_ne_bytes(word));
+        if !self.guarded {
+            self.atomic(p).store(word, Ordering::SeqCst);
+            return Ok(());
+        }
+        // SAFETY: p is in the region and aligned; a fault fails the store.
+        unsafe { crate::guarded::store(p, word) }.then_some(()).ok_or(MemFault::Unreadable)
     }
 
     /// Atomically adds `add` to the 64-bit word at `off`; returns the old value.
     pub(crate) fn fetch_add(&self, off: usize, add: u64) -> Result<u64, MemFault> {
-        Ok(self.atomic_at(off)?.fetch_add(add, Ordering::SeqCst))
+        let p = self.word_at(off)?;
+        if !self.guarded {
+            return Ok(self.atomic(p).fetch_add(add, Ordering::SeqCst));
+        }
+        // SAFETY: as `store`.
+        unsafe { crate::guarded::fetch_add(p, add) }.ok_or(MemFault::Unreadable)
     }
 
     /// Atomically replaces the 64-bit word at `off` with `swap` if it equals `compare`;
@@ -358,11 +388,37 @@ impl MemRegion {
         compare: u64,
         swap: u64,
     ) -> Result<u64, MemFault> {
-        let a = self.atomic_at(off)?;
-        Ok(match a.compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst) {
-            Ok(v) | Err(v) => v,
-        })
+        let p = self.word_at(off)?;
+        if !self.guarded {
+            let a = self.atomic(p);
+            return Ok(
+                match a.compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst) {
+                    Ok(v) | Err(v) => v,
+                },
+            );
+        }
+        // SAFETY: as `store`.
+        unsafe { crate::guarded::compare_swap(p, compare, swap) }.ok_or(MemFault::Unreadable)
     }
+}
+
+/// Copies `len` bytes from `src` to `dst` (memmove), both in checked ranges of regions (or a
+/// Rust buffer); through [`crate::guarded`] when either region's memory may be gone, a fault
+/// failing the copy with `Unreadable`.
+fn move_bytes(src: *const u8, dst: *mut u8, len: usize, guarded: bool) -> Result<(), MemFault> {
+    if guarded {
+        // SAFETY: the ranges are in bounds of their regions; memory that went away faults,
+        // and the fault fails the copy.
+        return if unsafe { crate::guarded::copy(src, dst, len) } {
+            Ok(())
+        } else {
+            Err(MemFault::Unreadable)
+        };
+    }
+    // SAFETY: the ranges lie in regions whose memory the emulator owns and keeps mapped
+    // while they live (the regions' invariant); memmove semantics allow overlap.
+    unsafe { std::ptr::copy(src, dst, len) };
+    Ok(())
 }
 
 /// Memory the application owns and lends to an MR: the one `unsafe` step of registering raw

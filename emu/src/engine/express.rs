@@ -8,7 +8,9 @@
 //! free and its inbox empty (so requests keep theirs), and no fault rule, simulation or packet
 //! trace on the fabric (they need packets). Every check is made before anything is changed;
 //! any request that would fail, wait for a receive (RNR), or touch memory that may fault
-//! (on-demand paging) goes the packet path, which gives it its exact error, NAK and events.
+//! (on-demand paging) goes the packet path, which gives it its exact error, NAK and events;
+//! so does one whose copy faults (memory unmapped after its registration: see `guarded`),
+//! before anything but the bytes copied so far has changed.
 //! What the express path changes is what the packet path would have left behind: the PSNs and
 //! MSN of both QPs, the responder's saved READ/atomic results, COMM_EST, the receive and send
 //! completions in that order.
@@ -246,26 +248,27 @@ fn execute(
                     }
                     let sges = if send { sges } else { &[] };
                     let mut into = target.into_iter().chain(ranges(rkeys, sges, len));
-                    match (one, sges.len() <= 1) {
+                    let copied = match (one, sges.len() <= 1) {
                         // The common one-piece message into one range, without the iterators
                         // (the range holds it all: `reaches` or the rkey's check said so).
-                        (Some(piece), true) => {
-                            if let Some((region, off, n)) = into.next() {
-                                copy_piece(piece, 0, region, off, n);
-                            }
-                        }
+                        (Some(piece), true) => into
+                            .next()
+                            .is_none_or(|(region, off, n)| copy_piece(piece, 0, region, off, n)),
                         _ => copy(src(), into),
-                    }
-                    Some(())
+                    };
+                    copied.then_some(())
                 };
                 let wr_id = take_recv(&dst, &mut dg, place)?;
                 let opcode = if send { WcOpcode::RECV } else { WcOpcode::RECV_RDMA_WITH_IMM };
                 responder::complete_arrival(&dst, &mut dg, &arrival, opcode, wr_id);
             } else if let Some((region, off, n)) = target {
-                match one {
+                let copied = match one {
                     // The common one-piece WRITE, without the iterators.
                     Some(piece) => copy_piece(piece, 0, region, off, n),
                     None => copy(src(), target.into_iter()),
+                };
+                if !copied {
+                    return None;
                 }
             }
         }
@@ -280,7 +283,9 @@ fn execute(
             }
             if let Some((region, off)) = source {
                 let src = std::iter::once(Src::Mem(region, off, len as usize));
-                copy(src, ranges(&lkeys, wqe.sges, len));
+                if !copy(src, ranges(&lkeys, wqe.sges, len)) {
+                    return None;
+                }
             }
             responder::remember(&mut dg, Replay::read(psn, npkts, wqe.remote_addr, wqe.rkey, len));
         }
@@ -302,7 +307,9 @@ fn execute(
             };
             let Ok(orig) = op else { return None };
             let word = orig.to_ne_bytes();
-            copy(std::iter::once(Src::Bytes(&word)), ranges(&lkeys, wqe.sges, 8));
+            if !copy(std::iter::once(Src::Bytes(&word)), ranges(&lkeys, wqe.sges, 8)) {
+                return None;
+            }
             responder::remember(&mut dg, Replay::Atomic { psn, orig });
         }
     }
@@ -419,27 +426,33 @@ fn take_recv(
 }
 
 /// Copies the sources, in order, into consecutive destination ranges (stopping where either
-/// ends). Every range was checked and none may fault, so no copy fails.
-fn copy<'a, 'b>(src: impl Iterator<Item = Src<'a>>, mut dst: impl Iterator<Item = Dst<'b>>) {
+/// ends). Every range was checked; false if memory went away under its MR (the copy faulted).
+fn copy<'a, 'b>(
+    src: impl Iterator<Item = Src<'a>>,
+    mut dst: impl Iterator<Item = Dst<'b>>,
+) -> bool {
     let mut cur = dst.next();
     for piece in src {
         let mut done = 0usize;
         while done < piece.len() {
-            let Some((region, off, room)) = cur else { return };
+            let Some((region, off, room)) = cur else { return true };
             let n = room.min(piece.len() - done);
-            copy_piece(piece, done, region, off, n);
+            if !copy_piece(piece, done, region, off, n) {
+                return false;
+            }
             done += n;
             cur = if n == room { dst.next() } else { Some((region, off + n, room - n)) };
         }
     }
+    true
 }
 
-/// Copies `n` bytes of `piece` from `at` to `region` at `off` (checked ranges, memory that
-/// cannot fault: no copy fails).
-fn copy_piece(piece: Src<'_>, at: usize, region: &MemRegion, off: usize, n: usize) {
-    let ok = match piece {
+/// Copies `n` bytes of `piece` from `at` to `region` at `off` (checked ranges); false if the
+/// memory of either went away after its registration (the packet path then reports it).
+fn copy_piece(piece: Src<'_>, at: usize, region: &MemRegion, off: usize, n: usize) -> bool {
+    match piece {
         Src::Bytes(b) => region.write(off, &b[at..at + n]),
         Src::Mem(r, o, _) => MemRegion::copy(r, o + at, region, off, n),
-    };
-    debug_assert!(ok.is_ok(), "a checked, non-faulting copy failed");
+    }
+    .is_ok()
 }

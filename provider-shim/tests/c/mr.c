@@ -230,6 +230,79 @@ static void dmabuf(struct side *a, struct side *b)
 	}
 }
 
+/* One RDMA READ or FETCH_AND_ADD of a word from (addr, rkey) on b's side into a's buffer;
+ * the completion's status (reconnecting after an error, as write_word). */
+static enum ibv_wc_status read_word(struct side *a, struct side *b, enum ibv_wr_opcode op,
+				    uint64_t addr, uint32_t rkey)
+{
+	struct ibv_sge sge = { .addr = (uintptr_t)a->buf, .length = 8, .lkey = a->mr->lkey };
+	struct ibv_send_wr wr = { .wr_id = 8, .sg_list = &sge, .num_sge = 1, .opcode = op,
+				  .send_flags = IBV_SEND_SIGNALED };
+	struct ibv_send_wr *bad;
+	struct ibv_wc wc;
+
+	wr.wr.rdma.remote_addr = addr;
+	wr.wr.rdma.rkey = rkey;
+	if (op == IBV_WR_ATOMIC_FETCH_AND_ADD) {
+		wr.wr.atomic.remote_addr = addr;
+		wr.wr.atomic.rkey = rkey;
+		wr.wr.atomic.compare_add = 1;
+	}
+	CHECK(ibv_post_send(a->qp, &wr, &bad) == 0);
+	wc = wait_wc(a->cq);
+	if (wc.status != IBV_WC_SUCCESS) {
+		struct ibv_qp_attr attr = { .qp_state = IBV_QPS_RESET };
+		CHECK(ibv_modify_qp(a->qp, &attr, IBV_QP_STATE) == 0);
+		CHECK(ibv_modify_qp(b->qp, &attr, IBV_QP_STATE) == 0);
+		connect_to(a, b);
+		connect_to(b, a);
+	}
+	return wc.status;
+}
+
+/* Memory that goes away under a live MR (the application's error: unmapped, or the file
+ * under a dma-buf MR truncated). A NIC still reaches the pinned pages; the emulator cannot,
+ * and fails each access as an on-demand paging fault that cannot be served, instead of
+ * ending the process with SIGSEGV or SIGBUS: a peer's WRITE, READ or atomic gets
+ * REM_ACCESS_ERR, and the MR is deregistered as usual. */
+static void gone_after_registration(struct side *a, struct side *b)
+{
+	/* Two pages inside a reservation that nothing else can be mapped into; replacing them
+	 * with inaccessible ones unmaps the pages the MR was registered over. */
+	char *resv = mmap(NULL, 4 * 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	CHECK(resv != MAP_FAILED);
+	char *mem = resv + 4096;
+	CHECK(mmap(mem, 8192, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1,
+		   0) == mem);
+	struct ibv_mr *mr = ibv_reg_mr(b->pd, mem, 8192, ALL_ACCESS);
+	CHECK(mr);
+	memcpy(a->buf, "mapped!!", 8);
+	CHECK(write_word(a, b, (uintptr_t)mem + 8, mr->rkey) == IBV_WC_SUCCESS);
+	CHECK(memcmp(mem + 8, "mapped!!", 8) == 0);
+	CHECK(mmap(mem, 8192, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == mem);
+	CHECK(write_word(a, b, (uintptr_t)mem + 8, mr->rkey) == IBV_WC_REM_ACCESS_ERR);
+	CHECK(read_word(a, b, IBV_WR_RDMA_READ, (uintptr_t)mem + 8, mr->rkey) ==
+	      IBV_WC_REM_ACCESS_ERR);
+	CHECK(read_word(a, b, IBV_WR_ATOMIC_FETCH_AND_ADD, (uintptr_t)mem + 8, mr->rkey) ==
+	      IBV_WC_REM_ACCESS_ERR);
+	/* Still connected and working. */
+	CHECK(write_word(a, b, (uintptr_t)b->buf, b->mr->rkey) == IBV_WC_SUCCESS);
+	CHECK(ibv_dereg_mr(mr) == 0);
+	CHECK(munmap(resv, 4 * 4096) == 0);
+
+	if (rxe)
+		return; /* no dma-buf MRs on rxe */
+	int fd = memfd_create("rdma-emu-truncated", MFD_CLOEXEC);
+	CHECK(fd >= 0 && ftruncate(fd, 8192) == 0);
+	CHECK(mr = ibv_reg_dmabuf_mr(b->pd, 0, 8192, 0, fd, ALL_ACCESS));
+	CHECK(write_word(a, b, 4096, mr->rkey) == IBV_WC_SUCCESS);
+	CHECK(ftruncate(fd, 0) == 0);
+	CHECK(write_word(a, b, 4096, mr->rkey) == IBV_WC_REM_ACCESS_ERR);
+	CHECK(read_word(a, b, IBV_WR_RDMA_READ, 4096, mr->rkey) == IBV_WC_REM_ACCESS_ERR);
+	CHECK(ibv_dereg_mr(mr) == 0);
+	close(fd);
+}
+
 /* On-demand paging (full profile, as mlx5; rxe on 6.1 has none): an MR over memory that is
  * not mapped yet, used once it is; ibv_advise_mr; implicit ODP over the whole address space. */
 static void on_demand(struct side *a, struct side *b)
@@ -313,6 +386,7 @@ int main(void)
 	device_memory(&a);
 	dmabuf(&a, &b);
 	on_demand(&a, &b);
+	gone_after_registration(&a, &b);
 	printf("mr ok\n");
 	return 0;
 }
