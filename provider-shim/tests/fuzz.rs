@@ -7,7 +7,14 @@
 mod common;
 use std::{path::Path, process::Command};
 
+/// The fuzzer, compiled once per test binary (tests running at once must not write the
+/// executable while another runs it).
 fn build() -> std::path::PathBuf {
+    static EXE: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    EXE.get_or_init(compile).clone()
+}
+
+fn compile() -> std::path::PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz/verbs_fuzz.c");
     let out_dir = common::profile_dir().join("c-tests");
     std::fs::create_dir_all(&out_dir).unwrap();
@@ -35,7 +42,15 @@ fn env_or(name: &str, default: u64) -> u64 {
 fn fuzz(seed: u64, cases: u64, fabric: Option<&str>, self_test: bool) -> (String, bool) {
     common::cdylib();
     let mut cmd = Command::new(build());
-    cmd.arg(seed.to_string()).arg(cases.to_string()).env("LD_LIBRARY_PATH", common::lib_dir());
+    // Every program writes the devices' sysfs tree; a child ended with _exit (or a crash)
+    // leaves its own behind. One tree, rewritten by each program in turn, leaves one.
+    let sysfs = common::profile_dir()
+        .join("c-tests")
+        .join(format!("fuzz-sysfs-{}-{self_test}", fabric.unwrap_or("host")));
+    cmd.arg(seed.to_string())
+        .arg(cases.to_string())
+        .env("LD_LIBRARY_PATH", common::lib_dir())
+        .env("RDMA_EMU_SYSFS", &sysfs);
     if let Some(f) = fabric {
         cmd.env("RDMA_EMU_FABRIC", f);
     }
@@ -43,6 +58,7 @@ fn fuzz(seed: u64, cases: u64, fabric: Option<&str>, self_test: bool) -> (String
         cmd.env("VERBS_FUZZ_SELF_TEST", "1");
     }
     let out = cmd.output().expect("run verbs_fuzz");
+    let _ = std::fs::remove_dir_all(&sysfs);
     (String::from_utf8_lossy(&out.stdout).into_owned(), out.status.success())
 }
 
