@@ -70,7 +70,7 @@ pub(super) const LAST: u8 = 2;
 /// A datagram that carries the descriptor of the sender's ring to us.
 pub(super) const RING: u8 = 4;
 /// A doorbell: records wait in the sender's ring.
-const BELL: u8 = 8;
+pub(super) const BELL: u8 = 8;
 /// Bytes of records per ring (one per ordered pair of nodes that talk): small enough to stay
 /// in the caches as messages stream through (a ring of 4 MiB or more moves a third as fast
 /// here), large enough to hold a 1 MiB message whole while the next one is written.

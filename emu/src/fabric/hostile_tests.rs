@@ -59,13 +59,7 @@ impl Victim {
             max_inline_data: 0,
         };
         let qp = pd.create_qp(&QpInitAttr::new(QpType::UD, &cq, cap)).unwrap();
-        use QpAttrMask as M;
-        let init =
-            QpAttr { qp_state: QpState::INIT, port_num: 1, qkey: QKEY, ..Default::default() };
-        qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY).unwrap();
-        qp.modify(&QpAttr { qp_state: QpState::RTR, ..Default::default() }, M::STATE).unwrap();
-        qp.modify(&QpAttr { qp_state: QpState::RTS, ..Default::default() }, M::STATE | M::SQ_PSN)
-            .unwrap();
+        ready(&qp);
         let v = Victim { dir, fabric, qp, cq, mr };
         for i in 0..2 {
             v.post_recv(i);
@@ -128,6 +122,16 @@ impl Drop for Victim {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Takes a UD QP from RESET to RTS.
+fn ready(qp: &Qp) {
+    use QpAttrMask as M;
+    let init = QpAttr { qp_state: QpState::INIT, port_num: 1, qkey: QKEY, ..Default::default() };
+    qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY).unwrap();
+    qp.modify(&QpAttr { qp_state: QpState::RTR, ..Default::default() }, M::STATE).unwrap();
+    qp.modify(&QpAttr { qp_state: QpState::RTS, ..Default::default() }, M::STATE | M::SQ_PSN)
+        .unwrap();
 }
 
 /// `pkt` as one datagram (or ring record) from the slot [`LIAR`].
@@ -332,4 +336,220 @@ fn test_a_pulled_payload_that_comes_without_a_ring_is_refused() {
     UnixDatagram::unbound().unwrap().send_to(&d, v.sock()).unwrap();
     v.until(|d| d.pulls == 1);
     assert_eq!(v.completion().map(|wc| wc.wr_id), None);
+}
+
+/// A deterministic generator for the storms below.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
+    /// A word a hostile peer would try: 0, 1, a boundary, or random.
+    fn word(&mut self) -> u32 {
+        [0, 1, 0x7fff_ffff, u32::MAX, 1 << 20, 64 * 1024, self.next() as u32][self.below(7)]
+    }
+}
+
+/// The RC QP of [`Victim::with_rc`]: connected to a QP of the hostile slot.
+const LIAR_QPN: u32 = (LIAR as u32) << 16 | 2;
+
+impl Victim {
+    /// A victim that also has an RC QP connected to [`LIAR_QPN`], with an MR a peer may write.
+    fn with_rc(tag: &str) -> (Victim, Qp, Mr) {
+        let v = Victim::new(tag);
+        let ctx = v.fabric.devices()[0].open().unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(64, None, 0).unwrap();
+        let all = AccessFlags::LOCAL_WRITE
+            | AccessFlags::REMOTE_WRITE
+            | AccessFlags::REMOTE_READ
+            | AccessFlags::REMOTE_ATOMIC;
+        let mr = pd.reg_mr(4096, all).unwrap();
+        let cap = QpCap {
+            max_send_wr: 4,
+            max_recv_wr: 4,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let rc = pd.create_qp(&QpInitAttr::new(QpType::RC, &cq, cap)).unwrap();
+        let ep = v.qp.endpoint(0);
+        let liar = Endpoint { qpn: LIAR_QPN, lid: ep.lid, gid: ep.gid, psn: 100 };
+        rc.connect(0, &liar, &RcParams::default()).unwrap();
+        (v, rc, mr)
+    }
+
+    /// Valid frames to mangle: UD SENDs of many sizes to the UD QP, and requests of every
+    /// kind to the RC QP `rc` (WRITEs and atomics naming `mr`).
+    fn seeds(&self, rng: &mut Rng, rc: u32, mr: &Mr) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        for len in [0, 1, 40, 1000, 1024, 3000] {
+            out.push(self.bytes(&vec![0xab; len]));
+        }
+        let kinds = [
+            Kind::Send,
+            Kind::Write,
+            Kind::ReadRequest,
+            Kind::ReadResponse,
+            Kind::CompareSwap,
+            Kind::FetchAdd,
+            Kind::AtomicWrite,
+            Kind::Flush,
+            Kind::Ack,
+            Kind::AtomicAck,
+            Kind::XrcDeliver,
+            Kind::XrcResult,
+        ];
+        for kind in kinds {
+            for _ in 0..3 {
+                let mut p = Packet::new(kind);
+                p.transport = crate::QpType::RC;
+                (p.dst_qpn, p.src_qpn) = (rc, LIAR_QPN);
+                p.psn = [0, 1, 100, rng.next() as u32 & 0xff_ffff][rng.below(4)];
+                p.npkts = rng.word().max(1);
+                (p.va, p.rkey) = (mr.addr() + rng.below(5000) as u64, mr.rkey());
+                let payload = vec![0xcd; [0, 8, 100, 5000][rng.below(4)]];
+                p.len = payload.len() as u32;
+                p.payload = Payload::Bytes(payload.into());
+                out.push(framed(&p, &Encoded::packet(&p)));
+            }
+        }
+        out
+    }
+}
+
+/// `seed` as a hostile peer would break it: cut short, grown, bytes flipped, header or body
+/// words replaced with boundary values, the sending slot or flags changed, or pure noise.
+fn mangle(rng: &mut Rng, seed: &[u8]) -> Vec<u8> {
+    let mut d = seed.to_vec();
+    match rng.below(8) {
+        0 => d.truncate(rng.below(d.len() + 1)),
+        1 => d.extend((0..rng.below(4096)).map(|_| rng.next() as u8)),
+        2 => {
+            for _ in 0..1 + rng.below(8) {
+                let i = rng.below(d.len().max(1));
+                if let Some(b) = d.get_mut(i) {
+                    *b ^= 1 << rng.below(8);
+                }
+            }
+        }
+        3 => {
+            // total, offset or destination QPN of the frame header.
+            let at = 8 + 4 * rng.below(3);
+            let w = rng.word();
+            d[at..at + 4].copy_from_slice(&w.to_le_bytes());
+        }
+        4 if d.len() >= 24 => {
+            let at = 20 + rng.below(d.len() - 23);
+            let w = rng.word();
+            d[at..at + 4].copy_from_slice(&w.to_le_bytes());
+        }
+        5 => d[4] = rng.next() as u8, // another slot: ours, another node's, or none
+        6 => d[5] = rng.next() as u8, // fragment and ring flags
+        _ => d = (0..rng.below(2048)).map(|_| rng.next() as u8).collect(),
+    }
+    d
+}
+
+/// After a storm, the victim takes a well-formed message and its memory outside what it
+/// offered is untouched.
+fn still_serves(v: &Victim, rc_mr: &Mr) {
+    // The storm's well-formed SENDs may have used the receives, or (one too long for its
+    // buffer) put the UD QP in ERR, as rxe does: start it over.
+    let reset = QpAttr { qp_state: QpState::RESET, ..Default::default() };
+    v.qp.modify(&reset, QpAttrMask::STATE).unwrap();
+    ready(&v.qp);
+    while v.cq.poll_one().is_some() {}
+    v.post_recv(0);
+    v.post_recv(1);
+    let sock = UnixDatagram::unbound().unwrap();
+    sock.send_to(&v.bytes(b"after the storm"), v.sock()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let wc = loop {
+        match v.cq.poll_one() {
+            Some(wc) if wc.status == WcStatus::SUCCESS && wc.byte_len == 40 + 15 => break wc,
+            Some(_) => {}
+            None => assert!(Instant::now() < deadline, "no completion: {:?}", v.drops()),
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    let mut got = [0u8; 15];
+    v.mr.read(1024 * wc.wr_id as usize + 40, &mut got).unwrap();
+    assert_eq!(&got, b"after the storm");
+    // The UD buffer beyond its two receives was never offered to anyone.
+    let mut rest = vec![0u8; 2048];
+    v.mr.read(2048, &mut rest).unwrap();
+    assert!(rest.iter().all(|&b| b == 0), "bytes no receive offered were written");
+    // The RC MR is the peer's to write; it is still there and readable.
+    let mut word = [0u8; 8];
+    rc_mr.read(0, &mut word).unwrap();
+}
+
+#[test]
+fn test_a_storm_of_mangled_datagrams_is_dropped_and_counted() {
+    let (v, rc, rc_mr) = Victim::with_rc("storm");
+    let mut rng = Rng(0x5eed);
+    let seeds = v.seeds(&mut rng, rc.qp_num(), &rc_mr);
+    let sock = UnixDatagram::unbound().unwrap();
+    for i in 0..4000 {
+        let seed = &seeds[rng.below(seeds.len())];
+        let d = mangle(&mut rng, seed);
+        // Replays too: every tenth datagram goes twice.
+        for _ in 0..1 + usize::from(i % 10 == 0) {
+            // A full socket buffer only slows the storm down.
+            while sock.send_to(&d, v.sock()).is_err() {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+    v.until(|d| d.malformed > 0);
+    still_serves(&v, &rc_mr);
+    drop(rc);
+}
+
+#[test]
+fn test_a_ring_of_mangled_records_and_corrupted_indices_is_dropped() {
+    let (v, rc, rc_mr) = Victim::with_rc("ring-storm");
+    let mut rng = Rng(0xbad_5eed);
+    let seeds = v.seeds(&mut rng, rc.qp_num(), &rc_mr);
+    let ring = Ring::create(1 << 16).unwrap();
+    let sock = UnixDatagram::unbound().unwrap();
+    sock.connect(v.sock()).unwrap();
+    crate::sys::send_with_fd(sock.as_raw_fd(), &frame(LIAR, RING, 0, 0, 0, &[]), ring.fd())
+        .unwrap();
+    let bell = frame(LIAR, super::host::BELL, 0, 0, 0, &[]);
+    for _ in 0..50 {
+        for _ in 0..20 {
+            let i = rng.below(seeds.len());
+            let rec = mangle(&mut rng, &seeds[i]);
+            let len = rec.len().min(ring.max_record());
+            let _ = ring.write(len, |b| {
+                b.copy_from_slice(&rec[..len]);
+                true
+            });
+        }
+        let _ = sock.send(&bell);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Then the indices themselves: the reader must not trust them.
+    let path = format!("/proc/self/fd/{}", ring.fd());
+    let file = std::fs::File::options().write(true).open(&path).unwrap();
+    let (tail, head) = (super::ring::TAIL_AT as u64, super::ring::HEAD_AT as u64);
+    for (at, value) in [(tail, u64::MAX - 7), (head, 1 << 40), (tail, 3)] {
+        std::os::unix::fs::FileExt::write_all_at(&file, &value.to_le_bytes(), at).unwrap();
+        let _ = sock.send(&bell);
+    }
+    v.until(|d| d.malformed > 0);
+    still_serves(&v, &rc_mr);
+    drop(rc);
 }

@@ -54,8 +54,8 @@ const PULL_AT: usize = 40;
 /// Set by the writer when it will write no more (its node left the fabric): the reader may
 /// then take a ring from another node in the same slot.
 const CLOSED_AT: usize = 48;
-const TAIL_AT: usize = 64;
-const HEAD_AT: usize = 128;
+pub(super) const TAIL_AT: usize = 64;
+pub(super) const HEAD_AT: usize = 128;
 const BELL_AT: usize = 192;
 /// A record is its length (u32, padded to 8 bytes), then its bytes, padded to 8 bytes.
 const RECORD_HEADER: usize = 8;
