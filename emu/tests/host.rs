@@ -470,6 +470,158 @@ fn an_exit_does_not_wait_for_a_stopped_peer() {
     assert_eq!(flushed, Flushed::LeftStalled(1));
 }
 
+/// The other process of `a_survivor_keeps_no_descriptor_or_ring_of_peers_stopped_and_killed`:
+/// connects to the endpoint the test gives, SENDs [`ROUND_MESSAGES`] once told to, says
+/// "sent", and waits to be killed. Does nothing unless that test started this binary.
+#[test]
+fn peer_process_for_the_round_test() {
+    use std::io::Write;
+    let Ok(spec) = std::env::var("RDMA_EMU_TEST_ROUND") else { return };
+    let (dir, theirs) = spec.split_once(';').unwrap();
+    let host = Some(dir.to_owned());
+    let fabric = Fabric::new(FabricConfig { devices: 1, host, ..Default::default() });
+    let n = node_on(&fabric.devices()[0], 4096);
+    n.qp.connect(0, &endpoint_parse(theirs), &RcParams::default()).unwrap();
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "endpoint: {}", endpoint_text(&n.qp.endpoint(0))).unwrap();
+    out.flush().unwrap();
+    std::io::stdin().read_line(&mut String::new()).unwrap();
+    for i in 0..ROUND_MESSAGES {
+        n.mr.write(0, &i.to_le_bytes()).unwrap();
+        n.qp.post_send(&SendWr::send(i, &[sge(&n.mr, 0, 8)]).signaled()).unwrap();
+        assert_eq!(wait1(&n.cq).status, WcStatus::SUCCESS);
+    }
+    writeln!(out, "sent").unwrap();
+    out.flush().unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(60));
+}
+
+const ROUND_MESSAGES: u64 = 1000;
+
+/// Descriptors of this process, and mappings of memory files (rings) in it.
+fn open_files() -> (usize, usize) {
+    let fds = std::fs::read_dir("/proc/self/fd").unwrap().count();
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    (fds, maps.lines().filter(|l| l.contains("/memfd:")).count())
+}
+
+/// A long-lived process whose peers come, talk, are stopped and continued mid-transfer, and
+/// are killed, round after round: every message arrives, and its descriptors, ring mappings
+/// and the fabric's directory do not grow with the rounds. (The survivor is a process of its
+/// own: the other tests of this binary would move its counts.)
+#[test]
+fn a_survivor_keeps_no_descriptor_or_ring_of_peers_stopped_and_killed() {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "survivor_process_for_the_round_test", "--nocapture", "--test-threads=1"])
+        .env("RDMA_EMU_TEST_SURVIVOR", "1")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("survivor ok"),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The process of `a_survivor_keeps_no_descriptor_or_ring_of_peers_stopped_and_killed`.
+#[test]
+fn survivor_process_for_the_round_test() {
+    use std::io::{BufRead, BufReader, Write};
+    if std::env::var_os("RDMA_EMU_TEST_SURVIVOR").is_none() {
+        return;
+    }
+    let dir = HostDir::new();
+    let f = dir.fabric(Profile::Full);
+    let s = node_on(&f.devices()[0], 4096);
+    let mut seen = Vec::new();
+    for round in 0..8 {
+        let qp = s.pd.create_qp(&QpInitAttr::new(QpType::RC, &s.cq, cap(1024))).unwrap();
+        for i in 0..ROUND_MESSAGES {
+            post_recv(&qp, i, &[sge(&s.mr, 8 * (i as usize % 512), 8)]);
+        }
+        let spec = format!("{};{}", dir.0.display(), endpoint_text(&qp.endpoint(0)));
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "peer_process_for_the_round_test", "--nocapture", "--test-threads=1"])
+            .env("RDMA_EMU_TEST_ROUND", spec)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines().map(Result::unwrap);
+        let theirs = loop {
+            let l = lines.next().expect("the peer process ended early");
+            if let Some((_, e)) = l.split_once("endpoint: ") {
+                break e.to_owned();
+            }
+        };
+        qp.connect(0, &endpoint_parse(&theirs), &RcParams::default()).unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(
+                b"go
+",
+            )
+            .unwrap();
+        let pid = child.id() as i32;
+        if round % 2 == 1 {
+            // Stopped mid-transfer for less than the retry timer's patience (the connection
+            // lives on: divergences #16 says what a longer stop does).
+            std::thread::sleep(std::time::Duration::from_millis(2));
+            // SAFETY: signals a child process this test started and still owns.
+            assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            // SAFETY: as above.
+            assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+        }
+        if round == 6 {
+            // Killed while stopped, mid-transfer: what arrived completes, the rest of the
+            // receives are flushed once the peer is seen gone.
+            std::thread::sleep(std::time::Duration::from_millis(2));
+            // SAFETY: as above.
+            assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+            child.kill().unwrap();
+            child.wait().unwrap();
+            let got = wait_n(&s.cq, ROUND_MESSAGES as usize);
+            let ok = got.iter().take_while(|w| w.status == WcStatus::SUCCESS).count();
+            assert!(
+                got[ok..].iter().all(|w| w.status == WcStatus::WR_FLUSH_ERR),
+                "round {round}: {:?}",
+                &got[ok..]
+            );
+        } else {
+            let got = wait_n(&s.cq, ROUND_MESSAGES as usize);
+            assert!(got.iter().all(|w| w.status == WcStatus::SUCCESS), "round {round}: {got:?}");
+            assert!(lines.any(|l| l == "sent"), "the peer process ended early");
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+        qp.destroy().unwrap();
+        let now = (open_files(), std::fs::read_dir(&dir.0).unwrap().count());
+        println!("round {round}: {now:?}");
+        seen.push(now);
+    }
+    // A dead peer's ring is let go of when the node notices, not at once: each round's count
+    // may hold one or two. They must come back to the fewest seen, not climb with the rounds.
+    let least = seen.iter().min().copied().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let now = (open_files(), std::fs::read_dir(&dir.0).unwrap().count());
+        if now <= least {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "descriptors, memfd mappings and directory entries stay at {now:?}, above {least:?}: \
+             {seen:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    println!("survivor ok");
+}
+
 #[test]
 fn a_peer_that_is_gone_ends_in_retry_exceeded_not_a_hang() {
     let dir = HostDir::new();
