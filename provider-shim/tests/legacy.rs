@@ -301,6 +301,23 @@ fn the_pingpong_pair_runs_clean_under_valgrind_memcheck() {
     assert!(out.contains("200 iters in"), "{out}");
 }
 
+/// Memcheck of perftest: `ib_write_bw` and `ib_read_lat`, server and client both under
+/// Valgrind, as the pingpong pair above. perftest's own uses of stack variables it never
+/// initialised (traced to allocations in its binary) are suppressed, nothing else
+/// (`tests/valgrind/perftest.supp`).
+#[test]
+fn perftest_pairs_run_clean_under_valgrind_memcheck() {
+    let supp =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/valgrind/perftest.supp");
+    let supp = format!("--suppressions={}", supp.display());
+    let vg = ["-q", "--error-exitcode=9", "--leak-check=no", &supp];
+    for (prog, done) in [("ib_write_bw", "BW average"), ("ib_read_lat", "t_typical")] {
+        let args: Vec<&str> = vg.iter().copied().chain([prog, "-n", "200"]).collect();
+        let out = server_and_client("full", "valgrind", &args);
+        assert!(out.contains(done), "{prog}: {out}");
+    }
+}
+
 /// A process storm: pingpong pairs on one fabric killed with SIGKILL mid-transfer, round after
 /// round (the server, the client, or both), beside a third process killed each round too;
 /// then a pair that runs to the end works, and the fabric's directory keeps no socket of any
