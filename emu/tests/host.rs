@@ -307,6 +307,36 @@ fn endpoint_parse(s: &str) -> Endpoint {
     }
 }
 
+/// This test binary started again as the process of test `name`, with `var` set to `spec`;
+/// the child (stdin and stdout piped) and the lines it prints.
+fn peer_process(
+    name: &str,
+    var: &str,
+    spec: &str,
+) -> (std::process::Child, impl Iterator<Item = String>) {
+    use std::io::{BufRead, BufReader};
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .env(var, spec)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = BufReader::new(child.stdout.take().unwrap()).lines().map(Result::unwrap);
+    (child, lines)
+}
+
+/// The next endpoint a peer process prints (after a marker: the test harness may have begun
+/// the line).
+fn next_endpoint(lines: &mut impl Iterator<Item = String>) -> Endpoint {
+    loop {
+        let l = lines.next().expect("the peer process ended early");
+        if let Some((_, e)) = l.split_once("endpoint: ") {
+            return endpoint_parse(e);
+        }
+    }
+}
+
 /// The other process of `a_killed_peer_breaks_its_connections_but_not_the_ones_it_closed`:
 /// does nothing unless that test started this binary as its child.
 #[test]
@@ -343,7 +373,7 @@ fn peer_process_for_the_kill_test() {
 
 #[test]
 fn a_killed_peer_breaks_its_connections_but_not_the_ones_it_closed() {
-    use std::io::{BufRead, BufReader, Write};
+    use std::io::Write;
     let dir = HostDir::new();
     let fa = dir.fabric(Profile::Full);
     let (parted, broken) = (node_on(&fa.devices()[0], 4096), node_on(&fa.devices()[0], 4096));
@@ -353,22 +383,10 @@ fn a_killed_peer_breaks_its_connections_but_not_the_ones_it_closed() {
         endpoint_text(&parted.qp.endpoint(0)),
         endpoint_text(&broken.qp.endpoint(0))
     );
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "peer_process_for_the_kill_test", "--nocapture", "--test-threads=1"])
-        .env("RDMA_EMU_TEST_PEER", spec)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines().map(Result::unwrap);
-    let mut next_endpoint = || loop {
-        let l = lines.next().expect("the peer process ended early");
-        if let Some((_, e)) = l.split_once("endpoint: ") {
-            break e.to_owned();
-        }
-    };
+    let (mut child, mut lines) =
+        peer_process("peer_process_for_the_kill_test", "RDMA_EMU_TEST_PEER", &spec);
     for n in [&parted, &broken] {
-        n.qp.connect(0, &endpoint_parse(&next_endpoint()), &RcParams::default()).unwrap();
+        n.qp.connect(0, &next_endpoint(&mut lines), &RcParams::default()).unwrap();
         post_recv(&n.qp, 7, &[sge(&n.mr, 0, 64)]);
     }
     child.stdin.take().unwrap().write_all(b"go\n").unwrap();
@@ -428,25 +446,13 @@ fn peer_process_for_the_stop_test() {
 /// SIGALRM to fire during teardown).
 #[test]
 fn an_exit_does_not_wait_for_a_stopped_peer() {
-    use std::io::{BufRead, BufReader};
     let dir = HostDir::new();
     let fa = dir.fabric(Profile::Full);
     let a = uc_node(&fa.devices()[0]);
     let spec = format!("{};{}", dir.0.display(), endpoint_text(&a.qp.endpoint(0)));
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "peer_process_for_the_stop_test", "--nocapture", "--test-threads=1"])
-        .env("RDMA_EMU_TEST_STOPPED", spec)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines().map(Result::unwrap);
-    let theirs = loop {
-        let l = lines.next().expect("the peer process ended early");
-        if let Some((_, e)) = l.split_once("endpoint: ") {
-            break e.to_owned();
-        }
-    };
-    a.qp.connect(0, &endpoint_parse(&theirs), &RcParams::default()).unwrap();
+    let (mut child, mut lines) =
+        peer_process("peer_process_for_the_stop_test", "RDMA_EMU_TEST_STOPPED", &spec);
+    a.qp.connect(0, &next_endpoint(&mut lines), &RcParams::default()).unwrap();
     // SAFETY: signals a child process this test started and still owns.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGSTOP) }, 0);
     // The signal takes effect asynchronously: wait (a bounded guard) until it is stopped.
@@ -527,7 +533,7 @@ fn a_survivor_keeps_no_descriptor_or_ring_of_peers_stopped_and_killed() {
 /// The process of `a_survivor_keeps_no_descriptor_or_ring_of_peers_stopped_and_killed`.
 #[test]
 fn survivor_process_for_the_round_test() {
-    use std::io::{BufRead, BufReader, Write};
+    use std::io::Write;
     if std::env::var_os("RDMA_EMU_TEST_SURVIVOR").is_none() {
         return;
     }
@@ -541,21 +547,9 @@ fn survivor_process_for_the_round_test() {
             post_recv(&qp, i, &[sge(&s.mr, 8 * (i as usize % 512), 8)]);
         }
         let spec = format!("{};{}", dir.0.display(), endpoint_text(&qp.endpoint(0)));
-        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "peer_process_for_the_round_test", "--nocapture", "--test-threads=1"])
-            .env("RDMA_EMU_TEST_ROUND", spec)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines().map(Result::unwrap);
-        let theirs = loop {
-            let l = lines.next().expect("the peer process ended early");
-            if let Some((_, e)) = l.split_once("endpoint: ") {
-                break e.to_owned();
-            }
-        };
-        qp.connect(0, &endpoint_parse(&theirs), &RcParams::default()).unwrap();
+        let (mut child, mut lines) =
+            peer_process("peer_process_for_the_round_test", "RDMA_EMU_TEST_ROUND", &spec);
+        qp.connect(0, &next_endpoint(&mut lines), &RcParams::default()).unwrap();
         child
             .stdin
             .take()

@@ -30,6 +30,9 @@ use crate::{
 const QKEY: u32 = 0x1234;
 /// The slot the hostile peers claim.
 const LIAR: u8 = 200;
+/// The victims' QPs: a few WRs of one SGE.
+const CAP: QpCap =
+    QpCap { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
 
 /// A process on a host fabric with a UD QP that has a receive posted over a registered buffer.
 struct Victim {
@@ -51,14 +54,7 @@ impl Victim {
         let pd = ctx.alloc_pd().unwrap();
         let cq = ctx.create_cq(16, None, 0).unwrap();
         let mr = pd.reg_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
-        let cap = QpCap {
-            max_send_wr: 4,
-            max_recv_wr: 4,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-        };
-        let qp = pd.create_qp(&QpInitAttr::new(QpType::UD, &cq, cap)).unwrap();
+        let qp = pd.create_qp(&QpInitAttr::new(QpType::UD, &cq, CAP)).unwrap();
         ready(&qp);
         let v = Victim { dir, fabric, qp, cq, mr };
         for i in 0..2 {
@@ -375,14 +371,7 @@ impl Victim {
             | AccessFlags::REMOTE_READ
             | AccessFlags::REMOTE_ATOMIC;
         let mr = pd.reg_mr(4096, all).unwrap();
-        let cap = QpCap {
-            max_send_wr: 4,
-            max_recv_wr: 4,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-        };
-        let rc = pd.create_qp(&QpInitAttr::new(QpType::RC, &cq, cap)).unwrap();
+        let rc = pd.create_qp(&QpInitAttr::new(QpType::RC, &cq, CAP)).unwrap();
         let ep = v.qp.endpoint(0);
         let liar = Endpoint { qpn: LIAR_QPN, lid: ep.lid, gid: ep.gid, psn: 100 };
         rc.connect(0, &liar, &RcParams::default()).unwrap();

@@ -11,18 +11,25 @@
 
 static int rxe;
 
-/* A WRITE of one word from a to (addr, rkey), b's side; the completion's status. After an
- * error both QPs are in ERR (rxe and mlx5 fail the responder too): they are connected again. */
-static enum ibv_wc_status write_word(struct side *a, struct side *b, uint64_t addr, uint32_t rkey)
+/* One-word `op` (a WRITE from, or a READ or FETCH_AND_ADD into, a's buffer) at (addr, rkey)
+ * on b's side; the completion's status. After an error both QPs are in ERR (rxe and mlx5 fail
+ * the responder too): they are connected again. */
+static enum ibv_wc_status one_word(struct side *a, struct side *b, enum ibv_wr_opcode op,
+				   uint64_t addr, uint32_t rkey)
 {
 	struct ibv_sge sge = { .addr = (uintptr_t)a->buf, .length = 8, .lkey = a->mr->lkey };
-	struct ibv_send_wr wr = { .wr_id = 7, .sg_list = &sge, .num_sge = 1,
-				  .opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED };
+	struct ibv_send_wr wr = { .wr_id = 7, .sg_list = &sge, .num_sge = 1, .opcode = op,
+				  .send_flags = IBV_SEND_SIGNALED };
 	struct ibv_send_wr *bad;
 	struct ibv_wc wc;
 
 	wr.wr.rdma.remote_addr = addr;
 	wr.wr.rdma.rkey = rkey;
+	if (op == IBV_WR_ATOMIC_FETCH_AND_ADD) {
+		wr.wr.atomic.remote_addr = addr;
+		wr.wr.atomic.rkey = rkey;
+		wr.wr.atomic.compare_add = 1;
+	}
 	CHECK(ibv_post_send(a->qp, &wr, &bad) == 0);
 	wc = wait_wc(a->cq);
 	if (wc.status != IBV_WC_SUCCESS) {
@@ -33,6 +40,11 @@ static enum ibv_wc_status write_word(struct side *a, struct side *b, uint64_t ad
 		connect_to(b, a);
 	}
 	return wc.status;
+}
+
+static enum ibv_wc_status write_word(struct side *a, struct side *b, uint64_t addr, uint32_t rkey)
+{
+	return one_word(a, b, IBV_WR_RDMA_WRITE, addr, rkey);
 }
 
 static void pinning(struct side *a)
@@ -230,36 +242,6 @@ static void dmabuf(struct side *a, struct side *b)
 	}
 }
 
-/* One RDMA READ or FETCH_AND_ADD of a word from (addr, rkey) on b's side into a's buffer;
- * the completion's status (reconnecting after an error, as write_word). */
-static enum ibv_wc_status read_word(struct side *a, struct side *b, enum ibv_wr_opcode op,
-				    uint64_t addr, uint32_t rkey)
-{
-	struct ibv_sge sge = { .addr = (uintptr_t)a->buf, .length = 8, .lkey = a->mr->lkey };
-	struct ibv_send_wr wr = { .wr_id = 8, .sg_list = &sge, .num_sge = 1, .opcode = op,
-				  .send_flags = IBV_SEND_SIGNALED };
-	struct ibv_send_wr *bad;
-	struct ibv_wc wc;
-
-	wr.wr.rdma.remote_addr = addr;
-	wr.wr.rdma.rkey = rkey;
-	if (op == IBV_WR_ATOMIC_FETCH_AND_ADD) {
-		wr.wr.atomic.remote_addr = addr;
-		wr.wr.atomic.rkey = rkey;
-		wr.wr.atomic.compare_add = 1;
-	}
-	CHECK(ibv_post_send(a->qp, &wr, &bad) == 0);
-	wc = wait_wc(a->cq);
-	if (wc.status != IBV_WC_SUCCESS) {
-		struct ibv_qp_attr attr = { .qp_state = IBV_QPS_RESET };
-		CHECK(ibv_modify_qp(a->qp, &attr, IBV_QP_STATE) == 0);
-		CHECK(ibv_modify_qp(b->qp, &attr, IBV_QP_STATE) == 0);
-		connect_to(a, b);
-		connect_to(b, a);
-	}
-	return wc.status;
-}
-
 /* Memory that goes away under a live MR (the application's error: unmapped, or the file
  * under a dma-buf MR truncated). A NIC still reaches the pinned pages; the emulator cannot,
  * and fails each access as an on-demand paging fault that cannot be served, instead of
@@ -281,9 +263,9 @@ static void gone_after_registration(struct side *a, struct side *b)
 	CHECK(memcmp(mem + 8, "mapped!!", 8) == 0);
 	CHECK(mmap(mem, 8192, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == mem);
 	CHECK(write_word(a, b, (uintptr_t)mem + 8, mr->rkey) == IBV_WC_REM_ACCESS_ERR);
-	CHECK(read_word(a, b, IBV_WR_RDMA_READ, (uintptr_t)mem + 8, mr->rkey) ==
+	CHECK(one_word(a, b, IBV_WR_RDMA_READ, (uintptr_t)mem + 8, mr->rkey) ==
 	      IBV_WC_REM_ACCESS_ERR);
-	CHECK(read_word(a, b, IBV_WR_ATOMIC_FETCH_AND_ADD, (uintptr_t)mem + 8, mr->rkey) ==
+	CHECK(one_word(a, b, IBV_WR_ATOMIC_FETCH_AND_ADD, (uintptr_t)mem + 8, mr->rkey) ==
 	      IBV_WC_REM_ACCESS_ERR);
 	/* Still connected and working. */
 	CHECK(write_word(a, b, (uintptr_t)b->buf, b->mr->rkey) == IBV_WC_SUCCESS);
@@ -298,7 +280,7 @@ static void gone_after_registration(struct side *a, struct side *b)
 	CHECK(write_word(a, b, 4096, mr->rkey) == IBV_WC_SUCCESS);
 	CHECK(ftruncate(fd, 0) == 0);
 	CHECK(write_word(a, b, 4096, mr->rkey) == IBV_WC_REM_ACCESS_ERR);
-	CHECK(read_word(a, b, IBV_WR_RDMA_READ, 4096, mr->rkey) == IBV_WC_REM_ACCESS_ERR);
+	CHECK(one_word(a, b, IBV_WR_RDMA_READ, 4096, mr->rkey) == IBV_WC_REM_ACCESS_ERR);
 	CHECK(ibv_dereg_mr(mr) == 0);
 	close(fd);
 }
