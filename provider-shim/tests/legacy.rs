@@ -326,21 +326,34 @@ fn perftest_pairs_run_clean_under_valgrind_memcheck() {
 #[test]
 fn pairs_killed_mid_transfer_round_after_round_leave_a_working_fabric_and_no_sockets() {
     let fabric = Fabric::new("storm");
-    let args = ["-n", "100000000"];
-    for round in 0..6 {
+    for round in 0..12 {
+        // pingpong and perftest pairs in turn, running far longer than the round.
+        let (prog, args): (&str, &[&str]) = match round % 2 {
+            0 => ("ibv_rc_pingpong", &["-n", "100000000"]),
+            _ => (["ib_write_bw", "ib_send_bw", "ib_read_bw"][round / 2 % 3], &["-D", "60"]),
+        };
         let port = free_port();
-        let mut idle = start_server(&fabric, "full", "ibv_rc_pingpong", &args, free_port());
-        let mut server = start_server(&fabric, "full", "ibv_rc_pingpong", &args, port);
-        let mut client = program(&fabric, "full", "ibv_rc_pingpong", &args, port)
-            .arg("localhost")
-            .spawn()
-            .unwrap();
+        let mut idle = start_server(&fabric, "full", "ibv_rc_pingpong", &["-n", "9"], free_port());
+        let mut server = start_server(&fabric, "full", prog, args, port);
+        let mut client =
+            program(&fabric, "full", prog, args, port).arg("localhost").spawn().unwrap();
         std::thread::sleep(Duration::from_millis(300));
         let victims: &mut [&mut Child] = match round % 3 {
             0 => &mut [&mut server],
             1 => &mut [&mut client],
             _ => &mut [&mut server, &mut client],
         };
+        for v in victims.iter_mut() {
+            // Every fourth round the victims are stopped first (SIGSTOP, as a debugger does),
+            // left stopped a while, and killed stopped.
+            if round % 4 == 3 {
+                // SAFETY: signals a child process this test started and still owns.
+                assert_eq!(unsafe { libc::kill(v.id() as i32, libc::SIGSTOP) }, 0);
+            }
+        }
+        if round % 4 == 3 {
+            std::thread::sleep(Duration::from_millis(200));
+        }
         for v in victims.iter_mut() {
             v.kill().unwrap();
         }
