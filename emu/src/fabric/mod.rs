@@ -13,6 +13,7 @@ pub(crate) mod host;
 mod hostile_tests;
 pub(crate) mod pcap;
 pub(crate) mod ring;
+pub(crate) mod roce;
 pub(crate) mod timer;
 pub(crate) mod trust;
 pub(crate) mod wire;

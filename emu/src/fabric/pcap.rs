@@ -11,7 +11,7 @@ use std::{fs::File, io::Write, path::Path};
 
 use parking_lot::Mutex;
 
-use super::FabricInner;
+use super::{FabricInner, roce::op};
 use crate::{
     engine::packet::{Grh, Kind, NakCode, Packet, Payload, Syndrome},
     error::Result,
@@ -156,36 +156,6 @@ fn payload_bytes(pkt: &Packet) -> Vec<u8> {
         }
     }
     out
-}
-
-/// BTH opcodes' low five bits (IBA 9.2, Table 38).
-mod op {
-    pub(super) const SEND_FIRST: u8 = 0x00;
-    pub(super) const SEND_MIDDLE: u8 = 0x01;
-    pub(super) const SEND_LAST: u8 = 0x02;
-    pub(super) const SEND_LAST_IMM: u8 = 0x03;
-    pub(super) const SEND_ONLY: u8 = 0x04;
-    pub(super) const SEND_ONLY_IMM: u8 = 0x05;
-    pub(super) const WRITE_FIRST: u8 = 0x06;
-    pub(super) const WRITE_MIDDLE: u8 = 0x07;
-    pub(super) const WRITE_LAST: u8 = 0x08;
-    pub(super) const WRITE_LAST_IMM: u8 = 0x09;
-    pub(super) const WRITE_ONLY: u8 = 0x0a;
-    pub(super) const WRITE_ONLY_IMM: u8 = 0x0b;
-    pub(super) const READ_REQUEST: u8 = 0x0c;
-    pub(super) const READ_RESP_FIRST: u8 = 0x0d;
-    pub(super) const READ_RESP_MIDDLE: u8 = 0x0e;
-    pub(super) const READ_RESP_LAST: u8 = 0x0f;
-    pub(super) const READ_RESP_ONLY: u8 = 0x10;
-    pub(super) const ACK: u8 = 0x11;
-    pub(super) const ATOMIC_ACK: u8 = 0x12;
-    pub(super) const COMPARE_SWAP: u8 = 0x13;
-    pub(super) const FETCH_ADD: u8 = 0x14;
-    // IBA 1.5 (RC only).
-    pub(super) const FLUSH: u8 = 0x1c;
-    pub(super) const ATOMIC_WRITE: u8 = 0x1d;
-    pub(super) const SEND_LAST_INV: u8 = 0x16;
-    pub(super) const SEND_ONLY_INV: u8 = 0x17;
 }
 
 /// Where a packet stands in its message.
@@ -478,7 +448,7 @@ fn icrc(ip_onwards: &[u8], v4: bool, udp_at: usize) -> u32 {
 }
 
 #[cfg(test)]
-mod test {
+pub(super) mod test {
     use super::*;
 
     #[test]
@@ -551,7 +521,7 @@ mod test {
 
     /// Frames the kernel's rxe (Linux 6.1) sent, captured in the rxe VM by
     /// `conformance/wire/rxe_frames.c`: the IP packet onwards of each.
-    fn rxe_frames() -> Vec<(String, Vec<u8>)> {
+    pub(crate) fn rxe_frames() -> Vec<(String, Vec<u8>)> {
         include_str!("testdata/rxe-frames.txt")
             .lines()
             .filter_map(|l| l.strip_prefix("frame "))
