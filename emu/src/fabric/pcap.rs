@@ -11,7 +11,10 @@ use std::{fs::File, io::Write, path::Path};
 
 use parking_lot::Mutex;
 
-use super::{FabricInner, roce::op};
+use super::{
+    FabricInner,
+    roce::{fold, icrc, ipv4_header, ipv6_first_word, ones_complement_sum, op},
+};
 use crate::{
     engine::packet::{Grh, Kind, NakCode, Packet, Payload, Syndrome},
     error::Result,
@@ -325,44 +328,6 @@ fn mac_of(g: &Gid) -> [u8; 6] {
     }
 }
 
-fn ones_complement_sum(mut sum: u32, bytes: &[u8]) -> u32 {
-    for c in bytes.chunks(2) {
-        sum += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
-    }
-    sum
-}
-
-fn fold(mut sum: u32) -> u16 {
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
-}
-
-/// The first word of an IPv6 header (or IB GRH): version 6, traffic class, flow label.
-pub(crate) fn ipv6_first_word(traffic_class: u8, flow_label: u32) -> [u8; 4] {
-    (6 << 28 | u32::from(traffic_class) << 20 | flow_label & 0xf_ffff).to_be_bytes()
-}
-
-/// The IPv4 header of a RoCE v2 packet carrying `udp_len` bytes of UDP: DF, checksum.
-pub(crate) fn ipv4_header(
-    src: [u8; 4],
-    dst: [u8; 4],
-    udp_len: usize,
-    tos: u8,
-    ttl: u8,
-) -> [u8; 20] {
-    let mut h = [0u8; 20];
-    h[..2].copy_from_slice(&[0x45, tos]);
-    h[2..4].copy_from_slice(&((20 + udp_len) as u16).to_be_bytes());
-    h[4..12].copy_from_slice(&[0, 0, 0x40, 0, ttl, 17, 0, 0]); // DF, UDP
-    h[12..16].copy_from_slice(&src);
-    h[16..20].copy_from_slice(&dst);
-    let csum = fold(ones_complement_sum(0, &h));
-    h[10..12].copy_from_slice(&csum.to_be_bytes());
-    h
-}
-
 /// One Ethernet frame: Ethernet, IP, UDP, the transport headers, payload, pad and ICRC.
 fn frame(ends: &Ends, transport: &[u8], data: &[u8], damaged: bool) -> Vec<u8> {
     let pad = (4 - data.len() % 4) % 4;
@@ -417,34 +382,6 @@ fn frame(ends: &Ends, transport: &[u8], data: &[u8], damaged: bool) -> Vec<u8> {
     };
     f[udp_start + 6..udp_start + 8].copy_from_slice(&csum.to_be_bytes());
     f
-}
-
-/// The invariant CRC of RoCE v2 (IBA Annex A17.3.3): CRC-32 over 64 one-bits standing for the
-/// LRH, then the IP and UDP headers and the BTH with every field a router may change masked
-/// to ones (IPv4 TOS, TTL and checksum; IPv6 traffic class, flow label and hop limit; UDP
-/// checksum; the BTH's reserved byte), then the rest of the packet. Computed before the UDP
-/// checksum is filled in, which it masks anyway.
-fn icrc(ip_onwards: &[u8], v4: bool, udp_at: usize) -> u32 {
-    let mut masked = ip_onwards.to_vec();
-    if v4 {
-        masked[1] = 0xff;
-        masked[8] = 0xff;
-        masked[10] = 0xff;
-        masked[11] = 0xff;
-    } else {
-        masked[0] |= 0x0f;
-        masked[1] = 0xff;
-        masked[2] = 0xff;
-        masked[3] = 0xff;
-        masked[7] = 0xff;
-    }
-    masked[udp_at + 6] = 0xff;
-    masked[udp_at + 7] = 0xff;
-    masked[udp_at + 8 + 4] = 0xff;
-    let mut h = crc32fast::Hasher::new();
-    h.update(&[0xff; 8]);
-    h.update(&masked);
-    h.finalize()
 }
 
 #[cfg(test)]

@@ -230,6 +230,125 @@ pub(crate) fn decode(d: &[u8]) -> Result<WirePacket<'_>, Refused> {
     })
 }
 
+/// The Internet checksum's running sum of `bytes` as 16-bit big-endian words, onto `sum`.
+pub(crate) fn ones_complement_sum(mut sum: u32, bytes: &[u8]) -> u32 {
+    for c in bytes.chunks(2) {
+        sum += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
+    }
+    sum
+}
+
+/// A running sum folded to 16 bits and complemented: the checksum.
+pub(crate) fn fold(mut sum: u32) -> u16 {
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// The first word of an IPv6 header (or IB GRH): version 6, traffic class, flow label.
+pub(crate) fn ipv6_first_word(traffic_class: u8, flow_label: u32) -> [u8; 4] {
+    (6 << 28 | u32::from(traffic_class) << 20 | flow_label & 0xf_ffff).to_be_bytes()
+}
+
+/// The IPv4 header of a RoCE v2 packet carrying `udp_len` bytes of UDP: DF, checksum.
+pub(crate) fn ipv4_header(
+    src: [u8; 4],
+    dst: [u8; 4],
+    udp_len: usize,
+    tos: u8,
+    ttl: u8,
+) -> [u8; 20] {
+    let mut h = [0u8; 20];
+    h[..2].copy_from_slice(&[0x45, tos]);
+    h[2..4].copy_from_slice(&((20 + udp_len) as u16).to_be_bytes());
+    h[4..12].copy_from_slice(&[0, 0, 0x40, 0, ttl, 17, 0, 0]); // DF, UDP
+    h[12..16].copy_from_slice(&src);
+    h[16..20].copy_from_slice(&dst);
+    let csum = fold(ones_complement_sum(0, &h));
+    h[10..12].copy_from_slice(&csum.to_be_bytes());
+    h
+}
+
+/// The invariant CRC of RoCE v2 (IBA Annex A17.3.3): CRC-32 over 64 one-bits standing for the
+/// LRH, then the IP and UDP headers and the BTH with every field a router may change masked
+/// to ones (IPv4 TOS, TTL and checksum; IPv6 traffic class, flow label and hop limit; UDP
+/// checksum; the BTH's reserved byte), then the rest of the packet. Computed before the UDP
+/// checksum is filled in, which it masks anyway.
+pub(crate) fn icrc(ip_onwards: &[u8], v4: bool, udp_at: usize) -> u32 {
+    let mut masked = ip_onwards.to_vec();
+    if v4 {
+        masked[1] = 0xff;
+        masked[8] = 0xff;
+        masked[10] = 0xff;
+        masked[11] = 0xff;
+    } else {
+        masked[0] |= 0x0f;
+        masked[1] = 0xff;
+        masked[2] = 0xff;
+        masked[3] = 0xff;
+        masked[7] = 0xff;
+    }
+    masked[udp_at + 6] = 0xff;
+    masked[udp_at + 7] = 0xff;
+    masked[udp_at + 8 + 4] = 0xff;
+    let mut h = crc32fast::Hasher::new();
+    h.update(&[0xff; 8]);
+    h.update(&masked);
+    h.finalize()
+}
+
+/// The IP identification under which a RoCE v2 packet that came to `dst` from `src:src_port`
+/// over IPv4 with DF carries a valid ICRC; `None` if there is none (the packet is damaged).
+/// `udp_payload` is what a UDP socket delivers (BTH to ICRC). A receiver on such a socket
+/// never sees the identification, which the ICRC covers; the CRC is affine in its 16 bits
+/// (the ICRC of identification `x` is the ICRC of 0 xor the effects of `x`'s set bits), so
+/// the one that fits is found by elimination over GF(2).
+pub(crate) fn icrc_v4_identification(
+    src: [u8; 4],
+    dst: [u8; 4],
+    src_port: u16,
+    udp_payload: &[u8],
+) -> Option<u16> {
+    let (body, sent) = udp_payload.split_last_chunk::<4>()?;
+    let udp_len = 8 + udp_payload.len();
+    let mut ip = Vec::with_capacity(20 + udp_len);
+    ip.extend_from_slice(&ipv4_header(src, dst, udp_len, 0, 0));
+    ip.extend_from_slice(&src_port.to_be_bytes());
+    ip.extend_from_slice(&4791u16.to_be_bytes());
+    ip.extend_from_slice(&(udp_len as u16).to_be_bytes());
+    ip.extend_from_slice(&[0, 0]);
+    ip.extend_from_slice(body);
+    let crc_with = |ip: &mut Vec<u8>, id: u16| {
+        ip[4..6].copy_from_slice(&id.to_be_bytes());
+        icrc(ip, true, 20)
+    };
+    let base = crc_with(&mut ip, 0);
+    // Column k: what bit k of the identification changes in the CRC.
+    let mut cols: Vec<(u32, u16)> =
+        (0..16).map(|k| (crc_with(&mut ip, 1 << k) ^ base, 1 << k)).collect();
+    let mut want = (u32::from_le_bytes(*sent) ^ base, 0u16);
+    // Gaussian elimination on the columns, carrying which identification bits each stands for.
+    let mut basis: Vec<(u32, u16)> = Vec::new();
+    for col in cols.drain(..) {
+        let mut c = col;
+        for b in &basis {
+            if c.0 & (1 << (31 - b.0.leading_zeros())) != 0 {
+                c = (c.0 ^ b.0, c.1 ^ b.1);
+            }
+        }
+        if c.0 != 0 {
+            basis.push(c);
+        }
+    }
+    for b in &basis {
+        if want.0 & (1 << (31 - b.0.leading_zeros())) != 0 {
+            want = (want.0 ^ b.0, want.1 ^ b.1);
+        }
+    }
+    (want.0 == 0).then_some(want.1)
+}
+
 #[cfg(test)]
 mod test {
     use super::*;
@@ -291,6 +410,27 @@ mod test {
             (QpType::UD, 0x65_4321, Some((0x1111_1111, 0x12)))
         );
         assert_eq!((ud.payload, ud.ack_req), (&abc(32)[..], false));
+    }
+
+    /// A receiver on a UDP socket finds the IP identification each of rxe's packets was sent
+    /// under (it never sees it) from the ICRC alone, and a packet damaged anywhere has none.
+    #[test]
+    fn test_the_icrc_is_checked_without_the_ip_identification() {
+        for (what, ip) in super::super::pcap::test::rxe_frames() {
+            let udp = usize::from(ip[0] & 0xf) * 4;
+            let id = u16::from_be_bytes([ip[4], ip[5]]);
+            let sport = u16::from_be_bytes([ip[udp], ip[udp + 1]]);
+            let (src, dst) = ([10, 0, 2, 15], [10, 0, 2, 2]);
+            let mut payload = ip[udp + 8..].to_vec();
+            assert_eq!(icrc_v4_identification(src, dst, sport, &payload), Some(id), "{what}");
+            assert_eq!(icrc_v4_identification(src, [10, 0, 2, 3], sport, &payload), None);
+            assert_eq!(icrc_v4_identification(src, dst, sport ^ 1, &payload), None);
+            for at in [0, 7, payload.len() / 2, payload.len() - 1] {
+                payload[at] ^= 0x10;
+                assert_eq!(icrc_v4_identification(src, dst, sport, &payload), None, "{what} {at}");
+                payload[at] ^= 0x10;
+            }
+        }
     }
 
     /// Hostile bytes: rxe's packets cut short, grown, bit-flipped, or noise. Nothing panics,
