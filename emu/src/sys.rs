@@ -585,3 +585,21 @@ fn file_size(fd: RawFd) -> Result<u64, i32> {
         if at < 0 || end <= 0 { Err(libc::EINVAL) } else { Ok(end as u64) }
     }
 }
+/// Makes a UDP socket send with DF and IP identification 0 (`IP_PMTUDISC_DO`): a RoCE v2
+/// packet's ICRC covers the identification, which the socket's other modes let the kernel
+/// choose. (Used by the wire check's sender, a test, until the wire port sends.)
+#[cfg(test)]
+pub(crate) fn set_dont_fragment(fd: RawFd) -> io::Result<()> {
+    let value: libc::c_int = libc::IP_PMTUDISC_DO;
+    // SAFETY: an int option of the right size, read by the kernel only.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_IP,
+            libc::IP_MTU_DISCOVER,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+}

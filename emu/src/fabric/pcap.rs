@@ -473,6 +473,36 @@ pub(super) mod test {
             .collect()
     }
 
+    /// The sending side of the check that rxe accepts the emulator's packets (docs/wire.md,
+    /// run by hand in the rxe VM): a UD SEND of the alphabet, built by the encoder, from an
+    /// ordinary UDP socket. Does nothing unless `RDMA_EMU_WIRE_PEER` says `SRC,DST,QPN`.
+    #[test]
+    fn wire_peer_sends_one_ud_send() {
+        let Ok(spec) = std::env::var("RDMA_EMU_WIRE_PEER") else { return };
+        let parts: Vec<&str> = spec.split(',').collect();
+        let (src, dst): (std::net::Ipv4Addr, std::net::Ipv4Addr) =
+            (parts[0].parse().unwrap(), parts[1].parse().unwrap());
+        let qpn: u32 = parts[2].parse().unwrap();
+        let v4 = |a: std::net::Ipv4Addr| {
+            let mut g = [0u8; 16];
+            g[10..12].copy_from_slice(&[0xff, 0xff]);
+            g[12..].copy_from_slice(&a.octets());
+            Gid(g)
+        };
+        let payload = b"abcdefghijklmnopqrstuvwxyz";
+        let mut p = Packet::new(Kind::Send);
+        (p.dst_qpn, p.src_qpn, p.qkey, p.psn, p.len) = (qpn, 0x77, 0x1111_1111, 0x42, 26);
+        let ip = Grh { sgid: v4(src), dgid: v4(dst), hop_limit: 64, ..Grh::default() };
+        let src_port = udp_source_port(QpType::UD, p.src_qpn, qpn, 0);
+        let seg = &segments(&p, QpType::UD, payload.len())[0];
+        let f = frame(&Ends { ip, src_port }, &seg.headers, payload, false);
+        // An unconnected socket with DF sends IP identification 0, as the ICRC assumed.
+        let sock = std::net::UdpSocket::bind((src, src_port)).unwrap();
+        crate::sys::set_dont_fragment(std::os::fd::AsRawFd::as_raw_fd(&sock)).unwrap();
+        sock.send_to(&f[14 + 20 + 8..], (dst, ROCE_V2_PORT)).unwrap();
+        println!("sent {} bytes from {src}:{src_port:#x} to QPN {qpn:#x}", f.len() - 42);
+    }
+
     #[test]
     fn test_the_icrc_of_every_frame_rxe_sent_verifies() {
         let frames = rxe_frames();
