@@ -412,6 +412,37 @@ mod test {
         assert_eq!((ud.payload, ud.ack_req), (&abc(32)[..], false));
     }
 
+    /// The receiving side of the check that the emulator reads what rxe sends (docs/wire.md,
+    /// run by hand in the rxe VM): an ordinary UDP socket on port 4791 takes one datagram,
+    /// which must check (the ICRC, the identification found) and read as rxe's UD SEND. Does
+    /// nothing unless `RDMA_EMU_WIRE_LISTEN` names the local IPv4 address.
+    #[test]
+    fn wire_peer_receives_one_ud_send() {
+        let Ok(local) = std::env::var("RDMA_EMU_WIRE_LISTEN") else { return };
+        let local: std::net::Ipv4Addr = local.parse().unwrap();
+        let sock = std::net::UdpSocket::bind((local, 4791)).unwrap();
+        sock.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+        println!("listening");
+        let mut buf = [0u8; 9000];
+        let (n, from) = sock.recv_from(&mut buf).unwrap();
+        let std::net::SocketAddr::V4(from) = from else { panic!("{from}") };
+        let d = &buf[..n];
+        let id = icrc_v4_identification(from.ip().octets(), local.octets(), from.port(), d);
+        let p = decode(d).unwrap();
+        println!(
+            "received {n} bytes from {from}: identification {id:?}, {:?} {:?} psn {:#x} deth {:x?} payload {:?}",
+            p.transport,
+            p.kind,
+            p.psn,
+            p.deth,
+            String::from_utf8_lossy(p.payload)
+        );
+        assert!(id.is_some(), "the ICRC does not check");
+        assert_eq!((p.transport, p.kind, p.dst_qpn), (QpType::UD, Kind::Send, 0x77));
+        assert_eq!(p.deth.map(|d| d.0), Some(0x1111_1111));
+        assert_eq!(p.payload, b"sent by rxe");
+    }
+
     /// A receiver on a UDP socket finds the IP identification each of rxe's packets was sent
     /// under (it never sees it) from the ICRC alone, and a packet damaged anywhere has none.
     #[test]
