@@ -435,12 +435,7 @@ pub(super) mod test {
 
     #[test]
     fn test_frame_checksums_verify() {
-        let v4 = |a: u8| {
-            let mut g = [0u8; 16];
-            g[10..12].copy_from_slice(&[0xff, 0xff]);
-            g[12..].copy_from_slice(&[10, 0, 0, a]);
-            Gid(g)
-        };
+        let v4 = |a: u8| Gid::ipv4_mapped([10, 0, 0, a]);
         let ip = Grh { sgid: v4(1), dgid: v4(2), hop_limit: 64, ..Grh::default() };
         let ends = Ends { ip, src_port: 0xc011 };
         let f = frame(&ends, &[0x04, 0, 0xff, 0xff, 0, 0, 0, 0x12, 0x80, 0, 0, 1], b"abcd", false);
@@ -483,12 +478,7 @@ pub(super) mod test {
         let (src, dst): (std::net::Ipv4Addr, std::net::Ipv4Addr) =
             (parts[0].parse().unwrap(), parts[1].parse().unwrap());
         let qpn: u32 = parts[2].parse().unwrap();
-        let v4 = |a: std::net::Ipv4Addr| {
-            let mut g = [0u8; 16];
-            g[10..12].copy_from_slice(&[0xff, 0xff]);
-            g[12..].copy_from_slice(&a.octets());
-            Gid(g)
-        };
+        let v4 = |a: std::net::Ipv4Addr| Gid::ipv4_mapped(a.octets());
         let payload = b"abcdefghijklmnopqrstuvwxyz";
         let mut p = Packet::new(Kind::Send);
         (p.dst_qpn, p.src_qpn, p.qkey, p.psn, p.len) = (qpn, 0x77, 0x1111_1111, 0x42, 26);
@@ -521,12 +511,7 @@ pub(super) mod test {
     /// the UDP checksum 0). That the ICRC over the same bytes is the same is the test above.
     #[test]
     fn test_the_emulator_encodes_each_request_as_rxe_does() {
-        let v4 = |a: [u8; 4]| {
-            let mut g = [0u8; 16];
-            g[10..12].copy_from_slice(&[0xff, 0xff]);
-            g[12..].copy_from_slice(&a);
-            Gid(g)
-        };
+        let v4 = Gid::ipv4_mapped;
         let ip = Grh {
             sgid: v4([10, 0, 2, 15]),
             dgid: v4([10, 0, 2, 2]),
