@@ -15,29 +15,32 @@ pub(crate) struct Side {
     pub(crate) cq: Cq,
 }
 
+/// An RC QP not yet connected on its own context of `d`, with a CQ and 4 KiB of memory that
+/// every access may reach.
+pub(crate) fn side(d: &Device) -> Side {
+    let ctx = d.open().unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(64, None, 0).unwrap();
+    let all = AccessFlags::LOCAL_WRITE
+        | AccessFlags::REMOTE_WRITE
+        | AccessFlags::REMOTE_READ
+        | AccessFlags::REMOTE_ATOMIC;
+    let mr = pd.reg_mr(4096, all).unwrap();
+    let cap = QpCap {
+        max_send_wr: 16,
+        max_recv_wr: 16,
+        max_send_sge: 2,
+        max_recv_sge: 2,
+        max_inline_data: 0,
+    };
+    let qp = pd.create_qp(&QpInitAttr::new(QpType::RC, &cq, cap)).unwrap();
+    Side { qp, mr, cq }
+}
+
 pub(crate) fn pair() -> (Fabric, Side, Side) {
     let f = Fabric::new(FabricConfig::default());
     let devs = f.devices();
-    let mk = |d: &Device| {
-        let ctx = d.open().unwrap();
-        let pd = ctx.alloc_pd().unwrap();
-        let cq = ctx.create_cq(64, None, 0).unwrap();
-        let all = AccessFlags::LOCAL_WRITE
-            | AccessFlags::REMOTE_WRITE
-            | AccessFlags::REMOTE_READ
-            | AccessFlags::REMOTE_ATOMIC;
-        let mr = pd.reg_mr(4096, all).unwrap();
-        let cap = QpCap {
-            max_send_wr: 16,
-            max_recv_wr: 16,
-            max_send_sge: 2,
-            max_recv_sge: 2,
-            max_inline_data: 0,
-        };
-        let qp = pd.create_qp(&QpInitAttr::new(QpType::RC, &cq, cap)).unwrap();
-        Side { qp, mr, cq }
-    };
-    let (a, b) = (mk(&devs[0]), mk(&devs[1]));
+    let (a, b) = (side(&devs[0]), side(&devs[1]));
     a.qp.connect(100, &b.qp.endpoint(200), &RcParams::default()).unwrap();
     b.qp.connect(200, &a.qp.endpoint(100), &RcParams::default()).unwrap();
     (f, a, b)

@@ -363,19 +363,11 @@ impl Victim {
     /// A victim that also has an RC QP connected to [`LIAR_QPN`], with an MR a peer may write.
     fn with_rc(tag: &str) -> (Victim, Qp, Mr) {
         let v = Victim::new(tag);
-        let ctx = v.fabric.devices()[0].open().unwrap();
-        let pd = ctx.alloc_pd().unwrap();
-        let cq = ctx.create_cq(64, None, 0).unwrap();
-        let all = AccessFlags::LOCAL_WRITE
-            | AccessFlags::REMOTE_WRITE
-            | AccessFlags::REMOTE_READ
-            | AccessFlags::REMOTE_ATOMIC;
-        let mr = pd.reg_mr(4096, all).unwrap();
-        let rc = pd.create_qp(&QpInitAttr::new(QpType::RC, &cq, CAP)).unwrap();
+        let rc = crate::engine::testkit::side(&v.fabric.devices()[0]);
         let ep = v.qp.endpoint(0);
         let liar = Endpoint { qpn: LIAR_QPN, lid: ep.lid, gid: ep.gid, psn: 100 };
-        rc.connect(0, &liar, &RcParams::default()).unwrap();
-        (v, rc, mr)
+        rc.qp.connect(0, &liar, &RcParams::default()).unwrap();
+        (v, rc.qp, rc.mr)
     }
 
     /// Valid frames to mangle: UD SENDs of many sizes to the UD QP, and requests of every
