@@ -275,14 +275,11 @@ unsafe fn create(
         set_errno(libc::EINVAL); // made in an XRC domain (IBV_QP_INIT_ATTR_XRCD)
         return ptr::null_mut();
     }
-    let srq_raw = srq;
-    let srq_ptr_is_null = srq.is_null();
     // SAFETY: NULL or a live SRQ.
-    let srq = unsafe { obj::<_, ShimSrq>(srq) };
-    if srq.is_none() && !srq_ptr_is_null {
+    let Ok(srq_obj) = (unsafe { optional::<_, ShimSrq>(srq) }) else {
         set_errno(libc::EINVAL);
         return ptr::null_mut();
-    }
+    };
     let attr = QpInitAttr {
         qp_type: QpType(qp_type),
         send_cq: &scq.emu,
@@ -295,7 +292,7 @@ unsafe fn create(
             max_inline_data: cap.max_inline_data,
         },
         sq_sig_all: sq_sig_all != 0,
-        srq: srq.map(|s| &s.emu),
+        srq: srq_obj.map(|s| &s.emu),
         max_tso_header: ex.max_tso_header,
         create_flags: ex.create_flags,
     };
@@ -309,7 +306,7 @@ unsafe fn create(
     // (64-byte send WQEs, 16 bytes per receive SGE; no receive ring on an SRQ) and its
     // doorbell record.
     use super::parent::{DBR, PAGE, ParentUse, res_type, ring_bytes};
-    let rq = if srq_ptr_is_null {
+    let rq = if srq_obj.is_none() {
         ring_bytes(granted.max_recv_wr, 16 * granted.max_recv_sge.max(1) as usize)
     } else {
         0
@@ -325,7 +322,7 @@ unsafe fn create(
         }
     };
     let recv_cq = if xrc_send { ptr::null_mut() } else { recv_cq };
-    let parts = QpParts { context: p.pd.context, qp_context, pd, send_cq, recv_cq, srq: srq_raw };
+    let parts = QpParts { context: p.pd.context, qp_context, pd, send_cq, recv_cq, srq };
     let made = wrap(parts, emu, ex.extended);
     // SAFETY: the QP just made, ours and not shared yet.
     unsafe { (*made.cast::<ShimQp>()).parent_use = parent_use };
