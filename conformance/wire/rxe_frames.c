@@ -25,14 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define CHECK(c)                                                                        \
-	do {                                                                            \
-		if (!(c)) {                                                             \
-			fprintf(stderr, "%s:%d: CHECK(%s) failed: %s\n", __FILE__, __LINE__, \
-				#c, strerror(errno));                                   \
-			exit(1);                                                        \
-		}                                                                       \
-	} while (0)
+#include "check.h"
 
 static struct ibv_context *ctx;
 static struct ibv_pd *pd;
