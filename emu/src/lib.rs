@@ -75,6 +75,7 @@ mod objects;
 pub mod profile;
 pub mod qp;
 pub mod rsocket;
+pub mod sync;
 mod sys;
 mod types;
 

@@ -5,10 +5,10 @@ use std::{
     any::TypeId,
     collections::HashMap,
     mem::offset_of,
-    sync::{Arc, OnceLock, PoisonError},
+    sync::{Arc, OnceLock},
 };
 
-use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
+use rdma_emu::sync::{ReadGuard, ReadMostly, WriteGuard};
 
 use crate::abi::*;
 
@@ -186,20 +186,20 @@ fn live() -> &'static Live {
 /// The registry's table. Every verb reads it (`ibv_post_send` and `ibv_poll_cq` included), so
 /// it is keyed by FxHash (rustc-hash): SipHash's defence against chosen keys buys nothing for
 /// addresses the allocator picked and cost more than the lookup. Each reading thread takes a
-/// shard of the lock of its own (crossbeam-utils' ShardedLock), so threads posting at once do
-/// not pass a lock word between cores; creating and destroying objects take every shard.
+/// shard of the lock of its own (`rdma_emu::sync::ReadMostly`), so threads posting at once do
+/// not pass a lock word between cores; creating and destroying objects wait for every shard.
 #[derive(Default)]
-struct Live(ShardedLock<Table>);
+struct Live(ReadMostly<Table>);
 
 type Table = HashMap<usize, Entry, rustc_hash::FxBuildHasher>;
 
 impl Live {
-    fn read(&self) -> ShardedLockReadGuard<'_, Table> {
-        self.0.read().unwrap_or_else(PoisonError::into_inner)
+    fn read(&self) -> ReadGuard<'_, Table> {
+        self.0.read()
     }
 
-    fn write(&self) -> ShardedLockWriteGuard<'_, Table> {
-        self.0.write().unwrap_or_else(PoisonError::into_inner)
+    fn write(&self) -> WriteGuard<'_, Table> {
+        self.0.write()
     }
 }
 

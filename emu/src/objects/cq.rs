@@ -1,18 +1,17 @@
 //! Completion queues.
 
 use std::sync::{
-    Arc, PoisonError,
+    Arc,
     atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence},
 };
 
-use crossbeam_queue::ArrayQueue;
-use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
 use parking_lot::Mutex;
 
 use super::{
     Lifecycle,
     channel::{ChannelInner, CompChannel},
     context::{AsyncEvent, Context, ContextInner, EventElement},
+    cq_ring::{Refused, Ring, Rings},
     device::ResourceCounts,
     event::EventCount,
 };
@@ -103,16 +102,14 @@ pub(crate) struct CqInner {
     pub(crate) ctx: Arc<ContextInner>,
     channel: Option<Arc<ChannelInner>>,
     comp_vector: u32,
-    /// The completions, oldest first. Producers push and pollers pop without a lock between
-    /// them (a bounded lock-free queue); each takes only its own thread's shard of the read
-    /// side here, so threads sharing the CQ contend on the queue's indices alone. Growing,
-    /// resizing and cleaning the ring (rare) take the write side.
-    ring: ShardedLock<ArrayQueue<Wc>>,
-    /// Entries the CQ holds (what `ibv_cq.cqe` reports): a push beyond them overruns. The
-    /// ring's capacity grows up to it as completions accumulate.
+    /// The completions, oldest first: producers push and pollers pop without a lock (see
+    /// `cq_ring`).
+    rings: Rings,
+    /// Entries the CQ holds (what `ibv_cq.cqe` reports): a push beyond them overruns.
     cqe: AtomicU32,
-    /// Completions ever queued: the sequence number of the newest.
-    pushed: AtomicU64,
+    /// Completions queued before the current ring's position 0 (rewriting a ring restarts its
+    /// positions): with the ring's `tail`, the sequence number of the newest completion.
+    rebased: AtomicU64,
     /// The sequence number of the newest solicited or unsuccessful completion.
     last_solicited: AtomicU64,
     /// `st.notify`, readable without the lock: a producer learns from it that nobody waits
@@ -128,20 +125,6 @@ pub(crate) struct CqInner {
     pub(crate) async_events: EventCount,
     /// An opaque word for the embedding layer (the C shim keeps its `ibv_cq` pointer here).
     user_data: AtomicUsize,
-}
-
-/// A ring of `cap` (at least the entries of `ring`) holding what `ring` held, in order.
-fn moved(ring: &ArrayQueue<Wc>, cap: usize) -> ArrayQueue<Wc> {
-    let to = ArrayQueue::new(cap);
-    while let Some(wc) = ring.pop() {
-        let _ = to.push(wc);
-    }
-    to
-}
-
-/// A ring's first capacity: a CQ of millions of entries takes memory as it fills.
-fn first_capacity(cqe: u32) -> usize {
-    cqe.min(4096) as usize
 }
 
 /// rxe sizes a CQ ring to a power of two with one slot kept empty, and reports the usable
@@ -166,36 +149,47 @@ impl CqInner {
         }
     }
 
-    fn ring(&self) -> ShardedLockReadGuard<'_, ArrayQueue<Wc>> {
-        self.ring.read().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn ring_mut(&self) -> ShardedLockWriteGuard<'_, ArrayQueue<Wc>> {
-        self.ring.write().unwrap_or_else(PoisonError::into_inner)
+    /// The current ring.
+    #[inline]
+    fn ring(&self) -> &Ring {
+        self.rings.current()
     }
 
     /// Completions queued now.
-    fn len(&self) -> usize {
+    fn len(&self) -> u64 {
         self.ring().len()
     }
 
-    /// Puts `wc` on the ring, growing it as far as `cqe`; `Err` when it holds `cqe` already.
-    fn enqueue(&self, mut wc: Wc) -> Result<(), Overrun> {
+    /// The sequence number of the newest completion (completions ever queued).
+    fn pushed(&self) -> u64 {
+        let ring = self.ring();
+        self.rebased.load(Ordering::Acquire) + ring.tail()
+    }
+
+    /// Puts `wc` on the ring; its sequence number, or `Err` when the ring holds `cqe` already.
+    #[inline]
+    fn enqueue(&self, wc: &Wc) -> Result<u64, Overrun> {
         loop {
-            match self.ring().push(wc) {
-                Ok(()) => return Ok(()),
-                Err(w) => wc = w,
+            let cqe = u64::from(self.cqe.load(Ordering::Relaxed));
+            match self.ring().push(wc, cqe) {
+                Ok(pos) => return Ok(self.rebased.load(Ordering::Relaxed) + pos + 1),
+                Err(Refused::Full) => return Err(Overrun),
+                // Closed meanwhile: check against the size it has when it reopens.
+                Err(Refused::Again) => continue,
             }
-            let mut ring = self.ring_mut();
-            let cqe = self.cqe.load(Ordering::Relaxed) as usize;
-            if ring.len() < ring.capacity() {
-                continue; // a poller made room meanwhile
-            }
-            if ring.capacity() >= cqe {
-                return Err(Overrun);
-            }
-            *ring = moved(&ring, (ring.capacity() * 2).min(cqe));
         }
+    }
+
+    /// Rewrites the ring: `edit` gets its completions, oldest first, and returns those it
+    /// keeps, a size the ring must be able to hold from now on (if it must grow), and its
+    /// result.
+    fn rewrite<R>(&self, edit: impl FnOnce(Vec<Wc>) -> (Vec<Wc>, Option<u32>, R)) -> R {
+        self.rings.rewrite(|wcs, old_tail| {
+            let (wcs, grow_to, res) = edit(wcs);
+            // Positions restart at 0: what was queued before the kept ones counts as rebased.
+            self.rebased.fetch_add(old_tail - wcs.len() as u64, Ordering::Relaxed);
+            (wcs, grow_to, res)
+        })
     }
 
     /// Queues a completion. On overrun the completion is lost, the CQ enters the error state
@@ -203,8 +197,9 @@ impl CqInner {
     /// to the QP.
     ///
     /// No lock is taken unless the CQ is armed. Against a concurrent `req_notify` this is
-    /// Dekker's protocol: the push is made visible before `armed` is read, the arming stored
-    /// before the ring is read, with a sequentially consistent fence between each pair; so
+    /// Dekker's protocol: the push is made visible before `armed` is read (a sequentially
+    /// consistent store, then load), the arming stored before the ring is read (a
+    /// sequentially consistent fence between them); so
     /// either this producer sees the arming (and fires under the lock) or the arming thread
     /// sees the completion (and its poll finds it; in the full profile the arming itself
     /// fires). The model test below checks every interleaving of the two.
@@ -212,7 +207,9 @@ impl CqInner {
         if self.timestamps {
             wc.timestamp = self.ctx.fabric.now();
         }
-        if self.overrun.load(Ordering::Relaxed) || self.enqueue(wc).is_err() {
+        let queued =
+            if self.overrun.load(Ordering::Relaxed) { Err(Overrun) } else { self.enqueue(&wc) };
+        let Ok(seq) = queued else {
             if !self.overrun.swap(true, Ordering::AcqRel) {
                 self.ctx.raise(AsyncEvent {
                     event_type: EventType::CQ_ERR,
@@ -220,14 +217,12 @@ impl CqInner {
                 });
             }
             return Err(Overrun);
-        }
-        let seq = self.pushed.fetch_add(1, Ordering::AcqRel) + 1;
+        };
         let solicited = solicited || wc.status != WcStatus::SUCCESS;
         if solicited {
             self.last_solicited.fetch_max(seq, Ordering::AcqRel);
         }
-        fence(Ordering::SeqCst);
-        if !Notify::of(self.armed.load(Ordering::Relaxed)).met_by(solicited) {
+        if !Notify::of(self.armed.load(Ordering::SeqCst)).met_by(solicited) {
             return Ok(());
         }
         let mut st = self.st.lock();
@@ -259,8 +254,8 @@ impl CqInner {
 
     /// Whether the ring holds a completion that meets `notify` and no event announced.
     fn holds_unannounced(&self, st: &CqState) -> bool {
-        let len = self.len() as u64;
-        let pushed = self.pushed.load(Ordering::Acquire);
+        let len = self.len();
+        let pushed = self.pushed();
         let oldest = (pushed + 1).saturating_sub(len);
         let newest = match st.notify {
             Notify::None => return false,
@@ -275,7 +270,7 @@ impl CqInner {
         self.arm(&mut st, Notify::None);
         st.held = 0;
         st.generation += 1;
-        st.announced = self.pushed.load(Ordering::Acquire);
+        st.announced = self.pushed();
         drop(st);
         if let Some(ch) = &self.channel {
             self.ctx.fabric.cq_events.fetch_add(1, Ordering::Relaxed);
@@ -286,12 +281,10 @@ impl CqInner {
     /// Takes the completions of QP `qpn` out of the CQ (a QP moved to RESET on a device that
     /// cleans its CQs then).
     pub(crate) fn remove_qp(&self, qpn: u32) {
-        let ring = self.ring_mut();
-        let kept: Vec<Wc> =
-            std::iter::from_fn(|| ring.pop()).filter(|wc| wc.qp_num != qpn).collect();
-        for wc in kept {
-            let _ = ring.push(wc);
-        }
+        self.rewrite(|mut wcs| {
+            wcs.retain(|wc| wc.qp_num != qpn);
+            (wcs, None, ())
+        });
     }
 
     /// The moderation period of the arming `generation` ran out: its event fires now, with
@@ -369,9 +362,9 @@ impl Cq {
             ctx: ctx.0.clone(),
             channel: channel.map(|c| c.0.clone()),
             comp_vector,
-            ring: ShardedLock::new(ArrayQueue::new(first_capacity(granted))),
+            rings: Rings::new(granted),
             cqe: AtomicU32::new(granted),
-            pushed: AtomicU64::new(0),
+            rebased: AtomicU64::new(0),
             last_solicited: AtomicU64::new(0),
             armed: AtomicU8::new(0),
             st: Mutex::new(CqState {
@@ -394,8 +387,16 @@ impl Cq {
     /// many.
     pub fn poll(&self, out: &mut [Wc]) -> usize {
         let take = |out: &mut [Wc]| {
-            let ring = self.0.ring();
-            out.iter_mut().map_while(|slot| ring.pop().map(|wc| *slot = wc)).count()
+            let mut n = 0;
+            while n < out.len() {
+                match self.0.ring().pop() {
+                    Ok(Some(wc)) => out[n] = wc,
+                    Ok(None) => break,
+                    Err(Refused::Again | Refused::Full) => continue,
+                }
+                n += 1;
+            }
+            n
         };
         match take(out) {
             // On a host fabric an empty poll moves inbound packets itself: the spinning
@@ -495,15 +496,15 @@ impl Cq {
         if cqe < 1 || cqe as u32 > self.0.ctx.device.attr.max_cqe {
             return Err(einval("cqe out of range"));
         }
-        let mut ring = self.0.ring_mut();
         let granted = granted_cqe(cqe as u32);
-        if (granted as usize) < ring.len() {
-            return Err(einval("new size is smaller than the queued completions"));
-        }
-        // The ring never holds more than the CQ's size: the next push beyond it overruns.
-        *ring = moved(&ring, ring.len().max(first_capacity(granted)));
-        self.0.cqe.store(granted, Ordering::Relaxed);
-        Ok(granted)
+        self.0.rewrite(|wcs| {
+            if (granted as usize) < wcs.len() {
+                return (wcs, None, Err(einval("new size is smaller than the queued completions")));
+            }
+            // Set while the ring is closed: every push from now on is checked against it.
+            self.0.cqe.store(granted, Ordering::Relaxed);
+            (wcs, Some(granted), Ok(granted))
+        })
     }
 
     /// `ibv_destroy_cq`: fails with `EBUSY` while a QP uses the CQ; otherwise discards the
@@ -514,9 +515,7 @@ impl Cq {
         self.0.forget_events();
         self.0.ctx.wait_acked(&self.0.comp_events);
         self.0.ctx.wait_acked(&self.0.async_events);
-        let ring = self.0.ring_mut();
-        while ring.pop().is_some() {}
-        drop(ring);
+        self.0.rewrite(|_| (Vec::new(), None, ()));
         self.0.release();
         Ok(())
     }
@@ -554,9 +553,11 @@ mod test {
     /// never sleep without an event to wake it, and no arming may fire twice.
     #[derive(Clone, Copy, Debug, Default)]
     struct Model {
-        /// Completions on the ring, pushed so far, the `pushed` when the last event fired.
+        /// Completions published on the ring and not polled, positions claimed so far (what
+        /// `pushed` counts), completions polled, the `pushed` when the last event fired.
         ring: u32,
         pushed: u32,
+        polled: u32,
         announced: u32,
         /// `armed` (the atomic) and `st.notify` (under the lock), as `Next` or not.
         armed: bool,
@@ -583,9 +584,9 @@ mod test {
         for p in 0..2 {
             let mut n = m;
             match m.pc[p] {
-                0 => n.ring += 1,        // enqueue
-                1 => n.pushed += 1,      // pushed.fetch_add
-                2 => n.saw[p] = m.armed, // fence; armed.load
+                0 => n.pushed += 1,      // claim a position (the ring's tail)
+                1 => n.ring += 1,        // publish it (SeqCst store)
+                2 => n.saw[p] = m.armed, // armed.load (SeqCst, after the SeqCst publish)
                 // With `armed` seen: lock st (not while the application holds it), fire if
                 // still armed.
                 3 if m.saw[p] && m.app == 1 => continue,
@@ -608,7 +609,8 @@ mod test {
                 n.armed = true;
             }
             1 => {
-                if announce_waiting && m.ring > 0 && m.pushed > m.announced {
+                // `holds_unannounced`: the ring's length counts claimed positions.
+                if announce_waiting && m.pushed > m.polled && m.pushed > m.announced {
                     fire(&mut n);
                 }
             }
@@ -616,6 +618,7 @@ mod test {
             2 => {
                 if m.ring > 0 {
                     n.ring -= 1;
+                    n.polled += 1;
                     n.got = true;
                 }
             }

@@ -1,33 +1,36 @@
 //! The device's key space: one table of lkeys/rkeys naming memory regions and memory windows
 //! (as rxe's pools share the key format `index << 8 | key`).
 
-use std::sync::{Arc, PoisonError};
-
-use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
+use std::sync::Arc;
 
 use super::{mr::MrInner, mw::MwShared};
-use crate::error::{Errno, Error, Result};
+use crate::{
+    error::{Errno, Error, Result},
+    sync::{ReadGuard, ReadMostly, WriteGuard},
+};
 
 /// A device's key table behind a lock whose readers (every work request) each take a shard
 /// of their own, so that threads posting at once do not pass a lock word between their
-/// cores; registering and deregistering, rare by comparison, take every shard.
+/// cores; registering and deregistering, rare by comparison, wait for every shard.
 #[derive(Debug, Default)]
-pub(crate) struct Keys(ShardedLock<KeyTable>);
+pub(crate) struct Keys(ReadMostly<KeyTable>);
 
 impl Keys {
-    pub(crate) fn read(&self) -> ShardedLockReadGuard<'_, KeyTable> {
-        self.0.read().unwrap_or_else(PoisonError::into_inner)
+    #[inline]
+    pub(crate) fn read(&self) -> ReadGuard<'_, KeyTable> {
+        self.0.read()
     }
 
     /// The table if no writer holds or waits for this thread's shard. For a second table
     /// read while one is held: blocking there could deadlock against a thread holding the
     /// two in the other order while writers wait on both.
-    pub(crate) fn try_read(&self) -> Option<ShardedLockReadGuard<'_, KeyTable>> {
-        self.0.try_read().ok()
+    #[inline]
+    pub(crate) fn try_read(&self) -> Option<ReadGuard<'_, KeyTable>> {
+        self.0.try_read()
     }
 
-    pub(crate) fn write(&self) -> ShardedLockWriteGuard<'_, KeyTable> {
-        self.0.write().unwrap_or_else(PoisonError::into_inner)
+    pub(crate) fn write(&self) -> WriteGuard<'_, KeyTable> {
+        self.0.write()
     }
 }
 

@@ -9,6 +9,7 @@ pub(crate) mod ah;
 pub(crate) mod channel;
 pub(crate) mod context;
 pub(crate) mod cq;
+mod cq_ring;
 pub(crate) mod device;
 pub(crate) mod dm;
 pub(crate) mod event;

@@ -1,0 +1,466 @@
+//! A CQ's ring of completions: producers (QPs completing work) and pollers meet on two
+//! indices and one sequence word per slot, with no lock on either side.
+//!
+//! Each slot's word says which lap of the ring the slot is at and whether it holds a
+//! completion: for position `p` (the `p`-th completion ever queued here, whose slot is
+//! `p & mask`), the word is `lap(p)` while the slot waits for it, `lap(p) + 1` once it is
+//! written, and `lap(p) + capacity` (the next lap) once it is polled. A producer claims a
+//! position by advancing `tail` (a short CAS, so several QPs can complete into one CQ at
+//! once), writes the completion and publishes it with a release store of the word; a poller
+//! claims by advancing `head` after an acquire load saw the word published. A zeroed slot is
+//! one that waits for lap 0, so a large ring is allocated zeroed and the memory of slots never
+//! reached is never touched.
+//!
+//! The ring holds at most `cqe` completions (the CQ's size, at most `capacity - 1`); the push
+//! that would exceed it fails: the CQ overruns, exactly when as many completions as it holds
+//! are queued and unpolled.
+//!
+//! Rare operations that rewrite the ring (taking a QP's completions out, resizing, draining)
+//! first close it: a bit in both indices turns new producers and pollers away (they wait),
+//! and the closer waits for those that claimed a position before to finish with it. Then it
+//! has the ring to itself, and reopens it when done. A ring outgrown by a resize is closed for
+//! good and kept until the CQ is dropped (a thread may still be looking at it); a CQ's rings
+//! at most double each time, so what is kept is bounded by the size of the newest.
+#![allow(unsafe_code)]
+
+use std::{
+    cell::UnsafeCell,
+    mem::MaybeUninit,
+    sync::atomic::{AtomicPtr, AtomicU64, Ordering},
+};
+
+use crossbeam_utils::CachePadded;
+use parking_lot::Mutex;
+
+use crate::types::Wc;
+
+/// Set in `head` and `tail` while the ring is closed.
+const CLOSED: u64 = 1 << 63;
+/// `head` and `tail` of a ring closed for good.
+const RETIRED: u64 = u64::MAX;
+
+struct Slot {
+    /// The lap word (see the module text), relative to the slot's index.
+    seq: AtomicU64,
+    wc: UnsafeCell<MaybeUninit<Wc>>,
+}
+
+/// `n` slots awaiting lap 0, from zeroed memory (which the allocator takes fresh from the
+/// system for a large ring, so pages no completion reaches stay untouched).
+fn zeroed_slots(n: usize) -> Box<[Slot]> {
+    let layout = std::alloc::Layout::array::<Slot>(n).expect("a CQ's ring fits in memory");
+    // SAFETY: `layout` has a non-zero size (a ring has at least 2 slots).
+    let p = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<Slot>();
+    if p.is_null() {
+        std::alloc::handle_alloc_error(layout);
+    }
+    // SAFETY: `p` is a fresh allocation of `n` slots with the global allocator's layout for
+    // them, as `Box<[Slot]>` frees it; every field of a slot is valid zeroed (an atomic
+    // integer, and an uninitialised completion).
+    unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, n)) }
+}
+
+pub(crate) struct Ring {
+    head: CachePadded<AtomicU64>,
+    tail: CachePadded<AtomicU64>,
+    slots: Box<[Slot]>,
+    mask: u64,
+}
+
+// SAFETY: a slot's completion is written only by the producer that claimed its position and
+// read only by the poller that claimed it after seeing it published (release/acquire on the
+// slot's word), or by a closer that waited for both; `Wc` is plain data.
+unsafe impl Sync for Ring {}
+// SAFETY: as above; the ring owns its slots.
+unsafe impl Send for Ring {}
+
+/// A CQ's current ring, and every ring it had.
+pub(crate) struct Rings {
+    current: AtomicPtr<Ring>,
+    /// Every ring, the current one last: a ring outgrown by a resize is kept until the CQ is
+    /// dropped, as a thread may still be looking at it. Taken by whoever rewrites the ring,
+    /// one at a time.
+    #[allow(clippy::vec_box)] // boxed: `current` points into them while the Vec grows
+    all: Mutex<Vec<Box<Ring>>>,
+}
+
+impl std::fmt::Debug for Rings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ring = self.current();
+        f.debug_struct("Rings")
+            .field("len", &ring.len())
+            .field("capacity", &ring.capacity())
+            .finish()
+    }
+}
+
+impl Rings {
+    pub(crate) fn new(cqe: u32) -> Rings {
+        let ring = Box::new(Ring::new(cqe));
+        Rings {
+            current: AtomicPtr::new(&*ring as *const Ring as *mut Ring),
+            all: Mutex::new(vec![ring]),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn current(&self) -> &Ring {
+        // SAFETY: `current` always points at a ring in `all`, which are dropped only with
+        // `self` (and then nobody can borrow it).
+        unsafe { &*self.current.load(Ordering::Acquire) }
+    }
+
+    /// Closes the current ring and rewrites it: `edit` gets its completions, oldest first,
+    /// and the positions it had used, and returns the completions to keep, a size the ring
+    /// must hold from now on (a larger ring replaces it if it cannot), and its result.
+    pub(crate) fn rewrite<R>(
+        &self,
+        edit: impl FnOnce(Vec<Wc>, u64) -> (Vec<Wc>, Option<u32>, R),
+    ) -> R {
+        let mut all = self.all.lock();
+        let ring = all.last().expect("a CQ has a ring");
+        let wcs = ring.close();
+        let (wcs, grow_to, res) = edit(wcs, ring.tail());
+        match grow_to.filter(|n| u64::from(*n) >= ring.capacity()) {
+            Some(n) => {
+                let new = Box::new(Ring::new(n));
+                new.reopen(&wcs);
+                self.current.store(&*new as *const Ring as *mut Ring, Ordering::Release);
+                ring.retire();
+                all.push(new);
+            }
+            None => ring.reopen(&wcs),
+        }
+        res
+    }
+}
+
+/// Why a completion was not queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// The ring already holds `cqe` completions.
+    Full,
+    /// The ring was closed: try again (on the CQ's newer ring if it was outgrown).
+    Again,
+}
+
+impl Ring {
+    /// A ring that can hold `cqe` completions.
+    pub(crate) fn new(cqe: u32) -> Ring {
+        let capacity = (u64::from(cqe) + 1).next_power_of_two();
+        Ring {
+            head: CachePadded::new(AtomicU64::new(0)),
+            tail: CachePadded::new(AtomicU64::new(0)),
+            slots: zeroed_slots(capacity as usize),
+            mask: capacity - 1,
+        }
+    }
+
+    pub(crate) fn capacity(&self) -> u64 {
+        self.mask + 1
+    }
+
+    /// The lap base of position `p`: its word while its slot waits for it.
+    fn lap(&self, p: u64) -> u64 {
+        p & !self.mask
+    }
+
+    fn slot(&self, p: u64) -> &Slot {
+        &self.slots[(p & self.mask) as usize]
+    }
+
+    /// Positions claimed by producers so far (since the last refill).
+    pub(crate) fn tail(&self) -> u64 {
+        self.tail.load(Ordering::Acquire) & !CLOSED
+    }
+
+    /// Completions queued now (claimed by a producer and not yet by a poller).
+    pub(crate) fn len(&self) -> u64 {
+        let head = self.head.load(Ordering::Acquire) & !CLOSED;
+        let tail = self.tail.load(Ordering::Acquire) & !CLOSED;
+        tail.saturating_sub(head)
+    }
+
+    /// Queues `wc` unless `cqe` completions are queued; its position if queued, `Again` if it
+    /// found the ring closed (it waited for it to open). The store
+    /// that publishes it is sequentially consistent (the CQ's arming protocol needs it
+    /// ordered before the producer's next load).
+    #[inline]
+    pub(crate) fn push(&self, wc: &Wc, cqe: u64) -> Result<u64, Refused> {
+        let mut tail = self.tail.load(Ordering::Relaxed);
+        loop {
+            if tail & CLOSED != 0 {
+                self.wait_open(&self.tail);
+                return Err(Refused::Again);
+            }
+            let head = self.head.load(Ordering::Acquire) & !CLOSED;
+            if tail.wrapping_sub(head) >= cqe {
+                // Full, as of the moment `head` was read while `tail` was this (the CAS below
+                // would fail had `tail` moved since).
+                if self.tail.load(Ordering::Acquire) == tail {
+                    return Err(Refused::Full);
+                }
+                tail = self.tail.load(Ordering::Relaxed);
+                continue;
+            }
+            let slot = self.slot(tail);
+            let word = slot.seq.load(Ordering::Acquire);
+            if word != self.lap(tail) {
+                // The poller of the previous lap's completion in this slot claimed it and is
+                // still copying it out: it frees the slot in a moment.
+                std::hint::spin_loop();
+                tail = self.tail.load(Ordering::Relaxed);
+                continue;
+            }
+            // Acquire: a reopening's refill (and the CQ's rebasing) is seen with its `tail`.
+            match self.tail.compare_exchange_weak(
+                tail,
+                tail + 1,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => {
+                    // SAFETY: this producer claimed position `tail`, whose slot the previous
+                    // lap's poller released (its word was this lap's): nobody else touches
+                    // the slot until the word below publishes it.
+                    unsafe { (*slot.wc.get()).write(*wc) };
+                    slot.seq.store(self.lap(tail) + 1, Ordering::SeqCst);
+                    return Ok(tail);
+                }
+                Err(now) => tail = now,
+            }
+        }
+    }
+
+    /// Takes the oldest completion, if any. `Err` if it found the ring closed.
+    #[inline]
+    pub(crate) fn pop(&self) -> Result<Option<Wc>, Refused> {
+        let mut head = self.head.load(Ordering::Relaxed);
+        loop {
+            if head & CLOSED != 0 {
+                self.wait_open(&self.head);
+                return Err(Refused::Again);
+            }
+            let slot = self.slot(head);
+            let word = slot.seq.load(Ordering::Acquire);
+            if word != self.lap(head) + 1 {
+                // Not published yet: empty, unless a producer claimed it and is writing
+                // (then the completion does not count as queued until published).
+                return Ok(None);
+            }
+            match self.head.compare_exchange_weak(
+                head,
+                head + 1,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => {
+                    // SAFETY: published (the acquire load above saw the producer's release
+                    // store) and claimed by this poller alone.
+                    let wc = unsafe { (*slot.wc.get()).assume_init() };
+                    slot.seq.store(self.lap(head) + self.capacity(), Ordering::Release);
+                    return Ok(Some(wc));
+                }
+                Err(now) => head = now,
+            }
+        }
+    }
+
+    /// Waits while `index` is closed, unless the ring was outgrown.
+    #[cold]
+    fn wait_open(&self, index: &AtomicU64) {
+        loop {
+            let v = index.load(Ordering::Acquire);
+            if v == RETIRED || v & CLOSED == 0 {
+                return;
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// Closes the ring and waits for every claimed position to be finished with; the
+    /// completions queued, oldest first. The caller has the ring to itself until
+    /// [`Ring::reopen`] or [`Ring::retire`], and must be the only closer (the CQ serialises
+    /// them).
+    pub(crate) fn close(&self) -> Vec<Wc> {
+        let tail = self.tail.fetch_or(CLOSED, Ordering::AcqRel) & !CLOSED;
+        let head = self.head.fetch_or(CLOSED, Ordering::AcqRel) & !CLOSED;
+        // Producers that claimed a position publish it; pollers that claimed one release it.
+        for p in tail.saturating_sub(self.capacity())..tail {
+            let want = if p < head { self.lap(p) + self.capacity() } else { self.lap(p) + 1 };
+            while self.slot(p).seq.load(Ordering::Acquire) != want {
+                std::thread::yield_now();
+            }
+        }
+        (head..tail)
+            // SAFETY: every position from `head` to `tail` is published and unclaimed, and
+            // the closed ring is the closer's alone.
+            .map(|p| unsafe { (*self.slot(p).wc.get()).assume_init() })
+            .collect()
+    }
+
+    /// Refills a ring closed by [`Ring::close`] (or a new one no other thread has seen) with
+    /// `wcs` (fewer than its capacity) from position 0, and opens it.
+    pub(crate) fn reopen(&self, wcs: &[Wc]) {
+        // Since the last refill positions ran from 0 to `tail`: only their slots were touched
+        // (the others are still zero, and their memory may never have been).
+        let used = (self.tail.load(Ordering::Relaxed) & !CLOSED).min(self.capacity());
+        for slot in &self.slots[..used as usize] {
+            slot.seq.store(0, Ordering::Relaxed);
+        }
+        for (p, wc) in wcs.iter().enumerate() {
+            let slot = self.slot(p as u64);
+            // SAFETY: the ring is closed and its closer's alone.
+            unsafe { (*slot.wc.get()).write(*wc) };
+            slot.seq.store(self.lap(p as u64) + 1, Ordering::Relaxed);
+        }
+        self.head.store(0, Ordering::Release);
+        self.tail.store(wcs.len() as u64, Ordering::Release);
+    }
+
+    /// Marks a closed ring as outgrown: threads waiting on it go to the CQ's newer ring.
+    pub(crate) fn retire(&self) {
+        self.tail.store(RETIRED, Ordering::Release);
+        self.head.store(RETIRED, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod test {
+    use std::sync::{
+        Arc, Barrier,
+        atomic::{AtomicBool, Ordering},
+    };
+
+    use super::{Refused, Ring};
+    use crate::types::Wc;
+
+    fn wc(id: u64) -> Wc {
+        Wc { wr_id: id, ..Wc::default() }
+    }
+
+    #[test]
+    fn test_holds_exactly_cqe_in_order_across_laps() {
+        let ring = Ring::new(3);
+        assert_eq!(ring.capacity(), 4);
+        let mut next = 0;
+        for round in 0..10u64 {
+            for _ in 0..3 {
+                assert_eq!(ring.push(&wc(next), 3), Ok(next));
+                next += 1;
+            }
+            assert_eq!(ring.push(&wc(99), 3), Err(Refused::Full), "round {round}");
+            assert_eq!(ring.len(), 3);
+            for k in 0..3 {
+                assert_eq!(ring.pop().unwrap().unwrap().wr_id, next - 3 + k);
+            }
+            assert_eq!(ring.pop(), Ok(None));
+        }
+    }
+
+    #[test]
+    fn test_a_smaller_cqe_than_the_capacity_bounds_the_ring() {
+        let ring = Ring::new(15);
+        for i in 0..5 {
+            ring.push(&wc(i), 5).unwrap();
+        }
+        assert_eq!(ring.push(&wc(5), 5), Err(Refused::Full));
+        assert_eq!(ring.pop().unwrap().unwrap().wr_id, 0);
+        assert_eq!(ring.push(&wc(5), 5), Ok(5));
+    }
+
+    #[test]
+    fn test_close_gives_the_queue_and_reopen_refills_it() {
+        let ring = Ring::new(7);
+        for i in 0..6 {
+            ring.push(&wc(i), 7).unwrap();
+        }
+        ring.pop().unwrap();
+        let kept: Vec<Wc> = ring.close().into_iter().filter(|w| w.wr_id % 2 == 1).collect();
+        assert_eq!(kept.iter().map(|w| w.wr_id).collect::<Vec<_>>(), [1, 3, 5]);
+        ring.reopen(&kept);
+        assert_eq!(ring.len(), 3);
+        for i in [1, 3, 5] {
+            assert_eq!(ring.pop().unwrap().unwrap().wr_id, i);
+        }
+        assert_eq!(ring.pop(), Ok(None));
+        ring.push(&wc(8), 7).unwrap();
+        assert_eq!(ring.pop().unwrap().unwrap().wr_id, 8);
+    }
+
+    /// Producers and pollers on all threads at once, with closes and reopens in between:
+    /// every completion comes out exactly once, and each producer's in its order.
+    #[test]
+    fn test_concurrent_producers_pollers_and_closes_lose_nothing() {
+        const PER: u64 = 20_000;
+        let ring = Arc::new(Ring::new(63));
+        let start = Arc::new(Barrier::new(5));
+        let produced = Arc::new(AtomicBool::new(false));
+        let producers: Vec<_> = (0..2u64)
+            .map(|t| {
+                let (ring, start) = (ring.clone(), start.clone());
+                std::thread::spawn(move || {
+                    start.wait();
+                    for i in 0..PER {
+                        while ring.push(&wc(t << 32 | i), 63).is_err() {
+                            std::thread::yield_now();
+                        }
+                    }
+                })
+            })
+            .collect();
+        let pollers: Vec<_> = (0..2)
+            .map(|_| {
+                let (ring, start, produced) = (ring.clone(), start.clone(), produced.clone());
+                std::thread::spawn(move || {
+                    start.wait();
+                    let mut got = Vec::new();
+                    loop {
+                        let done = produced.load(Ordering::Acquire);
+                        match ring.pop() {
+                            Ok(Some(w)) => got.push(w.wr_id),
+                            Ok(None) if done => return got,
+                            Ok(None) => std::thread::yield_now(),
+                            Err(_) => {} // closed meanwhile
+                        }
+                    }
+                })
+            })
+            .collect();
+        start.wait();
+        let mut closes = 0;
+        while producers.iter().any(|p| !p.is_finished()) {
+            let q = ring.close();
+            ring.reopen(&q);
+            closes += 1;
+            std::thread::yield_now();
+        }
+        assert!(closes > 0);
+        for p in producers {
+            p.join().unwrap();
+        }
+        produced.store(true, Ordering::Release);
+        let mut all = Vec::new();
+        for p in pollers {
+            let got = p.join().unwrap();
+            for t in 0..2u64 {
+                let mine: Vec<u64> = got.iter().filter(|id| *id >> 32 == t).copied().collect();
+                assert!(
+                    mine.windows(2).all(|w| w[0] < w[1]),
+                    "a poller saw producer {t} reordered"
+                );
+            }
+            all.extend(got);
+        }
+        while let Some(w) = ring.pop().unwrap() {
+            all.push(w.wr_id);
+        }
+        all.sort_unstable();
+        let want: Vec<u64> =
+            (0..2u64).flat_map(|t| (0..PER).map(move |i| t << 32 | i)).collect::<Vec<_>>();
+        let mut want = want;
+        want.sort_unstable();
+        assert_eq!(all.len(), want.len());
+        assert_eq!(all, want);
+    }
+}
