@@ -204,42 +204,50 @@ impl<T> Drop for WriteGuard<'_, T> {
 mod test {
     use std::sync::{
         Arc,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicUsize, Ordering},
     };
 
     use super::ReadMostly;
 
     /// Writers keep two words equal; readers on other threads must never see them differ,
-    /// and every write must land.
+    /// and every write must land. The writer goes on until every reader has read a while
+    /// (on a busy machine a reader may start late).
     #[test]
     fn test_readers_never_see_a_write_half_done() {
+        const READERS: usize = 3;
         let lock = Arc::new(ReadMostly::new((0u64, 0u64)));
         let stop = Arc::new(AtomicBool::new(false));
-        let readers: Vec<_> = (0..3)
+        let busy = Arc::new(AtomicUsize::new(0));
+        let readers: Vec<_> = (0..READERS)
             .map(|_| {
-                let (lock, stop) = (lock.clone(), stop.clone());
+                let (lock, stop, busy) = (lock.clone(), stop.clone(), busy.clone());
                 std::thread::spawn(move || {
                     let mut reads = 0u64;
                     while !stop.load(Ordering::Relaxed) {
                         let g = lock.read();
                         assert_eq!(g.0, g.1);
                         reads += 1;
+                        if reads == 1_000 {
+                            busy.fetch_add(1, Ordering::Relaxed);
+                        }
                     }
                     reads
                 })
             })
             .collect();
-        for _ in 0..2_000 {
+        let mut writes = 0;
+        while writes < 2_000 || busy.load(Ordering::Relaxed) < READERS {
             let mut g = lock.write();
             g.0 += 1;
             std::hint::spin_loop();
             g.1 += 1;
+            writes += 1;
         }
         stop.store(true, Ordering::Relaxed);
         for r in readers {
-            assert!(r.join().unwrap() > 0);
+            assert!(r.join().unwrap() >= 1_000);
         }
-        assert_eq!(*lock.read(), (2_000, 2_000));
+        assert_eq!(*lock.read(), (writes, writes));
     }
 
     #[test]

@@ -334,6 +334,44 @@ fn cq_overrun_loses_the_completion_and_raises_cq_err() {
     assert_eq!(qp.state(), QpState::RTS, "a lost send completion does not stop the QP (rxe)");
 }
 
+/// A CQ larger than its first ring (which holds 4,095) grows its ring as completions pile up
+/// unpolled, keeps them in order, and overruns exactly at its size, as a small one does; after
+/// a resize, at the new size.
+#[test]
+fn a_large_cq_holds_exactly_its_size_and_overruns_past_it() {
+    let fabric = Fabric::new(FabricConfig::default());
+    let devs = fabric.devices();
+    let a = node_on(&devs[0], 4096);
+    let b = node_on(&devs[1], 4096);
+    let big = a.ctx.create_cq(10_000, None, 0).unwrap();
+    assert_eq!(big.cqe(), 16_383);
+    let qp = new_qp(&a.pd, &big, QpType::RC, 8, true);
+    connect(&qp, &b.qp, &RcParams::default(), &RcParams::default());
+    let s = [sge(&a.mr, 0, 8)];
+    let write = |id| qp.post_send(&SendWr::write(id, &s, b.mr.addr(), b.mr.rkey())).unwrap();
+    let drain = |n: u64| {
+        for id in 0..n {
+            assert_eq!(big.poll_one().map(|w| (w.wr_id, w.status)), Some((id, WcStatus::SUCCESS)));
+        }
+        assert_eq!(big.poll_one(), None);
+    };
+    for id in 0..16_383 {
+        write(id);
+    }
+    assert!(!big.is_overrun(), "16,383 completions fit");
+    drain(16_383);
+    // Smaller now: a resize takes effect for the ring grown before it too.
+    assert_eq!(big.resize(5_000).unwrap(), 8_191);
+    for id in 0..8_192 {
+        write(id);
+    }
+    assert!(big.is_overrun());
+    let ev = a.ctx.get_async_event().unwrap();
+    assert_eq!(ev.event_type, EventType::CQ_ERR);
+    a.ctx.ack_async_event(&ev);
+    drain(8_191);
+}
+
 /// A WR that fails locally while earlier ones are still unacknowledged fails in its turn: the
 /// earlier ones complete first (successfully, once their ACKs arrive), then it with its error,
 /// then the rest are flushed; no completion is lost. (The packet path only: the express path

@@ -171,11 +171,16 @@ impl CqInner {
     fn enqueue(&self, wc: &Wc) -> Result<u64, Overrun> {
         loop {
             let cqe = u64::from(self.cqe.load(Ordering::Relaxed));
-            match self.ring().push(wc, cqe) {
+            let ring = self.ring();
+            match ring.push(wc, cqe) {
                 Ok(pos) => return Ok(self.rebased.load(Ordering::Relaxed) + pos + 1),
                 Err(Refused::Full) => return Err(Overrun),
                 // Closed meanwhile: check against the size it has when it reopens.
                 Err(Refused::Again) => continue,
+                Err(Refused::Small) => {
+                    let to = (ring.capacity() * 2 - 1).min(cqe) as u32;
+                    self.rewrite(|wcs| (wcs, Some(to), ()));
+                }
             }
         }
     }
@@ -392,7 +397,7 @@ impl Cq {
                 match self.0.ring().pop() {
                     Ok(Some(wc)) => out[n] = wc,
                     Ok(None) => break,
-                    Err(Refused::Again | Refused::Full) => continue,
+                    Err(_) => continue, // closed meanwhile
                 }
                 n += 1;
             }
@@ -501,9 +506,10 @@ impl Cq {
             if (granted as usize) < wcs.len() {
                 return (wcs, None, Err(einval("new size is smaller than the queued completions")));
             }
-            // Set while the ring is closed: every push from now on is checked against it.
+            // Set while the ring is closed: every push from now on is checked against it (the
+            // ring grows as completions pile up, as far as this).
             self.0.cqe.store(granted, Ordering::Relaxed);
-            (wcs, Some(granted), Ok(granted))
+            (wcs, None, Ok(granted))
         })
     }
 

@@ -11,9 +11,11 @@
 //! one that waits for lap 0, so a large ring is allocated zeroed and the memory of slots never
 //! reached is never touched.
 //!
-//! The ring holds at most `cqe` completions (the CQ's size, at most `capacity - 1`); the push
-//! that would exceed it fails: the CQ overruns, exactly when as many completions as it holds
-//! are queued and unpolled.
+//! The ring holds at most `cqe` completions (the CQ's size); the push that would exceed it
+//! fails: the CQ overruns, exactly when as many completions as it holds are queued and
+//! unpolled. A CQ's first ring holds at most 4,095 (positions advance on every completion, so
+//! in time every slot is touched): one of millions of entries takes memory only as its
+//! completions pile up, the ring doubling each time it is full short of the CQ's size.
 //!
 //! Rare operations that rewrite the ring (taking a QP's completions out, resizing, draining)
 //! first close it: a bit in both indices turns new producers and pollers away (they wait),
@@ -33,6 +35,9 @@ use crossbeam_utils::CachePadded;
 use parking_lot::Mutex;
 
 use crate::types::Wc;
+
+/// The most completions a CQ's first ring holds.
+const FIRST_RING: u32 = 4095;
 
 /// Set in `head` and `tail` while the ring is closed.
 const CLOSED: u64 = 1 << 63;
@@ -95,8 +100,9 @@ impl std::fmt::Debug for Rings {
 }
 
 impl Rings {
+    /// The rings of a CQ of `cqe` entries: the first holds at most [`FIRST_RING`].
     pub(crate) fn new(cqe: u32) -> Rings {
-        let ring = Box::new(Ring::new(cqe));
+        let ring = Box::new(Ring::new(cqe.min(FIRST_RING)));
         Rings {
             current: AtomicPtr::new(&*ring as *const Ring as *mut Ring),
             all: Mutex::new(vec![ring]),
@@ -142,6 +148,8 @@ pub(crate) enum Refused {
     Full,
     /// The ring was closed: try again (on the CQ's newer ring if it was outgrown).
     Again,
+    /// The ring holds as many as it can, fewer than the CQ's size: grow it, and try again.
+    Small,
 }
 
 impl Ring {
@@ -182,7 +190,8 @@ impl Ring {
     }
 
     /// Queues `wc` unless `cqe` completions are queued; its position if queued, `Again` if it
-    /// found the ring closed (it waited for it to open). The store
+    /// found the ring closed (it waited for it to open), `Small` if the ring must grow to
+    /// take it. The store
     /// that publishes it is sequentially consistent (the CQ's arming protocol needs it
     /// ordered before the producer's next load).
     #[inline]
@@ -194,11 +203,12 @@ impl Ring {
                 return Err(Refused::Again);
             }
             let head = self.head.load(Ordering::Acquire) & !CLOSED;
-            if tail.wrapping_sub(head) >= cqe {
-                // Full, as of the moment `head` was read while `tail` was this (the CAS below
-                // would fail had `tail` moved since).
+            let queued = tail.wrapping_sub(head);
+            if queued >= cqe.min(self.mask) {
+                // Full (or this ring is, short of the CQ's size), as of the moment `head` was
+                // read while `tail` was this (the CAS below would fail had `tail` moved since).
                 if self.tail.load(Ordering::Acquire) == tail {
-                    return Err(Refused::Full);
+                    return Err(if queued >= cqe { Refused::Full } else { Refused::Small });
                 }
                 tail = self.tail.load(Ordering::Relaxed);
                 continue;
@@ -356,6 +366,17 @@ mod test {
             }
             assert_eq!(ring.pop(), Ok(None));
         }
+    }
+
+    #[test]
+    fn test_a_ring_smaller_than_the_cq_asks_to_grow_when_full() {
+        let ring = Ring::new(3);
+        for i in 0..3 {
+            ring.push(&wc(i), 100).unwrap();
+        }
+        assert_eq!(ring.push(&wc(3), 100), Err(Refused::Small));
+        ring.pop().unwrap();
+        assert_eq!(ring.push(&wc(3), 100), Ok(3));
     }
 
     #[test]
