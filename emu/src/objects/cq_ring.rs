@@ -484,4 +484,239 @@ mod test {
         assert_eq!(all.len(), want.len());
         assert_eq!(all, want);
     }
+
+    /// The push / pop protocol of [`Ring`], modelled step by step (each step one access to a
+    /// shared word, as the code makes them), with every interleaving of two producers pushing
+    /// two completions each and two pollers polling twice each explored (states already seen
+    /// are not explored again; what is left at the end is drained). It must never read a slot
+    /// before it is published or after it is reused, never lose or duplicate a completion,
+    /// show each poller each producer's completions in order, report a full ring only when,
+    /// at the moment it read `head`, `cqe` completions were queued, and never take more.
+    /// (Dropping the producers' check of the slot's word, or checking fullness one too late,
+    /// makes it fail.)
+    mod model {
+        use std::collections::HashSet;
+
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+        struct Producer {
+            /// Completions pushed or refused so far (of 2), its step, and what it loaded.
+            done: u8,
+            pc: u8,
+            tail: u8,
+            head: u8,
+        }
+
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+        struct Poller {
+            polls: u8,
+            pc: u8,
+            head: u8,
+        }
+
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+        struct State {
+            head: u8,
+            tail: u8,
+            /// Slot words (relative to the slot's index, as the ring keeps them) and contents
+            /// (0: none; else producer * 10 + item + 1).
+            word: [u8; 4],
+            wc: [u8; 4],
+            p: [Producer; 2],
+            c: [Poller; 2],
+            /// What was polled, in order (up to 4), and how many pushes were refused.
+            got: [u8; 4],
+            ngot: u8,
+            refused: u8,
+        }
+
+        /// Polls per poller.
+        const POLLS: u8 = 2;
+
+        struct Ring {
+            cap: u8,
+            cqe: u8,
+        }
+
+        impl Ring {
+            fn lap(&self, p: u8) -> u8 {
+                p & !(self.cap - 1)
+            }
+            fn slot(&self, p: u8) -> usize {
+                (p & (self.cap - 1)) as usize
+            }
+
+            /// Every next state: one step of one thread.
+            fn steps(&self, s: State) -> Vec<State> {
+                let mut out = Vec::new();
+                for i in 0..2 {
+                    let pr = s.p[i];
+                    if pr.done == 2 {
+                        continue;
+                    }
+                    let mut n = s;
+                    let q = &mut n.p[i];
+                    match pr.pc {
+                        0 => {
+                            q.tail = s.tail; // tail.load
+                            q.pc = 1;
+                        }
+                        1 => {
+                            q.head = s.head; // head.load
+                            let full = pr.tail.wrapping_sub(s.head) >= self.cqe;
+                            // A full ring is reported only if `tail` still is what was loaded
+                            // (checked next); then, right now, it really holds `cqe`.
+                            if full && pr.tail == s.tail {
+                                assert!(s.tail - s.head >= self.cqe);
+                            }
+                            q.pc = if full { 2 } else { 3 };
+                        }
+                        2 => {
+                            // tail.load again: unchanged means full.
+                            if s.tail == pr.tail {
+                                n.refused += 1;
+                                q.done += 1;
+                            }
+                            q.pc = 0;
+                        }
+                        3 => {
+                            // The slot's word: free for this lap, else start over.
+                            q.pc =
+                                if s.word[self.slot(pr.tail)] == self.lap(pr.tail) { 4 } else { 0 };
+                        }
+                        4 => {
+                            // CAS tail. Taken, it holds fewer than `cqe` now (`head` only grew
+                            // since it was read).
+                            q.pc = if s.tail == pr.tail {
+                                assert!(s.tail - s.head < self.cqe, "overran: {s:?}");
+                                n.tail += 1;
+                                5
+                            } else {
+                                0
+                            };
+                        }
+                        5 => {
+                            let slot = self.slot(pr.tail);
+                            assert_eq!(s.wc[slot], 0, "a producer overwrote an unpolled slot");
+                            n.wc[slot] = i as u8 * 10 + pr.done + 1;
+                            q.pc = 6;
+                        }
+                        _ => {
+                            n.word[self.slot(pr.tail)] = self.lap(pr.tail) + 1; // publish
+                            q.done += 1;
+                            q.pc = 0;
+                        }
+                    }
+                    out.push(n);
+                }
+                for i in 0..2 {
+                    let c = s.c[i];
+                    if c.polls == POLLS {
+                        continue;
+                    }
+                    let mut n = s;
+                    let d = &mut n.c[i];
+                    match c.pc {
+                        0 => {
+                            d.head = s.head;
+                            d.pc = 1;
+                        }
+                        1 => {
+                            if s.word[self.slot(c.head)] == self.lap(c.head) + 1 {
+                                d.pc = 2;
+                            } else {
+                                d.polls += 1; // empty
+                                d.pc = 0;
+                            }
+                        }
+                        2 => {
+                            // CAS head.
+                            d.pc = if s.head == c.head {
+                                n.head += 1;
+                                3
+                            } else {
+                                0
+                            };
+                        }
+                        3 => {
+                            let slot = self.slot(c.head);
+                            assert_ne!(s.wc[slot], 0, "polled a slot not written: {s:?}");
+                            d.pc = 4;
+                            n.got[s.ngot as usize] = s.wc[slot] | (i as u8) << 6;
+                            n.ngot += 1;
+                            n.wc[slot] = 0;
+                        }
+                        _ => {
+                            n.word[self.slot(c.head)] = self.lap(c.head) + self.cap; // release
+                            d.polls += 1;
+                            d.pc = 0;
+                        }
+                    }
+                    out.push(n);
+                }
+                out
+            }
+
+            /// What is left once every thread is done, polled one by one.
+            fn drain(&self, mut s: State) -> State {
+                while s.word[self.slot(s.head)] == self.lap(s.head) + 1 {
+                    let slot = self.slot(s.head);
+                    s.got[s.ngot as usize] = s.wc[slot];
+                    s.ngot += 1;
+                    s.word[slot] = self.lap(s.head) + self.cap;
+                    s.head += 1;
+                }
+                s
+            }
+
+            fn check_end(&self, s: State) {
+                let s = self.drain(s);
+                assert_eq!(s.tail, s.head);
+                assert_eq!(s.ngot + s.refused, 4, "lost or duplicated: {s:?}");
+                // Each poller sees each producer's completions in order (the drain polls last,
+                // as poller 0).
+                let got = &s.got[..s.ngot as usize];
+                for poller in 0..2u8 {
+                    for p in 0..2u8 {
+                        let mine: Vec<u8> = got
+                            .iter()
+                            .filter(|g| *g >> 6 == poller && ((*g & 63) - 1) / 10 == p)
+                            .map(|g| g & 63)
+                            .collect();
+                        assert!(mine.windows(2).all(|w| w[0] < w[1]), "reordered: {s:?}");
+                    }
+                }
+                let mut sorted: Vec<u8> = got.iter().map(|g| g & 63).collect();
+                sorted.sort_unstable();
+                sorted.dedup();
+                assert_eq!(sorted.len(), got.len(), "duplicated: {s:?}");
+            }
+        }
+
+        fn explore(ring: &Ring) -> usize {
+            let mut seen = HashSet::new();
+            let mut stack = vec![State::default()];
+            let mut ends = 0;
+            while let Some(s) = stack.pop() {
+                if !seen.insert(s) {
+                    continue;
+                }
+                let next = ring.steps(s);
+                if next.is_empty() {
+                    ring.check_end(s);
+                    ends += 1;
+                }
+                stack.extend(next);
+            }
+            ends
+        }
+
+        #[test]
+        fn test_no_interleaving_of_producers_and_pollers_loses_reorders_or_misjudges_fullness() {
+            // Two slots holding one (every push laps the ring); four slots holding two.
+            for (cap, cqe) in [(2, 1), (4, 2)] {
+                let ends = explore(&Ring { cap, cqe });
+                assert!(ends > 10, "{ends} end states for cap {cap}, cqe {cqe}");
+            }
+        }
+    }
 }
