@@ -50,7 +50,12 @@ pub(crate) fn publish(devices: &[Device]) {
     if ROOT.set(root).is_err() {
         return;
     }
-    let root = &ROOT.get().expect("set").0;
+    let (root, ours) = ROOT.get().expect("set");
+    if *ours && let Some(parent) = root.parent() {
+        // Killed processes leave their trees: each new one takes a few away, so they never
+        // pile up into a sweep that takes minutes.
+        sweep(parent, Some(SWEEP_AT_START));
+    }
     let _ = write_tree(root, devices);
     let root = root.clone();
     let _ = first.fabric().on_port_change(Box::new(move |d, port| {
@@ -65,6 +70,33 @@ pub(crate) fn publish(devices: &[Device]) {
 /// Writes the tree of `devices` under `root` (`class/infiniband`, `class/infiniband_verbs`).
 pub(crate) fn write_tree(root: &Path, devices: &[Device]) -> std::io::Result<()> {
     devices.iter().try_for_each(|d| write_device(root, d))
+}
+
+/// Trees of gone processes a process removes when it writes its own.
+const SWEEP_AT_START: usize = 8;
+
+/// Removes from `dir` the trees of processes that are gone (killed, or a program under
+/// `rdma-emu run` that never loaded the library), at most `limit` of them.
+pub(crate) fn sweep(dir: &Path, limit: Option<usize>) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let mut left = limit.unwrap_or(usize::MAX);
+    for e in entries.flatten() {
+        if left == 0 {
+            return;
+        }
+        let name = e.file_name();
+        let pid: Option<libc::pid_t> =
+            name.to_str().and_then(|n| n.strip_prefix("sysfs-")).and_then(|p| p.parse().ok());
+        // SAFETY: kill with signal 0 only checks that the process exists.
+        let gone = |pid| unsafe { libc::kill(pid, 0) } != 0;
+        if let Some(pid) = pid
+            && gone(pid)
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+        {
+            let _ = std::fs::remove_dir_all(e.path());
+            left -= 1;
+        }
+    }
 }
 
 extern "C" fn remove_at_exit() {

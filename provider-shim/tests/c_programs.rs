@@ -74,6 +74,47 @@ fn debian_ibv_devices_lists_the_emulated_devices() {
     }
 }
 
+/// A killed process leaves its sysfs tree; each process that writes its own takes up to 8 such
+/// trees away, so they never pile up. (Its own tree goes at its exit.)
+#[test]
+fn each_process_sweeps_a_few_trees_that_killed_processes_left() {
+    let runtime = std::env::temp_dir().join(format!("sysfs-sweep-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&runtime);
+    std::fs::create_dir(&runtime).unwrap();
+    std::fs::set_permissions(&runtime, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+        .unwrap();
+    let uid = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(&runtime).unwrap());
+    let base = runtime.join(format!("rdma-emu-{uid}"));
+    std::fs::create_dir(&base).unwrap();
+    std::fs::set_permissions(&base, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    // Trees of processes that are gone (reaped), and one of this live process.
+    for _ in 0..20 {
+        let mut gone = Command::new("true").spawn().unwrap();
+        let pid = gone.id();
+        gone.wait().unwrap();
+        std::fs::create_dir_all(base.join(format!("sysfs-{pid}/class/infiniband"))).unwrap();
+    }
+    let live = base.join(format!("sysfs-{}", std::process::id()));
+    std::fs::create_dir(&live).unwrap();
+    let trees = || {
+        std::fs::read_dir(&base)
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with("sysfs-"))
+            .count()
+    };
+    for left in [13, 5, 1] {
+        run_on_shim(
+            Command::new(util("ibv_devices"))
+                .env("RDMA_EMU_RUNTIME_DIR", &runtime)
+                .env_remove("XDG_RUNTIME_DIR")
+                .env_remove("RDMA_EMU_SYSFS"),
+        );
+        assert_eq!(trees(), left, "8 gone trees fewer each run, the live one kept");
+    }
+    assert!(live.exists());
+    std::fs::remove_dir_all(&runtime).unwrap();
+}
+
 #[test]
 fn debian_ibv_devinfo_verbose_prints_the_rxe_profile() {
     let out = run_on_shim(

@@ -23,7 +23,8 @@
 
 mod demo;
 // The library's own sysfs writer (it is a module of the cdylib, which a binary cannot link):
-// `run` writes the tree before the program starts. Only `write_tree` is used here.
+// `run` writes the tree before the program starts. Only `write_tree` and `sweep` are used
+// here.
 #[allow(dead_code)]
 #[path = "../../sysfs.rs"]
 mod sysfs;
@@ -181,7 +182,7 @@ fn run(opts: Opts, argv: Vec<String>) -> Result<ExitCode, String> {
     let tree = rdma_emu::private_dir(&format!("sysfs-{}", std::process::id()))
         .map_err(|e| format!("the devices' sysfs tree: {e}"))?;
     if let Some(parent) = tree.parent() {
-        view::sweep(parent);
+        sysfs::sweep(parent, None);
     }
     cmd.env("RDMA_EMU_SYSFS", &tree);
     // Written now, so that a step that looks before any verbs program has run (`ls

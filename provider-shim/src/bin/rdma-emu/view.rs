@@ -134,21 +134,3 @@ fn mount(
     let rc = unsafe { libc::mount(ptr(&src), tgt.as_ptr(), ptr(&fs), flags, std::ptr::null()) };
     if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
 }
-
-/// Removes the trees of `rdma-emu run`s whose program is gone (a program that never loaded
-/// the library leaves its tree behind) from `dir`.
-pub(crate) fn sweep(dir: &Path) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
-    for e in entries.flatten() {
-        let name = e.file_name();
-        let pid = name.to_str().and_then(|n| n.strip_prefix("sysfs-")).and_then(|p| p.parse().ok());
-        // SAFETY: kill with signal 0 only checks that the process exists.
-        let gone = |pid| unsafe { libc::kill(pid, 0) } != 0;
-        if let Some(pid) = pid
-            && gone(pid)
-            && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
-        {
-            let _ = std::fs::remove_dir_all(e.path());
-        }
-    }
-}
