@@ -20,9 +20,9 @@
 //! Rare operations that rewrite the ring (taking a QP's completions out, resizing, draining)
 //! first close it: a bit in both indices turns new producers and pollers away (they wait),
 //! and the closer waits for those that claimed a position before to finish with it. Then it
-//! has the ring to itself, and reopens it when done. A ring outgrown by a resize is closed for
-//! good and kept until the CQ is dropped (a thread may still be looking at it); a CQ's rings
-//! at most double each time, so what is kept is bounded by the size of the newest.
+//! has the ring to itself, and reopens it when done. A ring outgrown is closed for good and
+//! kept until the CQ is dropped (a thread may still be looking at it); a CQ's rings double
+//! each time, so what is kept is bounded by the size of the newest.
 #![allow(unsafe_code)]
 
 use std::{
@@ -82,9 +82,8 @@ unsafe impl Send for Ring {}
 /// A CQ's current ring, and every ring it had.
 pub(crate) struct Rings {
     current: AtomicPtr<Ring>,
-    /// Every ring, the current one last: a ring outgrown by a resize is kept until the CQ is
-    /// dropped, as a thread may still be looking at it. Taken by whoever rewrites the ring,
-    /// one at a time.
+    /// Every ring, the current one last: an outgrown ring is kept until the CQ is dropped, as
+    /// a thread may still be looking at it. Taken by whoever rewrites the ring, one at a time.
     #[allow(clippy::vec_box)] // boxed: `current` points into them while the Vec grows
     all: Mutex<Vec<Box<Ring>>>,
 }
