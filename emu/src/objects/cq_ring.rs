@@ -321,7 +321,9 @@ impl Ring {
             let slot = self.slot(p as u64);
             // SAFETY: the ring is closed and its closer's alone.
             unsafe { (*slot.wc.get()).write(*wc) };
-            slot.seq.store(self.lap(p as u64) + 1, Ordering::Relaxed);
+            // Release, as a producer's publish: a poller that finds the ring open again may
+            // read this word (acquire) without having read the reopened `head` (acquire).
+            slot.seq.store(self.lap(p as u64) + 1, Ordering::Release);
         }
         self.head.store(0, Ordering::Release);
         self.tail.store(wcs.len() as u64, Ordering::Release);
