@@ -311,16 +311,23 @@ fn queue_limits_and_bad_wr_index() {
     assert_eq!((bad, err.errno()), (7, Errno::ENOMEM), "depth 4 rounds to 7");
 }
 
-#[test]
-fn cq_overrun_loses_the_completion_and_raises_cq_err() {
+/// Two nodes, and an RC QP of A's that completes into a CQ of `cqe` entries of its own,
+/// connected to B's QP.
+fn qp_on_own_cq(cqe: i32) -> (Fabric, Node, Node, Cq, Qp) {
     let fabric = Fabric::new(FabricConfig::default());
     let devs = fabric.devices();
     let a = node_on(&devs[0], 4096);
     let b = node_on(&devs[1], 4096);
-    let small = a.ctx.create_cq(1, None, 0).unwrap();
-    assert_eq!(small.cqe(), 1);
-    let qp = new_qp(&a.pd, &small, QpType::RC, 8, true);
+    let cq = a.ctx.create_cq(cqe, None, 0).unwrap();
+    let qp = new_qp(&a.pd, &cq, QpType::RC, 8, true);
     connect(&qp, &b.qp, &RcParams::default(), &RcParams::default());
+    (fabric, a, b, cq, qp)
+}
+
+#[test]
+fn cq_overrun_loses_the_completion_and_raises_cq_err() {
+    let (_f, a, b, small, qp) = qp_on_own_cq(1);
+    assert_eq!(small.cqe(), 1);
     let s = [sge(&a.mr, 0, 8)];
     qp.post_send(&SendWr::write(1, &s, b.mr.addr(), b.mr.rkey())).unwrap();
     qp.post_send(&SendWr::write(2, &s, b.mr.addr(), b.mr.rkey())).unwrap();
@@ -339,14 +346,8 @@ fn cq_overrun_loses_the_completion_and_raises_cq_err() {
 /// a resize, at the new size.
 #[test]
 fn a_large_cq_holds_exactly_its_size_and_overruns_past_it() {
-    let fabric = Fabric::new(FabricConfig::default());
-    let devs = fabric.devices();
-    let a = node_on(&devs[0], 4096);
-    let b = node_on(&devs[1], 4096);
-    let big = a.ctx.create_cq(10_000, None, 0).unwrap();
+    let (_f, a, b, big, qp) = qp_on_own_cq(10_000);
     assert_eq!(big.cqe(), 16_383);
-    let qp = new_qp(&a.pd, &big, QpType::RC, 8, true);
-    connect(&qp, &b.qp, &RcParams::default(), &RcParams::default());
     let s = [sge(&a.mr, 0, 8)];
     let write = |id| qp.post_send(&SendWr::write(id, &s, b.mr.addr(), b.mr.rkey())).unwrap();
     let drain = |n: u64| {
