@@ -244,9 +244,11 @@ impl Node {
                 break;
             }
         }
-        let Some((slot, lock)) = claimed else {
+        let Some((slot, mut lock)) = claimed else {
             return Err(io::Error::new(io::ErrorKind::OutOfMemory, "all 255 node slots are taken"));
         };
+        // Before the socket is bound, hence before any QP of ours can be connected to.
+        write_incarnation(&mut lock)?;
         sweep(&dir, slot)?;
         dir.remove(&sock_name(slot))?;
         let path = dir.entry(&sock_name(slot));
@@ -387,8 +389,9 @@ impl Node {
     pub(crate) fn holder(&self, name: &str) -> Option<u8> {
         let held = self.dir.read_file(name).ok()?;
         let slot = std::str::from_utf8(&held).ok()?.lines().next()?.trim().parse::<u8>().ok()?;
+        // Only the owner locks it exclusively (a watcher holds it shared).
         let alive = match self.dir.open_file(&lock_name(slot), false) {
-            Ok(f) => f.try_lock().is_err(),
+            Ok(f) => f.try_lock_shared().is_err(),
             Err(_) => false,
         };
         (slot != self.slot && alive).then_some(slot)
@@ -424,39 +427,71 @@ impl Node {
 
     /// The node in `slot`, as a destination; the first use starts watching for its death.
     fn peer(&self, slot: u8) -> Arc<Peer> {
-        let mut peers = self.peers.lock();
-        if let Some(p) = peers.get(&slot) {
+        if let Some(p) = self.peers.lock().get(&slot) {
             return p.clone();
         }
-        let p = Arc::new(Peer::new(self.dir.entry(&sock_name(slot)), self.slot));
-        peers.insert(slot, p.clone());
+        self.new_peer(slot, self.incarnation(slot))
+    }
+
+    /// Which node holds `slot` now (0 if none said).
+    fn incarnation(&self, slot: u8) -> u128 {
+        let held = self.dir.read_file(&lock_name(slot)).unwrap_or_default();
+        let held = std::str::from_utf8(&held).unwrap_or_default();
+        held.trim().parse().unwrap_or(0)
+    }
+
+    /// Makes the node `incarnation` in `slot` a peer (unless a thread just did), and watches
+    /// for its death.
+    fn new_peer(&self, slot: u8, incarnation: u128) -> Arc<Peer> {
+        let mut peers = self.peers.lock();
+        if let Some(p) = peers.get(&slot).filter(|p| p.incarnation == incarnation) {
+            return p.clone();
+        }
+        let path = self.dir.entry(&sock_name(slot));
+        let p = Arc::new(Peer::new(path, self.slot, incarnation));
+        if let Some(old) = peers.insert(slot, p.clone()) {
+            old.retire();
+        }
         drop(peers);
         self.spawn_watcher(slot);
         p
     }
 
-    /// Makes sure the death of the node in `slot` will be noticed.
+    /// Makes sure the death of the node in `slot` will be noticed: called as a QP connects to
+    /// a QP there. A node that died unnoticed so far (its watcher has not run yet) may have
+    /// left the slot to a new one: that is another peer, with rings and a watcher of its
+    /// own.
     pub(crate) fn watch(&self, slot: u8) {
-        self.peer(slot);
+        let now = self.incarnation(slot);
+        let known = self.peers.lock().get(&slot).is_some_and(|p| p.incarnation == now);
+        if !known {
+            self.new_peer(slot, now);
+        }
     }
 
     /// A thread that waits for the lock of the node in `slot`: the kernel releases it when
     /// that process dies, however it dies. Then every QP connected there fails (see
     /// `peer_died`), so a survivor waiting for a message that will never come is not left
-    /// hanging.
+    /// hanging. The lock is held (shared) until that is done: a new node cannot take the
+    /// slot meanwhile, so every QP connected there is connected to a process that is gone,
+    /// however late this thread ran.
     fn spawn_watcher(&self, slot: u8) {
         let (dir, fabric) = (self.dir.clone(), self.fabric.clone());
         let spawned =
             std::thread::Builder::new().name(format!("rdma-emu-watch{slot}")).spawn(move || {
+                #[cfg(test)]
+                drop(test::WATCHERS_HELD[0].read());
                 let lock = dir.open_file(&lock_name(slot), false);
-                let gone = lock.map_or(true, |f| f.lock_shared().is_ok());
+                let gone = lock.as_ref().map_or(true, |f| f.lock_shared().is_ok());
+                #[cfg(test)]
+                drop(test::WATCHERS_HELD[1].read());
                 let Some(fabric) = fabric.upgrade() else { return };
                 if !gone {
                     return;
                 }
                 if let Some(node) = fabric.node.get() {
                     if let Some(p) = node.peers.lock().remove(&slot) {
-                        p.shut();
+                        p.retire();
                     }
                     // What it sent before it went (its last ACKs) is queued here: take it in
                     // before judging what is still outstanding; then its ring can go.
@@ -465,6 +500,7 @@ impl Node {
                     rx.rings.retain(|(s, r)| *s != slot || !r.abandoned());
                 }
                 peer_died(&fabric, slot);
+                drop(lock);
             });
         // Without the thread a dead peer is still noticed by the senders' retry timers.
         drop(spawned);
@@ -553,10 +589,7 @@ impl Drop for Node {
         let _ = self.dir.remove(&sock_name(self.slot));
         for p in self.peers.lock().values() {
             // Our rings carry nothing more: a node that takes our slot may offer its own.
-            if let Some(r) = &p.tx.lock().ring {
-                r.close();
-            }
-            p.shut();
+            p.retire();
         }
     }
 }
@@ -567,7 +600,7 @@ fn sweep(dir: &FabricDir, mine: u8) -> io::Result<()> {
         let slot = name.strip_suffix(".sock").and_then(|n| n.parse::<u8>().ok());
         let Some(slot) = slot.filter(|&s| s != mine) else { continue };
         let dead = match dir.open_file(&lock_name(slot), false) {
-            Ok(f) => f.try_lock().is_ok(),
+            Ok(f) => f.try_lock_shared().is_ok(),
             Err(e) => e.kind() == io::ErrorKind::NotFound,
         };
         if dead {
@@ -635,6 +668,16 @@ impl Fragment<'_> {
 
 fn lock_name(slot: u8) -> String {
     format!("{slot}.lock")
+}
+
+/// Says in the lock of a slot just claimed which node holds it: a number no other node of
+/// the slot had, before or after (the process and the time it joined, to the nanosecond).
+fn write_incarnation(lock: &mut File) -> io::Result<()> {
+    use std::io::Write;
+    let since = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+    let incarnation = u128::from(std::process::id()) << 96 | since.as_nanos();
+    lock.set_len(0)?;
+    lock.write_all(format!("{incarnation}\n").as_bytes())
 }
 
 pub(super) fn sock_name(slot: u8) -> String {
@@ -1185,6 +1228,8 @@ fn peer_died(fabric: &FabricInner, slot: u8) {
 #[derive(Debug)]
 struct Peer {
     path: PathBuf,
+    /// Which of the nodes that held its slot it is (see `write_incarnation`).
+    incarnation: u128,
     /// Our slot, as the source of what we send.
     src: u8,
     tx: Mutex<PeerTx>,
@@ -1215,9 +1260,10 @@ enum Sent {
 }
 
 impl Peer {
-    fn new(path: PathBuf, src: u8) -> Peer {
+    fn new(path: PathBuf, src: u8, incarnation: u128) -> Peer {
         Peer {
             path,
+            incarnation,
             src,
             tx: Mutex::default(),
             cv: Condvar::new(),
@@ -1233,6 +1279,14 @@ impl Peer {
         let Some(ring) = tx.ring.as_ref().filter(|r| r.reader_may_pull()) else { return false };
         // Records carry headers and may leave a filler at the wrap: ask for twice the bytes.
         len > ring.max_held_message() || (replying && ring.room() < 2 * len)
+    }
+
+    /// Closes its ring (nothing more will come through it) and stops its flusher.
+    fn retire(&self) {
+        if let Some(r) = &self.tx.lock().ring {
+            r.close();
+        }
+        self.shut();
     }
 
     /// Stops its flusher: the peer (or this node) is gone.
@@ -1475,6 +1529,165 @@ fn send_blocking(sock: &mut Option<UnixDatagram>, path: &Path, d: &[u8]) -> bool
 #[cfg(test)]
 mod test {
     use super::*;
+    use crate::{
+        AccessFlags, Cq, Fabric, FabricConfig, Mr, Qp, QpCap, QpInitAttr, QpState, QpType,
+        RcParams, RecvWr, SendWr, Sge, WcStatus,
+    };
+    use std::sync::RwLock;
+
+    /// Held (written) by a test, these keep every watcher of this process waiting: before it
+    /// looks at a slot's lock, or after it took it, before dealing with the death. A death
+    /// noticed late, as when the watcher's thread is not scheduled for a while.
+    pub(super) static WATCHERS_HELD: [RwLock<()>; 2] = [RwLock::new(()), RwLock::new(())];
+
+    /// One QP with its CQ and a registered page, on the first device of `f`.
+    struct End {
+        qp: Qp,
+        cq: Cq,
+        mr: Mr,
+    }
+
+    impl End {
+        fn on(f: &Fabric) -> End {
+            let ctx = f.devices()[0].open().unwrap();
+            let pd = ctx.alloc_pd().unwrap();
+            let cq = ctx.create_cq(16, None, 0).unwrap();
+            let mr = pd.reg_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+            let cap = QpCap {
+                max_send_wr: 4,
+                max_recv_wr: 4,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            };
+            let qp = pd.create_qp(&QpInitAttr::new(QpType::RC, &cq, cap)).unwrap();
+            End { qp, cq, mr }
+        }
+
+        fn slot(&self) -> u8 {
+            slot_of(self.qp.qp_num())
+        }
+
+        fn next(&self) -> crate::Wc {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                if let Some(wc) = self.cq.poll_one() {
+                    return wc;
+                }
+                assert!(Instant::now() < deadline, "no completion");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+
+        /// Sends `word` to `to`, which takes it into its page: both completions succeed.
+        fn send(&self, to: &End, word: u64) {
+            let rsge = Sge { addr: to.mr.addr(), length: 8, lkey: to.mr.lkey() };
+            to.qp.post_recv(&RecvWr { wr_id: word, sg_list: &[rsge] }).unwrap();
+            self.mr.write(0, &word.to_le_bytes()).unwrap();
+            let sge = Sge { addr: self.mr.addr(), length: 8, lkey: self.mr.lkey() };
+            self.qp.post_send(&SendWr::send(word, &[sge]).signaled()).unwrap();
+            assert_eq!(self.next().status, WcStatus::SUCCESS, "the send of {word}");
+            let got = to.next();
+            assert_eq!((got.status, got.wr_id), (WcStatus::SUCCESS, word));
+            let mut bytes = [0; 8];
+            to.mr.read(0, &mut bytes).unwrap();
+            assert_eq!(u64::from_le_bytes(bytes), word);
+        }
+    }
+
+    fn connected(a: &End, b: &End) {
+        let p = RcParams::default();
+        a.qp.connect(0, &b.qp.endpoint(0), &p).unwrap();
+        b.qp.connect(0, &a.qp.endpoint(0), &p).unwrap();
+    }
+
+    fn host_dir(tag: &str) -> (std::path::PathBuf, FabricConfig) {
+        let dir = std::env::temp_dir().join(format!("rdma-emu-watch-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let host = Some(dir.to_str().unwrap().to_owned());
+        (dir, FabricConfig { host, ..Default::default() })
+    }
+
+    /// Watchers are held one at a time (the tests below would hold each other's).
+    static ONE_AT_A_TIME: parking_lot::Mutex<()> = parking_lot::const_mutex(());
+
+    /// Whether the lock of `slot` in `dir` is free of its owner, and held (shared) by a
+    /// watcher: with `shared`, or free of both.
+    fn lock_is(dir: &std::path::Path, slot: u8, shared: bool) -> bool {
+        let open = || std::fs::File::open(dir.join(lock_name(slot))).unwrap();
+        open().try_lock_shared().is_ok() && open().try_lock().is_err() == shared
+    }
+
+    /// Waits (a bounded guard) until the node of `f` has dealt with the death of the node in
+    /// `slot`: it has forgotten it as a peer.
+    fn until_forgotten(f: &Fabric, slot: u8) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while f.0.node.get().unwrap().peers.lock().contains_key(&slot) {
+            assert!(Instant::now() < deadline, "the death in slot {slot} was never dealt with");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// A survivor talking to a node that then dies while this process's watchers are held
+    /// at `gate`; then a newcomer joins and talks to the survivor. `check` is given the
+    /// survivor's fabric, its QP to the newcomer, the newcomer's, and the dead node's slot.
+    /// At the end the newcomer dies too, and is forgotten.
+    fn death_noticed_late(tag: &str, gate: usize, check: impl FnOnce(&Fabric, &End, &End, u8)) {
+        let _one = ONE_AT_A_TIME.lock();
+        let (dir, cfg) = host_dir(tag);
+        let (fs, fa) = (Fabric::new(cfg.clone()), Fabric::new(cfg.clone()));
+        let (s1, a) = (End::on(&fs), End::on(&fa));
+        // Before the watchers start (as QPs connect): one already waiting for the lock
+        // would not be held before it.
+        let held = WATCHERS_HELD[gate].write().unwrap();
+        connected(&s1, &a);
+        s1.send(&a, 1);
+        a.send(&s1, 2);
+        let dead = a.slot();
+        drop((a, fa));
+        // The node goes with the fabric's last reference, which a thread of it may hold for
+        // a moment; then (at the second gate) the watcher takes the lock.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !lock_is(&dir, dead, gate == 1) {
+            assert!(Instant::now() < deadline, "the dead node's slot lock never came free");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let fb = Fabric::new(cfg);
+        let (s2, b) = (End::on(&fs), End::on(&fb));
+        connected(&s2, &b);
+        s2.send(&b, 3);
+        b.send(&s2, 4);
+        drop(held);
+        check(&fs, &s2, &b, dead);
+        let newcomer = b.slot();
+        drop((b, fb));
+        until_forgotten(&fs, newcomer);
+        drop((s1, s2, fs));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn test_a_newcomer_in_the_slot_of_a_node_that_died_unnoticed_is_a_new_peer() {
+        // Held before the lock: the newcomer takes the dead node's slot (and has been sent to
+        // through a ring of its own, not the one the dead node left).
+        death_noticed_late("before", 0, |_, s2, b, dead| {
+            assert_eq!(b.slot(), dead, "the newcomer took the free slot");
+            s2.send(b, 5);
+        });
+    }
+
+    #[test]
+    fn test_a_slot_stays_taken_until_the_death_of_its_node_is_dealt_with() {
+        // Held after taking the lock: the slot stays taken until the death is dealt with, so
+        // the newcomer takes another, and its QPs live on once it was.
+        death_noticed_late("after", 1, |fs, s2, b, dead| {
+            assert_ne!(b.slot(), dead, "a slot whose death is being dealt with stays taken");
+            until_forgotten(fs, dead);
+            s2.send(b, 5);
+            b.send(s2, 6);
+            assert_eq!(s2.qp.state(), QpState::RTS);
+        });
+    }
 
     #[test]
     fn test_fragments_reassemble_per_source_and_gaps_are_dropped() {
