@@ -273,6 +273,14 @@ pub(crate) fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
+/// Whether process `pid` is stopped: by a signal (SIGSTOP, SIGTSTP) or by a debugger.
+pub(crate) fn process_stopped(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read(format!("/proc/{pid}/stat")) else { return false };
+    // The state follows the command name, which is in parentheses and may hold anything.
+    let Some(close) = stat.iter().rposition(|&b| b == b')') else { return false };
+    matches!(stat.get(close + 2), Some(b'T' | b't'))
+}
+
 /// Whether the process a pidfd stands for has exited (the pidfd is then readable).
 pub(crate) fn pidfd_exited(pidfd: RawFd) -> bool {
     !matches!(wait_readable(pidfd, Some(std::time::Duration::ZERO)), Ok(false))

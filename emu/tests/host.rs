@@ -455,13 +455,7 @@ fn an_exit_does_not_wait_for_a_stopped_peer() {
     a.qp.connect(0, &next_endpoint(&mut lines), &RcParams::default()).unwrap();
     // SAFETY: signals a child process this test started and still owns.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGSTOP) }, 0);
-    // The signal takes effect asynchronously: wait (a bounded guard) until it is stopped.
-    let stat = format!("/proc/{}/stat", child.id());
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while !std::fs::read_to_string(&stat).unwrap().contains(") T ") {
-        assert!(std::time::Instant::now() < deadline, "the peer never stopped");
-        std::thread::sleep(std::time::Duration::from_millis(1));
-    }
+    until_stopped(child.id());
     // More than the ring to it holds: UC SENDs complete as they leave, the rest queues.
     let sg = [sge(&a.mr, 0, 1 << 16)];
     for i in 0..96 {
@@ -474,6 +468,88 @@ fn an_exit_does_not_wait_for_a_stopped_peer() {
     child.kill().unwrap();
     child.wait().unwrap();
     assert_eq!(flushed, Flushed::LeftStalled(1));
+}
+
+/// Waits (a bounded guard) until process `pid` is stopped: a signal takes effect
+/// asynchronously.
+fn until_stopped(pid: u32) {
+    let stat = format!("/proc/{pid}/stat");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !std::fs::read_to_string(&stat).unwrap().contains(") T ") {
+        assert!(std::time::Instant::now() < deadline, "the peer never stopped");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// The other process of `a_stopped_peer_keeps_its_connections`: an RC QP connected to the
+/// endpoint the test gives; prints its endpoint and MR, and on each line it reads, the
+/// first 16 bytes of its MR. Does nothing unless that test started this binary.
+#[test]
+fn peer_process_for_the_debugger_test() {
+    use std::io::{BufRead, Write};
+    let Ok(spec) = std::env::var("RDMA_EMU_TEST_DEBUGGED") else { return };
+    let (dir, theirs) = spec.split_once(';').unwrap();
+    let host = Some(dir.to_owned());
+    let fabric = Fabric::new(FabricConfig { devices: 1, host, ..Default::default() });
+    let n = node_on(&fabric.devices()[0], 4096);
+    n.qp.connect(0, &endpoint_parse(theirs), &RcParams::default()).unwrap();
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "mr: {} {}", n.mr.addr(), n.mr.rkey()).unwrap();
+    writeln!(out, "endpoint: {}", endpoint_text(&n.qp.endpoint(0))).unwrap();
+    out.flush().unwrap();
+    for _ in std::io::stdin().lock().lines() {
+        let mut got = [0u8; 16];
+        n.mr.read(0, &mut got).unwrap();
+        writeln!(out, "holds: {}", String::from_utf8_lossy(&got)).unwrap();
+        out.flush().unwrap();
+    }
+}
+
+/// A process stopped at a breakpoint (here SIGSTOP) for far longer than its peers' retry
+/// budget keeps its connections: what they sent it waits, is taken in and acknowledged once
+/// it continues, and completes successfully (an HCA would have answered for it meanwhile;
+/// divergences #16).
+#[test]
+fn a_stopped_peer_keeps_its_connections() {
+    use std::io::Write;
+    let dir = HostDir::new();
+    let fa = dir.fabric(Profile::Full);
+    let a = node_on(&fa.devices()[0], 4096);
+    let spec = format!("{};{}", dir.0.display(), endpoint_text(&a.qp.endpoint(0)));
+    let (mut child, mut lines) =
+        peer_process("peer_process_for_the_debugger_test", "RDMA_EMU_TEST_DEBUGGED", &spec);
+    let mr = loop {
+        let l = lines.next().expect("the peer process ended early");
+        if let Some((_, m)) = l.split_once("mr: ") {
+            let (addr, rkey) = m.split_once(' ').unwrap();
+            break (addr.parse::<u64>().unwrap(), rkey.parse::<u32>().unwrap());
+        }
+    };
+    // About 1 ms per timeout and one retry: without the stop's allowance the WRITE would
+    // fail in a few milliseconds.
+    let p = RcParams { timeout: 8, retry_cnt: 1, ..Default::default() };
+    a.qp.connect(0, &next_endpoint(&mut lines), &p).unwrap();
+    // SAFETY: signals a child process this test started and still owns.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGSTOP) }, 0);
+    until_stopped(child.id());
+    a.mr.write(0, b"while you slept.").unwrap();
+    let w_sg = [sge(&a.mr, 0, 16)];
+    a.qp.post_send(&SendWr::write(1, &w_sg, mr.0, mr.1).signaled()).unwrap();
+    // A hundred of the retry timer's periods pass with the peer stopped.
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert_empty(&a.cq);
+    assert_eq!(a.qp.query().unwrap().qp_state, QpState::RTS);
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGCONT) }, 0);
+    let wc = wait1(&a.cq);
+    assert_eq!((wc.wr_id, wc.status), (1, WcStatus::SUCCESS));
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"show\n").unwrap();
+    stdin.flush().unwrap();
+    let held = lines.find_map(|l| l.split_once("holds: ").map(|(_, h)| h.to_owned()));
+    assert_eq!(held.as_deref(), Some("while you slept."));
+    drop(stdin);
+    child.wait().unwrap();
 }
 
 /// The other process of `a_survivor_keeps_no_descriptor_or_ring_of_peers_stopped_and_killed`:
@@ -561,8 +637,8 @@ fn survivor_process_for_the_round_test() {
             .unwrap();
         let pid = child.id() as i32;
         if round % 2 == 1 {
-            // Stopped mid-transfer for less than the retry timer's patience (the connection
-            // lives on: divergences #16 says what a longer stop does).
+            // Stopped mid-transfer: the connection lives on (see also
+            // `a_stopped_peer_keeps_its_connections`).
             std::thread::sleep(std::time::Duration::from_millis(2));
             // SAFETY: signals a child process this test started and still owns.
             assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);

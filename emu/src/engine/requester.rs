@@ -591,10 +591,13 @@ pub(crate) fn on_timer(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>
         g.req.retrans_at = None;
         let timeout = super::ack_timeout_ns(g.attr.timeout).unwrap_or(0);
         let heard = qp.heard.load(std::sync::atomic::Ordering::Relaxed);
-        if heard != 0 && heard >= now.saturating_sub(timeout) {
-            // Another process is still delivering to this QP (a large response moves as one
-            // message of many datagrams): on a wire each of its packets would have restarted
-            // the timer, so this is not a timeout yet.
+        // Another process is still delivering to this QP (a large response moves as one
+        // message of many datagrams): on a wire each of its packets would have restarted the
+        // timer, so this is not a timeout yet. Nor while the peer's process is stopped (a
+        // debugger, SIGSTOP): a NIC would go on answering for it; what was sent waits in the
+        // ring and is answered once it continues.
+        let delivering = heard != 0 && heard >= now.saturating_sub(timeout);
+        if delivering || g.sq.in_flight() > 0 && drv.fabric.peer_stopped(g.attr.dest_qp_num) {
             g.req.retrans_at = Some(now + timeout);
         } else if g.sq.in_flight() > 0 {
             completer::retry(qp, g);

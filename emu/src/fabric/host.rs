@@ -457,6 +457,16 @@ impl Node {
         p
     }
 
+    /// Whether the process of the node in `slot` is stopped (SIGSTOP, a debugger): nothing it
+    /// was sent is taken in until it continues.
+    pub(crate) fn stopped(&self, slot: u8) -> bool {
+        let Some(incarnation) = self.peers.lock().get(&slot).map(|p| p.incarnation) else {
+            return false;
+        };
+        let pid = (incarnation >> 96) as u32;
+        pid != 0 && pid != std::process::id() && crate::sys::process_stopped(pid)
+    }
+
     /// Makes sure the death of the node in `slot` will be noticed: called as a QP connects to
     /// a QP there. A node that died unnoticed so far (its watcher has not run yet) may have
     /// left the slot to a new one: that is another peer, with rings and a watcher of its

@@ -319,6 +319,11 @@ impl FabricInner {
         }
     }
 
+    /// Whether `qpn` is a QP of another process that is stopped (SIGSTOP, a debugger).
+    pub(crate) fn peer_stopped(&self, qpn: u32) -> bool {
+        self.remote_node(qpn).is_some_and(|n| n.stopped(host::slot_of(qpn)))
+    }
+
     /// The node owning `qpn`, when it is another process's (or another fabric's) on the host
     /// fabric.
     pub(crate) fn remote_node(&self, qpn: u32) -> Option<&host::Node> {
