@@ -286,12 +286,13 @@ pub(crate) fn pidfd_exited(pidfd: RawFd) -> bool {
     !matches!(wait_readable(pidfd, Some(std::time::Duration::ZERO)), Ok(false))
 }
 
-/// A directory's owner, mode bits and modification time, by descriptor.
+/// A file's owner, mode bits, modification time and inode, by descriptor.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Stat {
     pub(crate) uid: u32,
     pub(crate) mode: u32,
     pub(crate) mtime: (i64, i64),
+    pub(crate) ino: u64,
 }
 
 pub(crate) fn fstat(fd: RawFd) -> io::Result<Stat> {
@@ -301,7 +302,8 @@ pub(crate) fn fstat(fd: RawFd) -> io::Result<Stat> {
     if unsafe { libc::fstat(fd, &mut st) } != 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(Stat { uid: st.st_uid, mode: st.st_mode, mtime: (st.st_mtime, st.st_mtime_nsec) })
+    let mtime = (st.st_mtime, st.st_mtime_nsec);
+    Ok(Stat { uid: st.st_uid, mode: st.st_mode, mtime, ino: st.st_ino })
 }
 
 /// Opens the directory `name` in the directory `at` (or the root, for `None`) without

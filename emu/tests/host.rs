@@ -247,21 +247,17 @@ fn uc_writes_larger_than_the_ring_are_copied_across_intact() {
     connect(&qa, &qb, &RcParams::default(), &RcParams::default());
     let data = pattern(5, 3_000_000);
     a.mr.write(0, &data).unwrap();
+    post_recv(&qb, 2, &[]);
     let sg = [sge(&a.mr, 0, data.len())];
-    qa.post_send(&SendWr::write(1, &sg, b.mr.addr(), b.mr.rkey())).unwrap();
+    qa.post_send(&SendWr::write(1, &sg, b.mr.addr(), b.mr.rkey()).with_imm(9)).unwrap();
     assert_eq!(wait1(&a.cq).status, WcStatus::SUCCESS);
-    // The sender may reuse its buffer at once: the target still gets what was sent.
+    // The sender may reuse its buffer at once: the target still gets what was sent (its
+    // receive completes once the data is placed).
     a.mr.write(0, &vec![0xee; data.len()]).unwrap();
-    // The completion came before the data was placed: wait until it is (a guard, not timing).
+    let wc = wait1(&b.cq);
+    assert_eq!((wc.wr_id, wc.status, wc.byte_len), (2, WcStatus::SUCCESS, data.len() as u32));
     let mut got = vec![0u8; data.len()];
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    loop {
-        b.mr.read(0, &mut got).unwrap();
-        if got == data || std::time::Instant::now() > deadline {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
+    b.mr.read(0, &mut got).unwrap();
     assert!(got == data, "the UC WRITE landed as it was sent");
 }
 
@@ -482,27 +478,29 @@ fn until_stopped(pid: u32) {
 }
 
 /// The other process of `a_stopped_peer_keeps_its_connections`: an RC QP connected to the
-/// endpoint the test gives; prints its endpoint and MR, and on each line it reads, the
-/// first 16 bytes of its MR. Does nothing unless that test started this binary.
+/// endpoint the test gives; prints its endpoint and MR, and once a SEND arrives, the first 16
+/// bytes of its MR. Does nothing unless that test started this binary.
 #[test]
 fn peer_process_for_the_debugger_test() {
-    use std::io::{BufRead, Write};
+    use std::io::Write;
     let Ok(spec) = std::env::var("RDMA_EMU_TEST_DEBUGGED") else { return };
     let (dir, theirs) = spec.split_once(';').unwrap();
     let host = Some(dir.to_owned());
     let fabric = Fabric::new(FabricConfig { devices: 1, host, ..Default::default() });
     let n = node_on(&fabric.devices()[0], 4096);
     n.qp.connect(0, &endpoint_parse(theirs), &RcParams::default()).unwrap();
+    post_recv(&n.qp, 5, &[]);
     let mut out = std::io::stdout().lock();
     writeln!(out, "mr: {} {}", n.mr.addr(), n.mr.rkey()).unwrap();
     writeln!(out, "endpoint: {}", endpoint_text(&n.qp.endpoint(0))).unwrap();
     out.flush().unwrap();
-    for _ in std::io::stdin().lock().lines() {
-        let mut got = [0u8; 16];
-        n.mr.read(0, &mut got).unwrap();
-        writeln!(out, "holds: {}", String::from_utf8_lossy(&got)).unwrap();
-        out.flush().unwrap();
-    }
+    // The test's SEND comes after its WRITE: once it is here, so is the WRITE's data.
+    let wc = wait1(&n.cq);
+    assert_eq!((wc.wr_id, wc.status), (5, WcStatus::SUCCESS));
+    let mut got = [0u8; 16];
+    n.mr.read(0, &mut got).unwrap();
+    writeln!(out, "holds: {}", String::from_utf8_lossy(&got)).unwrap();
+    out.flush().unwrap();
 }
 
 /// A process stopped at a breakpoint (here SIGSTOP) for far longer than its peers' retry
@@ -511,7 +509,6 @@ fn peer_process_for_the_debugger_test() {
 /// divergences #16).
 #[test]
 fn a_stopped_peer_keeps_its_connections() {
-    use std::io::Write;
     let dir = HostDir::new();
     let fa = dir.fabric(Profile::Full);
     let a = node_on(&fa.devices()[0], 4096);
@@ -543,12 +540,10 @@ fn a_stopped_peer_keeps_its_connections() {
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGCONT) }, 0);
     let wc = wait1(&a.cq);
     assert_eq!((wc.wr_id, wc.status), (1, WcStatus::SUCCESS));
-    let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(b"show\n").unwrap();
-    stdin.flush().unwrap();
+    a.qp.post_send(&SendWr::send(2, &[]).signaled()).unwrap();
+    assert_eq!(wait1(&a.cq).status, WcStatus::SUCCESS);
     let held = lines.find_map(|l| l.split_once("holds: ").map(|(_, h)| h.to_owned()));
     assert_eq!(held.as_deref(), Some("while you slept."));
-    drop(stdin);
     child.wait().unwrap();
 }
 

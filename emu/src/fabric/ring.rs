@@ -88,6 +88,49 @@ pub(crate) struct Ring {
     reading: Mutex<Reading>,
     /// `reading.next`, for a look at whether records wait that takes no lock.
     read_to: AtomicU64,
+    /// The ring's file, as ThreadSanitizer's sync object (see [`tsan`]).
+    #[cfg_attr(not(feature = "tsan"), allow(dead_code))]
+    ino: u64,
+}
+
+/// ThreadSanitizer cannot pair the release and acquire of a ring's indices when the writer
+/// and the reader are two fabrics of one process (the tests): each maps the ring at its own
+/// address. Both sides name the same sync object instead, found by the ring's file.
+mod tsan {
+    #[cfg(feature = "tsan")]
+    unsafe extern "C" {
+        fn __tsan_acquire(addr: *mut std::ffi::c_void);
+        fn __tsan_release(addr: *mut std::ffi::c_void);
+    }
+
+    /// Sync objects, one per ring file (rings that share one only gain edges).
+    #[cfg(feature = "tsan")]
+    static OBJECTS: [u8; 1024] = [0; 1024];
+
+    #[cfg(feature = "tsan")]
+    fn object(ino: u64) -> *mut std::ffi::c_void {
+        (&OBJECTS[(ino % 1024) as usize] as *const u8).cast_mut().cast()
+    }
+
+    /// After an acquire load of an index the other side published.
+    #[inline(always)]
+    pub(super) fn acquired(_ino: u64) {
+        // SAFETY: the sanitizer's annotation only records an edge on a static address.
+        #[cfg(feature = "tsan")]
+        unsafe {
+            __tsan_acquire(object(_ino))
+        };
+    }
+
+    /// Before a release store of an index the other side reads.
+    #[inline(always)]
+    pub(super) fn releasing(_ino: u64) {
+        // SAFETY: as in `acquired`.
+        #[cfg(feature = "tsan")]
+        unsafe {
+            __tsan_release(object(_ino))
+        };
+    }
 }
 
 /// The records read from a ring and not freed yet, oldest first.
@@ -166,7 +209,9 @@ impl Ring {
             return Err(io::Error::last_os_error());
         }
         let base = NonNull::new(p.cast::<u8>()).ok_or_else(io::Error::last_os_error)?;
+        let ino = crate::sys::fstat(fd.as_raw_fd()).map_or(0, |s| s.ino);
         Ok(Ring {
+            ino,
             base,
             cap,
             fd,
@@ -218,10 +263,7 @@ impl Ring {
 
     /// Writer: the bytes free for records now (the reader may free more meanwhile).
     pub(crate) fn room(&self) -> usize {
-        let used = self
-            .write_to
-            .load(Ordering::Relaxed)
-            .wrapping_sub(self.word(HEAD_AT).load(Ordering::Acquire));
+        let used = self.write_to.load(Ordering::Relaxed).wrapping_sub(self.head());
         self.cap.saturating_sub(usize::try_from(used).unwrap_or(usize::MAX))
     }
 
@@ -249,7 +291,7 @@ impl Ring {
         assert!(len <= self.max_record(), "a record of {len} bytes");
         let need = RECORD_HEADER + len.next_multiple_of(8);
         let tail = self.write_to.load(Ordering::Relaxed);
-        let head = self.word(HEAD_AT).load(Ordering::Acquire);
+        let head = self.head();
         let at = (tail as usize) & (self.cap - 1);
         let filler = if at + need > self.cap { self.cap - at } else { 0 };
         // A reader whose `head` is not behind `tail` by at most `cap` breaks the format: to
@@ -275,8 +317,16 @@ impl Ring {
         self.set_len(at, len as u32);
         let tail = tail + (filler + need) as u64;
         self.write_to.store(tail, Ordering::Relaxed);
+        tsan::releasing(self.ino);
         self.word(TAIL_AT).store(tail, Ordering::Release);
         Written::Done
+    }
+
+    /// Writer: the reader's `head` (what it freed).
+    fn head(&self) -> u64 {
+        let head = self.word(HEAD_AT).load(Ordering::Acquire);
+        tsan::acquired(self.ino);
+        head
     }
 
     fn set_len(&self, at: usize, len: u32) {
@@ -317,6 +367,7 @@ impl Ring {
     pub(crate) fn read(self: &Arc<Self>, mut each: impl FnMut(Record)) -> io::Result<()> {
         let broken = || io::Error::new(io::ErrorKind::InvalidData, "a malformed ring record");
         let tail = self.word(TAIL_AT).load(Ordering::Acquire);
+        tsan::acquired(self.ino);
         loop {
             let mut st = self.reading.lock();
             let pos = st.next;
@@ -367,6 +418,7 @@ impl Ring {
             head = Some(end);
         }
         if let Some(head) = head {
+            tsan::releasing(self.ino);
             self.word(HEAD_AT).store(head, Ordering::Release);
         }
     }
