@@ -64,23 +64,29 @@ pub(crate) fn scatter(
         return Err(SglError::TooLong);
     }
     let keys = pd.ctx.device.keys.read();
-    // Resolve every SGE that receives data before copying, so a bad SGE writes nothing.
-    let mut dst = Vec::with_capacity(sges.len());
-    let mut left = len as u64;
-    for sge in sges.iter().filter(|s| s.length > 0) {
-        if left == 0 {
-            break;
-        }
-        let mr = keys.mr(sge.lkey).ok_or(SglError::Protection)?;
-        if !std::sync::Arc::ptr_eq(&mr.pd, pd) || !mr.access.contains(AccessFlags::LOCAL_WRITE) {
-            return Err(SglError::Protection);
-        }
-        let off = mr.offset_of(sge.addr, sge.length as u64).ok_or(SglError::Protection)?;
-        let take = left.min(sge.length as u64);
-        dst.push((&mr.region, off, take as usize));
-        left -= take;
+    // The SGEs the data reaches, each with how much of it lands there.
+    let reached = || {
+        let mut left = len as u64;
+        sges.iter().filter(|s| s.length > 0).map_while(move |sge| {
+            let take = left.min(sge.length as u64);
+            left -= take;
+            (take > 0).then_some((sge, take as usize))
+        })
+    };
+    let target = |sge: &Sge| {
+        let mr = keys.mr(sge.lkey)?;
+        let writable =
+            std::sync::Arc::ptr_eq(&mr.pd, pd) && mr.access.contains(AccessFlags::LOCAL_WRITE);
+        let off = mr.offset_of(sge.addr, sge.length as u64).filter(|_| writable)?;
+        Some((&mr.region, off))
+    };
+    // Every SGE that receives data is checked before anything is copied, so a bad SGE writes
+    // nothing; then they are looked up again rather than remembered (no allocation).
+    if !reached().all(|(sge, _)| target(sge).is_some()) {
+        return Err(SglError::Protection);
     }
-    copy_into(payload, dst.into_iter()).map_err(|_| SglError::Protection)
+    let dst = reached().filter_map(|(sge, take)| target(sge).map(|(r, off)| (r, off, take)));
+    copy_into(payload, dst).map_err(|_| SglError::Protection)
 }
 
 /// Copies the first `out.len()` bytes of `payload` into `out`; how many there were.

@@ -28,7 +28,7 @@
 
 use std::{
     borrow::Cow,
-    collections::{HashMap, VecDeque},
+    collections::VecDeque,
     fs::File,
     io,
     os::unix::{io::AsRawFd, net::UnixDatagram},
@@ -41,6 +41,7 @@ use std::{
 };
 
 use parking_lot::{Condvar, Mutex};
+use rustc_hash::FxHashMap;
 
 use super::{
     FabricInner,
@@ -157,7 +158,7 @@ pub(crate) struct Node {
     /// Held (flock) while this node lives; the kernel drops it with the process.
     _lock: File,
     inbound: Arc<Inbound>,
-    peers: Mutex<HashMap<u8, Arc<Peer>>>,
+    peers: Mutex<FxHashMap<u8, Arc<Peer>>>,
     /// The other nodes' slots as last listed, for datagrams and frames to every node.
     others: Mutex<Listing>,
     fabric: Weak<FabricInner>,
@@ -258,7 +259,8 @@ impl Node {
         })?;
         sock.set_nonblocking(true)?;
         crate::sys::pass_credentials(sock.as_raw_fd())?;
-        let rx = Rx { buf: vec![0; HEADER + FRAGMENT], partial: HashMap::new(), rings: Vec::new() };
+        let partial = Partials::default();
+        let rx = Rx { buf: vec![0; HEADER + FRAGMENT], partial, rings: Vec::new() };
         let (rx, quit, polls) = (Mutex::new(rx), AtomicBool::new(false), AtomicU64::new(0));
         let (uid, drops) = (crate::sys::uid(), Drops::default());
         let (sleepers, napping) = (AtomicU64::new(0), AtomicBool::new(false));
@@ -1012,7 +1014,9 @@ impl Batch<'_> {
 }
 
 /// The messages being reassembled, by source.
-type Partials = HashMap<Source, Partial>;
+/// Hashed with Fx: looked up for every fragment; a peer's choice of its slot and pid (its own
+/// at most) cannot make many collide.
+type Partials = FxHashMap<Source, Partial>;
 
 /// A message arriving in fragments from one source (they arrive in order).
 #[derive(Debug)]
@@ -1701,7 +1705,7 @@ mod test {
 
     #[test]
     fn test_fragments_reassemble_per_source_and_gaps_are_dropped() {
-        let mut p = HashMap::new();
+        let mut p = Partials::default();
         let mut reassemble = |d: &[u8]| {
             let src = Source { slot: d[4], pid: 7 };
             reassemble(&mut p, src, d).ok().flatten().map(|m| m.into_owned())

@@ -19,12 +19,12 @@ pub(crate) mod trust;
 pub(crate) mod wire;
 
 use std::{
-    collections::HashMap,
     path::PathBuf,
     sync::{Arc, OnceLock, Weak},
 };
 
 use parking_lot::{Mutex, RwLock};
+use rustc_hash::FxHashMap;
 
 use crate::{
     objects::device::{Device, DeviceInner},
@@ -174,7 +174,10 @@ type Member = (Weak<QpShared>, u8);
 #[derive(Debug)]
 pub(crate) struct FabricInner {
     pub(crate) devices: Vec<Arc<DeviceInner>>,
-    qps: RwLock<HashMap<u32, Weak<QpShared>>>,
+    /// By QPN, which every packet from another process is looked up by: hashed with
+    /// rustc-hash's Fx, not std's SipHash (~80 instructions a lookup), since the keys are our
+    /// own numbers (a peer cannot choose them to collide).
+    qps: RwLock<FxHashMap<u32, Weak<QpShared>>>,
     next_qpn: Mutex<u32>,
     /// Multicast groups: MGID -> attached (QP, its port), in attach order (a BTreeMap: no
     /// hash order).
@@ -287,7 +290,7 @@ impl FabricInner {
     /// packets itself, and in simulation lets virtual time run to the next deadline;
     /// whether anything happened.
     pub(crate) fn progress(&self) -> bool {
-        self.node.get().is_some_and(|n| n.progress(self)) || self.timer.advance()
+        self.node.get().is_some_and(|n| n.progress(self)) || self.timer.advance(self)
     }
 
     /// Called when an application thread arms a CQ to sleep on its event (see `Node::attend`).
@@ -473,7 +476,7 @@ impl Fabric {
         let seed = cfg.seed.unwrap_or_else(faults::clock_seed);
         let fabric = Fabric(Arc::new_cyclic(|this| FabricInner {
             devices,
-            qps: RwLock::new(HashMap::new()),
+            qps: RwLock::new(FxHashMap::default()),
             next_qpn: Mutex::new(FIRST_QPN),
             mcast: Mutex::new(Default::default()),
             flows: RwLock::new(Vec::new()),

@@ -213,10 +213,10 @@ impl Timer {
     }
 
     /// In simulation: moves virtual time to the earliest deadline and runs every job due
-    /// then, in the order they were scheduled; whether there was one. In real time: nothing.
-    pub(crate) fn advance(&self) -> bool {
-        let Some(fabric) = self.fabric.upgrade() else { return false };
-        advance(&self.shared, &fabric)
+    /// then, in the order they were scheduled; whether there was one. In real time: nothing
+    /// (at once: a thread spinning on an empty CQ asks on every look).
+    pub(crate) fn advance(&self, fabric: &FabricInner) -> bool {
+        advance(&self.shared, fabric)
     }
 }
 
