@@ -322,6 +322,19 @@ fn peer_process(
     (child, lines)
 }
 
+/// In a peer process started with `var` set to "fabric directory;endpoint": its fabric and a
+/// node that `make` puts on its device, connected to that endpoint. `None` unless a test
+/// started this binary so.
+fn peer_node(var: &str, make: impl FnOnce(&Device) -> Node) -> Option<(Fabric, Node)> {
+    let spec = std::env::var(var).ok()?;
+    let (dir, theirs) = spec.split_once(';').unwrap();
+    let host = Some(dir.to_owned());
+    let fabric = Fabric::new(FabricConfig { devices: 1, host, ..Default::default() });
+    let n = make(&fabric.devices()[0]);
+    n.qp.connect(0, &endpoint_parse(theirs), &RcParams::default()).unwrap();
+    Some((fabric, n))
+}
+
 /// The next endpoint a peer process prints (after a marker: the test harness may have begun
 /// the line).
 fn next_endpoint(lines: &mut impl Iterator<Item = String>) -> Endpoint {
@@ -423,12 +436,7 @@ fn uc_node(dev: &Device) -> Node {
 #[test]
 fn peer_process_for_the_stop_test() {
     use std::io::Write;
-    let Ok(spec) = std::env::var("RDMA_EMU_TEST_STOPPED") else { return };
-    let (dir, theirs) = spec.split_once(';').unwrap();
-    let host = Some(dir.to_owned());
-    let fabric = Fabric::new(FabricConfig { devices: 1, host, ..Default::default() });
-    let n = uc_node(&fabric.devices()[0]);
-    n.qp.connect(0, &endpoint_parse(theirs), &RcParams::default()).unwrap();
+    let Some((_fabric, n)) = peer_node("RDMA_EMU_TEST_STOPPED", uc_node) else { return };
     let mut out = std::io::stdout().lock();
     writeln!(out, "endpoint: {}", endpoint_text(&n.qp.endpoint(0))).unwrap();
     out.flush().unwrap();
@@ -483,12 +491,9 @@ fn until_stopped(pid: u32) {
 #[test]
 fn peer_process_for_the_debugger_test() {
     use std::io::Write;
-    let Ok(spec) = std::env::var("RDMA_EMU_TEST_DEBUGGED") else { return };
-    let (dir, theirs) = spec.split_once(';').unwrap();
-    let host = Some(dir.to_owned());
-    let fabric = Fabric::new(FabricConfig { devices: 1, host, ..Default::default() });
-    let n = node_on(&fabric.devices()[0], 4096);
-    n.qp.connect(0, &endpoint_parse(theirs), &RcParams::default()).unwrap();
+    let Some((_fabric, n)) = peer_node("RDMA_EMU_TEST_DEBUGGED", |d| node_on(d, 4096)) else {
+        return;
+    };
     post_recv(&n.qp, 5, &[]);
     let mut out = std::io::stdout().lock();
     writeln!(out, "mr: {} {}", n.mr.addr(), n.mr.rkey()).unwrap();
@@ -553,12 +558,7 @@ fn a_stopped_peer_keeps_its_connections() {
 #[test]
 fn peer_process_for_the_round_test() {
     use std::io::Write;
-    let Ok(spec) = std::env::var("RDMA_EMU_TEST_ROUND") else { return };
-    let (dir, theirs) = spec.split_once(';').unwrap();
-    let host = Some(dir.to_owned());
-    let fabric = Fabric::new(FabricConfig { devices: 1, host, ..Default::default() });
-    let n = node_on(&fabric.devices()[0], 4096);
-    n.qp.connect(0, &endpoint_parse(theirs), &RcParams::default()).unwrap();
+    let Some((_fabric, n)) = peer_node("RDMA_EMU_TEST_ROUND", |d| node_on(d, 4096)) else { return };
     let mut out = std::io::stdout().lock();
     writeln!(out, "endpoint: {}", endpoint_text(&n.qp.endpoint(0))).unwrap();
     out.flush().unwrap();

@@ -1544,8 +1544,8 @@ fn send_blocking(sock: &mut Option<UnixDatagram>, path: &Path, d: &[u8]) -> bool
 mod test {
     use super::*;
     use crate::{
-        AccessFlags, Cq, Fabric, FabricConfig, Mr, Qp, QpCap, QpInitAttr, QpState, QpType,
-        RcParams, RecvWr, SendWr, Sge, WcStatus,
+        Fabric, FabricConfig, QpState, RcParams, RecvWr, SendWr, Sge, WcStatus,
+        engine::testkit::{Side, side},
     };
     use std::sync::RwLock;
 
@@ -1554,30 +1554,21 @@ mod test {
     /// noticed late, as when the watcher's thread is not scheduled for a while.
     pub(super) static WATCHERS_HELD: [RwLock<()>; 2] = [RwLock::new(()), RwLock::new(())];
 
-    /// One QP with its CQ and a registered page, on the first device of `f`.
-    struct End {
-        qp: Qp,
-        cq: Cq,
-        mr: Mr,
+    /// The engine tests' QP with its CQ and a page of memory, on a fabric's first device.
+    type End = Side;
+
+    fn end_on(f: &Fabric) -> End {
+        side(&f.devices()[0])
     }
 
-    impl End {
-        fn on(f: &Fabric) -> End {
-            let ctx = f.devices()[0].open().unwrap();
-            let pd = ctx.alloc_pd().unwrap();
-            let cq = ctx.create_cq(16, None, 0).unwrap();
-            let mr = pd.reg_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
-            let cap = QpCap {
-                max_send_wr: 4,
-                max_recv_wr: 4,
-                max_send_sge: 1,
-                max_recv_sge: 1,
-                max_inline_data: 0,
-            };
-            let qp = pd.create_qp(&QpInitAttr::new(QpType::RC, &cq, cap)).unwrap();
-            End { qp, cq, mr }
-        }
+    /// What the tests below do with an end.
+    trait Talk {
+        fn slot(&self) -> u8;
+        fn next(&self) -> crate::Wc;
+        fn send(&self, to: &End, word: u64);
+    }
 
+    impl Talk for End {
         fn slot(&self) -> u8 {
             slot_of(self.qp.qp_num())
         }
@@ -1650,7 +1641,7 @@ mod test {
         let _one = ONE_AT_A_TIME.lock();
         let (dir, cfg) = host_dir(tag);
         let (fs, fa) = (Fabric::new(cfg.clone()), Fabric::new(cfg.clone()));
-        let (s1, a) = (End::on(&fs), End::on(&fa));
+        let (s1, a) = (end_on(&fs), end_on(&fa));
         // Before the watchers start (as QPs connect): one already waiting for the lock
         // would not be held before it.
         let held = WATCHERS_HELD[gate].write().unwrap();
@@ -1667,7 +1658,7 @@ mod test {
             std::thread::sleep(Duration::from_millis(1));
         }
         let fb = Fabric::new(cfg);
-        let (s2, b) = (End::on(&fs), End::on(&fb));
+        let (s2, b) = (end_on(&fs), end_on(&fb));
         connected(&s2, &b);
         s2.send(&b, 3);
         b.send(&s2, 4);
