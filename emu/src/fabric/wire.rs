@@ -92,14 +92,47 @@ fn decode_control(bytes: &[u8]) -> Option<(Message, Option<Range<usize>>)> {
 /// A message in byte form, not yet laid out: the header bytes, then the payload still in the
 /// sender's memory, so it can be gathered straight to where it goes.
 pub(crate) struct Encoded<'a> {
-    head: Vec<u8>,
+    head: Head,
     payload: Option<&'a Payload>,
+}
+
+/// Header bytes kept in place up to this many (any packet's: at most 147), so that sending a
+/// packet to another process allocates nothing.
+const INLINE_HEAD: usize = 160;
+
+/// A message's header bytes: a packet's in place, the rest (a pulled payload's source ranges
+/// after the packet's header, a control or CM message) on the heap.
+enum Head {
+    Inline([u8; INLINE_HEAD], usize),
+    Heap(Vec<u8>),
+}
+
+/// Writes fields of known sizes into a packet's header in place.
+struct Cursor {
+    buf: [u8; INLINE_HEAD],
+    at: usize,
+}
+
+impl Cursor {
+    #[inline(always)]
+    fn put<const N: usize>(&mut self, b: [u8; N]) {
+        self.buf[self.at..self.at + N].copy_from_slice(&b);
+        self.at += N;
+    }
+}
+
+impl Head {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Head::Inline(buf, len) => &buf[..*len],
+            Head::Heap(v) => v,
+        }
+    }
 }
 
 impl<'a> Encoded<'a> {
     pub(crate) fn packet(pkt: &'a Packet) -> Encoded<'a> {
-        let mut head = Vec::with_capacity(128);
-        encode_head(pkt, false, &mut head);
+        let head = encode_head(pkt, false);
         Encoded { head, payload: (pkt.kind != Kind::ReadRequest).then_some(&pkt.payload) }
     }
 
@@ -107,19 +140,19 @@ impl<'a> Encoded<'a> {
     /// there (see [`pullable`]).
     pub(crate) fn pulled(pkt: &'a Packet) -> Encoded<'a> {
         let ranges = pkt.payload.ranges();
-        let mut head = Vec::with_capacity(128 + 16 * ranges.len());
-        encode_head(pkt, true, &mut head);
+        let mut head = Vec::with_capacity(INLINE_HEAD + 8 + 16 * ranges.len());
+        head.extend_from_slice(encode_head(pkt, true).bytes());
         head.extend_from_slice(&std::process::id().to_le_bytes());
         head.extend_from_slice(&(ranges.len() as u32).to_le_bytes());
         for m in ranges {
             head.extend_from_slice(&(m.region.host_addr() + m.offset as u64).to_le_bytes());
             head.extend_from_slice(&(m.len as u64).to_le_bytes());
         }
-        Encoded { head, payload: None }
+        Encoded { head: Head::Heap(head), payload: None }
     }
 
     pub(crate) fn control(c: Control) -> Encoded<'static> {
-        Encoded { head: encode_control(c), payload: None }
+        Encoded { head: Head::Heap(encode_control(c)), payload: None }
     }
 
     /// A connection manager message.
@@ -127,11 +160,11 @@ impl<'a> Encoded<'a> {
         let mut head = Vec::with_capacity(1 + body.len());
         head.push(CM);
         head.extend_from_slice(body);
-        Encoded { head, payload: None }
+        Encoded { head: Head::Heap(head), payload: None }
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.head.len() + self.payload.map_or(0, |p| p.pieces().map(|p| p.len()).sum())
+        self.head.bytes().len() + self.payload.map_or(0, |p| p.pieces().map(|p| p.len()).sum())
     }
 
     /// Copies the message's bytes `from..from + dst.len()` into `dst`. Fails only if the
@@ -139,7 +172,7 @@ impl<'a> Encoded<'a> {
     pub(crate) fn copy_to(&self, from: usize, dst: &mut [u8]) -> Result<(), MemFault> {
         let mut at = 0; // message offset of the current piece
         let mut out = 0; // bytes of `dst` written
-        let head = std::iter::once(Piece::Bytes(&self.head));
+        let head = std::iter::once(Piece::Bytes(self.head.bytes()));
         for piece in head.chain(self.payload.into_iter().flat_map(|p| p.pieces())) {
             let (start, end) = (at, at + piece.len());
             at = end;
@@ -198,7 +231,8 @@ pub(crate) fn pullable(pkt: &Packet) -> bool {
 
 /// The header fields of `pkt`, as [`decode`] reads them (`pulled`: source ranges follow
 /// instead of the payload).
-fn encode_head(pkt: &Packet, pulled: bool, out: &mut Vec<u8>) {
+fn encode_head(pkt: &Packet, pulled: bool) -> Head {
+    let mut out = Cursor { buf: [0; INLINE_HEAD], at: 0 };
     let kind = kind_code(pkt.kind);
     let (syn, syn_arg) = match pkt.syndrome {
         Syndrome::Ack => (0, 0),
@@ -213,34 +247,35 @@ fn encode_head(pkt: &Packet, pulled: bool, out: &mut Vec<u8>) {
         | u8::from(pkt.imm.is_some()) << 1
         | u8::from(pkt.inv.is_some()) << 2
         | u8::from(pulled) << 3;
-    out.extend_from_slice(&[VERSION, kind, syn, syn_arg, flags, pkt.src_port, pkt.dst_port]);
-    out.push(u8::from(pkt.grh.is_some()));
-    out.push(pkt.transport.0 as u8);
+    out.put([VERSION, kind, syn, syn_arg, flags, pkt.src_port, pkt.dst_port]);
+    out.put([u8::from(pkt.grh.is_some())]);
+    out.put([pkt.transport.0 as u8]);
     for v in [pkt.src_dev, pkt.src_qpn, pkt.dst_dev, pkt.dst_qpn, pkt.psn, pkt.npkts] {
-        out.extend_from_slice(&v.to_le_bytes());
+        out.put(v.to_le_bytes());
     }
     for v in [pkt.imm.or(pkt.inv).unwrap_or(0), pkt.rkey, pkt.len, pkt.msn, pkt.qkey, pkt.xrc_srqn]
     {
-        out.extend_from_slice(&v.to_le_bytes());
+        out.put(v.to_le_bytes());
     }
-    out.extend_from_slice(&pkt.src_lid.to_le_bytes());
+    out.put(pkt.src_lid.to_le_bytes());
     for v in [pkt.va, pkt.swap_add, pkt.compare, pkt.orig] {
-        out.extend_from_slice(&v.to_le_bytes());
+        out.put(v.to_le_bytes());
     }
     if let Some(grh) = &pkt.grh {
-        out.extend_from_slice(&grh.sgid.0);
-        out.extend_from_slice(&grh.dgid.0);
-        out.extend_from_slice(&[grh.traffic_class, grh.hop_limit]);
-        out.extend_from_slice(&grh.flow_label.to_le_bytes());
+        out.put(grh.sgid.0);
+        out.put(grh.dgid.0);
+        out.put([grh.traffic_class, grh.hop_limit]);
+        out.put(grh.flow_label.to_le_bytes());
     }
     if pkt.kind == Kind::Flush {
-        out.push(pkt.feth);
+        out.put([pkt.feth]);
     }
     if let Some(f) = pkt.forwarded.as_deref().filter(|_| pkt.kind == Kind::XrcDeliver) {
-        out.push(kind_code(f.kind));
-        out.extend_from_slice(&f.file.0.to_le_bytes());
-        out.extend_from_slice(&f.file.1.to_le_bytes());
+        out.put([kind_code(f.kind)]);
+        out.put(f.file.0.to_le_bytes());
+        out.put(f.file.1.to_le_bytes());
     }
+    Head::Inline(out.buf, out.at)
 }
 
 fn kind_code(kind: Kind) -> u8 {
@@ -426,6 +461,8 @@ mod test {
         encode(&p, &mut bytes).unwrap();
         let q = decode(&bytes).unwrap();
         assert_eq!(format!("{p:?}"), format!("{q:?}"));
+        // The largest header there is (GRH and forwarded fields) is kept in place.
+        assert!(matches!(Encoded::packet(&p).head, Head::Inline(..)));
     }
 
     #[test]
