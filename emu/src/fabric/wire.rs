@@ -94,6 +94,8 @@ fn decode_control(bytes: &[u8]) -> Option<(Message, Option<Range<usize>>)> {
 pub(crate) struct Encoded<'a> {
     head: Head,
     payload: Option<&'a Payload>,
+    /// Header and payload bytes, counted once (each fragment asks).
+    len: usize,
 }
 
 /// Header bytes kept in place up to this many (any packet's: at most 147), so that sending a
@@ -131,9 +133,14 @@ impl Head {
 }
 
 impl<'a> Encoded<'a> {
+    fn new(head: Head, payload: Option<&'a Payload>) -> Encoded<'a> {
+        let carried = payload.map_or(0, |p| p.pieces().map(|p| p.len()).sum::<usize>());
+        Encoded { len: head.bytes().len() + carried, head, payload }
+    }
+
     pub(crate) fn packet(pkt: &'a Packet) -> Encoded<'a> {
         let head = encode_head(pkt, false);
-        Encoded { head, payload: (pkt.kind != Kind::ReadRequest).then_some(&pkt.payload) }
+        Encoded::new(head, (pkt.kind != Kind::ReadRequest).then_some(&pkt.payload))
     }
 
     /// `pkt` with its payload left in this process's memory, for the receiver to read from
@@ -148,11 +155,11 @@ impl<'a> Encoded<'a> {
             head.extend_from_slice(&(m.region.host_addr() + m.offset as u64).to_le_bytes());
             head.extend_from_slice(&(m.len as u64).to_le_bytes());
         }
-        Encoded { head: Head::Heap(head), payload: None }
+        Encoded::new(Head::Heap(head), None)
     }
 
     pub(crate) fn control(c: Control) -> Encoded<'static> {
-        Encoded { head: Head::Heap(encode_control(c)), payload: None }
+        Encoded::new(Head::Heap(encode_control(c)), None)
     }
 
     /// A connection manager message.
@@ -160,11 +167,11 @@ impl<'a> Encoded<'a> {
         let mut head = Vec::with_capacity(1 + body.len());
         head.push(CM);
         head.extend_from_slice(body);
-        Encoded { head: Head::Heap(head), payload: None }
+        Encoded::new(Head::Heap(head), None)
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.head.bytes().len() + self.payload.map_or(0, |p| p.pieces().map(|p| p.len()).sum())
+        self.len
     }
 
     /// Copies the message's bytes `from..from + dst.len()` into `dst`. Fails only if the
