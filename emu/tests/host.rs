@@ -527,9 +527,10 @@ fn a_stopped_peer_keeps_its_connections() {
             break (addr.parse::<u64>().unwrap(), rkey.parse::<u32>().unwrap());
         }
     };
-    // About 1 ms per timeout and one retry: without the stop's allowance the WRITE would
-    // fail in a few milliseconds.
-    let p = RcParams { timeout: 8, retry_cnt: 1, ..Default::default() };
+    // About 17 ms per timeout and two retries: without the stop's allowance the WRITE would
+    // fail in ~50 ms, and that is also what the peer has to answer once it continues (ample
+    // even under ThreadSanitizer, which a budget of 2 ms was not).
+    let p = RcParams { timeout: 12, retry_cnt: 2, ..Default::default() };
     a.qp.connect(0, &next_endpoint(&mut lines), &p).unwrap();
     // SAFETY: signals a child process this test started and still owns.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGSTOP) }, 0);
@@ -537,8 +538,8 @@ fn a_stopped_peer_keeps_its_connections() {
     a.mr.write(0, b"while you slept.").unwrap();
     let w_sg = [sge(&a.mr, 0, 16)];
     a.qp.post_send(&SendWr::write(1, &w_sg, mr.0, mr.1).signaled()).unwrap();
-    // A hundred of the retry timer's periods pass with the peer stopped.
-    std::thread::sleep(std::time::Duration::from_millis(100));
+    // Eight times the retry budget passes with the peer stopped.
+    std::thread::sleep(std::time::Duration::from_millis(400));
     assert_empty(&a.cq);
     assert_eq!(a.qp.query().unwrap().qp_state, QpState::RTS);
     // SAFETY: as above.

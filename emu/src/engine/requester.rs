@@ -595,9 +595,13 @@ pub(crate) fn on_timer(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>
         // message of many datagrams): on a wire each of its packets would have restarted the
         // timer, so this is not a timeout yet. Nor while the peer's process is stopped (a
         // debugger, SIGSTOP): a NIC would go on answering for it; what was sent waits in the
-        // ring and is answered once it continues.
+        // ring and is answered once it continues; the stop spends none of the retry budget,
+        // so once it continues the peer has the whole budget to catch up, as if never stopped.
         let delivering = heard != 0 && heard >= now.saturating_sub(timeout);
-        if delivering || g.sq.in_flight() > 0 && drv.fabric.peer_stopped(g.attr.dest_qp_num) {
+        if delivering {
+            g.req.retrans_at = Some(now + timeout);
+        } else if g.sq.in_flight() > 0 && drv.fabric.peer_stopped(g.attr.dest_qp_num) {
+            g.req.retry_left = g.attr.retry_cnt;
             g.req.retrans_at = Some(now + timeout);
         } else if g.sq.in_flight() > 0 {
             completer::retry(qp, g);
