@@ -85,6 +85,7 @@ pub use crate::{
         Fabric, FabricConfig, PortWatch,
         faults::{FaultAction, FaultRule, PacketClass},
         host::{Flushed, HostDrops, fabric_dir, private_dir},
+        wire_port::WireDrops,
     },
     mem::RawMemory,
     objects::{

@@ -597,8 +597,7 @@ fn file_size(fd: RawFd) -> Result<u64, i32> {
 }
 /// Makes a UDP socket send with DF and IP identification 0 (`IP_PMTUDISC_DO`): a RoCE v2
 /// packet's ICRC covers the identification, which the socket's other modes let the kernel
-/// choose. (Used by the wire check's sender, a test, until the wire port sends.)
-#[cfg(test)]
+/// choose.
 pub(crate) fn set_dont_fragment(fd: RawFd) -> io::Result<()> {
     let value: libc::c_int = libc::IP_PMTUDISC_DO;
     // SAFETY: an int option of the right size, read by the kernel only.
@@ -612,4 +611,10 @@ pub(crate) fn set_dont_fragment(fd: RawFd) -> io::Result<()> {
         )
     };
     if r == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+}
+
+/// Shuts reading down on socket `fd`: a thread blocked receiving on it returns at once.
+pub(crate) fn shutdown_read(fd: RawFd) {
+    // SAFETY: a plain system call on a descriptor; no memory is passed.
+    unsafe { libc::shutdown(fd, libc::SHUT_RD) };
 }

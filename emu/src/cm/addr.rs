@@ -41,6 +41,16 @@ impl PortAddress {
             })
             .collect()
     }
+
+    /// Parses `RDMA_EMU_WIRE`: comma-separated `IP[=DEVICE[:PORT]]`, port 1 of device `emu0`
+    /// when left out.
+    pub fn parse_wire_list(s: &str) -> Result<Vec<PortAddress>, crate::ConfigError> {
+        let entries = s.split(',').map(str::trim).filter(|e| !e.is_empty());
+        let full =
+            entries.map(|e| if e.contains('=') { e.to_owned() } else { format!("{e}=emu0") });
+        PortAddress::parse_list(&full.collect::<Vec<_>>().join(","))
+            .map_err(|e| crate::ConfigError(e.0.replace("RDMA_EMU_ADDRS", "RDMA_EMU_WIRE")))
+    }
 }
 
 /// The addresses of a fabric's ports.

@@ -168,7 +168,8 @@ fn execute(
     }
     let (dev, port) = g.dest?;
     let dqpn = g.attr.dest_qp_num;
-    if f.remote_node(dqpn).is_some()
+    if g.wire_grh.is_some()
+        || f.remote_node(dqpn).is_some()
         || !f.port_up(qp.device_index(), g.attr.port_num)
         || !f.port_up(dev, port)
     {

@@ -164,6 +164,12 @@ impl<'f> Driver<'f> {
         if !f.port_up(pkt.src_dev, pkt.src_port) || !f.port_up(pkt.dst_dev, pkt.dst_port) {
             return;
         }
+        if pkt.dst_dev == crate::fabric::wire_port::WIRE_DEV {
+            if let Some(wire) = f.wire.get() {
+                wire.send(&pkt);
+            }
+            return;
+        }
         if let Some(node) = self.fabric.remote_node(pkt.dst_qpn) {
             node.send(&pkt);
             return;

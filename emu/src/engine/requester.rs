@@ -541,6 +541,7 @@ fn build(qp: &QpShared, g: &mut QpInner, idx: u32) -> Result<Packet, WcStatus> {
         None => {
             (pkt.dst_dev, pkt.dst_port) = g.dest.unwrap_or((u32::MAX, 0));
             pkt.dst_qpn = g.attr.dest_qp_num;
+            pkt.grh = g.wire_grh.map(Box::new);
         }
     }
     pkt.psn = g.req.psn;
@@ -598,9 +599,10 @@ pub(crate) fn on_timer(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>
         // ring and is answered once it continues; the stop spends none of the retry budget,
         // so once it continues the peer has the whole budget to catch up, as if never stopped.
         let delivering = heard != 0 && heard >= now.saturating_sub(timeout);
+        let on_host = g.wire_grh.is_none();
         if delivering {
             g.req.retrans_at = Some(now + timeout);
-        } else if g.sq.in_flight() > 0 && drv.fabric.peer_stopped(g.attr.dest_qp_num) {
+        } else if on_host && g.sq.in_flight() > 0 && drv.fabric.peer_stopped(g.attr.dest_qp_num) {
             g.req.retry_left = g.attr.retry_cnt;
             g.req.retrans_at = Some(now + timeout);
         } else if g.sq.in_flight() > 0 {

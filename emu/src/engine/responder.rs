@@ -217,6 +217,13 @@ pub(super) fn reply(g: &QpInner, req: &Packet, kind: Kind, psn: u32, syndrome: S
     p.syndrome = syndrome;
     p.msn = g.resp.msn;
     p.mtu = g.mtu;
+    if req.src_dev == crate::fabric::wire_port::WIRE_DEV {
+        // Beyond a wire port: the BTH names no source QP, the connection does; the addresses
+        // are the QP's path, or else the request's turned around.
+        p.dst_qpn = g.attr.dest_qp_num;
+        let back = |r: &Grh| Grh { sgid: r.dgid, dgid: r.sgid, ..*r };
+        p.grh = g.wire_grh.or_else(|| req.grh.as_deref().map(back)).map(Box::new);
+    }
     p
 }
 

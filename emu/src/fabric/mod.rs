@@ -17,6 +17,7 @@ pub(crate) mod roce;
 pub(crate) mod timer;
 pub(crate) mod trust;
 pub(crate) mod wire;
+pub(crate) mod wire_port;
 
 use std::{
     path::PathBuf,
@@ -74,6 +75,11 @@ pub struct FabricConfig {
     /// kernel does (`ENOMEM` past it without `CAP_IPC_LOCK`; see `objects::pinned`). On by
     /// default; `RDMA_EMU_MEMLOCK=off` turns it off.
     pub memlock: bool,
+    /// Wire ports: each binds its device's port to a local IP address (which joins the port's
+    /// GID table) and sends and takes RoCE v2 on that address's UDP port 4791 for whatever the
+    /// fabric does not reach itself (see docs/wire.md). Needs Ethernet ports. Empty by
+    /// default; `RDMA_EMU_WIRE` (comma-separated `IP[=emuN[:PORT]]`) sets it.
+    pub wire: Vec<crate::cm::addr::PortAddress>,
 }
 
 impl Default for FabricConfig {
@@ -91,6 +97,7 @@ impl Default for FabricConfig {
             addresses: Vec::new(),
             express: true,
             memlock: true,
+            wire: Vec::new(),
         }
     }
 }
@@ -123,6 +130,9 @@ impl FabricConfig {
         }
         if let Some(a) = var("RDMA_EMU_ADDRS") {
             cfg.addresses = crate::cm::addr::PortAddress::parse_list(&a)?;
+        }
+        if let Some(w) = var("RDMA_EMU_WIRE") {
+            cfg.wire = crate::cm::addr::PortAddress::parse_wire_list(&w)?;
         }
         Ok(cfg)
     }
@@ -200,6 +210,8 @@ pub(crate) struct FabricInner {
     express: std::sync::atomic::AtomicBool,
     /// See [`FabricConfig::memlock`].
     pub(crate) memlock: bool,
+    /// The wire ports (see [`FabricConfig::wire`]), set once they are bound.
+    pub(crate) wire: OnceLock<wire_port::WirePorts>,
     this: Weak<FabricInner>,
 }
 
@@ -283,7 +295,10 @@ impl FabricInner {
     }
 
     pub(crate) fn port_up(&self, dev: u32, port: u8) -> bool {
-        self.devices.get(dev as usize).is_some_and(|d| Device::port_up(d, port))
+        // Beyond a wire port the network is assumed up; the wire port itself is checked as
+        // the packet's other end.
+        dev == wire_port::WIRE_DEV
+            || self.devices.get(dev as usize).is_some_and(|d| Device::port_up(d, port))
     }
 
     /// Called by a thread that found nothing to do (an empty CQ): moves inbound host-fabric
@@ -363,12 +378,21 @@ impl FabricInner {
 
     /// The device and port an address vector leads to: on RoCE by its GID; on InfiniBand by
     /// its DLID, as a subnet's switches forward (a GRH only matters between subnets).
+    /// On RoCE, a unicast GID that no port has leads out of a wire port of its IP family,
+    /// if there is one ([`wire_port::WIRE_DEV`]).
     pub(crate) fn route(&self, ah: &AhAttr) -> Option<(u32, u8)> {
-        self.devices.iter().find_map(|d| {
+        let mut roce_seen = false;
+        let here = self.devices.iter().find_map(|d| {
             let roce =
                 d.port(1).is_ok_and(|p| p.attr.lock().link_layer == crate::LinkLayer::ETHERNET);
+            roce_seen |= roce;
             let port = if roce { d.has_gid(&ah.dgid) } else { d.has_lid(ah.dlid) };
             port.map(|p| (d.id.index, p))
+        });
+        let multicast = ah.dgid.ipv4().map_or(ah.dgid.0[0] == 0xff, |ip| ip[0] & 0xf0 == 0xe0);
+        here.or_else(|| {
+            let wire = self.wire.get().filter(|_| roce_seen && ah.is_global && !multicast)?;
+            wire.reaches(&ah.dgid).then_some((wire_port::WIRE_DEV, ah.port_num))
         })
     }
 
@@ -459,7 +483,10 @@ impl Fabric {
 
     /// [`new`](Self::new), failing only if the packet trace file cannot be created.
     pub fn try_new(cfg: FabricConfig) -> crate::Result<Fabric> {
-        let addrs = crate::cm::addr::AddressMap::new(&cfg.addresses);
+        // A wire port's address is its port's, in its GID table and for the connection manager.
+        let mut configured = cfg.addresses.clone();
+        configured.extend(cfg.wire.iter().filter(|w| !cfg.addresses.contains(w)));
+        let addrs = crate::cm::addr::AddressMap::new(&configured);
         let device = |i| {
             let (profile, link) = (cfg.profile, cfg.link_layer);
             let ports = (cfg.ports, link, cfg.netdev_mtu);
@@ -490,8 +517,21 @@ impl Fabric {
             cq_events: Default::default(),
             express: cfg.express.into(),
             memlock: cfg.memlock,
+            wire: OnceLock::new(),
             this: this.clone(),
         }));
+        if !cfg.wire.is_empty() {
+            let ethernet =
+                cfg.profile == Profile::Rxe || cfg.link_layer == crate::LinkLayer::ETHERNET;
+            if !ethernet {
+                return Err(crate::Error::new(
+                    crate::Errno::EINVAL,
+                    "a wire port needs Ethernet ports: the rxe profile, or the full profile with RDMA_EMU_LINK_LAYER=ethernet",
+                ));
+            }
+            let wires = wire_port::WirePorts::bind(&Arc::downgrade(&fabric.0), &cfg.wire)?;
+            let _ = fabric.0.wire.set(wires);
+        }
         if !cfg.faults.is_empty() {
             fabric.set_faults(cfg.faults);
         }
@@ -502,6 +542,12 @@ impl Fabric {
     /// another user, malformed, or naming memory it may not read); `None` until it joined one.
     pub fn host_drops(&self) -> Option<host::HostDrops> {
         self.0.node.get().map(host::Node::drops)
+    }
+
+    /// What the wire ports refused to take (malformed, damaged, for no QP of theirs, out of
+    /// sequence); `None` without wire ports.
+    pub fn wire_drops(&self) -> Option<wire_port::WireDrops> {
+        self.0.wire.get().map(wire_port::WirePorts::drops)
     }
 
     /// Replaces the fault rules (an empty list clears them); `after=` counts from now.

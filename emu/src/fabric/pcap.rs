@@ -87,10 +87,13 @@ fn record_header(out: &mut Vec<u8>, now: u64, len: usize) {
     out.extend_from_slice(&(len as u32).to_le_bytes());
 }
 
+/// The bytes of an Ethernet header, before the IP header.
+pub(super) const ETHERNET_LEN: usize = 14;
+
 /// The addresses of both ends, and the IP header's other fields.
-struct Ends {
-    ip: Grh,
-    src_port: u16,
+pub(super) struct Ends {
+    pub(super) ip: Grh,
+    pub(super) src_port: u16,
 }
 
 impl Ends {
@@ -135,13 +138,13 @@ fn udp_source_port(transport: QpType, src_qpn: u32, dst_qpn: u32, flow_label: u3
 }
 
 /// One packet of a message: its transport headers (BTH onwards) and its part of the payload.
-struct Segment {
-    headers: Vec<u8>,
-    data: std::ops::Range<usize>,
+pub(super) struct Segment {
+    pub(super) headers: Vec<u8>,
+    pub(super) data: std::ops::Range<usize>,
 }
 
 /// The payload as bytes (read from memory where the packet refers to it).
-fn payload_bytes(pkt: &Packet) -> Vec<u8> {
+pub(super) fn payload_bytes(pkt: &Packet) -> Vec<u8> {
     fn read(out: &mut Vec<u8>, m: &crate::engine::packet::MemRef) {
         let start = out.len();
         out.resize(start + m.len, 0);
@@ -171,7 +174,7 @@ enum Place {
 }
 
 /// The packets of `pkt`, with their headers, as they would be on the wire.
-fn segments(pkt: &Packet, transport: QpType, payload_len: usize) -> Vec<Segment> {
+pub(super) fn segments(pkt: &Packet, transport: QpType, payload_len: usize) -> Vec<Segment> {
     let prefix = match transport {
         QpType::UC => 0x20,
         QpType::UD => 0x60,
@@ -319,7 +322,7 @@ fn headers(pkt: &Packet, prefix: u8, place: Place, psn: u32, data_len: usize) ->
 
 /// The MAC address behind a GID: the EUI-64 interface identifier of a link-local GID, or a
 /// locally administered address from its last bytes.
-fn mac_of(g: &Gid) -> [u8; 6] {
+pub(crate) fn mac_of(g: &Gid) -> [u8; 6] {
     let b = &g.0;
     if b[11] == 0xff && b[12] == 0xfe {
         [b[8] ^ 0x02, b[9], b[10], b[13], b[14], b[15]]
@@ -329,7 +332,7 @@ fn mac_of(g: &Gid) -> [u8; 6] {
 }
 
 /// One Ethernet frame: Ethernet, IP, UDP, the transport headers, payload, pad and ICRC.
-fn frame(ends: &Ends, transport: &[u8], data: &[u8], damaged: bool) -> Vec<u8> {
+pub(super) fn frame(ends: &Ends, transport: &[u8], data: &[u8], damaged: bool) -> Vec<u8> {
     let pad = (4 - data.len() % 4) % 4;
     let udp_len = 8 + transport.len() + data.len() + pad + 4;
     let (src, dst) = (&ends.ip.sgid, &ends.ip.dgid);

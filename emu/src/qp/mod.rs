@@ -142,6 +142,8 @@ pub(crate) struct QpInner {
     pub(crate) mtu: u32,
     /// The device and port the address vector leads to, resolved when the AV is set.
     pub(crate) dest: Option<(u32, u8)>,
+    /// When the address vector leads out of a wire port: the addresses its packets carry.
+    pub(crate) wire_grh: Option<crate::engine::packet::Grh>,
     /// Attributes of the QP's own port (`port_num`).
     pub(crate) port: PortInfo,
     /// Cached route to the peer QP.
@@ -238,7 +240,7 @@ impl QpShared {
             QpState::RTR | QpState::RTS | QpState::SQD | QpState::SQE | QpState::ERR
         );
         let transport = self.qp_type.is_reliable() || self.qp_type == QpType::UC;
-        if connected && transport && g.attr.dest_qp_num != 0 {
+        if connected && transport && g.attr.dest_qp_num != 0 && g.wire_grh.is_none() {
             self.ctx.fabric.part(self.qpn, g.attr.dest_qp_num);
         }
     }
@@ -507,6 +509,7 @@ impl Qp {
                     resp: Responder::default(),
                     mtu: 256,
                     dest: None,
+                    wire_grh: None,
                     port,
                     route: Route::default(),
                     batch: VecDeque::new(),
@@ -915,6 +918,19 @@ fn apply(qp: &QpShared, g: &mut QpInner, attr: &QpAttr, mask: QpAttrMask) {
     if mask.contains(QpAttrMask::AV) {
         a.ah_attr = attr.ah_attr;
         g.dest = qp.ctx.fabric.route(&attr.ah_attr);
+        g.wire_grh = None;
+        if g.dest.is_some_and(|(dev, _)| dev == crate::fabric::wire_port::WIRE_DEV) {
+            let ah = &attr.ah_attr;
+            let port = qp.ctx.device.port(a.port_num).ok();
+            let sgid = port.and_then(|p| p.gids.iter().find(|e| e.index == ah.sgid_index as u32));
+            g.wire_grh = Some(crate::engine::packet::Grh {
+                sgid: sgid.map(|e| e.gid).unwrap_or_default(),
+                dgid: ah.dgid,
+                traffic_class: ah.traffic_class,
+                flow_label: ah.flow_label & 0xf_ffff,
+                hop_limit: ah.hop_limit,
+            });
+        }
     }
     if mask.contains(QpAttrMask::ALT_PATH) {
         a.alt_ah_attr = attr.alt_ah_attr;
@@ -960,8 +976,11 @@ fn apply(qp: &QpShared, g: &mut QpInner, attr: &QpAttr, mask: QpAttrMask) {
     if mask.contains(QpAttrMask::DEST_QPN) {
         a.dest_qp_num = attr.dest_qp_num & engine::PSN_MASK;
         g.peer_closed = false;
-        // A peer in another process: learn at once if that process dies.
-        qp.ctx.fabric.watch_peer_of(a.dest_qp_num);
+        // A peer in another process: learn at once if that process dies (a peer beyond a
+        // wire port is numbered by another host, not by a slot of this one).
+        if g.wire_grh.is_none() {
+            qp.ctx.fabric.watch_peer_of(a.dest_qp_num);
+        }
     }
     if mask.contains(QpAttrMask::EN_SQD_ASYNC_NOTIFY) {
         a.en_sqd_async_notify = attr.en_sqd_async_notify;

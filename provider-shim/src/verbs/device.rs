@@ -81,7 +81,7 @@ fn fabric_from_env() -> Option<Fabric> {
     let fabric = match Fabric::try_new(cfg) {
         Ok(f) => f,
         Err(e) => {
-            eprintln!("rdma-emu: RDMA_EMU_PCAP: {e}; no devices");
+            eprintln!("rdma-emu: {e}; no devices");
             return None;
         }
     };

@@ -40,7 +40,8 @@ use rdma_emu::{Fabric, FabricConfig, Profile};
 
 const USAGE: &str = "usage:
   rdma-emu run [--devices N] [--profile rxe|full] [--ports N] [--link-layer ib|eth] [--mtu BYTES]
-               [--fabric NAME] [--seed S] [--faults RULES] [--pcap FILE] -- PROGRAM [ARGS...]
+               [--fabric NAME] [--seed S] [--faults RULES] [--pcap FILE] [--wire IP[=DEV[:PORT]]]
+               -- PROGRAM [ARGS...]
   rdma-emu devices [--devices N] [--profile rxe|full] [--ports N] [--link-layer ib|eth]
   rdma-emu event [--fabric NAME] [--device DEV] [--port N] EVENT   (e.g. PORT_ERR, DEVICE_FATAL)
   rdma-emu port [--fabric NAME] [--device DEV] [--port N] up|down
@@ -89,6 +90,12 @@ fn parse_opts(args: &mut std::slice::Iter<'_, String>) -> Result<(Opts, Vec<Stri
                 o.env.push(("RDMA_EMU_PROFILE", v));
             }
             "--fabric" => o.env.push(("RDMA_EMU_FABRIC", value("--fabric")?)),
+            "--wire" => {
+                let v = value("--wire")?;
+                rdma_emu::cm::addr::PortAddress::parse_wire_list(&v)
+                    .map_err(|e| format!("--wire: {e}"))?;
+                o.env.push(("RDMA_EMU_WIRE", v));
+            }
             "--seed" => {
                 let v = value("--seed")?;
                 v.parse::<u64>().map_err(|_| format!("--seed: not a number: {v}"))?;
@@ -189,8 +196,13 @@ fn run(opts: Opts, argv: Vec<String>) -> Result<ExitCode, String> {
     // /sys/class/infiniband`) finds the devices; the library rewrites it when it lists them.
     let cfg = fabric_config(&opts);
     let devices = cfg.devices;
-    // (No packet trace or faults: this fabric only describes the devices.)
-    let describe = FabricConfig { pcap: None, faults: Vec::new(), ..cfg };
+    // (No packet trace, faults or wire sockets: this fabric only describes the devices; a
+    // wire port's address is in its GID table.)
+    let mut addresses = cfg.addresses.clone();
+    if let Some((_, w)) = opts.env.iter().find(|(n, _)| *n == "RDMA_EMU_WIRE") {
+        addresses.extend(rdma_emu::cm::addr::PortAddress::parse_wire_list(w).unwrap_or_default());
+    }
+    let describe = FabricConfig { pcap: None, faults: Vec::new(), addresses, ..cfg };
     let fabric = Fabric::try_new(describe).map_err(|e| format!("the devices: {e}"))?;
     sysfs::write_tree(&tree, &fabric.devices())
         .map_err(|e| format!("the devices' sysfs tree: {e}"))?;

@@ -1,0 +1,65 @@
+#!/bin/bash
+# The wire port against the kernel's rxe (docs/wire.md). Runs in the rxe VM with rxe0 on veth0
+# (10.0.4.1); veth1 (10.0.4.2) goes into a network namespace standing in for another host,
+# where Debian's unmodified tools run on the emulator (`rdma-emu run --wire 10.0.4.2`). Each
+# program runs twice: the emulator as server, then as client. Prints one line per run and
+# exits 0 when every run passed.
+#   cargo build --release --workspace
+#   RXE_VM_NETDEVS=veth0 ../shared/rxe-vm/run.sh 'bash conformance/wire/rxe_interop.sh'
+# Optional: the programs to run (names from the list below), e.g. `... rxe_interop.sh rc ud`.
+set -u
+E=$PWD/target/release/rdma-emu
+[ -x "$E" ] || { echo "no $E: cargo build --release --workspace"; exit 2; }
+ip netns add peer
+ip link set veth1 netns peer
+ip netns exec peer ip addr add 10.0.4.2/24 dev veth1
+ip netns exec peer ip link set veth1 up
+ip netns exec peer ip link set lo up
+emu() { ip netns exec peer "$E" run --profile rxe --fabric none --wire 10.0.4.2 -- "$@"; }
+# The GID index of an address in a device's table (as ibv_devinfo lists it).
+gid_of() { sed -n "s/.*GID\[ *\([0-9]*\)\]:.*::ffff:$1,.*/\1/p" | head -1; }
+egid=$(emu ibv_devinfo -d emu0 -v | gid_of 10.0.4.2)
+rgid=$(ibv_devinfo -d rxe0 -v | gid_of 10.0.4.1)
+echo "emu0 GID index $egid (10.0.4.2), rxe0 GID index $rgid (10.0.4.1), $(uname -r)"
+failed=0
+# run NAME SERVER GIDFLAG PROGRAM ARGS...: SERVER (emu or rxe) listens, the other connects.
+run() {
+    local name=$1 server=$2 g=$3 prog=$4
+    shift 4
+    local t0=$SECONDS s c
+    if [ "$server" = emu ]; then
+        emu timeout 120 "$prog" -d emu0 "$g" "$egid" "$@" > /tmp/server.log 2>&1 &
+        s=$!
+        sleep 1
+        timeout 120 "$prog" -d rxe0 "$g" "$rgid" "$@" 10.0.4.2 > /tmp/client.log 2>&1
+        c=$?
+    else
+        timeout 120 "$prog" -d rxe0 "$g" "$rgid" "$@" > /tmp/server.log 2>&1 &
+        s=$!
+        sleep 1
+        emu timeout 120 "$prog" -d emu0 "$g" "$egid" "$@" 10.0.4.1 > /tmp/client.log 2>&1
+        c=$?
+    fi
+    wait "$s"
+    local sv=$?
+    if [ "$c" = 0 ] && [ "$sv" = 0 ]; then
+        echo "PASS $name (server on $server, $((SECONDS - t0)) s): $(grep -E 'iters|^ *[0-9]+ +[0-9]+' /tmp/client.log | tail -1)"
+    else
+        failed=1
+        echo "FAIL $name (server on $server): client $c, server $sv"
+        sed 's/^/  client: /' /tmp/client.log | tail -8
+        sed 's/^/  server: /' /tmp/server.log | tail -8
+    fi
+}
+want() { [ $# -eq 0 ] || [[ " $* " == *" $1 "* ]]; }
+for server in emu rxe; do
+    want rc "$@" && run rc "$server" -g ibv_rc_pingpong -n 200 -s 4096 -m 1024 -c
+    want rc-mtu4096 "$@" && run rc-mtu4096 "$server" -g ibv_rc_pingpong -n 50 -s 20000 -m 4096 -c
+    want uc "$@" && run uc "$server" -g ibv_uc_pingpong -n 200 -s 1024 -m 1024 -c
+    want ud "$@" && run ud "$server" -g ibv_ud_pingpong -n 200 -s 512 -c
+    want write_bw "$@" && run write_bw "$server" -x ib_write_bw -n 500 -s 65536 -F
+    want read_bw "$@" && run read_bw "$server" -x ib_read_bw -n 500 -s 16384 -F
+    want send_lat "$@" && run send_lat "$server" -x ib_send_lat -n 500 -s 64 -F
+    want atomic_bw "$@" && run atomic_bw "$server" -x ib_atomic_bw -n 500 -F
+done
+exit "$failed"

@@ -1,0 +1,365 @@
+//! Wire ports: a device port bound to a local IP address speaks RoCE v2 over an ordinary,
+//! unprivileged UDP socket on that address's port 4791, so that its QPs reach RoCE endpoints
+//! beyond this host's fabric: the kernel's rxe, a RoCE NIC, or the emulator on another host
+//! (docs/wire.md).
+//!
+//! Out: a packet routed to [`WIRE_DEV`] (a destination GID no port of the fabric has) leaves
+//! as the packets a NIC would send, cut at the path MTU by the same code that writes packet
+//! traces: BTH to ICRC as the UDP payload, the kernel adding IP and UDP. The ICRC covers the
+//! IP and UDP headers the kernel will write: from this socket's port 4791, and identification
+//! 0, which Linux gives the packets of an unconnected socket that forbids fragmenting.
+//!
+//! In: one thread per port takes each datagram, checks it (ICRC, BTH version, P_Key, a QP of
+//! this port to take it), puts the packets of a multi-packet message back together, and hands
+//! the message to the engine as one, as packets from other processes are. Everything that
+//! does not check is counted ([`WireDrops`]) and dropped, never trusted.
+
+use std::{
+    net::{IpAddr, SocketAddr, UdpSocket},
+    os::fd::AsRawFd,
+    sync::{
+        Arc, Weak,
+        atomic::{AtomicU64, Ordering::Relaxed},
+    },
+    thread::JoinHandle,
+};
+
+use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
+
+use super::{
+    FabricInner,
+    pcap::{self, Ends, ROCE_V2_PORT},
+    roce::{self, WirePacket},
+};
+use crate::{
+    cm::addr::PortAddress,
+    engine::{
+        self, PSN_MASK,
+        packet::{Grh, Kind, NakCode, Packet, Payload, Syndrome},
+    },
+    error::{Errno, Error, Result},
+    types::{Gid, QpType},
+};
+
+/// The device index of destinations over a wire port: packets routed there leave through the
+/// port whose address is their source GID.
+pub(crate) const WIRE_DEV: u32 = u32::MAX - 1;
+
+/// The largest message a wire port puts back together from its packets: the largest a port
+/// reports (`max_msg_sz` of the full profile, 1 GiB) would let a peer make this process hold
+/// that much for a message it never finishes; 16 MiB is what perftest and the pingpongs use
+/// many times over. Longer ones are dropped (the sender retries, then fails).
+const MAX_REASSEMBLY: usize = 16 << 20;
+
+/// What the wire ports refused to take, by reason.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WireDrops {
+    /// Not a RoCE v2 packet the emulator reads (short, version, opcode, P_Key, transport).
+    pub malformed: u64,
+    /// A wrong ICRC: damaged on the way (or not RoCE at all).
+    pub bad_icrc: u64,
+    /// For a QP this port does not have.
+    pub unknown_qp: u64,
+    /// A middle or last packet whose message did not begin, or began with another PSN (a
+    /// packet before it was lost): the sender's retry covers it.
+    pub out_of_sequence: u64,
+}
+
+/// The wire ports of a fabric.
+#[derive(Debug, Default)]
+pub(crate) struct WirePorts {
+    ports: Vec<Arc<WirePort>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+#[derive(Debug)]
+struct WirePort {
+    dev: u32,
+    port: u8,
+    ip: IpAddr,
+    socket: UdpSocket,
+    /// Messages coming in several packets, by (our QPN, whether a request): a QP's requests
+    /// and its READ responses interleave.
+    partial: Mutex<FxHashMap<(u32, bool), Partial>>,
+    malformed: AtomicU64,
+    bad_icrc: AtomicU64,
+    unknown_qp: AtomicU64,
+    out_of_sequence: AtomicU64,
+}
+
+/// The packets of a message so far.
+#[derive(Debug)]
+struct Partial {
+    pkt: Packet,
+    next_psn: u32,
+    bytes: Vec<u8>,
+}
+
+impl WirePorts {
+    /// Binds a UDP socket on port 4791 of each address and starts its receiving thread.
+    pub(crate) fn bind(fabric: &Weak<FabricInner>, wires: &[PortAddress]) -> Result<WirePorts> {
+        let mut ports = Vec::new();
+        for w in wires {
+            let socket = UdpSocket::bind((w.ip, ROCE_V2_PORT)).map_err(|e| {
+                let errno = Errno(e.raw_os_error().unwrap_or(libc::EIO));
+                Error::new(errno, "cannot bind a wire port's UDP socket to its address, port 4791")
+            })?;
+            if w.ip.is_ipv4() {
+                // Identification 0 on every packet, which the ICRC we send covers.
+                crate::sys::set_dont_fragment(socket.as_raw_fd()).map_err(|e| {
+                    let errno = Errno(e.raw_os_error().unwrap_or(libc::EIO));
+                    Error::new(errno, "cannot forbid fragmenting on a wire port's socket")
+                })?;
+            }
+            ports.push(Arc::new(WirePort {
+                dev: w.device,
+                port: w.port,
+                ip: w.ip,
+                socket,
+                partial: Mutex::new(FxHashMap::default()),
+                malformed: AtomicU64::new(0),
+                bad_icrc: AtomicU64::new(0),
+                unknown_qp: AtomicU64::new(0),
+                out_of_sequence: AtomicU64::new(0),
+            }));
+        }
+        let threads = ports
+            .iter()
+            .map(|p| {
+                let (port, fabric) = (p.clone(), fabric.clone());
+                std::thread::Builder::new()
+                    .name("rdma-emu-wire".into())
+                    .spawn(move || port.receive(&fabric))
+                    .map_err(|_| Error::new(Errno::ENOMEM, "cannot start a wire port's thread"))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(WirePorts { ports, threads: Mutex::new(threads) })
+    }
+
+    /// Whether a wire port of the IP family of `dgid` is there to send to it.
+    pub(crate) fn reaches(&self, dgid: &Gid) -> bool {
+        self.ports.iter().any(|p| p.ip.is_ipv4() == is_v4(dgid))
+    }
+
+    /// Sends `pkt` from the wire port whose address is its source GID; one with no GRH, or
+    /// from an address no wire port has, is lost (as by a NIC with no route).
+    pub(crate) fn send(&self, pkt: &Packet) {
+        let Some(grh) = pkt.grh.as_deref() else { return };
+        if let Some(p) = self.ports.iter().find(|p| Gid::of_ip(p.ip) == grh.sgid) {
+            p.send(pkt, grh);
+        }
+    }
+
+    pub(crate) fn drops(&self) -> WireDrops {
+        let mut d = WireDrops::default();
+        for p in &self.ports {
+            d.malformed += p.malformed.load(Relaxed);
+            d.bad_icrc += p.bad_icrc.load(Relaxed);
+            d.unknown_qp += p.unknown_qp.load(Relaxed);
+            d.out_of_sequence += p.out_of_sequence.load(Relaxed);
+        }
+        d
+    }
+}
+
+impl Drop for WirePorts {
+    /// Wakes each receiving thread (a shut-down socket returns at once) and waits for it, so
+    /// the address is free for the next fabric when this one is gone.
+    fn drop(&mut self) {
+        for p in &self.ports {
+            crate::sys::shutdown_read(p.socket.as_raw_fd());
+        }
+        let me = std::thread::current().id();
+        for t in self.threads.get_mut().drain(..) {
+            // The last reference to the fabric may go on a receiving thread itself.
+            if t.thread().id() != me {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+fn is_v4(g: &Gid) -> bool {
+    g.ipv4().is_some()
+}
+
+fn ip_of(g: &Gid) -> IpAddr {
+    match g.ipv4() {
+        Some(v4) => IpAddr::from(v4),
+        None => IpAddr::from(g.0),
+    }
+}
+
+impl WirePort {
+    fn send(&self, pkt: &Packet, grh: &Grh) {
+        let dst = SocketAddr::new(ip_of(&grh.dgid), ROCE_V2_PORT);
+        // The kernel sends from the socket's port, which the ICRC covers.
+        let ends = Ends { ip: *grh, src_port: ROCE_V2_PORT };
+        let udp_at = pcap::ETHERNET_LEN + if self.ip.is_ipv4() { 20 } else { 40 };
+        let payload = pcap::payload_bytes(pkt);
+        for seg in pcap::segments(pkt, pkt.transport, payload.len()) {
+            let frame = pcap::frame(&ends, &seg.headers, &payload[seg.data.clone()], false);
+            // A datagram the kernel cannot send now is lost, as a NIC's full queue loses it.
+            let _ = self.socket.send_to(&frame[udp_at + 8..], dst);
+        }
+    }
+
+    /// The receiving thread: until the socket is shut down or the fabric is gone.
+    fn receive(&self, fabric: &Weak<FabricInner>) {
+        let mut buf = vec![0u8; 65536];
+        loop {
+            let (n, from) = match self.socket.recv_from(&mut buf) {
+                Ok((0, _)) if fabric.strong_count() == 0 => return,
+                Ok(got) => got,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => return,
+            };
+            let Some(f) = fabric.upgrade() else { return };
+            if let Some(pkt) = self.take(&f, &buf[..n], from) {
+                engine::deliver_late(&f, pkt);
+            }
+        }
+    }
+
+    /// The message `d` (a datagram from `from`) completes, if it checks.
+    fn take(&self, f: &FabricInner, d: &[u8], from: SocketAddr) -> Option<Packet> {
+        let bad = |c: &AtomicU64| {
+            c.fetch_add(1, Relaxed);
+            None
+        };
+        let Ok(w) = roce::decode(d) else { return bad(&self.malformed) };
+        if !self.icrc_checks(d, from) {
+            return bad(&self.bad_icrc);
+        }
+        if w.pkey & 0x7fff != 0x7fff || matches!(w.transport, QpType::XRC_SEND) {
+            return bad(&self.malformed);
+        }
+        let Some(qp) = f.lookup_qp_any(w.dst_qpn).filter(|q| q.device_index() == self.dev) else {
+            return bad(&self.unknown_qp);
+        };
+        let Some(mut pkt) = self.packet_of(&w, from) else { return bad(&self.malformed) };
+        if w.kind == Kind::ReadRequest {
+            // The response takes as many PSNs as the QP's path MTU cuts it into.
+            pkt.npkts = engine::packets_for(pkt.len, qp.inner.lock().mtu);
+        }
+        if w.first && w.last {
+            pkt.payload = Payload::Bytes(w.payload.into());
+            if matches!(w.kind, Kind::Send | Kind::ReadResponse) {
+                pkt.len = w.payload.len() as u32;
+            }
+            return self.whole(pkt);
+        }
+        let key = (w.dst_qpn, w.kind.is_request());
+        let mut partial = self.partial.lock();
+        if w.first {
+            pkt.mtu = w.payload.len() as u32;
+            let next_psn = (w.psn + 1) & PSN_MASK;
+            partial.insert(key, Partial { pkt, next_psn, bytes: w.payload.to_vec() });
+            return None;
+        }
+        let Some(p) = partial.get_mut(&key) else { return bad(&self.out_of_sequence) };
+        if p.next_psn != w.psn
+            || p.pkt.kind != w.kind
+            || p.bytes.len() + w.payload.len() > MAX_REASSEMBLY
+        {
+            partial.remove(&key);
+            return bad(&self.out_of_sequence);
+        }
+        p.bytes.extend_from_slice(w.payload);
+        p.next_psn = (p.next_psn + 1) & PSN_MASK;
+        p.pkt.npkts += 1;
+        if !w.last {
+            return None;
+        }
+        let Partial { mut pkt, bytes, .. } = partial.remove(&key)?;
+        drop(partial);
+        // What only the last packet carries.
+        (pkt.imm, pkt.inv, pkt.solicited) = (w.imm, w.inv, w.solicited);
+        if let Some((syndrome, msn)) = w.aeth {
+            (pkt.syndrome, pkt.msn) = (syndrome_of(syndrome)?, msn);
+        }
+        if matches!(w.kind, Kind::Send | Kind::ReadResponse) {
+            pkt.len = bytes.len() as u32;
+        }
+        pkt.payload = Payload::Bytes(bytes.into());
+        self.whole(pkt)
+    }
+
+    /// A WRITE whose bytes are not what its RETH said is not taken.
+    fn whole(&self, pkt: Packet) -> Option<Packet> {
+        let carried: usize = pkt.payload.pieces().map(|p| p.len()).sum();
+        if pkt.kind == Kind::Write && carried != pkt.len as usize {
+            self.malformed.fetch_add(1, Relaxed);
+            return None;
+        }
+        Some(pkt)
+    }
+
+    /// Whether the ICRC of `d`, from `from` to this port's address, is right. Over IPv4 it
+    /// covers the IP identification, which a UDP socket does not see: our own packets carry 0;
+    /// others are checked by finding an identification under which it holds (`roce`).
+    fn icrc_checks(&self, d: &[u8], from: SocketAddr) -> bool {
+        match (from.ip(), self.ip) {
+            (IpAddr::V4(s), IpAddr::V4(t)) => {
+                roce::icrc_v4_identification(s.octets(), t.octets(), from.port(), d).is_some()
+            }
+            (IpAddr::V6(s), IpAddr::V6(t)) => {
+                roce::icrc_v6_checks(s.octets(), t.octets(), from.port(), d)
+            }
+            _ => false,
+        }
+    }
+
+    /// The engine's packet for the wire packet `w` that came from `from`.
+    fn packet_of(&self, w: &WirePacket<'_>, from: SocketAddr) -> Option<Packet> {
+        let mut p = Packet::new(w.kind);
+        p.transport = w.transport;
+        (p.src_dev, p.src_port) = (WIRE_DEV, self.port);
+        (p.dst_dev, p.dst_port, p.dst_qpn) = (self.dev, self.port, w.dst_qpn);
+        (p.psn, p.solicited, p.imm, p.inv) = (w.psn, w.solicited, w.imm, w.inv);
+        if let Some((qkey, src_qpn)) = w.deth {
+            (p.qkey, p.src_qpn) = (qkey, src_qpn);
+        }
+        if let Some(feth) = w.feth {
+            p.feth = (feth & 0x3f) as u8;
+        }
+        if let Some((va, rkey, len)) = w.reth {
+            (p.va, p.rkey, p.len) = (va, rkey, len);
+        }
+        if let Some((va, rkey, swap_add, compare)) = w.atomic {
+            (p.va, p.rkey, p.swap_add, p.compare, p.len) = (va, rkey, swap_add, compare, 8);
+        }
+        if let Some((syndrome, msn)) = w.aeth {
+            (p.syndrome, p.msn) = (syndrome_of(syndrome)?, msn);
+        }
+        p.orig = w.atomic_ack.unwrap_or(0);
+        if w.kind == Kind::ReadRequest {
+            p.payload = Payload::Remote;
+        }
+        p.grh = Some(Box::new(Grh {
+            sgid: Gid::of_ip(from.ip()),
+            dgid: Gid::of_ip(self.ip),
+            hop_limit: 64,
+            ..Grh::default()
+        }));
+        Some(p)
+    }
+}
+
+/// The AETH syndrome byte (IBA 9.7.5.2.8): ACK with a credit count, RNR NAK with its timer,
+/// or a NAK code; `None` for the reserved ones.
+fn syndrome_of(s: u8) -> Option<Syndrome> {
+    match s >> 5 {
+        0 => Some(Syndrome::Ack),
+        1 => Some(Syndrome::Rnr(s & 0x1f)),
+        3 => Some(Syndrome::Nak(match s & 0x1f {
+            0 => NakCode::PsnSequenceError,
+            1 => NakCode::InvalidRequest,
+            2 => NakCode::RemoteAccessError,
+            3 => NakCode::RemoteOperationalError,
+            _ => return None,
+        })),
+        _ => None,
+    }
+}
