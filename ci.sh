@@ -10,10 +10,12 @@ export CARGO_TERM_COLOR=never
 # socat and iperf3 to run over rsockets (librspreload), tshark to decode the packet traces, and
 # ucx-utils (UCX's ucx_info and ucx_perftest), qperf, Open MPI (openmpi-bin, and
 # libopenmpi-dev for mpicc) and libfabric-bin to run real RDMA stacks over the emulator, and
-# valgrind to run a pingpong pair under memcheck.
+# valgrind to run a pingpong pair under memcheck, iproute2 to make the network namespaces that
+# stand in for two hosts joined by wire ports.
 need_pkgs=()
 for p in binutils gcc libibverbs-dev librdmacm-dev ibverbs-utils rdmacm-utils perftest tshark \
-    netcat-openbsd socat iperf3 ucx-utils qperf openmpi-bin libopenmpi-dev libfabric-bin valgrind; do
+    netcat-openbsd socat iperf3 ucx-utils qperf openmpi-bin libopenmpi-dev libfabric-bin valgrind \
+    iproute2; do
     dpkg -s "$p" >/dev/null 2>&1 || need_pkgs+=("$p")
 done
 install_pkgs() {

@@ -186,19 +186,34 @@ pub(crate) struct Cred {
 /// Asks the kernel to attach the sender's credentials to every datagram `sock` receives
 /// (`SO_PASSCRED`): a sender cannot forge them (only root may name another process or user).
 pub(crate) fn pass_credentials(sock: RawFd) -> io::Result<()> {
-    let on: libc::c_int = 1;
+    set_int_option(sock, libc::SOL_SOCKET, libc::SO_PASSCRED, 1)
+}
+
+/// `setsockopt` of an int-valued option.
+fn set_int_option(
+    sock: RawFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: i32,
+) -> io::Result<()> {
+    let value: libc::c_int = value;
     let len = size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: `on` is a live int of `len` bytes.
-    let r = unsafe {
-        libc::setsockopt(
-            sock,
-            libc::SOL_SOCKET,
-            libc::SO_PASSCRED,
-            (&on as *const libc::c_int).cast(),
-            len,
-        )
-    };
+    // SAFETY: `value` is a live int of `len` bytes, read by the kernel only.
+    let r =
+        unsafe { libc::setsockopt(sock, level, name, (&value as *const libc::c_int).cast(), len) };
     if r != 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+}
+
+/// Gives socket `sock` buffers of `bytes` each way: beyond the system's limit where the
+/// process may (`CAP_NET_ADMIN`), else as much as the limit allows.
+pub(crate) fn enlarge_buffers(sock: RawFd, bytes: i32) {
+    for (forced, plain) in
+        [(libc::SO_RCVBUFFORCE, libc::SO_RCVBUF), (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF)]
+    {
+        if set_int_option(sock, libc::SOL_SOCKET, forced, bytes).is_err() {
+            let _ = set_int_option(sock, libc::SOL_SOCKET, plain, bytes);
+        }
+    }
 }
 
 /// One datagram received by [`recv_with_fd`].
@@ -599,18 +614,7 @@ fn file_size(fd: RawFd) -> Result<u64, i32> {
 /// packet's ICRC covers the identification, which the socket's other modes let the kernel
 /// choose.
 pub(crate) fn set_dont_fragment(fd: RawFd) -> io::Result<()> {
-    let value: libc::c_int = libc::IP_PMTUDISC_DO;
-    // SAFETY: an int option of the right size, read by the kernel only.
-    let r = unsafe {
-        libc::setsockopt(
-            fd,
-            libc::IPPROTO_IP,
-            libc::IP_MTU_DISCOVER,
-            (&value as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if r == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+    set_int_option(fd, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, libc::IP_PMTUDISC_DO)
 }
 
 /// Shuts reading down on socket `fd`: a thread blocked receiving on it returns at once.

@@ -41,12 +41,15 @@ const B: [u8; 4] = [127, 0, 0, 42];
 
 /// Two fabrics whose nodes are connected over the wire, with path MTU `mtu`.
 fn wired_pair(a_ip: [u8; 4], b_ip: [u8; 4], mtu: Mtu) -> (Fabric, Fabric, Node, Node) {
+    wired_pair_with(a_ip, b_ip, &RcParams { path_mtu: mtu, ..Default::default() })
+}
+
+fn wired_pair_with(a_ip: [u8; 4], b_ip: [u8; 4], p: &RcParams) -> (Fabric, Fabric, Node, Node) {
     let (fa, fb) = (wired(a_ip), wired(b_ip));
     let a = node_on(&fa.devices()[0], 1 << 20);
     let b = node_on(&fb.devices()[0], 1 << 20);
-    let p = RcParams { path_mtu: mtu, ..Default::default() };
-    connect_over(&a, a_ip, &b, b_ip, &p);
-    connect_over(&b, b_ip, &a, a_ip, &p);
+    connect_over(&a, a_ip, &b, b_ip, p);
+    connect_over(&b, b_ip, &a, a_ip, p);
     (fa, fb, a, b)
 }
 
@@ -118,6 +121,22 @@ fn every_rc_operation_crosses_the_wire_between_two_fabrics() {
 #[test]
 fn many_messages_in_flight_both_ways_keep_order_and_bytes() {
     let (_fa, _fb, a, b) = wired_pair([127, 0, 0, 43], [127, 0, 0, 44], Mtu::MTU_4096);
+    exchange(&a, &b);
+}
+
+/// A's fault rules drop a fifth of the messages it sends and of those it takes in (as a lossy
+/// network would, both ways): retransmission over the wire recovers every one, in order.
+#[test]
+fn losses_on_the_wire_both_ways_are_recovered_by_retransmission() {
+    let p = RcParams { path_mtu: Mtu::MTU_1024, timeout: 8, retry_cnt: 7, ..Default::default() };
+    let (fa, _fb, a, b) = wired_pair_with([127, 0, 0, 50], [127, 0, 0, 53], &p);
+    fa.set_faults(FaultRule::parse("drop:p=0.2").unwrap());
+    exchange(&a, &b);
+    assert!(fa.fault_hits()[0] > 0, "the rule dropped messages");
+}
+
+/// 48 SENDs of 1 to 7,051 bytes each way at once, checked in order with their bytes.
+fn exchange(a: &Node, b: &Node) {
     const N: usize = 48;
     for i in 0..N {
         post_recv(&b.qp, i as u64, &[sge(&b.mr, i * 8192, 8192)]);
@@ -137,7 +156,7 @@ fn many_messages_in_flight_both_ways_keep_order_and_bytes() {
     }
     // Each side gets its N receives, in order, with the other's bytes (and no completion
     // for the unsignaled sends).
-    for (n, got_at, seed) in [(&b, 0, 0u8), (&a, 512 * 1024, 100)] {
+    for (n, got_at, seed) in [(b, 0, 0u8), (a, 512 * 1024, 100)] {
         let wcs = wait_n(&n.cq, N);
         for (i, wc) in wcs.iter().enumerate() {
             let len = 1 + i * 150;

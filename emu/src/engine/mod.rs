@@ -308,6 +308,15 @@ pub(crate) fn step(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>) {
     drv.note_timer(qp, waiting && matches!(g.state, QpState::RTS | QpState::SQD));
 }
 
+/// A packet that came in through a wire port: on its way to its QP it meets the fault rules
+/// and the packet trace as if this fabric had sent it, so that losses can be made on either
+/// side of a wire.
+pub(crate) fn arrive(fabric: &FabricInner, pkt: Packet) {
+    let mut drv = Driver::new(fabric);
+    drv.send(&mut Route::default(), pkt);
+    drv.finish();
+}
+
 /// A packet that a fault delayed arrives now.
 pub(crate) fn deliver_late(fabric: &FabricInner, pkt: Packet) {
     let mut drv = Driver::new(fabric);

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::{
     Driver, completer,
     packet::{Grh, Kind, Packet, Payload},
-    packets_for, psn_add, raw,
+    packets_for, psn_add, psn_diff, raw,
     sgl::{self, SglError},
 };
 use crate::{
@@ -298,6 +298,10 @@ pub(crate) fn queue_rndv(
 
 /// Sends every WQE the state, the fence and the `max_rd_atomic` window allow; returns whether
 /// it sent anything.
+/// The most PSNs a requester keeps unacknowledged over a wire port (rxe's
+/// `RXE_MAX_UNACKED_PSNS`).
+const MAX_UNACKED_PSNS: i32 = 128;
+
 pub(crate) fn run(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>) -> bool {
     match g.state {
         QpState::RTS => {}
@@ -378,6 +382,14 @@ pub(crate) fn run(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>) -> 
         let rd_atomic = wqe.is_read_or_atomic();
         if rd_atomic && g.req.rd_atomic_in_flight >= g.attr.max_rd_atomic as u32 {
             break;
+        }
+        if g.wire_grh.is_some() && g.sq.in_flight() > 0 && qp.qp_type.is_reliable() {
+            // Over a wire, at most MAX_UNACKED_PSNS PSNs beyond the oldest unacknowledged one
+            // (rxe's limit), so that a burst does not overflow the receiver's socket.
+            let end = psn_add(g.req.psn, packets_for(wqe.length, g.mtu));
+            if psn_diff(end, g.sq.ring.at(g.sq.tail).first_psn) > MAX_UNACKED_PSNS {
+                break;
+            }
         }
         if super::express::from_queue(qp, g, idx, drv) {
             continue;

@@ -52,6 +52,10 @@ pub(crate) const WIRE_DEV: u32 = u32::MAX - 1;
 /// many times over. Longer ones are dropped (the sender retries, then fails).
 const MAX_REASSEMBLY: usize = 16 << 20;
 
+/// Each socket's buffers, each way: a requester keeps at most 128 PSNs unacknowledged, as
+/// rxe does, and 128 packets of the largest MTU (4 KiB) are half of this.
+const SOCKET_BUFFER: i32 = 1 << 20;
+
 /// What the wire ports refused to take, by reason.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct WireDrops {
@@ -105,6 +109,8 @@ impl WirePorts {
                 let errno = Errno(e.raw_os_error().unwrap_or(libc::EIO));
                 Error::new(errno, "cannot bind a wire port's UDP socket to its address, port 4791")
             })?;
+            // A burst of responses (READs in flight) must not overflow the receiver's queue.
+            crate::sys::enlarge_buffers(socket.as_raw_fd(), SOCKET_BUFFER);
             if w.ip.is_ipv4() {
                 // Identification 0 on every packet, which the ICRC we send covers.
                 crate::sys::set_dont_fragment(socket.as_raw_fd()).map_err(|e| {
@@ -217,7 +223,7 @@ impl WirePort {
             };
             let Some(f) = fabric.upgrade() else { return };
             if let Some(pkt) = self.take(&f, &buf[..n], from) {
-                engine::deliver_late(&f, pkt);
+                engine::arrive(&f, pkt);
             }
         }
     }

@@ -1,0 +1,182 @@
+//! Debian's unmodified pingpongs and perftest between two processes whose emulated devices
+//! have no host fabric in common (`--fabric none`): each has a wire port (`--wire IP`), and
+//! everything between them is RoCE v2 over UDP 4791. First on two loopback addresses, then
+//! (as root, with iproute2) from two network namespaces joined by a veth pair, standing in for
+//! two hosts.
+
+mod common;
+use std::{
+    process::{Child, Command, Stdio},
+    sync::atomic::{AtomicU8, Ordering},
+    time::{Duration, Instant},
+};
+
+use common::finish;
+
+#[path = "../../benches/src/listen.rs"]
+mod listen;
+
+/// Where the two processes run: each side's address, and its network namespace if any.
+#[derive(Clone)]
+struct Ends {
+    server: (String, Option<String>),
+    client: (String, Option<String>),
+}
+
+/// Two loopback addresses of their own for one test (tests run in parallel).
+fn loopback_ends() -> Ends {
+    static NEXT: AtomicU8 = AtomicU8::new(1);
+    let n = NEXT.fetch_add(2, Ordering::Relaxed);
+    Ends { server: (format!("127.0.1.{n}"), None), client: (format!("127.0.1.{}", n + 1), None) }
+}
+
+/// `prog args` on a wire port at `ip` (in namespace `ns`), nothing else in common with the
+/// other side. The wire address is the only one configured, so its GID index is 2 (after the
+/// link-local GID and the device's own address). The netdevs have jumbo frames (loopback's
+/// 64 KiB, the veth pair's 9000), so the ports' MTU is 4096.
+fn program(side: &(String, Option<String>), prog: &str, gid: &str, args: &[&str]) -> Command {
+    let (ip, ns) = side;
+    let rdma_emu = env!("CARGO_BIN_EXE_rdma-emu");
+    let mut c = match ns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns, rdma_emu]);
+            c
+        }
+        None => Command::new(rdma_emu),
+    };
+    c.env("RDMA_EMU_LIB", common::cdylib()).env_remove("LD_LIBRARY_PATH");
+    c.args(["run", "--profile", "rxe", "--fabric", "none", "--mtu", "9000", "--wire", ip]);
+    c.args(["--", prog]);
+    c.args(["-d", "emu0", gid, "2"]).args(args);
+    c.stdout(Stdio::piped()).stderr(Stdio::piped());
+    c
+}
+
+/// Whether process `pid` (in whatever network namespace) has a socket listening on `port`.
+fn listening_in(pid: u32, port: u16) -> bool {
+    ["tcp", "tcp6"].iter().any(|f| {
+        let table = std::fs::read_to_string(format!("/proc/{pid}/net/{f}")).unwrap_or_default();
+        table.lines().skip(1).any(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            cols.len() > 3 && cols[3] == "0A" && cols[1].ends_with(&format!(":{port:04X}"))
+        })
+    })
+}
+
+/// Runs `prog` as server at one end and client at the other; both must succeed. The
+/// client's output.
+fn server_and_client(ends: &Ends, prog: &str, gid: &str, args: &[&str]) -> String {
+    let port = listen::free_port().unwrap().to_string();
+    let mut args = args.to_vec();
+    args.extend(["-p", &port]);
+    let server: Child = program(&ends.server, prog, gid, &args).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !listening_in(server.id(), port.parse().unwrap()) {
+        assert!(Instant::now() < deadline, "{prog} server never listened");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let client = program(&ends.client, prog, gid, &args).arg(&ends.server.0).spawn().unwrap();
+    let (c_ok, c_out) = finish(client, Duration::from_secs(120), "client");
+    let (s_ok, s_out) = finish(server, Duration::from_secs(20), "server");
+    assert!(c_ok && s_ok, "{prog} {args:?}\n--- client:\n{c_out}\n--- server:\n{s_out}");
+    c_out
+}
+
+/// The data rows of perftest's result table (lines that start with two numbers).
+fn result_rows(out: &str) -> usize {
+    out.lines()
+        .filter(|l| {
+            let mut w = l.split_whitespace();
+            w.next().is_some_and(|a| a.parse::<u64>().is_ok())
+                && w.next().is_some_and(|b| b.parse::<u64>().is_ok())
+        })
+        .count()
+}
+
+/// Every program over the wire between `ends`: the pingpongs check the bytes they receive
+/// (`-c`), perftest must report its row.
+fn every_program(ends: &Ends) {
+    let pingpongs: [(&str, &[&str]); 4] = [
+        ("ibv_rc_pingpong", &["-n", "50", "-s", "10000", "-m", "1024", "-c"]),
+        ("ibv_rc_pingpong", &["-n", "20", "-s", "65536", "-m", "4096", "-c"]),
+        ("ibv_uc_pingpong", &["-n", "50", "-s", "1024", "-m", "1024", "-c"]),
+        ("ibv_ud_pingpong", &["-n", "50", "-s", "512", "-c"]),
+    ];
+    for (prog, args) in pingpongs {
+        let out = server_and_client(ends, prog, "-g", args);
+        let iters = args[1];
+        assert!(out.contains(&format!("{iters} iters in")), "{prog} {args:?}: {out}");
+    }
+    let perftests: [(&str, &[&str]); 4] = [
+        ("ib_write_bw", &["-n", "200", "-s", "65536"]),
+        ("ib_read_bw", &["-n", "200", "-s", "16384"]),
+        ("ib_send_lat", &["-n", "200", "-s", "64"]),
+        ("ib_atomic_bw", &["-n", "200"]),
+    ];
+    for (prog, args) in perftests {
+        let out = server_and_client(ends, prog, "-x", args);
+        assert_eq!(result_rows(&out), 1, "{prog} {args:?}: {out}");
+    }
+}
+
+#[test]
+fn pingpongs_and_perftest_run_between_two_wire_ports_on_loopback() {
+    every_program(&loopback_ends());
+}
+
+/// Two network namespaces joined by a veth pair, made (and removed) by the test.
+struct Namespaces(String, String);
+
+impl Namespaces {
+    /// `None` when this process may not make them (not root, no `ip`).
+    fn make() -> Option<Namespaces> {
+        let tag = std::process::id() % 100_000;
+        let ns = Namespaces(format!("emu-a-{tag}"), format!("emu-b-{tag}"));
+        let ip = |args: &[&str]| Command::new("ip").args(args).status().is_ok_and(|s| s.success());
+        let (va, vb) = (format!("ewa{tag}"), format!("ewb{tag}"));
+        let made = ip(&["netns", "add", &ns.0])
+            && ip(&["netns", "add", &ns.1])
+            && ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb])
+            && ip(&["link", "set", &va, "netns", &ns.0])
+            && ip(&["link", "set", &vb, "netns", &ns.1]);
+        let inside = |n: &str, args: &[&str]| {
+            let mut all = vec!["netns", "exec", n, "ip"];
+            all.extend(args);
+            ip(&all)
+        };
+        let up = made
+            && inside(&ns.0, &["addr", "add", "10.77.0.1/24", "dev", &va])
+            && inside(&ns.1, &["addr", "add", "10.77.0.2/24", "dev", &vb])
+            && [(&ns.0, &va), (&ns.1, &vb)].iter().all(|(n, v)| {
+                inside(n, &["link", "set", v, "mtu", "9000", "up"])
+                    && inside(n, &["link", "set", "lo", "up"])
+            });
+        up.then_some(ns)
+    }
+}
+
+impl Drop for Namespaces {
+    fn drop(&mut self) {
+        // Removing a namespace removes its end of the veth pair, and so the pair.
+        for n in [&self.0, &self.1] {
+            let _ = Command::new("ip").args(["netns", "del", n]).status();
+        }
+    }
+}
+
+#[test]
+fn pingpongs_and_perftest_run_between_two_network_namespaces_over_a_veth_pair() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: making network namespaces needs root (CI runs as root)");
+        return;
+    }
+    let ns = Namespaces::make()
+        .expect("root could not make two network namespaces and a veth pair (iproute2 installed?)");
+    let ends = Ends {
+        server: ("10.77.0.1".into(), Some(ns.0.clone())),
+        client: ("10.77.0.2".into(), Some(ns.1.clone())),
+    };
+    every_program(&ends);
+}
