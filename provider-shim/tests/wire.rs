@@ -13,9 +13,6 @@ use std::{
 
 use common::finish;
 
-#[path = "../../benches/src/listen.rs"]
-mod listen;
-
 /// Where the two processes run: each side's address, and its network namespace if any.
 #[derive(Clone)]
 struct Ends {
@@ -67,7 +64,11 @@ fn listening_in(pid: u32, port: u16) -> bool {
 /// Runs `prog` as server at one end and client at the other; both must succeed. The
 /// client's output.
 fn server_and_client(ends: &Ends, prog: &str, gid: &str, args: &[&str]) -> String {
-    let port = listen::free_port().unwrap().to_string();
+    // A port nobody listens on here (the kernel's pick, released at once); free in a
+    // namespace of its own too.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port().to_string();
+    drop(listener);
     let mut args = args.to_vec();
     args.extend(["-p", &port]);
     let server: Child = program(&ends.server, prog, gid, &args).spawn().unwrap();
