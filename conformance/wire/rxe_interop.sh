@@ -1,9 +1,11 @@
 #!/bin/bash
 # The wire port against the kernel's rxe (docs/wire.md). Runs in the rxe VM with rxe0 on veth0
 # (10.0.4.1); veth1 (10.0.4.2) goes into a network namespace standing in for another host,
-# where Debian's unmodified tools run on the emulator (`rdma-emu run --wire 10.0.4.2`). Each
-# program runs twice: the emulator as server, then as client. Prints one line per run and
-# exits 0 when every run passed.
+# where Debian's unmodified tools run on the emulator (`rdma-emu run --wire 10.0.4.2`). Both
+# netdevs get jumbo frames, so the ports' MTU is 4096 on both sides. Each program runs twice:
+# the emulator as server, then as client; the `lossy-` runs also drop 2% of the messages the
+# emulator sends and of those it takes in (its fault rules), so both sides must retransmit.
+# Prints one line per run and exits 0 when every run passed.
 #   cargo build --release --workspace
 #   RXE_VM_NETDEVS=veth0 ../shared/rxe-vm/run.sh 'bash conformance/wire/rxe_interop.sh'
 # Optional: the programs to run (names from the list below), e.g. `... rxe_interop.sh rc ud`.
@@ -12,10 +14,16 @@ E=$PWD/target/release/rdma-emu
 [ -x "$E" ] || { echo "no $E: cargo build --release --workspace"; exit 2; }
 ip netns add peer
 ip link set veth1 netns peer
+ip link set veth0 mtu 9000
 ip netns exec peer ip addr add 10.0.4.2/24 dev veth1
-ip netns exec peer ip link set veth1 up
+ip netns exec peer ip link set veth1 mtu 9000 up
 ip netns exec peer ip link set lo up
-emu() { ip netns exec peer "$E" run --profile rxe --fabric none --wire 10.0.4.2 -- "$@"; }
+# EMU_OPTS: more `rdma-emu run` options for the run at hand.
+emu() {
+    # shellcheck disable=SC2086
+    ip netns exec peer "$E" run --profile rxe --fabric none --mtu 9000 --wire 10.0.4.2 \
+        ${EMU_OPTS:-} -- "$@"
+}
 # The GID index of an address in a device's table (as ibv_devinfo lists it).
 gid_of() { sed -n "s/.*GID\[ *\([0-9]*\)\]:.*::ffff:$1,.*/\1/p" | head -1; }
 egid=$(emu ibv_devinfo -d emu0 -v | gid_of 10.0.4.2)
@@ -51,7 +59,12 @@ run() {
         sed 's/^/  server: /' /tmp/server.log | tail -8
     fi
 }
-want() { [ $# -eq 0 ] || [[ " $* " == *" $1 "* ]]; }
+# want NAME [WANTED...]: whether NAME is among the programs asked for (all when none are).
+want() {
+    local name=$1
+    shift
+    [ $# -eq 0 ] || [[ " $* " == *" $name "* ]]
+}
 for server in emu rxe; do
     want rc "$@" && run rc "$server" -g ibv_rc_pingpong -n 200 -s 4096 -m 1024 -c
     want rc-mtu4096 "$@" && run rc-mtu4096 "$server" -g ibv_rc_pingpong -n 50 -s 20000 -m 4096 -c
@@ -61,5 +74,10 @@ for server in emu rxe; do
     want read_bw "$@" && run read_bw "$server" -x ib_read_bw -n 500 -s 16384 -F
     want send_lat "$@" && run send_lat "$server" -x ib_send_lat -n 500 -s 64 -F
     want atomic_bw "$@" && run atomic_bw "$server" -x ib_atomic_bw -n 500 -F
+    export EMU_OPTS="--faults drop:p=0.02"
+    want lossy-rc "$@" && run lossy-rc "$server" -g ibv_rc_pingpong -n 100 -s 8192 -m 1024 -c
+    want lossy-write_bw "$@" && run lossy-write_bw "$server" -x ib_write_bw -n 300 -s 16384 -F
+    want lossy-read_bw "$@" && run lossy-read_bw "$server" -x ib_read_bw -n 300 -s 16384 -F
+    unset EMU_OPTS
 done
 exit "$failed"

@@ -32,7 +32,7 @@ pub(crate) fn receive(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mu
         (Kind::Ack, Syndrome::Nak(NakCode::PsnSequenceError)) => {
             ack_through(qp, g, before);
             if g.sq.in_flight() > 0 {
-                retry(qp, g);
+                retry_once(qp, g);
             }
         }
         (Kind::Ack, Syndrome::Nak(code)) => {
@@ -95,7 +95,7 @@ fn ack_through(qp: &Arc<QpShared>, g: &mut QpInner, psn: u32) {
             break;
         }
         if w.is_read_or_atomic() {
-            retry(qp, g);
+            retry_once(qp, g);
             break;
         }
         complete_ok(qp, g);
@@ -137,6 +137,7 @@ pub(crate) fn complete_ok(qp: &QpShared, g: &mut QpInner) {
 
 /// The requester made progress: the retry budgets start afresh and no ACK is awaited.
 pub(crate) fn progressed(g: &mut QpInner) {
+    g.req.retry_started = false;
     g.req.retry_left = g.attr.retry_cnt;
     g.req.rnr_retry_left = g.attr.rnr_retry;
     g.req.retrans_at = None;
@@ -211,7 +212,17 @@ pub(crate) fn retry(qp: &Arc<QpShared>, g: &mut QpInner) {
         return;
     }
     g.req.retry_left -= 1;
+    g.req.retry_started = true;
     rewind(g);
+}
+
+/// [`retry`] for what a packet implies (a NAK, a response past a lost one), unless a retry
+/// is already under way: the packets of several READs in flight that all follow a lost
+/// response would otherwise spend one retry each, and the whole budget at once.
+fn retry_once(qp: &Arc<QpShared>, g: &mut QpInner) {
+    if !g.req.retry_started {
+        retry(qp, g);
+    }
 }
 
 /// After an RNR NAK: wait the responder's RNR timer, then resend; or fail with
@@ -291,6 +302,33 @@ mod test {
         assert_eq!(g.req.psn, 103);
         assert_eq!(g.req.retry_left, 6);
         assert_eq!(g.sq.in_flight(), 2);
+    }
+
+    #[test]
+    fn test_responses_past_a_lost_one_start_one_retry_not_one_each() {
+        let (_f, a, b) = pair();
+        b.qp.modify(&QpAttr { qp_state: QpState::RESET, ..Default::default() }, QpAttrMask::STATE)
+            .unwrap();
+        let s = [Sge { addr: a.mr.addr(), length: 8, lkey: a.mr.lkey() }];
+        for i in 0..3 {
+            a.qp.post_send(&SendWr::read(i, &s, b.mr.addr(), b.mr.rkey()).signaled()).unwrap();
+        }
+        assert_eq!(a.qp.0.inner.lock().sq.in_flight(), 3, "three READs, PSNs 100..102");
+        // The response to the first was lost; those to the second and third arrive.
+        for psn in [101, 102] {
+            let mut p = request(Kind::ReadResponse, &b.qp, &a.qp, psn);
+            (p.len, p.payload) = (8, crate::engine::testkit::bytes(&[7; 8]));
+            feed(&a.qp, &b.qp, p);
+        }
+        assert_eq!(a.qp.0.inner.lock().req.retry_left, 6, "one retry for the one loss");
+        assert_eq!(a.cq.poll_one(), None);
+        // The retried first READ's response completes it, and the budget is whole again.
+        let mut p = request(Kind::ReadResponse, &b.qp, &a.qp, 100);
+        (p.len, p.payload) = (8, crate::engine::testkit::bytes(&[7; 8]));
+        feed(&a.qp, &b.qp, p);
+        assert_eq!(a.cq.poll_one().map(|w| (w.wr_id, w.status)), Some((0, WcStatus::SUCCESS)));
+        let g = a.qp.0.inner.lock();
+        assert_eq!((g.req.retry_left, g.req.retry_started), (7, false));
     }
 
     #[test]

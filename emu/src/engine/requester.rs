@@ -22,6 +22,9 @@ pub(crate) struct Requester {
     pub(crate) psn: u32,
     /// Retries left after a timeout or PSN-sequence NAK (reset on progress).
     pub(crate) retry_left: u8,
+    /// A retry is under way and nothing has completed since: the responses and NAKs still
+    /// arriving from before it start no other (as rxe's `comp.started_retry`); a timeout does.
+    pub(crate) retry_started: bool,
     /// RNR retries left (7 = infinite).
     pub(crate) rnr_retry_left: u8,
     /// READ/atomic WQEs transmitted and not yet completed.
