@@ -119,7 +119,12 @@ impl Ends {
 /// The UDP source port of a RoCE v2 packet, as rxe (Linux 6.1) picks it, in 0xc000..: for a
 /// connected QP from the flow label, or where that is 0 from the product of the two QPNs (the
 /// same both ways, so requests and responses share it); for a datagram QP from its own QPN.
-fn udp_source_port(transport: QpType, src_qpn: u32, dst_qpn: u32, flow_label: u32) -> u16 {
+pub(super) fn udp_source_port(
+    transport: QpType,
+    src_qpn: u32,
+    dst_qpn: u32,
+    flow_label: u32,
+) -> u16 {
     if transport == QpType::UD {
         let hash = src_qpn.wrapping_mul(0x61c8_8647) >> (32 - 14);
         return 0xc000 + hash as u16;

@@ -5,9 +5,11 @@
 //!
 //! Out: a packet routed to [`WIRE_DEV`] (a destination GID no port of the fabric has) leaves
 //! as the packets a NIC would send, cut at the path MTU by the same code that writes packet
-//! traces: BTH to ICRC as the UDP payload, the kernel adding IP and UDP. The ICRC covers the
-//! IP and UDP headers the kernel will write: from this socket's port 4791, and identification
-//! 0, which Linux gives the packets of an unconnected socket that forbids fragmenting.
+//! traces: BTH to ICRC as the UDP payload, the kernel adding IP and UDP. Each flow leaves from
+//! the UDP source port rxe would give it (a socket bound to that port, made when the flow
+//! first sends), so that a network spreads flows as it spreads rxe's. The ICRC covers the IP
+//! and UDP headers the kernel will write: that source port, and identification 0, which
+//! Linux gives the packets of an unconnected socket that forbids fragmenting.
 //!
 //! In: one thread per port takes each datagram, checks it (ICRC, BTH version, P_Key, a QP of
 //! this port to take it), puts the packets of a multi-packet message back together, and hands
@@ -56,6 +58,10 @@ const MAX_REASSEMBLY: usize = 16 << 20;
 /// rxe does, and 128 packets of the largest MTU (4 KiB) are half of this.
 const SOCKET_BUFFER: i32 = 1 << 20;
 
+/// The most flows of a port that send from a source port of their own; later ones send from
+/// 4791 (each costs a descriptor, and a program has 1,024 by default).
+const MAX_FLOW_SOCKETS: usize = 64;
+
 /// What the wire ports refused to take, by reason.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct WireDrops {
@@ -86,6 +92,9 @@ struct WirePort {
     /// Messages coming in several packets, by (our QPN, whether a request): a QP's requests
     /// and its READ responses interleave.
     partial: Mutex<FxHashMap<(u32, bool), Partial>>,
+    /// By UDP source port, the sockets flows send from (`None`: the port was taken, so the
+    /// flow sends from 4791).
+    senders: Mutex<FxHashMap<u16, Option<Arc<UdpSocket>>>>,
     malformed: AtomicU64,
     bad_icrc: AtomicU64,
     unknown_qp: AtomicU64,
@@ -105,25 +114,17 @@ impl WirePorts {
     pub(crate) fn bind(fabric: &Weak<FabricInner>, wires: &[PortAddress]) -> Result<WirePorts> {
         let mut ports = Vec::new();
         for w in wires {
-            let socket = UdpSocket::bind((w.ip, ROCE_V2_PORT)).map_err(|e| {
+            let socket = udp_socket(w.ip, ROCE_V2_PORT).map_err(|e| {
                 let errno = Errno(e.raw_os_error().unwrap_or(libc::EIO));
                 Error::new(errno, "cannot bind a wire port's UDP socket to its address, port 4791")
             })?;
-            // A burst of responses (READs in flight) must not overflow the receiver's queue.
-            crate::sys::enlarge_buffers(socket.as_raw_fd(), SOCKET_BUFFER);
-            if w.ip.is_ipv4() {
-                // Identification 0 on every packet, which the ICRC we send covers.
-                crate::sys::set_dont_fragment(socket.as_raw_fd()).map_err(|e| {
-                    let errno = Errno(e.raw_os_error().unwrap_or(libc::EIO));
-                    Error::new(errno, "cannot forbid fragmenting on a wire port's socket")
-                })?;
-            }
             ports.push(Arc::new(WirePort {
                 dev: w.device,
                 port: w.port,
                 ip: w.ip,
                 socket,
                 partial: Mutex::new(FxHashMap::default()),
+                senders: Mutex::new(FxHashMap::default()),
                 malformed: AtomicU64::new(0),
                 bad_icrc: AtomicU64::new(0),
                 unknown_qp: AtomicU64::new(0),
@@ -186,6 +187,18 @@ impl Drop for WirePorts {
     }
 }
 
+/// A UDP socket bound to `ip:port`, with room for bursts (a window of READ responses must not
+/// overflow the receiver's queue) and, over IPv4, identification 0 on every packet, which the
+/// ICRC we send covers.
+fn udp_socket(ip: IpAddr, port: u16) -> std::io::Result<UdpSocket> {
+    let socket = UdpSocket::bind((ip, port))?;
+    crate::sys::enlarge_buffers(socket.as_raw_fd(), SOCKET_BUFFER);
+    if ip.is_ipv4() {
+        crate::sys::set_dont_fragment(socket.as_raw_fd())?;
+    }
+    Ok(socket)
+}
+
 fn is_v4(g: &Gid) -> bool {
     g.ipv4().is_some()
 }
@@ -200,15 +213,36 @@ fn ip_of(g: &Gid) -> IpAddr {
 impl WirePort {
     fn send(&self, pkt: &Packet, grh: &Grh) {
         let dst = SocketAddr::new(ip_of(&grh.dgid), ROCE_V2_PORT);
+        let flow_port =
+            pcap::udp_source_port(pkt.transport, pkt.src_qpn, pkt.dst_qpn, grh.flow_label);
+        let flow = self.sender(flow_port);
         // The kernel sends from the socket's port, which the ICRC covers.
-        let ends = Ends { ip: *grh, src_port: ROCE_V2_PORT };
+        let (socket, src_port) = match &flow {
+            Some(s) => (&**s, flow_port),
+            None => (&self.socket, ROCE_V2_PORT),
+        };
+        let ends = Ends { ip: *grh, src_port };
         let udp_at = pcap::ETHERNET_LEN + if self.ip.is_ipv4() { 20 } else { 40 };
         let payload = pcap::payload_bytes(pkt);
         for seg in pcap::segments(pkt, pkt.transport, payload.len()) {
             let frame = pcap::frame(&ends, &seg.headers, &payload[seg.data.clone()], false);
             // A datagram the kernel cannot send now is lost, as a NIC's full queue loses it.
-            let _ = self.socket.send_to(&frame[udp_at + 8..], dst);
+            let _ = socket.send_to(&frame[udp_at + 8..], dst);
         }
+    }
+
+    /// The socket that sends from UDP port `port`, bound the first time it is asked for.
+    fn sender(&self, port: u16) -> Option<Arc<UdpSocket>> {
+        let mut senders = self.senders.lock();
+        if let Some(s) = senders.get(&port) {
+            return s.clone();
+        }
+        if senders.len() >= MAX_FLOW_SOCKETS {
+            return None;
+        }
+        let s = udp_socket(self.ip, port).ok().map(Arc::new);
+        senders.insert(port, s.clone());
+        s
     }
 
     /// The receiving thread: until the socket is shut down or the fabric is gone.
@@ -391,6 +425,56 @@ mod test {
         fn below(&mut self, n: u64) -> u64 {
             self.next() % n
         }
+    }
+
+    /// A SEND leaves as one datagram to the peer's port 4791, from the source port rxe picks
+    /// for the flow, identification 0 and an ICRC that checks under that port.
+    #[test]
+    fn test_a_flow_sends_from_rxes_source_port_with_an_icrc_that_checks() {
+        let (ours, theirs) = ([127, 0, 0, 93], [127, 0, 0, 94]);
+        let peer_socket = UdpSocket::bind((IpAddr::from(theirs), ROCE_V2_PORT)).unwrap();
+        peer_socket.set_read_timeout(Some(std::time::Duration::from_secs(20))).unwrap();
+        let wire = vec![PortAddress { ip: IpAddr::from(ours), device: 0, port: 1 }];
+        let cfg = FabricConfig {
+            devices: 1,
+            profile: Profile::Rxe,
+            host: None,
+            wire,
+            ..Default::default()
+        };
+        let f = Fabric::try_new(cfg).unwrap();
+        let dev = &f.devices()[0];
+        let ctx = dev.open().unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(16, None, 0).unwrap();
+        let mr = pd.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        mr.write(0, b"hello rxe").unwrap();
+        let cap = QpCap {
+            max_send_wr: 4,
+            max_recv_wr: 4,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let qp = pd.create_qp(&QpInitAttr::new(QpType::RC, &cq, cap)).unwrap();
+        let sgid =
+            dev.gid_table(1).unwrap().into_iter().find(|e| e.gid == Gid::of_ip(IpAddr::from(ours)));
+        let p = RcParams { sgid_index: sgid.unwrap().index as u8, ..Default::default() };
+        let peer = Endpoint { qpn: 0x1234, lid: 0, gid: Gid::of_ip(IpAddr::from(theirs)), psn: 0 };
+        qp.connect(0x50, &peer, &p).unwrap();
+        let sge = [Sge { addr: mr.addr(), length: 9, lkey: mr.lkey() }];
+        qp.post_send(&crate::SendWr::send(1, &sge)).unwrap();
+        let mut buf = [0u8; 2048];
+        let (n, from) = peer_socket.recv_from(&mut buf).unwrap();
+        let want = pcap::udp_source_port(QpType::RC, qp.qp_num(), 0x1234, 0);
+        assert_eq!(from, SocketAddr::new(IpAddr::from(ours), want), "rxe's port for the flow");
+        let w = roce::decode(&buf[..n]).unwrap();
+        assert_eq!(
+            (w.kind, w.first, w.last, w.dst_qpn, w.psn),
+            (Kind::Send, true, true, 0x1234, 0x50)
+        );
+        assert_eq!(w.payload, b"hello rxe");
+        assert_eq!(roce::icrc_v4_identification(ours, theirs, want, &buf[..n]), Some(0));
     }
 
     /// 20,000 random messages whose datagrams carry valid ICRCs (so they get past the first
