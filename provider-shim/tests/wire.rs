@@ -13,18 +13,26 @@ use std::{
 
 use common::finish;
 
-/// Where the two processes run: each side's address, and its network namespace if any.
+/// Where the two processes run: each side's wire address, and its network namespace if any;
+/// the address the client reaches the server's TCP port at (the programs' own exchange of
+/// QP numbers and GIDs, over IPv4 only).
 #[derive(Clone)]
 struct Ends {
     server: (String, Option<String>),
     client: (String, Option<String>),
+    connect: String,
 }
 
 /// Two loopback addresses of their own for one test (tests run in parallel).
 fn loopback_ends() -> Ends {
     static NEXT: AtomicU8 = AtomicU8::new(1);
     let n = NEXT.fetch_add(2, Ordering::Relaxed);
-    Ends { server: (format!("127.0.1.{n}"), None), client: (format!("127.0.1.{}", n + 1), None) }
+    let server = format!("127.0.1.{n}");
+    Ends {
+        connect: server.clone(),
+        server: (server, None),
+        client: (format!("127.0.1.{}", n + 1), None),
+    }
 }
 
 /// `prog args` on a wire port at `ip` (in namespace `ns`), nothing else in common with the
@@ -77,7 +85,7 @@ fn server_and_client(ends: &Ends, prog: &str, gid: &str, args: &[&str]) -> Strin
         assert!(Instant::now() < deadline, "{prog} server never listened");
         std::thread::sleep(Duration::from_millis(10));
     }
-    let client = program(&ends.client, prog, gid, &args).arg(&ends.server.0).spawn().unwrap();
+    let client = program(&ends.client, prog, gid, &args).arg(&ends.connect).spawn().unwrap();
     let (c_ok, c_out) = finish(client, Duration::from_secs(120), "client");
     let (s_ok, s_out) = finish(server, Duration::from_secs(20), "server");
     assert!(c_ok && s_ok, "{prog} {args:?}\n--- client:\n{c_out}\n--- server:\n{s_out}");
@@ -149,6 +157,8 @@ impl Namespaces {
         let up = made
             && inside(&ns.0, &["addr", "add", "10.77.0.1/24", "dev", &va])
             && inside(&ns.1, &["addr", "add", "10.77.0.2/24", "dev", &vb])
+            && inside(&ns.0, &["addr", "add", "fd77::1/64", "dev", &va, "nodad"])
+            && inside(&ns.1, &["addr", "add", "fd77::2/64", "dev", &vb, "nodad"])
             && [(&ns.0, &va), (&ns.1, &vb)].iter().all(|(n, v)| {
                 inside(n, &["link", "set", v, "mtu", "9000", "up"])
                     && inside(n, &["link", "set", "lo", "up"])
@@ -178,6 +188,19 @@ fn pingpongs_and_perftest_run_between_two_network_namespaces_over_a_veth_pair() 
     let ends = Ends {
         server: ("10.77.0.1".into(), Some(ns.0.clone())),
         client: ("10.77.0.2".into(), Some(ns.1.clone())),
+        connect: "10.77.0.1".into(),
     };
     every_program(&ends);
+    // The same wire over IPv6: GIDs that are the addresses themselves, the ICRC over an
+    // IPv6 header.
+    let ends = Ends {
+        server: ("fd77::1".into(), Some(ns.0.clone())),
+        client: ("fd77::2".into(), Some(ns.1.clone())),
+        connect: "10.77.0.1".into(),
+    };
+    let args = ["-n", "50", "-s", "10000", "-m", "1024", "-c"];
+    let out = server_and_client(&ends, "ibv_rc_pingpong", "-g", &args);
+    assert!(out.contains("50 iters in") && out.contains("GID fd77::2"), "{out}");
+    let out = server_and_client(&ends, "ib_read_bw", "-x", &["-n", "200", "-s", "16384"]);
+    assert_eq!(result_rows(&out), 1, "{out}");
 }
