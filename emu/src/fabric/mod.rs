@@ -305,7 +305,9 @@ impl FabricInner {
     /// packets itself, and in simulation lets virtual time run to the next deadline;
     /// whether anything happened.
     pub(crate) fn progress(&self) -> bool {
-        self.node.get().is_some_and(|n| n.progress(self)) || self.timer.advance(self)
+        self.node.get().is_some_and(|n| n.progress(self))
+            || self.wire.get().is_some_and(|w| w.progress(self))
+            || self.timer.advance(self)
     }
 
     /// Called when an application thread arms a CQ to sleep on its event (see `Node::attend`).

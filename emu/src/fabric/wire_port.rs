@@ -11,7 +11,8 @@
 //! and UDP headers the kernel will write: that source port, and identification 0, which
 //! Linux gives the packets of an unconnected socket that forbids fragmenting.
 //!
-//! In: one thread per port takes each datagram, checks it (ICRC, BTH version, P_Key, a QP of
+//! In: one thread per port (or a thread polling an empty CQ, which saves the thread's
+//! wake-up) takes each datagram, checks it (ICRC, BTH version, P_Key, a QP of
 //! this port to take it), puts the packets of a multi-packet message back together, and hands
 //! the message to the engine as one, as packets from other processes are. Everything that
 //! does not check is counted ([`WireDrops`]) and dropped, never trusted.
@@ -92,6 +93,11 @@ struct WirePort {
     /// Messages coming in several packets, by (our QPN, whether a request): a QP's requests
     /// and its READ responses interleave.
     partial: Mutex<FxHashMap<(u32, bool), Partial>>,
+    /// The buffer datagrams are received into; held by whoever drains the socket, so that the
+    /// packets of a message are taken in the order they came.
+    receiving: Mutex<Vec<u8>>,
+    /// The fabric is going: the receiving thread ends.
+    closing: std::sync::atomic::AtomicBool,
     /// By UDP source port, the sockets flows send from (`None`: the port was taken, so the
     /// flow sends from 4791).
     senders: Mutex<FxHashMap<u16, Option<Arc<UdpSocket>>>>,
@@ -124,6 +130,8 @@ impl WirePorts {
                 ip: w.ip,
                 socket,
                 partial: Mutex::new(FxHashMap::default()),
+                receiving: Mutex::new(vec![0; 65536]),
+                closing: false.into(),
                 senders: Mutex::new(FxHashMap::default()),
                 malformed: AtomicU64::new(0),
                 bad_icrc: AtomicU64::new(0),
@@ -158,6 +166,18 @@ impl WirePorts {
         }
     }
 
+    /// Called by a thread that found its CQ empty: takes in what waits on the sockets (unless
+    /// another thread is at it); whether anything was.
+    pub(crate) fn progress(&self, f: &FabricInner) -> bool {
+        let mut any = false;
+        for p in &self.ports {
+            if let Some(mut buf) = p.receiving.try_lock() {
+                any |= p.drain(f, &mut buf);
+            }
+        }
+        any
+    }
+
     pub(crate) fn drops(&self) -> WireDrops {
         let mut d = WireDrops::default();
         for p in &self.ports {
@@ -175,6 +195,7 @@ impl Drop for WirePorts {
     /// the address is free for the next fabric when this one is gone.
     fn drop(&mut self) {
         for p in &self.ports {
+            p.closing.store(true, Relaxed);
             crate::sys::shutdown_read(p.socket.as_raw_fd());
         }
         let me = std::thread::current().id();
@@ -192,6 +213,7 @@ impl Drop for WirePorts {
 /// ICRC we send covers.
 fn udp_socket(ip: IpAddr, port: u16) -> std::io::Result<UdpSocket> {
     let socket = UdpSocket::bind((ip, port))?;
+    socket.set_nonblocking(true)?;
     crate::sys::enlarge_buffers(socket.as_raw_fd(), SOCKET_BUFFER);
     if ip.is_ipv4() {
         crate::sys::set_dont_fragment(socket.as_raw_fd())?;
@@ -247,17 +269,31 @@ impl WirePort {
 
     /// The receiving thread: until the socket is shut down or the fabric is gone.
     fn receive(&self, fabric: &Weak<FabricInner>) {
-        let mut buf = vec![0u8; 65536];
         loop {
-            let (n, from) = match self.socket.recv_from(&mut buf) {
-                Ok((0, _)) if fabric.strong_count() == 0 => return,
+            if crate::sys::wait_readable(self.socket.as_raw_fd(), None).is_err()
+                || self.closing.load(Relaxed)
+            {
+                return;
+            }
+            let Some(f) = fabric.upgrade() else { return };
+            self.drain(&f, &mut self.receiving.lock());
+        }
+    }
+
+    /// Takes in every datagram waiting on the (non-blocking) socket; whether there was any.
+    fn drain(&self, f: &FabricInner, buf: &mut [u8]) -> bool {
+        let mut any = false;
+        loop {
+            let (n, from) = match self.socket.recv_from(buf) {
+                // A shut-down socket reads as empty datagrams.
+                Ok((0, _)) if self.closing.load(Relaxed) => return any,
                 Ok(got) => got,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(_) => return,
+                Err(_) => return any,
             };
-            let Some(f) = fabric.upgrade() else { return };
-            if let Some(pkt) = self.take(&f, &buf[..n], from) {
-                engine::arrive(&f, pkt);
+            any = true;
+            if let Some(pkt) = self.take(f, &buf[..n], from) {
+                engine::arrive(f, pkt);
             }
         }
     }
