@@ -3,7 +3,7 @@
 # (10.0.4.1); veth1 (10.0.4.2) goes into a network namespace standing in for another host,
 # where Debian's unmodified tools run on the emulator (`rdma-emu run --wire 10.0.4.2`). Both
 # netdevs get jumbo frames, so the ports' MTU is 4096 on both sides. Each program runs twice:
-# the emulator as server, then as client; the `lossy-` runs also drop 2% of the messages the
+# the emulator as server, then as client (so RNR NAKs, below, go both ways); the `lossy-` runs also drop 2% of the messages the
 # emulator sends and of those it takes in (its fault rules), so both sides must retransmit.
 # Prints one line per run and exits 0 when every run passed.
 #   cargo build --release --workspace
@@ -74,6 +74,9 @@ for server in emu rxe; do
     want read_bw "$@" && run read_bw "$server" -x ib_read_bw -n 500 -s 16384 -F
     want send_lat "$@" && run send_lat "$server" -x ib_send_lat -n 500 -s 64 -F
     want atomic_bw "$@" && run atomic_bw "$server" -x ib_atomic_bw -n 500 -F
+    # Two receives posted ahead (-r 2) for a stream of SENDs: the server's side answers RNR
+    # NAKs, which the client's side must wait out and retry.
+    want rnr "$@" && run rnr "$server" -x ib_send_bw -n 300 -s 4096 -r 2 -F
     export EMU_OPTS="--faults drop:p=0.02"
     want lossy-rc "$@" && run lossy-rc "$server" -g ibv_rc_pingpong -n 100 -s 8192 -m 1024 -c
     want lossy-write_bw "$@" && run lossy-write_bw "$server" -x ib_write_bw -n 300 -s 16384 -F

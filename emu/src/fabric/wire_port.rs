@@ -59,6 +59,12 @@ const MAX_REASSEMBLY: usize = 16 << 20;
 /// rxe does, and 128 packets of the largest MTU (4 KiB) are half of this.
 const SOCKET_BUFFER: i32 = 1 << 20;
 
+/// The most datagrams a thread polling its CQ takes in before it goes back to its program: a
+/// peer that sends faster than this process takes in would otherwise keep the program's
+/// thread in here, never seeing the completions it waits for (the receiving thread takes
+/// the rest).
+const PROGRESS_DATAGRAMS: usize = 32;
+
 /// The most flows of a port that send from a source port of their own; later ones send from
 /// 4791 (each costs a descriptor, and a program has 1,024 by default).
 const MAX_FLOW_SOCKETS: usize = 64;
@@ -172,7 +178,7 @@ impl WirePorts {
         let mut any = false;
         for p in &self.ports {
             if let Some(mut buf) = p.receiving.try_lock() {
-                any |= p.drain(f, &mut buf);
+                any |= p.drain(f, &mut buf, PROGRESS_DATAGRAMS);
             }
         }
         any
@@ -276,14 +282,15 @@ impl WirePort {
                 return;
             }
             let Some(f) = fabric.upgrade() else { return };
-            self.drain(&f, &mut self.receiving.lock());
+            self.drain(&f, &mut self.receiving.lock(), usize::MAX);
         }
     }
 
-    /// Takes in every datagram waiting on the (non-blocking) socket; whether there was any.
-    fn drain(&self, f: &FabricInner, buf: &mut [u8]) -> bool {
+    /// Takes in the datagrams waiting on the (non-blocking) socket, at most `limit`; whether
+    /// there was any.
+    fn drain(&self, f: &FabricInner, buf: &mut [u8], limit: usize) -> bool {
         let mut any = false;
-        loop {
+        for _ in 0..limit {
             let (n, from) = match self.socket.recv_from(buf) {
                 // A shut-down socket reads as empty datagrams.
                 Ok((0, _)) if self.closing.load(Relaxed) => return any,
@@ -296,6 +303,7 @@ impl WirePort {
                 engine::arrive(f, pkt);
             }
         }
+        any
     }
 
     /// The message `d` (a datagram from `from`) completes, if it checks.
@@ -511,6 +519,39 @@ mod test {
         );
         assert_eq!(w.payload, b"hello rxe");
         assert_eq!(roce::icrc_v4_identification(ours, theirs, want, &buf[..n]), Some(0));
+    }
+
+    /// A peer that sends faster than the process takes in does not keep a polling thread in
+    /// the wire port: it takes a bounded number of datagrams and returns (found in the rxe VM:
+    /// rxe's retransmissions kept perftest's thread in here, and it never saw its receives).
+    #[test]
+    fn test_a_polling_thread_takes_a_bounded_number_of_datagrams() {
+        let ip = [127, 0, 0, 95];
+        let wire = vec![PortAddress { ip: IpAddr::from(ip), device: 0, port: 1 }];
+        let cfg = FabricConfig {
+            devices: 1,
+            profile: Profile::Rxe,
+            host: None,
+            wire,
+            ..Default::default()
+        };
+        let f = Fabric::try_new(cfg).unwrap();
+        let port = f.0.wire.get().unwrap().ports[0].clone();
+        // Held, the receiving thread waits for it: only the drains below take datagrams.
+        let mut buf = port.receiving.lock();
+        let flood = UdpSocket::bind((IpAddr::from([127, 0, 0, 96]), 0)).unwrap();
+        for _ in 0..100 {
+            flood.send_to(&[0xff; 40], (IpAddr::from(ip), ROCE_V2_PORT)).unwrap();
+        }
+        assert!(port.drain(&f.0, &mut buf, PROGRESS_DATAGRAMS));
+        assert_eq!(f.wire_drops().unwrap().malformed, PROGRESS_DATAGRAMS as u64);
+        // The receiving thread takes the rest once it may.
+        drop(buf);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while f.wire_drops().unwrap().malformed < 100 {
+            assert!(std::time::Instant::now() < deadline, "the receiving thread took the rest");
+            std::thread::yield_now();
+        }
     }
 
     /// 20,000 random messages whose datagrams carry valid ICRCs (so they get past the first
