@@ -38,7 +38,7 @@ fn program(fabric: &Fabric, profile: &str, prog: &str, args: &[&str], port: u16)
     c
 }
 
-use common::{Fabric, finish};
+use common::{Fabric, finish, result_rows};
 
 /// Starts `prog args` as the server and waits until it listens on `port`.
 fn start_server(fabric: &Fabric, profile: &str, prog: &str, args: &[&str], port: u16) -> Child {
@@ -146,17 +146,6 @@ fn cpu_ticks(pid: u32) -> u64 {
     // utime and stime: the 12th and 13th fields after the parenthesised command name.
     let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
     after.split_whitespace().skip(11).take(2).filter_map(|t| t.parse::<u64>().ok()).sum()
-}
-
-/// The data rows of perftest's result table (lines that start with a message size).
-fn result_rows(out: &str) -> usize {
-    out.lines()
-        .filter(|l| {
-            let mut w = l.split_whitespace();
-            w.next().is_some_and(|a| a.parse::<u64>().is_ok())
-                && w.next().is_some_and(|b| b.parse::<u64>().is_ok())
-        })
-        .count()
 }
 
 fn pingpong(prog: &str, extra: &[&str]) {

@@ -11,7 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::finish;
+use common::{finish, result_rows};
 
 /// Where the two processes run: each side's wire address, and its network namespace if any;
 /// the address the client reaches the server's TCP port at (the programs' own exchange of
@@ -90,17 +90,6 @@ fn server_and_client(ends: &Ends, prog: &str, gid: &str, args: &[&str]) -> Strin
     let (s_ok, s_out) = finish(server, Duration::from_secs(20), "server");
     assert!(c_ok && s_ok, "{prog} {args:?}\n--- client:\n{c_out}\n--- server:\n{s_out}");
     c_out
-}
-
-/// The data rows of perftest's result table (lines that start with two numbers).
-fn result_rows(out: &str) -> usize {
-    out.lines()
-        .filter(|l| {
-            let mut w = l.split_whitespace();
-            w.next().is_some_and(|a| a.parse::<u64>().is_ok())
-                && w.next().is_some_and(|b| b.parse::<u64>().is_ok())
-        })
-        .count()
 }
 
 /// Every program over the wire between `ends`: the pingpongs check the bytes they receive

@@ -334,11 +334,12 @@ fn test_a_pulled_payload_that_comes_without_a_ring_is_refused() {
     assert_eq!(v.completion().map(|wc| wc.wr_id), None);
 }
 
-/// A deterministic generator for the storms below.
-struct Rng(u64);
+/// A deterministic generator (splitmix64) for the storms below and the wire port's, so a
+/// failing run replays.
+pub(super) struct Rng(pub(super) u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(super) fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -346,7 +347,7 @@ impl Rng {
         z ^ (z >> 31)
     }
 
-    fn below(&mut self, n: usize) -> usize {
+    pub(super) fn below(&mut self, n: usize) -> usize {
         (self.next() % n as u64) as usize
     }
 

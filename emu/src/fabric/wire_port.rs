@@ -453,21 +453,58 @@ mod test {
     use super::*;
     use crate::{
         AccessFlags, Endpoint, Fabric, FabricConfig, Profile, QpCap, QpInitAttr, RcParams, RecvWr,
-        Sge,
+        Sge, fabric::hostile_tests::Rng,
     };
 
-    /// A small deterministic generator (xorshift64*), so a failure replays.
-    struct Rng(u64);
+    /// A fabric of one rxe-profile device whose port 1 is a wire port at `ip`.
+    fn wired(ip: [u8; 4]) -> Fabric {
+        let wire = vec![PortAddress { ip: IpAddr::from(ip), device: 0, port: 1 }];
+        let cfg = FabricConfig {
+            devices: 1,
+            profile: Profile::Rxe,
+            host: None,
+            wire,
+            ..Default::default()
+        };
+        Fabric::try_new(cfg).unwrap()
+    }
 
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-        }
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n
+    /// An RC QP of `f` (at `ours`) connected over the wire to a peer's QP, with what it
+    /// was made with.
+    struct Wired {
+        pd: crate::Pd,
+        cq: crate::Cq,
+        qp: crate::Qp,
+        peer: Endpoint,
+        params: RcParams,
+    }
+
+    impl Wired {
+        /// Connected to QPN `qpn` at `ip`, sending from PSN `psn`, `access` granted.
+        fn connect(
+            f: &Fabric,
+            ours: [u8; 4],
+            (ip, qpn): ([u8; 4], u32),
+            psn: u32,
+            access: AccessFlags,
+        ) -> Wired {
+            let dev = &f.devices()[0];
+            let pd = dev.open().unwrap().alloc_pd().unwrap();
+            let cq = pd.context().create_cq(4096, None, 0).unwrap();
+            let cap = QpCap {
+                max_send_wr: 16,
+                max_recv_wr: 256,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            };
+            let qp = pd.create_qp(&QpInitAttr::new(QpType::RC, &cq, cap)).unwrap();
+            let ours = Gid::of_ip(IpAddr::from(ours));
+            let sgid = dev.gid_table(1).unwrap().into_iter().find(|e| e.gid == ours).unwrap();
+            let params = RcParams { access, sgid_index: sgid.index as u8, ..Default::default() };
+            let peer = Endpoint { qpn, lid: 0, gid: Gid::of_ip(IpAddr::from(ip)), psn: 0 };
+            qp.connect(psn, &peer, &params).unwrap();
+            Wired { pd, cq, qp, peer, params }
         }
     }
 
@@ -478,34 +515,10 @@ mod test {
         let (ours, theirs) = ([127, 0, 0, 93], [127, 0, 0, 94]);
         let peer_socket = UdpSocket::bind((IpAddr::from(theirs), ROCE_V2_PORT)).unwrap();
         peer_socket.set_read_timeout(Some(std::time::Duration::from_secs(20))).unwrap();
-        let wire = vec![PortAddress { ip: IpAddr::from(ours), device: 0, port: 1 }];
-        let cfg = FabricConfig {
-            devices: 1,
-            profile: Profile::Rxe,
-            host: None,
-            wire,
-            ..Default::default()
-        };
-        let f = Fabric::try_new(cfg).unwrap();
-        let dev = &f.devices()[0];
-        let ctx = dev.open().unwrap();
-        let pd = ctx.alloc_pd().unwrap();
-        let cq = ctx.create_cq(16, None, 0).unwrap();
-        let mr = pd.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        let f = wired(ours);
+        let w = Wired::connect(&f, ours, (theirs, 0x1234), 0x50, AccessFlags::empty());
+        let (qp, mr) = (&w.qp, w.pd.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap());
         mr.write(0, b"hello rxe").unwrap();
-        let cap = QpCap {
-            max_send_wr: 4,
-            max_recv_wr: 4,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-        };
-        let qp = pd.create_qp(&QpInitAttr::new(QpType::RC, &cq, cap)).unwrap();
-        let sgid =
-            dev.gid_table(1).unwrap().into_iter().find(|e| e.gid == Gid::of_ip(IpAddr::from(ours)));
-        let p = RcParams { sgid_index: sgid.unwrap().index as u8, ..Default::default() };
-        let peer = Endpoint { qpn: 0x1234, lid: 0, gid: Gid::of_ip(IpAddr::from(theirs)), psn: 0 };
-        qp.connect(0x50, &peer, &p).unwrap();
         let sge = [Sge { addr: mr.addr(), length: 9, lkey: mr.lkey() }];
         qp.post_send(&crate::SendWr::send(1, &sge)).unwrap();
         let mut buf = [0u8; 2048];
@@ -527,15 +540,7 @@ mod test {
     #[test]
     fn test_a_polling_thread_takes_a_bounded_number_of_datagrams() {
         let ip = [127, 0, 0, 95];
-        let wire = vec![PortAddress { ip: IpAddr::from(ip), device: 0, port: 1 }];
-        let cfg = FabricConfig {
-            devices: 1,
-            profile: Profile::Rxe,
-            host: None,
-            wire,
-            ..Default::default()
-        };
-        let f = Fabric::try_new(cfg).unwrap();
+        let f = wired(ip);
         let port = f.0.wire.get().unwrap().ports[0].clone();
         // Held, the receiving thread waits for it: only the drains below take datagrams.
         let mut buf = port.receiving.lock();
@@ -563,43 +568,16 @@ mod test {
     #[test]
     fn test_random_datagrams_never_touch_memory_that_was_not_offered() {
         let (ours, theirs) = ([127, 0, 0, 91], [127, 0, 0, 92]);
-        let wire = vec![PortAddress { ip: IpAddr::from(ours), device: 0, port: 1 }];
-        let cfg = FabricConfig {
-            devices: 1,
-            profile: Profile::Rxe,
-            host: None,
-            wire,
-            ..Default::default()
-        };
-        let f = Fabric::try_new(cfg).unwrap();
-        let dev = &f.devices()[0];
-        let ctx = dev.open().unwrap();
-        let pd = ctx.alloc_pd().unwrap();
-        let cq = ctx.create_cq(4096, None, 0).unwrap();
+        let f = wired(ours);
         let remote = AccessFlags::LOCAL_WRITE
             | AccessFlags::REMOTE_WRITE
             | AccessFlags::REMOTE_READ
             | AccessFlags::REMOTE_ATOMIC;
-        let offered = pd.reg_mr(8192, remote).unwrap();
-        let secret = pd.reg_mr(8192, AccessFlags::LOCAL_WRITE).unwrap();
+        let w = Wired::connect(&f, ours, (theirs, 0x77), 0, remote);
+        let (qp, cq, peer, p) = (&w.qp, &w.cq, &w.peer, &w.params);
+        let offered = w.pd.reg_mr(8192, remote).unwrap();
+        let secret = w.pd.reg_mr(8192, AccessFlags::LOCAL_WRITE).unwrap();
         secret.write(0, &[0x5a; 8192]).unwrap();
-        let cap = QpCap {
-            max_send_wr: 16,
-            max_recv_wr: 256,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-        };
-        let qp = pd.create_qp(&QpInitAttr::new(QpType::RC, &cq, cap)).unwrap();
-        let sgid =
-            dev.gid_table(1).unwrap().into_iter().find(|e| e.gid == Gid::of_ip(IpAddr::from(ours)));
-        let p = RcParams {
-            access: remote,
-            sgid_index: sgid.unwrap().index as u8,
-            ..Default::default()
-        };
-        let peer = Endpoint { qpn: 0x77, lid: 0, gid: Gid::of_ip(IpAddr::from(theirs)), psn: 0 };
-        qp.connect(0, &peer, &p).unwrap();
         let port = f.0.wire.get().unwrap().ports[0].clone();
         let from = SocketAddr::new(IpAddr::from(theirs), ROCE_V2_PORT);
         let ends = Ends {
@@ -634,15 +612,15 @@ mod test {
                     let reset =
                         crate::QpAttr { qp_state: crate::QpState::RESET, ..Default::default() };
                     qp.modify(&reset, crate::QpAttrMask::STATE).unwrap();
-                    qp.connect(0, &peer, &p).unwrap();
+                    qp.connect(0, peer, p).unwrap();
                     resets += 1;
                 }
                 let sge = [Sge { addr: offered.addr(), length: 8192, lkey: offered.lkey() }];
                 let _ = qp.post_recv(&RecvWr { wr_id: 0, sg_list: &sge });
                 while cq.poll_one().is_some() {}
             }
-            let mut pkt = Packet::new(kinds[rng.below(kinds.len() as u64) as usize]);
-            pkt.transport = transports[rng.below(transports.len() as u64) as usize];
+            let mut pkt = Packet::new(kinds[rng.below(kinds.len())]);
+            pkt.transport = transports[rng.below(transports.len())];
             pkt.dst_qpn = if rng.below(5) == 0 { rng.below(1 << 24) as u32 } else { qp.qp_num() };
             pkt.psn =
                 if rng.below(2) == 0 { rng.below(8) as u32 } else { rng.below(1 << 24) as u32 };
@@ -652,7 +630,7 @@ mod test {
                 _ => offered.rkey(),
             };
             let base = if pkt.rkey == secret.rkey() { secret.addr() } else { offered.addr() };
-            pkt.va = base.wrapping_add(rng.below(9000)).wrapping_sub(rng.below(64));
+            pkt.va = base.wrapping_add(rng.below(9000) as u64).wrapping_sub(rng.below(64) as u64);
             pkt.len = rng.below(10_000) as u32;
             (pkt.swap_add, pkt.compare, pkt.qkey) = (rng.next(), rng.next(), rng.next() as u32);
             pkt.imm = (rng.below(2) == 0).then(|| rng.next() as u32);
@@ -667,15 +645,15 @@ mod test {
             let mut segments = pcap::segments(&pkt, pkt.transport, data.len());
             if rng.below(4) == 0 {
                 // Packets of a message lost, repeated or out of order.
-                let n = segments.len() as u64;
-                segments.swap(0, rng.below(n) as usize);
-                segments.truncate(1 + rng.below(n) as usize);
+                let n = segments.len();
+                segments.swap(0, rng.below(n));
+                segments.truncate(1 + rng.below(n));
             }
             for seg in segments {
                 let frame = pcap::frame(&ends, &seg.headers, &data[seg.data.clone()], false);
                 let mut d = frame[pcap::ETHERNET_LEN + 28..].to_vec();
                 if rng.below(10) == 0 {
-                    let at = rng.below(d.len() as u64) as usize;
+                    let at = rng.below(d.len());
                     d[at] ^= 1 << rng.below(8);
                 }
                 if let Some(pkt) = port.take(&f.0, &d, from) {

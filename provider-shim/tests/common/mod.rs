@@ -159,3 +159,14 @@ pub fn debian_program(
     c.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
     c
 }
+
+/// The data rows of perftest's result table (lines that start with a message size).
+pub fn result_rows(out: &str) -> usize {
+    out.lines()
+        .filter(|l| {
+            let mut w = l.split_whitespace();
+            w.next().is_some_and(|a| a.parse::<u64>().is_ok())
+                && w.next().is_some_and(|b| b.parse::<u64>().is_ok())
+        })
+        .count()
+}
