@@ -20,6 +20,15 @@ pub(crate) fn receive(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mu
     if !matches!(g.state, QpState::RTS | QpState::SQD | QpState::SQE) {
         return;
     }
+    if pkt.gap {
+        // A READ response whose first packets were lost on a wire: the READ is retried at
+        // once, as rxe retries on a response PSN past the one it expects.
+        let tail = (g.sq.in_flight() > 0).then(|| g.sq.ring.at(g.sq.tail));
+        if tail.is_some_and(|w| w.is_read_or_atomic() && psn_diff(pkt.psn, w.first_psn) > 0) {
+            retry_once(qp, g);
+        }
+        return;
+    }
     let before = psn_add(pkt.psn, PSN_MASK);
     match (pkt.kind, pkt.syndrome) {
         (Kind::Ack, Syndrome::Ack) => ack_through(qp, g, pkt.psn),
@@ -329,6 +338,22 @@ mod test {
         assert_eq!(a.cq.poll_one().map(|w| (w.wr_id, w.status)), Some((0, WcStatus::SUCCESS)));
         let g = a.qp.0.inner.lock();
         assert_eq!((g.req.retry_left, g.req.retry_started), (7, false));
+    }
+
+    #[test]
+    fn test_a_read_response_missing_its_first_packets_retries_the_read_at_once() {
+        let (_f, a, b) = pair();
+        b.qp.modify(&QpAttr { qp_state: QpState::RESET, ..Default::default() }, QpAttrMask::STATE)
+            .unwrap();
+        // 4 KiB at the path MTU of 1 KiB.
+        let s = [Sge { addr: a.mr.addr(), length: 4096, lkey: a.mr.lkey() }];
+        a.qp.post_send(&SendWr::read(0, &s, b.mr.addr(), b.mr.rkey()).signaled()).unwrap();
+        assert_eq!(a.qp.0.inner.lock().req.psn, 104, "a READ of four response packets from 100");
+        let mut p = request(Kind::ReadResponse, &b.qp, &a.qp, 102);
+        p.gap = true;
+        feed(&a.qp, &b.qp, p);
+        let g = a.qp.0.inner.lock();
+        assert_eq!((g.req.retry_left, g.req.psn), (6, 104), "retried (and resent) at once");
     }
 
     #[test]

@@ -268,6 +268,10 @@ pub(crate) struct Packet {
     pub(crate) grh: Option<Box<Grh>>,
     /// `XrcDeliver`: what was forwarded.
     pub(crate) forwarded: Option<Box<Forwarded>>,
+    /// A packet of a request whose earlier packets were lost on a wire: it only tells the
+    /// responder how far the sender is (a PSN-sequence NAK when that is ahead, as rxe answers
+    /// the first packet out of sequence); nothing of it executes.
+    pub(crate) gap: bool,
     /// SEND/WRITE: the data. READ request: where the requester wants the data; the responder
     /// places it there when it executes the READ, as a NIC's DMA would, so the data is the
     /// memory as it was at that point of the responder's order.
@@ -318,6 +322,7 @@ impl Packet {
             qkey: 0,
             grh: None,
             forwarded: None,
+            gap: false,
             payload: Payload::None,
         }
     }

@@ -160,6 +160,9 @@ pub(crate) fn receive(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mu
         }
         return;
     }
+    if pkt.gap {
+        return;
+    }
     if let Some(xrcd) = &qp.xrcd {
         // XRCETH: the SRQ must exist in the target QP's domain.
         g.resp.xrc = xrcd.srq(pkt.xrc_srqn);

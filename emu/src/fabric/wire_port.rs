@@ -342,14 +342,22 @@ impl WirePort {
             partial.insert(key, Partial { pkt, next_psn, bytes: w.payload.to_vec() });
             return None;
         }
-        let Some(p) = partial.get_mut(&key) else { return bad(&self.out_of_sequence) };
-        if p.next_psn != w.psn
-            || p.pkt.kind != w.kind
-            || p.bytes.len() + w.payload.len() > MAX_REASSEMBLY
-        {
+        let continues = partial.get(&key).is_some_and(|p| {
+            p.next_psn == w.psn
+                && p.pkt.kind == w.kind
+                && p.bytes.len() + w.payload.len() <= MAX_REASSEMBLY
+        });
+        if !continues {
+            // An earlier packet of this message was lost: the rest of it is dropped, and a
+            // reliable responder hears where the sender is, to NAK at once (a requester, to
+            // retry its READ at once), as rxe does.
             partial.remove(&key);
-            return bad(&self.out_of_sequence);
+            self.out_of_sequence.fetch_add(1, Relaxed);
+            let reliable =
+                w.transport == QpType::RC && (w.kind.is_request() || w.kind == Kind::ReadResponse);
+            return reliable.then(|| Packet { gap: true, npkts: 1, payload: Payload::None, ..pkt });
         }
+        let p = partial.get_mut(&key)?;
         p.bytes.extend_from_slice(w.payload);
         p.next_psn = (p.next_psn + 1) & PSN_MASK;
         p.pkt.npkts += 1;
@@ -532,6 +540,45 @@ mod test {
         );
         assert_eq!(w.payload, b"hello rxe");
         assert_eq!(roce::icrc_v4_identification(ours, theirs, want, &buf[..n]), Some(0));
+    }
+
+    /// A packet from the middle of a message whose first packet was lost is answered at once
+    /// with a PSN-sequence NAK for the PSN expected, as rxe answers, not left to the sender's
+    /// timeout.
+    #[test]
+    fn test_a_message_missing_its_first_packet_is_naked_at_once() {
+        let (ours, theirs) = ([127, 0, 0, 97], [127, 0, 0, 98]);
+        let peer_socket = UdpSocket::bind((IpAddr::from(theirs), ROCE_V2_PORT)).unwrap();
+        peer_socket.set_read_timeout(Some(std::time::Duration::from_secs(20))).unwrap();
+        let f = wired(ours);
+        let w = Wired::connect(&f, ours, (theirs, 0x99), 0, AccessFlags::REMOTE_WRITE);
+        let mut write = Packet::new(Kind::Write);
+        (write.dst_qpn, write.psn, write.npkts, write.mtu, write.len) =
+            (w.qp.qp_num(), 0, 3, 1024, 3000);
+        let data = vec![7u8; 3000];
+        let ends = Ends {
+            ip: Grh {
+                sgid: w.peer.gid,
+                dgid: Gid::of_ip(IpAddr::from(ours)),
+                hop_limit: 64,
+                ..Grh::default()
+            },
+            src_port: ROCE_V2_PORT,
+        };
+        // Only the middle packet (PSN 1) arrives.
+        let middle = &pcap::segments(&write, QpType::RC, data.len())[1];
+        let frame = pcap::frame(&ends, &middle.headers, &data[middle.data.clone()], false);
+        peer_socket
+            .send_to(&frame[pcap::ETHERNET_LEN + 28..], (IpAddr::from(ours), ROCE_V2_PORT))
+            .unwrap();
+        let mut buf = [0u8; 256];
+        let n = peer_socket.recv(&mut buf).expect("an answer, before any timeout of the sender");
+        let nak = roce::decode(&buf[..n]).unwrap();
+        assert_eq!(
+            (nak.kind, nak.dst_qpn, nak.psn, nak.aeth.map(|a| a.0)),
+            (Kind::Ack, 0x99, 0, Some(0x60))
+        );
+        assert_eq!(f.wire_drops().unwrap().out_of_sequence, 1);
     }
 
     /// A peer that sends faster than the process takes in does not keep a polling thread in
