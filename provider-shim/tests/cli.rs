@@ -114,10 +114,33 @@ fn bad_usage_exits_2_with_a_message() {
         &["run", "--link-layer", "fddi", "--", "true"],
         &["run", "--mtu", "20", "--", "true"],
         &["run", "--mtu", "jumbo", "--", "true"],
+        &["run", "--wire", "bogus", "--", "true"],
+        &["run", "--wire", "127.0.0.1=emux", "--", "true"],
     ] {
         let out = rdma_emu().args(args).output().unwrap();
         assert_eq!(out.status.code(), Some(2), "{args:?}");
         assert!(String::from_utf8_lossy(&out.stderr).starts_with("rdma-emu:"), "{args:?}");
+    }
+}
+
+/// A wire port that cannot be had leaves the program with no devices and says why: an
+/// address this host does not have, or a port that is not Ethernet.
+#[test]
+fn a_wire_port_that_cannot_be_bound_says_why() {
+    for (args, why) in [
+        (&["--profile", "rxe", "--wire", "192.0.2.77"][..], "cannot bind a wire port's UDP socket"),
+        (&["--profile", "full", "--wire", "127.0.0.1"][..], "a wire port needs Ethernet ports"),
+    ] {
+        let out = rdma_emu()
+            .arg("run")
+            .args(args)
+            .args(["--fabric", "none", "--", "ibv_devices"])
+            .output()
+            .unwrap();
+        let (stdout, stderr) =
+            (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(stderr.contains(why) && stderr.contains("no devices"), "{args:?}: {stderr}");
+        assert!(!stdout.contains("emu0"), "{args:?}: {stdout}");
     }
 }
 

@@ -46,10 +46,15 @@ impl PortAddress {
     /// when left out.
     pub fn parse_wire_list(s: &str) -> Result<Vec<PortAddress>, crate::ConfigError> {
         let entries = s.split(',').map(str::trim).filter(|e| !e.is_empty());
-        let full =
-            entries.map(|e| if e.contains('=') { e.to_owned() } else { format!("{e}=emu0") });
-        PortAddress::parse_list(&full.collect::<Vec<_>>().join(","))
-            .map_err(|e| crate::ConfigError(e.0.replace("RDMA_EMU_ADDRS", "RDMA_EMU_WIRE")))
+        entries
+            .map(|e| {
+                let full = if e.contains('=') { e.to_owned() } else { format!("{e}=emu0") };
+                let mut one = PortAddress::parse_list(&full).map_err(|_| {
+                    crate::ConfigError(format!("RDMA_EMU_WIRE entry {e:?}: want IP[=emuN[:PORT]]"))
+                })?;
+                Ok(one.remove(0))
+            })
+            .collect()
     }
 }
 
