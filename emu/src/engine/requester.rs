@@ -299,12 +299,12 @@ pub(crate) fn queue_rndv(
     true
 }
 
-/// Sends every WQE the state, the fence and the `max_rd_atomic` window allow; returns whether
-/// it sent anything.
 /// The most PSNs a requester keeps unacknowledged over a wire port (rxe's
 /// `RXE_MAX_UNACKED_PSNS`).
 const MAX_UNACKED_PSNS: i32 = 128;
 
+/// Sends every WQE the state, the fence and the `max_rd_atomic` window allow; returns whether
+/// it sent anything.
 pub(crate) fn run(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>) -> bool {
     match g.state {
         QpState::RTS => {}
