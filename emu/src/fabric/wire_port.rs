@@ -96,12 +96,9 @@ struct WirePort {
     port: u8,
     ip: IpAddr,
     socket: UdpSocket,
-    /// Messages coming in several packets, by (our QPN, whether a request): a QP's requests
-    /// and its READ responses interleave.
-    partial: Mutex<FxHashMap<(u32, bool), Partial>>,
-    /// The buffer datagrams are received into; held by whoever drains the socket, so that the
-    /// packets of a message are taken in the order they came.
-    receiving: Mutex<Vec<u8>>,
+    /// Held by whoever drains the socket, so that the packets of a message are taken in the
+    /// order they came.
+    receiving: Mutex<Receiving>,
     /// The fabric is going: the receiving thread ends.
     closing: std::sync::atomic::AtomicBool,
     /// By UDP source port, the sockets flows send from (`None`: the port was taken, so the
@@ -111,6 +108,16 @@ struct WirePort {
     bad_icrc: AtomicU64,
     unknown_qp: AtomicU64,
     out_of_sequence: AtomicU64,
+}
+
+/// What taking datagrams in needs.
+#[derive(Debug)]
+struct Receiving {
+    /// Where a datagram is received.
+    buf: Vec<u8>,
+    /// Messages coming in several packets, by (our QPN, whether a request): a QP's requests
+    /// and its READ responses interleave.
+    partial: FxHashMap<(u32, bool), Partial>,
 }
 
 /// The packets of a message so far.
@@ -135,8 +142,10 @@ impl WirePorts {
                 port: w.port,
                 ip: w.ip,
                 socket,
-                partial: Mutex::new(FxHashMap::default()),
-                receiving: Mutex::new(vec![0; 65536]),
+                receiving: Mutex::new(Receiving {
+                    buf: vec![0; 65536],
+                    partial: FxHashMap::default(),
+                }),
                 closing: false.into(),
                 senders: Mutex::new(FxHashMap::default()),
                 malformed: AtomicU64::new(0),
@@ -177,8 +186,8 @@ impl WirePorts {
     pub(crate) fn progress(&self, f: &FabricInner) -> bool {
         let mut any = false;
         for p in &self.ports {
-            if let Some(mut buf) = p.receiving.try_lock() {
-                any |= p.drain(f, &mut buf, PROGRESS_DATAGRAMS);
+            if let Some(mut rx) = p.receiving.try_lock() {
+                any |= p.drain(f, &mut rx, PROGRESS_DATAGRAMS);
             }
         }
         any
@@ -288,10 +297,10 @@ impl WirePort {
 
     /// Takes in the datagrams waiting on the (non-blocking) socket, at most `limit`; whether
     /// there was any.
-    fn drain(&self, f: &FabricInner, buf: &mut [u8], limit: usize) -> bool {
+    fn drain(&self, f: &FabricInner, rx: &mut Receiving, limit: usize) -> bool {
         let mut any = false;
         for _ in 0..limit {
-            let (n, from) = match self.socket.recv_from(buf) {
+            let (n, from) = match self.socket.recv_from(&mut rx.buf) {
                 // A shut-down socket reads as empty datagrams.
                 Ok((0, _)) if self.closing.load(Relaxed) => return any,
                 Ok(got) => got,
@@ -299,7 +308,8 @@ impl WirePort {
                 Err(_) => return any,
             };
             any = true;
-            if let Some(pkt) = self.take(f, &buf[..n], from) {
+            let Receiving { buf, partial } = &mut *rx;
+            if let Some(pkt) = self.take(f, &buf[..n], from, partial) {
                 engine::arrive(f, pkt);
             }
         }
@@ -307,7 +317,13 @@ impl WirePort {
     }
 
     /// The message `d` (a datagram from `from`) completes, if it checks.
-    fn take(&self, f: &FabricInner, d: &[u8], from: SocketAddr) -> Option<Packet> {
+    fn take(
+        &self,
+        f: &FabricInner,
+        d: &[u8],
+        from: SocketAddr,
+        partial: &mut FxHashMap<(u32, bool), Partial>,
+    ) -> Option<Packet> {
         let bad = |c: &AtomicU64| {
             c.fetch_add(1, Relaxed);
             None
@@ -335,7 +351,6 @@ impl WirePort {
             return self.whole(pkt);
         }
         let key = (w.dst_qpn, w.kind.is_request());
-        let mut partial = self.partial.lock();
         if w.first {
             pkt.mtu = w.payload.len() as u32;
             let next_psn = (w.psn + 1) & PSN_MASK;
@@ -365,7 +380,6 @@ impl WirePort {
             return None;
         }
         let Partial { mut pkt, bytes, .. } = partial.remove(&key)?;
-        drop(partial);
         // What only the last packet carries.
         (pkt.imm, pkt.inv, pkt.solicited) = (w.imm, w.inv, w.solicited);
         if let Some((syndrome, msn)) = w.aeth {
@@ -590,15 +604,15 @@ mod test {
         let f = wired(ip);
         let port = f.0.wire.get().unwrap().ports[0].clone();
         // Held, the receiving thread waits for it: only the drains below take datagrams.
-        let mut buf = port.receiving.lock();
+        let mut rx = port.receiving.lock();
         let flood = UdpSocket::bind((IpAddr::from([127, 0, 0, 96]), 0)).unwrap();
         for _ in 0..100 {
             flood.send_to(&[0xff; 40], (IpAddr::from(ip), ROCE_V2_PORT)).unwrap();
         }
-        assert!(port.drain(&f.0, &mut buf, PROGRESS_DATAGRAMS));
+        assert!(port.drain(&f.0, &mut rx, PROGRESS_DATAGRAMS));
         assert_eq!(f.wire_drops().unwrap().malformed, PROGRESS_DATAGRAMS as u64);
         // The receiving thread takes the rest once it may.
-        drop(buf);
+        drop(rx);
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
         while f.wire_drops().unwrap().malformed < 100 {
             assert!(std::time::Instant::now() < deadline, "the receiving thread took the rest");
@@ -703,7 +717,8 @@ mod test {
                     let at = rng.below(d.len());
                     d[at] ^= 1 << rng.below(8);
                 }
-                if let Some(pkt) = port.take(&f.0, &d, from) {
+                let pkt = port.take(&f.0, &d, from, &mut port.receiving.lock().partial);
+                if let Some(pkt) = pkt {
                     taken += 1;
                     engine::arrive(&f.0, pkt);
                 }
