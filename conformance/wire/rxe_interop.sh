@@ -6,7 +6,10 @@
 # the emulator as server, then as client (so RNR NAKs, below, go both ways); the `lossy-` runs also drop 2% of the messages the
 # emulator sends and of those it takes in (its fault rules), so both sides must retransmit.
 # Prints one line per run and exits 0 when every run passed.
+# `imm` runs conformance/wire/rxe_imm.c (SEND and WRITE with immediate; Debian's tools use
+# neither) on both sides.
 #   cargo build --release --workspace
+#   cc -O1 -o target/rxe_imm conformance/wire/rxe_imm.c -libverbs
 #   RXE_VM_NETDEVS=veth0 ../shared/rxe-vm/run.sh 'bash conformance/wire/rxe_interop.sh'
 # Optional: the programs to run (names from the list below), e.g. `... rxe_interop.sh rc ud`.
 set -u
@@ -59,6 +62,38 @@ run() {
         sed 's/^/  server: /' /tmp/server.log | tail -8
     fi
 }
+# run_imm SERVER: rxe_imm as server on SERVER (emu or rxe), as client on the other.
+run_imm() {
+    local server=$1 t0=$SECONDS s c I=$PWD/target/rxe_imm
+    if [ ! -x "$I" ]; then
+        failed=1
+        echo "FAIL imm: no $I (cc -O1 -o target/rxe_imm conformance/wire/rxe_imm.c -libverbs)"
+        return
+    fi
+    if [ "$server" = emu ]; then
+        emu timeout 60 "$I" server 10.0.4.2 19700 > /tmp/server.log 2>&1 &
+        s=$!
+        sleep 1
+        timeout 60 "$I" client 10.0.4.1 10.0.4.2 19700 > /tmp/client.log 2>&1
+        c=$?
+    else
+        timeout 60 "$I" server 10.0.4.1 19701 > /tmp/server.log 2>&1 &
+        s=$!
+        sleep 1
+        emu timeout 60 "$I" client 10.0.4.2 10.0.4.1 19701 > /tmp/client.log 2>&1
+        c=$?
+    fi
+    wait "$s"
+    local sv=$?
+    if [ "$c" = 0 ] && [ "$sv" = 0 ]; then
+        echo "PASS imm (server on $server, $((SECONDS - t0)) s): $(tail -1 /tmp/server.log)"
+    else
+        failed=1
+        echo "FAIL imm (server on $server): client $c, server $sv"
+        sed 's/^/  client: /' /tmp/client.log | tail -4
+        sed 's/^/  server: /' /tmp/server.log | tail -4
+    fi
+}
 # want NAME [WANTED...]: whether NAME is among the programs asked for (all when none are).
 want() {
     local name=$1
@@ -74,6 +109,8 @@ for server in emu rxe; do
     want read_bw "$@" && run read_bw "$server" -x ib_read_bw -n 500 -s 16384 -F
     want send_lat "$@" && run send_lat "$server" -x ib_send_lat -n 500 -s 64 -F
     want atomic_bw "$@" && run atomic_bw "$server" -x ib_atomic_bw -n 500 -F
+    want atomic_cs "$@" && run atomic_cs "$server" -x ib_atomic_bw -n 500 -A CMP_AND_SWAP -F
+    want imm "$@" && run_imm "$server"
     # Two receives posted ahead (-r 2) for a stream of SENDs: the server's side answers RNR
     # NAKs, which the client's side must wait out and retry.
     want rnr "$@" && run rnr "$server" -x ib_send_bw -n 300 -s 4096 -r 2 -F

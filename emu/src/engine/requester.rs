@@ -609,15 +609,16 @@ pub(crate) fn on_timer(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>
         let heard = qp.heard.load(std::sync::atomic::Ordering::Relaxed);
         // Another process is still delivering to this QP (a large response moves as one
         // message of many datagrams): on a wire each of its packets would have restarted the
-        // timer, so this is not a timeout yet. Nor while the peer's process is stopped (a
-        // debugger, SIGSTOP): a NIC would go on answering for it; what was sent waits in the
-        // ring and is answered once it continues; the stop spends none of the retry budget,
-        // so once it continues the peer has the whole budget to catch up, as if never stopped.
+        // timer, so this is not a timeout yet. Nor while the peer's process has not taken in
+        // what it was sent (its threads not scheduled on a loaded machine, or the process
+        // stopped by a debugger or SIGSTOP): a NIC would go on answering for it; what was
+        // sent waits in the ring and is answered once it is taken in, and the wait spends
+        // none of the retry budget, so the peer then has the whole budget to catch up.
         let delivering = heard != 0 && heard >= now.saturating_sub(timeout);
         let on_host = g.wire_grh.is_none();
         if delivering {
             g.req.retrans_at = Some(now + timeout);
-        } else if on_host && g.sq.in_flight() > 0 && drv.fabric.peer_stopped(g.attr.dest_qp_num) {
+        } else if on_host && g.sq.in_flight() > 0 && drv.fabric.peer_behind(g.attr.dest_qp_num) {
             g.req.retry_left = g.attr.retry_cnt;
             g.req.retrans_at = Some(now + timeout);
         } else if g.sq.in_flight() > 0 {

@@ -459,14 +459,18 @@ impl Node {
         p
     }
 
-    /// Whether the process of the node in `slot` is stopped (SIGSTOP, a debugger): nothing it
-    /// was sent is taken in until it continues.
-    pub(crate) fn stopped(&self, slot: u8) -> bool {
-        let Some(incarnation) = self.peers.lock().get(&slot).map(|p| p.incarnation) else {
-            return false;
+    /// Whether the node in `slot` has not taken in all we sent it: what waits in its ring or
+    /// our backlog (its threads are not scheduled, or busy), or its process is stopped
+    /// (SIGSTOP, a debugger) and takes nothing in until it continues. A NIC would have
+    /// acknowledged for it meanwhile.
+    pub(crate) fn behind(&self, slot: u8) -> bool {
+        let Some(peer) = self.peers.lock().get(&slot).cloned() else { return false };
+        let waiting = {
+            let tx = peer.tx.lock();
+            tx.ring.as_ref().is_some_and(|r| r.unread()) || !tx.backlog.is_empty()
         };
-        let pid = (incarnation >> 96) as u32;
-        pid != 0 && pid != std::process::id() && crate::sys::process_stopped(pid)
+        let pid = (peer.incarnation >> 96) as u32;
+        waiting || pid != 0 && pid != std::process::id() && crate::sys::process_stopped(pid)
     }
 
     /// Makes sure the death of the node in `slot` will be noticed: called as a QP connects to
@@ -1692,6 +1696,35 @@ mod test {
             b.send(s2, 6);
             assert_eq!(s2.qp.state(), QpState::RTS);
         });
+    }
+
+    /// A peer process that has not taken in what it was sent (its threads not scheduled on a
+    /// loaded machine: here its rings' lock is held) is waited for, as a NIC would answer for
+    /// it, not timed out: the WRITE completes once it takes it in, however many of the
+    /// sender's timeouts passed meanwhile (a pingpong pair under Valgrind on a busy CI machine
+    /// failed with RETRY_EXC_ERR without this).
+    #[test]
+    fn test_a_peer_behind_on_what_it_was_sent_is_waited_for_not_timed_out() {
+        let (dir, cfg) = host_dir("behind");
+        let (fa, fb) = (Fabric::new(cfg.clone()), Fabric::new(cfg));
+        let (a, b) = (end_on(&fa), end_on(&fb));
+        // About 1 ms per timeout and one retry.
+        let p = RcParams { timeout: 8, retry_cnt: 1, ..Default::default() };
+        a.qp.connect(0, &b.qp.endpoint(0), &p).unwrap();
+        b.qp.connect(0, &a.qp.endpoint(0), &p).unwrap();
+        a.send(&b, 1);
+        let held = fb.0.node.get().unwrap().inbound.rx.lock();
+        let sge = Sge { addr: a.mr.addr(), length: 8, lkey: a.mr.lkey() };
+        a.qp.post_send(&SendWr::write(2, &[sge], b.mr.addr(), b.mr.rkey()).signaled()).unwrap();
+        // Fifty of its timeouts pass with the WRITE unread in the peer's ring.
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(a.cq.poll_one(), None);
+        assert_eq!(a.qp.state(), QpState::RTS);
+        drop(held);
+        let wc = a.next();
+        assert_eq!((wc.wr_id, wc.status), (2, WcStatus::SUCCESS));
+        drop((a, b, fa, fb));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

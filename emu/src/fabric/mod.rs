@@ -339,9 +339,10 @@ impl FabricInner {
         }
     }
 
-    /// Whether `qpn` is a QP of another process that is stopped (SIGSTOP, a debugger).
-    pub(crate) fn peer_stopped(&self, qpn: u32) -> bool {
-        self.remote_node(qpn).is_some_and(|n| n.stopped(host::slot_of(qpn)))
+    /// Whether `qpn` is a QP of another process that has not taken in all this process sent
+    /// it, or is stopped (SIGSTOP, a debugger): see `host::Node::behind`.
+    pub(crate) fn peer_behind(&self, qpn: u32) -> bool {
+        self.remote_node(qpn).is_some_and(|n| n.behind(host::slot_of(qpn)))
     }
 
     /// The node owning `qpn`, when it is another process's (or another fabric's) on the host

@@ -261,6 +261,11 @@ impl Ring {
         self.cap / 2 + self.cap / 8
     }
 
+    /// Writer: whether records written are not yet taken in by the reader.
+    pub(crate) fn unread(&self) -> bool {
+        self.write_to.load(Ordering::Relaxed) != self.head()
+    }
+
     /// Writer: the bytes free for records now (the reader may free more meanwhile).
     pub(crate) fn room(&self) -> usize {
         let used = self.write_to.load(Ordering::Relaxed).wrapping_sub(self.head());
