@@ -159,6 +159,10 @@ int main(int argc, char **argv)
 	if (server) {
 		CHECK(write(s, &go, 1) == 1); /* ready */
 		struct ibv_wc a = wait_wc(), b = wait_wc();
+		printf("received: status %d opcode %d flags %#x imm %#x len %u; status %d opcode %d "
+		       "flags %#x imm %#x\n",
+		       a.status, a.opcode, a.wc_flags, ntohl(a.imm_data), a.byte_len, b.status,
+		       b.opcode, b.wc_flags, ntohl(b.imm_data));
 		CHECK(a.status == IBV_WC_SUCCESS && a.opcode == IBV_WC_RECV &&
 		      (a.wc_flags & IBV_WC_WITH_IMM) && ntohl(a.imm_data) == 0x11223344 &&
 		      a.byte_len == 19 && !memcmp(buf, "send with immediate", 19));

@@ -317,7 +317,9 @@ fn headers(pkt: &Packet, prefix: u8, place: Place, psn: u32, data_len: usize) ->
         h.extend_from_slice(&pkt.orig.to_be_bytes());
     }
     if imm {
-        h.extend_from_slice(&pkt.imm.unwrap_or(0).to_be_bytes());
+        // ImmDt is the application's `__be32` as it lies in memory (the engine carries it as
+        // the application wrote it), not a number to put in network order.
+        h.extend_from_slice(&pkt.imm.unwrap_or(0).to_ne_bytes());
     }
     if inv {
         h.extend_from_slice(&pkt.inv.unwrap_or(0).to_be_bytes());
@@ -546,13 +548,14 @@ pub(super) mod test {
         };
         add(rc(Kind::Send, 0x100, 16), QpType::RC, 0x11, &data[..16]);
         let mut p = rc(Kind::Send, 0x101, 8);
-        p.imm = Some(0x0102_0304);
+        // rxe_frames.c posts htonl(0x01020304): that is what the application's field holds.
+        p.imm = Some(0x0102_0304u32.to_be());
         add(p, QpType::RC, 0x11, &data[..8]);
         let mut p = rc(Kind::Write, 0x102, 2500);
         (p.va, p.rkey) = (0x10000, 0x55);
         add(p, QpType::RC, 0x11, &data[..2500]);
         let mut p = rc(Kind::Write, 0x105, 5);
-        (p.va, p.rkey, p.imm) = (0x20000, 0x55, Some(0x0a0b_0c0d));
+        (p.va, p.rkey, p.imm) = (0x20000, 0x55, Some(0x0a0b_0c0du32.to_be()));
         add(p, QpType::RC, 0x11, &data[..5]);
         let mut p = rc(Kind::ReadRequest, 0x106, 3000);
         (p.va, p.rkey) = (0x30000, 0x66);

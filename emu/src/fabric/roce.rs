@@ -67,6 +67,7 @@ pub(crate) struct WirePacket<'a> {
     pub(crate) aeth: Option<(u8, u32)>,
     /// AtomicAckETH: the original value.
     pub(crate) atomic_ack: Option<u64>,
+    /// ImmDt, as the application's `__be32` holds it (the wire's bytes in memory order).
     pub(crate) imm: Option<u32>,
     /// IETH: the rkey to invalidate.
     pub(crate) inv: Option<u32>,
@@ -199,7 +200,7 @@ pub(crate) fn decode(d: &[u8]) -> Result<WirePacket<'_>, Refused> {
         None
     };
     let atomic_ack = lay.atomic_ack.then(|| f.u64()).transpose()?;
-    let imm = lay.imm.then(|| f.u32()).transpose()?;
+    let imm = lay.imm.then(|| f.take().map(u32::from_ne_bytes)).transpose()?;
     let inv = lay.inv.then(|| f.u32()).transpose()?;
     let pad = usize::from(bth[1] >> 4 & 3);
     let payload =
@@ -421,11 +422,12 @@ mod test {
             assert_eq!(p.ack_req, p.last, "rxe asks for an ACK at each message's end");
         }
         assert_eq!(pkts[0].payload, &abc(16)[..]);
-        assert_eq!(pkts[1].imm, Some(0x0102_0304));
+        assert_eq!(pkts[1].imm, Some(0x0102_0304u32.to_be()), "htonl(0x01020304), as posted");
         assert_eq!(pkts[2].reth, Some((0x10000, 0x55, 2500)));
         let write: Vec<u8> = pkts[2..5].iter().flat_map(|p| p.payload.iter().copied()).collect();
         assert_eq!(write, abc(2500));
-        assert_eq!((pkts[5].reth, pkts[5].imm), (Some((0x20000, 0x55, 5)), Some(0x0a0b_0c0d)));
+        let imm = Some(0x0a0b_0c0du32.to_be());
+        assert_eq!((pkts[5].reth, pkts[5].imm), (Some((0x20000, 0x55, 5)), imm));
         assert_eq!(pkts[5].payload, b"abcde", "the pad is not payload");
         assert_eq!((pkts[6].reth, pkts[6].payload.len()), (Some((0x30000, 0x66, 3000)), 0));
         let swap = (0x40000, 0x77, 0x5555_6666_7777_8888, 0x1111_2222_3333_4444);

@@ -530,8 +530,9 @@ mod test {
         }
     }
 
-    /// A SEND leaves as one datagram to the peer's port 4791, from the source port rxe picks
-    /// for the flow, identification 0 and an ICRC that checks under that port.
+    /// A SEND with immediate leaves as one datagram to the peer's port 4791, from the source
+    /// port rxe picks for the flow, identification 0 and an ICRC that checks under that port,
+    /// its immediate in network order (rxe read it byte-swapped before).
     #[test]
     fn test_a_flow_sends_from_rxes_source_port_with_an_icrc_that_checks() {
         let (ours, theirs) = ([127, 0, 0, 93], [127, 0, 0, 94]);
@@ -542,7 +543,9 @@ mod test {
         let (qp, mr) = (&w.qp, w.pd.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap());
         mr.write(0, b"hello rxe").unwrap();
         let sge = [Sge { addr: mr.addr(), length: 9, lkey: mr.lkey() }];
-        qp.post_send(&crate::SendWr::send(1, &sge)).unwrap();
+        // Immediate data as a C program posts it: htonl(0x0a0b0c0d).
+        let imm = 0x0a0b_0c0du32.to_be();
+        qp.post_send(&crate::SendWr::send(1, &sge).with_imm(imm)).unwrap();
         let mut buf = [0u8; 2048];
         let (n, from) = peer_socket.recv_from(&mut buf).unwrap();
         let want = pcap::udp_source_port(QpType::RC, qp.qp_num(), 0x1234, 0);
@@ -553,6 +556,8 @@ mod test {
             (Kind::Send, true, true, 0x1234, 0x50)
         );
         assert_eq!(w.payload, b"hello rxe");
+        assert_eq!(&buf[12..16], &[0x0a, 0x0b, 0x0c, 0x0d], "ImmDt in network order on the wire");
+        assert_eq!(w.imm, Some(imm), "and read back as the receiver's __be32");
         assert_eq!(roce::icrc_v4_identification(ours, theirs, want, &buf[..n]), Some(0));
     }
 
