@@ -33,28 +33,21 @@ egid=$(emu ibv_devinfo -d emu0 -v | gid_of 10.0.4.2)
 rgid=$(ibv_devinfo -d rxe0 -v | gid_of 10.0.4.1)
 echo "emu0 GID index $egid (10.0.4.2), rxe0 GID index $rgid (10.0.4.1), $(uname -r)"
 failed=0
-# run NAME SERVER GIDFLAG PROGRAM ARGS...: SERVER (emu or rxe) listens, the other connects.
-run() {
-    local name=$1 server=$2 g=$3 prog=$4
-    shift 4
-    local t0=$SECONDS s c
-    if [ "$server" = emu ]; then
-        emu timeout 120 "$prog" -d emu0 "$g" "$egid" "$@" > /tmp/server.log 2>&1 &
-        s=$!
-        sleep 1
-        timeout 120 "$prog" -d rxe0 "$g" "$rgid" "$@" 10.0.4.2 > /tmp/client.log 2>&1
-        c=$?
-    else
-        timeout 120 "$prog" -d rxe0 "$g" "$rgid" "$@" > /tmp/server.log 2>&1 &
-        s=$!
-        sleep 1
-        emu timeout 120 "$prog" -d emu0 "$g" "$egid" "$@" 10.0.4.1 > /tmp/client.log 2>&1
-        c=$?
-    fi
+# both NAME SERVER LOG: runs `side server` on SERVER (emu or rxe) and `side client` on the other
+# (`side ROLE WHERE` is the program's own), then says PASS with the last line of LOG (client or
+# server) or FAIL with both logs' tails.
+both() {
+    local name=$1 server=$2 log=$3 t0=$SECONDS s c sv other=emu
+    [ "$server" = emu ] && other=rxe
+    side server "$server" > /tmp/server.log 2>&1 &
+    s=$!
+    sleep 1
+    side client "$other" > /tmp/client.log 2>&1
+    c=$?
     wait "$s"
-    local sv=$?
+    sv=$?
     if [ "$c" = 0 ] && [ "$sv" = 0 ]; then
-        echo "PASS $name (server on $server, $((SECONDS - t0)) s): $(grep -E 'iters|^ *[0-9]+ +[0-9]+' /tmp/client.log | tail -1)"
+        echo "PASS $name (server on $server, $((SECONDS - t0)) s): $(grep -E 'iters|^ *[0-9]+ +[0-9]+|^ok' "/tmp/$log.log" | tail -1)"
     else
         failed=1
         echo "FAIL $name (server on $server): client $c, server $sv"
@@ -62,37 +55,40 @@ run() {
         sed 's/^/  server: /' /tmp/server.log | tail -8
     fi
 }
+# run NAME SERVER GIDFLAG PROGRAM ARGS...: a program that takes -d DEVICE GIDFLAG INDEX ARGS and,
+# as client, the server's address (the pingpongs, perftest).
+run() {
+    local name=$1 server=$2
+    G=$3 PROG=$4
+    shift 4
+    ARGS=("$@")
+    side() {
+        case "$1/$2" in
+        server/emu) emu timeout 120 "$PROG" -d emu0 "$G" "$egid" "${ARGS[@]}" ;;
+        server/rxe) timeout 120 "$PROG" -d rxe0 "$G" "$rgid" "${ARGS[@]}" ;;
+        client/emu) emu timeout 120 "$PROG" -d emu0 "$G" "$egid" "${ARGS[@]}" 10.0.4.1 ;;
+        client/rxe) timeout 120 "$PROG" -d rxe0 "$G" "$rgid" "${ARGS[@]}" 10.0.4.2 ;;
+        esac
+    }
+    both "$name" "$server" client
+}
 # run_imm SERVER: rxe_imm as server on SERVER (emu or rxe), as client on the other.
 run_imm() {
-    local server=$1 t0=$SECONDS s c I=$PWD/target/rxe_imm
+    I=$PWD/target/rxe_imm
     if [ ! -x "$I" ]; then
         failed=1
         echo "FAIL imm: no $I (cc -O1 -o target/rxe_imm conformance/wire/rxe_imm.c -libverbs)"
         return
     fi
-    if [ "$server" = emu ]; then
-        emu timeout 60 "$I" server 10.0.4.2 19700 > /tmp/server.log 2>&1 &
-        s=$!
-        sleep 1
-        timeout 60 "$I" client 10.0.4.1 10.0.4.2 19700 > /tmp/client.log 2>&1
-        c=$?
-    else
-        timeout 60 "$I" server 10.0.4.1 19701 > /tmp/server.log 2>&1 &
-        s=$!
-        sleep 1
-        emu timeout 60 "$I" client 10.0.4.2 10.0.4.1 19701 > /tmp/client.log 2>&1
-        c=$?
-    fi
-    wait "$s"
-    local sv=$?
-    if [ "$c" = 0 ] && [ "$sv" = 0 ]; then
-        echo "PASS imm (server on $server, $((SECONDS - t0)) s): $(tail -1 /tmp/server.log)"
-    else
-        failed=1
-        echo "FAIL imm (server on $server): client $c, server $sv"
-        sed 's/^/  client: /' /tmp/client.log | tail -4
-        sed 's/^/  server: /' /tmp/server.log | tail -4
-    fi
+    side() {
+        case "$1/$2" in
+        server/emu) emu timeout 60 "$I" server 10.0.4.2 19700 ;;
+        server/rxe) timeout 60 "$I" server 10.0.4.1 19700 ;;
+        client/emu) emu timeout 60 "$I" client 10.0.4.2 10.0.4.1 19700 ;;
+        client/rxe) timeout 60 "$I" client 10.0.4.1 10.0.4.2 19700 ;;
+        esac
+    }
+    both imm "$1" server
 }
 # want NAME [WANTED...]: whether NAME is among the programs asked for (all when none are).
 want() {
