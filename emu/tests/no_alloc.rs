@@ -100,10 +100,16 @@ fn steady_state_work_requests_allocate_nothing() {
     for _ in 0..100 {
         round(&a, &b);
     }
-    let before = Counting::allocs();
-    for _ in 0..1000 {
-        round(&a, &b);
-    }
-    let allocs = Counting::allocs() - before;
+    // The fewest of three windows: an allocation per WR shows in every one (8,000 or more);
+    // a one-off of the machine's doing (seen once in a full suite on a loaded machine: 4) in
+    // one window only.
+    let window = || {
+        let before = Counting::allocs();
+        for _ in 0..1000 {
+            round(&a, &b);
+        }
+        Counting::allocs() - before
+    };
+    let allocs = (0..3).map(|_| window()).min().unwrap();
     assert_eq!(allocs, 0, "{allocs} allocations in 1,000 rounds of 8 WRs");
 }

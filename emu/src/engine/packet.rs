@@ -114,6 +114,9 @@ pub(crate) enum Payload {
     /// A large reliable SEND or WRITE from another process: the requester's memory, which
     /// stays as it is until the ACK, read straight into the destination.
     Peer(Box<[PeerRange]>),
+    /// A large WRITE from another process that was placed as its records arrived (see
+    /// `engine::landing`): where it landed, or `None` if a piece could not land.
+    Landed(Option<MemRef>),
 }
 
 impl Payload {
@@ -126,6 +129,7 @@ impl Payload {
             | Payload::Bytes(_)
             | Payload::Remote
             | Payload::Placed(_)
+            | Payload::Landed(_)
             | Payload::Lent(_)
             | Payload::Peer(_) => &[],
         }
@@ -135,7 +139,9 @@ impl Payload {
     pub(crate) fn pieces(&self) -> impl Iterator<Item = Piece<'_>> {
         type Parts<'a> = (Option<&'a [u8]>, &'a [Lent], Option<&'a MemRef>, &'a [MemRef]);
         let ((bytes, lent, one, many), peer): (Parts<'_>, &[PeerRange]) = match self {
-            Payload::None | Payload::Remote | Payload::Placed(_) => ((None, &[], None, &[]), &[]),
+            Payload::None | Payload::Remote | Payload::Placed(_) | Payload::Landed(_) => {
+                ((None, &[], None, &[]), &[])
+            }
             Payload::Bytes(b) => ((Some(b), &[], None, &[]), &[]),
             Payload::Lent(v) => ((None, v, None, &[]), &[]),
             Payload::One(m) => ((None, &[], Some(m), &[]), &[]),

@@ -773,8 +773,17 @@ fn write(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>)
     let recv_status = recv.map(|id| (status, id));
     match dest {
         Ok(Some((region, off))) => {
-            let dst = std::iter::once((&region, off, pkt.len as usize));
-            if sgl::copy_into(&pkt.payload, dst).is_err() {
+            let copied = match &pkt.payload {
+                // Placed as it arrived: whether all of it landed, where it belongs.
+                Payload::Landed(landed) => landed
+                    .as_ref()
+                    .is_some_and(|m| Arc::ptr_eq(&m.region, &region) && m.offset == off),
+                payload => {
+                    let dst = std::iter::once((&region, off, pkt.len as usize));
+                    sgl::copy_into(payload, dst).is_ok()
+                }
+            };
+            if !copied {
                 return fail(qp, g, &pkt, NakCode::RemoteAccessError, recv_status, drv);
             }
         }

@@ -43,6 +43,7 @@ pub(crate) fn resolve(qp: &QpShared, sges: &[Sge], need_write: bool) -> Result<P
             | Payload::Lent(_)
             | Payload::Remote
             | Payload::Placed(_)
+            | Payload::Landed(_)
             | Payload::Peer(_) => {
                 unreachable!("resolve builds neither")
             }

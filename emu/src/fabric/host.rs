@@ -53,6 +53,7 @@ use super::{
 use crate::{
     engine::{
         self, Driver,
+        landing::Landing,
         packet::{Bytes, Kind, Packet, Payload},
     },
     error::{Errno, Error},
@@ -705,11 +706,17 @@ fn read_loop(inbound: &Inbound, fabric: &Weak<FabricInner>) {
     let mut polls = inbound.polls.load(Ordering::Relaxed);
     let mut sleepers = inbound.sleepers.load(Ordering::SeqCst);
     let mut nap = None;
+    // Rounds in a row that found records streaming in: the socket is looked at only every
+    // few of them (a system call or two per look, as long as copying a record out).
+    let mut streaming = 0u32;
     loop {
-        let woke = crate::sys::wait_readable(inbound.sock.as_raw_fd(), nap);
-        inbound.napping.store(false, Ordering::SeqCst);
-        if woke.is_err() {
-            return;
+        let socket = streaming.is_multiple_of(16);
+        if socket {
+            let woke = crate::sys::wait_readable(inbound.sock.as_raw_fd(), nap);
+            inbound.napping.store(false, Ordering::SeqCst);
+            if woke.is_err() {
+                return;
+            }
         }
         if inbound.quit.load(Ordering::Acquire) {
             return;
@@ -717,7 +724,7 @@ fn read_loop(inbound: &Inbound, fabric: &Weak<FabricInner>) {
         let Some(fabric) = fabric.upgrade() else { return };
         let mut rx = inbound.rx.lock();
         let events = fabric.cq_events.load(Ordering::Relaxed);
-        let delivered = receive(inbound, &mut rx, &fabric, true);
+        let came = receive(inbound, &mut rx, &fabric, socket);
         let woke = fabric.cq_events.load(Ordering::Relaxed) != events;
         let now = inbound.polls.load(Ordering::Relaxed);
         if now != polls {
@@ -729,6 +736,7 @@ fn read_loop(inbound: &Inbound, fabric: &Weak<FabricInner>) {
             if inbound.sleepers.load(Ordering::SeqCst) == sleepers {
                 rx.rings.iter().for_each(|(_, r)| r.disarm());
                 nap = Some(POLLED_NAP);
+                streaming = 0;
                 continue;
             }
             inbound.napping.store(false, Ordering::SeqCst);
@@ -740,10 +748,12 @@ fn read_loop(inbound: &Inbound, fabric: &Weak<FabricInner>) {
         // thread it wakes may need this very CPU, and it looks for the traffic itself.
         let rings: Vec<Arc<Ring>> = rx.rings.iter().map(|(_, r)| r.clone()).collect();
         drop(rx);
-        if delivered && !woke && busy_wait(&rings, &inbound.quit) {
+        if came && !woke && busy_wait(&rings, &inbound.quit) {
             nap = Some(Duration::ZERO);
+            streaming += 1;
             continue;
         }
+        streaming = 0;
         // Then ask for doorbells, and sleep unless something came meanwhile.
         let waiting = rings.iter().fold(false, |w, r| r.arm() | w);
         nap = if waiting { Some(Duration::ZERO) } else { None };
@@ -769,7 +779,7 @@ fn busy_wait(rings: &[Arc<Ring>], quit: &AtomicBool) -> bool {
 
 /// Takes in what has arrived (the socket's datagrams too if `socket`, then the rings), hands
 /// each complete packet to its QP's inbox in arrival order, then services those QPs; whether
-/// any packet was delivered.
+/// anything came (a fragment of a message still arriving counts: more of it is on its way).
 fn receive(inbound: &Inbound, rx: &mut Rx, fabric: &FabricInner, socket: bool) -> bool {
     let was = RECEIVING.replace(true);
     let delivered = receive_marked(inbound, rx, fabric, socket);
@@ -793,7 +803,8 @@ fn receive_marked(inbound: &Inbound, rx: &mut Rx, fabric: &FabricInner, socket: 
         let read = ring.read(|rec| batch.take(fabric, partial, Arrived::record(*slot, rec)));
         read.map_err(|_| Drops::count(&inbound.drops.malformed)).is_ok()
     });
-    batch.deliver(fabric)
+    let took = batch.took;
+    batch.deliver(fabric) || took
 }
 
 /// Takes the datagrams waiting on the socket: rings offered to us (replacing, after reading
@@ -893,6 +904,8 @@ struct Batch<'a> {
     xrc: Vec<Packet>,
     /// Where what cannot be used is counted.
     drops: Option<&'a Drops>,
+    /// Anything was taken in.
+    took: bool,
 }
 
 impl Batch<'_> {
@@ -907,21 +920,29 @@ impl Batch<'_> {
 
     /// Takes one datagram or ring record in.
     fn take(&mut self, fabric: &FabricInner, partial: &mut Partials, a: Arrived<'_>) {
+        self.took = true;
         let d = a.bytes();
         let Some(h) = FrameHead::parse(d) else { return self.dropped(Refused::Malformed) };
         let to = fabric.lookup_qp_any(h.dst_qpn);
         if let Some(qp) = &to {
             qp.heard.store(fabric.now().max(1), Ordering::Relaxed);
         }
-        let got = match a {
+        let landed = match &a {
+            Arrived::Record(rec, src) if !h.whole() => land(fabric, partial, *src, h, rec, &to),
+            Arrived::Record(..) | Arrived::Datagram(..) => None,
+        };
+        let got = match (landed, a) {
+            (Some(got), _) => got,
             // A message its ring can hold whole stays there until placed.
-            Arrived::Record(rec, src) if !h.whole() && h.total <= rec.ring().max_held_message() => {
+            (None, Arrived::Record(rec, src))
+                if !h.whole() && h.total <= rec.ring().max_held_message() =>
+            {
                 match hold(partial, src, h, rec) {
                     Ok(Some(recs)) => decode_held(recs).map(Some),
                     other => other.map(|_| None),
                 }
             }
-            a => self.decode(fabric, partial, a, to.as_deref()),
+            (None, a) => self.decode(fabric, partial, a, to.as_deref()),
         };
         let pkt = match got {
             Ok(Some(pkt)) if wire::payload_fits(&pkt) => pkt,
@@ -1029,6 +1050,8 @@ enum Partial {
     Copied(Vec<u8>),
     /// Kept where it arrives: the records of its fragments so far, and their bytes.
     Held(Vec<Record>, usize),
+    /// A WRITE placed as it arrives, and its bytes so far.
+    Landing(Box<Landing>, usize),
 }
 
 impl Partial {
@@ -1036,7 +1059,7 @@ impl Partial {
     fn len(&self) -> usize {
         match self {
             Partial::Copied(v) => v.len(),
-            Partial::Held(_, got) => *got,
+            Partial::Held(_, got) | Partial::Landing(_, got) => *got,
         }
     }
 }
@@ -1099,11 +1122,11 @@ fn reassemble<'a>(
             v.extend_from_slice(body);
             true
         }
-        Partial::Held(..) => false,
+        Partial::Held(..) | Partial::Landing(..) => false,
     };
     match continued(partial, src, h, body_len, add)? {
         Some(Partial::Copied(msg)) => Ok(Some(Cow::Owned(msg))),
-        Some(Partial::Held(..)) => Err(Refused::Malformed),
+        Some(Partial::Held(..) | Partial::Landing(..)) => Err(Refused::Malformed),
         None => Ok(None),
     }
 }
@@ -1150,12 +1173,57 @@ fn hold(
             *got += len;
             true
         }
-        Partial::Copied(_) => false,
+        Partial::Copied(_) | Partial::Landing(..) => false,
     };
     match continued(partial, src, h, len, add)? {
         Some(Partial::Held(recs, _)) => Ok(Some(recs)),
-        Some(Partial::Copied(_)) => Err(Refused::Malformed),
+        Some(Partial::Copied(_) | Partial::Landing(..)) => Err(Refused::Malformed),
         None => Ok(None),
+    }
+}
+
+/// A fragment of a message that came as ring records, if it is part of a WRITE being landed
+/// (see `engine::landing`): its first, which begins the landing if the responder of our QP
+/// `to` takes the WRITE now, or a later one; the whole request once the last is in. `None`
+/// for every other message.
+fn land(
+    fabric: &FabricInner,
+    partial: &mut Partials,
+    src: Source,
+    h: FrameHead,
+    rec: &Record,
+    to: &Option<Arc<crate::qp::QpShared>>,
+) -> Option<Result<Option<Packet>, Refused>> {
+    let body = &rec.bytes()[HEADER..];
+    if h.flags & FIRST != 0 {
+        let (pkt, range) = match wire::decode_message(body, None) {
+            Ok((Message::Packet(p), Some(range))) => (p, range),
+            _ => return None,
+        };
+        let named =
+            |q: &&Arc<crate::qp::QpShared>| q.qpn == pkt.dst_qpn && q.device_index() == pkt.dst_dev;
+        let qp = to.as_ref().filter(named)?;
+        // The payload is the rest of the message, after its head in this record.
+        let whole =
+            pkt.len as usize == h.total - range.start && fabric.port_up(pkt.dst_dev, pkt.dst_port);
+        let mut landing = whole.then(|| Landing::begin(fabric, qp, pkt)).flatten()?;
+        landing.land(&body[range]);
+        partial.insert(src, Partial::Landing(Box::new(landing), body.len()));
+        return Some(Ok(None));
+    }
+    let Some(Partial::Landing(landing, got)) = partial.get_mut(&src) else { return None };
+    if *got != h.offset || body.len() > landing.left() {
+        partial.remove(&src);
+        return Some(Err(Refused::Malformed));
+    }
+    landing.land(body);
+    *got += body.len();
+    if h.flags & LAST == 0 {
+        return Some(Ok(None));
+    }
+    match partial.remove(&src) {
+        Some(Partial::Landing(landing, got)) if got == h.total => Some(Ok(Some(landing.finish()))),
+        _ => Some(Err(Refused::Malformed)),
     }
 }
 

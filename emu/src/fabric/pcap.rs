@@ -157,7 +157,7 @@ pub(super) fn payload_bytes(pkt: &Packet) -> Vec<u8> {
     }
     let mut out = Vec::new();
     match &pkt.payload {
-        Payload::Placed(m) => read(&mut out, m),
+        Payload::Placed(m) | Payload::Landed(Some(m)) => read(&mut out, m),
         p => {
             for piece in p.pieces() {
                 let start = out.len();

@@ -217,6 +217,9 @@ pub(crate) fn payload_fits(pkt: &Packet) -> bool {
     match pkt.payload {
         Payload::None => !matches!(pkt.kind, Kind::Send | Kind::Write | Kind::Raw) || pkt.len == 0,
         Payload::Remote => pkt.kind == Kind::ReadRequest,
+        Payload::Landed(ref landed) => {
+            pkt.kind == Kind::Write && landed.as_ref().is_none_or(|m| m.len == pkt.len as usize)
+        }
         _ => carried == Some(pkt.len as usize),
     }
 }
