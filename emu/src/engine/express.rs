@@ -170,8 +170,7 @@ fn execute(
     let dqpn = g.attr.dest_qp_num;
     if g.wire_grh.is_some()
         || f.remote_node(dqpn).is_some()
-        || !f.port_up(qp.device_index(), g.attr.port_num)
-        || !f.port_up(dev, port)
+        || !f.ports_up((qp.device_index(), g.attr.port_num), (dev, port))
     {
         return None;
     }

@@ -60,6 +60,11 @@ pub(crate) fn post(
     wr: &SendWr<'_>,
     f: &crate::fabric::FabricInner,
 ) -> Result<bool> {
+    let tried = match express_length(qp, g, wr) {
+        Some(length) if super::express::post(qp, g, wr, length, f) => return Ok(false),
+        Some(_) => true,
+        None => false,
+    };
     if qp.qp_type == QpType::XRC_RECV || qp.rss.is_some() {
         return Err(einval("an XRC target or RSS QP has no send queue"));
     }
@@ -207,7 +212,7 @@ pub(crate) fn post(
     if wr.opcode == WrOpcode::TSO && length > qp.ctx.device.attr.max_tso as u64 {
         return Err(einval("TSO payload above max_tso"));
     }
-    if super::express::post(qp, g, wr, length as u32, f) {
+    if !tried && super::express::post(qp, g, wr, length as u32, f) {
         return Ok(false);
     }
     let sq = &mut g.sq;
@@ -253,6 +258,33 @@ pub(crate) fn post(
     }
     sq.head = head.wrapping_add(1);
     Ok(true)
+}
+
+/// The length of `wr` if it is the common request that every check of [`post`] passes and
+/// the express path may run at once: a SEND, WRITE (with or without immediate) or READ on an
+/// RC or UC QP in RTS, its SGEs within `max_send_sge`, inline data within `max_inline_data`.
+fn express_length(qp: &QpShared, g: &QpInner, wr: &SendWr<'_>) -> Option<u32> {
+    let common = matches!(qp.qp_type, QpType::RC | QpType::UC)
+        && g.state == QpState::RTS
+        && matches!(
+            wr.opcode,
+            WrOpcode::SEND
+                | WrOpcode::SEND_WITH_IMM
+                | WrOpcode::RDMA_WRITE
+                | WrOpcode::RDMA_WRITE_WITH_IMM
+                | WrOpcode::RDMA_READ
+        )
+        && wr.sg_list.len() <= qp.cap.max_send_sge as usize;
+    if !common {
+        return None;
+    }
+    if wr.send_flags.contains(SendFlags::INLINE) {
+        let len = wr.inline_data.len();
+        let ok = wr.opcode != WrOpcode::RDMA_READ && len <= qp.cap.max_inline_data as usize;
+        return ok.then_some(len as u32);
+    }
+    let length: u64 = wr.sg_list.iter().map(|s| s.length as u64).sum();
+    u32::try_from(length).ok()
 }
 
 /// Queues the rendezvous of a matched tag as an mlx5 HCA runs it: an RDMA READ of `read`

@@ -208,6 +208,9 @@ pub(crate) struct FabricInner {
     pub(crate) cq_events: std::sync::atomic::AtomicU64,
     /// Whether the express path may run (see [`FabricConfig::express`]).
     express: std::sync::atomic::AtomicBool,
+    /// How many ports of the fabric's devices are down: while none is, the data path need not
+    /// look at each port it crosses.
+    pub(crate) ports_down: std::sync::atomic::AtomicU32,
     /// See [`FabricConfig::memlock`].
     pub(crate) memlock: bool,
     /// The wire ports (see [`FabricConfig::wire`]), set once they are bound.
@@ -292,6 +295,13 @@ impl FabricInner {
             && !self.faults.active()
             && self.pcap.is_none()
             && !self.timer.simulated()
+    }
+
+    /// Whether the ports at both ends, `(device, port)` each, are up (valid ports: a QP's own and
+    /// the one its address vector resolved to).
+    pub(crate) fn ports_up(&self, a: (u32, u8), b: (u32, u8)) -> bool {
+        self.ports_down.load(std::sync::atomic::Ordering::Acquire) == 0
+            || self.port_up(a.0, a.1) && self.port_up(b.0, b.1)
     }
 
     pub(crate) fn port_up(&self, dev: u32, port: u8) -> bool {
@@ -519,6 +529,7 @@ impl Fabric {
             port_watch: OnceLock::new(),
             cq_events: Default::default(),
             express: cfg.express.into(),
+            ports_down: Default::default(),
             memlock: cfg.memlock,
             wire: OnceLock::new(),
             this: this.clone(),
