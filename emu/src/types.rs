@@ -310,6 +310,11 @@ impl Gid {
         (g[..10] == [0; 10] && g[10..12] == [0xff, 0xff]).then(|| [g[12], g[13], g[14], g[15]])
     }
 
+    /// Whether it names a multicast group: an IPv4-mapped 224.0.0.0/4 address, or `ff00::/8`.
+    pub(crate) fn is_multicast(&self) -> bool {
+        self.ipv4().map_or(self.0[0] == 0xff, |ip| ip[0] & 0xf0 == 0xe0)
+    }
+
     /// `fe80::` followed by the 64-bit interface identifier `guid`.
     pub fn link_local(guid: u64) -> Gid {
         let mut g = [0u8; 16];

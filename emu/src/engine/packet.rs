@@ -15,6 +15,22 @@ use crate::{
     types::{Gid, QpType},
 };
 
+/// Every kind of message a wire carries (the host fabric's own XRC forwarding aside): what
+/// tests of hostile input make one of each of.
+#[cfg(test)]
+pub(crate) const WIRE_KINDS: [Kind; 10] = [
+    Kind::Send,
+    Kind::Write,
+    Kind::ReadRequest,
+    Kind::ReadResponse,
+    Kind::CompareSwap,
+    Kind::FetchAdd,
+    Kind::AtomicWrite,
+    Kind::Flush,
+    Kind::Ack,
+    Kind::AtomicAck,
+];
+
 /// What a message is, at the granularity the engine moves it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {

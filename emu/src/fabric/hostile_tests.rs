@@ -22,7 +22,7 @@ use super::{
     wire::Encoded,
 };
 use crate::{
-    engine::packet::{Kind, MemRef, Packet, Payload},
+    engine::packet::{Kind, MemRef, Packet, Payload, WIRE_KINDS},
     mem::MemRegion,
     *,
 };
@@ -378,20 +378,7 @@ impl Victim {
         for len in [0, 1, 40, 1000, 1024, 3000] {
             out.push(self.bytes(&vec![0xab; len]));
         }
-        let kinds = [
-            Kind::Send,
-            Kind::Write,
-            Kind::ReadRequest,
-            Kind::ReadResponse,
-            Kind::CompareSwap,
-            Kind::FetchAdd,
-            Kind::AtomicWrite,
-            Kind::Flush,
-            Kind::Ack,
-            Kind::AtomicAck,
-            Kind::XrcDeliver,
-            Kind::XrcResult,
-        ];
+        let kinds = WIRE_KINDS.into_iter().chain([Kind::XrcDeliver, Kind::XrcResult]);
         for kind in kinds {
             for _ in 0..3 {
                 let mut p = Packet::new(kind);

@@ -402,9 +402,9 @@ impl FabricInner {
             let port = if roce { d.has_gid(&ah.dgid) } else { d.has_lid(ah.dlid) };
             port.map(|p| (d.id.index, p))
         });
-        let multicast = ah.dgid.ipv4().map_or(ah.dgid.0[0] == 0xff, |ip| ip[0] & 0xf0 == 0xe0);
         here.or_else(|| {
-            let wire = self.wire.get().filter(|_| roce_seen && ah.is_global && !multicast)?;
+            let unicast = !ah.dgid.is_multicast();
+            let wire = self.wire.get().filter(|_| roce_seen && ah.is_global && unicast)?;
             wire.reaches(&ah.dgid).then_some((wire_port::WIRE_DEV, ah.port_num))
         })
     }
@@ -496,6 +496,13 @@ impl Fabric {
 
     /// [`new`](Self::new), failing only if the packet trace file cannot be created.
     pub fn try_new(cfg: FabricConfig) -> crate::Result<Fabric> {
+        let ethernet = cfg.profile == Profile::Rxe || cfg.link_layer == crate::LinkLayer::ETHERNET;
+        if !cfg.wire.is_empty() && !ethernet {
+            return Err(crate::Error::new(
+                crate::Errno::EINVAL,
+                "a wire port needs Ethernet ports: the rxe profile, or the full profile with RDMA_EMU_LINK_LAYER=ethernet",
+            ));
+        }
         // A wire port's address is its port's, in its GID table and for the connection manager.
         let mut configured = cfg.addresses.clone();
         configured.extend(cfg.wire.iter().filter(|w| !cfg.addresses.contains(w)));
@@ -535,14 +542,6 @@ impl Fabric {
             this: this.clone(),
         }));
         if !cfg.wire.is_empty() {
-            let ethernet =
-                cfg.profile == Profile::Rxe || cfg.link_layer == crate::LinkLayer::ETHERNET;
-            if !ethernet {
-                return Err(crate::Error::new(
-                    crate::Errno::EINVAL,
-                    "a wire port needs Ethernet ports: the rxe profile, or the full profile with RDMA_EMU_LINK_LAYER=ethernet",
-                ));
-            }
             let wires = wire_port::WirePorts::bind(&Arc::downgrade(&fabric.0), &cfg.wire)?;
             let _ = fabric.0.wire.set(wires);
         }

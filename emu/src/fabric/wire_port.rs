@@ -502,6 +502,13 @@ mod test {
     }
 
     impl Wired {
+        /// The addresses of a datagram from the peer to us at `ours`.
+        fn peer_ends(&self, ours: [u8; 4]) -> Ends {
+            let dgid = Gid::of_ip(IpAddr::from(ours));
+            let ip = Grh { sgid: self.peer.gid, dgid, hop_limit: 64, ..Grh::default() };
+            Ends { ip, src_port: ROCE_V2_PORT }
+        }
+
         /// Connected to QPN `qpn` at `ip`, sending from PSN `psn`, `access` granted.
         fn connect(
             f: &Fabric,
@@ -575,15 +582,7 @@ mod test {
         (write.dst_qpn, write.psn, write.npkts, write.mtu, write.len) =
             (w.qp.qp_num(), 0, 3, 1024, 3000);
         let data = vec![7u8; 3000];
-        let ends = Ends {
-            ip: Grh {
-                sgid: w.peer.gid,
-                dgid: Gid::of_ip(IpAddr::from(ours)),
-                hop_limit: 64,
-                ..Grh::default()
-            },
-            src_port: ROCE_V2_PORT,
-        };
+        let ends = w.peer_ends(ours);
         // Only the middle packet (PSN 1) arrives.
         let middle = &pcap::segments(&write, QpType::RC, data.len())[1];
         let frame = pcap::frame(&ends, &middle.headers, &data[middle.data.clone()], false);
@@ -646,27 +645,8 @@ mod test {
         secret.write(0, &[0x5a; 8192]).unwrap();
         let port = f.0.wire.get().unwrap().ports[0].clone();
         let from = SocketAddr::new(IpAddr::from(theirs), ROCE_V2_PORT);
-        let ends = Ends {
-            ip: Grh {
-                sgid: peer.gid,
-                dgid: Gid::of_ip(IpAddr::from(ours)),
-                hop_limit: 64,
-                ..Grh::default()
-            },
-            src_port: ROCE_V2_PORT,
-        };
-        let kinds = [
-            Kind::Send,
-            Kind::Write,
-            Kind::ReadRequest,
-            Kind::ReadResponse,
-            Kind::CompareSwap,
-            Kind::FetchAdd,
-            Kind::AtomicWrite,
-            Kind::Flush,
-            Kind::Ack,
-            Kind::AtomicAck,
-        ];
+        let ends = w.peer_ends(ours);
+        let kinds = crate::engine::packet::WIRE_KINDS;
         let transports =
             [QpType::RC, QpType::RC, QpType::RC, QpType::UC, QpType::UD, QpType::XRC_SEND];
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15);

@@ -29,12 +29,7 @@ pub(crate) fn resolve_roce(
     attr: &mut AhAttr,
 ) -> Result<()> {
     let d = &attr.dgid;
-    let v4 = Gid::ipv4;
-    let multicast = match v4(d) {
-        Some(ip) => ip[0] & 0xf0 == 0xe0,
-        None => d.0[0] == 0xff,
-    };
-    if multicast {
+    if d.is_multicast() {
         return Ok(());
     }
     let Some(sgid) = port.gids.iter().find(|e| e.index == attr.sgid_index as u32) else {
@@ -44,7 +39,7 @@ pub(crate) fn resolve_roce(
     if link_local && sgid.gid_type == GidType::ROCE_V1 {
         return Ok(());
     }
-    if v4(d).is_some() != v4(&sgid.gid).is_some() {
+    if d.ipv4().is_some() != sgid.gid.ipv4().is_some() {
         return Err(einval("the source and destination GIDs are of different IP families"));
     }
     if fabric.route(attr).is_none() {
@@ -71,11 +66,14 @@ pub(crate) fn resolve_eth_l2(
     let Some(sgid) = port.gids.iter().find(|e| e.index == attr.sgid_index as u32) else {
         return Err(einval("sgid_index names no GID"));
     };
-    let d = &attr.dgid.0;
-    match Gid::ipv4(&attr.dgid) {
-        Some(ip) if ip[0] & 0xf0 == 0xe0 => return Ok([1, 0, 0x5e, ip[1] & 0x7f, ip[2], ip[3]]),
-        None if d[0] == 0xff => return Ok([0x33, 0x33, d[12], d[13], d[14], d[15]]),
-        _ => {}
+    if attr.dgid.is_multicast() {
+        // The group's MAC: 01:00:5e and the low 23 bits of an IPv4 group, 33:33 and the low
+        // 32 bits of an IPv6 one.
+        let d = &attr.dgid.0;
+        return Ok(match attr.dgid.ipv4() {
+            Some(ip) => [1, 0, 0x5e, ip[1] & 0x7f, ip[2], ip[3]],
+            None => [0x33, 0x33, d[12], d[13], d[14], d[15]],
+        });
     }
     if Gid::ipv4(&attr.dgid).is_some() != Gid::ipv4(&sgid.gid).is_some() {
         return Err(einval("the source and destination GIDs are of different IP families"));
