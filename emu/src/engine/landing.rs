@@ -1,4 +1,5 @@
-//! A large RDMA WRITE from another process, placed piece by piece as its ring records arrive.
+//! A large RDMA WRITE (with or without immediate) from another process, placed piece by piece
+//! as its ring records arrive.
 //!
 //! Held until whole, a message's bytes are copied into the ring by the sender and out of it by
 //! the receiver one after the other: the two copies of a 1 MiB WRITE never overlap. Landed as
@@ -49,9 +50,12 @@ impl Landing {
     /// Begins landing `pkt`, the head of a WRITE to our QP `qp` (whose payload follows), if
     /// the responder would take it now and place it.
     pub(crate) fn begin(fabric: &FabricInner, qp: &Arc<QpShared>, pkt: Packet) -> Option<Landing> {
-        let plain_write = pkt.kind == Kind::Write && pkt.imm.is_none() && !pkt.gap && pkt.len > 0;
+        // A WRITE with immediate too: its data lands as it arrives, and it takes its receive
+        // (or is RNR NAKed, to come again) once whole, as on an HCA, where only the last packet
+        // needs a receive.
+        let write = pkt.kind == Kind::Write && !pkt.gap && pkt.len > 0;
         // Fault rules, traces and simulated time see whole packets only.
-        if !plain_write || qp.qp_type != QpType::RC || qp.xrcd.is_some() || !fabric.express() {
+        if !write || qp.qp_type != QpType::RC || qp.xrcd.is_some() || !fabric.express() {
             return None;
         }
         let mut g = qp.inner.lock();
@@ -158,7 +162,6 @@ mod test {
         let (_f, a, b) = pair();
         let wrong = [
             |p: &mut Packet| p.psn = 101,
-            |p: &mut Packet| p.imm = Some(7),
             |p: &mut Packet| p.rkey ^= 0x100,
             |p: &mut Packet| p.len = 4097,
             |p: &mut Packet| p.kind = Kind::Send,
@@ -172,6 +175,32 @@ mod test {
         let err = crate::QpAttr { qp_state: QpState::ERR, ..Default::default() };
         b.qp.modify(&err, crate::QpAttrMask::STATE).unwrap();
         assert!(begin(&b, head(&a, &b, 100)).is_none(), "a QP in error takes nothing");
+    }
+
+    #[test]
+    fn test_a_write_with_immediate_lands_and_takes_its_receive_once_whole() {
+        let (_f, a, b) = pair();
+        let mut pkt = head(&a, &b, 100);
+        pkt.imm = Some(0x0102_0304);
+        let mut l = begin(&b, pkt.clone()).expect("it lands");
+        l.land(&[9; 3000]);
+        // No receive posted: the whole WRITE is RNR NAKed, its data already in place.
+        let out = feed(&b.qp, &a.qp, l.finish());
+        assert!(matches!(out[0].syndrome, Syndrome::Rnr(_)), "{:?}", out[0].syndrome);
+        assert_eq!(b.mr.read_u64(0).unwrap(), u64::from_ne_bytes([9; 8]));
+        assert_eq!(b.qp.query().unwrap().rq_psn, 100, "the WRITE comes again");
+        b.qp.post_recv(&crate::RecvWr { wr_id: 77, sg_list: &[] }).unwrap();
+        let mut l = begin(&b, pkt).expect("it comes again and lands");
+        l.land(&[8; 3000]);
+        let out = feed(&b.qp, &a.qp, l.finish());
+        assert_eq!((out[0].kind, out[0].syndrome), (Kind::Ack, Syndrome::Ack));
+        let wc = b.cq.poll_one().expect("the receive completes");
+        assert_eq!(
+            (wc.wr_id, wc.opcode, wc.imm_data),
+            (77, crate::WcOpcode::RECV_RDMA_WITH_IMM, 0x0102_0304)
+        );
+        assert_eq!(wc.byte_len, 3000);
+        assert_eq!(b.mr.read_u64(2992).unwrap(), u64::from_ne_bytes([8; 8]));
     }
 
     #[test]

@@ -130,8 +130,8 @@ pub(crate) enum Payload {
     /// A large reliable SEND or WRITE from another process: the requester's memory, which
     /// stays as it is until the ACK, read straight into the destination.
     Peer(Box<[PeerRange]>),
-    /// A large WRITE from another process that was placed as its records arrived (see
-    /// `engine::landing`): where it landed, or `None` if a piece could not land.
+    /// A large WRITE (with immediate too) from another process that was placed as its records
+    /// arrived (see `engine::landing`): where it landed, or `None` if a piece could not land.
     Landed(Option<MemRef>),
 }
 
