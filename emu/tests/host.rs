@@ -236,6 +236,51 @@ fn many_large_writes_in_flight_keep_their_order_and_bytes() {
 }
 
 #[test]
+fn large_writes_with_immediate_land_intact_and_wait_for_their_receives() {
+    // Multi-record WRITEs (landed as they arrive) with immediate: the first before any receive
+    // is posted (RNR NAKed whole, and sent again until one is), then a stream of them.
+    let dir = HostDir::new();
+    let (_fa, a, _fb, b) = big_pair(&dir);
+    let len = 1 << 20;
+    a.mr.write(0, &pattern(1, len)).unwrap();
+    let sg = [sge(&a.mr, 0, len)];
+    let w = SendWr::write(0, &sg, b.mr.addr(), b.mr.rkey()).signaled().with_imm(0xabcd);
+    a.qp.post_send(&w).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    assert!(a.cq.poll_one().is_none(), "waits for a receive");
+    b.qp.post_recv(&RecvWr { wr_id: 100, sg_list: &[] }).unwrap();
+    assert_eq!(wait1(&a.cq).status, WcStatus::SUCCESS);
+    let wc = wait1(&b.cq);
+    assert_eq!(
+        (wc.wr_id, wc.opcode, wc.imm_data, wc.byte_len),
+        (100, WcOpcode::RECV_RDMA_WITH_IMM, 0xabcd, len as u32)
+    );
+    let mut got = vec![0u8; len];
+    b.mr.read(0, &mut got).unwrap();
+    assert!(got == pattern(1, len));
+    for k in 0..6 {
+        b.qp.post_recv(&RecvWr { wr_id: k, sg_list: &[] }).unwrap();
+    }
+    for k in 0..6usize {
+        a.mr.write(k * len, &pattern(10 + k, len)).unwrap();
+    }
+    for k in 0..6usize {
+        let sg = [sge(&a.mr, k * len, len)];
+        let at = b.mr.addr() + (k * len) as u64;
+        let w = SendWr::write(k as u64, &sg, at, b.mr.rkey()).signaled().with_imm(k as u32);
+        a.qp.post_send(&w).unwrap();
+    }
+    assert!(wait_n(&a.cq, 6).iter().all(|c| c.status == WcStatus::SUCCESS));
+    let wcs = wait_n(&b.cq, 6);
+    let imms: Vec<u32> = wcs.iter().map(|c| c.imm_data).collect();
+    assert_eq!(imms, (0..6).collect::<Vec<u32>>(), "receives complete in order");
+    for k in 0..6usize {
+        b.mr.read(k * len, &mut got).unwrap();
+        assert!(got == pattern(10 + k, len), "message {k}");
+    }
+}
+
+#[test]
 fn uc_writes_larger_than_the_ring_are_copied_across_intact() {
     // UC completes at the sender when the message leaves, so its payload may never be read
     // late from the sender's memory: it goes through the ring, however large.
