@@ -78,9 +78,10 @@ pub(super) const BELL: u8 = 8;
 /// here), large enough to hold a 1 MiB message whole while the next one is written.
 const RING_BYTES: usize = 2 << 20;
 /// Bytes per ring record of a long message at most: the receiver places a WRITE's records as
-/// they arrive (see `engine::landing`), so smaller records overlap the two copies sooner
-/// (1 MiB WRITEs between two processes here: 23-25 GB/s with 64 KiB records, 17-19 with
-/// records of a quarter MiB, the largest a ring of 2 MiB takes).
+/// they arrive (see `engine::landing`), so smaller records overlap the two copies sooner.
+/// (1 MiB WRITEs between two processes on this 2-vCPU VM, side by side: 23-25 GB/s with 64
+/// KiB records against 17-19 with a quarter MiB, the largest a 2 MiB ring takes; at another
+/// hour, when the VM moved data between its cores twice as fast, the two were level.)
 const RECORD: usize = 64 * 1024;
 /// Payloads from this size on are placed straight from the ring (smaller ones are copied out,
 /// freeing their record at once).
