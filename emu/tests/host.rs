@@ -281,6 +281,35 @@ fn large_writes_with_immediate_land_intact_and_wait_for_their_receives() {
 }
 
 #[test]
+fn large_sends_land_intact_in_their_receives() {
+    // Multi-record SENDs (landed as they arrive) into receives of two SGEs each, in order.
+    let dir = HostDir::new();
+    let (_fa, a, _fb, b) = big_pair(&dir);
+    let len = 1 << 20;
+    for k in 0..4usize {
+        // Each receive: half a MiB at the start of its slot, the rest 4 KiB further on.
+        let at = k * 2 * len;
+        let sg = [sge(&b.mr, at, len / 2), sge(&b.mr, at + len / 2 + 4096, len)];
+        b.qp.post_recv(&RecvWr { wr_id: k as u64, sg_list: &sg }).unwrap();
+    }
+    for k in 0..4usize {
+        a.mr.write(k * len, &pattern(20 + k, len)).unwrap();
+        let sg = [sge(&a.mr, k * len, len)];
+        a.qp.post_send(&SendWr::send(k as u64, &sg).signaled()).unwrap();
+    }
+    assert!(wait_n(&a.cq, 4).iter().all(|c| c.status == WcStatus::SUCCESS));
+    let wcs = wait_n(&b.cq, 4);
+    for (k, wc) in wcs.iter().enumerate() {
+        assert_eq!((wc.wr_id, wc.status, wc.byte_len), (k as u64, WcStatus::SUCCESS, len as u32));
+        let (mut first, mut rest) = (vec![0u8; len / 2], vec![0u8; len / 2]);
+        b.mr.read(k * 2 * len, &mut first).unwrap();
+        b.mr.read(k * 2 * len + len / 2 + 4096, &mut rest).unwrap();
+        let want = pattern(20 + k, len);
+        assert!(first == want[..len / 2] && rest == want[len / 2..], "message {k}");
+    }
+}
+
+#[test]
 fn uc_writes_larger_than_the_ring_are_copied_across_intact() {
     // UC completes at the sender when the message leaves, so its payload may never be read
     // late from the sender's memory: it goes through the ring, however large.

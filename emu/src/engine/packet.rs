@@ -130,9 +130,18 @@ pub(crate) enum Payload {
     /// A large reliable SEND or WRITE from another process: the requester's memory, which
     /// stays as it is until the ACK, read straight into the destination.
     Peer(Box<[PeerRange]>),
-    /// A large WRITE (with immediate too) from another process that was placed as its records
-    /// arrived (see `engine::landing`): where it landed, or `None` if a piece could not land.
-    Landed(Option<MemRef>),
+    /// A large WRITE or SEND from another process that was placed as its records arrived (see
+    /// `engine::landing`): where it landed, or `None` if a piece could not land.
+    Landed(Option<Box<Landed>>),
+}
+
+/// Where a message placed as it arrived landed.
+#[derive(Debug, Clone)]
+pub(crate) struct Landed {
+    /// Its memory, in order.
+    pub(crate) dst: Vec<MemRef>,
+    /// A SEND: the slot of the receive queue whose WQE it landed in.
+    pub(crate) rq_slot: Option<u32>,
 }
 
 impl Payload {

@@ -533,7 +533,14 @@ fn send(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>) 
         rnr(qp, g, &pkt, drv);
         return;
     };
-    let res = sgl::scatter(&recv_pd(qp, g), &r.sges, &pkt.payload, pkt.len);
+    let res = match &pkt.payload {
+        // Placed as it arrived: whether all of it landed, in this very WQE.
+        Payload::Landed(landed) => match landed {
+            Some(l) if l.rq_slot.is_some() && l.rq_slot == r.rq_slot => Ok(()),
+            _ => Err(SglError::Protection),
+        },
+        payload => sgl::scatter(&recv_pd(qp, g), &r.sges, payload, pkt.len),
+    };
     let wr_id = r.wr_id;
     done_recv(g, r);
     match res {
@@ -775,9 +782,12 @@ fn write(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>)
         Ok(Some((region, off))) => {
             let copied = match &pkt.payload {
                 // Placed as it arrived: whether all of it landed, where it belongs.
-                Payload::Landed(landed) => landed
-                    .as_ref()
-                    .is_some_and(|m| Arc::ptr_eq(&m.region, &region) && m.offset == off),
+                Payload::Landed(landed) => landed.as_ref().is_some_and(|l| match &l.dst[..] {
+                    [m] => {
+                        l.rq_slot.is_none() && Arc::ptr_eq(&m.region, &region) && m.offset == off
+                    }
+                    _ => false,
+                }),
                 payload => {
                     let dst = std::iter::once((&region, off, pkt.len as usize));
                     sgl::copy_into(payload, dst).is_ok()

@@ -157,7 +157,8 @@ pub(super) fn payload_bytes(pkt: &Packet) -> Vec<u8> {
     }
     let mut out = Vec::new();
     match &pkt.payload {
-        Payload::Placed(m) | Payload::Landed(Some(m)) => read(&mut out, m),
+        Payload::Placed(m) => read(&mut out, m),
+        Payload::Landed(Some(l)) => l.dst.iter().for_each(|m| read(&mut out, m)),
         p => {
             for piece in p.pieces() {
                 let start = out.len();

@@ -218,7 +218,10 @@ pub(crate) fn payload_fits(pkt: &Packet) -> bool {
         Payload::None => !matches!(pkt.kind, Kind::Send | Kind::Write | Kind::Raw) || pkt.len == 0,
         Payload::Remote => pkt.kind == Kind::ReadRequest,
         Payload::Landed(ref landed) => {
-            pkt.kind == Kind::Write && landed.as_ref().is_none_or(|m| m.len == pkt.len as usize)
+            let all = |l: &crate::engine::packet::Landed| {
+                l.dst.iter().map(|m| m.len).sum::<usize>() == pkt.len as usize
+            };
+            matches!(pkt.kind, Kind::Write | Kind::Send) && landed.as_deref().is_none_or(all)
         }
         _ => carried == Some(pkt.len as usize),
     }
