@@ -77,8 +77,8 @@ pub(super) const BELL: u8 = 8;
 /// in the caches as messages stream through (a ring of 4 MiB or more moves a third as fast
 /// here), large enough to hold a 1 MiB message whole while the next one is written.
 const RING_BYTES: usize = 2 << 20;
-/// Bytes per ring record of a long message at most: the receiver places a WRITE's records as
-/// they arrive (see `engine::landing`), so smaller records overlap the two copies sooner.
+/// Bytes per ring record of a long message at most: the receiver places the records of a
+/// WRITE or SEND as they arrive (see `engine::landing`), so smaller records overlap the two copies sooner.
 /// (1 MiB WRITEs between two processes on this 2-vCPU VM, side by side: 23-25 GB/s with 64
 /// KiB records against 17-19 with a quarter MiB, the largest a 2 MiB ring takes; at another
 /// hour, when the VM moved data between its cores twice as fast, the two were level.)
@@ -1056,7 +1056,7 @@ enum Partial {
     Copied(Vec<u8>),
     /// Kept where it arrives: the records of its fragments so far, and their bytes.
     Held(Vec<Record>, usize),
-    /// A WRITE placed as it arrives, and its bytes so far.
+    /// A WRITE or SEND placed as it arrives, and its bytes so far.
     Landing(Box<Landing>, usize),
 }
 
@@ -1188,9 +1188,9 @@ fn hold(
     }
 }
 
-/// A fragment of a message that came as ring records, if it is part of a WRITE being landed
-/// (see `engine::landing`): its first, which begins the landing if the responder of our QP
-/// `to` takes the WRITE now, or a later one; the whole request once the last is in. `None`
+/// A fragment of a message that came as ring records, if it is part of a WRITE or SEND being
+/// landed (see `engine::landing`): its first, which begins the landing if the responder of our
+/// QP `to` takes the message now, or a later one; the whole request once the last is in. `None`
 /// for every other message.
 fn land(
     fabric: &FabricInner,
