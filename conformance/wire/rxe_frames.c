@@ -93,10 +93,7 @@ int main(void)
 	printf("# RoCE v2 frames sent by rxe0 on Linux %s (conformance/wire/rxe_frames.c): each is\n"
 	       "# the IPv4 packet onwards (IP, UDP, BTH and extensions, payload, pad, ICRC)\n",
 	       u.release);
-	int n;
-	struct ibv_device **list = ibv_get_device_list(&n);
-	CHECK(list && n > 0);
-	CHECK(ctx = ibv_open_device(list[0]));
+	ctx = open_first_device();
 	CHECK(pd = ibv_alloc_pd(ctx));
 	CHECK(cq = ibv_create_cq(ctx, 64, NULL, NULL, 0));
 	for (size_t i = 0; i < sizeof buf; i++)

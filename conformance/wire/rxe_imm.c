@@ -41,28 +41,9 @@ static char pattern(int i)
 	return (char)('a' + i % 26);
 }
 
-/* The index of the RoCE v2 GID of IPv4 address `ip` on port 1 (IPv4-mapped). */
-static int gid_index_of(const char *ip, union ibv_gid *gid)
-{
-	struct in_addr a;
-	CHECK(inet_pton(AF_INET, ip, &a) == 1);
-	for (int i = 0; i < 16; i++) {
-		if (ibv_query_gid(ctx, 1, i, gid))
-			break;
-		static const uint8_t v4_mapped[12] = { [10] = 0xff, [11] = 0xff };
-		if (!memcmp(gid->raw, v4_mapped, 12) && !memcmp(gid->raw + 12, &a, 4))
-			return i;
-	}
-	CHECK(!"a GID of that address");
-	return -1;
-}
-
 static void rc_qp(void)
 {
-	int n;
-	struct ibv_device **list = ibv_get_device_list(&n);
-	CHECK(list && n > 0);
-	CHECK(ctx = ibv_open_device(list[0]));
+	ctx = open_first_device();
 	CHECK(pd = ibv_alloc_pd(ctx));
 	CHECK(cq = ibv_create_cq(ctx, 8, NULL, NULL, 0));
 	CHECK(mr = ibv_reg_mr(pd, buf, sizeof buf,
@@ -128,7 +109,7 @@ int main(int argc, char **argv)
 	rc_qp();
 	struct side mine = { .qpn = qp->qp_num, .psn = server ? 0x100 : 0x200, .rkey = mr->rkey,
 			     .addr = (uintptr_t)buf };
-	int sgid_index = gid_index_of(argv[2], &mine.gid);
+	int sgid_index = roce_v2_gid_index(ctx, argv[2], &mine.gid);
 	struct sockaddr_in sa = { .sin_family = AF_INET,
 				  .sin_port = htons((uint16_t)atoi(argv[server ? 3 : 4])) };
 	int s = socket(AF_INET, SOCK_STREAM, 0);

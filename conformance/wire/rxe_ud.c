@@ -19,27 +19,9 @@ static struct ibv_mr *mr;
 static struct ibv_qp *qp;
 static char buf[4096];
 
-/* The index of the RoCE v2 GID of IPv4 address `ip` on port 1. */
-static int gid_index_of(const char *ip)
-{
-	struct in_addr a;
-	CHECK(inet_pton(AF_INET, ip, &a) == 1);
-	for (int i = 0; i < 16; i++) {
-		struct ibv_gid_entry e;
-		if (!ibv_query_gid_ex(ctx, 1, i, &e, 0) && e.gid_type == IBV_GID_TYPE_ROCE_V2 &&
-		    memcmp(e.gid.raw + 12, &a, 4) == 0)
-			return i;
-	}
-	CHECK(!"a RoCE v2 GID of that address");
-	return -1;
-}
-
 static void ud_qp(void)
 {
-	int n;
-	struct ibv_device **list = ibv_get_device_list(&n);
-	CHECK(list && n > 0);
-	CHECK(ctx = ibv_open_device(list[0]));
+	ctx = open_first_device();
 	CHECK(pd = ibv_alloc_pd(ctx));
 	CHECK(cq = ibv_create_cq(ctx, 4, NULL, NULL, 0));
 	CHECK(mr = ibv_reg_mr(pd, buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE));
@@ -70,7 +52,7 @@ int main(int argc, char **argv)
 {
 	if (argc == 3 && strcmp(argv[1], "receive") == 0) {
 		ud_qp();
-		gid_index_of(argv[2]);
+		roce_v2_gid_index(ctx, argv[2], NULL);
 		struct ibv_sge sge = { (uintptr_t)buf, sizeof buf, mr->lkey };
 		struct ibv_recv_wr rw = { .wr_id = 1, .sg_list = &sge, .num_sge = 1 }, *bad;
 		CHECK(!ibv_post_recv(qp, &rw, &bad));
@@ -84,7 +66,7 @@ int main(int argc, char **argv)
 	CHECK(argc == 4 && strcmp(argv[1], "send") == 0);
 	ud_qp();
 	struct ibv_ah_attr aa = { .is_global = 1, .port_num = 1,
-				  .grh = { .sgid_index = (uint8_t)gid_index_of(argv[2]),
+				  .grh = { .sgid_index = (uint8_t)roce_v2_gid_index(ctx, argv[2], NULL),
 					   .hop_limit = 64 } };
 	struct in_addr peer;
 	CHECK(inet_pton(AF_INET, argv[3], &peer) == 1);
