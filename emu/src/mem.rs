@@ -101,6 +101,45 @@ impl PeerProcess {
         self.pull(addr, word.as_mut_ptr(), 8).is_ok() && u64::from_ne_bytes(word) == expect
     }
 
+    /// Copies the bytes at `addr` in the process into `dst`.
+    pub(crate) fn read_into(&self, addr: u64, dst: &mut [u8]) -> Result<(), MemFault> {
+        self.pull(addr, dst.as_mut_ptr(), dst.len())
+    }
+
+    /// Writes our memory `src` (ranges of `(address, length)`, in order) to `addr` onward in
+    /// the process (the NIC's DMA write for a process that is stopped: see `fabric::exports`).
+    /// Memory of ours that is not there fails the write (EFAULT) rather than faulting us, as
+    /// does memory of the process that is not there; the process's number is checked against
+    /// its pidfd first (a number taken over between that check and the write would need the
+    /// process to exit and the number to come round again in between).
+    pub(crate) fn push(&self, addr: u64, src: &[(u64, usize)]) -> Result<(), MemFault> {
+        let mut at = addr;
+        for &(from, len) in src {
+            let mut done = 0;
+            while done < len {
+                if self.exited() {
+                    return Err(MemFault::Unreadable);
+                }
+                let local = libc::iovec {
+                    iov_base: (from as usize + done) as *mut libc::c_void,
+                    iov_len: len - done,
+                };
+                let remote = libc::iovec { iov_base: at as *mut libc::c_void, iov_len: len - done };
+                // SAFETY: the kernel reads `local` from our memory and writes the other
+                // process's, failing (not faulting) where either is not mapped.
+                let n = unsafe {
+                    libc::process_vm_writev(self.pid as libc::pid_t, &local, 1, &remote, 1, 0)
+                };
+                if n <= 0 {
+                    return Err(MemFault::Unreadable);
+                }
+                done += n as usize;
+                at = at.wrapping_add(n as u64);
+            }
+        }
+        Ok(())
+    }
+
     /// Copies `len` bytes at `addr` in the process to `dst`, which must be valid for writes of
     /// `len` bytes. Should the process have exited meanwhile, what was copied may come from
     /// another process that took its number: it is wiped and the read fails.

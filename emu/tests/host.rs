@@ -560,14 +560,16 @@ fn until_stopped(pid: u32) {
 }
 
 /// The other process of `a_stopped_peer_keeps_its_connections`: an RC QP connected to the
-/// endpoint the test gives; prints its endpoint and MR, and once a SEND arrives, the first 16
-/// bytes of its MR. Does nothing unless that test started this binary.
+/// endpoint the test gives; puts a text at byte 32 of its MR, prints its endpoint and MR, and
+/// once a SEND arrives, the first 16 bytes of its MR. Does nothing unless that test started
+/// this binary.
 #[test]
 fn peer_process_for_the_debugger_test() {
     use std::io::Write;
     let Some((_fabric, n)) = peer_node("RDMA_EMU_TEST_DEBUGGED", |d| node_on(d, 4096)) else {
         return;
     };
+    n.mr.write(32, b"read me, stopped").unwrap();
     post_recv(&n.qp, 5, &[]);
     let mut out = std::io::stdout().lock();
     writeln!(out, "mr: {} {}", n.mr.addr(), n.mr.rkey()).unwrap();
@@ -583,9 +585,10 @@ fn peer_process_for_the_debugger_test() {
 }
 
 /// A process stopped at a breakpoint (here SIGSTOP) for far longer than its peers' retry
-/// budget keeps its connections: what they sent it waits, is taken in and acknowledged once
-/// it continues, and completes successfully (an HCA would have answered for it meanwhile;
-/// divergences #16).
+/// budget keeps its connections, and its peers' RDMA WRITEs and READs go on while it is
+/// stopped, as its HCA would carry them out: the WRITE's bytes are in its memory when it
+/// continues, the READ brings what its memory holds. A SEND (it needs the stopped process's
+/// receive queue) waits, is taken in once it continues, and completes (divergences #16).
 #[test]
 fn a_stopped_peer_keeps_its_connections() {
     let dir = HostDir::new();
@@ -609,9 +612,25 @@ fn a_stopped_peer_keeps_its_connections() {
     // SAFETY: signals a child process this test started and still owns.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGSTOP) }, 0);
     until_stopped(child.id());
-    a.mr.write(0, b"while you slept.").unwrap();
-    let w_sg = [sge(&a.mr, 0, 16)];
+    // Gathered from two pieces of memory.
+    a.mr.write(0, b"while yo").unwrap();
+    a.mr.write(256, b"u slept.").unwrap();
+    let w_sg = [sge(&a.mr, 0, 8), sge(&a.mr, 256, 8)];
     a.qp.post_send(&SendWr::write(1, &w_sg, mr.0, mr.1).signaled()).unwrap();
+    let wc = wait1(&a.cq);
+    assert_eq!((wc.wr_id, wc.status), (1, WcStatus::SUCCESS));
+    let r_sg = [sge(&a.mr, 64, 16)];
+    a.qp.post_send(&SendWr::read(2, &r_sg, mr.0 + 32, mr.1).signaled()).unwrap();
+    let wc = wait1(&a.cq);
+    assert_eq!((wc.wr_id, wc.status, wc.byte_len), (2, WcStatus::SUCCESS, 16));
+    let mut got = [0u8; 16];
+    a.mr.read(64, &mut got).unwrap();
+    assert_eq!(&got, b"read me, stopped");
+    until_stopped(child.id());
+    a.qp.post_send(&SendWr::send(3, &[]).signaled()).unwrap();
+    // A WRITE its responder would refuse is not carried out: it waits, and fails once the
+    // peer continues, as it would have.
+    a.qp.post_send(&SendWr::write(4, &w_sg, mr.0, mr.1 ^ 0x100).signaled()).unwrap();
     // Eight times the retry budget passes with the peer stopped.
     std::thread::sleep(std::time::Duration::from_millis(400));
     assert_empty(&a.cq);
@@ -619,9 +638,9 @@ fn a_stopped_peer_keeps_its_connections() {
     // SAFETY: as above.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGCONT) }, 0);
     let wc = wait1(&a.cq);
-    assert_eq!((wc.wr_id, wc.status), (1, WcStatus::SUCCESS));
-    a.qp.post_send(&SendWr::send(2, &[]).signaled()).unwrap();
-    assert_eq!(wait1(&a.cq).status, WcStatus::SUCCESS);
+    assert_eq!((wc.wr_id, wc.status), (3, WcStatus::SUCCESS));
+    let wc = wait1(&a.cq);
+    assert_eq!((wc.wr_id, wc.status), (4, WcStatus::REM_ACCESS_ERR));
     let held = lines.find_map(|l| l.split_once("holds: ").map(|(_, h)| h.to_owned()));
     assert_eq!(held.as_deref(), Some("while you slept."));
     child.wait().unwrap();

@@ -19,6 +19,7 @@ pub(crate) mod raw;
 pub(crate) mod requester;
 pub(crate) mod responder;
 pub(crate) mod sgl;
+pub(crate) mod stopped_peer;
 #[cfg(test)]
 pub(crate) mod testkit;
 pub(crate) mod xrc;
@@ -341,6 +342,7 @@ pub(crate) fn on_timer(qp: &Arc<QpShared>) {
 pub(crate) fn enter_error(qp: &Arc<QpShared>, g: &mut QpInner) {
     let was = g.state;
     g.state = QpState::ERR;
+    qp.ctx.fabric.export_qp(qp, g);
     // IBA 11.6.3: a QP on an SRQ reports that no further WQE will be taken for it.
     if qp.srq.is_some() && was != QpState::ERR && raises_qp_errors(qp) {
         qp.raise(crate::types::EventType::QP_LAST_WQE_REACHED);

@@ -133,6 +133,9 @@ pub(crate) enum Payload {
     /// A large WRITE or SEND from another process that was placed as its records arrived (see
     /// `engine::landing`): where it landed, or `None` if a piece could not land.
     Landed(Option<Box<Landed>>),
+    /// A WRITE or READ request that its requester carried out itself while this process was
+    /// stopped (see `fabric::exports`): only its PSN is left to account for.
+    CarriedOut,
 }
 
 /// Where a message placed as it arrived landed.
@@ -155,6 +158,7 @@ impl Payload {
             | Payload::Remote
             | Payload::Placed(_)
             | Payload::Landed(_)
+            | Payload::CarriedOut
             | Payload::Lent(_)
             | Payload::Peer(_) => &[],
         }
@@ -164,9 +168,11 @@ impl Payload {
     pub(crate) fn pieces(&self) -> impl Iterator<Item = Piece<'_>> {
         type Parts<'a> = (Option<&'a [u8]>, &'a [Lent], Option<&'a MemRef>, &'a [MemRef]);
         let ((bytes, lent, one, many), peer): (Parts<'_>, &[PeerRange]) = match self {
-            Payload::None | Payload::Remote | Payload::Placed(_) | Payload::Landed(_) => {
-                ((None, &[], None, &[]), &[])
-            }
+            Payload::None
+            | Payload::Remote
+            | Payload::Placed(_)
+            | Payload::Landed(_)
+            | Payload::CarriedOut => ((None, &[], None, &[]), &[]),
             Payload::Bytes(b) => ((Some(b), &[], None, &[]), &[]),
             Payload::Lent(v) => ((None, v, None, &[]), &[]),
             Payload::One(m) => ((None, &[], Some(m), &[]), &[]),

@@ -625,6 +625,10 @@ pub(crate) fn arm_timers(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'
     }
 }
 
+/// How soon a QP that carried out requests for its stopped peer looks for more (see
+/// `stopped_peer`), if its ACK timeout is longer.
+const CARRY_OUT_AGAIN_NS: u64 = 1_000_000;
+
 /// A timer deadline passed: end an RNR wait, or retransmit after an ACK timeout.
 pub(crate) fn on_timer(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>) {
     g.req.armed = None;
@@ -651,8 +655,12 @@ pub(crate) fn on_timer(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>
         if delivering {
             g.req.retrans_at = Some(now + timeout);
         } else if on_host && g.sq.in_flight() > 0 && drv.fabric.peer_behind(g.attr.dest_qp_num) {
+            // What it can, this side carries out itself for a peer that is stopped; while
+            // it does, it looks again soon for more.
+            let carried = super::stopped_peer::carry_out(qp, g, drv);
+            let again = if carried { timeout.min(CARRY_OUT_AGAIN_NS) } else { timeout };
             g.req.retry_left = g.attr.retry_cnt;
-            g.req.retrans_at = Some(now + timeout);
+            g.req.retrans_at = Some(now + again);
         } else if g.sq.in_flight() > 0 {
             completer::retry(qp, g);
         }

@@ -188,6 +188,9 @@ pub(crate) fn receive(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mu
         return;
     }
     g.resp.nak_seq_sent = false;
+    if matches!(pkt.payload, Payload::CarriedOut) {
+        return carried_out(qp, g, pkt, drv);
+    }
     match pkt.kind {
         Kind::Send => send(qp, g, pkt, drv),
         Kind::Write => write(qp, g, pkt, drv),
@@ -195,6 +198,21 @@ pub(crate) fn receive(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mu
         Kind::CompareSwap | Kind::FetchAdd => atomic(qp, g, pkt, drv),
         Kind::AtomicWrite => atomic_write(qp, g, pkt, drv),
         Kind::Flush => flush(qp, g, pkt, drv),
+        _ => {}
+    }
+}
+
+/// A WRITE or READ that its requester carried out itself while this process was stopped
+/// (see `fabric::exports`), checked then as it would have been here: only accounted for now.
+/// The WRITE is acknowledged as any other (its requester, which completed it, takes the ACK
+/// for a duplicate); the READ's data went with it, and a duplicate of it is answered again.
+fn carried_out(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>) {
+    match pkt.kind {
+        Kind::Write => ack(qp, g, &pkt, drv),
+        Kind::ReadRequest => {
+            remember(g, Replay::Read(ReadReq::of(&pkt)));
+            advance(g, &pkt);
+        }
         _ => {}
     }
 }

@@ -45,6 +45,7 @@ use rustc_hash::FxHashMap;
 
 use super::{
     FabricInner,
+    exports::{self, Exports, PeerExports},
     ring::{Record, Ring, Written},
     trust::{FabricDir, Location},
     wire,
@@ -73,6 +74,8 @@ pub(super) const LAST: u8 = 2;
 pub(super) const RING: u8 = 4;
 /// A doorbell: records wait in the sender's ring.
 pub(super) const BELL: u8 = 8;
+/// A datagram that carries the descriptor of the sender's exports (see `exports`).
+pub(super) const EXPORTS: u8 = 16;
 /// Bytes of records per ring (one per ordered pair of nodes that talk): small enough to stay
 /// in the caches as messages stream through (a ring of 4 MiB or more moves a third as fast
 /// here), large enough to hold a 1 MiB message whole while the next one is written.
@@ -169,6 +172,9 @@ pub(crate) struct Node {
     /// The other nodes' slots as last listed, for datagrams and frames to every node.
     others: Mutex<Listing>,
     fabric: Weak<FabricInner>,
+    /// What our peers may carry out for us while we are stopped (`None` if it could not be
+    /// made: then they wait for us, as they always did).
+    pub(crate) exports: Option<Exports>,
 }
 
 /// A listing of the fabric directory's sockets, kept while the directory does not change.
@@ -211,7 +217,15 @@ struct Inbound {
     /// The user whose processes may send to us.
     uid: u32,
     drops: Drops,
+    /// By slot, the exports its node passed us, and the process that passed them.
+    peer_exports: Mutex<FxHashMap<u8, Exported>>,
+    /// The rings our peers write to us, whose gates they raise while they act on our memory
+    /// (see `exports`).
+    gates: Mutex<Vec<Arc<Ring>>>,
 }
+
+/// A peer's exports and the process that passed them to us.
+type Exported = (Arc<PeerExports>, Arc<PeerProcess>);
 
 #[derive(Debug)]
 struct Rx {
@@ -271,13 +285,72 @@ impl Node {
         let (rx, quit, polls) = (Mutex::new(rx), AtomicBool::new(false), AtomicU64::new(0));
         let (uid, drops) = (crate::sys::uid(), Drops::default());
         let (sleepers, napping) = (AtomicU64::new(0), AtomicBool::new(false));
-        let inbound = Arc::new(Inbound { sock, rx, quit, polls, sleepers, napping, uid, drops });
+        let (peer_exports, gates) = (Mutex::default(), Mutex::default());
+        let inbound = Arc::new(Inbound {
+            sock,
+            rx,
+            quit,
+            polls,
+            sleepers,
+            napping,
+            uid,
+            drops,
+            peer_exports,
+            gates,
+        });
         let (reader, weak) = (inbound.clone(), fabric.clone());
         std::thread::Builder::new()
             .name(format!("rdma-emu-node{slot}"))
             .spawn(move || read_loop(&reader, &weak))?;
         let (peers, others) = (Mutex::default(), Mutex::default());
-        Ok(Node { slot, dir, _lock: lock, inbound, peers, others, fabric })
+        let exports = Exports::create().ok();
+        Ok(Node { slot, dir, _lock: lock, inbound, peers, others, fabric, exports })
+    }
+
+    /// Withdraws our MR `(dev, rkey)` from the exports; returns once no peer can be writing or
+    /// reading it on our behalf.
+    pub(crate) fn withdraw_mr(&self, dev: u32, rkey: u32) {
+        if self.exports.as_ref().is_some_and(|e| e.clear_mr(dev, rkey)) {
+            let gates: Vec<Arc<Ring>> = {
+                let mut g = self.inbound.gates.lock();
+                g.retain(|r| !r.abandoned());
+                g.clone()
+            };
+            exports::wait_for_peers(&gates);
+        }
+    }
+
+    /// Carries out `req`, the request at `psn` that our QP sent to a QP of the node in its
+    /// slot, in that node's process, if the process is stopped (SIGSTOP, a debugger), its
+    /// exports allow the request, and its record still waits unread in our ring to it: the
+    /// record is then marked carried out. Whether it was.
+    pub(crate) fn carry_out(&self, psn: u32, req: exports::Request<'_>) -> bool {
+        let (dst_qpn, src_qpn) = (req.dst.1, req.src_qpn);
+        let slot = slot_of(dst_qpn);
+        let Some(peer) = self.peers.lock().get(&slot).cloned() else { return false };
+        let pid = (peer.incarnation >> 96) as u32;
+        let known = self.inbound.peer_exports.lock().get(&slot).cloned();
+        let Some((exports, process)) = known.filter(|(_, p)| p.pid() == pid) else {
+            return false;
+        };
+        if pid == std::process::id() || !crate::sys::process_stopped(pid) {
+            return false;
+        }
+        // Held throughout: nothing is written to the ring while we look through it.
+        let tx = peer.tx.lock();
+        let Some(ring) = tx.ring.as_deref() else { return false };
+        let wanted = |b: &[u8]| {
+            FrameHead::parse(b).is_some_and(|h| h.whole() && h.dst_qpn == dst_qpn)
+                && wire::packet_ids(&b[HEADER..]).is_some_and(|(kind, src, p)| {
+                    matches!(kind, Kind::Write | Kind::ReadRequest) && src == src_qpn && p == psn
+                })
+        };
+        let Some(claim) = ring.claim(wanted) else { return false };
+        if !exports::place(&exports, &process, ring, req) {
+            return false;
+        }
+        claim.placed();
+        true
     }
 
     /// What this node refused to take from its peers so far.
@@ -486,9 +559,10 @@ impl Node {
     /// own.
     pub(crate) fn watch(&self, slot: u8) {
         let now = self.incarnation(slot);
-        let known = self.peers.lock().get(&slot).is_some_and(|p| p.incarnation == now);
-        if !known {
-            self.new_peer(slot, now);
+        let known = self.peers.lock().get(&slot).filter(|p| p.incarnation == now).cloned();
+        let peer = known.unwrap_or_else(|| self.new_peer(slot, now));
+        if let Some(e) = &self.exports {
+            peer.offer_exports(e);
         }
     }
 
@@ -521,6 +595,11 @@ impl Node {
                     let mut rx = node.inbound.rx.lock();
                     receive(&node.inbound, &mut rx, &fabric, true);
                     rx.rings.retain(|(s, r)| *s != slot || !r.abandoned());
+                    node.inbound.gates.lock().retain(|r| !r.abandoned());
+                    let mut exports = node.inbound.peer_exports.lock();
+                    if exports.get(&slot).is_some_and(|(_, p)| p.exited()) {
+                        exports.remove(&slot);
+                    }
                 }
                 peer_died(&fabric, slot);
                 drop(lock);
@@ -854,9 +933,19 @@ fn take_datagrams(
                     let (_, old) = rings.swap_remove(i);
                     let _ = old.read(|rec| take(Arrived::record(src, rec)));
                 }
+                inbound.gates.lock().push(ring.clone());
                 rings.push((src, ring));
             }
-            (Some(&[_, flags]), _) if flags & (RING | BELL) != 0 => {}
+            (Some(&[src, flags]), Some(fd)) if flags & EXPORTS != 0 => {
+                let from = PeerProcess::open(cred.pid).map(Arc::new);
+                match (PeerExports::open(fd), from) {
+                    (Ok(e), Ok(from)) => {
+                        inbound.peer_exports.lock().insert(src, (Arc::new(e), from));
+                    }
+                    _ => Drops::count(&inbound.drops.rings),
+                }
+            }
+            (Some(&[_, flags]), _) if flags & (RING | BELL | EXPORTS) != 0 => {}
             (Some(&[src, _]), _) => take(Arrived::Datagram(d, Source { slot: src, pid: cred.pid })),
             _ => Drops::count(&inbound.drops.malformed),
         }
@@ -937,6 +1026,8 @@ impl Batch<'_> {
             Arrived::Record(rec, src) if !h.whole() => land(fabric, partial, *src, h, rec, &to),
             Arrived::Record(..) | Arrived::Datagram(..) => None,
         };
+        // A request its sender carried out itself while we were stopped (see `exports`).
+        let carried_out = matches!(&a, Arrived::Record(rec, _) if rec.placed() && h.whole());
         let got = match (landed, a) {
             (Some(got), _) => got,
             // A message its ring can hold whole stays there until placed.
@@ -951,6 +1042,12 @@ impl Batch<'_> {
             (None, a) => self.decode(fabric, partial, a, to.as_deref()),
         };
         let pkt = match got {
+            Ok(Some(mut pkt))
+                if carried_out && matches!(pkt.kind, Kind::Write | Kind::ReadRequest) =>
+            {
+                pkt.payload = Payload::CarriedOut;
+                pkt
+            }
             Ok(Some(pkt)) if wire::payload_fits(&pkt) => pkt,
             Ok(Some(_)) => return self.dropped(Refused::Malformed),
             Ok(None) => return,
@@ -1337,6 +1434,7 @@ struct PeerTx {
     /// The ring to the peer, once it has its descriptor; without one, datagrams on `sock`.
     ring: Option<Arc<Ring>>,
     ring_tried: bool,
+    exports_offered: bool,
     /// Fragments the peer had no room for, framed, in order.
     backlog: VecDeque<Vec<u8>>,
     /// The flusher took a fragment off the backlog and is sending it: later ones must queue.
@@ -1483,24 +1581,38 @@ impl Peer {
     }
 
     /// Makes a ring for the peer and passes it over; `None` (datagrams it is, then) if either
-    /// fails. The peer's socket may be briefly full: it is retried for up to 100 ms.
+    /// fails.
     fn offer_ring(&self, sock: &mut Option<UnixDatagram>) -> Option<Ring> {
         let ring = Ring::create(RING_BYTES).ok()?;
-        let d = frame(self.src, RING, 0, 0, 0, &[]);
+        self.pass(sock, RING, ring.fd()).then_some(ring)
+    }
+
+    /// Passes the peer our exports, once.
+    fn offer_exports(&self, exports: &Exports) {
+        let mut tx = self.tx.lock();
+        if !std::mem::replace(&mut tx.exports_offered, true) {
+            self.pass(&mut tx.sock, EXPORTS, exports.fd());
+        }
+    }
+
+    /// Passes the descriptor `fd` in a datagram of kind `flag`; whether it went. The peer's
+    /// socket may be briefly full: it is retried for up to 100 ms.
+    fn pass(&self, sock: &mut Option<UnixDatagram>, flag: u8, fd: std::os::fd::RawFd) -> bool {
+        let d = frame(self.src, flag, 0, 0, 0, &[]);
         for _ in 0..100 {
             if sock.is_none() {
                 *sock = connect(&self.path, true).ok();
             }
-            let s = sock.as_ref()?;
-            match crate::sys::send_with_fd(s.as_raw_fd(), &d, ring.fd()) {
-                Ok(()) => return Some(ring),
+            let Some(s) = sock.as_ref() else { return false };
+            match crate::sys::send_with_fd(s.as_raw_fd(), &d, fd) {
+                Ok(()) => return true,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     std::thread::sleep(Duration::from_millis(1));
                 }
-                Err(_) => return None,
+                Err(_) => return false,
             }
         }
-        None
+        false
     }
 
     /// Pushes the backlog, waiting for room, so the threads that send never wait.

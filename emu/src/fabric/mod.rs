@@ -7,6 +7,7 @@
 //! A fabric configured with a host fabric name also joins the fabrics of other processes
 //! (see `host`): packets for their QPs leave through a socket, the rest stays in-process.
 
+pub(crate) mod exports;
 pub(crate) mod faults;
 pub(crate) mod host;
 #[cfg(test)]
@@ -376,6 +377,58 @@ impl FabricInner {
 
     pub(crate) fn unregister_qp(&self, qpn: u32) {
         self.qps.write().remove(&qpn);
+        if let Some(e) = self.exports() {
+            e.clear_qp(qpn);
+        }
+    }
+
+    /// This process's exports on the host fabric (see [`exports`]), if it has them.
+    fn exports(&self) -> Option<&exports::Exports> {
+        self.node.get()?.exports.as_ref()
+    }
+
+    /// Offers the RC QP as it now is to our peers on the host fabric, for what they may carry
+    /// out for us while this process is stopped (see [`exports`]).
+    pub(crate) fn export_qp(&self, qp: &QpShared, g: &crate::qp::QpInner) {
+        let Some(e) = self.exports().filter(|_| qp.qp_type == crate::QpType::RC) else {
+            return;
+        };
+        e.set_qp(&exports::QpExport {
+            qpn: qp.qpn,
+            dest_qpn: g.attr.dest_qp_num,
+            dev: qp.device_index(),
+            state: g.state,
+            qp_type: qp.qp_type,
+            access: g.attr.qp_access_flags,
+            pd: Arc::as_ptr(&qp.pd) as u64,
+        });
+    }
+
+    /// Offers the MR of device `dev` to our peers (see [`exports`]) if it allows remote writes
+    /// or reads of memory that is there to be touched (not on-demand paging).
+    pub(crate) fn export_mr(&self, dev: u32, mr: &crate::objects::mr::MrInner) {
+        let remote = crate::AccessFlags::REMOTE_WRITE | crate::AccessFlags::REMOTE_READ;
+        let Some(e) = self.exports() else { return };
+        if !mr.access.intersects(remote) || mr.region.on_demand() {
+            return;
+        }
+        e.set_mr(&exports::MrExport {
+            dev,
+            rkey: mr.rkey,
+            access: mr.access,
+            pd: Arc::as_ptr(&mr.pd) as u64,
+            iova: mr.iova,
+            len: mr.region.len() as u64,
+            host: mr.region.host_addr(),
+        });
+    }
+
+    /// Withdraws the MR `(dev, rkey)` from our peers; returns once none can still be acting
+    /// on its memory for us.
+    pub(crate) fn withdraw_mr(&self, dev: u32, rkey: u32) {
+        if let Some(n) = self.node.get() {
+            n.withdraw_mr(dev, rkey);
+        }
     }
 
     /// The live QP numbered `qpn` on device `dev`.

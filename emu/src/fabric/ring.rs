@@ -22,6 +22,14 @@
 //! The reader may keep a record after reading it ([`Record::lend`]): a large payload is then
 //! placed straight from the ring. Records are freed in ring order, so `head` stops at the
 //! oldest record still lent until its last borrower lets go.
+//!
+//! While the reader's process is stopped (SIGSTOP, a debugger), the writer may carry out a
+//! record's request itself ([`Ring::claim`]): each record has a state word that the reader
+//! turns from fresh to taken as it reads it, and the writer from fresh to placing, then placed
+//! (or back to fresh); whoever moves it first has the record. A placed record reaches the
+//! reader marked so ([`Record::placed`]): its request was carried out already. The writer also
+//! raises the ring's `gate` while it touches the reader's memory, so that the reader can wait
+//! for it before it lets that memory go (see `exports`).
 #![allow(unsafe_code)]
 
 use std::{
@@ -57,8 +65,21 @@ const CLOSED_AT: usize = 48;
 pub(super) const TAIL_AT: usize = 64;
 pub(super) const HEAD_AT: usize = 128;
 const BELL_AT: usize = 192;
-/// A record is its length (u32, padded to 8 bytes), then its bytes, padded to 8 bytes.
+/// Raised by the writer while it carries out a request in the reader's memory.
+const GATE_AT: usize = 256;
+/// A record is its length (u32) and state (u32), then its bytes, padded to 8 bytes.
 const RECORD_HEADER: usize = 8;
+/// A record's states: written, not read yet.
+const FRESH: u32 = 0;
+/// Read by the reader.
+const TAKEN: u32 = 1;
+/// Being carried out by the writer.
+const PLACING: u32 = 2;
+/// Carried out by the writer.
+const PLACED: u32 = 3;
+/// How long a reader waits for a writer to finish carrying out a record it claimed before
+/// taking the record as it is (a writer that stopped midway, or a hostile one).
+const PLACING_PATIENCE: std::time::Duration = std::time::Duration::from_secs(1);
 /// The length word of the filler that takes a ring's last bytes when a record does not fit.
 const WRAP: u32 = u32::MAX;
 
@@ -266,6 +287,69 @@ impl Ring {
         self.write_to.load(Ordering::Relaxed) != self.head()
     }
 
+    /// Writer: finds the first record not yet read for which `wanted` holds (given its bytes)
+    /// and claims it, if the reader has not taken it meanwhile. Records the writer wrote are
+    /// only looked at, never changed, so a reader reading them at the same time is not
+    /// disturbed; the lengths come from shared memory and are checked as the reader checks them.
+    pub(crate) fn claim(&self, mut wanted: impl FnMut(&[u8]) -> bool) -> Option<Claim<'_>> {
+        let end = self.write_to.load(Ordering::Relaxed);
+        let mut pos = self.head();
+        while pos != end {
+            let left = end.wrapping_sub(pos);
+            if left > self.cap as u64 || left < RECORD_HEADER as u64 {
+                return None;
+            }
+            let at = (pos as usize) & (self.cap - 1);
+            // SAFETY: at..at + 8 lies in the ring (8-aligned, below `cap`).
+            let len = unsafe { self.ptr(at, RECORD_HEADER).cast::<u32>().read_volatile() };
+            let used = if len == WRAP {
+                self.cap - at
+            } else {
+                RECORD_HEADER + (len as usize).next_multiple_of(8)
+            };
+            if used as u64 > left || at + used > self.cap {
+                return None;
+            }
+            if len != WRAP {
+                let start = at + RECORD_HEADER;
+                // SAFETY: the record's bytes lie in the ring (checked above); only this writer
+                // writes them, and not while it holds `&self` here for the scan (the sender's
+                // lock serializes writers); the reader only reads them.
+                let bytes = unsafe { std::slice::from_raw_parts(self.ptr(start, 0), len as usize) };
+                if wanted(bytes) {
+                    let state = self.state(at);
+                    let won =
+                        state.compare_exchange(FRESH, PLACING, Ordering::AcqRel, Ordering::Acquire);
+                    // A claim is made only if won: dropping one gives the record back.
+                    return match won {
+                        Ok(_) => Some(Claim { ring: self, at, done: false }),
+                        Err(_) => None,
+                    };
+                }
+            }
+            pos += used as u64;
+        }
+        None
+    }
+
+    /// Writer: raises the gate (we are about to touch the reader's memory) or lowers it.
+    pub(crate) fn set_gate(&self, up: bool) {
+        self.word(GATE_AT).store(u64::from(up), Ordering::SeqCst);
+    }
+
+    /// Reader: whether the writer is touching our memory now.
+    pub(crate) fn gate_up(&self) -> bool {
+        self.word(GATE_AT).load(Ordering::SeqCst) != 0
+    }
+
+    /// The state word of the record at ring offset `at`.
+    fn state(&self, at: usize) -> &AtomicU32 {
+        // SAFETY: `at` is a record's 8-aligned offset below `cap`; its header's second word
+        // lies in the mapping, which outlives `&self`, and is only accessed atomically once
+        // the record is published.
+        unsafe { &*self.ptr(at + 4, 4).cast::<AtomicU32>() }
+    }
+
     /// Writer: the bytes free for records now (the reader may free more meanwhile).
     pub(crate) fn room(&self) -> usize {
         let used = self.write_to.load(Ordering::Relaxed).wrapping_sub(self.head());
@@ -334,10 +418,11 @@ impl Ring {
         head
     }
 
+    /// Writes a record's header: its length, and the state `FRESH`.
     fn set_len(&self, at: usize, len: u32) {
         // SAFETY: `at` is 8-aligned and at + 8 <= cap (records and fillers start 8-aligned,
         // and `cap` is a multiple of 8); unpublished space, as in `write`.
-        unsafe { self.ptr(at, RECORD_HEADER).cast::<u32>().write(len) };
+        unsafe { self.ptr(at, RECORD_HEADER).cast::<u64>().write(u64::from(len)) };
     }
 
     /// After publishing: whether the reader asked to be rung (and, if so, clears the request:
@@ -406,10 +491,33 @@ impl Ring {
             let seq = st.first + st.held.len() as u64 - 1;
             drop(st);
             if record {
+                let placed = self.take(at);
                 let at = at + RECORD_HEADER;
-                each(Record { ring: self.clone(), bytes: at..at + len as usize, seq });
+                each(Record { ring: self.clone(), bytes: at..at + len as usize, seq, placed });
             } else {
                 self.free(seq);
+            }
+        }
+    }
+
+    /// Reader: takes the record at `at` from the writer; whether the writer carried it out
+    /// already. A record the writer is carrying out now is waited for, a little.
+    fn take(&self, at: usize) -> bool {
+        let state = self.state(at);
+        let mut since = None;
+        loop {
+            match state.compare_exchange(FRESH, TAKEN, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return false,
+                Err(PLACED) => return true,
+                Err(PLACING) => {
+                    let t0 = *since.get_or_insert_with(std::time::Instant::now);
+                    if t0.elapsed() > PLACING_PATIENCE || self.abandoned() {
+                        return false;
+                    }
+                    std::thread::yield_now();
+                }
+                // Taken, or garbage a writer left: the record is the reader's.
+                Err(_) => return false,
             }
         }
     }
@@ -441,11 +549,17 @@ pub(crate) struct Record {
     /// Ring offsets of its bytes.
     bytes: Range<usize>,
     seq: u64,
+    placed: bool,
 }
 
 impl Record {
     pub(crate) fn ring(&self) -> &Ring {
         &self.ring
+    }
+
+    /// Whether the writer carried out its request itself (see [`Ring::claim`]).
+    pub(crate) fn placed(&self) -> bool {
+        self.placed
     }
 
     pub(crate) fn bytes(&self) -> &[u8] {
@@ -459,6 +573,31 @@ impl Record {
     pub(crate) fn lend(self, range: Range<usize>) -> Lent {
         assert!(range.end <= self.bytes.len());
         Lent { record: Arc::new(self), range }
+    }
+}
+
+/// A record the writer claimed: it is carried out by the writer, then either marked so
+/// ([`Claim::placed`]) or, dropped unmarked, left for the reader to carry out as usual.
+#[derive(Debug)]
+pub(crate) struct Claim<'a> {
+    ring: &'a Ring,
+    at: usize,
+    done: bool,
+}
+
+impl Claim<'_> {
+    /// The request was carried out: the reader will only account for it.
+    pub(crate) fn placed(mut self) {
+        self.done = true;
+        self.ring.state(self.at).store(PLACED, Ordering::Release);
+    }
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.ring.state(self.at).store(FRESH, Ordering::Release);
+        }
     }
 }
 
@@ -589,6 +728,50 @@ mod test {
         w.word(PULL_AT).store(0, Ordering::Relaxed);
         let _r = Ring::open(w.fd.try_clone().unwrap(), me()).unwrap();
         assert!(!w.reader_may_pull());
+    }
+
+    #[test]
+    fn test_a_record_goes_to_whoever_takes_it_first_writer_or_reader() {
+        let w = Ring::create(4096).unwrap();
+        let r = Arc::new(Ring::open(w.fd.try_clone().unwrap(), me()).unwrap());
+        for b in [b"one", b"two", b"six"] {
+            put(&w, b);
+        }
+        // The reader takes the first; the writer then cannot claim it.
+        let mut first = None;
+        r.read(|rec| {
+            if first.is_none() {
+                first = Some(rec);
+            }
+        })
+        .unwrap_or_default();
+        // (`read` handed over all three: the two others are the reader's too.)
+        assert!(w.claim(|b| b == b"one").is_none());
+        drop(first);
+        put(&w, b"ten");
+        put(&w, b"owt");
+        // The writer claims "ten" and carries it out; "owt" it claims and gives back.
+        w.claim(|b| b == b"ten").unwrap().placed();
+        drop(w.claim(|b| b == b"owt").unwrap());
+        assert!(w.claim(|b| b == b"ten").is_none(), "claimed once");
+        let mut got = Vec::new();
+        r.read(|rec| got.push((rec.bytes().to_vec(), rec.placed()))).unwrap();
+        assert_eq!(got, [(b"ten".to_vec(), true), (b"owt".to_vec(), false)]);
+        // A reader that meets a record being carried out waits for the writer to finish.
+        put(&w, b"end");
+        let w = Arc::new(w);
+        let (w2, (tx, rx)) = (w.clone(), std::sync::mpsc::channel());
+        let writer = std::thread::spawn(move || {
+            let c = w2.claim(|b| b == b"end").unwrap();
+            tx.send(()).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(30));
+            c.placed();
+        });
+        rx.recv().unwrap();
+        let mut placed = None;
+        r.read(|rec| placed = Some(rec.placed())).unwrap();
+        assert_eq!(placed, Some(true));
+        writer.join().unwrap();
     }
 
     #[test]

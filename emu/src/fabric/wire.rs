@@ -217,6 +217,7 @@ pub(crate) fn payload_fits(pkt: &Packet) -> bool {
     match pkt.payload {
         Payload::None => !matches!(pkt.kind, Kind::Send | Kind::Write | Kind::Raw) || pkt.len == 0,
         Payload::Remote => pkt.kind == Kind::ReadRequest,
+        Payload::CarriedOut => matches!(pkt.kind, Kind::Write | Kind::ReadRequest),
         Payload::Landed(ref landed) => {
             let all = |l: &crate::engine::packet::Landed| {
                 l.dst.iter().map(|m| m.len).sum::<usize>() == pkt.len as usize
@@ -326,6 +327,19 @@ fn kind_of(code: u8) -> Option<Kind> {
         12 => Kind::Flush,
         _ => return None,
     })
+}
+
+/// The kind, source QP and PSN of the packet whose message is `bytes`, from its header alone
+/// (to find a request among those sent).
+pub(crate) fn packet_ids(bytes: &[u8]) -> Option<(Kind, u32, u32)> {
+    let mut r = Reader(bytes);
+    let [version, kind, ..] = r.take::<9>()?;
+    if version != VERSION {
+        return None;
+    }
+    let (_src_dev, src_qpn, _dst_dev, _dst_qpn, psn) =
+        (r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?);
+    Some((kind_of(kind)?, src_qpn, psn))
 }
 
 /// Reads fixed-size fields off the front of a byte slice.

@@ -61,6 +61,8 @@ pub(crate) struct MrShared {
 impl MrShared {
     /// Frees the key (under the key table's lock, `keys`) and the references.
     fn teardown(&self, keys: &mut KeyTable) {
+        let cur = self.cur.read().clone();
+        cur.pd.ctx.fabric.withdraw_mr(self.dev.id.index, cur.rkey);
         keys.remove(self.key);
         drop(std::mem::take(&mut *self.charge.lock()));
         self.cur.read().pd.life.put();
@@ -306,7 +308,9 @@ impl Mr {
                 return Err(e);
             }
         };
-        let cur = RwLock::new(made.expect("filled by insert"));
+        let made = made.expect("filled by insert");
+        pd.0.ctx.fabric.export_mr(dev.id.index, &made);
+        let cur = RwLock::new(made);
         let charge = Mutex::new(charge);
         Ok(Mr(Arc::new(MrShared { dev, key, cur, life: Lifecycle::default(), dm, charge })))
     }
@@ -487,6 +491,11 @@ impl Mr {
             windows: old.windows.clone(),
         });
         let mut keys = self.0.dev.keys.write();
+        // Peers acting for this process while it is stopped see the new registration only
+        // once none can be acting on the old one.
+        let fabric = &new.pd.ctx.fabric;
+        fabric.withdraw_mr(self.0.dev.id.index, old.rkey);
+        fabric.export_mr(self.0.dev.id.index, &new);
         keys.replace(self.0.key, KeyEntry::Mr(new.clone()));
         *self.0.cur.write() = new;
         if let Some(c) = charge {

@@ -711,6 +711,7 @@ impl Qp {
             let ah_attr = self.check_values(attr, mask, g.attr.port_num)?;
             apply(qp, &mut g, &QpAttr { ah_attr, ..*attr }, mask);
             transition(qp, &mut g, cur, next, &mut drv);
+            qp.ctx.fabric.export_qp(qp, &g);
         }
         drv.finish();
         Ok(())
