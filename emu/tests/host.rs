@@ -581,6 +581,9 @@ fn peer_process_for_the_debugger_test() {
     let mut got = [0u8; 16];
     n.mr.read(0, &mut got).unwrap();
     writeln!(out, "holds: {}", String::from_utf8_lossy(&got)).unwrap();
+    let mut more = [0u8; 1024];
+    n.mr.read(1024, &mut more).unwrap();
+    writeln!(out, "sum: {}", more.iter().map(|&b| u64::from(b)).sum::<u64>()).unwrap();
     out.flush().unwrap();
 }
 
@@ -619,6 +622,20 @@ fn a_stopped_peer_keeps_its_connections() {
     a.qp.post_send(&SendWr::write(1, &w_sg, mr.0, mr.1).signaled()).unwrap();
     let wc = wait1(&a.cq);
     assert_eq!((wc.wr_id, wc.status), (1, WcStatus::SUCCESS));
+    // A stream of them, posted at once: each waits in the ring until carried out.
+    let bytes: Vec<u8> = (0..1024u32).map(|i| (i * 7 % 251) as u8).collect();
+    a.mr.write(1024, &bytes).unwrap();
+    for i in 0..64u64 {
+        let piece = [sge(&a.mr, 1024 + 16 * i as usize, 16)];
+        let wr = SendWr::write(100 + i, &piece, mr.0 + 1024 + 16 * i, mr.1).signaled();
+        a.qp.post_send(&wr).unwrap();
+    }
+    let done = wait_n(&a.cq, 64);
+    assert!(
+        done.iter()
+            .enumerate()
+            .all(|(i, w)| w.wr_id == 100 + i as u64 && w.status == WcStatus::SUCCESS)
+    );
     let r_sg = [sge(&a.mr, 64, 16)];
     a.qp.post_send(&SendWr::read(2, &r_sg, mr.0 + 32, mr.1).signaled()).unwrap();
     let wc = wait1(&a.cq);
@@ -643,6 +660,8 @@ fn a_stopped_peer_keeps_its_connections() {
     assert_eq!((wc.wr_id, wc.status), (4, WcStatus::REM_ACCESS_ERR));
     let held = lines.find_map(|l| l.split_once("holds: ").map(|(_, h)| h.to_owned()));
     assert_eq!(held.as_deref(), Some("while you slept."));
+    let sum = lines.find_map(|l| l.split_once("sum: ").map(|(_, s)| s.parse::<u64>().unwrap()));
+    assert_eq!(sum, Some(bytes.iter().map(|&b| u64::from(b)).sum()));
     child.wait().unwrap();
 }
 

@@ -133,9 +133,6 @@ pub(crate) enum Payload {
     /// A large WRITE or SEND from another process that was placed as its records arrived (see
     /// `engine::landing`): where it landed, or `None` if a piece could not land.
     Landed(Option<Box<Landed>>),
-    /// A WRITE or READ request that its requester carried out itself while this process was
-    /// stopped (see `fabric::exports`): only its PSN is left to account for.
-    CarriedOut,
 }
 
 /// Where a message placed as it arrived landed.
@@ -158,7 +155,6 @@ impl Payload {
             | Payload::Remote
             | Payload::Placed(_)
             | Payload::Landed(_)
-            | Payload::CarriedOut
             | Payload::Lent(_)
             | Payload::Peer(_) => &[],
         }
@@ -168,11 +164,9 @@ impl Payload {
     pub(crate) fn pieces(&self) -> impl Iterator<Item = Piece<'_>> {
         type Parts<'a> = (Option<&'a [u8]>, &'a [Lent], Option<&'a MemRef>, &'a [MemRef]);
         let ((bytes, lent, one, many), peer): (Parts<'_>, &[PeerRange]) = match self {
-            Payload::None
-            | Payload::Remote
-            | Payload::Placed(_)
-            | Payload::Landed(_)
-            | Payload::CarriedOut => ((None, &[], None, &[]), &[]),
+            Payload::None | Payload::Remote | Payload::Placed(_) | Payload::Landed(_) => {
+                ((None, &[], None, &[]), &[])
+            }
             Payload::Bytes(b) => ((Some(b), &[], None, &[]), &[]),
             Payload::Lent(v) => ((None, v, None, &[]), &[]),
             Payload::One(m) => ((None, &[], Some(m), &[]), &[]),
@@ -313,6 +307,10 @@ pub(crate) struct Packet {
     /// places it there when it executes the READ, as a NIC's DMA would, so the data is the
     /// memory as it was at that point of the responder's order.
     pub(crate) payload: Payload,
+    /// For a request from another process that came whole in one ring record: the record,
+    /// through which its responder learns, as it begins, whether the requester carried it out
+    /// itself meanwhile (see `fabric::exports`).
+    pub(crate) ticket: Option<crate::fabric::ring::Ticket>,
 }
 
 /// A global route header as it travels (RoCE v2: the IP header's fields).
@@ -361,6 +359,7 @@ impl Packet {
             forwarded: None,
             gap: false,
             payload: Payload::None,
+            ticket: None,
         }
     }
 }

@@ -40,6 +40,9 @@ pub(crate) struct Requester {
     /// A WQE that could not be sent, and its status, while earlier ones were outstanding: it
     /// fails when they have completed (see [`fail_in_turn`]).
     pub(crate) failed: Option<(u32, WcStatus)>,
+    /// The last look found the peer's process stopped and carried out requests for it (see
+    /// `stopped_peer`): the next look comes soon.
+    pub(crate) carrying: bool,
 }
 
 impl Requester {
@@ -611,7 +614,7 @@ pub(crate) fn arm_timers(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'
     } else if g.req.retrans_at.is_none()
         && let Some(t) = super::ack_timeout_ns(g.attr.timeout)
     {
-        g.req.retrans_at = Some(drv.now() + t);
+        g.req.retrans_at = Some(drv.now() + carry_out_timeout(g, t));
     }
     let deadline = match (g.req.rnr_until, g.req.retrans_at) {
         (Some(a), Some(b)) => Some(a.min(b)),
@@ -628,6 +631,12 @@ pub(crate) fn arm_timers(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'
 /// How soon a QP that carried out requests for its stopped peer looks for more (see
 /// `stopped_peer`), if its ACK timeout is longer.
 const CARRY_OUT_AGAIN_NS: u64 = 1_000_000;
+
+/// The wait before the next look at what is outstanding: the ACK timeout, or less while the
+/// QP carries out its requests for a stopped peer.
+fn carry_out_timeout(g: &QpInner, timeout: u64) -> u64 {
+    if g.req.carrying { timeout.min(CARRY_OUT_AGAIN_NS) } else { timeout }
+}
 
 /// A timer deadline passed: end an RNR wait, or retransmit after an ACK timeout.
 pub(crate) fn on_timer(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>) {
@@ -657,10 +666,13 @@ pub(crate) fn on_timer(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>
         } else if on_host && g.sq.in_flight() > 0 && drv.fabric.peer_behind(g.attr.dest_qp_num) {
             // What it can, this side carries out itself for a peer that is stopped; while
             // it does, it looks again soon for more.
-            let carried = super::stopped_peer::carry_out(qp, g, drv);
-            let again = if carried { timeout.min(CARRY_OUT_AGAIN_NS) } else { timeout };
+            g.req.carrying = super::stopped_peer::carry_out(qp, g, drv);
             g.req.retry_left = g.attr.retry_cnt;
-            g.req.retrans_at = Some(now + again);
+            g.req.retrans_at = Some(now + carry_out_timeout(g, timeout));
+        } else if on_host && g.req.carrying {
+            // The early look after carrying out found the peer running again: no timeout yet.
+            g.req.carrying = false;
+            g.req.retrans_at = Some(now + timeout);
         } else if g.sq.in_flight() > 0 {
             completer::retry(qp, g);
         }

@@ -103,7 +103,7 @@ pub(crate) fn flush_recv_queue(qp: &QpShared, g: &mut QpInner) {
 }
 
 /// Handles a request packet.
-pub(crate) fn receive(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>) {
+pub(crate) fn receive(qp: &Arc<QpShared>, g: &mut QpInner, mut pkt: Packet, drv: &mut Driver<'_>) {
     if pkt.kind == Kind::Raw {
         super::raw::receive(qp, g, pkt);
         return;
@@ -188,7 +188,8 @@ pub(crate) fn receive(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mu
         return;
     }
     g.resp.nak_seq_sent = false;
-    if matches!(pkt.payload, Payload::CarriedOut) {
+    // Begun here: unless its requester carried it out itself while this process was stopped.
+    if pkt.ticket.take().is_some_and(|t| t.carried_out()) {
         return carried_out(qp, g, pkt, drv);
     }
     match pkt.kind {

@@ -44,7 +44,6 @@ pub(crate) fn resolve(qp: &QpShared, sges: &[Sge], need_write: bool) -> Result<P
             | Payload::Remote
             | Payload::Placed(_)
             | Payload::Landed(_)
-            | Payload::CarriedOut
             | Payload::Peer(_) => {
                 unreachable!("resolve builds neither")
             }

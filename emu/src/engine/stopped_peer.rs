@@ -24,7 +24,8 @@ use crate::{
 pub(crate) fn carry_out(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>) -> bool {
     let fabric = drv.fabric;
     let dest_qpn = g.attr.dest_qp_num;
-    let (Some(node), Some((dev, _))) = (fabric.remote_node(dest_qpn), g.dest) else {
+    let Some((dev, _)) = g.dest else { return false };
+    let Some(mut peer) = fabric.remote_node(dest_qpn).and_then(|n| n.stopped_peer(dest_qpn)) else {
         return false;
     };
     let mut any = false;
@@ -43,7 +44,7 @@ pub(crate) fn carry_out(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_
         let mut answer = match w.opcode {
             WrOpcode::RDMA_WRITE => {
                 let Some(src) = sources(qp, &w.sges, &w.inline, w.flags) else { break };
-                if !node.carry_out(w.first_psn, request(Op::Write(&src))) {
+                if !peer.carry_out(w.first_psn, request(Op::Write(&src))) {
                     break;
                 }
                 // The ACK the peer would have sent.
@@ -53,7 +54,7 @@ pub(crate) fn carry_out(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_
             }
             WrOpcode::RDMA_READ => {
                 let mut data = Vec::new();
-                if !node.carry_out(w.first_psn, request(Op::Read(&mut data, w.length as usize))) {
+                if !peer.carry_out(w.first_psn, request(Op::Read(&mut data, w.length as usize))) {
                     break;
                 }
                 // The response the peer would have sent.

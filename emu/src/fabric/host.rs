@@ -236,6 +236,40 @@ struct Rx {
     rings: Vec<(u8, Arc<Ring>)>,
 }
 
+/// A peer node whose process is stopped (see [`Node::stopped_peer`]).
+pub(crate) struct StoppedPeer {
+    peer: Arc<Peer>,
+    exports: Arc<PeerExports>,
+    process: Arc<PeerProcess>,
+    /// Where in our ring to it the search for the next request resumes.
+    from: u64,
+}
+
+impl StoppedPeer {
+    /// Carries out `req`, the request at `psn` that our QP sent, in the stopped process, if
+    /// its exports allow the request and its record still waits in our ring to it, not taken
+    /// up by the stopped process's responder: the record is then marked carried out. Whether
+    /// it was.
+    pub(crate) fn carry_out(&mut self, psn: u32, req: exports::Request<'_>) -> bool {
+        let (dst_qpn, src_qpn) = (req.dst.1, req.src_qpn);
+        // Held throughout: nothing is written to the ring while we look through it.
+        let tx = self.peer.tx.lock();
+        let Some(ring) = tx.ring.as_deref() else { return false };
+        let wanted = |b: &[u8]| {
+            FrameHead::parse(b).is_some_and(|h| h.whole() && h.dst_qpn == dst_qpn)
+                && wire::packet_ids(&b[HEADER..]).is_some_and(|(kind, src, p)| {
+                    matches!(kind, Kind::Write | Kind::ReadRequest) && src == src_qpn && p == psn
+                })
+        };
+        let Some(claim) = ring.claim(&mut self.from, wanted) else { return false };
+        if !exports::place(&self.exports, &self.process, ring, req) {
+            return false;
+        }
+        claim.placed();
+        true
+    }
+}
+
 /// Who sent what `receive` takes in: the source slot it claims, and the process the kernel
 /// named (for a ring, the one that passed it to us). Messages are reassembled per source, so
 /// a process that claims another's slot garbles only its own messages.
@@ -320,37 +354,16 @@ impl Node {
         }
     }
 
-    /// Carries out `req`, the request at `psn` that our QP sent to a QP of the node in its
-    /// slot, in that node's process, if the process is stopped (SIGSTOP, a debugger), its
-    /// exports allow the request, and its record still waits unread in our ring to it: the
-    /// record is then marked carried out. Whether it was.
-    pub(crate) fn carry_out(&self, psn: u32, req: exports::Request<'_>) -> bool {
-        let (dst_qpn, src_qpn) = (req.dst.1, req.src_qpn);
+    /// The node of `dst_qpn`, if its process is stopped (SIGSTOP, a debugger) and passed us
+    /// its exports: our QPs may then carry out their requests to it themselves.
+    pub(crate) fn stopped_peer(&self, dst_qpn: u32) -> Option<StoppedPeer> {
         let slot = slot_of(dst_qpn);
-        let Some(peer) = self.peers.lock().get(&slot).cloned() else { return false };
+        let peer = self.peers.lock().get(&slot).cloned()?;
         let pid = (peer.incarnation >> 96) as u32;
         let known = self.inbound.peer_exports.lock().get(&slot).cloned();
-        let Some((exports, process)) = known.filter(|(_, p)| p.pid() == pid) else {
-            return false;
-        };
-        if pid == std::process::id() || !crate::sys::process_stopped(pid) {
-            return false;
-        }
-        // Held throughout: nothing is written to the ring while we look through it.
-        let tx = peer.tx.lock();
-        let Some(ring) = tx.ring.as_deref() else { return false };
-        let wanted = |b: &[u8]| {
-            FrameHead::parse(b).is_some_and(|h| h.whole() && h.dst_qpn == dst_qpn)
-                && wire::packet_ids(&b[HEADER..]).is_some_and(|(kind, src, p)| {
-                    matches!(kind, Kind::Write | Kind::ReadRequest) && src == src_qpn && p == psn
-                })
-        };
-        let Some(claim) = ring.claim(wanted) else { return false };
-        if !exports::place(&exports, &process, ring, req) {
-            return false;
-        }
-        claim.placed();
-        true
+        let (exports, process) = known.filter(|(_, p)| p.pid() == pid)?;
+        let stopped = pid != std::process::id() && crate::sys::process_stopped(pid);
+        stopped.then_some(StoppedPeer { peer, exports, process, from: 0 })
     }
 
     /// What this node refused to take from its peers so far.
@@ -1026,8 +1039,6 @@ impl Batch<'_> {
             Arrived::Record(rec, src) if !h.whole() => land(fabric, partial, *src, h, rec, &to),
             Arrived::Record(..) | Arrived::Datagram(..) => None,
         };
-        // A request its sender carried out itself while we were stopped (see `exports`).
-        let carried_out = matches!(&a, Arrived::Record(rec, _) if rec.placed() && h.whole());
         let got = match (landed, a) {
             (Some(got), _) => got,
             // A message its ring can hold whole stays there until placed.
@@ -1042,12 +1053,6 @@ impl Batch<'_> {
             (None, a) => self.decode(fabric, partial, a, to.as_deref()),
         };
         let pkt = match got {
-            Ok(Some(mut pkt))
-                if carried_out && matches!(pkt.kind, Kind::Write | Kind::ReadRequest) =>
-            {
-                pkt.payload = Payload::CarriedOut;
-                pkt
-            }
             Ok(Some(pkt)) if wire::payload_fits(&pkt) => pkt,
             Ok(Some(_)) => return self.dropped(Refused::Malformed),
             Ok(None) => return,
@@ -1081,7 +1086,7 @@ impl Batch<'_> {
         a: Arrived<'_>,
         to: Option<&crate::qp::QpShared>,
     ) -> Result<Option<Packet>, Refused> {
-        let (mut pkt, lend) = {
+        let (mut pkt, lend, in_place) = {
             let Some(msg) = reassemble(partial, a.source(), a.bytes())? else { return Ok(None) };
             let (mut pkt, range) = match wire::decode_message(&msg, a.process())? {
                 (Message::Packet(p), range) => (p, range),
@@ -1106,10 +1111,24 @@ impl Batch<'_> {
                 }
                 None => None,
             };
-            (pkt, lend)
+            (pkt, lend, in_place)
         };
-        if let (Some(range), Arrived::Record(rec, _)) = (lend, a) {
-            pkt.payload = Payload::Bytes(Bytes::Lent(rec.lend(range)));
+        if let Arrived::Record(rec, _) = a {
+            // A WRITE or READ of a reliable QP that came whole in one record keeps it until its
+            // responder begins it: its sender may carry it out itself meanwhile, should this
+            // process be stopped (see `exports`).
+            let claimable = pkt.transport == crate::QpType::RC
+                && matches!(pkt.kind, Kind::Write | Kind::ReadRequest)
+                && in_place;
+            if claimable {
+                let (ticket, lent) = rec.ticket(lend);
+                if let Some(l) = lent {
+                    pkt.payload = Payload::Bytes(Bytes::Lent(l));
+                }
+                pkt.ticket = Some(ticket);
+            } else if let Some(range) = lend {
+                pkt.payload = Payload::Bytes(Bytes::Lent(rec.lend(range)));
+            }
         }
         Ok(Some(pkt))
     }

@@ -24,10 +24,11 @@
 //! oldest record still lent until its last borrower lets go.
 //!
 //! While the reader's process is stopped (SIGSTOP, a debugger), the writer may carry out a
-//! record's request itself ([`Ring::claim`]): each record has a state word that the reader
-//! turns from fresh to taken as it reads it, and the writer from fresh to placing, then placed
-//! (or back to fresh); whoever moves it first has the record. A placed record reaches the
-//! reader marked so ([`Record::placed`]): its request was carried out already. The writer also
+//! record's request itself ([`Ring::claim`]): each record has a state word that the reader's
+//! responder turns from fresh to taken as it begins the request ([`Ticket::carried_out`]),
+//! and the writer from fresh to placing, then placed (or back to fresh); whoever moves it
+//! first has the request. A request read but not begun when the process stopped can so still
+//! be carried out. The writer also
 //! raises the ring's `gate` while it touches the reader's memory, so that the reader can wait
 //! for it before it lets that memory go (see `exports`).
 #![allow(unsafe_code)]
@@ -287,13 +288,21 @@ impl Ring {
         self.write_to.load(Ordering::Relaxed) != self.head()
     }
 
-    /// Writer: finds the first record not yet read for which `wanted` holds (given its bytes)
-    /// and claims it, if the reader has not taken it meanwhile. Records the writer wrote are
-    /// only looked at, never changed, so a reader reading them at the same time is not
-    /// disturbed; the lengths come from shared memory and are checked as the reader checks them.
-    pub(crate) fn claim(&self, mut wanted: impl FnMut(&[u8]) -> bool) -> Option<Claim<'_>> {
+    /// Writer: finds the first record not yet freed, from position `from` on, for which
+    /// `wanted` holds (given its bytes) and claims it, if the reader has not taken it; `from`
+    /// then moves past it (so that a search for the next request resumes there). Records the
+    /// writer wrote are only looked at, never changed, so a reader reading them at the same
+    /// time is not disturbed; the lengths come from shared memory and are checked as the
+    /// reader checks them.
+    pub(crate) fn claim(
+        &self,
+        from: &mut u64,
+        mut wanted: impl FnMut(&[u8]) -> bool,
+    ) -> Option<Claim<'_>> {
         let end = self.write_to.load(Ordering::Relaxed);
-        let mut pos = self.head();
+        let head = self.head();
+        // Resume at `from` if it lies between `head` and the end.
+        let mut pos = if end.wrapping_sub(*from) <= end.wrapping_sub(head) { *from } else { head };
         while pos != end {
             let left = end.wrapping_sub(pos);
             if left > self.cap as u64 || left < RECORD_HEADER as u64 {
@@ -322,7 +331,10 @@ impl Ring {
                         state.compare_exchange(FRESH, PLACING, Ordering::AcqRel, Ordering::Acquire);
                     // A claim is made only if won: dropping one gives the record back.
                     return match won {
-                        Ok(_) => Some(Claim { ring: self, at, done: false }),
+                        Ok(_) => {
+                            *from = pos + used as u64;
+                            Some(Claim { ring: self, at, done: false })
+                        }
                         Err(_) => None,
                     };
                 }
@@ -491,9 +503,8 @@ impl Ring {
             let seq = st.first + st.held.len() as u64 - 1;
             drop(st);
             if record {
-                let placed = self.take(at);
                 let at = at + RECORD_HEADER;
-                each(Record { ring: self.clone(), bytes: at..at + len as usize, seq, placed });
+                each(Record { ring: self.clone(), bytes: at..at + len as usize, seq });
             } else {
                 self.free(seq);
             }
@@ -549,7 +560,6 @@ pub(crate) struct Record {
     /// Ring offsets of its bytes.
     bytes: Range<usize>,
     seq: u64,
-    placed: bool,
 }
 
 impl Record {
@@ -557,9 +567,15 @@ impl Record {
         &self.ring
     }
 
-    /// Whether the writer carried out its request itself (see [`Ring::claim`]).
-    pub(crate) fn placed(&self) -> bool {
-        self.placed
+    /// Keeps the record as the ticket of its request, and lends `range` of its bytes if
+    /// asked: the record stays in the ring until both are gone.
+    pub(crate) fn ticket(self, range: Option<Range<usize>>) -> (Ticket, Option<Lent>) {
+        let record = Arc::new(self);
+        let lent = range.map(|range| {
+            assert!(range.end <= record.bytes.len());
+            Lent { record: record.clone(), range }
+        });
+        (Ticket(record), lent)
     }
 
     pub(crate) fn bytes(&self) -> &[u8] {
@@ -573,6 +589,19 @@ impl Record {
     pub(crate) fn lend(self, range: Range<usize>) -> Lent {
         assert!(range.end <= self.bytes.len());
         Lent { record: Arc::new(self), range }
+    }
+}
+
+/// A record held for its request, until the request is begun (see [`Ring::claim`]).
+#[derive(Debug, Clone)]
+pub(crate) struct Ticket(Arc<Record>);
+
+impl Ticket {
+    /// The responder begins the request: whether the writer carried it out itself already
+    /// (else no writer will from now on).
+    pub(crate) fn carried_out(&self) -> bool {
+        let r = &self.0;
+        r.ring.take(r.bytes.start - RECORD_HEADER)
     }
 }
 
@@ -737,39 +766,37 @@ mod test {
         for b in [b"one", b"two", b"six"] {
             put(&w, b);
         }
-        // The reader takes the first; the writer then cannot claim it.
-        let mut first = None;
-        r.read(|rec| {
-            if first.is_none() {
-                first = Some(rec);
-            }
-        })
-        .unwrap_or_default();
-        // (`read` handed over all three: the two others are the reader's too.)
-        assert!(w.claim(|b| b == b"one").is_none());
-        drop(first);
+        // Read, all three; the responder begins the first: the writer cannot claim it. The
+        // second, read but not begun, the writer claims and carries out.
+        let mut tickets = Vec::new();
+        r.read(|rec| tickets.push(rec.ticket(None).0)).unwrap();
+        assert!(!tickets[0].carried_out());
+        assert!(w.claim(&mut 0, |b| b == b"one").is_none());
+        w.claim(&mut 0, |b| b == b"two").unwrap().placed();
+        assert!(tickets[1].carried_out());
+        drop(tickets);
         put(&w, b"ten");
         put(&w, b"owt");
         // The writer claims "ten" and carries it out; "owt" it claims and gives back.
-        w.claim(|b| b == b"ten").unwrap().placed();
-        drop(w.claim(|b| b == b"owt").unwrap());
-        assert!(w.claim(|b| b == b"ten").is_none(), "claimed once");
+        w.claim(&mut 0, |b| b == b"ten").unwrap().placed();
+        drop(w.claim(&mut 0, |b| b == b"owt").unwrap());
+        assert!(w.claim(&mut 0, |b| b == b"ten").is_none(), "claimed once");
         let mut got = Vec::new();
-        r.read(|rec| got.push((rec.bytes().to_vec(), rec.placed()))).unwrap();
+        r.read(|rec| got.push((rec.bytes().to_vec(), rec.ticket(None).0.carried_out()))).unwrap();
         assert_eq!(got, [(b"ten".to_vec(), true), (b"owt".to_vec(), false)]);
         // A reader that meets a record being carried out waits for the writer to finish.
         put(&w, b"end");
         let w = Arc::new(w);
         let (w2, (tx, rx)) = (w.clone(), std::sync::mpsc::channel());
         let writer = std::thread::spawn(move || {
-            let c = w2.claim(|b| b == b"end").unwrap();
+            let c = w2.claim(&mut 0, |b| b == b"end").unwrap();
             tx.send(()).unwrap();
             std::thread::sleep(std::time::Duration::from_millis(30));
             c.placed();
         });
         rx.recv().unwrap();
         let mut placed = None;
-        r.read(|rec| placed = Some(rec.placed())).unwrap();
+        r.read(|rec| placed = Some(rec.ticket(None).0.carried_out())).unwrap();
         assert_eq!(placed, Some(true));
         writer.join().unwrap();
     }

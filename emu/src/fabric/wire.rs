@@ -217,7 +217,6 @@ pub(crate) fn payload_fits(pkt: &Packet) -> bool {
     match pkt.payload {
         Payload::None => !matches!(pkt.kind, Kind::Send | Kind::Write | Kind::Raw) || pkt.len == 0,
         Payload::Remote => pkt.kind == Kind::ReadRequest,
-        Payload::CarriedOut => matches!(pkt.kind, Kind::Write | Kind::ReadRequest),
         Payload::Landed(ref landed) => {
             let all = |l: &crate::engine::packet::Landed| {
                 l.dst.iter().map(|m| m.len).sum::<usize>() == pkt.len as usize
