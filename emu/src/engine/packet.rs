@@ -311,6 +311,10 @@ pub(crate) struct Packet {
     /// through which its responder learns, as it begins, whether the requester carried it out
     /// itself meanwhile (see `fabric::exports`).
     pub(crate) ticket: Option<crate::fabric::ring::Ticket>,
+    /// The note of requests that the requester carried out itself, without sending them,
+    /// while this process was stopped (see `engine::stopped_peer`): a request of no bytes
+    /// whose `npkts` PSNs from `psn` cover them, `msn` messages in all.
+    pub(crate) carried_out: bool,
 }
 
 /// A global route header as it travels (RoCE v2: the IP header's fields).
@@ -360,6 +364,7 @@ impl Packet {
             gap: false,
             payload: Payload::None,
             ticket: None,
+            carried_out: false,
         }
     }
 }

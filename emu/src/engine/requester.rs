@@ -41,8 +41,12 @@ pub(crate) struct Requester {
     /// fails when they have completed (see [`fail_in_turn`]).
     pub(crate) failed: Option<(u32, WcStatus)>,
     /// The last look found the peer's process stopped and carried out requests for it (see
-    /// `stopped_peer`): the next look comes soon.
+    /// `stopped_peer`): the next look comes soon, and requests posted meanwhile are carried
+    /// out before they are sent.
     pub(crate) carrying: bool,
+    /// Requests carried out for the stopped peer without being sent: it hears of them before
+    /// the next request that is sent.
+    pub(crate) unsent: Option<super::stopped_peer::Unsent>,
 }
 
 impl Requester {
@@ -432,6 +436,9 @@ pub(crate) fn run(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>) -> 
         if super::express::from_queue(qp, g, idx, drv) {
             continue;
         }
+        if g.req.carrying && super::stopped_peer::carry_out_unsent(qp, g, idx, drv) {
+            continue;
+        }
         match build(qp, g, idx) {
             Ok(pkt) => {
                 g.sq.next = idx.wrapping_add(1);
@@ -446,6 +453,7 @@ pub(crate) fn run(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>) -> 
                     qp.ctx.fabric.multicast_to_other_nodes(&pkt);
                     super::fan_out(&qp.ctx.fabric, &pkt, drv);
                 } else {
+                    super::stopped_peer::note_unsent(qp, g, drv);
                     drv.send(&mut g.route, pkt);
                 }
                 if !qp.qp_type.is_reliable() {

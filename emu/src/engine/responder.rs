@@ -189,7 +189,7 @@ pub(crate) fn receive(qp: &Arc<QpShared>, g: &mut QpInner, mut pkt: Packet, drv:
     }
     g.resp.nak_seq_sent = false;
     // Begun here: unless its requester carried it out itself while this process was stopped.
-    if pkt.ticket.take().is_some_and(|t| t.carried_out()) {
+    if pkt.carried_out || pkt.ticket.take().is_some_and(|t| t.carried_out()) {
         return carried_out(qp, g, pkt, drv);
     }
     match pkt.kind {
@@ -208,6 +208,13 @@ pub(crate) fn receive(qp: &Arc<QpShared>, g: &mut QpInner, mut pkt: Packet, drv:
 /// The WRITE is acknowledged as any other (its requester, which completed it, takes the ACK
 /// for a duplicate); the READ's data went with it, and a duplicate of it is answered again.
 fn carried_out(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>) {
+    if pkt.carried_out {
+        // The note of requests carried out without being sent: PSNs from `psn` on, `npkts`
+        // of them, in `msn` messages; nothing to answer.
+        g.resp.epsn = super::psn_add(pkt.psn, pkt.npkts);
+        g.resp.msn = g.resp.msn.wrapping_add(pkt.msn) & super::PSN_MASK;
+        return;
+    }
     match pkt.kind {
         Kind::Write => ack(qp, g, &pkt, drv),
         Kind::ReadRequest => {

@@ -1,76 +1,159 @@
 //! Work for a peer process that is stopped (SIGSTOP, a debugger): a NIC goes on answering for
-//! a stopped process, so the RDMA WRITEs and READs an RC QP has outstanding to one are carried
-//! out by this side itself, in order, while their requests still wait unread in the ring
-//! (`fabric::exports` checks each as the peer's responder would, and moves the bytes), then
-//! complete as if the peer had answered. The first request that cannot be carried out (a
-//! SEND, an atomic, a WRITE with immediate, one the peer's tables refuse or that did not go
-//! into the ring in one record) and everything after it wait for the peer to continue.
+//! a stopped process, so an RC QP carries out its RDMA WRITEs and READs to one itself, in
+//! order (`fabric::exports` checks each as the peer's responder would, and moves the bytes),
+//! and completes them as if the peer had answered.
+//!
+//! Those already sent, whose records still wait in the ring unbegun, are claimed there
+//! ([`carry_out`], when the ACK timer finds the peer stopped); the stopped process accounts
+//! for them as it takes them in once it continues. While the peer stays stopped, those posted
+//! next are carried out without being sent at all ([`carry_out_unsent`]), so that a stream of
+//! them is not bounded by the ring; the peer hears of their PSNs in one note, before the next
+//! request that is sent ([`note_unsent`]). The first request that cannot be carried out (a
+//! SEND, an atomic, a WRITE with immediate, one the peer's tables refuse, one in several ring
+//! records) and everything after it wait for the peer to continue.
 
 use std::sync::Arc;
 
 use super::{
-    Driver, completer,
+    Driver, PSN_MASK, completer,
     packet::{Kind, Packet, Payload, Syndrome},
-    sgl,
+    packets_for, psn_add, sgl,
 };
 use crate::{
-    fabric::exports::{Op, Request},
-    qp::{QpInner, QpShared, queue::Hidden},
+    fabric::{
+        exports::{Op, Request},
+        host::StoppedPeer,
+    },
+    qp::{QpInner, QpShared, queue::Hidden, queue::SendWqe},
     types::{SendFlags, WrOpcode},
 };
+
+/// Requests carried out without being sent: PSNs `psn` up to `end`, `messages` of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Unsent {
+    psn: u32,
+    end: u32,
+    messages: u32,
+}
 
 /// Carries out what it can of the QP's outstanding requests, oldest first, for its stopped
 /// peer; whether it carried out any.
 pub(crate) fn carry_out(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>) -> bool {
-    let fabric = drv.fabric;
-    let dest_qpn = g.attr.dest_qp_num;
-    let Some((dev, _)) = g.dest else { return false };
-    let Some(mut peer) = fabric.remote_node(dest_qpn).and_then(|n| n.stopped_peer(dest_qpn)) else {
-        return false;
-    };
+    let Some(mut peer) = stopped_peer(g, drv) else { return false };
     let mut any = false;
     while g.sq.in_flight() > 0 && g.req.failed.is_none() {
         let w = g.sq.ring.at(g.sq.tail);
-        if w.hidden != Hidden::None {
+        let Some(answer) = carried(qp, g, w, |req| peer.carry_out(w.first_psn, req)) else {
             break;
-        }
-        let request = |op| Request {
-            dst: (dev, dest_qpn),
-            src_qpn: qp.qpn,
-            rkey: w.rkey,
-            va: w.remote_addr,
-            op,
         };
-        let mut answer = match w.opcode {
-            WrOpcode::RDMA_WRITE => {
-                let Some(src) = sources(qp, &w.sges, &w.inline, w.flags) else { break };
-                if !peer.carry_out(w.first_psn, request(Op::Write(&src))) {
-                    break;
-                }
-                // The ACK the peer would have sent.
-                let mut ack = Packet::new(Kind::Ack);
-                (ack.syndrome, ack.psn) = (Syndrome::Ack, w.last_psn);
-                ack
-            }
-            WrOpcode::RDMA_READ => {
-                let mut data = Vec::new();
-                if !peer.carry_out(w.first_psn, request(Op::Read(&mut data, w.length as usize))) {
-                    break;
-                }
-                // The response the peer would have sent.
-                let mut resp = Packet::new(Kind::ReadResponse);
-                (resp.syndrome, resp.psn, resp.len) = (Syndrome::Ack, w.first_psn, w.length);
-                resp.npkts = w.last_psn.wrapping_sub(w.first_psn).wrapping_add(1);
-                resp.payload = Payload::Bytes(data.into());
-                resp
-            }
-            _ => break,
-        };
-        (answer.src_qpn, answer.dst_qpn) = (dest_qpn, qp.qpn);
         completer::receive(qp, g, answer, drv);
         any = true;
     }
     any
+}
+
+/// Carries out the WQE at `idx`, the next to send, for the stopped peer without sending it,
+/// if it can, nothing being outstanding; whether it did. Once the peer is found running again
+/// the QP stops trying.
+pub(crate) fn carry_out_unsent(
+    qp: &Arc<QpShared>,
+    g: &mut QpInner,
+    idx: u32,
+    drv: &mut Driver<'_>,
+) -> bool {
+    if g.sq.in_flight() != 0 {
+        return false;
+    }
+    let Some(peer) = stopped_peer(g, drv) else {
+        g.req.carrying = false;
+        return false;
+    };
+    let w = g.sq.ring.at(idx);
+    let Some(mut answer) = carried(qp, g, w, |req| peer.carry_out_unsent(req)) else {
+        return false;
+    };
+    // Sent, in the requester's books, and answered at once.
+    let (psn, npkts) = (g.req.psn, packets_for(w.length, g.mtu));
+    let end = psn_add(psn, npkts);
+    let w = g.sq.ring.at_mut(idx);
+    (w.first_psn, w.last_psn) = (psn, psn_add(psn, npkts - 1));
+    answer.psn = if answer.kind == Kind::Ack { w.last_psn } else { psn };
+    if w.is_read_or_atomic() {
+        g.req.rd_atomic_in_flight += 1;
+    }
+    g.sq.next = idx.wrapping_add(1);
+    g.req.psn = end;
+    g.req.unsent = Some(match g.req.unsent {
+        Some(u) => Unsent { end, messages: u.messages + 1, ..u },
+        None => Unsent { psn, end, messages: 1 },
+    });
+    completer::receive(qp, g, answer, drv);
+    true
+}
+
+/// Tells the peer of the requests carried out without being sent, if any: called before the
+/// next request is sent, which the note must precede (its responder takes them in order).
+pub(crate) fn note_unsent(qp: &QpShared, g: &mut QpInner, drv: &mut Driver<'_>) {
+    let Some(u) = g.req.unsent.take() else { return };
+    let mut note = Packet::new(Kind::Write);
+    note.carried_out = true;
+    (note.psn, note.npkts, note.msn) = (u.psn, u.end.wrapping_sub(u.psn) & PSN_MASK, u.messages);
+    (note.src_dev, note.src_qpn, note.src_port) = (qp.device_index(), qp.qpn, g.attr.port_num);
+    ((note.dst_dev, note.dst_port), note.dst_qpn) =
+        (g.dest.unwrap_or_default(), g.attr.dest_qp_num);
+    note.src_lid = g.port.lid;
+    drv.send(&mut g.route, note);
+}
+
+/// The peer of the QP, if it is a stopped process on the host fabric.
+fn stopped_peer(g: &QpInner, drv: &Driver<'_>) -> Option<StoppedPeer> {
+    let dest_qpn = g.attr.dest_qp_num;
+    if g.wire_grh.is_some() || g.dest.is_none() {
+        return None;
+    }
+    drv.fabric.remote_node(dest_qpn)?.stopped_peer(dest_qpn)
+}
+
+/// Carries out the WQE `w` through `place` if it is an RDMA WRITE (without immediate) or READ
+/// that `place` can carry out: the answer the peer would have sent, its PSN that of `w` as
+/// sent.
+fn carried(
+    qp: &QpShared,
+    g: &QpInner,
+    w: &SendWqe,
+    place: impl FnOnce(Request<'_>) -> bool,
+) -> Option<Packet> {
+    let (dev, _) = g.dest?;
+    if w.hidden != Hidden::None || w.length > g.port.max_msg_sz {
+        return None;
+    }
+    let dst = (dev, g.attr.dest_qp_num);
+    let request = |op| Request { dst, src_qpn: qp.qpn, rkey: w.rkey, va: w.remote_addr, op };
+    let mut answer = match w.opcode {
+        WrOpcode::RDMA_WRITE => {
+            let src = sources(qp, &w.sges, &w.inline, w.flags)?;
+            if !place(request(Op::Write(&src))) {
+                return None;
+            }
+            let mut ack = Packet::new(Kind::Ack);
+            ack.psn = w.last_psn;
+            ack
+        }
+        WrOpcode::RDMA_READ => {
+            let mut data = Vec::new();
+            if !place(request(Op::Read(&mut data, w.length as usize))) {
+                return None;
+            }
+            let mut resp = Packet::new(Kind::ReadResponse);
+            (resp.psn, resp.len) = (w.first_psn, w.length);
+            resp.payload = Payload::Bytes(data.into());
+            resp
+        }
+        _ => return None,
+    };
+    answer.syndrome = Syndrome::Ack;
+    (answer.src_qpn, answer.dst_qpn) = (g.attr.dest_qp_num, qp.qpn);
+    Some(answer)
 }
 
 /// Where a WRITE's bytes lie in this process, in order: its inline data, or its SGEs' memory

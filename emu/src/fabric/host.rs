@@ -246,6 +246,14 @@ pub(crate) struct StoppedPeer {
 }
 
 impl StoppedPeer {
+    /// Carries out `req`, a request our QP has not sent, in the stopped process, if its
+    /// exports allow it; whether it did.
+    pub(crate) fn carry_out_unsent(&self, req: exports::Request<'_>) -> bool {
+        let tx = self.peer.tx.lock();
+        let Some(ring) = tx.ring.as_deref() else { return false };
+        exports::place(&self.exports, &self.process, ring, req)
+    }
+
     /// Carries out `req`, the request at `psn` that our QP sent, in the stopped process, if
     /// its exports allow the request and its record still waits in our ring to it, not taken
     /// up by the stopped process's responder: the record is then marked carried out. Whether

@@ -259,7 +259,8 @@ fn encode_head(pkt: &Packet, pulled: bool) -> Head {
     let flags = u8::from(pkt.solicited)
         | u8::from(pkt.imm.is_some()) << 1
         | u8::from(pkt.inv.is_some()) << 2
-        | u8::from(pulled) << 3;
+        | u8::from(pulled) << 3
+        | u8::from(pkt.carried_out) << 4;
     out.put([VERSION, kind, syn, syn_arg, flags, pkt.src_port, pkt.dst_port]);
     out.put([u8::from(pkt.grh.is_some())]);
     out.put([pkt.transport.0 as u8]);
@@ -411,6 +412,7 @@ fn decode_fields(bytes: &[u8]) -> Option<(Packet, Option<Range<usize>>, Option<P
         _ => return None,
     };
     p.solicited = flags & 1 != 0;
+    p.carried_out = flags & 16 != 0;
     p.transport = QpType(u32::from(transport));
     (p.src_port, p.dst_port) = (src_port, dst_port);
     (p.src_dev, p.src_qpn, p.dst_dev) = (r.u32()?, r.u32()?, r.u32()?);
