@@ -91,6 +91,8 @@ const RECORD: usize = 64 * 1024;
 const LEND_MIN: usize = 2048;
 /// How long a sender waits for room in a full ring before leaving the rest to the flusher.
 const SEND_PATIENCE: Duration = Duration::from_millis(2);
+/// How long a peer's process seen stopped is taken as stopped without looking again.
+const STOPPED_LOOK: Duration = Duration::from_millis(1);
 /// How long the reader watches the rings after taking something in, before it sleeps.
 const READER_SPIN: Duration = Duration::from_micros(50);
 /// How long the reader, while an application thread polls, sleeps between looks of its own.
@@ -370,7 +372,16 @@ impl Node {
         let pid = (peer.incarnation >> 96) as u32;
         let known = self.inbound.peer_exports.lock().get(&slot).cloned();
         let (exports, process) = known.filter(|(_, p)| p.pid() == pid)?;
-        let stopped = pid != std::process::id() && crate::sys::process_stopped(pid);
+        // Seen stopped a moment ago is taken as stopped still: carrying out is correct for a
+        // running peer too (whoever begins a request first has it), only slower.
+        let mut seen = peer.seen_stopped.lock();
+        let recent = seen.is_some_and(|t| t.elapsed() < STOPPED_LOOK);
+        if !recent {
+            let stopped = pid != std::process::id() && crate::sys::process_stopped(pid);
+            *seen = stopped.then(Instant::now);
+        }
+        let stopped = seen.is_some();
+        drop(seen);
         stopped.then_some(StoppedPeer { peer, exports, process, from: 0 })
     }
 
@@ -1452,6 +1463,8 @@ struct Peer {
     cv: Condvar,
     /// The peer (or this node) is gone: its flusher and any sender waiting for room stop.
     shutdown: AtomicBool,
+    /// When its process was last seen stopped (see `Node::stopped_peer`).
+    seen_stopped: Mutex<Option<Instant>>,
 }
 
 #[derive(Debug, Default)]
@@ -1485,6 +1498,7 @@ impl Peer {
             tx: Mutex::default(),
             cv: Condvar::new(),
             shutdown: AtomicBool::new(false),
+            seen_stopped: Mutex::new(None),
         }
     }
 
