@@ -535,8 +535,8 @@ unsafe impl Sync for FileMapping {}
 
 impl FileMapping {
     /// Maps bytes `offset..offset+len` of `fd` shared and returns the mapping and the address
-    /// of byte `offset`. The mapping is writable if the descriptor allows (so that new rights
-    /// can be given later), and must be when `write`. `EBADF` for a descriptor that is not open,
+    /// of byte `offset`. The mapping is writable if the descriptor and the file's seals allow
+    /// (so that new rights can be given later), and must be when `write`. `EBADF` for a descriptor that is not open,
     /// `EINVAL` for a range past the end of the file, or a file that cannot be mapped (as the
     /// kernel refuses a descriptor that is no dma-buf).
     pub(crate) fn map(
@@ -560,10 +560,11 @@ impl FileMapping {
             unsafe { libc::mmap(std::ptr::null_mut(), span, prot, libc::MAP_SHARED, fd, at) }
         };
         let mut base = map(libc::PROT_READ | libc::PROT_WRITE);
-        if base == libc::MAP_FAILED
-            && !write
-            && io::Error::last_os_error().raw_os_error() == Some(libc::EACCES)
-        {
+        // EACCES: a read-only descriptor; EPERM: a file sealed against new writable mappings.
+        let refused = || {
+            matches!(io::Error::last_os_error().raw_os_error(), Some(libc::EACCES | libc::EPERM))
+        };
+        if base == libc::MAP_FAILED && !write && refused() {
             base = map(libc::PROT_READ);
         }
         if base == libc::MAP_FAILED {

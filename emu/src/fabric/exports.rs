@@ -30,6 +30,7 @@ use rustc_hash::FxHashMap;
 use super::ring::Ring;
 use crate::{
     mem::PeerProcess,
+    sys::FileMapping,
     types::{AccessFlags, QpState, QpType},
 };
 
@@ -86,6 +87,7 @@ impl MrExport {
 #[derive(Debug)]
 struct Mapping {
     base: NonNull<u8>,
+    _file: FileMapping,
 }
 
 // SAFETY: the mapping lives as long as the value and is only accessed through atomics.
@@ -94,15 +96,12 @@ unsafe impl Send for Mapping {}
 unsafe impl Sync for Mapping {}
 
 impl Mapping {
+    /// The file's `BYTES` (the caller checked or set its size), writable if `write`.
     fn map(fd: RawFd, write: bool) -> io::Result<Mapping> {
-        let prot = if write { libc::PROT_READ | libc::PROT_WRITE } else { libc::PROT_READ };
-        // SAFETY: a new shared mapping of the file's first BYTES bytes (the caller checked or
-        // set its size), at an address the kernel picks.
-        let p = unsafe { libc::mmap(std::ptr::null_mut(), BYTES, prot, libc::MAP_SHARED, fd, 0) };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        NonNull::new(p.cast()).map(|base| Mapping { base }).ok_or_else(io::Error::last_os_error)
+        let (file, base) =
+            FileMapping::map(fd, 0, BYTES, write).map_err(io::Error::from_raw_os_error)?;
+        let base = NonNull::new(base).ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
+        Ok(Mapping { base, _file: file })
     }
 
     /// The 8-byte word at byte offset `at` (8-aligned, below `BYTES`).
@@ -140,13 +139,6 @@ impl Mapping {
     }
 }
 
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: unmaps exactly what `map` mapped; nothing borrows it past `&self`.
-        unsafe { libc::munmap(self.base.as_ptr().cast(), BYTES) };
-    }
-}
-
 fn qp_at(qpn: u32) -> usize {
     QP_AT + (qpn as usize & (QP_SLOTS - 1)) * QP_WORDS * 8
 }
@@ -170,8 +162,8 @@ fn state_code(s: QpState) -> u64 {
 pub(crate) struct Exports {
     map: Mapping,
     fd: OwnedFd,
-    /// Which MR slots are taken, by whom; held while entries are written.
-    mrs: Mutex<MrSlots>,
+    /// Which MR slots are taken, by whom; held while any entry is written.
+    slots: Mutex<MrSlots>,
 }
 
 #[derive(Debug)]
@@ -194,16 +186,16 @@ impl Exports {
             return Err(io::Error::last_os_error());
         }
         let slots = MrSlots { by_key: FxHashMap::default(), used: vec![false; MR_SLOTS].into() };
-        Ok(Exports { map, fd, mrs: Mutex::new(slots) })
+        Ok(Exports { map, fd, slots: Mutex::new(slots) })
     }
 
     pub(crate) fn fd(&self) -> RawFd {
         self.fd.as_raw_fd()
     }
 
-    /// Offers the QP as it now is (or withdraws it, for a QP no peer may act on).
+    /// Offers the QP as it now is.
     pub(crate) fn set_qp(&self, q: &QpExport) {
-        let _serial = self.mrs.lock();
+        let _serial = self.slots.lock();
         let code = state_code(q.state) | (q.qp_type.0 as u64) << 8 | (q.access.bits() as u64) << 16;
         let words = [
             0,
@@ -216,13 +208,13 @@ impl Exports {
 
     /// Withdraws QP `qpn` (destroyed).
     pub(crate) fn clear_qp(&self, qpn: u32) {
-        let _serial = self.mrs.lock();
+        let _serial = self.slots.lock();
         self.map.write(qp_at(qpn), &[0; QP_WORDS]);
     }
 
     /// Offers the MR (replacing what was offered under its key); whether a slot was free.
     pub(crate) fn set_mr(&self, m: &MrExport) -> bool {
-        let mut mrs = self.mrs.lock();
+        let mut mrs = self.slots.lock();
         let slot = match mrs.by_key.get(&(m.dev, m.rkey)) {
             Some(&s) => s,
             None => {
@@ -251,7 +243,7 @@ impl Exports {
     /// Withdraws the MR of `(dev, rkey)`; whether it was offered (then, before its memory
     /// may go, [`wait_for_peers`]).
     pub(crate) fn clear_mr(&self, dev: u32, rkey: u32) -> bool {
-        let mut mrs = self.mrs.lock();
+        let mut mrs = self.slots.lock();
         let Some(slot) = mrs.by_key.remove(&(dev, rkey)) else { return false };
         mrs.used[slot] = false;
         self.map.write(mr_at(slot), &[0; MR_WORDS]);

@@ -511,8 +511,8 @@ impl Ring {
         }
     }
 
-    /// Reader: takes the record at `at` from the writer; whether the writer carried it out
-    /// already. A record the writer is carrying out now is waited for, a little.
+    /// Reader: its responder begins the request of the record at `at`; whether the writer
+    /// carried it out already. A record the writer is carrying out now is waited for, a little.
     fn take(&self, at: usize) -> bool {
         let state = self.state(at);
         let mut since = None;
