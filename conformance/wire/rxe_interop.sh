@@ -12,6 +12,8 @@
 #   cc -O1 -o target/rxe_imm conformance/wire/rxe_imm.c -libverbs
 #   RXE_VM_NETDEVS=veth0 ../shared/rxe-vm/run.sh 'bash conformance/wire/rxe_interop.sh'
 # Optional: the programs to run (names from the list below), e.g. `... rxe_interop.sh rc ud`.
+# With RXE_INTEROP_IP6=1 the RoCE traffic goes over IPv6 (fd77::1 and fd77::2 beside the IPv4
+# addresses, which still carry the programs' own TCP exchange): the GIDs used are the IPv6 ones.
 set -u
 E=$PWD/target/release/rdma-emu
 [ -x "$E" ] || { echo "no $E: cargo build --release --workspace"; exit 2; }
@@ -21,17 +23,26 @@ ip link set veth0 mtu 9000
 ip netns exec peer ip addr add 10.0.4.2/24 dev veth1
 ip netns exec peer ip link set veth1 mtu 9000 up
 ip netns exec peer ip link set lo up
+# The addresses the RoCE traffic uses: rxe's, the emulator's.
+A_RXE=10.0.4.1 A_EMU=10.0.4.2
+if [ "${RXE_INTEROP_IP6:-0}" = 1 ]; then
+    A_RXE=fd77::1 A_EMU=fd77::2
+    ip addr add fd77::1/64 dev veth0 nodad
+    ip netns exec peer ip addr add fd77::2/64 dev veth1 nodad
+    sleep 1
+fi
 # EMU_OPTS: more `rdma-emu run` options for the run at hand.
 emu() {
     # shellcheck disable=SC2086
-    ip netns exec peer "$E" run --profile rxe --fabric none --mtu 9000 --wire 10.0.4.2 \
+    ip netns exec peer "$E" run --profile rxe --fabric none --mtu 9000 --wire "$A_EMU" \
         ${EMU_OPTS:-} -- "$@"
 }
-# The GID index of an address in a device's table (as ibv_devinfo lists it).
-gid_of() { sed -n "s/.*GID\[ *\([0-9]*\)\]:.*::ffff:$1,.*/\1/p" | head -1; }
-egid=$(emu ibv_devinfo -d emu0 -v | gid_of 10.0.4.2)
-rgid=$(ibv_devinfo -d rxe0 -v | gid_of 10.0.4.1)
-echo "emu0 GID index $egid (10.0.4.2), rxe0 GID index $rgid (10.0.4.1), $(uname -r)"
+# The GID index of an address in a device's table (as ibv_devinfo lists it: an IPv4 address
+# mapped, an IPv6 one as it is).
+gid_of() { sed -n "s/.*GID\[ *\([0-9]*\)\]:[[:space:]]*\(::ffff:\)\{0,1\}$1, RoCE v2.*/\1/p" | head -1; }
+egid=$(emu ibv_devinfo -d emu0 -v | gid_of "$A_EMU")
+rgid=$(ibv_devinfo -d rxe0 -v | gid_of "$A_RXE")
+echo "emu0 GID index $egid ($A_EMU), rxe0 GID index $rgid ($A_RXE), $(uname -r)"
 failed=0
 # both NAME SERVER LOG: runs `side server` on SERVER (emu or rxe) and `side client` on the other
 # (`side ROLE WHERE` is the program's own), then says PASS with the last line of LOG (client or

@@ -618,6 +618,18 @@ pub(crate) fn set_dont_fragment(fd: RawFd) -> io::Result<()> {
     set_int_option(fd, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, libc::IP_PMTUDISC_DO)
 }
 
+/// Lets the IPv6 UDP socket `fd` take in datagrams whose UDP checksum is 0 (RFC 6935's zero
+/// checksum for tunnels, which the kernel otherwise drops).
+pub(crate) fn take_zero_udp6_checksums(fd: RawFd) -> io::Result<()> {
+    set_int_option(fd, libc::IPPROTO_UDP, libc::UDP_NO_CHECK6_RX, 1)
+}
+
+/// Sets the UDP socket option `name` to 1 (tests stand in for peers with it).
+#[cfg(test)]
+pub(crate) fn set_int_option_for_test(fd: RawFd, name: libc::c_int) {
+    set_int_option(fd, libc::IPPROTO_UDP, name, 1).unwrap();
+}
+
 /// Shuts reading down on socket `fd`: a thread blocked receiving on it returns at once.
 pub(crate) fn shutdown_read(fd: RawFd) {
     // SAFETY: a plain system call on a descriptor; no memory is passed.
