@@ -28,9 +28,8 @@
 //! responder turns from fresh to taken as it begins the request ([`Ticket::carried_out`]),
 //! and the writer from fresh to placing, then placed (or back to fresh); whoever moves it
 //! first has the request. A request read but not begun when the process stopped can so still
-//! be carried out. The writer also
-//! raises the ring's `gate` while it touches the reader's memory, so that the reader can wait
-//! for it before it lets that memory go (see `exports`).
+//! be carried out. The writer also raises the ring's `gate` while it touches the reader's
+//! memory, so that the reader can wait for it before it lets that memory go (see `exports`).
 #![allow(unsafe_code)]
 
 use std::{
@@ -304,22 +303,8 @@ impl Ring {
         // Resume at `from` if it lies between `head` and the end.
         let mut pos = if end.wrapping_sub(*from) <= end.wrapping_sub(head) { *from } else { head };
         while pos != end {
-            let left = end.wrapping_sub(pos);
-            if left > self.cap as u64 || left < RECORD_HEADER as u64 {
-                return None;
-            }
-            let at = (pos as usize) & (self.cap - 1);
-            // SAFETY: at..at + 8 lies in the ring (8-aligned, below `cap`).
-            let len = unsafe { self.ptr(at, RECORD_HEADER).cast::<u32>().read_volatile() };
-            let used = if len == WRAP {
-                self.cap - at
-            } else {
-                RECORD_HEADER + (len as usize).next_multiple_of(8)
-            };
-            if used as u64 > left || at + used > self.cap {
-                return None;
-            }
-            if len != WRAP {
+            let (at, len, used) = self.record_at(pos, end)?;
+            if let Some(len) = len {
                 let start = at + RECORD_HEADER;
                 // SAFETY: the record's bytes lie in the ring (checked above); only this writer
                 // writes them, and not while it holds `&self` here for the scan (the sender's
@@ -342,6 +327,25 @@ impl Ring {
             pos += used as u64;
         }
         None
+    }
+
+    /// The record at ring position `pos`, of those written up to position `end`: its offset,
+    /// its length (`None` for the filler at the wrap) and the bytes it takes. `None` if it
+    /// breaks the format (lengths come from shared memory: a peer may have written anything).
+    fn record_at(&self, pos: u64, end: u64) -> Option<(usize, Option<u32>, usize)> {
+        let avail = end.wrapping_sub(pos);
+        if avail > self.cap as u64 || avail < RECORD_HEADER as u64 {
+            return None;
+        }
+        let at = (pos as usize) & (self.cap - 1);
+        // SAFETY: at..at + 8 lies in the ring and was written (avail >= 8, and records start
+        // 8-aligned).
+        let len = unsafe { self.ptr(at, RECORD_HEADER).cast::<u32>().read() };
+        let (used, len) = match len {
+            WRAP => (self.cap - at, None),
+            n => (RECORD_HEADER + (n as usize).next_multiple_of(8), Some(n)),
+        };
+        (used as u64 <= avail && at + used <= self.cap).then_some((at, len, used))
     }
 
     /// Writer: raises the gate (we are about to touch the reader's memory) or lowers it.
@@ -481,28 +485,14 @@ impl Ring {
             if pos == tail {
                 return Ok(());
             }
-            let avail = tail.wrapping_sub(pos) as usize;
-            if avail > self.cap || avail < RECORD_HEADER {
-                return Err(broken());
-            }
-            let at = (pos as usize) & (self.cap - 1);
-            // SAFETY: at..at + 8 is published (avail >= 8, and records start 8-aligned).
-            let len = unsafe { self.ptr(at, RECORD_HEADER).cast::<u32>().read() };
-            let (used, record) = if len == WRAP {
-                (self.cap - at, false)
-            } else {
-                (RECORD_HEADER + (len as usize).next_multiple_of(8), true)
-            };
-            if used > avail || at + used > self.cap {
-                return Err(broken());
-            }
+            let Some((at, len, used)) = self.record_at(pos, tail) else { return Err(broken()) };
             let end = pos + used as u64;
             st.next = end;
             self.read_to.store(end, Ordering::Relaxed);
-            st.held.push_back((end, !record));
+            st.held.push_back((end, len.is_none()));
             let seq = st.first + st.held.len() as u64 - 1;
             drop(st);
-            if record {
+            if let Some(len) = len {
                 let at = at + RECORD_HEADER;
                 each(Record { ring: self.clone(), bytes: at..at + len as usize, seq });
             } else {
