@@ -369,20 +369,9 @@ impl Node {
     pub(crate) fn stopped_peer(&self, dst_qpn: u32) -> Option<StoppedPeer> {
         let slot = slot_of(dst_qpn);
         let peer = self.peers.lock().get(&slot).cloned()?;
-        let pid = (peer.incarnation >> 96) as u32;
         let known = self.inbound.peer_exports.lock().get(&slot).cloned();
-        let (exports, process) = known.filter(|(_, p)| p.pid() == pid)?;
-        // Seen stopped a moment ago is taken as stopped still: carrying out is correct for a
-        // running peer too (whoever begins a request first has it), only slower.
-        let mut seen = peer.seen_stopped.lock();
-        let recent = seen.is_some_and(|t| t.elapsed() < STOPPED_LOOK);
-        if !recent {
-            let stopped = pid != std::process::id() && crate::sys::process_stopped(pid);
-            *seen = stopped.then(Instant::now);
-        }
-        let stopped = seen.is_some();
-        drop(seen);
-        stopped.then_some(StoppedPeer { peer, exports, process, from: 0 })
+        let (exports, process) = known.filter(|(_, p)| p.pid() == peer.pid())?;
+        peer.stopped().then_some(StoppedPeer { peer, exports, process, from: 0 })
     }
 
     /// What this node refused to take from its peers so far.
@@ -581,8 +570,7 @@ impl Node {
             let tx = peer.tx.lock();
             tx.ring.as_ref().is_some_and(|r| r.unread()) || !tx.backlog.is_empty()
         };
-        let pid = (peer.incarnation >> 96) as u32;
-        waiting || pid != 0 && pid != std::process::id() && crate::sys::process_stopped(pid)
+        waiting || peer.stopped()
     }
 
     /// Makes sure the death of the node in `slot` will be noticed: called as a QP connects to
@@ -1510,6 +1498,24 @@ impl Peer {
         let Some(ring) = tx.ring.as_ref().filter(|r| r.reader_may_pull()) else { return false };
         // Records carry headers and may leave a filler at the wrap: ask for twice the bytes.
         len > ring.max_held_message() || (replying && ring.room() < 2 * len)
+    }
+
+    /// Its process, as its lock file names it (0 if it does not).
+    fn pid(&self) -> u32 {
+        (self.incarnation >> 96) as u32
+    }
+
+    /// Whether its process is stopped (SIGSTOP, a debugger). Seen stopped a moment ago is
+    /// taken as stopped still, without looking again: a wait or a request carried out for a
+    /// peer that just continued is correct, only slower (whoever begins a request first has it).
+    fn stopped(&self) -> bool {
+        let pid = self.pid();
+        let mut seen = self.seen_stopped.lock();
+        if !seen.is_some_and(|t| t.elapsed() < STOPPED_LOOK) {
+            let stopped = pid != 0 && pid != std::process::id() && crate::sys::process_stopped(pid);
+            *seen = stopped.then(Instant::now);
+        }
+        seen.is_some()
     }
 
     /// Closes its ring (nothing more will come through it) and stops its flusher.
