@@ -58,7 +58,7 @@ both() {
     wait "$s"
     sv=$?
     if [ "$c" = 0 ] && [ "$sv" = 0 ]; then
-        echo "PASS $name (server on $server, $((SECONDS - t0)) s): $(grep -E 'iters|^ *[0-9]+ +[0-9]+|^ok' "/tmp/$log.log" | tail -1)"
+        echo "PASS $name (server on $server, $((SECONDS - t0)) s): $(grep -E 'iters|^ *[0-9]+ +[0-9]+|^ok|ping data' "/tmp/$log.log" | tail -1 | cut -c1-100)"
     else
         failed=1
         echo "FAIL $name (server on $server): client $c, server $sv"
@@ -101,6 +101,24 @@ run_imm() {
     }
     both imm "$1" server
 }
+# run_cm NAME SERVER PROGRAM ARGS...: a program that connects through rdma_cm (the IB CM's
+# MADs on the wire): the server binds to its side's RoCE address (-a), the client connects to
+# the other's.
+run_cm() {
+    local name=$1 server=$2
+    PROG=$3
+    shift 3
+    ARGS=("$@")
+    side() {
+        case "$1/$2" in
+        server/emu) emu timeout 60 "$PROG" -s -a "$A_EMU" "${ARGS[@]}" ;;
+        server/rxe) timeout 60 "$PROG" -s -a "$A_RXE" "${ARGS[@]}" ;;
+        client/emu) emu timeout 60 "$PROG" -c -a "$A_RXE" "${ARGS[@]}" ;;
+        client/rxe) timeout 60 "$PROG" -c -a "$A_EMU" "${ARGS[@]}" ;;
+        esac
+    }
+    both "$name" "$server" client
+}
 # want NAME [WANTED...]: whether NAME is among the programs asked for (all when none are).
 want() {
     local name=$1
@@ -118,6 +136,13 @@ for server in emu rxe; do
     want atomic_bw "$@" && run atomic_bw "$server" -x ib_atomic_bw -n 500 -F
     want atomic_cs "$@" && run atomic_cs "$server" -x ib_atomic_bw -n 500 -A CMP_AND_SWAP -F
     want imm "$@" && run_imm "$server"
+    # Connected through rdma_cm: REQ, REP, RTU, DREQ and DREP between the two CMs. rping checks
+    # every ping's bytes (-V); perftest's -R connects its QPs through rdma_cm (IPv4 only).
+    want rping "$@" && run_cm rping "$server" rping -p 7174 -C 100 -S 2000 -V -v
+    if [ "$A_RXE" = 10.0.4.1 ]; then
+        want write_bw_cm "$@" && run write_bw_cm "$server" -x ib_write_bw -n 500 -s 65536 -F -R
+        want send_lat_cm "$@" && run send_lat_cm "$server" -x ib_send_lat -n 500 -s 64 -F -R
+    fi
     # Two receives posted ahead (-r 2) for a stream of SENDs: the server's side answers RNR
     # NAKs, which the client's side must wait out and retry.
     want rnr "$@" && run rnr "$server" -x ib_send_bw -n 300 -s 4096 -r 2 -F

@@ -40,6 +40,14 @@ fn loopback_ends() -> Ends {
 /// link-local GID and the device's own address). The netdevs have jumbo frames (loopback's
 /// 64 KiB, the veth pair's 9000), so the ports' MTU is 4096.
 fn program(side: &(String, Option<String>), prog: &str, gid: &str, args: &[&str]) -> Command {
+    let mut c = wrapped(side, prog);
+    c.args(["-d", "emu0", gid, "2"]).args(args);
+    c
+}
+
+/// `prog` (its arguments to follow) under `rdma-emu run` on a wire port at `ip` (in namespace
+/// `ns`), nothing else in common with the other side.
+fn wrapped(side: &(String, Option<String>), prog: &str) -> Command {
     let (ip, ns) = side;
     let rdma_emu = env!("CARGO_BIN_EXE_rdma-emu");
     let mut c = match ns {
@@ -53,7 +61,6 @@ fn program(side: &(String, Option<String>), prog: &str, gid: &str, args: &[&str]
     c.env("RDMA_EMU_LIB", common::cdylib()).env_remove("LD_LIBRARY_PATH");
     c.args(["run", "--profile", "rxe", "--fabric", "none", "--mtu", "9000", "--wire", ip]);
     c.args(["--", prog]);
-    c.args(["-d", "emu0", gid, "2"]).args(args);
     c.stdout(Stdio::piped()).stderr(Stdio::piped());
     c
 }
@@ -92,6 +99,60 @@ fn server_and_client(ends: &Ends, prog: &str, gid: &str, args: &[&str]) -> Strin
     c_out
 }
 
+/// Runs `prog` (`-p PORT` added) as server at one end and then as client at the other with
+/// `client_args`, both through rdma_cm (the IB CM's MADs over the wire); both must succeed.
+/// The client's output. A request sent before the server's wire port is up is sent again by
+/// the CM itself; one that comes while nobody listens on the port is refused (REJ, "invalid
+/// service ID"), as the kernel's CM refuses it. A client may be that quick (perftest's second
+/// connection can be, as it is with the kernel's CM): then both run again, on another port.
+fn connected_by_rdma_cm(
+    ends: &Ends,
+    prog: &str,
+    server_args: &[&str],
+    client_args: &[&str],
+) -> String {
+    for attempt in 1.. {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port().to_string();
+        drop(listener);
+        let mut server: Child =
+            wrapped(&ends.server, prog).args(server_args).args(["-p", &port]).spawn().unwrap();
+        let client = wrapped(&ends.client, prog).args(client_args).args(["-p", &port]).spawn();
+        let (c_ok, c_out) = finish(client.unwrap(), Duration::from_secs(60), "client");
+        // rping reports the REJECTED event, perftest the event's number (8).
+        let refused =
+            c_out.contains("RDMA_CM_EVENT_REJECTED") || c_out.contains("CM event bl blka 8");
+        if !c_ok && refused && attempt < 5 {
+            let _ = server.kill();
+            let _ = server.wait();
+            continue;
+        }
+        let (s_ok, s_out) = finish(server, Duration::from_secs(20), "server");
+        let s_ok = if prog == "rping" { common::rping_server_done(s_ok, &s_out) } else { s_ok };
+        assert!(c_ok && s_ok, "{prog}\n--- client:\n{c_out}\n--- server:\n{s_out}");
+        return c_out;
+    }
+    unreachable!()
+}
+
+/// rping (every ping's bytes checked: `-V`) and perftest's `-R` (its QPs connected through
+/// rdma_cm) between `ends`, the server on its wire address `server_ip`.
+fn rdma_cm_programs(ends: &Ends, server_ip: &str, perftest: bool) {
+    let ping = ["-C", "50", "-S", "500", "-V", "-v"];
+    let server: Vec<&str> = ["-s", "-a", server_ip].iter().chain(&ping).copied().collect();
+    let client: Vec<&str> = ["-c", "-a", server_ip].iter().chain(&ping).copied().collect();
+    let out = connected_by_rdma_cm(ends, "rping", &server, &client);
+    assert!(out.contains("rdma-ping-49: "), "{out}");
+    if perftest {
+        for prog in ["ib_write_bw", "ib_send_lat"] {
+            let args = ["-R", "-n", "200", "-s", "4096"];
+            let client: Vec<&str> = args.iter().copied().chain([server_ip]).collect();
+            let out = connected_by_rdma_cm(ends, prog, &args, &client);
+            assert_eq!(result_rows(&out), 1, "{prog} -R: {out}");
+        }
+    }
+}
+
 /// Every program over the wire between `ends`: the pingpongs check the bytes they receive
 /// (`-c`), perftest must report its row.
 fn every_program(ends: &Ends) {
@@ -121,6 +182,12 @@ fn every_program(ends: &Ends) {
 #[test]
 fn pingpongs_and_perftest_run_between_two_wire_ports_on_loopback() {
     every_program(&loopback_ends());
+}
+
+#[test]
+fn rping_and_perftest_connect_through_rdma_cm_between_two_wire_ports_on_loopback() {
+    let ends = loopback_ends();
+    rdma_cm_programs(&ends, &ends.server.0.clone(), true);
 }
 
 /// Two network namespaces joined by a veth pair, made (and removed) by the test.
@@ -180,6 +247,7 @@ fn pingpongs_and_perftest_run_between_two_network_namespaces_over_a_veth_pair() 
         connect: "10.77.0.1".into(),
     };
     every_program(&ends);
+    rdma_cm_programs(&ends, "10.77.0.1", true);
     // The same wire over IPv6: GIDs that are the addresses themselves, the ICRC over an
     // IPv6 header.
     let ends = Ends {
@@ -192,4 +260,5 @@ fn pingpongs_and_perftest_run_between_two_network_namespaces_over_a_veth_pair() 
     assert!(out.contains("50 iters in") && out.contains("GID fd77::2"), "{out}");
     let out = server_and_client(&ends, "ib_read_bw", "-x", &["-n", "200", "-s", "16384"]);
     assert_eq!(result_rows(&out), 1, "{out}");
+    rdma_cm_programs(&ends, "fd77::1", false);
 }

@@ -14,7 +14,9 @@
 //! `Disconnected` (or `Unreachable` while connecting).
 
 pub mod addr;
+pub(crate) mod mad;
 mod msg;
+mod wire;
 
 use std::{
     collections::HashMap,
@@ -295,7 +297,7 @@ enum State {
 /// `TimewaitExit` (the kernel's IB CM on rxe, measured: 2.07 to 2.3 s).
 const TIMEWAIT_NS: u64 = 2_000_000_000;
 
-use msg::{Msg, Remote};
+use msg::{Msg, Remote, WirePeer};
 
 /// A connection manager id (`struct rdma_cm_id`). Cheap to clone.
 #[derive(Debug, Clone)]
@@ -339,6 +341,8 @@ struct IdState {
     /// other side's as its REQ or REP carried them (vendor 0: none).
     local_ece: Ece,
     remote_ece: Ece,
+    /// Over a wire port: the transaction ID of the request out (its retries are for it).
+    wire_tid: u64,
 }
 
 /// The ids bound to each port of each port space.
@@ -424,6 +428,17 @@ fn deliver(fabric: &FabricInner, slot: u8, m: Msg) {
     }
 }
 
+/// Sends `m` to the CM of `to`: over the wire if it is beyond a wire port, else through
+/// its slot.
+fn send(fabric: &FabricInner, to: &Remote, m: Msg) {
+    match &to.wire {
+        Some(w) => wire::send(fabric, w, to.qpn, m),
+        None => deliver(fabric, to.slot, m),
+    }
+}
+
+pub(crate) use wire::arrived as wire_arrived;
+
 /// A message from another process's CM (`slot`: its node).
 pub(crate) fn arrived(fabric: &FabricInner, slot: u8, bytes: &[u8]) {
     match Msg::decode(bytes) {
@@ -480,8 +495,8 @@ pub(crate) fn device_removed(fabric: &FabricInner, dev: u32) {
         let state = std::mem::replace(&mut st.state, State::DeviceRemoved);
         let remote = st.remote;
         drop(st);
-        if let Some((slot, m)) = id.last_word(state, remote) {
-            deliver(fabric, slot, m);
+        if let Some((to, m)) = id.last_word(state, remote) {
+            send(fabric, &to, m);
         }
         id.raise(CmEventType::DeviceRemoval, 0, ConnParam::default(), None);
     }
@@ -553,6 +568,7 @@ impl CmId {
             groups: Vec::new(),
             local_ece: Ece::default(),
             remote_ece: Ece::default(),
+            wire_tid: 0,
         };
         let (fabric, channel) = (channel.fabric.clone(), Mutex::new(channel.clone()));
         let (st, user_data) = (Mutex::new(st), AtomicUsize::new(0));
@@ -744,6 +760,12 @@ impl CmId {
         };
         let toward = if dst.ip().is_multicast() { loopback } else { dst.ip() };
         let dest = st.port.filter(|_| dst.ip().is_multicast()).or_else(|| cm.addrs.port_of(toward));
+        // Beyond the emulated ports: through a wire port, from its address.
+        let (dest, via) = match dest {
+            Some(d) => (Some(d), None),
+            None => wire::route(self.fabric(), toward)
+                .map_or((None, None), |(d, ip)| (Some(d), Some(ip))),
+        };
         let Some(dest) = dest else {
             drop(st);
             self.raise(CmEventType::AddrError, -libc::EHOSTUNREACH, ConnParam::default(), None);
@@ -755,7 +777,8 @@ impl CmId {
             // every other, and loopback stays on its own port, as on a host.
             st.port = Some(dest);
             st.ctx = Some(self.open_device(dest.0)?);
-            let ip = cm.addrs.address_of(dest.0, dest.1, dst.ip()).unwrap_or(toward);
+            let ip =
+                via.or_else(|| cm.addrs.address_of(dest.0, dest.1, dst.ip())).unwrap_or(toward);
             let local = st.local.map_or(0, |a| a.port());
             st.local = Some(SocketAddr::new(ip, local));
         }
@@ -965,10 +988,15 @@ impl CmId {
             rnr_retry_count: p.rnr_retry_count,
             ece_vendor: st.local_ece.vendor_id,
             ece_options: st.local_ece.options,
+            wire: None,
         };
+        let tos = st.options.tos;
         drop(st);
         let private = p.private_data.clone();
         let fabric = self.fabric();
+        if wire::beyond(fabric, dst.ip()) {
+            return wire::connect(self, (src, dst), &from, p, tos);
+        }
         // A listener in this process, else the node that holds the port, else nobody.
         let ps = self.0.ps;
         let slot = match fabric.joined().ok().flatten() {
@@ -1022,9 +1050,10 @@ impl CmId {
             rnr_retry_count: p.rnr_retry_count,
             ece_vendor,
             ece_options,
+            wire: None,
         };
         let private = p.private_data.clone();
-        deliver(self.fabric(), remote.slot, Msg::Rep { to: remote.id, from: mine, private });
+        send(self.fabric(), &remote, Msg::Rep { to: remote.id, from: mine, private });
         Ok(())
     }
 
@@ -1052,7 +1081,7 @@ impl CmId {
         st.state = State::Idle;
         drop(st);
         let private = private_data.to_vec();
-        deliver(self.fabric(), remote.slot, Msg::Rej { to: remote.id, reason, private });
+        send(self.fabric(), &remote, Msg::Rej { to: remote.id, reason, private });
         Ok(())
     }
 
@@ -1083,10 +1112,10 @@ impl CmId {
         let num = self.0.num;
         match (state, remote) {
             (State::DreqRcvd, Some(r)) => {
-                deliver(self.fabric(), r.slot, Msg::Drep { to: r.id });
+                send(self.fabric(), &r, Msg::Drep { to: r.id });
                 self.enter_timewait();
             }
-            (_, Some(r)) => deliver(self.fabric(), r.slot, Msg::Dreq { to: r.id, from: num }),
+            (_, Some(r)) => send(self.fabric(), &r, Msg::Dreq { to: r.id, from: num }),
             (_, None) => self.disconnect_replied(),
         }
         Ok(())
@@ -1109,12 +1138,12 @@ impl CmId {
 
     /// What an id going away in `state` owes its peer: a connection still up is ended (a
     /// DREQ), the other side's DREQ answered (a DREP).
-    fn last_word(&self, state: State, remote: Option<Remote>) -> Option<(u8, Msg)> {
+    fn last_word(&self, state: State, remote: Option<Remote>) -> Option<(Remote, Msg)> {
         match (state, remote?) {
             (State::Connected | State::Accepting, r) => {
-                Some((r.slot, Msg::Dreq { to: r.id, from: self.0.num }))
+                Some((r, Msg::Dreq { to: r.id, from: self.0.num }))
             }
-            (State::DreqRcvd, r) => Some((r.slot, Msg::Drep { to: r.id })),
+            (State::DreqRcvd, r) => Some((r, Msg::Drep { to: r.id })),
             _ => None,
         }
     }
@@ -1145,8 +1174,8 @@ impl CmId {
         let remote = st.remote;
         (st.qp, st.ctx) = (None, None);
         drop(st);
-        if let Some((slot, m)) = self.last_word(state, remote) {
-            deliver(self.fabric(), slot, m);
+        if let Some((to, m)) = self.last_word(state, remote) {
+            send(self.fabric(), &to, m);
         }
         // Its unread events go, as the kernel's ucma drops them; a connection request to a
         // listener takes its new id with it.
@@ -1228,7 +1257,7 @@ impl CmId {
         }
         st.state = State::Connected;
         drop(st);
-        deliver(self.fabric(), remote.slot, Msg::Rtu { to: remote.id });
+        send(self.fabric(), &remote, Msg::Rtu { to: remote.id });
         self.raise(CmEventType::Established, 0, param, None);
     }
 
@@ -1263,7 +1292,7 @@ impl CmId {
         st.state = State::Connected;
         let remote = st.remote.expect("checked");
         drop(st);
-        deliver(self.fabric(), remote.slot, Msg::Rtu { to: remote.id });
+        send(self.fabric(), &remote, Msg::Rtu { to: remote.id });
         Ok(())
     }
 
@@ -1432,7 +1461,7 @@ fn request(
     let cm = &fabric.cm;
     let reject = |reason| {
         let msg = Msg::Rej { to: from.id, reason, private: Vec::new() };
-        deliver(fabric, from.slot, msg);
+        send(fabric, &from, msg);
     };
     let Some(listener) = listener(fabric, ps, dst) else {
         return reject(REJ_INVALID_SERVICE_ID);
@@ -1455,6 +1484,11 @@ fn request(
         return reject(REJ_CONSUMER_DEFINED);
     }
     let conn = CmId::create_on(&listener.0.channel.lock(), listener.0.ps);
+    let mut from = from;
+    if let Some(w) = &mut from.wire {
+        // What this id sends from now on comes from it.
+        w.mine = conn.0.num;
+    }
     let dest = cm.addrs.port_of(dst.ip());
     let ctx = dest.and_then(|(dev, _)| conn.open_device(dev).ok());
     {
@@ -1498,15 +1532,19 @@ struct Path {
     rdev: u32,
     rport: u8,
     rip: Option<IpAddr>,
+    /// The other end is beyond a wire port: `rdev` and `rport` name none of ours, `rip` is
+    /// the address its messages came from.
+    wire: bool,
 }
 
 impl Path {
     /// The path of an id whose peer is `remote`, from the id's state.
     fn of(st: &IdState, remote: &Remote) -> Option<Path> {
         let ip = st.local.map(|a| a.ip());
-        let (rdev, rport, rip) = (remote.device, remote.port, st.peer.map(|a| a.ip()));
+        let rip = remote.wire.map(|w| w.peer).or(st.peer.map(|a| a.ip()));
+        let (rdev, rport, wire) = (remote.device, remote.port, remote.wire.is_some());
         let (dev, port) = st.port?;
-        Some(Path { dev, port, ip, rdev, rport, rip })
+        Some(Path { dev, port, ip, rdev, rport, rip, wire })
     }
 }
 
@@ -1514,22 +1552,27 @@ impl Path {
 /// GIDs are those of the two ends' IP addresses (found in their ports' GID tables), the
 /// link-local GID 0 where an address has none.
 fn ah_toward(fabric: &FabricInner, path: Path) -> Option<AhAttr> {
-    let remote = fabric.devices.get(path.rdev as usize)?.port(path.rport).ok()?;
-    let attr = remote.attr.lock().clone();
     let index_of = |gids: &[crate::profile::GidEntry], ip: Option<IpAddr>| {
         let gid = ip.map(Gid::of_ip);
         gids.iter().find(|e| Some(e.gid) == gid).map_or(0, |e| e.index)
     };
-    let roce = attr.link_layer == LinkLayer::ETHERNET;
-    let dgid = remote.gids.get(index_of(&remote.gids, path.rip) as usize).map(|e| e.gid);
+    // Beyond a wire port the other end's GID is its address (a wire port is on RoCE).
+    let (roce, dgid, dlid) = if path.wire {
+        (true, Gid::of_ip(path.rip?), 0)
+    } else {
+        let remote = fabric.devices.get(path.rdev as usize)?.port(path.rport).ok()?;
+        let attr = remote.attr.lock().clone();
+        let dgid = remote.gids.get(index_of(&remote.gids, path.rip) as usize).map(|e| e.gid);
+        (attr.link_layer == LinkLayer::ETHERNET, dgid.unwrap_or_default(), attr.lid)
+    };
     let local = fabric.devices.get(path.dev as usize)?.port(path.port).ok()?;
     let sgid_index = if roce { index_of(&local.gids, path.ip) as u8 } else { 0 };
     Some(AhAttr {
         is_global: roce,
-        dgid: dgid.unwrap_or_default(),
+        dgid,
         sgid_index,
         hop_limit: 64,
-        dlid: attr.lid,
+        dlid,
         port_num: path.port,
         ..Default::default()
     })
@@ -1576,6 +1619,16 @@ impl QpSetup {
         }
     }
 
+    /// The first PSN this side sends, and the first it takes. Between our CMs a message names
+    /// the first PSN its sender sends; the IB CM's (beyond a wire port) the first its sender
+    /// takes: as the kernel's CM reads them, each side sends from what the other's names.
+    fn psns(&self) -> (u32, u32) {
+        match self.remote.wire {
+            Some(_) => (self.remote.psn, self.psn),
+            None => (self.psn, self.remote.psn),
+        }
+    }
+
     /// RTR toward the remote QP, then RTS, as librdmacm does with the kernel's attributes.
     fn rtr_rts(&self, fabric: &FabricInner, qp: &Qp) -> Result<()> {
         let ty = qp.qp_type();
@@ -1590,19 +1643,24 @@ impl QpSetup {
     /// QP on `device`.
     fn rtr(&self, fabric: &FabricInner, device: &DeviceInner, ty: QpType) -> Result<(QpAttr, M)> {
         let local = device.port(self.path.port)?.attr.lock().clone();
-        let rdev = fabric
-            .devices
-            .get(self.remote.device as usize)
-            .ok_or_else(|| einval("no such device"))?;
-        let rattr = rdev.port(self.remote.port)?.attr.lock().clone();
-        let mtu = Mtu(local.active_mtu.0.min(rattr.active_mtu.0));
+        let theirs = match &self.remote.wire {
+            Some(w) => w.mtu,
+            None => {
+                let rdev = fabric
+                    .devices
+                    .get(self.remote.device as usize)
+                    .ok_or_else(|| einval("no such device"))?;
+                rdev.port(self.remote.port)?.attr.lock().active_mtu
+            }
+        };
+        let mtu = Mtu(local.active_mtu.0.min(theirs.0));
         let mut ah_attr = ah_toward(fabric, self.path).ok_or_else(|| einval("no such port"))?;
         ah_attr.traffic_class = self.options.tos;
         let rtr = QpAttr {
             qp_state: QpState::RTR,
             path_mtu: mtu,
             dest_qp_num: self.remote.qpn,
-            rq_psn: self.remote.psn,
+            rq_psn: self.psns().1,
             max_dest_rd_atomic: self.max_dest_rd_atomic,
             min_rnr_timer: 0,
             ah_attr,
@@ -1622,7 +1680,7 @@ impl QpSetup {
     fn rts(&self, ty: QpType) -> (QpAttr, M) {
         let rts = QpAttr {
             qp_state: QpState::RTS,
-            sq_psn: self.psn,
+            sq_psn: self.psns().0,
             timeout: self.options.ack_timeout.unwrap_or(14),
             retry_cnt: self.retry_count.min(7),
             rnr_retry: self.rnr_retry_count.min(7),

@@ -25,6 +25,25 @@ pub(crate) struct Remote {
     /// (REP); vendor 0 for none.
     pub(crate) ece_vendor: u32,
     pub(crate) ece_options: u32,
+    /// A side beyond a wire port (`super::wire`): where its messages go. Never in the byte
+    /// form between processes.
+    pub(crate) wire: Option<WirePeer>,
+}
+
+/// A connection's other side beyond a wire port, as one of our ids knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct WirePeer {
+    /// Our wire address, and the address the other side's messages came from.
+    pub(crate) local: IpAddr,
+    pub(crate) peer: IpAddr,
+    /// The path MTU the request named (a reply names none: the largest).
+    pub(crate) mtu: crate::types::Mtu,
+    /// Our id's number: the local communication ID of what it sends (0 before it has one).
+    pub(crate) mine: u32,
+    /// The exchange's transaction ID (the request's; the answers carry it back).
+    pub(crate) tid: u64,
+    /// The service ID the request was for (a SIDR reply names it).
+    pub(crate) service_id: u64,
 }
 
 /// A message to the CM of a slot.
@@ -174,6 +193,7 @@ fn remote(r: &mut Reader<'_>) -> Option<Remote> {
         rnr_retry_count,
         ece_vendor,
         ece_options,
+        wire: None,
     })
 }
 
@@ -206,6 +226,7 @@ mod test {
             rnr_retry_count: 6,
             ece_vendor: 0x00ff_ffff,
             ece_options: 3,
+            wire: None,
         };
         let (src, dst) = ("127.0.0.1:40000".parse().unwrap(), "[::1]:7471".parse().unwrap());
         for m in [

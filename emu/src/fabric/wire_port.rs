@@ -22,7 +22,7 @@ use std::{
     os::fd::AsRawFd,
     sync::{
         Arc, Weak,
-        atomic::{AtomicU64, Ordering::Relaxed},
+        atomic::{AtomicU32, AtomicU64, Ordering::Relaxed},
     },
     thread::JoinHandle,
 };
@@ -36,7 +36,10 @@ use super::{
     roce::{self, WirePacket},
 };
 use crate::{
-    cm::addr::PortAddress,
+    cm::{
+        addr::PortAddress,
+        mad::{GSI_QKEY, GSI_QPN},
+    },
     engine::{
         self, PSN_MASK,
         packet::{Grh, Kind, NakCode, Packet, Payload, Syndrome},
@@ -104,6 +107,8 @@ struct WirePort {
     /// By UDP source port, the sockets flows send from (`None`: the port was taken, so the
     /// flow sends from 4791).
     senders: Mutex<FxHashMap<u16, Option<Arc<UdpSocket>>>>,
+    /// The next PSN of QP1's datagrams (the connection manager's).
+    gsi_psn: AtomicU32,
     malformed: AtomicU64,
     bad_icrc: AtomicU64,
     unknown_qp: AtomicU64,
@@ -148,6 +153,7 @@ impl WirePorts {
                 }),
                 closing: false.into(),
                 senders: Mutex::new(FxHashMap::default()),
+                gsi_psn: AtomicU32::new(0),
                 malformed: AtomicU64::new(0),
                 bad_icrc: AtomicU64::new(0),
                 unknown_qp: AtomicU64::new(0),
@@ -165,6 +171,34 @@ impl WirePorts {
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(WirePorts { ports, threads: Mutex::new(threads) })
+    }
+
+    /// The wire port that reaches `ip` (the first of its IP family): its device and port, and
+    /// its address.
+    pub(crate) fn route(&self, ip: IpAddr) -> Option<((u32, u8), IpAddr)> {
+        let v4 = ip.to_canonical().is_ipv4();
+        let p = self.ports.iter().find(|p| p.ip.is_ipv4() == v4)?;
+        Some(((p.dev, p.port), p.ip))
+    }
+
+    /// Sends a management datagram from QP1 of the wire port at `local` to QP1 at `peer`:
+    /// a UD SEND with the GSI's Q_Key, as the kernel sends its CM's MADs.
+    pub(crate) fn send_mad(&self, local: IpAddr, peer: IpAddr, mad: &[u8]) {
+        let Some(p) = self.ports.iter().find(|p| p.ip == local) else { return };
+        let mut pkt = Packet::new(Kind::Send);
+        pkt.transport = QpType::UD;
+        (pkt.src_dev, pkt.src_port, pkt.src_qpn) = (p.dev, p.port, GSI_QPN);
+        (pkt.dst_dev, pkt.dst_port, pkt.dst_qpn) = (WIRE_DEV, p.port, GSI_QPN);
+        (pkt.qkey, pkt.len, pkt.mtu) = (GSI_QKEY, mad.len() as u32, 4096);
+        pkt.psn = p.gsi_psn.fetch_add(1, Relaxed) & PSN_MASK;
+        let grh = Grh {
+            sgid: Gid::of_ip(local),
+            dgid: Gid::of_ip(peer.to_canonical()),
+            hop_limit: 64,
+            ..Grh::default()
+        };
+        pkt.payload = Payload::Bytes(mad.into());
+        p.send(&pkt, &grh);
     }
 
     /// Whether a wire port of the IP family of `dgid` is there to send to it.
@@ -337,6 +371,19 @@ impl WirePort {
         }
         if w.pkey & 0x7fff != 0x7fff || matches!(w.transport, QpType::XRC_SEND) {
             return bad(&self.malformed);
+        }
+        if w.dst_qpn == GSI_QPN {
+            // The connection manager's: one MAD in one UD SEND with the GSI's Q_Key.
+            let gsi = w.transport == QpType::UD
+                && w.kind == Kind::Send
+                && w.first
+                && w.last
+                && w.deth.is_some_and(|(qkey, _)| qkey == GSI_QKEY);
+            if !gsi {
+                return bad(&self.malformed);
+            }
+            crate::cm::wire_arrived(f, self.ip, from.ip(), w.payload);
+            return None;
         }
         let Some(qp) = f.lookup_qp_any(w.dst_qpn).filter(|q| q.device_index() == self.dev) else {
             return bad(&self.unknown_qp);

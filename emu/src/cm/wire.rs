@@ -1,0 +1,376 @@
+//! The connection manager beyond a wire port: its messages travel as the IB CM's MADs
+//! (module `mad`) to and from QP1 of the other end, so that an id connects to the kernel's
+//! rdma_cm (rxe's, a RoCE NIC's) and to the emulator on another host (docs/wire.md).
+//!
+//! An address that no emulated port has, of the family of a wire port, resolves to that
+//! port; `connect` sends a REQ (a SIDR REQ for a UD port space) to it. A REQ that comes in
+//! is handed to the listener as one from this host is. From then on the other side is a
+//! [`Remote`] with a [`WirePeer`], and every message to it goes out as a MAD. What comes in
+//! is taken only where it fits: the communication IDs of a connection to the address it
+//! came from, in a state that expects it.
+//!
+//! Not done over the wire: retransmission of our own messages (a lost one is lost: the
+//! network between two wire ports is taken to be reliable for the CM), LAP/APR (path
+//! migration), ECE.
+
+use std::net::{IpAddr, SocketAddr};
+
+use super::{
+    CmId, ConnParam, Msg, PortSpace, REJ_CONSUMER_DEFINED, REJ_INVALID_SERVICE_ID, Remote,
+    SIDR_REJECT, SIDR_UNSUPPORTED, State, UDP_QKEY, WirePeer,
+    mad::{self, CmMad, Mad},
+    request,
+};
+use crate::{
+    error::Result,
+    fabric::FabricInner,
+    types::{Gid, Mtu},
+};
+
+/// The wire port an address beyond the emulated ports is reached through: its device and
+/// port, and its address.
+pub(super) fn route(fabric: &FabricInner, ip: IpAddr) -> Option<((u32, u8), IpAddr)> {
+    fabric.wire.get()?.route(ip)
+}
+
+/// Whether `ip` is beyond the emulated ports, reached through a wire port.
+pub(super) fn beyond(fabric: &FabricInner, ip: IpAddr) -> bool {
+    fabric.cm.addrs.port_of(ip).is_none() && route(fabric, ip).is_some()
+}
+
+/// The node GUID of device `dev` (a REQ and a REP name their CA by it).
+fn ca_guid(fabric: &FabricInner, dev: u32) -> u64 {
+    fabric.devices.get(dev as usize).map_or(0, |d| d.attr.node_guid)
+}
+
+/// Whether two addresses are one (an IPv4 address and its IPv4-mapped form are).
+fn same(a: IpAddr, b: IpAddr) -> bool {
+    a.to_canonical() == b.to_canonical()
+}
+
+fn transmit(fabric: &FabricInner, local: IpAddr, peer: IpAddr, mad: &Mad) {
+    if let Some(w) = fabric.wire.get() {
+        w.send_mad(local, peer, &mad.encode());
+    }
+}
+
+/// How long a request waits for its answer before it is sent again (the network may have
+/// lost it, or the other side's program was not up yet), and how many times it is sent
+/// before `Unreachable` (`ETIMEDOUT`) is raised, as the kernel's CM gives up after its
+/// retries (the kernel waits 4.3 s between them, 16 sends in all).
+const REQUEST_RETRY_NS: u64 = 500_000_000;
+const REQUEST_SENDS: u32 = 16;
+
+/// `rdma_connect` of `id` to `dst` beyond a wire port: the REQ (a SIDR REQ in the UDP port
+/// space) for `from`, our side, sent from `src`, and again until it is answered.
+pub(super) fn connect(
+    id: &CmId,
+    (src, dst): (SocketAddr, SocketAddr),
+    from: &Remote,
+    p: &ConnParam,
+    tos: u8,
+) -> Result<()> {
+    static ATTEMPTS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
+    let fabric = id.fabric();
+    let service_id = mad::service_id(id.0.ps.code(), dst.port());
+    let attempt = ATTEMPTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tid = u64::from(from.id) << 32 | u64::from(attempt);
+    let msg = if id.0.ps == PortSpace::Udp {
+        let mut private = vec![0; mad::SIDR_REQ_PRIVATE];
+        mad::put_ip_header(&mut private, src, dst.ip());
+        private[mad::IP_HEADER..][..p.private_data.len()].copy_from_slice(&p.private_data);
+        CmMad::SidrReq { request_id: comm(from.id), service_id, private }
+    } else {
+        CmMad::Req(Box::new(req(fabric, (src, dst), from, p, tos, service_id)?))
+    };
+    id.0.st.lock().wire_tid = tid;
+    let mad = Mad { tid, msg }.encode();
+    send_request(fabric, std::sync::Arc::downgrade(&id.0), (src.ip(), dst.ip()), mad, 1);
+    Ok(())
+}
+
+/// Sends request `mad` (send number `sends`) of the id `id`, and sends it again later unless
+/// it was answered by then.
+fn send_request(
+    fabric: &FabricInner,
+    id: std::sync::Weak<super::IdInner>,
+    (local, peer): (IpAddr, IpAddr),
+    mad: [u8; mad::MAD_LEN],
+    sends: u32,
+) {
+    if let Some(w) = fabric.wire.get() {
+        w.send_mad(local, peer, &mad);
+    }
+    let tid = u64::from_be_bytes(mad[8..16].try_into().expect("8 bytes"));
+    let again = move |f: &FabricInner| {
+        let Some(id) = id.upgrade().map(CmId) else { return };
+        let mut st = id.0.st.lock();
+        if st.state != State::Connecting || st.remote.is_some() || st.wire_tid != tid {
+            return;
+        }
+        if sends < REQUEST_SENDS {
+            drop(st);
+            return send_request(
+                f,
+                std::sync::Arc::downgrade(&id.0),
+                (local, peer),
+                mad,
+                sends + 1,
+            );
+        }
+        st.state = State::RouteResolved;
+        drop(st);
+        id.raise(super::CmEventType::Unreachable, -libc::ETIMEDOUT, ConnParam::default(), None);
+    };
+    let job = crate::fabric::timer::Job::Later(crate::fabric::timer::Later(Box::new(again)));
+    fabric.timer.schedule(fabric.now() + REQUEST_RETRY_NS, job);
+}
+
+/// The REQ for `from`, our side, from `src` to `dst`.
+fn req(
+    fabric: &FabricInner,
+    (src, dst): (SocketAddr, SocketAddr),
+    from: &Remote,
+    p: &ConnParam,
+    tos: u8,
+    service_id: u64,
+) -> Result<mad::Req> {
+    let port = super::device_at(fabric, from.device)?.port(from.port)?;
+    let mtu = port.attr.lock().active_mtu;
+    let mut private = [0; mad::REQ_PRIVATE];
+    mad::put_ip_header(&mut private, src, dst.ip());
+    private[mad::IP_HEADER..][..p.private_data.len()].copy_from_slice(&p.private_data);
+    Ok(mad::Req {
+        local_id: comm(from.id),
+        service_id,
+        ca_guid: ca_guid(fabric, from.device),
+        qpn: from.qpn,
+        responder_resources: from.responder_resources,
+        initiator_depth: from.initiator_depth,
+        transport: 0,
+        psn: from.psn,
+        retry_count: from.retry_count.min(7),
+        rnr_retry_count: from.rnr_retry_count.min(7),
+        mtu: mtu.0 as u8,
+        srq: p.srq,
+        local_gid: Gid::of_ip(src.ip()),
+        remote_gid: Gid::of_ip(dst.ip()),
+        traffic_class: tos,
+        hop_limit: 64,
+        ack_timeout: 14,
+        private,
+    })
+}
+
+/// Sends `m` to `w` (`peer_qpn`: the other side's QP, which a DREQ names) as its MAD.
+pub(super) fn send(fabric: &FabricInner, w: &WirePeer, peer_qpn: u32, m: Msg) {
+    let sidr = mad::of_service_id(w.service_id).map(|(ps, _)| ps) == Some(PortSpace::Udp.code());
+    let msg = match m {
+        // Requests go out through `connect`.
+        Msg::Req { .. } => return,
+        Msg::Rep { to, from, private } if sidr => CmMad::SidrRep {
+            request_id: to,
+            status: 0,
+            qpn: from.qpn,
+            service_id: w.service_id,
+            qkey: UDP_QKEY,
+            private,
+        },
+        Msg::Rep { to, from, private } => {
+            let mut data = [0; mad::REP_PRIVATE];
+            data[..private.len().min(mad::REP_PRIVATE)]
+                .copy_from_slice(&private[..private.len().min(mad::REP_PRIVATE)]);
+            CmMad::Rep(Box::new(mad::Rep {
+                local_id: comm(from.id),
+                remote_id: to,
+                qpn: from.qpn,
+                psn: from.psn,
+                responder_resources: from.responder_resources,
+                initiator_depth: from.initiator_depth,
+                rnr_retry_count: from.rnr_retry_count.min(7),
+                srq: false,
+                ca_guid: ca_guid(fabric, from.device),
+                private: data,
+            }))
+        }
+        Msg::Rej { to, reason, private } if sidr => CmMad::SidrRep {
+            request_id: to,
+            status: if reason == REJ_INVALID_SERVICE_ID { SIDR_UNSUPPORTED } else { SIDR_REJECT }
+                as u8,
+            qpn: 0,
+            service_id: w.service_id,
+            qkey: 0,
+            private,
+        },
+        Msg::Rej { to, reason, private } => CmMad::Rej {
+            local_id: comm(w.mine),
+            remote_id: to,
+            rejected: mad::REJECTED_REQ,
+            reason: reason as u16,
+            private,
+        },
+        Msg::Rtu { to } => CmMad::Rtu { local_id: comm(w.mine), remote_id: to },
+        Msg::Dreq { to, from } => {
+            CmMad::Dreq { local_id: comm(from), remote_id: to, remote_qpn: peer_qpn }
+        }
+        Msg::Drep { to } => CmMad::Drep { local_id: comm(w.mine), remote_id: to },
+    };
+    transmit(fabric, w.local, w.peer, &Mad { tid: w.tid, msg });
+}
+
+/// The communication ID our id numbered `num` goes by on the wire (0: none). An id's number
+/// is only unique in this process, and the other side tells a request sent again from a new
+/// one by its communication ID: so each process's are its own (its numbers under a mask
+/// drawn when it starts).
+fn comm(num: u32) -> u32 {
+    if num == 0 { 0 } else { num ^ salt() }
+}
+
+/// The number of our id whose communication ID is `comm`.
+fn num_of(comm: u32) -> u32 {
+    if comm == 0 { 0 } else { comm ^ salt() }
+}
+
+fn salt() -> u32 {
+    static SALT: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *SALT.get_or_init(|| {
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        let nanos = t.map_or(0, |d| d.subsec_nanos());
+        // The top bit set: no id's number (they count from 1) maps to 0.
+        (nanos ^ std::process::id().rotate_left(16)) | 0x8000_0000
+    })
+}
+
+/// Our id whose communication ID is `to` if it is connecting (its request out) to `peer`.
+fn connecting_to(fabric: &FabricInner, to: u32, peer: IpAddr) -> Option<CmId> {
+    let id = fabric.cm.id(num_of(to))?;
+    let st = id.0.st.lock();
+    let ours = st.state == State::Connecting && st.peer.is_some_and(|a| same(a.ip(), peer));
+    drop(st);
+    ours.then_some(id)
+}
+
+/// Our id whose communication ID is `to` if its other side is id `from` at `peer`.
+fn connected_to(fabric: &FabricInner, to: u32, from: u32, peer: IpAddr) -> Option<CmId> {
+    let id = fabric.cm.id(num_of(to))?;
+    let r = id.0.st.lock().remote?;
+    let ours = r.id == from && r.wire.is_some_and(|w| same(w.peer, peer));
+    ours.then_some(id)
+}
+
+/// A MAD that came to QP1 of the wire port at `local` from `peer`.
+pub(crate) fn arrived(fabric: &FabricInner, local: IpAddr, peer: IpAddr, bytes: &[u8]) {
+    let Some(Mad { tid, msg }) = Mad::decode(bytes) else { return };
+    let Some((device, port)) = fabric.cm.addrs.port_of(local) else { return };
+    let wire = |mine, mtu, service_id| WirePeer { local, peer, mtu, mine, tid, service_id };
+    // The other side as a REQ or REP names it; what neither carries is left at our own.
+    let remote = |id, qpn, psn, (responder_resources, initiator_depth), wire| Remote {
+        slot: 0,
+        id,
+        qpn,
+        psn,
+        device,
+        port,
+        responder_resources,
+        initiator_depth,
+        retry_count: 7,
+        rnr_retry_count: 7,
+        ece_vendor: 0,
+        ece_options: 0,
+        wire: Some(wire),
+    };
+    match msg {
+        CmMad::Req(r) => {
+            let Some((ps, dport)) = mad::of_service_id(r.service_id) else { return };
+            let (Some(ps), Some((src, dst))) =
+                (PortSpace::from_code(ps), mad::ip_header(&r.private))
+            else {
+                return;
+            };
+            let mtu = Mtu(u32::from(r.mtu));
+            if !(1..=5).contains(&r.mtu) || r.transport != 0 || taken(fabric, r.local_id, peer) {
+                return;
+            }
+            let rd = (r.responder_resources, r.initiator_depth);
+            let from = Remote {
+                retry_count: r.retry_count,
+                rnr_retry_count: r.rnr_retry_count,
+                ..remote(r.local_id, r.qpn, r.psn, rd, wire(0, mtu, r.service_id))
+            };
+            let private = r.private[mad::IP_HEADER..].to_vec();
+            request(fabric, ps, src, SocketAddr::new(dst, dport), from, private);
+        }
+        CmMad::SidrReq { request_id, service_id, private } => {
+            let Some((ps, dport)) = mad::of_service_id(service_id) else { return };
+            let Some((src, dst)) = mad::ip_header(&private) else { return };
+            if ps != PortSpace::Udp.code() || taken(fabric, request_id, peer) {
+                return;
+            }
+            let from = remote(request_id, 0, 0, (0, 0), wire(0, Mtu::MTU_4096, service_id));
+            let private = private[mad::IP_HEADER..].to_vec();
+            request(fabric, PortSpace::Udp, src, SocketAddr::new(dst, dport), from, private);
+        }
+        CmMad::Rep(r) => {
+            let Some(id) = connecting_to(fabric, r.remote_id, peer) else { return };
+            let rd = (r.responder_resources, r.initiator_depth);
+            // A REP names no MTU: the REQ's (ours) holds.
+            let w = wire(id.0.num, Mtu::MTU_4096, 0);
+            let from = Remote {
+                rnr_retry_count: r.rnr_retry_count,
+                ..remote(r.local_id, r.qpn, r.psn, rd, w)
+            };
+            id.replied(from, &r.private);
+        }
+        CmMad::SidrRep { request_id, status, qpn, service_id, private, .. } => {
+            let Some(id) = connecting_to(fabric, request_id, peer) else { return };
+            if status != 0 {
+                let reason = if i32::from(status) == SIDR_UNSUPPORTED {
+                    REJ_INVALID_SERVICE_ID
+                } else {
+                    REJ_CONSUMER_DEFINED
+                };
+                return id.rejected(reason, &private);
+            }
+            let w = wire(id.0.num, Mtu::MTU_4096, service_id);
+            id.replied(remote(request_id, qpn, 0, (0, 0), w), &private);
+        }
+        CmMad::Rej { local_id, remote_id, reason, private, .. } => {
+            // Our request refused (the other side may have no id for it: 0).
+            if let Some(id) = connecting_to(fabric, remote_id, peer) {
+                id.rejected(i32::from(reason), &private);
+            } else if let Some(id) = connected_to(fabric, remote_id, local_id, peer) {
+                // Our reply refused, or the other side gave up waiting: it is over.
+                id.disconnected_by_peer(false);
+            }
+        }
+        CmMad::Rtu { local_id, remote_id } => {
+            connected_to(fabric, remote_id, local_id, peer).inspect(CmId::ready_to_use);
+        }
+        CmMad::Dreq { local_id, remote_id, .. } => {
+            match connected_to(fabric, remote_id, local_id, peer) {
+                Some(id) if !matches!(id.0.st.lock().state, State::Disconnected) => {
+                    id.disconnected_by_peer(true)
+                }
+                // A connection that is over here (or was never): answered at once, as the
+                // kernel's CM answers, so the other side stops asking.
+                _ => {
+                    let msg = CmMad::Drep { local_id: remote_id, remote_id: local_id };
+                    transmit(fabric, local, peer, &Mad { tid, msg });
+                }
+            }
+        }
+        CmMad::Drep { local_id, remote_id } => {
+            connected_to(fabric, remote_id, local_id, peer).inspect(CmId::disconnect_replied);
+        }
+        // The other side needs longer: we wait for as long as it takes anyway.
+        CmMad::Mra { .. } => {}
+    }
+}
+
+/// Whether the request `id` from `peer` was taken already (the other side sent it again).
+fn taken(fabric: &FabricInner, id: u32, peer: IpAddr) -> bool {
+    let ids = fabric.cm.ids.lock();
+    ids.values().filter_map(std::sync::Weak::upgrade).any(|c| {
+        c.st.lock().remote.is_some_and(|r| r.id == id && r.wire.is_some_and(|w| same(w.peer, peer)))
+    })
+}
