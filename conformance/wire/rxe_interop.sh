@@ -58,7 +58,7 @@ both() {
     wait "$s"
     sv=$?
     if [ "$c" = 0 ] && [ "$sv" = 0 ]; then
-        echo "PASS $name (server on $server, $((SECONDS - t0)) s): $(grep -E 'iters|^ *[0-9]+ +[0-9]+|^ok|ping data' "/tmp/$log.log" | tail -1 | cut -c1-100)"
+        echo "PASS $name (server on $server, $((SECONDS - t0)) s): $(grep -E 'iters|^ *[0-9]+ +[0-9]+|^ok|ping data|complete' "/tmp/$log.log" | tail -1 | cut -c1-100)"
     else
         failed=1
         echo "FAIL $name (server on $server): client $c, server $sv"
@@ -119,6 +119,23 @@ run_cm() {
     }
     both "$name" "$server" client
 }
+# run_bs NAME SERVER PROGRAM ARGS...: a program of rdmacm-utils that binds its side's address
+# (-b) and, as client, connects to the server's (-s).
+run_bs() {
+    local name=$1 server=$2
+    PROG=$3
+    shift 3
+    ARGS=("$@")
+    side() {
+        case "$1/$2" in
+        server/emu) emu timeout 60 "$PROG" -b "$A_EMU" "${ARGS[@]}" ;;
+        server/rxe) timeout 60 "$PROG" -b "$A_RXE" "${ARGS[@]}" ;;
+        client/emu) emu timeout 60 "$PROG" -s "$A_RXE" -b "$A_EMU" "${ARGS[@]}" ;;
+        client/rxe) timeout 60 "$PROG" -s "$A_EMU" -b "$A_RXE" "${ARGS[@]}" ;;
+        esac
+    }
+    both "$name" "$server" client
+}
 # want NAME [WANTED...]: whether NAME is among the programs asked for (all when none are).
 want() {
     local name=$1
@@ -139,6 +156,9 @@ for server in emu rxe; do
     # Connected through rdma_cm: REQ, REP, RTU, DREQ and DREP between the two CMs. rping checks
     # every ping's bytes (-V); perftest's -R connects its QPs through rdma_cm (IPv4 only).
     want rping "$@" && run_cm rping "$server" rping -p 7174 -C 100 -S 2000 -V -v
+    # Two connections of SENDs (ucmatose, RC) and UD datagrams addressed through SIDR (udaddy).
+    want ucmatose "$@" && run_bs ucmatose "$server" ucmatose -c 2 -C 100 -S 1000
+    want udaddy "$@" && run_bs udaddy "$server" udaddy -c 2 -C 100 -S 512
     if [ "$A_RXE" = 10.0.4.1 ]; then
         want write_bw_cm "$@" && run write_bw_cm "$server" -x ib_write_bw -n 500 -s 65536 -F -R
         want send_lat_cm "$@" && run send_lat_cm "$server" -x ib_send_lat -n 500 -s 64 -F -R

@@ -99,7 +99,7 @@ fn server_and_client(ends: &Ends, prog: &str, gid: &str, args: &[&str]) -> Strin
     c_out
 }
 
-/// Runs `prog` (`-p PORT` added) as server at one end and then as client at the other with
+/// Runs `prog` (`-p PORT` added, but to udaddy, whose port is fixed) as server at one end and then as client at the other with
 /// `client_args`, both through rdma_cm (the IB CM's MADs over the wire); both must succeed.
 /// The client's output. A request sent before the server's wire port is up is sent again by
 /// the CM itself; one that comes while nobody listens on the port is refused (REJ, "invalid
@@ -115,13 +115,16 @@ fn connected_by_rdma_cm(
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port().to_string();
         drop(listener);
+        let port: &[&str] = if prog == "udaddy" { &[] } else { &["-p", &port] };
         let mut server: Child =
-            wrapped(&ends.server, prog).args(server_args).args(["-p", &port]).spawn().unwrap();
-        let client = wrapped(&ends.client, prog).args(client_args).args(["-p", &port]).spawn();
+            wrapped(&ends.server, prog).args(server_args).args(port).spawn().unwrap();
+        let client = wrapped(&ends.client, prog).args(client_args).args(port).spawn();
         let (c_ok, c_out) = finish(client.unwrap(), Duration::from_secs(60), "client");
-        // rping reports the REJECTED event, perftest the event's number (8).
-        let refused =
-            c_out.contains("RDMA_CM_EVENT_REJECTED") || c_out.contains("CM event bl blka 8");
+        // rping and ucmatose report the REJECTED event, perftest the event's number (8),
+        // udaddy (a SIDR request) UNREACHABLE with status 1, "unsupported".
+        let refused = c_out.contains("RDMA_CM_EVENT_REJECTED")
+            || c_out.contains("CM event bl blka 8")
+            || c_out.contains("RDMA_CM_EVENT_UNREACHABLE, error: 1");
         if !c_ok && refused && attempt < 5 {
             let _ = server.kill();
             let _ = server.wait();
@@ -135,14 +138,24 @@ fn connected_by_rdma_cm(
     unreachable!()
 }
 
-/// rping (every ping's bytes checked: `-V`) and perftest's `-R` (its QPs connected through
-/// rdma_cm) between `ends`, the server on its wire address `server_ip`.
+/// rping (every ping's bytes checked: `-V`), ucmatose (two RC connections), udaddy (two UD
+/// QPs addressed through SIDR) and perftest's `-R` (its QPs connected through rdma_cm)
+/// between `ends`, the server on its wire address `server_ip`.
 fn rdma_cm_programs(ends: &Ends, server_ip: &str, perftest: bool) {
     let ping = ["-C", "50", "-S", "500", "-V", "-v"];
     let server: Vec<&str> = ["-s", "-a", server_ip].iter().chain(&ping).copied().collect();
     let client: Vec<&str> = ["-c", "-a", server_ip].iter().chain(&ping).copied().collect();
     let out = connected_by_rdma_cm(ends, "rping", &server, &client);
     assert!(out.contains("rdma-ping-49: "), "{out}");
+    for prog in ["ucmatose", "udaddy"] {
+        let args = ["-c", "2", "-C", "50", "-S", "512"];
+        let server: Vec<&str> = ["-b", server_ip].iter().chain(&args).copied().collect();
+        let client_ip = &ends.client.0;
+        let client: Vec<&str> =
+            ["-s", server_ip, "-b", client_ip].iter().chain(&args).copied().collect();
+        let out = connected_by_rdma_cm(ends, prog, &server, &client);
+        assert!(out.contains("test complete") && out.contains("return status 0"), "{prog}: {out}");
+    }
     if perftest {
         for prog in ["ib_write_bw", "ib_send_lat"] {
             let args = ["-R", "-n", "200", "-s", "4096"];
