@@ -374,3 +374,202 @@ fn taken(fabric: &FabricInner, id: u32, peer: IpAddr) -> bool {
         c.st.lock().remote.is_some_and(|r| r.id == id && r.wire.is_some_and(|w| same(w.peer, peer)))
     })
 }
+
+#[cfg(test)]
+mod test {
+    use std::{
+        net::{IpAddr, SocketAddr, UdpSocket},
+        time::{Duration, Instant},
+    };
+
+    use super::*;
+    use crate::{
+        Fabric, FabricConfig, Profile,
+        cm::{CmChannel, CmEvent, CmEventType, addr::PortAddress},
+    };
+
+    /// A fabric with a wire port at `ip`.
+    fn wired(ip: IpAddr) -> Fabric {
+        let wire = vec![PortAddress { ip, device: 0, port: 1 }];
+        let cfg = FabricConfig { profile: Profile::Rxe, host: None, wire, ..Default::default() };
+        Fabric::try_new(cfg).unwrap()
+    }
+
+    /// The next event on `ch` within a second; `None` if none comes.
+    fn event(ch: &CmChannel) -> Option<CmEvent> {
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while Instant::now() < deadline {
+            if let Ok(e) = ch.get_event() {
+                return Some(e);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        None
+    }
+
+    /// The MAD in the next datagram `peer` takes (BTH, DETH, MAD, ICRC).
+    fn mad_at(peer: &UdpSocket) -> Mad {
+        let mut b = [0u8; 512];
+        let (n, _) = peer.recv_from(&mut b).unwrap();
+        assert_eq!(n, 12 + 8 + mad::MAD_LEN + 4, "one MAD in a UD SEND");
+        assert_eq!(&b[12..16], &mad::GSI_QKEY.to_be_bytes());
+        Mad::decode(&b[20..20 + mad::MAD_LEN]).unwrap()
+    }
+
+    /// A REQ to our port 7000 from the peer's CM, its id `local_id`.
+    fn req_from(peer: SocketAddr, ours: IpAddr, local_id: u32) -> [u8; mad::MAD_LEN] {
+        let mut private = [0; mad::REQ_PRIVATE];
+        mad::put_ip_header(&mut private, SocketAddr::new(peer.ip(), 40000), ours);
+        private[mad::IP_HEADER..][..5].copy_from_slice(b"hello");
+        let req = mad::Req {
+            local_id,
+            service_id: mad::service_id(PortSpace::Tcp.code(), 7000),
+            ca_guid: 0x1234,
+            qpn: 0x77,
+            responder_resources: 1,
+            initiator_depth: 1,
+            transport: 0,
+            psn: 0x42,
+            retry_count: 7,
+            rnr_retry_count: 7,
+            mtu: 3,
+            srq: false,
+            local_gid: Gid::of_ip(peer.ip()),
+            remote_gid: Gid::of_ip(ours),
+            traffic_class: 0,
+            hop_limit: 64,
+            ack_timeout: 14,
+            private,
+        };
+        Mad { tid: 9, msg: CmMad::Req(Box::new(req)) }.encode()
+    }
+
+    /// A connection request from beyond the wire port reaches the listener, the answers go
+    /// back as MADs with the other side's IDs, and what does not fit the connection (another
+    /// address, other IDs, garbage, a message for no id) changes nothing; a DREQ for a
+    /// connection that is over is answered.
+    #[test]
+    fn test_the_cm_answers_a_peer_beyond_the_wire_and_ignores_what_does_not_fit() {
+        let ours: IpAddr = "127.0.3.1".parse().unwrap();
+        let peer_at: SocketAddr = "127.0.3.2:4791".parse().unwrap();
+        let stranger: IpAddr = "127.0.3.3".parse().unwrap();
+        let peer = UdpSocket::bind(peer_at).unwrap();
+        peer.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let f = wired(ours);
+        let ch = CmChannel::new(&f).unwrap();
+        ch.set_nonblocking(true).unwrap();
+        let listener = CmId::create(&ch, PortSpace::Tcp).unwrap();
+        listener.bind_addr(SocketAddr::new(ours, 7000)).unwrap();
+        listener.listen(1).unwrap();
+        let take = |from: IpAddr, b: &[u8]| arrived(&f.0, ours, from, b);
+
+        // Garbage, a MAD of another class, a REP and an RTU for no connection: nothing.
+        take(peer_at.ip(), &[0xff; 300]);
+        let mut other = req_from(peer_at, ours, 5);
+        other[1] = 0x01;
+        take(peer_at.ip(), &other);
+        let rep = Mad { tid: 1, msg: CmMad::Rtu { local_id: 5, remote_id: 1 } }.encode();
+        take(peer_at.ip(), &rep);
+        assert!(event(&ch).is_none());
+
+        // The request, and the same again (sent again by its CM): one ConnectRequest.
+        take(peer_at.ip(), &req_from(peer_at, ours, 5));
+        take(peer_at.ip(), &req_from(peer_at, ours, 5));
+        let e = event(&ch).unwrap();
+        assert_eq!(e.event, CmEventType::ConnectRequest);
+        assert_eq!((e.param.qp_num, &e.param.private_data[..5]), (0x77, &b"hello"[..]));
+        assert_eq!(e.id.peer_addr(), Some("127.0.3.2:40000".parse().unwrap()));
+        assert!(event(&ch).is_none(), "the request sent again was taken as one");
+        let conn = e.id;
+        conn.accept(&ConnParam {
+            qp_num: 0x99,
+            private_data: b"yes".to_vec(),
+            ..Default::default()
+        })
+        .unwrap();
+        let Mad { tid, msg: CmMad::Rep(rep) } = mad_at(&peer) else { panic!("no REP") };
+        assert_eq!((tid, rep.remote_id, rep.qpn, &rep.private[..3]), (9, 5, 0x99, &b"yes"[..]));
+        let mine = rep.local_id;
+        assert_ne!(mine, conn.0.num, "an id goes by its communication ID on the wire");
+
+        // An RTU from another address, or naming another id, is not the peer's.
+        take(stranger, &Mad { tid, msg: CmMad::Rtu { local_id: 5, remote_id: mine } }.encode());
+        take(peer_at.ip(), &Mad { tid, msg: CmMad::Rtu { local_id: 6, remote_id: mine } }.encode());
+        assert!(event(&ch).is_none());
+        take(peer_at.ip(), &Mad { tid, msg: CmMad::Rtu { local_id: 5, remote_id: mine } }.encode());
+        assert_eq!(event(&ch).unwrap().event, CmEventType::Established);
+
+        // Its DREQ ends the connection; our disconnect answers it.
+        let dreq = Mad { tid, msg: CmMad::Dreq { local_id: 5, remote_id: mine, remote_qpn: 0x99 } };
+        take(peer_at.ip(), &dreq.encode());
+        assert_eq!(event(&ch).unwrap().event, CmEventType::Disconnected);
+        conn.disconnect().unwrap();
+        let Mad { msg: CmMad::Drep { local_id, remote_id }, .. } = mad_at(&peer) else {
+            panic!("no DREP")
+        };
+        assert_eq!((local_id, remote_id), (mine, 5));
+        // The same DREQ again (our DREP lost): answered again, nothing raised.
+        take(peer_at.ip(), &dreq.encode());
+        let Mad { msg: CmMad::Drep { local_id, remote_id }, .. } = mad_at(&peer) else {
+            panic!("no DREP")
+        };
+        assert_eq!((local_id, remote_id), (mine, 5));
+    }
+
+    /// A request beyond the wire port that nobody answers is sent again, then reported
+    /// `Unreachable` (`ETIMEDOUT`); one to a port nobody listens on is refused.
+    #[test]
+    fn test_a_request_is_sent_again_until_answered_and_a_refusal_is_reported() {
+        let ours: IpAddr = "127.0.3.11".parse().unwrap();
+        let peer_at: SocketAddr = "127.0.3.12:4791".parse().unwrap();
+        let peer = UdpSocket::bind(peer_at).unwrap();
+        peer.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let f = wired(ours);
+        let ch = CmChannel::new(&f).unwrap();
+        ch.set_nonblocking(true).unwrap();
+        let id = CmId::create(&ch, PortSpace::Tcp).unwrap();
+        id.resolve_addr(None, SocketAddr::new(peer_at.ip(), 7001), 1000).unwrap();
+        assert_eq!(event(&ch).unwrap().event, CmEventType::AddrResolved);
+        assert_eq!(id.local_addr().map(|a| a.ip()), Some(ours), "from the wire port's address");
+        id.resolve_route(1000).unwrap();
+        assert_eq!(event(&ch).unwrap().event, CmEventType::RouteResolved);
+        id.connect(&ConnParam { qp_num: 0x55, ..Default::default() }).unwrap();
+        let Mad { msg: CmMad::Req(first), .. } = mad_at(&peer) else { panic!("no REQ") };
+        assert_eq!(mad::of_service_id(first.service_id), Some((PortSpace::Tcp.code(), 7001)));
+        assert_eq!(
+            mad::ip_header(&first.private).map(|(s, d)| (s.ip(), d)),
+            Some((ours, peer_at.ip()))
+        );
+        let Mad { msg: CmMad::Req(again), .. } = mad_at(&peer) else { panic!("no REQ again") };
+        assert_eq!(again, first);
+        // Refused: REJ "invalid service ID" for our request.
+        let rej = CmMad::Rej {
+            local_id: 0,
+            remote_id: first.local_id,
+            rejected: mad::REJECTED_REQ,
+            reason: REJ_INVALID_SERVICE_ID as u16,
+            private: Vec::new(),
+        };
+        arrived(&f.0, ours, peer_at.ip(), &Mad { tid: 1, msg: rej }.encode());
+        let e = event(&ch).unwrap();
+        assert_eq!((e.event, e.status), (CmEventType::Rejected, REJ_INVALID_SERVICE_ID));
+        // Asked again, and never answered: Unreachable once the sends run out.
+        id.connect(&ConnParam { qp_num: 0x55, ..Default::default() }).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let e = loop {
+            if let Some(e) = event(&ch) {
+                break e;
+            }
+            assert!(Instant::now() < deadline, "never unreachable");
+        };
+        assert_eq!((e.event, e.status), (CmEventType::Unreachable, -libc::ETIMEDOUT));
+        let mut sends = 0;
+        peer.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+        let mut b = [0u8; 512];
+        while peer.recv_from(&mut b).is_ok() {
+            sends += 1;
+        }
+        // The first request's two sends were read above; the rest are still queued.
+        assert!(sends >= REQUEST_SENDS as usize, "{sends} sends");
+    }
+}
