@@ -35,12 +35,14 @@ static inline struct ibv_context *open_first_device(void)
  * `*gid` unless NULL. */
 static inline int roce_v2_gid_index(struct ibv_context *ctx, const char *ip, union ibv_gid *gid)
 {
-	struct in_addr a;
-	CHECK(inet_pton(AF_INET, ip, &a) == 1);
+	/* An IPv6 address is its GID; an IPv4 one is the GID's last four bytes. */
+	unsigned char a[16];
+	int v6 = inet_pton(AF_INET6, ip, a) == 1;
+	CHECK(v6 || inet_pton(AF_INET, ip, a) == 1);
 	for (int i = 0; i < 16; i++) {
 		struct ibv_gid_entry e;
 		if (!ibv_query_gid_ex(ctx, 1, i, &e, 0) && e.gid_type == IBV_GID_TYPE_ROCE_V2 &&
-		    memcmp(e.gid.raw + 12, &a, 4) == 0) {
+		    (v6 ? memcmp(e.gid.raw, a, 16) == 0 : memcmp(e.gid.raw + 12, a, 4) == 0)) {
 			if (gid)
 				*gid = e.gid;
 			return i;

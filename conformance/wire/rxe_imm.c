@@ -1,10 +1,12 @@
 /* Immediate data over the wire (docs/wire.md): an RC QP on the first device, addressed by the
- * RoCE v2 GID of an IPv4 address, connected to its peer through a TCP exchange.
+ * RoCE v2 GID of an IP address (IPv4 or IPv6), connected to its peer through a TCP exchange
+ * (over IPv4).
  *
  *   rxe_imm server 10.0.4.2 PORT             waits for the client on PORT; checks a SEND with
  *                                            immediate and a 3,000-byte WRITE with immediate
  *                                            (three packets at MTU 1024): prints "ok"
- *   rxe_imm client 10.0.4.1 10.0.4.2 PORT    sends them, from the first address to the server
+ *   rxe_imm client 10.0.4.1 10.0.4.2 PORT    sends them from the GID of the first address
+ *                                            (fd77::1 for IPv6) to the server at the second
  *
  * Either side runs on rxe0 or on the emulator (rdma-emu run --wire ...). */
 #include <arpa/inet.h>

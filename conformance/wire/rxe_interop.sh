@@ -93,10 +93,10 @@ run_imm() {
     fi
     side() {
         case "$1/$2" in
-        server/emu) emu timeout 60 "$I" server 10.0.4.2 19700 ;;
-        server/rxe) timeout 60 "$I" server 10.0.4.1 19700 ;;
-        client/emu) emu timeout 60 "$I" client 10.0.4.2 10.0.4.1 19700 ;;
-        client/rxe) timeout 60 "$I" client 10.0.4.1 10.0.4.2 19700 ;;
+        server/emu) emu timeout 60 "$I" server "$A_EMU" 19700 ;;
+        server/rxe) timeout 60 "$I" server "$A_RXE" 19700 ;;
+        client/emu) emu timeout 60 "$I" client "$A_EMU" 10.0.4.1 19700 ;;
+        client/rxe) timeout 60 "$I" client "$A_RXE" 10.0.4.2 19700 ;;
         esac
     }
     both imm "$1" server
