@@ -65,6 +65,8 @@
 //! except where the InfiniBand specification says otherwise (see `docs/divergences.md`).
 #![deny(unsafe_code)]
 
+#[cfg(test)]
+mod captured;
 pub mod cm;
 mod engine;
 mod error;

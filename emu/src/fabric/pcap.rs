@@ -465,18 +465,7 @@ pub(super) mod test {
     /// Frames the kernel's rxe (Linux 6.1) sent, captured in the rxe VM by
     /// `conformance/wire/rxe_frames.c`: the IP packet onwards of each.
     pub(crate) fn rxe_frames() -> Vec<(String, Vec<u8>)> {
-        include_str!("testdata/rxe-frames.txt")
-            .lines()
-            .filter_map(|l| l.strip_prefix("frame "))
-            .map(|l| {
-                let (what, hex) = l.split_once(' ').unwrap();
-                let bytes = (0..hex.len())
-                    .step_by(2)
-                    .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
-                    .collect();
-                (what.to_owned(), bytes)
-            })
-            .collect()
+        crate::captured::tagged_hex(include_str!("testdata/rxe-frames.txt"), "frame")
     }
 
     /// The sending side of the check that rxe accepts the emulator's packets (docs/wire.md,
