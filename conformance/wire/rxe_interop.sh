@@ -101,38 +101,25 @@ run_imm() {
     }
     both imm "$1" server
 }
-# run_cm NAME SERVER PROGRAM ARGS...: a program that connects through rdma_cm (the IB CM's
-# MADs on the wire): the server binds to its side's RoCE address (-a), the client connects to
-# the other's.
+# run_cm NAME SERVER STYLE PROGRAM ARGS...: a program that connects through rdma_cm (the IB
+# CM's MADs on the wire), each side on its RoCE address. STYLE a: rping's flags (-s or -c,
+# -a ADDRESS: the server binds its own, the client connects to the other's); b: those of
+# rdmacm-utils (-b OWN, and for the client -s SERVER).
 run_cm() {
-    local name=$1 server=$2
-    PROG=$3
-    shift 3
+    local name=$1 server=$2 style=$3
+    PROG=$4
+    shift 4
     ARGS=("$@")
     side() {
-        case "$1/$2" in
-        server/emu) emu timeout 60 "$PROG" -s -a "$A_EMU" "${ARGS[@]}" ;;
-        server/rxe) timeout 60 "$PROG" -s -a "$A_RXE" "${ARGS[@]}" ;;
-        client/emu) emu timeout 60 "$PROG" -c -a "$A_RXE" "${ARGS[@]}" ;;
-        client/rxe) timeout 60 "$PROG" -c -a "$A_EMU" "${ARGS[@]}" ;;
+        local own=$A_EMU other=$A_RXE run=emu flags
+        [ "$2" = rxe ] && own=$A_RXE other=$A_EMU run=
+        case "$style/$1" in
+        a/server) flags=(-s -a "$own") ;;
+        a/client) flags=(-c -a "$other") ;;
+        b/server) flags=(-b "$own") ;;
+        b/client) flags=(-s "$other" -b "$own") ;;
         esac
-    }
-    both "$name" "$server" client
-}
-# run_bs NAME SERVER PROGRAM ARGS...: a program of rdmacm-utils that binds its side's address
-# (-b) and, as client, connects to the server's (-s).
-run_bs() {
-    local name=$1 server=$2
-    PROG=$3
-    shift 3
-    ARGS=("$@")
-    side() {
-        case "$1/$2" in
-        server/emu) emu timeout 60 "$PROG" -b "$A_EMU" "${ARGS[@]}" ;;
-        server/rxe) timeout 60 "$PROG" -b "$A_RXE" "${ARGS[@]}" ;;
-        client/emu) emu timeout 60 "$PROG" -s "$A_RXE" -b "$A_EMU" "${ARGS[@]}" ;;
-        client/rxe) timeout 60 "$PROG" -s "$A_EMU" -b "$A_RXE" "${ARGS[@]}" ;;
-        esac
+        $run timeout 60 "$PROG" "${flags[@]}" "${ARGS[@]}"
     }
     both "$name" "$server" client
 }
@@ -155,10 +142,10 @@ for server in emu rxe; do
     want imm "$@" && run_imm "$server"
     # Connected through rdma_cm: REQ, REP, RTU, DREQ and DREP between the two CMs. rping checks
     # every ping's bytes (-V); perftest's -R connects its QPs through rdma_cm (IPv4 only).
-    want rping "$@" && run_cm rping "$server" rping -p 7174 -C 100 -S 2000 -V -v
+    want rping "$@" && run_cm rping "$server" a rping -p 7174 -C 100 -S 2000 -V -v
     # Two connections of SENDs (ucmatose, RC) and UD datagrams addressed through SIDR (udaddy).
-    want ucmatose "$@" && run_bs ucmatose "$server" ucmatose -c 2 -C 100 -S 1000
-    want udaddy "$@" && run_bs udaddy "$server" udaddy -c 2 -C 100 -S 512
+    want ucmatose "$@" && run_cm ucmatose "$server" b ucmatose -c 2 -C 100 -S 1000
+    want udaddy "$@" && run_cm udaddy "$server" b udaddy -c 2 -C 100 -S 512
     if [ "$A_RXE" = 10.0.4.1 ]; then
         want write_bw_cm "$@" && run write_bw_cm "$server" -x ib_write_bw -n 500 -s 65536 -F -R
         want send_lat_cm "$@" && run send_lat_cm "$server" -x ib_send_lat -n 500 -s 64 -F -R

@@ -15,10 +15,6 @@ use crate::types::Gid;
 pub(crate) const MAD_LEN: usize = 256;
 /// The common MAD header before each message's fields.
 const HDR: usize = 24;
-/// The Q_Key of QP1 (the general services interface) on every port.
-pub(crate) const GSI_QKEY: u32 = 0x8001_0000;
-/// The QPN of the general services interface.
-pub(crate) const GSI_QPN: u32 = 1;
 
 const BASE_VERSION: u8 = 1;
 const CLASS_CM: u8 = 0x07;
@@ -421,23 +417,13 @@ pub(crate) fn ip_header(private: &[u8]) -> Option<(SocketAddr, IpAddr)> {
 #[cfg(test)]
 mod test {
     use super::*;
+    use crate::fabric::roce::GSI_QKEY;
 
     /// The UDP payloads (BTH to ICRC) of the IB CM MADs rxe sent (Linux 6.1, captured in the
     /// rxe VM): `rping -c -a 10.0.4.2 -p 7174` from 10.0.4.1 to an address where nobody
     /// answered: its REQ, and the REJ (reason 4, timeout) once it gave up.
     fn rxe_mads() -> Vec<(String, Vec<u8>)> {
-        include_str!("testdata/rxe-cm-mads.txt")
-            .lines()
-            .filter_map(|l| l.strip_prefix("mad "))
-            .map(|l| {
-                let (what, hex) = l.split_once(' ').unwrap();
-                let bytes = (0..hex.len())
-                    .step_by(2)
-                    .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
-                    .collect();
-                (what.to_owned(), bytes)
-            })
-            .collect()
+        crate::captured::tagged_hex(include_str!("testdata/rxe-cm-mads.txt"), "mad")
     }
 
     /// BTH (12) and DETH (8) before the MAD, ICRC (4) after it.

@@ -11,10 +11,11 @@
 //! on the host fabric they travel as control messages (module `msg`), and a port bound in one
 //! process is taken in all of them (a file per port in the fabric's directory names the node
 //! that holds it). A peer process that dies ends its connections: the survivor sees
-//! `Disconnected` (or `Unreachable` while connecting).
+//! `Disconnected` (or `Unreachable` while connecting). Beyond a wire port they are the IB
+//! CM's own MADs on QP1 (modules `wire` and `mad`), so the other side may be the kernel's CM.
 
 pub mod addr;
-pub(crate) mod mad;
+mod mad;
 mod msg;
 mod wire;
 

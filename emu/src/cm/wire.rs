@@ -388,11 +388,17 @@ mod test {
         cm::{CmChannel, CmEvent, CmEventType, addr::PortAddress},
     };
 
-    /// A fabric with a wire port at `ip`.
-    fn wired(ip: IpAddr) -> Fabric {
-        let wire = vec![PortAddress { ip, device: 0, port: 1 }];
+    /// A fabric with a wire port at `ours`, an event channel of it (not blocking) and a
+    /// socket on port 4791 at `peer`, standing in for the other end's CM.
+    fn wired(ours: &str, peer: &str) -> (Fabric, CmChannel, UdpSocket) {
+        let wire = vec![PortAddress { ip: ours.parse().unwrap(), device: 0, port: 1 }];
         let cfg = FabricConfig { profile: Profile::Rxe, host: None, wire, ..Default::default() };
-        Fabric::try_new(cfg).unwrap()
+        let f = Fabric::try_new(cfg).unwrap();
+        let ch = CmChannel::new(&f).unwrap();
+        ch.set_nonblocking(true).unwrap();
+        let peer = UdpSocket::bind((peer.parse::<IpAddr>().unwrap(), 4791)).unwrap();
+        peer.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        (f, ch, peer)
     }
 
     /// The next event on `ch` within a second; `None` if none comes.
@@ -412,7 +418,7 @@ mod test {
         let mut b = [0u8; 512];
         let (n, _) = peer.recv_from(&mut b).unwrap();
         assert_eq!(n, 12 + 8 + mad::MAD_LEN + 4, "one MAD in a UD SEND");
-        assert_eq!(&b[12..16], &mad::GSI_QKEY.to_be_bytes());
+        assert_eq!(&b[12..16], &crate::fabric::roce::GSI_QKEY.to_be_bytes());
         Mad::decode(&b[20..20 + mad::MAD_LEN]).unwrap()
     }
 
@@ -450,14 +456,10 @@ mod test {
     /// connection that is over is answered.
     #[test]
     fn test_the_cm_answers_a_peer_beyond_the_wire_and_ignores_what_does_not_fit() {
-        let ours: IpAddr = "127.0.3.1".parse().unwrap();
-        let peer_at: SocketAddr = "127.0.3.2:4791".parse().unwrap();
+        let (f, ch, peer) = wired("127.0.3.1", "127.0.3.2");
+        let (ours, peer_at): (IpAddr, _) =
+            ("127.0.3.1".parse().unwrap(), peer.local_addr().unwrap());
         let stranger: IpAddr = "127.0.3.3".parse().unwrap();
-        let peer = UdpSocket::bind(peer_at).unwrap();
-        peer.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let f = wired(ours);
-        let ch = CmChannel::new(&f).unwrap();
-        ch.set_nonblocking(true).unwrap();
         let listener = CmId::create(&ch, PortSpace::Tcp).unwrap();
         listener.bind_addr(SocketAddr::new(ours, 7000)).unwrap();
         listener.listen(1).unwrap();
@@ -520,13 +522,9 @@ mod test {
     /// `Unreachable` (`ETIMEDOUT`); one to a port nobody listens on is refused.
     #[test]
     fn test_a_request_is_sent_again_until_answered_and_a_refusal_is_reported() {
-        let ours: IpAddr = "127.0.3.11".parse().unwrap();
-        let peer_at: SocketAddr = "127.0.3.12:4791".parse().unwrap();
-        let peer = UdpSocket::bind(peer_at).unwrap();
-        peer.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let f = wired(ours);
-        let ch = CmChannel::new(&f).unwrap();
-        ch.set_nonblocking(true).unwrap();
+        let (f, ch, peer) = wired("127.0.3.11", "127.0.3.12");
+        let (ours, peer_at): (IpAddr, _) =
+            ("127.0.3.11".parse().unwrap(), peer.local_addr().unwrap());
         let id = CmId::create(&ch, PortSpace::Tcp).unwrap();
         id.resolve_addr(None, SocketAddr::new(peer_at.ip(), 7001), 1000).unwrap();
         assert_eq!(event(&ch).unwrap().event, CmEventType::AddrResolved);

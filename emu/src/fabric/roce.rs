@@ -9,6 +9,12 @@
 
 use crate::{engine::packet::Kind, types::QpType};
 
+/// The QPN of the general services interface (QP1), where management datagrams go: the
+/// connection manager's among them.
+pub(crate) const GSI_QPN: u32 = 1;
+/// QP1's Q_Key on every port.
+pub(crate) const GSI_QKEY: u32 = 0x8001_0000;
+
 /// The 5-bit opcodes within a transport (IBA 9.2, Table 38; FLUSH and ATOMIC WRITE of 1.5).
 pub(crate) mod op {
     pub(crate) const SEND_FIRST: u8 = 0x00;

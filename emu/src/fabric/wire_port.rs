@@ -33,13 +33,10 @@ use rustc_hash::FxHashMap;
 use super::{
     FabricInner,
     pcap::{self, Ends, ROCE_V2_PORT},
-    roce::{self, WirePacket},
+    roce::{self, GSI_QKEY, GSI_QPN, WirePacket},
 };
 use crate::{
-    cm::{
-        addr::PortAddress,
-        mad::{GSI_QKEY, GSI_QPN},
-    },
+    cm::addr::PortAddress,
     engine::{
         self, PSN_MASK,
         packet::{Grh, Kind, NakCode, Packet, Payload, Syndrome},
