@@ -81,7 +81,11 @@ pub(super) fn connect(
         private[mad::IP_HEADER..][..p.private_data.len()].copy_from_slice(&p.private_data);
         CmMad::SidrReq { request_id: comm(from.id), service_id, private }
     } else {
-        CmMad::Req(Box::new(req(fabric, (src, dst), from, p, tos, service_id)?))
+        // An id whose QP is UC asks for UC (the transport service type), as the kernel's.
+        let uc = id.0.st.lock().qp.as_ref().is_some_and(|q| q.qp_type() == crate::QpType::UC);
+        let mut req = req(fabric, (src, dst), from, p, tos, service_id)?;
+        req.transport = u8::from(uc);
+        CmMad::Req(Box::new(req))
     };
     id.0.st.lock().wire_tid = tid;
     let mad = Mad { tid, msg }.encode();
@@ -288,7 +292,8 @@ pub(crate) fn arrived(fabric: &FabricInner, local: IpAddr, peer: IpAddr, bytes: 
                 return;
             };
             let mtu = Mtu(u32::from(r.mtu));
-            if !(1..=5).contains(&r.mtu) || r.transport != 0 || taken(fabric, r.local_id, peer) {
+            // RC or UC (RD and the reserved type are not for rdma_cm).
+            if !(1..=5).contains(&r.mtu) || r.transport > 1 || taken(fabric, r.local_id, peer) {
                 return;
             }
             let rd = (r.responder_resources, r.initiator_depth);
@@ -473,6 +478,25 @@ mod test {
         let rep = Mad { tid: 1, msg: CmMad::Rtu { local_id: 5, remote_id: 1 } }.encode();
         take(peer_at.ip(), &rep);
         assert!(event(&ch).is_none());
+
+        // A request for RD (transport 2) is not rdma_cm's: dropped. One for UC is taken;
+        // refused by the application, its REJ goes back.
+        let (mut rd, mut uc) = (req_from(peer_at, ours, 4), req_from(peer_at, ours, 3));
+        rd[24 + 43] |= 2 << 1;
+        uc[24 + 43] |= 1 << 1;
+        take(peer_at.ip(), &rd);
+        assert!(event(&ch).is_none());
+        take(peer_at.ip(), &uc);
+        let e = event(&ch).unwrap();
+        assert_eq!(e.event, CmEventType::ConnectRequest);
+        e.id.reject(b"no").unwrap();
+        let Mad { msg: CmMad::Rej { remote_id, reason, private, .. }, .. } = mad_at(&peer) else {
+            panic!("no REJ")
+        };
+        assert_eq!(
+            (remote_id, i32::from(reason), &private[..2]),
+            (3, REJ_CONSUMER_DEFINED, &b"no"[..])
+        );
 
         // The request, and the same again (sent again by its CM): one ConnectRequest.
         take(peer_at.ip(), &req_from(peer_at, ours, 5));
