@@ -104,7 +104,8 @@ fn server_and_client(ends: &Ends, prog: &str, gid: &str, args: &[&str]) -> Strin
 /// The client's output. A request sent before the server's wire port is up is sent again by
 /// the CM itself; one that comes while nobody listens on the port is refused (REJ, "invalid
 /// service ID"), as the kernel's CM refuses it. A client may be that quick (perftest's second
-/// connection can be, as it is with the kernel's CM): then both run again, on another port.
+/// connection can be, as it is with the kernel's CM): then both run again, on another port,
+/// the server started a little earlier each time.
 fn connected_by_rdma_cm(
     ends: &Ends,
     prog: &str,
@@ -118,6 +119,8 @@ fn connected_by_rdma_cm(
         let port: &[&str] = if prog == "udaddy" { &[] } else { &["-p", &port] };
         let mut server: Child =
             wrapped(&ends.server, prog).args(server_args).args(port).spawn().unwrap();
+        // After a refusal the server gets a head start, longer each time.
+        std::thread::sleep(Duration::from_millis(300 * (attempt - 1)));
         let client = wrapped(&ends.client, prog).args(client_args).args(port).spawn();
         let (c_ok, c_out) = finish(client.unwrap(), Duration::from_secs(60), "client");
         // rping and ucmatose report the REJECTED event, perftest the event's number (8),
@@ -130,6 +133,13 @@ fn connected_by_rdma_cm(
             let _ = server.wait();
             continue;
         }
+        if prog == "cmtime" {
+            // Debian's cmtime server serves until it is stopped.
+            let _ = server.kill();
+            let (_, s_out) = finish(server, Duration::from_secs(20), "server");
+            assert!(c_ok, "{prog}\n--- client:\n{c_out}\n--- server:\n{s_out}");
+            return c_out;
+        }
         let (s_ok, s_out) = finish(server, Duration::from_secs(20), "server");
         let s_ok = if prog == "rping" { common::rping_server_done(s_ok, &s_out) } else { s_ok };
         assert!(c_ok && s_ok, "{prog}\n--- client:\n{c_out}\n--- server:\n{s_out}");
@@ -139,8 +149,8 @@ fn connected_by_rdma_cm(
 }
 
 /// rping (every ping's bytes checked: `-V`), ucmatose (two RC connections), udaddy (two UD
-/// QPs addressed through SIDR) and perftest's `-R` (its QPs connected through rdma_cm)
-/// between `ends`, the server on its wire address `server_ip`.
+/// QPs addressed through SIDR), cmtime (50 connections at once) and perftest's `-R` (its QPs
+/// connected through rdma_cm) between `ends`, the server on its wire address `server_ip`.
 fn rdma_cm_programs(ends: &Ends, server_ip: &str, perftest: bool) {
     let ping = ["-C", "50", "-S", "500", "-V", "-v"];
     let server: Vec<&str> = ["-s", "-a", server_ip].iter().chain(&ping).copied().collect();
@@ -156,6 +166,10 @@ fn rdma_cm_programs(ends: &Ends, server_ip: &str, perftest: bool) {
         let out = connected_by_rdma_cm(ends, prog, &server, &client);
         assert!(out.contains("test complete") && out.contains("return status 0"), "{prog}: {out}");
     }
+    // 50 connections made at once and ended (cmtime times each step).
+    let client: Vec<&str> = vec!["-s", server_ip, "-b", &ends.client.0, "-c", "50"];
+    let out = connected_by_rdma_cm(ends, "cmtime", &["-b", server_ip, "-c", "50"], &client);
+    assert!(out.lines().any(|l| l.starts_with("connect") && l.contains(':')), "{out}");
     if perftest {
         for prog in ["ib_write_bw", "ib_send_lat"] {
             let args = ["-R", "-n", "200", "-s", "4096"];
