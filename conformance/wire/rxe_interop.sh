@@ -123,6 +123,31 @@ run_cm() {
     }
     both "$name" "$server" client
 }
+# run_cmtime SERVER: cmtime's client makes 50 connections at once to the server on SERVER and
+# ends them; the server serves until it is stopped, so only the client's status counts.
+run_cmtime() {
+    local server=$1 t0=$SECONDS c
+    if [ "$server" = emu ]; then
+        emu timeout 60 cmtime -b "$A_EMU" -p 7182 > /tmp/server.log 2>&1 &
+        sleep 1
+        timeout 60 cmtime -s "$A_EMU" -b "$A_RXE" -p 7182 -c 50 > /tmp/client.log 2>&1
+    else
+        timeout 60 cmtime -b "$A_RXE" -p 7182 > /tmp/server.log 2>&1 &
+        sleep 1
+        emu timeout 60 cmtime -s "$A_RXE" -b "$A_EMU" -p 7182 -c 50 > /tmp/client.log 2>&1
+    fi
+    c=$?
+    # The server itself (under rdma-emu run, in the namespace, or not), not only its wrapper.
+    kill $(pidof cmtime) 2>/dev/null
+    wait
+    if [ "$c" = 0 ]; then
+        echo "PASS cmtime (server on $server, $((SECONDS - t0)) s): $(grep '^connect *:' /tmp/client.log | tr -s ' ')"
+    else
+        failed=1
+        echo "FAIL cmtime (server on $server): client $c"
+        sed 's/^/  client: /' /tmp/client.log | tail -8
+    fi
+}
 # want NAME [WANTED...]: whether NAME is among the programs asked for (all when none are).
 want() {
     local name=$1
@@ -146,6 +171,7 @@ for server in emu rxe; do
     # Two connections of SENDs (ucmatose, RC) and UD datagrams addressed through SIDR (udaddy).
     want ucmatose "$@" && run_cm ucmatose "$server" b ucmatose -c 2 -C 100 -S 1000
     want udaddy "$@" && run_cm udaddy "$server" b udaddy -c 2 -C 100 -S 512
+    want cmtime "$@" && run_cmtime "$server"
     if [ "$A_RXE" = 10.0.4.1 ]; then
         want write_bw_cm "$@" && run write_bw_cm "$server" -x ib_write_bw -n 500 -s 65536 -F -R
         want send_lat_cm "$@" && run send_lat_cm "$server" -x ib_send_lat -n 500 -s 64 -F -R
