@@ -164,6 +164,40 @@ pub(crate) trait Owned: 'static {
     /// Destroys the emulator object. A failure (already destroyed through another struct,
     /// or still used by another context's object, which keeps it alive) is nothing to report.
     fn close(&self);
+    /// Whether its memory is kept a while after it is destroyed ([`retire`]).
+    const RETIRED_LATE: bool = false;
+}
+
+/// How many destroyed objects of the kinds kept a while after destruction stay allocated:
+/// the oldest is freed when one more comes.
+const RETIRED: usize = 256;
+
+/// Destroyed objects still allocated: their addresses and how to free each.
+type Retired = std::collections::VecDeque<(usize, unsafe fn(usize))>;
+
+/// Keeps the destroyed (and no longer registered) object at `p` allocated until [`RETIRED`]
+/// more have come, then frees it. A verb of another thread that found it live just before
+/// it was destroyed reads a destroyed object (its emulator handle says so: the verb fails),
+/// not freed memory: the verbs contract forbids destroying an object while using it, but
+/// Open MPI's openib sometimes destroys an address handle while its other thread posts a UD
+/// send with it, which rdma-core's providers survive (they copy plain fields) and a freed
+/// emulator handle would not.
+fn retire<S: 'static>(p: usize) {
+    /// Frees the `Box<S>` at `p`.
+    unsafe fn drop_box<S>(p: usize) {
+        // SAFETY: `p` came from `Box::into_raw` and was retired once: this is its only drop.
+        drop(unsafe { Box::from_raw(p as *mut S) });
+    }
+    static LIST: std::sync::Mutex<Retired> = std::sync::Mutex::new(Retired::new());
+    let oldest = {
+        let mut list = LIST.lock().unwrap_or_else(|e| e.into_inner());
+        list.push_back((p, drop_box::<S>));
+        if list.len() > RETIRED { list.pop_front() } else { None }
+    };
+    if let Some((q, drop)) = oldest {
+        // SAFETY: retired RETIRED objects ago, out of the registry since: nothing holds it.
+        unsafe { drop(q) };
+    }
 }
 
 /// What the registry knows of a live object.
@@ -385,6 +419,11 @@ pub(crate) fn leak_unowned<S: 'static>(s: S) -> *mut S {
 /// # Safety
 /// `p` came from `leak::<S>` and nothing uses it any more.
 unsafe fn teardown<S: Owned>(p: usize) {
+    if S::RETIRED_LATE {
+        // SAFETY: by the caller's contract `p` is a live Box<S> allocation.
+        unsafe { &*(p as *const S) }.close();
+        return retire::<S>(p);
+    }
     // SAFETY: by the caller's contract `p` is a live Box<S> allocation, ours alone now.
     let s = unsafe { Box::from_raw(p as *mut S) };
     s.close();
@@ -440,6 +479,11 @@ pub(crate) unsafe fn destroy<C, S: Owned>(
         return libc::ENOENT;
     }
     match f(s) {
+        Ok(()) if S::RETIRED_LATE => {
+            live().write().remove(&(s as *const S as usize));
+            retire::<S>(s as *const S as usize);
+            0
+        }
         Ok(()) => {
             // SAFETY: destroyed in the emulator; C does not use the pointer again.
             unsafe { free(s as *const S) };
@@ -470,8 +514,12 @@ macro_rules! owned {
         owned!($t, $rank, |$s| $ctx, $close, 0);
     };
     ($t:ty, $rank:expr, |$s:ident| $ctx:expr, $close:ident, $handle:expr) => {
+        owned!($t, $rank, |$s| $ctx, $close, $handle, false);
+    };
+    ($t:ty, $rank:expr, |$s:ident| $ctx:expr, $close:ident, $handle:expr, $late:expr) => {
         impl Owned for $t {
             const RANK: u8 = $rank;
+            const RETIRED_LATE: bool = $late;
             fn context(&self) -> *mut ibv_context {
                 let $s = self;
                 $ctx
@@ -492,7 +540,8 @@ pub(crate) use owned;
 // The objects the kernel knows by handle are checked by it; the rest by pointer alone.
 owned!(ShimMw, 0, |s| s.mw.context, dealloc, s.mw.handle);
 owned!(ShimQp, 1, |s| s.qp.qp_base.context, destroy, s.qp.qp_base.handle);
-owned!(ShimAh, 2, |s| s.ah.context, destroy, s.ah.handle);
+// An address handle is kept a while after it is destroyed (see `retire`).
+owned!(ShimAh, 2, |s| s.ah.context, destroy, s.ah.handle, true);
 owned!(ShimSrq, 3, |s| s.srq.context, destroy, s.srq.handle);
 owned!(ShimMr, 4, |s| s.mr.context, dereg, s.mr.handle);
 owned!(ShimCq, 5, |s| s.cq.context, destroy, s.cq.handle);
@@ -517,7 +566,9 @@ impl Owned for ShimPd {
 
 #[cfg(test)]
 mod test {
-    use super::{free, leak_unowned, obj};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::{RETIRED, free, leak_unowned, live, obj, retire};
 
     struct Thing(u32);
     struct Other;
@@ -542,5 +593,37 @@ mod test {
         assert_eq!(unsafe { obj::<Thing, Thing>(q) }.map(|t| t.0), Some(8));
         // SAFETY: `q` came from `leak_unowned`.
         unsafe { free(q) };
+    }
+
+    /// Counts its drops.
+    struct Counted(u32, &'static AtomicUsize);
+
+    impl Drop for Counted {
+        fn drop(&mut self) {
+            self.1.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// A retired object is refused at once, but its memory still holds it (a verb that found
+    /// it live just before reads it whole) until RETIRED more objects were retired; then it is
+    /// freed, the oldest first.
+    #[test]
+    fn test_a_retired_object_stays_readable_until_enough_others_follow() {
+        static DROPS: AtomicUsize = AtomicUsize::new(0);
+        let first = leak_unowned(Counted(41, &DROPS));
+        live().write().remove(&(first as usize));
+        retire::<Counted>(first as usize);
+        // SAFETY: refused by the registry, so never dereferenced.
+        assert!(unsafe { obj::<Counted, Counted>(first) }.is_none());
+        // SAFETY: retired, not freed: still a valid Counted (what a racing verb would read).
+        assert_eq!(unsafe { (*first).0 }, 41);
+        let before = DROPS.load(Ordering::SeqCst);
+        for i in 0..RETIRED {
+            let p = leak_unowned(Counted(i as u32, &DROPS));
+            live().write().remove(&(p as usize));
+            retire::<Counted>(p as usize);
+        }
+        // Other tests may retire objects meanwhile: at least the first is gone now.
+        assert!(DROPS.load(Ordering::SeqCst) > before, "the oldest retired object was freed");
     }
 }
