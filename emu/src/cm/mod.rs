@@ -344,6 +344,9 @@ struct IdState {
     remote_ece: Ece,
     /// Over a wire port: the transaction ID of the request out (its retries are for it).
     wire_tid: u64,
+    /// Over a wire port, passive side: the REP sent, sent again if the request comes again
+    /// before the RTU (the REP was lost).
+    wire_rep: Option<Box<[u8; mad::MAD_LEN]>>,
 }
 
 /// The ids bound to each port of each port space.
@@ -570,6 +573,7 @@ impl CmId {
             local_ece: Ece::default(),
             remote_ece: Ece::default(),
             wire_tid: 0,
+            wire_rep: None,
         };
         let (fabric, channel) = (channel.fabric.clone(), Mutex::new(channel.clone()));
         let (st, user_data) = (Mutex::new(st), AtomicUsize::new(0));

@@ -49,8 +49,31 @@ fn same(a: IpAddr, b: IpAddr) -> bool {
 }
 
 fn transmit(fabric: &FabricInner, local: IpAddr, peer: IpAddr, mad: &Mad) {
+    transmit_bytes(fabric, local, peer, &mad.encode());
+}
+
+fn transmit_bytes(fabric: &FabricInner, local: IpAddr, peer: IpAddr, mad: &[u8]) {
     if let Some(w) = fabric.wire.get() {
-        w.send_mad(local, peer, &mad.encode());
+        w.send_mad(local, peer, mad);
+    }
+}
+
+/// The REP of `from`, our side, accepting the request of the other side's id `to`.
+fn rep(fabric: &FabricInner, to: u32, from: &Remote, private: &[u8]) -> mad::Rep {
+    let mut data = [0; mad::REP_PRIVATE];
+    let n = private.len().min(mad::REP_PRIVATE);
+    data[..n].copy_from_slice(&private[..n]);
+    mad::Rep {
+        local_id: comm(from.id),
+        remote_id: to,
+        qpn: from.qpn,
+        psn: from.psn,
+        responder_resources: from.responder_resources,
+        initiator_depth: from.initiator_depth,
+        rnr_retry_count: from.rnr_retry_count.min(7),
+        srq: false,
+        ca_guid: ca_guid(fabric, from.device),
+        private: data,
     }
 }
 
@@ -181,21 +204,12 @@ pub(super) fn send(fabric: &FabricInner, w: &WirePeer, peer_qpn: u32, m: Msg) {
             private,
         },
         Msg::Rep { to, from, private } => {
-            let mut data = [0; mad::REP_PRIVATE];
-            data[..private.len().min(mad::REP_PRIVATE)]
-                .copy_from_slice(&private[..private.len().min(mad::REP_PRIVATE)]);
-            CmMad::Rep(Box::new(mad::Rep {
-                local_id: comm(from.id),
-                remote_id: to,
-                qpn: from.qpn,
-                psn: from.psn,
-                responder_resources: from.responder_resources,
-                initiator_depth: from.initiator_depth,
-                rnr_retry_count: from.rnr_retry_count.min(7),
-                srq: false,
-                ca_guid: ca_guid(fabric, from.device),
-                private: data,
-            }))
+            let rep = rep(fabric, to, &from, &private);
+            let bytes = Mad { tid: w.tid, msg: CmMad::Rep(Box::new(rep)) }.encode();
+            if let Some(id) = fabric.cm.id(from.id) {
+                id.0.st.lock().wire_rep = Some(Box::new(bytes));
+            }
+            return transmit_bytes(fabric, w.local, w.peer, &bytes);
         }
         Msg::Rej { to, reason, private } if sidr => CmMad::SidrRep {
             request_id: to,
@@ -292,8 +306,19 @@ pub(crate) fn arrived(fabric: &FabricInner, local: IpAddr, peer: IpAddr, bytes: 
                 return;
             };
             let mtu = Mtu(u32::from(r.mtu));
+            if let Some(id) = taken(fabric, r.local_id, peer) {
+                // Sent again: our REP was lost, or is slow; it goes again while we wait for
+                // the RTU (the kernel's CM sends its own again on a timer instead).
+                let st = id.0.st.lock();
+                if let (State::Accepting, Some(rep), Some(w)) =
+                    (st.state, &st.wire_rep, st.remote.and_then(|r| r.wire))
+                {
+                    transmit_bytes(fabric, w.local, w.peer, &rep[..]);
+                }
+                return;
+            }
             // RC or UC (RD and the reserved type are not for rdma_cm).
-            if !(1..=5).contains(&r.mtu) || r.transport > 1 || taken(fabric, r.local_id, peer) {
+            if !(1..=5).contains(&r.mtu) || r.transport > 1 {
                 return;
             }
             let rd = (r.responder_resources, r.initiator_depth);
@@ -308,7 +333,7 @@ pub(crate) fn arrived(fabric: &FabricInner, local: IpAddr, peer: IpAddr, bytes: 
         CmMad::SidrReq { request_id, service_id, private } => {
             let Some((ps, dport)) = mad::of_service_id(service_id) else { return };
             let Some((src, dst)) = mad::ip_header(&private) else { return };
-            if ps != PortSpace::Udp.code() || taken(fabric, request_id, peer) {
+            if ps != PortSpace::Udp.code() || taken(fabric, request_id, peer).is_some() {
                 return;
             }
             let from = remote(request_id, 0, 0, (0, 0), wire(0, Mtu::MTU_4096, service_id));
@@ -316,7 +341,18 @@ pub(crate) fn arrived(fabric: &FabricInner, local: IpAddr, peer: IpAddr, bytes: 
             request(fabric, PortSpace::Udp, src, SocketAddr::new(dst, dport), from, private);
         }
         CmMad::Rep(r) => {
-            let Some(id) = connecting_to(fabric, r.remote_id, peer) else { return };
+            let Some(id) = connecting_to(fabric, r.remote_id, peer) else {
+                // The same REP again: our RTU was lost; it goes again, as the kernel's CM
+                // answers a REP sent again.
+                if let Some(id) = connected_to(fabric, r.remote_id, r.local_id, peer) {
+                    let st = id.0.st.lock();
+                    if let (State::Connected, Some(remote)) = (st.state, st.remote) {
+                        drop(st);
+                        super::send(fabric, &remote, Msg::Rtu { to: remote.id });
+                    }
+                }
+                return;
+            };
             let rd = (r.responder_resources, r.initiator_depth);
             // A REP names no MTU: the REQ's (ours) holds.
             let w = wire(id.0.num, Mtu::MTU_4096, 0);
@@ -372,12 +408,15 @@ pub(crate) fn arrived(fabric: &FabricInner, local: IpAddr, peer: IpAddr, bytes: 
     }
 }
 
-/// Whether the request `id` from `peer` was taken already (the other side sent it again).
-fn taken(fabric: &FabricInner, id: u32, peer: IpAddr) -> bool {
+/// Our id that took the request of id `id` from `peer` already, if one did (the other side
+/// sent it again).
+fn taken(fabric: &FabricInner, id: u32, peer: IpAddr) -> Option<CmId> {
     let ids = fabric.cm.ids.lock();
-    ids.values().filter_map(std::sync::Weak::upgrade).any(|c| {
+    let mut all = ids.values().filter_map(std::sync::Weak::upgrade);
+    all.find(|c| {
         c.st.lock().remote.is_some_and(|r| r.id == id && r.wire.is_some_and(|w| same(w.peer, peer)))
     })
+    .map(CmId)
 }
 
 #[cfg(test)]
@@ -517,6 +556,10 @@ mod test {
         assert_eq!((tid, rep.remote_id, rep.qpn, &rep.private[..3]), (9, 5, 0x99, &b"yes"[..]));
         let mine = rep.local_id;
         assert_ne!(mine, conn.0.num, "an id goes by its communication ID on the wire");
+        // The request again before our RTU came (our REP lost): the same REP again.
+        take(peer_at.ip(), &req_from(peer_at, ours, 5));
+        let Mad { msg: CmMad::Rep(again), .. } = mad_at(&peer) else { panic!("no REP again") };
+        assert_eq!(again, rep);
 
         // An RTU from another address, or naming another id, is not the peer's.
         take(stranger, &Mad { tid, msg: CmMad::Rtu { local_id: 5, remote_id: mine } }.encode());
@@ -593,5 +636,40 @@ mod test {
         }
         // The first request's two sends were read above; the rest are still queued.
         assert!(sends >= REQUEST_SENDS as usize, "{sends} sends");
+
+        // Asked once more and answered: the application (no QP of the id's own) hears the
+        // reply and establishes, which sends the RTU; the REP again (our RTU lost) is
+        // answered with the RTU again.
+        peer.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        id.connect(&ConnParam { qp_num: 0x55, ..Default::default() }).unwrap();
+        let Mad { tid, msg: CmMad::Req(req) } = mad_at(&peer) else { panic!("no REQ") };
+        let rep = mad::Rep {
+            local_id: 77,
+            remote_id: req.local_id,
+            qpn: 0x66,
+            psn: 0x10,
+            responder_resources: 1,
+            initiator_depth: 1,
+            rnr_retry_count: 7,
+            srq: false,
+            ca_guid: 9,
+            private: [0; mad::REP_PRIVATE],
+        };
+        let rep = Mad { tid, msg: CmMad::Rep(Box::new(rep)) }.encode();
+        arrived(&f.0, ours, peer_at.ip(), &rep);
+        let e = event(&ch).unwrap();
+        assert_eq!((e.event, e.param.qp_num), (CmEventType::ConnectResponse, 0x66));
+        id.establish().unwrap();
+        let rtu = CmMad::Rtu { local_id: req.local_id, remote_id: 77 };
+        let got = |peer: &UdpSocket| loop {
+            // Sends of the request still queued come first.
+            match mad_at(peer).msg {
+                CmMad::Req(_) => continue,
+                m => break m,
+            }
+        };
+        assert_eq!(got(&peer), rtu);
+        arrived(&f.0, ours, peer_at.ip(), &rep);
+        assert_eq!(got(&peer), rtu, "the REP again is answered with the RTU again");
     }
 }
