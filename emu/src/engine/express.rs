@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use super::{
     Driver, completer,
+    lane::Lane,
     packet::Kind,
     packets_for, psn_add, raises_qp_errors,
     responder::{self, Arrival, Replay},
@@ -33,7 +34,7 @@ use crate::{
 
 /// A piece of a message's source: bytes of the WQE (inline) or of a registered region.
 #[derive(Clone, Copy)]
-enum Src<'a> {
+pub(super) enum Src<'a> {
     Bytes(&'a [u8]),
     Mem(&'a MemRegion, usize, usize),
 }
@@ -152,6 +153,27 @@ fn execute(
     if !matches!(qp.qp_type, QpType::RC | QpType::UC) || g.state != QpState::RTS || !f.express() {
         return None;
     }
+    if g.lane.is_none() {
+        g.lane = Some(Lane::prove(qp, g, f)?);
+    }
+    let lane = g.lane.as_ref()?;
+    let (dest, same_keys) = (lane.dest, lane.same_keys);
+    let Some(dst) = lane.peer() else {
+        // A peer destroyed is forgotten (its number may come back as another QP's).
+        g.lane = None;
+        return None;
+    };
+    run(qp, g, wqe, f, (&dst, dest, same_keys))
+}
+
+/// [`execute`] on the QP's lane.
+fn run(
+    qp: &Arc<QpShared>,
+    g: &mut QpInner,
+    wqe: &Request<'_>,
+    f: &FabricInner,
+    (dst, (dev, port), same_keys): (&Arc<QpShared>, (u32, u8), bool),
+) -> Option<(u32, u32)> {
     let kind = match wqe.opcode {
         WrOpcode::RDMA_WRITE | WrOpcode::RDMA_WRITE_WITH_IMM => Kind::Write,
         WrOpcode::SEND | WrOpcode::SEND_WITH_IMM => Kind::Send,
@@ -166,16 +188,7 @@ fn execute(
     if wqe.length > g.port.max_msg_sz || (rd_atomic && g.attr.max_rd_atomic == 0) {
         return None;
     }
-    let (dev, port) = g.dest?;
-    let dqpn = g.attr.dest_qp_num;
-    if g.wire_grh.is_some()
-        || f.remote_node(dqpn).is_some()
-        || !f.ports_up((qp.device_index(), g.attr.port_num), (dev, port))
-    {
-        return None;
-    }
-    let dst = g.route.resolve(f, dev, dqpn)?;
-    if Arc::ptr_eq(&dst, qp) {
+    if !f.ports_up((qp.device_index(), g.attr.port_num), (dev, port)) {
         return None;
     }
     let mut dg = dst.inner.try_lock()?;
@@ -187,16 +200,7 @@ fn execute(
     } else {
         packets_for(len, g.mtu)
     };
-    // The responder takes the request as the packet path's would, in order.
-    let takes = matches!(dg.state, QpState::RTS | QpState::SQD | QpState::SQE)
-        || dg.state == QpState::RTR && (dg.resp.comm_est || !raises_qp_errors(&dst));
-    if !takes
-        || dst.qp_type != qp.qp_type
-        || port != dg.attr.port_num
-        || dst.xrcd.is_some()
-        || dg.resp.forwarded.is_some()
-        || (qp.qp_type == QpType::RC && dg.resp.epsn != psn)
-        || !dst.inbox.is_empty()
+    if !takes(dst, &dg, qp.qp_type, psn, port)
         || responder::refuses(&dg, kind, len, wqe.remote_addr, 0)
     {
         return None;
@@ -212,7 +216,6 @@ fn execute(
         src_lid: g.port.lid,
         solicited: wqe.flags.contains(SendFlags::SOLICITED) && receives,
     };
-    let same_keys = Arc::ptr_eq(&qp.ctx.device, &dst.ctx.device);
     let lkeys = qp.ctx.device.keys.read();
     let rkeys_guard = if same_keys { None } else { Some(dst.ctx.device.keys.try_read()?) };
     let rkeys: &KeyTable = rkeys_guard.as_deref().unwrap_or(&lkeys);
@@ -240,7 +243,7 @@ fn execute(
             };
             let src = || sources(&lkeys, wqe);
             if receives {
-                let pd = responder::own_recv_pd(&dst);
+                let pd = responder::own_recv_pd(dst);
                 let send = kind == Kind::Send;
                 let place = |sges: &[Sge]| {
                     if send && !reaches(rkeys, pd, sges, len) {
@@ -258,9 +261,9 @@ fn execute(
                     };
                     copied.then_some(())
                 };
-                let wr_id = take_recv(&dst, &mut dg, place)?;
+                let wr_id = take_recv(dst, &mut dg, place)?;
                 let opcode = if send { WcOpcode::RECV } else { WcOpcode::RECV_RDMA_WITH_IMM };
-                responder::complete_arrival(&dst, &mut dg, &arrival, opcode, wr_id);
+                responder::complete_arrival(dst, &mut dg, &arrival, opcode, wr_id);
             } else if let Some((region, off, n)) = target {
                 let copied = match one {
                     // The common one-piece WRITE, without the iterators.
@@ -325,22 +328,50 @@ fn execute(
     Some((psn, npkts))
 }
 
-/// Whether `sge` is usable here as the packet path checks it: an empty SGE always; else an
-/// lkey of an MR of `pd` (writable when `write`) whose range holds it, over memory that cannot
-/// fault.
-fn local_ok(keys: &KeyTable, pd: &Arc<PdInner>, sge: &Sge, write: bool) -> bool {
-    sge.length == 0
-        || keys.mr(sge.lkey).is_some_and(|mr| {
-            Arc::ptr_eq(&mr.pd, pd)
-                && (!write || mr.access.contains(AccessFlags::LOCAL_WRITE))
-                && !mr.region.on_demand()
-                && mr.offset_of(sge.addr, sge.length as u64).is_some()
-        })
+/// Whether the peer QP (`dst`, locked as `dg`) takes a request of `qp_type` at `psn` to its
+/// port `port` now, as the packet path's responder would, in order (a QP in RTR that would
+/// raise COMM_EST does not: the packet path raises it).
+pub(super) fn takes(dst: &QpShared, dg: &QpInner, qp_type: QpType, psn: u32, port: u8) -> bool {
+    let state = matches!(dg.state, QpState::RTS | QpState::SQD | QpState::SQE)
+        || dg.state == QpState::RTR && (dg.resp.comm_est || !raises_qp_errors(dst));
+    state
+        && port == dg.attr.port_num
+        && dg.resp.forwarded.is_none()
+        && (qp_type != QpType::RC || dg.resp.epsn == psn)
+        && dst.inbox.is_empty()
+}
+
+/// Whether `sge` is usable here as the packet path checks it: an empty SGE always; else as
+/// [`local_range`] finds it.
+pub(super) fn local_ok(keys: &KeyTable, pd: &Arc<PdInner>, sge: &Sge, write: bool) -> bool {
+    sge.length == 0 || local_range(keys, pd, sge, write).is_some()
+}
+
+/// The memory of `sge` if its lkey names an MR of `pd` (writable when `write`) whose range
+/// holds it, over memory that cannot fault.
+pub(super) fn local_range<'k>(
+    keys: &'k KeyTable,
+    pd: &Arc<PdInner>,
+    sge: &Sge,
+    write: bool,
+) -> Option<(&'k MemRegion, usize)> {
+    let mr = keys.mr(sge.lkey)?;
+    let fits = Arc::ptr_eq(&mr.pd, pd)
+        && (!write || mr.access.contains(AccessFlags::LOCAL_WRITE))
+        && !mr.region.on_demand();
+    fits.then_some(())?;
+    Some((&mr.region, mr.offset_of(sge.addr, sge.length as u64)?))
+}
+
+/// The source of one SGE (not empty) as [`local_range`] finds it.
+pub(super) fn source<'k>(keys: &'k KeyTable, pd: &Arc<PdInner>, sge: &Sge) -> Option<Src<'k>> {
+    let (region, off) = local_range(keys, pd, sge, false)?;
+    Some(Src::Mem(region, off, sge.length as usize))
 }
 
 /// Whether a message of `len` bytes can be scattered into `sges` as the packet path's scatter
 /// checks it: room for it, and every SGE the data reaches writable in `pd`.
-fn reaches(keys: &KeyTable, pd: &Arc<PdInner>, sges: &[Sge], len: u32) -> bool {
+pub(super) fn reaches(keys: &KeyTable, pd: &Arc<PdInner>, sges: &[Sge], len: u32) -> bool {
     let room: u64 = sges.iter().map(|s| s.length as u64).sum();
     let mut left = len as u64;
     room >= left
@@ -352,7 +383,11 @@ fn reaches(keys: &KeyTable, pd: &Arc<PdInner>, sges: &[Sge], len: u32) -> bool {
 }
 
 /// The memory of checked SGEs, in order, up to `len` bytes.
-fn ranges<'k>(keys: &'k KeyTable, sges: &'k [Sge], len: u32) -> impl Iterator<Item = Dst<'k>> {
+pub(super) fn ranges<'k>(
+    keys: &'k KeyTable,
+    sges: &'k [Sge],
+    len: u32,
+) -> impl Iterator<Item = Dst<'k>> {
     let mut left = len as usize;
     sges.iter().filter(|s| s.length > 0).map_while(move |s| {
         if left == 0 {
@@ -373,9 +408,7 @@ fn single<'k>(keys: &'k KeyTable, pd: &Arc<PdInner>, wqe: &Request<'k>) -> Optio
         return Some(Src::Bytes(wqe.inline));
     }
     let [sge] = wqe.sges else { return None };
-    let mr = keys.mr(sge.lkey).filter(|mr| Arc::ptr_eq(&mr.pd, pd) && !mr.region.on_demand())?;
-    let off = mr.offset_of(sge.addr, sge.length as u64)?;
-    Some(Src::Mem(&mr.region, off, sge.length as usize))
+    source(keys, pd, sge)
 }
 
 /// The source of a checked SEND/WRITE: its inline bytes, or its SGEs' memory.
@@ -391,7 +424,7 @@ fn sources<'k>(keys: &'k KeyTable, wqe: &Request<'k>) -> impl Iterator<Item = Sr
 /// The memory an rkey names for `(rkey, va, len)` with `access`, as the responder checks it;
 /// `Some(None)` for a zero-length access. `None` for anything the packet path must handle: a
 /// bad key, a memory window, memory that may fault.
-fn remote<'k>(
+pub(super) fn remote<'k>(
     keys: &'k KeyTable,
     pd: &Arc<PdInner>,
     key: (u32, u64, u32),
@@ -406,7 +439,7 @@ fn remote<'k>(
 
 /// Takes the responder's next receive WQE (from its SRQ if it has one) if `place` succeeds
 /// with its SGEs; the WQE's `wr_id`.
-fn take_recv(
+pub(super) fn take_recv(
     dst: &Arc<QpShared>,
     dg: &mut QpInner,
     place: impl FnOnce(&[Sge]) -> Option<()>,
@@ -427,7 +460,7 @@ fn take_recv(
 
 /// Copies the sources, in order, into consecutive destination ranges (stopping where either
 /// ends). Every range was checked; false if memory went away under its MR (the copy faulted).
-fn copy<'a, 'b>(
+pub(super) fn copy<'a, 'b>(
     src: impl Iterator<Item = Src<'a>>,
     mut dst: impl Iterator<Item = Dst<'b>>,
 ) -> bool {
@@ -449,7 +482,13 @@ fn copy<'a, 'b>(
 
 /// Copies `n` bytes of `piece` from `at` to `region` at `off` (checked ranges); false if the
 /// memory of either went away after its registration (the packet path then reports it).
-fn copy_piece(piece: Src<'_>, at: usize, region: &MemRegion, off: usize, n: usize) -> bool {
+pub(super) fn copy_piece(
+    piece: Src<'_>,
+    at: usize,
+    region: &MemRegion,
+    off: usize,
+    n: usize,
+) -> bool {
     match piece {
         Src::Bytes(b) => region.write(off, &b[at..at + n]),
         Src::Mem(r, o, _) => MemRegion::copy(r, o + at, region, off, n),

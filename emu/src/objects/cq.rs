@@ -393,12 +393,10 @@ impl Cq {
     pub fn poll(&self, out: &mut [Wc]) -> usize {
         let take = |out: &mut [Wc]| {
             let mut n = 0;
-            while n < out.len() {
-                match self.0.ring().pop() {
-                    Ok(Some(wc)) => out[n] = wc,
-                    Ok(None) => break,
-                    Err(_) => continue, // closed meanwhile
-                }
+            while n < out.len()
+                && let Some(wc) = self.pop()
+            {
+                out[n] = wc;
                 n += 1;
             }
             n
@@ -413,8 +411,22 @@ impl Cq {
 
     /// Polls one completion.
     pub fn poll_one(&self) -> Option<Wc> {
-        let mut wc = [Wc::default()];
-        (self.poll(&mut wc) == 1).then_some(wc[0])
+        match self.pop() {
+            // As `poll`, without a buffer to copy through.
+            None if self.0.ctx.fabric.progress() => self.pop(),
+            wc => wc,
+        }
+    }
+
+    /// The ring's oldest completion, if any.
+    #[inline]
+    fn pop(&self) -> Option<Wc> {
+        loop {
+            match self.0.ring().pop() {
+                Ok(wc) => return wc,
+                Err(_) => continue, // closed meanwhile
+            }
+        }
     }
 
     /// `ibv_req_notify_cq`: arms the CQ to put an event on its channel at the next completion

@@ -148,6 +148,8 @@ pub(crate) struct QpInner {
     pub(crate) port: PortInfo,
     /// Cached route to the peer QP.
     pub(crate) route: Route,
+    /// The connection as the express path proved it (dropped by any modify).
+    pub(crate) lane: Option<engine::lane::Lane>,
     /// Packets taken from the inbox and being processed (kept to reuse its allocation).
     pub(crate) batch: VecDeque<Packet>,
     /// The peer QP, in another process, told us it was destroyed (`Control::QpClosed`): the
@@ -512,6 +514,7 @@ impl Qp {
                     wire_grh: None,
                     port,
                     route: Route::default(),
+                    lane: None,
                     batch: VecDeque::new(),
                     peer_closed: false,
                     ece_wanted: 0,
@@ -794,6 +797,9 @@ impl Qp {
         let mut queued = false;
         let mut g = qp.inner.lock();
         for (i, wr) in wrs.iter().enumerate() {
+            if engine::lane::post(qp, &mut g, wr, f) {
+                continue;
+            }
             match engine::requester::post(qp, &mut g, wr, f) {
                 Ok(q) => queued |= q,
                 Err(e) => {
@@ -889,6 +895,8 @@ impl Qp {
             let mut g = self.0.inner.lock();
             self.0.part(&g);
             g.state = QpState::RESET;
+            // The peer it holds is let go.
+            g.lane = None;
             g.sq.clear();
             g.rq.clear();
             self.0.inbox.clear();
@@ -902,6 +910,7 @@ impl Qp {
 
 /// Stores the attributes named by `mask`.
 fn apply(qp: &QpShared, g: &mut QpInner, attr: &QpAttr, mask: QpAttrMask) {
+    g.lane = None;
     let a = &mut g.attr;
     if mask.contains(QpAttrMask::ACCESS_FLAGS) {
         a.qp_access_flags = attr.qp_access_flags;

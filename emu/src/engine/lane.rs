@@ -1,0 +1,183 @@
+//! The express lane: the commonest work request run with only the checks that can change
+//! from one request to the next.
+//!
+//! A WRITE or SEND (with or without immediate) of one piece (inline bytes or one SGE) on an RC
+//! or UC QP whose connection the express path proved ([`Lane`], kept on the QP until it is
+//! modified or destroyed): this is what a benchmark's or a test's loop posts millions of
+//! times. The lane makes the express path's decisions (`express::run`) for exactly these
+//! requests, in the same order and with the same helpers, without the generality the others
+//! need; any request it does not take, or finds it cannot finish, goes the general express
+//! way (and from there to packets) untouched: the lane changes nothing before it is sure to
+//! complete the request.
+
+use std::sync::{Arc, Weak};
+
+use super::{
+    completer,
+    express::{self, Src},
+    packet::Kind,
+    packets_for, psn_add,
+    responder::{self, Arrival},
+};
+use crate::{
+    fabric::FabricInner,
+    qp::{QpInner, QpShared, SendWr},
+    types::{AccessFlags, QpState, SendFlags, Sge, WcOpcode, WrOpcode},
+};
+
+/// A QP's connection to its peer QP, proven fit for the express path once (both QPs here, of
+/// one type, no wire, no XRC target). It holds the peer weakly: two QPs dropped without being
+/// destroyed must not keep each other alive.
+#[derive(Debug)]
+pub(crate) struct Lane {
+    dst: Weak<QpShared>,
+    /// The peer's device and port, as the QP's address vector resolved them.
+    pub(super) dest: (u32, u8),
+    /// Whether the peer's keys are in the QP's own device's table.
+    pub(super) same_keys: bool,
+}
+
+impl Lane {
+    /// The connection of `qp` to its peer, if it is fit for the express path.
+    pub(super) fn prove(qp: &Arc<QpShared>, g: &mut QpInner, f: &FabricInner) -> Option<Lane> {
+        let dest = g.dest?;
+        let dqpn = g.attr.dest_qp_num;
+        if g.wire_grh.is_some() || f.remote_node(dqpn).is_some() {
+            return None;
+        }
+        let dst = g.route.resolve(f, dest.0, dqpn)?;
+        if Arc::ptr_eq(&dst, qp) || dst.qp_type != qp.qp_type || dst.xrcd.is_some() {
+            return None;
+        }
+        let same_keys = Arc::ptr_eq(&qp.ctx.device, &dst.ctx.device);
+        Some(Lane { dst: Arc::downgrade(&dst), dest, same_keys })
+    }
+
+    /// The peer, while it lives (a destroyed peer's number may come back as another QP's).
+    #[inline]
+    pub(super) fn peer(&self) -> Option<Arc<QpShared>> {
+        self.dst.upgrade().filter(|d| d.life.is_alive())
+    }
+}
+
+/// Runs `wr` on the QP's lane at the post if it can: its completion goes straight to the send
+/// CQ. Whether it ran (if not, nothing changed).
+#[inline]
+pub(crate) fn post(qp: &Arc<QpShared>, g: &mut QpInner, wr: &SendWr<'_>, f: &FabricInner) -> bool {
+    let (send, imm) = match wr.opcode {
+        WrOpcode::RDMA_WRITE => (false, None),
+        WrOpcode::RDMA_WRITE_WITH_IMM => (false, Some(wr.imm_data)),
+        WrOpcode::SEND => (true, None),
+        WrOpcode::SEND_WITH_IMM => (true, Some(wr.imm_data)),
+        _ => return false,
+    };
+    let Some(lane) = &g.lane else { return false };
+    if g.state != QpState::RTS || g.sq.head != g.sq.tail || g.req.rnr_until.is_some() {
+        return false;
+    }
+    // What the post checks of the request, then what the express path checks of the QP.
+    let (cap, inline) = (&qp.cap, wr.send_flags.contains(SendFlags::INLINE));
+    if wr.sg_list.len() > cap.max_send_sge as usize {
+        return false;
+    }
+    let len = match wr.sg_list {
+        _ if inline && wr.inline_data.len() <= cap.max_inline_data as usize => {
+            wr.inline_data.len() as u32
+        }
+        [sge] if !inline => sge.length,
+        _ => return false,
+    };
+    let (dest, same_keys) = (lane.dest, lane.same_keys);
+    if len > g.port.max_msg_sz
+        || !f.express()
+        || !f.ports_up((qp.device_index(), g.attr.port_num), dest)
+    {
+        return false;
+    }
+    let Some(dst) = lane.peer() else { return false };
+    let Some(mut dg) = dst.inner.try_lock() else { return false };
+    let psn = g.req.psn;
+    let kind = if send { Kind::Send } else { Kind::Write };
+    let receives = send || imm.is_some();
+    if !express::takes(&dst, &dg, qp.qp_type, psn, dest.1)
+        || responder::refuses(&dg, kind, len, wr.remote_addr, 0)
+        || receives && dst.srq.as_ref().is_some_and(|s| s.tm.is_some())
+    {
+        return false;
+    }
+    let lkeys = qp.ctx.device.keys.read();
+    let rkeys_guard = match same_keys {
+        true => None,
+        false => match dst.ctx.device.keys.try_read() {
+            Some(k) => Some(k),
+            None => return false,
+        },
+    };
+    let rkeys = rkeys_guard.as_deref().unwrap_or(&lkeys);
+    let piece = match wr.sg_list {
+        _ if inline => Src::Bytes(wr.inline_data),
+        [sge] if sge.length == 0 => Src::Bytes(&[]),
+        [sge] => match express::source(&lkeys, &qp.pd, sge) {
+            Some(src) => src,
+            None => return false,
+        },
+        _ => return false,
+    };
+    let target = match send {
+        true => None,
+        false => match express::remote(
+            rkeys,
+            &dst.pd,
+            (wr.rkey, wr.remote_addr, len),
+            AccessFlags::REMOTE_WRITE,
+        ) {
+            Some(t) => t,
+            None => return false,
+        },
+    };
+    if receives {
+        let pd = responder::own_recv_pd(&dst);
+        let place = |sges: &[Sge]| {
+            let copied = match (target, send, sges) {
+                (Some((region, off)), _, _) => express::copy_piece(piece, 0, region, off, len as _),
+                (None, false, _) => true,
+                // The common receive of one SGE that holds the message.
+                (None, true, [s]) if s.length >= len => {
+                    len == 0
+                        || express::local_range(rkeys, pd, s, true).is_some_and(|(region, off)| {
+                            express::copy_piece(piece, 0, region, off, len as usize)
+                        })
+                }
+                (None, true, _) => {
+                    express::reaches(rkeys, pd, sges, len)
+                        && express::copy(std::iter::once(piece), express::ranges(rkeys, sges, len))
+                }
+            };
+            copied.then_some(())
+        };
+        let Some(wr_id) = express::take_recv(&dst, &mut dg, place) else { return false };
+        let arrival = Arrival {
+            len,
+            imm,
+            inv: None,
+            src_lid: g.port.lid,
+            solicited: wr.send_flags.contains(SendFlags::SOLICITED),
+        };
+        let opcode = if send { WcOpcode::RECV } else { WcOpcode::RECV_RDMA_WITH_IMM };
+        responder::complete_arrival(&dst, &mut dg, &arrival, opcode, wr_id);
+    } else if let Some((region, off)) = target
+        && !express::copy_piece(piece, 0, region, off, len as usize)
+    {
+        return false;
+    }
+    drop(rkeys_guard);
+    drop(lkeys);
+    let npkts = packets_for(len, g.mtu);
+    dg.resp.nak_seq_sent = false;
+    responder::advance_past(&mut dg, psn, npkts);
+    drop(dg);
+    g.req.psn = psn_add(psn, npkts);
+    completer::send_done(qp, wr.wr_id, wr.opcode, wr.send_flags, len);
+    completer::progressed(g);
+    true
+}
