@@ -337,3 +337,51 @@ fn switching_the_express_path_off_at_run_time_changes_nothing_visible() {
         assert!(t.iter().any(|l| l.starts_with("cq0") && l.contains("RDMA_WRITE")), "{t:?}");
     }
 }
+
+/// A QP its peer's express lane holds still goes when its last handle is dropped (without a
+/// destroy): its PD can be deallocated at once, and the peer's next WRITE finds nobody there
+/// (retries exhausted), as before the peer's lane held it. Both directions ran on the express
+/// path first, so each lane held the other QP.
+#[test]
+fn a_qp_dropped_while_its_peers_lane_holds_it_is_gone() {
+    let f = Fabric::new(FabricConfig { devices: 2, ..Default::default() });
+    let devs = f.devices();
+    let side = |d: &Device| {
+        let ctx = d.open().unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(16, None, 0).unwrap();
+        let mr = pd.reg_mr(4096, ALL_ACCESS).unwrap();
+        let qp = pd.create_qp(&QpInitAttr::new(QpType::RC, &cq, cap(8))).unwrap();
+        (ctx, pd, cq, mr, qp)
+    };
+    let (a, b) = (side(&devs[0]), side(&devs[1]));
+    let p = RcParams { timeout: 1, retry_cnt: 1, ..Default::default() };
+    a.4.connect(1, &b.4.endpoint(2), &p).unwrap();
+    b.4.connect(2, &a.4.endpoint(1), &p).unwrap();
+    let write = |from: &(Context, Pd, Cq, Mr, Qp), to: &Mr| {
+        let src = [Sge { addr: from.3.addr(), length: 8, lkey: from.3.lkey() }];
+        from.4.post_send(&SendWr::write(1, &src, to.addr(), to.rkey()).signaled()).unwrap();
+        loop {
+            if let Some(wc) = from.2.poll_one() {
+                return wc.status;
+            }
+        }
+    };
+    assert_eq!(write(&a, &b.3), WcStatus::SUCCESS);
+    assert_eq!(write(&b, &a.3), WcStatus::SUCCESS);
+    let (b_ctx, b_pd, b_cq, b_mr, b_qp) = b;
+    let (b_addr, b_rkey) = (b_mr.addr(), b_mr.rkey());
+    drop(b_qp);
+    b_mr.dereg().unwrap();
+    b_pd.dealloc().expect("the dropped QP let its PD go");
+    b_cq.destroy().expect("the dropped QP let its CQ go");
+    let src = [Sge { addr: a.3.addr(), length: 8, lkey: a.3.lkey() }];
+    a.4.post_send(&SendWr::write(2, &src, b_addr, b_rkey).signaled()).unwrap();
+    let wc = loop {
+        if let Some(wc) = a.2.poll_one() {
+            break wc;
+        }
+    };
+    assert_eq!((wc.wr_id, wc.status), (2, WcStatus::RETRY_EXC_ERR));
+    drop(b_ctx);
+}

@@ -36,6 +36,10 @@ fn round(profile: Profile) {
     while got < 8 {
         got += a.3.poll_one().is_some() as usize;
     }
+    // And one the other way: each QP's express lane then holds the other.
+    let back = [Sge { addr: b.4.addr(), length: 64, lkey: b.4.lkey() }];
+    b.6.post_send(&SendWr::write(20, &back, a.4.addr(), a.4.rkey()).signaled()).unwrap();
+    while b.3.poll_one().is_none() {}
     // A completion left in the CQ, an armed CQ, and events nobody reads, about every kind of
     // object that has them.
     a.3.req_notify(false).unwrap();

@@ -153,17 +153,15 @@ fn execute(
     if !matches!(qp.qp_type, QpType::RC | QpType::UC) || g.state != QpState::RTS || !f.express() {
         return None;
     }
-    if g.lane.is_none() {
-        g.lane = Some(Lane::prove(qp, g, f)?);
-    }
-    let lane = g.lane.as_ref()?;
-    let (dest, same_keys) = (lane.dest, lane.same_keys);
-    let Some(dst) = lane.peer() else {
-        // A peer destroyed is forgotten (its number may come back as another QP's).
-        g.lane = None;
-        return None;
+    let lane = match g.lane.take() {
+        Some(lane) => lane,
+        None => Lane::prove(qp, g, f)?,
     };
-    run(qp, g, wqe, f, (&dst, dest, same_keys))
+    // A peer destroyed is forgotten (its number may come back as another QP's).
+    let dst = lane.peer()?;
+    let ran = run(qp, g, wqe, f, (dst, lane.dest, lane.same_keys));
+    g.lane = Some(lane);
+    ran
 }
 
 /// [`execute`] on the QP's lane.

@@ -10,7 +10,7 @@
 //! way (and from there to packets) untouched: the lane changes nothing before it is sure to
 //! complete the request.
 
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 use super::{
     completer,
@@ -26,11 +26,12 @@ use crate::{
 };
 
 /// A QP's connection to its peer QP, proven fit for the express path once (both QPs here, of
-/// one type, no wire, no XRC target). It holds the peer weakly: two QPs dropped without being
-/// destroyed must not keep each other alive.
+/// one type, no wire, no XRC target). It holds the peer's memory (no reference count moves
+/// per request), not its life: a QP whose last handle is dropped is destroyed at once (see
+/// `Drop for Qp`), and lets go of its own lane then, so two peers never keep each other.
 #[derive(Debug)]
 pub(crate) struct Lane {
-    dst: Weak<QpShared>,
+    dst: Arc<QpShared>,
     /// The peer's device and port, as the QP's address vector resolved them.
     pub(super) dest: (u32, u8),
     /// Whether the peer's keys are in the QP's own device's table.
@@ -50,13 +51,13 @@ impl Lane {
             return None;
         }
         let same_keys = Arc::ptr_eq(&qp.ctx.device, &dst.ctx.device);
-        Some(Lane { dst: Arc::downgrade(&dst), dest, same_keys })
+        Some(Lane { dst, dest, same_keys })
     }
 
     /// The peer, while it lives (a destroyed peer's number may come back as another QP's).
     #[inline]
-    pub(super) fn peer(&self) -> Option<Arc<QpShared>> {
-        self.dst.upgrade().filter(|d| d.life.is_alive())
+    pub(super) fn peer(&self) -> Option<&Arc<QpShared>> {
+        Some(&self.dst).filter(|d| d.life.is_alive())
     }
 }
 
@@ -99,7 +100,7 @@ pub(crate) fn post(qp: &Arc<QpShared>, g: &mut QpInner, wr: &SendWr<'_>, f: &Fab
     let psn = g.req.psn;
     let kind = if send { Kind::Send } else { Kind::Write };
     let receives = send || imm.is_some();
-    if !express::takes(&dst, &dg, qp.qp_type, psn, dest.1)
+    if !express::takes(dst, &dg, qp.qp_type, psn, dest.1)
         || responder::refuses(&dg, kind, len, wr.remote_addr, 0)
         || receives && dst.srq.as_ref().is_some_and(|s| s.tm.is_some())
     {
@@ -136,7 +137,7 @@ pub(crate) fn post(qp: &Arc<QpShared>, g: &mut QpInner, wr: &SendWr<'_>, f: &Fab
         },
     };
     if receives {
-        let pd = responder::own_recv_pd(&dst);
+        let pd = responder::own_recv_pd(dst);
         let place = |sges: &[Sge]| {
             let copied = match (target, send, sges) {
                 (Some((region, off)), _, _) => express::copy_piece(piece, 0, region, off, len as _),
@@ -155,7 +156,7 @@ pub(crate) fn post(qp: &Arc<QpShared>, g: &mut QpInner, wr: &SendWr<'_>, f: &Fab
             };
             copied.then_some(())
         };
-        let Some(wr_id) = express::take_recv(&dst, &mut dg, place) else { return false };
+        let Some(wr_id) = express::take_recv(dst, &mut dg, place) else { return false };
         let arrival = Arrival {
             len,
             imm,
@@ -164,7 +165,7 @@ pub(crate) fn post(qp: &Arc<QpShared>, g: &mut QpInner, wr: &SendWr<'_>, f: &Fab
             solicited: wr.send_flags.contains(SendFlags::SOLICITED),
         };
         let opcode = if send { WcOpcode::RECV } else { WcOpcode::RECV_RDMA_WITH_IMM };
-        responder::complete_arrival(&dst, &mut dg, &arrival, opcode, wr_id);
+        responder::complete_arrival(dst, &mut dg, &arrival, opcode, wr_id);
     } else if let Some((region, off)) = target
         && !express::copy_piece(piece, 0, region, off, len as usize)
     {

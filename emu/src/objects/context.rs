@@ -79,7 +79,7 @@ impl About {
     /// The object, if it is still there.
     fn upgrade(&self) -> Option<EventElement> {
         Some(match self {
-            About::Qp(q) => EventElement::Qp(Qp(q.upgrade()?)),
+            About::Qp(q) => EventElement::Qp(Qp::new(q.upgrade()?)),
             About::Cq(c) => EventElement::Cq(Cq(c.upgrade()?)),
             About::Srq(s) => EventElement::Srq(super::srq::Srq(s.upgrade()?)),
             About::Wq(w) => EventElement::Wq(super::wq::Wq(w.upgrade()?)),

@@ -171,7 +171,7 @@ impl Xrcd {
         });
         let qp = qp.ok_or_else(|| einval("no target QP with that number in the XRC domain"))?;
         qp.handles.fetch_add(1, Ordering::AcqRel);
-        Ok(Qp(qp))
+        Ok(Qp::new(qp))
     }
 
     /// Whether two handles name the same domain.

@@ -192,6 +192,9 @@ pub(crate) struct QpShared {
     pub(crate) rx_offloads: WqFlags,
     /// Handles on the QP (`ibv_open_qp` adds one to a target QP); destroyed with the last.
     pub(crate) handles: std::sync::atomic::AtomicU32,
+    /// [`Qp`] handles in existence (the QP is abandoned when the last goes; see `Drop for
+    /// Qp`): a peer's express lane holds the QP's memory but must not keep it alive.
+    handles_out: std::sync::atomic::AtomicUsize,
     pub(crate) sq_sig_all: bool,
     pub(crate) cap: QpCap,
     pub(crate) inner: Mutex<QpInner>,
@@ -213,7 +216,7 @@ impl QpShared {
 
     /// Raises an affiliated async event on this QP.
     pub(crate) fn raise(self: &Arc<QpShared>, event_type: EventType) {
-        self.ctx.raise(AsyncEvent { event_type, element: EventElement::Qp(Qp(self.clone())) });
+        self.ctx.raise(AsyncEvent { event_type, element: EventElement::Qp(Qp::new(self.clone())) });
     }
 
     fn release(&self) {
@@ -248,13 +251,24 @@ impl QpShared {
     }
 }
 
-impl Drop for QpShared {
-    fn drop(&mut self) {
+impl QpShared {
+    /// Nothing can reach the QP any more but the emulator: it goes as a destroyed one does.
+    fn abandoned(&self) {
         if self.life.destroy().is_ok() {
             self.ctx.discard_events(self as *const Self);
-            self.part(&self.inner.lock());
+            let mut g = self.inner.lock();
+            self.part(&g);
+            // The peer it holds is let go (two abandoned peers must not hold each other).
+            g.lane = None;
+            drop(g);
             self.release();
         }
+    }
+}
+
+impl Drop for QpShared {
+    fn drop(&mut self) {
+        self.abandoned();
     }
 }
 
@@ -320,10 +334,32 @@ impl PortInfo {
 }
 
 /// A queue pair (`struct ibv_qp`). Cheap to clone; all clones are the same QP.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct Qp(pub(crate) Arc<QpShared>);
 
+impl Clone for Qp {
+    fn clone(&self) -> Qp {
+        Qp::new(self.0.clone())
+    }
+}
+
+/// When the last handle goes, the QP goes (as if destroyed, without waiting for its events'
+/// acknowledgements), though a peer's express lane may hold its memory a while longer.
+impl Drop for Qp {
+    fn drop(&mut self) {
+        if self.0.handles_out.fetch_sub(1, std::sync::atomic::Ordering::AcqRel) == 1 {
+            self.0.abandoned();
+        }
+    }
+}
+
 impl Qp {
+    /// A handle on `qp`.
+    pub(crate) fn new(qp: Arc<QpShared>) -> Qp {
+        qp.handles_out.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Qp(qp)
+    }
+
     pub(crate) fn create(pd: &Pd, init: &QpInitAttr<'_>) -> Result<Qp> {
         Qp::create_in(pd, init, None, None)
     }
@@ -500,6 +536,7 @@ impl Qp {
                 max_tso_header: init.max_tso_header,
                 rx_offloads: rx,
                 handles: std::sync::atomic::AtomicU32::new(1),
+                handles_out: Default::default(),
                 sq_sig_all: init.sq_sig_all,
                 cap,
                 inner: Mutex::new(QpInner {
@@ -528,7 +565,7 @@ impl Qp {
             })
         });
         match made {
-            Ok(qp) => Ok(Qp(qp)),
+            Ok(qp) => Ok(Qp::new(qp)),
             Err(e) => {
                 taken.iter().for_each(|l| l.put());
                 ResourceCounts::give(&dev.counts.qp);
