@@ -216,6 +216,9 @@ struct Inbound {
     sleepers: AtomicU64,
     /// The reader naps between application looks (it has not asked for doorbells).
     napping: AtomicBool,
+    /// Whether any peer's ring is attached (`rx.rings` is not empty): until one is, an
+    /// application thread's look finds nothing to take and costs nothing.
+    has_rings: AtomicBool,
     /// The user whose processes may send to us.
     uid: u32,
     drops: Drops,
@@ -337,6 +340,7 @@ impl Node {
             polls,
             sleepers,
             napping,
+            has_rings: AtomicBool::new(false),
             uid,
             drops,
             peer_exports,
@@ -383,6 +387,11 @@ impl Node {
     /// whether anything was delivered. Called by threads that poll an empty CQ: a spinning
     /// application may hold the CPU the reader thread would need.
     pub(crate) fn progress(&self, fabric: &FabricInner) -> bool {
+        // Without a ring (no process has sent to us through one) there is nothing to look at;
+        // nor does a sender hold back a doorbell for the looks not counted then.
+        if !self.inbound.has_rings.load(Ordering::Acquire) {
+            return false;
+        }
         self.inbound.polls.fetch_add(1, Ordering::Relaxed);
         match self.inbound.rx.try_lock() {
             Some(mut rx) => receive(&self.inbound, &mut rx, fabric, false),
@@ -615,6 +624,7 @@ impl Node {
                     let mut rx = node.inbound.rx.lock();
                     receive(&node.inbound, &mut rx, &fabric, true);
                     rx.rings.retain(|(s, r)| *s != slot || !r.abandoned());
+                    node.inbound.has_rings.store(!rx.rings.is_empty(), Ordering::Release);
                     node.inbound.gates.lock().retain(|r| !r.abandoned());
                     let mut exports = node.inbound.peer_exports.lock();
                     if exports.get(&slot).is_some_and(|(_, p)| p.exited()) {
@@ -908,6 +918,7 @@ fn receive_marked(inbound: &Inbound, rx: &mut Rx, fabric: &FabricInner, socket: 
         let read = ring.read(|rec| batch.take(fabric, partial, Arrived::record(*slot, rec)));
         read.map_err(|_| Drops::count(&inbound.drops.malformed)).is_ok()
     });
+    inbound.has_rings.store(!rings.is_empty(), Ordering::Release);
     let took = batch.took;
     batch.deliver(fabric) || took
 }
