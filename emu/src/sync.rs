@@ -6,15 +6,15 @@
 //! Against each other this is Dekker's protocol: each stores, then loads the other's word, so
 //! either the reader sees the flag and backs off, or the writer sees the reader and waits.
 //! Dekker needs a full fence between each side's store and load. The writer, which is rare,
-//! pays for both: it issues a process-wide barrier (`membarrier(2)`, see [`barrier`]), which
+//! pays for both: it issues a process-wide barrier (`membarrier(2)`, see `barrier`), which
 //! orders every running thread's earlier stores before its own later loads, so the reader
 //! needs only a compiler fence. A read is then two plain stores and a load, where a
 //! locked instruction costs ~5 ns on this machine's cores and a work request takes several
 //! reads.
 //!
-//! Each lock has a slot for each of the first [`SLOTS`] threads (by index, handed back when a thread
+//! Each lock has a slot for each of the first `SLOTS` threads (by index, handed back when a thread
 //! ends); any further thread, and every thread in a ThreadSanitizer build (which cannot see a
-//! process-wide barrier), counts itself on one of [`SHARDS`] shared counters with a locked add
+//! process-wide barrier), counts itself on one of `SHARDS` shared counters with a locked add
 //! instead, sequentially consistent on both sides. crossbeam-utils' `ShardedLock` has the
 //! shape of the latter but puts a std `RwLock` in each shard: about 40 instructions per read
 //! against about 10 here.
@@ -101,8 +101,13 @@ mod barrier {
     pub(super) fn heavy() {
         if how() != SYSCALL {
             fence(Ordering::SeqCst);
-        } else if membarrier(PRIVATE_EXPEDITED) != 0 {
-            // Registered, it cannot fail; if it did, light barriers would order nothing.
+            return;
+        }
+        // A child of `fork` may have to register again (its memory is a new mm).
+        let done = membarrier(PRIVATE_EXPEDITED) == 0
+            || membarrier(REGISTER_PRIVATE_EXPEDITED) == 0 && membarrier(PRIVATE_EXPEDITED) == 0;
+        if !done {
+            // Light barriers rely on it: without it they would order nothing.
             std::process::abort();
         }
     }
