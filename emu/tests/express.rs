@@ -385,3 +385,42 @@ fn a_qp_dropped_while_its_peers_lane_holds_it_is_gone() {
     assert_eq!((wc.wr_id, wc.status), (2, WcStatus::RETRY_EXC_ERR));
     drop(b_ctx);
 }
+
+/// A QP dropped with work in flight goes quiet though its peer's lane holds it: its timers find
+/// it stopped and send nothing more (a fault rule that drops every packet counts what is sent).
+#[test]
+fn a_qp_dropped_with_work_in_flight_sends_nothing_more() {
+    let f = Fabric::new(FabricConfig { devices: 2, ..Default::default() });
+    let devs = f.devices();
+    let side = |d: &Device| {
+        let ctx = d.open().unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(16, None, 0).unwrap();
+        let mr = pd.reg_mr(4096, ALL_ACCESS).unwrap();
+        let qp = pd.create_qp(&QpInitAttr::new(QpType::RC, &cq, cap(8))).unwrap();
+        (ctx, pd, cq, mr, qp)
+    };
+    let (a, b) = (side(&devs[0]), side(&devs[1]));
+    // Retransmissions every ~4 ms (timeout 10), as many as it takes (7 retries).
+    let p = RcParams { timeout: 10, ..Default::default() };
+    a.4.connect(1, &b.4.endpoint(2), &p).unwrap();
+    b.4.connect(2, &a.4.endpoint(1), &p).unwrap();
+    // B's lane holds A.
+    let src = [Sge { addr: b.3.addr(), length: 8, lkey: b.3.lkey() }];
+    b.4.post_send(&SendWr::write(1, &src, a.3.addr(), a.3.rkey()).signaled()).unwrap();
+    while b.2.poll_one().is_none() {}
+    f.set_faults(FaultRule::parse("drop").unwrap());
+    let src = [Sge { addr: a.3.addr(), length: 8, lkey: a.3.lkey() }];
+    a.4.post_send(&SendWr::write(2, &src, b.3.addr(), b.3.rkey()).signaled()).unwrap();
+    // Sent, then sent again at least once.
+    let sent = || f.fault_hits()[0];
+    while sent() < 2 {
+        std::thread::yield_now();
+    }
+    let (_a_ctx, _a_pd, _a_cq, _a_mr, a_qp) = a;
+    drop(a_qp);
+    let at_drop = sent();
+    // Several retransmission periods.
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert!(sent() <= at_drop + 1, "sent {} more after the drop", sent() - at_drop);
+}

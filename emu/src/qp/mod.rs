@@ -256,13 +256,22 @@ impl QpShared {
     fn abandoned(&self) {
         if self.life.destroy().is_ok() {
             self.ctx.discard_events(self as *const Self);
-            let mut g = self.inner.lock();
-            self.part(&g);
-            // The peer it holds is let go (two abandoned peers must not hold each other).
-            g.lane = None;
-            drop(g);
+            self.stop();
             self.release();
         }
+    }
+
+    /// A destroyed QP does nothing more: its peer (in another process) is told, its queues
+    /// and inbox are emptied without completions, its timers find it in RESET, and it lets
+    /// go of the peer its lane holds (two peers must not keep each other).
+    fn stop(&self) {
+        let mut g = self.inner.lock();
+        self.part(&g);
+        g.state = QpState::RESET;
+        g.lane = None;
+        g.sq.clear();
+        g.rq.clear();
+        self.inbox.clear();
     }
 }
 
@@ -928,16 +937,7 @@ impl Qp {
         }
         self.0.life.destroy()?;
         self.0.ctx.fabric.unregister_qp(self.0.qpn);
-        {
-            let mut g = self.0.inner.lock();
-            self.0.part(&g);
-            g.state = QpState::RESET;
-            // The peer it holds is let go.
-            g.lane = None;
-            g.sq.clear();
-            g.rq.clear();
-            self.0.inbox.clear();
-        }
+        self.0.stop();
         self.0.ctx.discard_events(Arc::as_ptr(&self.0));
         self.0.ctx.wait_acked(&self.0.async_events);
         self.0.release();
