@@ -338,12 +338,11 @@ fn switching_the_express_path_off_at_run_time_changes_nothing_visible() {
     }
 }
 
-/// A QP its peer's express lane holds still goes when its last handle is dropped (without a
-/// destroy): its PD can be deallocated at once, and the peer's next WRITE finds nobody there
-/// (retries exhausted), as before the peer's lane held it. Both directions ran on the express
-/// path first, so each lane held the other QP.
-#[test]
-fn a_qp_dropped_while_its_peers_lane_holds_it_is_gone() {
+/// One side of a connected RC pair: its context, PD, CQ, 4 KiB MR and QP.
+type Side = (Context, Pd, Cq, Mr, Qp);
+
+/// Two RC QPs on two devices of a new fabric, connected with `p`.
+fn connected_pair(p: &RcParams) -> (Fabric, Side, Side) {
     let f = Fabric::new(FabricConfig { devices: 2, ..Default::default() });
     let devs = f.devices();
     let side = |d: &Device| {
@@ -355,10 +354,19 @@ fn a_qp_dropped_while_its_peers_lane_holds_it_is_gone() {
         (ctx, pd, cq, mr, qp)
     };
     let (a, b) = (side(&devs[0]), side(&devs[1]));
-    let p = RcParams { timeout: 1, retry_cnt: 1, ..Default::default() };
-    a.4.connect(1, &b.4.endpoint(2), &p).unwrap();
-    b.4.connect(2, &a.4.endpoint(1), &p).unwrap();
-    let write = |from: &(Context, Pd, Cq, Mr, Qp), to: &Mr| {
+    a.4.connect(1, &b.4.endpoint(2), p).unwrap();
+    b.4.connect(2, &a.4.endpoint(1), p).unwrap();
+    (f, a, b)
+}
+
+/// A QP its peer's express lane holds still goes when its last handle is dropped (without a
+/// destroy): its PD can be deallocated at once, and the peer's next WRITE finds nobody there
+/// (retries exhausted), as before the peer's lane held it. Both directions ran on the express
+/// path first, so each lane held the other QP.
+#[test]
+fn a_qp_dropped_while_its_peers_lane_holds_it_is_gone() {
+    let (_f, a, b) = connected_pair(&RcParams { timeout: 1, retry_cnt: 1, ..Default::default() });
+    let write = |from: &Side, to: &Mr| {
         let src = [Sge { addr: from.3.addr(), length: 8, lkey: from.3.lkey() }];
         from.4.post_send(&SendWr::write(1, &src, to.addr(), to.rkey()).signaled()).unwrap();
         loop {
@@ -390,21 +398,8 @@ fn a_qp_dropped_while_its_peers_lane_holds_it_is_gone() {
 /// it stopped and send nothing more (a fault rule that drops every packet counts what is sent).
 #[test]
 fn a_qp_dropped_with_work_in_flight_sends_nothing_more() {
-    let f = Fabric::new(FabricConfig { devices: 2, ..Default::default() });
-    let devs = f.devices();
-    let side = |d: &Device| {
-        let ctx = d.open().unwrap();
-        let pd = ctx.alloc_pd().unwrap();
-        let cq = ctx.create_cq(16, None, 0).unwrap();
-        let mr = pd.reg_mr(4096, ALL_ACCESS).unwrap();
-        let qp = pd.create_qp(&QpInitAttr::new(QpType::RC, &cq, cap(8))).unwrap();
-        (ctx, pd, cq, mr, qp)
-    };
-    let (a, b) = (side(&devs[0]), side(&devs[1]));
     // Retransmissions every ~4 ms (timeout 10), as many as it takes (7 retries).
-    let p = RcParams { timeout: 10, ..Default::default() };
-    a.4.connect(1, &b.4.endpoint(2), &p).unwrap();
-    b.4.connect(2, &a.4.endpoint(1), &p).unwrap();
+    let (f, a, b) = connected_pair(&RcParams { timeout: 10, ..Default::default() });
     // B's lane holds A.
     let src = [Sge { addr: b.3.addr(), length: 8, lkey: b.3.lkey() }];
     b.4.post_send(&SendWr::write(1, &src, a.3.addr(), a.3.rkey()).signaled()).unwrap();
