@@ -11,8 +11,6 @@ mod wr;
 
 use std::{collections::VecDeque, sync::Arc};
 
-use parking_lot::Mutex;
-
 use self::queue::{RecvQueue, SendQueue};
 pub use self::{
     connect::{Endpoint, RcParams},
@@ -29,6 +27,7 @@ use crate::{
         event::EventCount,
         pd::{Pd, PdInner},
     },
+    sync::lock::Lock,
     types::{
         AccessFlags, AhAttr, Ece, EventType, LinkLayer, Mtu, QpAttrMask, QpCreateFlags, QpState,
         QpType, WqFlags,
@@ -197,7 +196,8 @@ pub(crate) struct QpShared {
     handles_out: std::sync::atomic::AtomicUsize,
     pub(crate) sq_sig_all: bool,
     pub(crate) cap: QpCap,
-    pub(crate) inner: Mutex<QpInner>,
+    /// Taken by every work request (see `sync::lock` for why not parking_lot's).
+    pub(crate) inner: Lock<QpInner>,
     /// Packets delivered by the fabric, drained in order by whoever services the QP.
     pub(crate) inbox: inbox::Inbox,
     /// When (fabric time) a datagram for this QP last arrived from another process, part of
@@ -548,7 +548,7 @@ impl Qp {
                 handles_out: Default::default(),
                 sq_sig_all: init.sq_sig_all,
                 cap,
-                inner: Mutex::new(QpInner {
+                inner: Lock::new(QpInner {
                     state: QpState::RESET,
                     attr: QpAttr { cap, port_num: 1, ..Default::default() },
                     sq: SendQueue::new(cap.max_send_wr),
