@@ -190,9 +190,8 @@ impl Ring {
 
     /// Queues `wc` unless `cqe` completions are queued; its position if queued, `Again` if it
     /// found the ring closed (it waited for it to open), `Small` if the ring must grow to
-    /// take it. The store
-    /// that publishes it is sequentially consistent (the CQ's arming protocol needs it
-    /// ordered before the producer's next load).
+    /// take it. The store that publishes it is a release: the CQ's arming protocol orders it
+    /// before the producer's next load (see `CqInner::push`).
     #[inline]
     pub(crate) fn push(&self, wc: &Wc, cqe: u64) -> Result<u64, Refused> {
         let mut tail = self.tail.load(Ordering::Relaxed);
@@ -233,7 +232,7 @@ impl Ring {
                     // lap's poller released (its word was this lap's): nobody else touches
                     // the slot until the word below publishes it.
                     unsafe { (*slot.wc.get()).write(*wc) };
-                    slot.seq.store(self.lap(tail) + 1, Ordering::SeqCst);
+                    slot.seq.store(self.lap(tail) + 1, Ordering::Release);
                     return Ok(tail);
                 }
                 Err(now) => tail = now,
