@@ -3,12 +3,11 @@
 
 use std::{
     any::TypeId,
-    cell::Cell,
     collections::HashMap,
     mem::offset_of,
     sync::{
         Arc, OnceLock,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicUsize, Ordering},
     },
 };
 
@@ -229,9 +228,60 @@ fn live() -> &'static Live {
 #[derive(Default)]
 struct Live {
     table: ReadMostly<Table>,
-    /// Bumped by every change of the table: a lookup a thread remembers (see `obj`) holds
-    /// while this has not moved.
-    epoch: AtomicU64,
+    /// Lookups that found a live object of a kind the data path asks for (see [`hot_tag`]),
+    /// by address: the address with the kind's tag in its top bits. Filled under the read
+    /// side, emptied under the write side, so an entry names an object live since it was
+    /// filled. Shared by all threads and written only on a miss: steady traffic reads it.
+    hits: Hits,
+}
+
+/// Slots of [`Live::hits`] (a power of two).
+const HITS: usize = 256;
+
+struct Hits([AtomicUsize; HITS]);
+
+impl Default for Hits {
+    fn default() -> Self {
+        Hits(std::array::from_fn(|_| AtomicUsize::new(0)))
+    }
+}
+
+impl Hits {
+    fn slot(&self, p: usize) -> &AtomicUsize {
+        // Fibonacci hashing of the address: objects a few hundred bytes apart spread.
+        &self.0[(p >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (usize::BITS - HITS.ilog2())]
+    }
+
+    fn clear(&self) {
+        for h in &self.0 {
+            h.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The tag of the kinds every work request names (QPs, CQs, SRQs, WQs, address handles), in
+/// the top bits of an address (x86-64 user addresses stay below 2^57); `None` for the rest,
+/// which are looked up in the table every time.
+fn hot_tag<S: 'static>() -> Option<usize> {
+    let ty = TypeId::of::<S>();
+    let tag = if ty == TypeId::of::<ShimQp>() {
+        1
+    } else if ty == TypeId::of::<ShimCq>() {
+        2
+    } else if ty == TypeId::of::<ShimSrq>() {
+        3
+    } else if ty == TypeId::of::<ShimAh>() {
+        4
+    } else if ty == TypeId::of::<crate::verbs::wq::ShimWq>() {
+        5
+    } else {
+        #[cfg(test)]
+        if ty == TypeId::of::<test::Hot>() {
+            return Some(6 << 60);
+        }
+        return None;
+    };
+    Some(tag << 60)
 }
 
 type Table = HashMap<usize, Entry, rustc_hash::FxBuildHasher>;
@@ -243,61 +293,36 @@ impl Live {
 
     fn write(&self) -> WriteGuard<'_, Table> {
         let g = self.table.write();
-        // Under the write side: a reader that saw the old epoch looked the table up before.
-        self.epoch.fetch_add(1, Ordering::AcqRel);
+        // Under the write side: no reader fills a slot until the change is made.
+        self.hits.clear();
         g
     }
 
-    /// Whether `p` is a live `S`: the thread's remembered answer while the table has not
-    /// changed since, else a lookup (then remembered). `ibv_post_send` and `ibv_poll_cq` ask
-    /// this of the same two or three objects millions of times; a hash lookup under the lock
-    /// cost about 80 instructions a time, a remembered answer about 20.
+    /// Whether `p` is a live `S`: a remembered hit, else a lookup. `ibv_post_send` and
+    /// `ibv_poll_cq` ask this of the same two or three objects millions of times; a hash
+    /// lookup under the lock cost about 80 instructions a time, a hit about 10.
     #[inline]
     fn is<S: 'static>(&self, p: usize) -> bool {
         let ty = TypeId::of::<S>();
-        let epoch = self.epoch.load(Ordering::Acquire);
-        let hit = SEEN.with(|seen| {
-            seen.iter().any(|s| {
-                let s = s.get();
-                s.addr == p && s.epoch == epoch && s.ty == Some(ty)
-            })
-        });
-        hit || self.look_up(p, ty)
+        match hot_tag::<S>() {
+            Some(tag) if p < 1 << 57 => {
+                self.hits.slot(p).load(Ordering::Acquire) == p | tag || self.look_up(p, ty, tag)
+            }
+            _ => self.look_up(p, ty, 0),
+        }
     }
 
     #[cold]
-    fn look_up(&self, p: usize, ty: TypeId) -> bool {
+    fn look_up(&self, p: usize, ty: TypeId, tag: usize) -> bool {
         let table = self.read();
-        // Read under the read side: no change completes until the guard drops.
-        let epoch = self.epoch.load(Ordering::Acquire);
         let found = table.get(&p).map(|e| e.ty) == Some(ty);
-        if found {
-            // The newest first, the oldest forgotten.
-            SEEN.with(|seen| {
-                for i in (1..SEEN_SLOTS).rev() {
-                    seen[i].set(seen[i - 1].get());
-                }
-                seen[0].set(Seen { addr: p, epoch, ty: Some(ty) });
-            });
+        if found && tag != 0 {
+            // Under the read side: a destroy clears it after (see `write`).
+            self.hits.slot(p).store(p | tag, Ordering::Release);
         }
+        drop(table);
         found
     }
-}
-
-/// Lookups a thread remembers, by address: a live object of type `ty` at `addr` while the
-/// registry's epoch is `epoch`.
-#[derive(Clone, Copy)]
-struct Seen {
-    addr: usize,
-    epoch: u64,
-    ty: Option<TypeId>,
-}
-
-const SEEN_SLOTS: usize = 4;
-
-thread_local! {
-    static SEEN: [Cell<Seen>; SEEN_SLOTS] =
-        const { [const { Cell::new(Seen { addr: 0, epoch: 0, ty: None }) }; SEEN_SLOTS] };
 }
 
 /// Records an object handed to C that no context owns (a device, a context).
@@ -572,11 +597,39 @@ mod test {
 
     struct Thing(u32);
     struct Other;
+    /// A kind looked up as often as a QP (one with a tag: see `hot_tag`).
+    pub(super) struct Hot(pub(super) u32);
 
     /// A remembered lookup never outlives the object: once freed (or when asked for another
-    /// type) the pointer is refused, even right after it was accepted.
+    /// type) the pointer is refused, even right after it was accepted; and a new object at
+    /// its address is found for what it is.
     #[test]
     fn test_a_remembered_lookup_ends_with_its_object() {
+        let p = leak_unowned(Hot(7));
+        for _ in 0..3 {
+            // SAFETY: `p` is live (the registry says so before the reference is made).
+            assert_eq!(unsafe { obj::<Hot, Hot>(p) }.map(|t| t.0), Some(7));
+            // SAFETY: asked as another type: refused before any reference is made.
+            assert!(unsafe { obj::<Hot, Thing>(p) }.is_none());
+        }
+        // SAFETY: `p` came from `leak_unowned` and is not used after this but to be refused.
+        unsafe { free(p) };
+        // SAFETY: refused by the registry, so never dereferenced.
+        assert!(unsafe { obj::<Hot, Hot>(p) }.is_none());
+        // The allocator hands the same memory out again (most of the time): as a Thing, it
+        // is no Hot.
+        let t = leak_unowned(Thing(9));
+        // SAFETY: refused whatever `t` is (it is a Thing), so never dereferenced as a Hot.
+        assert!(unsafe { obj::<Thing, Hot>(t) }.is_none());
+        // SAFETY: live.
+        assert_eq!(unsafe { obj::<Thing, Thing>(t) }.map(|t| t.0), Some(9));
+        // SAFETY: `t` came from `leak_unowned`.
+        unsafe { free(t) };
+    }
+
+    /// As above, for a kind looked up in the table every time.
+    #[test]
+    fn test_a_lookup_of_a_cold_kind_ends_with_its_object() {
         let p = leak_unowned(Thing(7));
         for _ in 0..3 {
             // SAFETY: `p` is live (the registry says so before the reference is made).
