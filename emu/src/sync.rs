@@ -35,6 +35,7 @@ use crossbeam_utils::CachePadded;
 use parking_lot::{Mutex, MutexGuard};
 
 pub(crate) mod barrier;
+pub(crate) mod bias;
 pub(crate) mod lock;
 
 /// Threads per lock with a slot of their own (more than a 2- to 8-core host runs at once).
