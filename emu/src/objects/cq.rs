@@ -221,6 +221,11 @@ impl CqInner {
     /// the first arming's store, so before its barrier: its push is seen by every arming. The
     /// model test below checks every interleaving of the two, with stores delayed as this
     /// machine's store buffers delay them.
+    ///
+    /// Inlined (its rare parts are not) so that the caller builds the completion straight into
+    /// the ring's slot: a completion built field by field on the stack and then copied in
+    /// wider moves made each of those loads wait for the stores it straddles.
+    #[inline]
     pub(crate) fn push(self: &Arc<CqInner>, mut wc: Wc, solicited: bool) -> Result<(), Overrun> {
         if self.timestamps {
             wc.timestamp = self.ctx.fabric.now();
@@ -228,13 +233,7 @@ impl CqInner {
         let queued =
             if self.overrun.load(Ordering::Relaxed) { Err(Overrun) } else { self.enqueue(&wc) };
         let Ok(seq) = queued else {
-            if !self.overrun.swap(true, Ordering::AcqRel) {
-                self.ctx.raise(AsyncEvent {
-                    event_type: EventType::CQ_ERR,
-                    element: EventElement::Cq(Cq(self.clone())),
-                });
-            }
-            return Err(Overrun);
+            return self.overran();
         };
         let solicited = solicited || wc.status != WcStatus::SUCCESS;
         if solicited {
@@ -249,9 +248,30 @@ impl CqInner {
         if !Notify::of(armed).met_by(solicited) {
             return Ok(());
         }
+        self.pushed_while_armed(solicited);
+        Ok(())
+    }
+
+    /// A completion was lost: the CQ is in error, raised once.
+    #[cold]
+    #[inline(never)]
+    fn overran(self: &Arc<CqInner>) -> Result<(), Overrun> {
+        if !self.overrun.swap(true, Ordering::AcqRel) {
+            self.ctx.raise(AsyncEvent {
+                event_type: EventType::CQ_ERR,
+                element: EventElement::Cq(Cq(self.clone())),
+            });
+        }
+        Err(Overrun)
+    }
+
+    /// A completion that met the arming was queued: its event fires (or moderation holds it).
+    #[cold]
+    #[inline(never)]
+    fn pushed_while_armed(self: &Arc<CqInner>, solicited: bool) {
         let mut st = self.st.lock();
         if !st.notify.met_by(solicited) {
-            return Ok(()); // another completion's event came first
+            return; // another completion's event came first
         }
         let m = st.moderation;
         if m.active() {
@@ -263,11 +283,10 @@ impl CqInner {
                     let job = Job::CqModeration { cq: Arc::downgrade(self), generation };
                     self.ctx.fabric.timer.schedule(now + m.period_ns, job);
                 }
-                return Ok(());
+                return;
             }
         }
         self.fire(st);
-        Ok(())
     }
 
     /// Sets what is armed (under `st`).
@@ -414,10 +433,7 @@ impl Cq {
     pub fn poll(&self, out: &mut [Wc]) -> usize {
         let take = |out: &mut [Wc]| {
             let mut n = 0;
-            while n < out.len()
-                && let Some(wc) = self.pop()
-            {
-                out[n] = wc;
+            while n < out.len() && self.pop_into(&mut out[n]) {
                 n += 1;
             }
             n
@@ -442,9 +458,16 @@ impl Cq {
     /// The ring's oldest completion, if any.
     #[inline]
     fn pop(&self) -> Option<Wc> {
+        let mut wc = Wc::default();
+        self.pop_into(&mut wc).then_some(wc)
+    }
+
+    /// Moves the ring's oldest completion, if any, into `out`.
+    #[inline]
+    fn pop_into(&self, out: &mut Wc) -> bool {
         loop {
-            match self.0.ring().pop() {
-                Ok(wc) => return wc,
+            match self.0.ring().pop_into(out) {
+                Ok(got) => return got,
                 Err(_) => continue, // closed meanwhile
             }
         }
@@ -609,8 +632,10 @@ mod test {
         pushed: u32,
         polled: u32,
         announced: u32,
-        /// Producers' publications still in their store buffers.
-        buffered: [bool; 2],
+        /// Producers' claims (a plain store by the tail's bias owner) and publications still
+        /// in their store buffers (which drain in order).
+        claims: [bool; 2],
+        publications: [bool; 2],
         /// `armed` and its `EVENTED` mark as others see them, `st.notify` and `st.evented`
         /// (under the lock), whether the arming issues the barrier (else a fence).
         armed: bool,
@@ -634,11 +659,21 @@ mod test {
         m.events += 1;
     }
 
-    fn drain(m: &mut Model, p: usize) {
-        if m.buffered[p] {
-            m.buffered[p] = false;
+    /// The oldest store in producer `p`'s buffer leaves it.
+    fn drain_one(m: &mut Model, p: usize) {
+        if m.claims[p] {
+            m.claims[p] = false;
+            m.pushed += 1;
+        } else if m.publications[p] {
+            m.publications[p] = false;
             m.ring += 1;
         }
+    }
+
+    /// Producer `p`'s buffer empties (a fence, a locked instruction, the barrier).
+    fn drain(m: &mut Model, p: usize) {
+        drain_one(m, p);
+        drain_one(m, p);
     }
 
     /// Every next state: one step of one thread, or one store leaving a buffer.
@@ -647,15 +682,15 @@ mod test {
     fn steps(m: Model, announce_waiting: bool, first_barrier: bool) -> Vec<Model> {
         let mut out = Vec::new();
         for p in 0..2 {
-            if m.buffered[p] {
+            if m.claims[p] || m.publications[p] {
                 let mut n = m;
-                drain(&mut n, p);
+                drain_one(&mut n, p);
                 out.push(n);
             }
             let mut n = m;
             match m.pc[p] {
-                0 => n.pushed += 1,        // claim a position (the ring's tail: locked)
-                1 => n.buffered[p] = true, // publish it (a release store)
+                0 => n.claims[p] = true,       // claim a position (the ring's tail)
+                1 => n.publications[p] = true, // publish it (a release store)
                 2 => {
                     // Compiler fence, load `armed`; a mark sends the producer to its fence.
                     n.saw[p] = m.armed;
@@ -671,8 +706,11 @@ mod test {
                 // still armed.
                 4 if m.saw[p] && (m.app == 1 || m.app == 2) => continue,
                 4 => {
-                    if m.saw[p] && m.notify {
-                        fire(&mut n);
+                    if m.saw[p] {
+                        drain(&mut n, p); // the lock's compare-and-swap
+                        if n.notify {
+                            fire(&mut n);
+                        }
                     }
                 }
                 _ => continue,

@@ -17,8 +17,15 @@
 //! in time every slot is touched): one of millions of entries takes memory only as its
 //! completions pile up, the ring doubling each time it is full short of the CQ's size.
 //!
+//! Most CQs are filled by one thread and polled by one (not always the same): each end has a
+//! [`Bias`](crate::sync::bias::Bias). Its owner, while no other thread came to that end,
+//! claims positions with plain stores instead of the CAS; the first other thread revokes the
+//! bias for good (once, ~10 us), waits for the owner to be out, and from then on that end is
+//! claimed by CAS.
+//!
 //! Rare operations that rewrite the ring (taking a QP's completions out, resizing, draining)
-//! first close it: a bit in both indices turns new producers and pollers away (they wait),
+//! first close it (revoking both biases): a bit in both indices turns new producers and
+//! pollers away (they wait),
 //! and the closer waits for those that claimed a position before to finish with it. Then it
 //! has the ring to itself, and reopens it when done. A ring outgrown is closed for good and
 //! kept until the CQ is dropped (a thread may still be looking at it); a CQ's rings double
@@ -34,7 +41,10 @@ use std::{
 use crossbeam_utils::CachePadded;
 use parking_lot::Mutex;
 
-use crate::types::Wc;
+use crate::{
+    sync::bias::{Bias, Entry},
+    types::Wc,
+};
 
 /// The most completions a CQ's first ring holds.
 const FIRST_RING: u32 = 4095;
@@ -65,9 +75,43 @@ fn zeroed_slots(n: usize) -> Box<[Slot]> {
     unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, n)) }
 }
 
+/// One end of the ring: its index and the bias of the thread that uses it alone.
+#[derive(Default)]
+struct End {
+    index: AtomicU64,
+    bias: Bias,
+}
+
+impl std::ops::Deref for End {
+    type Target = AtomicU64;
+    fn deref(&self) -> &AtomicU64 {
+        &self.index
+    }
+}
+
+impl End {
+    /// Whether the calling thread is in this end's bias (if not: the CAS way, after
+    /// [`End::shared`]).
+    #[inline]
+    fn enter(&self) -> bool {
+        self.bias.enter() == Entry::In
+    }
+
+    /// Makes the end shared (the bias revoked, its owner out): claims by CAS are safe.
+    #[inline]
+    fn shared(&self) {
+        if !self.bias.is_revoked() {
+            self.bias.revoke();
+        }
+        while self.bias.owner_inside() {
+            std::hint::spin_loop();
+        }
+    }
+}
+
 pub(crate) struct Ring {
-    head: CachePadded<AtomicU64>,
-    tail: CachePadded<AtomicU64>,
+    head: CachePadded<End>,
+    tail: CachePadded<End>,
     slots: Box<[Slot]>,
     mask: u64,
 }
@@ -156,8 +200,8 @@ impl Ring {
     pub(crate) fn new(cqe: u32) -> Ring {
         let capacity = (u64::from(cqe) + 1).next_power_of_two();
         Ring {
-            head: CachePadded::new(AtomicU64::new(0)),
-            tail: CachePadded::new(AtomicU64::new(0)),
+            head: CachePadded::new(End::default()),
+            tail: CachePadded::new(End::default()),
             slots: zeroed_slots(capacity as usize),
             mask: capacity - 1,
         }
@@ -192,8 +236,43 @@ impl Ring {
     /// found the ring closed (it waited for it to open), `Small` if the ring must grow to
     /// take it. The store that publishes it is a release: the CQ's arming protocol orders it
     /// before the producer's next load (see `CqInner::push`).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn push(&self, wc: &Wc, cqe: u64) -> Result<u64, Refused> {
+        if self.tail.enter() {
+            let pushed = self.push_alone(wc, cqe);
+            self.tail.bias.leave();
+            return pushed;
+        }
+        self.push_shared(wc, cqe)
+    }
+
+    /// [`Ring::push`] by the only producer (in the tail's bias; closing revokes it first).
+    #[inline(always)]
+    fn push_alone(&self, wc: &Wc, cqe: u64) -> Result<u64, Refused> {
+        let tail = self.tail.load(Ordering::Relaxed);
+        debug_assert_eq!(tail & CLOSED, 0, "closing revokes the bias first");
+        let head = self.head.load(Ordering::Acquire) & !CLOSED;
+        let queued = tail.wrapping_sub(head);
+        if queued >= cqe.min(self.mask) {
+            return Err(if queued >= cqe { Refused::Full } else { Refused::Small });
+        }
+        let slot = self.slot(tail);
+        while slot.seq.load(Ordering::Acquire) != self.lap(tail) {
+            // The previous lap's poller is copying its completion out.
+            std::hint::spin_loop();
+        }
+        self.tail.store(tail + 1, Ordering::Relaxed);
+        // SAFETY: this producer alone claims positions (it is in the bias), and the previous
+        // lap's poller released the slot: nobody else touches it until the word publishes it.
+        unsafe { (*slot.wc.get()).write(*wc) };
+        slot.seq.store(self.lap(tail) + 1, Ordering::Release);
+        Ok(tail)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn push_shared(&self, wc: &Wc, cqe: u64) -> Result<u64, Refused> {
+        self.tail.shared();
         let mut tail = self.tail.load(Ordering::Relaxed);
         loop {
             if tail & CLOSED != 0 {
@@ -241,8 +320,47 @@ impl Ring {
     }
 
     /// Takes the oldest completion, if any. `Err` if it found the ring closed.
-    #[inline]
+    #[cfg(test)]
     pub(crate) fn pop(&self) -> Result<Option<Wc>, Refused> {
+        let mut wc = Wc::default();
+        Ok(self.pop_into(&mut wc)?.then_some(wc))
+    }
+
+    /// Moves the oldest completion, if any, into `out` (copied once, from its slot: returned
+    /// through layers of `Option` and `Result` it was copied through the stack at shifted
+    /// offsets, and loads that straddle two earlier stores stall). `Err` if it found the ring
+    /// closed.
+    #[inline(always)]
+    pub(crate) fn pop_into(&self, out: &mut Wc) -> Result<bool, Refused> {
+        if self.head.enter() {
+            let popped = self.pop_alone(out);
+            self.head.bias.leave();
+            return Ok(popped);
+        }
+        self.pop_shared(out)
+    }
+
+    /// [`Ring::pop_into`] by the only poller (in the head's bias; closing revokes it first).
+    #[inline(always)]
+    fn pop_alone(&self, out: &mut Wc) -> bool {
+        let head = self.head.load(Ordering::Relaxed);
+        debug_assert_eq!(head & CLOSED, 0, "closing revokes the bias first");
+        let slot = self.slot(head);
+        if slot.seq.load(Ordering::Acquire) != self.lap(head) + 1 {
+            return false;
+        }
+        self.head.store(head + 1, Ordering::Relaxed);
+        // SAFETY: published (the acquire load above saw the producer's release store), and
+        // this poller alone claims positions.
+        *out = unsafe { (*slot.wc.get()).assume_init() };
+        slot.seq.store(self.lap(head) + self.capacity(), Ordering::Release);
+        true
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn pop_shared(&self, out: &mut Wc) -> Result<bool, Refused> {
+        self.head.shared();
         let mut head = self.head.load(Ordering::Relaxed);
         loop {
             if head & CLOSED != 0 {
@@ -254,7 +372,7 @@ impl Ring {
             if word != self.lap(head) + 1 {
                 // Not published yet: empty, unless a producer claimed it and is writing
                 // (then the completion does not count as queued until published).
-                return Ok(None);
+                return Ok(false);
             }
             match self.head.compare_exchange_weak(
                 head,
@@ -265,9 +383,9 @@ impl Ring {
                 Ok(_) => {
                     // SAFETY: published (the acquire load above saw the producer's release
                     // store) and claimed by this poller alone.
-                    let wc = unsafe { (*slot.wc.get()).assume_init() };
+                    *out = unsafe { (*slot.wc.get()).assume_init() };
                     slot.seq.store(self.lap(head) + self.capacity(), Ordering::Release);
-                    return Ok(Some(wc));
+                    return Ok(true);
                 }
                 Err(now) => head = now,
             }
@@ -276,7 +394,7 @@ impl Ring {
 
     /// Waits while `index` is closed, unless the ring was outgrown.
     #[cold]
-    fn wait_open(&self, index: &AtomicU64) {
+    fn wait_open(&self, index: &End) {
         loop {
             let v = index.load(Ordering::Acquire);
             if v == RETIRED || v & CLOSED == 0 {
@@ -291,6 +409,8 @@ impl Ring {
     /// [`Ring::reopen`] or [`Ring::retire`], and must be the only closer (the CQ serialises
     /// them).
     pub(crate) fn close(&self) -> Vec<Wc> {
+        self.tail.shared();
+        self.head.shared();
         let tail = self.tail.fetch_or(CLOSED, Ordering::AcqRel) & !CLOSED;
         let head = self.head.fetch_or(CLOSED, Ordering::AcqRel) & !CLOSED;
         // Producers that claimed a position publish it; pollers that claimed one release it.
@@ -407,6 +527,113 @@ mod test {
         assert_eq!(ring.pop(), Ok(None));
         ring.push(&wc(8), 7).unwrap();
         assert_eq!(ring.pop().unwrap().unwrap().wr_id, 8);
+    }
+
+    /// One producer and one poller alone at first (each end in its thread's bias), then a
+    /// second producer and a second poller arriving while they run (each end's bias revoked
+    /// under way): every completion comes out exactly once, each producer's in its order.
+    #[test]
+    fn test_newcomers_at_both_ends_revoke_the_biases_and_lose_nothing() {
+        for _ in 0..5 {
+            newcomers_at_both_ends();
+        }
+    }
+
+    /// A producer arriving while the owner of the tail's bias is in (between its claim and its
+    /// publication) waits for it to leave before it claims a position.
+    #[test]
+    fn test_a_newcomer_waits_for_the_owner_to_leave() {
+        let ring = Arc::new(Ring::new(7));
+        ring.push(&wc(0), 7).unwrap(); // this thread owns the tail's bias now
+        assert_eq!(ring.tail.bias.enter(), crate::sync::bias::Entry::In);
+        let newcomer = {
+            let ring = ring.clone();
+            std::thread::spawn(move || ring.push(&wc(1), 7))
+        };
+        while !ring.tail.bias.is_revoked() {
+            std::thread::yield_now();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(!newcomer.is_finished(), "claimed while the owner was in");
+        assert_eq!(ring.len(), 1);
+        ring.tail.bias.leave();
+        assert_eq!(newcomer.join().unwrap(), Ok(1));
+        // The owner takes the CAS way now, as everyone.
+        assert_eq!(ring.tail.bias.enter(), crate::sync::bias::Entry::Out);
+        assert_eq!(ring.push(&wc(2), 7), Ok(2));
+        for i in 0..3 {
+            assert_eq!(ring.pop().unwrap().unwrap().wr_id, i);
+        }
+    }
+
+    fn newcomers_at_both_ends() {
+        use std::sync::atomic::AtomicU64;
+        const PER: u64 = 10_000;
+        let ring = Arc::new(Ring::new(63));
+        let (pushed, popped) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let producer = |t: u64, wait_for: u64| {
+            let (ring, pushed) = (ring.clone(), pushed.clone());
+            std::thread::spawn(move || {
+                while pushed.load(Ordering::Relaxed) < wait_for {
+                    std::hint::spin_loop();
+                }
+                for i in 0..PER {
+                    while ring.push(&wc(t << 32 | i), 63).is_err() {
+                        std::hint::spin_loop();
+                    }
+                    pushed.fetch_add(1, Ordering::Relaxed);
+                }
+                // Alive until the other is done: a thread that ended could hand its identity
+                // (and so the bias) to the newcomer.
+                while pushed.load(Ordering::Relaxed) < 2 * PER {
+                    std::hint::spin_loop();
+                }
+            })
+        };
+        // The second poller counts itself in at its first look; the first goes on until then
+        // (all may be polled before the second comes, on a busy machine).
+        let second_looked = Arc::new(AtomicBool::new(false));
+        let poller = |wait_for: u64| {
+            let (ring, popped, second) = (ring.clone(), popped.clone(), second_looked.clone());
+            std::thread::spawn(move || {
+                while popped.load(Ordering::Relaxed) < wait_for {
+                    std::hint::spin_loop();
+                }
+                let mut got = Vec::new();
+                loop {
+                    if let Some(w) = ring.pop().unwrap() {
+                        got.push(w.wr_id);
+                        popped.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if wait_for > 0 {
+                        second.store(true, Ordering::Relaxed);
+                    }
+                    if popped.load(Ordering::Relaxed) == 2 * PER && second.load(Ordering::Relaxed) {
+                        return got;
+                    }
+                }
+            })
+        };
+        let threads = [producer(0, 0), producer(1, 1_000)];
+        let pollers = [poller(0), poller(1_000)];
+        for t in threads {
+            t.join().unwrap();
+        }
+        let mut all = Vec::new();
+        for p in pollers {
+            let got = p.join().unwrap();
+            for t in 0..2u64 {
+                let mine: Vec<u64> = got.iter().filter(|id| *id >> 32 == t).copied().collect();
+                assert!(mine.windows(2).all(|w| w[0] < w[1]), "producer {t} reordered");
+            }
+            all.extend(got);
+        }
+        all.sort_unstable();
+        let mut want: Vec<u64> =
+            (0..2u64).flat_map(|t| (0..PER).map(move |i| t << 32 | i)).collect();
+        want.sort_unstable();
+        assert_eq!(all, want);
+        assert!(ring.tail.bias.is_revoked() && ring.head.bias.is_revoked());
     }
 
     /// Producers and pollers on all threads at once, with closes and reopens in between:
