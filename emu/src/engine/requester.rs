@@ -180,12 +180,8 @@ pub(crate) fn post(
     } else {
         wr.sg_list.iter().map(|s| s.length as u64).sum()
     };
-    let is_atomic =
-        matches!(wr.opcode, WrOpcode::ATOMIC_CMP_AND_SWP | WrOpcode::ATOMIC_FETCH_AND_ADD);
-    // rxe's provider refuses a misaligned atomic at the post; mlx5 (the full profile) takes
-    // it and the responder refuses it (an invalid request: REM_INV_REQ_ERR).
-    let misaligned = wr.remote_addr & 7 != 0 && qp.ctx.device.profile == crate::Profile::Rxe;
-    if is_atomic && (length < 8 || misaligned) {
+    let misaligned = misaligned(qp, wr);
+    if is_atomic(wr) && (length < 8 || misaligned) {
         return Err(einval("atomic needs 8 bytes at an 8-byte aligned remote address"));
     }
     if wr.opcode == WrOpcode::ATOMIC_WRITE
@@ -268,30 +264,54 @@ pub(crate) fn post(
 }
 
 /// The length of `wr` if it is the common request that every check of [`post`] passes and
-/// the express path may run at once: a SEND, WRITE (with or without immediate) or READ on an
-/// RC or UC QP in RTS, its SGEs within `max_send_sge`, inline data within `max_inline_data`.
+/// the express path may run at once: a SEND, WRITE (with or without immediate), READ or atomic
+/// (of 8 bytes or more, aligned where rxe requires it) on an RC or UC QP in RTS, its SGEs
+/// within `max_send_sge`, inline data (SEND and WRITE only) within `max_inline_data`.
 fn express_length(qp: &QpShared, g: &QpInner, wr: &SendWr<'_>) -> Option<u32> {
+    let atomic = is_atomic(wr);
     let common = matches!(qp.qp_type, QpType::RC | QpType::UC)
         && g.state == QpState::RTS
-        && matches!(
-            wr.opcode,
-            WrOpcode::SEND
-                | WrOpcode::SEND_WITH_IMM
-                | WrOpcode::RDMA_WRITE
-                | WrOpcode::RDMA_WRITE_WITH_IMM
-                | WrOpcode::RDMA_READ
-        )
+        && (atomic
+            || matches!(
+                wr.opcode,
+                WrOpcode::SEND
+                    | WrOpcode::SEND_WITH_IMM
+                    | WrOpcode::RDMA_WRITE
+                    | WrOpcode::RDMA_WRITE_WITH_IMM
+                    | WrOpcode::RDMA_READ
+            ))
         && wr.sg_list.len() <= qp.cap.max_send_sge as usize;
     if !common {
         return None;
     }
     if wr.send_flags.contains(SendFlags::INLINE) {
         let len = wr.inline_data.len();
-        let ok = wr.opcode != WrOpcode::RDMA_READ && len <= qp.cap.max_inline_data as usize;
+        let ok = matches!(
+            wr.opcode,
+            WrOpcode::SEND
+                | WrOpcode::SEND_WITH_IMM
+                | WrOpcode::RDMA_WRITE
+                | WrOpcode::RDMA_WRITE_WITH_IMM
+        ) && len <= qp.cap.max_inline_data as usize;
         return ok.then_some(len as u32);
     }
     let length: u64 = wr.sg_list.iter().map(|s| s.length as u64).sum();
+    // What `post` refuses of an atomic.
+    if atomic && (length < 8 || misaligned(qp, wr)) {
+        return None;
+    }
     u32::try_from(length).ok()
+}
+
+fn is_atomic(wr: &SendWr<'_>) -> bool {
+    matches!(wr.opcode, WrOpcode::ATOMIC_CMP_AND_SWP | WrOpcode::ATOMIC_FETCH_AND_ADD)
+}
+
+/// Whether an atomic's remote address is refused at the post: rxe's provider refuses a
+/// misaligned one there; mlx5 (the full profile) takes it and the responder refuses it (an
+/// invalid request: REM_INV_REQ_ERR).
+fn misaligned(qp: &QpShared, wr: &SendWr<'_>) -> bool {
+    wr.remote_addr & 7 != 0 && qp.ctx.device.profile == crate::Profile::Rxe
 }
 
 /// Queues the rendezvous of a matched tag as an mlx5 HCA runs it: an RDMA READ of `read`
