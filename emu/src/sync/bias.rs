@@ -8,7 +8,8 @@
 //! that wants what the bias guards revokes it for good (`revoked`: REVOKING, the process-wide
 //! barrier, then REVOKED: ~10 us, once), and from then on every thread, the owner too, takes
 //! the shared way (a compare-and-swap), after waiting for an owner that entered before the
-//! revocation to leave ([`Bias::owner_inside`]).
+//! revocation to leave ([`Bias::owner_inside`]). The model test below checks every
+//! interleaving of the protocol with this machine's store buffers.
 
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 
@@ -156,5 +157,177 @@ impl Bias {
 impl Bias {
     pub(super) fn revoked_state(&self) -> u8 {
         self.revoked.load(Ordering::SeqCst)
+    }
+}
+
+#[cfg(test)]
+mod test {
+    use std::collections::HashSet;
+
+    use super::{BIASED, REVOKED, REVOKING};
+
+    /// The protocol of [`super::Bias`], step by step, with the stores this machine (x86,
+    /// total store order) may delay in a store buffer until drained (at any step, by a locked
+    /// instruction, or for every thread by the revoker's process-wide barrier). Three threads:
+    /// the owner enters once; a revoker revokes; a third thread, which sees REVOKED, takes
+    /// the shared way (the word's compare-and-swap, then a look at `inside`). Every
+    /// interleaving: the owner and the third thread must never be in at once.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+    struct Model {
+        /// `revoked` and `inside` as other threads see them.
+        revoked: u8,
+        inside: bool,
+        /// The owner's stores to `inside` not yet seen (oldest first), the revoker's store of
+        /// REVOKED not yet seen.
+        owner_buffer: [Option<bool>; 2],
+        revoker_buffer: Option<u8>,
+        owner: u8,
+        revoker: u8,
+        third: u8,
+        owner_in: bool,
+        third_in: bool,
+    }
+
+    /// Which steps of the protocol the model keeps (a broken variant drops one).
+    #[derive(Clone, Copy)]
+    struct Protocol {
+        owner_looks_again: bool,
+        revoker_barrier: bool,
+    }
+
+    impl Model {
+        fn buffer(&mut self, inside: bool) {
+            let free = self.owner_buffer.iter_mut().find(|b| b.is_none()).expect("room");
+            *free = Some(inside);
+        }
+
+        fn drain_owner_one(&mut self) {
+            if let Some(v) = self.owner_buffer[0] {
+                self.inside = v;
+                self.owner_buffer = [self.owner_buffer[1], None];
+            }
+        }
+
+        fn drain_owner(&mut self) {
+            self.drain_owner_one();
+            self.drain_owner_one();
+        }
+    }
+
+    fn steps(m: Model, p: Protocol) -> Vec<Model> {
+        let mut out = Vec::new();
+        if m.owner_buffer[0].is_some() {
+            let mut n = m;
+            n.drain_owner_one();
+            out.push(n);
+        }
+        if let Some(v) = m.revoker_buffer {
+            let mut n = m;
+            n.revoked = v;
+            n.revoker_buffer = None;
+            out.push(n);
+        }
+        // The owner: look at `revoked`, announce itself, look again, be in, leave.
+        let mut n = m;
+        match m.owner {
+            0 if m.revoked != BIASED => n.owner = 9,
+            0 => n.owner = 1,
+            1 => {
+                n.buffer(true);
+                n.owner = if p.owner_looks_again { 2 } else { 3 };
+            }
+            2 if m.revoked != BIASED => {
+                n.buffer(false); // backs off
+                n.owner = 9;
+            }
+            2 => n.owner = 3,
+            3 => {
+                n.owner_in = true;
+                n.owner = 4;
+            }
+            4 => {
+                n.owner_in = false;
+                n.buffer(false);
+                n.owner = 9;
+            }
+            _ => {}
+        }
+        if n != m {
+            out.push(n);
+        }
+        // The revoker: REVOKING (a locked CAS), the barrier, REVOKED (a plain store).
+        let mut n = m;
+        match m.revoker {
+            0 => {
+                n.revoked = REVOKING;
+                n.revoker = 1;
+            }
+            1 => {
+                if p.revoker_barrier {
+                    n.drain_owner();
+                }
+                n.revoker = 2;
+            }
+            2 => {
+                n.revoker_buffer = Some(REVOKED);
+                n.revoker = 9;
+            }
+            _ => {}
+        }
+        if n != m {
+            out.push(n);
+        }
+        // The third thread: waits for REVOKED, takes the word (a locked CAS), looks at
+        // `inside`, is in unless the owner is, leaves.
+        let mut n = m;
+        match m.third {
+            0 if m.revoked == REVOKED => n.third = 1,
+            1 => n.third = 2,
+            2 if m.inside => n.third = 9, // gives way
+            2 => {
+                n.third_in = true;
+                n.third = 3;
+            }
+            3 => {
+                n.third_in = false;
+                n.third = 9;
+            }
+            _ => {}
+        }
+        if n != m {
+            out.push(n);
+        }
+        out
+    }
+
+    /// Explores every state reachable from `m`; the first in which both are in.
+    fn explore(m: Model, p: Protocol, seen: &mut HashSet<Model>) -> Option<Model> {
+        if !seen.insert(m) {
+            return None;
+        }
+        if m.owner_in && m.third_in {
+            return Some(m);
+        }
+        steps(m, p).into_iter().find_map(|n| explore(n, p, seen))
+    }
+
+    #[test]
+    fn test_no_interleaving_lets_the_owner_and_another_thread_in_at_once() {
+        let p = Protocol { owner_looks_again: true, revoker_barrier: true };
+        let mut seen = HashSet::new();
+        assert_eq!(explore(Model::default(), p, &mut seen), None);
+        assert!(seen.len() > 50, "{} states", seen.len());
+    }
+
+    /// The model has teeth: without the owner's second look, or without the revoker's barrier,
+    /// both are in at once in some interleaving.
+    #[test]
+    fn test_the_model_catches_a_protocol_without_either_fence_side() {
+        for p in [
+            Protocol { owner_looks_again: false, revoker_barrier: true },
+            Protocol { owner_looks_again: true, revoker_barrier: false },
+        ] {
+            assert!(explore(Model::default(), p, &mut HashSet::new()).is_some());
+        }
     }
 }
