@@ -196,13 +196,7 @@ pub(crate) fn post(
         if length > cap.max_inline_data as u64 {
             return Err(einval("inline data above max_inline_data"));
         }
-        if !matches!(
-            wr.opcode,
-            WrOpcode::SEND
-                | WrOpcode::SEND_WITH_IMM
-                | WrOpcode::RDMA_WRITE
-                | WrOpcode::RDMA_WRITE_WITH_IMM
-        ) {
+        if !carries_inline(wr.opcode) {
             return Err(einval("IBV_SEND_INLINE is only valid for SEND and RDMA WRITE"));
         }
     }
@@ -271,28 +265,14 @@ fn express_length(qp: &QpShared, g: &QpInner, wr: &SendWr<'_>) -> Option<u32> {
     let atomic = is_atomic(wr);
     let common = matches!(qp.qp_type, QpType::RC | QpType::UC)
         && g.state == QpState::RTS
-        && (atomic
-            || matches!(
-                wr.opcode,
-                WrOpcode::SEND
-                    | WrOpcode::SEND_WITH_IMM
-                    | WrOpcode::RDMA_WRITE
-                    | WrOpcode::RDMA_WRITE_WITH_IMM
-                    | WrOpcode::RDMA_READ
-            ))
+        && (atomic || carries_inline(wr.opcode) || wr.opcode == WrOpcode::RDMA_READ)
         && wr.sg_list.len() <= qp.cap.max_send_sge as usize;
     if !common {
         return None;
     }
     if wr.send_flags.contains(SendFlags::INLINE) {
         let len = wr.inline_data.len();
-        let ok = matches!(
-            wr.opcode,
-            WrOpcode::SEND
-                | WrOpcode::SEND_WITH_IMM
-                | WrOpcode::RDMA_WRITE
-                | WrOpcode::RDMA_WRITE_WITH_IMM
-        ) && len <= qp.cap.max_inline_data as usize;
+        let ok = carries_inline(wr.opcode) && len <= qp.cap.max_inline_data as usize;
         return ok.then_some(len as u32);
     }
     let length: u64 = wr.sg_list.iter().map(|s| s.length as u64).sum();
@@ -301,6 +281,18 @@ fn express_length(qp: &QpShared, g: &QpInner, wr: &SendWr<'_>) -> Option<u32> {
         return None;
     }
     u32::try_from(length).ok()
+}
+
+/// Whether `IBV_SEND_INLINE` is valid for `op` (SEND and RDMA WRITE, with or without
+/// immediate).
+fn carries_inline(op: WrOpcode) -> bool {
+    matches!(
+        op,
+        WrOpcode::SEND
+            | WrOpcode::SEND_WITH_IMM
+            | WrOpcode::RDMA_WRITE
+            | WrOpcode::RDMA_WRITE_WITH_IMM
+    )
 }
 
 fn is_atomic(wr: &SendWr<'_>) -> bool {

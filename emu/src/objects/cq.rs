@@ -222,9 +222,8 @@ impl CqInner {
     /// model test below checks every interleaving of the two, with stores delayed as this
     /// machine's store buffers delay them.
     ///
-    /// Inlined (its rare parts are not) so that the caller builds the completion straight into
-    /// the ring's slot: a completion built field by field on the stack and then copied in
-    /// wider moves made each of those loads wait for the stores it straddles.
+    /// The common path is short and inlined; the overrun and the armed CQ's event are kept out
+    /// of line.
     #[inline]
     pub(crate) fn push(self: &Arc<CqInner>, mut wc: Wc, solicited: bool) -> Result<(), Overrun> {
         if self.timestamps {
