@@ -224,14 +224,26 @@ fn hostile_datagrams_are_counted_and_dropped_and_the_port_goes_on() {
     let s = UdpSocket::bind((Ipv4Addr::new(127, 0, 0, 47), 0)).unwrap();
     let to = (Ipv4Addr::new(127, 0, 0, 48), 4791);
     let qpn = b.qp.qp_num().to_be_bytes();
-    // A WRITE_ONLY to B's QP with a made-up ICRC; a datagram too short for a BTH; one for a
-    // QP B does not have (its ICRC is wrong too, so it counts there first); garbage.
+    // A WRITE_ONLY to B's QP with a made-up ICRC; a datagram too short for a BTH; garbage
+    // (its ICRC would be wrong too, but it is malformed first); the WRITE with a right ICRC
+    // to a QP B does not have.
     let mut write = vec![0x0a, 0, 0xff, 0xff, 0, qpn[1], qpn[2], qpn[3], 0x80, 0, 0, 0x20];
     write.extend_from_slice(&b.mr.addr().to_be_bytes());
     write.extend_from_slice(&b.mr.rkey().to_be_bytes());
     write.extend_from_slice(&4u32.to_be_bytes());
-    write.extend_from_slice(b"evil\0\0\0\0");
-    for d in [&write[..], &[1, 2, 3][..], &[0xff; 64][..]] {
+    write.extend_from_slice(b"evil");
+    // Over IPv4 a receiver solves for the IP identification the ICRC covers, so one made-up
+    // ICRC in 65,536 checks under some identification: pick one that checks under none.
+    let sport = s.local_addr().unwrap().port();
+    let (from, at) = ([127, 0, 0, 47], [127, 0, 0, 48]);
+    let icrcs: Vec<u32> = icrcs_v4(from, at, sport, &write).collect();
+    let bad = (0u32..).find(|c| !icrcs.contains(c)).unwrap();
+    let mut nowhere = write.clone();
+    nowhere[5..8].copy_from_slice(&(b.qp.qp_num() + 1).to_be_bytes()[1..]);
+    let right = icrcs_v4(from, at, sport, &nowhere).nth(0x1234).unwrap();
+    nowhere.extend_from_slice(&right.to_le_bytes());
+    write.extend_from_slice(&bad.to_le_bytes());
+    for d in [&write[..], &[1, 2, 3][..], &[0xff; 64][..], &nowhere[..]] {
         s.send_to(d, to).unwrap();
     }
     // The port still serves its connection (and the datagrams before it were taken first).
@@ -244,7 +256,35 @@ fn hostile_datagrams_are_counted_and_dropped_and_the_port_goes_on() {
     b.mr.read(0, &mut got).unwrap();
     assert_ne!(&got, b"evil", "the forged WRITE did not land");
     let drops = fb.wire_drops().unwrap();
-    assert_eq!((drops.bad_icrc, drops.malformed), (1, 2), "{drops:?}");
+    assert_eq!((drops.bad_icrc, drops.malformed, drops.unknown_qp), (1, 2, 1), "{drops:?}");
+}
+
+/// The ICRC of the RoCE v2 datagram `body` (BTH onwards, without the ICRC) from `src:sport`
+/// to `dst`, for each IPv4 identification in turn (IBA Annex A17.3.3, computed here as an
+/// oracle independent of the wire port's solver): 64 one-bits for the LRH, the IPv4 header
+/// with TOS, TTL and checksum masked, the UDP header with its checksum masked, the BTH with its
+/// reserved byte masked, the rest.
+fn icrcs_v4(src: [u8; 4], dst: [u8; 4], sport: u16, body: &[u8]) -> impl Iterator<Item = u32> {
+    let udp_len = (8 + body.len() + 4) as u16;
+    let mut ip = vec![0x45, 0xff];
+    ip.extend_from_slice(&(20 + udp_len).to_be_bytes());
+    ip.extend_from_slice(&[0, 0, 0x40, 0, 0xff, 17, 0xff, 0xff]);
+    ip.extend_from_slice(&src);
+    ip.extend_from_slice(&dst);
+    ip.extend_from_slice(&sport.to_be_bytes());
+    ip.extend_from_slice(&4791u16.to_be_bytes());
+    ip.extend_from_slice(&udp_len.to_be_bytes());
+    ip.extend_from_slice(&[0xff, 0xff]);
+    let bth_at = ip.len();
+    ip.extend_from_slice(body);
+    ip[bth_at + 4] = 0xff;
+    (0..=u16::MAX).map(move |id| {
+        ip[4..6].copy_from_slice(&id.to_be_bytes());
+        let mut h = crc32fast::Hasher::new();
+        h.update(&[0xff; 8]);
+        h.update(&ip);
+        h.finalize()
+    })
 }
 
 #[test]
