@@ -6,7 +6,11 @@
 //!
 //! counts the instructions of exactly those work requests (divide by `N`). `--op fetch_add`
 //! measures an 8-byte FETCH_ADD instead; `--op send` one hop of a ping-pong: a receive posted,
-//! an unsignaled 8-byte SEND into it, the receive completion polled. Never used as a test.
+//! an unsignaled 8-byte SEND into it, the receive completion polled. `--host` puts the two QPs
+//! on two fabrics joined by a host fabric (as two processes are, through shared-memory rings):
+//! each WR is then polled to its completion on the requester's CQ (which the ACK from the
+//! other fabric brings) and a SEND's receive completion on the responder's too. Never used as
+//! a test.
 
 use std::hint::black_box;
 
@@ -26,11 +30,59 @@ fn rounds(qp: &Qp, cq: &Cq, wr: &SendWr<'_>, recv: Option<(&Qp, &RecvWr<'_>)>, n
             rq.post_recv(r).unwrap();
         }
         qp.post_send(wr).unwrap();
-        loop {
+        poll1(cq);
+    }
+}
+
+fn poll1(cq: &Cq) {
+    loop {
+        if let Some(wc) = cq.poll_one() {
+            assert_eq!(wc.status, WcStatus::SUCCESS);
+            black_box(wc);
+            break;
+        }
+    }
+}
+
+/// The rounds callgrind counts across a host fabric: `wr` (signaled) posted on `qp` and its
+/// completion polled on `cq`, the responder's CQ `rcq` polled meanwhile (an empty poll is what
+/// moves the responder's fabric when its own threads are asleep, as an application's does), a
+/// receive completion there awaited if `recv` is posted.
+#[inline(never)]
+fn measured_loop_host(
+    qp: &Qp,
+    cq: &Cq,
+    wr: &SendWr<'_>,
+    rcq: &Cq,
+    recv: Option<(&Qp, &RecvWr<'_>)>,
+    n: usize,
+) {
+    host_rounds(qp, cq, wr, rcq, recv, n)
+}
+
+#[inline(always)]
+fn host_rounds(
+    qp: &Qp,
+    cq: &Cq,
+    wr: &SendWr<'_>,
+    rcq: &Cq,
+    recv: Option<(&Qp, &RecvWr<'_>)>,
+    n: usize,
+) {
+    for _ in 0..n {
+        if let Some((rq, r)) = recv {
+            rq.post_recv(r).unwrap();
+        }
+        qp.post_send(wr).unwrap();
+        let (mut sent, mut received) = (false, recv.is_none());
+        while !(sent && received) {
+            if let Some(wc) = rcq.poll_one() {
+                assert_eq!(wc.status, WcStatus::SUCCESS);
+                received = true;
+            }
             if let Some(wc) = cq.poll_one() {
                 assert_eq!(wc.status, WcStatus::SUCCESS);
-                black_box(wc);
-                break;
+                sent = true;
             }
         }
     }
@@ -40,12 +92,24 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let n: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(100_000);
     let op = args.iter().position(|a| a == "--op").and_then(|i| args.get(i + 1)).cloned();
-    let f = Fabric::new(FabricConfig::default());
+    let host = args.iter().any(|a| a == "--host");
+    let dir = std::env::temp_dir().join(format!("rdma-emu-wr-cost-{}", std::process::id()));
+    let cfg = || FabricConfig {
+        host: host.then(|| dir.to_str().unwrap().to_owned()),
+        ..FabricConfig::default()
+    };
+    let f = Fabric::new(cfg());
+    // Across the host fabric, the responder's own fabric (as another process's).
+    let g = host.then(|| Fabric::new(cfg()));
     let access = AccessFlags::LOCAL_WRITE
         | AccessFlags::REMOTE_WRITE
         | AccessFlags::REMOTE_READ
         | AccessFlags::REMOTE_ATOMIC;
     let devs = f.devices();
+    let peer_dev = match &g {
+        Some(g) => g.devices()[0].clone(),
+        None => devs[1].clone(),
+    };
     let side = |d: &Device| {
         let ctx = d.open().unwrap();
         let pd = ctx.alloc_pd().unwrap();
@@ -61,7 +125,7 @@ fn main() {
         let qp = pd.create_qp(&QpInitAttr::new(QpType::RC, &cq, cap)).unwrap();
         (ctx, pd, cq, mr, qp)
     };
-    let (a, b) = (side(&devs[0]), side(&devs[1]));
+    let (a, b) = (side(&devs[0]), side(&peer_dev));
     let p = RcParams::default();
     a.4.connect(1, &b.4.endpoint(2), &p).unwrap();
     b.4.connect(2, &a.4.endpoint(1), &p).unwrap();
@@ -78,6 +142,14 @@ fn main() {
         _ => (SendWr::write(0, &src, b.3.addr(), b.3.rkey()).signaled(), None, &a.2),
     };
     // Warm up (first-use allocations of queues and tables are not per-WR costs).
-    rounds(&a.4, cq, &wr, recv, 1000);
-    measured_loop(&a.4, cq, &wr, recv, n);
+    if host {
+        let wr = wr.signaled();
+        host_rounds(&a.4, &a.2, &wr, &b.2, recv, 1000);
+        measured_loop_host(&a.4, &a.2, &wr, &b.2, recv, n);
+        drop((a, b, f, g));
+        let _ = std::fs::remove_dir_all(&dir);
+    } else {
+        rounds(&a.4, cq, &wr, recv, 1000);
+        measured_loop(&a.4, cq, &wr, recv, n);
+    }
 }

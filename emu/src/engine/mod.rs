@@ -78,10 +78,11 @@ pub(crate) fn ack_timeout_ns(timeout: u8) -> Option<u64> {
 #[derive(Debug)]
 pub(crate) struct Driver<'f> {
     fabric: &'f FabricInner,
-    /// QPs that were handed packets and must still be serviced.
-    ready: Vec<Arc<QpShared>>,
+    /// QPs that were handed packets and must still be serviced. (Rarely more than one or
+    /// two, held in place: a driver is made per verb call, and across processes per message.)
+    ready: QpList,
     /// QPs whose last service left work that needs a timer.
-    check_timers: Vec<Arc<QpShared>>,
+    check_timers: QpList,
     /// The QPs this driver is servicing right now (outermost first): their `step` loops will
     /// drain what is delivered to them.
     active: [*const QpShared; 2],
@@ -89,12 +90,15 @@ pub(crate) struct Driver<'f> {
     now: Option<u64>,
 }
 
+/// A few QPs, held in place up to four (no allocation per work request).
+pub(crate) type QpList = smallvec::SmallVec<[Arc<QpShared>; 4]>;
+
 impl<'f> Driver<'f> {
     pub(crate) fn new(fabric: &'f FabricInner) -> Driver<'f> {
         Driver {
             fabric,
-            ready: Vec::new(),
-            check_timers: Vec::new(),
+            ready: QpList::new(),
+            check_timers: QpList::new(),
             active: [std::ptr::null(); 2],
             depth: 0,
             now: None,
@@ -104,6 +108,11 @@ impl<'f> Driver<'f> {
     /// The time, read once per drive (the engine sees a consistent instant).
     pub(crate) fn now(&mut self) -> u64 {
         *self.now.get_or_insert_with(|| self.fabric.now())
+    }
+
+    /// Drives at `now`, an instant its caller read just before (no second clock read).
+    pub(crate) fn set_now(&mut self, now: u64) {
+        self.now = Some(now);
     }
 
     /// Hands `pkt` to its destination QP, found through `route` (the sender's cache). A packet

@@ -1022,7 +1022,7 @@ impl Arrived<'_> {
 /// The packets one `receive` took in, by how they are delivered.
 #[derive(Default)]
 struct Batch<'a> {
-    ready: Vec<Arc<crate::qp::QpShared>>,
+    ready: engine::QpList,
     /// Datagrams to a multicast group, for the members here, and Ethernet frames, for the
     /// raw packet QPs steering here picks.
     multicast: Vec<Packet>,
@@ -1032,6 +1032,9 @@ struct Batch<'a> {
     drops: Option<&'a Drops>,
     /// Anything was taken in.
     took: bool,
+    /// The time, read once for the batch (as a driver reads it once per drive), and handed
+    /// to the driver that services what the batch took in.
+    now: Option<u64>,
 }
 
 impl Batch<'_> {
@@ -1051,7 +1054,8 @@ impl Batch<'_> {
         let Some(h) = FrameHead::parse(d) else { return self.dropped(Refused::Malformed) };
         let to = fabric.lookup_qp_any(h.dst_qpn);
         if let Some(qp) = &to {
-            qp.heard.store(fabric.now().max(1), Ordering::Relaxed);
+            let now = *self.now.get_or_insert_with(|| fabric.now());
+            qp.heard.store(now.max(1), Ordering::Relaxed);
         }
         let landed = match &a {
             Arrived::Record(rec, src) if !h.whole() => land(fabric, partial, *src, h, rec, &to),
@@ -1153,12 +1157,15 @@ impl Batch<'_> {
 
     /// Services what it took in; whether there was anything.
     fn deliver(self, fabric: &FabricInner) -> bool {
-        let Batch { ready, multicast, xrc, .. } = self;
+        let Batch { ready, multicast, xrc, now, .. } = self;
         let delivered = !ready.is_empty() || !multicast.is_empty() || !xrc.is_empty();
         if !delivered {
             return false;
         }
         let mut drv = Driver::new(fabric);
+        if let Some(now) = now {
+            drv.set_now(now);
+        }
         for qp in ready {
             let mut g = qp.inner.lock();
             drv.service(&qp, &mut g);
