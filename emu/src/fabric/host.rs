@@ -205,12 +205,15 @@ impl Listing {
 struct Inbound {
     /// Non-blocking; the reader waits for it with poll(2).
     sock: UnixDatagram,
-    /// Held by whoever is receiving, so datagrams are taken and reassembled in order.
-    rx: Mutex<Rx>,
+    /// Held by whoever is receiving, so datagrams are taken and reassembled in order. (Taken
+    /// at every empty poll of an application thread: a lock whose release is a plain store.)
+    rx: crate::sync::lock::Lock<Rx>,
     quit: AtomicBool,
-    /// Counts the looks application threads take (see `Node::progress`): while it moves,
-    /// the reader need not be rung.
-    polls: AtomicU64,
+    /// Raised by the looks application threads take (see `Node::progress`), lowered by the
+    /// reader: while it is raised again between the reader's looks, the reader need not be
+    /// rung. (A flag rather than a count: a look finds it raised and writes nothing, where a
+    /// count made every empty poll a locked instruction on a line the reader reads.)
+    polled: AtomicBool,
     /// Counts the times an application thread armed a CQ to sleep on its event (see
     /// `Node::attend`): then nobody will look at the rings but the reader.
     sleepers: AtomicU64,
@@ -329,7 +332,8 @@ impl Node {
         crate::sys::pass_credentials(sock.as_raw_fd())?;
         let partial = Partials::default();
         let rx = Rx { buf: vec![0; HEADER + FRAGMENT], partial, rings: Vec::new() };
-        let (rx, quit, polls) = (Mutex::new(rx), AtomicBool::new(false), AtomicU64::new(0));
+        let rx = crate::sync::lock::Lock::new(rx);
+        let (quit, polled) = (AtomicBool::new(false), AtomicBool::new(false));
         let (uid, drops) = (crate::sys::uid(), Drops::default());
         let (sleepers, napping) = (AtomicU64::new(0), AtomicBool::new(false));
         let (peer_exports, gates) = (Mutex::default(), Mutex::default());
@@ -337,7 +341,7 @@ impl Node {
             sock,
             rx,
             quit,
-            polls,
+            polled,
             sleepers,
             napping,
             has_rings: AtomicBool::new(false),
@@ -392,7 +396,9 @@ impl Node {
         if !self.inbound.has_rings.load(Ordering::Acquire) {
             return false;
         }
-        self.inbound.polls.fetch_add(1, Ordering::Relaxed);
+        if !self.inbound.polled.load(Ordering::Relaxed) {
+            self.inbound.polled.store(true, Ordering::Relaxed);
+        }
         match self.inbound.rx.try_lock() {
             Some(mut rx) => receive(&self.inbound, &mut rx, fabric, false),
             None => false,
@@ -665,7 +671,14 @@ impl Node {
         // Take in what has arrived, so that it is acknowledged as a NIC would have done
         // before the QPs go (a thread servicing inbound packets holds this lock: its replies
         // are about to be sent).
-        if let Some(mut rx) = self.inbound.rx.try_lock_for(limit.min(STALLED))
+        let until = Instant::now() + limit.min(STALLED);
+        let rx = loop {
+            match self.inbound.rx.try_lock() {
+                None if Instant::now() < until => std::thread::sleep(Duration::from_micros(100)),
+                rx => break rx,
+            }
+        };
+        if let Some(mut rx) = rx
             && let Some(fabric) = self.fabric.upgrade()
         {
             receive(&self.inbound, &mut rx, &fabric, true);
@@ -818,7 +831,6 @@ pub(super) fn sock_name(slot: u8) -> String {
 
 /// Waits for messages and services them until the node quits or its fabric is gone.
 fn read_loop(inbound: &Inbound, fabric: &Weak<FabricInner>) {
-    let mut polls = inbound.polls.load(Ordering::Relaxed);
     let mut sleepers = inbound.sleepers.load(Ordering::SeqCst);
     let mut nap = None;
     // Rounds in a row that found records streaming in: the socket is looked at only every
@@ -841,12 +853,10 @@ fn read_loop(inbound: &Inbound, fabric: &Weak<FabricInner>) {
         let events = fabric.cq_events.load(Ordering::Relaxed);
         let came = receive(inbound, &mut rx, &fabric, socket);
         let woke = fabric.cq_events.load(Ordering::Relaxed) != events;
-        let now = inbound.polls.load(Ordering::Relaxed);
-        if now != polls {
+        if inbound.polled.swap(false, Ordering::Relaxed) {
             // An application thread is reading the rings: look again soon, unrung, unless
             // it went to sleep on a CQ event meanwhile (it says so before it sleeps, and
             // rings us if we nap: one of us sees the other).
-            polls = now;
             inbound.napping.store(true, Ordering::SeqCst);
             if inbound.sleepers.load(Ordering::SeqCst) == sleepers {
                 rx.rings.iter().for_each(|(_, r)| r.disarm());
@@ -1560,7 +1570,9 @@ impl Peer {
             tx.ring_tried = true;
             tx.ring = self.offer_ring(&mut tx.sock).map(Arc::new);
         }
-        let ring = tx.ring.clone();
+        // Out of `tx` while it is written (and put back below), rather than cloned: no
+        // reference count moves per message.
+        let ring = tx.ring.take();
         let step = ring.as_ref().map_or(FRAGMENT, |r| r.max_record().min(RECORD) - HEADER);
         let total = msg.len();
         let mut rung = false;
@@ -1584,6 +1596,7 @@ impl Peer {
                 None => break,
             }
         }
+        tx.ring = ring;
         if rung {
             ring_bell(&mut tx.sock, &self.path, src);
         }
