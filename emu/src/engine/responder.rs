@@ -17,8 +17,7 @@ use crate::{
     objects::{cq::CqInner, keys::KeyTable, mr::MrInner, mw, pd::PdInner, srq::SrqInner},
     qp::{QpInner, QpShared, RecvWr},
     types::{
-        AccessFlags, EventType, FlushLevel, FlushType, QpState, QpType, Sge, WcFlags, WcOpcode,
-        WcStatus,
+        AccessFlags, EventType, FlushLevel, FlushType, QpState, QpType, WcFlags, WcOpcode, WcStatus,
     },
 };
 
@@ -52,7 +51,10 @@ impl Replay {
     }
 }
 
+/// Laid out in declaration order (`repr(C)`): what every request reads and writes first (see
+/// `QpInner`).
 #[derive(Debug, Default)]
+#[repr(C)]
 pub(crate) struct Responder {
     /// Expected PSN of the next new request (`rq_psn`).
     pub(crate) epsn: u32,
@@ -60,16 +62,16 @@ pub(crate) struct Responder {
     pub(crate) msn: u32,
     /// A PSN-sequence NAK was sent and no in-order packet has arrived since.
     pub(crate) nak_seq_sent: bool,
-    /// Recently executed READs and atomics (bounded by `max_dest_rd_atomic`).
-    pub(crate) replay: VecDeque<Replay>,
     /// COMM_EST was raised (once per connection).
     pub(crate) comm_est: bool,
-    /// XRC target QP: the SRQ the request being handled names (its PD checks keys, its CQ
-    /// takes the completion).
-    pub(crate) xrc: Option<Arc<SrqInner>>,
     /// XRC target QP: the request handed to another process's SRQ (see `engine::xrc`), whose
     /// answer is awaited; its payload is not kept.
     pub(crate) forwarded: Option<Box<Packet>>,
+    /// XRC target QP: the SRQ the request being handled names (its PD checks keys, its CQ
+    /// takes the completion).
+    pub(crate) xrc: Option<Arc<SrqInner>>,
+    /// Recently executed READs and atomics (bounded by `max_dest_rd_atomic`).
+    pub(crate) replay: VecDeque<Replay>,
     /// Requests that came while one was forwarded, in order.
     pub(crate) held: VecDeque<Packet>,
 }
@@ -450,7 +452,7 @@ pub(super) fn fail(
 /// A receive WQE taken off the SRQ or the RQ.
 pub(crate) struct Recv {
     pub(crate) wr_id: u64,
-    pub(crate) sges: Vec<Sge>,
+    pub(crate) sges: crate::qp::queue::Sges,
     /// The RQ slot it came from, to give the SGE vector back (an SRQ slot may already be
     /// reposted by another thread, so SRQ vectors are simply dropped).
     rq_slot: Option<u32>,

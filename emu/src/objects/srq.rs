@@ -179,7 +179,7 @@ fn granted(n: u32) -> u32 {
 impl SrqInner {
     /// Takes the oldest receive WQE, raising `SRQ_LIMIT_REACHED` once when the count falls
     /// below an armed limit (IBA 10.2.9.2).
-    pub(crate) fn pop(self: &Arc<SrqInner>) -> Option<(u64, Vec<Sge>)> {
+    pub(crate) fn pop(self: &Arc<SrqInner>) -> Option<(u64, crate::qp::queue::Sges)> {
         self.pop_with(|w| Some((w.wr_id, std::mem::take(&mut w.sges))))
     }
 

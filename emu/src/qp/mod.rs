@@ -128,17 +128,23 @@ pub struct QpAttr {
 }
 
 /// Per-QP state, guarded by `QpShared::inner`.
+///
+/// Laid out in declaration order (`repr(C)`): what a peer's thread reads and writes when it
+/// delivers a message into this QP on the express path (the state, the responder's sequence
+/// numbers, the receive queue's indices) comes first, on the lock's cache lines (see
+/// [`QpShared`]), so that a delivery from another core misses on as few lines as it can.
 #[derive(Debug)]
+#[repr(C)]
 pub(crate) struct QpInner {
     pub(crate) state: QpState,
+    /// Path MTU in bytes (from `path_mtu`).
+    pub(crate) mtu: u32,
+    pub(crate) resp: Responder,
+    pub(crate) rq: RecvQueue,
     /// Attributes as last set by `modify` (what `query` reports, with live PSNs).
     pub(crate) attr: QpAttr,
     pub(crate) sq: SendQueue,
-    pub(crate) rq: RecvQueue,
     pub(crate) req: Requester,
-    pub(crate) resp: Responder,
-    /// Path MTU in bytes (from `path_mtu`).
-    pub(crate) mtu: u32,
     /// The device and port the address vector leads to, resolved when the AV is set.
     pub(crate) dest: Option<(u32, u8)>,
     /// When the address vector leads out of a wire port: the addresses its packets carry.
@@ -172,8 +178,13 @@ pub(crate) struct PortInfo {
     pub(crate) mtu: u32,
 }
 
+/// Laid out in declaration order (`repr(C)`): the lock first, so that it shares its cache
+/// line with the state [`QpInner`] puts first.
 #[derive(Debug)]
+#[repr(C)]
 pub(crate) struct QpShared {
+    /// Taken by every work request (see `sync::lock` for why not parking_lot's).
+    pub(crate) inner: Lock<QpInner>,
     pub(crate) qpn: u32,
     pub(crate) qp_type: QpType,
     pub(crate) ctx: Arc<ContextInner>,
@@ -196,8 +207,6 @@ pub(crate) struct QpShared {
     handles_out: std::sync::atomic::AtomicUsize,
     pub(crate) sq_sig_all: bool,
     pub(crate) cap: QpCap,
-    /// Taken by every work request (see `sync::lock` for why not parking_lot's).
-    pub(crate) inner: Lock<QpInner>,
     /// Packets delivered by the fabric, drained in order by whoever services the QP.
     pub(crate) inbox: inbox::Inbox,
     /// When (fabric time) a datagram for this QP last arrived from another process, part of

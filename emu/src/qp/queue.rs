@@ -81,12 +81,17 @@ impl SendWqe {
 #[derive(Debug, Default)]
 pub(crate) struct RecvWqe {
     pub(crate) wr_id: u64,
-    pub(crate) sges: Vec<Sge>,
+    pub(crate) sges: Sges,
 }
+
+/// A receive's scatter list: one SGE (the common receive) in the WQE itself, so the thread
+/// that delivers into it reads one line the poster wrote, not a second one on the heap.
+pub(crate) type Sges = smallvec::SmallVec<[Sge; 1]>;
 
 /// A ring of `cap` slots addressed by free-running `u32` counters (`idx % cap`). Slots are
 /// made when first written; one never written reads as a blank one.
 #[derive(Debug)]
+#[repr(C)]
 pub(crate) struct Ring<T> {
     slots: Vec<T>,
     cap: u32,
@@ -144,13 +149,15 @@ impl SendQueue {
     }
 }
 
-/// The receive queue: `tail..head` are posted and unconsumed.
+/// The receive queue: `tail..head` are posted and unconsumed. (Indices first, then the
+/// ring's slot pointer: see `QpInner`.)
 #[derive(Debug)]
+#[repr(C)]
 pub(crate) struct RecvQueue {
-    pub(crate) ring: Ring<RecvWqe>,
-    pub(crate) depth: u32,
     pub(crate) head: u32,
     pub(crate) tail: u32,
+    pub(crate) depth: u32,
+    pub(crate) ring: Ring<RecvWqe>,
 }
 
 impl RecvQueue {
