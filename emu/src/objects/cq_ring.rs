@@ -80,6 +80,12 @@ fn zeroed_slots(n: usize) -> Box<[Slot]> {
 struct End {
     index: AtomicU64,
     bias: Bias,
+    /// The tail's owner's last look at `head` (written and read by the owner alone, in its
+    /// bias): the poller writes `head` at every poll, so reading it at every completion
+    /// costs a cache line from the poller's core. `head` only grows until the ring is closed
+    /// (which ends the bias), so this is never ahead of it: the ring is at least as full as it
+    /// says, and `head` is read again only when it says full.
+    seen: AtomicU64,
 }
 
 impl std::ops::Deref for End {
@@ -258,10 +264,14 @@ impl Ring {
     fn push_alone(&self, wc: &Wc, cqe: u64) -> Result<u64, Refused> {
         let tail = self.tail.load(Ordering::Relaxed);
         debug_assert_eq!(tail & CLOSED, 0, "closing revokes the bias first");
-        let head = self.head.load(Ordering::Acquire) & !CLOSED;
-        let queued = tail.wrapping_sub(head);
+        let mut queued = tail.wrapping_sub(self.tail.seen.load(Ordering::Relaxed));
         if queued >= cqe.min(self.mask) {
-            return Err(if queued >= cqe { Refused::Full } else { Refused::Small });
+            let head = self.head.load(Ordering::Acquire) & !CLOSED;
+            self.tail.seen.store(head, Ordering::Relaxed);
+            queued = tail.wrapping_sub(head);
+            if queued >= cqe.min(self.mask) {
+                return Err(if queued >= cqe { Refused::Full } else { Refused::Small });
+            }
         }
         let slot = self.slot(tail);
         while slot.seq.load(Ordering::Acquire) != self.lap(tail) {
