@@ -9,42 +9,15 @@
 //! ring record is kept, shared, until its responder begins it (see `fabric::ring::Ticket`).
 
 mod common;
-use common::{ALL_ACCESS as ACCESS, counting::Counting};
+use common::{Node, connect, counting::Counting, node_on, sge};
 use rdma_emu::*;
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-struct Side {
-    _ctx: Context,
-    cq: Cq,
-    mr: Mr,
-    qp: Qp,
-}
-
-fn side(d: &Device) -> Side {
-    let ctx = d.open().unwrap();
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(256, None, 0).unwrap();
-    let mr = pd.reg_mr(4096, ACCESS).unwrap();
-    let cap = QpCap {
-        max_send_wr: 16,
-        max_recv_wr: 16,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 64,
-    };
-    let qp = pd.create_qp(&QpInitAttr::new(QpType::RC, &cq, cap)).unwrap();
-    Side { _ctx: ctx, cq, mr, qp }
-}
-
-fn sge(mr: &Mr, off: usize, len: u32) -> Sge {
-    Sge { addr: mr.addr() + off as u64, length: len, lkey: mr.lkey() }
-}
-
 /// Polls both CQs until the SEND's completion (which its ACK brings) and its receive's are
 /// in: an empty poll of a CQ moves its fabric's rings, as an application's does.
-fn complete(a: &Side, b: &Side, len: u32) {
+fn complete(a: &Node, b: &Node, len: u32) {
     let (mut sent, mut received) = (false, false);
     while !(sent && received) {
         if let Some(wc) = b.cq.poll_one() {
@@ -59,9 +32,9 @@ fn complete(a: &Side, b: &Side, len: u32) {
 }
 
 /// A SEND of `len` bytes and one with immediate data, each completed before the next.
-fn round(a: &Side, b: &Side, len: u32) {
+fn round(a: &Node, b: &Node, len: u32) {
     let recv = [sge(&b.mr, 1024, 256)];
-    let src = [sge(&a.mr, 0, len)];
+    let src = [sge(&a.mr, 0, len as usize)];
     for wr in [SendWr::send(5, &src).signaled(), SendWr::send(6, &src).signaled().with_imm(9)] {
         b.qp.post_recv(&RecvWr { wr_id: 7, sg_list: &recv }).unwrap();
         a.qp.post_send(&wr).unwrap();
@@ -72,7 +45,7 @@ fn round(a: &Side, b: &Side, len: u32) {
 /// The fewest allocations of three windows of 1,000 rounds of `len`-byte SENDs: one per SEND
 /// shows in every window (2,000 or more); a one-off of a fabric's own threads (a reader
 /// waking) in one window only.
-fn allocs_in_rounds(a: &Side, b: &Side, len: u32) -> u64 {
+fn allocs_in_rounds(a: &Node, b: &Node, len: u32) -> u64 {
     let window = || {
         let before = Counting::allocs();
         for _ in 0..1000 {
@@ -90,10 +63,8 @@ fn steady_state_sends_across_the_host_fabric_allocate_nothing() {
     let cfg =
         || FabricConfig { host: Some(dir.to_str().unwrap().to_owned()), ..Default::default() };
     let (fa, fb) = (Fabric::new(cfg()), Fabric::new(cfg()));
-    let (a, b) = (side(&fa.devices()[0]), side(&fb.devices()[0]));
-    let p = RcParams::default();
-    a.qp.connect(1, &b.qp.endpoint(2), &p).unwrap();
-    b.qp.connect(2, &a.qp.endpoint(1), &p).unwrap();
+    let (a, b) = (node_on(&fa.devices()[0], 4096), node_on(&fb.devices()[0], 4096));
+    connect(&a.qp, &b.qp, &RcParams::default(), &RcParams::default());
     let mut payload = [0u8; 200];
     payload.iter_mut().enumerate().for_each(|(i, x)| *x = i as u8);
     a.mr.write(0, &payload).unwrap();
