@@ -88,27 +88,31 @@ pub(crate) struct RecvWqe {
 /// that delivers into it reads one line the poster wrote, not a second one on the heap.
 pub(crate) type Sges = smallvec::SmallVec<[Sge; 1]>;
 
-/// A ring of `cap` slots addressed by free-running `u32` counters (`idx % cap`). Slots are
-/// made when first written; one never written reads as a blank one.
+/// A ring of at least `cap` slots addressed by free-running `u32` counters. The slots are a
+/// power of two, so a counter finds its slot by a mask (no division per work request), and
+/// consecutive counters stay in distinct slots across the counter's wrap at 2^32 (with
+/// `idx % cap`, a `cap` that does not divide 2^32 put the positions either side of the wrap
+/// in one slot). Slots are made when first written; one never written reads as a blank one.
 #[derive(Debug)]
 #[repr(C)]
 pub(crate) struct Ring<T> {
     slots: Vec<T>,
-    cap: u32,
+    mask: u32,
     blank: T,
 }
 
 impl<T: Default> Ring<T> {
     pub(crate) fn new(cap: u32) -> Ring<T> {
-        Ring { slots: Vec::new(), cap: cap.max(1), blank: T::default() }
+        let slots = cap.max(1).checked_next_power_of_two().unwrap_or(1 << 31);
+        Ring { slots: Vec::new(), mask: slots - 1, blank: T::default() }
     }
 
     pub(crate) fn at(&self, idx: u32) -> &T {
-        self.slots.get((idx % self.cap) as usize).unwrap_or(&self.blank)
+        self.slots.get((idx & self.mask) as usize).unwrap_or(&self.blank)
     }
 
     pub(crate) fn at_mut(&mut self, idx: u32) -> &mut T {
-        let i = (idx % self.cap) as usize;
+        let i = (idx & self.mask) as usize;
         if i >= self.slots.len() {
             self.slots.resize_with(i + 1, T::default);
         }
@@ -190,5 +194,31 @@ impl RecvQueue {
         wqe.sges.extend_from_slice(wr.sg_list);
         self.head = head.wrapping_add(1);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn receives_keep_their_slots_across_the_counters_wrap() {
+        // A depth that does not divide 2^32, counters just short of the wrap.
+        let mut rq = RecvQueue::new(3);
+        (rq.head, rq.tail) = (u32::MAX - 1, u32::MAX - 1);
+        let sge = [Sge { addr: 0x1000, length: 8, lkey: 1 }];
+        for wr_id in 1..=3 {
+            rq.post(&RecvWr { wr_id, sg_list: &sge }, 1, "full").unwrap();
+        }
+        assert_eq!(
+            rq.post(&RecvWr { wr_id: 4, sg_list: &sge }, 1, "full").unwrap_err().errno(),
+            Errno::ENOMEM
+        );
+        let mut taken = vec![];
+        while rq.len() > 0 {
+            taken.push(rq.ring.at(rq.tail).wr_id);
+            rq.tail = rq.tail.wrapping_add(1);
+        }
+        assert_eq!(taken, [1, 2, 3], "each receive read back once, in order");
     }
 }
