@@ -232,7 +232,7 @@ impl<'f> Driver<'f> {
             let mut g = qp.inner.lock();
             self.service(&qp, &mut g);
         }
-        for qp in std::mem::take(&mut self.check_timers) {
+        while let Some(qp) = self.check_timers.pop() {
             let mut g = qp.inner.lock();
             requester::arm_timers(&qp, &mut g, &mut self);
         }

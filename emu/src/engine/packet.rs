@@ -161,25 +161,50 @@ impl Payload {
     }
 
     /// Visits the payload as consecutive pieces: `(source, offset-or-bytes)`.
-    pub(crate) fn pieces(&self) -> impl Iterator<Item = Piece<'_>> {
-        type Parts<'a> = (Option<&'a [u8]>, &'a [Lent], Option<&'a MemRef>, &'a [MemRef]);
-        let ((bytes, lent, one, many), peer): (Parts<'_>, &[PeerRange]) = match self {
+    #[inline]
+    pub(crate) fn pieces(&self) -> Pieces<'_> {
+        match self {
             Payload::None | Payload::Remote | Payload::Placed(_) | Payload::Landed(_) => {
-                ((None, &[], None, &[]), &[])
+                Pieces::One(None)
             }
-            Payload::Bytes(b) => ((Some(b), &[], None, &[]), &[]),
-            Payload::Lent(v) => ((None, v, None, &[]), &[]),
-            Payload::One(m) => ((None, &[], Some(m), &[]), &[]),
-            Payload::Gather(v) => ((None, &[], None, v), &[]),
-            Payload::Peer(v) => ((None, &[], None, &[]), v),
-        };
-        bytes
-            .map(Piece::Bytes)
-            .into_iter()
-            .chain(lent.iter().map(|l| Piece::Bytes(l)))
-            .chain(one.map(Piece::Mem))
-            .chain(many.iter().map(Piece::Mem))
-            .chain(peer.iter().map(Piece::Peer))
+            Payload::Bytes(b) => Pieces::One(Some(Piece::Bytes(b))),
+            Payload::One(m) => Pieces::One(Some(Piece::Mem(m))),
+            Payload::Lent(v) => Pieces::Lent(v.iter()),
+            Payload::Gather(v) => Pieces::Mem(v.iter()),
+            Payload::Peer(v) => Pieces::Peer(v.iter()),
+        }
+    }
+
+    /// The bytes it carries, all pieces together.
+    #[inline]
+    pub(crate) fn carried(&self) -> usize {
+        match self.pieces() {
+            Pieces::One(p) => p.map_or(0, |p| p.len()),
+            more => more.map(|p| p.len()).sum(),
+        }
+    }
+}
+
+/// A payload's pieces, in order (see [`Payload::pieces`]): one state per kind of payload,
+/// not a chain of them, as every packet sent or received walks them.
+pub(crate) enum Pieces<'a> {
+    One(Option<Piece<'a>>),
+    Lent(std::slice::Iter<'a, Lent>),
+    Mem(std::slice::Iter<'a, MemRef>),
+    Peer(std::slice::Iter<'a, PeerRange>),
+}
+
+impl<'a> Iterator for Pieces<'a> {
+    type Item = Piece<'a>;
+
+    #[inline]
+    fn next(&mut self) -> Option<Piece<'a>> {
+        match self {
+            Pieces::One(p) => p.take(),
+            Pieces::Lent(it) => it.next().map(|l| Piece::Bytes(l)),
+            Pieces::Mem(it) => it.next().map(Piece::Mem),
+            Pieces::Peer(it) => it.next().map(Piece::Peer),
+        }
     }
 }
 

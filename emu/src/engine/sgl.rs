@@ -81,6 +81,15 @@ pub(crate) fn scatter(
         let off = mr.offset_of(sge.addr, sge.length as u64).filter(|_| writable)?;
         Some((&mr.region, off))
     };
+    // The common receive: one SGE that holds it all.
+    if let [sge] = sges {
+        if len == 0 {
+            return Ok(());
+        }
+        let (region, off) = target(sge).ok_or(SglError::Protection)?;
+        let dst = std::iter::once((region, off, len as usize));
+        return copy_into(payload, dst).map_err(|_| SglError::Protection);
+    }
     // Every SGE that receives data is checked before anything is copied, so a bad SGE writes
     // nothing; then they are looked up again rather than remembered (no allocation).
     if !reached().all(|(sge, _)| target(sge).is_some()) {

@@ -1115,6 +1115,7 @@ impl Batch<'_> {
 
     /// The packet a datagram or record completes, if it does (a control message is carried
     /// out here, for our QP `to` if it names one).
+    #[inline(always)]
     fn decode(
         &mut self,
         fabric: &FabricInner,

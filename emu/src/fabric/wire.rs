@@ -65,6 +65,7 @@ pub(crate) enum Refused {
 /// The message in `bytes`, sent by the process `from` (as the kernel named it; `None` when
 /// no process could be pinned down); a packet's payload is left for the caller to take from
 /// `bytes[range]` (see [`decode_head`]).
+#[inline(always)]
 pub(crate) fn decode_message(
     bytes: &[u8],
     from: Option<&Arc<PeerProcess>>,
@@ -134,7 +135,7 @@ impl Head {
 
 impl<'a> Encoded<'a> {
     fn new(head: Head, payload: Option<&'a Payload>) -> Encoded<'a> {
-        let carried = payload.map_or(0, |p| p.pieces().map(|p| p.len()).sum::<usize>());
+        let carried = payload.map_or(0, Payload::carried);
         Encoded { len: head.bytes().len() + carried, head, payload }
     }
 
@@ -376,6 +377,7 @@ pub(crate) fn decode(bytes: &[u8]) -> Option<Packet> {
 /// none or, for a READ request, [`Payload::Remote`], says `None`). A payload to be read from
 /// the sender's memory is read only from `from`, the process that sent it: a message that
 /// names another process (its own number can be anyone's) is refused.
+#[inline(always)]
 pub(crate) fn decode_head(
     bytes: &[u8],
     from: Option<&Arc<PeerProcess>>,
@@ -393,6 +395,7 @@ pub(crate) fn decode_head(
 /// The source ranges of a pulled payload, with the process the message says they are in.
 type Pulled = (u32, Vec<(u64, usize)>);
 
+#[inline(always)]
 fn decode_fields(bytes: &[u8]) -> Option<(Packet, Option<Range<usize>>, Option<Pulled>)> {
     let mut r = Reader(bytes);
     let [version, kind, syn, syn_arg, flags, src_port, dst_port, has_grh, transport] =
