@@ -1071,29 +1071,30 @@ impl Batch<'_> {
             let now = *self.now.get_or_insert_with(|| fabric.now());
             qp.heard.store(now.max(1), Ordering::Relaxed);
         }
-        let landed = match &a {
-            Arrived::Record(rec, src) if !h.whole() => land(fabric, partial, *src, h, rec, &to),
-            Arrived::Record(..) | Arrived::Datagram(..) => None,
-        };
-        let got = match (landed, a) {
-            (Some(got), _) => got,
-            // A message its ring can hold whole stays there until placed.
-            (None, Arrived::Record(rec, src))
-                if !h.whole() && h.total <= rec.ring().max_held_message() =>
-            {
-                match hold(partial, src, h, rec) {
-                    Ok(Some(recs)) => decode_held(recs).map(Some),
-                    other => other.map(|_| None),
+        // The packet is built here and moved once, into its QP's inbox.
+        let mut pkt = Packet::new(Kind::Ack);
+        let got = match a {
+            Arrived::Record(rec, src) if !h.whole() => {
+                match land(fabric, partial, src, h, &rec, &to) {
+                    Some(got) => got.map(|p| p.map(|p| pkt = p).is_some()),
+                    // A message its ring can hold whole stays there until placed.
+                    None if h.total <= rec.ring().max_held_message() => {
+                        match hold(partial, src, h, rec) {
+                            Ok(Some(recs)) => decode_held(recs).map(|p| pkt = p).map(|()| true),
+                            other => other.map(|_| false),
+                        }
+                    }
+                    None => self.decode(fabric, partial, Arrived::Record(rec, src), &to, &mut pkt),
                 }
             }
-            (None, a) => self.decode(fabric, partial, a, to.as_deref()),
+            a => self.decode(fabric, partial, a, &to, &mut pkt),
         };
-        let pkt = match got {
-            Ok(Some(pkt)) if wire::payload_fits(&pkt) => pkt,
-            Ok(Some(_)) => return self.dropped(Refused::Malformed),
-            Ok(None) => return,
+        match got {
+            Ok(true) if wire::payload_fits(&pkt) => {}
+            Ok(true) => return self.dropped(Refused::Malformed),
+            Ok(false) => return,
             Err(why) => return self.dropped(why),
-        };
+        }
         if pkt.dst_qpn == engine::requester::MULTICAST_QPN {
             return self.multicast.push(pkt);
         }
@@ -1113,27 +1114,29 @@ impl Batch<'_> {
         }
     }
 
-    /// The packet a datagram or record completes, if it does (a control message is carried
-    /// out here, for our QP `to` if it names one).
+    /// Whether a datagram or record completes a packet, which is then decoded into `pkt` (a
+    /// fresh `Packet::new`: built where it is used, not moved there); a control message is
+    /// carried out here, for our QP `to` if it names one.
     #[inline(always)]
     fn decode(
         &mut self,
         fabric: &FabricInner,
         partial: &mut Partials,
         a: Arrived<'_>,
-        to: Option<&crate::qp::QpShared>,
-    ) -> Result<Option<Packet>, Refused> {
-        let (mut pkt, lend, in_place) = {
-            let Some(msg) = reassemble(partial, a.source(), a.bytes())? else { return Ok(None) };
-            let (mut pkt, range) = match wire::decode_message(&msg, a.process())? {
-                (Message::Packet(p), range) => (p, range),
+        to: &Option<Arc<crate::qp::QpShared>>,
+        pkt: &mut Packet,
+    ) -> Result<bool, Refused> {
+        let (lend, in_place) = {
+            let Some(msg) = reassemble(partial, a.source(), a.bytes())? else { return Ok(false) };
+            let range = match wire::decode_message(&msg, a.process(), pkt)? {
+                (Message::Packet, range) => range,
                 (Message::Control(c), _) => {
-                    apply(fabric, c, to);
-                    return Ok(None);
+                    apply(fabric, c, to.as_deref());
+                    return Ok(false);
                 }
                 (Message::Cm(body), _) => {
                     crate::cm::arrived(fabric, a.source().slot, &body);
-                    return Ok(None);
+                    return Ok(false);
                 }
             };
             // A large payload of a one-record message stays in the ring until placed.
@@ -1148,7 +1151,7 @@ impl Batch<'_> {
                 }
                 None => None,
             };
-            (pkt, lend, in_place)
+            (lend, in_place)
         };
         if let Arrived::Record(rec, _) = a {
             // A WRITE or READ of a reliable QP that came whole in one record keeps it until its
@@ -1167,7 +1170,7 @@ impl Batch<'_> {
                 pkt.payload = Payload::Bytes(Bytes::Lent(rec.lend(range)));
             }
         }
-        Ok(Some(pkt))
+        Ok(true)
     }
 
     /// Whether it took in anything to deliver.
@@ -1360,8 +1363,9 @@ fn land(
 ) -> Option<Result<Option<Packet>, Refused>> {
     let body = &rec.bytes()[HEADER..];
     if h.flags & FIRST != 0 {
-        let (pkt, range) = match wire::decode_message(body, None) {
-            Ok((Message::Packet(p), Some(range))) => (p, range),
+        let mut pkt = Packet::new(Kind::Ack);
+        let range = match wire::decode_message(body, None, &mut pkt) {
+            Ok((Message::Packet, Some(range))) => range,
             _ => return None,
         };
         let named =
@@ -1395,8 +1399,9 @@ fn land(
 fn decode_held(recs: Vec<Record>) -> Result<Packet, Refused> {
     let first = recs.first().ok_or(Refused::Malformed)?.bytes().len();
     // Held messages carry their payload: none names another process's memory.
-    let (mut pkt, range) = match wire::decode_message(&recs[0].bytes()[HEADER..], None)? {
-        (Message::Packet(p), range) => (p, range),
+    let mut pkt = Packet::new(Kind::Ack);
+    let range = match wire::decode_message(&recs[0].bytes()[HEADER..], None, &mut pkt)? {
+        (Message::Packet, range) => range,
         // Control messages are a few bytes: never in fragments.
         (Message::Control(_) | Message::Cm(_), _) => return Err(Refused::Malformed),
     };

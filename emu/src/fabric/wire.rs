@@ -35,7 +35,8 @@ pub(crate) enum Control {
 /// A message between nodes.
 #[derive(Debug)]
 pub(crate) enum Message {
-    Packet(Packet),
+    /// A packet, decoded into the packet the caller handed in.
+    Packet,
     Control(Control),
     /// For the connection manager (`crate::cm`).
     Cm(Vec<u8>),
@@ -63,17 +64,19 @@ pub(crate) enum Refused {
 }
 
 /// The message in `bytes`, sent by the process `from` (as the kernel named it; `None` when
-/// no process could be pinned down); a packet's payload is left for the caller to take from
-/// `bytes[range]` (see [`decode_head`]).
+/// no process could be pinned down). A packet is decoded into `pkt` (a fresh
+/// [`Packet::new`]: built where it will be used, not moved there), its payload left for the
+/// caller to take from `bytes[range]` (see [`decode_head`]).
 #[inline(always)]
 pub(crate) fn decode_message(
     bytes: &[u8],
     from: Option<&Arc<PeerProcess>>,
+    pkt: &mut Packet,
 ) -> Result<(Message, Option<Range<usize>>), Refused> {
     match bytes.first() {
         Some(&CONTROL) => decode_control(bytes).ok_or(Refused::Malformed),
         Some(&CM) => Ok((Message::Cm(bytes[1..].to_vec()), None)),
-        _ => decode_head(bytes, from).map(|(p, range)| (Message::Packet(p), range)),
+        _ => decode_head(bytes, from, pkt).map(|range| (Message::Packet, range)),
     }
 }
 
@@ -90,33 +93,33 @@ fn decode_control(bytes: &[u8]) -> Option<(Message, Option<Range<usize>>)> {
     Some((Message::Control(c), None))
 }
 
-/// A message in byte form, not yet laid out: the header bytes, then the payload still in the
+/// A message in byte form, not yet laid out: the header, then the payload still in the
 /// sender's memory, so it can be gathered straight to where it goes.
 pub(crate) struct Encoded<'a> {
-    head: Head,
+    head: Head<'a>,
     payload: Option<&'a Payload>,
     /// Header and payload bytes, counted once (each fragment asks).
     len: usize,
 }
 
-/// Header bytes kept in place up to this many (any packet's: at most 147), so that sending a
-/// packet to another process allocates nothing.
-const INLINE_HEAD: usize = 160;
+/// The most header bytes a packet has (with a GRH and the forwarded fields).
+const MAX_HEAD: usize = 146;
 
-/// A message's header bytes: a packet's in place, the rest (a pulled payload's source ranges
-/// after the packet's header, a control or CM message) on the heap.
-enum Head {
-    Inline([u8; INLINE_HEAD], usize),
+/// A message's header: a packet's, encoded where the message is written (so sending a packet
+/// to another process neither allocates nor moves its bytes about), or bytes on the heap (a
+/// pulled payload's source ranges after the packet's header, a control or CM message).
+enum Head<'a> {
+    Packet(&'a Packet),
     Heap(Vec<u8>),
 }
 
-/// Writes fields of known sizes into a packet's header in place.
-struct Cursor {
-    buf: [u8; INLINE_HEAD],
+/// Writes fields of known sizes into a packet's header.
+struct Cursor<'b> {
+    buf: &'b mut [u8],
     at: usize,
 }
 
-impl Cursor {
+impl Cursor<'_> {
     #[inline(always)]
     fn put<const N: usize>(&mut self, b: [u8; N]) {
         self.buf[self.at..self.at + N].copy_from_slice(&b);
@@ -124,32 +127,32 @@ impl Cursor {
     }
 }
 
-impl Head {
-    fn bytes(&self) -> &[u8] {
+impl Head<'_> {
+    fn len(&self) -> usize {
         match self {
-            Head::Inline(buf, len) => &buf[..*len],
-            Head::Heap(v) => v,
+            Head::Packet(pkt) => head_len(pkt),
+            Head::Heap(v) => v.len(),
         }
     }
 }
 
 impl<'a> Encoded<'a> {
-    fn new(head: Head, payload: Option<&'a Payload>) -> Encoded<'a> {
+    fn new(head: Head<'a>, payload: Option<&'a Payload>) -> Encoded<'a> {
         let carried = payload.map_or(0, Payload::carried);
-        Encoded { len: head.bytes().len() + carried, head, payload }
+        Encoded { len: head.len() + carried, head, payload }
     }
 
     pub(crate) fn packet(pkt: &'a Packet) -> Encoded<'a> {
-        let head = encode_head(pkt, false);
-        Encoded::new(head, (pkt.kind != Kind::ReadRequest).then_some(&pkt.payload))
+        Encoded::new(Head::Packet(pkt), (pkt.kind != Kind::ReadRequest).then_some(&pkt.payload))
     }
 
     /// `pkt` with its payload left in this process's memory, for the receiver to read from
     /// there (see [`pullable`]).
     pub(crate) fn pulled(pkt: &'a Packet) -> Encoded<'a> {
         let ranges = pkt.payload.ranges();
-        let mut head = Vec::with_capacity(INLINE_HEAD + 8 + 16 * ranges.len());
-        head.extend_from_slice(encode_head(pkt, true).bytes());
+        let mut head = vec![0; head_len(pkt)];
+        head.reserve(8 + 16 * ranges.len());
+        encode_head(pkt, true, &mut head);
         head.extend_from_slice(&std::process::id().to_le_bytes());
         head.extend_from_slice(&(ranges.len() as u32).to_le_bytes());
         for m in ranges {
@@ -180,8 +183,23 @@ impl<'a> Encoded<'a> {
     pub(crate) fn copy_to(&self, from: usize, dst: &mut [u8]) -> Result<(), MemFault> {
         let mut at = 0; // message offset of the current piece
         let mut out = 0; // bytes of `dst` written
-        let head = std::iter::once(Piece::Bytes(self.head.bytes()));
-        for piece in head.chain(self.payload.into_iter().flat_map(|p| p.pieces())) {
+        let mut buf;
+        let head: &[u8] = match &self.head {
+            Head::Heap(v) => v,
+            // The whole header lands in `dst`: encoded there.
+            Head::Packet(pkt) if from == 0 && dst.len() >= head_len(pkt) => {
+                let n = encode_head(pkt, false, dst);
+                (at, out) = (n, n);
+                &[]
+            }
+            Head::Packet(pkt) => {
+                buf = [0u8; MAX_HEAD];
+                let n = encode_head(pkt, false, &mut buf);
+                &buf[..n]
+            }
+        };
+        let head = (out == 0).then_some(Piece::Bytes(head));
+        for piece in head.into_iter().chain(self.payload.into_iter().flat_map(|p| p.pieces())) {
             let (start, end) = (at, at + piece.len());
             at = end;
             let want = from + out;
@@ -243,10 +261,19 @@ pub(crate) fn pullable(pkt: &Packet) -> bool {
         && pkt.payload.ranges().len() <= MAX_PULL_RANGES as usize
 }
 
-/// The header fields of `pkt`, as [`decode`] reads them (`pulled`: source ranges follow
-/// instead of the payload).
-fn encode_head(pkt: &Packet, pulled: bool) -> Head {
-    let mut out = Cursor { buf: [0; INLINE_HEAD], at: 0 };
+/// How many bytes [`encode_head`] writes for `pkt`.
+fn head_len(pkt: &Packet) -> usize {
+    const FIXED: usize = 9 + 6 * 4 + 6 * 4 + 2 + 4 * 8;
+    let grh = if pkt.grh.is_some() { 16 + 16 + 2 + 4 } else { 0 };
+    let feth = usize::from(pkt.kind == Kind::Flush);
+    let forwarded = if pkt.forwarded.is_some() && pkt.kind == Kind::XrcDeliver { 17 } else { 0 };
+    FIXED + grh + feth + forwarded
+}
+
+/// Writes the header fields of `pkt` at the start of `out` (at least [`head_len`] bytes), as
+/// [`decode`] reads them (`pulled`: source ranges follow instead of the payload); how many.
+fn encode_head(pkt: &Packet, pulled: bool, out: &mut [u8]) -> usize {
+    let mut out = Cursor { buf: out, at: 0 };
     let kind = kind_code(pkt.kind);
     let (syn, syn_arg) = match pkt.syndrome {
         Syndrome::Ack => (0, 0),
@@ -290,7 +317,8 @@ fn encode_head(pkt: &Packet, pulled: bool) -> Head {
         out.put(f.file.0.to_le_bytes());
         out.put(f.file.1.to_le_bytes());
     }
-    Head::Inline(out.buf, out.at)
+    debug_assert_eq!(out.at, head_len(pkt));
+    out.at
 }
 
 fn kind_code(kind: Kind) -> u8 {
@@ -366,37 +394,40 @@ impl<'a> Reader<'a> {
 /// The packet in `bytes`, or `None` if they are not one (another version, or truncated).
 #[cfg(test)]
 pub(crate) fn decode(bytes: &[u8]) -> Option<Packet> {
-    let (mut p, range) = decode_head(bytes, None).ok()?;
+    let mut p = Packet::new(Kind::Ack);
+    let range = decode_head(bytes, None, &mut p).ok()?;
     if let Some(r) = range {
         p.payload = Payload::Bytes(bytes[r].into());
     }
     Some(p)
 }
 
-/// The packet in `bytes` but for its payload, and where in `bytes` that lies (a packet with
-/// none or, for a READ request, [`Payload::Remote`], says `None`). A payload to be read from
-/// the sender's memory is read only from `from`, the process that sent it: a message that
-/// names another process (its own number can be anyone's) is refused.
+/// The packet in `bytes` but for its payload, decoded into `p` (a fresh [`Packet::new`]), and
+/// where in `bytes` the payload lies (a packet with none or, for a READ request,
+/// [`Payload::Remote`], says `None`). A payload to be read from the sender's memory is read
+/// only from `from`, the process that sent it: a message that names another process (its own
+/// number can be anyone's) is refused.
 #[inline(always)]
 pub(crate) fn decode_head(
     bytes: &[u8],
     from: Option<&Arc<PeerProcess>>,
-) -> Result<(Packet, Option<Range<usize>>), Refused> {
-    let (mut p, range, pulled) = decode_fields(bytes).ok_or(Refused::Malformed)?;
+    p: &mut Packet,
+) -> Result<Option<Range<usize>>, Refused> {
+    let (range, pulled) = decode_fields(bytes, p).ok_or(Refused::Malformed)?;
     if let Some((pid, ranges)) = pulled {
         let from = from.filter(|f| f.pid() == pid).ok_or(Refused::Pull)?;
         let ranges =
             ranges.into_iter().map(|(addr, len)| PeerRange { from: from.clone(), addr, len });
         p.payload = Payload::Peer(ranges.collect());
     }
-    Ok((p, range))
+    Ok(range)
 }
 
 /// The source ranges of a pulled payload, with the process the message says they are in.
 type Pulled = (u32, Vec<(u64, usize)>);
 
 #[inline(always)]
-fn decode_fields(bytes: &[u8]) -> Option<(Packet, Option<Range<usize>>, Option<Pulled>)> {
+fn decode_fields(bytes: &[u8], p: &mut Packet) -> Option<(Option<Range<usize>>, Option<Pulled>)> {
     let mut r = Reader(bytes);
     let [version, kind, syn, syn_arg, flags, src_port, dst_port, has_grh, transport] =
         r.take::<9>()?;
@@ -404,7 +435,7 @@ fn decode_fields(bytes: &[u8]) -> Option<(Packet, Option<Range<usize>>, Option<P
         return None;
     }
     let kind = kind_of(kind)?;
-    let mut p = Packet::new(kind);
+    p.kind = kind;
     p.syndrome = match (syn, syn_arg) {
         (0, _) => Syndrome::Ack,
         (1, t) => Syndrome::Rnr(t),
@@ -449,15 +480,15 @@ fn decode_fields(bytes: &[u8]) -> Option<(Packet, Option<Range<usize>>, Option<P
             let (addr, len) = (r.u64()?, r.u64()?);
             Some((addr, usize::try_from(len).ok()?))
         });
-        return Some((p, None, Some((pid, ranges.collect::<Option<_>>()?))));
+        return Some((None, Some((pid, ranges.collect::<Option<_>>()?))));
     }
     let at = bytes.len() - r.0.len();
     if kind == Kind::ReadRequest {
         p.payload = Payload::Remote;
     } else if at < bytes.len() {
-        return Some((p, Some(at..bytes.len()), None));
+        return Some((Some(at..bytes.len()), None));
     }
-    Some((p, None, None))
+    Some((None, None))
 }
 
 #[cfg(test)]
@@ -492,8 +523,33 @@ mod test {
         encode(&p, &mut bytes).unwrap();
         let q = decode(&bytes).unwrap();
         assert_eq!(format!("{p:?}"), format!("{q:?}"));
-        // The largest header there is (GRH and forwarded fields) is kept in place.
-        assert!(matches!(Encoded::packet(&p).head, Head::Inline(..)));
+        // The largest header there is (GRH and forwarded fields).
+        assert_eq!(head_len(&p), MAX_HEAD);
+    }
+
+    /// A message is written in fragments from any offset: a header that does not land whole
+    /// at the start of the destination is encoded aside, and its part copied.
+    #[test]
+    fn test_a_message_copied_in_pieces_is_the_message_copied_whole() {
+        let mut p = Packet::new(Kind::Write);
+        (p.dst_qpn, p.psn, p.va, p.rkey, p.len) = (0x10002, 77, 0x1000, 5, 40);
+        p.payload = Payload::Bytes((0..40u8).collect::<Vec<_>>().into());
+        let e = Encoded::packet(&p);
+        let mut whole = vec![0; e.len()];
+        e.copy_to(0, &mut whole).unwrap();
+        assert_eq!(whole.len(), head_len(&p) + 40);
+        assert_eq!(decode(&whole).map(|q| format!("{q:?}")), Some(format!("{p:?}")));
+        let mut flush = p.clone();
+        (flush.kind, flush.feth) = (Kind::Flush, 0x12);
+        let mut buf = [0; MAX_HEAD];
+        assert_eq!(encode_head(&flush, false, &mut buf), head_len(&flush));
+        for step in [1, 7, 64, head_len(&p) - 1, head_len(&p) + 1] {
+            let mut pieces = vec![0; e.len()];
+            for (i, chunk) in pieces.chunks_mut(step).enumerate() {
+                e.copy_to(i * step, chunk).unwrap();
+            }
+            assert_eq!(pieces, whole, "in pieces of {step}");
+        }
     }
 
     #[test]
@@ -515,14 +571,16 @@ mod test {
             Control::PortState { dev: 0, port: 1, up: false },
             Control::QpClosed { qpn: 0x2_0011 },
         ] {
-            match decode_message(&encode_control(c), None) {
+            match decode_message(&encode_control(c), None, &mut Packet::new(Kind::Ack)) {
                 Ok((Message::Control(d), None)) => assert_eq!(c, d),
                 other => panic!("{other:?}"),
             }
         }
         let mut bytes = Vec::new();
         encode(&Packet::new(Kind::Ack), &mut bytes).unwrap();
-        assert!(matches!(decode_message(&bytes, None), Ok((Message::Packet(_), None))));
+        let mut p = Packet::new(Kind::Send);
+        assert!(matches!(decode_message(&bytes, None, &mut p), Ok((Message::Packet, None))));
+        assert_eq!(p.kind, Kind::Ack);
     }
 
     #[test]

@@ -19,6 +19,7 @@ pub(crate) struct Inbox {
 }
 
 impl Inbox {
+    #[inline]
     pub(crate) fn push(&self, pkt: Packet) {
         let mut q = self.queue.lock();
         q.push_back(pkt);
