@@ -1271,7 +1271,9 @@ fn reassemble<'a>(
     let body = &d[HEADER..];
     if h.flags & FIRST != 0 {
         if h.flags & LAST != 0 {
-            partial.remove(&src);
+            if !partial.is_empty() {
+                partial.remove(&src);
+            }
             return match body.len() == h.total {
                 true => Ok(Some(Cow::Borrowed(body))),
                 false => Err(Refused::Malformed),

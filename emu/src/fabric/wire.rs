@@ -263,17 +263,21 @@ pub(crate) fn pullable(pkt: &Packet) -> bool {
 
 /// How many bytes [`encode_head`] writes for `pkt`.
 fn head_len(pkt: &Packet) -> usize {
-    const FIXED: usize = 9 + 6 * 4 + 6 * 4 + 2 + 4 * 8;
     let grh = if pkt.grh.is_some() { 16 + 16 + 2 + 4 } else { 0 };
     let feth = usize::from(pkt.kind == Kind::Flush);
     let forwarded = if pkt.forwarded.is_some() && pkt.kind == Kind::XrcDeliver { 17 } else { 0 };
-    FIXED + grh + feth + forwarded
+    FIXED_HEAD + grh + feth + forwarded
 }
+
+/// The header fields every packet has: 9 bytes, 12 words, the LID, 4 double words.
+const FIXED_HEAD: usize = 9 + 12 * 4 + 2 + 4 * 8;
 
 /// Writes the header fields of `pkt` at the start of `out` (at least [`head_len`] bytes), as
 /// [`decode`] reads them (`pulled`: source ranges follow instead of the payload); how many.
 fn encode_head(pkt: &Packet, pulled: bool, out: &mut [u8]) -> usize {
-    let mut out = Cursor { buf: out, at: 0 };
+    // The fixed fields go to a part of known length, so that no write checks its bounds.
+    let (fixed, rest) = out.split_at_mut(FIXED_HEAD);
+    let mut out = Cursor { buf: fixed, at: 0 };
     let kind = kind_code(pkt.kind);
     let (syn, syn_arg) = match pkt.syndrome {
         Syndrome::Ack => (0, 0),
@@ -303,6 +307,8 @@ fn encode_head(pkt: &Packet, pulled: bool, out: &mut [u8]) -> usize {
     for v in [pkt.va, pkt.swap_add, pkt.compare, pkt.orig] {
         out.put(v.to_le_bytes());
     }
+    debug_assert_eq!(out.at, FIXED_HEAD);
+    let mut out = Cursor { buf: rest, at: 0 };
     if let Some(grh) = &pkt.grh {
         out.put(grh.sgid.0);
         out.put(grh.dgid.0);
@@ -317,8 +323,8 @@ fn encode_head(pkt: &Packet, pulled: bool, out: &mut [u8]) -> usize {
         out.put(f.file.0.to_le_bytes());
         out.put(f.file.1.to_le_bytes());
     }
-    debug_assert_eq!(out.at, head_len(pkt));
-    out.at
+    debug_assert_eq!(FIXED_HEAD + out.at, head_len(pkt));
+    FIXED_HEAD + out.at
 }
 
 fn kind_code(kind: Kind) -> u8 {
@@ -428,7 +434,8 @@ type Pulled = (u32, Vec<(u64, usize)>);
 
 #[inline(always)]
 fn decode_fields(bytes: &[u8], p: &mut Packet) -> Option<(Option<Range<usize>>, Option<Pulled>)> {
-    let mut r = Reader(bytes);
+    // The fixed fields are read from a part of known length: one bounds check for them all.
+    let mut r = Reader(bytes.get(..FIXED_HEAD)?);
     let [version, kind, syn, syn_arg, flags, src_port, dst_port, has_grh, transport] =
         r.take::<9>()?;
     if version != VERSION {
@@ -458,6 +465,7 @@ fn decode_fields(bytes: &[u8], p: &mut Packet) -> Option<(Option<Range<usize>>, 
     p.xrc_srqn = r.u32()?;
     p.src_lid = r.u16()?;
     (p.va, p.swap_add, p.compare, p.orig) = (r.u64()?, r.u64()?, r.u64()?, r.u64()?);
+    let mut r = Reader(&bytes[FIXED_HEAD..]);
     if has_grh != 0 {
         let (sgid, dgid) = (Gid(r.take()?), Gid(r.take()?));
         let [traffic_class, hop_limit] = r.take()?;
