@@ -439,21 +439,14 @@ pub(super) fn remote<'k>(
 /// with its SGEs; the WQE's `wr_id`.
 pub(super) fn take_recv(
     dst: &Arc<QpShared>,
-    dg: &mut QpInner,
+    _dg: &mut QpInner,
     place: impl FnOnce(&[Sge]) -> Option<()>,
 ) -> Option<u64> {
     if let Some(srq) = &dst.srq {
         return srq.pop_with(|w| place(&w.sges).map(|()| w.wr_id));
     }
-    if dg.rq.len() == 0 {
-        return None;
-    }
-    let tail = dg.rq.tail;
-    let w = dg.rq.ring.at(tail);
-    place(&w.sges)?;
-    let wr_id = w.wr_id;
-    dg.rq.tail = tail.wrapping_add(1);
-    Some(wr_id)
+    // `_dg`: the peer's lock is held, which makes this thread its queue's one consumer.
+    dst.rq.take_with(|w| place(&w.sges).map(|()| w.wr_id))
 }
 
 /// Copies the sources, in order, into consecutive destination ranges (stopping where either

@@ -98,11 +98,8 @@ impl Landing {
             let region = (!mr.region.on_demand()).then(|| mr.region.clone())?;
             (vec![(pkt.rkey, MemRef { region, offset, len })], None)
         } else {
-            if g.rq.len() == 0 {
-                return None; // the packet path answers with an RNR NAK
-            }
-            let slot = g.rq.tail;
-            let sges = &g.rq.ring.at(slot).sges;
+            // None posted: the packet path answers with an RNR NAK.
+            let (sges, slot) = qp.rq.peek()?;
             (receive_ranges(&keys, responder::own_recv_pd(qp), sges, len)?, Some(slot))
         };
         drop(keys);

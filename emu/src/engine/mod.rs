@@ -293,12 +293,6 @@ impl Route {
     }
 }
 
-/// Whether servicing the QP would do nothing: no packet waits, nothing is queued or in flight
-/// on its send queue and it waits for no RNR delay.
-pub(crate) fn idle(qp: &QpShared, g: &QpInner) -> bool {
-    g.sq.head == g.sq.tail && g.req.rnr_until.is_none() && qp.inbox.is_empty()
-}
-
 /// Processes the QP's inbox in order and lets the requester send, until neither has work.
 pub(crate) fn step(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>) {
     loop {
@@ -351,7 +345,8 @@ pub(crate) fn on_timer(qp: &Arc<QpShared>) {
 /// with `IBV_WC_WR_FLUSH_ERR`).
 pub(crate) fn enter_error(qp: &Arc<QpShared>, g: &mut QpInner) {
     let was = g.state;
-    g.state = QpState::ERR;
+    // Before the flush: a receive posted meanwhile is then seen by one of the two sides.
+    crate::qp::set_state(qp, g, QpState::ERR);
     qp.ctx.fabric.export_qp(qp, g);
     // IBA 11.6.3: a QP on an SRQ reports that no further WQE will be taken for it.
     if qp.srq.is_some() && was != QpState::ERR && raises_qp_errors(qp) {

@@ -130,7 +130,7 @@ pub(crate) fn receive(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet) {
     let Some(r) = responder::pop_recv(qp, g) else { return };
     let landed = land(qp.rx_offloads, &qp.pd, &r.sges, f);
     let wr_id = r.wr_id;
-    responder::done_recv(g, r);
+    responder::done_recv(qp, r);
     let wc = match landed {
         Ok(l) => Wc {
             flow_tag: pkt.imm.unwrap_or(0),

@@ -76,8 +76,9 @@ pub(crate) struct Responder {
     pub(crate) held: VecDeque<Packet>,
 }
 
-/// Validates and queues a receive WQE (rxe provider semantics).
-pub(crate) fn post_recv(qp: &Arc<QpShared>, g: &mut QpInner, wr: &RecvWr<'_>) -> Result<()> {
+/// Validates and queues a receive WQE (rxe provider semantics), without the QP's lock; one
+/// posted to a QP in ERR is flushed (under the lock).
+pub(crate) fn post_recv(qp: &Arc<QpShared>, wr: &RecvWr<'_>) -> Result<()> {
     if matches!(qp.qp_type, QpType::XRC_SEND | QpType::XRC_RECV) {
         return Err(einval("XRC QPs have no receive queue (receives go to XRC SRQs)"));
     }
@@ -85,23 +86,25 @@ pub(crate) fn post_recv(qp: &Arc<QpShared>, g: &mut QpInner, wr: &RecvWr<'_>) ->
         return Err(einval("the QP takes its receives from an SRQ or its WQs"));
     }
     // rxe refuses a receive posted in RESET; mlx5 (the full profile) queues it.
-    if g.state == QpState::RESET && qp.ctx.device.profile == crate::Profile::Rxe {
+    if qp.rq.state() == QpState::RESET && qp.ctx.device.profile == crate::Profile::Rxe {
         return Err(einval("QP is in RESET"));
     }
-    g.rq.post(wr, qp.cap.max_recv_sge, "receive queue is full")?;
-    if g.state == QpState::ERR {
-        flush_recv_queue(qp, g);
+    if qp.rq.post(wr, qp.cap.max_recv_sge, "receive queue is full")? {
+        let mut g = qp.inner.lock();
+        // Unless it left ERR meanwhile (a RESET forgot what was posted).
+        if g.state == QpState::ERR {
+            flush_recv_queue(qp, &mut g);
+        }
     }
     Ok(())
 }
 
-/// Completes every posted receive with `IBV_WC_WR_FLUSH_ERR`.
-pub(crate) fn flush_recv_queue(qp: &QpShared, g: &mut QpInner) {
-    while g.rq.tail != g.rq.head {
-        let w = g.rq.ring.at(g.rq.tail);
-        let _ = qp.recv_cq.push(wc(qp, w.wr_id, WcStatus::WR_FLUSH_ERR), true);
-        g.rq.tail = g.rq.tail.wrapping_add(1);
-    }
+/// Completes every posted receive with `IBV_WC_WR_FLUSH_ERR`. (`_g`: the QP's lock is held,
+/// which makes the caller the queue's one consumer.)
+pub(crate) fn flush_recv_queue(qp: &QpShared, _g: &mut QpInner) {
+    qp.rq.drain(|wr_id| {
+        let _ = qp.recv_cq.push(wc(qp, wr_id, WcStatus::WR_FLUSH_ERR), true);
+    });
 }
 
 /// Handles a request packet.
@@ -337,7 +340,7 @@ fn ud_receive(qp: &Arc<QpShared>, g: &mut QpInner, pkt: &Packet) {
     let Some(r) = pop_recv(qp, g) else { return }; // no receive: the datagram is dropped
     let res = sgl::scatter(&recv_pd(qp, g), &r.sges, &Payload::Bytes(data.into()), total as u32);
     let wr_id = r.wr_id;
-    done_recv(g, r);
+    done_recv(qp, r);
     let status = match res {
         Ok(()) => WcStatus::SUCCESS,
         Err(SglError::TooLong) => WcStatus::LOC_LEN_ERR,
@@ -458,25 +461,20 @@ pub(crate) struct Recv {
     rq_slot: Option<u32>,
 }
 
-/// Takes the next receive WQE, from the QP's SRQ if it has one.
+/// Takes the next receive WQE, from the QP's SRQ if it has one. Under the QP's lock (`g`);
+/// hand it to [`done_recv`] before the lock is released.
 pub(crate) fn pop_recv(qp: &QpShared, g: &mut QpInner) -> Option<Recv> {
     if let Some(srq) = g.resp.xrc.as_ref().or(qp.srq.as_ref()) {
         return srq.pop().map(|(wr_id, sges)| Recv { wr_id, sges, rq_slot: None });
     }
-    if g.rq.len() == 0 {
-        return None;
-    }
-    let tail = g.rq.tail;
-    let w = g.rq.ring.at_mut(tail);
-    let r = Recv { wr_id: w.wr_id, sges: std::mem::take(&mut w.sges), rq_slot: Some(tail) };
-    g.rq.tail = tail.wrapping_add(1);
-    Some(r)
+    let (wr_id, sges, counter) = qp.rq.take_out()?;
+    Some(Recv { wr_id, sges, rq_slot: Some(counter) })
 }
 
-/// Returns a taken WQE's SGE vector to its RQ slot (keeping its allocation).
-pub(crate) fn done_recv(g: &mut QpInner, r: Recv) {
-    if let Some(slot) = r.rq_slot {
-        g.rq.ring.at_mut(slot).sges = r.sges;
+/// Consumes a taken WQE: returns its SGE vector to its RQ slot (keeping its allocation).
+pub(crate) fn done_recv(qp: &QpShared, r: Recv) {
+    if let Some(counter) = r.rq_slot {
+        qp.rq.give_back(r.sges, counter);
     }
 }
 
@@ -570,7 +568,7 @@ fn send(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>) 
         payload => sgl::scatter(&recv_pd(qp, g), &r.sges, payload, pkt.len),
     };
     let wr_id = r.wr_id;
-    done_recv(g, r);
+    done_recv(qp, r);
     match res {
         Ok(()) => {
             if let Some(rkey) = pkt.inv
@@ -688,7 +686,7 @@ fn tm_send(
         }
         let res = sgl::scatter(&recv_pd(qp, g), &r.sges, &pkt.payload, pkt.len);
         let wr_id = r.wr_id;
-        done_recv(g, r);
+        done_recv(qp, r);
         let opcode = if unexpected { WcOpcode::TM_RECV } else { WcOpcode::TM_NO_TAG };
         (wr_id, opcode, WcFlags::empty(), WcStatus::SUCCESS, res.map(|()| pkt.len))
     };
@@ -791,7 +789,7 @@ fn write(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>)
         match pop_recv(qp, g) {
             Some(r) => {
                 let id = r.wr_id;
-                done_recv(g, r);
+                done_recv(qp, r);
                 Some(id)
             }
             None => return rnr(qp, g, &pkt, drv),

@@ -6,12 +6,13 @@
 mod connect;
 pub(crate) mod inbox;
 pub(crate) mod queue;
+pub(crate) mod recv_ring;
 pub mod state;
 mod wr;
 
 use std::{collections::VecDeque, sync::Arc};
 
-use self::queue::{RecvQueue, SendQueue};
+use self::queue::SendQueue;
 pub use self::{
     connect::{Endpoint, RcParams},
     wr::{Flush, RecvWr, SendWr, Tso, UdDest},
@@ -131,8 +132,9 @@ pub struct QpAttr {
 ///
 /// Laid out in declaration order (`repr(C)`): what a peer's thread reads and writes when it
 /// delivers a message into this QP on the express path (the state, the responder's sequence
-/// numbers, the receive queue's indices) comes first, on the lock's cache lines (see
-/// [`QpShared`]), so that a delivery from another core misses on as few lines as it can.
+/// numbers) comes first, on the lock's cache lines (see [`QpShared`]), so that a delivery
+/// from another core misses on as few lines as it can. (The receive queue is not here: the
+/// application posts to it without the lock, see [`recv_ring`].)
 #[derive(Debug)]
 #[repr(C)]
 pub(crate) struct QpInner {
@@ -140,7 +142,6 @@ pub(crate) struct QpInner {
     /// Path MTU in bytes (from `path_mtu`).
     pub(crate) mtu: u32,
     pub(crate) resp: Responder,
-    pub(crate) rq: RecvQueue,
     /// Attributes as last set by `modify` (what `query` reports, with live PSNs).
     pub(crate) attr: QpAttr,
     pub(crate) sq: SendQueue,
@@ -216,6 +217,8 @@ pub(crate) struct QpShared {
     pub(crate) async_events: EventCount,
     /// An opaque word for the embedding layer (the C shim keeps its `ibv_qp` pointer here).
     user_data: std::sync::atomic::AtomicUsize,
+    /// The receive queue: posted to without `inner`, consumed under it.
+    pub(crate) rq: recv_ring::RecvRing,
 }
 
 impl QpShared {
@@ -276,10 +279,10 @@ impl QpShared {
     fn stop(&self) {
         let mut g = self.inner.lock();
         self.part(&g);
-        g.state = QpState::RESET;
+        set_state(self, &mut g, QpState::RESET);
         g.lane = None;
         g.sq.clear();
-        g.rq.clear();
+        self.rq.clear();
         self.inbox.clear();
     }
 }
@@ -561,7 +564,6 @@ impl Qp {
                     state: QpState::RESET,
                     attr: QpAttr { cap, port_num: 1, ..Default::default() },
                     sq: SendQueue::new(cap.max_send_wr),
-                    rq: RecvQueue::new(cap.max_recv_wr),
                     req: Requester::default(),
                     resp: Responder::default(),
                     mtu: 256,
@@ -580,6 +582,7 @@ impl Qp {
                 async_events: EventCount::default(),
                 heard: Default::default(),
                 user_data: Default::default(),
+                rq: recv_ring::RecvRing::new(cap.max_recv_wr),
             })
         });
         match made {
@@ -914,24 +917,15 @@ impl Qp {
     }
 
     /// `ibv_post_recv` of a list; see [`Qp::post_send_list`] for the failure index.
+    ///
+    /// Posting takes no lock the QP's data path takes (see `qp::recv_ring`): a message that
+    /// found no receive was answered with an RNR NAK and comes again, so a receive posted
+    /// leaves nothing to service.
     pub fn post_recv_list(&self, wrs: &[RecvWr<'_>]) -> Result<(), (usize, Error)> {
-        let qp = &self.0;
-        let mut res = Ok(());
-        let mut g = qp.inner.lock();
         for (i, wr) in wrs.iter().enumerate() {
-            if let Err(e) = engine::responder::post_recv(qp, &mut g, wr) {
-                res = Err((i, e));
-                break;
-            }
+            engine::responder::post_recv(&self.0, wr).map_err(|e| (i, e))?;
         }
-        // A receive changes nothing for a QP with no packet waiting and nothing to send.
-        if !engine::idle(qp, &g) {
-            let mut drv = Driver::new(&qp.ctx.fabric);
-            drv.service(qp, &mut g);
-            drop(g);
-            drv.finish();
-        }
-        res
+        Ok(())
     }
 
     /// `ibv_destroy_qp`: the QP leaves the fabric at once (packets to it are dropped, its
@@ -952,6 +946,12 @@ impl Qp {
         self.0.release();
         Ok(())
     }
+}
+
+/// Sets the QP's state (under its lock), and the receive queue's mirror of it.
+pub(crate) fn set_state(qp: &QpShared, g: &mut QpInner, state: QpState) {
+    g.state = state;
+    qp.rq.set_state(state);
 }
 
 /// Stores the attributes named by `mask`.
@@ -1059,9 +1059,9 @@ fn transition(
     }
     match next {
         QpState::RESET => {
-            g.state = QpState::RESET;
+            set_state(qp, g, QpState::RESET);
             g.sq.clear();
-            g.rq.clear();
+            qp.rq.clear();
             g.req = Requester::default();
             g.resp = Responder::default();
             g.attr = QpAttr { cap: qp.cap, port_num: g.attr.port_num, ..Default::default() };
@@ -1073,11 +1073,11 @@ fn transition(
         }
         QpState::ERR => engine::enter_error(qp, g),
         QpState::SQD => {
-            g.state = QpState::SQD;
+            set_state(qp, g, QpState::SQD);
             drv.service(qp, g);
         }
         _ => {
-            g.state = next;
+            set_state(qp, g, next);
             // The connecting transitions take up the options asked for, as far as the device
             // offers them (mlx5's firmware answers each with the negotiated set).
             if g.ece_wanted != 0 && matches!(next, QpState::INIT | QpState::RTR | QpState::RTS) {

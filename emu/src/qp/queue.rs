@@ -153,8 +153,9 @@ impl SendQueue {
     }
 }
 
-/// The receive queue: `tail..head` are posted and unconsumed. (Indices first, then the
-/// ring's slot pointer: see `QpInner`.)
+/// An SRQ's or a WQ's receive queue, under its owner's lock: `tail..head` are posted and
+/// unconsumed. (A QP's is a [`RecvRing`](super::recv_ring::RecvRing), posted to without the
+/// QP's lock.)
 #[derive(Debug)]
 #[repr(C)]
 pub(crate) struct RecvQueue {
