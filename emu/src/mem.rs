@@ -368,6 +368,7 @@ impl MemRegion {
 
     /// Copies `len` bytes from `src` at `src_off` to `dst` at `dst_off`. The two regions may
     /// overlap (two MRs over the same buffer, or loopback).
+    #[inline(always)]
     pub(crate) fn copy(
         src: &MemRegion,
         src_off: usize,

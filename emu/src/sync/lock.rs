@@ -80,6 +80,15 @@ impl RawLock {
         !self.locked.load(Ordering::Relaxed) && !self.bias.owner_in()
     }
 
+    /// Takes the lock by its word: once the bias is revoked, an uncontended take is one
+    /// compare-and-swap (out of line, so that every caller's inlined `lock` stays small).
+    #[inline(never)]
+    fn lock_word(&self) {
+        if !(self.bias.is_revoked() && self.try_word()) {
+            self.lock_slow();
+        }
+    }
+
     /// Takes the lock once the bias is not the calling thread's.
     #[cold]
     #[inline(never)]
@@ -164,10 +173,8 @@ unsafe impl parking_lot::lock_api::RawMutex for RawLock {
 
     #[inline]
     fn lock(&self) {
-        // Once the bias is revoked, an uncontended take is one compare-and-swap, in line.
-        let taken = self.enter_biased() || self.bias.is_revoked() && self.try_word();
-        if !taken {
-            self.lock_slow();
+        if !self.enter_biased() {
+            self.lock_word();
         }
     }
 
