@@ -170,7 +170,8 @@ pub(crate) struct Node {
     /// Held (flock) while this node lives; the kernel drops it with the process.
     _lock: File,
     inbound: Arc<Inbound>,
-    peers: Mutex<FxHashMap<u8, Arc<Peer>>>,
+    /// (The QP lock's kind: looked up for every message sent, by one thread at a time.)
+    peers: crate::sync::lock::Lock<FxHashMap<u8, Arc<Peer>>>,
     /// The other nodes' slots as last listed, for datagrams and frames to every node.
     others: Mutex<Listing>,
     fabric: Weak<FabricInner>,
@@ -354,7 +355,7 @@ impl Node {
         std::thread::Builder::new()
             .name(format!("rdma-emu-node{slot}"))
             .spawn(move || read_loop(&reader, &weak))?;
-        let (peers, others) = (Mutex::default(), Mutex::default());
+        let (peers, others) = (Default::default(), Mutex::default());
         let exports = Exports::create().ok();
         Ok(Node { slot, dir, _lock: lock, inbound, peers, others, fabric, exports })
     }

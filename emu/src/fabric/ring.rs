@@ -44,8 +44,6 @@ use std::{
     },
 };
 
-use parking_lot::Mutex;
-
 use crate::mem::PeerProcess;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"REMURNG1");
@@ -105,8 +103,9 @@ pub(crate) struct Ring {
     from: Option<Arc<PeerProcess>>,
     /// Writer side: where the next record goes (the shared `tail` is only published to).
     write_to: AtomicU64,
-    /// Reader side: what has been read and not yet freed.
-    reading: Mutex<Reading>,
+    /// Reader side: what has been read and not yet freed. (The QP lock's kind: taken twice
+    /// per record, by one thread at a time, mostly the same one.)
+    reading: crate::sync::lock::Lock<Reading>,
     /// `reading.next`, for a look at whether records wait that takes no lock.
     read_to: AtomicU64,
     /// The ring's file, as ThreadSanitizer's sync object (see [`tsan`]).
@@ -238,7 +237,7 @@ impl Ring {
             fd,
             from,
             write_to: AtomicU64::new(0),
-            reading: Mutex::default(),
+            reading: Default::default(),
             read_to: AtomicU64::new(0),
         })
     }

@@ -7,13 +7,13 @@ use std::{
     sync::atomic::{AtomicUsize, Ordering},
 };
 
-use parking_lot::Mutex;
-
-use crate::engine::packet::Packet;
+use crate::{engine::packet::Packet, sync::lock::Lock};
 
 #[derive(Debug, Default)]
 pub(crate) struct Inbox {
-    queue: Mutex<VecDeque<Packet>>,
+    /// (The QP lock's kind: one thread pushing and taking, as a polling application that
+    /// takes its messages in does, takes no locked instruction.)
+    queue: Lock<VecDeque<Packet>>,
     /// The queue's length, written under its lock.
     len: AtomicUsize,
 }
