@@ -1490,7 +1490,12 @@ struct Peer {
     incarnation: u128,
     /// Our slot, as the source of what we send.
     src: u8,
-    tx: Mutex<PeerTx>,
+    /// (The QP lock's kind: taken for every message sent.)
+    tx: crate::sync::lock::Lock<PeerTx>,
+    /// The flusher sleeps on `cv` with `wake` held while it finds the backlog empty; a sender
+    /// that queued to the backlog takes `wake` to ring it, so the ring cannot come between
+    /// the flusher's look and its sleep.
+    wake: Mutex<()>,
     cv: Condvar,
     /// The peer (or this node) is gone: its flusher and any sender waiting for room stop.
     shutdown: AtomicBool,
@@ -1526,7 +1531,8 @@ impl Peer {
             path,
             incarnation,
             src,
-            tx: Mutex::default(),
+            tx: Default::default(),
+            wake: Mutex::new(()),
             cv: Condvar::new(),
             shutdown: AtomicBool::new(false),
             seen_stopped: Mutex::new(None),
@@ -1572,7 +1578,7 @@ impl Peer {
     /// Stops its flusher: the peer (or this node) is gone.
     fn shut(&self) {
         self.shutdown.store(true, Ordering::Release);
-        let _tx = self.tx.lock();
+        let _w = self.wake.lock();
         self.cv.notify_all();
     }
 
@@ -1628,6 +1634,8 @@ impl Peer {
                     tx.flusher_started = false;
                 }
             }
+            drop(tx);
+            let _w = self.wake.lock();
             self.cv.notify_one();
         }
     }
@@ -1713,19 +1721,21 @@ impl Peer {
         let mut sock: Option<UnixDatagram> = None;
         loop {
             let (d, ring) = {
-                let mut tx = self.tx.lock();
-                tx.flushing = false;
-                let d = loop {
-                    if self.shutdown.load(Ordering::Acquire) {
-                        return;
+                let mut w = self.wake.lock();
+                loop {
+                    {
+                        let mut tx = self.tx.lock();
+                        tx.flushing = false;
+                        if self.shutdown.load(Ordering::Acquire) {
+                            return;
+                        }
+                        if let Some(d) = tx.backlog.pop_front() {
+                            tx.flushing = true;
+                            break (d, tx.ring.clone());
+                        }
                     }
-                    if let Some(d) = tx.backlog.pop_front() {
-                        break d;
-                    }
-                    self.cv.wait(&mut tx);
-                };
-                tx.flushing = true;
-                (d, tx.ring.clone())
+                    self.cv.wait(&mut w);
+                }
             };
             let sent = match ring {
                 Some(r) => self.flush_to_ring(&r, &d, &mut sock),
