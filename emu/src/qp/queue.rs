@@ -84,6 +84,24 @@ pub(crate) struct RecvWqe {
     pub(crate) sges: Sges,
 }
 
+impl RecvWqe {
+    /// `wr`, once it passed [`RecvWqe::check`], into this slot (keeping the list's allocation).
+    pub(crate) fn fill(&mut self, wr: &RecvWr<'_>) {
+        self.wr_id = wr.wr_id;
+        self.sges.clear();
+        self.sges.extend_from_slice(wr.sg_list);
+    }
+
+    /// What every receive queue checks of a receive posted to it that has room: `EINVAL`
+    /// when it has more than `max_sge` SGEs.
+    pub(crate) fn check(wr: &RecvWr<'_>, max_sge: u32) -> Result<()> {
+        if wr.sg_list.len() > max_sge as usize {
+            return Err(einval("num_sge above max_sge"));
+        }
+        Ok(())
+    }
+}
+
 /// A receive's scatter list: one SGE (the common receive) in the WQE itself, so the thread
 /// that delivers into it reads one line the poster wrote, not a second one on the heap.
 pub(crate) type Sges = smallvec::SmallVec<[Sge; 1]>;
@@ -185,14 +203,9 @@ impl RecvQueue {
         if self.len() >= self.depth {
             return Err(Error::new(Errno::ENOMEM, what));
         }
-        if wr.sg_list.len() > max_sge as usize {
-            return Err(einval("num_sge above max_sge"));
-        }
+        RecvWqe::check(wr, max_sge)?;
         let head = self.head;
-        let wqe = self.ring.at_mut(head);
-        wqe.wr_id = wr.wr_id;
-        wqe.sges.clear();
-        wqe.sges.extend_from_slice(wr.sg_list);
+        self.ring.at_mut(head).fill(wr);
         self.head = head.wrapping_add(1);
         Ok(())
     }

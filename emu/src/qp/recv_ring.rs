@@ -34,7 +34,7 @@ use parking_lot::Mutex;
 
 use super::{RecvWr, queue::RecvWqe};
 use crate::{
-    error::{Errno, Error, Result, einval},
+    error::{Errno, Error, Result},
     sync::barrier,
     types::QpState,
 };
@@ -152,17 +152,12 @@ impl RecvRing {
                 return Err(Error::new(Errno::ENOMEM, what));
             }
         }
-        if wr.sg_list.len() > max_sge as usize {
-            return Err(einval("num_sge above max_sge"));
-        }
+        RecvWqe::check(wr, max_sge)?;
         let slot = self.slot_made(head);
         // SAFETY: the slot's previous WQE (counter `head - slots`) is behind a `tail` the
         // consumer published and we read with acquire (now or at an earlier look: `tail`
         // only grows), so the consumer is done with it; posters hold `poster`.
-        let wqe = unsafe { &mut *slot.wqe.get() };
-        wqe.wr_id = wr.wr_id;
-        wqe.sges.clear();
-        wqe.sges.extend_from_slice(wr.sg_list);
+        unsafe { (*slot.wqe.get()).fill(wr) };
         slot.seq.store(head.wrapping_add(1), Ordering::Release);
         p.head = head.wrapping_add(1);
         drop(p);
