@@ -65,13 +65,28 @@ fn wrapped(side: &(String, Option<String>), prog: &str) -> Command {
     c
 }
 
-/// Whether process `pid` (in whatever network namespace) has a socket listening on `port`.
+/// Whether process `pid` (in whatever network namespace) has a socket listening on `port`:
+/// one of its own (the namespace's table lists every process's sockets, and another test's
+/// program may listen on the same port number meanwhile), found by the inodes of its fds.
 fn listening_in(pid: u32, port: u16) -> bool {
+    let own: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .filter_map(|l| {
+            let l = l.to_string_lossy();
+            Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_owned())
+        })
+        .collect();
     ["tcp", "tcp6"].iter().any(|f| {
         let table = std::fs::read_to_string(format!("/proc/{pid}/net/{f}")).unwrap_or_default();
         table.lines().skip(1).any(|l| {
             let cols: Vec<&str> = l.split_whitespace().collect();
-            cols.len() > 3 && cols[3] == "0A" && cols[1].ends_with(&format!(":{port:04X}"))
+            cols.len() > 9
+                && cols[3] == "0A"
+                && cols[1].ends_with(&format!(":{port:04X}"))
+                && own.iter().any(|i| i == cols[9])
         })
     })
 }
