@@ -52,9 +52,20 @@ fn how() -> u8 {
     }
 }
 
-/// The frequent side.
+/// The frequent side: one load and one compare where the system call is used (a work request
+/// passes a dozen of these, a cross-process message three dozen).
 #[inline]
 pub(crate) fn light() {
+    if HOW.load(Ordering::Acquire) == SYSCALL {
+        compiler_fence(Ordering::SeqCst);
+    } else {
+        light_undecided_or_fenced();
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn light_undecided_or_fenced() {
     if how() == SYSCALL {
         compiler_fence(Ordering::SeqCst);
     } else {
