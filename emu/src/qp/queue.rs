@@ -88,8 +88,14 @@ impl RecvWqe {
     /// `wr`, once it passed [`RecvWqe::check`], into this slot (keeping the list's allocation).
     pub(crate) fn fill(&mut self, wr: &RecvWr<'_>) {
         self.wr_id = wr.wr_id;
-        self.sges.clear();
-        self.sges.extend_from_slice(wr.sg_list);
+        match (wr.sg_list, &mut self.sges[..]) {
+            // The common receive, into a slot that held one before: a store.
+            ([new], [old]) => *old = *new,
+            (list, _) => {
+                self.sges.clear();
+                self.sges.extend_from_slice(list);
+            }
+        }
     }
 
     /// What every receive queue checks of a receive posted to it that has room: `EINVAL`

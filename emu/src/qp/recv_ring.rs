@@ -64,6 +64,9 @@ pub(crate) struct RecvRing {
     state: AtomicU32,
     depth: u32,
     mask: u32,
+    /// Slots per chunk, as a power of two (a division by it is a division instruction, whose
+    /// latency sat on every post and every take).
+    chunk_shift: u32,
     chunks: Box<[OnceLock<Box<[Slot]>>]>,
 }
 
@@ -95,35 +98,36 @@ impl RecvRing {
             state: AtomicU32::new(QpState::RESET.0),
             depth,
             mask: slots - 1,
+            chunk_shift: slots.min(CHUNK).trailing_zeros(),
             chunks: (0..chunks).map(|_| OnceLock::new()).collect(),
         }
     }
 
-    fn chunk_len(&self) -> u32 {
-        (self.mask + 1).min(CHUNK)
+    /// Where counter `c`'s slot is: its chunk, and its place in the chunk.
+    #[inline]
+    fn place(&self, c: u32) -> (usize, usize) {
+        let i = c & self.mask;
+        ((i >> self.chunk_shift) as usize, (i & ((1 << self.chunk_shift) - 1)) as usize)
     }
 
     /// The slot of counter `c`, if posting ever reached it.
     #[inline]
     fn slot(&self, c: u32) -> Option<&Slot> {
-        let i = c & self.mask;
-        let n = self.chunk_len();
-        let chunk = self.chunks[(i / n) as usize].get()?;
-        Some(&chunk[(i % n) as usize])
+        let (chunk, at) = self.place(c);
+        Some(&self.chunks[chunk].get()?[at])
     }
 
     /// The slot of counter `c`, made (with its chunk) if posting never reached it.
     fn slot_made(&self, c: u32) -> &Slot {
-        let i = c & self.mask;
-        let n = self.chunk_len();
-        let first = i / n * n;
-        let chunk = self.chunks[(i / n) as usize].get_or_init(|| {
+        let (chunk, at) = self.place(c);
+        let slots = self.chunks[chunk].get_or_init(|| {
+            let first = (chunk as u32) << self.chunk_shift;
             // A slot's word starts at its own index: never the `index + 1` that publishes its
             // first WQE.
             let slot = |j: u32| Slot { seq: AtomicU32::new(first + j), wqe: Default::default() };
-            (0..n).map(slot).collect()
+            (0..1 << self.chunk_shift).map(slot).collect()
         });
-        &chunk[(i % n) as usize]
+        &slots[at]
     }
 
     /// The QP's state changed (called under the QP's lock): what posters check. Entering ERR
@@ -285,6 +289,28 @@ mod tests {
             let mut taken = vec![];
             rq.drain(|id| taken.push(id));
             assert_eq!(taken, [1, 2, 3].map(|i| i + 10 * round), "read back once, in order");
+        }
+    }
+
+    #[test]
+    fn a_queue_of_several_chunks_gives_each_receive_its_own_scatter_list() {
+        // 200 receives deep: four chunks of 64 slots; each lap reuses every slot with a list
+        // of another length than the lap before (one SGE after two, none after one...).
+        let rq = RecvRing::new(200);
+        let sges: Vec<Sge> =
+            (0..3).map(|i| Sge { addr: 0x1000 * (i + 1), length: 8, lkey: 1 }).collect();
+        for lap in 0..6u64 {
+            for n in 0..200u64 {
+                let k = ((n + lap) % 3) as usize;
+                rq.post(&wr(lap * 1000 + n, &sges[..k]), 3, "full").unwrap();
+            }
+            for n in 0..200u64 {
+                let k = ((n + lap) % 3) as usize;
+                let (wr_id, list, t) = rq.take_out().unwrap();
+                assert_eq!((wr_id, &list[..]), (lap * 1000 + n, &sges[..k]));
+                rq.give_back(list, t);
+            }
+            assert!(rq.is_empty());
         }
     }
 
