@@ -47,9 +47,12 @@ pub(crate) fn psn_add(a: u32, n: u32) -> u32 {
     a.wrapping_add(n) & PSN_MASK
 }
 
-/// Number of packets (PSNs) a message of `len` bytes occupies at `mtu`.
+/// Number of packets (PSNs) a message of `len` bytes occupies at `mtu`, a path MTU (a power
+/// of two: a shift, where a division's latency sat on every work request).
 pub(crate) fn packets_for(len: u32, mtu: u32) -> u32 {
-    len.div_ceil(mtu).max(1)
+    debug_assert!(mtu.is_power_of_two(), "path MTU {mtu}");
+    let n = (u64::from(len) + u64::from(mtu) - 1) >> mtu.trailing_zeros();
+    (n as u32).max(1)
 }
 
 /// RNR NAK timer codes to nanoseconds (IBA Table 45).
@@ -397,6 +400,9 @@ mod test {
         assert_eq!(packets_for(0, 1024), 1);
         assert_eq!(packets_for(1024, 1024), 1);
         assert_eq!(packets_for(1025, 1024), 2);
+        assert_eq!(packets_for(1 << 31, 256), 1 << 23);
+        assert_eq!(packets_for(u32::MAX, 4096), (1 << 20));
+        assert_eq!(packets_for(4097, 4096), 2);
         assert_eq!(rnr_delay_ns(1), 10_000);
         assert_eq!(rnr_delay_ns(0), 655_360_000);
         assert_eq!(ack_timeout_ns(0), None);
