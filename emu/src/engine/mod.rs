@@ -113,9 +113,11 @@ impl<'f> Driver<'f> {
         *self.now.get_or_insert_with(|| self.fabric.now())
     }
 
-    /// Drives at `now`, an instant its caller read just before (no second clock read).
-    pub(crate) fn set_now(&mut self, now: u64) {
-        self.now = Some(now);
+    /// The driver, driving at `now` if its caller read the time just before (no second
+    /// clock read).
+    pub(crate) fn at(mut self, now: Option<u64>) -> Driver<'f> {
+        self.now = now.or(self.now);
+        self
     }
 
     /// Hands `pkt` to its destination QP, found through `route` (the sender's cache). A packet
@@ -229,6 +231,16 @@ impl<'f> Driver<'f> {
         self.depth -= 1;
     }
 
+    /// Services `qp` with `pkt` first: a packet that came while nothing waited in the QP's
+    /// inbox (looked at under its lock, `g`) is handled at once, not queued and taken back.
+    pub(crate) fn service_arrival(&mut self, qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet) {
+        debug_assert!(qp.inbox.is_empty(), "a packet goes behind those that came before it");
+        self.enter(Arc::as_ptr(qp));
+        handle(qp, g, pkt, self);
+        step(qp, g, self);
+        self.depth -= 1;
+    }
+
     /// Services every QP that has packets until none has, then arms timers.
     pub(crate) fn finish(mut self) {
         while let Some(qp) = self.ready.pop() {
@@ -302,11 +314,7 @@ pub(crate) fn step(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>) {
         qp.inbox.take_into(&mut g.batch);
         let had = !g.batch.is_empty();
         while let Some(pkt) = g.batch.pop_front() {
-            if pkt.kind.is_request() || pkt.kind == Kind::XrcResult {
-                responder::receive(qp, g, pkt, drv);
-            } else {
-                completer::receive(qp, g, pkt, drv);
-            }
+            handle(qp, g, pkt, drv);
         }
         let sent = requester::run(qp, g, drv);
         if !had && !sent {
@@ -315,6 +323,17 @@ pub(crate) fn step(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>) {
     }
     let waiting = g.sq.in_flight() > 0 || g.req.rnr_until.is_some();
     drv.note_timer(qp, waiting && matches!(g.state, QpState::RTS | QpState::SQD));
+}
+
+/// One packet taken from the QP's inbox (or that found it empty): to its responder or its
+/// requester's completer.
+#[inline]
+fn handle(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>) {
+    if pkt.kind.is_request() || pkt.kind == Kind::XrcResult {
+        responder::receive(qp, g, pkt, drv);
+    } else {
+        completer::receive(qp, g, pkt, drv);
+    }
 }
 
 /// A packet that came in through a wire port: on its way to its QP it meets the fault rules

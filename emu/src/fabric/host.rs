@@ -1050,9 +1050,11 @@ struct Batch<'a> {
     /// The time, read once for the batch (as a driver reads it once per drive), and handed
     /// to the driver that services what the batch took in.
     now: Option<u64>,
+    /// The driver of the QPs serviced as their packets were taken in, if any was.
+    drv: Option<Driver<'a>>,
 }
 
-impl Batch<'_> {
+impl<'a> Batch<'a> {
     fn dropped(&self, why: Refused) {
         if let Some(d) = self.drops {
             Drops::count(match why {
@@ -1063,7 +1065,7 @@ impl Batch<'_> {
     }
 
     /// Takes one datagram or ring record in.
-    fn take(&mut self, fabric: &FabricInner, partial: &mut Partials, a: Arrived<'_>) {
+    fn take(&mut self, fabric: &'a FabricInner, partial: &mut Partials, a: Arrived<'_>) {
         self.took = true;
         let d = a.bytes();
         let Some(h) = FrameHead::parse(d) else { return self.dropped(Refused::Malformed) };
@@ -1109,6 +1111,19 @@ impl Batch<'_> {
         let named =
             |q: &Arc<crate::qp::QpShared>| q.qpn == pkt.dst_qpn && q.device_index() == pkt.dst_dev;
         let Some(qp) = to.filter(named) else { return };
+        // A QP nobody is servicing takes its packet at once: one that waits for nothing
+        // before it is handled without going through the inbox; the others go behind theirs.
+        if let Some(mut g) = qp.inner.try_lock() {
+            let now = self.now;
+            let drv = self.drv.get_or_insert_with(|| Driver::new(fabric).at(now));
+            if qp.inbox.is_empty() {
+                drv.service_arrival(&qp, &mut g, pkt);
+            } else {
+                qp.inbox.push(pkt);
+                drv.service(&qp, &mut g);
+            }
+            return;
+        }
         qp.inbox.push(pkt);
         if !self.ready.iter().any(|q| Arc::ptr_eq(q, &qp)) {
             self.ready.push(qp);
@@ -1176,18 +1191,18 @@ impl Batch<'_> {
 
     /// Whether it took in anything to deliver.
     fn holds_any(&self) -> bool {
-        !self.ready.is_empty() || !self.multicast.is_empty() || !self.xrc.is_empty()
+        !self.ready.is_empty()
+            || !self.multicast.is_empty()
+            || !self.xrc.is_empty()
+            || self.drv.is_some()
     }
 
     /// Services what it took in (see `holds_any`). Out of line, once per batch that took
     /// something, so that `ci.sh bench` counts it apart from the empty looks around it.
     #[inline(never)]
     fn deliver(self, fabric: &FabricInner) {
-        let Batch { ready, multicast, xrc, now, .. } = self;
-        let mut drv = Driver::new(fabric);
-        if let Some(now) = now {
-            drv.set_now(now);
-        }
+        let Batch { ready, multicast, xrc, now, drv, .. } = self;
+        let mut drv = drv.unwrap_or_else(|| Driver::new(fabric).at(now));
         for qp in ready {
             let mut g = qp.inner.lock();
             drv.service(&qp, &mut g);
