@@ -242,13 +242,19 @@ impl<'f> Driver<'f> {
 
     /// Services every QP that has packets until none has, then arms timers.
     pub(crate) fn finish(mut self) {
+        self.run_out();
+    }
+
+    /// [`Driver::finish`], where the driver is (a driver moved is a copy of its lists).
+    #[inline(never)]
+    pub(crate) fn run_out(&mut self) {
         while let Some(qp) = self.ready.pop() {
             let mut g = qp.inner.lock();
             self.service(&qp, &mut g);
         }
         while let Some(qp) = self.check_timers.pop() {
             let mut g = qp.inner.lock();
-            requester::arm_timers(&qp, &mut g, &mut self);
+            requester::arm_timers(&qp, &mut g, self);
         }
     }
 }
@@ -257,15 +263,8 @@ impl Drop for Driver<'_> {
     /// Finishing is what makes progress; a driver is never dropped with work pending.
     fn drop(&mut self) {
         if !self.ready.is_empty() || !self.check_timers.is_empty() {
-            let d = Driver {
-                fabric: self.fabric,
-                ready: std::mem::take(&mut self.ready),
-                check_timers: std::mem::take(&mut self.check_timers),
-                active: [std::ptr::null(); 2],
-                depth: 0,
-                now: self.now,
-            };
-            d.finish();
+            self.depth = 0;
+            self.run_out();
         }
     }
 }

@@ -1200,24 +1200,24 @@ impl<'a> Batch<'a> {
     /// Services what it took in (see `holds_any`). Out of line, once per batch that took
     /// something, so that `ci.sh bench` counts it apart from the empty looks around it.
     #[inline(never)]
-    fn deliver(self, fabric: &FabricInner) {
-        let Batch { ready, multicast, xrc, now, drv, .. } = self;
-        let mut drv = drv.unwrap_or_else(|| Driver::new(fabric).at(now));
-        for qp in ready {
+    fn deliver(&mut self, fabric: &'a FabricInner) {
+        let now = self.now;
+        let drv = self.drv.get_or_insert_with(|| Driver::new(fabric).at(now));
+        for qp in self.ready.drain(..) {
             let mut g = qp.inner.lock();
             drv.service(&qp, &mut g);
         }
-        for pkt in &multicast {
+        for pkt in &self.multicast {
             if pkt.kind == Kind::Raw {
-                engine::raw::arrived(fabric, pkt, &mut drv);
+                engine::raw::arrived(fabric, pkt, drv);
             } else {
-                engine::fan_out(fabric, pkt, &mut drv);
+                engine::fan_out(fabric, pkt, drv);
             }
         }
-        for pkt in xrc {
-            engine::xrc::deliver(fabric, pkt, &mut drv);
+        for pkt in self.xrc.drain(..) {
+            engine::xrc::deliver(fabric, pkt, drv);
         }
-        drv.finish();
+        drv.run_out();
     }
 }
 

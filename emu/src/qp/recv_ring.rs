@@ -147,6 +147,7 @@ impl RecvRing {
     /// Posts a receive: `ENOMEM` when the queue is full, `EINVAL` when it has more than
     /// `max_sge` SGEs (`what` names the queue in the error). Whether the QP was in ERR once
     /// the receive was visible to its consumer: the caller must then flush the queue.
+    #[inline]
     pub(crate) fn post(&self, wr: &RecvWr<'_>, max_sge: u32, what: &'static str) -> Result<bool> {
         let mut p = self.poster.lock();
         let head = p.head;
