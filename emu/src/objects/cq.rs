@@ -446,6 +446,7 @@ impl Cq {
     }
 
     /// Polls one completion.
+    #[inline]
     pub fn poll_one(&self) -> Option<Wc> {
         match self.pop() {
             // As `poll`, without a buffer to copy through.
