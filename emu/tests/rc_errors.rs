@@ -129,6 +129,28 @@ fn bad_local_lkey_is_loc_prot_err() {
 }
 
 #[test]
+fn an_atomic_whose_result_buffer_is_not_writable_is_loc_prot_err() {
+    // Its result buffer is checked when the result comes back, after the responder executed
+    // it (as rxe's completer does): the remote word moved, the local buffer did not. The same
+    // whether the express path or the packet path carries it.
+    for express in [true, false] {
+        let (f, a, b) = pair(Profile::Full);
+        f.set_express(express);
+        b.mr.write(0, &5u64.to_ne_bytes()).unwrap();
+        let ro = a.pd.reg_mr(64, AccessFlags::empty()).unwrap();
+        let res = [sge(&ro, 0, 8)];
+        a.qp.post_send(&SendWr::fetch_add(1, &res, b.mr.addr(), b.mr.rkey(), 3)).unwrap();
+        let wc = wait1(&a.cq);
+        assert_eq!((wc.wr_id, wc.status), (1, WcStatus::LOC_PROT_ERR), "express {express}");
+        assert_eq!(a.qp.state(), QpState::ERR);
+        let (mut word, mut kept) = ([0u8; 8], [0u8; 8]);
+        b.mr.read(0, &mut word).unwrap();
+        ro.read(0, &mut kept).unwrap();
+        assert_eq!((u64::from_ne_bytes(word), kept), (8, [0; 8]), "express {express}");
+    }
+}
+
+#[test]
 fn bad_receive_sge_is_loc_prot_err_there_and_rem_op_err_here() {
     let (_f, a, b) = pair(Profile::Full);
     post_recv(&b.qp, 3, &[Sge { addr: b.mr.addr(), length: 64, lkey: 0x7700 }]);

@@ -298,7 +298,13 @@ fn run(
             };
             // An atomic must be aligned in memory (the packet path refuses it otherwise).
             let aligned = region.host_addr().wrapping_add(off as u64) % 8 == 0;
-            if !aligned || !reaches(&lkeys, &qp.pd, wqe.sges, 8) {
+            // The common result buffer, one SGE, found at once (before the remote word is
+            // touched, as the general check below).
+            let one = match wqe.sges {
+                [s] if s.length >= 8 => Some(local_range(&lkeys, &qp.pd, s, true)?),
+                _ => None,
+            };
+            if !aligned || one.is_none() && !reaches(&lkeys, &qp.pd, wqe.sges, 8) {
                 return None;
             }
             let op = if kind == Kind::CompareSwap {
@@ -307,8 +313,12 @@ fn run(
                 region.fetch_add(off, wqe.compare_add)
             };
             let Ok(orig) = op else { return None };
-            let word = orig.to_ne_bytes();
-            if !copy(std::iter::once(Src::Bytes(&word)), ranges(&lkeys, wqe.sges, 8)) {
+            let word = Src::Bytes(&orig.to_ne_bytes());
+            let copied = match one {
+                Some((into, at)) => copy_piece(word, 0, into, at, 8),
+                None => copy(std::iter::once(word), ranges(&lkeys, wqe.sges, 8)),
+            };
+            if !copied {
                 return None;
             }
             responder::remember(&mut dg, Replay::Atomic { psn, orig });
