@@ -298,13 +298,9 @@ fn run(
             };
             // An atomic must be aligned in memory (the packet path refuses it otherwise).
             let aligned = region.host_addr().wrapping_add(off as u64) % 8 == 0;
-            // The common result buffer, one SGE, found at once (before the remote word is
-            // touched, as the general check below).
-            let one = match wqe.sges {
-                [s] if s.length >= 8 => Some(local_range(&lkeys, &qp.pd, s, true)?),
-                _ => None,
-            };
-            if !aligned || one.is_none() && !reaches(&lkeys, &qp.pd, wqe.sges, 8) {
+            // The result buffer is checked before the remote word is touched.
+            let into = scatter(&lkeys, &qp.pd, wqe.sges, 8)?;
+            if !aligned {
                 return None;
             }
             let op = if kind == Kind::CompareSwap {
@@ -314,11 +310,7 @@ fn run(
             };
             let Ok(orig) = op else { return None };
             let word = Src::Bytes(&orig.to_ne_bytes());
-            let copied = match one {
-                Some((into, at)) => copy_piece(word, 0, into, at, 8),
-                None => copy(std::iter::once(word), ranges(&lkeys, wqe.sges, 8)),
-            };
-            if !copied {
+            if !into.fill(&lkeys, wqe.sges, word, 8) {
                 return None;
             }
             responder::remember(&mut dg, Replay::Atomic { psn, orig });
@@ -388,6 +380,42 @@ pub(super) fn reaches(keys: &KeyTable, pd: &Arc<PdInner>, sges: &[Sge], len: u32
             left -= left.min(s.length as u64);
             ok
         })
+}
+
+/// Where a message lands in a scatter list that [`scatter`] checked.
+pub(super) enum Scatter<'k> {
+    /// The common case: one SGE that holds it all, found at once.
+    One(&'k MemRegion, usize),
+    /// Any other list, walked again by [`ranges`] to copy.
+    List,
+}
+
+/// Where a message of `len` bytes lands in `sges`, if they take it as the packet path's scatter
+/// checks them (see [`reaches`]).
+#[inline(always)]
+pub(super) fn scatter<'k>(
+    keys: &'k KeyTable,
+    pd: &Arc<PdInner>,
+    sges: &[Sge],
+    len: u32,
+) -> Option<Scatter<'k>> {
+    match sges {
+        [s] if len > 0 && s.length >= len => {
+            local_range(keys, pd, s, true).map(|(region, off)| Scatter::One(region, off))
+        }
+        _ => reaches(keys, pd, sges, len).then_some(Scatter::List),
+    }
+}
+
+impl Scatter<'_> {
+    /// Copies `piece` (`len` bytes) into the list it was found in.
+    #[inline(always)]
+    pub(super) fn fill(self, keys: &KeyTable, sges: &[Sge], piece: Src<'_>, len: u32) -> bool {
+        match self {
+            Scatter::One(region, off) => copy_piece(piece, 0, region, off, len as usize),
+            Scatter::List => copy(std::iter::once(piece), ranges(keys, sges, len)),
+        }
+    }
 }
 
 /// The memory of checked SGEs, in order, up to `len` bytes.

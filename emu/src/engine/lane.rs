@@ -142,17 +142,8 @@ pub(crate) fn post(qp: &Arc<QpShared>, g: &mut QpInner, wr: &SendWr<'_>, f: &Fab
             let copied = match (target, send, sges) {
                 (Some((region, off)), _, _) => express::copy_piece(piece, 0, region, off, len as _),
                 (None, false, _) => true,
-                // The common receive of one SGE that holds the message.
-                (None, true, [s]) if s.length >= len => {
-                    len == 0
-                        || express::local_range(rkeys, pd, s, true).is_some_and(|(region, off)| {
-                            express::copy_piece(piece, 0, region, off, len as usize)
-                        })
-                }
-                (None, true, _) => {
-                    express::reaches(rkeys, pd, sges, len)
-                        && express::copy(std::iter::once(piece), express::ranges(rkeys, sges, len))
-                }
+                (None, true, _) => express::scatter(rkeys, pd, sges, len)
+                    .is_some_and(|into| into.fill(rkeys, sges, piece, len)),
             };
             copied.then_some(())
         };

@@ -1114,8 +1114,7 @@ impl<'a> Batch<'a> {
         // A QP nobody is servicing takes its packet at once: one that waits for nothing
         // before it is handled without going through the inbox; the others go behind theirs.
         if let Some(mut g) = qp.inner.try_lock() {
-            let now = self.now;
-            let drv = self.drv.get_or_insert_with(|| Driver::new(fabric).at(now));
+            let drv = Self::driver(&mut self.drv, fabric, self.now);
             if qp.inbox.is_empty() {
                 drv.service_arrival(&qp, &mut g, pkt);
             } else {
@@ -1189,6 +1188,15 @@ impl<'a> Batch<'a> {
         Ok(true)
     }
 
+    /// The batch's one driver (its `drv`), made on first use at the batch's time.
+    fn driver<'b>(
+        drv: &'b mut Option<Driver<'a>>,
+        fabric: &'a FabricInner,
+        now: Option<u64>,
+    ) -> &'b mut Driver<'a> {
+        drv.get_or_insert_with(|| Driver::new(fabric).at(now))
+    }
+
     /// Whether it took in anything to deliver.
     fn holds_any(&self) -> bool {
         !self.ready.is_empty()
@@ -1201,8 +1209,7 @@ impl<'a> Batch<'a> {
     /// something, so that `ci.sh bench` counts it apart from the empty looks around it.
     #[inline(never)]
     fn deliver(&mut self, fabric: &'a FabricInner) {
-        let now = self.now;
-        let drv = self.drv.get_or_insert_with(|| Driver::new(fabric).at(now));
+        let drv = Self::driver(&mut self.drv, fabric, self.now);
         for qp in self.ready.drain(..) {
             let mut g = qp.inner.lock();
             drv.service(&qp, &mut g);
