@@ -174,12 +174,12 @@ impl CqInner {
     }
 
     /// Puts `wc` on the ring; its sequence number, or `Err` when the ring holds `cqe` already.
-    #[inline]
-    fn enqueue(&self, wc: &Wc) -> Result<u64, Overrun> {
+    #[inline(always)]
+    fn enqueue(&self, wc: impl Fn() -> Wc) -> Result<u64, Overrun> {
         loop {
             let cqe = u64::from(self.cqe.load(Ordering::Relaxed));
             let ring = self.ring();
-            match ring.push(wc, cqe) {
+            match ring.push_with(&wc, cqe) {
                 Ok(pos) => return Ok(self.rebased.load(Ordering::Relaxed) + pos + 1),
                 Err(Refused::Full) => return Err(Overrun),
                 // Closed meanwhile: check against the size it has when it reopens.
@@ -224,13 +224,13 @@ impl CqInner {
     ///
     /// The common path is short and inlined; the overrun and the armed CQ's event are kept out
     /// of line.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn push(self: &Arc<CqInner>, mut wc: Wc, solicited: bool) -> Result<(), Overrun> {
         if self.timestamps {
             wc.timestamp = self.ctx.fabric.now();
         }
         let queued =
-            if self.overrun.load(Ordering::Relaxed) { Err(Overrun) } else { self.enqueue(&wc) };
+            if self.overrun.load(Ordering::Relaxed) { Err(Overrun) } else { self.enqueue(|| wc) };
         let Ok(seq) = queued else {
             return self.overran();
         };

@@ -249,19 +249,29 @@ impl Ring {
     /// found the ring closed (it waited for it to open), `Small` if the ring must grow to
     /// take it. The store that publishes it is a release: the CQ's arming protocol orders it
     /// before the producer's next load (see `CqInner::push`).
-    #[inline(always)]
+    #[cfg(test)]
     pub(crate) fn push(&self, wc: &Wc, cqe: u64) -> Result<u64, Refused> {
+        self.push_with(|| *wc, cqe)
+    }
+
+    /// [`Ring::push`] of the completion `make` returns, built where it is stored: built on the
+    /// stack field by field and then copied into its slot, it was loaded back in wide pieces
+    /// before those stores reached the cache (a load spanning several stores is not forwarded
+    /// from the store buffer: it waits for them). (A thread that polls what it has just
+    /// completed still meets that wait once, as it copies the completion out.)
+    #[inline(always)]
+    pub(crate) fn push_with(&self, make: impl Fn() -> Wc, cqe: u64) -> Result<u64, Refused> {
         if self.tail.enter() {
-            let pushed = self.push_alone(wc, cqe);
+            let pushed = self.push_alone(make, cqe);
             self.tail.bias.leave();
             return pushed;
         }
-        self.push_shared(wc, cqe)
+        self.push_shared(&make(), cqe)
     }
 
-    /// [`Ring::push`] by the only producer (in the tail's bias; closing revokes it first).
+    /// [`Ring::push_with`] by the only producer (in the tail's bias; closing revokes it first).
     #[inline(always)]
-    fn push_alone(&self, wc: &Wc, cqe: u64) -> Result<u64, Refused> {
+    fn push_alone(&self, make: impl Fn() -> Wc, cqe: u64) -> Result<u64, Refused> {
         let tail = self.tail.load(Ordering::Relaxed);
         debug_assert_eq!(tail & CLOSED, 0, "closing revokes the bias first");
         let mut queued = tail.wrapping_sub(self.tail.seen.load(Ordering::Relaxed));
@@ -281,7 +291,7 @@ impl Ring {
         self.tail.store(tail + 1, Ordering::Relaxed);
         // SAFETY: this producer alone claims positions (it is in the bias), and the previous
         // lap's poller released the slot: nobody else touches it until the word publishes it.
-        unsafe { (*slot.wc.get()).write(*wc) };
+        unsafe { (*slot.wc.get()).write(make()) };
         slot.seq.store(self.lap(tail) + 1, Ordering::Release);
         Ok(tail)
     }
