@@ -355,12 +355,8 @@ pub(super) fn local_range<'k>(
     sge: &Sge,
     write: bool,
 ) -> Option<(&'k MemRegion, usize)> {
-    let mr = keys.mr(sge.lkey)?;
-    let fits = Arc::ptr_eq(&mr.pd, pd)
-        && (!write || mr.access.contains(AccessFlags::LOCAL_WRITE))
-        && !mr.region.on_demand();
-    fits.then_some(())?;
-    Some((&mr.region, mr.offset_of(sge.addr, sge.length as u64)?))
+    let access = if write { AccessFlags::LOCAL_WRITE } else { AccessFlags::empty() };
+    keys.range((sge.lkey, false), pd, access, sge.addr, sge.length as u64)
 }
 
 /// The source of one SGE (not empty) as [`local_range`] finds it.
@@ -469,8 +465,7 @@ pub(super) fn remote<'k>(
     if key.2 == 0 {
         return Some(None);
     }
-    let (mr, off) = responder::mr_target(keys, pd, key, access)?.ok()?;
-    (!mr.region.on_demand()).then_some(Some((&mr.region, off)))
+    keys.range((key.0, true), pd, access, key.1, u64::from(key.2)).map(Some)
 }
 
 /// Takes the responder's next receive WQE (from its SRQ if it has one) if `place` succeeds

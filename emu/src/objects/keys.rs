@@ -3,10 +3,12 @@
 
 use std::sync::Arc;
 
-use super::{mr::MrInner, mw::MwShared};
+use super::{mr::MrInner, mw::MwShared, pd::PdInner};
 use crate::{
     error::{Errno, Error, Result},
+    mem::MemRegion,
     sync::{ReadGuard, ReadMostly, WriteGuard},
+    types::AccessFlags,
 };
 
 /// A device's key table behind a lock whose readers (every work request) each take a shard
@@ -46,16 +48,61 @@ pub(crate) enum KeyEntry {
 /// tag with every bind, so windows are found by index and match their current rkey themselves.
 #[derive(Default)]
 pub(crate) struct KeyTable {
-    slots: Vec<(u8, Option<KeyEntry>)>,
+    slots: Vec<Slot>,
     /// Free slot indices, reused last-freed-first (deterministic).
     free: Vec<u32>,
+}
+
+/// A key index's tag, what it names, and for an MR what a work request checks of it.
+#[derive(Default)]
+struct Slot {
+    tag: u8,
+    entry: Option<KeyEntry>,
+    check: Option<MrCheck>,
+}
+
+impl Slot {
+    fn fill(&mut self, entry: KeyEntry) {
+        self.check = MrCheck::of(&entry);
+        self.entry = Some(entry);
+    }
+}
+
+/// What the express path checks of an MR, copied into its slot when the slot is filled: a
+/// work request's key then reads the slot alone, where it followed the slot to the MR and the
+/// MR to its memory, each load waiting for the one before (see [`KeyTable::range`]).
+struct MrCheck {
+    /// The MR's PD, by address: compared, never followed.
+    pd: usize,
+    rkey: u32,
+    access: AccessFlags,
+    /// The memory cannot fault (it is not on demand).
+    plain: bool,
+    iova: u64,
+    len: u64,
+    region: Arc<MemRegion>,
+}
+
+impl MrCheck {
+    fn of(entry: &KeyEntry) -> Option<MrCheck> {
+        let KeyEntry::Mr(mr) = entry else { return None };
+        Some(MrCheck {
+            pd: Arc::as_ptr(&mr.pd) as usize,
+            rkey: mr.rkey,
+            access: mr.access,
+            plain: !mr.region.on_demand(),
+            iova: mr.iova,
+            len: mr.region.len() as u64,
+            region: mr.region.clone(),
+        })
+    }
 }
 
 /// Counts only: an entry's MR leads back to its device, whose table this is, so printing the
 /// entries would recurse without end.
 impl std::fmt::Debug for KeyTable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let used = self.slots.iter().filter(|s| s.1.is_some()).count();
+        let used = self.slots.iter().filter(|s| s.entry.is_some()).count();
         f.debug_struct("KeyTable").field("used", &used).field("free", &self.free.len()).finish()
     }
 }
@@ -74,18 +121,19 @@ impl KeyTable {
                 if i > MAX_INDEX {
                     return Err(Error::new(Errno::ENOMEM, "key space exhausted"));
                 }
-                self.slots.push((0, None));
+                self.slots.push(Slot::default());
                 i
             }
         };
         let slot = &mut self.slots[(index - FIRST_INDEX) as usize];
-        slot.0 = slot.0.wrapping_add(1);
-        let key = index << 8 | slot.0 as u32;
-        slot.1 = Some(fill(key));
+        slot.tag = slot.tag.wrapping_add(1);
+        let key = index << 8 | slot.tag as u32;
+        slot.fill(fill(key));
         Ok(key)
     }
 
-    fn slot(&self, key: u32) -> Option<&(u8, Option<KeyEntry>)> {
+    #[inline]
+    fn slot(&self, key: u32) -> Option<&Slot> {
         let index = (key >> 8).checked_sub(FIRST_INDEX)?;
         self.slots.get(index as usize)
     }
@@ -93,15 +141,40 @@ impl KeyTable {
     /// The memory region `key` names (index and tag).
     pub(crate) fn mr(&self, key: u32) -> Option<&Arc<MrInner>> {
         match self.slot(key)? {
-            (tag, Some(KeyEntry::Mr(mr))) if *tag == key as u8 => Some(mr),
+            Slot { tag, entry: Some(KeyEntry::Mr(mr)), .. } if *tag == key as u8 => Some(mr),
             _ => None,
         }
+    }
+
+    /// The memory of `[va, va + len)` and its offset there, if `key` names an MR of `pd` (as
+    /// its rkey if `remote`) that grants `access`, whose range holds it, over memory that
+    /// cannot fault: what the express path asks of a key (anything else goes the packet
+    /// path's way, which tells the errors apart).
+    #[inline]
+    pub(crate) fn range(
+        &self,
+        (key, remote): (u32, bool),
+        pd: &Arc<PdInner>,
+        access: AccessFlags,
+        va: u64,
+        len: u64,
+    ) -> Option<(&MemRegion, usize)> {
+        let slot = self.slot(key)?;
+        let c = slot.check.as_ref()?;
+        let fits = slot.tag == key as u8
+            && (!remote || c.rkey == key)
+            && c.pd == Arc::as_ptr(pd) as usize
+            && c.access.contains(access)
+            && c.plain;
+        fits.then_some(())?;
+        let off = va.checked_sub(c.iova)?;
+        (off.checked_add(len)? <= c.len).then_some((&*c.region, off as usize))
     }
 
     /// The memory window at `key`'s index; the caller compares the window's current rkey.
     pub(crate) fn mw(&self, key: u32) -> Option<&Arc<MwShared>> {
         match self.slot(key)? {
-            (_, Some(KeyEntry::Mw(mw))) => Some(mw),
+            Slot { entry: Some(KeyEntry::Mw(mw)), .. } => Some(mw),
             _ => None,
         }
     }
@@ -109,16 +182,17 @@ impl KeyTable {
     /// Replaces the object behind a key handed out by `insert`.
     pub(crate) fn replace(&mut self, key: u32, entry: KeyEntry) {
         let index = (key >> 8) - FIRST_INDEX;
-        self.slots[index as usize].1 = Some(entry);
+        self.slots[index as usize].fill(entry);
     }
 
     /// Frees a key handed out by `insert` (a stale key frees nothing).
     pub(crate) fn remove(&mut self, key: u32) {
-        if let Some((tag, Some(_))) = self.slot(key)
+        if let Some(Slot { tag, entry: Some(_), .. }) = self.slot(key)
             && *tag == key as u8
         {
             let index = (key >> 8) - FIRST_INDEX;
-            self.slots[index as usize].1 = None;
+            let slot = &mut self.slots[index as usize];
+            (slot.entry, slot.check) = (None, None);
             self.free.push(index + FIRST_INDEX);
         }
     }
