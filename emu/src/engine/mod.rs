@@ -354,7 +354,7 @@ pub(crate) fn deliver_late(fabric: &FabricInner, pkt: Packet) {
 pub(crate) fn on_timer(qp: &Arc<QpShared>) {
     let mut drv = Driver::new(&qp.ctx.fabric);
     {
-        let mut g = qp.inner.lock();
+        let mut g = crate::sync::lock::lock_lent(&qp.inner);
         requester::on_timer(qp, &mut g, &mut drv);
         drv.service(qp, &mut g);
     }

@@ -1450,7 +1450,7 @@ fn apply(fabric: &FabricInner, c: Control, to: Option<&crate::qp::QpShared>) {
         Control::Event { dev, .. } | Control::PortState { dev, .. } => dev,
         Control::QpClosed { qpn } => {
             if let Some(qp) = to {
-                let mut g = qp.inner.lock();
+                let mut g = crate::sync::lock::lock_lent(&qp.inner);
                 // Only if still connected to it (not since reconnected elsewhere).
                 g.peer_closed |= g.attr.dest_qp_num == qpn;
             }
@@ -1490,7 +1490,7 @@ fn peer_died(fabric: &FabricInner, slot: u8) {
         if !qp.qp_type.is_reliable() && qp.qp_type != QpType::UC {
             continue;
         }
-        let mut g = qp.inner.lock();
+        let mut g = crate::sync::lock::lock_lent(&qp.inner);
         let connected =
             matches!(g.state, QpState::RTR | QpState::RTS | QpState::SQD | QpState::SQE);
         if !connected || slot_of(g.attr.dest_qp_num) != slot || g.peer_closed {

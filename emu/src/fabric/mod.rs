@@ -336,7 +336,7 @@ impl FabricInner {
     /// Device fatal: every QP of device `dev` enters the error state, its work flushed.
     pub(crate) fn fail_device_qps(&self, dev: u32) {
         for qp in self.live_qps().iter().filter(|q| q.device_index() == dev) {
-            let mut g = qp.inner.lock();
+            let mut g = crate::sync::lock::lock_lent(&qp.inner);
             if g.state != crate::QpState::RESET {
                 crate::engine::enter_error(qp, &mut g);
             }

@@ -28,7 +28,7 @@ use crate::{
         event::EventCount,
         pd::{Pd, PdInner},
     },
-    sync::lock::Lock,
+    sync::lock::{Lock, lock_lent},
     types::{
         AccessFlags, AhAttr, Ece, EventType, LinkLayer, Mtu, QpAttrMask, QpCreateFlags, QpState,
         QpType, WqFlags,
@@ -277,7 +277,7 @@ impl QpShared {
     /// and inbox are emptied without completions, its timers find it in RESET, and it lets
     /// go of the peer its lane holds (two peers must not keep each other).
     fn stop(&self) {
-        let mut g = self.inner.lock();
+        let mut g = lock_lent(&self.inner);
         self.part(&g);
         set_state(self, &mut g, QpState::RESET);
         g.lane = None;
@@ -606,7 +606,7 @@ impl Qp {
 
     /// Current state.
     pub fn state(&self) -> QpState {
-        self.0.inner.lock().state
+        lock_lent(&self.0.inner).state
     }
 
     /// The caps granted at creation.
@@ -659,7 +659,7 @@ impl Qp {
             return Err(einval("multicast needs a UD QP and a multicast GID"));
         }
         let a = &self.0.ctx.device.attr;
-        let port = self.0.inner.lock().attr.port_num;
+        let port = lock_lent(&self.0.inner).attr.port_num;
         self.0.ctx.fabric.mcast_attach(
             gid.0,
             &self.0,
@@ -692,7 +692,7 @@ impl Qp {
         if ece.comp_mask != 0 || ece.vendor_id != attr.vendor_id {
             return Err(einval("ECE of another vendor, or with comp_mask bits"));
         }
-        let mut g = self.0.inner.lock();
+        let mut g = lock_lent(&self.0.inner);
         g.ece_wanted = ece.options;
         g.ece = 0;
         Ok(())
@@ -705,7 +705,7 @@ impl Qp {
         if attr.ece_options == 0 {
             return Err(Error::new(Errno::EOPNOTSUPP, "the device has no ECE"));
         }
-        let options = self.0.inner.lock().ece;
+        let options = lock_lent(&self.0.inner).ece;
         Ok(Ece { vendor_id: attr.vendor_id, options, comp_mask: 0 })
     }
 
@@ -732,7 +732,7 @@ impl Qp {
     pub fn query(&self) -> Result<QpAttr> {
         self.0.life.check()?;
         self.not_rss()?;
-        let g = self.0.inner.lock();
+        let g = lock_lent(&self.0.inner);
         let mut a = g.attr;
         a.qp_state = g.state;
         a.cur_qp_state = g.state;
@@ -750,7 +750,7 @@ impl Qp {
         let qp = &self.0;
         let mut drv = Driver::new(&qp.ctx.fabric);
         {
-            let mut g = qp.inner.lock();
+            let mut g = lock_lent(&qp.inner);
             let cur = g.state;
             // The kernel's IB_QP_ATTR_STANDARD_BITS: attributes 0..20.
             if mask.bits() & !((1 << 21) - 1) != 0 {

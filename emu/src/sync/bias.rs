@@ -61,6 +61,9 @@ pub(crate) enum Entry {
     /// The owner found the bias revoked after announcing itself in `inside`, and cleared
     /// it again: a thread waiting for `inside` to clear may want waking.
     BackedOff,
+    /// In, by a bias that nobody owned, taken for this entry alone ([`Bias::lend`]): leave
+    /// with [`Bias::give_back`].
+    Lent,
 }
 
 /// See the module's text.
@@ -99,11 +102,17 @@ impl Bias {
                 || self.revoked.load(Ordering::Relaxed) != BIASED
                 || self
                     .owner
-                    .compare_exchange(0, me, Ordering::Relaxed, Ordering::Relaxed)
+                    .compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed)
                     .is_err())
         {
             return Entry::Out;
         }
+        self.enter_owned()
+    }
+
+    /// [`Bias::enter`] once the calling thread is the owner.
+    #[inline]
+    fn enter_owned(&self) -> Entry {
         if self.inside.load(Ordering::Relaxed) || self.revoked.load(Ordering::Relaxed) != BIASED {
             return Entry::Out;
         }
@@ -115,6 +124,39 @@ impl Bias {
             return Entry::BackedOff;
         }
         Entry::In
+    }
+
+    /// [`Bias::enter`] for a thread that should not keep the bias (one that creates, sets up or
+    /// tears down what the bias guards, which another thread then uses): a bias nobody owns
+    /// is taken for this entry alone ([`Entry::Lent`]) and given back on leaving, so that the
+    /// first thread to use the object by [`Bias::enter`] owns it, with no revocation. (The
+    /// owner is its own thread's, to any other thread, only while it is lent: the same
+    /// protocol as a first owner's.)
+    pub(crate) fn lend(&self) -> Entry {
+        let me = me();
+        if self.owner.load(Ordering::Relaxed) == me {
+            return self.enter_owned();
+        }
+        let free = self.revoked.load(Ordering::Relaxed) == BIASED
+            && self.owner.compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed).is_ok();
+        if !free {
+            return Entry::Out;
+        }
+        match self.enter_owned() {
+            Entry::In => Entry::Lent,
+            other => {
+                self.owner.store(0, Ordering::Release);
+                other
+            }
+        }
+    }
+
+    /// Leaves after [`Entry::Lent`], and gives the bias back: the next thread to enter it owns
+    /// it, and sees (acquiring `owner`) what this one wrote inside.
+    #[inline]
+    pub(crate) fn give_back(&self) {
+        self.inside.store(false, Ordering::Release);
+        self.owner.store(0, Ordering::Release);
     }
 
     /// Leaves after [`Entry::In`]; what the owner wrote inside is seen by whoever next sees
@@ -170,6 +212,10 @@ impl Bias {
         self.inside.load(Ordering::Relaxed)
     }
 }
+
+/// `BIASED`, for other modules' tests.
+#[cfg(test)]
+pub(crate) const BIASED_FOR_TESTS: u8 = BIASED;
 
 /// The revocation state, for tests.
 #[cfg(test)]

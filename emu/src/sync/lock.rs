@@ -35,6 +35,9 @@ pub(crate) struct RawLock {
     /// How the holder took the lock (written and read by the holder only): its release
     /// leaves by the same door.
     by_bias: AtomicBool,
+    /// The holder took the bias lent ([`Entry::Lent`]; written and read by the holder only,
+    /// and false but while such a holder holds the lock).
+    lent: AtomicBool,
     /// Threads past spinning, about to sleep or asleep on this lock's address.
     sleepers: AtomicU32,
 }
@@ -46,9 +49,20 @@ impl RawLock {
 
     #[inline]
     fn enter_biased(&self) -> bool {
-        match self.bias.enter() {
+        self.entered(self.bias.enter())
+    }
+
+    /// Notes how the lock was entered; whether it was.
+    #[inline]
+    fn entered(&self, e: Entry) -> bool {
+        match e {
             Entry::In => {
                 self.by_bias.store(true, Ordering::Relaxed);
+                true
+            }
+            Entry::Lent => {
+                self.by_bias.store(true, Ordering::Relaxed);
+                self.lent.store(true, Ordering::Relaxed);
                 true
             }
             Entry::Out => false,
@@ -56,6 +70,13 @@ impl RawLock {
                 self.wake_sleeper();
                 false
             }
+        }
+    }
+
+    /// Takes the lock without keeping its bias (see [`Bias::lend`]).
+    fn lock_lent(&self) {
+        if !self.entered(self.bias.lend()) {
+            self.lock_word();
         }
     }
 
@@ -166,6 +187,7 @@ unsafe impl parking_lot::lock_api::RawMutex for RawLock {
         locked: AtomicBool::new(false),
         bias: Bias::new(),
         by_bias: AtomicBool::new(false),
+        lent: AtomicBool::new(false),
         sleepers: AtomicU32::new(0),
     };
 
@@ -197,7 +219,12 @@ unsafe impl parking_lot::lock_api::RawMutex for RawLock {
     #[inline]
     unsafe fn unlock(&self) {
         if self.by_bias.load(Ordering::Relaxed) {
-            self.bias.leave();
+            if self.lent.load(Ordering::Relaxed) {
+                self.lent.store(false, Ordering::Relaxed);
+                self.bias.give_back();
+            } else {
+                self.bias.leave();
+            }
             self.wake_sleeper();
         } else {
             self.leave_word();
@@ -207,6 +234,18 @@ unsafe impl parking_lot::lock_api::RawMutex for RawLock {
     #[inline]
     fn is_locked(&self) -> bool {
         !self.free()
+    }
+}
+
+/// Takes `lock` as a thread that creates, sets up, inspects or tears down what it guards
+/// (another thread's to use, often): without keeping the lock's bias, so that the thread that
+/// then uses the object owns it, with no revocation (a process-wide barrier, ~10 us, per
+/// object) and the compare-and-swap of every later take that follows one.
+pub(crate) fn lock_lent<T>(lock: &Lock<T>) -> parking_lot::lock_api::MutexGuard<'_, RawLock, T> {
+    // SAFETY: the raw lock is taken here, and released by the guard made for it.
+    unsafe {
+        lock.raw().lock_lent();
+        lock.make_guard_unchecked()
     }
 }
 
@@ -243,6 +282,74 @@ mod test {
         assert!(!raw.bias.owner_in() && raw.locked.load(Ordering::SeqCst));
         assert_eq!(*g, 11);
         assert!(lock.try_lock().is_none());
+    }
+
+    /// A lock taken lent (by the thread that set the object up) leaves its bias to the first
+    /// thread that takes it plainly: that one takes it by the bias, nothing revoked; the
+    /// setter's later lent takes go by the word once the bias is revoked by a third thread.
+    #[test]
+    fn test_a_lent_take_leaves_the_bias_to_the_thread_that_uses_the_lock() {
+        let lock = Arc::new(Lock::new(0u32));
+        // SAFETY: only reads the lock's fields.
+        let raw = unsafe { lock.raw() };
+        for _ in 0..3 {
+            let mut g = super::lock_lent(&lock);
+            *g += 1;
+            assert!(raw.bias.owner_in() && !raw.locked.load(Ordering::SeqCst));
+            assert!(lock.try_lock().is_none(), "the holder's second take");
+        }
+        let user = {
+            let lock = lock.clone();
+            std::thread::spawn(move || {
+                // SAFETY: only reads the lock's fields.
+                let raw = unsafe { lock.raw() };
+                for _ in 0..3 {
+                    let mut g = lock.lock();
+                    *g += 10;
+                    assert!(raw.bias.mine() && raw.bias.owner_in());
+                    assert!(!raw.locked.load(Ordering::SeqCst), "by the bias, not the word");
+                }
+            })
+        };
+        user.join().unwrap();
+        assert_eq!(raw.bias.revoked_state(), super::super::bias::BIASED_FOR_TESTS);
+        // The setter again, the bias now another's: revoked, and the word taken.
+        let g = super::lock_lent(&lock);
+        assert_eq!(raw.bias.revoked_state(), REVOKED);
+        assert!(raw.locked.load(Ordering::SeqCst) && !raw.bias.owner_in());
+        assert_eq!(*g, 33);
+    }
+
+    /// Threads that take the lock lent and threads that take it plainly, at once, on many
+    /// fresh locks (the bias lent, given back, owned, revoked while lent): no holder may see
+    /// another's update half done, and no update may be lost.
+    #[test]
+    fn test_lent_and_plain_takes_exclude_each_other() {
+        fn add(lock: &Lock<(u64, u64)>, lent: bool) {
+            let mut g = if lent { super::lock_lent(lock) } else { lock.lock() };
+            assert_eq!(g.0, g.1);
+            g.0 += 1;
+            std::hint::spin_loop();
+            g.1 += 1;
+        }
+        const ROUNDS: u64 = 300;
+        for _ in 0..100 {
+            let lock = Arc::new(Lock::new((0u64, 0u64)));
+            let threads: Vec<_> = (0..3)
+                .map(|t| {
+                    let lock = lock.clone();
+                    std::thread::spawn(move || {
+                        for i in 0..ROUNDS {
+                            add(&lock, t != 2 && (i % 3 != 0 || t == 0));
+                        }
+                    })
+                })
+                .collect();
+            for t in threads {
+                t.join().unwrap();
+            }
+            assert_eq!(*lock.lock(), (3 * ROUNDS, 3 * ROUNDS));
+        }
     }
 
     /// An owner taking the lock by its bias as fast as it can, and a newcomer arriving
