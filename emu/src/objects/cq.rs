@@ -446,24 +446,25 @@ impl Cq {
     }
 
     /// Polls one completion.
-    #[inline]
+    #[inline(always)]
     pub fn poll_one(&self) -> Option<Wc> {
-        match self.pop() {
-            // As `poll`, without a buffer to copy through.
-            None if self.0.ctx.fabric.progress() => self.pop(),
-            wc => wc,
+        let mut wc = Wc::default();
+        let mut progressed = false;
+        // One look at the ring in the code (inlined whole into the caller), taken again
+        // after an empty one moved the fabric, as `poll`.
+        loop {
+            if self.pop_into(&mut wc) {
+                return Some(wc);
+            }
+            if progressed || !self.0.ctx.fabric.progress() {
+                return None;
+            }
+            progressed = true;
         }
     }
 
-    /// The ring's oldest completion, if any.
-    #[inline]
-    fn pop(&self) -> Option<Wc> {
-        let mut wc = Wc::default();
-        self.pop_into(&mut wc).then_some(wc)
-    }
-
     /// Moves the ring's oldest completion, if any, into `out`.
-    #[inline]
+    #[inline(always)]
     fn pop_into(&self, out: &mut Wc) -> bool {
         loop {
             match self.0.ring().pop_into(out) {
