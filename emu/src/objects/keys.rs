@@ -3,7 +3,11 @@
 
 use std::sync::Arc;
 
-use super::{mr::MrInner, mw::MwShared, pd::PdInner};
+use super::{
+    mr::{MrInner, offset_in},
+    mw::MwShared,
+    pd::PdInner,
+};
 use crate::{
     error::{Errno, Error, Result},
     mem::MemRegion,
@@ -167,8 +171,7 @@ impl KeyTable {
             && c.access.contains(access)
             && c.plain;
         fits.then_some(())?;
-        let off = va.checked_sub(c.iova)?;
-        (off.checked_add(len)? <= c.len).then_some((&*c.region, off as usize))
+        Some((&*c.region, offset_in(c.iova, c.len, va, len)?))
     }
 
     /// The memory window at `key`'s index; the caller compares the window's current rkey.

@@ -40,10 +40,16 @@ pub(crate) struct MrInner {
 impl MrInner {
     /// Offset into the region of `[va, va+len)`, if the range lies inside the MR.
     pub(crate) fn offset_of(&self, va: u64, len: u64) -> Option<usize> {
-        let off = va.checked_sub(self.iova)?;
-        let end = off.checked_add(len)?;
-        (end <= self.region.len() as u64).then_some(off as usize)
+        offset_in(self.iova, self.region.len() as u64, va, len)
     }
+}
+
+/// Offset of `[va, va+len)` in an MR that starts at `iova` and spans `size` bytes, if the
+/// range lies inside it.
+#[inline]
+pub(crate) fn offset_in(iova: u64, size: u64, va: u64, len: u64) -> Option<usize> {
+    let off = va.checked_sub(iova)?;
+    (off.checked_add(len)? <= size).then_some(off as usize)
 }
 
 #[derive(Debug)]

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use super::barrier;
 
 /// `Bias::revoked`: the owner may enter.
-const BIASED: u8 = 0;
+pub(super) const BIASED: u8 = 0;
 /// Another thread stored this, then issues the process-wide barrier.
 const REVOKING: u8 = 1;
 /// The barrier returned: an owner that entered unseen is seen `inside` now.
@@ -129,9 +129,8 @@ impl Bias {
     /// [`Bias::enter`] for a thread that should not keep the bias (one that creates, sets up or
     /// tears down what the bias guards, which another thread then uses): a bias nobody owns
     /// is taken for this entry alone ([`Entry::Lent`]) and given back on leaving, so that the
-    /// first thread to use the object by [`Bias::enter`] owns it, with no revocation. (The
-    /// owner is its own thread's, to any other thread, only while it is lent: the same
-    /// protocol as a first owner's.)
+    /// first thread to use the object by [`Bias::enter`] owns it, with no revocation. (While
+    /// lent, the bias is the lender's to every other thread, exactly as an owner's.)
     pub(crate) fn lend(&self) -> Entry {
         let me = me();
         if self.owner.load(Ordering::Relaxed) == me {
@@ -212,10 +211,6 @@ impl Bias {
         self.inside.load(Ordering::Relaxed)
     }
 }
-
-/// `BIASED`, for other modules' tests.
-#[cfg(test)]
-pub(crate) const BIASED_FOR_TESTS: u8 = BIASED;
 
 /// The revocation state, for tests.
 #[cfg(test)]

@@ -256,7 +256,10 @@ mod test {
         atomic::{AtomicBool, AtomicU64, Ordering},
     };
 
-    use super::{super::bias::REVOKED, Lock};
+    use super::{
+        super::bias::{BIASED, REVOKED},
+        Lock,
+    };
 
     /// The owner takes the lock by its bias; a second take on its own thread fails (never
     /// two guards); another thread's try while the owner is inside revokes the bias and fails,
@@ -286,7 +289,7 @@ mod test {
 
     /// A lock taken lent (by the thread that set the object up) leaves its bias to the first
     /// thread that takes it plainly: that one takes it by the bias, nothing revoked; the
-    /// setter's later lent takes go by the word once the bias is revoked by a third thread.
+    /// setter's next take, the bias now another's, revokes it and goes by the word.
     #[test]
     fn test_a_lent_take_leaves_the_bias_to_the_thread_that_uses_the_lock() {
         let lock = Arc::new(Lock::new(0u32));
@@ -312,7 +315,7 @@ mod test {
             })
         };
         user.join().unwrap();
-        assert_eq!(raw.bias.revoked_state(), super::super::bias::BIASED_FOR_TESTS);
+        assert_eq!(raw.bias.revoked_state(), BIASED);
         // The setter again, the bias now another's: revoked, and the word taken.
         let g = super::lock_lent(&lock);
         assert_eq!(raw.bias.revoked_state(), REVOKED);
