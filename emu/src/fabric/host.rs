@@ -837,6 +837,9 @@ fn read_loop(inbound: &Inbound, fabric: &Weak<FabricInner>) {
     // Rounds in a row that found records streaming in: the socket is looked at only every
     // few of them (a system call or two per look, as long as copying a record out).
     let mut streaming = 0u32;
+    // The rings to watch and arm, listed anew each round into the same list (a list made per
+    // round was an allocation per message whenever no application thread polled).
+    let mut rings: Vec<Arc<Ring>> = Vec::new();
     loop {
         let socket = streaming.is_multiple_of(16);
         if socket {
@@ -872,7 +875,8 @@ fn read_loop(inbound: &Inbound, fabric: &Weak<FabricInner>) {
         // request of a stream, the next WRITE): watch the rings a little before sleeping, as
         // waking costs far more than that. Not when what came raised a completion event: the
         // thread it wakes may need this very CPU, and it looks for the traffic itself.
-        let rings: Vec<Arc<Ring>> = rx.rings.iter().map(|(_, r)| r.clone()).collect();
+        rings.clear();
+        rings.extend(rx.rings.iter().map(|(_, r)| r.clone()));
         drop(rx);
         if came && !woke && busy_wait(&rings, &inbound.quit) {
             nap = Some(Duration::ZERO);

@@ -247,8 +247,13 @@ impl Drop for Timer {
     }
 }
 
+/// Jobs the timer thread takes out of the heap at a time (the rest on its next look): its list
+/// is made once, at this size, so that firing timers allocates nothing however many fall due
+/// at once (a thread that woke late found more each time, and grew it then).
+const DUE_AT_ONCE: usize = 32;
+
 fn run(shared: &Shared, fabric: &Weak<FabricInner>) {
-    let mut due = Vec::new();
+    let mut due = Vec::with_capacity(DUE_AT_ONCE);
     loop {
         {
             let mut st = shared.st.lock();
@@ -267,7 +272,7 @@ fn run(shared: &Shared, fabric: &Weak<FabricInner>) {
                 }
             }
             let now = shared.now();
-            while st.heap.peek().is_some_and(|e| e.deadline <= now) {
+            while due.len() < DUE_AT_ONCE && st.heap.peek().is_some_and(|e| e.deadline <= now) {
                 due.push(st.heap.pop().expect("peeked").job);
             }
         }

@@ -32,13 +32,15 @@ impl Inbox {
         self.len.load(Ordering::Acquire) == 0
     }
 
-    /// Moves what waits into `batch` (empty), leaving `batch`'s old allocation here.
+    /// Moves what waits into `batch` (empty). Moved, not swapped: each queue keeps the room it
+    /// grew to, where swapping handed the inbox the batch's smaller one, to grow again (an
+    /// allocation) the next time packets pile up.
     pub(crate) fn take_into(&self, batch: &mut VecDeque<Packet>) {
         if self.is_empty() {
             return;
         }
         let mut q = self.queue.lock();
-        std::mem::swap(&mut *q, batch);
+        batch.extend(q.drain(..));
         self.len.store(0, Ordering::Release);
     }
 
