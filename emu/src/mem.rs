@@ -95,6 +95,12 @@ impl PeerProcess {
         crate::sys::pidfd_exited(self.pidfd.as_raw_fd())
     }
 
+    /// Waits, at most `limit`, until it has exited; whether it has. A process whose file
+    /// locks the kernel has just released is exiting, but is seen exited a moment later.
+    pub(crate) fn wait_exited(&self, limit: std::time::Duration) -> bool {
+        matches!(crate::sys::wait_readable(self.pidfd.as_raw_fd(), Some(limit)), Ok(true) | Err(_))
+    }
+
     /// Whether this process may read its memory (a word there holds `expect`).
     pub(crate) fn may_read(&self, addr: u64, expect: u64) -> bool {
         let mut word = [0u8; 8];

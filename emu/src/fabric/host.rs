@@ -626,6 +626,20 @@ impl Node {
                     if let Some(p) = node.peers.lock().remove(&slot) {
                         p.retire();
                     }
+                    // The kernel lets the lock go as the process exits, a moment before a
+                    // pidfd sees it exited: wait for that, so that its rings and exports count
+                    // as abandoned below (nothing else would let go of them).
+                    let rings: Vec<Arc<Ring>> = (node.inbound.rx.lock().rings.iter())
+                        .filter(|(s, _)| *s == slot)
+                        .map(|(_, r)| r.clone())
+                        .collect();
+                    for r in rings {
+                        r.wait_abandoned(GOING);
+                    }
+                    let process = node.inbound.peer_exports.lock().get(&slot).map(|e| e.1.clone());
+                    if let Some(p) = process {
+                        p.wait_exited(GOING);
+                    }
                     // What it sent before it went (its last ACKs) is queued here: take it in
                     // before judging what is still outstanding; then its ring can go.
                     let mut rx = node.inbound.rx.lock();
@@ -650,6 +664,10 @@ impl Node {
 /// stopped process (SIGSTOP, a debugger) or a dying one. Long enough for a busy peer that is
 /// merely descheduled now and then.
 const STALLED: Duration = Duration::from_millis(250);
+
+/// How long a peer whose lock the kernel released may take to be seen exited (it is between
+/// closing its files and exiting: microseconds, unless the machine is starved).
+const GOING: Duration = Duration::from_secs(5);
 
 /// What [`Fabric::flush`](crate::Fabric::flush) came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -838,7 +856,8 @@ fn read_loop(inbound: &Inbound, fabric: &Weak<FabricInner>) {
     // few of them (a system call or two per look, as long as copying a record out).
     let mut streaming = 0u32;
     // The rings to watch and arm, listed anew each round into the same list (a list made per
-    // round was an allocation per message whenever no application thread polled).
+    // round was an allocation per message whenever no application thread polled), and emptied
+    // before the reader sleeps: a dead peer's ring must not outlive its watcher's cleanup.
     let mut rings: Vec<Arc<Ring>> = Vec::new();
     loop {
         let socket = streaming.is_multiple_of(16);
@@ -878,14 +897,16 @@ fn read_loop(inbound: &Inbound, fabric: &Weak<FabricInner>) {
         rings.clear();
         rings.extend(rx.rings.iter().map(|(_, r)| r.clone()));
         drop(rx);
-        if came && !woke && busy_wait(&rings, &inbound.quit) {
+        let spun = came && !woke && busy_wait(&rings, &inbound.quit);
+        // Then ask for doorbells, and sleep unless something came meanwhile.
+        let waiting = !spun && rings.iter().fold(false, |w, r| r.arm() | w);
+        rings.clear();
+        if spun {
             nap = Some(Duration::ZERO);
             streaming += 1;
             continue;
         }
         streaming = 0;
-        // Then ask for doorbells, and sleep unless something came meanwhile.
-        let waiting = rings.iter().fold(false, |w, r| r.arm() | w);
         nap = if waiting { Some(Duration::ZERO) } else { None };
     }
 }

@@ -262,6 +262,16 @@ impl Ring {
             || self.from.as_ref().is_none_or(|p| p.exited())
     }
 
+    /// Reader: waits, at most `limit`, until the writer is seen gone (if it is not already):
+    /// its process is exiting.
+    pub(crate) fn wait_abandoned(&self, limit: std::time::Duration) {
+        if self.word(CLOSED_AT).load(Ordering::Acquire) == 0
+            && let Some(p) = &self.from
+        {
+            p.wait_exited(limit);
+        }
+    }
+
     /// Writer: whether the reader may read this process's memory (it proved it could).
     pub(crate) fn reader_may_pull(&self) -> bool {
         self.word(PULL_AT).load(Ordering::Acquire) != 0
