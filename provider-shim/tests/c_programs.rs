@@ -527,12 +527,16 @@ fn the_c_tests_run_clean_under_valgrind_memcheck() {
     ];
     for name in names {
         let exe = build(name);
-        let out = run_on_shim(
-            Command::new(valgrind)
-                .args(["-q", "--error-exitcode=9", "--leak-check=no"])
-                .arg(&exe)
-                .env("RDMA_EMU_PROFILE", "full"),
-        );
+        let mut cmd = Command::new(valgrind);
+        cmd.args(["-q", "--error-exitcode=9", "--leak-check=no"])
+            .arg(&exe)
+            .env("RDMA_EMU_PROFILE", "full");
+        if name == "clock" {
+            // Its moderation checks count on virtual time, as its own test runs it: on real
+            // time a slow run (Valgrind's) can end a period between two of its steps.
+            cmd.env("RDMA_EMU_SEED", "5").env("RDMA_EMU_FABRIC", "none");
+        }
+        let out = run_on_shim(&mut cmd);
         // (pure_functions prints a table and no verdict: its exit status is the verdict.)
         assert!(name == "pure_functions" || out.contains(&format!("{name} ok")), "{name}: {out}");
     }
