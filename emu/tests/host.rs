@@ -63,6 +63,18 @@ fn big_pair(dir: &HostDir) -> (Fabric, Node, Fabric, Node) {
     host_pair_sized(dir, Profile::Full, &RcParams::default(), 8 << 20)
 }
 
+/// `big_pair` whose messages stream through the ring unless it cannot hold them whole (by
+/// default those of 16 KiB or more are read from the sender's memory instead).
+fn streamed_pair(dir: &HostDir) -> (Fabric, Node, Fabric, Node) {
+    let cfg = || FabricConfig { host_pull_min: usize::MAX, ..Default::default() };
+    let (fa, fb) = (dir.fabric_with(cfg()), dir.fabric_with(cfg()));
+    let a = node_on(&fa.devices()[0], 8 << 20);
+    let b = node_on(&fb.devices()[0], 8 << 20);
+    let p = RcParams::default();
+    connect(&a.qp, &b.qp, &p, &p);
+    (fa, a, fb, b)
+}
+
 #[test]
 fn every_rc_operation_crosses_between_fabrics() {
     let dir = HostDir::new();
@@ -134,13 +146,20 @@ fn pattern(seed: usize, len: usize) -> Vec<u8> {
 
 /// Sizes that take every way between processes: copied out of one ring record, placed from
 /// one record, held in several records until whole, and read from the sender's memory
-/// (beyond what the 2 MiB ring holds whole), each at its edges.
-const SIZES: [usize; 9] = [1, 2047, 2048, 100_000, 262_100, 262_200, 700_000, 1_400_000, 3_000_000];
+/// (by default from 16 KiB on; streamed, beyond what the 2 MiB ring holds whole), each at its
+/// edges.
+const SIZES: [usize; 10] =
+    [1, 2047, 2048, 16_384, 100_000, 262_100, 262_200, 700_000, 1_400_000, 3_000_000];
 
 #[test]
 fn messages_of_every_size_cross_intact() {
     let dir = HostDir::new();
-    let (_fa, a, _fb, b) = big_pair(&dir);
+    for (_fa, a, _fb, b) in [big_pair(&dir), streamed_pair(&dir)] {
+        every_size_crosses_intact(&a, &b);
+    }
+}
+
+fn every_size_crosses_intact(a: &Node, b: &Node) {
     for (i, &len) in SIZES.iter().enumerate() {
         // A WRITE from two SGEs.
         let data = pattern(i, len);
@@ -184,7 +203,7 @@ fn more_reads_in_flight_than_the_ring_holds_all_come_back_intact() {
     // sends without waiting, outgrow the 2 MiB ring, and the rest are read by the requester
     // straight from the target's memory. Every byte comes back, from the right place.
     let dir = HostDir::new();
-    let (fa, a, _fb, b) = big_pair(&dir);
+    let (fa, a, _fb, b) = streamed_pair(&dir);
     const LEN: usize = 300_000;
     const N: usize = 16;
     for k in 0..N {
@@ -211,7 +230,7 @@ fn many_large_writes_in_flight_keep_their_order_and_bytes() {
     // More in flight than the ring holds: senders wait for room or leave the rest to the
     // flusher; every message still lands, in order (the last one wins each slot).
     let dir = HostDir::new();
-    let (_fa, a, _fb, b) = big_pair(&dir);
+    let (_fa, a, _fb, b) = streamed_pair(&dir);
     let len = 600_000;
     for round in 0..3 {
         for k in 0..12 {
@@ -240,7 +259,7 @@ fn large_writes_with_immediate_land_intact_and_wait_for_their_receives() {
     // Multi-record WRITEs (landed as they arrive) with immediate: the first before any receive
     // is posted (RNR NAKed whole, and sent again until one is), then a stream of them.
     let dir = HostDir::new();
-    let (_fa, a, _fb, b) = big_pair(&dir);
+    let (_fa, a, _fb, b) = streamed_pair(&dir);
     let len = 1 << 20;
     a.mr.write(0, &pattern(1, len)).unwrap();
     let sg = [sge(&a.mr, 0, len)];
@@ -284,7 +303,7 @@ fn large_writes_with_immediate_land_intact_and_wait_for_their_receives() {
 fn large_sends_land_intact_in_their_receives() {
     // Multi-record SENDs (landed as they arrive) into receives of two SGEs each, in order.
     let dir = HostDir::new();
-    let (_fa, a, _fb, b) = big_pair(&dir);
+    let (_fa, a, _fb, b) = streamed_pair(&dir);
     let len = 1 << 20;
     for k in 0..4usize {
         // Each receive: half a MiB at the start of its slot, the rest 4 KiB further on.

@@ -72,6 +72,13 @@ pub struct FabricConfig {
     /// On by default; `RDMA_EMU_EXPRESS=0` turns it off (every WR then takes the packet path,
     /// which behaves identically, only slower).
     pub express: bool,
+    /// On the host fabric, a message of a reliable QP from this many bytes on is read by the
+    /// receiving process straight from the sender's memory (one copy, `process_vm_readv`),
+    /// where the kernel lets it read there; smaller ones, and all where it may not, stream
+    /// through the ring the two processes share (two copies). 16 KiB by default, where pulling
+    /// was measured faster; `usize::MAX` pulls only what the ring cannot hold whole.
+    /// `RDMA_EMU_PULL_MIN` (bytes) sets it.
+    pub host_pull_min: usize,
     /// Charges registrations of application memory to the process's `RLIMIT_MEMLOCK` as the
     /// kernel does (`ENOMEM` past it without `CAP_IPC_LOCK`; see `objects::pinned`). On by
     /// default; `RDMA_EMU_MEMLOCK=off` turns it off.
@@ -97,6 +104,7 @@ impl Default for FabricConfig {
             netdev_mtu: None,
             addresses: Vec::new(),
             express: true,
+            host_pull_min: host::PULL_MIN,
             memlock: true,
             wire: Vec::new(),
         }
@@ -168,6 +176,9 @@ impl FabricConfig {
             },
             netdev_mtu: var("RDMA_EMU_MTU").and_then(|m| FabricConfig::parse_netdev_mtu(&m).ok()),
             express: var("RDMA_EMU_EXPRESS").is_none_or(|v| v != "0"),
+            host_pull_min: var("RDMA_EMU_PULL_MIN")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(host::PULL_MIN),
             memlock: var("RDMA_EMU_MEMLOCK").is_none_or(|v| v != "off" && v != "0"),
             host,
             ..Default::default()
@@ -200,6 +211,7 @@ pub(crate) struct FabricInner {
     pub(crate) pcap: Option<pcap::Pcap>,
     /// The host fabric's directory, when configured; joined at the first QP.
     host: Option<trust::Location>,
+    host_pull_min: usize,
     pub(crate) node: OnceLock<host::Node>,
     /// The connection manager's addresses, listeners and ids.
     pub(crate) cm: crate::cm::Manager,
@@ -282,7 +294,7 @@ impl FabricInner {
             if let Some(node) = self.node.get() {
                 return Ok(Some(node));
             }
-            let node = host::Node::join(dir, self.this.clone())?;
+            let node = host::Node::join(dir, self.this.clone(), self.host_pull_min)?;
             let _ = self.node.set(node);
         }
         Ok(self.node.get())
@@ -584,6 +596,7 @@ impl Fabric {
             faults: faults::Faults::new(seed),
             pcap,
             host: cfg.host.as_deref().map(trust::Location::of),
+            host_pull_min: cfg.host_pull_min,
             node: OnceLock::new(),
             cm: crate::cm::Manager::new(addrs),
             port_watch: OnceLock::new(),
