@@ -473,11 +473,12 @@ impl Node {
     fn send_to(&self, slot: u8, pkt: &Packet) {
         let peer = self.peer(slot);
         let msg = Encoded::packet(pkt);
-        // Large (see `PULL_MIN`), or a reply the ring has no room for now (the reader's replies
-        // never wait, and would go the slow way, as datagrams): read from here, where allowed.
-        // (Smaller messages skip the peer's lock, unless they are replies.)
+        // Large (see `PULL_MIN`) or more than the ring holds whole, or a reply the ring has no
+        // room for now (the reader's replies never wait, and would go the slow way, as
+        // datagrams): read from here, where allowed. (Smaller messages skip the peer's lock,
+        // unless they are replies; no ring holds less than half its bytes whole.)
         let replying = RECEIVING.get();
-        let pull = (replying || msg.len() >= self.pull_min)
+        let pull = (replying || msg.len() >= self.pull_min.min(RING_BYTES / 2))
             && wire::pullable(pkt)
             && peer.better_pulled(msg.len(), replying, self.pull_min)
             && self.reliable(pkt.src_qpn);
