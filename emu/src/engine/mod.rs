@@ -10,6 +10,7 @@
 //!   quiet, inside the verb that started the work (`post_send`, `post_recv`, `modify`). The
 //!   timer thread (`fabric::timer`) is the same driver started by a deadline.
 
+pub(crate) mod absent_peer;
 pub(crate) mod completer;
 pub(crate) mod express;
 pub(crate) mod frame;
@@ -20,7 +21,6 @@ pub(crate) mod raw;
 pub(crate) mod requester;
 pub(crate) mod responder;
 pub(crate) mod sgl;
-pub(crate) mod stopped_peer;
 #[cfg(test)]
 pub(crate) mod testkit;
 pub(crate) mod xrc;

@@ -350,7 +350,7 @@ pub(crate) struct Packet {
     /// itself meanwhile (see `fabric::exports`).
     pub(crate) ticket: Option<crate::fabric::ring::Ticket>,
     /// The note of requests that the requester carried out itself, without sending them,
-    /// while this process was stopped (see `engine::stopped_peer`): a request of no bytes
+    /// while this process was stopped (see `engine::absent_peer`): a request of no bytes
     /// whose `npkts` PSNs from `psn` cover them, `msn` messages in all.
     pub(crate) carried_out: bool,
 }

@@ -41,12 +41,12 @@ pub(crate) struct Requester {
     /// fails when they have completed (see [`fail_in_turn`]).
     pub(crate) failed: Option<(u32, WcStatus)>,
     /// The last look found the peer's process stopped and carried out requests for it (see
-    /// `stopped_peer`): the next look comes soon, and requests posted meanwhile are carried
+    /// `absent_peer`): the next look comes soon, and requests posted meanwhile are carried
     /// out before they are sent.
     pub(crate) carrying: bool,
     /// Requests carried out for the stopped peer without being sent: it hears of them before
     /// the next request that is sent.
-    pub(crate) unsent: Option<super::stopped_peer::Unsent>,
+    pub(crate) unsent: Option<super::absent_peer::Unsent>,
 }
 
 impl Requester {
@@ -448,7 +448,7 @@ pub(crate) fn run(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>) -> 
         if super::express::from_queue(qp, g, idx, drv) {
             continue;
         }
-        if g.req.carrying && super::stopped_peer::carry_out_unsent(qp, g, idx, drv) {
+        if g.req.carrying && super::absent_peer::carry_out_unsent(qp, g, idx, drv) {
             continue;
         }
         match build(qp, g, idx) {
@@ -465,7 +465,7 @@ pub(crate) fn run(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>) -> 
                     qp.ctx.fabric.multicast_to_other_nodes(&pkt);
                     super::fan_out(&qp.ctx.fabric, &pkt, drv);
                 } else {
-                    super::stopped_peer::note_unsent(qp, g, drv);
+                    super::absent_peer::note_unsent(qp, g, drv);
                     drv.send(&mut g.route, pkt);
                 }
                 if !qp.qp_type.is_reliable() {
@@ -649,7 +649,7 @@ pub(crate) fn arm_timers(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'
 }
 
 /// How soon a QP that carried out requests for its stopped peer looks for more (see
-/// `stopped_peer`), if its ACK timeout is longer.
+/// `absent_peer`), if its ACK timeout is longer.
 const CARRY_OUT_AGAIN_NS: u64 = 1_000_000;
 
 /// The wait before the next look at what is outstanding: the ACK timeout, or less while the
@@ -686,7 +686,7 @@ pub(crate) fn on_timer(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>
         } else if on_host && g.sq.in_flight() > 0 && drv.fabric.peer_behind(g.attr.dest_qp_num) {
             // What it can, this side carries out itself for a peer that is stopped; while
             // it does, it looks again soon for more.
-            g.req.carrying = super::stopped_peer::carry_out(qp, g, drv);
+            g.req.carrying = super::absent_peer::carry_out(qp, g, drv);
             g.req.retry_left = g.attr.retry_cnt;
             g.req.retrans_at = Some(now + carry_out_timeout(g, timeout));
         } else if on_host && g.req.carrying {

@@ -296,6 +296,35 @@ impl Ring {
         self.write_to.load(Ordering::Relaxed) != self.head()
     }
 
+    /// Writer: how far the reader has freed (moves as it takes records in).
+    pub(crate) fn freed_to(&self) -> u64 {
+        self.head()
+    }
+
+    /// Writer: hands the bytes of each record not yet freed that the reader's responder has
+    /// not begun (nor the writer claimed) to `each`, oldest first, while `each` asks for more.
+    /// The bytes are only looked at, as in [`Ring::claim`].
+    pub(crate) fn unbegun(&self, mut each: impl FnMut(&[u8]) -> bool) {
+        let end = self.write_to.load(Ordering::Relaxed);
+        let mut pos = self.head();
+        while pos != end {
+            let Some((at, len, used)) = self.record_at(pos, end) else { return };
+            if let Some(len) = len
+                && self.state(at).load(Ordering::Acquire) == FRESH
+            {
+                // SAFETY: as in `claim`: the record lies in the ring, and only this writer
+                // writes there, not while it holds `&self` for the scan.
+                let bytes = unsafe {
+                    std::slice::from_raw_parts(self.ptr(at + RECORD_HEADER, 0), len as usize)
+                };
+                if !each(bytes) {
+                    return;
+                }
+            }
+            pos += used as u64;
+        }
+    }
+
     /// Writer: finds the first record not yet freed, from position `from` on, for which
     /// `wanted` holds (given its bytes) and claims it, if the reader has not taken it; `from`
     /// then moves past it (so that a search for the next request resumes there). Records the

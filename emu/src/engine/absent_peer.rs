@@ -1,11 +1,13 @@
-//! Work for a peer process that is stopped (SIGSTOP, a debugger): a NIC goes on answering for
-//! a stopped process, so an RC QP carries out its RDMA WRITEs and READs to one itself, in
-//! order (`fabric::exports` checks each as the peer's responder would, and moves the bytes),
-//! and completes them as if the peer had answered.
+//! Work for a peer process that takes nothing in: stopped (SIGSTOP, a debugger), or running
+//! but its threads not scheduled. A NIC goes on answering for such a process, so an RC QP
+//! carries out its RDMA WRITEs and READs to one itself, in order (`fabric::exports` checks
+//! each as the peer's responder would, and moves the bytes), and completes them as if the
+//! peer had answered.
 //!
 //! Those already sent, whose records still wait in the ring unbegun, are claimed there
-//! ([`carry_out`], when the ACK timer finds the peer stopped); the stopped process accounts
-//! for them as it takes them in once it continues. While the peer stays stopped, those posted
+//! ([`carry_out`], when the ACK timer finds the peer stopped; [`carry_out_for_lagging`], when
+//! a thread of ours polling an empty CQ finds the peer's reader has taken nothing in for a
+//! while); the peer accounts for them as it takes them in. While the peer stays stopped, those posted
 //! next are carried out without being sent at all ([`carry_out_unsent`]), so that a stream of
 //! them is not bounded by the ring; the peer hears of their PSNs in one note, before the next
 //! request that is sent ([`note_unsent`]). The first request that cannot be carried out (a
@@ -22,10 +24,10 @@ use super::{
 use crate::{
     fabric::{
         exports::{Op, Request},
-        host::StoppedPeer,
+        host::AbsentPeer,
     },
     qp::{QpInner, QpShared, queue::Hidden, queue::SendWqe},
-    types::{SendFlags, WrOpcode},
+    types::{QpState, SendFlags, WrOpcode},
 };
 
 /// Requests carried out without being sent: PSNs `psn` up to `end`, `messages` of them.
@@ -39,7 +41,36 @@ pub(crate) struct Unsent {
 /// Carries out what it can of the QP's outstanding requests, oldest first, for its stopped
 /// peer; whether it carried out any.
 pub(crate) fn carry_out(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>) -> bool {
-    let Some(mut peer) = stopped_peer(g, drv) else { return false };
+    let Some(peer) = absent_peer(g, drv, false) else { return false };
+    carry_out_to(qp, g, peer, drv)
+}
+
+/// Carries out what it can of the QP's outstanding requests, oldest first, for its peer whose
+/// reader has taken nothing in for a while (see `fabric::host::LAG`); whether it carried out
+/// any.
+pub(crate) fn carry_out_for_lagging(qp: &Arc<QpShared>) -> bool {
+    let mut drv = Driver::new(&qp.ctx.fabric);
+    let any = {
+        let mut g = crate::sync::lock::lock_lent(&qp.inner);
+        let sending = matches!(g.state, QpState::RTS | QpState::SQD) && g.sq.in_flight() > 0;
+        let any = sending
+            && absent_peer(&g, &drv, true)
+                .is_some_and(|peer| carry_out_to(qp, &mut g, peer, &mut drv));
+        if any {
+            drv.service(qp, &mut g);
+        }
+        any
+    };
+    drv.finish();
+    any
+}
+
+fn carry_out_to(
+    qp: &Arc<QpShared>,
+    g: &mut QpInner,
+    mut peer: AbsentPeer,
+    drv: &mut Driver<'_>,
+) -> bool {
     let mut any = false;
     while g.sq.in_flight() > 0 && g.req.failed.is_none() {
         let w = g.sq.ring.at(g.sq.tail);
@@ -64,7 +95,7 @@ pub(crate) fn carry_out_unsent(
     if g.sq.in_flight() != 0 {
         return false;
     }
-    let Some(peer) = stopped_peer(g, drv) else {
+    let Some(peer) = absent_peer(g, drv, false) else {
         g.req.carrying = false;
         return false;
     };
@@ -105,13 +136,14 @@ pub(crate) fn note_unsent(qp: &QpShared, g: &mut QpInner, drv: &mut Driver<'_>) 
     drv.send(&mut g.route, note);
 }
 
-/// The peer of the QP, if it is a stopped process on the host fabric.
-fn stopped_peer(g: &QpInner, drv: &Driver<'_>) -> Option<StoppedPeer> {
+/// The peer of the QP, if it is a process on the host fabric that is stopped, or, if
+/// `lagging`, one whose reader has taken nothing in for a while.
+fn absent_peer(g: &QpInner, drv: &Driver<'_>, lagging: bool) -> Option<AbsentPeer> {
     let dest_qpn = g.attr.dest_qp_num;
     if g.wire_grh.is_some() || g.dest.is_none() {
         return None;
     }
-    drv.fabric.remote_node(dest_qpn)?.stopped_peer(dest_qpn)
+    drv.fabric.remote_node(dest_qpn)?.absent_peer(dest_qpn, lagging)
 }
 
 /// Carries out the WQE `w` through `place` if it is an RDMA WRITE (without immediate) or READ
