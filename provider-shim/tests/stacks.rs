@@ -149,10 +149,24 @@ fn mpi_verify_program() -> std::path::PathBuf {
     exe
 }
 
+/// How a run of the verifying MPI program ended, both ranks having verified their results.
+#[derive(Debug, PartialEq, Eq)]
+enum MpiRun {
+    Exited,
+    /// A rank never returned from `MPI_Finalize` (see [`mpirun_verified`]).
+    StuckInFinalize,
+}
+
 /// `mpirun -np 2` of the verifying MPI program under `rdma-emu run` with `profile`, with the
 /// MCA parameters `mca` (pairs) and the environment `env` passed to both ranks; asserts both
-/// ranks verified their results.
-fn mpirun_verified(profile: &str, mca: &[[&str; 2]], env: &[[&str; 2]]) {
+/// ranks verified their results, and that the run exited unless `finalize_may_stick`.
+///
+/// Open MPI 4.1 with Debian's libevent 2.1 now and then never returns from `MPI_Finalize`:
+/// its main thread spins in libevent's `event_base_free` under `opal_finalize`, our threads
+/// idle, every result verified and every verb of ours returned (seen in about 1 run of 100
+/// of the openib runs below, under gdb; upstream, open-mpi/ompi#14399: an event activated after
+/// its loop stopped dispatching). Such a run is killed, with its ranks.
+fn mpirun_verified(profile: &str, mca: &[[&str; 2]], env: &[[&str; 2]]) -> MpiRun {
     let exe = mpi_verify_program();
     let mut args = vec!["-np", "2", "--oversubscribe"];
     for [k, v] in mca {
@@ -170,9 +184,31 @@ fn mpirun_verified(profile: &str, mca: &[[&str; 2]], env: &[[&str; 2]]) {
         c.env(k, v);
     }
     let (ok, out) = finish(c.spawn().unwrap(), Duration::from_secs(60));
-    assert!(ok, "{profile} {mca:?}: {out}");
+    // mpirun went with the guard; its ranks, their own processes, may not have.
+    kill_processes_on(&fabric);
     for rank in 0..2 {
         assert!(out.contains(&format!("rank {rank} of 2 verified")), "{profile} {mca:?}: {out}");
+    }
+    match ok {
+        true => MpiRun::Exited,
+        false if out.contains("did not finish") => MpiRun::StuckInFinalize,
+        false => panic!("{profile} {mca:?}: {out}"),
+    }
+}
+
+/// Kills every process left on the host fabric `fabric` (those whose environment names it).
+fn kill_processes_on(fabric: &Fabric) {
+    let mark = format!("RDMA_EMU_FABRIC={}\0", fabric.0);
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        let env = std::fs::read(entry.path().join("environ")).unwrap_or_default();
+        if env.windows(mark.len()).any(|w| w == mark.as_bytes()) {
+            // SAFETY: kill(2) with a pid read from /proc and a valid signal; a process gone
+            // meanwhile only makes it fail.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
     }
 }
 
@@ -183,13 +219,16 @@ fn mpirun_verified(profile: &str, mca: &[[&str; 2]], env: &[[&str; 2]]) {
 fn open_mpi_over_ucx_verbs_verifies_its_results() {
     let mca = [["pml", "ucx"], ["osc", "ucx"]];
     let tls = ["UCX_TLS", "rc_verbs,ud_verbs,self"];
-    mpirun_verified("full", &mca, &[tls]);
-    mpirun_verified("rxe", &mca, &[tls, ["UCX_IB_GID_INDEX", "0"]]);
+    assert_eq!(mpirun_verified("full", &mca, &[tls]), MpiRun::Exited);
+    let gid = ["UCX_IB_GID_INDEX", "0"];
+    assert_eq!(mpirun_verified("rxe", &mca, &[tls, gid]), MpiRun::Exited);
 }
 
 /// Open MPI's own verbs transport (the openib BTL, its UD connection manager): thirty runs,
-/// none hangs. Its connection manager polls, then re-arms its CQ: a message that arrives in
-/// between is announced at the arming on the full profile, as on an HCA.
+/// none hangs before both ranks verified their results. Its connection manager polls, then
+/// re-arms its CQ: a message that arrives in between is announced at the arming on the full
+/// profile, as on an HCA. A run stuck in Open MPI's own finalization afterwards (see
+/// [`mpirun_verified`]) is allowed now and then, not as a rule.
 #[test]
 fn open_mpi_openib_runs_thirty_times_without_a_hang() {
     let mca = [
@@ -200,9 +239,8 @@ fn open_mpi_openib_runs_thirty_times_without_a_hang() {
         ["btl_openib_warn_no_device_params_found", "0"],
         ["osc", "pt2pt"],
     ];
-    for _ in 0..30 {
-        mpirun_verified("full", &mca, &[]);
-    }
+    let stuck = (0..30).filter(|_| mpirun_verified("full", &mca, &[]) != MpiRun::Exited).count();
+    assert!(stuck <= 2, "{stuck} of 30 runs never returned from MPI_Finalize");
 }
 
 /// libfabric's verbs provider sees the emulated devices: a connected (`FI_EP_MSG`, through

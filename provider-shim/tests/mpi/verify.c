@@ -60,6 +60,8 @@ int main(int argc, char **argv)
 	free(buf);
 
 	printf("rank %d of %d verified\n", rank, size);
+	/* Out before MPI_Finalize, so that a rank stuck in it has said what it verified. */
+	fflush(stdout);
 	MPI_Finalize();
 	return 0;
 }
