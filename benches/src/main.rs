@@ -436,6 +436,30 @@ fn g4b(o: &Opts) -> Result<Row, String> {
     Ok(row)
 }
 
+/// WL1: `ib_write_lat` between two processes against `ib_send_lat`, in the same run. Each side
+/// waits for the other's WRITE by spinning on its buffer, entering no verb, so it is the
+/// writer, polling its CQ, that carries the WRITE out when the peer's reader thread is not
+/// scheduled (see `fabric::host::LAG`).
+fn wl1(o: &Opts) -> Result<Row, String> {
+    let iters = if o.quick { "2000" } else { "10000" };
+    let mut row = Row {
+        goal: "WL1",
+        what: "cross-process `ib_write_lat` RTT (baseline: `ib_send_lat`)".into(),
+        unit: "us",
+        higher_better: false,
+        target: "(none)",
+        emu: vec![],
+        base: vec![],
+    };
+    for _ in 0..o.samples {
+        let out = perftest::run("ib_send_lat", &["-n", iters])?;
+        row.base.push(2.0 * perftest::result(&out, 4)?);
+        let out = perftest::run("ib_write_lat", &["-n", iters])?;
+        row.emu.push(2.0 * perftest::result(&out, 4)?);
+    }
+    Ok(row)
+}
+
 /// CM1: `ib_send_lat -R` (QPs connected by the connection manager, parameters exchanged over
 /// it) against plain `ib_send_lat` (TCP exchange), both between two processes, in the same run.
 fn cm1(o: &Opts) -> Result<Row, String> {
@@ -601,7 +625,12 @@ fn main() {
             Err(e) => eprintln!("G4b skipped: {e}"),
         }
     }
-    let cross = [("CM1", cm1 as fn(&Opts) -> Result<Row, String>), ("CM2", cm2), ("RS1", rs1)];
+    let cross = [
+        ("WL1", wl1 as fn(&Opts) -> Result<Row, String>),
+        ("CM1", cm1),
+        ("CM2", cm2),
+        ("RS1", rs1),
+    ];
     let more = [("EV1", ev1 as fn(&Opts) -> Result<Row, String>), ("RD1", rd1)];
     for (goal, f) in cross.into_iter().chain(more) {
         if want(goal) {
