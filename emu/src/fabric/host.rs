@@ -2244,7 +2244,16 @@ mod test {
         a.qp.post_send(&write).unwrap();
         let read = SendWr::read(4, &into, b.mr.addr() + 128, b.mr.rkey()).signaled();
         a.qp.post_send(&read).unwrap();
-        for id in [3, 4] {
+        // A stream behind them, each to a place of its own.
+        let words: Vec<[u8; 8]> = (0..12u64).map(|i| (i * 0x0101_0101 + 7).to_le_bytes()).collect();
+        for (i, w) in words.iter().enumerate() {
+            let at = 512 + 8 * i as u64;
+            a.mr.write(at as usize, w).unwrap();
+            let piece = [sge(at)];
+            let wr = SendWr::write(10 + i as u64, &piece, b.mr.addr() + at, b.mr.rkey());
+            a.qp.post_send(&wr.signaled()).unwrap();
+        }
+        for id in [3, 4].into_iter().chain(10..22) {
             let wc = a.next();
             assert_eq!((wc.wr_id, wc.status), (id, WcStatus::SUCCESS));
         }
@@ -2253,6 +2262,10 @@ mod test {
         assert_eq!(&got, b"landed!!");
         a.mr.read(256, &mut got).unwrap();
         assert_eq!(&got, b"read me.");
+        for (i, w) in words.iter().enumerate() {
+            b.mr.read(512 + 8 * i, &mut got).unwrap();
+            assert_eq!(&got, w, "WRITE {i}");
+        }
         // The peer still holds both in its ring, unbegun.
         assert!(fa.0.node.get().unwrap().behind(b.slot()));
         drop(held);
