@@ -104,14 +104,16 @@ const SEND_PATIENCE: Duration = Duration::from_millis(2);
 const STOPPED_LOOK: Duration = Duration::from_millis(1);
 /// How long the reader watches the rings after taking something in, before it sleeps.
 const READER_SPIN: Duration = Duration::from_micros(50);
-/// How long a record of ours may wait in a peer's ring, its reader freeing nothing meanwhile,
-/// before a thread of ours that polls an empty CQ carries out the WRITEs and READs waiting
-/// there itself (see `Node::carry_out_for_lagging`). Long enough for a reader that is awake
-/// to take a record in; a reader woken by a doorbell may take longer, and then finds the
-/// request carried out, which only cost the requester a system call. `ib_write_lat` between
-/// two pinned processes, 8 bytes: 536 us without, 23 us with 20 us, 7.6 us with 5 us;
-/// `ib_write_bw` level with it (within the runs' noise, 8 B .. 64 KiB).
-const LAG: Duration = Duration::from_micros(5);
+/// How long the oldest record of ours in a peer's ring may wait unbegun, its reader freeing
+/// nothing meanwhile, before a thread of ours that polls an empty CQ carries out the WRITEs
+/// and READs waiting there itself (see `Node::carry_out_for_lagging`). Long enough for a
+/// reader or an application thread that is looking to take a record in; a reader woken by a
+/// doorbell may take longer, and then finds the request carried out, which only cost the
+/// requester, waiting anyway, a system call. A reader at work on the oldest record (a large
+/// WRITE being pulled) is not lagging. `ib_write_lat` between two pinned processes, 8 bytes:
+/// 536 us without, 23 us with 20 us, 8.8..9.5 us with 5 us, 4.8..5.0 us with 2 us;
+/// `ib_write_bw` 8 B and 64 KiB level across these (within the runs' noise).
+const LAG: Duration = Duration::from_micros(2);
 /// Empty looks of application threads between two looks for lagging peers (a clock read and
 /// a look at each peer's ring).
 const LAG_LOOKS: u32 = 8;
@@ -328,14 +330,14 @@ thread_local! {
 /// Which peers' readers have taken nothing in for a while (see `Node::carry_out_for_lagging`).
 #[derive(Debug, Default)]
 struct LagWatch {
-    /// The peers with records of ours unread at the last look, by slot: how far the reader
-    /// had freed its ring then, and since when it had freed no more.
+    /// The peers whose oldest record of ours was unbegun at the last look, by slot: how far
+    /// the reader had freed its ring then, and since when it had freed no more.
     unread: smallvec::SmallVec<[(u8, u64, Instant); 4]>,
 }
 
 impl LagWatch {
-    /// The peers whose reader has freed nothing of our ring to it for [`LAG`], records
-    /// waiting; each such peer is then given another `LAG` before it is named again.
+    /// The peers whose reader has freed nothing of our ring to it for [`LAG`], the oldest
+    /// record unbegun; each such peer is then given another `LAG` before it is named again.
     fn lagging(
         &mut self,
         peers: &crate::sync::lock::Lock<FxHashMap<u8, Arc<Peer>>>,
@@ -346,7 +348,7 @@ impl LagWatch {
         for (&slot, peer) in peers.lock().iter() {
             // A sender at it now: looked at next time.
             let Some(tx) = peer.tx.try_lock() else { continue };
-            let Some(ring) = tx.ring.as_deref().filter(|r| r.unread()) else { continue };
+            let Some(ring) = tx.ring.as_deref().filter(|r| r.oldest_unbegun()) else { continue };
             let freed = ring.freed_to();
             let mut since = match self.unread.iter().find(|u| u.0 == slot) {
                 Some(&(_, was, t)) if was == freed => t,

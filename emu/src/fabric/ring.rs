@@ -301,6 +301,22 @@ impl Ring {
         self.head()
     }
 
+    /// Writer: whether the oldest record not yet freed (past a filler at the wrap) is one the
+    /// reader's responder has not begun (a reader at work on it, a large WRITE being placed,
+    /// is not behind).
+    pub(crate) fn oldest_unbegun(&self) -> bool {
+        let end = self.write_to.load(Ordering::Relaxed);
+        let mut pos = self.head();
+        while pos != end {
+            match self.record_at(pos, end) {
+                Some((at, Some(_), _)) => return self.state(at).load(Ordering::Acquire) == FRESH,
+                Some((_, None, used)) => pos += used as u64,
+                None => return false,
+            }
+        }
+        false
+    }
+
     /// Writer: hands the bytes of each record not yet freed that the reader's responder has
     /// not begun (nor the writer claimed) to `each`, oldest first, while `each` asks for more.
     /// The bytes are only looked at, as in [`Ring::claim`].
@@ -795,10 +811,19 @@ mod test {
             put(&w, b);
         }
         // Read, all three; the responder begins the first: the writer cannot claim it. The
-        // second, read but not begun, the writer claims and carries out.
+        // second, read but not begun, the writer claims and carries out. The writer sees
+        // whether the oldest is begun, and which ones are not.
         let mut tickets = Vec::new();
         r.read(|rec| tickets.push(rec.ticket(None).0)).unwrap();
+        assert!(w.oldest_unbegun());
         assert!(!tickets[0].carried_out());
+        assert!(!w.oldest_unbegun());
+        let mut unbegun = Vec::new();
+        w.unbegun(|b| {
+            unbegun.push(b.to_vec());
+            true
+        });
+        assert_eq!(unbegun, [b"two".to_vec(), b"six".to_vec()]);
         assert!(w.claim(&mut 0, |b| b == b"one").is_none());
         w.claim(&mut 0, |b| b == b"two").unwrap().placed();
         assert!(tickets[1].carried_out());
