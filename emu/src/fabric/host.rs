@@ -109,8 +109,10 @@ const READER_SPIN: Duration = Duration::from_micros(50);
 /// and READs waiting there itself (see `Node::carry_out_for_lagging`). Long enough for a
 /// reader or an application thread that is looking to take a record in; a reader woken by a
 /// doorbell may take longer, and then finds the request carried out, which only cost the
-/// requester, waiting anyway, a system call. A reader at work on the oldest record (a large
-/// WRITE being pulled) is not lagging. `ib_write_lat` between two pinned processes, 8 bytes:
+/// requester, waiting anyway, a system call. A reader at work on the oldest record is not
+/// lagging; nor are the WRITEs a reader pulls (from `PULL_MIN` on) carried out for it: it may
+/// be pulling the one before them, at length, and the requester copying the next meanwhile,
+/// its QP locked all along, held `ib_write_bw -s 1048576` back by ~10%. `ib_write_lat` between two pinned processes, 8 bytes:
 /// 536 us without, 23 us with 20 us, 8.8..9.5 us with 5 us, 4.8..5.0 us with 2 us;
 /// `ib_write_bw` 8 B and 64 KiB level across these (within the runs' noise).
 const LAG: Duration = Duration::from_micros(2);
@@ -282,6 +284,9 @@ pub(crate) struct AbsentPeer {
     process: Arc<PeerProcess>,
     /// Where in our ring to it the search for the next request resumes.
     from: u64,
+    /// Running, but not taking in: what it would pull from us, it is left to (its reader may
+    /// be at the one before, at length).
+    lagging: bool,
 }
 
 impl AbsentPeer {
@@ -302,8 +307,10 @@ impl AbsentPeer {
         // Held throughout: nothing is written to the ring while we look through it.
         let tx = self.peer.tx.lock();
         let Some(ring) = tx.ring.as_deref() else { return false };
+        let lagging = self.lagging;
         let wanted = |b: &[u8]| {
             request_ids(b).is_some_and(|(dst, src, p)| dst == dst_qpn && src == src_qpn && p == psn)
+                && !(lagging && wire::pulled(&b[HEADER..]))
         };
         let Some(claim) = ring.claim(&mut self.from, wanted) else { return false };
         if !exports::place(&self.exports, &self.process, ring, req) {
@@ -476,7 +483,13 @@ impl Node {
         let peer = self.peers.lock().get(&slot).cloned()?;
         let known = self.inbound.peer_exports.lock().get(&slot).cloned();
         let (exports, process) = known.filter(|(_, p)| p.pid() == peer.pid())?;
-        (lagging || peer.stopped()).then_some(AbsentPeer { peer, exports, process, from: 0 })
+        (lagging || peer.stopped()).then_some(AbsentPeer {
+            peer,
+            exports,
+            process,
+            from: 0,
+            lagging,
+        })
     }
 
     /// What this node refused to take from its peers so far.
@@ -536,8 +549,10 @@ impl Node {
             {
                 let tx = peer.tx.lock();
                 let Some(ring) = tx.ring.as_deref() else { continue };
+                // Not one the reader pulls: it may well be pulling the one before, at length.
                 ring.unbegun(|b| {
                     if let Some((_, src, _)) = request_ids(b)
+                        && !wire::pulled(&b[HEADER..])
                         && !qpns.contains(&src)
                     {
                         qpns.push(src);

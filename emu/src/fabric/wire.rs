@@ -377,6 +377,12 @@ pub(crate) fn packet_ids(bytes: &[u8]) -> Option<(Kind, u32, u32)> {
     Some((kind_of(kind)?, src_qpn, psn))
 }
 
+/// Whether the packet laid out in `bytes` (see `encode_head`) left its payload in the sender's
+/// memory, for the receiver to pull.
+pub(crate) fn pulled(bytes: &[u8]) -> bool {
+    matches!(bytes, [VERSION, _, _, _, flags, ..] if flags & 8 != 0)
+}
+
 /// Reads fixed-size fields off the front of a byte slice.
 pub(crate) struct Reader<'a>(pub(crate) &'a [u8]);
 
