@@ -7,12 +7,12 @@
 //! Those already sent, whose records still wait in the ring unbegun, are claimed there
 //! ([`carry_out`], when the ACK timer finds the peer stopped; [`carry_out_for_lagging`], when
 //! a thread of ours polling an empty CQ finds the peer's reader has taken nothing in for a
-//! while); the peer accounts for them as it takes them in. While the peer stays stopped, those posted
-//! next are carried out without being sent at all ([`carry_out_unsent`]), so that a stream of
-//! them is not bounded by the ring; the peer hears of their PSNs in one note, before the next
-//! request that is sent ([`note_unsent`]). The first request that cannot be carried out (a
-//! SEND, an atomic, a WRITE with immediate, one the peer's tables refuse, one in several ring
-//! records) and everything after it wait for the peer to continue.
+//! while); the peer accounts for them as it takes them in. While the peer stays stopped,
+//! those posted next are carried out without being sent at all ([`carry_out_unsent`]), so
+//! that a stream of them is not bounded by the ring; the peer hears of their PSNs in one note,
+//! before the next request that is sent ([`note_unsent`]). The first request that cannot be
+//! carried out (a SEND, an atomic, a WRITE with immediate, one the peer's tables refuse, one
+//! in several ring records) and everything after it wait for the peer to continue.
 
 use std::sync::Arc;
 
@@ -195,9 +195,9 @@ fn sources(
     sges: &[crate::Sge],
     inline: &[u8],
     flags: SendFlags,
-) -> Option<Vec<(u64, usize)>> {
+) -> Option<smallvec::SmallVec<[(u64, usize); 2]>> {
     if flags.contains(SendFlags::INLINE) {
-        return Some(vec![(inline.as_ptr() as u64, inline.len())]);
+        return Some(smallvec::smallvec![(inline.as_ptr() as u64, inline.len())]);
     }
     let payload = sgl::resolve(qp, sges, false).ok()?;
     let pieces = payload

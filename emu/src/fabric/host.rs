@@ -112,9 +112,10 @@ const READER_SPIN: Duration = Duration::from_micros(50);
 /// requester, waiting anyway, a system call. A reader at work on the oldest record is not
 /// lagging; nor are the WRITEs a reader pulls (from `PULL_MIN` on) carried out for it: it may
 /// be pulling the one before them, at length, and the requester copying the next meanwhile,
-/// its QP locked all along, held `ib_write_bw -s 1048576` back by ~10%. `ib_write_lat` between two pinned processes, 8 bytes:
-/// 536 us without, 23 us with 20 us, 8.8..9.5 us with 5 us, 4.8..5.0 us with 2 us;
-/// `ib_write_bw` 8 B and 64 KiB level across these (within the runs' noise).
+/// its QP locked all along, held `ib_write_bw -s 1048576` back by ~10%. `ib_write_lat`
+/// between two pinned processes, 8 bytes: 536 us without, 23 us with 20 us, 8.8..9.5 us with
+/// 5 us, 4.8..5.0 us with 2 us; `ib_write_bw` 8 B and 64 KiB level across these (within the
+/// runs' noise).
 const LAG: Duration = Duration::from_micros(2);
 /// Empty looks of application threads between two looks for lagging peers (a clock read and
 /// a look at each peer's ring).
@@ -284,8 +285,8 @@ pub(crate) struct AbsentPeer {
     process: Arc<PeerProcess>,
     /// Where in our ring to it the search for the next request resumes.
     from: u64,
-    /// Running, but not taking in: what it would pull from us, it is left to (its reader may
-    /// be at the one before, at length).
+    /// The peer runs, but its reader lags: the records it would pull from us are left to it
+    /// (it may be pulling the one before them, at length).
     lagging: bool,
 }
 
@@ -345,12 +346,13 @@ struct LagWatch {
 impl LagWatch {
     /// The peers whose reader has freed nothing of our ring to it for [`LAG`], the oldest
     /// record unbegun; each such peer is then given another `LAG` before it is named again.
+    /// (Held in place: a slow machine finds peers lagging at every look.)
     fn lagging(
         &mut self,
         peers: &crate::sync::lock::Lock<FxHashMap<u8, Arc<Peer>>>,
-    ) -> Vec<Arc<Peer>> {
+    ) -> smallvec::SmallVec<[Arc<Peer>; 4]> {
         let now = Instant::now();
-        let mut lagging = Vec::new();
+        let mut lagging = smallvec::SmallVec::new();
         let mut unread = smallvec::SmallVec::new();
         for (&slot, peer) in peers.lock().iter() {
             // A sender at it now: looked at next time.
@@ -476,8 +478,9 @@ impl Node {
     }
 
     /// The node of `dst_qpn`, if it passed us its exports and its process is stopped
-    /// (SIGSTOP, a debugger) or, if `lagging` (the caller found its ring unread a while, see
-    /// [`LAG`]), running: our QPs may then carry out their requests to it themselves.
+    /// (SIGSTOP, a debugger) or, if `lagging` (the caller found our oldest record in its ring
+    /// unbegun a while, see [`LAG`]), running: our QPs may then carry out their requests to it
+    /// themselves.
     pub(crate) fn absent_peer(&self, dst_qpn: u32, lagging: bool) -> Option<AbsentPeer> {
         let slot = slot_of(dst_qpn);
         let peer = self.peers.lock().get(&slot).cloned()?;
