@@ -441,45 +441,45 @@ fn g4b(o: &Opts) -> Result<Row, String> {
 /// writer, polling its CQ, that carries the WRITE out when the peer's reader thread is not
 /// scheduled (see `fabric::host::LAG`).
 fn wl1(o: &Opts) -> Result<Row, String> {
-    let iters = if o.quick { "2000" } else { "10000" };
-    let mut row = Row {
-        goal: "WL1",
-        what: "cross-process `ib_write_lat` RTT (baseline: `ib_send_lat`)".into(),
-        unit: "us",
-        higher_better: false,
-        target: "(none)",
-        emu: vec![],
-        base: vec![],
-    };
-    for _ in 0..o.samples {
-        let out = perftest::run("ib_send_lat", &["-n", iters])?;
-        row.base.push(2.0 * perftest::result(&out, 4)?);
-        let out = perftest::run("ib_write_lat", &["-n", iters])?;
-        row.emu.push(2.0 * perftest::result(&out, 4)?);
-    }
-    Ok(row)
+    let what = "cross-process `ib_write_lat` RTT (baseline: `ib_send_lat`)";
+    against_send_lat(o, "WL1", what, "(none)", |iters| {
+        perftest::run("ib_write_lat", &["-n", iters])
+    })
 }
 
 /// CM1: `ib_send_lat -R` (QPs connected by the connection manager, parameters exchanged over
 /// it) against plain `ib_send_lat` (TCP exchange), both between two processes, in the same run.
 fn cm1(o: &Opts) -> Result<Row, String> {
+    let what = "cross-process `ib_send_lat -R` RTT (baseline: without `-R`)";
+    against_send_lat(o, "CM1", what, "<= 1.1x", |iters| {
+        let args = ["-R", "-n", iters];
+        perftest::run_with("ib_send_lat", &args, &[], "-p", Ready::Cm, Some("127.0.0.1"))
+    })
+}
+
+/// A round trip between two processes that `run` reports (perftest's latency output, given the
+/// iterations), against plain `ib_send_lat`'s, sample by sample in the same run.
+fn against_send_lat(
+    o: &Opts,
+    goal: &'static str,
+    what: &str,
+    target: &'static str,
+    run: impl Fn(&str) -> Result<String, String>,
+) -> Result<Row, String> {
     let iters = if o.quick { "2000" } else { "10000" };
     let mut row = Row {
-        goal: "CM1",
-        what: "cross-process `ib_send_lat -R` RTT (baseline: without `-R`)".into(),
+        goal,
+        what: what.into(),
         unit: "us",
         higher_better: false,
-        target: "<= 1.1x",
+        target,
         emu: vec![],
         base: vec![],
     };
     for _ in 0..o.samples {
         let out = perftest::run("ib_send_lat", &["-n", iters])?;
         row.base.push(2.0 * perftest::result(&out, 4)?);
-        let args = ["-R", "-n", iters];
-        let out =
-            perftest::run_with("ib_send_lat", &args, &[], "-p", Ready::Cm, Some("127.0.0.1"))?;
-        row.emu.push(2.0 * perftest::result(&out, 4)?);
+        row.emu.push(2.0 * perftest::result(&run(iters)?, 4)?);
     }
     Ok(row)
 }
