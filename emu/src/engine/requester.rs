@@ -47,6 +47,10 @@ pub(crate) struct Requester {
     /// Requests carried out for the stopped peer without being sent: it hears of them before
     /// the next request that is sent.
     pub(crate) unsent: Option<super::absent_peer::Unsent>,
+    /// UC: when the QP last looked at placing a WRITE as it was posted, and whether it did
+    /// (see `absent_peer::place_at_post`).
+    pub(crate) placed_at: Option<std::time::Instant>,
+    pub(crate) placed_last: bool,
 }
 
 impl Requester {
@@ -467,6 +471,9 @@ pub(crate) fn run(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>) -> 
                 } else {
                     super::absent_peer::note_unsent(qp, g, drv);
                     drv.send(&mut g.route, pkt);
+                    if qp.qp_type == QpType::UC {
+                        super::absent_peer::place_at_post(qp, g, idx, drv);
+                    }
                 }
                 if !qp.qp_type.is_reliable() {
                     // Unreliable: the WR is complete once its message is on the wire.

@@ -18,6 +18,11 @@ pub(crate) struct Side {
 /// An RC QP not yet connected on its own context of `d`, with a CQ and 4 KiB of memory that
 /// every access may reach.
 pub(crate) fn side(d: &Device) -> Side {
+    side_of(d, QpType::RC)
+}
+
+/// [`side`] with a QP of type `ty`.
+pub(crate) fn side_of(d: &Device, ty: QpType) -> Side {
     let ctx = d.open().unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(64, None, 0).unwrap();
@@ -33,7 +38,7 @@ pub(crate) fn side(d: &Device) -> Side {
         max_recv_sge: 2,
         max_inline_data: 0,
     };
-    let qp = pd.create_qp(&QpInitAttr::new(QpType::RC, &cq, cap)).unwrap();
+    let qp = pd.create_qp(&QpInitAttr::new(ty, &cq, cap)).unwrap();
     Side { qp, mr, cq }
 }
 

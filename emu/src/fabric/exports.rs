@@ -1,6 +1,6 @@
 //! What a node lets its peers do for it while it cannot: the memory regions it registered for
-//! remote access and the RC QPs that may be written or read through them, in a shared file
-//! that its peers map read-only.
+//! remote access and the RC and UC QPs that may be written or read through them, in a shared
+//! file that its peers map read-only.
 //!
 //! A process stopped by SIGSTOP or a debugger takes in nothing (its reader thread is frozen);
 //! a NIC would go on answering for it. So a peer that finds the process stopped carries out an
@@ -330,8 +330,9 @@ impl PeerExports {
 pub(crate) struct Request<'a> {
     /// The stopped process's QP, on its device.
     pub(crate) dst: (u32, u32),
-    /// Our QP, which sent it.
+    /// Our QP, which sent it, and its type (the peer's must be the same).
     pub(crate) src_qpn: u32,
+    pub(crate) qp_type: QpType,
     pub(crate) rkey: u32,
     pub(crate) va: u64,
     pub(crate) op: Op<'a>,
@@ -381,7 +382,8 @@ fn place_gated(exports: &PeerExports, to: &PeerProcess, req: Request<'_>) -> boo
     let takes = matches!(qp.state, QpState::RTR | QpState::RTS | QpState::SQD | QpState::SQE);
     if !takes
         || qp.dev != dev
-        || qp.qp_type != QpType::RC
+        || qp.qp_type != req.qp_type
+        || !matches!(qp.qp_type, QpType::RC | QpType::UC)
         || qp.dest_qpn != req.src_qpn
         || !qp.access.contains(need)
     {
@@ -515,6 +517,7 @@ mod test {
         e.set_mr(&mr(&target, 0x801, AccessFlags::REMOTE_READ));
         let from = [(src.as_ptr() as u64, 16)];
         let write = |rkey, va, dst: (u32, u32), src_qpn| Request {
+            qp_type: QpType::RC,
             dst,
             src_qpn,
             rkey,
@@ -543,6 +546,7 @@ mod test {
         e.set_qp(&qp(0x10001, QpState::RTS));
         let mut got = Vec::new();
         let read = Request {
+            qp_type: QpType::RC,
             dst: ok.0,
             src_qpn: ok.1,
             rkey: 0x801,
@@ -551,6 +555,14 @@ mod test {
         };
         assert!(place(&p, &me, &gate, read));
         assert_eq!(got, [7; 8]);
+        // A UC QP is offered too, and takes only a UC QP's WRITEs; an RC QP only an RC's.
+        e.set_qp(&QpExport { qpn: 0x10003, qp_type: QpType::UC, ..qp(0x10003, QpState::RTS) });
+        let uc = |dst| Request { qp_type: QpType::UC, ..write(0x700, 0x1020, dst, ok.1) };
+        assert!(!place(&p, &me, &gate, uc(ok.0)), "a UC WRITE to an RC QP");
+        assert!(!place(&p, &me, &gate, write(0x700, 0x1020, (0, 0x10003), ok.1)));
+        assert_eq!(&target[32..40], &[0; 8]);
+        assert!(place(&p, &me, &gate, uc((0, 0x10003))));
+        assert_eq!(&target[32..40], &[7; 8]);
     }
 
     #[test]

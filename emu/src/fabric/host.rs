@@ -322,6 +322,28 @@ impl AbsentPeer {
     }
 }
 
+impl AbsentPeer {
+    /// Carries out `req`, the request at `psn` that our QP just sent, if its record is the
+    /// oldest our ring to the peer holds unfreed and the peer's reader has not begun it: no
+    /// earlier request of ours is still to be placed there, so this one landing first breaks
+    /// no order. Whether it was.
+    pub(crate) fn carry_out_first(&self, psn: u32, req: exports::Request<'_>) -> bool {
+        let (dst_qpn, src_qpn) = (req.dst.1, req.src_qpn);
+        let tx = self.peer.tx.lock();
+        let Some(ring) = tx.ring.as_deref() else { return false };
+        let wanted = |b: &[u8]| {
+            request_ids(b).is_some_and(|(dst, src, p)| dst == dst_qpn && src == src_qpn && p == psn)
+                && !wire::pulled(&b[HEADER..])
+        };
+        let Some(claim) = ring.claim_oldest(wanted) else { return false };
+        if !exports::place(&self.exports, &self.process, ring, req) {
+            return false;
+        }
+        claim.placed();
+        true
+    }
+}
+
 /// The destination QP, source QP and PSN of a ring record that holds a whole WRITE or READ
 /// request (those a requester may carry out itself, see `engine::absent_peer`).
 fn request_ids(b: &[u8]) -> Option<(u32, u32, u32)> {
@@ -1107,7 +1129,15 @@ fn receive(inbound: &Inbound, rx: &mut Rx, fabric: &FabricInner, socket: bool) -
     delivered
 }
 
+/// Whether this thread's sends rang a peer's bell (found its reader asleep) since it last
+/// asked.
+pub(crate) fn rang_bell() -> bool {
+    RANG.replace(false)
+}
+
 thread_local! {
+    /// See [`rang_bell`].
+    static RANG: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     /// Whether this thread is inside `receive`: the replies it sends must never wait.
     static RECEIVING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
@@ -1837,6 +1867,7 @@ impl Peer {
         tx.ring = ring;
         if rung {
             ring_bell(&mut tx.sock, &self.path, src);
+            RANG.set(true);
         }
         if !tx.backlog.is_empty() {
             if !tx.flusher_started {
@@ -2292,6 +2323,58 @@ mod test {
         // The peer still holds both in its ring, unbegun.
         assert!(fa.0.node.get().unwrap().behind(b.slot()));
         drop(held);
+        a.send(&b, 5);
+        b.send(&a, 6);
+        assert_eq!((a.qp.state(), b.qp.state()), (QpState::RTS, QpState::RTS));
+        drop((a, b, fa, fb));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn test_a_uc_write_is_placed_as_it_is_posted_when_the_peer_takes_nothing_in() {
+        let (dir, cfg) = host_dir("uc-placed");
+        let (fa, fb) = (Fabric::new(cfg.clone()), Fabric::new(cfg));
+        let uc = |f: &Fabric| crate::engine::testkit::side_of(&f.devices()[0], crate::QpType::UC);
+        let (a, b) = (uc(&fa), uc(&fb));
+        connected(&a, &b);
+        // The first exchange passes the rings and the peer's exports.
+        a.send(&b, 1);
+        b.send(&a, 2);
+        let sge = |at: u64| Sge { addr: a.mr.addr() + at, length: 8, lkey: a.mr.lkey() };
+        let landed = |at: usize| {
+            let mut got = [0u8; 8];
+            b.mr.read(at, &mut got).unwrap();
+            got
+        };
+        let write = |id: u64, at: u64| {
+            let piece = [sge(at)];
+            a.qp.post_send(&SendWr::write(id, &piece, b.mr.addr() + at, b.mr.rkey()).signaled())
+                .unwrap();
+            let wc = a.next();
+            assert_eq!((wc.wr_id, wc.status), (id, WcStatus::SUCCESS));
+        };
+        // The peer's reader asleep, then kept from taking anything in: the WRITE is in its
+        // memory all the same, by the time the post returns.
+        let node_b = fb.0.node.get().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let asleep = |rx: &Rx| !rx.rings.is_empty() && rx.rings.iter().all(|(_, r)| r.armed());
+        while !node_b.inbound.rx.try_lock().is_some_and(|rx| asleep(&rx)) {
+            assert!(Instant::now() < deadline, "the peer's reader never slept");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let held = node_b.inbound.rx.lock();
+        a.mr.write(64, b"landed!!").unwrap();
+        write(3, 64);
+        assert_eq!(&landed(64), b"landed!!");
+        // One after a pause, the run of placed WRITEs going on.
+        std::thread::sleep(Duration::from_millis(5));
+        a.mr.write(128, b"again...").unwrap();
+        write(4, 128);
+        assert_eq!(&landed(128), b"again...");
+        // Its records wait, unbegun, for the peer to account for them.
+        assert!(fa.0.node.get().unwrap().behind(b.slot()));
+        drop(held);
+        // In order behind them, messages are taken in as ever.
         a.send(&b, 5);
         b.send(&a, 6);
         assert_eq!((a.qp.state(), b.qp.state()), (QpState::RTS, QpState::RTS));

@@ -399,10 +399,12 @@ impl FabricInner {
         self.node.get()?.exports.as_ref()
     }
 
-    /// Offers the RC QP as it now is to our peers on the host fabric, for what they may carry
-    /// out for us while this process is stopped (see [`exports`]).
+    /// Offers the RC or UC QP as it now is to our peers on the host fabric, for what they may
+    /// carry out for us while this process is stopped or not taking in (see [`exports`]).
+    /// (A UC QP's peer places its WRITEs as it posts them: `engine::absent_peer`.)
     pub(crate) fn export_qp(&self, qp: &QpShared, g: &crate::qp::QpInner) {
-        let Some(e) = self.exports().filter(|_| qp.qp_type == crate::QpType::RC) else {
+        let connected = matches!(qp.qp_type, crate::QpType::RC | crate::QpType::UC);
+        let Some(e) = self.exports().filter(|_| connected) else {
             return;
         };
         e.set_qp(&exports::QpExport {

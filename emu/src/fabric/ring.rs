@@ -350,6 +350,22 @@ impl Ring {
     pub(crate) fn claim(
         &self,
         from: &mut u64,
+        wanted: impl FnMut(&[u8]) -> bool,
+    ) -> Option<Claim<'_>> {
+        self.claim_from(from, false, wanted)
+    }
+
+    /// Writer: [`Ring::claim`] of the oldest record not yet freed nor placed alone: `None` if
+    /// `wanted` does not hold for it, or the reader has begun it.
+    pub(crate) fn claim_oldest(&self, wanted: impl FnMut(&[u8]) -> bool) -> Option<Claim<'_>> {
+        let mut from = self.head();
+        self.claim_from(&mut from, true, wanted)
+    }
+
+    fn claim_from(
+        &self,
+        from: &mut u64,
+        oldest: bool,
         mut wanted: impl FnMut(&[u8]) -> bool,
     ) -> Option<Claim<'_>> {
         let end = self.write_to.load(Ordering::Relaxed);
@@ -358,7 +374,10 @@ impl Ring {
         let mut pos = if end.wrapping_sub(*from) <= end.wrapping_sub(head) { *from } else { head };
         while pos != end {
             let (at, len, used) = self.record_at(pos, end)?;
-            if let Some(len) = len {
+            let placed = || self.state(at).load(Ordering::Acquire) == PLACED;
+            if let Some(len) = len
+                && !(oldest && placed())
+            {
                 let start = at + RECORD_HEADER;
                 // SAFETY: the record's bytes lie in the ring (checked above); only this writer
                 // writes them, and not while it holds `&self` here for the scan (the sender's
@@ -376,6 +395,9 @@ impl Ring {
                         }
                         Err(_) => None,
                     };
+                }
+                if oldest {
+                    return None;
                 }
             }
             pos += used as u64;
@@ -493,6 +515,12 @@ impl Ring {
         // SAFETY: `at` is 8-aligned and at + 8 <= cap (records and fillers start 8-aligned,
         // and `cap` is a multiple of 8); unpublished space, as in `write`.
         unsafe { self.ptr(at, RECORD_HEADER).cast::<u64>().write(u64::from(len)) };
+    }
+
+    /// Whether the reader asked to be rung (it sleeps, or is about to).
+    #[cfg(test)]
+    pub(crate) fn armed(&self) -> bool {
+        self.bell().load(Ordering::SeqCst) != 0
     }
 
     /// After publishing: whether the reader asked to be rung (and, if so, clears the request:
@@ -852,6 +880,35 @@ mod test {
         r.read(|rec| placed = Some(rec.ticket(None).0.carried_out())).unwrap();
         assert_eq!(placed, Some(true));
         writer.join().unwrap();
+    }
+
+    #[test]
+    fn test_the_writer_claims_the_oldest_record_alone_past_those_it_placed() {
+        let w = Ring::create(4096).unwrap();
+        let r = Arc::new(Ring::open(w.fd.try_clone().unwrap(), me()).unwrap());
+        put(&w, b"one");
+        put(&w, b"two");
+        // "two" has "one" before it, neither placed nor begun.
+        assert!(w.claim_oldest(|b| b == b"two").is_none());
+        w.claim_oldest(|b| b == b"one").unwrap().placed();
+        assert!(w.claim_oldest(|b| b == b"one").is_none(), "claimed once");
+        // Past a placed record, the next is the oldest.
+        w.claim_oldest(|b| b == b"two").unwrap().placed();
+        put(&w, b"six");
+        put(&w, b"ten");
+        // Begun by the reader's responder: not the writer's to claim, nor what follows it.
+        let mut tickets = Vec::new();
+        r.read(|rec| tickets.push((rec.bytes().to_vec(), rec.ticket(None).0))).unwrap();
+        let carried: Vec<_> =
+            tickets[..2].iter().map(|(b, t)| (b.clone(), t.carried_out())).collect();
+        assert_eq!(carried, [(b"one".to_vec(), true), (b"two".to_vec(), true)]);
+        assert!(!tickets[2].1.carried_out());
+        assert!(w.claim_oldest(|b| b == b"six").is_none());
+        assert!(w.claim_oldest(|b| b == b"ten").is_none());
+        // Once every record before it is freed, the oldest is "ten".
+        drop(tickets.drain(..3));
+        w.claim_oldest(|b| b == b"ten").unwrap().placed();
+        assert!(tickets[0].1.carried_out());
     }
 
     #[test]
