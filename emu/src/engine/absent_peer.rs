@@ -14,8 +14,8 @@
 //! carried out (a SEND, an atomic, a WRITE with immediate, one the peer's tables refuse, one
 //! in several ring records) and everything after it wait for the peer to continue.
 //!
-//! A UC QP, which waits for no answer, places a WRITE as it posts it when the peer's reader
-//! looks absent ([`place_at_post`]).
+//! A UC QP, which waits for no answer that would make it look again, places a WRITE as it
+//! sends it when the peer's reader looks absent ([`place_at_post`]).
 
 use std::{
     sync::Arc,
@@ -36,7 +36,7 @@ use crate::{
     types::{QpState, SendFlags, WrOpcode},
 };
 
-/// The pause after a UC QP's last WRITE placed as it was posted (or found the peer's reader
+/// The pause after a UC QP's last WRITE placed as it was sent (or found the peer's reader
 /// asleep) after which the next is placed too (see [`place_at_post`]): far shorter than a
 /// round trip through a peer's reader that shares its core with a spinning application (tens
 /// of microseconds), far longer than the gap between the WRITEs of a stream (a fraction of
@@ -151,10 +151,12 @@ pub(crate) fn note_unsent(qp: &QpShared, g: &mut QpInner, drv: &mut Driver<'_>) 
 
 /// A UC WRITE just sent (the WQE at `idx`) to a process on the host fabric is placed in the
 /// peer's memory at once, where its record is the oldest in our ring to it that is neither
-/// placed nor begun, and the peer's exports allow it. A UC requester waits for nothing, so
-/// no thread of ours would otherwise ever carry it out, and a peer whose application spins
-/// on its memory for the WRITE to land (`ib_write_lat -c UC`) leaves its reader, on the same
-/// core, the CPU only at the end of a time slice (~70 us a round trip here, 3 us placed).
+/// placed nor begun (no earlier request of ours is still to land), and the peer's exports
+/// allow it. A UC requester waits for nothing, so no thread of ours would otherwise ever
+/// carry it out, and a peer whose application spins on its memory for the WRITE to land
+/// (`ib_write_lat -c UC`) leaves its reader, on the same core, the CPU only at the end of a
+/// time slice (~70 us a round trip here; 3 us placed). (An RC requester polls for the ACK,
+/// and carries out for a lagging peer then.)
 ///
 /// Each placement is a system call, where the records of a stream cost the reader, taking
 /// them in one after another, a copy each. So a WRITE is only placed if its send found the
@@ -173,8 +175,8 @@ pub(crate) fn place_at_post(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, drv: 
     if g.req.placed_at.replace(now).is_some_and(|t| now - t < PLACE_GAP) {
         return;
     }
-    let w = g.sq.ring.at(idx);
     let Some(peer) = absent_peer(g, drv, true) else { return };
+    let w = g.sq.ring.at(idx);
     g.req.placed_last = carried(qp, g, w, |req| peer.carry_out_first(w.first_psn, req)).is_some();
 }
 

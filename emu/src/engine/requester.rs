@@ -47,7 +47,7 @@ pub(crate) struct Requester {
     /// Requests carried out for the stopped peer without being sent: it hears of them before
     /// the next request that is sent.
     pub(crate) unsent: Option<super::absent_peer::Unsent>,
-    /// UC: when the QP last looked at placing a WRITE as it was posted, and whether it did
+    /// UC: when the QP last looked at placing a WRITE as it was sent, and whether it did
     /// (see `absent_peer::place_at_post`).
     pub(crate) placed_at: Option<std::time::Instant>,
     pub(crate) placed_last: bool,

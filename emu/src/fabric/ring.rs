@@ -301,15 +301,18 @@ impl Ring {
         self.head()
     }
 
-    /// Writer: whether the oldest record not yet freed (past a filler at the wrap) is one the
-    /// reader's responder has not begun (a reader at work on it, a large WRITE being placed,
-    /// is not behind).
+    /// Writer: whether the oldest record not yet freed nor placed by the writer (past a filler
+    /// at the wrap) is one the reader's responder has not begun (a reader at work on it, a
+    /// large WRITE being placed, is not behind).
     pub(crate) fn oldest_unbegun(&self) -> bool {
         let end = self.write_to.load(Ordering::Relaxed);
         let mut pos = self.head();
         while pos != end {
             match self.record_at(pos, end) {
-                Some((at, Some(_), _)) => return self.state(at).load(Ordering::Acquire) == FRESH,
+                Some((at, Some(_), used)) => match self.state(at).load(Ordering::Acquire) {
+                    PLACED => pos += used as u64,
+                    state => return state == FRESH,
+                },
                 Some((_, None, used)) => pos += used as u64,
                 None => return false,
             }
@@ -891,6 +894,8 @@ mod test {
         // "two" has "one" before it, neither placed nor begun.
         assert!(w.claim_oldest(|b| b == b"two").is_none());
         w.claim_oldest(|b| b == b"one").unwrap().placed();
+        // The reader is behind on "two", not on "one", which it only has to account for.
+        assert!(w.oldest_unbegun());
         assert!(w.claim_oldest(|b| b == b"one").is_none(), "claimed once");
         // Past a placed record, the next is the oldest.
         w.claim_oldest(|b| b == b"two").unwrap().placed();
