@@ -221,6 +221,33 @@ fn perftest_rxe(prog: &str, extra: &[&str]) {
     assert_eq!(result_rows(&out), 1, "{prog} {args:?}: {out}");
 }
 
+/// `ib_write_lat` with each process on a core of its own, its reader sharing it with the
+/// application spinning on its buffer: the WRITEs are carried out as they are sent, thousands
+/// in a row, their records (more than a ring holds) only to be accounted for by a reader left
+/// asleep, and woken in time.
+#[test]
+fn write_lat_pinned_to_a_core_per_process_runs_to_the_end() {
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        return;
+    }
+    for transport in ["RC", "UC"] {
+        let args = ["-c", transport, "-s", "4096", "-n", "3000"];
+        let (fabric, port) = (Fabric::new("legacy"), free_port());
+        let pinned = |core: &'static str| {
+            let mut a = vec!["-c", core, "ib_write_lat"];
+            a.extend(args);
+            a
+        };
+        let server = start_server(&fabric, "full", "taskset", &pinned("1"), port);
+        let mut client = program(&fabric, "full", "taskset", &pinned("0"), port);
+        let client = client.arg("localhost").spawn().unwrap();
+        let (c_ok, c_out) = finish(client, Duration::from_secs(60), "client");
+        let (s_ok, s_out) = finish(server, Duration::from_secs(20), "server");
+        assert!(c_ok && s_ok, "{transport}\n--- client:\n{c_out}\n--- server:\n{s_out}");
+        assert_eq!(result_rows(&c_out), 1, "{transport}: {c_out}");
+    }
+}
+
 #[test]
 fn jumbo_frame_ud_messages_run_on_the_rxe_profile_over_a_jumbo_netdev_only() {
     let args = ["-n", "10", "-c", "UD", "-s", "4096", "-m", "4096"];

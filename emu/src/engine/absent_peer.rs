@@ -14,8 +14,8 @@
 //! carried out (a SEND, an atomic, a WRITE with immediate, one the peer's tables refuse, one
 //! in several ring records) and everything after it wait for the peer to continue.
 //!
-//! A UC QP, which waits for no answer that would make it look again, places a WRITE as it
-//! sends it when the peer's reader looks absent ([`place_at_post`]).
+//! A WRITE is also carried out as it is sent when the peer's reader looks absent
+//! ([`send_placing`]): a UC QP waits for no answer that would make it look again.
 
 use std::{
     sync::Arc,
@@ -30,14 +30,14 @@ use super::{
 use crate::{
     fabric::{
         exports::{Op, Request},
-        host::AbsentPeer,
+        host::{self, AbsentPeer},
     },
     qp::{QpInner, QpShared, queue::Hidden, queue::SendWqe},
-    types::{QpState, SendFlags, WrOpcode},
+    types::{QpState, QpType, SendFlags, WrOpcode},
 };
 
 /// The pause after a UC QP's last WRITE placed as it was sent (or found the peer's reader
-/// asleep) after which the next is placed too (see [`place_at_post`]): far shorter than a
+/// asleep) after which the next is placed too (see [`send_placing`]): far shorter than a
 /// round trip through a peer's reader that shares its core with a spinning application (tens
 /// of microseconds), far longer than the gap between the WRITEs of a stream (a fraction of
 /// one).
@@ -149,35 +149,63 @@ pub(crate) fn note_unsent(qp: &QpShared, g: &mut QpInner, drv: &mut Driver<'_>) 
     drv.send(&mut g.route, note);
 }
 
-/// A UC WRITE just sent (the WQE at `idx`) to a process on the host fabric is placed in the
-/// peer's memory at once, where its record is the oldest in our ring to it that is neither
-/// placed nor begun (no earlier request of ours is still to land), and the peer's exports
-/// allow it. A UC requester waits for nothing, so no thread of ours would otherwise ever
-/// carry it out, and a peer whose application spins on its memory for the WRITE to land
-/// (`ib_write_lat -c UC`) leaves its reader, on the same core, the CPU only at the end of a
-/// time slice (~70 us a round trip here; 3 us placed). (An RC requester polls for the ACK,
-/// and carries out for a lagging peer then.)
+/// Sends `pkt`, the request of the WQE at `idx`, and carries it out at once if it is a WRITE
+/// the peer's reader looks absent for, and the peer's exports allow it: its bytes placed in
+/// the peer's memory, its record marked so. A peer whose application spins on its memory for
+/// the WRITE to land (`ib_write_lat`) leaves its reader, on the same core, the CPU only at the
+/// end of a time slice (~70 us a round trip here, 3 us placed). A UC requester waits for
+/// nothing, so no thread of ours would otherwise ever carry it out; an RC one, polling for
+/// the ACK, would only after `fabric::host::LAG`.
+///
+/// UC: where its record is the oldest in our ring to the peer that is neither placed nor
+/// begun (no earlier request of ours is still to land). RC: where nothing else of the QP's is
+/// outstanding (a stream's requests are left to the reader, or to a lagging peer's
+/// requester); it completes then, as for a lagging peer.
 ///
 /// Each placement is a system call, where the records of a stream cost the reader, taking
 /// them in one after another, a copy each. So a WRITE is only placed if its send found the
 /// peer's reader asleep (and rang it), or the QP's previous WRITE was placed; and then only
-/// [`PLACE_GAP`] after the last such: a stream's second WRITE ends the run.
-pub(crate) fn place_at_post(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, drv: &Driver<'_>) {
-    let rang = crate::fabric::host::rang_bell();
-    let placed_last = std::mem::take(&mut g.req.placed_last);
-    if !(rang || placed_last)
-        || g.sq.ring.at(idx).opcode != WrOpcode::RDMA_WRITE
-        || !drv.fabric.express()
-    {
-        return;
+/// [`PLACE_GAP`] after the last such: a stream's second WRITE ends the run. While such a run
+/// goes on, the peer's reader is not woken for the records it only has to account for.
+pub(crate) fn send_placing(
+    qp: &Arc<QpShared>,
+    g: &mut QpInner,
+    idx: u32,
+    pkt: Packet,
+    drv: &mut Driver<'_>,
+) {
+    let run = std::mem::take(&mut g.req.placed_last);
+    let held = if run {
+        host::holding_bell(|| drv.send(&mut g.route, pkt))
+    } else {
+        drv.send(&mut g.route, pkt);
+        false
+    };
+    let rang = host::rang_bell();
+    let placed = (run || rang) && place_sent(qp, g, idx, drv);
+    g.req.placed_last = placed;
+    if held {
+        host::release_bell(!placed);
+    }
+}
+
+/// See [`send_placing`]: whether the WQE at `idx` was carried out.
+fn place_sent(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, drv: &mut Driver<'_>) -> bool {
+    let alone = qp.qp_type == QpType::UC || g.sq.in_flight() == 1;
+    if !alone || g.sq.ring.at(idx).opcode != WrOpcode::RDMA_WRITE || !drv.fabric.express() {
+        return false;
     }
     let now = Instant::now();
     if g.req.placed_at.replace(now).is_some_and(|t| now - t < PLACE_GAP) {
-        return;
+        return false;
     }
-    let Some(peer) = absent_peer(g, drv, true) else { return };
-    let w = g.sq.ring.at(idx);
-    g.req.placed_last = carried(qp, g, w, |req| peer.carry_out_first(w.first_psn, req)).is_some();
+    let Some(peer) = absent_peer(g, drv, true) else { return false };
+    if qp.qp_type == QpType::UC {
+        let w = g.sq.ring.at(idx);
+        carried(qp, g, w, |req| peer.carry_out_first(w.first_psn, req)).is_some()
+    } else {
+        carry_out_to(qp, g, peer, drv) && g.sq.in_flight() == 0
+    }
 }
 
 /// The peer of the QP, if it is a process on the host fabric that is stopped, or, if

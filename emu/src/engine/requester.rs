@@ -47,8 +47,8 @@ pub(crate) struct Requester {
     /// Requests carried out for the stopped peer without being sent: it hears of them before
     /// the next request that is sent.
     pub(crate) unsent: Option<super::absent_peer::Unsent>,
-    /// UC: when the QP last looked at placing a WRITE as it was sent, and whether it did
-    /// (see `absent_peer::place_at_post`).
+    /// When the QP last looked at placing a WRITE as it was sent, and whether it did (see
+    /// `absent_peer::send_placing`).
     pub(crate) placed_at: Option<std::time::Instant>,
     pub(crate) placed_last: bool,
 }
@@ -470,9 +470,10 @@ pub(crate) fn run(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>) -> 
                     super::fan_out(&qp.ctx.fabric, &pkt, drv);
                 } else {
                     super::absent_peer::note_unsent(qp, g, drv);
-                    drv.send(&mut g.route, pkt);
-                    if qp.qp_type == QpType::UC {
-                        super::absent_peer::place_at_post(qp, g, idx, drv);
+                    if matches!(qp.qp_type, QpType::RC | QpType::UC) {
+                        super::absent_peer::send_placing(qp, g, idx, pkt, drv);
+                    } else {
+                        drv.send(&mut g.route, pkt);
                     }
                 }
                 if !qp.qp_type.is_reliable() {

@@ -148,7 +148,7 @@ pub(crate) fn receive(qp: &Arc<QpShared>, g: &mut QpInner, mut pkt: Packet, drv:
         // UC: no ACKs, no retransmissions; a gap means earlier messages were lost, and the
         // responder simply takes the next message (IBA 9.8.3).
         g.resp.epsn = pkt.psn;
-        // Placed by its requester as it was posted (see `absent_peer::place_at_post`).
+        // Placed by its requester as it was posted (see `absent_peer::send_placing`).
         if pkt.ticket.take().is_some_and(|t| t.carried_out()) {
             advance(g, &pkt);
             return;

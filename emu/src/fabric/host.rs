@@ -1129,6 +1129,25 @@ fn receive(inbound: &Inbound, rx: &mut Rx, fabric: &FabricInner, socket: bool) -
     delivered
 }
 
+/// Runs `send` with the doorbell held: a message it sends to a peer whose reader sleeps does not
+/// wake the reader yet. Whether one would have; if so, [`release_bell`] must follow (a request
+/// its sender carries out at once needs no reader: only accounting for, whenever it next
+/// wakes).
+pub(crate) fn holding_bell(send: impl FnOnce()) -> bool {
+    HOLD_BELL.set(true);
+    send();
+    HOLD_BELL.set(false);
+    HELD_BELL.with_borrow(Option::is_some)
+}
+
+/// After [`holding_bell`]: rings the held bell if `wake`; else asks for it again (the next
+/// message rings it), unless another message waits unbegun in the ring meanwhile.
+pub(crate) fn release_bell(wake: bool) {
+    if let Some(peer) = HELD_BELL.take() {
+        peer.release_bell(wake);
+    }
+}
+
 /// Whether this thread's sends rang a peer's bell (found its reader asleep) since it last
 /// asked.
 pub(crate) fn rang_bell() -> bool {
@@ -1138,6 +1157,9 @@ pub(crate) fn rang_bell() -> bool {
 thread_local! {
     /// See [`rang_bell`].
     static RANG: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// See [`holding_bell`].
+    static HOLD_BELL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    static HELD_BELL: std::cell::RefCell<Option<Arc<Peer>>> = const { std::cell::RefCell::new(None) };
     /// Whether this thread is inside `receive`: the replies it sends must never wait.
     static RECEIVING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
@@ -1865,7 +1887,11 @@ impl Peer {
             }
         }
         tx.ring = ring;
-        if rung {
+        if rung && HOLD_BELL.get() {
+            if let Some(held) = HELD_BELL.replace(Some(self.clone())) {
+                held.release_bell(true);
+            }
+        } else if rung {
             ring_bell(&mut tx.sock, &self.path, src);
             RANG.set(true);
         }
@@ -1888,6 +1914,25 @@ impl Peer {
         }
     }
 
+    /// See [`release_bell`](self::release_bell).
+    fn release_bell(&self, wake: bool) {
+        let mut tx = self.tx.lock();
+        // A message another thread wrote meanwhile found the bell asked for by nobody; and
+        // what the reader is to account for must not fill the ring (a writer that finds it
+        // full waits for a reader that nobody woke).
+        let wake = wake
+            || match tx.ring.as_deref() {
+                Some(r) => {
+                    r.ask_bell_again();
+                    r.oldest_unbegun() || r.room() < RING_BYTES / 2
+                }
+                None => true,
+            };
+        if wake {
+            ring_bell(&mut tx.sock, &self.path, self.src);
+        }
+    }
+
     /// Sends `frag` now if it can: into the ring, or as a datagram (one the socket has no room
     /// for yet is queued, laid out, on the backlog: `Done` all the same).
     fn try_fragment(&self, tx: &mut PeerTx, ring: Option<&Ring>, frag: &Fragment<'_>) -> Sent {
@@ -1901,7 +1946,7 @@ impl Peer {
                 sent => sent,
             };
         };
-        match self.write_waiting(r, frag) {
+        match self.write_waiting(r, frag, &mut tx.sock) {
             Written::Done => Sent::Done,
             Written::Full => Sent::Full,
             Written::Refused => Sent::Gone,
@@ -1913,11 +1958,21 @@ impl Peer {
     /// send queue. Only a little, for it may hold a QP's lock that the reader needs to take in
     /// what frees the peer to read (each node's reader waiting on the other's application
     /// would never end), and never while taking messages in itself.
-    fn write_waiting(&self, ring: &Ring, frag: &Fragment<'_>) -> Written {
+    fn write_waiting(
+        &self,
+        ring: &Ring,
+        frag: &Fragment<'_>,
+        sock: &mut Option<UnixDatagram>,
+    ) -> Written {
         let mut since = None;
         loop {
             match ring.write(frag.len(), |d| frag.write(d)) {
                 Written::Full if !RECEIVING.get() && !self.shutdown.load(Ordering::Acquire) => {
+                    // A reader asleep on a full ring (its records carried out by us, only to
+                    // be accounted for) frees nothing until woken.
+                    if since.is_none() && ring.rings() {
+                        ring_bell(sock, &self.path, self.src);
+                    }
                     let t0 = *since.get_or_insert_with(std::time::Instant::now);
                     if t0.elapsed() > SEND_PATIENCE {
                         return Written::Full;
@@ -2006,7 +2061,12 @@ impl Peer {
             }) {
                 Written::Done => break,
                 _ if self.shutdown.load(Ordering::Acquire) => return false,
-                _ => std::thread::sleep(Duration::from_micros(50)),
+                _ => {
+                    if ring.rings() {
+                        ring_bell(sock, &self.path, self.src);
+                    }
+                    std::thread::sleep(Duration::from_micros(50));
+                }
             }
         }
         if ring.rings() {
@@ -2380,6 +2440,45 @@ mod test {
         assert_eq!((a.qp.state(), b.qp.state()), (QpState::RTS, QpState::RTS));
         drop((a, b, fa, fb));
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A run of WRITEs, each after a pause and carried out as it is sent, whose records add
+    /// up to more than the ring holds: the peer's reader, left asleep for them, is woken in
+    /// time to account for them, and every WRITE lands, in order, on either transport.
+    #[test]
+    fn test_a_long_run_of_writes_placed_as_sent_never_fills_the_ring() {
+        for ty in [crate::QpType::RC, crate::QpType::UC] {
+            let (dir, cfg) = host_dir(&format!("placed-run-{ty:?}"));
+            let (fa, fb) = (Fabric::new(cfg.clone()), Fabric::new(cfg));
+            let end = |f: &Fabric| crate::engine::testkit::side_of(&f.devices()[0], ty);
+            let (a, b) = (end(&fa), end(&fb));
+            connected(&a, &b);
+            a.send(&b, 1);
+            b.send(&a, 2);
+            let len = 2048;
+            let runs = RING_BYTES / len + 64;
+            let src = [Sge { addr: a.mr.addr(), length: len as u32, lkey: a.mr.lkey() }];
+            for i in 0..runs as u64 {
+                a.mr.write(0, &vec![i as u8; len]).unwrap();
+                let wr = SendWr::write(i, &src, b.mr.addr(), b.mr.rkey()).signaled();
+                a.qp.post_send(&wr).unwrap();
+                let wc = a.next();
+                assert_eq!((wc.wr_id, wc.status), (i, WcStatus::SUCCESS), "{ty:?}");
+                // The peer sees it land before the next (as `ib_write_lat` waits for it).
+                let deadline = Instant::now() + Duration::from_secs(10);
+                let mut last = [0u8];
+                while b.mr.read(len - 1, &mut last).is_ok() && last[0] != i as u8 {
+                    assert!(Instant::now() < deadline, "{ty:?} WRITE {i} never landed");
+                    std::hint::spin_loop();
+                }
+                std::thread::sleep(Duration::from_micros(5));
+            }
+            a.send(&b, 3);
+            b.send(&a, 4);
+            assert_eq!((a.qp.state(), b.qp.state()), (QpState::RTS, QpState::RTS));
+            drop((a, b, fa, fb));
+            let _ = std::fs::remove_dir_all(&dir);
+        }
     }
 
     #[test]

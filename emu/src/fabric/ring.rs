@@ -103,6 +103,10 @@ pub(crate) struct Ring {
     from: Option<Arc<PeerProcess>>,
     /// Writer side: where the next record goes (the shared `tail` is only published to).
     write_to: AtomicU64,
+    /// Writer side: every record before this position was freed or placed by the writer, as
+    /// far as the writer's last look went (the reader accounts for placed ones at leisure,
+    /// and a run of them must not make every look longer).
+    settled: AtomicU64,
     /// Reader side: what has been read and not yet freed. (The QP lock's kind: taken twice
     /// per record, by one thread at a time, mostly the same one.)
     reading: crate::sync::lock::Lock<Reading>,
@@ -237,6 +241,7 @@ impl Ring {
             fd,
             from,
             write_to: AtomicU64::new(0),
+            settled: AtomicU64::new(0),
             reading: Default::default(),
             read_to: AtomicU64::new(0),
         })
@@ -306,7 +311,7 @@ impl Ring {
     /// large WRITE being placed, is not behind).
     pub(crate) fn oldest_unbegun(&self) -> bool {
         let end = self.write_to.load(Ordering::Relaxed);
-        let mut pos = self.head();
+        let mut pos = self.unsettled();
         while pos != end {
             match self.record_at(pos, end) {
                 Some((at, Some(_), used)) => match self.state(at).load(Ordering::Acquire) {
@@ -316,8 +321,17 @@ impl Ring {
                 Some((_, None, used)) => pos += used as u64,
                 None => return false,
             }
+            self.settled.store(pos, Ordering::Relaxed);
         }
         false
+    }
+
+    /// Writer: where the records neither freed nor placed may begin: `settled`, unless the
+    /// reader has freed past it.
+    fn unsettled(&self) -> u64 {
+        let (end, head) = (self.write_to.load(Ordering::Relaxed), self.head());
+        let settled = self.settled.load(Ordering::Relaxed);
+        if end.wrapping_sub(settled) <= end.wrapping_sub(head) { settled } else { head }
     }
 
     /// Writer: hands the bytes of each record not yet freed that the reader's responder has
@@ -361,7 +375,7 @@ impl Ring {
     /// Writer: [`Ring::claim`] of the oldest record not yet freed nor placed alone: `None` if
     /// `wanted` does not hold for it, or the reader has begun it.
     pub(crate) fn claim_oldest(&self, wanted: impl FnMut(&[u8]) -> bool) -> Option<Claim<'_>> {
-        let mut from = self.head();
+        let mut from = self.unsettled();
         self.claim_from(&mut from, true, wanted)
     }
 
@@ -372,14 +386,17 @@ impl Ring {
         mut wanted: impl FnMut(&[u8]) -> bool,
     ) -> Option<Claim<'_>> {
         let end = self.write_to.load(Ordering::Relaxed);
-        let head = self.head();
-        // Resume at `from` if it lies between `head` and the end.
-        let mut pos = if end.wrapping_sub(*from) <= end.wrapping_sub(head) { *from } else { head };
+        let start = self.unsettled();
+        // Resume at `from` if it lies between the first record that may be claimed and the end.
+        let mut pos =
+            if end.wrapping_sub(*from) <= end.wrapping_sub(start) { *from } else { start };
+        // Whether every record before `pos` is freed or placed.
+        let mut settled = pos == start;
         while pos != end {
             let (at, len, used) = self.record_at(pos, end)?;
-            let placed = || self.state(at).load(Ordering::Acquire) == PLACED;
+            let placed = len.is_none() || self.state(at).load(Ordering::Acquire) == PLACED;
             if let Some(len) = len
-                && !(oldest && placed())
+                && !(oldest && placed)
             {
                 let start = at + RECORD_HEADER;
                 // SAFETY: the record's bytes lie in the ring (checked above); only this writer
@@ -404,6 +421,10 @@ impl Ring {
                 }
             }
             pos += used as u64;
+            settled &= placed;
+            if settled {
+                self.settled.store(pos, Ordering::Relaxed);
+            }
         }
         None
     }
@@ -538,6 +559,12 @@ impl Ring {
     pub(crate) fn arm(&self) -> bool {
         self.bell().store(1, Ordering::SeqCst);
         self.pending()
+    }
+
+    /// Writer: asks for the doorbell again, in the reader's stead, after a write whose ringing
+    /// the writer found unneeded.
+    pub(crate) fn ask_bell_again(&self) {
+        self.bell().store(1, Ordering::SeqCst);
     }
 
     /// Reader: no doorbell needed (the reader is awake).
