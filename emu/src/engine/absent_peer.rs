@@ -36,8 +36,8 @@ use crate::{
     types::{QpState, QpType, SendFlags, WrOpcode},
 };
 
-/// The pause after a UC QP's last WRITE placed as it was sent (or found the peer's reader
-/// asleep) after which the next is placed too (see [`send_placing`]): far shorter than a
+/// The pause after a QP's last WRITE carried out as it was sent (or that found the peer's
+/// reader asleep) after which the next is carried out so too (see [`send_placing`]): far shorter than a
 /// round trip through a peer's reader that shares its core with a spinning application (tens
 /// of microseconds), far longer than the gap between the WRITEs of a stream (a fraction of
 /// one).

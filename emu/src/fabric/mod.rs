@@ -401,7 +401,8 @@ impl FabricInner {
 
     /// Offers the RC or UC QP as it now is to our peers on the host fabric, for what they may
     /// carry out for us while this process is stopped or not taking in (see [`exports`]).
-    /// (A UC QP's peer places its WRITEs as it posts them: `engine::absent_peer`.)
+    /// (Its peers also carry out WRITEs to it as they send them, when its reader looks
+    /// absent: `engine::absent_peer::send_placing`.)
     pub(crate) fn export_qp(&self, qp: &QpShared, g: &crate::qp::QpInner) {
         let connected = matches!(qp.qp_type, crate::QpType::RC | crate::QpType::UC);
         let Some(e) = self.exports().filter(|_| connected) else {
