@@ -304,38 +304,43 @@ impl AbsentPeer {
     /// up by the stopped process's responder: the record is then marked carried out. Whether
     /// it was.
     pub(crate) fn carry_out(&mut self, psn: u32, req: exports::Request<'_>) -> bool {
+        let mut from = self.from;
+        let done = self.carry_out_record(psn, req, Some(&mut from));
+        self.from = from;
+        done
+    }
+
+    /// Carries out `req`, the request at `psn` that our QP just sent, if its record is the
+    /// oldest our ring to the peer holds neither freed nor placed, and the peer's reader has
+    /// not begun it: no earlier request of ours is still to land there, so this one landing
+    /// first breaks no order. Whether it was.
+    pub(crate) fn carry_out_first(&self, psn: u32, req: exports::Request<'_>) -> bool {
+        self.carry_out_record(psn, req, None)
+    }
+
+    /// [`AbsentPeer::carry_out`] (searching from `from` on) or [`AbsentPeer::carry_out_first`]
+    /// (`None`).
+    fn carry_out_record(
+        &self,
+        psn: u32,
+        req: exports::Request<'_>,
+        from: Option<&mut u64>,
+    ) -> bool {
         let (dst_qpn, src_qpn) = (req.dst.1, req.src_qpn);
         // Held throughout: nothing is written to the ring while we look through it.
         let tx = self.peer.tx.lock();
         let Some(ring) = tx.ring.as_deref() else { return false };
-        let lagging = self.lagging;
+        // A running peer pulls those records itself (see `LAG`).
+        let not_pulled = self.lagging || from.is_none();
         let wanted = |b: &[u8]| {
             request_ids(b).is_some_and(|(dst, src, p)| dst == dst_qpn && src == src_qpn && p == psn)
-                && !(lagging && wire::pulled(&b[HEADER..]))
+                && !(not_pulled && wire::pulled(&b[HEADER..]))
         };
-        let Some(claim) = ring.claim(&mut self.from, wanted) else { return false };
-        if !exports::place(&self.exports, &self.process, ring, req) {
-            return false;
-        }
-        claim.placed();
-        true
-    }
-}
-
-impl AbsentPeer {
-    /// Carries out `req`, the request at `psn` that our QP just sent, if its record is the
-    /// oldest our ring to the peer holds unfreed and the peer's reader has not begun it: no
-    /// earlier request of ours is still to be placed there, so this one landing first breaks
-    /// no order. Whether it was.
-    pub(crate) fn carry_out_first(&self, psn: u32, req: exports::Request<'_>) -> bool {
-        let (dst_qpn, src_qpn) = (req.dst.1, req.src_qpn);
-        let tx = self.peer.tx.lock();
-        let Some(ring) = tx.ring.as_deref() else { return false };
-        let wanted = |b: &[u8]| {
-            request_ids(b).is_some_and(|(dst, src, p)| dst == dst_qpn && src == src_qpn && p == psn)
-                && !wire::pulled(&b[HEADER..])
+        let claim = match from {
+            Some(from) => ring.claim(from, wanted),
+            None => ring.claim_oldest(wanted),
         };
-        let Some(claim) = ring.claim_oldest(wanted) else { return false };
+        let Some(claim) = claim else { return false };
         if !exports::place(&self.exports, &self.process, ring, req) {
             return false;
         }
@@ -2204,6 +2209,16 @@ mod test {
         }
     }
 
+    /// Once the peer takes in again: what follows is taken in, in order, both ways, and both
+    /// QPs are still in RTS; then the fabrics and their directory go.
+    fn talk_and_part((a, fa): (End, Fabric), (b, fb): (End, Fabric), dir: &std::path::Path) {
+        a.send(&b, 5);
+        b.send(&a, 6);
+        assert_eq!((a.qp.state(), b.qp.state()), (QpState::RTS, QpState::RTS));
+        drop((a, b, fa, fb));
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
     fn connected(a: &End, b: &End) {
         let p = RcParams::default();
         a.qp.connect(0, &b.qp.endpoint(0), &p).unwrap();
@@ -2383,11 +2398,7 @@ mod test {
         // The peer still holds both in its ring, unbegun.
         assert!(fa.0.node.get().unwrap().behind(b.slot()));
         drop(held);
-        a.send(&b, 5);
-        b.send(&a, 6);
-        assert_eq!((a.qp.state(), b.qp.state()), (QpState::RTS, QpState::RTS));
-        drop((a, b, fa, fb));
-        let _ = std::fs::remove_dir_all(&dir);
+        talk_and_part((a, fa), (b, fb), &dir);
     }
 
     /// WRITEs carried out as they are sent, on either transport: with the peer's reader
@@ -2429,11 +2440,7 @@ mod test {
             }
             assert!(fa.0.node.get().unwrap().behind(b.slot()), "{ty:?}");
             drop(held);
-            a.send(&b, 5);
-            b.send(&a, 6);
-            assert_eq!((a.qp.state(), b.qp.state()), (QpState::RTS, QpState::RTS));
-            drop((a, b, fa, fb));
-            let _ = std::fs::remove_dir_all(&dir);
+            talk_and_part((a, fa), (b, fb), &dir);
         }
     }
 
