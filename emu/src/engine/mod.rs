@@ -166,6 +166,29 @@ impl<'f> Driver<'f> {
         }
     }
 
+    /// The positive ACK of the request `req` (through `psn`, with `msn`) when its requester is
+    /// in another process and nothing must see the ACK as a packet (fault rules, a packet
+    /// trace): sent in its short form, no packet built. Whether it was (if not, the caller
+    /// sends it as a packet, which meets the same end where this declined: a port down).
+    pub(crate) fn ack_across(&mut self, req: &Packet, psn: u32, msn: u32) -> bool {
+        let f = self.fabric;
+        if !f.express() || req.src_dev == crate::fabric::wire_port::WIRE_DEV {
+            return false;
+        }
+        let Some(node) = f.remote_node(req.src_qpn) else { return false };
+        if !f.port_up(req.dst_dev, req.dst_port) || !f.port_up(req.src_dev, req.src_port) {
+            return false;
+        }
+        let src = (req.dst_dev, req.dst_port, req.dst_qpn);
+        node.send_ack(&crate::fabric::wire::Ack {
+            src,
+            dst: (req.src_dev, req.src_port, req.src_qpn),
+            psn,
+            msn,
+        });
+        true
+    }
+
     /// Whether a fault rule makes the responder treat the SEND `pkt` as finding no receive.
     pub(crate) fn forced_rnr(&mut self, pkt: &Packet) -> bool {
         self.fabric.faults.active() && {

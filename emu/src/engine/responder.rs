@@ -416,6 +416,9 @@ pub(super) fn ack(qp: &QpShared, g: &mut QpInner, pkt: &Packet, drv: &mut Driver
         return;
     }
     let last = psn_add(pkt.psn, pkt.npkts - 1);
+    if drv.ack_across(pkt, last, g.resp.msn) {
+        return;
+    }
     let r = reply(g, pkt, Kind::Ack, last, Syndrome::Ack);
     drv.send(&mut g.route, r);
 }

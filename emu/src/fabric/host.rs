@@ -666,6 +666,15 @@ impl Node {
         }
     }
 
+    /// Sends `ack` to the node of its destination QP, in its short form.
+    pub(crate) fn send_ack(&self, ack: &wire::Ack) {
+        let dst_qpn = ack.dst.2;
+        self.peer(slot_of(dst_qpn)).send(dst_qpn, &Encoded::ack(ack));
+        if !self.sent.load(Ordering::Relaxed) {
+            self.sent.store(true, Ordering::Relaxed);
+        }
+    }
+
     /// Whether our QP `qpn` is of a reliable type: its requester's buffers stay untouched
     /// until the responder's ACK, so the responder may read them late.
     fn reliable(&self, qpn: u32) -> bool {
