@@ -113,13 +113,6 @@ impl<'f> Driver<'f> {
         *self.now.get_or_insert_with(|| self.fabric.now())
     }
 
-    /// The driver, driving at `now` if its caller read the time just before (no second
-    /// clock read).
-    pub(crate) fn at(mut self, now: Option<u64>) -> Driver<'f> {
-        self.now = now.or(self.now);
-        self
-    }
-
     /// Hands `pkt` to its destination QP, found through `route` (the sender's cache). A packet
     /// with no live destination is lost, as on a wire; the sender's timers take care of it.
     ///

@@ -33,6 +33,9 @@ pub(crate) struct Requester {
     pub(crate) rnr_until: Option<u64>,
     /// When the oldest unacknowledged request times out.
     pub(crate) retrans_at: Option<u64>,
+    /// The QP's count of arrivals from other processes (`QpShared::heard`) when `retrans_at`
+    /// was set.
+    pub(crate) heard_at: u64,
     /// The earliest deadline handed to the timer and not yet fired.
     pub(crate) armed: Option<u64>,
     /// SQ_DRAINED was raised for the current SQD episode.
@@ -642,7 +645,8 @@ pub(crate) fn arm_timers(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'
     } else if g.req.retrans_at.is_none()
         && let Some(t) = super::ack_timeout_ns(g.attr.timeout)
     {
-        g.req.retrans_at = Some(drv.now() + carry_out_timeout(g, t));
+        let at = drv.now() + carry_out_timeout(g, t);
+        retrans_after(qp, g, at);
     }
     let deadline = match (g.req.rnr_until, g.req.retrans_at) {
         (Some(a), Some(b)) => Some(a.min(b)),
@@ -654,6 +658,13 @@ pub(crate) fn arm_timers(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'
         g.req.armed = Some(d);
         qp.ctx.fabric.timer.arm(d, qp);
     }
+}
+
+/// Sets the deadline of the oldest unacknowledged request, noting what had arrived for the QP
+/// by then (see [`on_timer`]).
+fn retrans_after(qp: &QpShared, g: &mut QpInner, at: u64) {
+    g.req.retrans_at = Some(at);
+    g.req.heard_at = qp.heard.load(std::sync::atomic::Ordering::Relaxed);
 }
 
 /// How soon a QP that carried out requests for its stopped peer looks for more (see
@@ -679,7 +690,6 @@ pub(crate) fn on_timer(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>
     if g.req.retrans_at.is_some_and(|t| now >= t) {
         g.req.retrans_at = None;
         let timeout = super::ack_timeout_ns(g.attr.timeout).unwrap_or(0);
-        let heard = qp.heard.load(std::sync::atomic::Ordering::Relaxed);
         // Another process is still delivering to this QP (a large response moves as one
         // message of many datagrams): on a wire each of its packets would have restarted the
         // timer, so this is not a timeout yet. Nor while the peer's process has not taken in
@@ -687,20 +697,20 @@ pub(crate) fn on_timer(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>
         // stopped by a debugger or SIGSTOP): a NIC would go on answering for it; what was
         // sent waits in the ring and is answered once it is taken in, and the wait spends
         // none of the retry budget, so the peer then has the whole budget to catch up.
-        let delivering = heard != 0 && heard >= now.saturating_sub(timeout);
+        let delivering = qp.heard.load(std::sync::atomic::Ordering::Relaxed) != g.req.heard_at;
         let on_host = g.wire_grh.is_none();
         if delivering {
-            g.req.retrans_at = Some(now + timeout);
+            retrans_after(qp, g, now + timeout);
         } else if on_host && g.sq.in_flight() > 0 && drv.fabric.peer_behind(g.attr.dest_qp_num) {
             // What it can, this side carries out itself for a peer that is stopped; while
             // it does, it looks again soon for more.
             g.req.carrying = super::absent_peer::carry_out(qp, g, drv);
             g.req.retry_left = g.attr.retry_cnt;
-            g.req.retrans_at = Some(now + carry_out_timeout(g, timeout));
+            retrans_after(qp, g, now + carry_out_timeout(g, timeout));
         } else if on_host && g.req.carrying {
             // The early look after carrying out found the peer running again: no timeout yet.
             g.req.carrying = false;
-            g.req.retrans_at = Some(now + timeout);
+            retrans_after(qp, g, now + timeout);
         } else if g.sq.in_flight() > 0 {
             completer::retry(qp, g);
         }

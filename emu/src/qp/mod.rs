@@ -210,8 +210,9 @@ pub(crate) struct QpShared {
     pub(crate) cap: QpCap,
     /// Packets delivered by the fabric, drained in order by whoever services the QP.
     pub(crate) inbox: inbox::Inbox,
-    /// When (fabric time) a datagram for this QP last arrived from another process, part of
-    /// a message or a whole one: the wire was making progress toward it.
+    /// Datagrams and records that arrived for this QP from other processes, part of a message
+    /// or a whole one, counted: while the count moves, the wire is making progress toward it
+    /// (see `requester::on_timer`).
     pub(crate) heard: std::sync::atomic::AtomicU64,
     pub(crate) life: Lifecycle,
     pub(crate) async_events: EventCount,
