@@ -150,7 +150,11 @@ fn execute(
     wqe: &Request<'_>,
     f: &FabricInner,
 ) -> Option<(u32, u32)> {
-    if !matches!(qp.qp_type, QpType::RC | QpType::UC) || g.state != QpState::RTS || !f.express() {
+    if !matches!(qp.qp_type, QpType::RC | QpType::UC)
+        || g.state != QpState::RTS
+        || g.lane_across
+        || !f.express()
+    {
         return None;
     }
     let lane = match g.lane.take() {

@@ -44,6 +44,7 @@ impl Lane {
         let dest = g.dest?;
         let dqpn = g.attr.dest_qp_num;
         if g.wire_grh.is_some() || f.remote_node(dqpn).is_some() {
+            g.lane_across = true;
             return None;
         }
         let dst = g.route.resolve(f, dest.0, dqpn)?;

@@ -156,6 +156,9 @@ pub(crate) struct QpInner {
     pub(crate) route: Route,
     /// The connection as the express path proved it (dropped by any modify).
     pub(crate) lane: Option<engine::lane::Lane>,
+    /// The peer is in another process or beyond a wire port: no lane can be proven until a
+    /// modify (which clears it), so no request looks for one.
+    pub(crate) lane_across: bool,
     /// Packets taken from the inbox and being processed (kept to reuse its allocation).
     pub(crate) batch: VecDeque<Packet>,
     /// The peer QP, in another process, told us it was destroyed (`Control::QpClosed`): the
@@ -281,7 +284,7 @@ impl QpShared {
         let mut g = lock_lent(&self.inner);
         self.part(&g);
         set_state(self, &mut g, QpState::RESET);
-        g.lane = None;
+        (g.lane, g.lane_across) = (None, false);
         g.sq.clear();
         self.rq.clear();
         self.inbox.clear();
@@ -573,6 +576,7 @@ impl Qp {
                     port,
                     route: Route::default(),
                     lane: None,
+                    lane_across: false,
                     batch: VecDeque::new(),
                     peer_closed: false,
                     ece_wanted: 0,
@@ -957,7 +961,7 @@ pub(crate) fn set_state(qp: &QpShared, g: &mut QpInner, state: QpState) {
 
 /// Stores the attributes named by `mask`.
 fn apply(qp: &QpShared, g: &mut QpInner, attr: &QpAttr, mask: QpAttrMask) {
-    g.lane = None;
+    (g.lane, g.lane_across) = (None, false);
     let a = &mut g.attr;
     if mask.contains(QpAttrMask::ACCESS_FLAGS) {
         a.qp_access_flags = attr.qp_access_flags;
