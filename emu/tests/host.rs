@@ -139,6 +139,80 @@ fn every_rc_operation_crosses_between_fabrics() {
     }
 }
 
+/// What a run of SENDs between two fabrics leaves, with the express path on or off (taken in
+/// straight from their ring records, or as packets): every completion, each side's QP numbers
+/// left out (they differ from run to run), and the bytes each receive got.
+fn sends_transcript(dir: &HostDir, qp_type: QpType, express: bool) -> Vec<String> {
+    let cfg = || FabricConfig { express, ..Default::default() };
+    let (fa, fb) = (dir.fabric_with(cfg()), dir.fabric_with(cfg()));
+    let node = |f: &Fabric| match qp_type {
+        QpType::UC => uc_node(&f.devices()[0]),
+        _ => node_on(&f.devices()[0], 1 << 16),
+    };
+    let (a, b) = (node(&fa), node(&fb));
+    connect(&a.qp, &b.qp, &RcParams::default(), &RcParams::default());
+    a.mr.write(0, &pattern(1, 8192)).unwrap();
+    let mut out = Vec::new();
+    let note = |out: &mut Vec<String>, side: &str, w: Wc| {
+        out.push(format!(
+            "{side} {} {:?} {:?} {} {} {:?} {}",
+            w.wr_id, w.status, w.opcode, w.byte_len, w.imm_data, w.wc_flags, w.slid
+        ));
+    };
+    let mut got = vec![0u8; 8192];
+    let send = |wr: SendWr<'_>| a.qp.post_send(&wr.signaled()).unwrap();
+    // With immediate, into a larger buffer; then three packets' worth; then the next PSN.
+    post_recv(&b.qp, 10, &[sge(&b.mr, 0, 64)]);
+    send(SendWr::send(1, &[sge(&a.mr, 0, 20)]).with_imm(7));
+    post_recv(&b.qp, 11, &[sge(&b.mr, 100, 1000), sge(&b.mr, 2000, 4000)]);
+    send(SendWr::send(2, &[sge(&a.mr, 64, 3000)]));
+    post_recv(&b.qp, 12, &[sge(&b.mr, 7000, 8)]);
+    send(SendWr::send(3, &[sge(&a.mr, 4000, 8)]));
+    for _ in 0..3 {
+        note(&mut out, "send", wait1(&a.cq));
+        note(&mut out, "recv", wait1(&b.cq));
+    }
+    if qp_type == QpType::RC {
+        // No receive posted: RNR, and taken once one is.
+        send(SendWr::send(4, &[sge(&a.mr, 5000, 16)]));
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        post_recv(&b.qp, 13, &[sge(&b.mr, 7100, 16)]);
+        note(&mut out, "send", wait1(&a.cq));
+        note(&mut out, "recv", wait1(&b.cq));
+    }
+    b.mr.read(0, &mut got).unwrap();
+    let sent = pattern(1, 8192);
+    let landed = [(0, 0, 20), (100, 64, 1000), (2000, 1064, 2000), (7000, 4000, 8)];
+    for (at, from, len) in landed {
+        assert_eq!(got[at..at + len], sent[from..from + len], "{qp_type:?} at {at}");
+    }
+    // Every byte, digested: nothing landed anywhere else either.
+    let digest = got
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    out.push(format!("{digest:x}"));
+    // Longer than its receive: the receive fails (and the QP with it), as does an RC SEND.
+    post_recv(&b.qp, 14, &[sge(&b.mr, 7200, 4)]);
+    send(SendWr::send(5, &[sge(&a.mr, 0, 8)]));
+    note(&mut out, "send", wait1(&a.cq));
+    note(&mut out, "recv", wait1(&b.cq));
+    out
+}
+
+#[test]
+fn sends_taken_in_from_their_records_complete_as_packets_complete() {
+    let dir = HostDir::new();
+    for qp_type in [QpType::RC, QpType::UC] {
+        let taken = sends_transcript(&dir, qp_type, true);
+        let packets = sends_transcript(&dir, qp_type, false);
+        assert_eq!(taken, packets, "{qp_type:?}");
+        let first = format!("recv 10 SUCCESS RECV 20 7 {:?} ", WcFlags::WITH_IMM);
+        assert!(taken.iter().any(|l| l.starts_with(&first)), "{qp_type:?} {taken:#?}");
+        let last = taken.last().unwrap();
+        assert!(last.starts_with("recv 14 LOC_LEN_ERR"), "{qp_type:?} {last}");
+    }
+}
+
 /// A pattern that differs per message and per byte.
 fn pattern(seed: usize, len: usize) -> Vec<u8> {
     (0..len).map(|i| ((i * 7 + seed) % 251) as u8).collect()

@@ -11,6 +11,7 @@
 //!   timer thread (`fabric::timer`) is the same driver started by a deadline.
 
 pub(crate) mod absent_peer;
+pub(crate) mod arriving;
 pub(crate) mod completer;
 pub(crate) mod express;
 pub(crate) mod frame;
@@ -164,21 +165,10 @@ impl<'f> Driver<'f> {
     /// trace): sent in its short form, no packet built. Whether it was (if not, the caller
     /// sends it as a packet, which meets the same end where this declined: a port down).
     pub(crate) fn ack_across(&mut self, req: &Packet, psn: u32, msn: u32) -> bool {
-        let f = self.fabric;
-        if !f.express() || req.src_dev == crate::fabric::wire_port::WIRE_DEV {
-            return false;
-        }
-        let Some(node) = f.remote_node(req.src_qpn) else { return false };
-        if !f.port_up(req.dst_dev, req.dst_port) || !f.port_up(req.src_dev, req.src_port) {
-            return false;
-        }
-        let src = (req.dst_dev, req.dst_port, req.dst_qpn);
-        node.send_ack(&crate::fabric::wire::Ack {
-            src,
-            dst: (req.src_dev, req.src_port, req.src_qpn),
-            psn,
-            msn,
-        });
+        let (src, dst) =
+            ((req.dst_dev, req.dst_port, req.dst_qpn), (req.src_dev, req.src_port, req.src_qpn));
+        let Some(node) = ack_route(self.fabric, src, dst) else { return false };
+        node.send_ack(&crate::fabric::wire::Ack { src, dst, psn, msn });
         true
     }
 
@@ -283,6 +273,22 @@ impl Drop for Driver<'_> {
             self.run_out();
         }
     }
+}
+
+/// The node an ACK from our QP `src` to the requester `dst` (each `(device, port, QPN)`) goes
+/// to in its short form: the requester's, when it is another process's and nothing must see
+/// the ACK as a packet (fault rules, a packet trace), the two ports up (a port down loses the
+/// packet, which the caller's packet path then does).
+pub(crate) fn ack_route(
+    f: &FabricInner,
+    src: (u32, u8, u32),
+    dst: (u32, u8, u32),
+) -> Option<&crate::fabric::host::Node> {
+    if !f.express() || dst.0 == crate::fabric::wire_port::WIRE_DEV {
+        return None;
+    }
+    let node = f.remote_node(dst.2)?;
+    (f.port_up(src.0, src.1) && f.port_up(dst.0, dst.1)).then_some(node)
 }
 
 /// Hands a copy of the multicast datagram `pkt` to every QP of this fabric attached to its

@@ -1332,6 +1332,16 @@ impl<'a> Batch<'a> {
             // one thread receives at a time, so a plain increment counts each.
             qp.heard.store(qp.heard.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
         }
+        // A small SEND that came whole in its record is taken in from there if it can be.
+        if let (Arrived::Record(rec, _), Some(qp)) = (&a, &to)
+            && h.whole()
+            && let Some((m, payload)) = wire::peek_send(&rec.bytes()[HEADER..])
+            && (m.dst.0, m.dst.2) == (qp.device_index(), qp.qpn)
+            && fabric.port_up(m.dst.0, m.dst.1)
+            && engine::arriving::send(qp, fabric, &m, payload)
+        {
+            return;
+        }
         // The packet is built here and moved once, into its QP's inbox.
         let mut pkt = Packet::new(Kind::Ack);
         let got = match a {

@@ -97,6 +97,40 @@ impl Ack {
     }
 }
 
+/// A SEND (with or without immediate) in `bytes` that holds nothing the responder's short way
+/// (`engine::arriving`) leaves to the packet path: no GRH, no rkey to invalidate, its payload
+/// carried whole, neither pulled nor carried out. Its header, and its payload; `None` for
+/// anything else (which [`decode_message`] then reads).
+pub(crate) fn peek_send(bytes: &[u8]) -> Option<(crate::engine::arriving::Send, &[u8])> {
+    let mut r = Reader(bytes.get(..FIXED_HEAD)?);
+    let [version, kind, syn, syn_arg, flags, src_port, dst_port, has_grh, transport] =
+        r.take::<9>()?;
+    let plain = version == VERSION
+        && kind == kind_code(Kind::Send)
+        && (syn, syn_arg, has_grh) == (0, 0, 0)
+        && flags & !3 == 0;
+    if !plain {
+        return None;
+    }
+    let (src_dev, src_qpn, dst_dev) = (r.u32()?, r.u32()?, r.u32()?);
+    let (dst_qpn, psn, npkts, imm) = (r.u32()?, r.u32()?, r.u32()?, r.u32()?);
+    let (_rkey, len, _msn, _qkey, _xrc_srqn) = (r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?);
+    let src_lid = r.u16()?;
+    let payload = &bytes[FIXED_HEAD..];
+    let send = crate::engine::arriving::Send {
+        src: (src_dev, src_port, src_qpn),
+        dst: (dst_dev, dst_port, dst_qpn),
+        transport: QpType(u32::from(transport)),
+        psn,
+        npkts,
+        len,
+        imm: (flags & 2 != 0).then_some(imm),
+        solicited: flags & 1 != 0,
+        src_lid,
+    };
+    (payload.len() == len as usize && npkts >= 1).then_some((send, payload))
+}
+
 /// Why a message was not taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Refused {
