@@ -164,7 +164,7 @@ impl<'f> Driver<'f> {
     /// in another process and nothing must see the ACK as a packet (fault rules, a packet
     /// trace): sent in its short form, no packet built. Whether it was (if not, the caller
     /// sends it as a packet, which meets the same end where this declined: a port down).
-    pub(crate) fn ack_across(&mut self, req: &Packet, psn: u32, msn: u32) -> bool {
+    pub(crate) fn ack_across(&self, req: &Packet, psn: u32, msn: u32) -> bool {
         let (src, dst) =
             ((req.dst_dev, req.dst_port, req.dst_qpn), (req.src_dev, req.src_port, req.src_qpn));
         let Some(node) = ack_route(self.fabric, src, dst) else { return false };

@@ -693,6 +693,58 @@ mod test {
         }
     }
 
+    /// A SEND read in place ([`peek_send`]) says what its decoded packet says; a message it
+    /// must leave to the packet path (another kind, a GRH, an rkey to invalidate, a payload
+    /// pulled or cut short) is not read so.
+    #[test]
+    fn test_a_send_read_in_place_reads_as_it_decodes() {
+        let mut p = Packet::new(Kind::Send);
+        p.transport = QpType::UC;
+        (p.src_dev, p.src_port, p.src_qpn, p.src_lid) = (1, 2, 0x10011, 7);
+        (p.dst_dev, p.dst_port, p.dst_qpn, p.psn, p.npkts) = (3, 1, 0x20012, 0xab_cdef, 3);
+        (p.solicited, p.imm, p.len) = (true, Some(0x1234), 5);
+        p.payload = Payload::Bytes(b"hello".as_slice().into());
+        let mut bytes = Vec::new();
+        encode(&p, &mut bytes).unwrap();
+        let (m, payload) = peek_send(&bytes).unwrap();
+        let q = decode(&bytes).unwrap();
+        assert_eq!(payload, b"hello");
+        assert_eq!(
+            (m.src, m.dst, m.transport, m.psn, m.npkts, m.len),
+            (
+                (q.src_dev, q.src_port, q.src_qpn),
+                (q.dst_dev, q.dst_port, q.dst_qpn),
+                q.transport,
+                q.psn,
+                q.npkts,
+                q.len
+            )
+        );
+        assert_eq!((m.imm, m.solicited, m.src_lid), (q.imm, q.solicited, q.src_lid));
+        (p.imm, p.solicited) = (None, false);
+        bytes.clear();
+        encode(&p, &mut bytes).unwrap();
+        let (m, _) = peek_send(&bytes).unwrap();
+        assert_eq!((m.imm, m.solicited), (None, false));
+
+        assert!(peek_send(&bytes[..bytes.len() - 1]).is_none());
+        let (mut write, mut inv, mut grh) = (p.clone(), p.clone(), p.clone());
+        write.kind = Kind::Write;
+        inv.inv = Some(9);
+        let gid = |b| Gid([b; 16]);
+        let g = Grh { sgid: gid(1), dgid: gid(2), traffic_class: 0, flow_label: 0, hop_limit: 1 };
+        grh.grh = Some(Box::new(g));
+        for o in [&write, &inv, &grh] {
+            bytes.clear();
+            encode(o, &mut bytes).unwrap();
+            assert!(peek_send(&bytes).is_none(), "{o:?}");
+        }
+        let e = Encoded::pulled(&p);
+        let mut pulled = vec![0; e.len()];
+        e.copy_to(0, &mut pulled).unwrap();
+        assert!(peek_send(&pulled).is_none());
+    }
+
     /// A message is written in fragments from any offset: a header that does not land whole
     /// at the start of the destination is encoded aside, and its part copied.
     #[test]
