@@ -139,10 +139,10 @@ fn every_rc_operation_crosses_between_fabrics() {
     }
 }
 
-/// What a run of SENDs between two fabrics leaves, with the express path on or off (taken in
-/// straight from their ring records, or as packets): every completion, each side's QP numbers
-/// left out (they differ from run to run), and the bytes each receive got.
-fn sends_transcript(dir: &HostDir, qp_type: QpType, express: bool) -> Vec<String> {
+/// What a run of SENDs and WRITEs between two fabrics leaves, with the express path on or off
+/// (taken in straight from their ring records, or as packets): every completion, each side's
+/// QP numbers left out (they differ from run to run), and the bytes that landed.
+fn requests_transcript(dir: &HostDir, qp_type: QpType, express: bool) -> Vec<String> {
     let cfg = || FabricConfig { express, ..Default::default() };
     let (fa, fb) = (dir.fabric_with(cfg()), dir.fabric_with(cfg()));
     let node = |f: &Fabric| match qp_type {
@@ -159,7 +159,7 @@ fn sends_transcript(dir: &HostDir, qp_type: QpType, express: bool) -> Vec<String
             w.wr_id, w.status, w.opcode, w.byte_len, w.imm_data, w.wc_flags, w.slid
         ));
     };
-    let mut got = vec![0u8; 8192];
+    let mut got = vec![0u8; 16384];
     let send = |wr: SendWr<'_>| a.qp.post_send(&wr.signaled()).unwrap();
     // With immediate, into a larger buffer; then three packets' worth; then the next PSN.
     post_recv(&b.qp, 10, &[sge(&b.mr, 0, 64)]);
@@ -172,6 +172,16 @@ fn sends_transcript(dir: &HostDir, qp_type: QpType, express: bool) -> Vec<String
         note(&mut out, "send", wait1(&a.cq));
         note(&mut out, "recv", wait1(&b.cq));
     }
+    // WRITEs of one packet and of three, then a SEND behind them.
+    let (at, rkey) = (b.mr.addr(), b.mr.rkey());
+    send(SendWr::write(6, &[sge(&a.mr, 100, 8)], at + 9000, rkey));
+    send(SendWr::write(7, &[sge(&a.mr, 200, 3000)], at + 10000, rkey));
+    post_recv(&b.qp, 15, &[sge(&b.mr, 13100, 8)]);
+    send(SendWr::send(8, &[sge(&a.mr, 300, 8)]));
+    for _ in 0..3 {
+        note(&mut out, "send", wait1(&a.cq));
+    }
+    note(&mut out, "recv", wait1(&b.cq));
     if qp_type == QpType::RC {
         // No receive posted: RNR, and taken once one is.
         send(SendWr::send(4, &[sge(&a.mr, 5000, 16)]));
@@ -182,7 +192,15 @@ fn sends_transcript(dir: &HostDir, qp_type: QpType, express: bool) -> Vec<String
     }
     b.mr.read(0, &mut got).unwrap();
     let sent = pattern(1, 8192);
-    let landed = [(0, 0, 20), (100, 64, 1000), (2000, 1064, 2000), (7000, 4000, 8)];
+    let landed = [
+        (0, 0, 20),
+        (100, 64, 1000),
+        (2000, 1064, 2000),
+        (7000, 4000, 8),
+        (9000, 100, 8),
+        (10000, 200, 3000),
+        (13100, 300, 8),
+    ];
     for (at, from, len) in landed {
         assert_eq!(got[at..at + len], sent[from..from + len], "{qp_type:?} at {at}");
     }
@@ -200,11 +218,11 @@ fn sends_transcript(dir: &HostDir, qp_type: QpType, express: bool) -> Vec<String
 }
 
 #[test]
-fn sends_taken_in_from_their_records_complete_as_packets_complete() {
+fn sends_and_writes_taken_in_from_their_records_complete_as_packets_complete() {
     let dir = HostDir::new();
     for qp_type in [QpType::RC, QpType::UC] {
-        let taken = sends_transcript(&dir, qp_type, true);
-        let packets = sends_transcript(&dir, qp_type, false);
+        let taken = requests_transcript(&dir, qp_type, true);
+        let packets = requests_transcript(&dir, qp_type, false);
         assert_eq!(taken, packets, "{qp_type:?}");
         let first = format!("recv 10 SUCCESS RECV 20 7 {:?} ", WcFlags::WITH_IMM);
         assert!(taken.iter().any(|l| l.starts_with(&first)), "{qp_type:?} {taken:#?}");

@@ -1,5 +1,5 @@
-//! A small SEND from another process, taken in straight from the ring record it came in: the
-//! responder half of the express lane (`lane`), for a requester that is not here.
+//! A small SEND or RDMA WRITE from another process, taken in straight from the ring record it
+//! came in: the responder half of the express lane (`lane`), for a requester that is not here.
 //!
 //! Through the packet path such a SEND is decoded into a packet, its payload copied out of the
 //! record, the packet handed to the responder, which copies the payload again into the receive
@@ -10,23 +10,30 @@
 //! SEND the next it expects, a receive posted whose SGEs hold it, no tag matching, and nothing
 //! that must see packets (fault rules, a packet trace). Everything is checked before anything
 //! changes; anything else goes the packet path untouched, which gives it its RNR, its NAK, its
-//! error completion and its events.
+//! error completion and its events. A WRITE (without immediate) is taken so when its rkey
+//! names an MR of the QP's PD (not a window, not on-demand memory) that grants the remote write
+//! and holds its range; its record is begun only then, right before its copy, as the packet
+//! path begins it (its sender may have carried it out meanwhile: then it is only accounted
+//! for, as there).
 
 use std::sync::Arc;
 
 use super::{
-    ack_route, express, psn_add,
+    ack_route, express,
+    packet::Kind,
+    psn_add,
     responder::{self, Arrival},
 };
 use crate::{
-    fabric::{FabricInner, wire::Ack},
-    qp::QpShared,
-    types::{QpType, Sge, WcOpcode},
+    fabric::{FabricInner, host::Node, wire::Ack},
+    qp::{QpInner, QpShared},
+    sync::lock::RawLock,
+    types::{AccessFlags, QpType, Sge, WcOpcode},
 };
 
-/// What the header of a SEND (with or without immediate) says, read from its record.
+/// What the header of a SEND (with or without immediate) or a WRITE says, read from its record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Send {
+pub(crate) struct Message {
     /// The sender's and the receiver's `(device, port, QPN)`.
     pub(crate) src: (u32, u8, u32),
     pub(crate) dst: (u32, u8, u32),
@@ -37,35 +44,46 @@ pub(crate) struct Send {
     pub(crate) imm: Option<u32>,
     pub(crate) solicited: bool,
     pub(crate) src_lid: u16,
+    /// A WRITE's target: its address and rkey (`None` for a SEND).
+    pub(crate) write: Option<(u64, u32)>,
 }
 
-/// Takes `m` (its `payload` the record's bytes) into our QP `qp`, the QP it names, if it can
-/// (see the module's text). Whether it did; if not, nothing changed.
-pub(crate) fn send(qp: &Arc<QpShared>, f: &FabricInner, m: &Send, payload: &[u8]) -> bool {
-    let reliable = match qp.qp_type {
-        QpType::RC => true,
-        QpType::UC => false,
-        _ => return false,
+/// The QP `qp` of `m`'s transport, locked, if it takes `m` as its next request now, with the
+/// node its ACK goes to (RC) — known before anything changes, so that nothing fails after.
+fn taker<'q, 'f>(
+    qp: &'q Arc<QpShared>,
+    f: &'f FabricInner,
+    m: &Message,
+) -> Option<(parking_lot::lock_api::MutexGuard<'q, RawLock, QpInner>, Option<&'f Node>)> {
+    if !matches!(qp.qp_type, QpType::RC | QpType::UC) || m.transport != qp.qp_type {
+        return None;
+    }
+    let ack_to = match qp.qp_type {
+        QpType::RC => Some(ack_route(f, m.dst, m.src)?),
+        _ => f.express().then_some(None)?,
     };
-    if m.transport != qp.qp_type
-        || payload.len() != m.len as usize
-        || qp.srq.as_ref().is_some_and(|s| s.tm.is_some())
-    {
+    let g = qp.inner.try_lock()?;
+    let next = express::takes(qp, &g, qp.qp_type, m.psn, m.dst.1) && g.sq.next == g.sq.head;
+    next.then_some((g, ack_to))
+}
+
+/// The request `m` was executed: the next PSN expected, and its ACK (RC).
+fn done(g: &mut QpInner, m: &Message, ack_to: Option<&Node>) {
+    g.resp.nak_seq_sent = false;
+    responder::advance_past(g, m.psn, m.npkts);
+    if let Some(node) = ack_to {
+        let psn = psn_add(m.psn, m.npkts - 1);
+        node.send_ack(&Ack { src: m.dst, dst: m.src, psn, msn: g.resp.msn });
+    }
+}
+
+/// Takes the SEND `m` (its `payload` the record's bytes) into our QP `qp`, the QP it names, if
+/// it can (see the module's text). Whether it did; if not, nothing changed.
+pub(crate) fn send(qp: &Arc<QpShared>, f: &FabricInner, m: &Message, payload: &[u8]) -> bool {
+    if qp.srq.as_ref().is_some_and(|s| s.tm.is_some()) {
         return false;
     }
-    // The ACK's way out is known before the receive is taken: it cannot fail after.
-    let ack_to = match reliable {
-        true => match ack_route(f, m.dst, m.src) {
-            Some(node) => Some(node),
-            None => return false,
-        },
-        false if f.express() => None,
-        false => return false,
-    };
-    let Some(mut g) = qp.inner.try_lock() else { return false };
-    if !express::takes(qp, &g, qp.qp_type, m.psn, m.dst.1) || g.sq.next != g.sq.head {
-        return false;
-    }
+    let Some((mut g, ack_to)) = taker(qp, f, m) else { return false };
     let keys = qp.ctx.device.keys.read();
     let pd = responder::own_recv_pd(qp);
     let place = |sges: &[Sge]| {
@@ -78,11 +96,38 @@ pub(crate) fn send(qp: &Arc<QpShared>, f: &FabricInner, m: &Send, payload: &[u8]
     let arrival =
         Arrival { len: m.len, imm: m.imm, inv: None, src_lid: m.src_lid, solicited: m.solicited };
     responder::complete_arrival(qp, &mut g, &arrival, WcOpcode::RECV, wr_id);
-    g.resp.nak_seq_sent = false;
-    responder::advance_past(&mut g, m.psn, m.npkts);
-    if let Some(node) = ack_to {
-        let psn = psn_add(m.psn, m.npkts - 1);
-        node.send_ack(&Ack { src: m.dst, dst: m.src, psn, msn: g.resp.msn });
+    done(&mut g, m, ack_to);
+    true
+}
+
+/// Takes the WRITE `m` (its `payload` the record's bytes) into our QP `qp`, the QP it names,
+/// if it can (see the module's text); `begin` begins the record's request: whether its sender
+/// carried it out already. Whether it did; if not, nothing changed but the record begun, which
+/// the packet path then finds begun.
+pub(crate) fn write(
+    qp: &Arc<QpShared>,
+    f: &FabricInner,
+    m: &Message,
+    payload: &[u8],
+    begin: impl FnOnce() -> bool,
+) -> bool {
+    let Some((va, rkey)) = m.write else { return false };
+    let Some((mut g, ack_to)) = taker(qp, f, m) else { return false };
+    if responder::refuses(&g, Kind::Write, m.len, va, 0) {
+        return false;
     }
+    let keys = qp.ctx.device.keys.read();
+    let Some(target) = express::remote(&keys, &qp.pd, (rkey, va, m.len), AccessFlags::REMOTE_WRITE)
+    else {
+        return false;
+    };
+    if !begin()
+        && let Some((region, off)) = target
+        && !express::copy_piece(express::Src::Bytes(payload), 0, region, off, payload.len())
+    {
+        return false;
+    }
+    drop(keys);
+    done(&mut g, m, ack_to);
     true
 }

@@ -1332,13 +1332,17 @@ impl<'a> Batch<'a> {
             // one thread receives at a time, so a plain increment counts each.
             qp.heard.store(qp.heard.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
         }
-        // A small SEND that came whole in its record is taken in from there if it can be.
+        // A small SEND or WRITE that came whole in its record is taken in from there if it can
+        // be (a WRITE's record is begun as its ticket would be: see `decode`).
         if let (Arrived::Record(rec, _), Some(qp)) = (&a, &to)
             && h.whole()
-            && let Some((m, payload)) = wire::peek_send(&rec.bytes()[HEADER..])
+            && let Some((m, payload)) = wire::peek_request(&rec.bytes()[HEADER..])
             && (m.dst.0, m.dst.2) == (qp.device_index(), qp.qpn)
             && fabric.port_up(m.dst.0, m.dst.1)
-            && engine::arriving::send(qp, fabric, &m, payload)
+            && match m.write {
+                None => engine::arriving::send(qp, fabric, &m, payload),
+                Some(_) => engine::arriving::write(qp, fabric, &m, payload, || rec.begin()),
+            }
         {
             return;
         }
@@ -1437,12 +1441,15 @@ impl<'a> Batch<'a> {
             (lend, in_place)
         };
         if let Arrived::Record(rec, _) = a {
-            // A WRITE or READ of a reliable QP that came whole in one record keeps it until its
-            // responder begins it: its sender may carry it out itself meanwhile, should this
-            // process be stopped (see `exports`).
-            let claimable = pkt.transport == crate::QpType::RC
-                && matches!(pkt.kind, Kind::Write | Kind::ReadRequest)
-                && in_place;
+            // A WRITE or READ of an RC QP, or a WRITE of a UC one, that came whole in one record
+            // keeps it until its responder begins it: its sender may carry it out itself
+            // meanwhile (see `exports`, `engine::absent_peer`), and then it is only accounted
+            // for.
+            let claimable = match pkt.transport {
+                crate::QpType::RC => matches!(pkt.kind, Kind::Write | Kind::ReadRequest),
+                crate::QpType::UC => pkt.kind == Kind::Write,
+                _ => false,
+            } && in_place;
             if claimable {
                 let (ticket, lent) = rec.ticket(lend);
                 if let Some(l) = lent {
@@ -2452,7 +2459,14 @@ mod test {
                 std::thread::sleep(Duration::from_micros(20));
             }
             assert!(fa.0.node.get().unwrap().behind(b.slot()), "{ty:?}");
+            // What the peer's application then does with that memory stays: its reader only
+            // accounts for those WRITEs when it takes their records in (before the SEND).
+            b.mr.write(0, &[0u8; 512]).unwrap();
             drop(held);
+            a.send(&b, 3);
+            let mut got = [0xffu8; 512];
+            b.mr.read(0, &mut got).unwrap();
+            assert!(got[8..].iter().all(|&x| x == 0), "{ty:?}: a WRITE carried out landed again");
             talk_and_part((a, fa), (b, fb), &dir);
         }
     }

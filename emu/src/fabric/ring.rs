@@ -680,6 +680,12 @@ impl Record {
         (Ticket(record), lent)
     }
 
+    /// The responder begins the record's request in place: whether the writer carried it out
+    /// already (else no writer will from now on), as [`Ticket::carried_out`].
+    pub(crate) fn begin(&self) -> bool {
+        self.ring.take(self.bytes.start - RECORD_HEADER)
+    }
+
     pub(crate) fn bytes(&self) -> &[u8] {
         // SAFETY: the bytes are published and inside the ring (checked by `read`); the writer
         // leaves them alone until `head` passes them, which `free` does only after this

@@ -97,27 +97,28 @@ impl Ack {
     }
 }
 
-/// A SEND (with or without immediate) in `bytes` that holds nothing the responder's short way
-/// (`engine::arriving`) leaves to the packet path: no GRH, no rkey to invalidate, its payload
-/// carried whole, neither pulled nor carried out. Its header, and its payload; `None` for
-/// anything else (which [`decode_message`] then reads).
-pub(crate) fn peek_send(bytes: &[u8]) -> Option<(crate::engine::arriving::Send, &[u8])> {
+/// A SEND (with or without immediate) or a WRITE (without) in `bytes` that holds nothing the
+/// responder's short way (`engine::arriving`) leaves to the packet path: no GRH, no rkey to
+/// invalidate, its payload carried whole, neither pulled nor carried out. Its header, and its
+/// payload; `None` for anything else (which [`decode_message`] then reads).
+pub(crate) fn peek_request(bytes: &[u8]) -> Option<(crate::engine::arriving::Message, &[u8])> {
     let mut r = Reader(bytes.get(..FIXED_HEAD)?);
     let [version, kind, syn, syn_arg, flags, src_port, dst_port, has_grh, transport] =
         r.take::<9>()?;
-    let plain = version == VERSION
-        && kind == kind_code(Kind::Send)
-        && (syn, syn_arg, has_grh) == (0, 0, 0)
-        && flags & !3 == 0;
-    if !plain {
+    let write = match kind {
+        k if k == kind_code(Kind::Send) && flags & !3 == 0 => false,
+        k if k == kind_code(Kind::Write) && flags == 0 => true,
+        _ => return None,
+    };
+    if version != VERSION || (syn, syn_arg, has_grh) != (0, 0, 0) {
         return None;
     }
     let (src_dev, src_qpn, dst_dev) = (r.u32()?, r.u32()?, r.u32()?);
     let (dst_qpn, psn, npkts, imm) = (r.u32()?, r.u32()?, r.u32()?, r.u32()?);
-    let (_rkey, len, _msn, _qkey, _xrc_srqn) = (r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?);
-    let src_lid = r.u16()?;
+    let (rkey, len, _msn, _qkey, _xrc_srqn) = (r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?);
+    let (src_lid, va) = (r.u16()?, r.u64()?);
     let payload = &bytes[FIXED_HEAD..];
-    let send = crate::engine::arriving::Send {
+    let m = crate::engine::arriving::Message {
         src: (src_dev, src_port, src_qpn),
         dst: (dst_dev, dst_port, dst_qpn),
         transport: QpType(u32::from(transport)),
@@ -127,8 +128,9 @@ pub(crate) fn peek_send(bytes: &[u8]) -> Option<(crate::engine::arriving::Send, 
         imm: (flags & 2 != 0).then_some(imm),
         solicited: flags & 1 != 0,
         src_lid,
+        write: write.then_some((va, rkey)),
     };
-    (payload.len() == len as usize && npkts >= 1).then_some((send, payload))
+    (payload.len() == len as usize && npkts >= 1).then_some((m, payload))
 }
 
 /// Why a message was not taken.
@@ -693,11 +695,11 @@ mod test {
         }
     }
 
-    /// A SEND read in place ([`peek_send`]) says what its decoded packet says; a message it
-    /// must leave to the packet path (another kind, a GRH, an rkey to invalidate, a payload
-    /// pulled or cut short) is not read so.
+    /// A SEND or WRITE read in place ([`peek_request`]) says what its decoded packet says; a
+    /// message it must leave to the packet path (another kind, a WRITE with immediate, a GRH,
+    /// an rkey to invalidate, a payload pulled or cut short) is not read so.
     #[test]
-    fn test_a_send_read_in_place_reads_as_it_decodes() {
+    fn test_a_request_read_in_place_reads_as_it_decodes() {
         let mut p = Packet::new(Kind::Send);
         p.transport = QpType::UC;
         (p.src_dev, p.src_port, p.src_qpn, p.src_lid) = (1, 2, 0x10011, 7);
@@ -706,7 +708,7 @@ mod test {
         p.payload = Payload::Bytes(b"hello".as_slice().into());
         let mut bytes = Vec::new();
         encode(&p, &mut bytes).unwrap();
-        let (m, payload) = peek_send(&bytes).unwrap();
+        let (m, payload) = peek_request(&bytes).unwrap();
         let q = decode(&bytes).unwrap();
         assert_eq!(payload, b"hello");
         assert_eq!(
@@ -720,16 +722,22 @@ mod test {
                 q.len
             )
         );
-        assert_eq!((m.imm, m.solicited, m.src_lid), (q.imm, q.solicited, q.src_lid));
+        assert_eq!((m.imm, m.solicited, m.src_lid, m.write), (q.imm, q.solicited, q.src_lid, None));
         (p.imm, p.solicited) = (None, false);
         bytes.clear();
         encode(&p, &mut bytes).unwrap();
-        let (m, _) = peek_send(&bytes).unwrap();
+        let (m, _) = peek_request(&bytes).unwrap();
         assert_eq!((m.imm, m.solicited), (None, false));
+        let mut write = p.clone();
+        (write.kind, write.va, write.rkey) = (Kind::Write, 0xdead_beef_0000, 0x1234);
+        let mut w = Vec::new();
+        encode(&write, &mut w).unwrap();
+        let (m, payload) = peek_request(&w).unwrap();
+        assert_eq!((m.write, payload), (Some((0xdead_beef_0000, 0x1234)), &b"hello"[..]));
 
-        assert!(peek_send(&bytes[..bytes.len() - 1]).is_none());
-        let (mut write, mut inv, mut grh) = (p.clone(), p.clone(), p.clone());
-        write.kind = Kind::Write;
+        assert!(peek_request(&bytes[..bytes.len() - 1]).is_none());
+        let (mut inv, mut grh) = (p.clone(), p.clone());
+        write.imm = Some(1);
         inv.inv = Some(9);
         let gid = |b| Gid([b; 16]);
         let g = Grh { sgid: gid(1), dgid: gid(2), traffic_class: 0, flow_label: 0, hop_limit: 1 };
@@ -737,12 +745,12 @@ mod test {
         for o in [&write, &inv, &grh] {
             bytes.clear();
             encode(o, &mut bytes).unwrap();
-            assert!(peek_send(&bytes).is_none(), "{o:?}");
+            assert!(peek_request(&bytes).is_none(), "{o:?}");
         }
         let e = Encoded::pulled(&p);
         let mut pulled = vec![0; e.len()];
         e.copy_to(0, &mut pulled).unwrap();
-        assert!(peek_send(&pulled).is_none());
+        assert!(peek_request(&pulled).is_none());
     }
 
     /// A message is written in fragments from any offset: a header that does not land whole
