@@ -661,6 +661,12 @@ impl Node {
             && self.reliable(pkt.src_qpn);
         let msg = if pull { Encoded::pulled(pkt) } else { msg };
         peer.send(pkt.dst_qpn, &msg);
+        self.note_sent();
+    }
+
+    /// This node has sent to another (what `carry_out_for_lagging` waits for): stored once,
+    /// so that later sends only load the word.
+    fn note_sent(&self) {
         if !self.sent.load(Ordering::Relaxed) {
             self.sent.store(true, Ordering::Relaxed);
         }
@@ -670,9 +676,7 @@ impl Node {
     pub(crate) fn send_ack(&self, ack: &wire::Ack) {
         let dst_qpn = ack.dst.2;
         self.peer(slot_of(dst_qpn)).send(dst_qpn, &Encoded::ack(ack));
-        if !self.sent.load(Ordering::Relaxed) {
-            self.sent.store(true, Ordering::Relaxed);
-        }
+        self.note_sent();
     }
 
     /// Whether our QP `qpn` is of a reliable type: its requester's buffers stay untouched

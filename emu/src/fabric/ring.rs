@@ -708,8 +708,7 @@ impl Ticket {
     /// The responder begins the request: whether the writer carried it out itself already
     /// (else no writer will from now on).
     pub(crate) fn carried_out(&self) -> bool {
-        let r = &self.0;
-        r.ring.take(r.bytes.start - RECORD_HEADER)
+        self.0.begin()
     }
 }
 
