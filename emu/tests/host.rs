@@ -182,8 +182,26 @@ fn requests_transcript(dir: &HostDir, qp_type: QpType, express: bool) -> Vec<Str
         note(&mut out, "send", wait1(&a.cq));
     }
     note(&mut out, "recv", wait1(&b.cq));
+    // WRITEs with immediate, of one packet, of three and of none: each consumes a receive
+    // (whose buffer stays untouched) and completes it with the length written.
+    post_recv(&b.qp, 16, &[sge(&b.mr, 13200, 8)]);
+    send(SendWr::write(9, &[sge(&a.mr, 400, 8)], at + 14000, rkey).with_imm(9));
+    post_recv(&b.qp, 17, &[sge(&b.mr, 13300, 8)]);
+    send(SendWr::write(10, &[sge(&a.mr, 500, 3000)], at + 4000, rkey).with_imm(10));
+    post_recv(&b.qp, 18, &[]);
+    send(SendWr::write(11, &[], at + 14100, rkey).with_imm(11));
+    for _ in 0..3 {
+        note(&mut out, "send", wait1(&a.cq));
+        note(&mut out, "recv", wait1(&b.cq));
+    }
     if qp_type == QpType::RC {
         // No receive posted: RNR, and taken once one is.
+        send(SendWr::write(12, &[sge(&a.mr, 600, 8)], at + 14200, rkey).with_imm(12));
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        post_recv(&b.qp, 19, &[]);
+        note(&mut out, "send", wait1(&a.cq));
+        note(&mut out, "recv", wait1(&b.cq));
+        // A SEND likewise.
         send(SendWr::send(4, &[sge(&a.mr, 5000, 16)]));
         std::thread::sleep(std::time::Duration::from_millis(2));
         post_recv(&b.qp, 13, &[sge(&b.mr, 7100, 16)]);
@@ -200,9 +218,14 @@ fn requests_transcript(dir: &HostDir, qp_type: QpType, express: bool) -> Vec<Str
         (9000, 100, 8),
         (10000, 200, 3000),
         (13100, 300, 8),
+        (14000, 400, 8),
+        (4000, 500, 3000),
     ];
     for (at, from, len) in landed {
         assert_eq!(got[at..at + len], sent[from..from + len], "{qp_type:?} at {at}");
+    }
+    if qp_type == QpType::RC {
+        assert_eq!(got[14200..14208], sent[600..608], "after its RNR");
     }
     // Every byte, digested: nothing landed anywhere else either.
     let digest = got

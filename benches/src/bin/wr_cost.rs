@@ -6,7 +6,8 @@
 //!
 //! counts the instructions of exactly those work requests (divide by `N`). `--op fetch_add`
 //! measures an 8-byte FETCH_ADD instead; `--op send` one hop of a ping-pong: a receive posted,
-//! an unsignaled 8-byte SEND into it, the receive completion polled. `--host` puts the two QPs
+//! an unsignaled 8-byte SEND into it, the receive completion polled; `--op write_imm` the same
+//! with an 8-byte WRITE with immediate. `--host` puts the two QPs
 //! on two fabrics joined by a host fabric (as two processes are, through shared-memory rings):
 //! each WR is then polled to its completion on the requester's CQ (which the ACK from the
 //! other fabric brings) and a SEND's receive completion on the responder's too; the fabrics'
@@ -128,6 +129,10 @@ fn main() {
             (wr.signaled(), None, &a.2)
         }
         Some("send") => (SendWr::send(0, &src), Some((&b.4, &recv)), &b.2),
+        Some("write_imm") => {
+            let wr = SendWr::write(0, &src, b.3.addr(), b.3.rkey()).with_imm(5);
+            (wr, Some((&b.4, &recv)), &b.2)
+        }
         _ => (SendWr::write(0, &src, b.3.addr(), b.3.rkey()).signaled(), None, &a.2),
     };
     // Warm up (first-use allocations of queues and tables are not per-WR costs).

@@ -10,11 +10,11 @@
 //! SEND the next it expects, a receive posted whose SGEs hold it, no tag matching, and nothing
 //! that must see packets (fault rules, a packet trace). Everything is checked before anything
 //! changes; anything else goes the packet path untouched, which gives it its RNR, its NAK, its
-//! error completion and its events. A WRITE (without immediate) is taken so when its rkey
-//! names an MR of the QP's PD (not a window, not on-demand memory) that grants the remote write
-//! and holds its range; its record is begun only then, right before its copy, as the packet
-//! path begins it (its sender may have carried it out meanwhile: then it is only accounted
-//! for, as there).
+//! error completion and its events. A WRITE is taken so when its rkey names an MR of the QP's
+//! PD (not a window, not on-demand memory) that grants the remote write and holds its range,
+//! and, with immediate, a receive is posted (no tag matching); its record is begun only then,
+//! right before its copy, as the packet path begins it (its sender may have carried it out
+//! meanwhile: then it is only accounted for, as there).
 
 use std::sync::Arc;
 
@@ -102,8 +102,9 @@ pub(crate) fn send(qp: &Arc<QpShared>, f: &FabricInner, m: &Message, payload: &[
 
 /// Takes the WRITE `m` (its `payload` the record's bytes) into our QP `qp`, the QP it names,
 /// if it can (see the module's text); `begin` begins the record's request: whether its sender
-/// carried it out already. Whether it did; if not, nothing changed but the record begun, which
-/// the packet path then finds begun.
+/// carried it out already. With immediate, it consumes a receive, which completes with the
+/// length written (its buffer untouched). Whether it did; if not, nothing changed but the
+/// record begun, which the packet path then finds begun.
 pub(crate) fn write(
     qp: &Arc<QpShared>,
     f: &FabricInner,
@@ -112,6 +113,9 @@ pub(crate) fn write(
     begin: impl FnOnce() -> bool,
 ) -> bool {
     let Some((va, rkey)) = m.write else { return false };
+    if m.imm.is_some() && qp.srq.as_ref().is_some_and(|s| s.tm.is_some()) {
+        return false;
+    }
     let Some((mut g, ack_to)) = taker(qp, f, m) else { return false };
     if responder::refuses(&g, Kind::Write, m.len, va, 0) {
         return false;
@@ -121,11 +125,29 @@ pub(crate) fn write(
     else {
         return false;
     };
-    if !begin()
-        && let Some((region, off)) = target
-        && !express::copy_piece(express::Src::Bytes(payload), 0, region, off, payload.len())
-    {
-        return false;
+    let place = || {
+        begin()
+            || target.is_none_or(|(region, off)| {
+                express::copy_piece(express::Src::Bytes(payload), 0, region, off, payload.len())
+            })
+    };
+    if m.imm.is_none() {
+        if !place() {
+            return false;
+        }
+    } else {
+        // The receive is looked for first: without one, nothing is written (an RNR NAK).
+        let Some(wr_id) = express::take_recv(qp, &mut g, |_| place().then_some(())) else {
+            return false;
+        };
+        let arrival = Arrival {
+            len: m.len,
+            imm: m.imm,
+            inv: None,
+            src_lid: m.src_lid,
+            solicited: m.solicited,
+        };
+        responder::complete_arrival(qp, &mut g, &arrival, WcOpcode::RECV_RDMA_WITH_IMM, wr_id);
     }
     drop(keys);
     done(&mut g, m, ack_to);

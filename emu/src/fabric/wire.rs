@@ -97,7 +97,7 @@ impl Ack {
     }
 }
 
-/// A SEND (with or without immediate) or a WRITE (without) in `bytes` that holds nothing the
+/// A SEND or a WRITE (with or without immediate) in `bytes` that holds nothing the
 /// responder's short way (`engine::arriving`) leaves to the packet path: no GRH, no rkey to
 /// invalidate, its payload carried whole, neither pulled nor carried out. Its header, and its
 /// payload; `None` for anything else (which [`decode_message`] then reads).
@@ -107,7 +107,7 @@ pub(crate) fn peek_request(bytes: &[u8]) -> Option<(crate::engine::arriving::Mes
         r.take::<9>()?;
     let write = match kind {
         k if k == kind_code(Kind::Send) && flags & !3 == 0 => false,
-        k if k == kind_code(Kind::Write) && flags == 0 => true,
+        k if k == kind_code(Kind::Write) && flags & !3 == 0 => true,
         _ => return None,
     };
     if version != VERSION || (syn, syn_arg, has_grh) != (0, 0, 0) {
@@ -696,8 +696,8 @@ mod test {
     }
 
     /// A SEND or WRITE read in place ([`peek_request`]) says what its decoded packet says; a
-    /// message it must leave to the packet path (another kind, a WRITE with immediate, a GRH,
-    /// an rkey to invalidate, a payload pulled or cut short) is not read so.
+    /// message it must leave to the packet path (another kind, a GRH, an rkey to invalidate, a
+    /// payload pulled or cut short) is not read so.
     #[test]
     fn test_a_request_read_in_place_reads_as_it_decodes() {
         let mut p = Packet::new(Kind::Send);
@@ -734,10 +734,16 @@ mod test {
         encode(&write, &mut w).unwrap();
         let (m, payload) = peek_request(&w).unwrap();
         assert_eq!((m.write, payload), (Some((0xdead_beef_0000, 0x1234)), &b"hello"[..]));
+        (write.imm, write.solicited) = (Some(0x5678), true);
+        w.clear();
+        encode(&write, &mut w).unwrap();
+        let (m, _) = peek_request(&w).unwrap();
+        let q = decode(&w).unwrap();
+        assert_eq!((m.imm, m.solicited, m.write), (q.imm, q.solicited, Some((q.va, q.rkey))));
 
         assert!(peek_request(&bytes[..bytes.len() - 1]).is_none());
         let (mut inv, mut grh) = (p.clone(), p.clone());
-        write.imm = Some(1);
+        write.kind = Kind::ReadRequest;
         inv.inv = Some(9);
         let gid = |b| Gid([b; 16]);
         let g = Grh { sgid: gid(1), dgid: gid(2), traffic_class: 0, flow_label: 0, hop_limit: 1 };
