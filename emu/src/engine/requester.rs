@@ -716,3 +716,51 @@ pub(crate) fn on_timer(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>
         }
     }
 }
+
+#[cfg(test)]
+mod test {
+    use std::sync::atomic::Ordering::Relaxed;
+
+    use super::*;
+    use crate::{QpAttr, QpAttrMask, SendWr, Sge, engine::testkit::pair};
+
+    /// An ACK deadline that passed while messages went on reaching the QP (a response held in
+    /// records until whole, which the completer sees only then) is no timeout: the deadline
+    /// moves and no retry is spent. One that passed in silence retries.
+    #[test]
+    fn test_a_deadline_passed_while_arrivals_came_is_no_timeout() {
+        let (_f, a, b) = pair();
+        // The peer takes nothing: the WRITE stays unacknowledged.
+        b.qp.modify(&QpAttr { qp_state: QpState::RESET, ..Default::default() }, QpAttrMask::STATE)
+            .unwrap();
+        let s = [Sge { addr: a.mr.addr(), length: 8, lkey: a.mr.lkey() }];
+        a.qp.post_send(&SendWr::write(0, &s, b.mr.addr(), b.mr.rkey()).signaled()).unwrap();
+        let qp = &a.qp.0;
+        let fabric = qp.ctx.fabric.clone();
+        // The deadline passes, with an arrival since it was set or without; the retries left
+        // before and after, and whether a deadline is set after.
+        let expire = |arrived: bool| {
+            let mut g = qp.inner.lock();
+            let mut drv = Driver::new(&fabric);
+            // Nothing is delivered to the peer inline (a resend stays in its inbox).
+            drv.enter(Arc::as_ptr(&b.qp.0));
+            assert_eq!(g.sq.in_flight(), 1);
+            assert!(g.req.retrans_at.is_some(), "the WRITE's deadline is set");
+            g.req.retrans_at = Some(0);
+            if arrived {
+                qp.heard.fetch_add(1, Relaxed);
+            }
+            let before = g.req.retry_left;
+            on_timer(qp, &mut g, &mut drv);
+            let after = (g.req.retry_left, g.req.retrans_at.is_some_and(|t| t > 0));
+            drop(g);
+            drv.ready.clear();
+            drv.check_timers.clear();
+            (before, after)
+        };
+        let (before, (after, again)) = expire(true);
+        assert_eq!((after, again), (before, true), "heard from: waits on, no retry spent");
+        let (before, (after, _)) = expire(false);
+        assert_eq!(after + 1, before, "silence: a retry");
+    }
+}
