@@ -40,7 +40,7 @@ pub(super) enum Src<'a> {
 }
 
 impl Src<'_> {
-    fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         match self {
             Src::Bytes(b) => b.len(),
             Src::Mem(_, _, n) => *n,
@@ -508,6 +508,18 @@ pub(super) fn copy<'a, 'b>(
         }
     }
     true
+}
+
+/// Copies all of `piece` into `dst` (of its length); false if its memory went away after its
+/// registration.
+pub(super) fn read_piece(piece: Src<'_>, dst: &mut [u8]) -> bool {
+    match piece {
+        Src::Bytes(b) => {
+            dst.copy_from_slice(b);
+            true
+        }
+        Src::Mem(region, off, _) => region.read(off, dst).is_ok(),
+    }
 }
 
 /// Copies `n` bytes of `piece` from `at` to `region` at `off` (checked ranges); false if the

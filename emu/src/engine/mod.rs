@@ -17,6 +17,7 @@ pub(crate) mod express;
 pub(crate) mod frame;
 pub(crate) mod landing;
 pub(crate) mod lane;
+pub(crate) mod leaving;
 pub(crate) mod packet;
 pub(crate) mod raw;
 pub(crate) mod requester;

@@ -458,6 +458,10 @@ pub(crate) fn run(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>) -> 
         if g.req.carrying && super::absent_peer::carry_out_unsent(qp, g, idx, drv) {
             continue;
         }
+        if g.lane_across && super::leaving::send(qp, g, idx, drv) {
+            sent = true;
+            continue;
+        }
         match build(qp, g, idx) {
             Ok(pkt) => {
                 g.sq.next = idx.wrapping_add(1);

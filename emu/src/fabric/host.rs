@@ -664,6 +664,23 @@ impl Node {
         self.note_sent();
     }
 
+    /// Writes a message of `len` bytes, which `fill` lays out (returning `false` to give up),
+    /// to the node of our peer QP `dst_qpn` as one record of its ring, if that can be done now:
+    /// the ring set up, nothing of ours queued before it, room for it. Whether it was sent (if
+    /// not, nothing was: the caller sends the message the general way).
+    pub(crate) fn send_whole(
+        &self,
+        dst_qpn: u32,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]) -> bool,
+    ) -> bool {
+        let sent = self.peer(slot_of(dst_qpn)).send_whole(dst_qpn, len, fill);
+        if sent {
+            self.note_sent();
+        }
+        sent
+    }
+
     /// This node has sent to another (what `carry_out_for_lagging` waits for): stored once,
     /// so that later sends only load the word.
     fn note_sent(&self) {
@@ -1941,6 +1958,42 @@ impl Peer {
             let _w = self.wake.lock();
             self.cv.notify_one();
         }
+    }
+
+    /// See [`Node::send_whole`].
+    fn send_whole(
+        self: &Arc<Self>,
+        dst_qpn: u32,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]) -> bool,
+    ) -> bool {
+        let mut tx = self.tx.lock();
+        if !tx.backlog.is_empty() || tx.flushing {
+            return false;
+        }
+        let Some(ring) = tx.ring.as_deref() else { return false };
+        if HEADER + len > ring.max_record().min(RECORD) {
+            return false;
+        }
+        let framed = |d: &mut [u8]| {
+            write_header(d, [self.src, FIRST | LAST], [MAGIC, len as u32, 0, dst_qpn]);
+            fill(&mut d[HEADER..])
+        };
+        if ring.write(HEADER + len, framed) != Written::Done {
+            return false;
+        }
+        if ring.rings() {
+            if HOLD_BELL.get() {
+                drop(tx);
+                if let Some(held) = HELD_BELL.replace(Some(self.clone())) {
+                    held.release_bell(true);
+                }
+            } else {
+                ring_bell(&mut tx.sock, &self.path, self.src);
+                RANG.set(true);
+            }
+        }
+        true
     }
 
     /// See [`release_bell`](self::release_bell).

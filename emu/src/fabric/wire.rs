@@ -381,6 +381,27 @@ pub(crate) fn pullable(pkt: &Packet) -> bool {
         && pkt.payload.ranges().len() <= MAX_PULL_RANGES as usize
 }
 
+/// The header bytes of a SEND without GRH (see [`encode_send_head`]).
+pub(crate) const SEND_HEAD: usize = FIXED_HEAD;
+
+/// Writes the header of the SEND `m` (no GRH, no rkey to invalidate, no XRC SRQ) at the start
+/// of `out` (at least [`SEND_HEAD`] bytes), byte for byte as [`encode_head`] writes that of the
+/// packet `requester::build` makes for it: the requester's short way (`engine::leaving`)
+/// writes its record without a packet. (A test holds the two to the same bytes.)
+pub(crate) fn encode_send_head(m: &crate::engine::arriving::Message, out: &mut [u8]) {
+    let mut out = Cursor { buf: &mut out[..FIXED_HEAD], at: 0 };
+    let flags = u8::from(m.solicited) | u8::from(m.imm.is_some()) << 1;
+    out.put([VERSION, kind_code(Kind::Send), 0, 0, flags, m.src.1, m.dst.1, 0]);
+    out.put([m.transport.0 as u8]);
+    for v in [m.src.0, m.src.2, m.dst.0, m.dst.2, m.psn, m.npkts, m.imm.unwrap_or(0), 0, m.len] {
+        out.put(v.to_le_bytes());
+    }
+    out.put([0; 12]);
+    out.put(m.src_lid.to_le_bytes());
+    out.put([0; 32]);
+    debug_assert_eq!(out.at, FIXED_HEAD);
+}
+
 /// How many bytes [`encode_head`] writes for `pkt`.
 fn head_len(pkt: &Packet) -> usize {
     let grh = if pkt.grh.is_some() { 16 + 16 + 2 + 4 } else { 0 };
@@ -757,6 +778,41 @@ mod test {
         let mut pulled = vec![0; e.len()];
         e.copy_to(0, &mut pulled).unwrap();
         assert!(peek_request(&pulled).is_none());
+    }
+
+    /// The requester's short way writes a SEND's header as the packet path encodes it.
+    #[test]
+    fn test_a_send_head_written_without_a_packet_is_the_packets() {
+        for (transport, imm, solicited) in [
+            (QpType::RC, None, false),
+            (QpType::RC, Some(0xfeed_f00d), true),
+            (QpType::UC, None, true),
+        ] {
+            let mut p = Packet::new(Kind::Send);
+            p.transport = transport;
+            (p.src_dev, p.src_port, p.src_qpn, p.src_lid) = (1, 2, 0x10011, 7);
+            (p.dst_dev, p.dst_port, p.dst_qpn, p.psn, p.npkts) = (3, 1, 0x20012, 0xab_cdef, 2);
+            (p.solicited, p.imm, p.len) = (solicited, imm, 5);
+            p.payload = Payload::Bytes(b"hello".as_slice().into());
+            let mut bytes = Vec::new();
+            encode(&p, &mut bytes).unwrap();
+            let m = crate::engine::arriving::Message {
+                src: (p.src_dev, p.src_port, p.src_qpn),
+                dst: (p.dst_dev, p.dst_port, p.dst_qpn),
+                transport,
+                psn: p.psn,
+                npkts: p.npkts,
+                len: p.len,
+                imm,
+                solicited,
+                src_lid: p.src_lid,
+                write: None,
+            };
+            let mut head = [0xa5; SEND_HEAD];
+            encode_send_head(&m, &mut head);
+            assert_eq!(head[..], bytes[..SEND_HEAD], "{transport:?} {imm:?} {solicited}");
+            assert_eq!(&bytes[SEND_HEAD..], b"hello");
+        }
     }
 
     /// A message is written in fragments from any offset: a header that does not land whole

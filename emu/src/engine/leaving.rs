@@ -1,0 +1,112 @@
+//! A small SEND to another process, written straight into its ring record: the requester half
+//! of `arriving`.
+//!
+//! Through the packet path such a SEND is built into a packet (its payload resolved into
+//! pieces of our memory), handed through the driver, the fabric and the host fabric's node,
+//! laid out as a message and cut into fragments, of which it makes one. Here the WQE's header
+//! is written into the record as that packet's would be, and its payload copied after it from
+//! the one SGE (or the inline bytes), in one pass. It is sent so only where the packet path
+//! would send exactly that record at once: an RC or UC QP connected to another process on the
+//! host fabric, nothing that must see packets (fault rules, a packet trace), both ports up, no
+//! carry-out run or note pending, a SEND of one piece that one record holds, its lkey fit;
+//! and the ring to the peer set up, nothing of ours waiting before it, room for the record.
+//! Everything is checked before the WQE changes; anything else goes the packet path, which
+//! gives a bad lkey its error completion.
+
+use std::sync::Arc;
+
+use super::{
+    Driver,
+    arriving::Message,
+    completer,
+    express::{self, Src},
+    packets_for, psn_add,
+};
+use crate::{
+    fabric::{host, wire},
+    qp::{QpInner, QpShared},
+    types::{QpType, SendFlags, WrOpcode},
+};
+
+/// The longest SEND sent so (a ping-pong's, a small message's: the ones whose cost is the
+/// path's, not the copy's).
+const SHORT_MAX: u32 = 1024;
+
+/// Sends the WQE at `idx` (the next to send) straight into the record to its peer's process
+/// if it can (see the module's text). Whether it did; if not, nothing changed.
+pub(crate) fn send(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, drv: &mut Driver<'_>) -> bool {
+    let f = drv.fabric;
+    let w = g.sq.ring.at(idx);
+    let imm = match w.opcode {
+        WrOpcode::SEND => None,
+        WrOpcode::SEND_WITH_IMM => Some(w.imm),
+        _ => return false,
+    };
+    let Some(dest) = g.dest else { return false };
+    let src = (qp.device_index(), g.attr.port_num, qp.qpn);
+    let dst = (dest.0, dest.1, g.attr.dest_qp_num);
+    let fit = matches!(qp.qp_type, QpType::RC | QpType::UC)
+        && g.lane_across
+        && w.length <= SHORT_MAX
+        && w.length <= g.port.max_msg_sz
+        && w.xrc_srqn == 0
+        && w.ud.is_none()
+        && g.wire_grh.is_none()
+        && g.req.unsent.is_none()
+        && !g.req.placed_last
+        && !g.req.carrying
+        && f.express()
+        && f.port_up(src.0, src.1)
+        && f.port_up(dst.0, dst.1);
+    if !fit {
+        return false;
+    }
+    let Some(node) = f.remote_node(dst.2) else { return false };
+    let inline = w.flags.contains(SendFlags::INLINE);
+    let keys = qp.ctx.device.keys.read();
+    let piece = match w.sges.as_slice() {
+        _ if inline => Src::Bytes(&w.inline),
+        [] => Src::Bytes(&[]),
+        [sge] if sge.length == 0 => Src::Bytes(&[]),
+        [sge] => match express::source(&keys, &qp.pd, sge) {
+            Some(src) => src,
+            None => return false,
+        },
+        _ => return false,
+    };
+    let (len, psn, npkts) = (w.length, g.req.psn, packets_for(w.length, g.mtu));
+    if piece.len() != len as usize {
+        return false;
+    }
+    let m = Message {
+        src,
+        dst,
+        transport: qp.qp_type,
+        psn,
+        npkts,
+        len,
+        imm,
+        solicited: w.flags.contains(SendFlags::SOLICITED),
+        src_lid: g.port.lid,
+        write: None,
+    };
+    let fill = |d: &mut [u8]| {
+        wire::encode_send_head(&m, d);
+        express::read_piece(piece, &mut d[wire::SEND_HEAD..])
+    };
+    if !node.send_whole(dst.2, wire::SEND_HEAD + len as usize, fill) {
+        return false;
+    }
+    drop(keys);
+    // What `send_placing` leaves after a SEND: no bell rung to account for, no run of WRITEs.
+    host::rang_bell();
+    let w = g.sq.ring.at_mut(idx);
+    (w.first_psn, w.last_psn) = (psn, psn_add(psn, npkts - 1));
+    g.req.psn = psn_add(psn, npkts);
+    g.sq.next = idx.wrapping_add(1);
+    if qp.qp_type == QpType::UC {
+        // Unreliable: the WR is complete once its message is on the wire.
+        completer::complete_ok(qp, g);
+    }
+    true
+}
