@@ -1,14 +1,15 @@
-//! A small SEND to another process, written straight into its ring record: the requester half
-//! of `arriving`.
+//! A small SEND or WRITE with immediate to another process, written straight into its ring
+//! record: the requester half of `arriving`. (A WRITE without immediate keeps the packet path,
+//! which may carry it out as it is sent: see `absent_peer::send_placing`.)
 //!
-//! Through the packet path such a SEND is built into a packet (its payload resolved into
+//! Through the packet path such a message is built into a packet (its payload resolved into
 //! pieces of our memory), handed through the driver, the fabric and the host fabric's node,
 //! laid out as a message and cut into fragments, of which it makes one. Here the WQE's header
 //! is written into the record as that packet's would be, and its payload copied after it from
 //! the one SGE (or the inline bytes), in one pass. It is sent so only where the packet path
 //! would send exactly that record at once: an RC or UC QP connected to another process on the
 //! host fabric, nothing that must see packets (fault rules, a packet trace), both ports up, no
-//! carry-out run or note pending, a SEND of one piece that one record holds, its lkey fit;
+//! carry-out run or note pending, a message of one piece that one record holds, its lkey fit;
 //! and the ring to the peer set up, nothing of ours waiting before it, room for the record.
 //! Everything is checked before the WQE changes; anything else goes the packet path, which
 //! gives a bad lkey its error completion.
@@ -28,7 +29,7 @@ use crate::{
     types::{QpType, SendFlags, WrOpcode},
 };
 
-/// The longest SEND sent so (a ping-pong's, a small message's: the ones whose cost is the
+/// The longest message sent so (a ping-pong's, a small message's: the ones whose cost is the
 /// path's, not the copy's).
 const SHORT_MAX: u32 = 1024;
 
@@ -37,9 +38,10 @@ const SHORT_MAX: u32 = 1024;
 pub(crate) fn send(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, drv: &mut Driver<'_>) -> bool {
     let f = drv.fabric;
     let w = g.sq.ring.at(idx);
-    let imm = match w.opcode {
-        WrOpcode::SEND => None,
-        WrOpcode::SEND_WITH_IMM => Some(w.imm),
+    let (imm, write) = match w.opcode {
+        WrOpcode::SEND => (None, None),
+        WrOpcode::SEND_WITH_IMM => (Some(w.imm), None),
+        WrOpcode::RDMA_WRITE_WITH_IMM => (Some(w.imm), Some((w.remote_addr, w.rkey))),
         _ => return false,
     };
     let Some(dest) = g.dest else { return false };
@@ -88,17 +90,18 @@ pub(crate) fn send(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, drv: &mut Driv
         imm,
         solicited: w.flags.contains(SendFlags::SOLICITED),
         src_lid: g.port.lid,
-        write: None,
+        write,
     };
     let fill = |d: &mut [u8]| {
-        wire::encode_send_head(&m, d);
-        express::read_piece(piece, &mut d[wire::SEND_HEAD..])
+        wire::encode_request_head(&m, d);
+        express::read_piece(piece, &mut d[wire::REQUEST_HEAD..])
     };
-    if !node.send_whole(dst.2, wire::SEND_HEAD + len as usize, fill) {
+    if !node.send_whole(dst.2, wire::REQUEST_HEAD + len as usize, fill) {
         return false;
     }
     drop(keys);
-    // What `send_placing` leaves after a SEND: no bell rung to account for, no run of WRITEs.
+    // What `send_placing` leaves after a SEND or WRITE with immediate (never carried out as
+    // sent): no bell rung to account for, no run of WRITEs.
     host::rang_bell();
     let w = g.sq.ring.at_mut(idx);
     (w.first_psn, w.last_psn) = (psn, psn_add(psn, npkts - 1));

@@ -381,24 +381,29 @@ pub(crate) fn pullable(pkt: &Packet) -> bool {
         && pkt.payload.ranges().len() <= MAX_PULL_RANGES as usize
 }
 
-/// The header bytes of a SEND without GRH (see [`encode_send_head`]).
-pub(crate) const SEND_HEAD: usize = FIXED_HEAD;
+/// The header bytes of a SEND or WRITE without GRH (see [`encode_request_head`]).
+pub(crate) const REQUEST_HEAD: usize = FIXED_HEAD;
 
-/// Writes the header of the SEND `m` (no GRH, no rkey to invalidate, no XRC SRQ) at the start
-/// of `out` (at least [`SEND_HEAD`] bytes), byte for byte as [`encode_head`] writes that of the
-/// packet `requester::build` makes for it: the requester's short way (`engine::leaving`)
-/// writes its record without a packet. (A test holds the two to the same bytes.)
-pub(crate) fn encode_send_head(m: &crate::engine::arriving::Message, out: &mut [u8]) {
+/// Writes the header of the SEND or WRITE `m` (no GRH, no rkey to invalidate, no XRC SRQ) at
+/// the start of `out` (at least [`REQUEST_HEAD`] bytes), byte for byte as [`encode_head`]
+/// writes that of the packet `requester::build` makes for it: the requester's short way
+/// (`engine::leaving`) writes its record without a packet. (A test holds the two to the same
+/// bytes.)
+pub(crate) fn encode_request_head(m: &crate::engine::arriving::Message, out: &mut [u8]) {
     let mut out = Cursor { buf: &mut out[..FIXED_HEAD], at: 0 };
+    let kind = kind_code(if m.write.is_some() { Kind::Write } else { Kind::Send });
+    let (va, rkey) = m.write.unwrap_or_default();
     let flags = u8::from(m.solicited) | u8::from(m.imm.is_some()) << 1;
-    out.put([VERSION, kind_code(Kind::Send), 0, 0, flags, m.src.1, m.dst.1, 0]);
+    out.put([VERSION, kind, 0, 0, flags, m.src.1, m.dst.1, 0]);
     out.put([m.transport.0 as u8]);
-    for v in [m.src.0, m.src.2, m.dst.0, m.dst.2, m.psn, m.npkts, m.imm.unwrap_or(0), 0, m.len] {
+    let (src, dst, imm) = (m.src, m.dst, m.imm.unwrap_or(0));
+    for v in [src.0, src.2, dst.0, dst.2, m.psn, m.npkts, imm, rkey, m.len] {
         out.put(v.to_le_bytes());
     }
     out.put([0; 12]);
     out.put(m.src_lid.to_le_bytes());
-    out.put([0; 32]);
+    out.put(va.to_le_bytes());
+    out.put([0; 24]);
     debug_assert_eq!(out.at, FIXED_HEAD);
 }
 
@@ -780,15 +785,20 @@ mod test {
         assert!(peek_request(&pulled).is_none());
     }
 
-    /// The requester's short way writes a SEND's header as the packet path encodes it.
+    /// The requester's short way writes a SEND's or WRITE's header as the packet path encodes
+    /// it.
     #[test]
-    fn test_a_send_head_written_without_a_packet_is_the_packets() {
-        for (transport, imm, solicited) in [
-            (QpType::RC, None, false),
-            (QpType::RC, Some(0xfeed_f00d), true),
-            (QpType::UC, None, true),
+    fn test_a_request_head_written_without_a_packet_is_the_packets() {
+        let write = Some((0x7654_3210_0000, 0x4321));
+        for (transport, imm, solicited, write) in [
+            (QpType::RC, None, false, None),
+            (QpType::RC, Some(0xfeed_f00d), true, None),
+            (QpType::UC, None, true, None),
+            (QpType::RC, Some(0xfeed_f00d), true, write),
+            (QpType::UC, Some(1), false, write),
         ] {
-            let mut p = Packet::new(Kind::Send);
+            let mut p = Packet::new(if write.is_some() { Kind::Write } else { Kind::Send });
+            (p.va, p.rkey) = write.unwrap_or_default();
             p.transport = transport;
             (p.src_dev, p.src_port, p.src_qpn, p.src_lid) = (1, 2, 0x10011, 7);
             (p.dst_dev, p.dst_port, p.dst_qpn, p.psn, p.npkts) = (3, 1, 0x20012, 0xab_cdef, 2);
@@ -806,12 +816,12 @@ mod test {
                 imm,
                 solicited,
                 src_lid: p.src_lid,
-                write: None,
+                write,
             };
-            let mut head = [0xa5; SEND_HEAD];
-            encode_send_head(&m, &mut head);
-            assert_eq!(head[..], bytes[..SEND_HEAD], "{transport:?} {imm:?} {solicited}");
-            assert_eq!(&bytes[SEND_HEAD..], b"hello");
+            let mut head = [0xa5; REQUEST_HEAD];
+            encode_request_head(&m, &mut head);
+            assert_eq!(head[..], bytes[..REQUEST_HEAD], "{transport:?} {imm:?} {write:?}");
+            assert_eq!(&bytes[REQUEST_HEAD..], b"hello");
         }
     }
 
