@@ -1933,13 +1933,8 @@ impl Peer {
             }
         }
         tx.ring = ring;
-        if rung && HOLD_BELL.get() {
-            if let Some(held) = HELD_BELL.replace(Some(self.clone())) {
-                held.release_bell(true);
-            }
-        } else if rung {
-            ring_bell(&mut tx.sock, &self.path, src);
-            RANG.set(true);
+        if rung {
+            self.ring_asked(&mut tx);
         }
         if !tx.backlog.is_empty() {
             if !tx.flusher_started {
@@ -1983,17 +1978,22 @@ impl Peer {
             return false;
         }
         if ring.rings() {
-            if HOLD_BELL.get() {
-                drop(tx);
-                if let Some(held) = HELD_BELL.replace(Some(self.clone())) {
-                    held.release_bell(true);
-                }
-            } else {
-                ring_bell(&mut tx.sock, &self.path, self.src);
-                RANG.set(true);
-            }
+            self.ring_asked(&mut tx);
         }
         true
+    }
+
+    /// The peer's reader asked to be rung for what was just written: rung now, or, while this
+    /// thread holds the bell (see [`holding_bell`]), once it lets go.
+    fn ring_asked(self: &Arc<Self>, tx: &mut PeerTx) {
+        if HOLD_BELL.get() {
+            if let Some(held) = HELD_BELL.replace(Some(self.clone())) {
+                held.release_bell(true);
+            }
+        } else {
+            ring_bell(&mut tx.sock, &self.path, self.src);
+            RANG.set(true);
+        }
     }
 
     /// See [`release_bell`](self::release_bell).
