@@ -190,7 +190,12 @@ pub(crate) fn send_placing(
 }
 
 /// See [`send_placing`]: whether the WQE at `idx` was carried out.
-fn place_sent(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, drv: &mut Driver<'_>) -> bool {
+pub(super) fn place_sent(
+    qp: &Arc<QpShared>,
+    g: &mut QpInner,
+    idx: u32,
+    drv: &mut Driver<'_>,
+) -> bool {
     let alone = qp.qp_type == QpType::UC || g.sq.in_flight() == 1;
     if !alone || g.sq.ring.at(idx).opcode != WrOpcode::RDMA_WRITE || !drv.fabric.express() {
         return false;

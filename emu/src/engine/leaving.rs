@@ -1,6 +1,6 @@
-//! A small SEND or WRITE with immediate to another process, written straight into its ring
-//! record: the requester half of `arriving`. (A WRITE without immediate keeps the packet path,
-//! which may carry it out as it is sent: see `absent_peer::send_placing`.)
+//! A small SEND or WRITE to another process, written straight into its ring record: the
+//! requester half of `arriving`. A WRITE whose send found the peer's reader asleep is then
+//! carried out at once, as the packet path's `absent_peer::send_placing` does.
 //!
 //! Through the packet path such a message is built into a packet (its payload resolved into
 //! pieces of our memory), handed through the driver, the fabric and the host fabric's node,
@@ -17,7 +17,7 @@
 use std::sync::Arc;
 
 use super::{
-    Driver,
+    Driver, absent_peer,
     arriving::Message,
     completer,
     express::{self, Src},
@@ -41,6 +41,7 @@ pub(crate) fn send(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, drv: &mut Driv
     let (imm, write) = match w.opcode {
         WrOpcode::SEND => (None, None),
         WrOpcode::SEND_WITH_IMM => (Some(w.imm), None),
+        WrOpcode::RDMA_WRITE => (None, Some((w.remote_addr, w.rkey))),
         WrOpcode::RDMA_WRITE_WITH_IMM => (Some(w.imm), Some((w.remote_addr, w.rkey))),
         _ => return false,
     };
@@ -100,13 +101,15 @@ pub(crate) fn send(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, drv: &mut Driv
         return false;
     }
     drop(keys);
-    // What `send_placing` leaves after a SEND or WRITE with immediate (never carried out as
-    // sent): no bell rung to account for, no run of WRITEs.
-    host::rang_bell();
     let w = g.sq.ring.at_mut(idx);
     (w.first_psn, w.last_psn) = (psn, psn_add(psn, npkts - 1));
     g.req.psn = psn_add(psn, npkts);
     g.sq.next = idx.wrapping_add(1);
+    // As `send_placing` after the send (no run of WRITEs was going on): a WRITE whose send
+    // rang the peer's bell is carried out now, if it can be.
+    if host::rang_bell() {
+        g.req.placed_last = absent_peer::place_sent(qp, g, idx, drv);
+    }
     if qp.qp_type == QpType::UC {
         // Unreliable: the WR is complete once its message is on the wire.
         completer::complete_ok(qp, g);
