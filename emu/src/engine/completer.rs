@@ -262,16 +262,14 @@ fn rewind(g: &mut QpInner) {
 mod test {
     use super::*;
     use crate::{
-        QpAttr, QpAttrMask, SendWr, Sge,
-        engine::testkit::{feed, pair, request},
+        SendWr, Sge,
+        engine::testkit::{feed, request, unanswered_pair},
     };
 
     /// Three WRITEs sent while the peer is unreachable (RESET): all in flight, PSNs 100..102.
     fn three_in_flight()
     -> (crate::Fabric, crate::engine::testkit::Side, crate::engine::testkit::Side) {
-        let (f, a, b) = pair();
-        b.qp.modify(&QpAttr { qp_state: QpState::RESET, ..Default::default() }, QpAttrMask::STATE)
-            .unwrap();
+        let (f, a, b) = unanswered_pair();
         let s = [Sge { addr: a.mr.addr(), length: 8, lkey: a.mr.lkey() }];
         for i in 0..3 {
             a.qp.post_send(&SendWr::write(i, &s, b.mr.addr(), b.mr.rkey()).signaled()).unwrap();
@@ -315,9 +313,7 @@ mod test {
 
     #[test]
     fn test_responses_past_a_lost_one_start_one_retry_not_one_each() {
-        let (_f, a, b) = pair();
-        b.qp.modify(&QpAttr { qp_state: QpState::RESET, ..Default::default() }, QpAttrMask::STATE)
-            .unwrap();
+        let (_f, a, b) = unanswered_pair();
         let s = [Sge { addr: a.mr.addr(), length: 8, lkey: a.mr.lkey() }];
         for i in 0..3 {
             a.qp.post_send(&SendWr::read(i, &s, b.mr.addr(), b.mr.rkey()).signaled()).unwrap();
@@ -342,9 +338,7 @@ mod test {
 
     #[test]
     fn test_a_read_response_missing_its_first_packets_retries_the_read_at_once() {
-        let (_f, a, b) = pair();
-        b.qp.modify(&QpAttr { qp_state: QpState::RESET, ..Default::default() }, QpAttrMask::STATE)
-            .unwrap();
+        let (_f, a, b) = unanswered_pair();
         // 4 KiB at the path MTU of 1 KiB.
         let s = [Sge { addr: a.mr.addr(), length: 4096, lkey: a.mr.lkey() }];
         a.qp.post_send(&SendWr::read(0, &s, b.mr.addr(), b.mr.rkey()).signaled()).unwrap();

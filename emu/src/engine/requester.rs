@@ -726,17 +726,15 @@ mod test {
     use std::sync::atomic::Ordering::Relaxed;
 
     use super::*;
-    use crate::{QpAttr, QpAttrMask, SendWr, Sge, engine::testkit::pair};
+    use crate::{SendWr, Sge, engine::testkit::unanswered_pair};
 
     /// An ACK deadline that passed while messages went on reaching the QP (a response held in
     /// records until whole, which the completer sees only then) is no timeout: the deadline
     /// moves and no retry is spent. One that passed in silence retries.
     #[test]
     fn test_a_deadline_passed_while_arrivals_came_is_no_timeout() {
-        let (_f, a, b) = pair();
         // The peer takes nothing: the WRITE stays unacknowledged.
-        b.qp.modify(&QpAttr { qp_state: QpState::RESET, ..Default::default() }, QpAttrMask::STATE)
-            .unwrap();
+        let (_f, a, b) = unanswered_pair();
         let s = [Sge { addr: a.mr.addr(), length: 8, lkey: a.mr.lkey() }];
         a.qp.post_send(&SendWr::write(0, &s, b.mr.addr(), b.mr.rkey()).signaled()).unwrap();
         let qp = &a.qp.0;

@@ -51,6 +51,14 @@ pub(crate) fn pair() -> (Fabric, Side, Side) {
     (f, a, b)
 }
 
+/// [`pair`] with its second QP moved back to RESET: what the first sends is never answered.
+pub(crate) fn unanswered_pair() -> (Fabric, Side, Side) {
+    let (f, a, b) = pair();
+    let reset = QpAttr { qp_state: QpState::RESET, ..Default::default() };
+    b.qp.modify(&reset, QpAttrMask::STATE).unwrap();
+    (f, a, b)
+}
+
 /// A request packet from `from` to `to` with PSN `psn`.
 pub(crate) fn request(kind: Kind, from: &Qp, to: &Qp, psn: u32) -> Packet {
     let mut p = Packet::new(kind);
