@@ -89,7 +89,8 @@ pub(crate) fn send(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, drv: &mut Driv
         npkts,
         len,
         imm,
-        solicited: w.flags.contains(SendFlags::SOLICITED),
+        // As `build` sets it: the solicited event is a SEND's or an immediate's only.
+        solicited: w.flags.contains(SendFlags::SOLICITED) && (write.is_none() || imm.is_some()),
         src_lid: g.port.lid,
         write,
     };
