@@ -150,7 +150,9 @@ fn requests_transcript(dir: &HostDir, qp_type: QpType, express: bool) -> Vec<Str
         _ => node_on(&f.devices()[0], 1 << 16),
     };
     let (a, b) = (node(&fa), node(&fb));
-    connect(&a.qp, &b.qp, &RcParams::default(), &RcParams::default());
+    // No ACK timeout: what an ACK leaves to do is done when it comes, or never.
+    let params = RcParams { timeout: 0, ..Default::default() };
+    connect(&a.qp, &b.qp, &params, &params);
     a.mr.write(0, &pattern(1, 8192)).unwrap();
     let mut out = Vec::new();
     let note = |out: &mut Vec<String>, side: &str, w: Wc| {
@@ -194,6 +196,29 @@ fn requests_transcript(dir: &HostDir, qp_type: QpType, express: bool) -> Vec<Str
         note(&mut out, "send", wait1(&a.cq));
         note(&mut out, "recv", wait1(&b.cq));
     }
+    // A bind posted behind a WRITE runs once the WRITE is complete (acknowledged, on RC).
+    let bindable = a.pd.reg_mr(4096, ALL_ACCESS | AccessFlags::MW_BIND).unwrap();
+    let mw = a.pd.alloc_mw(MwType::TYPE_2).unwrap();
+    let info = MwBindInfo {
+        mr: Some(&bindable),
+        addr: bindable.addr(),
+        length: 64,
+        access: AccessFlags::REMOTE_WRITE,
+    };
+    let bind = MwBind { mw: &mw, rkey: mw.rkey().wrapping_add(1), info };
+    let write_sg = [sge(&a.mr, 700, 8)];
+    let pair = [
+        SendWr::write(20, &write_sg, at + 14300, rkey).signaled(),
+        SendWr::bind_mw(21, bind).signaled(),
+    ];
+    a.qp.post_send_list(&pair).unwrap();
+    // (A SEND behind them, so that the WRITE has landed, on UC too, once it is received.)
+    post_recv(&b.qp, 22, &[sge(&b.mr, 13400, 8)]);
+    send(SendWr::send(22, &[sge(&a.mr, 800, 8)]));
+    for _ in 0..3 {
+        note(&mut out, "send", wait1(&a.cq));
+    }
+    note(&mut out, "recv", wait1(&b.cq));
     if qp_type == QpType::RC {
         // No receive posted: RNR, and taken once one is.
         send(SendWr::write(12, &[sge(&a.mr, 600, 8)], at + 14200, rkey).with_imm(12));
@@ -220,6 +245,8 @@ fn requests_transcript(dir: &HostDir, qp_type: QpType, express: bool) -> Vec<Str
         (13100, 300, 8),
         (14000, 400, 8),
         (4000, 500, 3000),
+        (14300, 700, 8),
+        (13400, 800, 8),
     ];
     for (at, from, len) in landed {
         assert_eq!(got[at..at + len], sent[from..from + len], "{qp_type:?} at {at}");
@@ -251,6 +278,7 @@ fn sends_and_writes_taken_in_from_their_records_complete_as_packets_complete() {
         assert!(taken.iter().any(|l| l.starts_with(&first)), "{qp_type:?} {taken:#?}");
         let last = taken.last().unwrap();
         assert!(last.starts_with("recv 14 LOC_LEN_ERR"), "{qp_type:?} {last}");
+        assert!(taken.iter().any(|l| l.starts_with("send 21 SUCCESS BIND_MW")), "{qp_type:?}");
     }
 }
 

@@ -15,11 +15,15 @@
 //! and, with immediate, a receive is posted (no tag matching); its record is begun only then,
 //! right before its copy, as the packet path begins it (its sender may have carried it out
 //! meanwhile: then it is only accounted for, as there).
+//!
+//! An ACK in its short form is taken in the same way, for the requester: an RC QP in RTS,
+//! idle, completes what it acknowledges as `completer::receive` does, without a packet; the
+//! requester is serviced after it only where anything is left for it to do.
 
 use std::sync::Arc;
 
 use super::{
-    ack_route, express,
+    Driver, ack_route, completer, express,
     packet::Kind,
     psn_add,
     responder::{self, Arrival},
@@ -28,7 +32,7 @@ use crate::{
     fabric::{FabricInner, host::Node, wire::Ack},
     qp::{QpInner, QpShared},
     sync::lock::RawLock,
-    types::{AccessFlags, QpType, Sge, WcOpcode},
+    types::{AccessFlags, QpState, QpType, Sge, WcOpcode},
 };
 
 /// What the header of a SEND (with or without immediate) or a WRITE says, read from its record.
@@ -151,5 +155,35 @@ pub(crate) fn write(
     }
     drop(keys);
     done(&mut g, m, ack_to);
+    true
+}
+
+/// Takes the ACK `a` in for our QP `qp`, the QP it names, if it can (see the module's text):
+/// what it acknowledges completes, and the requester goes on through `drv` (made on first use)
+/// if anything is left to send, to wait for or to fail. Whether it did; if not, nothing changed.
+pub(crate) fn ack<'f>(
+    qp: &Arc<QpShared>,
+    f: &'f FabricInner,
+    a: &Ack,
+    drv: &mut Option<Driver<'f>>,
+) -> bool {
+    if qp.qp_type != QpType::RC || !f.express() {
+        return false;
+    }
+    let Some(mut g) = qp.inner.try_lock() else { return false };
+    if g.state != QpState::RTS || !qp.inbox.is_empty() {
+        return false;
+    }
+    completer::ack_through(qp, &mut g, a.psn);
+    // What `requester::run` then finds with nothing to do, and the timer nothing to wait for.
+    let idle = g.sq.in_flight() == 0
+        && g.sq.next == g.sq.head
+        && g.req.rnr_until.is_none()
+        && g.req.failed.is_none();
+    if idle {
+        g.req.drained_reported = false;
+    } else {
+        drv.get_or_insert_with(|| Driver::new(f)).service(qp, &mut g);
+    }
     true
 }

@@ -97,7 +97,7 @@ fn tail_holds(g: &QpInner, psn: u32) -> bool {
 /// Completes, in order, every SEND/WRITE WQE whose last PSN is at or before `psn`. A READ or
 /// atomic reached this way lost its response: that is an implicit NAK, and the requester
 /// retransmits from it.
-fn ack_through(qp: &Arc<QpShared>, g: &mut QpInner, psn: u32) {
+pub(crate) fn ack_through(qp: &Arc<QpShared>, g: &mut QpInner, psn: u32) {
     while g.sq.in_flight() > 0 {
         let w = g.sq.ring.at(g.sq.tail);
         if psn_diff(w.last_psn, psn) > 0 {

@@ -692,7 +692,16 @@ impl Node {
     /// Sends `ack` to the node of its destination QP, in its short form.
     pub(crate) fn send_ack(&self, ack: &wire::Ack) {
         let dst_qpn = ack.dst.2;
-        self.peer(slot_of(dst_qpn)).send(dst_qpn, &Encoded::ack(ack));
+        let peer = self.peer(slot_of(dst_qpn));
+        // Written straight into its record where it can be, without fragments laid out.
+        let bytes = ack.encode();
+        let fill = |d: &mut [u8]| {
+            d.copy_from_slice(&bytes);
+            true
+        };
+        if !peer.send_whole(dst_qpn, wire::ACK_LEN, fill) {
+            peer.send(dst_qpn, &Encoded::ack(ack));
+        }
         self.note_sent();
     }
 
@@ -1353,19 +1362,29 @@ impl<'a> Batch<'a> {
             // one thread receives at a time, so a plain increment counts each.
             qp.heard.store(qp.heard.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
         }
-        // A small SEND or WRITE that came whole in its record is taken in from there if it can
-        // be (a WRITE's record is begun as its ticket would be: see `decode`).
+        // An ACK, or a small SEND or WRITE, that came whole in its record is taken in from
+        // there if it can be (a WRITE's record is begun as its ticket would be: see `decode`).
         if let (Arrived::Record(rec, _), Some(qp)) = (&a, &to)
             && h.whole()
-            && let Some((m, payload)) = wire::peek_request(&rec.bytes()[HEADER..])
-            && (m.dst.0, m.dst.2) == (qp.device_index(), qp.qpn)
-            && fabric.port_up(m.dst.0, m.dst.1)
-            && match m.write {
-                None => engine::arriving::send(qp, fabric, &m, payload),
-                Some(_) => engine::arriving::write(qp, fabric, &m, payload, || rec.begin()),
-            }
         {
-            return;
+            let bytes = &rec.bytes()[HEADER..];
+            let ours = |(dev, port, qpn): (u32, u8, u32)| {
+                (dev, qpn) == (qp.device_index(), qp.qpn) && fabric.port_up(dev, port)
+            };
+            let took = if let Some(ack) = wire::Ack::peek(bytes) {
+                ours(ack.dst) && engine::arriving::ack(qp, fabric, &ack, &mut self.drv)
+            } else if let Some((m, payload)) = wire::peek_request(bytes) {
+                ours(m.dst)
+                    && match m.write {
+                        None => engine::arriving::send(qp, fabric, &m, payload),
+                        Some(_) => engine::arriving::write(qp, fabric, &m, payload, || rec.begin()),
+                    }
+            } else {
+                false
+            };
+            if took {
+                return;
+            }
         }
         // The packet is built here and moved once, into its QP's inbox.
         let mut pkt = Packet::new(Kind::Ack);

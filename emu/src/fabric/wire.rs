@@ -69,10 +69,10 @@ pub(crate) struct Ack {
 }
 
 /// The bytes of an [`Ack`].
-const ACK_LEN: usize = 4 + 6 * 4;
+pub(crate) const ACK_LEN: usize = 4 + 6 * 4;
 
 impl Ack {
-    fn encode(&self) -> [u8; ACK_LEN] {
+    pub(crate) fn encode(&self) -> [u8; ACK_LEN] {
         let mut out = [0u8; ACK_LEN];
         let ((sdev, sport, sqpn), (ddev, dport, dqpn)) = (self.src, self.dst);
         out[..4].copy_from_slice(&[ACK, VERSION, sport, dport]);
@@ -82,17 +82,25 @@ impl Ack {
         out
     }
 
-    /// Into `p` (a fresh `Packet::new`), as [`decode_head`] would decode the full form.
-    fn decode(bytes: &[u8], p: &mut Packet) -> Option<()> {
+    /// The ACK in `bytes`, if they are one in its short form (what `engine::arriving` takes
+    /// in without a packet; [`decode_message`] reads it into one).
+    pub(crate) fn peek(bytes: &[u8]) -> Option<Ack> {
         let mut r = Reader(bytes);
-        let [_, version, src_port, dst_port] = r.take::<4>()?;
-        if version != VERSION || bytes.len() != ACK_LEN {
+        let [first, version, src_port, dst_port] = r.take::<4>()?;
+        if first != ACK || version != VERSION || bytes.len() != ACK_LEN {
             return None;
         }
-        (p.kind, p.syndrome, p.src_port, p.dst_port) =
-            (Kind::Ack, Syndrome::Ack, src_port, dst_port);
-        (p.src_dev, p.src_qpn, p.dst_dev) = (r.u32()?, r.u32()?, r.u32()?);
-        (p.dst_qpn, p.psn, p.msn) = (r.u32()?, r.u32()?, r.u32()?);
+        let (src_dev, src_qpn, dst_dev) = (r.u32()?, r.u32()?, r.u32()?);
+        let (dst_qpn, psn, msn) = (r.u32()?, r.u32()?, r.u32()?);
+        Some(Ack { src: (src_dev, src_port, src_qpn), dst: (dst_dev, dst_port, dst_qpn), psn, msn })
+    }
+
+    /// Into `p` (a fresh `Packet::new`), as [`decode_head`] would decode the full form.
+    fn decode(bytes: &[u8], p: &mut Packet) -> Option<()> {
+        let a = Ack::peek(bytes)?;
+        (p.kind, p.syndrome) = (Kind::Ack, Syndrome::Ack);
+        ((p.src_dev, p.src_port, p.src_qpn), (p.dst_dev, p.dst_port, p.dst_qpn)) = (a.src, a.dst);
+        (p.psn, p.msn) = (a.psn, a.msn);
         Some(())
     }
 }
@@ -718,7 +726,13 @@ mod test {
         longer.push(0);
         for bad in [&short[..short.len() - 1], &other, &longer, &short[..1]] {
             assert_eq!(decoded(bad), Err(Refused::Malformed));
+            assert_eq!(Ack::peek(bad), None);
         }
+        // Read in place (the short way in), it is the ACK that was written; the full form is
+        // not read so.
+        assert_eq!(Ack::peek(&short), Some(ack));
+        assert_eq!(short, ack.encode());
+        assert_eq!(Ack::peek(&full), None);
     }
 
     /// A SEND or WRITE read in place ([`peek_request`]) says what its decoded packet says; a
