@@ -530,19 +530,30 @@ impl Node {
     /// Takes in and services what the rings hold, unless another thread is already at it;
     /// whether anything was delivered. Called by threads that poll an empty CQ: a spinning
     /// application may hold the CPU the reader thread would need.
+    ///
+    /// Inline, and only loads of words nobody writes then until there is something to look at
+    /// (a thread spinning on an empty CQ looks millions of times): the rest is out of line.
+    #[inline]
     pub(crate) fn progress(&self, fabric: &FabricInner) -> bool {
         // Without a ring (no process has sent to us through one) there is nothing to look at;
         // nor does a sender hold back a doorbell for the looks not counted then.
         if self.inbound.has_rings.load(Ordering::Acquire) {
-            if !self.inbound.polled.load(Ordering::Relaxed) {
-                self.inbound.polled.store(true, Ordering::Relaxed);
-            }
-            let Some(mut rx) = self.inbound.rx.try_lock() else { return false };
-            if receive(&self.inbound, &mut rx, fabric, false) {
-                return true;
-            }
+            return self.look_at_rings(fabric);
         }
-        self.carry_out_for_lagging(fabric)
+        self.sent.load(Ordering::Relaxed) && self.carry_out_for_lagging(fabric)
+    }
+
+    #[inline(never)]
+    fn look_at_rings(&self, fabric: &FabricInner) -> bool {
+        if !self.inbound.polled.load(Ordering::Relaxed) {
+            self.inbound.polled.store(true, Ordering::Relaxed);
+        }
+        let Some(mut rx) = self.inbound.rx.try_lock() else { return false };
+        if receive(&self.inbound, &mut rx, fabric, false) {
+            return true;
+        }
+        drop(rx);
+        self.sent.load(Ordering::Relaxed) && self.carry_out_for_lagging(fabric)
     }
 
     /// Every few empty looks: carries out the WRITEs and READs of our QPs waiting in the ring
@@ -554,12 +565,11 @@ impl Node {
     /// scheduler runs the reader only when the spinner's slice ends (~0.6 ms a round trip
     /// here). The requester, waiting on its own CQ, carries the WRITE out instead, as it does
     /// for a stopped peer (see `engine::absent_peer`).
+    /// (Called only once this node has sent to another: see `progress`.)
+    #[inline(never)]
     fn carry_out_for_lagging(&self, fabric: &FabricInner) -> bool {
         // What every empty look costs (two threads ping-ponging in one process poll empty
-        // all along): loads of words nobody writes then, and a count of the thread's own.
-        if !self.sent.load(Ordering::Relaxed) {
-            return false;
-        }
+        // all along): a count of the thread's own.
         let due = EMPTY_LOOKS.with(|n| {
             n.set(n.get().wrapping_add(1));
             n.get().is_multiple_of(LAG_LOOKS)

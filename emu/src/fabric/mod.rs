@@ -327,6 +327,7 @@ impl FabricInner {
     /// Called by a thread that found nothing to do (an empty CQ): moves inbound host-fabric
     /// packets itself, and in simulation lets virtual time run to the next deadline;
     /// whether anything happened.
+    #[inline]
     pub(crate) fn progress(&self) -> bool {
         self.node.get().is_some_and(|n| n.progress(self))
             || self.wire.get().is_some_and(|w| w.progress(self))

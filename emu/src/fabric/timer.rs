@@ -215,11 +215,13 @@ impl Timer {
     /// In simulation: moves virtual time to the earliest deadline and runs every job due
     /// then, in the order they were scheduled; whether there was one. In real time: nothing
     /// (at once: a thread spinning on an empty CQ asks on every look).
+    #[inline]
     pub(crate) fn advance(&self, fabric: &FabricInner) -> bool {
-        advance(&self.shared, fabric)
+        self.shared.virtual_now.is_some() && advance(&self.shared, fabric)
     }
 }
 
+#[inline(never)]
 fn advance(shared: &Shared, fabric: &FabricInner) -> bool {
     let Some(v) = &shared.virtual_now else { return false };
     let due = {
