@@ -282,6 +282,88 @@ fn sends_and_writes_taken_in_from_their_records_complete_as_packets_complete() {
     }
 }
 
+/// How a run of READs ends: a READ the responder refuses (a bad rkey), or one whose response
+/// its requester cannot place (a bad lkey).
+#[derive(Debug, Clone, Copy)]
+enum ReadEnding {
+    BadRkey,
+    BadLkey,
+}
+
+/// What a run of READs between two fabrics leaves, with the express path on or off (taken
+/// in straight from their ring records, or as packets): every completion, and the bytes read.
+/// One READ is outstanding at a time (`max_rd_atomic` 1): each waits for the one before to
+/// be answered, with no ACK timeout to send it otherwise.
+fn reads_transcript(dir: &HostDir, express: bool, ending: ReadEnding) -> Vec<String> {
+    let cfg = || FabricConfig { express, ..Default::default() };
+    let (fa, fb) = (dir.fabric_with(cfg()), dir.fabric_with(cfg()));
+    let (a, b) = (node_on(&fa.devices()[0], 1 << 16), node_on(&fb.devices()[0], 1 << 16));
+    let params = RcParams { timeout: 0, max_rd_atomic: 1, ..Default::default() };
+    connect(&a.qp, &b.qp, &params, &params);
+    b.mr.write(0, &pattern(2, 8192)).unwrap();
+    let (at, rkey) = (b.mr.addr(), b.mr.rkey());
+    let mut out = Vec::new();
+    let note = |out: &mut Vec<String>, w: Wc| {
+        out.push(format!("{} {:?} {:?} {}", w.wr_id, w.status, w.opcode, w.byte_len));
+    };
+    // Of one packet, of the most that goes the short way (1 KiB, two SGEs), of none, of
+    // three packets; then a WRITE and a READ of what it wrote.
+    let (one, two) = ([sge(&a.mr, 0, 8)], [sge(&a.mr, 100, 24), sge(&a.mr, 200, 1000)]);
+    let three = [sge(&a.mr, 2000, 3000)];
+    let (src, back) = ([sge(&a.mr, 5000, 16)], [sge(&a.mr, 5100, 16)]);
+    let wrs = [
+        SendWr::read(1, &one, at + 100, rkey),
+        SendWr::read(2, &two, at + 1000, rkey),
+        SendWr::read(3, &[], at, rkey),
+        SendWr::read(4, &three, at + 3000, rkey),
+        SendWr::write(5, &src, at + 7000, rkey),
+        SendWr::read(6, &back, at + 7000, rkey),
+    ];
+    a.mr.write(5000, &pattern(3, 16)).unwrap();
+    a.qp.post_send_list(&wrs.map(SendWr::signaled)).unwrap();
+    for w in wait_n(&a.cq, 6) {
+        note(&mut out, w);
+    }
+    let bad = match ending {
+        ReadEnding::BadRkey => SendWr::read(7, &one, at, rkey ^ 0x100),
+        ReadEnding::BadLkey => {
+            let sg = [Sge { lkey: a.mr.lkey() ^ 0x100, ..one[0] }];
+            a.qp.post_send(&SendWr::read(7, &sg, at, rkey).signaled()).unwrap();
+            note(&mut out, wait1(&a.cq));
+            SendWr::read(8, &one, at, rkey)
+        }
+    };
+    a.qp.post_send(&bad.signaled()).unwrap();
+    note(&mut out, wait1(&a.cq));
+    let mut got = vec![0u8; 8192];
+    a.mr.read(0, &mut got).unwrap();
+    let sent = pattern(2, 8192);
+    for (to, from, len) in [(0, 100, 8), (100, 1000, 24), (200, 1024, 1000), (2000, 3000, 3000)] {
+        assert_eq!(got[to..to + len], sent[from..from + len], "{ending:?} at {to}");
+    }
+    assert_eq!(got[5100..5116], pattern(3, 16), "{ending:?}: the READ after the WRITE");
+    let digest = got
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    out.push(format!("{digest:x}"));
+    out
+}
+
+#[test]
+fn reads_taken_in_from_their_records_complete_as_packets_complete() {
+    let dir = HostDir::new();
+    for (ending, last) in
+        [(ReadEnding::BadRkey, "7 REM_ACCESS_ERR"), (ReadEnding::BadLkey, "8 WR_FLUSH_ERR")]
+    {
+        let taken = reads_transcript(&dir, true, ending);
+        let packets = reads_transcript(&dir, false, ending);
+        assert_eq!(taken, packets, "{ending:?}");
+        let ok = taken.iter().take(6).all(|l| l.contains(" SUCCESS "));
+        assert!(ok, "{ending:?} {taken:#?}");
+        assert!(taken[taken.len() - 2].starts_with(last), "{ending:?} {taken:#?}");
+    }
+}
+
 /// A pattern that differs per message and per byte.
 fn pattern(seed: usize, len: usize) -> Vec<u8> {
     (0..len).map(|i| ((i * 7 + seed) % 251) as u8).collect()

@@ -5,7 +5,7 @@
 //!         target/release/wr_cost 100000
 //!
 //! counts the instructions of exactly those work requests (divide by `N`). `--op fetch_add`
-//! measures an 8-byte FETCH_ADD instead; `--op send` one hop of a ping-pong: a receive posted,
+//! measures an 8-byte FETCH_ADD instead, `--op read` an 8-byte READ; `--op send` one hop of a ping-pong: a receive posted,
 //! an unsignaled 8-byte SEND into it, the receive completion polled; `--op write_imm` the same
 //! with an 8-byte WRITE with immediate. `--host` puts the two QPs
 //! on two fabrics joined by a host fabric (as two processes are, through shared-memory rings):
@@ -126,6 +126,10 @@ fn main() {
     let (wr, recv, cq) = match op.as_deref() {
         Some("fetch_add") => {
             let wr = SendWr::fetch_add(0, &res, b.3.addr() + 128, b.3.rkey(), 1);
+            (wr.signaled(), None, &a.2)
+        }
+        Some("read") => {
+            let wr = SendWr::read(0, &res, b.3.addr() + 128, b.3.rkey());
             (wr.signaled(), None, &a.2)
         }
         Some("send") => (SendWr::send(0, &src), Some((&b.4, &recv)), &b.2),

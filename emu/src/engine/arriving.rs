@@ -1,5 +1,6 @@
-//! A small SEND or RDMA WRITE from another process, taken in straight from the ring record it
-//! came in: the responder half of the express lane (`lane`), for a requester that is not here.
+//! A small SEND, RDMA WRITE or READ from another process, taken in straight from the ring
+//! record it came in: the responder half of the express lane (`lane`), for a requester that
+//! is not here; and the responses to ours.
 //!
 //! Through the packet path such a SEND is decoded into a packet, its payload copied out of the
 //! record, the packet handed to the responder, which copies the payload again into the receive
@@ -16,26 +17,50 @@
 //! right before its copy, as the packet path begins it (its sender may have carried it out
 //! meanwhile: then it is only accounted for, as there).
 //!
-//! An ACK in its short form is taken in the same way, for the requester: an RC QP in RTS,
-//! idle, completes what it acknowledges as `completer::receive` does, without a packet; the
-//! requester is serviced after it only where anything is left for it to do.
+//! A READ request is taken so when its rkey names such an MR granting the remote read: its
+//! record begun, the range is read straight into the record of its response, written to the
+//! requester's ring as the packet path's response would be.
+//!
+//! For the requester, an ACK in its short form and a READ response are taken in the same way:
+//! an RC QP in RTS, idle, completes what the ACK acknowledges, or places the response in the
+//! READ it answers (its oldest outstanding WQE, whose SGEs take it), as `completer::receive`
+//! does, without a packet; the requester is serviced after it only where anything is left for
+//! it to do.
 
 use std::sync::Arc;
 
 use super::{
-    Driver, ack_route, completer, express,
+    Driver, PSN_MASK, ack_route, completer,
+    express::{self, Src},
     packet::Kind,
     psn_add,
-    responder::{self, Arrival},
+    responder::{self, Arrival, Replay},
 };
 use crate::{
-    fabric::{FabricInner, host::Node, wire::Ack},
+    fabric::{
+        FabricInner,
+        host::Node,
+        wire::{self, Ack},
+    },
     qp::{QpInner, QpShared},
     sync::lock::RawLock,
-    types::{AccessFlags, QpState, QpType, Sge, WcOpcode},
+    types::{AccessFlags, QpState, QpType, Sge, WcOpcode, WrOpcode},
 };
 
-/// What the header of a SEND (with or without immediate) or a WRITE says, read from its record.
+/// What a message taken the short way is: its operation and what only it carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Op {
+    Send,
+    /// A WRITE, to this address and rkey.
+    Write(u64, u32),
+    /// A READ request, of this address and rkey (`len` bytes, answered in `npkts` PSNs).
+    Read(u64, u32),
+    /// A READ's response (its payload the bytes read), with the responder's MSN.
+    ReadResponse(u32),
+}
+
+/// What the header of a SEND (with or without immediate), a WRITE, a READ request or a READ
+/// response says, read from its record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Message {
     /// The sender's and the receiver's `(device, port, QPN)`.
@@ -48,8 +73,7 @@ pub(crate) struct Message {
     pub(crate) imm: Option<u32>,
     pub(crate) solicited: bool,
     pub(crate) src_lid: u16,
-    /// A WRITE's target: its address and rkey (`None` for a SEND).
-    pub(crate) write: Option<(u64, u32)>,
+    pub(crate) op: Op,
 }
 
 /// The QP `qp` of `m`'s transport, locked, if it takes `m` as its next request now, with the
@@ -116,7 +140,7 @@ pub(crate) fn write(
     payload: &[u8],
     begin: impl FnOnce() -> bool,
 ) -> bool {
-    let Some((va, rkey)) = m.write else { return false };
+    let Op::Write(va, rkey) = m.op else { return false };
     if m.imm.is_some() && qp.srq.as_ref().is_some_and(|s| s.tm.is_some()) {
         return false;
     }
@@ -158,9 +182,104 @@ pub(crate) fn write(
     true
 }
 
+/// Takes the READ request `m` into our QP `qp`, the QP it names, if it can (see the module's
+/// text); `begin` begins the record's request: whether its requester carried it out already
+/// (then it is only accounted for, as the packet path does). The range is read straight into
+/// the response's record, written to the requester's ring as the packet path's response would
+/// be. Whether it did; if not (no room for the response now, say), nothing changed but the
+/// record begun, which the packet path then finds begun.
+pub(crate) fn read(
+    qp: &Arc<QpShared>,
+    f: &FabricInner,
+    m: &Message,
+    begin: impl FnOnce() -> bool,
+) -> bool {
+    let Op::Read(va, rkey) = m.op else { return false };
+    let Some((mut g, Some(node))) = taker(qp, f, m) else { return false };
+    if responder::refuses(&g, Kind::ReadRequest, m.len, va, 0) {
+        return false;
+    }
+    let keys = qp.ctx.device.keys.read();
+    let Some(target) = express::remote(&keys, &qp.pd, (rkey, va, m.len), AccessFlags::REMOTE_READ)
+    else {
+        return false;
+    };
+    let executed = |g: &mut QpInner| {
+        g.resp.nak_seq_sent = false;
+        responder::remember(g, Replay::read(m.psn, m.npkts, va, rkey, m.len));
+        responder::advance_past(g, m.psn, m.npkts);
+    };
+    if begin() {
+        executed(&mut g);
+        return true;
+    }
+    // As `responder::read_response` answers (`reply`), with the MSN the READ moves it to.
+    let resp = Message {
+        src: m.dst,
+        dst: m.src,
+        transport: QpType::RC,
+        psn: m.psn,
+        npkts: m.npkts,
+        len: m.len,
+        imm: None,
+        solicited: false,
+        src_lid: 0,
+        op: Op::ReadResponse(g.resp.msn.wrapping_add(1) & PSN_MASK),
+    };
+    let piece = match target {
+        Some((region, off)) => Src::Mem(region, off, m.len as usize),
+        None => Src::Bytes(&[]),
+    };
+    let fill = |d: &mut [u8]| {
+        wire::encode_request_head(&resp, d);
+        express::read_piece(piece, &mut d[wire::REQUEST_HEAD..])
+    };
+    if !node.send_whole(m.src.2, wire::REQUEST_HEAD + m.len as usize, fill) {
+        return false;
+    }
+    drop(keys);
+    executed(&mut g);
+    true
+}
+
+/// Takes the READ response `m` (its `payload` the bytes read) in for our QP `qp`, the QP it
+/// names, if it can: an RC QP in RTS, idle, whose oldest outstanding WQE is the READ it
+/// answers and whose SGEs take it; placed there and completed as `completer::receive` does,
+/// then the requester goes on as after an ACK (see [`ack`]). Whether it did; if not, nothing
+/// changed.
+pub(crate) fn read_response<'f>(
+    qp: &Arc<QpShared>,
+    f: &'f FabricInner,
+    m: &Message,
+    payload: &[u8],
+    drv: &mut Option<Driver<'f>>,
+) -> bool {
+    if qp.qp_type != QpType::RC || m.transport != QpType::RC || !f.express() {
+        return false;
+    }
+    let Some(mut g) = qp.inner.try_lock() else { return false };
+    if g.state != QpState::RTS || !qp.inbox.is_empty() || g.sq.in_flight() == 0 {
+        return false;
+    }
+    let placed = {
+        let w = g.sq.ring.at(g.sq.tail);
+        let keys = qp.ctx.device.keys.read();
+        w.opcode == WrOpcode::RDMA_READ
+            && w.first_psn == m.psn
+            && express::scatter(&keys, &qp.pd, &w.sges, m.len)
+                .is_some_and(|into| into.fill(&keys, &w.sges, Src::Bytes(payload), m.len))
+    };
+    if !placed {
+        return false;
+    }
+    completer::complete_ok(qp, &mut g);
+    go_on(qp, &mut g, f, drv);
+    true
+}
+
 /// Takes the ACK `a` in for our QP `qp`, the QP it names, if it can (see the module's text):
-/// what it acknowledges completes, and the requester goes on through `drv` (made on first use)
-/// if anything is left to send, to wait for or to fail. Whether it did; if not, nothing changed.
+/// what it acknowledges completes, and the requester goes on (see [`go_on`]). Whether it did;
+/// if not, nothing changed.
 pub(crate) fn ack<'f>(
     qp: &Arc<QpShared>,
     f: &'f FabricInner,
@@ -175,6 +294,19 @@ pub(crate) fn ack<'f>(
         return false;
     }
     completer::ack_through(qp, &mut g, a.psn);
+    go_on(qp, &mut g, f, drv);
+    true
+}
+
+/// After a response taken in the short way: the requester goes on through `drv` (made on
+/// first use) if anything is left to send, to wait for or to fail, as the packet path's
+/// service after the response would.
+fn go_on<'f>(
+    qp: &Arc<QpShared>,
+    g: &mut QpInner,
+    f: &'f FabricInner,
+    drv: &mut Option<Driver<'f>>,
+) {
     // What `requester::run` then finds with nothing to do, and the timer nothing to wait for.
     let idle = g.sq.in_flight() == 0
         && g.sq.next == g.sq.head
@@ -183,7 +315,6 @@ pub(crate) fn ack<'f>(
     if idle {
         g.req.drained_reported = false;
     } else {
-        drv.get_or_insert_with(|| Driver::new(f)).service(qp, &mut g);
+        drv.get_or_insert_with(|| Driver::new(f)).service(qp, g);
     }
-    true
 }

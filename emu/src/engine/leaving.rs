@@ -1,6 +1,6 @@
-//! A small SEND or WRITE to another process, written straight into its ring record: the
-//! requester half of `arriving`. A WRITE whose send found the peer's reader asleep is then
-//! carried out at once, as the packet path's `absent_peer::send_placing` does.
+//! A small SEND, WRITE or READ request to another process, written straight into its ring
+//! record: the requester half of `arriving`. A WRITE whose send found the peer's reader
+//! asleep is then carried out at once, as the packet path's `absent_peer::send_placing` does.
 //!
 //! Through the packet path such a message is built into a packet (its payload resolved into
 //! pieces of our memory), handed through the driver, the fabric and the host fabric's node,
@@ -12,13 +12,15 @@
 //! carry-out run or note pending, a message of one piece that one record holds, its lkey fit;
 //! and the ring to the peer set up, nothing of ours waiting before it, room for the record.
 //! Everything is checked before the WQE changes; anything else goes the packet path, which
-//! gives a bad lkey its error completion.
+//! gives a bad lkey its error completion. A READ (RC) carries nothing: its lkey is looked at
+//! when its response comes, as there; one of up to [`SHORT_MAX`] bytes is answered in one
+//! record, which `arriving` takes in the short way too.
 
 use std::sync::Arc;
 
 use super::{
     Driver, absent_peer,
-    arriving::Message,
+    arriving::{Message, Op},
     completer,
     express::{self, Src},
     packets_for, psn_add,
@@ -38,13 +40,15 @@ const SHORT_MAX: u32 = 1024;
 pub(crate) fn send(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, drv: &mut Driver<'_>) -> bool {
     let f = drv.fabric;
     let w = g.sq.ring.at(idx);
-    let (imm, write) = match w.opcode {
-        WrOpcode::SEND => (None, None),
-        WrOpcode::SEND_WITH_IMM => (Some(w.imm), None),
-        WrOpcode::RDMA_WRITE => (None, Some((w.remote_addr, w.rkey))),
-        WrOpcode::RDMA_WRITE_WITH_IMM => (Some(w.imm), Some((w.remote_addr, w.rkey))),
+    let (imm, op) = match w.opcode {
+        WrOpcode::SEND => (None, Op::Send),
+        WrOpcode::SEND_WITH_IMM => (Some(w.imm), Op::Send),
+        WrOpcode::RDMA_WRITE => (None, Op::Write(w.remote_addr, w.rkey)),
+        WrOpcode::RDMA_WRITE_WITH_IMM => (Some(w.imm), Op::Write(w.remote_addr, w.rkey)),
+        WrOpcode::RDMA_READ if qp.qp_type == QpType::RC => (None, Op::Read(w.remote_addr, w.rkey)),
         _ => return false,
     };
+    let read = matches!(op, Op::Read(..));
     let Some(dest) = g.dest else { return false };
     let src = (qp.device_index(), g.attr.port_num, qp.qpn);
     let dst = (dest.0, dest.1, g.attr.dest_qp_num);
@@ -68,6 +72,8 @@ pub(crate) fn send(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, drv: &mut Driv
     let inline = w.flags.contains(SendFlags::INLINE);
     let keys = qp.ctx.device.keys.read();
     let piece = match w.sges.as_slice() {
+        // A READ carries nothing (its buffers are looked at when the response comes).
+        _ if read => Src::Bytes(&[]),
         _ if inline => Src::Bytes(&w.inline),
         [] => Src::Bytes(&[]),
         [sge] if sge.length == 0 => Src::Bytes(&[]),
@@ -78,7 +84,8 @@ pub(crate) fn send(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, drv: &mut Driv
         _ => return false,
     };
     let (len, psn, npkts) = (w.length, g.req.psn, packets_for(w.length, g.mtu));
-    if piece.len() != len as usize {
+    let carried = if read { 0 } else { len };
+    if piece.len() != carried as usize {
         return false;
     }
     let m = Message {
@@ -90,15 +97,15 @@ pub(crate) fn send(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, drv: &mut Driv
         len,
         imm,
         // As `build` sets it: the solicited event is a SEND's or an immediate's only.
-        solicited: w.flags.contains(SendFlags::SOLICITED) && (write.is_none() || imm.is_some()),
+        solicited: w.flags.contains(SendFlags::SOLICITED) && (op == Op::Send || imm.is_some()),
         src_lid: g.port.lid,
-        write,
+        op,
     };
     let fill = |d: &mut [u8]| {
         wire::encode_request_head(&m, d);
         express::read_piece(piece, &mut d[wire::REQUEST_HEAD..])
     };
-    if !node.send_whole(dst.2, wire::REQUEST_HEAD + len as usize, fill) {
+    if !node.send_whole(dst.2, wire::REQUEST_HEAD + carried as usize, fill) {
         return false;
     }
     drop(keys);
@@ -106,6 +113,9 @@ pub(crate) fn send(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, drv: &mut Driv
     (w.first_psn, w.last_psn) = (psn, psn_add(psn, npkts - 1));
     g.req.psn = psn_add(psn, npkts);
     g.sq.next = idx.wrapping_add(1);
+    if read {
+        g.req.rd_atomic_in_flight += 1;
+    }
     // As `send_placing` after the send (no run of WRITEs was going on): a WRITE whose send
     // rang the peer's bell is carried out now, if it can be.
     if host::rang_bell() {

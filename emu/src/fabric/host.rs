@@ -1372,8 +1372,9 @@ impl<'a> Batch<'a> {
             // one thread receives at a time, so a plain increment counts each.
             qp.heard.store(qp.heard.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
         }
-        // An ACK, or a small SEND or WRITE, that came whole in its record is taken in from
-        // there if it can be (a WRITE's record is begun as its ticket would be: see `decode`).
+        // An ACK, or a small SEND, WRITE, READ request or READ response, that came whole in
+        // its record is taken in from there if it can be (a WRITE's or READ's record is begun
+        // as its ticket would be: see `decode`).
         if let (Arrived::Record(rec, _), Some(qp)) = (&a, &to)
             && h.whole()
         {
@@ -1384,10 +1385,15 @@ impl<'a> Batch<'a> {
             let took = if let Some(ack) = wire::Ack::peek(bytes) {
                 ours(ack.dst) && engine::arriving::ack(qp, fabric, &ack, &mut self.drv)
             } else if let Some((m, payload)) = wire::peek_request(bytes) {
+                use engine::arriving::{self as arriving, Op};
                 ours(m.dst)
-                    && match m.write {
-                        None => engine::arriving::send(qp, fabric, &m, payload),
-                        Some(_) => engine::arriving::write(qp, fabric, &m, payload, || rec.begin()),
+                    && match m.op {
+                        Op::Send => arriving::send(qp, fabric, &m, payload),
+                        Op::Write(..) => arriving::write(qp, fabric, &m, payload, || rec.begin()),
+                        Op::Read(..) => arriving::read(qp, fabric, &m, || rec.begin()),
+                        Op::ReadResponse(_) => {
+                            arriving::read_response(qp, fabric, &m, payload, &mut self.drv)
+                        }
                     }
             } else {
                 false

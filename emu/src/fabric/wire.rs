@@ -105,27 +105,35 @@ impl Ack {
     }
 }
 
-/// A SEND or a WRITE (with or without immediate) in `bytes` that holds nothing the
-/// responder's short way (`engine::arriving`) leaves to the packet path: no GRH, no rkey to
-/// invalidate, its payload carried whole, neither pulled nor carried out. Its header, and its
-/// payload; `None` for anything else (which [`decode_message`] then reads).
+/// A SEND or a WRITE (with or without immediate), a READ request or a READ response in
+/// `bytes` that holds nothing the short way in (`engine::arriving`) leaves to the packet path:
+/// no GRH, no rkey to invalidate, no NAK, its payload carried whole, neither pulled nor carried
+/// out. Its header, and its payload; `None` for anything else (which [`decode_message`] then
+/// reads).
 pub(crate) fn peek_request(bytes: &[u8]) -> Option<(crate::engine::arriving::Message, &[u8])> {
+    use crate::engine::arriving::Op;
     let mut r = Reader(bytes.get(..FIXED_HEAD)?);
     let [version, kind, syn, syn_arg, flags, src_port, dst_port, has_grh, transport] =
         r.take::<9>()?;
-    let write = match kind {
-        k if k == kind_code(Kind::Send) && flags & !3 == 0 => false,
-        k if k == kind_code(Kind::Write) && flags & !3 == 0 => true,
-        _ => return None,
+    let flags_ok = match kind_of(kind)? {
+        Kind::Send | Kind::Write => flags & !3 == 0,
+        Kind::ReadRequest | Kind::ReadResponse => flags == 0,
+        _ => false,
     };
-    if version != VERSION || (syn, syn_arg, has_grh) != (0, 0, 0) {
+    if !flags_ok || version != VERSION || (syn, syn_arg, has_grh) != (0, 0, 0) {
         return None;
     }
     let (src_dev, src_qpn, dst_dev) = (r.u32()?, r.u32()?, r.u32()?);
     let (dst_qpn, psn, npkts, imm) = (r.u32()?, r.u32()?, r.u32()?, r.u32()?);
-    let (rkey, len, _msn, _qkey, _xrc_srqn) = (r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?);
+    let (rkey, len, msn, _qkey, _xrc_srqn) = (r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?);
     let (src_lid, va) = (r.u16()?, r.u64()?);
     let payload = &bytes[FIXED_HEAD..];
+    let (op, carried) = match kind_of(kind)? {
+        Kind::Send => (Op::Send, len),
+        Kind::Write => (Op::Write(va, rkey), len),
+        Kind::ReadRequest => (Op::Read(va, rkey), 0),
+        _ => (Op::ReadResponse(msn), len),
+    };
     let m = crate::engine::arriving::Message {
         src: (src_dev, src_port, src_qpn),
         dst: (dst_dev, dst_port, dst_qpn),
@@ -136,9 +144,9 @@ pub(crate) fn peek_request(bytes: &[u8]) -> Option<(crate::engine::arriving::Mes
         imm: (flags & 2 != 0).then_some(imm),
         solicited: flags & 1 != 0,
         src_lid,
-        write: write.then_some((va, rkey)),
+        op,
     };
-    (payload.len() == len as usize && npkts >= 1).then_some((m, payload))
+    (payload.len() == carried as usize && npkts >= 1).then_some((m, payload))
 }
 
 /// Why a message was not taken.
@@ -389,26 +397,33 @@ pub(crate) fn pullable(pkt: &Packet) -> bool {
         && pkt.payload.ranges().len() <= MAX_PULL_RANGES as usize
 }
 
-/// The header bytes of a SEND or WRITE without GRH (see [`encode_request_head`]).
+/// The header bytes of a SEND, WRITE, READ request or response without GRH (see
+/// [`encode_request_head`]).
 pub(crate) const REQUEST_HEAD: usize = FIXED_HEAD;
 
-/// Writes the header of the SEND or WRITE `m` (no GRH, no rkey to invalidate, no XRC SRQ) at
-/// the start of `out` (at least [`REQUEST_HEAD`] bytes), byte for byte as [`encode_head`]
-/// writes that of the packet `requester::build` makes for it: the requester's short way
-/// (`engine::leaving`) writes its record without a packet. (A test holds the two to the same
+/// Writes the header of the message `m` (no GRH, no rkey to invalidate, no XRC SRQ) at the
+/// start of `out` (at least [`REQUEST_HEAD`] bytes), byte for byte as [`encode_head`] writes
+/// that of the packet the packet path makes for it (`requester::build` for a request,
+/// `responder::read_response` for a READ's response): the short way (`engine::leaving`,
+/// `engine::arriving`) writes its record without a packet. (A test holds the two to the same
 /// bytes.)
 pub(crate) fn encode_request_head(m: &crate::engine::arriving::Message, out: &mut [u8]) {
+    use crate::engine::arriving::Op;
     let mut out = Cursor { buf: &mut out[..FIXED_HEAD], at: 0 };
-    let kind = kind_code(if m.write.is_some() { Kind::Write } else { Kind::Send });
-    let (va, rkey) = m.write.unwrap_or_default();
+    let (kind, (va, rkey), msn) = match m.op {
+        Op::Send => (Kind::Send, (0, 0), 0),
+        Op::Write(va, rkey) => (Kind::Write, (va, rkey), 0),
+        Op::Read(va, rkey) => (Kind::ReadRequest, (va, rkey), 0),
+        Op::ReadResponse(msn) => (Kind::ReadResponse, (0, 0), msn),
+    };
     let flags = u8::from(m.solicited) | u8::from(m.imm.is_some()) << 1;
-    out.put([VERSION, kind, 0, 0, flags, m.src.1, m.dst.1, 0]);
+    out.put([VERSION, kind_code(kind), 0, 0, flags, m.src.1, m.dst.1, 0]);
     out.put([m.transport.0 as u8]);
     let (src, dst, imm) = (m.src, m.dst, m.imm.unwrap_or(0));
-    for v in [src.0, src.2, dst.0, dst.2, m.psn, m.npkts, imm, rkey, m.len] {
+    for v in [src.0, src.2, dst.0, dst.2, m.psn, m.npkts, imm, rkey, m.len, msn] {
         out.put(v.to_le_bytes());
     }
-    out.put([0; 12]);
+    out.put([0; 8]);
     out.put(m.src_lid.to_le_bytes());
     out.put(va.to_le_bytes());
     out.put([0; 24]);
@@ -662,6 +677,7 @@ fn decode_fields(bytes: &[u8], p: &mut Packet) -> Option<(Option<Range<usize>>, 
 #[cfg(test)]
 mod test {
     use super::*;
+    use crate::engine::arriving::Op;
 
     #[test]
     fn test_every_field_survives_a_round_trip() {
@@ -762,7 +778,8 @@ mod test {
                 q.len
             )
         );
-        assert_eq!((m.imm, m.solicited, m.src_lid, m.write), (q.imm, q.solicited, q.src_lid, None));
+        assert_eq!((m.imm, m.solicited, m.src_lid), (q.imm, q.solicited, q.src_lid));
+        assert_eq!(m.op, Op::Send);
         (p.imm, p.solicited) = (None, false);
         bytes.clear();
         encode(&p, &mut bytes).unwrap();
@@ -773,22 +790,41 @@ mod test {
         let mut w = Vec::new();
         encode(&write, &mut w).unwrap();
         let (m, payload) = peek_request(&w).unwrap();
-        assert_eq!((m.write, payload), (Some((0xdead_beef_0000, 0x1234)), &b"hello"[..]));
+        assert_eq!((m.op, payload), (Op::Write(0xdead_beef_0000, 0x1234), &b"hello"[..]));
         (write.imm, write.solicited) = (Some(0x5678), true);
         w.clear();
         encode(&write, &mut w).unwrap();
         let (m, _) = peek_request(&w).unwrap();
         let q = decode(&w).unwrap();
-        assert_eq!((m.imm, m.solicited, m.write), (q.imm, q.solicited, Some((q.va, q.rkey))));
+        assert_eq!((m.imm, m.solicited, m.op), (q.imm, q.solicited, Op::Write(q.va, q.rkey)));
+        // A READ request carries nothing; its response carries the bytes read and the MSN.
+        let mut read = p.clone();
+        (read.kind, read.va, read.rkey, read.len, read.npkts) = (Kind::ReadRequest, 8, 9, 700, 1);
+        (read.imm, read.solicited, read.payload) = (None, false, Payload::Remote);
+        let mut r = Vec::new();
+        encode(&read, &mut r).unwrap();
+        let (m, payload) = peek_request(&r).unwrap();
+        assert_eq!((m.op, m.len, payload), (Op::Read(8, 9), 700, &b""[..]));
+        let mut resp = read.clone();
+        (resp.kind, resp.msn, resp.len) = (Kind::ReadResponse, 0x77, 5);
+        resp.payload = Payload::Bytes(b"hello".as_slice().into());
+        r.clear();
+        encode(&resp, &mut r).unwrap();
+        let (m, payload) = peek_request(&r).unwrap();
+        assert_eq!(
+            (m.op, m.len, m.psn, payload),
+            (Op::ReadResponse(0x77), 5, p.psn, &b"hello"[..])
+        );
 
         assert!(peek_request(&bytes[..bytes.len() - 1]).is_none());
-        let (mut inv, mut grh) = (p.clone(), p.clone());
-        write.kind = Kind::ReadRequest;
+        let (mut inv, mut grh, mut nak) = (p.clone(), p.clone(), p.clone());
+        write.kind = Kind::FetchAdd;
+        (nak.kind, nak.syndrome, nak.imm) = (Kind::ReadResponse, Syndrome::Rnr(3), None);
         inv.inv = Some(9);
         let gid = |b| Gid([b; 16]);
         let g = Grh { sgid: gid(1), dgid: gid(2), traffic_class: 0, flow_label: 0, hop_limit: 1 };
         grh.grh = Some(Box::new(g));
-        for o in [&write, &inv, &grh] {
+        for o in [&write, &inv, &grh, &nak] {
             bytes.clear();
             encode(o, &mut bytes).unwrap();
             assert!(peek_request(&bytes).is_none(), "{o:?}");
@@ -799,22 +835,37 @@ mod test {
         assert!(peek_request(&pulled).is_none());
     }
 
-    /// The requester's short way writes a SEND's or WRITE's header as the packet path encodes
-    /// it.
+    /// The short way writes a SEND's, WRITE's or READ request's header as the packet path
+    /// encodes `requester::build`'s packet, and a READ response's as it encodes
+    /// `responder::read_response`'s (`reply`'s fields).
     #[test]
     fn test_a_request_head_written_without_a_packet_is_the_packets() {
-        let write = Some((0x7654_3210_0000, 0x4321));
-        for (transport, imm, solicited, write) in [
-            (QpType::RC, None, false, None),
-            (QpType::RC, Some(0xfeed_f00d), true, None),
-            (QpType::UC, None, true, None),
-            (QpType::RC, Some(0xfeed_f00d), true, write),
-            (QpType::UC, Some(1), false, write),
+        let (va, rkey) = (0x7654_3210_0000, 0x4321);
+        for (transport, imm, solicited, op) in [
+            (QpType::RC, None, false, Op::Send),
+            (QpType::RC, Some(0xfeed_f00d), true, Op::Send),
+            (QpType::UC, None, true, Op::Send),
+            (QpType::RC, Some(0xfeed_f00d), true, Op::Write(va, rkey)),
+            (QpType::UC, Some(1), false, Op::Write(va, rkey)),
+            (QpType::RC, None, false, Op::Read(va, rkey)),
+            (QpType::RC, None, false, Op::ReadResponse(0xab_0001)),
         ] {
-            let mut p = Packet::new(if write.is_some() { Kind::Write } else { Kind::Send });
-            (p.va, p.rkey) = write.unwrap_or_default();
-            p.transport = transport;
-            (p.src_dev, p.src_port, p.src_qpn, p.src_lid) = (1, 2, 0x10011, 7);
+            let kind = match op {
+                Op::Send => Kind::Send,
+                Op::Write(..) => Kind::Write,
+                Op::Read(..) => Kind::ReadRequest,
+                Op::ReadResponse(_) => Kind::ReadResponse,
+            };
+            let mut p = Packet::new(kind);
+            if let Op::Write(va, rkey) | Op::Read(va, rkey) = op {
+                (p.va, p.rkey) = (va, rkey);
+            }
+            if let Op::ReadResponse(msn) = op {
+                p.msn = msn;
+            } else {
+                (p.transport, p.src_lid) = (transport, 7);
+            }
+            (p.src_dev, p.src_port, p.src_qpn) = (1, 2, 0x10011);
             (p.dst_dev, p.dst_port, p.dst_qpn, p.psn, p.npkts) = (3, 1, 0x20012, 0xab_cdef, 2);
             (p.solicited, p.imm, p.len) = (solicited, imm, 5);
             p.payload = Payload::Bytes(b"hello".as_slice().into());
@@ -823,19 +874,20 @@ mod test {
             let m = crate::engine::arriving::Message {
                 src: (p.src_dev, p.src_port, p.src_qpn),
                 dst: (p.dst_dev, p.dst_port, p.dst_qpn),
-                transport,
+                transport: p.transport,
                 psn: p.psn,
                 npkts: p.npkts,
                 len: p.len,
                 imm,
                 solicited,
                 src_lid: p.src_lid,
-                write,
+                op,
             };
             let mut head = [0xa5; REQUEST_HEAD];
             encode_request_head(&m, &mut head);
-            assert_eq!(head[..], bytes[..REQUEST_HEAD], "{transport:?} {imm:?} {write:?}");
-            assert_eq!(&bytes[REQUEST_HEAD..], b"hello");
+            assert_eq!(head[..], bytes[..REQUEST_HEAD], "{transport:?} {imm:?} {op:?}");
+            let carried: &[u8] = if kind == Kind::ReadRequest { b"" } else { b"hello" };
+            assert_eq!(&bytes[REQUEST_HEAD..], carried);
         }
     }
 
