@@ -282,18 +282,18 @@ fn sends_and_writes_taken_in_from_their_records_complete_as_packets_complete() {
     }
 }
 
-/// How a run of READs ends: a READ the responder refuses (a bad rkey), or one whose response
-/// its requester cannot place (a bad lkey).
+/// How a run of READs and atomics ends: a READ the responder refuses (a bad rkey), or an
+/// atomic whose response its requester cannot place (a bad lkey).
 #[derive(Debug, Clone, Copy)]
 enum ReadEnding {
     BadRkey,
     BadLkey,
 }
 
-/// What a run of READs between two fabrics leaves, with the express path on or off (taken
-/// in straight from their ring records, or as packets): every completion, and the bytes read.
-/// One READ is outstanding at a time (`max_rd_atomic` 1): each waits for the one before to
-/// be answered, with no ACK timeout to send it otherwise.
+/// What a run of READs and atomics between two fabrics leaves, with the express path on or
+/// off (taken in straight from their ring records, or as packets): every completion, and the
+/// bytes read. One is outstanding at a time (`max_rd_atomic` 1): each waits for the one
+/// before to be answered, with no ACK timeout to send it otherwise.
 fn reads_transcript(dir: &HostDir, express: bool, ending: ReadEnding) -> Vec<String> {
     let cfg = || FabricConfig { express, ..Default::default() };
     let (fa, fb) = (dir.fabric_with(cfg()), dir.fabric_with(cfg()));
@@ -307,10 +307,14 @@ fn reads_transcript(dir: &HostDir, express: bool, ending: ReadEnding) -> Vec<Str
         out.push(format!("{} {:?} {:?} {}", w.wr_id, w.status, w.opcode, w.byte_len));
     };
     // Of one packet, of the most that goes the short way (1 KiB, two SGEs), of none, of
-    // three packets; then a WRITE and a READ of what it wrote.
+    // three packets; then a WRITE and a READ of what it wrote; a FETCH_ADD on a word of it, a
+    // CMP_SWP that finds what that left and one that does not, and a READ of the word.
     let (one, two) = ([sge(&a.mr, 0, 8)], [sge(&a.mr, 100, 24), sge(&a.mr, 200, 1000)]);
     let three = [sge(&a.mr, 2000, 3000)];
     let (src, back) = ([sge(&a.mr, 5000, 16)], [sge(&a.mr, 5100, 16)]);
+    let word = at + 7008;
+    let found = u64::from_ne_bytes(pattern(3, 16)[8..].try_into().unwrap());
+    let olds: Vec<[Sge; 1]> = (0..4).map(|k| [sge(&a.mr, 5200 + 8 * k, 8)]).collect();
     let wrs = [
         SendWr::read(1, &one, at + 100, rkey),
         SendWr::read(2, &two, at + 1000, rkey),
@@ -318,19 +322,23 @@ fn reads_transcript(dir: &HostDir, express: bool, ending: ReadEnding) -> Vec<Str
         SendWr::read(4, &three, at + 3000, rkey),
         SendWr::write(5, &src, at + 7000, rkey),
         SendWr::read(6, &back, at + 7000, rkey),
+        SendWr::fetch_add(7, &olds[0], word, rkey, 5),
+        SendWr::cmp_swap(8, &olds[1], word, rkey, found.wrapping_add(5), 99),
+        SendWr::cmp_swap(9, &olds[2], word, rkey, 1, 2),
+        SendWr::read(10, &olds[3], word, rkey),
     ];
     a.mr.write(5000, &pattern(3, 16)).unwrap();
     a.qp.post_send_list(&wrs.map(SendWr::signaled)).unwrap();
-    for w in wait_n(&a.cq, 6) {
+    for w in wait_n(&a.cq, 10) {
         note(&mut out, w);
     }
     let bad = match ending {
-        ReadEnding::BadRkey => SendWr::read(7, &one, at, rkey ^ 0x100),
+        ReadEnding::BadRkey => SendWr::read(11, &one, at, rkey ^ 0x100),
         ReadEnding::BadLkey => {
             let sg = [Sge { lkey: a.mr.lkey() ^ 0x100, ..one[0] }];
-            a.qp.post_send(&SendWr::read(7, &sg, at, rkey).signaled()).unwrap();
+            a.qp.post_send(&SendWr::fetch_add(11, &sg, word, rkey, 1).signaled()).unwrap();
             note(&mut out, wait1(&a.cq));
-            SendWr::read(8, &one, at, rkey)
+            SendWr::read(12, &one, at, rkey)
         }
     };
     a.qp.post_send(&bad.signaled()).unwrap();
@@ -342,6 +350,10 @@ fn reads_transcript(dir: &HostDir, express: bool, ending: ReadEnding) -> Vec<Str
         assert_eq!(got[to..to + len], sent[from..from + len], "{ending:?} at {to}");
     }
     assert_eq!(got[5100..5116], pattern(3, 16), "{ending:?}: the READ after the WRITE");
+    let words: Vec<u64> =
+        got[5200..5232].chunks(8).map(|c| u64::from_ne_bytes(c.try_into().unwrap())).collect();
+    let added = found.wrapping_add(5);
+    assert_eq!(words, [found, added, 99, 99], "{ending:?}: what the atomics found");
     let digest = got
         .iter()
         .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
@@ -350,15 +362,15 @@ fn reads_transcript(dir: &HostDir, express: bool, ending: ReadEnding) -> Vec<Str
 }
 
 #[test]
-fn reads_taken_in_from_their_records_complete_as_packets_complete() {
+fn reads_and_atomics_taken_in_from_their_records_complete_as_packets_complete() {
     let dir = HostDir::new();
     for (ending, last) in
-        [(ReadEnding::BadRkey, "7 REM_ACCESS_ERR"), (ReadEnding::BadLkey, "8 WR_FLUSH_ERR")]
+        [(ReadEnding::BadRkey, "11 REM_ACCESS_ERR"), (ReadEnding::BadLkey, "12 WR_FLUSH_ERR")]
     {
         let taken = reads_transcript(&dir, true, ending);
         let packets = reads_transcript(&dir, false, ending);
         assert_eq!(taken, packets, "{ending:?}");
-        let ok = taken.iter().take(6).all(|l| l.contains(" SUCCESS "));
+        let ok = taken.iter().take(10).all(|l| l.contains(" SUCCESS "));
         assert!(ok, "{ending:?} {taken:#?}");
         assert!(taken[taken.len() - 2].starts_with(last), "{ending:?} {taken:#?}");
     }

@@ -32,7 +32,7 @@ use std::sync::Arc;
 use super::{
     Driver, PSN_MASK, ack_route, completer,
     express::{self, Src},
-    packet::Kind,
+    packet::{Kind, Packet},
     psn_add,
     responder::{self, Arrival, Replay},
 };
@@ -57,6 +57,21 @@ pub(crate) enum Op {
     Read(u64, u32),
     /// A READ's response (its payload the bytes read), with the responder's MSN.
     ReadResponse(u32),
+    /// A CMP_SWP or FETCH_ADD of the word at `va`.
+    Atomic(Atomic),
+    /// An atomic's response: the responder's MSN and the word the atomic found.
+    AtomicAck(u32, u64),
+}
+
+/// An atomic request: CMP_SWP (`compare_swap`: `swap_add` in where `compare` is found) or
+/// FETCH_ADD (`swap_add` added), of the word at `va` through `rkey`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Atomic {
+    pub(crate) compare_swap: bool,
+    pub(crate) va: u64,
+    pub(crate) rkey: u32,
+    pub(crate) swap_add: u64,
+    pub(crate) compare: u64,
 }
 
 /// What the header of a SEND (with or without immediate), a WRITE, a READ request or a READ
@@ -242,11 +257,65 @@ pub(crate) fn read(
     true
 }
 
-/// Takes the READ response `m` (its `payload` the bytes read) in for our QP `qp`, the QP it
-/// names, if it can: an RC QP in RTS, idle, whose oldest outstanding WQE is the READ it
-/// answers and whose SGEs take it; placed there and completed as `completer::receive` does,
-/// then the requester goes on as after an ACK (see [`ack`]). Whether it did; if not, nothing
-/// changed.
+/// Executes the atomic request `m` on our QP `qp`, the QP it names, if it can (see the
+/// module's text), and answers it: in a record written straight to the requester's ring, or,
+/// if there is no room for that now, the general way (it is executed once). Whether it did;
+/// if not, nothing changed.
+pub(crate) fn atomic(qp: &Arc<QpShared>, f: &FabricInner, m: &Message) -> bool {
+    let Op::Atomic(a) = m.op else { return false };
+    let Some((mut g, Some(node))) = taker(qp, f, m) else { return false };
+    let kind = if a.compare_swap { Kind::CompareSwap } else { Kind::FetchAdd };
+    if responder::refuses(&g, kind, 8, a.va, 0) {
+        return false;
+    }
+    let keys = qp.ctx.device.keys.read();
+    let Some(Some((region, off))) =
+        express::remote(&keys, &qp.pd, (a.rkey, a.va, 8), AccessFlags::REMOTE_ATOMIC)
+    else {
+        return false;
+    };
+    // A word misaligned in memory, or gone, is the packet path's to refuse.
+    if region.host_addr().wrapping_add(off as u64) % 8 != 0 {
+        return false;
+    }
+    let Ok(orig) = responder::fetch_op(kind, a.compare, a.swap_add, region, off) else {
+        return false;
+    };
+    drop(keys);
+    g.resp.nak_seq_sent = false;
+    responder::remember(&mut g, Replay::Atomic { psn: m.psn, orig });
+    responder::advance_past(&mut g, m.psn, m.npkts);
+    // As `responder::atomic` answers (`reply`).
+    let resp = Message {
+        src: m.dst,
+        dst: m.src,
+        transport: QpType::RC,
+        psn: m.psn,
+        npkts: 1,
+        len: 0,
+        imm: None,
+        solicited: false,
+        src_lid: 0,
+        op: Op::AtomicAck(g.resp.msn, orig),
+    };
+    let fill = |d: &mut [u8]| {
+        wire::encode_request_head(&resp, d);
+        true
+    };
+    if !node.send_whole(m.src.2, wire::REQUEST_HEAD, fill) {
+        let mut p = Packet::new(Kind::AtomicAck);
+        ((p.src_dev, p.src_port, p.src_qpn), (p.dst_dev, p.dst_port, p.dst_qpn)) = (m.dst, m.src);
+        (p.psn, p.msn, p.orig, p.mtu) = (m.psn, g.resp.msn, orig, g.mtu);
+        node.send(&p);
+    }
+    true
+}
+
+/// Takes the READ response or atomic ACK `m` (a READ's `payload` the bytes read) in for our QP
+/// `qp`, the QP it names, if it can: an RC QP in RTS, idle, whose oldest outstanding WQE is
+/// the READ or atomic it answers and whose SGEs take its data; placed there and completed as
+/// `completer::receive` does, then the requester goes on as after an ACK (see [`ack`]).
+/// Whether it did; if not, nothing changed.
 pub(crate) fn read_response<'f>(
     qp: &Arc<QpShared>,
     f: &'f FabricInner,
@@ -263,11 +332,24 @@ pub(crate) fn read_response<'f>(
     }
     let placed = {
         let w = g.sq.ring.at(g.sq.tail);
+        let word;
+        let (data, answers) = match m.op {
+            Op::AtomicAck(_, orig) => {
+                word = orig.to_ne_bytes();
+                let atomic = matches!(
+                    w.opcode,
+                    WrOpcode::ATOMIC_CMP_AND_SWP | WrOpcode::ATOMIC_FETCH_AND_ADD
+                );
+                (&word[..], atomic)
+            }
+            _ => (payload, w.opcode == WrOpcode::RDMA_READ),
+        };
+        let len = data.len() as u32;
         let keys = qp.ctx.device.keys.read();
-        w.opcode == WrOpcode::RDMA_READ
+        answers
             && w.first_psn == m.psn
-            && express::scatter(&keys, &qp.pd, &w.sges, m.len)
-                .is_some_and(|into| into.fill(&keys, &w.sges, Src::Bytes(payload), m.len))
+            && express::scatter(&keys, &qp.pd, &w.sges, len)
+                .is_some_and(|into| into.fill(&keys, &w.sges, Src::Bytes(data), len))
     };
     if !placed {
         return false;

@@ -1,5 +1,5 @@
-//! A small SEND, WRITE or READ request to another process, written straight into its ring
-//! record: the requester half of `arriving`. A WRITE whose send found the peer's reader
+//! A small SEND, WRITE, READ or atomic request to another process, written straight into its
+//! ring record: the requester half of `arriving`. A WRITE whose send found the peer's reader
 //! asleep is then carried out at once, as the packet path's `absent_peer::send_placing` does.
 //!
 //! Through the packet path such a message is built into a packet (its payload resolved into
@@ -12,15 +12,15 @@
 //! carry-out run or note pending, a message of one piece that one record holds, its lkey fit;
 //! and the ring to the peer set up, nothing of ours waiting before it, room for the record.
 //! Everything is checked before the WQE changes; anything else goes the packet path, which
-//! gives a bad lkey its error completion. A READ (RC) carries nothing: its lkey is looked at
-//! when its response comes, as there; one of up to [`SHORT_MAX`] bytes is answered in one
-//! record, which `arriving` takes in the short way too.
+//! gives a bad lkey its error completion. A READ or an atomic (RC) carries nothing: its lkey
+//! is looked at when its response comes, as there; a READ of up to [`SHORT_MAX`] bytes is
+//! answered in one record, which `arriving` takes in the short way too, as an atomic's.
 
 use std::sync::Arc;
 
 use super::{
     Driver, absent_peer,
-    arriving::{Message, Op},
+    arriving::{Atomic, Message, Op},
     completer,
     express::{self, Src},
     packets_for, psn_add,
@@ -45,10 +45,21 @@ pub(crate) fn send(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, drv: &mut Driv
         WrOpcode::SEND_WITH_IMM => (Some(w.imm), Op::Send),
         WrOpcode::RDMA_WRITE => (None, Op::Write(w.remote_addr, w.rkey)),
         WrOpcode::RDMA_WRITE_WITH_IMM => (Some(w.imm), Op::Write(w.remote_addr, w.rkey)),
-        WrOpcode::RDMA_READ if qp.qp_type == QpType::RC => (None, Op::Read(w.remote_addr, w.rkey)),
+        WrOpcode::RDMA_READ => (None, Op::Read(w.remote_addr, w.rkey)),
+        WrOpcode::ATOMIC_CMP_AND_SWP | WrOpcode::ATOMIC_FETCH_AND_ADD => {
+            // As `build` fills the packet: FETCH_ADD's addend is its swap_add.
+            let compare_swap = w.opcode == WrOpcode::ATOMIC_CMP_AND_SWP;
+            let swap_add = if compare_swap { w.swap } else { w.compare_add };
+            let (va, rkey, compare) = (w.remote_addr, w.rkey, w.compare_add);
+            (None, Op::Atomic(Atomic { compare_swap, va, rkey, swap_add, compare }))
+        }
         _ => return false,
     };
-    let read = matches!(op, Op::Read(..));
+    // READs and atomics carry nothing (their buffers are looked at when the response comes).
+    let rd_atomic = matches!(op, Op::Read(..) | Op::Atomic(_));
+    if rd_atomic && qp.qp_type != QpType::RC {
+        return false;
+    }
     let Some(dest) = g.dest else { return false };
     let src = (qp.device_index(), g.attr.port_num, qp.qpn);
     let dst = (dest.0, dest.1, g.attr.dest_qp_num);
@@ -72,8 +83,7 @@ pub(crate) fn send(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, drv: &mut Driv
     let inline = w.flags.contains(SendFlags::INLINE);
     let keys = qp.ctx.device.keys.read();
     let piece = match w.sges.as_slice() {
-        // A READ carries nothing (its buffers are looked at when the response comes).
-        _ if read => Src::Bytes(&[]),
+        _ if rd_atomic => Src::Bytes(&[]),
         _ if inline => Src::Bytes(&w.inline),
         [] => Src::Bytes(&[]),
         [sge] if sge.length == 0 => Src::Bytes(&[]),
@@ -83,8 +93,12 @@ pub(crate) fn send(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, drv: &mut Driv
         },
         _ => return false,
     };
-    let (len, psn, npkts) = (w.length, g.req.psn, packets_for(w.length, g.mtu));
-    let carried = if read { 0 } else { len };
+    let (len, npkts) = match op {
+        Op::Atomic(_) => (8, 1),
+        _ => (w.length, packets_for(w.length, g.mtu)),
+    };
+    let psn = g.req.psn;
+    let carried = if rd_atomic { 0 } else { len };
     if piece.len() != carried as usize {
         return false;
     }
@@ -113,7 +127,7 @@ pub(crate) fn send(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, drv: &mut Driv
     (w.first_psn, w.last_psn) = (psn, psn_add(psn, npkts - 1));
     g.req.psn = psn_add(psn, npkts);
     g.sq.next = idx.wrapping_add(1);
-    if read {
+    if rd_atomic {
         g.req.rd_atomic_in_flight += 1;
     }
     // As `send_placing` after the send (no run of WRITEs was going on): a WRITE whose send

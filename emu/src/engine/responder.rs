@@ -919,17 +919,19 @@ pub(super) fn store_word(pkt: &Packet, region: &MemRegion, off: usize) -> Result
     }
 }
 
-/// CMP_SWP (`kind`) or FETCH_ADD at `off` with `pkt`'s operands: the value found there.
+/// CMP_SWP (`kind`) or FETCH_ADD at `off` with the operands `compare` and `swap_add`: the
+/// value found there.
 pub(super) fn fetch_op(
     kind: Kind,
-    pkt: &Packet,
+    compare: u64,
+    swap_add: u64,
     region: &MemRegion,
     off: usize,
 ) -> Result<u64, MemFault> {
     if kind == Kind::CompareSwap {
-        region.compare_swap(off, pkt.compare, pkt.swap_add)
+        region.compare_swap(off, compare, swap_add)
     } else {
-        region.fetch_add(off, pkt.swap_add)
+        region.fetch_add(off, swap_add)
     }
 }
 
@@ -988,7 +990,7 @@ fn atomic(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>
         Ok(Some(t)) => t,
         _ => return fail(qp, g, &pkt, NakCode::RemoteAccessError, None, drv),
     };
-    let orig = match fetch_op(pkt.kind, &pkt, &region, off) {
+    let orig = match fetch_op(pkt.kind, pkt.compare, pkt.swap_add, &region, off) {
         Ok(v) => v,
         Err(MemFault::Misaligned) => return fail(qp, g, &pkt, NakCode::InvalidRequest, None, drv),
         Err(MemFault::OutOfBounds | MemFault::Unreadable) => {

@@ -162,7 +162,7 @@ impl<'a> Target<'a> {
                 read
             }
             // A forwarded request's own kind is `XrcDeliver`: the original is `self.kind`.
-            _ => fetch_op(self.kind, pkt, &region, off).map(|v| res.orig = v),
+            _ => fetch_op(self.kind, pkt.compare, pkt.swap_add, &region, off).map(|v| res.orig = v),
         };
         match done {
             Ok(()) => Syndrome::Ack,

@@ -1372,9 +1372,9 @@ impl<'a> Batch<'a> {
             // one thread receives at a time, so a plain increment counts each.
             qp.heard.store(qp.heard.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
         }
-        // An ACK, or a small SEND, WRITE, READ request or READ response, that came whole in
-        // its record is taken in from there if it can be (a WRITE's or READ's record is begun
-        // as its ticket would be: see `decode`).
+        // An ACK, or a small SEND, WRITE, READ or atomic request or response, that came whole
+        // in its record is taken in from there if it can be (a WRITE's or READ's record is
+        // begun as its ticket would be: see `decode`).
         if let (Arrived::Record(rec, _), Some(qp)) = (&a, &to)
             && h.whole()
         {
@@ -1391,7 +1391,8 @@ impl<'a> Batch<'a> {
                         Op::Send => arriving::send(qp, fabric, &m, payload),
                         Op::Write(..) => arriving::write(qp, fabric, &m, payload, || rec.begin()),
                         Op::Read(..) => arriving::read(qp, fabric, &m, || rec.begin()),
-                        Op::ReadResponse(_) => {
+                        Op::Atomic(_) => arriving::atomic(qp, fabric, &m),
+                        Op::ReadResponse(_) | Op::AtomicAck(..) => {
                             arriving::read_response(qp, fabric, &m, payload, &mut self.drv)
                         }
                     }

@@ -105,19 +105,20 @@ impl Ack {
     }
 }
 
-/// A SEND or a WRITE (with or without immediate), a READ request or a READ response in
+/// A SEND or a WRITE (with or without immediate), a READ or an atomic request or response in
 /// `bytes` that holds nothing the short way in (`engine::arriving`) leaves to the packet path:
 /// no GRH, no rkey to invalidate, no NAK, its payload carried whole, neither pulled nor carried
 /// out. Its header, and its payload; `None` for anything else (which [`decode_message`] then
 /// reads).
 pub(crate) fn peek_request(bytes: &[u8]) -> Option<(crate::engine::arriving::Message, &[u8])> {
-    use crate::engine::arriving::Op;
+    use crate::engine::arriving::{Atomic, Op};
     let mut r = Reader(bytes.get(..FIXED_HEAD)?);
     let [version, kind, syn, syn_arg, flags, src_port, dst_port, has_grh, transport] =
         r.take::<9>()?;
     let flags_ok = match kind_of(kind)? {
         Kind::Send | Kind::Write => flags & !3 == 0,
         Kind::ReadRequest | Kind::ReadResponse => flags == 0,
+        Kind::CompareSwap | Kind::FetchAdd | Kind::AtomicAck => flags == 0,
         _ => false,
     };
     if !flags_ok || version != VERSION || (syn, syn_arg, has_grh) != (0, 0, 0) {
@@ -127,12 +128,18 @@ pub(crate) fn peek_request(bytes: &[u8]) -> Option<(crate::engine::arriving::Mes
     let (dst_qpn, psn, npkts, imm) = (r.u32()?, r.u32()?, r.u32()?, r.u32()?);
     let (rkey, len, msn, _qkey, _xrc_srqn) = (r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?);
     let (src_lid, va) = (r.u16()?, r.u64()?);
+    let (swap_add, compare, orig) = (r.u64()?, r.u64()?, r.u64()?);
     let payload = &bytes[FIXED_HEAD..];
     let (op, carried) = match kind_of(kind)? {
         Kind::Send => (Op::Send, len),
         Kind::Write => (Op::Write(va, rkey), len),
         Kind::ReadRequest => (Op::Read(va, rkey), 0),
-        _ => (Op::ReadResponse(msn), len),
+        Kind::ReadResponse => (Op::ReadResponse(msn), len),
+        Kind::AtomicAck => (Op::AtomicAck(msn, orig), 0),
+        k => {
+            let compare_swap = k == Kind::CompareSwap;
+            (Op::Atomic(Atomic { compare_swap, va, rkey, swap_add, compare }), 0)
+        }
     };
     let m = crate::engine::arriving::Message {
         src: (src_dev, src_port, src_qpn),
@@ -397,24 +404,42 @@ pub(crate) fn pullable(pkt: &Packet) -> bool {
         && pkt.payload.ranges().len() <= MAX_PULL_RANGES as usize
 }
 
-/// The header bytes of a SEND, WRITE, READ request or response without GRH (see
+/// The header bytes of a SEND, WRITE, READ, atomic or their responses without GRH (see
 /// [`encode_request_head`]).
 pub(crate) const REQUEST_HEAD: usize = FIXED_HEAD;
 
 /// Writes the header of the message `m` (no GRH, no rkey to invalidate, no XRC SRQ) at the
 /// start of `out` (at least [`REQUEST_HEAD`] bytes), byte for byte as [`encode_head`] writes
 /// that of the packet the packet path makes for it (`requester::build` for a request,
-/// `responder::read_response` for a READ's response): the short way (`engine::leaving`,
+/// `responder::read_response` for a READ's response, `responder::atomic` for an atomic's): the short way (`engine::leaving`,
 /// `engine::arriving`) writes its record without a packet. (A test holds the two to the same
 /// bytes.)
 pub(crate) fn encode_request_head(m: &crate::engine::arriving::Message, out: &mut [u8]) {
     use crate::engine::arriving::Op;
     let mut out = Cursor { buf: &mut out[..FIXED_HEAD], at: 0 };
-    let (kind, (va, rkey), msn) = match m.op {
-        Op::Send => (Kind::Send, (0, 0), 0),
-        Op::Write(va, rkey) => (Kind::Write, (va, rkey), 0),
-        Op::Read(va, rkey) => (Kind::ReadRequest, (va, rkey), 0),
-        Op::ReadResponse(msn) => (Kind::ReadResponse, (0, 0), msn),
+    let (mut va, mut rkey, mut msn, mut words) = (0, 0, 0, [0u64; 3]);
+    let kind = match m.op {
+        Op::Send => Kind::Send,
+        Op::Write(a, k) => {
+            (va, rkey) = (a, k);
+            Kind::Write
+        }
+        Op::Read(a, k) => {
+            (va, rkey) = (a, k);
+            Kind::ReadRequest
+        }
+        Op::ReadResponse(n) => {
+            msn = n;
+            Kind::ReadResponse
+        }
+        Op::Atomic(a) => {
+            (va, rkey, words) = (a.va, a.rkey, [a.swap_add, a.compare, 0]);
+            if a.compare_swap { Kind::CompareSwap } else { Kind::FetchAdd }
+        }
+        Op::AtomicAck(n, orig) => {
+            (msn, words) = (n, [0, 0, orig]);
+            Kind::AtomicAck
+        }
     };
     let flags = u8::from(m.solicited) | u8::from(m.imm.is_some()) << 1;
     out.put([VERSION, kind_code(kind), 0, 0, flags, m.src.1, m.dst.1, 0]);
@@ -425,8 +450,9 @@ pub(crate) fn encode_request_head(m: &crate::engine::arriving::Message, out: &mu
     }
     out.put([0; 8]);
     out.put(m.src_lid.to_le_bytes());
-    out.put(va.to_le_bytes());
-    out.put([0; 24]);
+    for v in [va, words[0], words[1], words[2]] {
+        out.put(v.to_le_bytes());
+    }
     debug_assert_eq!(out.at, FIXED_HEAD);
 }
 
@@ -677,7 +703,7 @@ fn decode_fields(bytes: &[u8], p: &mut Packet) -> Option<(Option<Range<usize>>, 
 #[cfg(test)]
 mod test {
     use super::*;
-    use crate::engine::arriving::Op;
+    use crate::engine::arriving::{Atomic, Op};
 
     #[test]
     fn test_every_field_survives_a_round_trip() {
@@ -835,12 +861,14 @@ mod test {
         assert!(peek_request(&pulled).is_none());
     }
 
-    /// The short way writes a SEND's, WRITE's or READ request's header as the packet path
-    /// encodes `requester::build`'s packet, and a READ response's as it encodes
-    /// `responder::read_response`'s (`reply`'s fields).
+    /// The short way writes a SEND's, WRITE's, READ's or atomic's header as the packet path
+    /// encodes `requester::build`'s packet, and a READ's or atomic's response's as it encodes
+    /// `responder::read_response`'s or `responder::atomic`'s (`reply`'s fields).
     #[test]
     fn test_a_request_head_written_without_a_packet_is_the_packets() {
         let (va, rkey) = (0x7654_3210_0000, 0x4321);
+        let cas = Atomic { compare_swap: true, va, rkey, swap_add: 0x55, compare: 0x66 };
+        let fadd = Atomic { compare_swap: false, swap_add: 0x77, ..cas };
         for (transport, imm, solicited, op) in [
             (QpType::RC, None, false, Op::Send),
             (QpType::RC, Some(0xfeed_f00d), true, Op::Send),
@@ -849,26 +877,39 @@ mod test {
             (QpType::UC, Some(1), false, Op::Write(va, rkey)),
             (QpType::RC, None, false, Op::Read(va, rkey)),
             (QpType::RC, None, false, Op::ReadResponse(0xab_0001)),
+            (QpType::RC, None, false, Op::Atomic(cas)),
+            (QpType::RC, None, false, Op::Atomic(fadd)),
+            (QpType::RC, None, false, Op::AtomicAck(0xab_0002, 0x1122_3344_5566_7788)),
         ] {
-            let kind = match op {
+            let mut p = Packet::new(match op {
                 Op::Send => Kind::Send,
                 Op::Write(..) => Kind::Write,
                 Op::Read(..) => Kind::ReadRequest,
                 Op::ReadResponse(_) => Kind::ReadResponse,
-            };
-            let mut p = Packet::new(kind);
-            if let Op::Write(va, rkey) | Op::Read(va, rkey) = op {
-                (p.va, p.rkey) = (va, rkey);
+                Op::Atomic(a) if a.compare_swap => Kind::CompareSwap,
+                Op::Atomic(_) => Kind::FetchAdd,
+                Op::AtomicAck(..) => Kind::AtomicAck,
+            });
+            (p.len, p.payload) = (5, Payload::Bytes(b"hello".as_slice().into()));
+            match op {
+                Op::Write(va, rkey) | Op::Read(va, rkey) => (p.va, p.rkey) = (va, rkey),
+                Op::Atomic(a) => {
+                    (p.va, p.rkey, p.swap_add, p.compare) = (a.va, a.rkey, a.swap_add, a.compare);
+                    (p.len, p.payload) = (8, Payload::None);
+                }
+                Op::ReadResponse(msn) => p.msn = msn,
+                Op::AtomicAck(msn, orig) => {
+                    (p.msn, p.orig) = (msn, orig);
+                    (p.len, p.payload) = (0, Payload::None);
+                }
+                Op::Send => {}
             }
-            if let Op::ReadResponse(msn) = op {
-                p.msn = msn;
-            } else {
+            if !matches!(op, Op::ReadResponse(_) | Op::AtomicAck(..)) {
                 (p.transport, p.src_lid) = (transport, 7);
             }
             (p.src_dev, p.src_port, p.src_qpn) = (1, 2, 0x10011);
-            (p.dst_dev, p.dst_port, p.dst_qpn, p.psn, p.npkts) = (3, 1, 0x20012, 0xab_cdef, 2);
-            (p.solicited, p.imm, p.len) = (solicited, imm, 5);
-            p.payload = Payload::Bytes(b"hello".as_slice().into());
+            (p.dst_dev, p.dst_port, p.dst_qpn, p.psn) = (3, 1, 0x20012, 0xab_cdef);
+            (p.npkts, p.solicited, p.imm) = (2, solicited, imm);
             let mut bytes = Vec::new();
             encode(&p, &mut bytes).unwrap();
             let m = crate::engine::arriving::Message {
@@ -886,8 +927,14 @@ mod test {
             let mut head = [0xa5; REQUEST_HEAD];
             encode_request_head(&m, &mut head);
             assert_eq!(head[..], bytes[..REQUEST_HEAD], "{transport:?} {imm:?} {op:?}");
-            let carried: &[u8] = if kind == Kind::ReadRequest { b"" } else { b"hello" };
+            let carried: &[u8] = match p.kind {
+                Kind::Send | Kind::Write | Kind::ReadResponse => b"hello",
+                _ => b"",
+            };
             assert_eq!(&bytes[REQUEST_HEAD..], carried);
+            // And read back in place, as it was written.
+            let (back, payload) = peek_request(&bytes).unwrap();
+            assert_eq!((back, payload), (m, carried), "{op:?}");
         }
     }
 
