@@ -1,5 +1,5 @@
-//! A small SEND, RDMA WRITE or READ from another process, taken in straight from the ring
-//! record it came in: the responder half of the express lane (`lane`), for a requester that
+//! A small SEND, RDMA WRITE, READ or atomic from another process, taken in straight from the
+//! ring record it came in: the responder half of the express lane (`lane`), for a requester that
 //! is not here; and the responses to ours.
 //!
 //! Through the packet path such a SEND is decoded into a packet, its payload copied out of the
@@ -17,15 +17,16 @@
 //! right before its copy, as the packet path begins it (its sender may have carried it out
 //! meanwhile: then it is only accounted for, as there).
 //!
-//! A READ request is taken so when its rkey names such an MR granting the remote read: its
-//! record begun, the range is read straight into the record of its response, written to the
-//! requester's ring as the packet path's response would be.
+//! A READ request (of up to 1 KiB) is taken so when its rkey names such an MR granting the
+//! remote read: its record begun, the range is read straight into the record of its response,
+//! written to the requester's ring as the packet path's response would be. An atomic likewise
+//! (its word aligned in memory), executed once, its answer written straight into a record.
 //!
-//! For the requester, an ACK in its short form and a READ response are taken in the same way:
-//! an RC QP in RTS, idle, completes what the ACK acknowledges, or places the response in the
-//! READ it answers (its oldest outstanding WQE, whose SGEs take it), as `completer::receive`
-//! does, without a packet; the requester is serviced after it only where anything is left for
-//! it to do.
+//! For the requester, an ACK in its short form and a READ's or atomic's response are taken in
+//! the same way: an RC QP in RTS, idle, completes what the ACK acknowledges, or places the
+//! response in the READ or atomic it answers (its oldest outstanding WQE, whose SGEs take it),
+//! as `completer::receive` does, without a packet; the requester is serviced after it only
+//! where anything is left for it to do.
 
 use std::sync::Arc;
 
@@ -74,8 +75,8 @@ pub(crate) struct Atomic {
     pub(crate) compare: u64,
 }
 
-/// What the header of a SEND (with or without immediate), a WRITE, a READ request or a READ
-/// response says, read from its record.
+/// What the header of a SEND (with or without immediate), a WRITE, a READ or an atomic, or
+/// of a READ's or an atomic's response, says, read from its record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Message {
     /// The sender's and the receiver's `(device, port, QPN)`.
@@ -210,6 +211,11 @@ pub(crate) fn read(
     begin: impl FnOnce() -> bool,
 ) -> bool {
     let Op::Read(va, rkey) = m.op else { return false };
+    // A larger response is the packet path's to send (it may leave it for the requester to
+    // read from here).
+    if m.len > super::leaving::SHORT_MAX {
+        return false;
+    }
     let Some((mut g, Some(node))) = taker(qp, f, m) else { return false };
     if responder::refuses(&g, Kind::ReadRequest, m.len, va, 0) {
         return false;

@@ -33,7 +33,7 @@ use crate::{
 
 /// The longest message sent so (a ping-pong's, a small message's: the ones whose cost is the
 /// path's, not the copy's).
-const SHORT_MAX: u32 = 1024;
+pub(super) const SHORT_MAX: u32 = 1024;
 
 /// Sends the WQE at `idx` (the next to send) straight into the record to its peer's process
 /// if it can (see the module's text). Whether it did; if not, nothing changed.
