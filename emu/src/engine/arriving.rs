@@ -234,19 +234,8 @@ pub(crate) fn read(
         executed(&mut g);
         return true;
     }
-    // As `responder::read_response` answers (`reply`), with the MSN the READ moves it to.
-    let resp = Message {
-        src: m.dst,
-        dst: m.src,
-        transport: QpType::RC,
-        psn: m.psn,
-        npkts: m.npkts,
-        len: m.len,
-        imm: None,
-        solicited: false,
-        src_lid: 0,
-        op: Op::ReadResponse(g.resp.msn.wrapping_add(1) & PSN_MASK),
-    };
+    // With the MSN the READ moves the responder to.
+    let resp = answer(m, m.npkts, m.len, Op::ReadResponse(g.resp.msn.wrapping_add(1) & PSN_MASK));
     let piece = match target {
         Some((region, off)) => Src::Mem(region, off, m.len as usize),
         None => Src::Bytes(&[]),
@@ -291,19 +280,7 @@ pub(crate) fn atomic(qp: &Arc<QpShared>, f: &FabricInner, m: &Message) -> bool {
     g.resp.nak_seq_sent = false;
     responder::remember(&mut g, Replay::Atomic { psn: m.psn, orig });
     responder::advance_past(&mut g, m.psn, m.npkts);
-    // As `responder::atomic` answers (`reply`).
-    let resp = Message {
-        src: m.dst,
-        dst: m.src,
-        transport: QpType::RC,
-        psn: m.psn,
-        npkts: 1,
-        len: 0,
-        imm: None,
-        solicited: false,
-        src_lid: 0,
-        op: Op::AtomicAck(g.resp.msn, orig),
-    };
+    let resp = answer(m, 1, 0, Op::AtomicAck(g.resp.msn, orig));
     let fill = |d: &mut [u8]| {
         wire::encode_request_head(&resp, d);
         true
@@ -315,6 +292,23 @@ pub(crate) fn atomic(qp: &Arc<QpShared>, f: &FabricInner, m: &Message) -> bool {
         node.send(&p);
     }
     true
+}
+
+/// The answer `op` (of `npkts` PSNs, `len` bytes) to the READ or atomic `m`, as
+/// `responder::read_response` and `responder::atomic` build it (`reply`'s fields).
+fn answer(m: &Message, npkts: u32, len: u32, op: Op) -> Message {
+    Message {
+        src: m.dst,
+        dst: m.src,
+        transport: QpType::RC,
+        psn: m.psn,
+        npkts,
+        len,
+        imm: None,
+        solicited: false,
+        src_lid: 0,
+        op,
+    }
 }
 
 /// Takes the READ response or atomic ACK `m` (a READ's `payload` the bytes read) in for our QP
@@ -404,5 +398,55 @@ fn go_on<'f>(
         g.req.drained_reported = false;
     } else {
         drv.get_or_insert_with(|| Driver::new(f)).service(qp, g);
+    }
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+    use crate::engine::{packet::Payload, testkit};
+
+    /// The answers the short way writes to a READ and to an atomic from another process are,
+    /// byte for byte, what the packet path's responder sends for them: the response packet,
+    /// encoded, with the MSN the request moved the responder to.
+    #[test]
+    fn test_an_answer_written_without_a_packet_is_the_packets() {
+        let (_f, a, b) = testkit::pair();
+        b.mr.write(0, b"read me!").unwrap();
+        let (va, rkey) = (b.mr.addr(), b.mr.rkey());
+        let fetch_add = Atomic { compare_swap: false, va, rkey, swap_add: 5, compare: 0 };
+        for (psn, op) in [(100, Op::Read(va, rkey)), (101, Op::Atomic(fetch_add))] {
+            let kind = if psn == 100 { Kind::ReadRequest } else { Kind::FetchAdd };
+            let mut req = testkit::request(kind, &a.qp, &b.qp, psn);
+            (req.va, req.rkey, req.len, req.swap_add) = (va, rkey, 8, 5);
+            // From another process: the requester's buffers are not here.
+            req.payload = Payload::Remote;
+            let m = Message {
+                src: (req.src_dev, req.src_port, req.src_qpn),
+                dst: (req.dst_dev, req.dst_port, req.dst_qpn),
+                transport: QpType::RC,
+                psn,
+                npkts: 1,
+                len: 8,
+                imm: None,
+                solicited: false,
+                src_lid: 0,
+                op,
+            };
+            let sent = testkit::feed(&b.qp, &a.qp, req);
+            let [resp] = &sent[..] else { panic!("{sent:?}") };
+            let msn = b.qp.0.inner.lock().resp.msn;
+            let ours = match op {
+                Op::Read(..) => answer(&m, 1, 8, Op::ReadResponse(msn)),
+                _ => answer(&m, 1, 0, Op::AtomicAck(msn, resp.orig)),
+            };
+            let mut bytes = Vec::new();
+            wire::encode(resp, &mut bytes).unwrap();
+            let mut head = [0xa5; wire::REQUEST_HEAD];
+            wire::encode_request_head(&ours, &mut head);
+            assert_eq!(head[..], bytes[..wire::REQUEST_HEAD], "{op:?}");
+            let data: &[u8] = if psn == 100 { b"read me!" } else { b"" };
+            assert_eq!(&bytes[wire::REQUEST_HEAD..], data, "{op:?}");
+        }
     }
 }

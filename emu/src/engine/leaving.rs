@@ -27,6 +27,7 @@ use super::{
 };
 use crate::{
     fabric::{host, wire},
+    objects::keys::KeyTable,
     qp::{QpInner, QpShared},
     types::{QpType, SendFlags, WrOpcode},
 };
@@ -40,29 +41,7 @@ pub(super) const SHORT_MAX: u32 = 1024;
 pub(crate) fn send(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, drv: &mut Driver<'_>) -> bool {
     let f = drv.fabric;
     let w = g.sq.ring.at(idx);
-    let (imm, op) = match w.opcode {
-        WrOpcode::SEND => (None, Op::Send),
-        WrOpcode::SEND_WITH_IMM => (Some(w.imm), Op::Send),
-        WrOpcode::RDMA_WRITE => (None, Op::Write(w.remote_addr, w.rkey)),
-        WrOpcode::RDMA_WRITE_WITH_IMM => (Some(w.imm), Op::Write(w.remote_addr, w.rkey)),
-        WrOpcode::RDMA_READ => (None, Op::Read(w.remote_addr, w.rkey)),
-        WrOpcode::ATOMIC_CMP_AND_SWP | WrOpcode::ATOMIC_FETCH_AND_ADD => {
-            // As `build` fills the packet: FETCH_ADD's addend is its swap_add.
-            let compare_swap = w.opcode == WrOpcode::ATOMIC_CMP_AND_SWP;
-            let swap_add = if compare_swap { w.swap } else { w.compare_add };
-            let (va, rkey, compare) = (w.remote_addr, w.rkey, w.compare_add);
-            (None, Op::Atomic(Atomic { compare_swap, va, rkey, swap_add, compare }))
-        }
-        _ => return false,
-    };
-    // READs and atomics carry nothing (their buffers are looked at when the response comes).
-    let rd_atomic = matches!(op, Op::Read(..) | Op::Atomic(_));
-    if rd_atomic && qp.qp_type != QpType::RC {
-        return false;
-    }
     let Some(dest) = g.dest else { return false };
-    let src = (qp.device_index(), g.attr.port_num, qp.qpn);
-    let dst = (dest.0, dest.1, g.attr.dest_qp_num);
     let fit = matches!(qp.qp_type, QpType::RC | QpType::UC)
         && g.lane_across
         && w.length <= SHORT_MAX
@@ -74,60 +53,28 @@ pub(crate) fn send(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, drv: &mut Driv
         && !g.req.placed_last
         && !g.req.carrying
         && f.express()
-        && f.port_up(src.0, src.1)
-        && f.port_up(dst.0, dst.1);
+        && f.port_up(qp.device_index(), g.attr.port_num)
+        && f.port_up(dest.0, dest.1);
     if !fit {
         return false;
     }
-    let Some(node) = f.remote_node(dst.2) else { return false };
-    let inline = w.flags.contains(SendFlags::INLINE);
+    let Some(node) = f.remote_node(g.attr.dest_qp_num) else { return false };
     let keys = qp.ctx.device.keys.read();
-    let piece = match w.sges.as_slice() {
-        _ if rd_atomic => Src::Bytes(&[]),
-        _ if inline => Src::Bytes(&w.inline),
-        [] => Src::Bytes(&[]),
-        [sge] if sge.length == 0 => Src::Bytes(&[]),
-        [sge] => match express::source(&keys, &qp.pd, sge) {
-            Some(src) => src,
-            None => return false,
-        },
-        _ => return false,
-    };
-    let (len, npkts) = match op {
-        Op::Atomic(_) => (8, 1),
-        _ => (w.length, packets_for(w.length, g.mtu)),
-    };
-    let psn = g.req.psn;
-    let carried = if rd_atomic { 0 } else { len };
-    if piece.len() != carried as usize {
-        return false;
-    }
-    let m = Message {
-        src,
-        dst,
-        transport: qp.qp_type,
-        psn,
-        npkts,
-        len,
-        imm,
-        // As `build` sets it: the solicited event is a SEND's or an immediate's only.
-        solicited: w.flags.contains(SendFlags::SOLICITED) && (op == Op::Send || imm.is_some()),
-        src_lid: g.port.lid,
-        op,
-    };
+    let Some((m, piece)) = message(qp, g, &keys, idx) else { return false };
     let fill = |d: &mut [u8]| {
         wire::encode_request_head(&m, d);
         express::read_piece(piece, &mut d[wire::REQUEST_HEAD..])
     };
-    if !node.send_whole(dst.2, wire::REQUEST_HEAD + carried as usize, fill) {
+    if !node.send_whole(m.dst.2, wire::REQUEST_HEAD + piece.len(), fill) {
         return false;
     }
     drop(keys);
+    let (psn, npkts) = (m.psn, m.npkts);
     let w = g.sq.ring.at_mut(idx);
     (w.first_psn, w.last_psn) = (psn, psn_add(psn, npkts - 1));
     g.req.psn = psn_add(psn, npkts);
     g.sq.next = idx.wrapping_add(1);
-    if rd_atomic {
+    if matches!(m.op, Op::Read(..) | Op::Atomic(_)) {
         g.req.rd_atomic_in_flight += 1;
     }
     // As `send_placing` after the send (no run of WRITEs was going on): a WRITE whose send
@@ -140,4 +87,122 @@ pub(crate) fn send(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, drv: &mut Driv
         completer::complete_ok(qp, g);
     }
     true
+}
+
+/// The message the WQE at `idx` makes at the QP's next PSN, field for field as
+/// `requester::build` makes its packet, and its payload: the inline bytes or the one SGE's
+/// memory (`keys` looked up), nothing for a READ or an atomic. `None` for a WQE not sent so:
+/// another operation, a READ or atomic not on RC, several SGEs, an lkey that does not fit.
+fn message<'a>(
+    qp: &QpShared,
+    g: &'a QpInner,
+    keys: &'a KeyTable,
+    idx: u32,
+) -> Option<(Message, Src<'a>)> {
+    let w = g.sq.ring.at(idx);
+    let (imm, op) = match w.opcode {
+        WrOpcode::SEND => (None, Op::Send),
+        WrOpcode::SEND_WITH_IMM => (Some(w.imm), Op::Send),
+        WrOpcode::RDMA_WRITE => (None, Op::Write(w.remote_addr, w.rkey)),
+        WrOpcode::RDMA_WRITE_WITH_IMM => (Some(w.imm), Op::Write(w.remote_addr, w.rkey)),
+        WrOpcode::RDMA_READ => (None, Op::Read(w.remote_addr, w.rkey)),
+        WrOpcode::ATOMIC_CMP_AND_SWP | WrOpcode::ATOMIC_FETCH_AND_ADD => {
+            // FETCH_ADD's addend is its swap_add.
+            let compare_swap = w.opcode == WrOpcode::ATOMIC_CMP_AND_SWP;
+            let swap_add = if compare_swap { w.swap } else { w.compare_add };
+            let (va, rkey, compare) = (w.remote_addr, w.rkey, w.compare_add);
+            (None, Op::Atomic(Atomic { compare_swap, va, rkey, swap_add, compare }))
+        }
+        _ => return None,
+    };
+    // READs and atomics carry nothing (their buffers are looked at when the response comes).
+    let rd_atomic = matches!(op, Op::Read(..) | Op::Atomic(_));
+    if rd_atomic && qp.qp_type != QpType::RC {
+        return None;
+    }
+    let piece = match w.sges.as_slice() {
+        _ if rd_atomic => Src::Bytes(&[]),
+        _ if w.flags.contains(SendFlags::INLINE) => Src::Bytes(&w.inline),
+        [] => Src::Bytes(&[]),
+        [sge] if sge.length == 0 => Src::Bytes(&[]),
+        [sge] => express::source(keys, &qp.pd, sge)?,
+        _ => return None,
+    };
+    let (len, npkts) = match op {
+        Op::Atomic(_) => (8, 1),
+        _ => (w.length, packets_for(w.length, g.mtu)),
+    };
+    if piece.len() != if rd_atomic { 0 } else { len as usize } {
+        return None;
+    }
+    let dest = g.dest?;
+    let m = Message {
+        src: (qp.device_index(), g.attr.port_num, qp.qpn),
+        dst: (dest.0, dest.1, g.attr.dest_qp_num),
+        transport: qp.qp_type,
+        psn: g.req.psn,
+        npkts,
+        len,
+        imm,
+        // The solicited event is a SEND's or an immediate's only.
+        solicited: w.flags.contains(SendFlags::SOLICITED) && (op == Op::Send || imm.is_some()),
+        src_lid: g.port.lid,
+        op,
+    };
+    Some((m, piece))
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+    use crate::{
+        SendWr, Sge,
+        engine::{requester, testkit},
+    };
+
+    /// What `leaving` writes for a WQE is, byte for byte, what the packet path writes for it:
+    /// `requester::build`'s packet, encoded. For every operation it sends: with immediate and
+    /// without, asking for the solicited event (which only a SEND or an immediate carries),
+    /// of no bytes, a READ into an lkey that does not fit (its request goes all the same), and
+    /// FETCH_ADD and CMP_SWP (whose operands `build` places as it does).
+    #[test]
+    fn test_a_record_written_from_the_wqe_is_the_packets() {
+        let (_f, a, _b) = testkit::unanswered_pair();
+        let qp = &a.qp.0;
+        let (mr, lkey) = (a.mr.addr(), a.mr.lkey());
+        a.mr.write(0, b"eight by").unwrap();
+        let sg = [Sge { addr: mr, length: 8, lkey }];
+        let unfit = [Sge { addr: mr, length: 8, lkey: lkey ^ 0x100 }];
+        let (va, rkey) = (0x7000_0000_0040, 0x1234);
+        let solicited = |w: SendWr<'static>| SendWr { send_flags: SendFlags::SOLICITED, ..w };
+        let wrs: Vec<SendWr<'_>> = vec![
+            SendWr::send(1, &sg),
+            solicited(SendWr::send(2, &[])).with_imm(0xfeed),
+            SendWr::write(3, &sg, va, rkey),
+            SendWr { send_flags: SendFlags::SOLICITED, ..SendWr::write(4, &sg, va, rkey) },
+            SendWr { send_flags: SendFlags::SOLICITED, ..SendWr::write(5, &sg, va, rkey) }
+                .with_imm(7),
+            SendWr::read(6, &sg, va, rkey),
+            SendWr::read(7, &unfit, va, rkey),
+            SendWr::fetch_add(8, &sg, va, rkey, 0x55),
+            SendWr::cmp_swap(9, &sg, va, rkey, 0x66, 0x77),
+        ];
+        for wr in &wrs {
+            let mut g = qp.inner.lock();
+            assert!(requester::post(qp, &mut g, wr, &qp.ctx.fabric).unwrap(), "{wr:?} queued");
+            let idx = g.sq.next;
+            let keys = qp.ctx.device.keys.read();
+            let (m, piece) = message(qp, &g, &keys, idx).expect("sent so");
+            let mut record = vec![0xa5; wire::REQUEST_HEAD + piece.len()];
+            wire::encode_request_head(&m, &mut record);
+            assert!(express::read_piece(piece, &mut record[wire::REQUEST_HEAD..]));
+            drop(keys);
+            let pkt = requester::build(qp, &mut g, idx).unwrap();
+            let mut bytes = Vec::new();
+            wire::encode(&pkt, &mut bytes).unwrap();
+            assert_eq!(record, bytes, "{wr:?}");
+            assert_eq!((m.psn, m.npkts), (pkt.psn, pkt.npkts));
+            g.sq.next = idx.wrapping_add(1);
+        }
+    }
 }

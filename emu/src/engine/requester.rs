@@ -548,7 +548,7 @@ fn local_op(qp: &QpShared, g: &QpInner, idx: u32) -> Result<(), WcStatus> {
 }
 
 /// Builds the request packet for the WQE at `idx` and assigns its PSNs.
-fn build(qp: &QpShared, g: &mut QpInner, idx: u32) -> Result<Packet, WcStatus> {
+pub(super) fn build(qp: &QpShared, g: &mut QpInner, idx: u32) -> Result<Packet, WcStatus> {
     let mtu = g.mtu;
     let wqe = g.sq.ring.at(idx);
     if wqe.length > g.port.max_msg_sz || (wqe.ud.is_some() && wqe.length > g.port.mtu) {
