@@ -411,9 +411,9 @@ pub(crate) const REQUEST_HEAD: usize = FIXED_HEAD;
 /// Writes the header of the message `m` (no GRH, no rkey to invalidate, no XRC SRQ) at the
 /// start of `out` (at least [`REQUEST_HEAD`] bytes), byte for byte as [`encode_head`] writes
 /// that of the packet the packet path makes for it (`requester::build` for a request,
-/// `responder::read_response` for a READ's response, `responder::atomic` for an atomic's): the short way (`engine::leaving`,
-/// `engine::arriving`) writes its record without a packet. (A test holds the two to the same
-/// bytes.)
+/// `responder::read_response` for a READ's response, `responder::atomic` for an atomic's):
+/// the short way (`engine::leaving`, `engine::arriving`) writes its record without a packet.
+/// (Tests hold the two to the same bytes.)
 pub(crate) fn encode_request_head(m: &crate::engine::arriving::Message, out: &mut [u8]) {
     use crate::engine::arriving::Op;
     let mut out = Cursor { buf: &mut out[..FIXED_HEAD], at: 0 };
