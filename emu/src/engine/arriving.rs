@@ -33,7 +33,7 @@ use std::sync::Arc;
 use super::{
     Driver, PSN_MASK, ack_route, completer,
     express::{self, Src},
-    packet::{Kind, Packet},
+    packet::Kind,
     psn_add,
     responder::{self, Arrival, Replay},
 };
@@ -253,9 +253,8 @@ pub(crate) fn read(
 }
 
 /// Executes the atomic request `m` on our QP `qp`, the QP it names, if it can (see the
-/// module's text), and answers it: in a record written straight to the requester's ring, or,
-/// if there is no room for that now, the general way (it is executed once). Whether it did;
-/// if not, nothing changed.
+/// module's text), and answers it (once executed, it is answered whatever the ring's room).
+/// Whether it did; if not, nothing changed.
 pub(crate) fn atomic(qp: &Arc<QpShared>, f: &FabricInner, m: &Message) -> bool {
     let Op::Atomic(a) = m.op else { return false };
     let Some((mut g, Some(node))) = taker(qp, f, m) else { return false };
@@ -280,17 +279,10 @@ pub(crate) fn atomic(qp: &Arc<QpShared>, f: &FabricInner, m: &Message) -> bool {
     g.resp.nak_seq_sent = false;
     responder::remember(&mut g, Replay::Atomic { psn: m.psn, orig });
     responder::advance_past(&mut g, m.psn, m.npkts);
-    let resp = answer(m, 1, 0, Op::AtomicAck(g.resp.msn, orig));
-    let fill = |d: &mut [u8]| {
-        wire::encode_request_head(&resp, d);
-        true
-    };
-    if !node.send_whole(m.src.2, wire::REQUEST_HEAD, fill) {
-        let mut p = Packet::new(Kind::AtomicAck);
-        ((p.src_dev, p.src_port, p.src_qpn), (p.dst_dev, p.dst_port, p.dst_qpn)) = (m.dst, m.src);
-        (p.psn, p.msn, p.orig, p.mtu) = (m.psn, g.resp.msn, orig, g.mtu);
-        node.send(&p);
-    }
+    // Written whole here: it goes the general way if the ring has no room for it now.
+    let mut resp = [0; wire::REQUEST_HEAD];
+    wire::encode_request_head(&answer(m, 1, 0, Op::AtomicAck(g.resp.msn, orig)), &mut resp);
+    node.send_bytes(m.src.2, &resp);
     true
 }
 

@@ -701,16 +701,20 @@ impl Node {
 
     /// Sends `ack` to the node of its destination QP, in its short form.
     pub(crate) fn send_ack(&self, ack: &wire::Ack) {
-        let dst_qpn = ack.dst.2;
+        self.send_bytes(ack.dst.2, &ack.encode());
+    }
+
+    /// Sends `bytes`, a whole message laid out, to the node of our peer QP `dst_qpn`: written
+    /// straight into one record where it can be (no fragments laid out), else the general
+    /// way, behind what waits.
+    pub(crate) fn send_bytes(&self, dst_qpn: u32, bytes: &[u8]) {
         let peer = self.peer(slot_of(dst_qpn));
-        // Written straight into its record where it can be, without fragments laid out.
-        let bytes = ack.encode();
         let fill = |d: &mut [u8]| {
-            d.copy_from_slice(&bytes);
+            d.copy_from_slice(bytes);
             true
         };
-        if !peer.send_whole(dst_qpn, wire::ACK_LEN, fill) {
-            peer.send(dst_qpn, &Encoded::ack(ack));
+        if !peer.send_whole(dst_qpn, bytes.len(), fill) {
+            peer.send(dst_qpn, &Encoded::bytes(bytes));
         }
         self.note_sent();
     }

@@ -69,7 +69,7 @@ pub(crate) struct Ack {
 }
 
 /// The bytes of an [`Ack`].
-pub(crate) const ACK_LEN: usize = 4 + 6 * 4;
+const ACK_LEN: usize = 4 + 6 * 4;
 
 impl Ack {
     pub(crate) fn encode(&self) -> [u8; ACK_LEN] {
@@ -212,11 +212,12 @@ const MAX_HEAD: usize = 146;
 
 /// A message's header: a packet's, encoded where the message is written (so sending a packet
 /// to another process neither allocates nor moves its bytes about), or bytes on the heap (a
-/// pulled payload's source ranges after the packet's header, a control or CM message).
+/// pulled payload's source ranges after the packet's header, a control or CM message), or a
+/// whole message laid out by the caller (an ACK's short form, a short way's record).
 enum Head<'a> {
     Packet(&'a Packet),
     Heap(Vec<u8>),
-    Ack([u8; ACK_LEN]),
+    Bytes(&'a [u8]),
 }
 
 /// Writes fields of known sizes into a packet's header.
@@ -238,7 +239,7 @@ impl Head<'_> {
         match self {
             Head::Packet(pkt) => head_len(pkt),
             Head::Heap(v) => v.len(),
-            Head::Ack(a) => a.len(),
+            Head::Bytes(b) => b.len(),
         }
     }
 }
@@ -269,8 +270,9 @@ impl<'a> Encoded<'a> {
         Encoded::new(Head::Heap(head), None)
     }
 
-    pub(crate) fn ack(ack: &Ack) -> Encoded<'static> {
-        Encoded::new(Head::Ack(ack.encode()), None)
+    /// A message the caller laid out whole.
+    pub(crate) fn bytes(bytes: &'a [u8]) -> Encoded<'a> {
+        Encoded::new(Head::Bytes(bytes), None)
     }
 
     pub(crate) fn control(c: Control) -> Encoded<'static> {
@@ -300,7 +302,7 @@ impl<'a> Encoded<'a> {
         let mut buf;
         let head: &[u8] = match &self.head {
             Head::Heap(v) => v,
-            Head::Ack(a) => a,
+            Head::Bytes(b) => b,
             // The whole header lands in `dst`: encoded there.
             Head::Packet(pkt) if from == 0 && dst.len() >= head_len(pkt) => {
                 let n = encode_head(pkt, false, dst);
@@ -343,7 +345,7 @@ impl Encoded<'_> {
         let mut at = match &self.head {
             Head::Packet(pkt) => encode_head(pkt, false, dst),
             Head::Heap(v) => copy_head(v, dst),
-            Head::Ack(a) => copy_head(a, dst),
+            Head::Bytes(b) => copy_head(b, dst),
         };
         for piece in self.payload.into_iter().flat_map(Payload::pieces) {
             let end = at + piece.len();
@@ -748,9 +750,7 @@ mod test {
         let mut full = Vec::new();
         encode(&p, &mut full).unwrap();
         let ack = Ack { src: (2, 1, 0x30007), dst: (5, 2, 0x10009), psn: 0xff_fffe, msn: 41 };
-        let e = Encoded::ack(&ack);
-        let mut short = vec![0; e.len()];
-        e.copy_to(0, &mut short).unwrap();
+        let short = ack.encode().to_vec();
         assert!(short.len() * 3 < full.len(), "{} against {}", short.len(), full.len());
         let decoded = |bytes: &[u8]| {
             let mut q = Packet::new(Kind::Send);
