@@ -1995,7 +1995,8 @@ impl Peer {
         }
     }
 
-    /// See [`Node::send_whole`].
+    /// See [`Node::send_whole`]. (Inline: each message sent so lays out its record in place.)
+    #[inline(always)]
     fn send_whole(
         self: &Arc<Self>,
         dst_qpn: u32,

@@ -128,15 +128,17 @@ pub(crate) fn peek_request(bytes: &[u8]) -> Option<(crate::engine::arriving::Mes
     let (dst_qpn, psn, npkts, imm) = (r.u32()?, r.u32()?, r.u32()?, r.u32()?);
     let (rkey, len, msn, _qkey, _xrc_srqn) = (r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?);
     let (src_lid, va) = (r.u16()?, r.u64()?);
-    let (swap_add, compare, orig) = (r.u64()?, r.u64()?, r.u64()?);
+    // An atomic's operands, or its answer's word: read only for those.
+    let mut words = || Some((r.u64()?, r.u64()?, r.u64()?));
     let payload = &bytes[FIXED_HEAD..];
     let (op, carried) = match kind_of(kind)? {
         Kind::Send => (Op::Send, len),
         Kind::Write => (Op::Write(va, rkey), len),
         Kind::ReadRequest => (Op::Read(va, rkey), 0),
         Kind::ReadResponse => (Op::ReadResponse(msn), len),
-        Kind::AtomicAck => (Op::AtomicAck(msn, orig), 0),
+        Kind::AtomicAck => (Op::AtomicAck(msn, words()?.2), 0),
         k => {
+            let (swap_add, compare, _) = words()?;
             let compare_swap = k == Kind::CompareSwap;
             (Op::Atomic(Atomic { compare_swap, va, rkey, swap_add, compare }), 0)
         }
