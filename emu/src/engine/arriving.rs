@@ -92,8 +92,9 @@ pub(crate) struct Message {
     pub(crate) op: Op,
 }
 
-/// The QP `qp` of `m`'s transport, locked, if it takes `m` as its next request now, with the
-/// node its ACK goes to (RC) — known before anything changes, so that nothing fails after.
+/// The QP `qp` of `m`'s transport, locked, if it takes `m` as its next request now and
+/// grants the access it asks for (a refused one is the packet path's to NAK), with the node
+/// its ACK or answer goes to (RC) — known before anything changes, so that nothing fails after.
 fn taker<'q, 'f>(
     qp: &'q Arc<QpShared>,
     f: &'f FabricInner,
@@ -106,8 +107,17 @@ fn taker<'q, 'f>(
         QpType::RC => Some(ack_route(f, m.dst, m.src)?),
         _ => f.express().then_some(None)?,
     };
+    let (kind, va) = match m.op {
+        Op::Write(va, _) => (Kind::Write, va),
+        Op::Read(va, _) => (Kind::ReadRequest, va),
+        Op::Atomic(a) if a.compare_swap => (Kind::CompareSwap, a.va),
+        Op::Atomic(a) => (Kind::FetchAdd, a.va),
+        _ => (Kind::Send, 0),
+    };
     let g = qp.inner.try_lock()?;
-    let next = express::takes(qp, &g, qp.qp_type, m.psn, m.dst.1) && g.sq.next == g.sq.head;
+    let next = express::takes(qp, &g, qp.qp_type, m.psn, m.dst.1)
+        && g.sq.next == g.sq.head
+        && !responder::refuses(&g, kind, m.len, va, 0);
     next.then_some((g, ack_to))
 }
 
@@ -161,9 +171,6 @@ pub(crate) fn write(
         return false;
     }
     let Some((mut g, ack_to)) = taker(qp, f, m) else { return false };
-    if responder::refuses(&g, Kind::Write, m.len, va, 0) {
-        return false;
-    }
     let keys = qp.ctx.device.keys.read();
     let Some(target) = express::remote(&keys, &qp.pd, (rkey, va, m.len), AccessFlags::REMOTE_WRITE)
     else {
@@ -217,9 +224,6 @@ pub(crate) fn read(
         return false;
     }
     let Some((mut g, Some(node))) = taker(qp, f, m) else { return false };
-    if responder::refuses(&g, Kind::ReadRequest, m.len, va, 0) {
-        return false;
-    }
     let keys = qp.ctx.device.keys.read();
     let Some(target) = express::remote(&keys, &qp.pd, (rkey, va, m.len), AccessFlags::REMOTE_READ)
     else {
@@ -259,9 +263,6 @@ pub(crate) fn atomic(qp: &Arc<QpShared>, f: &FabricInner, m: &Message) -> bool {
     let Op::Atomic(a) = m.op else { return false };
     let Some((mut g, Some(node))) = taker(qp, f, m) else { return false };
     let kind = if a.compare_swap { Kind::CompareSwap } else { Kind::FetchAdd };
-    if responder::refuses(&g, kind, 8, a.va, 0) {
-        return false;
-    }
     let keys = qp.ctx.device.keys.read();
     let Some(Some((region, off))) =
         express::remote(&keys, &qp.pd, (a.rkey, a.va, 8), AccessFlags::REMOTE_ATOMIC)
