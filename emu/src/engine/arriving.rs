@@ -75,6 +75,13 @@ pub(crate) struct Atomic {
     pub(crate) compare: u64,
 }
 
+impl Atomic {
+    /// Its packet kind.
+    pub(crate) fn kind(&self) -> Kind {
+        if self.compare_swap { Kind::CompareSwap } else { Kind::FetchAdd }
+    }
+}
+
 /// What the header of a SEND (with or without immediate), a WRITE, a READ or an atomic, or
 /// of a READ's or an atomic's response, says, read from its record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,8 +117,7 @@ fn taker<'q, 'f>(
     let (kind, va) = match m.op {
         Op::Write(va, _) => (Kind::Write, va),
         Op::Read(va, _) => (Kind::ReadRequest, va),
-        Op::Atomic(a) if a.compare_swap => (Kind::CompareSwap, a.va),
-        Op::Atomic(a) => (Kind::FetchAdd, a.va),
+        Op::Atomic(a) => (a.kind(), a.va),
         _ => (Kind::Send, 0),
     };
     let g = qp.inner.try_lock()?;
@@ -121,7 +127,8 @@ fn taker<'q, 'f>(
     next.then_some((g, ack_to))
 }
 
-/// The request `m` was executed: the next PSN expected, and its ACK (RC).
+/// The request `m` was executed: the next PSN expected, and its ACK if `ack_to` (a SEND's or
+/// WRITE's on RC; a READ's or atomic's answer acknowledges it).
 fn done(g: &mut QpInner, m: &Message, ack_to: Option<&Node>) {
     g.resp.nak_seq_sent = false;
     responder::advance_past(g, m.psn, m.npkts);
@@ -230,9 +237,8 @@ pub(crate) fn read(
         return false;
     };
     let executed = |g: &mut QpInner| {
-        g.resp.nak_seq_sent = false;
         responder::remember(g, Replay::read(m.psn, m.npkts, va, rkey, m.len));
-        responder::advance_past(g, m.psn, m.npkts);
+        done(g, m, None);
     };
     if begin() {
         executed(&mut g);
@@ -262,7 +268,6 @@ pub(crate) fn read(
 pub(crate) fn atomic(qp: &Arc<QpShared>, f: &FabricInner, m: &Message) -> bool {
     let Op::Atomic(a) = m.op else { return false };
     let Some((mut g, Some(node))) = taker(qp, f, m) else { return false };
-    let kind = if a.compare_swap { Kind::CompareSwap } else { Kind::FetchAdd };
     let keys = qp.ctx.device.keys.read();
     let Some(Some((region, off))) =
         express::remote(&keys, &qp.pd, (a.rkey, a.va, 8), AccessFlags::REMOTE_ATOMIC)
@@ -273,13 +278,12 @@ pub(crate) fn atomic(qp: &Arc<QpShared>, f: &FabricInner, m: &Message) -> bool {
     if region.host_addr().wrapping_add(off as u64) % 8 != 0 {
         return false;
     }
-    let Ok(orig) = responder::fetch_op(kind, a.compare, a.swap_add, region, off) else {
+    let Ok(orig) = responder::fetch_op(a.kind(), a.compare, a.swap_add, region, off) else {
         return false;
     };
     drop(keys);
-    g.resp.nak_seq_sent = false;
     responder::remember(&mut g, Replay::Atomic { psn: m.psn, orig });
-    responder::advance_past(&mut g, m.psn, m.npkts);
+    done(&mut g, m, None);
     // Written whole here: it goes the general way if the ring has no room for it now.
     let mut resp = [0; wire::REQUEST_HEAD];
     wire::encode_request_head(&answer(m, 1, 0, Op::AtomicAck(g.resp.msn, orig)), &mut resp);
@@ -316,13 +320,12 @@ pub(crate) fn read_response<'f>(
     payload: &[u8],
     drv: &mut Option<Driver<'f>>,
 ) -> bool {
-    if qp.qp_type != QpType::RC || m.transport != QpType::RC || !f.express() {
+    if m.transport != QpType::RC {
         return false;
     }
-    let Some(mut g) = qp.inner.try_lock() else { return false };
-    if g.state != QpState::RTS || !qp.inbox.is_empty() || g.sq.in_flight() == 0 {
+    let Some(mut g) = idle_requester(qp, f).filter(|g| g.sq.in_flight() > 0) else {
         return false;
-    }
+    };
     let placed = {
         let w = g.sq.ring.at(g.sq.tail);
         let word;
@@ -361,16 +364,23 @@ pub(crate) fn ack<'f>(
     a: &Ack,
     drv: &mut Option<Driver<'f>>,
 ) -> bool {
-    if qp.qp_type != QpType::RC || !f.express() {
-        return false;
-    }
-    let Some(mut g) = qp.inner.try_lock() else { return false };
-    if g.state != QpState::RTS || !qp.inbox.is_empty() {
-        return false;
-    }
+    let Some(mut g) = idle_requester(qp, f) else { return false };
     completer::ack_through(qp, &mut g, a.psn);
     go_on(qp, &mut g, f, drv);
     true
+}
+
+/// Our QP `qp`, locked, if it takes a response the short way now: an RC QP in RTS, nothing
+/// in its inbox, nothing that must see packets.
+fn idle_requester<'q>(
+    qp: &'q Arc<QpShared>,
+    f: &FabricInner,
+) -> Option<parking_lot::lock_api::MutexGuard<'q, RawLock, QpInner>> {
+    if qp.qp_type != QpType::RC || !f.express() {
+        return None;
+    }
+    let g = qp.inner.try_lock()?;
+    (g.state == QpState::RTS && qp.inbox.is_empty()).then_some(g)
 }
 
 /// After a response taken in the short way: the requester goes on through `drv` (made on

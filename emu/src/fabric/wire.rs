@@ -438,7 +438,7 @@ pub(crate) fn encode_request_head(m: &crate::engine::arriving::Message, out: &mu
         }
         Op::Atomic(a) => {
             (va, rkey, words) = (a.va, a.rkey, [a.swap_add, a.compare, 0]);
-            if a.compare_swap { Kind::CompareSwap } else { Kind::FetchAdd }
+            a.kind()
         }
         Op::AtomicAck(n, orig) => {
             (msn, words) = (n, [0, 0, orig]);
