@@ -635,3 +635,53 @@ pub(crate) fn shutdown_read(fd: RawFd) {
     // SAFETY: a plain system call on a descriptor; no memory is passed.
     unsafe { libc::shutdown(fd, libc::SHUT_RD) };
 }
+
+/// Starts a thread named `name` that runs `f`, and returns once it is running `f`: its stack,
+/// its alternate signal stack and its malloc arena are in place by then.
+///
+/// Some programs rewrite libc's code while they run: libfabric's memory hooks (on by default
+/// for its registration cache) patch `mmap`, `munmap`, `madvise` and `brk` in place, thirteen
+/// bytes at a time, assuming no other thread is inside them meanwhile — true of a real
+/// provider, whose library starts no threads. A thread of ours still starting as the program
+/// opened its domain (a starting thread maps and unmaps memory) returned from `munmap` into the
+/// half-written patch and crashed `fi_pingpong`. Settled before the call that started it
+/// returns, a thread of ours only maps memory as its work needs.
+pub(crate) fn spawn<F, T>(name: String, f: F) -> io::Result<std::thread::JoinHandle<T>>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    let (started, running) = std::sync::mpsc::sync_channel(1);
+    let thread = std::thread::Builder::new().name(name).spawn(move || {
+        // The first allocation attaches the thread to a malloc arena (mapping one if need be).
+        drop(std::hint::black_box(Box::new(0u64)));
+        let _ = started.send(());
+        f()
+    })?;
+    // Err only if the thread ended before it ran `f`, which nothing above lets it do.
+    let _ = running.recv();
+    Ok(thread)
+}
+
+#[cfg(test)]
+mod test {
+    /// The names of this process's threads, as the kernel has them.
+    fn thread_names() -> Vec<String> {
+        let tasks = std::fs::read_dir("/proc/self/task").unwrap();
+        let comm = |t: std::fs::DirEntry| std::fs::read_to_string(t.path().join("comm")).ok();
+        tasks.flatten().filter_map(comm).map(|n| n.trim_end().to_owned()).collect()
+    }
+
+    #[test]
+    fn a_spawned_thread_is_running_when_spawn_returns() {
+        for i in 0..20 {
+            let name = format!("rdma-emu-t{i}");
+            let (stop, stopped) = std::sync::mpsc::channel::<()>();
+            let t = super::spawn(name.clone(), move || stopped.recv().is_err()).unwrap();
+            // The thread names itself as it starts: named, it has started.
+            assert!(thread_names().contains(&name), "{name} not started yet");
+            drop(stop);
+            assert!(t.join().unwrap());
+        }
+    }
+}

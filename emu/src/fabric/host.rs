@@ -470,9 +470,7 @@ impl Node {
             gates,
         });
         let (reader, weak) = (inbound.clone(), fabric.clone());
-        std::thread::Builder::new()
-            .name(format!("rdma-emu-node{slot}"))
-            .spawn(move || read_loop(&reader, &weak))?;
+        crate::sys::spawn(format!("rdma-emu-node{slot}"), move || read_loop(&reader, &weak))?;
         let (peers, others) = (Default::default(), Mutex::default());
         let exports = Exports::create().ok();
         let (lag, sent) = (Mutex::default(), AtomicBool::new(false));
@@ -859,51 +857,50 @@ impl Node {
     /// however late this thread ran.
     fn spawn_watcher(&self, slot: u8) {
         let (dir, fabric) = (self.dir.clone(), self.fabric.clone());
-        let spawned =
-            std::thread::Builder::new().name(format!("rdma-emu-watch{slot}")).spawn(move || {
-                #[cfg(test)]
-                drop(test::WATCHERS_HELD[0].read());
-                let lock = dir.open_file(&lock_name(slot), false);
-                let gone = lock.as_ref().map_or(true, |f| f.lock_shared().is_ok());
-                #[cfg(test)]
-                drop(test::WATCHERS_HELD[1].read());
-                let Some(fabric) = fabric.upgrade() else { return };
-                if !gone {
-                    return;
+        let spawned = crate::sys::spawn(format!("rdma-emu-watch{slot}"), move || {
+            #[cfg(test)]
+            drop(test::WATCHERS_HELD[0].read());
+            let lock = dir.open_file(&lock_name(slot), false);
+            let gone = lock.as_ref().map_or(true, |f| f.lock_shared().is_ok());
+            #[cfg(test)]
+            drop(test::WATCHERS_HELD[1].read());
+            let Some(fabric) = fabric.upgrade() else { return };
+            if !gone {
+                return;
+            }
+            if let Some(node) = fabric.node.get() {
+                if let Some(p) = node.peers.lock().remove(&slot) {
+                    p.retire();
                 }
-                if let Some(node) = fabric.node.get() {
-                    if let Some(p) = node.peers.lock().remove(&slot) {
-                        p.retire();
-                    }
-                    // The kernel lets the lock go as the process exits, a moment before a
-                    // pidfd sees it exited: wait for that, so that its rings and exports count
-                    // as abandoned below (nothing else would let go of them).
-                    let rings: Vec<Arc<Ring>> = (node.inbound.rx.lock().rings.iter())
-                        .filter(|(s, _)| *s == slot)
-                        .map(|(_, r)| r.clone())
-                        .collect();
-                    for r in rings {
-                        r.wait_abandoned(GOING);
-                    }
-                    let process = node.inbound.peer_exports.lock().get(&slot).map(|e| e.1.clone());
-                    if let Some(p) = process {
-                        p.wait_exited(GOING);
-                    }
-                    // What it sent before it went (its last ACKs) is queued here: take it in
-                    // before judging what is still outstanding; then its ring can go.
-                    let mut rx = node.inbound.rx.lock();
-                    receive(&node.inbound, &mut rx, &fabric, true);
-                    rx.rings.retain(|(s, r)| *s != slot || !r.abandoned());
-                    node.inbound.has_rings.store(!rx.rings.is_empty(), Ordering::Release);
-                    node.inbound.gates.lock().retain(|r| !r.abandoned());
-                    let mut exports = node.inbound.peer_exports.lock();
-                    if exports.get(&slot).is_some_and(|(_, p)| p.exited()) {
-                        exports.remove(&slot);
-                    }
+                // The kernel lets the lock go as the process exits, a moment before a
+                // pidfd sees it exited: wait for that, so that its rings and exports count
+                // as abandoned below (nothing else would let go of them).
+                let rings: Vec<Arc<Ring>> = (node.inbound.rx.lock().rings.iter())
+                    .filter(|(s, _)| *s == slot)
+                    .map(|(_, r)| r.clone())
+                    .collect();
+                for r in rings {
+                    r.wait_abandoned(GOING);
                 }
-                peer_died(&fabric, slot);
-                drop(lock);
-            });
+                let process = node.inbound.peer_exports.lock().get(&slot).map(|e| e.1.clone());
+                if let Some(p) = process {
+                    p.wait_exited(GOING);
+                }
+                // What it sent before it went (its last ACKs) is queued here: take it in
+                // before judging what is still outstanding; then its ring can go.
+                let mut rx = node.inbound.rx.lock();
+                receive(&node.inbound, &mut rx, &fabric, true);
+                rx.rings.retain(|(s, r)| *s != slot || !r.abandoned());
+                node.inbound.has_rings.store(!rx.rings.is_empty(), Ordering::Release);
+                node.inbound.gates.lock().retain(|r| !r.abandoned());
+                let mut exports = node.inbound.peer_exports.lock();
+                if exports.get(&slot).is_some_and(|(_, p)| p.exited()) {
+                    exports.remove(&slot);
+                }
+            }
+            peer_died(&fabric, slot);
+            drop(lock);
+        });
         // Without the thread a dead peer is still noticed by the senders' retry timers.
         drop(spawned);
     }
@@ -1980,9 +1977,7 @@ impl Peer {
             if !tx.flusher_started {
                 tx.flusher_started = true;
                 let me = self.clone();
-                let spawned = std::thread::Builder::new()
-                    .name("rdma-emu-flush".into())
-                    .spawn(move || me.flush_loop());
+                let spawned = crate::sys::spawn("rdma-emu-flush".into(), move || me.flush_loop());
                 if spawned.is_err() {
                     // No thread to push it: the backlog is lost, as on a congested wire.
                     tx.backlog.clear();

@@ -198,14 +198,13 @@ impl Timer {
         if !st.started {
             st.started = true;
             let (shared, fabric) = (self.shared.clone(), self.fabric.clone());
-            let spawned =
-                std::thread::Builder::new().name("rdma-emu-timer".into()).spawn(move || {
-                    if shared.virtual_now.is_some() {
-                        watch_idle(&shared, &fabric)
-                    } else {
-                        run(&shared, &fabric)
-                    }
-                });
+            let spawned = crate::sys::spawn("rdma-emu-timer".into(), move || {
+                if shared.virtual_now.is_some() {
+                    watch_idle(&shared, &fabric)
+                } else {
+                    run(&shared, &fabric)
+                }
+            });
             spawned.expect("spawn the rdma-emu timer thread");
         }
         drop(st);

@@ -161,9 +161,7 @@ impl WirePorts {
             .iter()
             .map(|p| {
                 let (port, fabric) = (p.clone(), fabric.clone());
-                std::thread::Builder::new()
-                    .name("rdma-emu-wire".into())
-                    .spawn(move || port.receive(&fabric))
+                crate::sys::spawn("rdma-emu-wire".into(), move || port.receive(&fabric))
                     .map_err(|_| Error::new(Errno::ENOMEM, "cannot start a wire port's thread"))
             })
             .collect::<Result<Vec<_>>>()?;
