@@ -127,20 +127,57 @@ fn taker<'q, 'f>(
     next.then_some((g, ack_to))
 }
 
-/// The request `m` was executed: the next PSN expected, and its ACK if `ack_to` (a SEND's or
-/// WRITE's on RC; a READ's or atomic's answer acknowledges it).
-fn done(g: &mut QpInner, m: &Message, ack_to: Option<&Node>) {
+/// The ACK owed for the SENDs and WRITEs a batch of records took in, to the node `to`: one
+/// for a run of them between one pair of QPs, sent when the batch takes in anything else or
+/// ends ([`OwedAck::pay`]). An ACK acknowledges every PSN up to its own, so the run's last one
+/// stands for all (the packet path's requester takes a run of ACKs so too).
+#[derive(Debug)]
+pub(crate) struct OwedAck<'f> {
+    to: &'f Node,
+    ack: Ack,
+}
+
+impl OwedAck<'_> {
+    /// Sends the ACK owed, if any.
+    #[inline]
+    pub(crate) fn pay(owed: &mut Option<OwedAck<'_>>) {
+        if let Some(o) = owed.take() {
+            o.to.send_ack(&o.ack);
+        }
+    }
+}
+
+/// The request `m` was executed: the next PSN expected, and its ACK owed if `ack_to` (a
+/// SEND's or WRITE's on RC; a READ's or atomic's answer acknowledges it), replacing one owed
+/// between the same QPs (which it acknowledges too) or paying one owed between others first.
+fn done<'f>(
+    g: &mut QpInner,
+    m: &Message,
+    ack_to: Option<&'f Node>,
+    owed: &mut Option<OwedAck<'f>>,
+) {
     g.resp.nak_seq_sent = false;
     responder::advance_past(g, m.psn, m.npkts);
-    if let Some(node) = ack_to {
+    if let Some(to) = ack_to {
         let psn = psn_add(m.psn, m.npkts - 1);
-        node.send_ack(&Ack { src: m.dst, dst: m.src, psn, msn: g.resp.msn });
+        let ack = Ack { src: m.dst, dst: m.src, psn, msn: g.resp.msn };
+        if owed.as_ref().is_some_and(|o| (o.ack.src, o.ack.dst) != (ack.src, ack.dst)) {
+            OwedAck::pay(owed);
+        }
+        *owed = Some(OwedAck { to, ack });
     }
 }
 
 /// Takes the SEND `m` (its `payload` the record's bytes) into our QP `qp`, the QP it names, if
-/// it can (see the module's text). Whether it did; if not, nothing changed.
-pub(crate) fn send(qp: &Arc<QpShared>, f: &FabricInner, m: &Message, payload: &[u8]) -> bool {
+/// it can (see the module's text), its ACK left `owed` (see [`OwedAck`]). Whether it did; if
+/// not, nothing changed.
+pub(crate) fn send<'f>(
+    qp: &Arc<QpShared>,
+    f: &'f FabricInner,
+    m: &Message,
+    payload: &[u8],
+    owed: &mut Option<OwedAck<'f>>,
+) -> bool {
     if qp.srq.as_ref().is_some_and(|s| s.tm.is_some()) {
         return false;
     }
@@ -157,21 +194,23 @@ pub(crate) fn send(qp: &Arc<QpShared>, f: &FabricInner, m: &Message, payload: &[
     let arrival =
         Arrival { len: m.len, imm: m.imm, inv: None, src_lid: m.src_lid, solicited: m.solicited };
     responder::complete_arrival(qp, &mut g, &arrival, WcOpcode::RECV, wr_id);
-    done(&mut g, m, ack_to);
+    done(&mut g, m, ack_to, owed);
     true
 }
 
 /// Takes the WRITE `m` (its `payload` the record's bytes) into our QP `qp`, the QP it names,
-/// if it can (see the module's text); `begin` begins the record's request: whether its sender
-/// carried it out already. With immediate, it consumes a receive, which completes with the
-/// length written (its buffer untouched). Whether it did; if not, nothing changed but the
-/// record begun, which the packet path then finds begun.
-pub(crate) fn write(
+/// if it can (see the module's text), its ACK left `owed` (see [`OwedAck`]); `begin` begins
+/// the record's request: whether its sender carried it out already. With immediate, it
+/// consumes a receive, which completes with the length written (its buffer untouched).
+/// Whether it did; if not, nothing changed but the record begun, which the packet path then
+/// finds begun.
+pub(crate) fn write<'f>(
     qp: &Arc<QpShared>,
-    f: &FabricInner,
+    f: &'f FabricInner,
     m: &Message,
     payload: &[u8],
     begin: impl FnOnce() -> bool,
+    owed: &mut Option<OwedAck<'f>>,
 ) -> bool {
     let Op::Write(va, rkey) = m.op else { return false };
     if m.imm.is_some() && qp.srq.as_ref().is_some_and(|s| s.tm.is_some()) {
@@ -208,7 +247,7 @@ pub(crate) fn write(
         responder::complete_arrival(qp, &mut g, &arrival, WcOpcode::RECV_RDMA_WITH_IMM, wr_id);
     }
     drop(keys);
-    done(&mut g, m, ack_to);
+    done(&mut g, m, ack_to, owed);
     true
 }
 
@@ -238,7 +277,7 @@ pub(crate) fn read(
     };
     let executed = |g: &mut QpInner| {
         responder::remember(g, Replay::read(m.psn, m.npkts, va, rkey, m.len));
-        done(g, m, None);
+        done(g, m, None, &mut None);
     };
     if begin() {
         executed(&mut g);
@@ -283,7 +322,7 @@ pub(crate) fn atomic(qp: &Arc<QpShared>, f: &FabricInner, m: &Message) -> bool {
     };
     drop(keys);
     responder::remember(&mut g, Replay::Atomic { psn: m.psn, orig });
-    done(&mut g, m, None);
+    done(&mut g, m, None, &mut None);
     // Written whole here: it goes the general way if the ring has no room for it now.
     let mut resp = [0; wire::REQUEST_HEAD];
     wire::encode_request_head(&answer(m, 1, 0, Op::AtomicAck(g.resp.msn, orig)), &mut resp);

@@ -54,6 +54,7 @@ use super::{
 use crate::{
     engine::{
         self, Driver,
+        arriving::OwedAck,
         landing::Landing,
         packet::{Bytes, Kind, Packet, Payload},
     },
@@ -1230,6 +1231,7 @@ fn receive_marked(inbound: &Inbound, rx: &mut Rx, fabric: &FabricInner, socket: 
         let read = ring.read(|rec| batch.take(fabric, partial, Arrived::record(*slot, rec)));
         read.map_err(|_| Drops::count(&inbound.drops.malformed)).is_ok()
     });
+    OwedAck::pay(&mut batch.owed);
     inbound.has_rings.store(!rings.is_empty(), Ordering::Release);
     let took = batch.took;
     let delivering = batch.holds_any();
@@ -1350,6 +1352,9 @@ struct Batch<'a> {
     took: bool,
     /// The driver of the QPs serviced as their packets were taken in, if any was.
     drv: Option<Driver<'a>>,
+    /// The ACK owed for the last SENDs or WRITEs taken in (paid before anything else is taken
+    /// in, and at the end).
+    owed: Option<OwedAck<'a>>,
 }
 
 impl<'a> Batch<'a> {
@@ -1384,13 +1389,22 @@ impl<'a> Batch<'a> {
                 (dev, qpn) == (qp.device_index(), qp.qpn) && fabric.port_up(dev, port)
             };
             let took = if let Some(ack) = wire::Ack::peek(bytes) {
+                OwedAck::pay(&mut self.owed);
                 ours(ack.dst) && engine::arriving::ack(qp, fabric, &ack, &mut self.drv)
             } else if let Some((m, payload)) = wire::peek_request(bytes) {
                 use engine::arriving::{self as arriving, Op};
+                // A SEND or WRITE taken in leaves its ACK owed; anything else comes after
+                // what is owed.
+                if !matches!(m.op, Op::Send | Op::Write(..)) {
+                    OwedAck::pay(&mut self.owed);
+                }
+                let owed = &mut self.owed;
                 ours(m.dst)
                     && match m.op {
-                        Op::Send => arriving::send(qp, fabric, &m, payload),
-                        Op::Write(..) => arriving::write(qp, fabric, &m, payload, || rec.begin()),
+                        Op::Send => arriving::send(qp, fabric, &m, payload, owed),
+                        Op::Write(..) => {
+                            arriving::write(qp, fabric, &m, payload, || rec.begin(), owed)
+                        }
                         Op::Read(..) => arriving::read(qp, fabric, &m, || rec.begin()),
                         Op::Atomic(_) => arriving::atomic(qp, fabric, &m),
                         Op::ReadResponse(_) | Op::AtomicAck(..) => {
@@ -1404,6 +1418,7 @@ impl<'a> Batch<'a> {
                 return;
             }
         }
+        OwedAck::pay(&mut self.owed);
         // The packet is built here and moved once, into its QP's inbox.
         let mut pkt = Packet::new(Kind::Ack);
         let got = match a {
@@ -2562,6 +2577,45 @@ mod test {
             assert!(got[8..].iter().all(|&x| x == 0), "{ty:?}: a WRITE carried out landed again");
             talk_and_part((a, fa), (b, fb), &dir);
         }
+    }
+
+    /// A run of SENDs that the peer takes in at once is acknowledged by one ACK, the last
+    /// one's, which covers the run: the requester takes one record in for all of them, and
+    /// every SEND completes on both sides, in order, its bytes where its receive put them.
+    #[test]
+    fn test_a_run_of_sends_taken_in_at_once_is_acknowledged_once() {
+        let (dir, cfg) = host_dir("owed");
+        let (fa, fb) = (Fabric::new(cfg.clone()), Fabric::new(cfg));
+        let (a, b) = (end_on(&fa), end_on(&fb));
+        connected(&a, &b);
+        // The first exchange passes the rings.
+        a.send(&b, 1);
+        b.send(&a, 2);
+        const RUN: u64 = 12;
+        let at = |e: &End, i: u64| Sge { addr: e.mr.addr() + 8 * i, length: 8, lkey: e.mr.lkey() };
+        for i in 0..RUN {
+            b.qp.post_recv(&RecvWr { wr_id: i, sg_list: &[at(&b, i)] }).unwrap();
+            a.mr.write(8 * i as usize, &(i + 100).to_le_bytes()).unwrap();
+        }
+        let heard = || a.qp.0.heard.load(Ordering::Relaxed);
+        let before = heard();
+        // The peer takes nothing in until the whole run waits in its ring.
+        let held = fb.0.node.get().unwrap().inbound.rx.lock();
+        for i in 0..RUN {
+            a.qp.post_send(&SendWr::send(i, &[at(&a, i)]).signaled()).unwrap();
+        }
+        drop(held);
+        for i in 0..RUN {
+            let wc = a.next();
+            assert_eq!((wc.wr_id, wc.status), (i, WcStatus::SUCCESS));
+            let wc = b.next();
+            assert_eq!((wc.wr_id, wc.status, wc.byte_len), (i, WcStatus::SUCCESS, 8));
+            let mut got = [0u8; 8];
+            b.mr.read(8 * i as usize, &mut got).unwrap();
+            assert_eq!(u64::from_le_bytes(got), i + 100);
+        }
+        assert_eq!(heard() - before, 1, "records the requester took in for the run");
+        talk_and_part((a, fa), (b, fb), &dir);
     }
 
     #[test]
