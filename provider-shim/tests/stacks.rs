@@ -135,18 +135,29 @@ fn qperf_event_mode_tests_all_complete() {
 
 /// Compiles `tests/mpi/verify.c` with Debian's `mpicc` (libopenmpi-dev).
 fn mpi_verify_program() -> std::path::PathBuf {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let out_dir = common::profile_dir().join("c-tests");
-    std::fs::create_dir_all(&out_dir).unwrap();
-    let exe = out_dir.join("mpi-verify");
-    let cc = Command::new("mpicc")
-        .args(["-std=gnu11", "-O1", "-Wall", "-Werror", "-o"])
-        .arg(&exe)
-        .arg(dir.join("tests/mpi/verify.c"))
-        .output()
-        .expect("mpicc is missing: install Debian's libopenmpi-dev (./ci.sh does)");
-    assert!(cc.status.success(), "mpicc: {}", String::from_utf8_lossy(&cc.stderr));
-    exe
+    // Built once per run of these tests, which run in parallel: built again under a test
+    // already starting it, the program was missing for a moment and mpirun could not start it.
+    static EXE: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    EXE.get_or_init(|| {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let out_dir = common::profile_dir().join("c-tests");
+        std::fs::create_dir_all(&out_dir).unwrap();
+        let (exe, built) = (
+            out_dir.join("mpi-verify"),
+            out_dir.join(format!("mpi-verify.{}", std::process::id())),
+        );
+        let cc = Command::new("mpicc")
+            .args(["-std=gnu11", "-O1", "-Wall", "-Werror", "-o"])
+            .arg(&built)
+            .arg(dir.join("tests/mpi/verify.c"))
+            .output()
+            .expect("mpicc is missing: install Debian's libopenmpi-dev (./ci.sh does)");
+        assert!(cc.status.success(), "mpicc: {}", String::from_utf8_lossy(&cc.stderr));
+        // In place at once for whoever else runs it (another run of these tests, say).
+        std::fs::rename(&built, &exe).unwrap();
+        exe
+    })
+    .clone()
 }
 
 /// How a run of the verifying MPI program ended, both ranks having verified their results.
