@@ -94,7 +94,8 @@ pub(crate) fn post(
     length: u32,
     f: &FabricInner,
 ) -> bool {
-    if g.sq.head != g.sq.tail || g.req.rnr_until.is_some() {
+    // A peer in another process (see `Lane::prove`) is not executed against from here.
+    if g.lane_across || g.sq.head != g.sq.tail || g.req.rnr_until.is_some() {
         return false;
     }
     let req = Request::of_wr(wr, length);
@@ -108,7 +109,7 @@ pub(crate) fn post(
 
 /// Executes the WQE at `idx` (the next to send) if the express path can; whether it did.
 pub(crate) fn from_queue(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, drv: &Driver<'_>) -> bool {
-    if g.sq.in_flight() != 0 {
+    if g.lane_across || g.sq.in_flight() != 0 {
         return false;
     }
     let wqe = g.sq.ring.at_mut(idx);

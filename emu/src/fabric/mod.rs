@@ -320,8 +320,15 @@ impl FabricInner {
     pub(crate) fn port_up(&self, dev: u32, port: u8) -> bool {
         // Beyond a wire port the network is assumed up; the wire port itself is checked as
         // the packet's other end.
-        dev == wire_port::WIRE_DEV
-            || self.devices.get(dev as usize).is_some_and(|d| Device::port_up(d, port))
+        if dev == wire_port::WIRE_DEV {
+            return true;
+        }
+        let Some(d) = self.devices.get(dev as usize) else { return false };
+        // With no port down anywhere, a port that exists is up (no look at its own state).
+        if self.ports_down.load(std::sync::atomic::Ordering::Acquire) == 0 {
+            return port >= 1 && usize::from(port) <= d.ports.len();
+        }
+        Device::port_up(d, port)
     }
 
     /// Called by a thread that found nothing to do (an empty CQ): moves inbound host-fabric
