@@ -3,18 +3,18 @@
 //! is not here; and the responses to ours.
 //!
 //! Through the packet path such a SEND is decoded into a packet, its payload copied out of the
-//! record, the packet handed to the responder, which copies the payload again into the receive
-//! WQE and sends the ACK. Here the record's header is read where it lies, the payload copied
-//! once, from the record into the WQE's buffer, and the ACK written in its short form. It is
-//! taken so only where the responder would do exactly that: an RC or UC QP of the SEND's
-//! transport, idle (its lock free, nothing in its inbox, nothing unsent on its send queue), the
-//! SEND the next it expects, a receive posted whose SGEs hold it, no tag matching, and nothing
-//! that must see packets (fault rules, a packet trace). Everything is checked before anything
-//! changes; anything else goes the packet path untouched, which gives it its RNR, its NAK, its
-//! error completion and its events. A WRITE is taken so when its rkey names an MR of the QP's
-//! PD (not a window, not on-demand memory) that grants the remote write and holds its range,
-//! and, with immediate, a receive is posted (no tag matching); its record is begun only then,
-//! right before its copy, as the packet path begins it (its sender may have carried it out
+//! record, the packet handed to the responder, which copies the payload again into the receive WQE
+//! and sends the ACK. Here the record's header is read where it lies, the payload copied once, from
+//! the record into the WQE's buffer, and the ACK written in its short form (one for a run of them
+//! taken in at once: [`OwedAck`]). It is taken so only where the responder would do exactly that:
+//! an RC or UC QP of the SEND's transport, idle (its lock free, nothing in its inbox, nothing
+//! unsent on its send queue), the SEND the next it expects, a receive posted whose SGEs hold it, no
+//! tag matching, and nothing that must see packets (fault rules, a packet trace). Everything is
+//! checked before anything changes; anything else goes the packet path untouched, which gives it
+//! its RNR, its NAK, its error completion and its events. A WRITE is taken so when its rkey names
+//! an MR of the QP's PD (not a window, not on-demand memory) that grants the remote write and holds
+//! its range, and, with immediate, a receive is posted (no tag matching); its record is begun only
+//! then, right before its copy, as the packet path begins it (its sender may have carried it out
 //! meanwhile: then it is only accounted for, as there).
 //!
 //! A READ request (of up to 1 KiB) is taken so when its rkey names such an MR granting the
@@ -128,16 +128,23 @@ fn taker<'q, 'f>(
 }
 
 /// The ACK owed for the SENDs and WRITEs a batch of records took in, to the node `to`: one
-/// for a run of them between one pair of QPs, sent when the batch takes in anything else or
-/// ends ([`OwedAck::pay`]). An ACK acknowledges every PSN up to its own, so the run's last one
-/// stands for all (the packet path's requester takes a run of ACKs so too).
+/// for a run of them between one pair of QPs (of at most [`OwedAck::RUN`]), sent when the
+/// batch takes in anything else or ends ([`OwedAck::pay`]). An ACK acknowledges every PSN up
+/// to its own, so the run's last one stands for all (the packet path's requester takes a run
+/// of ACKs so too).
 #[derive(Debug)]
 pub(crate) struct OwedAck<'f> {
     to: &'f Node,
     ack: Ack,
+    /// The messages it acknowledges.
+    run: u32,
 }
 
 impl OwedAck<'_> {
+    /// The most messages one ACK owed acknowledges: a long batch (a ring full of small
+    /// messages) still acknowledges as it goes, well inside any requester's ACK timeout.
+    pub(crate) const RUN: u32 = 64;
+
     /// Sends the ACK owed, if any.
     #[inline]
     pub(crate) fn pay(owed: &mut Option<OwedAck<'_>>) {
@@ -161,10 +168,16 @@ fn done<'f>(
     if let Some(to) = ack_to {
         let psn = psn_add(m.psn, m.npkts - 1);
         let ack = Ack { src: m.dst, dst: m.src, psn, msn: g.resp.msn };
-        if owed.as_ref().is_some_and(|o| (o.ack.src, o.ack.dst) != (ack.src, ack.dst)) {
-            OwedAck::pay(owed);
-        }
-        *owed = Some(OwedAck { to, ack });
+        let run = match owed {
+            Some(o) if (o.ack.src, o.ack.dst) == (ack.src, ack.dst) && o.run < OwedAck::RUN => {
+                o.run + 1
+            }
+            _ => {
+                OwedAck::pay(owed);
+                1
+            }
+        };
+        *owed = Some(OwedAck { to, ack, run });
     }
 }
 

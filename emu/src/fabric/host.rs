@@ -2579,19 +2579,36 @@ mod test {
         }
     }
 
-    /// A run of SENDs that the peer takes in at once is acknowledged by one ACK, the last
-    /// one's, which covers the run: the requester takes one record in for all of them, and
-    /// every SEND completes on both sides, in order, its bytes where its receive put them.
+    /// A run of SENDs that the peer takes in at once is acknowledged by one ACK per
+    /// `OwedAck::RUN` of them, the last one's, which covers the ones before: the requester takes
+    /// that many records in for the run, and every SEND completes on both sides, in order, its
+    /// bytes where its receive put them.
     #[test]
-    fn test_a_run_of_sends_taken_in_at_once_is_acknowledged_once() {
+    fn test_a_run_of_sends_taken_in_at_once_is_acknowledged_once_per_run() {
+        // Queues deep enough for a run that takes two ACKs.
+        const RUN: u64 = 70;
+        let end = |f: &Fabric| {
+            let ctx = f.devices()[0].open().unwrap();
+            let pd = ctx.alloc_pd().unwrap();
+            let cq = ctx.create_cq(256, None, 0).unwrap();
+            let mr = pd.reg_mr(4096, crate::AccessFlags::LOCAL_WRITE).unwrap();
+            let cap = crate::QpCap {
+                max_send_wr: 128,
+                max_recv_wr: 128,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            };
+            let qp = pd.create_qp(&crate::QpInitAttr::new(crate::QpType::RC, &cq, cap)).unwrap();
+            End { qp, mr, cq }
+        };
         let (dir, cfg) = host_dir("owed");
         let (fa, fb) = (Fabric::new(cfg.clone()), Fabric::new(cfg));
-        let (a, b) = (end_on(&fa), end_on(&fb));
+        let (a, b) = (end(&fa), end(&fb));
         connected(&a, &b);
         // The first exchange passes the rings.
         a.send(&b, 1);
         b.send(&a, 2);
-        const RUN: u64 = 12;
         let at = |e: &End, i: u64| Sge { addr: e.mr.addr() + 8 * i, length: 8, lkey: e.mr.lkey() };
         for i in 0..RUN {
             b.qp.post_recv(&RecvWr { wr_id: i, sg_list: &[at(&b, i)] }).unwrap();
@@ -2614,7 +2631,8 @@ mod test {
             b.mr.read(8 * i as usize, &mut got).unwrap();
             assert_eq!(u64::from_le_bytes(got), i + 100);
         }
-        assert_eq!(heard() - before, 1, "records the requester took in for the run");
+        let acks = RUN.div_ceil(u64::from(engine::arriving::OwedAck::RUN));
+        assert_eq!(heard() - before, acks, "records the requester took in for the run");
         talk_and_part((a, fa), (b, fb), &dir);
     }
 
