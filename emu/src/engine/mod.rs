@@ -250,6 +250,11 @@ impl<'f> Driver<'f> {
     /// Services every QP that has packets until none has, then arms timers.
     pub(crate) fn finish(mut self) {
         self.run_out();
+        // Run out, its lists are empty: unless one spilled to the heap, there is nothing to
+        // drop (the drop glue of the two lists cost ~60 instructions a work request).
+        if !self.ready.spilled() && !self.check_timers.spilled() {
+            std::mem::forget(self);
+        }
     }
 
     /// [`Driver::finish`], where the driver is (a driver moved is a copy of its lists).

@@ -1568,7 +1568,9 @@ impl<'a> Batch<'a> {
         for pkt in self.xrc.drain(..) {
             engine::xrc::deliver(fabric, pkt, drv);
         }
-        drv.run_out();
+        if let Some(drv) = self.drv.take() {
+            drv.finish();
+        }
     }
 }
 
