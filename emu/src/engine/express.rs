@@ -151,11 +151,8 @@ fn execute(
     wqe: &Request<'_>,
     f: &FabricInner,
 ) -> Option<(u32, u32)> {
-    if !matches!(qp.qp_type, QpType::RC | QpType::UC)
-        || g.state != QpState::RTS
-        || g.lane_across
-        || !f.express()
-    {
+    // (A peer in another process, `g.lane_across`, its callers have turned away.)
+    if !matches!(qp.qp_type, QpType::RC | QpType::UC) || g.state != QpState::RTS || !f.express() {
         return None;
     }
     let lane = match g.lane.take() {
