@@ -77,6 +77,7 @@ mod objects;
 pub mod profile;
 pub mod qp;
 pub mod rsocket;
+mod shared_mem;
 pub mod sync;
 mod sys;
 mod types;

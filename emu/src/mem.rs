@@ -24,6 +24,10 @@ use std::{
     },
 };
 
+use parking_lot::Mutex;
+
+use crate::shared_mem::{SharedMem, SharedView};
+
 /// A range of host memory that may be read and written through the checked functions below.
 pub(crate) struct MemRegion {
     /// Start of the range. Valid for reads and writes of `len` bytes while `self` lives
@@ -36,6 +40,9 @@ pub(crate) struct MemRegion {
     _parent: Option<Arc<MemRegion>>,
     /// The file mapping the region lies in (a dma-buf MR), unmapped with it.
     _mapping: Option<crate::sys::FileMapping>,
+    /// The shared memory its pages were moved into (see [`crate::shared_mem`]): payloads
+    /// pulled from there name it, for the receiver to copy from its view.
+    shared: Option<Arc<SharedMem>>,
     /// An on-demand paging MR's memory: nothing is promised mapped, so every access first
     /// faults its pages in (as the device's page-fault handling does) and fails cleanly
     /// where they cannot be. With a NULL `base` the region is the whole address space
@@ -78,12 +85,71 @@ pub(crate) struct PeerProcess {
     /// Stands for that very process: once it exits, its number may name another process, so
     /// each read is checked against it.
     pidfd: OwnedFd,
+    /// Its memory moved into shared memory that it passed us, mapped (see
+    /// [`crate::shared_mem`]).
+    views: Mutex<Vec<Arc<SharedView>>>,
+    /// A message named shared memory of its that had no view here yet: the datagram that
+    /// passes it waits on the socket (see `fabric::host::read_loop`).
+    missed_view: std::sync::atomic::AtomicBool,
 }
+
+/// Views of one process's shared memory kept at most (beyond them, its payloads are pulled).
+const MAX_VIEWS: usize = 256;
 
 impl PeerProcess {
     /// The process `pid` as it is now; fails if it is gone or this kernel has no pidfds.
     pub(crate) fn open(pid: u32) -> std::io::Result<PeerProcess> {
-        Ok(PeerProcess { pid, pidfd: crate::sys::pidfd_open(pid)? })
+        let pidfd = crate::sys::pidfd_open(pid)?;
+        Ok(PeerProcess { pid, pidfd, views: Mutex::default(), missed_view: Default::default() })
+    }
+
+    /// Keeps `view` of its memory, in place of an older one of the same name (and of the
+    /// oldest, when it has many).
+    pub(crate) fn add_view(&self, view: SharedView) {
+        let mut views = self.views.lock();
+        views.retain(|v| v.id() != view.id());
+        if views.len() >= MAX_VIEWS {
+            views.remove(0);
+        }
+        views.push(Arc::new(view));
+    }
+
+    /// Lets the view of its memory named `id` go: the memory moved back.
+    pub(crate) fn drop_view(&self, id: u32) {
+        self.views.lock().retain(|v| v.id() != id);
+    }
+
+    /// The view of its shared memory named `id`, if it holds `addr..addr+len`.
+    pub(crate) fn view(&self, id: u32, addr: u64, len: usize) -> Option<Arc<SharedView>> {
+        let views = self.views.lock();
+        let view = views.iter().find(|v| v.id() == id).cloned();
+        if view.is_none() {
+            self.missed_view.store(true, Ordering::Relaxed);
+        }
+        view.filter(|v| v.covers(addr, len))
+    }
+
+    /// How many views of its memory are kept (for tests).
+    #[cfg(test)]
+    pub(crate) fn view_count(&self) -> usize {
+        self.views.lock().len()
+    }
+
+    /// How many copies were made from its views of its memory (for tests).
+    #[cfg(test)]
+    pub(crate) fn view_copies(&self) -> u64 {
+        self.views.lock().iter().map(|v| v.copies()).sum()
+    }
+
+    /// Whether a message named shared memory of its with no view here, and nobody asked
+    /// [`PeerProcess::missed_view`] since.
+    pub(crate) fn wants_view(&self) -> bool {
+        self.missed_view.load(Ordering::Relaxed)
+    }
+
+    /// Whether a message named shared memory of its with no view here, since last asked.
+    pub(crate) fn missed_view(&self) -> bool {
+        self.missed_view.load(Ordering::Relaxed) && self.missed_view.swap(false, Ordering::Relaxed)
     }
 
     pub(crate) fn pid(&self) -> u32 {
@@ -168,13 +234,36 @@ pub(crate) struct PeerRange {
     pub(crate) from: Arc<PeerProcess>,
     pub(crate) addr: u64,
     pub(crate) len: usize,
+    /// The name of its process's shared memory that holds it (0: none; see
+    /// [`crate::shared_mem`]).
+    pub(crate) shared: u32,
+    /// That shared memory, mapped here when the message was taken in: copied from there, not
+    /// pulled.
+    pub(crate) view: Option<Arc<SharedView>>,
 }
 
 impl PeerRange {
+    /// Its shared memory mapped here, if it is: mapped when the message was taken in, or
+    /// since (its descriptor may arrive after the message).
+    fn view(&self) -> Option<std::borrow::Cow<'_, Arc<SharedView>>> {
+        match &self.view {
+            Some(v) => Some(std::borrow::Cow::Borrowed(v)),
+            None if self.shared != 0 => {
+                self.from.view(self.shared, self.addr, self.len).map(std::borrow::Cow::Owned)
+            }
+            None => None,
+        }
+    }
+
     /// Copies its bytes from `off` into `dst`.
     pub(crate) fn read(&self, off: usize, dst: &mut [u8]) -> Result<(), MemFault> {
         if off.checked_add(dst.len()).is_none_or(|end| end > self.len) {
             return Err(MemFault::OutOfBounds);
+        }
+        if let Some(v) = self.view().as_deref()
+            && v.read(self.addr.wrapping_add(off as u64), dst)
+        {
+            return Ok(());
         }
         self.from.pull(self.addr.wrapping_add(off as u64), dst.as_mut_ptr(), dst.len())
     }
@@ -214,6 +303,7 @@ impl MemRegion {
             _owned: None,
             _parent: None,
             _mapping: None,
+            shared: None,
             on_demand: false,
             guarded: true,
         }
@@ -232,6 +322,7 @@ impl MemRegion {
             _owned: Some(store),
             _parent: None,
             _mapping: None,
+            shared: None,
             on_demand: false,
             guarded: false,
         }
@@ -249,6 +340,7 @@ impl MemRegion {
             _owned: None,
             _parent: Some(parent.clone()),
             _mapping: None,
+            shared: None,
             on_demand: false,
             guarded: parent.guarded,
         })
@@ -272,6 +364,7 @@ impl MemRegion {
             _owned: None,
             _parent: None,
             _mapping: Some(mapping),
+            shared: None,
             on_demand: false,
             guarded: true,
         })
@@ -305,14 +398,26 @@ impl MemRegion {
         }
     }
 
-    /// The host address of the first byte.
     /// Whether an access may fault (on-demand paging): only then can a checked access fail.
     pub(crate) fn on_demand(&self) -> bool {
         self.on_demand
     }
 
+    /// The host address of the first byte.
     pub(crate) fn host_addr(&self) -> u64 {
         self.base as u64
+    }
+
+    /// Marks the region's memory as (partly) moved into `shared`.
+    pub(crate) fn set_shared(&mut self, shared: Arc<SharedMem>) {
+        self.shared = Some(shared);
+    }
+
+    /// The shared memory that holds bytes `off..off+len` of the region, if its pages were
+    /// moved there.
+    pub(crate) fn shared_for(&self, off: usize, len: usize) -> Option<&Arc<SharedMem>> {
+        let s = self.shared.as_ref()?;
+        s.covers(self.host_addr().checked_add(off as u64)?, len).then_some(s)
     }
 
     fn check(&self, off: usize, len: usize) -> Result<*mut u8, MemFault> {
@@ -368,8 +473,16 @@ impl MemRegion {
         if src_off.checked_add(len).is_none_or(|end| end > src.len) {
             return Err(MemFault::OutOfBounds);
         }
+        let addr = src.addr.wrapping_add(src_off as u64);
+        if let Some(view) = src.view()
+            && let Some(s) = view.at(addr, len)
+        {
+            // A view's bytes are always there while it lives (see `SharedView`); `check`
+            // proved d..d+len lies in the region.
+            return move_bytes(s, d, len, self.guarded);
+        }
         // `check` proved d..d+len lies in the region, valid for writes.
-        src.from.pull(src.addr.wrapping_add(src_off as u64), d, len)
+        src.from.pull(addr, d, len)
     }
 
     /// Copies `len` bytes from `src` at `src_off` to `dst` at `dst_off`. The two regions may

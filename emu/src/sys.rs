@@ -308,6 +308,7 @@ pub(crate) struct Stat {
     pub(crate) mode: u32,
     pub(crate) mtime: (i64, i64),
     pub(crate) ino: u64,
+    pub(crate) size: u64,
 }
 
 pub(crate) fn fstat(fd: RawFd) -> io::Result<Stat> {
@@ -318,7 +319,7 @@ pub(crate) fn fstat(fd: RawFd) -> io::Result<Stat> {
         return Err(io::Error::last_os_error());
     }
     let mtime = (st.st_mtime, st.st_mtime_nsec);
-    Ok(Stat { uid: st.st_uid, mode: st.st_mode, mtime, ino: st.st_ino })
+    Ok(Stat { uid: st.st_uid, mode: st.st_mode, mtime, ino: st.st_ino, size: st.st_size as u64 })
 }
 
 /// Opens the directory `name` in the directory `at` (or the root, for `None`) without

@@ -77,6 +77,11 @@ pub(super) const RING: u8 = 4;
 pub(super) const BELL: u8 = 8;
 /// A datagram that carries the descriptor of the sender's exports (see `exports`).
 pub(super) const EXPORTS: u8 = 16;
+/// A datagram that carries the descriptor of the sender's memory moved into shared memory
+/// (see `crate::shared_mem`): its name, address and length follow the header.
+pub(super) const SHARED: u8 = 32;
+/// A datagram that says the sender's shared memory named after the header moved back.
+pub(super) const RETIRED: u8 = 64;
 /// Bytes of records per ring (one per ordered pair of nodes that talk): small enough to stay
 /// in the caches as messages stream through (a ring of 4 MiB or more moves a third as fast
 /// here), large enough to hold a 1 MiB message whole while the next one is written.
@@ -668,7 +673,16 @@ impl Node {
             && wire::pullable(pkt)
             && peer.better_pulled(msg.len(), replying, self.pull_min)
             && self.reliable(pkt.src_qpn);
-        let msg = if pull { Encoded::pulled(pkt) } else { msg };
+        let msg = if pull {
+            for m in pkt.payload.ranges() {
+                if let Some(shared) = m.region.shared_for(m.offset, m.len) {
+                    peer.offer_shared(shared);
+                }
+            }
+            Encoded::pulled(pkt)
+        } else {
+            msg
+        };
         peer.send(pkt.dst_qpn, &msg);
         self.note_sent();
     }
@@ -1106,8 +1120,10 @@ fn read_loop(inbound: &Inbound, fabric: &Weak<FabricInner>) {
     // round was an allocation per message whenever no application thread polled), and emptied
     // before the reader sleeps: a dead peer's ring must not outlive its watcher's cleanup.
     let mut rings: Vec<Arc<Ring>> = Vec::new();
+    // A message named shared memory not mapped here yet: look at the socket next round.
+    let mut look = false;
     loop {
-        let socket = streaming.is_multiple_of(16);
+        let socket = std::mem::take(&mut look) || streaming.is_multiple_of(16);
         if socket {
             let woke = crate::sys::wait_readable(inbound.sock.as_raw_fd(), nap);
             inbound.napping.store(false, Ordering::SeqCst);
@@ -1144,6 +1160,8 @@ fn read_loop(inbound: &Inbound, fabric: &Weak<FabricInner>) {
         rings.clear();
         rings.extend(rx.rings.iter().map(|(_, r)| r.clone()));
         drop(rx);
+        look = rings.iter().any(|r| r.sender().is_some_and(|p| p.wants_view()));
+
         let spun = came && !woke && busy_wait(&rings, &inbound.quit);
         // Then ask for doorbells, and sleep unless something came meanwhile.
         let waiting = !spun && rings.iter().fold(false, |w, r| r.arm() | w);
@@ -1231,6 +1249,13 @@ fn receive_marked(inbound: &Inbound, rx: &mut Rx, fabric: &FabricInner, socket: 
         let read = ring.read(|rec| batch.take(fabric, partial, Arrived::record(*slot, rec)));
         read.map_err(|_| Drops::count(&inbound.drops.malformed)).is_ok()
     });
+    if socket && rings.iter().any(|(_, r)| r.sender().is_some_and(|p| p.missed_view())) {
+        // A message named a peer's shared memory that is not mapped here yet: the datagram
+        // that passes it waits on the socket, and is taken before the message is delivered.
+        // (Only where the socket is read anyway: a doorbell taken by a thread that does not
+        // go on to read the rings would leave the sleeping reader unwoken.)
+        take_datagrams(inbound, buf, rings, &mut |a| batch.take(fabric, partial, a));
+    }
     OwedAck::pay(&mut batch.owed);
     inbound.has_rings.store(!rings.is_empty(), Ordering::Release);
     let took = batch.took;
@@ -1294,7 +1319,32 @@ fn take_datagrams(
                     _ => Drops::count(&inbound.drops.rings),
                 }
             }
-            (Some(&[_, flags]), _) if flags & (RING | BELL | EXPORTS) != 0 => {}
+            (Some(&[src, flags]), Some(fd)) if flags & SHARED != 0 => {
+                // Mapped for the sender of the ring from that node, if it is the process
+                // that passed it: its payloads name it (and are pulled until it is mapped).
+                let ring = rings.iter().find(|(s, _)| *s == src).map(|(_, r)| r);
+                let from = ring.and_then(|r| r.sender()).filter(|p| p.pid() == cred.pid);
+                let view = d.get(HEADER..HEADER + 20).and_then(|b| {
+                    let id = u32::from_le_bytes(b[..4].try_into().ok()?);
+                    let base = u64::from_le_bytes(b[4..12].try_into().ok()?);
+                    let len = usize::try_from(u64::from_le_bytes(b[12..].try_into().ok()?)).ok()?;
+                    crate::shared_mem::SharedView::open(&fd, id, base, len).ok()
+                });
+                match (from, view) {
+                    (Some(from), Some(view)) => from.add_view(view),
+                    _ => Drops::count(&inbound.drops.rings),
+                }
+            }
+            (Some(&[src, flags]), _) if flags & RETIRED != 0 => {
+                let ring = rings.iter().find(|(s, _)| *s == src).map(|(_, r)| r);
+                let from = ring.and_then(|r| r.sender()).filter(|p| p.pid() == cred.pid);
+                let id =
+                    d.get(HEADER..HEADER + 4).map(|b| u32::from_le_bytes(b.try_into().unwrap()));
+                if let (Some(from), Some(id)) = (from, id) {
+                    from.drop_view(id);
+                }
+            }
+            (Some(&[_, flags]), _) if flags & (RING | BELL | EXPORTS | SHARED) != 0 => {}
             (Some(&[src, _]), _) => take(Arrived::Datagram(d, Source { slot: src, pid: cred.pid })),
             _ => Drops::count(&inbound.drops.malformed),
         }
@@ -1879,11 +1929,26 @@ struct PeerTx {
     ring: Option<Arc<Ring>>,
     ring_tried: bool,
     exports_offered: bool,
+    /// The names of our shared memory passed to the peer (see `Peer::offer_shared`).
+    shared_offered: Vec<u32>,
     /// Fragments the peer had no room for, framed, in order.
     backlog: VecDeque<Vec<u8>>,
     /// The flusher took a fragment off the backlog and is sending it: later ones must queue.
     flushing: bool,
     flusher_started: bool,
+}
+
+impl crate::shared_mem::Holder for Peer {
+    /// Tells the peer, if it was passed the memory, that it may let its view go (once: a
+    /// datagram lost to a full socket leaves the view until the peer drops it for another).
+    fn retired(&self, id: u32) {
+        let mut tx = self.tx.lock();
+        let Some(i) = tx.shared_offered.iter().position(|&o| o == id) else { return };
+        tx.shared_offered.swap_remove(i);
+        if let Some(s) = tx.sock.as_ref() {
+            let _ = s.send(&frame(self.src, RETIRED, 0, 0, 0, &id.to_le_bytes()));
+        }
+    }
 }
 
 /// What a non-blocking send came to.
@@ -2134,16 +2199,52 @@ impl Peer {
         }
     }
 
+    /// Passes the peer our memory moved into `shared`, once, after our ring (it maps the
+    /// memory for the ring's sender).
+    fn offer_shared(self: &Arc<Self>, shared: &crate::shared_mem::SharedMem) {
+        let mut tx = self.tx.lock();
+        if !tx.ring_tried {
+            // The ring first, so that the peer maps the memory before the first message
+            // from there arrives (see `Peer::send`).
+            tx.ring_tried = true;
+            tx.ring = self.offer_ring(&mut tx.sock).map(Arc::new);
+        }
+        if tx.ring.is_none() || tx.shared_offered.contains(&shared.id()) {
+            return;
+        }
+        let (base, len) = shared.range();
+        let mut body = [0u8; 20];
+        body[..4].copy_from_slice(&shared.id().to_le_bytes());
+        body[4..12].copy_from_slice(&base.to_le_bytes());
+        body[12..].copy_from_slice(&(len as u64).to_le_bytes());
+        let d = frame(self.src, SHARED, 0, 0, 0, &body);
+        if self.pass_framed(&mut tx.sock, &d, shared.fd().as_raw_fd()) {
+            tx.shared_offered.push(shared.id());
+            drop(tx);
+            let me: Arc<dyn crate::shared_mem::Holder> = self.clone();
+            shared.passed_to(Arc::downgrade(&me));
+        }
+    }
+
     /// Passes the descriptor `fd` in a datagram of kind `flag`; whether it went. The peer's
     /// socket may be briefly full: it is retried for up to 100 ms.
     fn pass(&self, sock: &mut Option<UnixDatagram>, flag: u8, fd: std::os::fd::RawFd) -> bool {
-        let d = frame(self.src, flag, 0, 0, 0, &[]);
+        self.pass_framed(sock, &frame(self.src, flag, 0, 0, 0, &[]), fd)
+    }
+
+    /// Passes the descriptor `fd` with the datagram `d`, as [`Peer::pass`].
+    fn pass_framed(
+        &self,
+        sock: &mut Option<UnixDatagram>,
+        d: &[u8],
+        fd: std::os::fd::RawFd,
+    ) -> bool {
         for _ in 0..100 {
             if sock.is_none() {
                 *sock = connect(&self.path, true).ok();
             }
             let Some(s) = sock.as_ref() else { return false };
-            match crate::sys::send_with_fd(s.as_raw_fd(), &d, fd) {
+            match crate::sys::send_with_fd(s.as_raw_fd(), d, fd) {
                 Ok(()) => return true,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     std::thread::sleep(Duration::from_millis(1));
@@ -2635,6 +2736,89 @@ mod test {
         }
         let acks = RUN.div_ceil(u64::from(engine::arriving::OwedAck::RUN));
         assert_eq!(heard() - before, acks, "records the requester took in for the run");
+        talk_and_part((a, fa), (b, fb), &dir);
+    }
+
+    /// Large payloads from registered memory that moved into shared memory (see
+    /// `crate::shared_mem`) are copied by the receiving node from its view of that memory,
+    /// not pulled: a WRITE and a SEND from the requester's memory and a READ of the
+    /// responder's land byte for byte, through the views each node maps of the other's.
+    #[test]
+    #[allow(unsafe_code)] // application memory, registered as C registers it
+    fn test_large_payloads_are_copied_from_the_peers_shared_memory() {
+        const LEN: usize = 256 * 1024;
+        let (dir, cfg) = host_dir("shared-mr");
+        let (fa, fb) = (Fabric::new(cfg.clone()), Fabric::new(cfg));
+        let (a, b) = (end_on(&fa), end_on(&fb));
+        connected(&a, &b);
+        a.send(&b, 1);
+        b.send(&a, 2);
+        let raw = |e: &End, seed: u8| {
+            let (rw, anon) =
+                (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS);
+            // SAFETY: a fresh anonymous mapping, left mapped for the test's life.
+            let p = unsafe { libc::mmap(std::ptr::null_mut(), LEN, rw, anon, -1, 0) }.cast::<u8>();
+            assert_ne!(p.cast(), libc::MAP_FAILED);
+            // SAFETY: `p` is LEN bytes of ours.
+            let bytes = unsafe { std::slice::from_raw_parts_mut(p, LEN) };
+            bytes.iter_mut().enumerate().for_each(|(i, b)| *b = (i % 253) as u8 ^ seed);
+            // SAFETY: the mapping outlives the MR (never unmapped).
+            let mem = unsafe { crate::RawMemory::new(p, LEN) };
+            let all = crate::AccessFlags::LOCAL_WRITE
+                | crate::AccessFlags::REMOTE_WRITE
+                | crate::AccessFlags::REMOTE_READ;
+            (e.mr.pd().reg_mr_raw(mem, p as u64, all).unwrap(), bytes)
+        };
+        let ((ma, bytes_a), (mb, bytes_b)) = (raw(&a, 0x11), raw(&b, 0x22));
+        let expect = |seed: u8, from: usize, i: usize| ((from + i) % 253) as u8 ^ seed;
+        let sge = |m: &crate::Mr, off: u64, len: usize| Sge {
+            addr: m.addr() + off,
+            length: len as u32,
+            lkey: m.lkey(),
+        };
+        // A WRITE of A's bytes 4096.. to B's 0..
+        let n = 100_000;
+        let piece = [sge(&ma, 4096, n)];
+        let wr = SendWr::write(7, &piece, mb.addr(), mb.rkey()).signaled();
+        a.qp.post_send(&wr).unwrap();
+        assert_eq!(a.next().status, WcStatus::SUCCESS);
+        assert!((0..n).all(|i| bytes_b[i] == expect(0x11, 4096, i)), "the WRITE");
+        // A READ by A of B's bytes 8192.. into A's 0..
+        let piece = [sge(&ma, 0, n - 8192)];
+        let wr = SendWr::read(8, &piece, mb.addr() + 8192, mb.rkey()).signaled();
+        a.qp.post_send(&wr).unwrap();
+        assert_eq!(a.next().status, WcStatus::SUCCESS);
+        // (B's bytes 8192..n are A's bytes 4096+8192.. as the WRITE put them.)
+        assert!((0..n - 8192).all(|i| bytes_a[i] == expect(0x11, 4096 + 8192, i)), "the READ");
+        // A SEND of A's bytes 200_000.. into B's 131_072..
+        let m = LEN - 200_000;
+        let into = [sge(&mb, 131_072, m)];
+        b.qp.post_recv(&RecvWr { wr_id: 9, sg_list: &into }).unwrap();
+        let piece = [sge(&ma, 200_000, m)];
+        a.qp.post_send(&SendWr::send(9, &piece).signaled()).unwrap();
+        assert_eq!(a.next().status, WcStatus::SUCCESS);
+        let wc = b.next();
+        assert_eq!((wc.wr_id, wc.status, wc.byte_len as usize), (9, WcStatus::SUCCESS, m));
+        assert!((0..m).all(|i| bytes_b[131_072 + i] == expect(0x11, 200_000, i)), "the SEND");
+        // Each node copied from its view of the other's memory.
+        let copied = |f: &Fabric| {
+            let rx = f.0.node.get().unwrap().inbound.rx.lock();
+            rx.rings.iter().filter_map(|(_, r)| r.sender()).map(|p| p.view_copies()).sum::<u64>()
+        };
+        assert!(copied(&fb) >= 2, "B copied the WRITE and the SEND from its view");
+        assert!(copied(&fa) >= 1, "A copied the READ's response from its view");
+        // Deregistered, the memory moves back, and each node lets its view of the other's go.
+        let views = |f: &Fabric| {
+            let rx = f.0.node.get().unwrap().inbound.rx.lock();
+            rx.rings.iter().filter_map(|(_, r)| r.sender()).map(|p| p.view_count()).sum::<usize>()
+        };
+        assert_eq!((views(&fa), views(&fb)), (1, 1));
+        drop((ma, mb));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while views(&fa) + views(&fb) > 0 {
+            assert!(Instant::now() < deadline, "views kept");
+            std::thread::sleep(Duration::from_millis(1));
+        }
         talk_and_part((a, fa), (b, fb), &dir);
     }
 

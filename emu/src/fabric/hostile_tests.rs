@@ -17,7 +17,7 @@ use std::{
 };
 
 use super::{
-    host::{FIRST, LAST, RING, frame, sock_name},
+    host::{FIRST, LAST, RING, SHARED, frame, sock_name},
     ring::Ring,
     wire::Encoded,
 };
@@ -142,11 +142,11 @@ fn pulled(v: &Victim, pid: u32, addr: u64, len: usize) -> Vec<u8> {
     let region = Arc::new(MemRegion::owned(len));
     let pkt = v.send(Payload::One(MemRef { region, offset: 0, len }));
     let mut d = framed(&pkt, &Encoded::pulled(&pkt));
-    // The message ends with the process, the count of ranges, and each range's address and
-    // length: name whatever process and address we like.
+    // The message ends with the process, the count of ranges, and each range's address,
+    // length and shared memory: name whatever process and address we like.
     let n = d.len();
-    d[n - 24..n - 20].copy_from_slice(&pid.to_le_bytes());
-    d[n - 16..n - 8].copy_from_slice(&addr.to_le_bytes());
+    d[n - 28..n - 24].copy_from_slice(&pid.to_le_bytes());
+    d[n - 20..n - 12].copy_from_slice(&addr.to_le_bytes());
     d
 }
 
@@ -249,8 +249,8 @@ fn hostile_child() {
         let pkt = send(Payload::One(MemRef { region, offset: 0, len: mine.len() }));
         let mut d = framed(&pkt, &Encoded::pulled(&pkt));
         let n = d.len();
-        d[n - 24..n - 20].copy_from_slice(&pid.to_le_bytes());
-        d[n - 16..n - 8].copy_from_slice(&addr.to_le_bytes());
+        d[n - 28..n - 24].copy_from_slice(&pid.to_le_bytes());
+        d[n - 20..n - 12].copy_from_slice(&addr.to_le_bytes());
         let w = ring.write(d.len(), |b| {
             b.copy_from_slice(&d);
             true
@@ -291,6 +291,39 @@ fn test_a_payload_is_read_only_from_the_process_that_sent_it() {
     assert!(!all.windows(12).any(|w| w == &secret[..12]), "the secret never reached the MR");
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// Shared memory offered by a peer is mapped only when its file can never fault a read of it
+/// (sealed against shrinking) and is the size the peer says.
+#[test]
+fn test_shared_memory_that_could_fault_its_reader_is_refused() {
+    let v = Victim::new("shared");
+    let sock = UnixDatagram::unbound().unwrap();
+    sock.connect(v.sock()).unwrap();
+    let ring = Ring::create(1 << 16).unwrap();
+    crate::sys::send_with_fd(sock.as_raw_fd(), &frame(LIAR, RING, 0, 0, 0, &[]), ring.fd())
+        .unwrap();
+    let offer = |fd: &OwnedFd, len: u64| {
+        let mut body = [0u8; 20];
+        body[..4].copy_from_slice(&1u32.to_le_bytes());
+        body[4..12].copy_from_slice(&0x10_0000u64.to_le_bytes());
+        body[12..].copy_from_slice(&len.to_le_bytes());
+        let d = frame(LIAR, SHARED, 0, 0, 0, &body);
+        crate::sys::send_with_fd(sock.as_raw_fd(), &d, fd.as_raw_fd()).unwrap();
+    };
+    let unsealed = crate::sys::memfd_unsealed(c"hostile", 1 << 16).unwrap();
+    offer(&unsealed, 1 << 16);
+    v.until(|d| d.rings == 1);
+    let sealed = crate::sys::memfd(c"hostile", 1 << 16).unwrap();
+    offer(&sealed, 1 << 20);
+    v.until(|d| d.rings == 2);
+    // The same file offered as what it is is taken (it is no drop), before what follows.
+    offer(&sealed, 1 << 16);
+    let d = v.bytes(b"still up");
+    sock.send(&d).unwrap();
+    let wc = v.completion().expect("the victim lives on and still takes messages");
+    assert_eq!((wc.status, wc.byte_len), (WcStatus::SUCCESS, 40 + 8));
+    assert_eq!(v.drops().rings, 2);
 }
 
 #[test]

@@ -83,6 +83,12 @@ pub struct FabricConfig {
     /// kernel does (`ENOMEM` past it without `CAP_IPC_LOCK`; see `objects::pinned`). On by
     /// default; `RDMA_EMU_MEMLOCK=off` turns it off.
     pub memlock: bool,
+    /// On the host fabric, the whole pages of application memory an MR of 64 KiB or more
+    /// spans move into shared memory at the same addresses when it is registered (back at
+    /// deregistration, and in a child after `fork`), so that a process pulling a payload from
+    /// there copies it with `memcpy` rather than `process_vm_readv` (see
+    /// `crate::shared_mem`). On by default; `RDMA_EMU_SHARE_MR=0` leaves memory where it is.
+    pub share_mr: bool,
     /// Wire ports: each binds its device's port to a local IP address (which joins the port's
     /// GID table) and sends and takes RoCE v2 on that address's UDP port 4791 for whatever the
     /// fabric does not reach itself (see docs/wire.md). Needs Ethernet ports. Empty by
@@ -106,6 +112,7 @@ impl Default for FabricConfig {
             express: true,
             host_pull_min: host::PULL_MIN,
             memlock: true,
+            share_mr: true,
             wire: Vec::new(),
         }
     }
@@ -180,6 +187,7 @@ impl FabricConfig {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(host::PULL_MIN),
             memlock: var("RDMA_EMU_MEMLOCK").is_none_or(|v| v != "off" && v != "0"),
+            share_mr: var("RDMA_EMU_SHARE_MR").is_none_or(|v| v != "off" && v != "0"),
             host,
             ..Default::default()
         }
@@ -226,6 +234,9 @@ pub(crate) struct FabricInner {
     pub(crate) ports_down: std::sync::atomic::AtomicU32,
     /// See [`FabricConfig::memlock`].
     pub(crate) memlock: bool,
+    /// Whether registered memory moves into shared memory ([`FabricConfig::share_mr`] on a
+    /// host fabric).
+    pub(crate) share_mr: bool,
     /// The wire ports (see [`FabricConfig::wire`]), set once they are bound.
     pub(crate) wire: OnceLock<wire_port::WirePorts>,
     this: Weak<FabricInner>,
@@ -615,6 +626,7 @@ impl Fabric {
             express: cfg.express.into(),
             ports_down: Default::default(),
             memlock: cfg.memlock,
+            share_mr: cfg.share_mr && cfg.host.is_some(),
             wire: OnceLock::new(),
             this: this.clone(),
         }));

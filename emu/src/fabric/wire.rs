@@ -13,7 +13,7 @@ use crate::{
 };
 
 /// Bumped whenever the layout below changes; a mismatching packet is dropped.
-const VERSION: u8 = 4;
+const VERSION: u8 = 5;
 /// First byte of a control message (see [`Control`]).
 const CONTROL: u8 = 0x81;
 /// First byte of a connection manager message (its bytes are the CM's business).
@@ -261,13 +261,17 @@ impl<'a> Encoded<'a> {
     pub(crate) fn pulled(pkt: &'a Packet) -> Encoded<'a> {
         let ranges = pkt.payload.ranges();
         let mut head = vec![0; head_len(pkt)];
-        head.reserve(8 + 16 * ranges.len());
+        head.reserve(8 + PULLED_RANGE * ranges.len());
         encode_head(pkt, true, &mut head);
         head.extend_from_slice(&std::process::id().to_le_bytes());
         head.extend_from_slice(&(ranges.len() as u32).to_le_bytes());
         for m in ranges {
+            // The shared memory the range lies in, if any (0: none), for a receiver that
+            // maps it to copy from there (see `crate::shared_mem`).
+            let shared = m.region.shared_for(m.offset, m.len).map_or(0, |s| s.id());
             head.extend_from_slice(&(m.region.host_addr() + m.offset as u64).to_le_bytes());
             head.extend_from_slice(&(m.len as u64).to_le_bytes());
+            head.extend_from_slice(&shared.to_le_bytes());
         }
         Encoded::new(Head::Heap(head), None)
     }
@@ -627,15 +631,21 @@ pub(crate) fn decode_head(
     let (range, pulled) = decode_fields(bytes, p).ok_or(Refused::Malformed)?;
     if let Some((pid, ranges)) = pulled {
         let from = from.filter(|f| f.pid() == pid).ok_or(Refused::Pull)?;
-        let ranges =
-            ranges.into_iter().map(|(addr, len)| PeerRange { from: from.clone(), addr, len });
+        let ranges = ranges.into_iter().map(|(addr, len, shared)| {
+            let view = (shared != 0).then(|| from.view(shared, addr, len)).flatten();
+            PeerRange { from: from.clone(), addr, len, shared, view }
+        });
         p.payload = Payload::Peer(ranges.collect());
     }
     Ok(range)
 }
 
-/// The source ranges of a pulled payload, with the process the message says they are in.
-type Pulled = (u32, Vec<(u64, usize)>);
+/// The source ranges of a pulled payload (address, length, shared memory), with the process
+/// the message says they are in.
+type Pulled = (u32, Vec<(u64, usize, u32)>);
+
+/// Bytes per source range of a pulled payload: its address, length and shared memory.
+const PULLED_RANGE: usize = 8 + 8 + 4;
 
 #[inline(always)]
 fn decode_fields(bytes: &[u8], p: &mut Packet) -> Option<(Option<Range<usize>>, Option<Pulled>)> {
@@ -690,8 +700,8 @@ fn decode_fields(bytes: &[u8], p: &mut Packet) -> Option<(Option<Range<usize>>, 
             return None;
         }
         let ranges = (0..n).map(|_| {
-            let (addr, len) = (r.u64()?, r.u64()?);
-            Some((addr, usize::try_from(len).ok()?))
+            let (addr, len, shared) = (r.u64()?, r.u64()?, r.u32()?);
+            Some((addr, usize::try_from(len).ok()?, shared))
         });
         return Some((None, Some((pid, ranges.collect::<Option<_>>()?))));
     }

@@ -19,6 +19,7 @@ use crate::{
     error::{Errno, Error, Result, einval},
     mem::{MemRegion, RawMemory},
     profile::Profile,
+    shared_mem::Lease,
     types::AccessFlags,
 };
 
@@ -62,6 +63,9 @@ pub(crate) struct MrShared {
     dm: Option<Arc<DmInner>>,
     /// The locked-memory pages its application memory holds charged.
     charge: Mutex<Charge>,
+    /// The shared memory its application memory was moved into (see `crate::shared_mem`),
+    /// given back with the registration.
+    lease: Mutex<Option<Lease>>,
 }
 
 impl MrShared {
@@ -71,6 +75,7 @@ impl MrShared {
         cur.pd.ctx.fabric.withdraw_mr(self.dev.id.index, cur.rkey);
         keys.remove(self.key);
         drop(std::mem::take(&mut *self.charge.lock()));
+        drop(self.lease.lock().take());
         self.cur.read().pd.life.put();
         if let Some(dm) = &self.dm {
             dm.life.put();
@@ -241,6 +246,17 @@ fn pin(region: &MemRegion, access: AccessFlags) -> Result<()> {
     }
 }
 
+/// Moves the application memory of `region` into shared memory where the fabric's peers
+/// read it (see `crate::shared_mem`); what the MR then holds.
+fn share(fabric: &crate::fabric::FabricInner, region: &mut MemRegion) -> Option<Lease> {
+    if !fabric.share_mr || region.len() < crate::shared_mem::MIN_BYTES {
+        return None;
+    }
+    let lease = crate::shared_mem::adopt(region.host_addr(), region.len())?;
+    region.set_shared(lease.shared().clone());
+    Some(lease)
+}
+
 /// The locked-memory charge of registering `region` in `pd` (see `pinned`).
 fn charged(pd: &Pd, region: &MemRegion) -> Result<Charge> {
     charged_to(&pd.0.ctx.fabric, region)
@@ -267,11 +283,13 @@ impl Mr {
         // On-demand paging pins nothing: pages are faulted in as the device touches them.
         let on_demand = access.contains(AccessFlags::ON_DEMAND);
         let region = if on_demand && dm.is_none() { region.into_on_demand() } else { region };
-        let charge = if app_memory && !on_demand {
+        let mut region = region;
+        let (charge, lease) = if app_memory && !on_demand {
             pin(&region, access)?;
-            charged(pd, &region)?
+            let charge = charged(pd, &region)?;
+            (charge, share(&pd.0.ctx.fabric, &mut region))
         } else {
-            Charge::default()
+            (Charge::default(), None)
         };
         let dev = pd.0.ctx.device.clone();
         let iova = effective_iova(dev.profile, access, iova);
@@ -317,8 +335,9 @@ impl Mr {
         let made = made.expect("filled by insert");
         pd.0.ctx.fabric.export_mr(dev.id.index, &made);
         let cur = RwLock::new(made);
-        let charge = Mutex::new(charge);
-        Ok(Mr(Arc::new(MrShared { dev, key, cur, life: Lifecycle::default(), dm, charge })))
+        let (charge, lease) = (Mutex::new(charge), Mutex::new(lease));
+        let life = Lifecycle::default();
+        Ok(Mr(Arc::new(MrShared { dev, key, cur, life, dm, charge, lease })))
     }
 
     pub(crate) fn register_owned(pd: &Pd, len: usize, access: AccessFlags) -> Result<Mr> {
@@ -455,17 +474,18 @@ impl Mr {
         }
         let access = what.access.unwrap_or(old.access);
         check_access(self.0.dev.profile, access)?;
-        let mut charge = None;
+        let (mut charge, mut lease) = (None, None);
         let (region, iova) = match what.translation {
             Some(_) if self.0.dm.is_some() => return Err(einval("a device memory MR")),
             Some(_) if old.windows.load(Ordering::Acquire) > 0 => {
                 return Err(einval("memory windows are bound to the MR"));
             }
-            Some((mem, iova)) => {
+            Some((mut mem, iova)) => {
                 check_range(mem.0.len(), iova, false)?;
                 pin(&mem.0, access)?;
                 let pd = what.pd.map_or(&old.pd, |p| &p.0);
                 charge = Some(charged_to(&pd.ctx.fabric, &mem.0)?);
+                lease = Some(share(&pd.ctx.fabric, &mut mem.0));
                 (Arc::new(mem.0), effective_iova(self.0.dev.profile, access, iova))
             }
             None => {
@@ -507,6 +527,10 @@ impl Mr {
         if let Some(c) = charge {
             // The old pages are given back as the new ones stay charged.
             *self.0.charge.lock() = c;
+        }
+        if let Some(l) = lease {
+            // The old memory moves back (unless another MR holds it).
+            *self.0.lease.lock() = l;
         }
         Ok(())
     }

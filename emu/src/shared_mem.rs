@@ -1,0 +1,596 @@
+//! Registered memory moved into shared memory, so that a peer process reads it with one
+//! `memcpy` instead of `process_vm_readv` (which copies ~3.5x slower here: 13 against 47 GB/s
+//! for 1 MiB).
+//!
+//! On a host fabric, the whole pages of application memory an MR spans (from 64 KiB:
+//! [`MIN_BYTES`]) move into a memfd at the same addresses when it is registered
+//! ([`adopt`]): the bytes are copied into the file, whose shared mapping then replaces the
+//! private pages in one `mremap`. The application sees the same addresses and the same bytes.
+//! A message pulled from that memory names the file ([`SharedMem::id`]); the receiver, passed
+//! the descriptor once, maps it read-only ([`SharedView`]) and copies from there (where it
+//! has no view yet, it pulls as before: both read the very same pages). When the last MR over
+//! the pages is deregistered they move back into private memory the same way, and a child
+//! made by `fork` gets private copies of them at once: what the application sees after fork
+//! is what private memory gives it (the kernel copies pinned pages to the child too).
+//!
+//! Only memory that is private, anonymous and writable is moved (not a file's mapping, a
+//! stack, or pages moved already by an MR that does not cover the new one whole). Writes that
+//! another thread of the application makes to those very pages while `ibv_reg_mr` or
+//! `ibv_dereg_mr` runs may be lost: only whole pages inside the MR move, and a buffer being
+//! registered is not one that is being filled. `RDMA_EMU_SHARE_MR=0`
+//! ([`FabricConfig::share_mr`](crate::FabricConfig::share_mr)) leaves all memory where it is.
+#![allow(unsafe_code)]
+
+use std::{
+    io,
+    os::fd::{AsRawFd, OwnedFd},
+    sync::{
+        Arc, Once, Weak,
+        atomic::{AtomicU32, Ordering},
+    },
+};
+
+use parking_lot::Mutex;
+
+/// MRs whose whole pages span less are left where they are: below it a message is not
+/// pulled anyway (see `fabric::host::PULL_MIN`), and the copy at registration would cost
+/// more than it saves.
+pub(crate) const MIN_BYTES: usize = 64 * 1024;
+/// Pages moved at once at most, so that the descriptors they hold open stay few.
+const MAX_LIVE: usize = 64;
+/// Memory moved into one file at most (the copy at registration is paid once per MR).
+const MAX_BYTES: usize = 1 << 30;
+
+/// Application memory in a memfd of ours, mapped where it was.
+#[derive(Debug)]
+pub(crate) struct SharedMem {
+    /// Names the file in messages: unique in this process, never reused.
+    id: u32,
+    base: u64,
+    len: usize,
+    fd: OwnedFd,
+    ino: u64,
+    /// Those it was passed to, told when it moves back.
+    told: Mutex<Vec<Weak<dyn Holder>>>,
+}
+
+impl SharedMem {
+    pub(crate) fn id(&self) -> u32 {
+        self.id
+    }
+
+    pub(crate) fn fd(&self) -> &OwnedFd {
+        &self.fd
+    }
+
+    /// The first address and the length of the memory moved.
+    pub(crate) fn range(&self) -> (u64, usize) {
+        (self.base, self.len)
+    }
+
+    /// Whether `addr..addr+len` lies in it.
+    pub(crate) fn covers(&self, addr: u64, len: usize) -> bool {
+        addr >= self.base
+            && addr.checked_add(len as u64).is_some_and(|end| end <= self.base + self.len as u64)
+    }
+
+    /// `holder` was passed the file: it is told when the memory moves back.
+    pub(crate) fn passed_to(&self, holder: Weak<dyn Holder>) {
+        let mut told = self.told.lock();
+        told.retain(|h| h.strong_count() > 0);
+        told.push(holder);
+    }
+}
+
+/// The memory moved, with how many MRs hold it.
+static MOVED: Mutex<Vec<(Arc<SharedMem>, usize)>> = Mutex::new(Vec::new());
+/// While a fork is under way, each moved range's copy as the fork found it (address of the
+/// range, its length, the address of the copy; see `fork_prepare`).
+static FORKING: Mutex<Vec<(u64, usize, usize)>> = Mutex::new(Vec::new());
+static NEXT_ID: AtomicU32 = AtomicU32::new(1);
+static AT_FORK: Once = Once::new();
+
+/// What an MR holds of moved memory; the pages move back to private memory when the last MR
+/// over them lets go (at deregistration, while the application still has them mapped).
+#[derive(Debug)]
+pub(crate) struct Lease(Arc<SharedMem>);
+
+impl Lease {
+    pub(crate) fn shared(&self) -> &Arc<SharedMem> {
+        &self.0
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let mut moved = MOVED.lock();
+        let Some(i) = moved.iter().position(|(m, _)| Arc::ptr_eq(m, &self.0)) else { return };
+        moved[i].1 -= 1;
+        if moved[i].1 > 0 {
+            return;
+        }
+        let (m, _) = moved.swap_remove(i);
+        // Pages the application unmapped (against the contract) are not written to.
+        if let Ok(maps) = Maps::read()
+            && maps.all(m.base, m.len, |v| v.is_ours(m.ino))
+        {
+            privatize(m.base, m.len);
+        }
+        drop(moved);
+        // Peers that map the file let it go (its pages are freed once none maps it).
+        let told = std::mem::take(&mut *m.told.lock());
+        for peer in told.iter().filter_map(Weak::upgrade) {
+            peer.retired(m.id);
+        }
+    }
+}
+
+/// Someone the file of a [`SharedMem`] was passed to, told when it is no longer used.
+pub(crate) trait Holder: Send + Sync {
+    /// The memory named `id` moved back: the view of it may go.
+    fn retired(&self, id: u32);
+}
+
+/// Moves the whole pages of `addr..addr+len` into shared memory if they can be (see the
+/// module's text), or finds them moved by an earlier MR that covers them; `None` leaves the
+/// memory as it is.
+pub(crate) fn adopt(addr: u64, len: usize) -> Option<Lease> {
+    let page = crate::sys::page_size();
+    let start = addr.checked_next_multiple_of(page)?;
+    let end = addr.checked_add(len as u64)? / page * page;
+    let n = usize::try_from(end.checked_sub(start)?).ok()?;
+    if !(MIN_BYTES..=MAX_BYTES).contains(&n) {
+        return None;
+    }
+    let mut moved = MOVED.lock();
+    let maps = Maps::read().ok()?;
+    // Forget what the application unmapped (after deregistering nothing: a leaked MR).
+    moved.retain(|(m, _)| maps.all(m.base, m.len, |v| v.is_ours(m.ino)));
+    if let Some((m, users)) = moved.iter_mut().find(|(m, _)| m.covers(start, n)) {
+        *users += 1;
+        return Some(Lease(m.clone()));
+    }
+    if moved.len() >= MAX_LIVE
+        || moved.iter().any(|(m, _)| m.base < end && start < m.base + m.len as u64)
+        || !maps.all(start, n, |v| v.is_private_memory())
+    {
+        return None;
+    }
+    let fd = crate::sys::memfd_unsealed(c"rdma-emu-mr", n).ok()?;
+    if !move_into(&fd, start, n) {
+        return None;
+    }
+    // A child made by fork does not inherit the shared mapping, but a private copy of it
+    // (see `fork_prepare`).
+    // SAFETY: advice on our own mapping, just made.
+    unsafe { libc::madvise(start as *mut libc::c_void, n, libc::MADV_DONTFORK) };
+    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_FUTURE_WRITE;
+    // SAFETY: F_ADD_SEALS on a descriptor we own takes an int. The file may no longer change
+    // size (a reader's mapping never faults) nor be mapped writable anew (peers read it).
+    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals | libc::F_SEAL_SEAL) } != 0 {
+        privatize(start, n);
+        return None;
+    }
+    let ino = crate::sys::fstat(fd.as_raw_fd()).ok()?.ino;
+    AT_FORK.call_once(|| {
+        // SAFETY: the handlers are plain functions that live as long as the process.
+        unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
+    });
+    let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+    let told = Mutex::default();
+    let m = Arc::new(SharedMem { id, base: start, len: n, fd, ino, told });
+    moved.push((m.clone(), 1));
+    Some(Lease(m))
+}
+
+/// Copies `start..start+n` into the file `fd` (`n` bytes long) and maps the file there in
+/// place of the pages; whether it did (if not, nothing changed).
+fn move_into(fd: &OwnedFd, start: u64, n: usize) -> bool {
+    let (rw, shared) = (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED);
+    // SAFETY: a new mapping the kernel places, aliasing nothing of ours.
+    let tmp = unsafe { libc::mmap(std::ptr::null_mut(), n, rw, shared, fd.as_raw_fd(), 0) };
+    if tmp == libc::MAP_FAILED {
+        return false;
+    }
+    replace_with(tmp, start, n)
+}
+
+/// Moves the pages of `start..start+n` back into private memory with the same bytes.
+fn privatize(start: u64, n: usize) -> bool {
+    let copy = private_copy(start, n);
+    !copy.is_null() && put_in_place(copy, start, n)
+}
+
+/// A fresh private mapping with a copy of the `n` bytes at `start`; null if there is no room.
+fn private_copy(start: u64, n: usize) -> *mut libc::c_void {
+    let (rw, private) =
+        (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS);
+    // SAFETY: a new anonymous mapping the kernel places.
+    let tmp = unsafe { libc::mmap(std::ptr::null_mut(), n, rw, private, -1, 0) };
+    if tmp == libc::MAP_FAILED {
+        return std::ptr::null_mut();
+    }
+    copy_out(start, tmp, n);
+    tmp
+}
+
+/// Copies the `n` bytes at `start` into `tmp`.
+fn copy_out(start: u64, tmp: *mut libc::c_void, n: usize) {
+    let at = std::ptr::with_exposed_provenance::<u8>(start as usize);
+    // SAFETY: `start..start+n` is mapped readable (the caller read it so in /proc/self/maps,
+    // or it is moved memory of a live MR, which the application keeps mapped); `tmp` is a
+    // fresh writable mapping of `n` bytes; the two do not overlap.
+    unsafe { std::ptr::copy_nonoverlapping(at, tmp.cast::<u8>(), n) };
+}
+
+/// Copies the `n` bytes at `start` into the fresh mapping `tmp` and moves `tmp` over them.
+fn replace_with(tmp: *mut libc::c_void, start: u64, n: usize) -> bool {
+    copy_out(start, tmp, n);
+    put_in_place(tmp, start, n)
+}
+
+/// Moves the mapping `tmp` (`n` bytes) to `start`, in place of what is there.
+fn put_in_place(tmp: *mut libc::c_void, start: u64, n: usize) -> bool {
+    let at = std::ptr::with_exposed_provenance_mut::<u8>(start as usize);
+    let flags = libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED;
+    // SAFETY: moves our fresh mapping over the pages (which it unmaps) in one step; both
+    // are page-aligned and `n` long.
+    let r = unsafe { libc::mremap(tmp, n, n, flags, at.cast::<libc::c_void>()) };
+    if r == libc::MAP_FAILED {
+        // SAFETY: `tmp` is still ours and mapped.
+        unsafe { libc::munmap(tmp, n) };
+        return false;
+    }
+    true
+}
+
+/// Before fork: a private copy of each moved range, which the child inherits and moves into
+/// place of the shared mapping it does not inherit. (The child cannot copy the shared pages
+/// itself: the parent may write them meanwhile.) Both lists stay locked across the fork and
+/// are released in both processes right after, so the child finds them whole.
+extern "C" fn fork_prepare() {
+    let moved = MOVED.lock();
+    let mut forking = FORKING.lock();
+    for (m, _) in moved.iter() {
+        let copy = private_copy(m.base, m.len);
+        if copy.is_null() {
+            // No room for a copy: the child shares the pages rather than lacking them.
+            // SAFETY: advice on our own mapping.
+            unsafe { libc::madvise(m.base as *mut libc::c_void, m.len, libc::MADV_DOFORK) };
+        }
+        forking.push((m.base, m.len, copy as usize));
+    }
+    std::mem::forget((moved, forking));
+}
+
+extern "C" fn fork_parent() {
+    // SAFETY: locked by `fork_prepare` in this very thread, their guards forgotten.
+    let mut forking = unsafe {
+        MOVED.force_unlock();
+        FORKING.force_unlock();
+        FORKING.lock()
+    };
+    for (base, len, copy) in forking.drain(..) {
+        // SAFETY: the copy is ours, made in `fork_prepare`; the range is moved memory.
+        unsafe {
+            if copy == 0 {
+                libc::madvise(base as *mut libc::c_void, len, libc::MADV_DONTFORK);
+            } else {
+                libc::munmap(copy as *mut libc::c_void, len);
+            }
+        }
+    }
+}
+
+extern "C" fn fork_child() {
+    // SAFETY: as in `fork_parent` (the child is the thread that forked).
+    let (mut moved, mut forking) = unsafe {
+        MOVED.force_unlock();
+        FORKING.force_unlock();
+        (MOVED.lock(), FORKING.lock())
+    };
+    // The child's pages are its own, as private memory's are after fork. Its MRs are of no
+    // use to it (as with a NIC), so nothing of them stays moved.
+    for (base, len, copy) in forking.drain(..) {
+        if copy == 0 {
+            privatize(base, len);
+            continue;
+        }
+        let flags = libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED;
+        // SAFETY: moves the copy (ours) to where the shared mapping, not inherited, was.
+        unsafe {
+            libc::mremap(copy as *mut libc::c_void, len, len, flags, base as *mut libc::c_void)
+        };
+    }
+    moved.clear();
+}
+
+/// One line of /proc/self/maps.
+#[derive(Debug)]
+struct Vma<'a> {
+    start: u64,
+    end: u64,
+    perms: &'a str,
+    inode: u64,
+    path: &'a str,
+}
+
+impl Vma<'_> {
+    fn is_private_memory(&self) -> bool {
+        self.perms.starts_with("rw")
+            && self.perms.as_bytes().get(3) == Some(&b'p')
+            && self.inode == 0
+            && (self.path.is_empty() || self.path == "[heap]" || self.path.starts_with("[anon:"))
+    }
+
+    fn is_ours(&self, ino: u64) -> bool {
+        self.inode == ino
+            && self.perms.as_bytes().get(3) == Some(&b's')
+            && self.path.starts_with("/memfd:rdma-emu-mr")
+    }
+}
+
+/// This process's mappings, as the kernel lists them.
+struct Maps(String);
+
+impl Maps {
+    fn read() -> io::Result<Maps> {
+        std::fs::read_to_string("/proc/self/maps").map(Maps)
+    }
+
+    fn vmas(&self) -> impl Iterator<Item = Vma<'_>> {
+        self.0.lines().filter_map(|line| {
+            let mut f = line.splitn(6, ' ');
+            let (range, perms, _off, _dev, inode) =
+                (f.next()?, f.next()?, f.next()?, f.next()?, f.next()?);
+            let (start, end) = range.split_once('-')?;
+            Some(Vma {
+                start: u64::from_str_radix(start, 16).ok()?,
+                end: u64::from_str_radix(end, 16).ok()?,
+                perms,
+                inode: inode.parse().ok()?,
+                path: f.next().unwrap_or("").trim(),
+            })
+        })
+    }
+
+    /// Whether `start..start+n` is mapped without a gap, every mapping there meeting `ok`.
+    fn all(&self, start: u64, n: usize, ok: impl Fn(&Vma<'_>) -> bool) -> bool {
+        let end = start + n as u64;
+        let mut at = start;
+        for v in self.vmas() {
+            if v.end <= at {
+                continue;
+            }
+            if v.start > at || !ok(&v) {
+                return false;
+            }
+            at = v.end;
+            if at >= end {
+                return true;
+            }
+        }
+        false
+    }
+}
+
+/// Another process's moved memory, mapped read-only here: where a payload it sends from
+/// there is copied from.
+#[derive(Debug)]
+pub(crate) struct SharedView {
+    id: u32,
+    /// Where the memory lies in its process.
+    base: u64,
+    len: usize,
+    at: *const u8,
+    _map: crate::sys::FileMapping,
+    /// Copies made from it (see `PeerProcess::view_copies`).
+    #[cfg(test)]
+    copies: std::sync::atomic::AtomicU64,
+}
+
+// SAFETY: a read-only view of a file that cannot shrink; copies from it are sound from any
+// thread (the bytes may change under them, as memory a NIC reads does).
+unsafe impl Send for SharedView {}
+// SAFETY: as above.
+unsafe impl Sync for SharedView {}
+
+impl SharedView {
+    /// Maps the file `fd` that a peer says holds its memory `base..base+len`, named `id`. The
+    /// file must be sealed against shrinking (a shrunk file would fault our reads) and be
+    /// `len` bytes long.
+    pub(crate) fn open(fd: &OwnedFd, id: u32, base: u64, len: usize) -> io::Result<SharedView> {
+        let invalid = |why| io::Error::new(io::ErrorKind::InvalidData, why);
+        let seals = crate::sys::seals(fd.as_raw_fd()).map_err(|_| invalid("not a sealed file"))?;
+        let needed = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+        if seals & needed != needed {
+            return Err(invalid("not sealed against shrinking and growing"));
+        }
+        let size = crate::sys::fstat(fd.as_raw_fd())?.size;
+        if size != len as u64 || len == 0 || base.checked_add(len as u64).is_none() {
+            return Err(invalid("not the size it is said to be"));
+        }
+        let (map, at) = crate::sys::FileMapping::map(fd.as_raw_fd(), 0, len, false)
+            .map_err(io::Error::from_raw_os_error)?;
+        Ok(SharedView {
+            id,
+            base,
+            len,
+            at,
+            _map: map,
+            #[cfg(test)]
+            copies: Default::default(),
+        })
+    }
+
+    #[cfg(test)]
+    pub(crate) fn copies(&self) -> u64 {
+        self.copies.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// Whether the range `addr..addr+len` of its process lies in it.
+    pub(crate) fn covers(&self, addr: u64, len: usize) -> bool {
+        addr >= self.base
+            && addr.checked_add(len as u64).is_some_and(|end| end <= self.base + self.len as u64)
+    }
+
+    /// Where the `len` bytes at `addr` of its process are mapped here, if they are in it:
+    /// valid for reads as long as the view lives (the seals keep the file that long).
+    pub(crate) fn at(&self, addr: u64, len: usize) -> Option<*const u8> {
+        #[cfg(test)]
+        self.copies.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: `addr..addr+len` lies in the mapping (checked first).
+        self.covers(addr, len).then(|| unsafe { self.at.add((addr - self.base) as usize) })
+    }
+
+    /// Copies the bytes at `addr` of its process into `dst`; `false` if they are not in it.
+    pub(crate) fn read(&self, addr: u64, dst: &mut [u8]) -> bool {
+        let Some(src) = self.at(addr, dst.len()) else { return false };
+        // SAFETY: `src` is valid for reads of `dst.len()` bytes (see `at`); `dst` is ours and
+        // does not overlap a mapping of another process's file.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) };
+        true
+    }
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+
+    fn anon(n: usize) -> *mut u8 {
+        let (rw, private) =
+            (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS);
+        // SAFETY: a fresh anonymous mapping.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), n, rw, private, -1, 0) };
+        assert_ne!(p, libc::MAP_FAILED);
+        p.cast()
+    }
+
+    fn mapping_of(addr: u64) -> String {
+        let maps = Maps::read().unwrap();
+        let v = maps.vmas().find(|v| v.start <= addr && addr < v.end).unwrap();
+        format!("{} {} {}", v.perms, v.inode, v.path)
+    }
+
+    /// Registered memory moves into a file at the same addresses with the same bytes, a view
+    /// of the file reads what the application writes, and the pages move back into private
+    /// memory, bytes kept, when the last lease goes.
+    #[test]
+    fn test_memory_moves_into_a_file_and_back_with_its_bytes() {
+        let n = 256 * 1024;
+        let p = anon(n + 8192);
+        // SAFETY: `p` is ours, `n + 8192` bytes.
+        let buf = unsafe { std::slice::from_raw_parts_mut(p, n + 8192) };
+        for (i, b) in buf.iter_mut().enumerate() {
+            *b = (i % 251) as u8;
+        }
+        // An MR from a byte past the first page: its whole pages are the ones that move.
+        let lease = adopt(p as u64 + 100, n + 4000).expect("private memory moves");
+        let m = lease.shared().clone();
+        assert_eq!(m.range(), (p as u64 + 4096, n));
+        assert!(mapping_of(p as u64 + 4096).contains("/memfd:rdma-emu-mr"));
+        assert!(!mapping_of(p as u64).contains("memfd"), "the partial page stays");
+        assert!(buf.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8), "bytes kept");
+        // A second MR inside the first shares its file; one over other pages too does not.
+        let inner = adopt(p as u64 + 8192, 128 * 1024).unwrap();
+        assert!(Arc::ptr_eq(inner.shared(), &m));
+        assert!(adopt(p as u64, n + 8192).is_none(), "overlaps moved memory");
+
+        let view = SharedView::open(m.fd(), m.id(), m.range().0, n).unwrap();
+        buf[5000] = 0xee;
+        let mut got = [0u8; 3];
+        assert!(view.read(p as u64 + 4999, &mut got));
+        assert_eq!(got, [buf[4999], 0xee, buf[5001]]);
+        assert!(!view.read(p as u64 + 4095, &mut got), "outside the file");
+        // Peers may not map it writable.
+        // SAFETY: asks for a new mapping of our own file.
+        let w = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                m.fd().as_raw_fd(),
+                0,
+            )
+        };
+        assert_eq!(w, libc::MAP_FAILED);
+
+        drop(lease);
+        assert!(mapping_of(p as u64 + 4096).contains("memfd"), "one MR still holds it");
+        drop(inner);
+        assert!(!mapping_of(p as u64 + 4096).contains("memfd"));
+        assert!(buf[..5000].iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
+        assert_eq!(buf[5000], 0xee);
+        // The view still reads the file (a NIC still reads the pages it pinned).
+        assert!(view.read(p as u64 + 5000, &mut got[..1]));
+        // SAFETY: our mapping.
+        unsafe { libc::munmap(p.cast(), n + 8192) };
+    }
+
+    /// A child made by fork gets its own copy of moved memory, as of private memory: what it
+    /// writes there the parent does not see, and the other way round.
+    #[test]
+    fn test_a_forked_child_gets_a_private_copy() {
+        let n = 128 * 1024;
+        let p = anon(n);
+        // SAFETY: `p` is ours, `n` bytes.
+        let buf = unsafe { std::slice::from_raw_parts_mut(p, n) };
+        buf.fill(7);
+        let lease = adopt(p as u64, n).unwrap();
+        // SAFETY: the child only writes and reads its memory and exits at once.
+        let child = unsafe { libc::fork() };
+        if child == 0 {
+            // SAFETY: as above; `_exit` runs no handler of the parent's.
+            unsafe {
+                let seen = *p.add(100) == 7;
+                p.add(100).write_volatile(9);
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                let kept = *p.add(200) == 7;
+                libc::_exit(if seen && kept { 0 } else { 1 });
+            }
+        }
+        assert!(child > 0);
+        buf[200] = 8;
+        let mut status = 0;
+        // SAFETY: waits for our own child.
+        assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "the child saw {status}"
+        );
+        assert_eq!((buf[100], buf[200]), (7, 8), "the child's write stays the child's");
+        assert!(mapping_of(p as u64).contains("rdma-emu-mr"), "still moved in the parent");
+        drop(lease);
+        // SAFETY: our mapping.
+        unsafe { libc::munmap(p.cast(), n) };
+    }
+
+    /// Memory that is not private and anonymous, or too small, stays where it is.
+    #[test]
+    fn test_only_private_anonymous_memory_of_whole_pages_moves() {
+        assert!(adopt(anon(8192) as u64, 8192).is_none(), "too small");
+        let fd = crate::sys::memfd_unsealed(c"file", 1 << 20).unwrap();
+        let (_map, at) = crate::sys::FileMapping::map(fd.as_raw_fd(), 0, 1 << 20, true).unwrap();
+        assert!(adopt(at as u64, 1 << 20).is_none(), "a file's mapping");
+        let ro = anon(1 << 20);
+        // SAFETY: our mapping.
+        unsafe { libc::mprotect(ro.cast(), 1 << 20, libc::PROT_READ) };
+        assert!(adopt(ro as u64, 1 << 20).is_none(), "read-only");
+    }
+
+    /// A view refuses a file that could shrink under it or is not the size said.
+    #[test]
+    fn test_a_view_refuses_a_file_that_could_fault_it() {
+        let unsealed = crate::sys::memfd_unsealed(c"unsealed", 1 << 16).unwrap();
+        assert!(SharedView::open(&unsealed, 1, 0x1000, 1 << 16).is_err());
+        let sealed = crate::sys::memfd(c"sealed", 1 << 16).unwrap();
+        assert!(SharedView::open(&sealed, 1, 0x1000, 1 << 15).is_err());
+        assert!(SharedView::open(&sealed, 1, u64::MAX - 10, 1 << 16).is_err());
+        assert!(SharedView::open(&sealed, 1, 0x1000, 1 << 16).is_ok());
+    }
+}
