@@ -141,12 +141,6 @@ impl PeerProcess {
         self.views.lock().iter().map(|v| v.copies()).sum()
     }
 
-    /// Whether a message named shared memory of its with no view here, and nobody asked
-    /// [`PeerProcess::missed_view`] since.
-    pub(crate) fn wants_view(&self) -> bool {
-        self.missed_view.load(Ordering::Relaxed)
-    }
-
     /// Whether a message named shared memory of its with no view here, since last asked.
     pub(crate) fn missed_view(&self) -> bool {
         self.missed_view.load(Ordering::Relaxed) && self.missed_view.swap(false, Ordering::Relaxed)

@@ -862,6 +862,19 @@ impl Node {
         if let Some(e) = &self.exports {
             peer.offer_exports(e);
         }
+        // Our memory moved into shared memory goes now, long before the first message that
+        // names it (which its reader may take in before the descriptor, and pull).
+        for m in crate::shared_mem::live() {
+            peer.offer_shared(&m);
+        }
+    }
+
+    /// Passes memory of ours just moved into shared memory to the peers we talk to.
+    pub(crate) fn offer_shared(&self, m: &crate::shared_mem::SharedMem) {
+        let peers: Vec<Arc<Peer>> = self.peers.lock().values().cloned().collect();
+        for p in peers.iter().filter(|p| p.tx.lock().ring.is_some()) {
+            p.offer_shared(m);
+        }
     }
 
     /// A thread that waits for the lock of the node in `slot`: the kernel releases it when
@@ -1120,10 +1133,8 @@ fn read_loop(inbound: &Inbound, fabric: &Weak<FabricInner>) {
     // round was an allocation per message whenever no application thread polled), and emptied
     // before the reader sleeps: a dead peer's ring must not outlive its watcher's cleanup.
     let mut rings: Vec<Arc<Ring>> = Vec::new();
-    // A message named shared memory not mapped here yet: look at the socket next round.
-    let mut look = false;
     loop {
-        let socket = std::mem::take(&mut look) || streaming.is_multiple_of(16);
+        let socket = streaming.is_multiple_of(16);
         if socket {
             let woke = crate::sys::wait_readable(inbound.sock.as_raw_fd(), nap);
             inbound.napping.store(false, Ordering::SeqCst);
@@ -1160,7 +1171,6 @@ fn read_loop(inbound: &Inbound, fabric: &Weak<FabricInner>) {
         rings.clear();
         rings.extend(rx.rings.iter().map(|(_, r)| r.clone()));
         drop(rx);
-        look = rings.iter().any(|r| r.sender().is_some_and(|p| p.wants_view()));
 
         let spun = came && !woke && busy_wait(&rings, &inbound.quit);
         // Then ask for doorbells, and sleep unless something came meanwhile.
@@ -1238,23 +1248,36 @@ thread_local! {
     static RECEIVING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
+/// Takes into `batch` the records waiting in `rings`.
+fn read_rings<'a>(
+    inbound: &Inbound,
+    fabric: &'a FabricInner,
+    rings: &mut Vec<(u8, Arc<Ring>)>,
+    partial: &mut Partials,
+    batch: &mut Batch<'a>,
+) {
+    rings.retain(|(slot, ring)| {
+        // A ring that breaks its format is dropped: what its writer sends is lost.
+        let read = ring.read(|rec| batch.take(fabric, partial, Arrived::record(*slot, rec)));
+        read.map_err(|_| Drops::count(&inbound.drops.malformed)).is_ok()
+    });
+}
+
 fn receive_marked(inbound: &Inbound, rx: &mut Rx, fabric: &FabricInner, socket: bool) -> bool {
     let mut batch = Batch { drops: Some(&inbound.drops), ..Batch::default() };
     let Rx { buf, partial, rings } = rx;
     if socket {
         take_datagrams(inbound, buf, rings, &mut |a| batch.take(fabric, partial, a));
     }
-    rings.retain(|(slot, ring)| {
-        // A ring that breaks its format is dropped: what its writer sends is lost.
-        let read = ring.read(|rec| batch.take(fabric, partial, Arrived::record(*slot, rec)));
-        read.map_err(|_| Drops::count(&inbound.drops.malformed)).is_ok()
-    });
-    if socket && rings.iter().any(|(_, r)| r.sender().is_some_and(|p| p.missed_view())) {
+    read_rings(inbound, fabric, rings, partial, &mut batch);
+    if rings.iter().any(|(_, r)| r.sender().is_some_and(|p| p.missed_view())) {
         // A message named a peer's shared memory that is not mapped here yet: the datagram
-        // that passes it waits on the socket, and is taken before the message is delivered.
-        // (Only where the socket is read anyway: a doorbell taken by a thread that does not
-        // go on to read the rings would leave the sleeping reader unwoken.)
+        // that passes it waits on the socket, and is taken before the message is delivered
+        // (which looks for the view again). The rings are read again after: a doorbell taken
+        // here may be for a record written since, which the sleeping reader would not be
+        // woken for.
         take_datagrams(inbound, buf, rings, &mut |a| batch.take(fabric, partial, a));
+        read_rings(inbound, fabric, rings, partial, &mut batch);
     }
     OwedAck::pay(&mut batch.owed);
     inbound.has_rings.store(!rings.is_empty(), Ordering::Release);
@@ -2741,8 +2764,9 @@ mod test {
 
     /// Large payloads from registered memory that moved into shared memory (see
     /// `crate::shared_mem`) are copied by the receiving node from its view of that memory,
-    /// not pulled: a WRITE and a SEND from the requester's memory and a READ of the
-    /// responder's land byte for byte, through the views each node maps of the other's.
+    /// not pulled: each node passes its memory to the other as it registers it, and a WRITE
+    /// and a SEND from the requester's memory and a READ of the responder's land byte for
+    /// byte, through the views each node maps of the other's.
     #[test]
     #[allow(unsafe_code)] // application memory, registered as C registers it
     fn test_large_payloads_are_copied_from_the_peers_shared_memory() {
@@ -2770,6 +2794,17 @@ mod test {
             (e.mr.pd().reg_mr_raw(mem, p as u64, all).unwrap(), bytes)
         };
         let ((ma, bytes_a), (mb, bytes_b)) = (raw(&a, 0x11), raw(&b, 0x22));
+        let views = |f: &Fabric| {
+            let rx = f.0.node.get().unwrap().inbound.rx.lock();
+            rx.rings.iter().filter_map(|(_, r)| r.sender()).map(|p| p.view_count()).sum::<usize>()
+        };
+        // Each node passed its memory to the other as it registered it, before any message
+        // names it (a guard, not a timing assertion: the readers take it in when they wake).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while (views(&fa), views(&fb)) != (1, 1) {
+            assert!(Instant::now() < deadline, "not passed at registration");
+            std::thread::sleep(Duration::from_millis(1));
+        }
         let expect = |seed: u8, from: usize, i: usize| ((from + i) % 253) as u8 ^ seed;
         let sge = |m: &crate::Mr, off: u64, len: usize| Sge {
             addr: m.addr() + off,
@@ -2808,11 +2843,6 @@ mod test {
         assert!(copied(&fb) >= 2, "B copied the WRITE and the SEND from its view");
         assert!(copied(&fa) >= 1, "A copied the READ's response from its view");
         // Deregistered, the memory moves back, and each node lets its view of the other's go.
-        let views = |f: &Fabric| {
-            let rx = f.0.node.get().unwrap().inbound.rx.lock();
-            rx.rings.iter().filter_map(|(_, r)| r.sender()).map(|p| p.view_count()).sum::<usize>()
-        };
-        assert_eq!((views(&fa), views(&fb)), (1, 1));
         drop((ma, mb));
         let deadline = Instant::now() + Duration::from_secs(10);
         while views(&fa) + views(&fb) > 0 {
