@@ -88,9 +88,6 @@ pub(crate) struct PeerProcess {
     /// Its memory moved into shared memory that it passed us, mapped (see
     /// [`crate::shared_mem`]).
     views: Mutex<Vec<Arc<SharedView>>>,
-    /// A message named shared memory of its that had no view here yet: the datagram that
-    /// passes it waits on the socket (see `fabric::host::read_loop`).
-    missed_view: std::sync::atomic::AtomicBool,
 }
 
 /// Views of one process's shared memory kept at most (beyond them, its payloads are pulled).
@@ -100,7 +97,7 @@ impl PeerProcess {
     /// The process `pid` as it is now; fails if it is gone or this kernel has no pidfds.
     pub(crate) fn open(pid: u32) -> std::io::Result<PeerProcess> {
         let pidfd = crate::sys::pidfd_open(pid)?;
-        Ok(PeerProcess { pid, pidfd, views: Mutex::default(), missed_view: Default::default() })
+        Ok(PeerProcess { pid, pidfd, views: Mutex::default() })
     }
 
     /// Keeps `view` of its memory, in place of an older one of the same name (and of the
@@ -121,12 +118,7 @@ impl PeerProcess {
 
     /// The view of its shared memory named `id`, if it holds `addr..addr+len`.
     pub(crate) fn view(&self, id: u32, addr: u64, len: usize) -> Option<Arc<SharedView>> {
-        let views = self.views.lock();
-        let view = views.iter().find(|v| v.id() == id).cloned();
-        if view.is_none() {
-            self.missed_view.store(true, Ordering::Relaxed);
-        }
-        view.filter(|v| v.covers(addr, len))
+        self.views.lock().iter().find(|v| v.id() == id && v.covers(addr, len)).cloned()
     }
 
     /// How many views of its memory are kept (for tests).
@@ -139,11 +131,6 @@ impl PeerProcess {
     #[cfg(test)]
     pub(crate) fn view_copies(&self) -> u64 {
         self.views.lock().iter().map(|v| v.copies()).sum()
-    }
-
-    /// Whether a message named shared memory of its with no view here, since last asked.
-    pub(crate) fn missed_view(&self) -> bool {
-        self.missed_view.load(Ordering::Relaxed) && self.missed_view.swap(false, Ordering::Relaxed)
     }
 
     pub(crate) fn pid(&self) -> u32 {

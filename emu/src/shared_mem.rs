@@ -131,11 +131,6 @@ pub(crate) trait Holder: Send + Sync {
     fn retired(&self, id: u32);
 }
 
-/// The memory moved now.
-pub(crate) fn live() -> Vec<Arc<SharedMem>> {
-    MOVED.lock().iter().map(|(m, _)| m.clone()).collect()
-}
-
 /// Moves the whole pages of `addr..addr+len` into shared memory if they can be (see the
 /// module's text), or finds them moved by an earlier MR that covers them; `None` leaves the
 /// memory as it is.

@@ -862,19 +862,6 @@ impl Node {
         if let Some(e) = &self.exports {
             peer.offer_exports(e);
         }
-        // Our memory moved into shared memory goes now, long before the first message that
-        // names it (which its reader may take in before the descriptor, and pull).
-        for m in crate::shared_mem::live() {
-            peer.offer_shared(&m);
-        }
-    }
-
-    /// Passes memory of ours just moved into shared memory to the peers we talk to.
-    pub(crate) fn offer_shared(&self, m: &crate::shared_mem::SharedMem) {
-        let peers: Vec<Arc<Peer>> = self.peers.lock().values().cloned().collect();
-        for p in peers.iter().filter(|p| p.tx.lock().ring.is_some()) {
-            p.offer_shared(m);
-        }
     }
 
     /// A thread that waits for the lock of the node in `slot`: the kernel releases it when
@@ -1171,7 +1158,6 @@ fn read_loop(inbound: &Inbound, fabric: &Weak<FabricInner>) {
         rings.clear();
         rings.extend(rx.rings.iter().map(|(_, r)| r.clone()));
         drop(rx);
-
         let spun = came && !woke && busy_wait(&rings, &inbound.quit);
         // Then ask for doorbells, and sleep unless something came meanwhile.
         let waiting = !spun && rings.iter().fold(false, |w, r| r.arm() | w);
@@ -1269,16 +1255,18 @@ fn receive_marked(inbound: &Inbound, rx: &mut Rx, fabric: &FabricInner, socket: 
     if socket {
         take_datagrams(inbound, buf, rings, &mut |a| batch.take(fabric, partial, a));
     }
-    read_rings(inbound, fabric, rings, partial, &mut batch);
-    if rings.iter().any(|(_, r)| r.sender().is_some_and(|p| p.missed_view())) {
-        // A message named a peer's shared memory that is not mapped here yet: the datagram
-        // that passes it waits on the socket, and is taken before the message is delivered
-        // (which looks for the view again). The rings are read again after: a doorbell taken
-        // here may be for a record written since, which the sleeping reader would not be
-        // woken for.
+    if rings.iter().any(|(_, r)| r.unseen_views().is_some()) {
+        // A peer passed us its shared memory, which messages in its ring may name: the
+        // datagram that passes it waits on the socket, and is taken first, whichever thread
+        // this is (one that polls takes messages in while the reader sleeps). A doorbell taken
+        // with it is for records read just below.
+        let seen: Vec<_> =
+            rings.iter().filter_map(|(_, r)| Some((r.clone(), r.unseen_views()?))).collect();
         take_datagrams(inbound, buf, rings, &mut |a| batch.take(fabric, partial, a));
-        read_rings(inbound, fabric, rings, partial, &mut batch);
+        // Looked for, whether or not it came as it should: no look at the socket per poll.
+        seen.iter().for_each(|(r, id)| r.saw_views(*id));
     }
+    read_rings(inbound, fabric, rings, partial, &mut batch);
     OwedAck::pay(&mut batch.owed);
     inbound.has_rings.store(!rings.is_empty(), Ordering::Release);
     let took = batch.took;
@@ -1353,16 +1341,16 @@ fn take_datagrams(
                     let len = usize::try_from(u64::from_le_bytes(b[12..].try_into().ok()?)).ok()?;
                     crate::shared_mem::SharedView::open(&fd, id, base, len).ok()
                 });
-                match (from, view) {
-                    (Some(from), Some(view)) => from.add_view(view),
+                match (ring, from, view) {
+                    (Some(_), Some(from), Some(view)) => from.add_view(view),
                     _ => Drops::count(&inbound.drops.rings),
                 }
             }
             (Some(&[src, flags]), _) if flags & RETIRED != 0 => {
                 let ring = rings.iter().find(|(s, _)| *s == src).map(|(_, r)| r);
                 let from = ring.and_then(|r| r.sender()).filter(|p| p.pid() == cred.pid);
-                let id =
-                    d.get(HEADER..HEADER + 4).map(|b| u32::from_le_bytes(b.try_into().unwrap()));
+                let id = d.get(HEADER..HEADER + 4).and_then(|b| b.try_into().ok());
+                let id = id.map(u32::from_le_bytes);
                 if let (Some(from), Some(id)) = (from, id) {
                     from.drop_view(id);
                 }
@@ -2222,17 +2210,14 @@ impl Peer {
         }
     }
 
-    /// Passes the peer our memory moved into `shared`, once, after our ring (it maps the
-    /// memory for the ring's sender).
+    /// Passes the peer our memory moved into `shared`, once, if it proved it may read our
+    /// memory anyway (see `Ring::reader_may_pull`: a view shows it no more than it could read
+    /// with `process_vm_readv`), and says so in the ring: whichever thread of the peer's
+    /// reads the ring next takes the descriptor first (see `receive_marked`).
     fn offer_shared(self: &Arc<Self>, shared: &crate::shared_mem::SharedMem) {
         let mut tx = self.tx.lock();
-        if !tx.ring_tried {
-            // The ring first, so that the peer maps the memory before the first message
-            // from there arrives (see `Peer::send`).
-            tx.ring_tried = true;
-            tx.ring = self.offer_ring(&mut tx.sock).map(Arc::new);
-        }
-        if tx.ring.is_none() || tx.shared_offered.contains(&shared.id()) {
+        let Some(ring) = tx.ring.clone().filter(|r| r.reader_may_pull()) else { return };
+        if tx.shared_offered.contains(&shared.id()) {
             return;
         }
         let (base, len) = shared.range();
@@ -2241,12 +2226,14 @@ impl Peer {
         body[4..12].copy_from_slice(&base.to_le_bytes());
         body[12..].copy_from_slice(&(len as u64).to_le_bytes());
         let d = frame(self.src, SHARED, 0, 0, 0, &body);
-        if self.pass_framed(&mut tx.sock, &d, shared.fd().as_raw_fd()) {
-            tx.shared_offered.push(shared.id());
-            drop(tx);
-            let me: Arc<dyn crate::shared_mem::Holder> = self.clone();
-            shared.passed_to(Arc::downgrade(&me));
+        if !self.pass_framed(&mut tx.sock, &d, shared.fd().as_raw_fd()) {
+            return;
         }
+        tx.shared_offered.push(shared.id());
+        ring.offer_view(shared.id());
+        drop(tx);
+        let me: Arc<dyn crate::shared_mem::Holder> = self.clone();
+        shared.passed_to(Arc::downgrade(&me));
     }
 
     /// Passes the descriptor `fd` in a datagram of kind `flag`; whether it went. The peer's
@@ -2764,9 +2751,8 @@ mod test {
 
     /// Large payloads from registered memory that moved into shared memory (see
     /// `crate::shared_mem`) are copied by the receiving node from its view of that memory,
-    /// not pulled: each node passes its memory to the other as it registers it, and a WRITE
-    /// and a SEND from the requester's memory and a READ of the responder's land byte for
-    /// byte, through the views each node maps of the other's.
+    /// not pulled: a WRITE and a SEND from the requester's memory and a READ of the
+    /// responder's land byte for byte, through the views each node maps of the other's.
     #[test]
     #[allow(unsafe_code)] // application memory, registered as C registers it
     fn test_large_payloads_are_copied_from_the_peers_shared_memory() {
@@ -2798,13 +2784,7 @@ mod test {
             let rx = f.0.node.get().unwrap().inbound.rx.lock();
             rx.rings.iter().filter_map(|(_, r)| r.sender()).map(|p| p.view_count()).sum::<usize>()
         };
-        // Each node passed its memory to the other as it registered it, before any message
-        // names it (a guard, not a timing assertion: the readers take it in when they wake).
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while (views(&fa), views(&fb)) != (1, 1) {
-            assert!(Instant::now() < deadline, "not passed at registration");
-            std::thread::sleep(Duration::from_millis(1));
-        }
+
         let expect = |seed: u8, from: usize, i: usize| ((from + i) % 253) as u8 ^ seed;
         let sge = |m: &crate::Mr, off: u64, len: usize| Sge {
             addr: m.addr() + off,
@@ -2843,6 +2823,7 @@ mod test {
         assert!(copied(&fb) >= 2, "B copied the WRITE and the SEND from its view");
         assert!(copied(&fa) >= 1, "A copied the READ's response from its view");
         // Deregistered, the memory moves back, and each node lets its view of the other's go.
+        assert_eq!((views(&fa), views(&fb)), (1, 1));
         drop((ma, mb));
         let deadline = Instant::now() + Duration::from_secs(10);
         while views(&fa) + views(&fb) > 0 {

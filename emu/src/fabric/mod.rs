@@ -457,14 +457,6 @@ impl FabricInner {
         });
     }
 
-    /// Passes memory of ours just moved into shared memory to the peers we talk to (see
-    /// `crate::shared_mem`).
-    pub(crate) fn offer_shared(&self, m: &crate::shared_mem::SharedMem) {
-        if let Some(n) = self.node.get() {
-            n.offer_shared(m);
-        }
-    }
-
     /// Withdraws the MR `(dev, rkey)` from our peers; returns once none can still be acting
     /// on its memory for us.
     pub(crate) fn withdraw_mr(&self, dev: u32, rkey: u32) {

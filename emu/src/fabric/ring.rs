@@ -60,11 +60,17 @@ const PULL_AT: usize = 40;
 /// Set by the writer when it will write no more (its node left the fabric): the reader may
 /// then take a ring from another node in the same slot.
 const CLOSED_AT: usize = 48;
+/// Set by the reader: it has looked for the writer's shared memory named up to this (see
+/// `crate::shared_mem`), mapping what it was passed.
+const VIEWS_AT: usize = 56;
 pub(super) const TAIL_AT: usize = 64;
 pub(super) const HEAD_AT: usize = 128;
 const BELL_AT: usize = 192;
 /// Raised by the writer while it carries out a request in the reader's memory.
 const GATE_AT: usize = 256;
+/// Set by the writer: the highest name of its shared memory it has passed the reader (the
+/// descriptor waits on the reader's socket until `VIEWS_AT` catches up).
+const OFFERED_AT: usize = 320;
 /// A record is its length (u32) and state (u32), then its bytes, padded to 8 bytes.
 const RECORD_HEADER: usize = 8;
 /// A record's states: written, not read yet.
@@ -286,6 +292,24 @@ impl Ring {
     /// Writer: whether the reader may read this process's memory (it proved it could).
     pub(crate) fn reader_may_pull(&self) -> bool {
         self.word(PULL_AT).load(Ordering::Acquire) != 0
+    }
+
+    /// Writer: the reader was passed our shared memory named `id` (after the datagram that
+    /// passes it was sent).
+    pub(crate) fn offer_view(&self, id: u32) {
+        self.word(OFFERED_AT).fetch_max(u64::from(id), Ordering::Release);
+    }
+
+    /// Reader: the highest name of the writer's shared memory passed to us, if we have not
+    /// looked for it yet (its descriptor waits on our socket).
+    pub(crate) fn unseen_views(&self) -> Option<u64> {
+        let offered = self.word(OFFERED_AT).load(Ordering::Acquire);
+        (offered > self.word(VIEWS_AT).load(Ordering::Relaxed)).then_some(offered)
+    }
+
+    /// Reader: we looked for the writer's shared memory named up to `id`.
+    pub(crate) fn saw_views(&self, id: u64) {
+        self.word(VIEWS_AT).fetch_max(id, Ordering::Relaxed);
     }
 
     /// The largest record this ring takes: an eighth, so that records stream through a ring
@@ -863,6 +887,22 @@ mod test {
         let got = take(&r);
         assert_eq!(got.len(), more + 1);
         assert_eq!(got.last().unwrap(), &vec![4; 1000]);
+    }
+
+    /// Shared memory the writer passes is to be looked for by the reader until it has looked
+    /// for the latest (see `fabric::host::receive_marked`), once.
+    #[test]
+    fn test_the_reader_sees_that_shared_memory_was_passed_until_it_looked() {
+        let w = Ring::create(4096).unwrap();
+        let r = Ring::open(w.fd.try_clone().unwrap(), me()).unwrap();
+        assert_eq!(r.unseen_views(), None);
+        w.offer_view(2);
+        w.offer_view(1);
+        assert_eq!(r.unseen_views(), Some(2));
+        r.saw_views(2);
+        assert_eq!(r.unseen_views(), None);
+        w.offer_view(3);
+        assert_eq!(r.unseen_views(), Some(3));
     }
 
     #[test]

@@ -254,7 +254,6 @@ fn share(fabric: &crate::fabric::FabricInner, region: &mut MemRegion) -> Option<
     }
     let lease = crate::shared_mem::adopt(region.host_addr(), region.len())?;
     region.set_shared(lease.shared().clone());
-    fabric.offer_shared(lease.shared());
     Some(lease)
 }
 
