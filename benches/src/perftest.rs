@@ -72,7 +72,9 @@ pub fn run_with(
     }
     let client = cmd("0").args(client_args).args(to).output().map_err(|e| e.to_string())?;
     let mut server = server;
-    if ready == Ready::CmForever {
+    // A client that failed (its connection refused, say) leaves a server that waits for it
+    // forever: the failure is reported, not waited for.
+    if ready == Ready::CmForever || !client.status.success() {
         let _ = server.kill();
     }
     let server = server.wait_with_output().map_err(|e| e.to_string())?;
