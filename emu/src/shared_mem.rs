@@ -117,10 +117,17 @@ impl Drop for Lease {
             privatize(m.base, m.len);
         }
         drop(moved);
-        // Peers that map the file let it go (its pages are freed once none maps it).
-        let told = std::mem::take(&mut *m.told.lock());
+        m.retire();
+    }
+}
+
+impl SharedMem {
+    /// Tells those it was passed to that they may let their views go (its pages are freed
+    /// once nobody maps the file).
+    fn retire(&self) {
+        let told = std::mem::take(&mut *self.told.lock());
         for peer in told.iter().filter_map(Weak::upgrade) {
-            peer.retired(m.id);
+            peer.retired(self.id);
         }
     }
 }
@@ -145,7 +152,11 @@ pub(crate) fn adopt(addr: u64, len: usize) -> Option<Lease> {
     let mut moved = MOVED.lock();
     let maps = Maps::read().ok()?;
     // Forget what the application unmapped (after deregistering nothing: a leaked MR).
-    moved.retain(|(m, _)| maps.all(m.base, m.len, |v| v.is_ours(m.ino)));
+    let (kept, gone): (Vec<_>, Vec<_>) = std::mem::take(&mut *moved)
+        .into_iter()
+        .partition(|(m, _)| maps.all(m.base, m.len, |v| v.is_ours(m.ino)));
+    *moved = kept;
+    gone.iter().for_each(|(m, _)| m.retire());
     if let Some((m, users)) = moved.iter_mut().find(|(m, _)| m.covers(start, n)) {
         *users += 1;
         return Some(Lease(m.clone()));
@@ -157,6 +168,7 @@ pub(crate) fn adopt(addr: u64, len: usize) -> Option<Lease> {
         return None;
     }
     let fd = crate::sys::memfd_unsealed(c"rdma-emu-mr", n).ok()?;
+    let ino = crate::sys::fstat(fd.as_raw_fd()).ok()?.ino;
     if !move_into(&fd, start, n) {
         return None;
     }
@@ -171,7 +183,6 @@ pub(crate) fn adopt(addr: u64, len: usize) -> Option<Lease> {
         privatize(start, n);
         return None;
     }
-    let ino = crate::sys::fstat(fd.as_raw_fd()).ok()?.ino;
     AT_FORK.call_once(|| {
         // SAFETY: the handlers are plain functions that live as long as the process.
         unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
@@ -568,6 +579,38 @@ mod test {
         drop(lease);
         // SAFETY: our mapping.
         unsafe { libc::munmap(p.cast(), n) };
+    }
+
+    struct Seen(Mutex<Vec<u32>>);
+
+    impl Holder for Seen {
+        fn retired(&self, id: u32) {
+            self.0.lock().push(id);
+        }
+    }
+
+    /// Those the file was passed to are told when the memory moves back, and when the
+    /// application unmapped it without deregistering (found at the next registration).
+    #[test]
+    fn test_holders_are_told_when_the_memory_is_no_longer_shared() {
+        let n = 64 * 1024;
+        let seen = Arc::new(Seen(Mutex::default()));
+        let holder: Arc<dyn Holder> = seen.clone();
+        let (p, q) = (anon(n), anon(n));
+        let lease = adopt(p as u64, n).unwrap();
+        lease.shared().passed_to(Arc::downgrade(&holder));
+        let id = lease.shared().id();
+        drop(lease);
+        assert_eq!(*seen.0.lock(), [id]);
+        let leaked = adopt(p as u64, n).unwrap();
+        leaked.shared().passed_to(Arc::downgrade(&holder));
+        // SAFETY: our mapping; its MR (the lease) is leaked, against the contract.
+        unsafe { libc::munmap(p.cast(), n) };
+        let other = adopt(q as u64, n).unwrap();
+        assert_eq!(*seen.0.lock(), [id, leaked.shared().id()]);
+        drop((leaked, other));
+        // SAFETY: our mapping.
+        unsafe { libc::munmap(q.cast(), n) };
     }
 
     /// Memory that is not private and anonymous, or too small, stays where it is.
