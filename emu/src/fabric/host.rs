@@ -2473,6 +2473,22 @@ mod test {
         (dir, FabricConfig { host, ..Default::default() })
     }
 
+    /// Two fabrics joined by a host fabric in a directory of their own (`tag`), an end on
+    /// each (made by `end`), connected, and one message each way (which passes the rings and
+    /// each one's exports).
+    fn talking(
+        tag: &str,
+        end: impl Fn(&Fabric) -> End,
+    ) -> (std::path::PathBuf, (End, Fabric), (End, Fabric)) {
+        let (dir, cfg) = host_dir(tag);
+        let (fa, fb) = (Fabric::new(cfg.clone()), Fabric::new(cfg));
+        let (a, b) = (end(&fa), end(&fb));
+        connected(&a, &b);
+        a.send(&b, 1);
+        b.send(&a, 2);
+        (dir, (a, fa), (b, fb))
+    }
+
     /// Watchers are held one at a time (the tests below would hold each other's).
     static ONE_AT_A_TIME: parking_lot::Mutex<()> = parking_lot::const_mutex(());
 
@@ -2598,13 +2614,7 @@ mod test {
     /// is taken in order, and both QPs stay in RTS.
     #[test]
     fn test_a_polling_requester_carries_out_what_a_peer_not_taking_in_waits_for() {
-        let (dir, cfg) = host_dir("lagging");
-        let (fa, fb) = (Fabric::new(cfg.clone()), Fabric::new(cfg));
-        let (a, b) = (end_on(&fa), end_on(&fb));
-        connected(&a, &b);
-        // The first exchange passes the rings and the peer's exports.
-        a.send(&b, 1);
-        b.send(&a, 2);
+        let (dir, (a, fa), (b, fb)) = talking("lagging", end_on);
         let held = fb.0.node.get().unwrap().inbound.rx.lock();
         a.mr.write(64, b"landed!!").unwrap();
         b.mr.write(128, b"read me.").unwrap();
@@ -2650,14 +2660,8 @@ mod test {
     #[test]
     fn test_writes_are_carried_out_as_they_are_sent_while_the_peer_takes_nothing_in() {
         for ty in [crate::QpType::RC, crate::QpType::UC] {
-            let (dir, cfg) = host_dir(&format!("placed-{ty:?}"));
-            let (fa, fb) = (Fabric::new(cfg.clone()), Fabric::new(cfg));
             let end = |f: &Fabric| crate::engine::testkit::side_of(&f.devices()[0], ty);
-            let (a, b) = (end(&fa), end(&fb));
-            connected(&a, &b);
-            // The first exchange passes the rings and the peer's exports.
-            a.send(&b, 1);
-            b.send(&a, 2);
+            let (dir, (a, fa), (b, fb)) = talking(&format!("placed-{ty:?}"), end);
             let node_b = fb.0.node.get().unwrap();
             let deadline = Instant::now() + Duration::from_secs(10);
             let asleep = |rx: &Rx| !rx.rings.is_empty() && rx.rings.iter().all(|(_, r)| r.armed());
@@ -2715,13 +2719,7 @@ mod test {
             let qp = pd.create_qp(&crate::QpInitAttr::new(crate::QpType::RC, &cq, cap)).unwrap();
             End { qp, mr, cq }
         };
-        let (dir, cfg) = host_dir("owed");
-        let (fa, fb) = (Fabric::new(cfg.clone()), Fabric::new(cfg));
-        let (a, b) = (end(&fa), end(&fb));
-        connected(&a, &b);
-        // The first exchange passes the rings.
-        a.send(&b, 1);
-        b.send(&a, 2);
+        let (dir, (a, fa), (b, fb)) = talking("owed", end);
         let at = |e: &End, i: u64| Sge { addr: e.mr.addr() + 8 * i, length: 8, lkey: e.mr.lkey() };
         for i in 0..RUN {
             b.qp.post_recv(&RecvWr { wr_id: i, sg_list: &[at(&b, i)] }).unwrap();
@@ -2757,12 +2755,7 @@ mod test {
     #[allow(unsafe_code)] // application memory, registered as C registers it
     fn test_large_payloads_are_copied_from_the_peers_shared_memory() {
         const LEN: usize = 256 * 1024;
-        let (dir, cfg) = host_dir("shared-mr");
-        let (fa, fb) = (Fabric::new(cfg.clone()), Fabric::new(cfg));
-        let (a, b) = (end_on(&fa), end_on(&fb));
-        connected(&a, &b);
-        a.send(&b, 1);
-        b.send(&a, 2);
+        let (dir, (a, fa), (b, fb)) = talking("shared-mr", end_on);
         let raw = |e: &End, seed: u8| {
             let (rw, anon) =
                 (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS);
