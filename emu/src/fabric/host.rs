@@ -244,6 +244,10 @@ impl Listing {
 struct Inbound {
     /// Non-blocking; the reader waits for it with poll(2).
     sock: UnixDatagram,
+    /// Where `sock` is bound, and our slot: a thread that took a doorbell meant for the
+    /// reader rings it again (see `receive_marked`).
+    path: PathBuf,
+    slot: u8,
     /// Held by whoever is receiving, so datagrams are taken and reassembled in order. (Taken
     /// at every empty poll of an application thread: a lock whose release is a plain store.)
     rx: crate::sync::lock::Lock<Rx>,
@@ -464,6 +468,8 @@ impl Node {
         let (peer_exports, gates) = (Mutex::default(), Mutex::default());
         let inbound = Arc::new(Inbound {
             sock,
+            path: path.clone(),
+            slot,
             rx,
             quit,
             polled,
@@ -1111,6 +1117,7 @@ pub(super) fn sock_name(slot: u8) -> String {
 
 /// Waits for messages and services them until the node quits or its fabric is gone.
 fn read_loop(inbound: &Inbound, fabric: &Weak<FabricInner>) {
+    READER.set(true);
     let mut sleepers = inbound.sleepers.load(Ordering::SeqCst);
     let mut nap = None;
     // Rounds in a row that found records streaming in: the socket is looked at only every
@@ -1232,6 +1239,8 @@ thread_local! {
     static HELD_BELL: std::cell::RefCell<Option<Arc<Peer>>> = const { std::cell::RefCell::new(None) };
     /// Whether this thread is inside `receive`: the replies it sends must never wait.
     static RECEIVING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Whether this thread is a node's reader (see `read_loop`), whom doorbells are for.
+    static READER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// Takes into `batch` the records waiting in `rings`.
@@ -1252,19 +1261,28 @@ fn read_rings<'a>(
 fn receive_marked(inbound: &Inbound, rx: &mut Rx, fabric: &FabricInner, socket: bool) -> bool {
     let mut batch = Batch { drops: Some(&inbound.drops), ..Batch::default() };
     let Rx { buf, partial, rings } = rx;
+    let mut rang = false;
     if socket {
-        take_datagrams(inbound, buf, rings, &mut |a| batch.take(fabric, partial, a));
+        rang = take_datagrams(inbound, buf, rings, &mut |a| batch.take(fabric, partial, a));
     }
     if rings.iter().any(|(_, r)| r.unseen_views().is_some()) {
         // A peer passed us its shared memory, which messages in its ring may name: the
         // datagram that passes it waits on the socket, and is taken first, whichever thread
         // this is (one that polls takes messages in while the reader sleeps). A doorbell taken
-        // with it is for records read just below.
+        // with it is for records read just below, but the reader must still wake to ask for
+        // the next (see below).
         let seen: Vec<_> =
             rings.iter().filter_map(|(_, r)| Some((r.clone(), r.unseen_views()?))).collect();
-        take_datagrams(inbound, buf, rings, &mut |a| batch.take(fabric, partial, a));
+        rang |= take_datagrams(inbound, buf, rings, &mut |a| batch.take(fabric, partial, a));
         // Looked for, whether or not it came as it should: no look at the socket per poll.
         seen.iter().for_each(|(r, id)| r.saw_views(*id));
+    }
+    if rang && !READER.get() {
+        // The doorbell was for the reader, asleep: its writer asks for no other until the
+        // reader arms the ring again, which it does only once woken (qperf's event-mode tests
+        // hung, the reader asleep, every message after one an application thread took unrung).
+        let mut own = None;
+        ring_bell(&mut own, &inbound.path, inbound.slot);
     }
     read_rings(inbound, fabric, rings, partial, &mut batch);
     OwedAck::pay(&mut batch.owed);
@@ -1279,18 +1297,19 @@ fn receive_marked(inbound: &Inbound, rx: &mut Rx, fabric: &FabricInner, socket: 
 
 /// Takes the datagrams waiting on the socket: rings offered to us (replacing, after reading
 /// it out, the ring of a node that left the slot the offerer took), doorbells, and messages.
-/// What a process of another user sent is dropped unread.
+/// What a process of another user sent is dropped unread. Whether a doorbell was among them.
 fn take_datagrams(
     inbound: &Inbound,
     buf: &mut [u8],
     rings: &mut Vec<(u8, Arc<Ring>)>,
     take: &mut dyn FnMut(Arrived<'_>),
-) {
+) -> bool {
+    let mut rang = false;
     loop {
         let got = match crate::sys::recv_with_fd(inbound.sock.as_raw_fd(), buf) {
             Ok(got) => got,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(_) => return,
+            Err(_) => return rang,
         };
         let Some(cred) = got.cred.filter(|c| c.uid == inbound.uid) else {
             Drops::count(&inbound.drops.foreign);
@@ -1355,7 +1374,8 @@ fn take_datagrams(
                     from.drop_view(id);
                 }
             }
-            (Some(&[_, flags]), _) if flags & (RING | BELL | EXPORTS | SHARED) != 0 => {}
+            (Some(&[_, flags]), _) if flags & BELL != 0 => rang = true,
+            (Some(&[_, flags]), _) if flags & (RING | EXPORTS | SHARED) != 0 => {}
             (Some(&[src, _]), _) => take(Arrived::Datagram(d, Source { slot: src, pid: cred.pid })),
             _ => Drops::count(&inbound.drops.malformed),
         }
@@ -2650,6 +2670,46 @@ mod test {
         assert!(fa.0.node.get().unwrap().behind(b.slot()));
         drop(held);
         talk_and_part((a, fa), (b, fb), &dir);
+    }
+
+    /// A doorbell that an application thread takes off the socket (it does so to take a peer's
+    /// shared memory before the ring records that name it) is passed on to the reader, whom it
+    /// was for: the ring's writer asks for no other until the reader, woken, asks again.
+    #[test]
+    fn test_a_doorbell_an_application_thread_takes_is_passed_on_to_the_reader() {
+        let (dir, (a, fa), (b, fb)) = talking("bell-passed", end_on);
+        let node_b = fb.0.node.get().unwrap();
+        let inbound = &node_b.inbound;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let asleep = |rx: &Rx| !rx.rings.is_empty() && rx.rings.iter().all(|(_, r)| r.armed());
+        while !inbound.rx.try_lock().is_some_and(|rx| asleep(&rx)) {
+            assert!(Instant::now() < deadline, "the reader never slept");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // The reader, asleep on the socket, wakes and ends without reading it: from here on
+        // only this thread takes datagrams off B's socket.
+        inbound.quit.store(true, Ordering::Release);
+        ring_bell(&mut None, &inbound.path, inbound.slot);
+        let mut buf = vec![0u8; HEADER + FRAGMENT];
+        let mut bells = || {
+            let mut n = 0;
+            while let Ok(got) = crate::sys::recv_with_fd(inbound.sock.as_raw_fd(), &mut buf) {
+                n += usize::from(buf[..got.len].get(5).is_some_and(|f| f & BELL != 0));
+            }
+            n
+        };
+        assert_eq!(bells(), 1, "the reader was rung to end");
+        // A's writer passes shared memory, writes, finds B's reader asked to be rung: rings.
+        let mut rx = inbound.rx.lock();
+        let (from_a, ring) = rx.rings[0].clone();
+        ring.offer_view(1);
+        ring_bell(&mut None, &inbound.path, from_a);
+        receive(inbound, &mut rx, &fb.0, false);
+        assert_eq!(ring.unseen_views(), None, "the datagrams were taken");
+        drop(rx);
+        assert_eq!(bells(), 1, "the doorbell was not passed on to the reader");
+        drop((a, b, fa, fb));
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     /// WRITEs carried out as they are sent, on either transport: with the peer's reader
