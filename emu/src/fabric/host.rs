@@ -1097,7 +1097,7 @@ impl Fragment<'_> {
     }
 }
 
-fn lock_name(slot: u8) -> String {
+pub(super) fn lock_name(slot: u8) -> String {
     format!("{slot}.lock")
 }
 

@@ -394,14 +394,19 @@ impl Rng {
 const LIAR_QPN: u32 = (LIAR as u32) << 16 | 2;
 
 impl Victim {
-    /// A victim that also has an RC QP connected to [`LIAR_QPN`], with an MR a peer may write.
-    fn with_rc(tag: &str) -> (Victim, Qp, Mr) {
+    /// A victim that also has an RC QP connected to [`LIAR_QPN`], with an MR a peer may write,
+    /// and the lock of the hostile slot, held as its node would hold it (returned with them:
+    /// let go, the victim's watcher finds the slot's node dead and moves the QP to ERR, even
+    /// between the connect's RTR and RTS, which then fails).
+    fn with_rc(tag: &str) -> (Victim, Qp, Mr, std::fs::File) {
         let v = Victim::new(tag);
+        let lock = std::fs::File::create(v.dir.join(super::host::lock_name(LIAR))).unwrap();
+        lock.lock().unwrap();
         let rc = crate::engine::testkit::side(&v.fabric.devices()[0]);
         let ep = v.qp.endpoint(0);
         let liar = Endpoint { qpn: LIAR_QPN, lid: ep.lid, gid: ep.gid, psn: 100 };
         rc.qp.connect(0, &liar, &RcParams::default()).unwrap();
-        (v, rc.qp, rc.mr)
+        (v, rc.qp, rc.mr, lock)
     }
 
     /// Valid frames to mangle: UD SENDs of many sizes to the UD QP, and requests of every
@@ -499,7 +504,7 @@ fn still_serves(v: &Victim, rc_mr: &Mr) {
 
 #[test]
 fn test_a_storm_of_mangled_datagrams_is_dropped_and_counted() {
-    let (v, rc, rc_mr) = Victim::with_rc("storm");
+    let (v, rc, rc_mr, _liar) = Victim::with_rc("storm");
     let mut rng = Rng(0x5eed);
     let seeds = v.seeds(&mut rng, rc.qp_num(), &rc_mr);
     let sock = UnixDatagram::unbound().unwrap();
@@ -521,7 +526,7 @@ fn test_a_storm_of_mangled_datagrams_is_dropped_and_counted() {
 
 #[test]
 fn test_a_ring_of_mangled_records_and_corrupted_indices_is_dropped() {
-    let (v, rc, rc_mr) = Victim::with_rc("ring-storm");
+    let (v, rc, rc_mr, _liar) = Victim::with_rc("ring-storm");
     let mut rng = Rng(0xbad_5eed);
     let seeds = v.seeds(&mut rng, rc.qp_num(), &rc_mr);
     let ring = Ring::create(1 << 16).unwrap();
