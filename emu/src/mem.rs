@@ -555,10 +555,44 @@ fn move_bytes(src: *const u8, dst: *mut u8, len: usize, guarded: bool) -> Result
             Err(MemFault::Unreadable)
         };
     }
+    if len <= 16 {
+        small_move(src, dst, len);
+        return Ok(());
+    }
     // SAFETY: the ranges lie in regions whose memory the emulator owns and keeps mapped
     // while they live (the regions' invariant); memmove semantics allow overlap.
     unsafe { std::ptr::copy(src, dst, len) };
     Ok(())
+}
+
+/// [`move_bytes`] of at most 16 bytes, without a call to `memmove` (a third of the cost of an
+/// 8-byte WRITE's copy was the call).
+#[inline(always)]
+fn small_move(src: *const u8, dst: *mut u8, len: usize) {
+    match len {
+        8.. => ends::<u64>(src, dst, len),
+        4.. => ends::<u32>(src, dst, len),
+        2.. => ends::<u16>(src, dst, len),
+        1 => ends::<u8>(src, dst, len),
+        _ => {}
+    }
+}
+
+/// Copies the first and the last `size_of::<T>()` bytes of `len` (at least that many, at
+/// most twice): two words that may overlap, both read before either is written (so the
+/// ranges may overlap too).
+#[inline(always)]
+fn ends<T: Copy>(src: *const u8, dst: *mut u8, len: usize) {
+    let w = std::mem::size_of::<T>();
+    debug_assert!(w <= len && len <= 2 * w);
+    // SAFETY: `src..src+len` and `dst..dst+len` lie in checked ranges of live regions (see
+    // `move_bytes`), and each access is the first or the last `w <= len` bytes of one.
+    unsafe {
+        let (a, b) =
+            (src.cast::<T>().read_unaligned(), src.add(len - w).cast::<T>().read_unaligned());
+        dst.cast::<T>().write_unaligned(a);
+        dst.add(len - w).cast::<T>().write_unaligned(b);
+    }
 }
 
 /// Memory the application owns and lends to an MR: the one `unsafe` step of registering raw
@@ -579,6 +613,34 @@ impl RawMemory {
 #[cfg(test)]
 mod test {
     use super::*;
+
+    #[test]
+    fn test_small_copies_move_every_byte_even_overlapping() {
+        // Every length the call-free copy takes (and the first it leaves to memmove), between
+        // regions and within one, the ranges overlapping either way.
+        let fresh = || {
+            let r = MemRegion::owned(64);
+            r.write(0, &(1..=64).collect::<Vec<u8>>()).unwrap();
+            r
+        };
+        for len in 0..=17 {
+            for (from, to) in [(0, 32), (3, 40), (5, 1), (1, 6), (9, 9), (0, 47)] {
+                let (a, b) = (fresh(), MemRegion::owned(64));
+                MemRegion::copy(&a, from, &b, to, len).unwrap();
+                let mut got = [0u8; 64];
+                b.read(0, &mut got).unwrap();
+                let mut want = [0u8; 64];
+                want[to..to + len]
+                    .copy_from_slice(&(1..=64).collect::<Vec<u8>>()[from..from + len]);
+                assert_eq!(got, want, "len {len} from {from} to {to}, two regions");
+                MemRegion::copy(&a, from, &a, to, len).unwrap();
+                a.read(0, &mut got).unwrap();
+                let mut want: Vec<u8> = (1..=64).collect();
+                want.copy_within(from..from + len, to);
+                assert_eq!(got[..], want[..], "len {len} from {from} to {to}, one region");
+            }
+        }
+    }
 
     #[test]
     fn test_bounds_are_enforced() {
