@@ -174,6 +174,22 @@ pub(crate) fn send_done(qp: &QpShared, wr_id: u64, op: WrOpcode, flags: SendFlag
     }
 }
 
+/// [`send_done`] of a request whose completion's opcode and flags the caller knows already
+/// (the lane's, which told its four opcodes apart to run them).
+#[inline]
+pub(crate) fn send_done_as(
+    qp: &QpShared,
+    wr_id: u64,
+    (opcode, wc_flags): (WcOpcode, WcFlags),
+    flags: SendFlags,
+    len: u32,
+) {
+    if qp.sq_sig_all || flags.contains(SendFlags::SIGNALED) {
+        // A lost send completion (CQ overrun) does not stop the QP, as in rxe.
+        let _ = qp.send_cq.push(wc_ok(qp, wr_id, opcode, len, wc_flags), false);
+    }
+}
+
 /// Completes the tail WQE with `status` and leaves the QP as it is (a UD send that failed
 /// alone).
 pub(crate) fn complete_err(qp: &QpShared, g: &mut QpInner, status: WcStatus) {

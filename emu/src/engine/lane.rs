@@ -22,7 +22,7 @@ use super::{
 use crate::{
     fabric::FabricInner,
     qp::{QpInner, QpShared, SendWr},
-    types::{AccessFlags, QpState, SendFlags, Sge, WcOpcode, WrOpcode},
+    types::{AccessFlags, QpState, SendFlags, Sge, WcFlags, WcOpcode, WrOpcode},
 };
 
 /// A QP's connection to its peer QP, proven fit for the express path once (both QPs here, of
@@ -66,11 +66,14 @@ impl Lane {
 /// CQ. Whether it ran (if not, nothing changed).
 #[inline]
 pub(crate) fn post(qp: &Arc<QpShared>, g: &mut QpInner, wr: &SendWr<'_>, f: &FabricInner) -> bool {
-    let (send, imm) = match wr.opcode {
-        WrOpcode::RDMA_WRITE => (false, None),
-        WrOpcode::RDMA_WRITE_WITH_IMM => (false, Some(wr.imm_data)),
-        WrOpcode::SEND => (true, None),
-        WrOpcode::SEND_WITH_IMM => (true, Some(wr.imm_data)),
+    let (none, with_imm) = (WcFlags::empty(), WcFlags::WITH_IMM);
+    let (send, imm, done) = match wr.opcode {
+        WrOpcode::RDMA_WRITE => (false, None, (WcOpcode::RDMA_WRITE, none)),
+        WrOpcode::RDMA_WRITE_WITH_IMM => {
+            (false, Some(wr.imm_data), (WcOpcode::RDMA_WRITE, with_imm))
+        }
+        WrOpcode::SEND => (true, None, (WcOpcode::SEND, none)),
+        WrOpcode::SEND_WITH_IMM => (true, Some(wr.imm_data), (WcOpcode::SEND, with_imm)),
         _ => return false,
     };
     let Some(lane) = &g.lane else { return false };
@@ -170,7 +173,7 @@ pub(crate) fn post(qp: &Arc<QpShared>, g: &mut QpInner, wr: &SendWr<'_>, f: &Fab
     responder::advance_past(&mut dg, psn, npkts);
     drop(dg);
     g.req.psn = psn_add(psn, npkts);
-    completer::send_done(qp, wr.wr_id, wr.opcode, wr.send_flags, len);
+    completer::send_done_as(qp, wr.wr_id, done, wr.send_flags, len);
     completer::progressed(g);
     true
 }

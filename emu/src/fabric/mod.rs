@@ -311,7 +311,6 @@ impl FabricInner {
         Ok(self.node.get())
     }
 
-    /// Whether port `port` of device `dev` exists here and is up (packets pass).
     /// Whether a work request may take the express path now: switched on, and no fault rule,
     /// simulated time or packet trace that needs to see its packets.
     pub(crate) fn express(&self) -> bool {
@@ -328,6 +327,7 @@ impl FabricInner {
             || self.port_up(a.0, a.1) && self.port_up(b.0, b.1)
     }
 
+    /// Whether port `port` of device `dev` exists here and is up (packets pass).
     pub(crate) fn port_up(&self, dev: u32, port: u8) -> bool {
         // Beyond a wire port the network is assumed up; the wire port itself is checked as
         // the packet's other end.
