@@ -293,28 +293,9 @@ fn run(
             responder::remember(&mut dg, Replay::read(psn, npkts, wqe.remote_addr, wqe.rkey, len));
         }
         _ => {
-            let key = (wqe.rkey, wqe.remote_addr, 8);
-            let Some(Some((region, off))) = remote(rkeys, &dst.pd, key, AccessFlags::REMOTE_ATOMIC)
-            else {
-                return None;
-            };
-            // An atomic must be aligned in memory (the packet path refuses it otherwise).
-            let aligned = region.host_addr().wrapping_add(off as u64) % 8 == 0;
-            // The result buffer is checked before the remote word is touched.
-            let into = scatter(&lkeys, &qp.pd, wqe.sges, 8)?;
-            if !aligned {
-                return None;
-            }
-            let op = if kind == Kind::CompareSwap {
-                region.compare_swap(off, wqe.compare_add, wqe.swap)
-            } else {
-                region.fetch_add(off, wqe.compare_add)
-            };
-            let Ok(orig) = op else { return None };
-            let word = Src::Bytes(&orig.to_ne_bytes());
-            if !into.fill(&lkeys, wqe.sges, word, 8) {
-                return None;
-            }
+            let op = (kind == Kind::CompareSwap, wqe.compare_add, wqe.swap);
+            let target = (&dst.pd, wqe.rkey, wqe.remote_addr);
+            let orig = atomic((&lkeys, &qp.pd, wqe.sges), (rkeys, target), op)?;
             responder::remember(&mut dg, Replay::Atomic { psn, orig });
         }
     }
@@ -506,6 +487,35 @@ pub(super) fn copy<'a, 'b>(
         }
     }
     true
+}
+
+/// Carries out an atomic, `(compare_swap, compare_add, swap)`, on the word `(pd, rkey, va)`
+/// names in `rkeys`, its original value written into the result buffer `sges` (checked in
+/// `lkeys` for `pd`, before the word is touched): that value, or `None` for anything the packet
+/// path must handle (a bad key, a misaligned word, memory that may fault).
+pub(super) fn atomic(
+    (lkeys, pd, sges): (&KeyTable, &Arc<PdInner>, &[Sge]),
+    (rkeys, (dst_pd, rkey, va)): (&KeyTable, (&Arc<PdInner>, u32, u64)),
+    (compare_swap, compare_add, swap): (bool, u64, u64),
+) -> Option<u64> {
+    let Some(Some((region, off))) =
+        remote(rkeys, dst_pd, (rkey, va, 8), AccessFlags::REMOTE_ATOMIC)
+    else {
+        return None;
+    };
+    // An atomic must be aligned in memory (the packet path refuses it otherwise).
+    let aligned = region.host_addr().wrapping_add(off as u64) % 8 == 0;
+    let into = scatter(lkeys, pd, sges, 8)?;
+    if !aligned {
+        return None;
+    }
+    let op = if compare_swap {
+        region.compare_swap(off, compare_add, swap)
+    } else {
+        region.fetch_add(off, compare_add)
+    };
+    let orig = op.ok()?;
+    into.fill(lkeys, sges, Src::Bytes(&orig.to_ne_bytes()), 8).then_some(orig)
 }
 
 /// Copies all of `piece` into `dst` (of its length); false if its memory went away after its

@@ -17,12 +17,12 @@ use super::{
     express::{self, Src},
     packet::Kind,
     packets_for, psn_add,
-    responder::{self, Arrival},
+    responder::{self, Arrival, Replay},
 };
 use crate::{
     fabric::FabricInner,
     qp::{QpInner, QpShared, SendWr},
-    types::{AccessFlags, QpState, SendFlags, Sge, WcFlags, WcOpcode, WrOpcode},
+    types::{AccessFlags, QpState, QpType, SendFlags, Sge, WcFlags, WcOpcode, WrOpcode},
 };
 
 /// A QP's connection to its peer QP, proven fit for the express path once (both QPs here, of
@@ -74,10 +74,13 @@ pub(crate) fn post(qp: &Arc<QpShared>, g: &mut QpInner, wr: &SendWr<'_>, f: &Fab
         }
         WrOpcode::SEND => (true, None, (WcOpcode::SEND, none)),
         WrOpcode::SEND_WITH_IMM => (true, Some(wr.imm_data), (WcOpcode::SEND, with_imm)),
+        WrOpcode::ATOMIC_FETCH_AND_ADD | WrOpcode::ATOMIC_CMP_AND_SWP => {
+            return post_atomic(qp, g, wr, f);
+        }
         _ => return false,
     };
     let Some(lane) = &g.lane else { return false };
-    if g.state != QpState::RTS || g.sq.head != g.sq.tail || g.req.rnr_until.is_some() {
+    if !idle(g) {
         return false;
     }
     // What the post checks of the request, then what the express path checks of the QP.
@@ -93,10 +96,7 @@ pub(crate) fn post(qp: &Arc<QpShared>, g: &mut QpInner, wr: &SendWr<'_>, f: &Fab
         _ => return false,
     };
     let (dest, same_keys) = (lane.dest, lane.same_keys);
-    if len > g.port.max_msg_sz
-        || !f.express()
-        || !f.ports_up((qp.device_index(), g.attr.port_num), dest)
-    {
+    if !open(qp, g, f, len, dest) {
         return false;
     }
     let Some(dst) = lane.peer() else { return false };
@@ -174,6 +174,79 @@ pub(crate) fn post(qp: &Arc<QpShared>, g: &mut QpInner, wr: &SendWr<'_>, f: &Fab
     drop(dg);
     g.req.psn = psn_add(psn, npkts);
     completer::send_done_as(qp, wr.wr_id, done, wr.send_flags, len);
+    completer::progressed(g);
+    true
+}
+
+/// Whether the QP may run a request at its post: in RTS, with nothing queued before it and no
+/// RNR wait (as `express::post` asks).
+#[inline(always)]
+fn idle(g: &QpInner) -> bool {
+    g.state == QpState::RTS && g.sq.head == g.sq.tail && g.req.rnr_until.is_none()
+}
+
+/// Whether a message of `len` bytes may go to the lane's peer at `dest` now (as `express::run`
+/// asks): no longer than the port takes, the express path on, both ports up.
+#[inline(always)]
+fn open(qp: &QpShared, g: &QpInner, f: &FabricInner, len: u32, dest: (u32, u8)) -> bool {
+    len <= g.port.max_msg_sz
+        && f.express()
+        && f.ports_up((qp.device_index(), g.attr.port_num), dest)
+}
+
+/// An RC FETCH_ADD or CMP_SWP into one result SGE, of an aligned remote word, run at the post
+/// as `express::run` runs it (the same checks in the same order, the same helper); anything
+/// else goes its way. (Out of line: the WRITE's lane stays as small as it was.)
+#[inline(never)]
+fn post_atomic(qp: &Arc<QpShared>, g: &mut QpInner, wr: &SendWr<'_>, f: &FabricInner) -> bool {
+    let Some(lane) = &g.lane else { return false };
+    let ([sge], false) = (wr.sg_list, wr.send_flags.contains(SendFlags::INLINE)) else {
+        return false;
+    };
+    // UC carries no atomics (the packet path fails them); a misaligned one is the post's or
+    // the responder's to refuse.
+    if qp.qp_type != QpType::RC
+        || qp.cap.max_send_sge == 0
+        || !idle(g)
+        || g.attr.max_rd_atomic == 0
+        || sge.length < 8
+        || wr.remote_addr & 7 != 0
+        || !open(qp, g, f, sge.length, lane.dest)
+    {
+        return false;
+    }
+    let Some(dst) = lane.peer() else { return false };
+    let Some(mut dg) = dst.inner.try_lock() else { return false };
+    let (psn, cas) = (g.req.psn, wr.opcode == WrOpcode::ATOMIC_CMP_AND_SWP);
+    let kind = if cas { Kind::CompareSwap } else { Kind::FetchAdd };
+    if !express::takes(dst, &dg, qp.qp_type, psn, lane.dest.1)
+        || responder::refuses(&dg, kind, sge.length, wr.remote_addr, 0)
+    {
+        return false;
+    }
+    let lkeys = qp.ctx.device.keys.read();
+    let rkeys_guard = match lane.same_keys {
+        true => None,
+        false => match dst.ctx.device.keys.try_read() {
+            Some(k) => Some(k),
+            None => return false,
+        },
+    };
+    let rkeys = rkeys_guard.as_deref().unwrap_or(&lkeys);
+    let target = (&dst.pd, wr.rkey, wr.remote_addr);
+    let op = (cas, wr.compare_add, wr.swap);
+    let Some(orig) = express::atomic((&lkeys, &qp.pd, wr.sg_list), (rkeys, target), op) else {
+        return false;
+    };
+    drop(rkeys_guard);
+    drop(lkeys);
+    responder::remember(&mut dg, Replay::Atomic { psn, orig });
+    dg.resp.nak_seq_sent = false;
+    responder::advance_past(&mut dg, psn, 1);
+    drop(dg);
+    g.req.psn = psn_add(psn, 1);
+    let opcode = if cas { WcOpcode::COMP_SWAP } else { WcOpcode::FETCH_ADD };
+    completer::send_done_as(qp, wr.wr_id, (opcode, WcFlags::empty()), wr.send_flags, sge.length);
     completer::progressed(g);
     true
 }
