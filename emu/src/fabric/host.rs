@@ -275,6 +275,13 @@ struct Inbound {
     gates: Mutex<Vec<Arc<Ring>>>,
 }
 
+impl Inbound {
+    /// Rings our own doorbell: the reader, asleep on the socket, wakes.
+    fn wake_reader(&self) {
+        ring_bell(&mut None, &self.path, self.slot);
+    }
+}
+
 /// A peer's exports and the process that passed them to us.
 type Exported = (Arc<PeerExports>, Arc<PeerProcess>);
 
@@ -625,8 +632,7 @@ impl Node {
     pub(crate) fn attend(&self) {
         self.inbound.sleepers.fetch_add(1, Ordering::SeqCst);
         if self.inbound.napping.load(Ordering::SeqCst) {
-            let mut own = None;
-            ring_bell(&mut own, &self.dir.entry(&sock_name(self.slot)), self.slot);
+            self.inbound.wake_reader();
         }
     }
 
@@ -1281,8 +1287,7 @@ fn receive_marked(inbound: &Inbound, rx: &mut Rx, fabric: &FabricInner, socket: 
         // The doorbell was for the reader, asleep: its writer asks for no other until the
         // reader arms the ring again, which it does only once woken (qperf's event-mode tests
         // hung, the reader asleep, every message after one an application thread took unrung).
-        let mut own = None;
-        ring_bell(&mut own, &inbound.path, inbound.slot);
+        inbound.wake_reader();
     }
     read_rings(inbound, fabric, rings, partial, &mut batch);
     OwedAck::pay(&mut batch.owed);
@@ -2509,6 +2514,17 @@ mod test {
         (dir, (a, fa), (b, fb))
     }
 
+    /// Waits (a bounded guard) until the reader of `inbound` sleeps: every ring it reads
+    /// armed, nobody receiving.
+    fn until_reader_asleep(inbound: &Inbound) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let asleep = |rx: &Rx| !rx.rings.is_empty() && rx.rings.iter().all(|(_, r)| r.armed());
+        while !inbound.rx.try_lock().is_some_and(|rx| asleep(&rx)) {
+            assert!(Instant::now() < deadline, "the reader never slept");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     /// Watchers are held one at a time (the tests below would hold each other's).
     static ONE_AT_A_TIME: parking_lot::Mutex<()> = parking_lot::const_mutex(());
 
@@ -2678,18 +2694,12 @@ mod test {
     #[test]
     fn test_a_doorbell_an_application_thread_takes_is_passed_on_to_the_reader() {
         let (dir, (a, fa), (b, fb)) = talking("bell-passed", end_on);
-        let node_b = fb.0.node.get().unwrap();
-        let inbound = &node_b.inbound;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let asleep = |rx: &Rx| !rx.rings.is_empty() && rx.rings.iter().all(|(_, r)| r.armed());
-        while !inbound.rx.try_lock().is_some_and(|rx| asleep(&rx)) {
-            assert!(Instant::now() < deadline, "the reader never slept");
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        let inbound = &fb.0.node.get().unwrap().inbound;
+        until_reader_asleep(inbound);
         // The reader, asleep on the socket, wakes and ends without reading it: from here on
         // only this thread takes datagrams off B's socket.
         inbound.quit.store(true, Ordering::Release);
-        ring_bell(&mut None, &inbound.path, inbound.slot);
+        inbound.wake_reader();
         let mut buf = vec![0u8; HEADER + FRAGMENT];
         let mut bells = || {
             let mut n = 0;
@@ -2723,12 +2733,7 @@ mod test {
             let end = |f: &Fabric| crate::engine::testkit::side_of(&f.devices()[0], ty);
             let (dir, (a, fa), (b, fb)) = talking(&format!("placed-{ty:?}"), end);
             let node_b = fb.0.node.get().unwrap();
-            let deadline = Instant::now() + Duration::from_secs(10);
-            let asleep = |rx: &Rx| !rx.rings.is_empty() && rx.rings.iter().all(|(_, r)| r.armed());
-            while !node_b.inbound.rx.try_lock().is_some_and(|rx| asleep(&rx)) {
-                assert!(Instant::now() < deadline, "the peer's reader never slept");
-                std::thread::sleep(Duration::from_millis(1));
-            }
+            until_reader_asleep(&node_b.inbound);
             let held = node_b.inbound.rx.lock();
             for i in 0..64u64 {
                 let (at, word) = (8 * i, (i + 0x5eed).to_le_bytes());
