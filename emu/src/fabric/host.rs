@@ -1357,22 +1357,20 @@ fn take_datagrams(
             (Some(&[src, flags]), Some(fd)) if flags & SHARED != 0 => {
                 // Mapped for the sender of the ring from that node, if it is the process
                 // that passed it: its payloads name it (and are pulled until it is mapped).
-                let ring = rings.iter().find(|(s, _)| *s == src).map(|(_, r)| r);
-                let from = ring.and_then(|r| r.sender()).filter(|p| p.pid() == cred.pid);
+                let from = ring_sender(rings, src, cred.pid);
                 let view = d.get(HEADER..HEADER + 20).and_then(|b| {
                     let id = u32::from_le_bytes(b[..4].try_into().ok()?);
                     let base = u64::from_le_bytes(b[4..12].try_into().ok()?);
                     let len = usize::try_from(u64::from_le_bytes(b[12..].try_into().ok()?)).ok()?;
                     crate::shared_mem::SharedView::open(&fd, id, base, len).ok()
                 });
-                match (ring, from, view) {
-                    (Some(_), Some(from), Some(view)) => from.add_view(view),
+                match (from, view) {
+                    (Some(from), Some(view)) => from.add_view(view),
                     _ => Drops::count(&inbound.drops.rings),
                 }
             }
             (Some(&[src, flags]), _) if flags & RETIRED != 0 => {
-                let ring = rings.iter().find(|(s, _)| *s == src).map(|(_, r)| r);
-                let from = ring.and_then(|r| r.sender()).filter(|p| p.pid() == cred.pid);
+                let from = ring_sender(rings, src, cred.pid);
                 let id = d.get(HEADER..HEADER + 4).and_then(|b| b.try_into().ok());
                 let id = id.map(u32::from_le_bytes);
                 if let (Some(from), Some(id)) = (from, id) {
@@ -1385,6 +1383,13 @@ fn take_datagrams(
             _ => Drops::count(&inbound.drops.malformed),
         }
     }
+}
+
+/// The process that writes the ring from the node in `slot`, if it is process `pid` (the
+/// sender of a datagram about that ring's payloads).
+fn ring_sender(rings: &[(u8, Arc<Ring>)], slot: u8, pid: u32) -> Option<&Arc<PeerProcess>> {
+    let ring = rings.iter().find(|(s, _)| *s == slot).map(|(_, r)| r)?;
+    ring.sender().filter(|p| p.pid() == pid)
 }
 
 /// What `receive` took in: a datagram from the socket, or a record of a ring (which can lend
