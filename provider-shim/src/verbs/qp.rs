@@ -571,12 +571,95 @@ pub(crate) unsafe fn ud_dest<'a>(
 /// The `post_send` slot: `ibv_post_send(qp, wr, bad_wr)`.
 pub(crate) unsafe extern "C" fn post_send(
     qp: *mut ibv_qp,
-    mut wr: *mut ibv_send_wr,
+    wr: *mut ibv_send_wr,
     bad: *mut *mut ibv_send_wr,
 ) -> c_int {
     ffi!(libc::EIO, {
         // SAFETY: a live QP.
         let Some(s) = (unsafe { obj::<_, ShimQp>(qp) }) else { return libc::EINVAL };
+        // SAFETY: NULL or the application's valid ibv_send_wr.
+        if let Some(w) = unsafe { wr.as_ref() }
+            && w.next.is_null()
+            // SAFETY: as above.
+            && let Some(ewr) = unsafe { plain_send(s, w) }
+        {
+            return match s.emu.post_send(&ewr) {
+                Ok(()) => 0,
+                Err(e) => {
+                    if !bad.is_null() {
+                        // SAFETY: bad_wr is writable when non-NULL.
+                        unsafe { *bad = wr };
+                    }
+                    e.errno().raw()
+                }
+            };
+        }
+        // SAFETY: forwarded contract.
+        unsafe { post_send_list(s, wr, bad) }
+    })
+}
+
+/// The request of a list of one that the commonest loops post (a SEND, WRITE or READ, with or
+/// without immediate, of a gather list the QP takes, on an RC or UC QP), read without the
+/// steps [`post_send_list`] takes for the other kinds; `None` for any other request, which
+/// that function posts (and fails) as any list.
+///
+/// # Safety
+/// `w` is the application's valid `ibv_send_wr`, its `sg_list` readable for `num_sge` entries.
+#[inline(always)]
+unsafe fn plain_send<'a>(s: &ShimQp, w: &'a ibv_send_wr) -> Option<SendWr<'a>> {
+    let flags = SendFlags::from_bits_retain(w.send_flags);
+    let cap = s.emu.cap();
+    let plain = matches!(
+        WrOpcode(w.opcode),
+        WrOpcode::RDMA_WRITE
+            | WrOpcode::RDMA_WRITE_WITH_IMM
+            | WrOpcode::SEND
+            | WrOpcode::SEND_WITH_IMM
+            | WrOpcode::RDMA_READ
+    );
+    if !plain
+        || flags.contains(SendFlags::INLINE)
+        || !matches!(s.emu.qp_type(), QpType::RC | QpType::UC)
+        || cap.max_send_wr == 0
+        || !(0..=cap.max_send_sge as c_int).contains(&w.num_sge)
+    {
+        return None;
+    }
+    Some(SendWr {
+        wr_id: w.wr_id,
+        opcode: WrOpcode(w.opcode),
+        send_flags: flags,
+        // SAFETY: num_sge readable entries (the verbs contract), bounded above.
+        sg_list: unsafe { sges(w.sg_list, w.num_sge as usize) },
+        inline_data: &[],
+        imm_data: w.imm_data,
+        remote_addr: w.remote_addr(),
+        rkey: w.rdma_rkey(),
+        compare_add: 0,
+        swap: 0,
+        ud: None,
+        bind: None,
+        invalidate_rkey: w.invalidate_rkey(),
+        xrc_remote_srqn: w.qp_type,
+        tso: None,
+        flush: None,
+    })
+}
+
+/// Posts the application's list of send requests one by one: on the first failure `*bad`
+/// (when non-NULL) names the failing request and its errno is returned; the requests before
+/// it stay posted.
+///
+/// # Safety
+/// `wr` is NULL or a valid `ibv_send_wr` list; `bad` is NULL or writable.
+#[inline(never)]
+unsafe fn post_send_list(
+    s: &ShimQp,
+    mut wr: *mut ibv_send_wr,
+    bad: *mut *mut ibv_send_wr,
+) -> c_int {
+    {
         let max_sge = s.emu.cap().max_send_sge as c_int;
         // No completion can be polled while this call runs, so a list longer than the send
         // queue (or one whose `next` loops back) finds it full: ENOMEM, as on an HCA.
@@ -674,7 +757,7 @@ pub(crate) unsafe extern "C" fn post_send(
             wr = w.next;
         }
         0
-    })
+    }
 }
 
 /// The `post_recv` slot: `ibv_post_recv(qp, wr, bad_wr)`.

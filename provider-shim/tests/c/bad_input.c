@@ -60,6 +60,23 @@ int main(void)
 		CHECK(ibv_close_device(p.ctx) == 0 && ibv_close_device(q.ctx) == 0);
 	}
 
+	/* Requests of one posted to a QP in RESET queue (on this profile, as on mlx5) until the
+	 * send queue is full; the next gets ENOMEM, with bad_wr naming it. */
+	{
+		struct ibv_sge sg = { (uintptr_t)a.buf, 8, a.mr->lkey };
+		struct ibv_send_wr sw = { .wr_id = 11, .sg_list = &sg, .num_sge = 1,
+					  .opcode = IBV_WR_SEND };
+		struct ibv_send_wr *sbad = NULL;
+		struct ibv_qp_attr qa;
+		struct ibv_qp_init_attr qi;
+
+		CHECK(ibv_query_qp(a.qp, &qa, IBV_QP_STATE | IBV_QP_CAP, &qi) == 0);
+		CHECK(qa.qp_state == IBV_QPS_RESET && qa.cap.max_send_wr > 0);
+		for (unsigned i = 0; i < qa.cap.max_send_wr; i++)
+			CHECK(ibv_post_send(a.qp, &sw, &sbad) == 0);
+		CHECK(ibv_post_send(a.qp, &sw, &sbad) == ENOMEM && sbad == &sw);
+	}
+
 	/* Foreign pointers: memory this library never handed out. */
 	CHECK(ibv_dealloc_pd((struct ibv_pd *)junk) == EINVAL);
 	CHECK(ibv_destroy_cq((struct ibv_cq *)junk) == EINVAL);
