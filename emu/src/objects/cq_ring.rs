@@ -84,12 +84,13 @@ struct Rare {
 }
 
 impl Slot {
-    /// Writes `wc` into the slot (its rarer fields into `rare`).
+    /// Writes `wc` into the slot (its rarer fields, if any, into the entry `rare` finds: asked
+    /// for only then, as most completions have none).
     ///
     /// # Safety
     /// The caller has the slot and its `rare` entry to itself until it publishes them.
     #[inline(always)]
-    unsafe fn put(&self, rare: &UnsafeCell<Rare>, wc: &Wc) {
+    unsafe fn put<'r>(&self, rare: impl FnOnce() -> &'r UnsafeCell<Rare>, wc: &Wc) {
         let has_rare = wc.cvlan != 0 || wc.flow_tag != 0 || wc.tm_tag != 0 || wc.tm_priv != 0;
         if has_rare {
             let r = Rare {
@@ -99,7 +100,7 @@ impl Slot {
                 tm_priv: wc.tm_priv,
             };
             // SAFETY: the caller's promise.
-            unsafe { rare.get().write(r) };
+            unsafe { rare().get().write(r) };
         }
         let pair = |lo: u32, hi: u32| u64::from(lo) | u64::from(hi) << 32;
         let words: Packed = [
@@ -122,10 +123,10 @@ impl Slot {
     /// Reads the completion in the slot into `out`.
     ///
     /// # Safety
-    /// The slot holds a completion written by [`Slot::put`] with `rare`, published, that
-    /// nobody writes until the caller releases it.
+    /// The slot holds a completion written by [`Slot::put`] with the entry `rare` finds,
+    /// published, that nobody writes until the caller releases it.
     #[inline(always)]
-    unsafe fn get(&self, rare: &UnsafeCell<Rare>, out: &mut Wc) {
+    unsafe fn get<'r>(&self, rare: impl FnOnce() -> &'r UnsafeCell<Rare>, out: &mut Wc) {
         let from = self.words.get().cast::<u64>();
         // SAFETY: the caller's promise; each index is within the seven words.
         let w = |i: usize| unsafe { from.add(i).read_volatile() };
@@ -147,7 +148,7 @@ impl Slot {
         out.timestamp = w6;
         let r = if w5 & HAS_RARE != 0 {
             // SAFETY: the caller's promise: `put` wrote it with this completion.
-            unsafe { rare.get().read() }
+            unsafe { rare().get().read() }
         } else {
             Rare { cvlan: 0, flow_tag: 0, tm_tag: 0, tm_priv: 0 }
         };
@@ -335,11 +336,13 @@ impl Ring {
     }
 
     fn slot(&self, p: u64) -> &Slot {
-        &self.slots[(p & self.mask) as usize]
+        // SAFETY: `p & mask` < `mask + 1`, the number of slots (`Ring::new`).
+        unsafe { self.slots.get_unchecked((p & self.mask) as usize) }
     }
 
     fn rare(&self, p: u64) -> &UnsafeCell<Rare> {
-        &self.rare[(p & self.mask) as usize]
+        // SAFETY: as in `slot`: as many rare entries as slots.
+        unsafe { self.rare.get_unchecked((p & self.mask) as usize) }
     }
 
     /// Positions claimed by producers so far (since the last refill).
@@ -399,7 +402,7 @@ impl Ring {
         self.tail.store(tail + 1, Ordering::Relaxed);
         // SAFETY: this producer alone claims positions (it is in the bias), and the previous
         // lap's poller released the slot: nobody else touches it until the word publishes it.
-        unsafe { slot.put(self.rare(tail), &make()) };
+        unsafe { slot.put(|| self.rare(tail), &make()) };
         slot.seq.store(self.lap(tail) + 1, Ordering::Release);
         Ok(tail)
     }
@@ -445,7 +448,7 @@ impl Ring {
                     // SAFETY: this producer claimed position `tail`, whose slot the previous
                     // lap's poller released (its word was this lap's): nobody else touches
                     // the slot until the word below publishes it.
-                    unsafe { slot.put(self.rare(tail), wc) };
+                    unsafe { slot.put(|| self.rare(tail), wc) };
                     slot.seq.store(self.lap(tail) + 1, Ordering::Release);
                     return Ok(tail);
                 }
@@ -487,7 +490,7 @@ impl Ring {
         self.head.store(head + 1, Ordering::Relaxed);
         // SAFETY: published (the acquire load above saw the producer's release store), and
         // this poller alone claims positions.
-        unsafe { slot.get(self.rare(head), out) };
+        unsafe { slot.get(|| self.rare(head), out) };
         slot.seq.store(self.lap(head) + self.capacity(), Ordering::Release);
         true
     }
@@ -518,7 +521,7 @@ impl Ring {
                 Ok(_) => {
                     // SAFETY: published (the acquire load above saw the producer's release
                     // store) and claimed by this poller alone.
-                    unsafe { slot.get(self.rare(head), out) };
+                    unsafe { slot.get(|| self.rare(head), out) };
                     slot.seq.store(self.lap(head) + self.capacity(), Ordering::Release);
                     return Ok(true);
                 }
@@ -561,7 +564,7 @@ impl Ring {
             .map(|p| {
                 let mut wc = Wc::default();
                 // SAFETY: as above.
-                unsafe { self.slot(p).get(self.rare(p), &mut wc) };
+                unsafe { self.slot(p).get(|| self.rare(p), &mut wc) };
                 wc
             })
             .collect()
@@ -579,7 +582,7 @@ impl Ring {
         for (p, wc) in wcs.iter().enumerate() {
             let slot = self.slot(p as u64);
             // SAFETY: the ring is closed and its closer's alone.
-            unsafe { slot.put(self.rare(p as u64), wc) };
+            unsafe { slot.put(|| self.rare(p as u64), wc) };
             // Release, as a producer's publish: a poller that finds the ring open again may
             // read this word (acquire) without having read the reopened `head` (acquire).
             slot.seq.store(self.lap(p as u64) + 1, Ordering::Release);
