@@ -238,6 +238,21 @@ impl<'f> Driver<'f> {
         self.depth -= 1;
     }
 
+    /// [`Driver::service`], and if what is left is only this QP's timers to arm (the
+    /// commonest case after a post that queued work), arms them under the caller's lock
+    /// rather than in [`Driver::finish`], which would take the lock again.
+    pub(crate) fn service_and_arm(&mut self, qp: &Arc<QpShared>, g: &mut QpInner) {
+        self.service(qp, g);
+        if self.depth == 0
+            && self.ready.is_empty()
+            && let [only] = self.check_timers.as_slice()
+            && Arc::ptr_eq(only, qp)
+        {
+            self.check_timers.clear();
+            requester::arm_timers(qp, g, self);
+        }
+    }
+
     /// Services `qp` with `pkt` first: a packet that came while nothing waited in the QP's
     /// inbox (looked at under its lock, `g`) is handled at once, not queued and taken back.
     pub(crate) fn service_arrival(&mut self, qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet) {
