@@ -92,6 +92,14 @@ case "${1:-test}" in
             valgrind --tool=callgrind --toggle-collect='*measured_loop*' \
                 --callgrind-out-file=target/wr_cost.callgrind ./target/release/wr_cost $n 2>&1 |
                 awk -v n=$n '/Collected/ { printf "instructions per 8-byte WRITE + poll: %d\n", $4 / n }'
+            # The same through the C ABI (`ibv_post_send`/`ibv_poll_cq` on the shim), with the
+            # C program the G3b figure runs (built by `ratios` when it measures G3b).
+            if [ -x target/release/cabi-bench ]; then
+                LD_LIBRARY_PATH=target/release/shim valgrind --tool=callgrind \
+                    --toggle-collect=measured_loop --callgrind-out-file=target/cabi.callgrind \
+                    ./target/release/cabi-bench $n 0 2>&1 |
+                    awk -v n=$n '/Collected/ { printf "instructions per 8-byte WRITE + poll, C ABI: %d\n", $4 / n }'
+            fi
             # Across the host fabric (two fabrics joined as two processes are): a SEND, its
             # receive and the ACK that completes it: the receive and the SEND posted, each
             # message taken in and delivered (the empty looks between them, as many as the
