@@ -23,13 +23,13 @@ use super::{
     arriving::{Atomic, Message, Op},
     completer,
     express::{self, Src},
-    packets_for, psn_add,
+    packets_for, psn_add, requester,
 };
 use crate::{
     fabric::{host, wire},
     objects::keys::KeyTable,
     qp::{QpInner, QpShared},
-    types::{QpType, SendFlags, WrOpcode},
+    types::{QpState, QpType, SendFlags, WrOpcode},
 };
 
 /// The longest message sent so (a ping-pong's, a small message's: the ones whose cost is the
@@ -85,6 +85,44 @@ pub(crate) fn send(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, drv: &mut Driv
     if qp.qp_type == QpType::UC {
         // Unreliable: the WR is complete once its message is on the wire.
         completer::complete_ok(qp, g);
+    }
+    true
+}
+
+/// Sends the WQE a post just queued, the QP's only unsent one, the short way at once, as the
+/// QP's service would (`requester::run` then [`send`]) when there is nothing else for it to
+/// do: the QP in RTS, no RNR wait, no failed WQE, nothing in its inbox, and nothing that
+/// holds the WQE back (a fence, the limit of READs and atomics in flight, a local operation,
+/// a carry-out run). Its timers are armed as the service's end arms them. Whether it did (if
+/// not, nothing changed, and the service runs as before).
+pub(crate) fn at_post(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>) -> bool {
+    let idx = g.sq.next;
+    let idle = g.lane_across
+        && g.state == QpState::RTS
+        && idx.wrapping_add(1) == g.sq.head
+        && g.req.rnr_until.is_none()
+        && g.req.failed.is_none()
+        && !g.req.carrying
+        && qp.inbox.is_empty();
+    if !idle {
+        return false;
+    }
+    let w = g.sq.ring.at(idx);
+    let held = w.is_local()
+        || w.flags.contains(SendFlags::FENCE) && g.req.rd_atomic_in_flight > 0
+        || w.is_read_or_atomic() && g.req.rd_atomic_in_flight >= u32::from(g.attr.max_rd_atomic);
+    drv.enter(Arc::as_ptr(qp));
+    let sent = !held && send(qp, g, idx, drv);
+    drv.depth -= 1;
+    if !sent {
+        return false;
+    }
+    g.req.drained_reported = false;
+    if qp.inbox.is_empty() {
+        requester::arm_timers(qp, g, drv);
+    } else {
+        // Packets came meanwhile: the service takes them in (and arms the timers).
+        drv.service_and_arm(qp, g);
     }
     true
 }

@@ -238,6 +238,15 @@ impl<'f> Driver<'f> {
         self.depth -= 1;
     }
 
+    /// Services `qp`, locked by the caller (`g`), after a post queued work on it: a lone WQE
+    /// to another process goes out the short way at once (`leaving::at_post`); anything else
+    /// as [`Driver::service_and_arm`].
+    pub(crate) fn service_posted(&mut self, qp: &Arc<QpShared>, g: &mut QpInner) {
+        if !leaving::at_post(qp, g, self) {
+            self.service_and_arm(qp, g);
+        }
+    }
+
     /// [`Driver::service`], and if what is left is only this QP's timers to arm (the
     /// commonest case after a post that queued work), arms them under the caller's lock
     /// rather than in [`Driver::finish`], which would take the lock again.

@@ -874,7 +874,7 @@ impl Qp {
         // WRs that ran on the express path at the post left nothing to do.
         if queued {
             let mut drv = Driver::new(f);
-            drv.service_and_arm(qp, &mut g);
+            drv.service_posted(qp, &mut g);
             drop(g);
             drv.finish();
         }
