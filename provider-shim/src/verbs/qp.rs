@@ -585,13 +585,8 @@ pub(crate) unsafe extern "C" fn post_send(
         {
             return match s.emu.post_send(&ewr) {
                 Ok(()) => 0,
-                Err(e) => {
-                    if !bad.is_null() {
-                        // SAFETY: bad_wr is writable when non-NULL.
-                        unsafe { *bad = wr };
-                    }
-                    e.errno().raw()
-                }
+                // SAFETY: bad_wr is NULL or writable, as ibv_post_send requires.
+                Err(e) => unsafe { refused(bad, wr, e.errno().raw()) },
             };
         }
         // SAFETY: forwarded contract.
@@ -659,105 +654,110 @@ unsafe fn post_send_list(
     mut wr: *mut ibv_send_wr,
     bad: *mut *mut ibv_send_wr,
 ) -> c_int {
-    {
-        let max_sge = s.emu.cap().max_send_sge as c_int;
-        // No completion can be polled while this call runs, so a list longer than the send
-        // queue (or one whose `next` loops back) finds it full: ENOMEM, as on an HCA.
-        let (max_wr, mut posted) = (s.emu.cap().max_send_wr, 0u32);
-        let mut inline_buf = Vec::new();
-        let fail = |w: *mut ibv_send_wr, e: c_int| {
-            if !bad.is_null() {
-                // SAFETY: bad_wr is writable when non-NULL.
-                unsafe { *bad = w };
-            }
-            e
-        };
-        while !wr.is_null() {
-            // SAFETY: each element of the application's list is a valid ibv_send_wr.
-            let w = unsafe { &*wr };
-            posted += 1;
-            if posted > max_wr {
-                return fail(wr, libc::ENOMEM);
-            }
-            if w.num_sge < 0 || w.num_sge > max_sge {
+    let max_sge = s.emu.cap().max_send_sge as c_int;
+    // No completion can be polled while this call runs, so a list longer than the send
+    // queue (or one whose `next` loops back) finds it full: ENOMEM, as on an HCA.
+    let (max_wr, mut posted) = (s.emu.cap().max_send_wr, 0u32);
+    let mut inline_buf = Vec::new();
+    // SAFETY: `bad` is NULL or writable (the caller's promise).
+    let fail = |w: *mut ibv_send_wr, e: c_int| unsafe { refused(bad, w, e) };
+    while !wr.is_null() {
+        // SAFETY: each element of the application's list is a valid ibv_send_wr.
+        let w = unsafe { &*wr };
+        posted += 1;
+        if posted > max_wr {
+            return fail(wr, libc::ENOMEM);
+        }
+        if w.num_sge < 0 || w.num_sge > max_sge {
+            return fail(wr, libc::EINVAL);
+        }
+        // SAFETY: num_sge readable entries (the verbs contract), bounded above.
+        let sg = unsafe { sges(w.sg_list, w.num_sge as usize) };
+        let flags = SendFlags::from_bits_retain(w.send_flags);
+        let opcode = WrOpcode(w.opcode);
+        let atomic =
+            matches!(opcode, WrOpcode::ATOMIC_CMP_AND_SWP | WrOpcode::ATOMIC_FETCH_AND_ADD);
+        inline_buf.clear();
+        if flags.contains(SendFlags::INLINE) {
+            let total: u64 = sg.iter().map(|e| e.length as u64).sum();
+            if total > s.emu.cap().max_inline_data as u64 {
                 return fail(wr, libc::EINVAL);
             }
-            // SAFETY: num_sge readable entries (the verbs contract), bounded above.
-            let sg = unsafe { sges(w.sg_list, w.num_sge as usize) };
-            let flags = SendFlags::from_bits_retain(w.send_flags);
-            let opcode = WrOpcode(w.opcode);
-            let atomic =
-                matches!(opcode, WrOpcode::ATOMIC_CMP_AND_SWP | WrOpcode::ATOMIC_FETCH_AND_ADD);
-            inline_buf.clear();
-            if flags.contains(SendFlags::INLINE) {
-                let total: u64 = sg.iter().map(|e| e.length as u64).sum();
-                if total > s.emu.cap().max_inline_data as u64 {
-                    return fail(wr, libc::EINVAL);
-                }
-                for e in sg {
-                    // SAFETY: with IBV_SEND_INLINE the application promises each SGE's
-                    // addr..addr+length is readable now; no lkey is involved.
-                    let bytes = unsafe {
-                        std::slice::from_raw_parts(e.addr as *const u8, e.length as usize)
-                    };
-                    inline_buf.extend_from_slice(bytes);
-                }
+            for e in sg {
+                // SAFETY: with IBV_SEND_INLINE the application promises each SGE's
+                // addr..addr+length is readable now; no lkey is involved.
+                let bytes =
+                    unsafe { std::slice::from_raw_parts(e.addr as *const u8, e.length as usize) };
+                inline_buf.extend_from_slice(bytes);
             }
-            let ah = if s.emu.qp_type() == QpType::UD {
-                // SAFETY: for UD the application sets wr.ud.ah to one of its address handles.
-                match unsafe { ud_dest(w.ud_ah(), w.ud_remote_qpn(), w.ud_remote_qkey()) } {
-                    Some(d) => Some(d),
-                    None => return fail(wr, libc::EINVAL),
-                }
-            } else {
-                None
-            };
-            let bind = if opcode == WrOpcode::BIND_MW {
-                // SAFETY: for BIND_MW the application sets bind_mw.mw and bind_info.mr to its
-                // own objects (checked against the registry).
-                match unsafe {
-                    super::mw::bind_request(w.bind_mw_mw(), w.bind_mw_rkey(), &w.bind_mw_info())
-                } {
-                    Some(b) => Some(b),
-                    None => return fail(wr, libc::EINVAL),
-                }
-            } else {
-                None
-            };
-            let (hdr, hdr_sz, mss) = w.tso();
-            let tso = if opcode == WrOpcode::TSO && (!hdr.is_null() || hdr_sz == 0) {
-                // SAFETY: for TSO the application points wr.tso.hdr at hdr_sz readable bytes.
-                let hdr = unsafe { std::slice::from_raw_parts(hdr, hdr_sz as usize) };
-                Some(rdma_emu::Tso { hdr, mss })
-            } else {
-                None
-            };
-            let ewr = SendWr {
-                wr_id: w.wr_id,
-                opcode,
-                send_flags: flags,
-                sg_list: sg,
-                inline_data: &inline_buf,
-                imm_data: w.imm_data,
-                remote_addr: w.remote_addr(),
-                rkey: if atomic { w.atomic_rkey() } else { w.rdma_rkey() },
-                compare_add: w.compare_add(),
-                swap: w.swap(),
-                ud: ah,
-                bind,
-                invalidate_rkey: w.invalidate_rkey(),
-                xrc_remote_srqn: w.qp_type,
-                tso,
-                // `struct ibv_send_wr` has no FLUSH fields: only `ibv_wr_flush` makes one.
-                flush: None,
-            };
-            if let Err(e) = s.emu.post_send(&ewr) {
-                return fail(wr, e.errno().raw());
-            }
-            wr = w.next;
         }
-        0
+        let ah = if s.emu.qp_type() == QpType::UD {
+            // SAFETY: for UD the application sets wr.ud.ah to one of its address handles.
+            match unsafe { ud_dest(w.ud_ah(), w.ud_remote_qpn(), w.ud_remote_qkey()) } {
+                Some(d) => Some(d),
+                None => return fail(wr, libc::EINVAL),
+            }
+        } else {
+            None
+        };
+        let bind = if opcode == WrOpcode::BIND_MW {
+            // SAFETY: for BIND_MW the application sets bind_mw.mw and bind_info.mr to its
+            // own objects (checked against the registry).
+            match unsafe {
+                super::mw::bind_request(w.bind_mw_mw(), w.bind_mw_rkey(), &w.bind_mw_info())
+            } {
+                Some(b) => Some(b),
+                None => return fail(wr, libc::EINVAL),
+            }
+        } else {
+            None
+        };
+        let (hdr, hdr_sz, mss) = w.tso();
+        let tso = if opcode == WrOpcode::TSO && (!hdr.is_null() || hdr_sz == 0) {
+            // SAFETY: for TSO the application points wr.tso.hdr at hdr_sz readable bytes.
+            let hdr = unsafe { std::slice::from_raw_parts(hdr, hdr_sz as usize) };
+            Some(rdma_emu::Tso { hdr, mss })
+        } else {
+            None
+        };
+        let ewr = SendWr {
+            wr_id: w.wr_id,
+            opcode,
+            send_flags: flags,
+            sg_list: sg,
+            inline_data: &inline_buf,
+            imm_data: w.imm_data,
+            remote_addr: w.remote_addr(),
+            rkey: if atomic { w.atomic_rkey() } else { w.rdma_rkey() },
+            compare_add: w.compare_add(),
+            swap: w.swap(),
+            ud: ah,
+            bind,
+            invalidate_rkey: w.invalidate_rkey(),
+            xrc_remote_srqn: w.qp_type,
+            tso,
+            // `struct ibv_send_wr` has no FLUSH fields: only `ibv_wr_flush` makes one.
+            flush: None,
+        };
+        if let Err(e) = s.emu.post_send(&ewr) {
+            return fail(wr, e.errno().raw());
+        }
+        wr = w.next;
     }
+    0
+}
+
+/// A post that failed at `wr`: names it in the application's `bad_wr` (when non-NULL, as
+/// libibverbs' callers may pass NULL) and returns `errno`.
+///
+/// # Safety
+/// `bad` is NULL or writable.
+unsafe fn refused<W>(bad: *mut *mut W, wr: *mut W, errno: c_int) -> c_int {
+    if !bad.is_null() {
+        // SAFETY: writable when non-NULL (the caller's promise).
+        unsafe { *bad = wr };
+    }
+    errno
 }
 
 /// The `post_recv` slot: `ibv_post_recv(qp, wr, bad_wr)`.
@@ -804,11 +804,8 @@ pub(crate) unsafe fn post_recv_list(
             post(&RecvWr { wr_id: w.wr_id, sg_list: sg }).map_err(|e| e.errno().raw())
         };
         if let Err(e) = res {
-            if !bad.is_null() {
-                // SAFETY: bad_wr is writable when non-NULL.
-                unsafe { *bad = wr };
-            }
-            return e;
+            // SAFETY: the caller's promise on `bad`.
+            return unsafe { refused(bad, wr, e) };
         }
         wr = w.next;
     }
