@@ -108,9 +108,7 @@ pub(crate) fn at_post(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>)
         return false;
     }
     let w = g.sq.ring.at(idx);
-    let held = w.is_local()
-        || w.flags.contains(SendFlags::FENCE) && g.req.rd_atomic_in_flight > 0
-        || w.is_read_or_atomic() && g.req.rd_atomic_in_flight >= u32::from(g.attr.max_rd_atomic);
+    let held = w.is_local() || requester::waits(g, w);
     drv.enter(Arc::as_ptr(qp));
     let sent = !held && send(qp, g, idx, drv);
     drv.depth -= 1;

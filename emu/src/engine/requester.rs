@@ -12,7 +12,7 @@ use super::{
 use crate::{
     error::{Errno, Error, Result, einval},
     objects::mw,
-    qp::{QpInner, QpShared, SendWr},
+    qp::{QpInner, QpShared, SendWr, queue::SendWqe},
     types::{EventType, FlushLevel, FlushType, QpState, QpType, SendFlags, WcStatus, WrOpcode},
 };
 
@@ -437,13 +437,10 @@ pub(crate) fn run(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>) -> 
             }
             continue;
         }
-        if wqe.flags.contains(SendFlags::FENCE) && g.req.rd_atomic_in_flight > 0 {
+        if waits(g, wqe) {
             break;
         }
         let rd_atomic = wqe.is_read_or_atomic();
-        if rd_atomic && g.req.rd_atomic_in_flight >= g.attr.max_rd_atomic as u32 {
-            break;
-        }
         if g.wire_grh.is_some() && g.sq.in_flight() > 0 && qp.qp_type.is_reliable() {
             // Over a wire, at most MAX_UNACKED_PSNS PSNs beyond the oldest unacknowledged one
             // (rxe's limit), so that a burst does not overflow the receiver's socket.
@@ -501,6 +498,14 @@ pub(crate) fn run(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>) -> 
         }
     }
     sent
+}
+
+/// Whether `wqe`, the next to send, waits for READs and atomics in flight: fenced behind
+/// them, or one more than the responder takes.
+pub(super) fn waits(g: &QpInner, wqe: &SendWqe) -> bool {
+    let in_flight = g.req.rd_atomic_in_flight;
+    wqe.flags.contains(SendFlags::FENCE) && in_flight > 0
+        || wqe.is_read_or_atomic() && in_flight >= u32::from(g.attr.max_rd_atomic)
 }
 
 /// Fails the WQE at `idx`, which cannot be sent, in its turn: at once if no earlier WQE is
