@@ -154,28 +154,30 @@ pub(crate) fn progressed(g: &mut QpInner) {
 
 /// The successful completion of the application's send WR `wr_id`, if it is signaled.
 pub(crate) fn send_done(qp: &QpShared, wr_id: u64, op: WrOpcode, flags: SendFlags, len: u32) {
-    if qp.sq_sig_all || flags.contains(SendFlags::SIGNALED) {
-        let (opcode, flags) = match op {
-            WrOpcode::SEND | WrOpcode::SEND_WITH_INV => (WcOpcode::SEND, WcFlags::empty()),
-            WrOpcode::BIND_MW => (WcOpcode::BIND_MW, WcFlags::empty()),
-            WrOpcode::LOCAL_INV => (WcOpcode::LOCAL_INV, WcFlags::empty()),
-            WrOpcode::SEND_WITH_IMM => (WcOpcode::SEND, WcFlags::WITH_IMM),
-            WrOpcode::RDMA_WRITE => (WcOpcode::RDMA_WRITE, WcFlags::empty()),
-            WrOpcode::RDMA_WRITE_WITH_IMM => (WcOpcode::RDMA_WRITE, WcFlags::WITH_IMM),
-            WrOpcode::RDMA_READ => (WcOpcode::RDMA_READ, WcFlags::empty()),
-            WrOpcode::ATOMIC_CMP_AND_SWP => (WcOpcode::COMP_SWAP, WcFlags::empty()),
-            WrOpcode::ATOMIC_WRITE => (WcOpcode::ATOMIC_WRITE, WcFlags::empty()),
-            WrOpcode::FLUSH => (WcOpcode::FLUSH, WcFlags::empty()),
-            WrOpcode::TSO => (WcOpcode::TSO, WcFlags::empty()),
-            _ => (WcOpcode::FETCH_ADD, WcFlags::empty()),
-        };
-        // A lost send completion (CQ overrun) does not stop the QP, as in rxe.
-        let _ = qp.send_cq.push(wc_ok(qp, wr_id, opcode, len, flags), false);
+    send_done_as(qp, wr_id, completed_as(op), flags, len);
+}
+
+/// The opcode and flags of a send WR's completion.
+#[inline]
+fn completed_as(op: WrOpcode) -> (WcOpcode, WcFlags) {
+    match op {
+        WrOpcode::SEND | WrOpcode::SEND_WITH_INV => (WcOpcode::SEND, WcFlags::empty()),
+        WrOpcode::BIND_MW => (WcOpcode::BIND_MW, WcFlags::empty()),
+        WrOpcode::LOCAL_INV => (WcOpcode::LOCAL_INV, WcFlags::empty()),
+        WrOpcode::SEND_WITH_IMM => (WcOpcode::SEND, WcFlags::WITH_IMM),
+        WrOpcode::RDMA_WRITE => (WcOpcode::RDMA_WRITE, WcFlags::empty()),
+        WrOpcode::RDMA_WRITE_WITH_IMM => (WcOpcode::RDMA_WRITE, WcFlags::WITH_IMM),
+        WrOpcode::RDMA_READ => (WcOpcode::RDMA_READ, WcFlags::empty()),
+        WrOpcode::ATOMIC_CMP_AND_SWP => (WcOpcode::COMP_SWAP, WcFlags::empty()),
+        WrOpcode::ATOMIC_WRITE => (WcOpcode::ATOMIC_WRITE, WcFlags::empty()),
+        WrOpcode::FLUSH => (WcOpcode::FLUSH, WcFlags::empty()),
+        WrOpcode::TSO => (WcOpcode::TSO, WcFlags::empty()),
+        _ => (WcOpcode::FETCH_ADD, WcFlags::empty()),
     }
 }
 
 /// [`send_done`] of a request whose completion's opcode and flags the caller knows already
-/// (the lane's, which told its four opcodes apart to run them).
+/// (the lane's, which told its opcodes apart to run them).
 #[inline]
 pub(crate) fn send_done_as(
     qp: &QpShared,
