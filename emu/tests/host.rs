@@ -382,11 +382,14 @@ fn pattern(seed: usize, len: usize) -> Vec<u8> {
 }
 
 /// Sizes that take every way between processes: copied out of one ring record, placed from
-/// one record, held in several records until whole, and read from the sender's memory
-/// (by default from 16 KiB on; streamed, beyond what the 2 MiB ring holds whole), each at its
-/// edges.
-const SIZES: [usize; 10] =
-    [1, 2047, 2048, 16_384, 100_000, 262_100, 262_200, 700_000, 1_400_000, 3_000_000];
+/// one record (a SEND or WRITE of one piece written whole into it up to 64 KiB), held in
+/// several records until whole, and read from the sender's memory (by default from 16 KiB on
+/// where it is shared, else from 64 KiB on; streamed, beyond what the 2 MiB ring holds whole),
+/// each at its edges.
+const SIZES: [usize; 14] = [
+    1, 2047, 2048, 4096, 16_383, 16_384, 65_535, 65_536, 100_000, 262_100, 262_200, 700_000,
+    1_400_000, 3_000_000,
+];
 
 #[test]
 fn messages_of_every_size_cross_intact() {

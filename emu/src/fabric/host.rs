@@ -94,13 +94,25 @@ const RING_BYTES: usize = 2 << 20;
 const RECORD: usize = 64 * 1024;
 /// By default (see [`FabricConfig::host_pull_min`](crate::FabricConfig::host_pull_min)), a
 /// message of a reliable QP from this size on is read by its receiver straight from the
-/// sender's memory (one copy, process_vm_readv), where the receiver may read it, rather than
+/// sender's memory where it is shared (one `memcpy`; from [`PULL_UNSHARED_MIN`] on wherever it
+/// lies, with process_vm_readv), where the receiver may read it, rather than
 /// streamed through the ring (two copies, overlapping as records arrive). `ib_write_bw`
 /// between two processes on this 2-vCPU VM, each build's runs side by side: 16 KiB 4.7 ->
 /// 6.9 GB/s, 32 KiB 5.0 -> 10.9, 64 KiB 6.0 -> 13.4..15.7, 256 KiB 9.4..9.9 -> 22.1..25.0,
 /// 1 MiB 12.2..14.3 -> 15.9..21.4; 8 KiB level (3.1..3.8 either way). `ib_send_lat`: 16 KiB
 /// 2.9 -> 2.2 us, 64 KiB 7.4 -> 3.8, 1 MiB 80 -> 48.
 pub(crate) const PULL_MIN: usize = 16 * 1024;
+/// Whether every byte of `pkt`'s payload lies in memory shared with other processes.
+fn shared(pkt: &Packet) -> bool {
+    pkt.payload.ranges().iter().all(|m| m.region.shared_for(m.offset, m.len).is_some())
+}
+
+/// From this size on (and from `pull_min`), a message is read by its receiver even where the
+/// sender's memory is not shared (see `crate::shared_mem`): that read is `process_vm_readv`,
+/// a system call that pins pages, which costs more than the ring's two copies below it.
+/// `ib_write_bw` between two processes on this 2-vCPU VM, memory not shared, read against
+/// streamed: 16 KiB 3.4 against 5.1 GB/s, 32 KiB 5.3 against 5.5, 64 KiB 7.0 against 4.3.
+const PULL_UNSHARED_MIN: usize = 64 * 1024;
 /// Payloads from this size on are placed straight from the ring (smaller ones are copied out,
 /// freeing their record at once).
 const LEND_MIN: usize = 2048;
@@ -676,14 +688,14 @@ impl Node {
     fn send_to(&self, slot: u8, pkt: &Packet) {
         let peer = self.peer(slot);
         let msg = Encoded::packet(pkt);
-        // Large (see `PULL_MIN`) or more than the ring holds whole, or a reply the ring has no
+        // Large (see `pulls`) or more than the ring holds whole, or a reply the ring has no
         // room for now (the reader's replies never wait, and would go the slow way, as
         // datagrams): read from here, where allowed. (Smaller messages skip the peer's lock,
         // unless they are replies; no ring holds less than half its bytes whole.)
         let replying = RECEIVING.get();
         let pull = (replying || msg.len() >= self.pull_min.min(RING_BYTES / 2))
             && wire::pullable(pkt)
-            && peer.better_pulled(msg.len(), replying, self.pull_min)
+            && peer.better_pulled(msg.len(), replying, self.pulls(msg.len(), || shared(pkt)))
             && self.reliable(pkt.src_qpn);
         let msg = if pull {
             for m in pkt.payload.ranges() {
@@ -697,6 +709,14 @@ impl Node {
         };
         peer.send(pkt.dst_qpn, &msg);
         self.note_sent();
+    }
+
+    /// Whether a message of `len` bytes is read by the peer from our memory, if the peer may
+    /// (see `Peer::better_pulled`), rather than streamed through the ring: from `pull_min` on
+    /// out of shared memory (`shared`: one `memcpy` by the reader), from
+    /// [`PULL_UNSHARED_MIN`] on out of any.
+    pub(crate) fn pulls(&self, len: usize, shared: impl FnOnce() -> bool) -> bool {
+        len >= self.pull_min && (len >= PULL_UNSHARED_MIN || shared())
     }
 
     /// Writes a message of `len` bytes, which `fill` lays out (returning `false` to give up),
@@ -2015,13 +2035,13 @@ impl Peer {
 
     /// Whether a message of `len` bytes is better read by the peer from here than streamed
     /// through the ring, if the peer has shown it may read our memory (see `wire::pullable`):
-    /// one of `pull_min` bytes or more (see [`PULL_MIN`]), one the ring cannot hold whole, or a
+    /// one large enough (`large`, see `Node::pulls`), one the ring cannot hold whole, or a
     /// reply (`replying`) for which it has no room now.
-    fn better_pulled(&self, len: usize, replying: bool, pull_min: usize) -> bool {
+    fn better_pulled(&self, len: usize, replying: bool, large: bool) -> bool {
         let tx = self.tx.lock();
         let Some(ring) = tx.ring.as_ref().filter(|r| r.reader_may_pull()) else { return false };
         // Records carry headers and may leave a filler at the wrap: ask for twice the bytes.
-        len >= pull_min || len > ring.max_held_message() || (replying && ring.room() < 2 * len)
+        large || len > ring.max_held_message() || (replying && ring.room() < 2 * len)
     }
 
     /// Its process, as its lock file names it (0 if it does not).
