@@ -99,6 +99,12 @@ case "${1:-test}" in
                     --toggle-collect=measured_loop --callgrind-out-file=target/cabi.callgrind \
                     ./target/release/cabi-bench $n 0 2>&1 |
                     awk -v n=$n '/Collected/ { printf "instructions per 8-byte WRITE + poll, C ABI: %d\n", $4 / n }'
+                # One hop of the C ping-pong in one thread (a SEND, its receive completion
+                # polled, a receive posted again), over its 1,000 rounds of warm-up too.
+                LD_LIBRARY_PATH=target/release/shim valgrind --tool=callgrind \
+                    --toggle-collect=measured_hop --callgrind-out-file=target/cabi_hop.callgrind \
+                    ./target/release/cabi-bench 0 0 $n 2>&1 |
+                    awk -v n=$((n + 1000)) '/Collected/ { printf "instructions per 8-byte SEND hop, C ABI: %d\n", $4 / n }'
             fi
             # Across the host fabric (two fabrics joined as two processes are): a SEND, its
             # receive and the ACK that completes it: the receive and the SEND posted, each

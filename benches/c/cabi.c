@@ -1,7 +1,8 @@
 /* The C-ABI figures of the ratio benchmarks: an 8-byte RDMA WRITE message rate (post 1 + poll 1
  * through ibv_post_send / ibv_poll_cq, one thread) and a polled SEND ping-pong round trip
  * between two threads on cores 0 and 1. Run on the shim by `ratios`; prints
- * "mops <Mops/s>" and "rtt_us <microseconds>". Usage: cabi <rate iterations> <rtt iterations> */
+ * "mops <Mops/s>" and "rtt_us <microseconds>". Usage: cabi <rate iterations> <rtt iterations>
+ * [<hop iterations>: then only the hops below, for callgrind, after the rate] */
 #define _GNU_SOURCE
 #include <infiniband/verbs.h>
 #include <pthread.h>
@@ -149,6 +150,19 @@ __attribute__((noinline)) static void measured_loop(struct ibv_send_wr *wr, long
 	rate_loop(wr, n);
 }
 
+/* One hop of the ping-pong in one thread (A's SEND into B's posted receive, B's completion
+ * polled, a receive posted again), out of line for callgrind as measured_loop:
+ *   valgrind --tool=callgrind --toggle-collect=measured_hop cabi-bench 0 0 N
+ * (divide by N + 1000: the warm-up's hops are counted too) */
+__attribute__((noinline)) static void measured_hop(long n)
+{
+	for (long i = 0; i < n; i++) {
+		post_send(&A);
+		poll1(B.cq);
+		post_recv(&B);
+	}
+}
+
 int main(int argc, char **argv)
 {
 	long rate_iters = argc > 1 ? atol(argv[1]) : 1000000;
@@ -172,6 +186,14 @@ int main(int argc, char **argv)
 	double t = now();
 	measured_loop(&wr, rate_iters);
 	printf("mops %.4f\n", rate_iters / (now() - t) / 1e6);
+
+	long hop_iters = argc > 3 ? atol(argv[3]) : 0;
+	if (hop_iters) {
+		post_recv(&B);
+		measured_hop(1000);
+		measured_hop(hop_iters);
+		return 0;
+	}
 
 	pthread_t th;
 	pthread_barrier_init(&go, NULL, 2);
