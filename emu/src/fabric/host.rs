@@ -102,11 +102,6 @@ const RECORD: usize = 64 * 1024;
 /// 1 MiB 12.2..14.3 -> 15.9..21.4; 8 KiB level (3.1..3.8 either way). `ib_send_lat`: 16 KiB
 /// 2.9 -> 2.2 us, 64 KiB 7.4 -> 3.8, 1 MiB 80 -> 48.
 pub(crate) const PULL_MIN: usize = 16 * 1024;
-/// Whether every byte of `pkt`'s payload lies in memory shared with other processes.
-fn shared(pkt: &Packet) -> bool {
-    pkt.payload.ranges().iter().all(|m| m.region.shared_for(m.offset, m.len).is_some())
-}
-
 /// From this size on (and from `pull_min`), a message is read by its receiver even where the
 /// sender's memory is not shared (see `crate::shared_mem`): that read is `process_vm_readv`,
 /// a system call that pins pages, which costs more than the ring's two copies below it.
@@ -695,7 +690,7 @@ impl Node {
         let replying = RECEIVING.get();
         let pull = (replying || msg.len() >= self.pull_min.min(RING_BYTES / 2))
             && wire::pullable(pkt)
-            && peer.better_pulled(msg.len(), replying, self.pulls(msg.len(), || shared(pkt)))
+            && peer.better_pulled(msg.len(), replying, self.pulls(msg.len(), || in_shared(pkt)))
             && self.reliable(pkt.src_qpn);
         let msg = if pull {
             for m in pkt.payload.ranges() {
@@ -1121,6 +1116,11 @@ impl Fragment<'_> {
         let mut d = vec![0; self.len()];
         self.write(&mut d).then_some(d)
     }
+}
+
+/// Whether every byte of `pkt`'s payload lies in memory shared with other processes.
+fn in_shared(pkt: &Packet) -> bool {
+    pkt.payload.ranges().iter().all(|m| m.region.shared_for(m.offset, m.len).is_some())
 }
 
 pub(super) fn lock_name(slot: u8) -> String {

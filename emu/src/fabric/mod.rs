@@ -73,10 +73,12 @@ pub struct FabricConfig {
     /// which behaves identically, only slower).
     pub express: bool,
     /// On the host fabric, a message of a reliable QP from this many bytes on is read by the
-    /// receiving process straight from the sender's memory (one copy, `process_vm_readv`),
-    /// where the kernel lets it read there; smaller ones, and all where it may not, stream
-    /// through the ring the two processes share (two copies). 16 KiB by default, where pulling
-    /// was measured faster; `usize::MAX` pulls only what the ring cannot hold whole.
+    /// receiving process straight from the sender's memory (one copy) where that memory is
+    /// shared (see `share_mr`: a `memcpy`), and from 64 KiB on (or this, if larger) wherever
+    /// it lies (`process_vm_readv`), where the kernel lets it read there; smaller ones, and
+    /// all where it may not, stream through the ring the two processes share (two copies).
+    /// 16 KiB by default, where pulling was measured faster; `usize::MAX` pulls only what the
+    /// ring cannot hold whole.
     /// `RDMA_EMU_PULL_MIN` (bytes) sets it.
     pub host_pull_min: usize,
     /// Charges registrations of application memory to the process's `RLIMIT_MEMLOCK` as the
