@@ -382,7 +382,7 @@ fn pattern(seed: usize, len: usize) -> Vec<u8> {
 }
 
 /// Sizes that take every way between processes: copied out of one ring record, placed from
-/// one record (a SEND or WRITE of one piece written whole into it up to 64 KiB), held in
+/// one record (a SEND or WRITE of one piece written whole into it below 16 KiB), held in
 /// several records until whole, and read from the sender's memory (by default from 16 KiB on
 /// where it is shared, else from 64 KiB on; streamed, beyond what the 2 MiB ring holds whole),
 /// each at its edges.

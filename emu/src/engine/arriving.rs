@@ -17,9 +17,10 @@
 //! then, right before its copy, as the packet path begins it (its sender may have carried it out
 //! meanwhile: then it is only accounted for, as there).
 //!
-//! A READ request (of up to 1 KiB) is taken so when its rkey names such an MR granting the
-//! remote read: its record begun, the range is read straight into the record of its response,
-//! written to the requester's ring as the packet path's response would be. An atomic likewise
+//! A READ request (of less than 16 KiB: `host::Node::whole`) is taken so when its rkey names
+//! such an MR granting the remote read: its record begun, the range is read straight into the
+//! record of its response, written to the requester's ring as the packet path's response
+//! would be. An atomic likewise
 //! (its word aligned in memory), executed once, its answer written straight into a record.
 //!
 //! For the requester, an ACK in its short form and a READ's or atomic's response are taken in
@@ -277,16 +278,19 @@ pub(crate) fn read(
     begin: impl FnOnce() -> bool,
 ) -> bool {
     let Op::Read(va, rkey) = m.op else { return false };
-    // A larger response is the packet path's to send (it may leave it for the requester to
-    // read from here).
-    if m.len > super::leaving::SHORT_MAX {
-        return false;
-    }
     let Some((mut g, Some(node))) = taker(qp, f, m) else { return false };
     let keys = qp.ctx.device.keys.read();
     let Some(target) = express::remote(&keys, &qp.pd, (rkey, va, m.len), AccessFlags::REMOTE_READ)
     else {
         return false;
+    };
+    // A longer response is the packet path's to send (the requester may read it from here).
+    if !node.whole(m.len as usize) {
+        return false;
+    }
+    let piece = match target {
+        Some((region, off)) => Src::Mem(region, off, m.len as usize),
+        None => Src::Bytes(&[]),
     };
     let executed = |g: &mut QpInner| {
         responder::remember(g, Replay::read(m.psn, m.npkts, va, rkey, m.len));
@@ -298,10 +302,6 @@ pub(crate) fn read(
     }
     // With the MSN the READ moves the responder to.
     let resp = answer(m, m.npkts, m.len, Op::ReadResponse(g.resp.msn.wrapping_add(1) & PSN_MASK));
-    let piece = match target {
-        Some((region, off)) => Src::Mem(region, off, m.len as usize),
-        None => Src::Bytes(&[]),
-    };
     let fill = |d: &mut [u8]| {
         wire::encode_request_head(&resp, d);
         express::read_piece(piece, &mut d[wire::REQUEST_HEAD..])

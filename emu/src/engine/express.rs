@@ -46,11 +46,6 @@ impl Src<'_> {
             Src::Mem(_, _, n) => *n,
         }
     }
-
-    /// Whether its bytes lie in memory shared with other processes (see `crate::shared_mem`).
-    pub(super) fn shared(&self) -> bool {
-        matches!(self, Src::Mem(r, o, n) if r.shared_for(*o, *n).is_some())
-    }
 }
 
 /// A destination range: `(region, offset, length)`.

@@ -9,8 +9,8 @@
 //! the one SGE (or the inline bytes), in one pass. It is sent so only where the packet path
 //! would send exactly that record at once: an RC or UC QP connected to another process on the
 //! host fabric, nothing that must see packets (fault rules, a packet trace), both ports up, no
-//! carry-out run or note pending, a message of one piece that one record holds (up to 64 KiB)
-//! and that the peer does not read from our memory instead (`host::Node::pulls`), its lkey fit;
+//! carry-out run or note pending, a message of one piece below 16 KiB (`host::Node::whole`),
+//! its lkey fit;
 //! and the ring to the peer set up, nothing of ours waiting before it, room for the record.
 //! (Messages of a few KiB cost the packet path's building and fragmenting as much as their
 //! copies: `ib_write_bw` between two processes on this 2-vCPU VM, medians of four runs, the
@@ -18,8 +18,8 @@
 //! against 0.43; `ib_send_bw` 4 KiB 0.42 against 0.84.)
 //! Everything is checked before the WQE changes; anything else goes the packet path, which
 //! gives a bad lkey its error completion. A READ or an atomic (RC) carries nothing: its lkey
-//! is looked at when its response comes, as there; a READ of up to [`SHORT_MAX`] bytes is
-//! answered in one record, which `arriving` takes in the short way too, as an atomic's.
+//! is looked at when its response comes, as there; a READ below 16 KiB is answered in one
+//! record, which `arriving` takes in the short way too, as an atomic's.
 
 use std::sync::Arc;
 
@@ -37,10 +37,6 @@ use crate::{
     types::{QpState, QpType, SendFlags, WrOpcode},
 };
 
-/// The longest READ sent so, and answered in one record (`arriving::read`): a larger response
-/// is the packet path's to send, which may leave it for the requester to read.
-pub(super) const SHORT_MAX: u32 = 1024;
-
 /// Sends the WQE at `idx` (the next to send) straight into the record to its peer's process
 /// if it can (see the module's text). Whether it did; if not, nothing changed.
 pub(crate) fn send(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, drv: &mut Driver<'_>) -> bool {
@@ -49,7 +45,6 @@ pub(crate) fn send(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, drv: &mut Driv
     let Some(dest) = g.dest else { return false };
     let fit = matches!(qp.qp_type, QpType::RC | QpType::UC)
         && g.lane_across
-        && (!w.is_read_or_atomic() || w.length <= SHORT_MAX)
         && w.length <= g.port.max_msg_sz
         && w.xrc_srqn == 0
         && w.ud.is_none()
@@ -66,8 +61,8 @@ pub(crate) fn send(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, drv: &mut Driv
     let Some(node) = f.remote_node(g.attr.dest_qp_num) else { return false };
     let keys = qp.ctx.device.keys.read();
     let Some((m, piece)) = message(qp, g, &keys, idx) else { return false };
-    // A message the peer reads from our memory is the packet path's to send.
-    if node.pulls(piece.len(), || piece.shared()) {
+    // A longer message is the packet path's to send (the peer may read it from our memory).
+    if !node.whole(piece.len()) {
         return false;
     }
     let fill = |d: &mut [u8]| {

@@ -714,6 +714,14 @@ impl Node {
         len >= self.pull_min && (len >= PULL_UNSHARED_MIN || shared())
     }
 
+    /// Whether a message of `len` bytes is short enough to go written whole into one record
+    /// (`engine::leaving`, `engine::arriving`), below `pull_min`. (Above it, between 16 and 64
+    /// KiB, whole records gave `ib_send_bw` and `ib_read_bw` a slow mode in some runs, a fifth
+    /// of their rate, not yet understood; the packet path streams them steadily.)
+    pub(crate) fn whole(&self, len: usize) -> bool {
+        len < self.pull_min
+    }
+
     /// Writes a message of `len` bytes, which `fill` lays out (returning `false` to give up),
     /// to the node of our peer QP `dst_qpn` as one record of its ring, if that can be done now:
     /// the ring set up, nothing of ours queued before it, room for it. Whether it was sent (if
