@@ -20,8 +20,8 @@
 //! A READ request (of less than 16 KiB: `host::Node::whole`) is taken so when its rkey names
 //! such an MR granting the remote read: its record begun, the range is read straight into the
 //! record of its response, written to the requester's ring as the packet path's response
-//! would be. An atomic likewise
-//! (its word aligned in memory), executed once, its answer written straight into a record.
+//! would be. An atomic likewise (its word aligned in memory), executed once, its answer
+//! written straight into a record.
 //!
 //! For the requester, an ACK in its short form and a READ's or atomic's response are taken in
 //! the same way: an RC QP in RTS, idle, completes what the ACK acknowledges, or places the

@@ -710,7 +710,7 @@ impl Node {
     /// (see `Peer::better_pulled`), rather than streamed through the ring: from `pull_min` on
     /// out of shared memory (`shared`: one `memcpy` by the reader), from
     /// [`PULL_UNSHARED_MIN`] on out of any.
-    pub(crate) fn pulls(&self, len: usize, shared: impl FnOnce() -> bool) -> bool {
+    fn pulls(&self, len: usize, shared: impl FnOnce() -> bool) -> bool {
         len >= self.pull_min && (len >= PULL_UNSHARED_MIN || shared())
     }
 
