@@ -612,6 +612,11 @@ impl Node {
             let mut qpns = smallvec::SmallVec::<[u32; 4]>::new();
             {
                 let tx = peer.tx.lock();
+                // Not while the flusher writes into the ring without `tx` (`flush_loop`): the
+                // records the reader frees meanwhile may be written again under the scan.
+                if tx.flushing {
+                    continue;
+                }
                 let Some(ring) = tx.ring.as_deref() else { continue };
                 // Not one the reader pulls: it may well be pulling the one before, at length.
                 ring.unbegun(|b| {
