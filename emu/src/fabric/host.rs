@@ -351,8 +351,12 @@ impl AbsentPeer {
         from: Option<&mut u64>,
     ) -> bool {
         let (dst_qpn, src_qpn) = (req.dst.1, req.src_qpn);
-        // Held throughout: nothing is written to the ring while we look through it.
+        // Held throughout: nothing is written to the ring while we look through it, save by
+        // the flusher, which writes without `tx` (`flush_loop`): not while it does.
         let tx = self.peer.tx.lock();
+        if tx.flushing {
+            return false;
+        }
         let Some(ring) = tx.ring.as_deref() else { return false };
         // A running peer pulls those records itself (see `LAG`).
         let not_pulled = self.lagging || from.is_none();
