@@ -1093,6 +1093,47 @@ fn a_peer_that_is_gone_ends_in_retry_exceeded_not_a_hang() {
     }
 }
 
+/// Between processes a QP's ACK deadline outlives the requests it was set for (a ping-pong
+/// reads the clock once per timeout, not per request: `requester::lazy_deadline`). Requests
+/// that complete, posted at once or after the kept deadline passed idle, never time out; once
+/// the peer QP is destroyed, the next request, posted while the kept deadline is pending or
+/// after it passed, ends in RETRY_EXC_ERR and the QP in ERR.
+#[test]
+fn a_deadline_kept_past_its_requests_times_out_only_what_goes_unanswered() {
+    for wait_out in [false, true] {
+        let dir = HostDir::new();
+        let (fa, fb) = (dir.fabric(Profile::Full), dir.fabric(Profile::Full));
+        let a = node_on(&fa.devices()[0], 4096);
+        let b = node_on(&fb.devices()[0], 4096);
+        // An ACK timeout of ~1 ms, two retries.
+        let p = RcParams { timeout: 8, retry_cnt: 2, ..Default::default() };
+        connect(&a.qp, &b.qp, &p, &p);
+        let w_sg = [sge(&a.mr, 0, 8)];
+        let write = |i: u64| SendWr::write(i, &w_sg, b.mr.addr(), b.mr.rkey()).signaled();
+        for i in 0..40u64 {
+            a.mr.write(0, &i.to_le_bytes()).unwrap();
+            a.qp.post_send(&write(i)).unwrap();
+            let wc = wait1(&a.cq);
+            assert_eq!((wc.wr_id, wc.status), (i, WcStatus::SUCCESS));
+            let mut got = [0u8; 8];
+            b.mr.read(0, &mut got).unwrap();
+            assert_eq!(u64::from_le_bytes(got), i);
+            if i % 8 == 7 {
+                std::thread::sleep(std::time::Duration::from_millis(3));
+            }
+        }
+        b.qp.destroy().unwrap();
+        if wait_out {
+            std::thread::sleep(std::time::Duration::from_millis(3));
+        }
+        a.qp.post_send(&write(99)).unwrap();
+        let wc = wait1(&a.cq);
+        assert_eq!((wc.wr_id, wc.status), (99, WcStatus::RETRY_EXC_ERR), "wait_out {wait_out}");
+        assert_eq!(a.qp.query().unwrap().qp_state, QpState::ERR);
+        assert_empty(&a.cq);
+    }
+}
+
 #[test]
 fn fabrics_under_different_names_never_meet() {
     let (d1, d2) = (HostDir::new(), HostDir::new());

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::{
     Driver, PSN_MASK, enter_error,
     packet::{Kind, NakCode, Packet, Payload, Syndrome},
-    psn_add, psn_diff, rnr_delay_ns,
+    psn_add, psn_diff, requester, rnr_delay_ns,
     sgl::{self, SglError},
     wc, wc_ok,
 };
@@ -144,12 +144,18 @@ pub(crate) fn complete_ok(qp: &QpShared, g: &mut QpInner) {
     progressed(g);
 }
 
-/// The requester made progress: the retry budgets start afresh and no ACK is awaited.
+/// The requester made progress: the retry budgets start afresh and the ACK deadline is
+/// gone (or, where it outlives its requests, no longer a timeout when it passes: see
+/// `requester::lazy_deadline`).
 pub(crate) fn progressed(g: &mut QpInner) {
     g.req.retry_started = false;
     g.req.retry_left = g.attr.retry_cnt;
     g.req.rnr_retry_left = g.attr.rnr_retry;
-    g.req.retrans_at = None;
+    if requester::lazy_deadline(g) {
+        g.req.progressed_since = true;
+    } else {
+        g.req.retrans_at = None;
+    }
 }
 
 /// The successful completion of the application's send WR `wr_id`, if it is signaled.

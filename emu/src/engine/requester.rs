@@ -36,6 +36,9 @@ pub(crate) struct Requester {
     /// The QP's count of arrivals from other processes (`QpShared::heard`) when `retrans_at`
     /// was set.
     pub(crate) heard_at: u64,
+    /// A request completed since `retrans_at` was set, which outlived it (see
+    /// [`lazy_deadline`]): its passing is no timeout.
+    pub(crate) progressed_since: bool,
     /// The earliest deadline handed to the timer and not yet fired.
     pub(crate) armed: Option<u64>,
     /// SQ_DRAINED was raised for the current SQD episode.
@@ -650,7 +653,9 @@ pub(crate) fn arm_timers(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'
         return;
     }
     if g.sq.in_flight() == 0 {
-        g.req.retrans_at = None;
+        if !lazy_deadline(g) {
+            g.req.retrans_at = None;
+        }
     } else if g.req.retrans_at.is_none()
         && let Some(t) = super::ack_timeout_ns(g.attr.timeout)
     {
@@ -674,6 +679,18 @@ pub(crate) fn arm_timers(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'
 fn retrans_after(qp: &QpShared, g: &mut QpInner, at: u64) {
     g.req.retrans_at = Some(at);
     g.req.heard_at = qp.heard.load(std::sync::atomic::Ordering::Relaxed);
+    g.req.progressed_since = false;
+}
+
+/// Whether the QP's ACK deadline outlives the completion of the requests it was set for, so
+/// that a ping-pong reads the clock once per ACK timeout rather than once per request (a clock
+/// read cost a cross-process round trip ~5%): for a QP whose peer is in another process on the
+/// host fabric. A deadline that passes after a request completed, or after anything arrived
+/// for the QP (`QpShared::heard`), is no timeout: it moves on by a timeout (see [`on_timer`]).
+/// A request then times out between one and two ACK timeouts after it was sent, never sooner
+/// (rxe's timer, left running too, may fire sooner: it is not restarted by a send).
+pub(crate) fn lazy_deadline(g: &QpInner) -> bool {
+    g.lane_across && g.wire_grh.is_none()
 }
 
 /// How soon a QP that carried out requests for its stopped peer looks for more (see
@@ -708,7 +725,10 @@ pub(crate) fn on_timer(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>
         // none of the retry budget, so the peer then has the whole budget to catch up.
         let delivering = qp.heard.load(std::sync::atomic::Ordering::Relaxed) != g.req.heard_at;
         let on_host = g.wire_grh.is_none();
-        if delivering {
+        if g.sq.in_flight() == 0 && lazy_deadline(g) {
+            // A deadline that outlived its requests: nothing is awaited.
+            g.req.carrying = false;
+        } else if delivering || g.req.progressed_since {
             retrans_after(qp, g, now + timeout);
         } else if on_host && g.sq.in_flight() > 0 && drv.fabric.peer_behind(g.attr.dest_qp_num) {
             // What it can, this side carries out itself for a peer that is stopped; while
@@ -769,5 +789,39 @@ mod test {
         assert_eq!((after, again), (before, true), "heard from: waits on, no retry spent");
         let (before, (after, _)) = expire(false);
         assert_eq!(after + 1, before, "silence: a retry");
+    }
+
+    /// A deadline that outlives its requests (a peer in another process: `lazy_deadline`)
+    /// stays set as a request completes; passing after that completion, with another request
+    /// outstanding, it moves on by a timeout and spends no retry; passing with nothing
+    /// completed since it was set, it retries, as any deadline.
+    #[test]
+    fn test_a_deadline_kept_past_a_completion_is_no_timeout_until_silence() {
+        let (_f, a, b) = unanswered_pair();
+        let s = [Sge { addr: a.mr.addr(), length: 8, lkey: a.mr.lkey() }];
+        a.qp.post_send(&SendWr::write(0, &s, b.mr.addr(), b.mr.rkey()).signaled()).unwrap();
+        let qp = &a.qp.0;
+        let fabric = qp.ctx.fabric.clone();
+        let mut g = qp.inner.lock();
+        let mut drv = Driver::new(&fabric);
+        drv.enter(Arc::as_ptr(&b.qp.0));
+        g.lane_across = true; // as if the peer were another process's
+        let set = g.req.retrans_at.expect("the WRITE's deadline is set");
+        // An earlier request's completion: the deadline stays, and is no timeout now.
+        crate::engine::completer::progressed(&mut g);
+        assert_eq!(g.req.retrans_at, Some(set), "the deadline outlives the completion");
+        let before = g.req.retry_left;
+        g.req.retrans_at = Some(0);
+        on_timer(qp, &mut g, &mut drv);
+        assert_eq!(g.req.retry_left, before, "a completion came since: no retry spent");
+        assert!(g.req.retrans_at.is_some_and(|t| t > 0), "the deadline moved on");
+        // Nothing since: a retry.
+        g.req.retrans_at = Some(0);
+        on_timer(qp, &mut g, &mut drv);
+        assert_eq!(g.req.retry_left + 1, before, "silence: a retry");
+        g.lane_across = false;
+        drop(g);
+        drv.ready.clear();
+        drv.check_timers.clear();
     }
 }
