@@ -295,6 +295,8 @@ type Exported = (Arc<PeerExports>, Arc<PeerProcess>);
 #[derive(Debug)]
 struct Rx {
     buf: Vec<u8>,
+    /// See [`Batch::last_qp`].
+    last_qp: Option<(u32, std::sync::Weak<crate::qp::QpShared>)>,
     /// Per source, the message being reassembled (its fragments arrive in order).
     partial: Partials,
     /// The rings other nodes write to us, by their slot.
@@ -478,7 +480,7 @@ impl Node {
         sock.set_nonblocking(true)?;
         crate::sys::pass_credentials(sock.as_raw_fd())?;
         let partial = Partials::default();
-        let rx = Rx { buf: vec![0; HEADER + FRAGMENT], partial, rings: Vec::new() };
+        let rx = Rx { buf: vec![0; HEADER + FRAGMENT], partial, rings: Vec::new(), last_qp: None };
         let rx = crate::sync::lock::Lock::new(rx);
         let (quit, polled) = (AtomicBool::new(false), AtomicBool::new(false));
         let (uid, drops) = (crate::sys::uid(), Drops::default());
@@ -1302,8 +1304,9 @@ fn read_rings<'a>(
 }
 
 fn receive_marked(inbound: &Inbound, rx: &mut Rx, fabric: &FabricInner, socket: bool) -> bool {
-    let mut batch = Batch { drops: Some(&inbound.drops), ..Batch::default() };
-    let Rx { buf, partial, rings } = rx;
+    let mut batch =
+        Batch { drops: Some(&inbound.drops), last_qp: rx.last_qp.take(), ..Batch::default() };
+    let Rx { buf, partial, rings, last_qp } = rx;
     let mut rang = false;
     if socket {
         rang = take_datagrams(inbound, buf, rings, &mut |a| batch.take(fabric, partial, a));
@@ -1327,6 +1330,7 @@ fn receive_marked(inbound: &Inbound, rx: &mut Rx, fabric: &FabricInner, socket: 
         inbound.wake_reader();
     }
     read_rings(inbound, fabric, rings, partial, &mut batch);
+    *last_qp = batch.last_qp.take();
     OwedAck::pay(&mut batch.owed);
     inbound.has_rings.store(!rings.is_empty(), Ordering::Release);
     let took = batch.took;
@@ -1483,6 +1487,9 @@ struct Batch<'a> {
     /// The ACK owed for the last SENDs or WRITEs taken in (paid before anything else is taken
     /// in, and at the end).
     owed: Option<OwedAck<'a>>,
+    /// The QP the last message was for (see [`Batch::qp`]), kept from one receive to the next
+    /// in [`Rx::last_qp`].
+    last_qp: Option<(u32, std::sync::Weak<crate::qp::QpShared>)>,
 }
 
 impl<'a> Batch<'a> {
@@ -1495,12 +1502,30 @@ impl<'a> Batch<'a> {
         }
     }
 
+    /// Our QP `qpn`, while it lives: the one the last message was for, without a look through
+    /// the fabric's table (a read lock, a hash, a weak reference upgraded: 70 instructions,
+    /// twice per message and its ACK) when it is that one again.
+    #[inline]
+    fn qp(&mut self, fabric: &FabricInner, qpn: u32) -> Option<Arc<crate::qp::QpShared>> {
+        if let Some((last, qp)) = &self.last_qp
+            && *last == qpn
+            && let Some(qp) = qp.upgrade()
+            // Destroyed (it leaves the table just after): as the table would soon say.
+            && qp.life.is_alive()
+        {
+            return Some(qp);
+        }
+        let qp = fabric.lookup_qp_any(qpn)?;
+        self.last_qp = Some((qpn, Arc::downgrade(&qp)));
+        Some(qp)
+    }
+
     /// Takes one datagram or ring record in.
     fn take(&mut self, fabric: &'a FabricInner, partial: &mut Partials, a: Arrived<'_>) {
         self.took = true;
         let d = a.bytes();
         let Some(h) = FrameHead::parse(d) else { return self.dropped(Refused::Malformed) };
-        let to = fabric.lookup_qp_any(h.dst_qpn);
+        let to = self.qp(fabric, h.dst_qpn);
         if let Some(qp) = &to {
             // Counted, not timed (a clock read per message was 1% of a cross-process round):
             // one thread receives at a time, so a plain increment counts each.

@@ -329,15 +329,28 @@ impl FabricInner {
             || self.port_up(a.0, a.1) && self.port_up(b.0, b.1)
     }
 
-    /// Whether port `port` of device `dev` exists here and is up (packets pass).
+    /// Whether port `port` of device `dev` exists here and is up (packets pass). Inline: a
+    /// message between processes asks it of both ends as it leaves and as it arrives.
+    #[inline]
     pub(crate) fn port_up(&self, dev: u32, port: u8) -> bool {
+        // With no port down anywhere, a port that exists is up (no look at its own state).
+        if self.ports_down.load(std::sync::atomic::Ordering::Acquire) == 0
+            && let Some(d) = self.devices.get(dev as usize)
+        {
+            return port >= 1 && usize::from(port) <= d.ports.len();
+        }
+        self.port_up_looked_at(dev, port)
+    }
+
+    /// [`FabricInner::port_up`] where a port is down, or `dev` is no device here.
+    #[inline(never)]
+    fn port_up_looked_at(&self, dev: u32, port: u8) -> bool {
         // Beyond a wire port the network is assumed up; the wire port itself is checked as
         // the packet's other end.
         if dev == wire_port::WIRE_DEV {
             return true;
         }
         let Some(d) = self.devices.get(dev as usize) else { return false };
-        // With no port down anywhere, a port that exists is up (no look at its own state).
         if self.ports_down.load(std::sync::atomic::Ordering::Acquire) == 0 {
             return port >= 1 && usize::from(port) <= d.ports.len();
         }
