@@ -342,19 +342,14 @@ impl FabricInner {
         self.port_up_looked_at(dev, port)
     }
 
-    /// [`FabricInner::port_up`] where a port is down, or `dev` is no device here.
+    /// [`FabricInner::port_up`] where a port is down, or `dev` is no device here: the port's
+    /// own state.
     #[inline(never)]
     fn port_up_looked_at(&self, dev: u32, port: u8) -> bool {
         // Beyond a wire port the network is assumed up; the wire port itself is checked as
         // the packet's other end.
-        if dev == wire_port::WIRE_DEV {
-            return true;
-        }
-        let Some(d) = self.devices.get(dev as usize) else { return false };
-        if self.ports_down.load(std::sync::atomic::Ordering::Acquire) == 0 {
-            return port >= 1 && usize::from(port) <= d.ports.len();
-        }
-        Device::port_up(d, port)
+        dev == wire_port::WIRE_DEV
+            || self.devices.get(dev as usize).is_some_and(|d| Device::port_up(d, port))
     }
 
     /// Called by a thread that found nothing to do (an empty CQ): moves inbound host-fabric
