@@ -353,13 +353,9 @@ impl AbsentPeer {
         from: Option<&mut u64>,
     ) -> bool {
         let (dst_qpn, src_qpn) = (req.dst.1, req.src_qpn);
-        // Held throughout: nothing is written to the ring while we look through it, save by
-        // the flusher, which writes without `tx` (`flush_loop`): not while it does.
+        // Held throughout: nothing is written to the ring while we look through it.
         let tx = self.peer.tx.lock();
-        if tx.flushing {
-            return false;
-        }
-        let Some(ring) = tx.ring.as_deref() else { return false };
+        let Some(ring) = tx.ring_at_rest() else { return false };
         // A running peer pulls those records itself (see `LAG`).
         let not_pulled = self.lagging || from.is_none();
         let wanted = |b: &[u8]| {
@@ -618,12 +614,7 @@ impl Node {
             let mut qpns = smallvec::SmallVec::<[u32; 4]>::new();
             {
                 let tx = peer.tx.lock();
-                // Not while the flusher writes into the ring without `tx` (`flush_loop`): the
-                // records the reader frees meanwhile may be written again under the scan.
-                if tx.flushing {
-                    continue;
-                }
-                let Some(ring) = tx.ring.as_deref() else { continue };
+                let Some(ring) = tx.ring_at_rest() else { continue };
                 // Not one the reader pulls: it may well be pulling the one before, at length.
                 ring.unbegun(|b| {
                     if let Some((_, src, _)) = request_ids(b)
@@ -2039,6 +2030,15 @@ struct PeerTx {
     /// The flusher took a fragment off the backlog and is sending it: later ones must queue.
     flushing: bool,
     flusher_started: bool,
+}
+
+impl PeerTx {
+    /// The ring to the peer, for a look through its records under `tx` (the carry-outs'):
+    /// none while the flusher writes into it without `tx` (`Peer::flush_loop`), since the
+    /// records the reader frees meanwhile may be written again under the look.
+    fn ring_at_rest(&self) -> Option<&Ring> {
+        if self.flushing { None } else { self.ring.as_deref() }
+    }
 }
 
 impl crate::shared_mem::Holder for Peer {
