@@ -11,11 +11,12 @@ export CARGO_TERM_COLOR=never
 # ucx-utils (UCX's ucx_info and ucx_perftest), qperf, Open MPI (openmpi-bin, and
 # libopenmpi-dev for mpicc) and libfabric-bin to run real RDMA stacks over the emulator, and
 # valgrind to run a pingpong pair under memcheck, iproute2 to make the network namespaces that
-# stand in for two hosts joined by wire ports.
+# stand in for two hosts joined by wire ports, and gdb, whose backtraces of a test's process that
+# hangs go into the test's failure.
 need_pkgs=()
 for p in binutils gcc libibverbs-dev librdmacm-dev ibverbs-utils rdmacm-utils perftest tshark \
     netcat-openbsd socat iperf3 ucx-utils qperf openmpi-bin libopenmpi-dev libfabric-bin valgrind \
-    iproute2; do
+    iproute2 gdb; do
     dpkg -s "$p" >/dev/null 2>&1 || need_pkgs+=("$p")
 done
 install_pkgs() {

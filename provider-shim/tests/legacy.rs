@@ -38,7 +38,7 @@ fn program(fabric: &Fabric, profile: &str, prog: &str, args: &[&str], port: u16)
     c
 }
 
-use common::{Fabric, finish, result_rows};
+use common::{Fabric, finish, finish_or_dump, result_rows};
 
 /// Starts `prog args` as the server and waits until it listens on `port`.
 fn start_server(fabric: &Fabric, profile: &str, prog: &str, args: &[&str], port: u16) -> Child {
@@ -57,7 +57,7 @@ fn server_and_client(profile: &str, prog: &str, args: &[&str]) -> String {
         let (fabric, port) = (Fabric::new("legacy"), free_port());
         let server = start_server(&fabric, profile, prog, args, port);
         let client = program(&fabric, profile, prog, args, port).arg("localhost").spawn().unwrap();
-        let (c_ok, c_out) = finish(client, Duration::from_secs(120), "client");
+        let (c_ok, c_out) = finish_or_dump(client, Duration::from_secs(120), "client", &[&server]);
         let (s_ok, s_out) = finish(server, Duration::from_secs(20), "server");
         (c_ok && s_ok, c_out, s_out, sockets(&fabric))
     };
@@ -135,7 +135,7 @@ fn a_perftest_pair_outlives_its_server_stopped_mid_run() {
     std::thread::sleep(Duration::from_millis(1500));
     // SAFETY: as above.
     assert_eq!(unsafe { libc::kill(server.id() as i32, libc::SIGCONT) }, 0);
-    let (c_ok, c_out) = finish(client, Duration::from_secs(60), "client");
+    let (c_ok, c_out) = finish_or_dump(client, Duration::from_secs(60), "client", &[&server]);
     let (s_ok, s_out) = finish(server, Duration::from_secs(20), "server");
     assert!(c_ok && s_ok && c_out.contains("BW average"), "{c_out}\n--- server:\n{s_out}");
 }
@@ -241,7 +241,7 @@ fn write_lat_pinned_to_a_core_per_process_runs_to_the_end() {
         let server = start_server(&fabric, "full", "taskset", &pinned("1"), port);
         let mut client = program(&fabric, "full", "taskset", &pinned("0"), port);
         let client = client.arg("localhost").spawn().unwrap();
-        let (c_ok, c_out) = finish(client, Duration::from_secs(60), "client");
+        let (c_ok, c_out) = finish_or_dump(client, Duration::from_secs(60), "client", &[&server]);
         let (s_ok, s_out) = finish(server, Duration::from_secs(20), "server");
         assert!(c_ok && s_ok, "{transport}\n--- client:\n{c_out}\n--- server:\n{s_out}");
         assert_eq!(result_rows(&c_out), 1, "{transport}: {c_out}");
@@ -425,7 +425,8 @@ fn pairs_killed_mid_transfer_round_after_round_leave_a_working_fabric_and_no_soc
     let server = start_server(&fabric, "full", "ibv_rc_pingpong", &["-n", "50"], port);
     let client =
         program(&fabric, "full", "ibv_rc_pingpong", &["-n", "50"], port).arg("localhost").spawn();
-    let (c_ok, c_out) = finish(client.unwrap(), Duration::from_secs(60), "client");
+    let client = client.unwrap();
+    let (c_ok, c_out) = finish_or_dump(client, Duration::from_secs(60), "client", &[&server]);
     let (s_ok, s_out) = finish(server, Duration::from_secs(20), "server");
     assert!(c_ok && s_ok && c_out.contains("50 iters in"), "{c_out}\n{s_out}");
     assert_eq!(sockets(&fabric), Vec::<String>::new(), "sockets left behind");

@@ -94,14 +94,33 @@ pub fn defined_symbols(lib: &Path) -> Vec<String> {
 }
 
 /// Waits for `child` to exit within `limit` (a guard against hangs, not a timing assertion);
-/// whether it succeeded, and its combined output (`who` names it if it had to be killed).
-pub fn finish(mut child: Child, limit: Duration, who: &str) -> (bool, String) {
+/// whether it succeeded, and its combined output (`who` names it if it had to be killed,
+/// with the stacks of its threads: see [`finish_or_dump`]).
+pub fn finish(child: Child, limit: Duration, who: &str) -> (bool, String) {
+    finish_or_dump(child, limit, who, &[])
+}
+
+/// [`finish`], and if `child` has to be killed, the stacks of the threads of `also` (its peers,
+/// still running) as well as its own, taken before it is killed: a hang seen once in a CI run
+/// is then explained by its log, not left to be reproduced.
+pub fn finish_or_dump(
+    mut child: Child,
+    limit: Duration,
+    who: &str,
+    also: &[&Child],
+) -> (bool, String) {
     let deadline = Instant::now() + limit;
+    let mut stacks = String::new();
     let status = loop {
         if let Some(s) = child.try_wait().unwrap() {
             break Some(s);
         }
         if Instant::now() > deadline {
+            for (name, pid) in
+                std::iter::once((who, child.id())).chain(also.iter().map(|c| ("its peer", c.id())))
+            {
+                stacks += &format!("--- stacks of {name} (pid {pid}):\n{}", thread_stacks(pid));
+            }
             let _ = child.kill();
             let _ = child.wait();
             break None;
@@ -113,7 +132,30 @@ pub fn finish(mut child: Child, limit: Duration, who: &str) -> (bool, String) {
     child.stderr.take().unwrap().read_to_string(&mut out).unwrap();
     match status {
         Some(s) => (s.success(), out),
-        None => (false, format!("{who} did not finish within {limit:?}\n{out}")),
+        None => (false, format!("{who} did not finish within {limit:?}\n{out}\n{stacks}")),
+    }
+}
+
+/// The backtraces of every thread of process `pid`, by gdb (`./ci.sh` installs it), or why
+/// there are none.
+pub fn thread_stacks(pid: u32) -> String {
+    let out = Command::new("timeout")
+        .args(["60", "gdb", "-p", &pid.to_string(), "-batch", "-nx"])
+        .args(["-ex", "set print thread-events off", "-ex", "thread apply all bt 40"])
+        .output();
+    match out {
+        Ok(o) => {
+            let text = String::from_utf8_lossy(&o.stdout);
+            // gdb's chatter about loading symbols says nothing about the hang, nor do the
+            // frames of a thread's start, and a frame's generic arguments are long.
+            let plumbing = ["std::thread::", "catch_unwind", "call_once", "short_backtrace"];
+            text.lines()
+                .filter(|l| l.starts_with("Thread ") || l.starts_with('#'))
+                .filter(|l| !plumbing.iter().any(|p| l.contains(p)))
+                .map(|l| format!("{}\n", l.chars().take(180).collect::<String>()))
+                .collect()
+        }
+        Err(e) => format!("(gdb did not run: {e})\n"),
     }
 }
 
