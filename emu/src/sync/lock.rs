@@ -156,6 +156,21 @@ impl RawLock {
         self.wake_sleeper();
     }
 
+    /// `try_lock` for a thread that is not in by the bias (out of line: the bias's entry, the
+    /// common case, stays small where it is inlined).
+    #[inline(never)]
+    fn try_lock_shared(&self) -> bool {
+        if self.bias.mine() {
+            // The owner is in already (or a revocation is under way): taken.
+            if !self.bias.is_revoked() {
+                return false;
+            }
+        } else if !self.bias.is_revoked() {
+            self.bias.revoke();
+        }
+        self.free() && self.try_word()
+    }
+
     /// After a release: wakes a sleeper if one counted itself.
     #[inline]
     fn wake_sleeper(&self) {
@@ -200,20 +215,9 @@ unsafe impl parking_lot::lock_api::RawMutex for RawLock {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn try_lock(&self) -> bool {
-        if self.enter_biased() {
-            return true;
-        }
-        if self.bias.mine() {
-            // The owner is in already (or a revocation is under way): taken.
-            if !self.bias.is_revoked() {
-                return false;
-            }
-        } else if !self.bias.is_revoked() {
-            self.bias.revoke();
-        }
-        self.free() && self.try_word()
+        self.enter_biased() || self.try_lock_shared()
     }
 
     #[inline]
