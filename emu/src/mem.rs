@@ -102,13 +102,13 @@ impl PeerProcess {
 
     /// Keeps `view` of its memory, in place of an older one of the same name (and of the
     /// oldest, when it has many).
-    pub(crate) fn add_view(&self, view: SharedView) {
+    pub(crate) fn add_view(&self, view: Arc<SharedView>) {
         let mut views = self.views.lock();
         views.retain(|v| v.id() != view.id());
         if views.len() >= MAX_VIEWS {
             views.remove(0);
         }
-        views.push(Arc::new(view));
+        views.push(view);
     }
 
     /// Lets the view of its memory named `id` go: the memory moved back.
@@ -131,6 +131,12 @@ impl PeerProcess {
     #[cfg(test)]
     pub(crate) fn view_copies(&self) -> u64 {
         self.views.lock().iter().map(|v| v.copies()).sum()
+    }
+
+    /// How many writes were made through its views of its memory (for tests).
+    #[cfg(test)]
+    pub(crate) fn view_writes(&self) -> u64 {
+        self.views.lock().iter().map(|v| v.writes()).sum()
     }
 
     pub(crate) fn pid(&self) -> u32 {
@@ -160,11 +166,22 @@ impl PeerProcess {
     }
 
     /// Writes our memory `src` (ranges of `(address, length)`, in order) to `addr` onward in
-    /// the process (the NIC's DMA write for a process that is stopped: see `fabric::exports`).
-    /// Memory of ours that is not there fails the write (EFAULT) rather than faulting us, as
-    /// does memory of the process that is not there; the process's number is checked against
-    /// its pidfd first (a number taken over between that check and the write would need the
-    /// process to exit and the number to come round again in between).
+    /// the process through our view of its shared memory named `shared`, if we have one that
+    /// holds them all and may write it; whether it did. (`src` is registered memory of ours,
+    /// or bytes we hold: it is read as the emulator reads its MRs anywhere.)
+    pub(crate) fn write_through_view(&self, shared: u32, addr: u64, src: &[(u64, usize)]) -> bool {
+        let len = src.iter().map(|&(_, n)| n).sum();
+        let Some(view) = self.view(shared, addr, len) else { return false };
+        // SAFETY: `src` is readable memory of ours (see above).
+        unsafe { view.write(addr, src) }
+    }
+
+    /// Writes our memory `src` (ranges of `(address, length)`, in order) to `addr` onward in
+    /// the process (the NIC's DMA write for a process that is stopped: see `fabric::exports`),
+    /// by system calls. Memory of ours that is not there fails the write (EFAULT) rather than
+    /// faulting us, as does memory of the process that is not there; the process's number is
+    /// checked against its pidfd first (a number taken over between that check and the write
+    /// would need the process to exit and the number to come round again in between).
     pub(crate) fn push(&self, addr: u64, src: &[(u64, usize)]) -> Result<(), MemFault> {
         let mut at = addr;
         for &(from, len) in src {
@@ -392,6 +409,11 @@ impl MemRegion {
     /// Marks the region's memory as (partly) moved into `shared`.
     pub(crate) fn set_shared(&mut self, shared: Arc<SharedMem>) {
         self.shared = Some(shared);
+    }
+
+    /// The name of the shared memory its pages were (partly) moved into, 0 if none.
+    pub(crate) fn shared_id(&self) -> u32 {
+        self.shared.as_ref().map_or(0, |s| s.id())
     }
 
     /// The shared memory that holds bytes `off..off+len` of the region, if its pages were

@@ -2,13 +2,19 @@
 //! `memcpy` instead of `process_vm_readv` (which copies ~3.5x slower here: 13 against 47 GB/s
 //! for 1 MiB).
 //!
-//! On a host fabric, the whole pages of application memory an MR spans (from 64 KiB:
-//! [`MIN_BYTES`]) move into a memfd at the same addresses when it is registered
+//! On a host fabric, the whole pages of application memory an MR spans (from one page if
+//! peers may write it, [`MIN_BYTES`], else from 64 KiB) move into a memfd at the same
+//! addresses when it is registered
 //! ([`adopt`]): the bytes are copied into the file, whose shared mapping then replaces the
 //! private pages in one `mremap`. The application sees the same addresses and the same bytes.
 //! A message pulled from that memory names the file ([`SharedMem::id`]); the receiver, passed
-//! the descriptor once, maps it read-only ([`SharedView`]) and copies from there (where it
-//! has no view yet, it pulls as before: both read the very same pages). When the last MR over
+//! the descriptor once, maps it ([`SharedView`]) and copies from there (where it has no view
+//! yet, it pulls as before: both read the very same pages). A peer that carries out an RDMA
+//! WRITE for us (see `fabric::exports`) writes through its view the same way, one `memcpy`
+//! where `process_vm_writev` costs ~2.4 us here (and a look at whether we exited ~0.3): the
+//! view is writable, which shows the peer no more than those calls would (it is passed only to
+//! a peer that proved it may read our memory, and the kernel's check for reading another
+//! process's memory is the one for writing it). When the last MR over
 //! the pages is deregistered they move back into private memory the same way, and a child
 //! made by `fork` gets private copies of them at once: what the application sees after fork
 //! is what private memory gives it (the kernel copies pinned pages to the child too).
@@ -32,10 +38,14 @@ use std::{
 
 use parking_lot::Mutex;
 
-/// MRs whose whole pages span less are left where they are: below it a message is not
-/// pulled anyway (see `fabric::host::PULL_MIN`), and the copy at registration would cost
-/// more than it saves.
-pub(crate) const MIN_BYTES: usize = 64 * 1024;
+/// MRs that peers may write whose whole pages span less are left where they are: nothing of
+/// them can be mapped. (A page is worth moving: `ib_write_lat`'s buffers are two, and a peer
+/// that writes into them through a view instead of `process_vm_writev` halves its round trip.)
+pub(crate) const MIN_BYTES: usize = 4096;
+/// MRs that peers may only read are moved from this size: below it a message is not pulled
+/// anyway (see `fabric::host::PULL_MIN`), and moving them (~0.1 ms at registration and
+/// deregistration, against ~3 us left where they are) would cost more than it saves.
+pub(crate) const MIN_READ_ONLY_BYTES: usize = 64 * 1024;
 /// Pages moved at once at most, so that the descriptors they hold open stay few.
 const MAX_LIVE: usize = 64;
 /// Memory moved into one file at most (the copy at registration is paid once per MR).
@@ -84,6 +94,11 @@ impl SharedMem {
 
 /// The memory moved, with how many MRs hold it.
 static MOVED: Mutex<Vec<(Arc<SharedMem>, usize)>> = Mutex::new(Vec::new());
+
+/// The memory moved into the file named `id`, if it is still there.
+pub(crate) fn find(id: u32) -> Option<Arc<SharedMem>> {
+    MOVED.lock().iter().find(|(m, _)| m.id == id).map(|(m, _)| m.clone())
+}
 /// While a fork is under way, each moved range's copy as the fork found it (address of the
 /// range, its length, the address of the copy; see `fork_prepare`).
 static FORKING: Mutex<Vec<(u64, usize, usize)>> = Mutex::new(Vec::new());
@@ -176,9 +191,9 @@ pub(crate) fn adopt(addr: u64, len: usize) -> Option<Lease> {
     // (see `fork_prepare`).
     // SAFETY: advice on our own mapping, just made.
     unsafe { libc::madvise(start as *mut libc::c_void, n, libc::MADV_DONTFORK) };
-    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_FUTURE_WRITE;
+    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
     // SAFETY: F_ADD_SEALS on a descriptor we own takes an int. The file may no longer change
-    // size (a reader's mapping never faults) nor be mapped writable anew (peers read it).
+    // size: a peer's mapping never faults.
     if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals | libc::F_SEAL_SEAL) } != 0 {
         privatize(start, n);
         return None;
@@ -385,23 +400,27 @@ impl Maps {
     }
 }
 
-/// Another process's moved memory, mapped read-only here: where a payload it sends from
-/// there is copied from.
+/// Another process's moved memory, mapped here: where a payload it sends from there is
+/// copied from, and where a WRITE we carry out for it is copied to (see `fabric::exports`).
 #[derive(Debug)]
 pub(crate) struct SharedView {
     id: u32,
     /// Where the memory lies in its process.
     base: u64,
     len: usize,
-    at: *const u8,
+    at: *mut u8,
+    /// Mapped writable (a file of an older build, sealed against it, is mapped read-only).
+    writable: bool,
     _map: crate::sys::FileMapping,
-    /// Copies made from it (see `PeerProcess::view_copies`).
+    /// Copies made from it (see `PeerProcess::view_copies`), and into it.
     #[cfg(test)]
     copies: std::sync::atomic::AtomicU64,
+    #[cfg(test)]
+    writes: std::sync::atomic::AtomicU64,
 }
 
-// SAFETY: a read-only view of a file that cannot shrink; copies from it are sound from any
-// thread (the bytes may change under them, as memory a NIC reads does).
+// SAFETY: a view of a file that cannot shrink; copies from it and into it are sound from any
+// thread (the bytes may change under them, as memory a NIC reads and writes does).
 unsafe impl Send for SharedView {}
 // SAFETY: as above.
 unsafe impl Sync for SharedView {}
@@ -421,17 +440,52 @@ impl SharedView {
         if size != len as u64 || len == 0 || base.checked_add(len as u64).is_none() {
             return Err(invalid("not the size it is said to be"));
         }
-        let (map, at) = crate::sys::FileMapping::map(fd.as_raw_fd(), 0, len, false)
-            .map_err(io::Error::from_raw_os_error)?;
+        let mapped = |write| crate::sys::FileMapping::map(fd.as_raw_fd(), 0, len, write);
+        let ((map, at), writable) = match mapped(true) {
+            Ok(m) => (m, true),
+            Err(_) => (mapped(false).map_err(io::Error::from_raw_os_error)?, false),
+        };
         Ok(SharedView {
             id,
             base,
             len,
             at,
+            writable,
             _map: map,
             #[cfg(test)]
             copies: Default::default(),
+            #[cfg(test)]
+            writes: Default::default(),
         })
+    }
+
+    #[cfg(test)]
+    pub(crate) fn writes(&self) -> u64 {
+        self.writes.load(Ordering::Relaxed)
+    }
+
+    /// Copies `src`, pieces of our memory (address, length) in order, to `addr` onwards of its
+    /// process; `false` (nothing written) if the view is read-only or does not hold them all.
+    ///
+    /// # Safety
+    /// Each piece of `src` is readable memory of this process.
+    pub(crate) unsafe fn write(&self, addr: u64, src: &[(u64, usize)]) -> bool {
+        let total = src.iter().map(|&(_, n)| n).sum::<usize>();
+        if !self.writable || !self.covers(addr, total) {
+            return false;
+        }
+        #[cfg(test)]
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        let mut off = (addr - self.base) as usize;
+        for &(from, n) in src {
+            let from = std::ptr::with_exposed_provenance::<u8>(from as usize);
+            // SAFETY: `off..off+n` lies in the writable mapping (all of `src` does: checked
+            // above); `from` is readable for `n` bytes (the caller's promise) and is our
+            // memory, not a mapping of another process's file.
+            unsafe { std::ptr::copy_nonoverlapping(from, self.at.add(off), n) };
+            off += n;
+        }
+        true
     }
 
     #[cfg(test)]
@@ -455,7 +509,8 @@ impl SharedView {
         #[cfg(test)]
         self.copies.fetch_add(1, Ordering::Relaxed);
         // SAFETY: `addr..addr+len` lies in the mapping (checked first).
-        self.covers(addr, len).then(|| unsafe { self.at.add((addr - self.base) as usize) })
+        self.covers(addr, len)
+            .then(|| unsafe { self.at.add((addr - self.base) as usize) }.cast_const())
     }
 
     /// Copies the bytes at `addr` of its process into `dst`; `false` if they are not in it.
@@ -517,19 +572,21 @@ mod test {
         assert!(view.read(p as u64 + 4999, &mut got));
         assert_eq!(got, [buf[4999], 0xee, buf[5001]]);
         assert!(!view.read(p as u64 + 4095, &mut got), "outside the file");
-        // Peers may not map it writable.
-        // SAFETY: asks for a new mapping of our own file.
-        let w = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                4096,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                m.fd().as_raw_fd(),
-                0,
-            )
-        };
-        assert_eq!(w, libc::MAP_FAILED);
+        // A peer writes through its view into the application's memory, piece after piece,
+        // and nowhere outside the file.
+        let (a, b) = (*b"ab", *b"cde");
+        let src = [(a.as_ptr() as u64, 2), (b.as_ptr() as u64, 3)];
+        // SAFETY: both pieces are ours, readable.
+        assert!(unsafe { view.write(p as u64 + 6000, &src) });
+        assert_eq!(
+            &buf[5999..6006],
+            &[(5999 % 251) as u8, b'a', b'b', b'c', b'd', b'e', (6005 % 251) as u8]
+        );
+        // SAFETY: as above.
+        assert!(!unsafe { view.write(p as u64 + 4094, &src) }, "outside the file");
+        // SAFETY: as above.
+        assert!(!unsafe { view.write(p as u64 + 4096 + n as u64 - 4, &src) }, "past its end");
+        assert_eq!(view.writes(), 1);
 
         drop(lease);
         assert!(mapping_of(p as u64 + 4096).contains("memfd"), "one MR still holds it");
@@ -613,10 +670,10 @@ mod test {
         unsafe { libc::munmap(q.cast(), n) };
     }
 
-    /// Memory that is not private and anonymous, or too small, stays where it is.
+    /// Memory that is not private and anonymous, or spans no whole page, stays where it is.
     #[test]
     fn test_only_private_anonymous_memory_of_whole_pages_moves() {
-        assert!(adopt(anon(8192) as u64, 8192).is_none(), "too small");
+        assert!(adopt(anon(8192) as u64 + 100, 4096).is_none(), "no whole page");
         let fd = crate::sys::memfd_unsealed(c"file", 1 << 20).unwrap();
         let (_map, at) = crate::sys::FileMapping::map(fd.as_raw_fd(), 0, 1 << 20, true).unwrap();
         assert!(adopt(at as u64, 1 << 20).is_none(), "a file's mapping");

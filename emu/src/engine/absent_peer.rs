@@ -182,11 +182,27 @@ pub(crate) fn send_placing(
         false
     };
     let rang = host::rang_bell();
-    let placed = (run || rang) && place_sent(qp, g, idx, drv);
+    let placed = (run || rang) && place_sent(qp, g, idx, drv, Placing::Any);
     g.req.placed_last = placed;
     if held {
         host::release_bell(!placed);
     }
+    if !run && !rang {
+        place_sent(qp, g, idx, drv, Placing::ThroughView);
+    }
+}
+
+/// How [`place_sent`] may carry a WRITE out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Placing {
+    /// By system calls if need be: a WRITE whose send found the peer's reader asleep (or that
+    /// follows one so placed), [`PLACE_GAP`] after the last.
+    Any,
+    /// Only through our view of the peer's memory (one `memcpy`, less than the peer's
+    /// reader spends taking the record in and answering it): any WRITE that is alone. A
+    /// ping-pong of WRITEs whose processes also poll their CQs (`ib_write_lat`) keeps each
+    /// reader napping unrung; without this its WRITEs waited for those naps.
+    ThroughView,
 }
 
 /// See [`send_placing`]: whether the WQE at `idx` was carried out.
@@ -195,16 +211,20 @@ pub(super) fn place_sent(
     g: &mut QpInner,
     idx: u32,
     drv: &mut Driver<'_>,
+    how: Placing,
 ) -> bool {
     let alone = qp.qp_type == QpType::UC || g.sq.in_flight() == 1;
     if !alone || g.sq.ring.at(idx).opcode != WrOpcode::RDMA_WRITE || !drv.fabric.express() {
         return false;
     }
-    let now = Instant::now();
-    if g.req.placed_at.replace(now).is_some_and(|t| now - t < PLACE_GAP) {
-        return false;
+    if how == Placing::Any {
+        let now = Instant::now();
+        if g.req.placed_at.replace(now).is_some_and(|t| now - t < PLACE_GAP) {
+            return false;
+        }
     }
-    let Some(peer) = absent_peer(g, drv, true) else { return false };
+    let Some(mut peer) = absent_peer(g, drv, true) else { return false };
+    peer.views_only = how == Placing::ThroughView;
     if qp.qp_type == QpType::UC {
         let w = g.sq.ring.at(idx);
         carried(qp, g, w, |req| peer.carry_out_first(w.first_psn, req)).is_some()

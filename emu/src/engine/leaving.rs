@@ -24,7 +24,8 @@
 use std::sync::Arc;
 
 use super::{
-    Driver, absent_peer,
+    Driver,
+    absent_peer::{self, Placing},
     arriving::{Atomic, Message, Op},
     completer,
     express::{self, Src},
@@ -82,9 +83,12 @@ pub(crate) fn send(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, drv: &mut Driv
         g.req.rd_atomic_in_flight += 1;
     }
     // As `send_placing` after the send (no run of WRITEs was going on): a WRITE whose send
-    // rang the peer's bell is carried out now, if it can be.
+    // rang the peer's bell is carried out now, if it can be; another through our view of the
+    // peer's memory, if we have one.
     if host::rang_bell() {
-        g.req.placed_last = absent_peer::place_sent(qp, g, idx, drv);
+        g.req.placed_last = absent_peer::place_sent(qp, g, idx, drv, Placing::Any);
+    } else {
+        absent_peer::place_sent(qp, g, idx, drv, Placing::ThroughView);
     }
     if qp.qp_type == QpType::UC {
         // Unreliable: the WR is complete once its message is on the wire.

@@ -73,6 +73,9 @@ pub(crate) struct MrExport {
     pub(crate) len: u64,
     /// Where its first byte lies in this process.
     pub(crate) host: u64,
+    /// The name of the shared memory its pages were moved into (0: none; see
+    /// `crate::shared_mem`): a peer that has a view of it writes there.
+    pub(crate) shared: u32,
 }
 
 impl MrExport {
@@ -234,7 +237,7 @@ impl Exports {
             m.iova,
             m.len,
             m.host,
-            0,
+            u64::from(m.shared),
         ];
         self.map.write(mr_at(slot), &words);
         true
@@ -310,7 +313,7 @@ impl PeerExports {
     /// The MR that `rkey` names on device `dev`, as its process last offered it.
     pub(crate) fn mr(&self, dev: u32, rkey: u32) -> Option<MrExport> {
         mr_slots(dev, rkey).find_map(|slot| {
-            let [_, key, access, pd, iova, len, host, _] =
+            let [_, key, access, pd, iova, len, host, shared] =
                 self.map.read::<MR_WORDS>(mr_at(slot))?;
             (key == u64::from(rkey) | u64::from(dev) << 32 && rkey != 0).then_some(MrExport {
                 dev,
@@ -320,6 +323,7 @@ impl PeerExports {
                 iova,
                 len,
                 host,
+                shared: shared as u32,
             })
         })
     }
@@ -356,29 +360,48 @@ impl Op<'_> {
     }
 }
 
-/// Carries out `req` in `to`'s process as its responder would have, if its exports allow it:
-/// whether it did (else nothing of the peer's changed, but for a write that failed partway:
-/// then the responder, carrying out the request itself later, writes it all again).
+/// How [`place`] went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Placed {
+    /// Not carried out: nothing of the peer's changed, but for a write that failed partway
+    /// (then the responder, carrying out the request itself later, writes it all again).
+    No,
+    /// Carried out, through our view of the peer's memory where it applied.
+    Yes,
+    /// Memory of the peer's that it moved into the shared memory of this name, of which we
+    /// have no view to write through: carried out by system calls, or, if only views were
+    /// to be used, not carried out.
+    Unviewed(u32),
+}
+
+/// Carries out `req` in `to`'s process as its responder would have, if its exports allow it,
+/// and, if `views_only`, if it is a write into memory we have a view of.
 /// `gate` is our ring to that process: raised for as long as we may touch its memory.
 pub(crate) fn place(
     exports: &PeerExports,
     to: &PeerProcess,
     gate: &Ring,
     req: Request<'_>,
-) -> bool {
+    views_only: bool,
+) -> Placed {
     gate.set_gate(true);
-    let done = place_gated(exports, to, req);
+    let done = place_gated(exports, to, req, views_only);
     gate.set_gate(false);
     done
 }
 
-fn place_gated(exports: &PeerExports, to: &PeerProcess, req: Request<'_>) -> bool {
+fn place_gated(
+    exports: &PeerExports,
+    to: &PeerProcess,
+    req: Request<'_>,
+    views_only: bool,
+) -> Placed {
     let (dev, qpn) = req.dst;
     let need = match req.op {
         Op::Write(_) => AccessFlags::REMOTE_WRITE,
         Op::Read(..) => AccessFlags::REMOTE_READ,
     };
-    let Some(qp) = exports.qp(qpn) else { return false };
+    let Some(qp) = exports.qp(qpn) else { return Placed::No };
     let takes = matches!(qp.state, QpState::RTR | QpState::RTS | QpState::SQD | QpState::SQE);
     if !takes
         || qp.dev != dev
@@ -387,27 +410,37 @@ fn place_gated(exports: &PeerExports, to: &PeerProcess, req: Request<'_>) -> boo
         || qp.dest_qpn != req.src_qpn
         || !qp.access.contains(need)
     {
-        return false;
+        return Placed::No;
     }
     let len = req.op.len();
-    let host = if len == 0 {
-        0
+    let (host, shared) = if len == 0 {
+        (0, 0)
     } else {
-        let Some(mr) = exports.mr(dev, req.rkey) else { return false };
+        let Some(mr) = exports.mr(dev, req.rkey) else { return Placed::No };
         if mr.pd != qp.pd || !mr.access.contains(need) {
-            return false;
+            return Placed::No;
         }
-        let Some(host) = mr.host_of(req.va, len) else { return false };
-        host
+        let Some(host) = mr.host_of(req.va, len) else { return Placed::No };
+        (host, mr.shared)
     };
-    match req.op {
+    if views_only && !matches!(req.op, Op::Write(_)) {
+        return Placed::No;
+    }
+    let done = match req.op {
         _ if len == 0 => true,
-        Op::Write(src) => to.push(host, src).is_ok(),
+        Op::Write(src) if shared != 0 && to.write_through_view(shared, host, src) => true,
+        Op::Write(_) if views_only && shared != 0 => return Placed::Unviewed(shared),
+        Op::Write(_) if views_only => return Placed::No,
+        Op::Write(src) => match to.push(host, src) {
+            Ok(()) if shared != 0 => return Placed::Unviewed(shared),
+            pushed => pushed.is_ok(),
+        },
         Op::Read(into, n) => {
             into.resize(n, 0);
             to.read_into(host, into).is_ok()
         }
-    }
+    };
+    if done { Placed::Yes } else { Placed::No }
 }
 
 #[cfg(test)]
@@ -446,6 +479,7 @@ mod test {
             iova: 0x1000,
             len: buf.len() as u64,
             host: buf.as_ptr() as u64,
+            shared: 0,
         }
     }
 
@@ -525,7 +559,7 @@ mod test {
             op: Op::Write(&from),
         };
         let ok = ((0, 0x10001), 0x20007);
-        assert!(place(&p, &me, &gate, write(0x700, 0x1010, ok.0, ok.1)));
+        assert_eq!(place(&p, &me, &gate, write(0x700, 0x1010, ok.0, ok.1), false), Placed::Yes);
         assert_eq!(&target[16..32], &[7; 16]);
         assert!(!gate.gate_up(), "the gate is lowered again");
         // Each of these the responder would refuse: nothing is written.
@@ -538,10 +572,10 @@ mod test {
             write(0x700, 0x1000, (0, 0x10002), ok.1), // no such QP
         ];
         for r in refused {
-            assert!(!place(&p, &me, &gate, r));
+            assert_eq!(place(&p, &me, &gate, r, false), Placed::No);
         }
         e.set_qp(&qp(0x10001, QpState::ERR));
-        assert!(!place(&p, &me, &gate, write(0x700, 0x1000, ok.0, ok.1)));
+        assert_eq!(place(&p, &me, &gate, write(0x700, 0x1000, ok.0, ok.1), false), Placed::No);
         assert_eq!(&target[..16], &[0; 16]);
         e.set_qp(&qp(0x10001, QpState::RTS));
         let mut got = Vec::new();
@@ -553,15 +587,18 @@ mod test {
             va: 0x1010,
             op: Op::Read(&mut got, 8),
         };
-        assert!(place(&p, &me, &gate, read));
+        assert_eq!(place(&p, &me, &gate, read, false), Placed::Yes);
         assert_eq!(got, [7; 8]);
         // A UC QP is offered too, and takes only a UC QP's WRITEs; an RC QP only an RC's.
         e.set_qp(&QpExport { qpn: 0x10003, qp_type: QpType::UC, ..qp(0x10003, QpState::RTS) });
         let uc = |dst| Request { qp_type: QpType::UC, ..write(0x700, 0x1020, dst, ok.1) };
-        assert!(!place(&p, &me, &gate, uc(ok.0)), "a UC WRITE to an RC QP");
-        assert!(!place(&p, &me, &gate, write(0x700, 0x1020, (0, 0x10003), ok.1)));
+        assert_eq!(place(&p, &me, &gate, uc(ok.0), false), Placed::No, "a UC WRITE to an RC QP");
+        assert_eq!(
+            place(&p, &me, &gate, write(0x700, 0x1020, (0, 0x10003), ok.1), false),
+            Placed::No
+        );
         assert_eq!(&target[32..40], &[0; 8]);
-        assert!(place(&p, &me, &gate, uc((0, 0x10003))));
+        assert_eq!(place(&p, &me, &gate, uc((0, 0x10003)), false), Placed::Yes);
         assert_eq!(&target[32..40], &[7; 8]);
     }
 

@@ -82,6 +82,9 @@ pub(super) const EXPORTS: u8 = 16;
 pub(super) const SHARED: u8 = 32;
 /// A datagram that says the sender's shared memory named after the header moved back.
 pub(super) const RETIRED: u8 = 64;
+/// A datagram that asks for a view of the receiver's shared memory named after the header
+/// (the sender carries out WRITEs there: see `exports`).
+pub(super) const WANTED: u8 = 128;
 /// Bytes of records per ring (one per ordered pair of nodes that talk): small enough to stay
 /// in the caches as messages stream through (a ring of 4 MiB or more moves a third as fast
 /// here), large enough to hold a 1 MiB message whole while the next one is written.
@@ -280,6 +283,11 @@ struct Inbound {
     /// The rings our peers write to us, whose gates they raise while they act on our memory
     /// (see `exports`).
     gates: Mutex<Vec<Arc<Ring>>>,
+    /// Views of our shared memory our peers asked for, taken off the socket and not passed
+    /// yet: by slot, the process that asked and the memory's name.
+    wanted: Mutex<Vec<(u8, u32, u32)>>,
+    /// Whether `wanted` may hold any (a look per receive that writes nothing).
+    any_wanted: AtomicBool,
 }
 
 impl Inbound {
@@ -314,15 +322,31 @@ pub(crate) struct AbsentPeer {
     /// The peer runs, but its reader lags: the records it would pull from us are left to it
     /// (it may be pulling the one before them, at length).
     lagging: bool,
+    /// Only WRITEs into memory we have a view of are carried out (no system call).
+    pub(crate) views_only: bool,
 }
 
 impl AbsentPeer {
     /// Carries out `req`, a request our QP has not sent, in the stopped process, if its
     /// exports allow it; whether it did.
     pub(crate) fn carry_out_unsent(&self, req: exports::Request<'_>) -> bool {
-        let tx = self.peer.tx.lock();
-        let Some(ring) = tx.ring.as_deref() else { return false };
-        exports::place(&self.exports, &self.process, ring, req)
+        let mut tx = self.peer.tx.lock();
+        let Some(ring) = tx.ring.clone() else { return false };
+        self.place(&mut tx, &ring, req)
+    }
+
+    /// Carries out `req` (see `exports::place`), `ring` being ours to the peer; whether it
+    /// did. One written by system calls into memory the peer moved into shared memory asks
+    /// the peer, once, for a view of it: the next are written through that.
+    fn place(&self, tx: &mut PeerTx, ring: &Ring, req: exports::Request<'_>) -> bool {
+        match exports::place(&self.exports, &self.process, ring, req, self.views_only) {
+            exports::Placed::No => false,
+            exports::Placed::Yes => true,
+            exports::Placed::Unviewed(id) => {
+                self.peer.want_view(tx, id);
+                !self.views_only
+            }
+        }
     }
 
     /// Carries out `req`, the request at `psn` that our QP sent, in the stopped process, if
@@ -354,8 +378,8 @@ impl AbsentPeer {
     ) -> bool {
         let (dst_qpn, src_qpn) = (req.dst.1, req.src_qpn);
         // Held throughout: nothing is written to the ring while we look through it.
-        let tx = self.peer.tx.lock();
-        let Some(ring) = tx.ring_at_rest() else { return false };
+        let mut tx = self.peer.tx.lock();
+        let Some(ring) = tx.ring_at_rest().cloned() else { return false };
         // A running peer pulls those records itself (see `LAG`).
         let not_pulled = self.lagging || from.is_none();
         let wanted = |b: &[u8]| {
@@ -367,7 +391,7 @@ impl AbsentPeer {
             None => ring.claim_oldest(wanted),
         };
         let Some(claim) = claim else { return false };
-        if !exports::place(&self.exports, &self.process, ring, req) {
+        if !self.place(&mut tx, &ring, req) {
             return false;
         }
         claim.placed();
@@ -496,6 +520,8 @@ impl Node {
             drops,
             peer_exports,
             gates,
+            wanted: Mutex::default(),
+            any_wanted: AtomicBool::new(false),
         });
         let (reader, weak) = (inbound.clone(), fabric.clone());
         crate::sys::spawn(format!("rdma-emu-node{slot}"), move || read_loop(&reader, &weak))?;
@@ -545,6 +571,7 @@ impl Node {
             process,
             from: 0,
             lagging,
+            views_only: false,
         })
     }
 
@@ -1320,6 +1347,9 @@ fn receive_marked(inbound: &Inbound, rx: &mut Rx, fabric: &FabricInner, socket: 
         // hung, the reader asleep, every message after one an application thread took unrung).
         inbound.wake_reader();
     }
+    if inbound.any_wanted.load(Ordering::Relaxed) {
+        pass_wanted_views(inbound, fabric);
+    }
     read_rings(inbound, fabric, rings, partial, &mut batch);
     *last_qp = batch.last_qp.take();
     OwedAck::pay(&mut batch.owed);
@@ -1397,7 +1427,14 @@ fn take_datagrams(
                     crate::shared_mem::SharedView::open(&fd, id, base, len).ok()
                 });
                 match (from, view) {
-                    (Some(from), Some(view)) => from.add_view(view),
+                    (Some(from), Some(view)) => {
+                        // Written through too, by the WRITEs we carry out there.
+                        let view = Arc::new(view);
+                        if let Some(p) = exported_by(inbound, src, from) {
+                            p.add_view(view.clone());
+                        }
+                        from.add_view(view);
+                    }
                     _ => Drops::count(&inbound.drops.rings),
                 }
             }
@@ -1406,7 +1443,20 @@ fn take_datagrams(
                 let id = d.get(HEADER..HEADER + 4).and_then(|b| b.try_into().ok());
                 let id = id.map(u32::from_le_bytes);
                 if let (Some(from), Some(id)) = (from, id) {
+                    if let Some(p) = exported_by(inbound, src, from) {
+                        p.drop_view(id);
+                    }
                     from.drop_view(id);
+                }
+            }
+            (Some(&[src, flags]), _) if flags & WANTED != 0 => {
+                let id = d.get(HEADER..HEADER + 4).and_then(|b| b.try_into().ok());
+                match id.map(u32::from_le_bytes) {
+                    Some(id) => {
+                        inbound.wanted.lock().push((src, cred.pid, id));
+                        inbound.any_wanted.store(true, Ordering::Relaxed);
+                    }
+                    None => Drops::count(&inbound.drops.malformed),
                 }
             }
             (Some(&[_, flags]), _) if flags & BELL != 0 => rang = true,
@@ -1415,6 +1465,30 @@ fn take_datagrams(
             _ => Drops::count(&inbound.drops.malformed),
         }
     }
+}
+
+/// Passes our peers the views of our shared memory they asked for (see `Peer::want_view`),
+/// where it is still there, to the process that asked.
+#[cold]
+fn pass_wanted_views(inbound: &Inbound, fabric: &FabricInner) {
+    inbound.any_wanted.store(false, Ordering::Relaxed);
+    let wanted = std::mem::take(&mut *inbound.wanted.lock());
+    let Some(node) = fabric.node.get() else { return };
+    for (slot, pid, id) in wanted {
+        let peer = node.peers.lock().get(&slot).cloned();
+        if let Some(peer) = peer.filter(|p| p.pid() == pid)
+            && let Some(shared) = crate::shared_mem::find(id)
+        {
+            peer.offer_shared(&shared);
+        }
+    }
+}
+
+/// The process whose exports the node in `slot` passed us, if it is `from` (as a process,
+/// and not the very same record of it).
+fn exported_by(inbound: &Inbound, slot: u8, from: &Arc<PeerProcess>) -> Option<Arc<PeerProcess>> {
+    let exported = inbound.peer_exports.lock().get(&slot).map(|(_, p)| p.clone())?;
+    (exported.pid() == from.pid() && !Arc::ptr_eq(&exported, from)).then_some(exported)
 }
 
 /// The process that writes the ring from the node in `slot`, if it is process `pid` (the
@@ -2025,6 +2099,9 @@ struct PeerTx {
     exports_offered: bool,
     /// The names of our shared memory passed to the peer (see `Peer::offer_shared`).
     shared_offered: Vec<u32>,
+    /// The names of the peer's shared memory we asked it for a view of (see
+    /// `Peer::want_view`).
+    views_wanted: Vec<u32>,
     /// Fragments the peer had no room for, framed, in order.
     backlog: VecDeque<Vec<u8>>,
     /// The flusher took a fragment off the backlog and is sending it: later ones must queue.
@@ -2036,8 +2113,8 @@ impl PeerTx {
     /// The ring to the peer, for a look through its records under `tx` (the carry-outs'):
     /// none while the flusher writes into it without `tx` (`Peer::flush_loop`), since the
     /// records the reader frees meanwhile may be written again under the look.
-    fn ring_at_rest(&self) -> Option<&Ring> {
-        if self.flushing { None } else { self.ring.as_deref() }
+    fn ring_at_rest(&self) -> Option<&Arc<Ring>> {
+        if self.flushing { None } else { self.ring.as_ref() }
     }
 }
 
@@ -2326,6 +2403,20 @@ impl Peer {
         drop(tx);
         let me: Arc<dyn crate::shared_mem::Holder> = self.clone();
         shared.passed_to(Arc::downgrade(&me));
+    }
+
+    /// Asks the peer, once, for a view of its shared memory named `id` (it passes it as it
+    /// passes the memory its payloads come from: see [`Peer::offer_shared`]).
+    fn want_view(&self, tx: &mut PeerTx, id: u32) {
+        if tx.views_wanted.contains(&id) {
+            return;
+        }
+        tx.views_wanted.push(id);
+        let d = frame(self.src, WANTED, 0, 0, 0, &id.to_le_bytes());
+        if let Some(sock) = &tx.sock {
+            // Not waited for: a view is worth a datagram, not a wait (none: asked no more).
+            let _ = sock.send(&d);
+        }
     }
 
     /// Passes the descriptor `fd` in a datagram of kind `flag`; whether it went. The peer's
@@ -2954,6 +3045,90 @@ mod test {
         while views(&fa) + views(&fb) > 0 {
             assert!(Instant::now() < deadline, "views kept");
             std::thread::sleep(Duration::from_millis(1));
+        }
+        talk_and_part((a, fa), (b, fb), &dir);
+    }
+
+    /// An RDMA WRITE into memory its responder's process moved into shared memory is carried
+    /// out by its requester through a view of that memory: the first, sent to a reader asleep,
+    /// by system calls (the requester's process then asks for the view); once the view is
+    /// passed, each that is alone, whether or not the reader sleeps, by a copy into it. Pages
+    /// registered again move into another file: the old view is not written, the WRITE lands
+    /// in the memory the new MR names.
+    #[test]
+    #[allow(unsafe_code)] // application memory, registered as C registers it
+    fn test_a_write_alone_is_placed_through_a_view_of_the_peers_memory() {
+        const LEN: usize = 8192;
+        let (dir, (a, fa), (b, fb)) = talking("write-view", end_on);
+        let (rw, anon) =
+            (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS);
+        // SAFETY: a fresh anonymous mapping, left mapped for the test's life.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), LEN, rw, anon, -1, 0) }.cast::<u8>();
+        assert_ne!(p.cast(), libc::MAP_FAILED);
+        let word = |i: u64| {
+            let mut w = [0u8; 8];
+            // SAFETY: `p` is LEN bytes of ours, read once the WRITE there completed.
+            unsafe { std::ptr::copy_nonoverlapping(p.add(8 * i as usize), w.as_mut_ptr(), 8) };
+            u64::from_le_bytes(w)
+        };
+        let reg = || {
+            // SAFETY: the mapping outlives the MR (never unmapped).
+            let mem = unsafe { crate::RawMemory::new(p, LEN) };
+            let access = crate::AccessFlags::LOCAL_WRITE | crate::AccessFlags::REMOTE_WRITE;
+            b.mr.pd().reg_mr_raw(mem, p as u64, access).unwrap()
+        };
+        // WRITE `i` of A's to B's word `i` of `mr`, and its completion.
+        let post = |mr: &crate::Mr, i: u64| {
+            a.mr.write(8 * i as usize, &i.to_le_bytes()).unwrap();
+            let sg = [Sge { addr: a.mr.addr() + 8 * i, length: 8, lkey: a.mr.lkey() }];
+            let wr = SendWr::write(i, &sg, mr.addr() + 8 * i, mr.rkey()).signaled();
+            a.qp.post_send(&wr).unwrap();
+        };
+        let landed = |i: u64| {
+            let wc = a.next();
+            assert_eq!((wc.wr_id, wc.status), (i, WcStatus::SUCCESS));
+            assert_eq!(word(i), i, "WRITE {i} landed");
+        };
+        let (na, nb) = (fa.0.node.get().unwrap(), fb.0.node.get().unwrap());
+        // A's record of B's process: the views it has of B's memory, and the writes made
+        // through them.
+        let exported = || na.inbound.peer_exports.lock().get(&b.slot()).unwrap().1.clone();
+        let views = || exported().view_count();
+        let wait_for = |what: &str, done: &dyn Fn() -> bool| {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !done() {
+                assert!(Instant::now() < deadline, "{what}");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        };
+        // Posted while B's reader cannot take it in (nor is rung: its rings disarmed, as
+        // while its application polls, and then its reader rung, as a poll does). Alone, a
+        // WRITE is carried out only through a view: the first asks for one and waits for B;
+        // the next ten go through the view.
+        let unattended = |f: &dyn Fn()| {
+            let rx = nb.inbound.rx.lock();
+            rx.rings.iter().for_each(|(_, r)| r.disarm());
+            f();
+            drop(rx);
+            nb.inbound.wake_reader();
+        };
+        for first in [1, 20] {
+            let mr = reg();
+            unattended(&|| post(&mr, first));
+            landed(first);
+            wait_for("no view of B's memory was passed", &|| views() == 1);
+            assert_eq!(exported().view_writes(), 0);
+            unattended(&|| {
+                for i in first + 1..first + 11 {
+                    post(&mr, i);
+                    landed(i);
+                }
+            });
+            assert_eq!(exported().view_writes(), 10, "each WRITE went through the view");
+            // Deregistered, the pages move back and A lets its view go; registered again
+            // (the next round), they are another file's, which is viewed anew.
+            drop(mr);
+            wait_for("the view of the old file was kept", &|| views() == 0);
         }
         talk_and_part((a, fa), (b, fb), &dir);
     }

@@ -85,11 +85,13 @@ pub struct FabricConfig {
     /// kernel does (`ENOMEM` past it without `CAP_IPC_LOCK`; see `objects::pinned`). On by
     /// default; `RDMA_EMU_MEMLOCK=off` turns it off.
     pub memlock: bool,
-    /// On the host fabric, the whole pages of application memory an MR of 64 KiB or more
-    /// spans move into shared memory at the same addresses when it is registered (back at
-    /// deregistration, and in a child after `fork`), so that a process pulling a payload from
-    /// there copies it with `memcpy` rather than `process_vm_readv` (see
-    /// `crate::shared_mem`). On by default; `RDMA_EMU_SHARE_MR=0` leaves memory where it is.
+    /// On the host fabric, the whole pages of application memory an MR spans (of 64 KiB or
+    /// more, or any with remote write access) move into shared memory at the same addresses
+    /// when it is registered (back at deregistration, and
+    /// in a child after `fork`), so that a process pulling a payload from there, or carrying
+    /// out a WRITE there, copies it with `memcpy` rather than `process_vm_readv` or
+    /// `process_vm_writev` (see `crate::shared_mem`). On by default; `RDMA_EMU_SHARE_MR=0`
+    /// leaves memory where it is.
     pub share_mr: bool,
     /// Wire ports: each binds its device's port to a local IP address (which joins the port's
     /// GID table) and sends and takes RoCE v2 on that address's UDP port 4791 for whatever the
@@ -464,6 +466,7 @@ impl FabricInner {
             iova: mr.iova,
             len: mr.region.len() as u64,
             host: mr.region.host_addr(),
+            shared: mr.region.shared_id(),
         });
     }
 

@@ -247,9 +247,17 @@ fn pin(region: &MemRegion, access: AccessFlags) -> Result<()> {
 }
 
 /// Moves the application memory of `region` into shared memory where the fabric's peers
-/// read it (see `crate::shared_mem`); what the MR then holds.
-fn share(fabric: &crate::fabric::FabricInner, region: &mut MemRegion) -> Option<Lease> {
-    if !fabric.share_mr || region.len() < crate::shared_mem::MIN_BYTES {
+/// read it, and write it if `access` lets them (see `crate::shared_mem`); what the MR then
+/// holds.
+fn share(
+    fabric: &crate::fabric::FabricInner,
+    region: &mut MemRegion,
+    access: AccessFlags,
+) -> Option<Lease> {
+    use crate::shared_mem::{MIN_BYTES, MIN_READ_ONLY_BYTES};
+    let min =
+        if access.contains(AccessFlags::REMOTE_WRITE) { MIN_BYTES } else { MIN_READ_ONLY_BYTES };
+    if !fabric.share_mr || region.len() < min {
         return None;
     }
     let lease = crate::shared_mem::adopt(region.host_addr(), region.len())?;
@@ -287,7 +295,7 @@ impl Mr {
         let (charge, lease) = if app_memory && !on_demand {
             pin(&region, access)?;
             let charge = charged(pd, &region)?;
-            (charge, share(&pd.0.ctx.fabric, &mut region))
+            (charge, share(&pd.0.ctx.fabric, &mut region, access))
         } else {
             (Charge::default(), None)
         };
@@ -485,7 +493,7 @@ impl Mr {
                 pin(&mem.0, access)?;
                 let pd = what.pd.map_or(&old.pd, |p| &p.0);
                 charge = Some(charged_to(&pd.ctx.fabric, &mem.0)?);
-                lease = Some(share(&pd.ctx.fabric, &mut mem.0));
+                lease = Some(share(&pd.ctx.fabric, &mut mem.0, access));
                 (Arc::new(mem.0), effective_iova(self.0.dev.profile, access, iova))
             }
             None => {
