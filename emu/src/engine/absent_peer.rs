@@ -205,7 +205,9 @@ pub(crate) enum Placing {
     ThroughView,
 }
 
-/// See [`send_placing`]: whether the WQE at `idx` was carried out.
+/// See [`send_placing`]: whether the WQE at `idx` was carried out. (Out of line: the posts
+/// it is called from are inlined where they are called.)
+#[inline(never)]
 pub(super) fn place_sent(
     qp: &Arc<QpShared>,
     g: &mut QpInner,

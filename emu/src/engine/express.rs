@@ -532,7 +532,7 @@ pub(super) fn read_piece(piece: Src<'_>, dst: &mut [u8]) -> bool {
 
 /// Copies `n` bytes of `piece` from `at` to `region` at `off` (checked ranges); false if the
 /// memory of either went away after its registration (the packet path then reports it).
-#[inline]
+#[inline(always)]
 pub(super) fn copy_piece(
     piece: Src<'_>,
     at: usize,

@@ -87,7 +87,7 @@ pub(crate) fn send(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, drv: &mut Driv
     // peer's memory, if we have one.
     if host::rang_bell() {
         g.req.placed_last = absent_peer::place_sent(qp, g, idx, drv, Placing::Any);
-    } else {
+    } else if matches!(m.op, Op::Write(..)) && m.imm.is_none() {
         absent_peer::place_sent(qp, g, idx, drv, Placing::ThroughView);
     }
     if qp.qp_type == QpType::UC {

@@ -110,6 +110,7 @@ impl Ack {
 /// no GRH, no rkey to invalidate, no NAK, its payload carried whole, neither pulled nor carried
 /// out. Its header, and its payload; `None` for anything else (which [`decode_message`] then
 /// reads).
+#[inline]
 pub(crate) fn peek_request(bytes: &[u8]) -> Option<(crate::engine::arriving::Message, &[u8])> {
     use crate::engine::arriving::{Atomic, Op};
     let mut r = Reader(bytes.get(..FIXED_HEAD)?);
