@@ -47,7 +47,7 @@ pub(crate) const MIN_BYTES: usize = 4096;
 /// deregistration, against ~3 us left where they are) would cost more than it saves.
 pub(crate) const MIN_READ_ONLY_BYTES: usize = 64 * 1024;
 /// Pages moved at once at most, so that the descriptors they hold open stay few.
-const MAX_LIVE: usize = 64;
+pub(crate) const MAX_LIVE: usize = 64;
 /// Memory moved into one file at most (the copy at registration is paid once per MR).
 const MAX_BYTES: usize = 1 << 30;
 

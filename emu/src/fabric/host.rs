@@ -2406,10 +2406,15 @@ impl Peer {
     }
 
     /// Asks the peer, once, for a view of its shared memory named `id` (it passes it as it
-    /// passes the memory its payloads come from: see [`Peer::offer_shared`]).
+    /// passes the memory its payloads come from: see [`Peer::offer_shared`]). The names asked
+    /// for last are remembered, as many as a process has shared at once: one asked for long
+    /// ago and still shared may be asked for again.
     fn want_view(&self, tx: &mut PeerTx, id: u32) {
         if tx.views_wanted.contains(&id) {
             return;
+        }
+        if tx.views_wanted.len() >= crate::shared_mem::MAX_LIVE {
+            tx.views_wanted.remove(0);
         }
         tx.views_wanted.push(id);
         let d = frame(self.src, WANTED, 0, 0, 0, &id.to_le_bytes());
