@@ -423,18 +423,24 @@ fn place_gated(
         let Some(host) = mr.host_of(req.va, len) else { return Placed::No };
         (host, mr.shared)
     };
-    if views_only && !matches!(req.op, Op::Write(_)) {
-        return Placed::No;
-    }
     let done = match req.op {
+        Op::Read(..) if views_only => false,
         _ if len == 0 => true,
-        Op::Write(src) if shared != 0 && to.write_through_view(shared, host, src) => true,
-        Op::Write(_) if views_only && shared != 0 => return Placed::Unviewed(shared),
-        Op::Write(_) if views_only => return Placed::No,
-        Op::Write(src) => match to.push(host, src) {
-            Ok(()) if shared != 0 => return Placed::Unviewed(shared),
-            pushed => pushed.is_ok(),
-        },
+        // Through our view of the memory if we have one; else (unless only a view would do)
+        // by system calls, after which a view of memory the peer shares is worth asking for.
+        Op::Write(src) => {
+            if shared != 0 && to.write_through_view(shared, host, src) {
+                return Placed::Yes;
+            }
+            if !views_only && to.push(host, src).is_err() {
+                return Placed::No;
+            }
+            return match (shared, views_only) {
+                (0, true) => Placed::No,
+                (0, false) => Placed::Yes,
+                _ => Placed::Unviewed(shared),
+            };
+        }
         Op::Read(into, n) => {
             into.resize(n, 0);
             to.read_into(host, into).is_ok()
