@@ -468,11 +468,30 @@ fn wl1(o: &Opts) -> Result<Row, String> {
 
 /// CM1: `ib_send_lat -R` (QPs connected by the connection manager, parameters exchanged over
 /// it) against plain `ib_send_lat` (TCP exchange), both between two processes, in the same run.
+///
+/// perftest races itself here: after the handshake on its first connection the client connects
+/// its data connection while the server is still making the listening id for it
+/// (`create_rdma_cm_connection`); a request that wins is rejected, "invalid service ID" (reason
+/// 8), as the kernel's CM rejects it, and perftest 4.5-0.17 (Debian 12) cannot retry (its retry
+/// reuses the ids it has just destroyed). About one run in fifteen here: such a sample runs
+/// again, three times at most, as the rdmacm tests do.
 fn cm1(o: &Opts) -> Result<Row, String> {
     let what = "cross-process `ib_send_lat -R` RTT (baseline: without `-R`)";
     against_send_lat(o, "CM1", what, "<= 1.1x", |iters| {
         let args = ["-R", "-n", iters];
-        perftest::run_with("ib_send_lat", &args, &[], "-p", Ready::Cm, Some("127.0.0.1"))
+        let run =
+            || perftest::run_with("ib_send_lat", &args, &[], "-p", Ready::Cm, Some("127.0.0.1"));
+        let lost_race = |r: &Result<String, String>| {
+            r.as_ref().is_err_and(|e| e.contains("RDMA_CM_EVENT_REJECTED; error: 8."))
+        };
+        let mut out = run();
+        for _ in 1..3 {
+            if !lost_race(&out) {
+                break;
+            }
+            out = run();
+        }
+        out
     })
 }
 
