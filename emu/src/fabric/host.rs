@@ -1238,8 +1238,18 @@ fn read_loop(inbound: &Inbound, fabric: &Weak<FabricInner>) {
         if socket {
             let woke = crate::sys::wait_readable(inbound.sock.as_raw_fd(), nap);
             inbound.napping.store(false, Ordering::SeqCst);
-            if woke.is_err() {
-                return;
+            let Ok(rung) = woke else { return };
+            // Napped while an application thread polls, and it polled on meanwhile, with
+            // nothing come on the socket: it takes in what comes, so nap on without taking the
+            // rings. A reader that took them at each nap's end was, on a core it shares with
+            // that thread, preempted holding them, and the poller shut out until it yielded.
+            if nap == Some(POLLED_NAP)
+                && !rung
+                && !inbound.quit.load(Ordering::Acquire)
+                && inbound.polled.swap(false, Ordering::Relaxed)
+                && polled_nap_again(inbound, sleepers)
+            {
+                continue;
             }
         }
         if inbound.quit.load(Ordering::Acquire) {
@@ -1250,18 +1260,12 @@ fn read_loop(inbound: &Inbound, fabric: &Weak<FabricInner>) {
         let events = fabric.cq_events.load(Ordering::Relaxed);
         let came = receive(inbound, &mut rx, &fabric, socket);
         let woke = fabric.cq_events.load(Ordering::Relaxed) != events;
-        if inbound.polled.swap(false, Ordering::Relaxed) {
-            // An application thread is reading the rings: look again soon, unrung, unless
-            // it went to sleep on a CQ event meanwhile (it says so before it sleeps, and
-            // rings us if we nap: one of us sees the other).
-            inbound.napping.store(true, Ordering::SeqCst);
-            if inbound.sleepers.load(Ordering::SeqCst) == sleepers {
-                rx.rings.iter().for_each(|(_, r)| r.disarm());
-                nap = Some(POLLED_NAP);
-                streaming = 0;
-                continue;
-            }
-            inbound.napping.store(false, Ordering::SeqCst);
+        if inbound.polled.swap(false, Ordering::Relaxed) && polled_nap_again(inbound, sleepers) {
+            // An application thread is reading the rings: look again soon, unrung.
+            rx.rings.iter().for_each(|(_, r)| r.disarm());
+            nap = Some(POLLED_NAP);
+            streaming = 0;
+            continue;
         }
         sleepers = inbound.sleepers.load(Ordering::SeqCst);
         // Nobody else looks. Right after traffic, more is likely on its way (the next READ
@@ -1283,6 +1287,18 @@ fn read_loop(inbound: &Inbound, fabric: &Weak<FabricInner>) {
         streaming = 0;
         nap = if waiting { Some(Duration::ZERO) } else { None };
     }
+}
+
+/// Whether the reader may nap [`POLLED_NAP`] (unrung) on the strength of an application
+/// thread's looks: not if that thread went to sleep on a CQ event since the reader counted
+/// `sleepers` (it says so before it sleeps, and rings us if we nap: one of us sees the other).
+fn polled_nap_again(inbound: &Inbound, sleepers: u64) -> bool {
+    inbound.napping.store(true, Ordering::SeqCst);
+    if inbound.sleepers.load(Ordering::SeqCst) == sleepers {
+        return true;
+    }
+    inbound.napping.store(false, Ordering::SeqCst);
+    false
 }
 
 /// Watches `rings` for up to [`READER_SPIN`]; whether a record arrived.
@@ -2939,6 +2955,51 @@ mod test {
         assert_eq!(bells(), 1, "the doorbell was not passed on to the reader");
         drop((a, b, fa, fb));
         let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// A reader napping while an application thread polls takes the rings at none of its
+    /// naps' ends while that thread polls on: held by this thread (as by a poller preempted
+    /// on the reader's core), they are not waited for, each nap ending in another (three in a
+    /// row here). Once nobody polls, the reader takes them again.
+    #[test]
+    fn test_a_reader_napping_while_its_rings_are_polled_leaves_them_to_the_poller() {
+        let (dir, (a, fa), (b, fb)) = talking("polled-nap", end_on);
+        let inbound = &fb.0.node.get().unwrap().inbound;
+        let disarmed = |rx: &Rx| rx.rings.iter().all(|(_, r)| !r.armed());
+        // Whether, the rings held, the reader ends three naps without waiting for them (each
+        // nap's end takes the mark of a look, set again here at once). One that found no look
+        // marked (this thread descheduled for a nap's length) waits for them: tried again.
+        let rung = || crate::sys::wait_readable(inbound.sock.as_raw_fd(), Some(Duration::ZERO));
+        let naps_without_the_rings = || {
+            // Woken (if asleep, armed, from an attempt before), it finds the rings polled.
+            assert!(b.cq.poll_one().is_none());
+            inbound.wake_reader();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                assert!(b.cq.poll_one().is_none());
+                // Napping on the polls, its bell taken.
+                let napping = inbound.napping.load(Ordering::SeqCst) && !rung().unwrap();
+                if napping && inbound.rx.try_lock().is_some_and(|rx| disarmed(&rx)) {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "the reader never napped on the polls");
+            }
+            inbound.polled.store(true, Ordering::Relaxed);
+            let held = inbound.rx.lock();
+            let (mut naps, until) = (0, Instant::now() + Duration::from_millis(200));
+            while naps < 3 && Instant::now() < until {
+                if !inbound.polled.load(Ordering::Relaxed) {
+                    naps += 1;
+                    inbound.polled.store(true, Ordering::Relaxed);
+                }
+                std::thread::yield_now();
+            }
+            drop(held);
+            naps == 3
+        };
+        let left = (0..3).any(|_| naps_without_the_rings());
+        assert!(left, "the reader waited for the rings at the end of a nap on polls");
+        talk_and_part((a, fa), (b, fb), &dir);
     }
 
     /// WRITEs carried out as they are sent, on either transport: with the peer's reader
