@@ -373,7 +373,12 @@ pub struct Ece {
 }
 
 /// A work completion: the fields of `struct ibv_wc`.
+///
+/// Laid out (`repr(C)`, in this order) so that each 8-byte word holds fields a CQ slot keeps
+/// in one of its words: a completion read from its slot is then written in whole words, and
+/// a copy of it (which loads whole words) never straddles two smaller stores, which stalls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(C)]
 pub struct Wc {
     pub wr_id: u64,
     pub status: WcStatus,
@@ -390,18 +395,18 @@ pub struct Wc {
     pub slid: u16,
     pub sl: u8,
     pub dlid_path_bits: u8,
-    /// When the completion was generated, on the device clock (`ibv_wc_read_completion_ts`;
-    /// nanoseconds of the fabric's clock); 0 unless the CQ records timestamps.
-    pub timestamp: u64,
     /// The 802.1Q TCI a receive offload stripped from the frame (`ibv_wc_read_cvlan`); 0 when
     /// none was stripped.
     pub cvlan: u16,
+    /// When the completion was generated, on the device clock (`ibv_wc_read_completion_ts`;
+    /// nanoseconds of the fabric's clock); 0 unless the CQ records timestamps.
+    pub timestamp: u64,
     /// The tag of the steering rule that delivered the frame (`ibv_wc_read_flow_tag`); 0 for
     /// none.
     pub flow_tag: u32,
     /// Tag matching (`ibv_wc_read_tm_info`): the message's tag and its TMH's `app_ctx`.
-    pub tm_tag: u64,
     pub tm_priv: u32,
+    pub tm_tag: u64,
 }
 
 /// Address vector: `struct ibv_ah_attr` with its `ibv_global_route`.

@@ -432,7 +432,10 @@ impl Cq {
     pub fn poll(&self, out: &mut [Wc]) -> usize {
         let take = |out: &mut [Wc]| {
             let mut n = 0;
-            while n < out.len() && self.pop_into(&mut out[n]) {
+            while n < out.len()
+                && let Some(wc) = self.pop()
+            {
+                out[n] = wc;
                 n += 1;
             }
             n
@@ -448,12 +451,11 @@ impl Cq {
     /// Polls one completion.
     #[inline(always)]
     pub fn poll_one(&self) -> Option<Wc> {
-        let mut wc = Wc::default();
         let mut progressed = false;
         // One look at the ring in the code (inlined whole into the caller), taken again
         // after an empty one moved the fabric, as `poll`.
         loop {
-            if self.pop_into(&mut wc) {
+            if let Some(wc) = self.pop() {
                 return Some(wc);
             }
             if progressed || !self.0.ctx.fabric.progress() {
@@ -463,11 +465,11 @@ impl Cq {
         }
     }
 
-    /// Moves the ring's oldest completion, if any, into `out`.
+    /// The ring's oldest completion, if any.
     #[inline(always)]
-    fn pop_into(&self, out: &mut Wc) -> bool {
+    fn pop(&self) -> Option<Wc> {
         loop {
-            match self.0.ring().pop_into(out) {
+            match self.0.ring().pop() {
                 Ok(got) => return got,
                 Err(_) => continue, // closed meanwhile
             }

@@ -66,18 +66,18 @@ struct Slot {
     words: UnsafeCell<Packed>,
 }
 
-/// A completion's common fields in seven words; the fields few completions have (a VLAN tag
-/// stripped, a steering tag, tag matching's) go to the slot's [`Rare`] entry beside the ring,
-/// with [`HAS_RARE`] set.
+/// A completion's common fields in seven words, each as the first seven words of [`Wc`] hold
+/// them; the fields few completions have (a steering tag, tag matching's) go to the slot's
+/// [`Rare`] entry beside the ring, with [`HAS_RARE`] set.
 type Packed = [u64; 7];
 
-/// In the word of the address fields: the slot's [`Rare`] entry holds the rarer fields.
-const HAS_RARE: u64 = 1 << 48;
+/// In the word of `imm_data` and `qp_num` (the top bit of a QPN, which has 24): the slot's
+/// [`Rare`] entry holds the rarer fields.
+const HAS_RARE: u64 = 1 << 63;
 
 /// The completion fields a slot's words leave out (see [`Packed`]).
 #[derive(Clone, Copy)]
 struct Rare {
-    cvlan: u16,
     flow_tag: u32,
     tm_tag: u64,
     tm_priv: u32,
@@ -91,14 +91,10 @@ impl Slot {
     /// The caller has the slot and its `rare` entry to itself until it publishes them.
     #[inline(always)]
     unsafe fn put<'r>(&self, rare: impl FnOnce() -> &'r UnsafeCell<Rare>, wc: &Wc) {
-        let has_rare = wc.cvlan != 0 || wc.flow_tag != 0 || wc.tm_tag != 0 || wc.tm_priv != 0;
+        debug_assert!(wc.qp_num < 1 << 24, "a QPN has 24 bits");
+        let has_rare = wc.flow_tag != 0 || wc.tm_tag != 0 || wc.tm_priv != 0;
         if has_rare {
-            let r = Rare {
-                cvlan: wc.cvlan,
-                flow_tag: wc.flow_tag,
-                tm_tag: wc.tm_tag,
-                tm_priv: wc.tm_priv,
-            };
+            let r = Rare { flow_tag: wc.flow_tag, tm_tag: wc.tm_tag, tm_priv: wc.tm_priv };
             // SAFETY: the caller's promise.
             unsafe { rare().get().write(r) };
         }
@@ -107,53 +103,57 @@ impl Slot {
             wc.wr_id,
             pair(wc.status.0, wc.opcode.0),
             pair(wc.vendor_err, wc.byte_len),
-            pair(wc.imm_data, wc.qp_num),
+            pair(wc.imm_data, wc.qp_num) | if has_rare { HAS_RARE } else { 0 },
             pair(wc.src_qp, wc.wc_flags.bits()),
             u64::from(wc.pkey_index)
                 | u64::from(wc.slid) << 16
                 | u64::from(wc.sl) << 32
                 | u64::from(wc.dlid_path_bits) << 40
-                | if has_rare { HAS_RARE } else { 0 },
+                | u64::from(wc.cvlan) << 48,
             wc.timestamp,
         ];
         // SAFETY: the caller's promise.
         unsafe { self.words.get().write(words) };
     }
 
-    /// Reads the completion in the slot into `out`.
+    /// The completion in the slot.
     ///
     /// # Safety
     /// The slot holds a completion written by [`Slot::put`] with the entry `rare` finds,
     /// published, that nobody writes until the caller releases it.
     #[inline(always)]
-    unsafe fn get<'r>(&self, rare: impl FnOnce() -> &'r UnsafeCell<Rare>, out: &mut Wc) {
+    unsafe fn read<'r>(&self, rare: impl FnOnce() -> &'r UnsafeCell<Rare>) -> Wc {
         let from = self.words.get().cast::<u64>();
         // SAFETY: the caller's promise; each index is within the seven words.
         let w = |i: usize| unsafe { from.add(i).read_volatile() };
         let (w0, w1, w2, w3, w4, w5, w6) = (w(0), w(1), w(2), w(3), w(4), w(5), w(6));
         let (lo, hi) = (|w: u64| w as u32, |w: u64| (w >> 32) as u32);
-        out.wr_id = w0;
-        out.status = WcStatus(lo(w1));
-        out.opcode = WcOpcode(hi(w1));
-        out.vendor_err = lo(w2);
-        out.byte_len = hi(w2);
-        out.imm_data = lo(w3);
-        out.qp_num = hi(w3);
-        out.src_qp = lo(w4);
-        out.wc_flags = WcFlags::from_bits_retain(hi(w4));
-        out.pkey_index = w5 as u16;
-        out.slid = (w5 >> 16) as u16;
-        out.sl = (w5 >> 32) as u8;
-        out.dlid_path_bits = (w5 >> 40) as u8;
-        out.timestamp = w6;
-        let r = if w5 & HAS_RARE != 0 {
+        let r = if w3 & HAS_RARE != 0 {
             // SAFETY: the caller's promise: `put` wrote it with this completion.
             unsafe { rare().get().read() }
         } else {
-            Rare { cvlan: 0, flow_tag: 0, tm_tag: 0, tm_priv: 0 }
+            Rare { flow_tag: 0, tm_tag: 0, tm_priv: 0 }
         };
-        (out.cvlan, out.flow_tag, out.tm_tag, out.tm_priv) =
-            (r.cvlan, r.flow_tag, r.tm_tag, r.tm_priv);
+        Wc {
+            wr_id: w0,
+            status: WcStatus(lo(w1)),
+            opcode: WcOpcode(hi(w1)),
+            vendor_err: lo(w2),
+            byte_len: hi(w2),
+            imm_data: lo(w3),
+            qp_num: hi(w3 & !HAS_RARE),
+            src_qp: lo(w4),
+            wc_flags: WcFlags::from_bits_retain(hi(w4)),
+            pkey_index: w5 as u16,
+            slid: (w5 >> 16) as u16,
+            sl: (w5 >> 32) as u8,
+            dlid_path_bits: (w5 >> 40) as u8,
+            cvlan: (w5 >> 48) as u16,
+            timestamp: w6,
+            flow_tag: r.flow_tag,
+            tm_tag: r.tm_tag,
+            tm_priv: r.tm_priv,
+        }
     }
 }
 
@@ -458,46 +458,47 @@ impl Ring {
     }
 
     /// Takes the oldest completion, if any. `Err` if it found the ring closed.
-    #[cfg(test)]
+    ///
+    /// Both ways of claiming a position give only its number, and the completion is read
+    /// from the slot in one place, into registers: a completion that either way returned
+    /// whole met the other's at a merge in stack memory, written there in pieces (a 4-, a 2-
+    /// and a 2-byte store for one 8-byte word) that the caller's copy then loaded whole, and
+    /// loads that straddle earlier stores stall (a third of `poll_one`'s time).
+    #[inline(always)]
     pub(crate) fn pop(&self) -> Result<Option<Wc>, Refused> {
-        let mut wc = Wc::default();
-        Ok(self.pop_into(&mut wc)?.then_some(wc))
-    }
-
-    /// Moves the oldest completion, if any, into `out` (copied once, from its slot: returned
-    /// through layers of `Option` and `Result` it was copied through the stack at shifted
-    /// offsets, and loads that straddle two earlier stores stall). `Err` if it found the ring
-    /// closed.
-    #[inline(always)]
-    pub(crate) fn pop_into(&self, out: &mut Wc) -> Result<bool, Refused> {
-        if self.head.enter() {
-            let popped = self.pop_alone(out);
+        let claimed = if self.head.enter() {
+            let claimed = self.claim_alone();
             self.head.bias.leave();
-            return Ok(popped);
-        }
-        self.pop_shared(out)
+            claimed
+        } else {
+            self.claim_shared()?
+        };
+        let Some(head) = claimed else { return Ok(None) };
+        let slot = self.slot(head);
+        // SAFETY: published (the claim's acquire load saw the producer's release store), and
+        // claimed by this poller alone until the store below releases it.
+        let wc = unsafe { slot.read(|| self.rare(head)) };
+        slot.seq.store(self.lap(head) + self.capacity(), Ordering::Release);
+        Ok(Some(wc))
     }
 
-    /// [`Ring::pop_into`] by the only poller (in the head's bias; closing revokes it first).
+    /// Claims the oldest published position, if any, as the only poller (in the head's bias;
+    /// closing revokes it first).
     #[inline(always)]
-    fn pop_alone(&self, out: &mut Wc) -> bool {
+    fn claim_alone(&self) -> Option<u64> {
         let head = self.head.load(Ordering::Relaxed);
         debug_assert_eq!(head & CLOSED, 0, "closing revokes the bias first");
-        let slot = self.slot(head);
-        if slot.seq.load(Ordering::Acquire) != self.lap(head) + 1 {
-            return false;
+        if self.slot(head).seq.load(Ordering::Acquire) != self.lap(head) + 1 {
+            return None;
         }
         self.head.store(head + 1, Ordering::Relaxed);
-        // SAFETY: published (the acquire load above saw the producer's release store), and
-        // this poller alone claims positions.
-        unsafe { slot.get(|| self.rare(head), out) };
-        slot.seq.store(self.lap(head) + self.capacity(), Ordering::Release);
-        true
+        Some(head)
     }
 
+    /// Claims the oldest published position, if any, against other pollers.
     #[cold]
     #[inline(never)]
-    fn pop_shared(&self, out: &mut Wc) -> Result<bool, Refused> {
+    fn claim_shared(&self) -> Result<Option<u64>, Refused> {
         self.head.shared();
         let mut head = self.head.load(Ordering::Relaxed);
         loop {
@@ -505,12 +506,11 @@ impl Ring {
                 self.wait_open(&self.head);
                 return Err(Refused::Again);
             }
-            let slot = self.slot(head);
-            let word = slot.seq.load(Ordering::Acquire);
+            let word = self.slot(head).seq.load(Ordering::Acquire);
             if word != self.lap(head) + 1 {
                 // Not published yet: empty, unless a producer claimed it and is writing
                 // (then the completion does not count as queued until published).
-                return Ok(false);
+                return Ok(None);
             }
             match self.head.compare_exchange_weak(
                 head,
@@ -518,13 +518,7 @@ impl Ring {
                 Ordering::Relaxed,
                 Ordering::Relaxed,
             ) {
-                Ok(_) => {
-                    // SAFETY: published (the acquire load above saw the producer's release
-                    // store) and claimed by this poller alone.
-                    unsafe { slot.get(|| self.rare(head), out) };
-                    slot.seq.store(self.lap(head) + self.capacity(), Ordering::Release);
-                    return Ok(true);
-                }
+                Ok(_) => return Ok(Some(head)),
                 Err(now) => head = now,
             }
         }
@@ -561,12 +555,7 @@ impl Ring {
         (head..tail)
             // SAFETY: every position from `head` to `tail` is published and unclaimed, and
             // the closed ring is the closer's alone.
-            .map(|p| {
-                let mut wc = Wc::default();
-                // SAFETY: as above.
-                unsafe { self.slot(p).get(|| self.rare(p), &mut wc) };
-                wc
-            })
+            .map(|p| unsafe { self.slot(p).read(|| self.rare(p)) })
             .collect()
     }
 
