@@ -35,7 +35,7 @@ use std::{
     path::{Path, PathBuf},
     sync::{
         Arc, Weak,
-        atomic::{AtomicBool, AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering},
     },
     time::{Duration, Instant, SystemTime},
 };
@@ -136,6 +136,9 @@ const LAG: Duration = Duration::from_micros(2);
 /// Empty looks of application threads between two looks for lagging peers (a clock read and
 /// a look at each peer's ring).
 const LAG_LOOKS: u32 = 8;
+/// Empty looks of application threads between two looks at the socket while no peer has
+/// passed a ring (a system call each; see `Node::look_without_rings`).
+const SOCKET_LOOKS: u32 = 64;
 /// How long the reader, while an application thread polls, sleeps between looks of its own.
 const POLLED_NAP: Duration = Duration::from_millis(1);
 
@@ -273,8 +276,11 @@ struct Inbound {
     /// The reader naps between application looks (it has not asked for doorbells).
     napping: AtomicBool,
     /// Whether any peer's ring is attached (`rx.rings` is not empty): until one is, an
-    /// application thread's look finds nothing to take and costs nothing.
+    /// application thread looks only at the socket, every so many looks (see
+    /// `Node::look_without_rings`).
     has_rings: AtomicBool,
+    /// Empty looks of application threads while `has_rings` is false.
+    looks_without_rings: AtomicU32,
     /// The user whose processes may send to us.
     uid: u32,
     drops: Drops,
@@ -288,6 +294,10 @@ struct Inbound {
     wanted: Mutex<Vec<(u8, u32, u32)>>,
     /// Whether `wanted` may hold any (a look per receive that writes nothing).
     any_wanted: AtomicBool,
+    /// Held (written) by a test, keeps the reader from taking anything in once it wakes, as
+    /// when its thread is not scheduled for a while.
+    #[cfg(test)]
+    reader_held: parking_lot::RwLock<()>,
 }
 
 impl Inbound {
@@ -551,12 +561,15 @@ impl Node {
             sleepers,
             napping,
             has_rings: AtomicBool::new(false),
+            looks_without_rings: AtomicU32::new(0),
             uid,
             drops,
             peer_exports,
             gates,
             wanted: Mutex::default(),
             any_wanted: AtomicBool::new(false),
+            #[cfg(test)]
+            reader_held: parking_lot::RwLock::new(()),
         });
         let (reader, weak) = (inbound.clone(), fabric.clone());
         crate::sys::spawn(format!("rdma-emu-node{slot}"), move || read_loop(&reader, &weak))?;
@@ -627,6 +640,34 @@ impl Node {
         // nor does a sender hold back a doorbell for the looks not counted then.
         if self.inbound.has_rings.load(Ordering::Acquire) {
             return self.look_at_rings(fabric);
+        }
+        self.look_without_rings(fabric)
+    }
+
+    /// [`Node::progress`] before any peer passed us a ring: every [`SOCKET_LOOKS`] empty
+    /// looks, takes in what waits on the socket (a ring offered, messages sent as datagrams),
+    /// as the reader would.
+    ///
+    /// The reader wakes for it, but on a core it shares with this thread (a process pinned
+    /// to one core, or two processes spinning on two cores) it runs only when this thread's
+    /// time slice ends: `ib_send_bw` between two pinned processes waited ~2-4 ms for each
+    /// side's ring to be taken in (the client's first 128 SENDs, then their ACKs), 1,000
+    /// SENDs reading 0.1-0.3 Mpps. What comes later comes in rings, which this thread reads.
+    #[inline(never)]
+    fn look_without_rings(&self, fabric: &FabricInner) -> bool {
+        if !self.inbound.polled.load(Ordering::Relaxed) {
+            self.inbound.polled.store(true, Ordering::Relaxed);
+        }
+        // The node's count, not the thread's: a thread polling CQs of two nodes in turn (two
+        // fabrics in one process) would find its count's multiples at one of them only.
+        // Racing threads may lose a count or two: a look comes a little later.
+        let looks = self.inbound.looks_without_rings.load(Ordering::Relaxed);
+        self.inbound.looks_without_rings.store(looks.wrapping_add(1), Ordering::Relaxed);
+        if looks.is_multiple_of(SOCKET_LOOKS)
+            && let Some(mut rx) = self.inbound.rx.try_lock()
+            && receive(&self.inbound, &mut rx, fabric, true)
+        {
+            return true;
         }
         self.sent.load(Ordering::Relaxed) && self.carry_out_for_lagging(fabric)
     }
@@ -911,6 +952,18 @@ impl Node {
             .into_iter()
             .filter(|&slot| sock.send_to(&d, self.dir.entry(&sock_name(slot))).is_ok())
             .count()
+    }
+
+    /// Makes the live node in `slot` a peer, ahead of the first message to it: the thread
+    /// that watches for its death starts here, in the connecting `ibv_modify_qp`, and a thread
+    /// starts only once it runs (see `sys::spawn`), which on cores busy with spinning
+    /// threads (two processes polling on two cores, or one pinned process's poller and
+    /// reader) took 3-4 ms in the first `ibv_post_send`, and in the first ACK the other side
+    /// sent: `ib_send_bw`'s 1,000 SENDs read 0.1-0.3 Mpps.
+    pub(crate) fn meet(&self, slot: u8) {
+        if self.slot_taken(slot) {
+            drop(self.peer(slot));
+        }
     }
 
     /// The node in `slot`, as a destination; the first use starts watching for its death.
@@ -1255,6 +1308,8 @@ fn read_loop(inbound: &Inbound, fabric: &Weak<FabricInner>) {
         if inbound.quit.load(Ordering::Acquire) {
             return;
         }
+        #[cfg(test)]
+        drop(inbound.reader_held.read());
         let Some(fabric) = fabric.upgrade() else { return };
         let mut rx = inbound.rx.lock();
         let events = fabric.cq_events.load(Ordering::Relaxed);
@@ -1404,6 +1459,8 @@ fn receive_marked(inbound: &Inbound, rx: &mut Rx, fabric: &FabricInner, socket: 
         // The doorbell was for the reader, asleep: its writer asks for no other until the
         // reader arms the ring again, which it does only once woken (qperf's event-mode tests
         // hung, the reader asleep, every message after one an application thread took unrung).
+        // So was a ring: the reader, asleep on the socket, did not arm it, and its writer
+        // would never ring (the socket's wake-up is lost to this thread's read of it).
         inbound.wake_reader();
     }
     if inbound.any_wanted.load(Ordering::Relaxed) {
@@ -1423,7 +1480,8 @@ fn receive_marked(inbound: &Inbound, rx: &mut Rx, fabric: &FabricInner, socket: 
 
 /// Takes the datagrams waiting on the socket: rings offered to us (replacing, after reading
 /// it out, the ring of a node that left the slot the offerer took), doorbells, and messages.
-/// What a process of another user sent is dropped unread. Whether a doorbell was among them.
+/// What a process of another user sent is dropped unread. Whether a doorbell or a ring was
+/// among them: either is the reader's to act on (a ring it must arm before it sleeps).
 fn take_datagrams(
     inbound: &Inbound,
     buf: &mut [u8],
@@ -1465,6 +1523,7 @@ fn take_datagrams(
                 }
                 inbound.gates.lock().push(ring.clone());
                 rings.push((src, ring));
+                rang = true;
             }
             (Some(&[src, flags]), Some(fd)) if flags & EXPORTS != 0 => {
                 let from = PeerProcess::open(cred.pid).map(Arc::new);
@@ -2999,6 +3058,65 @@ mod test {
         };
         let left = (0..3).any(|_| naps_without_the_rings());
         assert!(left, "the reader waited for the rings at the end of a nap on polls");
+        talk_and_part((a, fa), (b, fb), &dir);
+    }
+
+    /// Before any peer passed a ring, a thread polling takes in what waits on the socket
+    /// itself: with both readers kept from taking anything in, a SEND (whose first message
+    /// offers the sender's ring over the socket) and its ACK (which offers the other's) are
+    /// taken in by the threads polling each side's CQ.
+    #[test]
+    fn test_a_poller_takes_in_the_rings_first_offered_while_the_reader_is_kept_from_them() {
+        let (dir, cfg) = host_dir("first-rings");
+        let (fa, fb) = (Fabric::new(cfg.clone()), Fabric::new(cfg));
+        let (a, b) = (end_on(&fa), end_on(&fb));
+        connected(&a, &b);
+        fn inbound(f: &Fabric) -> &Inbound {
+            &f.0.node.get().unwrap().inbound
+        }
+        let held = (inbound(&fa).reader_held.write(), inbound(&fb).reader_held.write());
+        assert!(!inbound(&fa).has_rings.load(Ordering::Relaxed));
+        assert!(!inbound(&fb).has_rings.load(Ordering::Relaxed));
+        let rsge = Sge { addr: b.mr.addr(), length: 8, lkey: b.mr.lkey() };
+        b.qp.post_recv(&RecvWr { wr_id: 7, sg_list: &[rsge] }).unwrap();
+        a.mr.write(0, &7u64.to_le_bytes()).unwrap();
+        let sge = Sge { addr: a.mr.addr(), length: 8, lkey: a.mr.lkey() };
+        a.qp.post_send(&SendWr::send(7, &[sge]).signaled()).unwrap();
+        let (mut sent, mut got) = (None, None);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while sent.is_none() || got.is_none() {
+            sent = sent.or_else(|| a.cq.poll_one());
+            got = got.or_else(|| b.cq.poll_one());
+            assert!(Instant::now() < deadline, "a SEND was not taken in by the polling threads");
+        }
+        assert_eq!(sent.map(|w| (w.status, w.wr_id)), Some((WcStatus::SUCCESS, 7)));
+        assert_eq!(got.map(|w| (w.status, w.wr_id)), Some((WcStatus::SUCCESS, 7)));
+        let mut bytes = [0; 8];
+        b.mr.read(0, &mut bytes).unwrap();
+        assert_eq!(u64::from_le_bytes(bytes), 7);
+        assert!(inbound(&fa).has_rings.load(Ordering::Relaxed));
+        assert!(inbound(&fb).has_rings.load(Ordering::Relaxed));
+        drop(held);
+        talk_and_part((a, fa), (b, fb), &dir);
+    }
+
+    /// A QP connected to a QP of another process meets its node in the connecting modify:
+    /// the node is a peer (its death watched) and the timer thread runs before the first
+    /// message, whose post would otherwise wait for both threads to start.
+    #[test]
+    fn test_a_qp_connected_to_another_process_meets_its_node_before_the_first_message() {
+        let (dir, cfg) = host_dir("meet");
+        let (fa, fb) = (Fabric::new(cfg.clone()), Fabric::new(cfg));
+        let (a, b) = (end_on(&fa), end_on(&fb));
+        let met = |f: &Fabric, slot: u8| {
+            let peer = f.0.node.get().unwrap().peers.lock().contains_key(&slot);
+            (peer, f.0.timer.started())
+        };
+        assert_eq!(met(&fa, b.slot()), (false, false));
+        assert_eq!(met(&fb, a.slot()), (false, false));
+        connected(&a, &b);
+        assert_eq!(met(&fa, b.slot()), (true, true));
+        assert_eq!(met(&fb, a.slot()), (true, true));
         talk_and_part((a, fa), (b, fb), &dir);
     }
 

@@ -405,6 +405,16 @@ impl FabricInner {
         self.node.get().filter(|n| host::slot_of(qpn) != n.slot)
     }
 
+    /// A QP of ours was just connected to `dest_qpn`: if another process on the host fabric
+    /// numbers it, that process becomes a peer, and the timer thread starts, now (see
+    /// `host::Node::meet`), not at the first message.
+    pub(crate) fn meet(&self, dest_qpn: u32) {
+        if let Some(node) = self.remote_node(dest_qpn) {
+            node.meet(host::slot_of(dest_qpn));
+            self.timer.start();
+        }
+    }
+
     /// Whether `qpn` is numbered by another process that is on the host fabric.
     pub(crate) fn numbered_by_another_process(&self, qpn: u32) -> bool {
         self.remote_node(qpn).is_some_and(|n| n.slot_taken(host::slot_of(qpn)))

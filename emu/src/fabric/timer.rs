@@ -195,20 +195,39 @@ impl Timer {
         st.seq += 1;
         let seq = st.seq;
         st.heap.push(Entry { deadline, seq, job });
-        if !st.started {
-            st.started = true;
-            let (shared, fabric) = (self.shared.clone(), self.fabric.clone());
-            let spawned = crate::sys::spawn("rdma-emu-timer".into(), move || {
-                if shared.virtual_now.is_some() {
-                    watch_idle(&shared, &fabric)
-                } else {
-                    run(&shared, &fabric)
-                }
-            });
-            spawned.expect("spawn the rdma-emu timer thread");
-        }
+        self.start_locked(&mut st);
         drop(st);
         self.shared.cv.notify_one();
+    }
+
+    /// Starts the timer thread now, if it has not started, rather than with the first job:
+    /// for a QP connected to another process, whose first message arms a retransmission
+    /// timer (a thread starts only once it runs, which takes a scheduler slice on busy cores;
+    /// see `host::Node::meet`).
+    pub(crate) fn start(&self) {
+        self.start_locked(&mut self.shared.st.lock());
+    }
+
+    /// Whether the timer thread has started.
+    #[cfg(test)]
+    pub(crate) fn started(&self) -> bool {
+        self.shared.st.lock().started
+    }
+
+    fn start_locked(&self, st: &mut State) {
+        if st.started {
+            return;
+        }
+        st.started = true;
+        let (shared, fabric) = (self.shared.clone(), self.fabric.clone());
+        let spawned = crate::sys::spawn("rdma-emu-timer".into(), move || {
+            if shared.virtual_now.is_some() {
+                watch_idle(&shared, &fabric)
+            } else {
+                run(&shared, &fabric)
+            }
+        });
+        spawned.expect("spawn the rdma-emu timer thread");
     }
 
     /// In simulation: moves virtual time to the earliest deadline and runs every job due
