@@ -548,7 +548,7 @@ mod test {
     fn test_a_request_is_carried_out_only_as_the_responder_would_take_it() {
         let e = Exports::create().unwrap();
         let p = peer_view(&e);
-        let gate = Ring::create(4096).unwrap();
+        let gate = Ring::create(4096, false).unwrap();
         let target = vec![0u8; 256];
         let src = [7u8; 16];
         let (me, all) = (me(), AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ);
@@ -611,7 +611,7 @@ mod test {
     #[test]
     fn test_withdrawing_an_mr_waits_for_a_peer_inside_a_request() {
         let e = Arc::new(Exports::create().unwrap());
-        let ring = Arc::new(Ring::create(4096).unwrap());
+        let ring = Arc::new(Ring::create(4096, false).unwrap());
         let reader = Arc::new(Ring::open(ring_fd(&ring), Some(Arc::new(me()))).unwrap());
         let buf = vec![0u8; 8];
         e.set_mr(&mr(&buf, 0x900, AccessFlags::REMOTE_WRITE));

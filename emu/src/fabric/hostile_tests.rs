@@ -243,7 +243,7 @@ fn hostile_child() {
         p.payload = payload;
         p
     };
-    let ring = Ring::create(1 << 16).unwrap();
+    let ring = Ring::create(1 << 16, false).unwrap();
     for (pid, addr) in [(me, mine.as_ptr() as u64), (victim_pid, secret)] {
         let region = Arc::new(MemRegion::owned(mine.len()));
         let pkt = send(Payload::One(MemRef { region, offset: 0, len: mine.len() }));
@@ -300,7 +300,7 @@ fn test_shared_memory_that_could_fault_its_reader_is_refused() {
     let v = Victim::new("shared");
     let sock = UnixDatagram::unbound().unwrap();
     sock.connect(v.sock()).unwrap();
-    let ring = Ring::create(1 << 16).unwrap();
+    let ring = Ring::create(1 << 16, false).unwrap();
     crate::sys::send_with_fd(sock.as_raw_fd(), &frame(LIAR, RING, 0, 0, 0, &[]), ring.fd())
         .unwrap();
     let offer = |fd: &OwnedFd, len: u64| {
@@ -330,7 +330,7 @@ fn test_shared_memory_that_could_fault_its_reader_is_refused() {
 fn test_a_ring_that_its_writer_could_shrink_is_refused() {
     let v = Victim::new("shrink");
     // A well-formed ring in a file its writer can still cut short under the reader.
-    let good = Ring::create(1 << 16).unwrap();
+    let good = Ring::create(1 << 16, false).unwrap();
     let bytes = std::fs::read(format!("/proc/self/fd/{}", good.fd())).unwrap();
     let bad = crate::sys::memfd_unsealed(c"hostile", bytes.len()).unwrap();
     let path = format!("/proc/self/fd/{}", bad.as_raw_fd());
@@ -529,7 +529,7 @@ fn test_a_ring_of_mangled_records_and_corrupted_indices_is_dropped() {
     let (v, rc, rc_mr, _liar) = Victim::with_rc("ring-storm");
     let mut rng = Rng(0xbad_5eed);
     let seeds = v.seeds(&mut rng, rc.qp_num(), &rc_mr);
-    let ring = Ring::create(1 << 16).unwrap();
+    let ring = Ring::create(1 << 16, false).unwrap();
     let sock = UnixDatagram::unbound().unwrap();
     sock.connect(v.sock()).unwrap();
     crate::sys::send_with_fd(sock.as_raw_fd(), &frame(LIAR, RING, 0, 0, 0, &[]), ring.fd())

@@ -386,10 +386,15 @@ impl FabricInner {
         }
     }
 
-    /// Makes sure the death of the process owning `qpn` (if another's) is noticed.
+    /// Makes sure the death of the process owning `qpn` (if another's) is noticed, and gets
+    /// ready to talk to it: the timer thread runs (the first message arms a retransmission
+    /// timer) and our ring to it is passed (see `host::Node::watch`), now, as a QP connects,
+    /// rather than in the first `ibv_post_send`. A thread starts only once it runs (see
+    /// `sys::spawn`), which on cores busy with spinning threads took 3-4 ms.
     pub(crate) fn watch_peer_of(&self, qpn: u32) {
         if let Some(node) = self.remote_node(qpn) {
             node.watch(host::slot_of(qpn));
+            self.timer.start();
         }
     }
 
@@ -403,16 +408,6 @@ impl FabricInner {
     /// fabric.
     pub(crate) fn remote_node(&self, qpn: u32) -> Option<&host::Node> {
         self.node.get().filter(|n| host::slot_of(qpn) != n.slot)
-    }
-
-    /// A QP of ours was just connected to `dest_qpn`: if another process on the host fabric
-    /// numbers it, that process becomes a peer, and the timer thread starts, now (see
-    /// `host::Node::meet`), not at the first message.
-    pub(crate) fn meet(&self, dest_qpn: u32) {
-        if let Some(node) = self.remote_node(dest_qpn) {
-            node.meet(host::slot_of(dest_qpn));
-            self.timer.start();
-        }
     }
 
     /// Whether `qpn` is numbered by another process that is on the host fabric.

@@ -188,11 +188,12 @@ unsafe impl Send for Ring {}
 unsafe impl Sync for Ring {}
 
 impl Ring {
-    /// A new ring with `cap` bytes of records (a power of two, at least a page).
-    pub(crate) fn create(cap: usize) -> io::Result<Ring> {
+    /// A new ring with `cap` bytes of records (a power of two, at least a page), its pages
+    /// faulted in now if `populate`.
+    pub(crate) fn create(cap: usize, populate: bool) -> io::Result<Ring> {
         assert!(cap.is_power_of_two() && cap >= 4096);
         let fd = crate::sys::memfd(c"rdma-emu-ring", HEADER + cap)?;
-        let ring = Ring::map(fd, cap, None)?;
+        let ring = Ring::map(fd, cap, None, if populate { libc::MAP_POPULATE } else { 0 })?;
         ring.word(CAP_AT).store(cap as u64, Ordering::Relaxed);
         ring.word(WRITER_AT).store(u64::from(std::process::id()), Ordering::Relaxed);
         let probe = probe();
@@ -214,7 +215,7 @@ impl Ring {
         let len = std::fs::File::from(fd.try_clone()?).metadata()?.len() as usize;
         let cap = len.checked_sub(HEADER).filter(|c| c.is_power_of_two() && *c >= 4096);
         let cap = cap.ok_or_else(|| invalid("not the size of a ring"))?;
-        let ring = Ring::map(fd, cap, from)?;
+        let ring = Ring::map(fd, cap, from, 0)?;
         let magic = ring.word(MAGIC_AT).load(Ordering::Acquire);
         if magic != MAGIC || ring.word(CAP_AT).load(Ordering::Relaxed) != cap as u64 {
             return Err(invalid("not an rdma-emu ring"));
@@ -227,7 +228,13 @@ impl Ring {
         Ok(ring)
     }
 
-    fn map(fd: OwnedFd, cap: usize, from: Option<Arc<PeerProcess>>) -> io::Result<Ring> {
+    /// Maps the ring's file; `populate`: `MAP_POPULATE` or 0.
+    fn map(
+        fd: OwnedFd,
+        cap: usize,
+        from: Option<Arc<PeerProcess>>,
+        populate: libc::c_int,
+    ) -> io::Result<Ring> {
         // SAFETY: a fresh shared mapping of the file's first HEADER + cap bytes (the file is
         // at least that long: we sized it, or measured it); the kernel picks the address.
         let p = unsafe {
@@ -235,7 +242,7 @@ impl Ring {
                 std::ptr::null_mut(),
                 HEADER + cap,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
+                libc::MAP_SHARED | populate,
                 fd.as_raw_fd(),
                 0,
             )
@@ -837,7 +844,7 @@ mod test {
 
     #[test]
     fn test_records_arrive_in_order_across_the_wrap_and_a_full_ring_refuses() {
-        let w = Ring::create(16384).unwrap();
+        let w = Ring::create(16384, false).unwrap();
         let r = Arc::new(Ring::open(w.fd.try_clone().unwrap(), me()).unwrap());
         let mut sent = 0u32;
         for round in 0..20 {
@@ -861,7 +868,7 @@ mod test {
 
     #[test]
     fn test_a_lent_record_holds_the_ring_until_its_last_borrower_lets_go() {
-        let w = Ring::create(8192).unwrap();
+        let w = Ring::create(8192, false).unwrap();
         let r = Arc::new(Ring::open(w.fd.try_clone().unwrap(), me()).unwrap());
         assert_eq!(put(&w, &[1; 1000]), Written::Done);
         assert_eq!(put(&w, &[2; 1000]), Written::Done);
@@ -893,7 +900,7 @@ mod test {
     /// for the latest (see `fabric::host::receive_marked`), once.
     #[test]
     fn test_the_reader_sees_that_shared_memory_was_passed_until_it_looked() {
-        let w = Ring::create(4096).unwrap();
+        let w = Ring::create(4096, false).unwrap();
         let r = Ring::open(w.fd.try_clone().unwrap(), me()).unwrap();
         assert_eq!(r.unseen_views(), None);
         w.offer_view(2);
@@ -907,7 +914,7 @@ mod test {
 
     #[test]
     fn test_a_reader_that_can_read_the_writers_memory_says_so() {
-        let w = Ring::create(4096).unwrap();
+        let w = Ring::create(4096, false).unwrap();
         assert!(!w.reader_may_pull());
         let _r = Ring::open(w.fd.try_clone().unwrap(), me()).unwrap();
         assert!(w.reader_may_pull(), "a process may read its own memory");
@@ -920,7 +927,7 @@ mod test {
 
     #[test]
     fn test_a_record_goes_to_whoever_takes_it_first_writer_or_reader() {
-        let w = Ring::create(4096).unwrap();
+        let w = Ring::create(4096, false).unwrap();
         let r = Arc::new(Ring::open(w.fd.try_clone().unwrap(), me()).unwrap());
         for b in [b"one", b"two", b"six"] {
             put(&w, b);
@@ -971,7 +978,7 @@ mod test {
 
     #[test]
     fn test_the_writer_claims_the_oldest_record_alone_past_those_it_placed() {
-        let w = Ring::create(4096).unwrap();
+        let w = Ring::create(4096, false).unwrap();
         let r = Arc::new(Ring::open(w.fd.try_clone().unwrap(), me()).unwrap());
         put(&w, b"one");
         put(&w, b"two");
@@ -1002,7 +1009,7 @@ mod test {
 
     #[test]
     fn test_the_bell_is_rung_once_when_armed() {
-        let w = Ring::create(4096).unwrap();
+        let w = Ring::create(4096, false).unwrap();
         assert!(!w.arm());
         put(&w, b"x");
         assert!(w.rings());
@@ -1019,7 +1026,7 @@ mod test {
         assert_eq!(Ring::open(fd, me()).unwrap_err().kind(), io::ErrorKind::InvalidData);
         let fd = crate::sys::memfd(c"odd", HEADER + 1000).unwrap();
         assert_eq!(Ring::open(fd, me()).unwrap_err().kind(), io::ErrorKind::InvalidData);
-        let w = Arc::new(Ring::create(4096).unwrap());
+        let w = Arc::new(Ring::create(4096, false).unwrap());
         put(&w, b"abc");
         w.set_len(0, 5000);
         assert!(w.read(|_| {}).is_err());
@@ -1028,7 +1035,7 @@ mod test {
     #[test]
     fn test_a_ring_that_could_shrink_is_refused_and_ours_cannot() {
         // A well-formed ring in a file its writer could still cut short under our mapping.
-        let w = Ring::create(4096).unwrap();
+        let w = Ring::create(4096, false).unwrap();
         let copy = crate::sys::memfd_unsealed(c"unsealed", HEADER + 4096).unwrap();
         let bytes = std::fs::read(format!("/proc/self/fd/{}", w.fd())).unwrap();
         std::fs::write(format!("/proc/self/fd/{}", copy.as_raw_fd()), &bytes).unwrap();
@@ -1042,7 +1049,7 @@ mod test {
 
     #[test]
     fn test_a_reader_that_scribbles_over_the_indices_only_stops_its_own_stream() {
-        let w = Ring::create(4096).unwrap();
+        let w = Ring::create(4096, false).unwrap();
         let r = Arc::new(Ring::open(w.fd.try_clone().unwrap(), me()).unwrap());
         assert_eq!(put(&w, b"one"), Written::Done);
         // A hostile reader moves `head` past `tail`, and `tail` anywhere.

@@ -203,7 +203,7 @@ impl Timer {
     /// Starts the timer thread now, if it has not started, rather than with the first job:
     /// for a QP connected to another process, whose first message arms a retransmission
     /// timer (a thread starts only once it runs, which takes a scheduler slice on busy cores;
-    /// see `host::Node::meet`).
+    /// see `FabricInner::watch_peer_of`).
     pub(crate) fn start(&self) {
         self.start_locked(&mut self.shared.st.lock());
     }

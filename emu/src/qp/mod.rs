@@ -780,9 +780,6 @@ impl Qp {
             qp.ctx.fabric.export_qp(qp, &g);
         }
         drv.finish();
-        if mask.contains(QpAttrMask::DEST_QPN) {
-            qp.ctx.fabric.meet(attr.dest_qp_num);
-        }
         Ok(())
     }
 
