@@ -229,6 +229,9 @@ pub(crate) struct Node {
     lag: Mutex<LagWatch>,
     /// Whether this node sent anything to another yet (until it did, no peer can lag).
     sent: AtomicBool,
+    /// Whether this node has a peer yet (a QP connected to another process's, or a message
+    /// sent to one): until it has, a look without rings looks at nothing (see `progress`).
+    met: AtomicBool,
 }
 
 /// A listing of the fabric directory's sockets, kept while the directory does not change.
@@ -588,6 +591,7 @@ impl Node {
             exports,
             lag,
             sent,
+            met: AtomicBool::new(false),
         })
     }
 
@@ -641,7 +645,9 @@ impl Node {
         if self.inbound.has_rings.load(Ordering::Acquire) {
             return self.look_at_rings(fabric);
         }
-        self.look_without_rings(fabric)
+        // A process that talks to no other (the shim joins the host fabric all the same):
+        // its threads polling each other's CQs write nothing shared here.
+        self.met.load(Ordering::Relaxed) && self.look_without_rings(fabric)
     }
 
     /// [`Node::progress`] before any peer passed us a ring: every [`SOCKET_LOOKS`] empty
@@ -982,6 +988,7 @@ impl Node {
             old.retire();
         }
         drop(peers);
+        self.met.store(true, Ordering::Relaxed);
         self.spawn_watcher(slot);
         p
     }
@@ -3101,6 +3108,27 @@ mod test {
         assert!(inbound(&fb).has_rings.load(Ordering::Relaxed));
         drop(held);
         talk_and_part((a, fa), (b, fb), &dir);
+    }
+
+    /// A process on the host fabric that talks to no other (as every program on the shim
+    /// is): its threads polling empty CQs write nothing the node shares and look at no
+    /// socket (two threads ping-ponging in one process, through the C ABI, took twice as long
+    /// a round trip when they did).
+    #[test]
+    fn test_polls_of_a_process_that_talks_to_no_other_write_nothing_shared() {
+        let (dir, cfg) = host_dir("alone");
+        let f = Fabric::new(cfg);
+        let (a, b) = (end_on(&f), end_on(&f));
+        connected(&a, &b);
+        for _ in 0..10 * SOCKET_LOOKS {
+            assert!(a.cq.poll_one().is_none());
+        }
+        let inbound = &f.0.node.get().unwrap().inbound;
+        assert_eq!(inbound.looks_without_rings.load(Ordering::Relaxed), 0);
+        assert!(!inbound.polled.load(Ordering::Relaxed));
+        a.send(&b, 3);
+        drop((a, b, f));
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     /// A QP connected to a QP of another process gets ready to talk to it in the connecting
