@@ -2316,10 +2316,15 @@ impl Peer {
     /// which `ib_send_bw -s 4096`'s 1,000 SENDs paid on the way, 1.2-1.8 GB/s against
     /// 2.3-3.8 with the ring made ahead).
     fn offer_ring_early(&self) {
-        let mut tx = self.tx.lock();
+        self.offer_ring_once(&mut self.tx.lock(), true);
+    }
+
+    /// Makes our ring to the peer and passes it over, unless that was tried before (a ring
+    /// that could not be made or passed leaves datagrams for good).
+    fn offer_ring_once(&self, tx: &mut PeerTx, populate: bool) {
         if !tx.ring_tried {
             tx.ring_tried = true;
-            tx.ring = self.offer_ring(&mut tx.sock, true).map(Arc::new);
+            tx.ring = self.offer_ring(&mut tx.sock, populate).map(Arc::new);
         }
     }
 
@@ -2328,10 +2333,7 @@ impl Peer {
     fn send(self: &Arc<Self>, dst_qpn: u32, msg: &Encoded<'_>) {
         let src = self.src;
         let mut tx = self.tx.lock();
-        if !tx.ring_tried {
-            tx.ring_tried = true;
-            tx.ring = self.offer_ring(&mut tx.sock, false).map(Arc::new);
-        }
+        self.offer_ring_once(&mut tx, false);
         // Out of `tx` while it is written (and put back below), rather than cloned: no
         // reference count moves per message.
         let ring = tx.ring.take();
