@@ -92,16 +92,46 @@ impl SharedMem {
     }
 }
 
+/// The lists below are held across fork (see `fork_prepare`), and released in the child by
+/// the thread that forked, the child's only thread: a futex lock, whose release frees it
+/// whoever waited in the parent, where parking_lot's hands itself to a waiter now and then
+/// (its fairness), a thread the child has not: the child hung.
+type ForkLock<T> = std::sync::Mutex<T>;
+
+/// Takes a [`ForkLock`] (a panic while it was held left the list whole: each change is one
+/// step).
+fn take<T>(lock: &ForkLock<T>) -> std::sync::MutexGuard<'_, T> {
+    lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// The memory moved, with how many MRs hold it.
-static MOVED: Mutex<Vec<(Arc<SharedMem>, usize)>> = Mutex::new(Vec::new());
+static MOVED: ForkLock<Moved> = ForkLock::new(Vec::new());
 
 /// The memory moved into the file named `id`, if it is still there.
 pub(crate) fn find(id: u32) -> Option<Arc<SharedMem>> {
-    MOVED.lock().iter().find(|(m, _)| m.id == id).map(|(m, _)| m.clone())
+    take(&MOVED).iter().find(|(m, _)| m.id == id).map(|(m, _)| m.clone())
 }
 /// While a fork is under way, each moved range's copy as the fork found it (address of the
 /// range, its length, the address of the copy; see `fork_prepare`).
-static FORKING: Mutex<Vec<(u64, usize, usize)>> = Mutex::new(Vec::new());
+static FORKING: ForkLock<Forking> = ForkLock::new(Vec::new());
+
+type Moved = Vec<(Arc<SharedMem>, usize)>;
+type Forking = Vec<(u64, usize, usize)>;
+type HeldAcrossFork =
+    (std::sync::MutexGuard<'static, Moved>, std::sync::MutexGuard<'static, Forking>);
+
+std::thread_local! {
+    /// Both lists, held by the forking thread from `fork_prepare` to `fork_parent` or
+    /// `fork_child` (the same thread in either process).
+    static HELD_ACROSS_FORK: std::cell::RefCell<Option<HeldAcrossFork>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// The lists `fork_prepare` holds (none if it did not run in this thread).
+fn held_across_fork() -> Option<HeldAcrossFork> {
+    HELD_ACROSS_FORK.with(|held| held.borrow_mut().take())
+}
+
 static NEXT_ID: AtomicU32 = AtomicU32::new(1);
 static AT_FORK: Once = Once::new();
 
@@ -118,7 +148,7 @@ impl Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        let mut moved = MOVED.lock();
+        let mut moved = take(&MOVED);
         let Some(i) = moved.iter().position(|(m, _)| Arc::ptr_eq(m, &self.0)) else { return };
         moved[i].1 -= 1;
         if moved[i].1 > 0 {
@@ -164,7 +194,7 @@ pub(crate) fn adopt(addr: u64, len: usize) -> Option<Lease> {
     if !(MIN_BYTES..=MAX_BYTES).contains(&n) {
         return None;
     }
-    let mut moved = MOVED.lock();
+    let mut moved = take(&MOVED);
     let maps = Maps::read().ok()?;
     // Forget what the application unmapped (after deregistering nothing: a leaked MR).
     let (kept, gone): (Vec<_>, Vec<_>) = std::mem::take(&mut *moved)
@@ -273,10 +303,10 @@ fn put_in_place(tmp: *mut libc::c_void, start: u64, n: usize) -> bool {
 /// Before fork: a private copy of each moved range, which the child inherits and moves into
 /// place of the shared mapping it does not inherit. (The child cannot copy the shared pages
 /// itself: the parent may write them meanwhile.) Both lists stay locked across the fork and
-/// are released in both processes right after, so the child finds them whole.
+/// are released in both processes right after (see [`ForkLock`]), so the child finds them whole.
 extern "C" fn fork_prepare() {
-    let moved = MOVED.lock();
-    let mut forking = FORKING.lock();
+    let moved = take(&MOVED);
+    let mut forking = take(&FORKING);
     for (m, _) in moved.iter() {
         let copy = private_copy(m.base, m.len);
         if copy.is_null() {
@@ -286,16 +316,11 @@ extern "C" fn fork_prepare() {
         }
         forking.push((m.base, m.len, copy as usize));
     }
-    std::mem::forget((moved, forking));
+    HELD_ACROSS_FORK.with(|held| *held.borrow_mut() = Some((moved, forking)));
 }
 
 extern "C" fn fork_parent() {
-    // SAFETY: locked by `fork_prepare` in this very thread, their guards forgotten.
-    let mut forking = unsafe {
-        MOVED.force_unlock();
-        FORKING.force_unlock();
-        FORKING.lock()
-    };
+    let Some((_moved, mut forking)) = held_across_fork() else { return };
     for (base, len, copy) in forking.drain(..) {
         // SAFETY: the copy is ours, made in `fork_prepare`; the range is moved memory.
         unsafe {
@@ -309,12 +334,7 @@ extern "C" fn fork_parent() {
 }
 
 extern "C" fn fork_child() {
-    // SAFETY: as in `fork_parent` (the child is the thread that forked).
-    let (mut moved, mut forking) = unsafe {
-        MOVED.force_unlock();
-        FORKING.force_unlock();
-        (MOVED.lock(), FORKING.lock())
-    };
+    let Some((mut moved, mut forking)) = held_across_fork() else { return };
     // The child's pages are its own, as private memory's are after fork. Its MRs are of no
     // use to it (as with a NIC), so nothing of them stays moved.
     for (base, len, copy) in forking.drain(..) {
@@ -636,6 +656,55 @@ mod test {
         drop(lease);
         // SAFETY: our mapping.
         unsafe { libc::munmap(p.cast(), n) };
+    }
+
+    /// A fork while other threads wait on the lists of moved memory: the child takes them at
+    /// once. (A lock that hands itself to a waiter at its release, as parking_lot's does now and
+    /// then, was handed in the child to a thread the child has not: the child hung.)
+    #[test]
+    fn test_a_fork_while_threads_wait_on_the_moved_list_leaves_it_free_in_the_child() {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let contenders: Vec<_> = (0..3)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        let _ = find(u32::MAX);
+                    }
+                })
+            })
+            .collect();
+        let n = 64 * 1024;
+        let p = anon(n);
+        let lease = adopt(p as u64, n).unwrap();
+        let hung = (0..200).find(|_| {
+            // SAFETY: the child takes the lists, as the emulator would, and exits at once.
+            let child = unsafe { libc::fork() };
+            if child == 0 {
+                let _ = find(u32::MAX);
+                // SAFETY: runs no handler of the parent's.
+                unsafe { libc::_exit(0) };
+            }
+            assert!(child > 0);
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+            let mut status = 0;
+            // SAFETY: waits for our own child, without blocking.
+            while unsafe { libc::waitpid(child, &mut status, libc::WNOHANG) } == 0 {
+                if std::time::Instant::now() > deadline {
+                    // SAFETY: our own child.
+                    unsafe { libc::kill(child, libc::SIGKILL) };
+                    return true;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            false
+        });
+        stop.store(true, Ordering::Relaxed);
+        contenders.into_iter().for_each(|t| t.join().unwrap());
+        drop(lease);
+        // SAFETY: our mapping.
+        unsafe { libc::munmap(p.cast(), n) };
+        assert_eq!(hung, None, "a child hung taking the list of moved memory");
     }
 
     struct Seen(Mutex<Vec<u32>>);
