@@ -308,6 +308,14 @@ impl Inbound {
     fn wake_reader(&self) {
         ring_bell(&mut None, &self.path, self.slot);
     }
+
+    /// An application thread looks at what came in: raises `polled` unless raised (a load
+    /// first, so steady polling writes nothing to the line the reader reads).
+    fn mark_polled(&self) {
+        if !self.polled.load(Ordering::Relaxed) {
+            self.polled.store(true, Ordering::Relaxed);
+        }
+    }
 }
 
 /// A peer's exports and the process that passed them to us.
@@ -661,9 +669,7 @@ impl Node {
     /// SENDs reading 0.1-0.3 Mpps. What comes later comes in rings, which this thread reads.
     #[inline(never)]
     fn look_without_rings(&self, fabric: &FabricInner) -> bool {
-        if !self.inbound.polled.load(Ordering::Relaxed) {
-            self.inbound.polled.store(true, Ordering::Relaxed);
-        }
+        self.inbound.mark_polled();
         // The node's count, not the thread's: a thread polling CQs of two nodes in turn (two
         // fabrics in one process) would find its count's multiples at one of them only.
         // Racing threads may lose a count or two: a look comes a little later.
@@ -680,9 +686,7 @@ impl Node {
 
     #[inline(never)]
     fn look_at_rings(&self, fabric: &FabricInner) -> bool {
-        if !self.inbound.polled.load(Ordering::Relaxed) {
-            self.inbound.polled.store(true, Ordering::Relaxed);
-        }
+        self.inbound.mark_polled();
         let Some(mut rx) = self.inbound.rx.try_lock() else {
             if LOCKED_OUT.with(LockedOut::missed) {
                 // The thread taking the rings in (our reader, most often) may be descheduled
