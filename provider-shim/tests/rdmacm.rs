@@ -82,7 +82,7 @@ fn rping_verifies_its_data_between_two_processes() {
         let (c_ok, c_out) = finish(client, Duration::from_secs(60));
         let (s_ok, s_out) = finish(server, Duration::from_secs(20));
         assert!(
-            c_ok && common::rping_server_done(s_ok, &s_out),
+            common::rping_done(c_ok, &c_out, false) && common::rping_done(s_ok, &s_out, true),
             "{profile}\n--- client:\n{c_out}\n--- server:\n{s_out}"
         );
         // -V makes both sides compare every ping with what it must be.
@@ -465,7 +465,7 @@ fn the_hosts_own_address_reaches_the_emulated_port() {
     let client = program(&fabric, "rxe", "rping", &["-c", "-v"]).args(common).spawn().unwrap();
     let (c_ok, c_out) = finish(client, Duration::from_secs(60));
     let (s_ok, s_out) = finish(server, Duration::from_secs(20));
-    let ok = c_ok && common::rping_server_done(s_ok, &s_out);
+    let ok = common::rping_done(c_ok, &c_out, false) && common::rping_done(s_ok, &s_out, true);
     assert!(ok, "{host}\n--- client:\n{c_out}\n--- server:\n{s_out}");
     assert_eq!(c_out.matches("ping data: rdma-ping-").count(), 10, "{c_out}");
 }
