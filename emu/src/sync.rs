@@ -37,6 +37,7 @@ use parking_lot::{Mutex, MutexGuard};
 pub(crate) mod barrier;
 pub(crate) mod bias;
 pub(crate) mod lock;
+pub(crate) mod prefetch;
 
 /// Threads per lock with a slot of their own (more than a 2- to 8-core host runs at once).
 const SLOTS: usize = 32;

@@ -404,6 +404,10 @@ impl Ring {
         // lap's poller released the slot: nobody else touches it until the word publishes it.
         unsafe { slot.put(|| self.rare(tail), &make()) };
         slot.seq.store(self.lap(tail) + 1, Ordering::Release);
+        // The next completion's slot, last written by the poller a lap ago: fetched now, while
+        // the poller waits for this one, rather than when the next completion comes, on its
+        // way to that poller.
+        crate::sync::prefetch::for_write(self.slot(tail + 1));
         Ok(tail)
     }
 

@@ -221,8 +221,11 @@ pub(crate) struct QpShared {
     pub(crate) async_events: EventCount,
     /// An opaque word for the embedding layer (the C shim keeps its `ibv_qp` pointer here).
     user_data: std::sync::atomic::AtomicUsize,
-    /// The receive queue: posted to without `inner`, consumed under it.
-    pub(crate) rq: recv_ring::RecvRing,
+    /// The receive queue: posted to without `inner`, consumed under it. (Shared: a peer's
+    /// [`engine::lane::Hint`] keeps it.)
+    pub(crate) rq: Arc<recv_ring::RecvRing>,
+    /// The lines a post will meet at the lane's peer, looked at before `inner` is taken.
+    pub(crate) lane_hint: engine::lane::Hint,
 }
 
 impl QpShared {
@@ -587,7 +590,8 @@ impl Qp {
                 async_events: EventCount::default(),
                 heard: Default::default(),
                 user_data: Default::default(),
-                rq: recv_ring::RecvRing::new(cap.max_recv_wr),
+                rq: Arc::new(recv_ring::RecvRing::new(cap.max_recv_wr)),
+                lane_hint: Default::default(),
             })
         });
         match made {
@@ -858,6 +862,9 @@ impl Qp {
         let f = &qp.ctx.fabric;
         let mut res = Ok(());
         let mut queued = false;
+        if let Some(wr) = wrs.first() {
+            qp.lane_hint.prefetch(wr.opcode);
+        }
         let mut g = qp.inner.lock();
         for (i, wr) in wrs.iter().enumerate() {
             if engine::lane::post(qp, &mut g, wr, f) {

@@ -178,6 +178,15 @@ impl RecvRing {
         (slot.seq.load(Ordering::Acquire) == t.wrapping_add(1)).then_some((t, slot))
     }
 
+    /// Starts bringing in the line of the next WQE the consumer will read (without the QP's
+    /// lock: the position may be stale, which costs only the hint).
+    #[inline]
+    pub(crate) fn prefetch_next(&self) {
+        if let Some(slot) = self.slot(self.tail.load(Ordering::Relaxed)) {
+            crate::sync::prefetch::for_read(slot);
+        }
+    }
+
     /// Whether a receive is posted. Call under the QP's lock.
     #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
