@@ -133,8 +133,8 @@ const READER_SPIN: Duration = Duration::from_micros(50);
 /// 5 us, 4.8..5.0 us with 2 us; `ib_write_bw` 8 B and 64 KiB level across these (within the
 /// runs' noise).
 const LAG: Duration = Duration::from_micros(2);
-/// Empty looks of application threads between two looks for lagging peers (a clock read and
-/// a look at each peer's ring).
+/// Looks of an application thread that took the rings (or looked at the socket), between two
+/// of its looks for lagging peers (a clock read and a look at each peer's ring).
 const LAG_LOOKS: u32 = 8;
 /// Empty looks of application threads between two looks at the socket while no peer has
 /// passed a ring (a system call each; see `Node::look_without_rings`).
@@ -429,14 +429,16 @@ fn request_ids(b: &[u8]) -> Option<(u32, u32, u32)> {
 }
 
 thread_local! {
-    /// This thread's empty looks so far (see `Node::carry_out_for_lagging`).
-    static EMPTY_LOOKS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
-    /// This thread's looks in a row that found the rings taken (see [`LockedOut`]).
-    static LOCKED_OUT: LockedOut = const { LockedOut(std::cell::Cell::new(0)) };
+    /// This thread's looks at the rings (one thread-local, so that a look reaches it once:
+    /// in the C shim each access is a call to `__tls_get_addr`).
+    static LOOKS: Looks = const {
+        Looks { locked_out: std::cell::Cell::new(0), taken: std::cell::Cell::new(0) }
+    };
 }
 
-/// A polling thread's looks in a row that found another thread taking the rings in, and when
-/// to yield the CPU to it.
+/// A polling thread's looks: those in a row that found another thread taking the rings in,
+/// and when to yield the CPU to it; and those that took the rings, which pace the look for
+/// lagging peers (see `Node::carry_out_for_lagging`).
 ///
 /// A process pinned to one core (`taskset`, a container's CPU quota, or two processes on two
 /// cores each with a reader thread) runs its reader and its polling application thread there
@@ -449,22 +451,29 @@ thread_local! {
 /// under a microsecond) costs a system call where the holder runs on another core, and gives
 /// it the CPU where it waits for this one.
 #[derive(Debug)]
-struct LockedOut(std::cell::Cell<u32>);
+struct Looks {
+    locked_out: std::cell::Cell<u32>,
+    taken: std::cell::Cell<u32>,
+}
 
-impl LockedOut {
+impl Looks {
     /// Looks in a row that found the rings taken before the poller yields.
-    const LOOKS: u32 = 64;
+    const LOCKED_OUT: u32 = 64;
 
     /// Counts a look that found the rings taken: whether to yield now.
     fn missed(&self) -> bool {
-        let n = self.0.get() + 1;
-        self.0.set(if n == Self::LOOKS { 0 } else { n });
-        n == Self::LOOKS
+        let n = self.locked_out.get() + 1;
+        self.locked_out.set(if n == Self::LOCKED_OUT { 0 } else { n });
+        n == Self::LOCKED_OUT
     }
 
-    /// A look took the rings: the run ends.
-    fn took(&self) {
-        self.0.set(0);
+    /// A look took the rings (or found none to take): the run of misses ends. Whether lagging
+    /// peers are due a look (every [`LAG_LOOKS`]).
+    fn took(&self) -> bool {
+        self.locked_out.set(0);
+        let n = self.taken.get().wrapping_add(1);
+        self.taken.set(n);
+        n.is_multiple_of(LAG_LOOKS)
     }
 }
 
@@ -681,30 +690,33 @@ impl Node {
         {
             return true;
         }
-        self.sent.load(Ordering::Relaxed) && self.carry_out_for_lagging(fabric)
+        self.sent.load(Ordering::Relaxed)
+            && LOOKS.with(Looks::took)
+            && self.carry_out_for_lagging(fabric)
     }
 
     #[inline(never)]
     fn look_at_rings(&self, fabric: &FabricInner) -> bool {
         self.inbound.mark_polled();
         let Some(mut rx) = self.inbound.rx.try_lock() else {
-            if LOCKED_OUT.with(LockedOut::missed) {
+            if LOOKS.with(Looks::missed) {
                 // The thread taking the rings in (our reader, most often) may be descheduled
                 // on this very core, by us: let it finish.
                 std::thread::yield_now();
             }
             return false;
         };
-        LOCKED_OUT.with(LockedOut::took);
+        let lag_due = LOOKS.with(Looks::took);
         if receive(&self.inbound, &mut rx, fabric, false) {
             return true;
         }
         drop(rx);
-        self.sent.load(Ordering::Relaxed) && self.carry_out_for_lagging(fabric)
+        lag_due && self.sent.load(Ordering::Relaxed) && self.carry_out_for_lagging(fabric)
     }
 
-    /// Every few empty looks: carries out the WRITEs and READs of our QPs waiting in the ring
-    /// of a peer whose reader has taken nothing in for [`LAG`]. Whether any was.
+    /// Every few looks (see [`Looks::took`]): carries out the WRITEs and READs of our QPs
+    /// waiting in the ring of a peer whose reader has taken nothing in for [`LAG`]. Whether
+    /// any was.
     ///
     /// A process whose thread spins on memory for a WRITE to land (`ib_write_lat`, and any
     /// program that waits on a flag in its buffer) enters no verb while it waits, so only its
@@ -715,14 +727,8 @@ impl Node {
     /// (Called only once this node has sent to another: see `progress`.)
     #[inline(never)]
     fn carry_out_for_lagging(&self, fabric: &FabricInner) -> bool {
-        // What every empty look costs (two threads ping-ponging in one process poll empty
-        // all along): a count of the thread's own.
-        let due = EMPTY_LOOKS.with(|n| {
-            n.set(n.get().wrapping_add(1));
-            n.get().is_multiple_of(LAG_LOOKS)
-        });
         // Not while fault rules or a packet trace must see the answers as sent.
-        if !due || !fabric.express() {
+        if !fabric.express() {
             return false;
         }
         let lagging = {
@@ -2727,15 +2733,23 @@ mod test {
 
     #[test]
     fn test_a_poller_locked_out_of_the_rings_yields_once_every_few_dozen_looks_in_a_row() {
-        let out = LockedOut(std::cell::Cell::new(0));
-        let yields = |looks| (0..looks).filter(|_| out.missed()).count();
-        assert_eq!(yields(LockedOut::LOOKS - 1), 0, "a short run does not yield");
+        let looks = Looks { locked_out: Default::default(), taken: Default::default() };
+        let yields = |n| (0..n).filter(|_| looks.missed()).count();
+        assert_eq!(yields(Looks::LOCKED_OUT - 1), 0, "a short run does not yield");
         assert_eq!(yields(1), 1, "the run's last look yields");
-        assert_eq!(yields(3 * LockedOut::LOOKS), 3, "a longer run yields every so many");
-        assert_eq!(yields(LockedOut::LOOKS - 1), 0);
-        out.took();
-        assert_eq!(yields(LockedOut::LOOKS - 1), 0, "a look that took the rings ended the run");
+        assert_eq!(yields(3 * Looks::LOCKED_OUT), 3, "a longer run yields every so many");
+        assert_eq!(yields(Looks::LOCKED_OUT - 1), 0);
+        looks.took();
+        assert_eq!(yields(Looks::LOCKED_OUT - 1), 0, "a look that took the rings ended the run");
         assert_eq!(yields(1), 1);
+    }
+
+    /// Lagging peers are looked for once every few looks that took the rings.
+    #[test]
+    fn test_lagging_peers_are_due_a_look_once_every_few_looks() {
+        let looks = Looks { locked_out: Default::default(), taken: Default::default() };
+        let due = (0..10 * LAG_LOOKS).filter(|_| looks.took()).count();
+        assert_eq!(due, 10);
     }
 
     /// The engine tests' QP with its CQ and a page of memory, on a fabric's first device.
