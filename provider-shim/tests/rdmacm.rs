@@ -82,7 +82,7 @@ fn rping_verifies_its_data_between_two_processes() {
         let (c_ok, c_out) = finish(client, Duration::from_secs(60));
         let (s_ok, s_out) = finish(server, Duration::from_secs(20));
         assert!(
-            common::rping_done(c_ok, &c_out, false) && common::rping_done(s_ok, &s_out, true),
+            common::rping_pair_done((c_ok, &c_out), (s_ok, &s_out)),
             "{profile}\n--- client:\n{c_out}\n--- server:\n{s_out}"
         );
         // -V makes both sides compare every ping with what it must be.
@@ -260,7 +260,7 @@ fn cmtime_times_a_hundred_connections() {
 }
 
 /// rping under LD_PRELOAD, both sides (either may end in rping's own end-of-run race: see
-/// `common::rping_done`).
+/// `common::rping_pair_done`).
 #[test]
 fn both_libraries_work_as_ld_preload() {
     let (c_out, s_out, ok) = rping_preloaded();
@@ -286,7 +286,7 @@ fn rping_preloaded() -> (String, String, bool) {
     wait_listening(&fabric, 7760);
     let (c_ok, c_out) = finish(rping(&["-c", "-v"]), Duration::from_secs(60));
     let (s_ok, s_out) = finish(server, Duration::from_secs(20));
-    let ok = common::rping_done(c_ok, &c_out, false) && common::rping_done(s_ok, &s_out, true);
+    let ok = common::rping_pair_done((c_ok, &c_out), (s_ok, &s_out));
     (c_out, s_out, ok)
 }
 
@@ -457,7 +457,7 @@ fn the_hosts_own_address_reaches_the_emulated_port() {
     let client = program(&fabric, "rxe", "rping", &["-c", "-v"]).args(common).spawn().unwrap();
     let (c_ok, c_out) = finish(client, Duration::from_secs(60));
     let (s_ok, s_out) = finish(server, Duration::from_secs(20));
-    let ok = common::rping_done(c_ok, &c_out, false) && common::rping_done(s_ok, &s_out, true);
+    let ok = common::rping_pair_done((c_ok, &c_out), (s_ok, &s_out));
     assert!(ok, "{host}\n--- client:\n{c_out}\n--- server:\n{s_out}");
     assert_eq!(c_out.matches("ping data: rdma-ping-").count(), 10, "{c_out}");
 }

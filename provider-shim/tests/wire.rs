@@ -158,13 +158,11 @@ fn connected_by_rdma_cm(
             return c_out;
         }
         let (s_ok, s_out) = finish(server, Duration::from_secs(20), "server");
-        let (c_ok, s_ok) = match prog {
-            "rping" => {
-                (common::rping_done(c_ok, &c_out, false), common::rping_done(s_ok, &s_out, true))
-            }
-            _ => (c_ok, s_ok),
+        let ok = match prog {
+            "rping" => common::rping_pair_done((c_ok, &c_out), (s_ok, &s_out)),
+            _ => c_ok && s_ok,
         };
-        assert!(c_ok && s_ok, "{prog}\n--- client:\n{c_out}\n--- server:\n{s_out}");
+        assert!(ok, "{prog}\n--- client:\n{c_out}\n--- server:\n{s_out}");
         return c_out;
     }
     unreachable!()

@@ -220,7 +220,7 @@ pub fn result_rows(out: &str) -> usize {
 /// back to rdma_get_cm_event only after that and the call fails (EINVAL here, EBADF with
 /// librdmacm, whose channel's descriptor is closed): the thread exits(-1). Under load that
 /// happens now and then, on either side. (The client's stderr ends its output.)
-pub fn rping_done(ok: bool, out: &str, server: bool) -> bool {
+fn rping_done(ok: bool, out: &str, server: bool) -> bool {
     let before = match server {
         true => "server DISCONNECT EVENT...\nwait for RDMA_READ_ADV state 10\n",
         false => "client DISCONNECT EVENT...\n",
@@ -229,4 +229,10 @@ pub fn rping_done(ok: bool, out: &str, server: bool) -> bool {
         .trim_end()
         .strip_suffix("rdma_get_cm_event: Invalid argument")
         .is_some_and(|o| o.ends_with(before))
+}
+
+/// Whether an rping client and its server each did their work (see [`rping_done`]), from
+/// whether each succeeded and its output.
+pub fn rping_pair_done((c_ok, c_out): (bool, &str), (s_ok, s_out): (bool, &str)) -> bool {
+    rping_done(c_ok, c_out, false) && rping_done(s_ok, s_out, true)
 }
