@@ -649,6 +649,13 @@ impl Node {
         self.inbound.drops.snapshot()
     }
 
+    /// How many peers' rings are attached, once no thread is taking in what they hold (the
+    /// receive that drops a broken ring delivers what it read before it lets go of them).
+    #[cfg(test)]
+    pub(super) fn rings_settled(&self) -> usize {
+        self.inbound.rx.lock().rings.len()
+    }
+
     /// Takes in and services what the rings hold, unless another thread is already at it;
     /// whether anything was delivered. Called by threads that poll an empty CQ: a spinning
     /// application may hold the CPU the reader thread would need.

@@ -471,24 +471,32 @@ fn mangle(rng: &mut Rng, seed: &[u8]) -> Vec<u8> {
 /// After a storm, the victim takes a well-formed message and its memory outside what it
 /// offered is untouched.
 fn still_serves(v: &Victim, rc_mr: &Mr) {
-    // The storm's well-formed SENDs may have used the receives, or (one too long for its
-    // buffer) put the UD QP in ERR, as rxe does: start it over.
-    let reset = QpAttr { qp_state: QpState::RESET, ..Default::default() };
-    v.qp.modify(&reset, QpAttrMask::STATE).unwrap();
-    ready(&v.qp);
-    while v.cq.poll_one().is_some() {}
-    v.post_recv(0);
-    v.post_recv(1);
     let sock = UnixDatagram::unbound().unwrap();
-    sock.send_to(&v.bytes(b"after the storm"), v.sock()).unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
-    let wc = loop {
-        match v.cq.poll_one() {
-            Some(wc) if wc.status == WcStatus::SUCCESS && wc.byte_len == 40 + 15 => break wc,
-            Some(_) => {}
-            None => assert!(Instant::now() < deadline, "no completion: {:?}", v.drops()),
+    let wc = 'serve: loop {
+        // The storm's well-formed SENDs may have used the receives, or (one too long for its
+        // buffer) put the UD QP in ERR, as rxe does: start it over. Datagrams of the storm
+        // still queued ahead of ours may do so again: a receive one takes is posted again,
+        // and an error starts over.
+        let reset = QpAttr { qp_state: QpState::RESET, ..Default::default() };
+        v.qp.modify(&reset, QpAttrMask::STATE).unwrap();
+        ready(&v.qp);
+        while v.cq.poll_one().is_some() {}
+        v.post_recv(0);
+        v.post_recv(1);
+        sock.send_to(&v.bytes(b"after the storm"), v.sock()).unwrap();
+        let again = Instant::now() + Duration::from_secs(1);
+        while Instant::now() < again {
+            match v.cq.poll_one() {
+                Some(wc) if wc.status == WcStatus::SUCCESS && wc.byte_len == 40 + 15 => {
+                    break 'serve wc;
+                }
+                Some(wc) if wc.status == WcStatus::SUCCESS => v.post_recv(wc.wr_id),
+                Some(_) => continue 'serve,
+                None => std::thread::sleep(Duration::from_millis(1)),
+            }
         }
-        std::thread::sleep(Duration::from_millis(1));
+        assert!(Instant::now() < deadline, "no completion: {:?}", v.drops());
     };
     let mut got = [0u8; 15];
     v.mr.read(1024 * wc.wr_id as usize + 40, &mut got).unwrap();
@@ -556,7 +564,16 @@ fn test_a_ring_of_mangled_records_and_corrupted_indices_is_dropped() {
         std::os::unix::fs::FileExt::write_all_at(&file, &value.to_le_bytes(), at).unwrap();
         let _ = sock.send(&bell);
     }
-    v.until(|d| d.malformed > 0);
+    // The corrupted tail breaks the ring, which the victim drops: only then has it taken in
+    // the storm's last well-formed records, which would otherwise take the receives (or put
+    // the QP in ERR) that the message after the storm needs.
+    let node = v.fabric.0.node.get().expect("joined");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while node.rings_settled() != 0 {
+        assert!(Instant::now() < deadline, "the broken ring was kept: {:?}", v.drops());
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert!(v.drops().malformed > 0);
     still_serves(&v, &rc_mr);
     drop(rc);
 }
