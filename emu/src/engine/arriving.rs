@@ -306,7 +306,7 @@ pub(crate) fn read(
         wire::encode_request_head(&resp, d);
         express::read_piece(piece, &mut d[wire::REQUEST_HEAD..])
     };
-    if !node.send_whole(m.src.2, wire::REQUEST_HEAD + m.len as usize, fill) {
+    if !node.send_whole(m.src.2, wire::REQUEST_HEAD + m.len as usize, false, fill) {
         return false;
     }
     drop(keys);

@@ -70,7 +70,8 @@ pub(crate) fn send(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, drv: &mut Driv
         wire::encode_request_head(&m, d);
         express::read_piece(piece, &mut d[wire::REQUEST_HEAD..])
     };
-    if !node.send_whole(m.dst.2, wire::REQUEST_HEAD + piece.len(), fill) {
+    let carriable = matches!(m.op, Op::Write(..) | Op::Read(..));
+    if !node.send_whole(m.dst.2, wire::REQUEST_HEAD + piece.len(), carriable, fill) {
         return false;
     }
     drop(keys);

@@ -118,6 +118,8 @@ pub(crate) struct Ring {
     /// record it frees: in a ping-pong every write would wait for that line to come back
     /// from the reader's core. (Only ever behind the true `head`: it errs toward full.)
     head_seen: AtomicU64,
+    /// Writer side: see [`Ring::carriable_to`].
+    carriable_to: AtomicU64,
     /// Reader side: what has been read and not yet freed. (The QP lock's kind: taken twice
     /// per record, by one thread at a time, mostly the same one.)
     reading: crate::sync::lock::Lock<Reading>,
@@ -261,6 +263,7 @@ impl Ring {
             write_to: AtomicU64::new(0),
             settled: AtomicU64::new(0),
             head_seen: AtomicU64::new(0),
+            carriable_to: AtomicU64::new(0),
             reading: Default::default(),
             read_to: AtomicU64::new(0),
         })
@@ -336,6 +339,13 @@ impl Ring {
     /// Writer: whether records written are not yet taken in by the reader.
     pub(crate) fn unread(&self) -> bool {
         self.write_to.load(Ordering::Relaxed) != self.head()
+    }
+
+    /// Writer: where the records end that its writer might carry out for a lagging reader
+    /// (a request; not an ACK, a response, or a SEND its QP's writer wrote knowing it for
+    /// one): a word of this process only, no look at the reader's.
+    pub(crate) fn carriable_to(&self) -> u64 {
+        self.carriable_to.load(Ordering::Relaxed)
     }
 
     /// Writer: how far the reader has freed (moves as it takes records in).
@@ -530,6 +540,18 @@ impl Ring {
     /// Writes one record of `len` bytes, which `fill` writes (returning `false` to give up).
     /// Whether the reader asked for a doorbell comes back with `Done`: see [`Ring::rings`].
     pub(crate) fn write(&self, len: usize, fill: impl FnOnce(&mut [u8]) -> bool) -> Written {
+        self.write_marked(len, true, fill)
+    }
+
+    /// [`Ring::write`] of a record that is, if `carriable`, or is not, one its writer might
+    /// carry out for a lagging reader (see [`Ring::carriable_to`]).
+    #[inline(always)]
+    pub(crate) fn write_marked(
+        &self,
+        len: usize,
+        carriable: bool,
+        fill: impl FnOnce(&mut [u8]) -> bool,
+    ) -> Written {
         assert!(len <= self.max_record(), "a record of {len} bytes");
         let need = RECORD_HEADER + len.next_multiple_of(8);
         let tail = self.write_to.load(Ordering::Relaxed);
@@ -565,6 +587,9 @@ impl Ring {
         self.set_len(at, len as u32);
         let tail = tail + (filler + need) as u64;
         self.write_to.store(tail, Ordering::Relaxed);
+        if carriable {
+            self.carriable_to.store(tail, Ordering::Relaxed);
+        }
         tsan::releasing(self.ino);
         self.word(TAIL_AT).store(tail, Ordering::Release);
         Written::Done
