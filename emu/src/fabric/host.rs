@@ -227,8 +227,10 @@ pub(crate) struct Node {
     pub(crate) exports: Option<Exports>,
     /// Taken by an application thread that looks for lagging peers, by one at a time.
     lag: Mutex<LagWatch>,
-    /// Whether this node sent anything to another yet (until it did, no peer can lag).
-    sent: AtomicBool,
+    /// Whether this node sent another a request it might carry out for a lagging reader (a
+    /// WRITE or READ): until it has, no look for lagging peers is made (see `progress`), and
+    /// a process that only SENDs (`ib_send_lat`) makes none.
+    sent_carriable: AtomicBool,
     /// Whether this node has a peer yet (a QP connected to another process's, or a message
     /// sent to one): until it has, a look without rings looks at nothing (see `progress`).
     met: AtomicBool,
@@ -639,7 +641,7 @@ impl Node {
         crate::sys::spawn(format!("rdma-emu-node{slot}"), move || read_loop(&reader, &weak))?;
         let (peers, others) = (Default::default(), Mutex::default());
         let exports = Exports::create().ok();
-        let (lag, sent) = (Mutex::default(), AtomicBool::new(false));
+        let (lag, sent_carriable) = (Mutex::default(), AtomicBool::new(false));
         Ok(Node {
             slot,
             dir,
@@ -651,7 +653,7 @@ impl Node {
             pull_min,
             exports,
             lag,
-            sent,
+            sent_carriable,
             met: AtomicBool::new(false),
         })
     }
@@ -741,7 +743,7 @@ impl Node {
         {
             return true;
         }
-        self.sent.load(Ordering::Relaxed)
+        self.sent_carriable.load(Ordering::Relaxed)
             && LOOKS.with(Looks::took)
             && self.carry_out_for_lagging(fabric)
     }
@@ -762,7 +764,7 @@ impl Node {
             return true;
         }
         drop(rx);
-        lag_due && self.sent.load(Ordering::Relaxed) && self.carry_out_for_lagging(fabric)
+        lag_due && self.sent_carriable.load(Ordering::Relaxed) && self.carry_out_for_lagging(fabric)
     }
 
     /// Every few looks (see [`Looks::took`]): carries out the WRITEs and READs of our QPs
@@ -883,7 +885,9 @@ impl Node {
             msg
         };
         peer.send(pkt.dst_qpn, &msg);
-        self.note_sent();
+        if matches!(pkt.kind, Kind::Write | Kind::ReadRequest) {
+            self.note_carriable_sent();
+        }
     }
 
     /// Whether a message of `len` bytes is read by the peer from our memory, if the peer may
@@ -916,17 +920,17 @@ impl Node {
         fill: impl FnOnce(&mut [u8]) -> bool,
     ) -> bool {
         let sent = self.peer(slot_of(dst_qpn)).send_whole(dst_qpn, len, carriable, fill);
-        if sent {
-            self.note_sent();
+        if sent && carriable {
+            self.note_carriable_sent();
         }
         sent
     }
 
-    /// This node has sent to another (what `carry_out_for_lagging` waits for): stored once,
-    /// so that later sends only load the word.
-    fn note_sent(&self) {
-        if !self.sent.load(Ordering::Relaxed) {
-            self.sent.store(true, Ordering::Relaxed);
+    /// This node has sent another a request it might carry out (what `carry_out_for_lagging`
+    /// waits for): stored once, so that later sends only load the word.
+    fn note_carriable_sent(&self) {
+        if !self.sent_carriable.load(Ordering::Relaxed) {
+            self.sent_carriable.store(true, Ordering::Relaxed);
         }
     }
 
@@ -947,7 +951,6 @@ impl Node {
         if !peer.send_whole(dst_qpn, bytes.len(), false, fill) {
             peer.send(dst_qpn, &Encoded::bytes(bytes));
         }
-        self.note_sent();
     }
 
     /// Whether our QP `qpn` is of a reliable type: its requester's buffers stay untouched
@@ -2884,6 +2887,24 @@ mod test {
             to.mr.read(0, &mut bytes).unwrap();
             assert_eq!(u64::from_le_bytes(bytes), word);
         }
+    }
+
+    /// A process looks for lagging peers only once it has sent a request it might carry out
+    /// for one (a WRITE or READ): SENDs and their ACKs, both ways, make no such look.
+    #[test]
+    fn test_only_a_write_or_read_sent_makes_a_node_look_for_lagging_peers() {
+        let (dir, (a, fa), (b, fb)) = talking("carriable", end_on);
+        let looks = |f: &Fabric| f.0.node.get().unwrap().sent_carriable.load(Ordering::Relaxed);
+        for word in 1..=4 {
+            a.send(&b, word);
+            b.send(&a, word + 100);
+        }
+        assert!(!looks(&fa) && !looks(&fb), "SENDs and ACKs only");
+        let sge = [Sge { addr: a.mr.addr(), length: 8, lkey: a.mr.lkey() }];
+        let write = SendWr::write(9, &sge, b.mr.addr() + 64, b.mr.rkey()).signaled();
+        a.qp.post_send(&write).unwrap();
+        assert_eq!((a.next().wr_id, looks(&fa), looks(&fb)), (9, true, false));
+        talk_and_part((a, fa), (b, fb), &dir);
     }
 
     /// Once the peer takes in again: what follows is taken in, in order, both ways, and both
