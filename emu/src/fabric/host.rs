@@ -777,7 +777,7 @@ impl Node {
     /// scheduler runs the reader only when the spinner's slice ends (~0.6 ms a round trip
     /// here). The requester, waiting on its own CQ, carries the WRITE out instead, as it does
     /// for a stopped peer (see `engine::absent_peer`).
-    /// (Called only once this node has sent to another: see `progress`.)
+    /// (Called only once this node has sent another a WRITE or READ: see `progress`.)
     #[inline(never)]
     fn carry_out_for_lagging(&self, fabric: &FabricInner) -> bool {
         // Not while fault rules or a packet trace must see the answers as sent.
