@@ -105,7 +105,11 @@ fn reader() -> Reader {
 fn first_read() -> Reader {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     // While the thread ends (a destructor reading a table) its index may be gone already.
-    let index = INDEX.try_with(|i| i.0).ok().filter(|&i| i < SLOTS && cfg!(not(feature = "tsan")));
+    // A slot's read relies on a bare light barrier (see `barrier::asymmetric`).
+    let index = INDEX
+        .try_with(|i| i.0)
+        .ok()
+        .filter(|&i| i < SLOTS && cfg!(not(feature = "tsan")) && barrier::asymmetric());
     let r = index.unwrap_or_else(|| SLOTS + NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS);
     READER.with(|c| c.set(r));
     reader()
@@ -245,6 +249,14 @@ impl<T> Deref for ReadGuard<'_, T> {
 impl<T: std::fmt::Debug> std::fmt::Debug for ReadGuard<'_, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         (**self).fmt(f)
+    }
+}
+
+impl<T> ReadGuard<'_, T> {
+    /// Whether the read is counted on the thread's own slot.
+    #[cfg(test)]
+    pub(crate) fn by_slot(&self) -> bool {
+        matches!(self.reader, Reader::Slot(_))
     }
 }
 

@@ -251,6 +251,12 @@ impl CqInner {
         Ok(())
     }
 
+    /// Whether producers fence (the CQ was armed, or made where light barriers are fences).
+    #[cfg(test)]
+    pub(crate) fn fences_always(&self) -> bool {
+        self.armed.load(Ordering::Relaxed) & EVENTED != 0
+    }
+
     /// A completion was lost: the CQ is in error, raised once.
     #[cold]
     #[inline(never)]
@@ -401,6 +407,9 @@ impl Cq {
             return Err(e);
         }
         let granted = granted_cqe(cqe as u32);
+        // Where a producer's light barrier cannot be bare, producers fence from the start, as
+        // once a CQ was armed (see `CqInner::push`).
+        let evented = !barrier::asymmetric();
         Ok(Cq(Arc::new(CqInner {
             ctx: ctx.0.clone(),
             channel: channel.map(|c| c.0.clone()),
@@ -409,14 +418,14 @@ impl Cq {
             cqe: AtomicU32::new(granted),
             rebased: AtomicU64::new(0),
             last_solicited: AtomicU64::new(0),
-            armed: AtomicU8::new(0),
+            armed: AtomicU8::new(if evented { EVENTED } else { 0 }),
             st: Mutex::new(CqState {
                 notify: Notify::None,
                 moderation: Moderation::default(),
                 held: 0,
                 generation: 0,
                 announced: 0,
-                evented: false,
+                evented,
             }),
             overrun: AtomicBool::new(false),
             timestamps: options.timestamps,

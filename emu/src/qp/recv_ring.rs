@@ -166,7 +166,7 @@ impl RecvRing {
         slot.seq.store(head.wrapping_add(1), Ordering::Release);
         p.head = head.wrapping_add(1);
         drop(p);
-        barrier::light();
+        barrier::light_any();
         Ok(self.state() == QpState::ERR)
     }
 

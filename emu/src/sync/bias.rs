@@ -98,16 +98,23 @@ impl Bias {
         let me = me();
         let owner = self.owner.load(Ordering::Relaxed);
         if owner != me
-            && (owner != 0
-                || self.revoked.load(Ordering::Relaxed) != BIASED
-                || self
-                    .owner
-                    .compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed)
-                    .is_err())
+            && (owner != 0 || self.revoked.load(Ordering::Relaxed) != BIASED || !self.take(me))
         {
             return Entry::Out;
         }
         self.enter_owned()
+    }
+
+    /// Makes `me` the owner of a bias nobody owns, if the owner's way may be taken at all: its
+    /// entry's light barrier is a compiler fence (see [`barrier::asymmetric`]); where it may
+    /// not, the bias is revoked before anyone owned it (no barrier needed).
+    #[cold]
+    fn take(&self, me: usize) -> bool {
+        if !barrier::asymmetric() {
+            self.revoked.store(REVOKED, Ordering::Release);
+            return false;
+        }
+        self.owner.compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed).is_ok()
     }
 
     /// [`Bias::enter`] once the calling thread is the owner.
@@ -136,8 +143,7 @@ impl Bias {
         if self.owner.load(Ordering::Relaxed) == me {
             return self.enter_owned();
         }
-        let free = self.revoked.load(Ordering::Relaxed) == BIASED
-            && self.owner.compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed).is_ok();
+        let free = self.revoked.load(Ordering::Relaxed) == BIASED && self.take(me);
         if !free {
             return Entry::Out;
         }

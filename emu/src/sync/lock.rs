@@ -153,7 +153,9 @@ impl RawLock {
     #[inline]
     fn leave_word(&self) {
         self.locked.store(false, Ordering::Release);
-        self.wake_sleeper();
+        // The word is taken on either way (see `barrier::asymmetric`).
+        barrier::light_any();
+        self.wake_if_sleeper();
     }
 
     /// `try_lock` for a thread that is not in by the bias (out of line: the bias's entry, the
@@ -171,10 +173,23 @@ impl RawLock {
         self.free() && self.try_word()
     }
 
-    /// After a release: wakes a sleeper if one counted itself.
+    /// Whether the calling thread owns the lock's bias.
+    #[cfg(test)]
+    pub(crate) fn by_its_bias(&self) -> bool {
+        self.bias.mine()
+    }
+
+    /// After a release by the bias (only on the asymmetric way): wakes a sleeper if one
+    /// counted itself.
     #[inline]
     fn wake_sleeper(&self) {
         barrier::light();
+        self.wake_if_sleeper();
+    }
+
+    /// After a release and its barrier.
+    #[inline]
+    fn wake_if_sleeper(&self) {
         if self.sleepers.load(Ordering::Relaxed) != 0 {
             self.wake_one();
         }
