@@ -155,7 +155,6 @@ pub(crate) mod test {
             let text = String::from_utf8_lossy(&out.stdout).into_owned()
                 + &String::from_utf8_lossy(&out.stderr);
             assert!(out.status.success() && text.contains("1 passed"), "{text}");
-            assert!(super::asymmetric(), "this machine's kernel has the barrier");
             return;
         }
         assert!(!super::asymmetric());
