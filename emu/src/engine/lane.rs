@@ -251,8 +251,8 @@ fn idle(g: &QpInner) -> bool {
 #[inline(always)]
 fn open(qp: &QpShared, g: &QpInner, f: &FabricInner, len: u32, dest: (u32, u8)) -> bool {
     len <= g.port.max_msg_sz
-        && f.express()
-        && f.ports_up((qp.device_index(), g.attr.port_num), dest)
+        && (f.express_all_up()
+            || f.express() && f.ports_up((qp.device_index(), g.attr.port_num), dest))
 }
 
 /// An RC FETCH_ADD or CMP_SWP into one result SGE, of an aligned remote word, run at the post

@@ -53,9 +53,10 @@ pub(crate) fn send(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, drv: &mut Driv
         && g.req.unsent.is_none()
         && !g.req.placed_last
         && !g.req.carrying
-        && f.express()
-        && f.port_up(qp.device_index(), g.attr.port_num)
-        && f.port_up(dest.0, dest.1);
+        && (f.express_all_up()
+            || f.express()
+                && f.port_up(qp.device_index(), g.attr.port_num)
+                && f.port_up(dest.0, dest.1));
     if !fit {
         return false;
     }

@@ -386,6 +386,7 @@ impl Faults {
             }
         }
         self.active.store(!st.rules.is_empty(), Ordering::Release);
+        fabric.detours.set(super::Detours::FAULTS, !st.rules.is_empty());
     }
 
     /// How many times each rule has hit, in order.

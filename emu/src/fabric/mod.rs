@@ -231,11 +231,11 @@ pub(crate) struct FabricInner {
     pub(crate) port_watch: OnceLock<Watcher>,
     /// Completion events put on channels so far: what wakes application threads that sleep.
     pub(crate) cq_events: std::sync::atomic::AtomicU64,
-    /// Whether the express path may run (see [`FabricConfig::express`]).
-    express: std::sync::atomic::AtomicBool,
-    /// How many ports of the fabric's devices are down: while none is, the data path need not
-    /// look at each port it crosses.
-    pub(crate) ports_down: std::sync::atomic::AtomicU32,
+    /// What sends work the long way, in one word that a work request loads once (see
+    /// [`Detours`]): the express path switched off, fault rules, a packet trace or simulated
+    /// time ([`Detours::PATH`]), and how many ports of the fabric's devices are down (while
+    /// none is, the data path need not look at each port it crosses).
+    pub(crate) detours: Detours,
     /// See [`FabricConfig::memlock`].
     pub(crate) memlock: bool,
     /// Whether registered memory moves into shared memory ([`FabricConfig::share_mr`] on a
@@ -317,17 +317,22 @@ impl FabricInner {
 
     /// Whether a work request may take the express path now: switched on, and no fault rule,
     /// simulated time or packet trace that needs to see its packets.
+    #[inline]
     pub(crate) fn express(&self) -> bool {
-        self.express.load(std::sync::atomic::Ordering::Relaxed)
-            && !self.faults.active()
-            && self.pcap.is_none()
-            && !self.timer.simulated()
+        self.detours.now() & Detours::PATH == 0
+    }
+
+    /// Whether a work request may take the express path now and no port anywhere is down
+    /// (so that none it crosses is): one load, where the two questions apart take five.
+    #[inline]
+    pub(crate) fn express_all_up(&self) -> bool {
+        self.detours.now() == 0
     }
 
     /// Whether the ports at both ends, `(device, port)` each, are up (valid ports: a QP's own and
     /// the one its address vector resolved to).
     pub(crate) fn ports_up(&self, a: (u32, u8), b: (u32, u8)) -> bool {
-        self.ports_down.load(std::sync::atomic::Ordering::Acquire) == 0
+        self.detours.now() & Detours::PORTS_DOWN == 0
             || self.port_up(a.0, a.1) && self.port_up(b.0, b.1)
     }
 
@@ -336,7 +341,7 @@ impl FabricInner {
     #[inline]
     pub(crate) fn port_up(&self, dev: u32, port: u8) -> bool {
         // With no port down anywhere, a port that exists is up (no look at its own state).
-        if self.ports_down.load(std::sync::atomic::Ordering::Acquire) == 0
+        if self.detours.now() & Detours::PORTS_DOWN == 0
             && let Some(d) = self.devices.get(dev as usize)
         {
             return port >= 1 && usize::from(port) <= d.ports.len();
@@ -641,8 +646,7 @@ impl Fabric {
             cm: crate::cm::Manager::new(addrs),
             port_watch: OnceLock::new(),
             cq_events: Default::default(),
-            express: cfg.express.into(),
-            ports_down: Default::default(),
+            detours: Detours::new(!cfg.express, cfg.pcap.is_some(), cfg.seed.is_some()),
             memlock: cfg.memlock,
             share_mr: cfg.share_mr && cfg.host.is_some(),
             wire: OnceLock::new(),
@@ -690,7 +694,7 @@ impl Fabric {
     /// Turns the express path on or off from now on (see [`FabricConfig::express`]); work
     /// already in flight finishes on the path it took.
     pub fn set_express(&self, on: bool) {
-        self.0.express.store(on, std::sync::atomic::Ordering::Relaxed);
+        self.0.detours.set(Detours::SWITCHED_OFF, !on);
     }
 
     /// Whether time is virtual (a seeded simulation).
@@ -728,5 +732,96 @@ impl Fabric {
     /// The device called `name`.
     pub fn device(&self, name: &str) -> Option<Device> {
         self.devices().into_iter().find(|d| d.name() == name)
+    }
+}
+
+/// The reasons work leaves the express path, and the count of ports down, in one word (see
+/// [`FabricInner::detours`]).
+#[derive(Debug)]
+pub(crate) struct Detours(std::sync::atomic::AtomicU32);
+
+impl Detours {
+    /// Switched off ([`Fabric::set_express`], [`FabricConfig::express`]).
+    const SWITCHED_OFF: u32 = 1 << 0;
+    /// Fault rules are set: they must see the packets.
+    pub(crate) const FAULTS: u32 = 1 << 1;
+    /// A packet trace is written: it must see the packets.
+    const TRACED: u32 = 1 << 2;
+    /// Time is simulated: work moves as the seeded schedule says.
+    const SIMULATED: u32 = 1 << 3;
+    /// Any reason to leave the express path.
+    const PATH: u32 = (1 << 8) - 1;
+    /// One port down (the count of ports down, above the reasons).
+    const PORT_DOWN: u32 = 1 << 8;
+    const PORTS_DOWN: u32 = !Self::PATH;
+
+    fn new(switched_off: bool, traced: bool, simulated: bool) -> Detours {
+        let bit = |on: bool, b: u32| if on { b } else { 0 };
+        let word = bit(switched_off, Self::SWITCHED_OFF)
+            | bit(traced, Self::TRACED)
+            | bit(simulated, Self::SIMULATED);
+        Detours(word.into())
+    }
+
+    /// The word. (Acquire: what was set up before a reason was cleared or a port came up is
+    /// seen by work that then takes the express path.)
+    #[inline(always)]
+    fn now(&self) -> u32 {
+        self.0.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Sets or clears `reason`.
+    pub(crate) fn set(&self, reason: u32, on: bool) {
+        use std::sync::atomic::Ordering::AcqRel;
+        debug_assert!(reason & Self::PATH == reason);
+        match on {
+            true => self.0.fetch_or(reason, AcqRel),
+            false => self.0.fetch_and(!reason, AcqRel),
+        };
+    }
+
+    /// A port went down (`down`), or came back up.
+    pub(crate) fn port_went(&self, down: bool) {
+        use std::sync::atomic::Ordering::AcqRel;
+        match down {
+            true => self.0.fetch_add(Self::PORT_DOWN, AcqRel),
+            false => self.0.fetch_sub(Self::PORT_DOWN, AcqRel),
+        };
+    }
+}
+
+#[cfg(test)]
+mod test {
+    use crate::*;
+
+    /// Each reason to leave the express path, and each port down, keeps work off it until it
+    /// is gone, whichever order they come and go in.
+    #[test]
+    fn the_express_path_opens_only_when_every_detour_is_gone() {
+        let f = Fabric::new(FabricConfig { devices: 2, ..Default::default() });
+        let inner = &f.0;
+        let open = || (inner.express(), inner.express_all_up());
+        assert_eq!(open(), (true, true));
+
+        let d = &f.devices()[1];
+        d.set_port_state(1, PortState::DOWN).unwrap();
+        assert_eq!(open(), (true, false), "a port down: the express path, but each port looked at");
+        assert!(!inner.ports_up((0, 1), (1, 1)));
+        assert!(inner.ports_up((0, 1), (0, 1)));
+        f.set_express(false);
+        f.set_faults(FaultRule::parse("drop:op=ack,nth=1").unwrap());
+        assert_eq!(open(), (false, false));
+        d.set_port_state(1, PortState::ACTIVE).unwrap();
+        f.set_express(true);
+        assert_eq!(open(), (false, false), "the fault rules still hold it");
+        f.set_faults(vec![]);
+        assert_eq!(open(), (true, true));
+
+        let traced = std::env::temp_dir().join(format!("detours-{}.pcap", std::process::id()));
+        let f = Fabric::new(FabricConfig { pcap: Some(traced.clone()), ..Default::default() });
+        assert_eq!((f.0.express(), f.0.express_all_up()), (false, false), "a trace sees packets");
+        let _ = std::fs::remove_file(traced);
+        let f = Fabric::new(FabricConfig { seed: Some(7), ..Default::default() });
+        assert!(!f.0.express(), "simulated time");
     }
 }

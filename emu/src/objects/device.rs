@@ -232,11 +232,7 @@ impl Device {
             a.phys_state = phys;
             // Under the lock, so that the fabric's count of ports down follows the flags.
             p.up.store(up, std::sync::atomic::Ordering::Release);
-            let down = &self.fabric.ports_down;
-            match up {
-                true => down.fetch_sub(1, std::sync::atomic::Ordering::AcqRel),
-                false => down.fetch_add(1, std::sync::atomic::Ordering::AcqRel),
-            };
+            self.fabric.detours.port_went(!up);
         }
         if let Some(watch) = self.fabric.port_watch.get() {
             (watch.0)(self, port);
