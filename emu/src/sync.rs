@@ -44,11 +44,25 @@ const SLOTS: usize = 32;
 /// Shared counters per lock, for the threads beyond.
 const SHARDS: usize = 8;
 
-/// How a thread reads: in its own slot, or on a shared counter.
+/// How a thread reads, as [`READER`] holds it: its slot (below [`SLOTS`]), or `SLOTS` + a
+/// shared counter. One word, so that a guard (with its lock) fits in two registers.
 #[derive(Clone, Copy)]
-enum Reader {
+struct Reader(usize);
+
+/// A [`Reader`] taken apart.
+enum Way {
     Slot(usize),
     Shard(usize),
+}
+
+impl Reader {
+    #[inline(always)]
+    fn way(self) -> Way {
+        match self.0 {
+            r if r < SLOTS => Way::Slot(r),
+            r => Way::Shard(r - SLOTS),
+        }
+    }
 }
 
 /// A thread's index while it lives: a free one, handed back when the thread ends.
@@ -94,9 +108,8 @@ impl Drop for ThreadIndex {
 #[inline]
 fn reader() -> Reader {
     match READER.with(Cell::get) {
-        r if r < SLOTS => Reader::Slot(r),
         UNSET => first_read(),
-        r => Reader::Shard(r - SLOTS),
+        r => Reader(r),
     }
 }
 
@@ -183,11 +196,11 @@ impl<T> ReadMostly<T> {
     }
 
     /// Shared access unless a writer is in or waiting.
-    #[inline]
+    #[inline(always)]
     pub fn try_read(&self) -> Option<ReadGuard<'_, T>> {
         let reader = reader();
-        match reader {
-            Reader::Slot(i) => {
+        match reader.way() {
+            Way::Slot(i) => {
                 // Only this thread writes its slot: a plain increment, then the light side of
                 // the barrier `write` issues (the store is seen before `writing` is read).
                 let slot = &self.slots[i];
@@ -199,7 +212,7 @@ impl<T> ReadMostly<T> {
                     return None;
                 }
             }
-            Reader::Shard(i) => {
+            Way::Shard(i) => {
                 let count = &self.shared[i];
                 count.fetch_add(1, Ordering::SeqCst);
                 if self.writing.load(Ordering::SeqCst) {
@@ -256,19 +269,19 @@ impl<T> ReadGuard<'_, T> {
     /// Whether the read is counted on the thread's own slot.
     #[cfg(test)]
     pub(crate) fn by_slot(&self) -> bool {
-        matches!(self.reader, Reader::Slot(_))
+        matches!(self.reader.way(), Way::Slot(_))
     }
 }
 
 impl<T> Drop for ReadGuard<'_, T> {
-    #[inline]
+    #[inline(always)]
     fn drop(&mut self) {
-        match self.reader {
-            Reader::Slot(i) => {
+        match self.reader.way() {
+            Way::Slot(i) => {
                 let slot = &self.lock.slots[i];
                 slot.store(slot.load(Ordering::Relaxed) - 1, Ordering::Release);
             }
-            Reader::Shard(i) => {
+            Way::Shard(i) => {
                 self.lock.shared[i].fetch_sub(1, Ordering::Release);
             }
         }
@@ -306,6 +319,95 @@ impl<T: std::fmt::Debug> std::fmt::Debug for WriteGuard<'_, T> {
 impl<T> Drop for WriteGuard<'_, T> {
     fn drop(&mut self) {
         self.lock.writing.store(false, Ordering::Release);
+    }
+}
+
+/// A value behind a [`ReadMostly`] lock that other values share: a thread that reads two of
+/// them at once (a work request between two devices reads both devices' keys) announces
+/// itself once, and the second read can neither wait for a writer nor be refused.
+pub(crate) struct Guarded<T> {
+    lock: std::sync::Arc<ReadMostly<()>>,
+    value: UnsafeCell<T>,
+}
+
+// SAFETY: as for `ReadMostly`: the value is reached only through a read guard of `lock`
+// (shared references, so `T` must be `Sync`) or its write guard (one exclusive reference, so
+// `T` must be `Send`).
+unsafe impl<T: Send + Sync> Sync for Guarded<T> {}
+// SAFETY: moving it moves the value; no guard can exist then.
+unsafe impl<T: Send> Send for Guarded<T> {}
+
+impl<T> Guarded<T> {
+    pub(crate) fn new(lock: std::sync::Arc<ReadMostly<()>>, value: T) -> Self {
+        Guarded { lock, value: UnsafeCell::new(value) }
+    }
+
+    /// Shared access, waiting for a writer that is in or waiting (see [`ReadMostly::read`]).
+    #[inline(always)]
+    pub(crate) fn read(&self) -> GuardedRead<'_, T> {
+        let guard = self.lock.read();
+        // SAFETY: the read guard keeps writers out until it drops, with the reference.
+        GuardedRead { value: unsafe { &*self.value.get() }, guard }
+    }
+
+    /// Exclusive access, once every reader of the lock (of any value behind it) has left.
+    pub(crate) fn write(&self) -> GuardedWrite<'_, T> {
+        let guard = self.lock.write();
+        // SAFETY: the write guard is the only one until it drops, with the reference: every
+        // reader has left and none enters meanwhile.
+        GuardedWrite { value: unsafe { &mut *self.value.get() }, _guard: guard }
+    }
+
+    /// The value, under `held`, a read of another value held now: if the two share a lock
+    /// (else `None`: the caller reads this one for itself).
+    #[inline]
+    pub(crate) fn under<'g, U>(&'g self, held: &'g GuardedRead<'_, U>) -> Option<&'g T> {
+        // SAFETY: `held` counts this thread as a reader of that lock, which is this value's,
+        // for as long as the returned reference (it borrows `held`).
+        std::ptr::eq(held.guard.lock, &*self.lock).then(|| unsafe { &*self.value.get() })
+    }
+}
+
+impl<T: std::fmt::Debug> std::fmt::Debug for Guarded<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.lock.try_read() {
+            // SAFETY: as in `read`.
+            Some(_g) => f.debug_tuple("Guarded").field(unsafe { &*self.value.get() }).finish(),
+            None => f.write_str("Guarded(<being written>)"),
+        }
+    }
+}
+
+/// Shared access to a [`Guarded`] value.
+pub(crate) struct GuardedRead<'a, T> {
+    value: &'a T,
+    guard: ReadGuard<'a, ()>,
+}
+
+impl<T> Deref for GuardedRead<'_, T> {
+    type Target = T;
+    #[inline]
+    fn deref(&self) -> &T {
+        self.value
+    }
+}
+
+/// Exclusive access to a [`Guarded`] value.
+pub(crate) struct GuardedWrite<'a, T> {
+    value: &'a mut T,
+    _guard: WriteGuard<'a, ()>,
+}
+
+impl<T> Deref for GuardedWrite<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        self.value
+    }
+}
+
+impl<T> DerefMut for GuardedWrite<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        self.value
     }
 }
 
@@ -417,5 +519,33 @@ mod test {
         writer.join().unwrap();
         assert_eq!(*lock.read(), 7);
         assert_eq!(*lock.try_read().unwrap(), 7);
+    }
+
+    /// Values behind one lock: a read of one reaches the other (and not a value behind
+    /// another lock), and a writer of either waits for it.
+    #[test]
+    fn test_values_sharing_a_lock_are_read_under_one_read_and_written_alone() {
+        use super::Guarded;
+        let lock = Arc::new(ReadMostly::new(()));
+        let a = Arc::new(Guarded::new(lock.clone(), 1u32));
+        let b = Arc::new(Guarded::new(lock.clone(), 2u32));
+        let apart = Guarded::new(Arc::new(ReadMostly::new(())), 3u32);
+        let r = a.read();
+        assert_eq!((*r, b.under(&r).copied()), (1, Some(2)));
+        assert_eq!(apart.under(&r), None, "another lock's value is not under this read");
+        let writer = {
+            let b = b.clone();
+            std::thread::spawn(move || *b.write() = 20)
+        };
+        while !lock.writing.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        assert!(!writer.is_finished(), "a writer of b waits for the read of a");
+        assert_eq!(b.under(&r).copied(), Some(2));
+        drop(r);
+        writer.join().unwrap();
+        let r = a.read();
+        assert_eq!(b.under(&r).copied(), Some(20));
+        assert_eq!(*apart.read(), 3);
     }
 }

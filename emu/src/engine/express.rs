@@ -161,7 +161,7 @@ fn execute(
     };
     // A peer destroyed is forgotten (its number may come back as another QP's).
     let dst = lane.peer()?;
-    let ran = run(qp, g, wqe, f, (dst, lane.dest, lane.same_keys));
+    let ran = run(qp, g, wqe, f, (dst, lane.dest));
     g.lane = Some(lane);
     ran
 }
@@ -172,7 +172,7 @@ fn run(
     g: &mut QpInner,
     wqe: &Request<'_>,
     f: &FabricInner,
-    (dst, (dev, port), same_keys): (&Arc<QpShared>, (u32, u8), bool),
+    (dst, (dev, port)): (&Arc<QpShared>, (u32, u8)),
 ) -> Option<(u32, u32)> {
     let kind = match wqe.opcode {
         WrOpcode::RDMA_WRITE | WrOpcode::RDMA_WRITE_WITH_IMM => Kind::Write,
@@ -217,8 +217,8 @@ fn run(
         solicited: wqe.flags.contains(SendFlags::SOLICITED) && receives,
     };
     let lkeys = qp.ctx.device.keys.read();
-    let rkeys_guard = if same_keys { None } else { Some(dst.ctx.device.keys.try_read()?) };
-    let rkeys: &KeyTable = rkeys_guard.as_deref().unwrap_or(&lkeys);
+    // The peer's keys, under the same read (the QPs are in one fabric).
+    let rkeys: &KeyTable = dst.ctx.device.keys.under(&lkeys)?;
     match kind {
         Kind::Write | Kind::Send => {
             // The common one-piece source is checked and found at once.
@@ -299,7 +299,6 @@ fn run(
             responder::remember(&mut dg, Replay::Atomic { psn, orig });
         }
     }
-    drop(rkeys_guard);
     drop(lkeys);
     // The responder's side of the exchange (a QP in RTR that would raise COMM_EST now never
     // gets here: see `takes`).

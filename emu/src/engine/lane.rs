@@ -38,8 +38,6 @@ pub(crate) struct Lane {
     dst: Arc<QpShared>,
     /// The peer's device and port, as the QP's address vector resolved them.
     pub(super) dest: (u32, u8),
-    /// Whether the peer's keys are in the QP's own device's table.
-    pub(super) same_keys: bool,
 }
 
 impl Lane {
@@ -55,9 +53,8 @@ impl Lane {
         if Arc::ptr_eq(&dst, qp) || dst.qp_type != qp.qp_type || dst.xrcd.is_some() {
             return None;
         }
-        let same_keys = Arc::ptr_eq(&qp.ctx.device, &dst.ctx.device);
         qp.lane_hint.point_at(&dst);
-        Some(Lane { dst, dest, same_keys })
+        Some(Lane { dst, dest })
     }
 
     /// The peer, while it lives (a destroyed peer's number may come back as another QP's).
@@ -156,7 +153,7 @@ pub(crate) fn post(qp: &Arc<QpShared>, g: &mut QpInner, wr: &SendWr<'_>, f: &Fab
         [sge] if !inline => sge.length,
         _ => return false,
     };
-    let (dest, same_keys) = (lane.dest, lane.same_keys);
+    let dest = lane.dest;
     if !open(qp, g, f, len, dest) {
         return false;
     }
@@ -172,14 +169,7 @@ pub(crate) fn post(qp: &Arc<QpShared>, g: &mut QpInner, wr: &SendWr<'_>, f: &Fab
         return false;
     }
     let lkeys = qp.ctx.device.keys.read();
-    let rkeys_guard = match same_keys {
-        true => None,
-        false => match dst.ctx.device.keys.try_read() {
-            Some(k) => Some(k),
-            None => return false,
-        },
-    };
-    let rkeys = rkeys_guard.as_deref().unwrap_or(&lkeys);
+    let Some(rkeys) = dst.ctx.device.keys.under(&lkeys) else { return false };
     let piece = match wr.sg_list {
         _ if inline => Src::Bytes(wr.inline_data),
         [sge] if sge.length == 0 => Src::Bytes(&[]),
@@ -227,7 +217,6 @@ pub(crate) fn post(qp: &Arc<QpShared>, g: &mut QpInner, wr: &SendWr<'_>, f: &Fab
     {
         return false;
     }
-    drop(rkeys_guard);
     drop(lkeys);
     let npkts = packets_for(len, g.mtu);
     dg.resp.nak_seq_sent = false;
@@ -286,20 +275,12 @@ fn post_atomic(qp: &Arc<QpShared>, g: &mut QpInner, wr: &SendWr<'_>, f: &FabricI
         return false;
     }
     let lkeys = qp.ctx.device.keys.read();
-    let rkeys_guard = match lane.same_keys {
-        true => None,
-        false => match dst.ctx.device.keys.try_read() {
-            Some(k) => Some(k),
-            None => return false,
-        },
-    };
-    let rkeys = rkeys_guard.as_deref().unwrap_or(&lkeys);
+    let Some(rkeys) = dst.ctx.device.keys.under(&lkeys) else { return false };
     let target = (&dst.pd, wr.rkey, wr.remote_addr);
     let op = (cas, wr.compare_add, wr.swap);
     let Some(orig) = express::atomic((&lkeys, &qp.pd, wr.sg_list), (rkeys, target), op) else {
         return false;
     };
-    drop(rkeys_guard);
     drop(lkeys);
     responder::remember(&mut dg, Replay::Atomic { psn, orig });
     dg.resp.nak_seq_sent = false;

@@ -617,10 +617,13 @@ impl Fabric {
         let mut configured = cfg.addresses.clone();
         configured.extend(cfg.wire.iter().filter(|w| !cfg.addresses.contains(w)));
         let addrs = crate::cm::addr::AddressMap::new(&configured);
+        // One lock for every device's keys (see `objects::keys::Keys`).
+        let keys_lock = Arc::new(crate::sync::ReadMostly::new(()));
         let device = |i| {
             let (profile, link) = (cfg.profile, cfg.link_layer);
             let ports = (cfg.ports, link, cfg.netdev_mtu);
-            let mut d = DeviceInner::new(i, profile, ports, |p| addrs.addresses_of(i, p));
+            let addrs = |p| addrs.addresses_of(i, p);
+            let mut d = DeviceInner::new(i, profile, ports, addrs, keys_lock.clone());
             if cfg.host.is_some() {
                 // A process numbers its QPs within its node's slot on a host fabric: report
                 // what can be created, not the profile's (larger) figure.

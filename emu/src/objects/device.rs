@@ -61,7 +61,8 @@ pub(crate) struct DeviceInner {
     pub(crate) id: DeviceIdentity,
     pub(crate) attr: DeviceAttr,
     pub(crate) ports: Vec<PortInner>,
-    /// lkeys and rkeys of this device's MRs and MWs (one key space, as in rxe).
+    /// lkeys and rkeys of this device's MRs and MWs (one key space, as in rxe), behind the
+    /// fabric's key lock.
     pub(crate) keys: Keys,
     /// XRC domains opened on a file, by the file's identity (shared by every open of it).
     pub(crate) xrcds: Mutex<Vec<(super::xrcd::FileId, std::sync::Weak<super::xrcd::XrcdInner>)>>,
@@ -84,6 +85,7 @@ impl DeviceInner {
         profile: Profile,
         (ports, link, netdev_mtu): (u8, LinkLayer, Option<u32>),
         addrs: impl Fn(u8) -> Vec<std::net::IpAddr>,
+        keys_lock: std::sync::Arc<crate::sync::ReadMostly<()>>,
     ) -> DeviceInner {
         let id = DeviceIdentity::new(index);
         let n = profile.port_count(ports);
@@ -108,7 +110,7 @@ impl DeviceInner {
             attr: profile.device_attr(&id, n),
             id,
             ports,
-            keys: Keys::default(),
+            keys: Keys::new(keys_lock),
             xrcds: Mutex::new(Vec::new()),
             next_srqn: AtomicU32::new(1),
             next_wqn: AtomicU32::new(1),

@@ -11,31 +11,37 @@ use super::{
 use crate::{
     error::{Errno, Error, Result},
     mem::MemRegion,
-    sync::{ReadGuard, ReadMostly, WriteGuard},
+    sync::{Guarded, GuardedRead, GuardedWrite, ReadMostly},
     types::AccessFlags,
 };
 
-/// A device's key table behind a lock whose readers (every work request) each take a shard
-/// of their own, so that threads posting at once do not pass a lock word between their
-/// cores; registering and deregistering, rare by comparison, wait for every shard.
-#[derive(Debug, Default)]
-pub(crate) struct Keys(ReadMostly<KeyTable>);
+/// A device's key table behind its fabric's key lock, whose readers (every work request) each
+/// take a word of their own, so that threads posting at once do not pass a lock word between
+/// their cores; registering and deregistering, rare by comparison, wait for every reader. The
+/// fabric's devices share the lock (not the tables): a work request between two of them reads
+/// the second table under its read of the first ([`Keys::under`]).
+#[derive(Debug)]
+pub(crate) struct Keys(Guarded<KeyTable>);
 
 impl Keys {
-    #[inline]
-    pub(crate) fn read(&self) -> ReadGuard<'_, KeyTable> {
+    /// An empty table behind `lock`, the fabric's.
+    pub(crate) fn new(lock: Arc<ReadMostly<()>>) -> Keys {
+        Keys(Guarded::new(lock, KeyTable::default()))
+    }
+
+    #[inline(always)]
+    pub(crate) fn read(&self) -> GuardedRead<'_, KeyTable> {
         self.0.read()
     }
 
-    /// The table if no writer holds or waits for this thread's shard. For a second table
-    /// read while one is held: blocking there could deadlock against a thread holding the
-    /// two in the other order while writers wait on both.
+    /// This table under `held`, a read of another device's, if the two share a lock (they do
+    /// in one fabric).
     #[inline]
-    pub(crate) fn try_read(&self) -> Option<ReadGuard<'_, KeyTable>> {
-        self.0.try_read()
+    pub(crate) fn under<'g>(&'g self, held: &'g GuardedRead<'_, KeyTable>) -> Option<&'g KeyTable> {
+        self.0.under(held)
     }
 
-    pub(crate) fn write(&self) -> WriteGuard<'_, KeyTable> {
+    pub(crate) fn write(&self) -> GuardedWrite<'_, KeyTable> {
         self.0.write()
     }
 }
