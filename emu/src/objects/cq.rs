@@ -173,14 +173,14 @@ impl CqInner {
         self.rebased.load(Ordering::Acquire) + ring.tail()
     }
 
-    /// Puts `wc` on the ring; its sequence number, or `Err` when the ring holds `cqe` already.
+    /// Puts `wc` on the ring; its position there, or `Err` when the ring holds `cqe` already.
     #[inline(always)]
     fn enqueue(&self, wc: impl Fn() -> Wc) -> Result<u64, Overrun> {
         loop {
             let cqe = u64::from(self.cqe.load(Ordering::Relaxed));
             let ring = self.ring();
             match ring.push_with(&wc, cqe) {
-                Ok(pos) => return Ok(self.rebased.load(Ordering::Relaxed) + pos + 1),
+                Ok(pos) => return Ok(pos),
                 Err(Refused::Full) => return Err(Overrun),
                 // Closed meanwhile: check against the size it has when it reopens.
                 Err(Refused::Again) => continue,
@@ -231,11 +231,14 @@ impl CqInner {
         }
         let queued =
             if self.overrun.load(Ordering::Relaxed) { Err(Overrun) } else { self.enqueue(|| wc) };
-        let Ok(seq) = queued else {
+        let Ok(pos) = queued else {
             return self.overran();
         };
         let solicited = solicited || wc.status != WcStatus::SUCCESS;
         if solicited {
+            // Its number since the CQ was made (an atomic load the compiler would keep even
+            // where the number goes unused: only here).
+            let seq = self.rebased.load(Ordering::Relaxed) + pos + 1;
             self.last_solicited.fetch_max(seq, Ordering::AcqRel);
         }
         barrier::light();
