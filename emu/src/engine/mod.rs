@@ -124,7 +124,7 @@ impl<'f> Driver<'f> {
         let f = self.fabric;
         // A raw frame is traced once when sent (`raw::send_frame`), not per receiver.
         let trace = if pkt.kind == Kind::Raw { None } else { f.pcap.as_ref() };
-        if !f.faults.active() {
+        if !f.faulted() {
             if let Some(pcap) = trace {
                 pcap.record(f, &pkt, self.now(), false);
             }
@@ -175,7 +175,7 @@ impl<'f> Driver<'f> {
 
     /// Whether a fault rule makes the responder treat the SEND `pkt` as finding no receive.
     pub(crate) fn forced_rnr(&mut self, pkt: &Packet) -> bool {
-        self.fabric.faults.active() && {
+        self.fabric.faulted() && {
             let now = self.now();
             self.fabric.faults.force_rnr(pkt, now)
         }

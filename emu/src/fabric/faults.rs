@@ -7,8 +7,6 @@
 //! --faults`. Every random choice comes from the fabric's seeded generator, in packet order,
 //! so a seed replays a run.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-
 use parking_lot::Mutex;
 
 use super::{FabricInner, timer::Job};
@@ -347,8 +345,6 @@ struct State {
 /// The fabric's fault rules and its seeded generator.
 #[derive(Debug)]
 pub(crate) struct Faults {
-    /// Any rule set: the fast path skips the lock when false.
-    active: AtomicBool,
     st: Mutex<State>,
     rng: Mutex<Rng>,
     seed: u64,
@@ -356,20 +352,11 @@ pub(crate) struct Faults {
 
 impl Faults {
     pub(crate) fn new(seed: u64) -> Faults {
-        Faults {
-            active: AtomicBool::new(false),
-            st: Mutex::default(),
-            rng: Mutex::new(Rng::new(seed)),
-            seed,
-        }
+        Faults { st: Mutex::default(), rng: Mutex::new(Rng::new(seed)), seed }
     }
 
     pub(crate) fn seed(&self) -> u64 {
         self.seed
-    }
-
-    pub(crate) fn active(&self) -> bool {
-        self.active.load(Ordering::Acquire)
     }
 
     /// Replaces the rules; timed ones are scheduled from `now`.
@@ -385,7 +372,7 @@ impl Faults {
                 fabric.timer.schedule(now + a.rule.after, job);
             }
         }
-        self.active.store(!st.rules.is_empty(), Ordering::Release);
+        // Any rule set: the packet path takes the rules' lock only then (`FabricInner::faulted`).
         fabric.detours.set(super::Detours::FAULTS, !st.rules.is_empty());
     }
 

@@ -322,6 +322,12 @@ impl FabricInner {
         self.detours.now() & Detours::PATH == 0
     }
 
+    /// Whether fault rules are set (a packet meets them).
+    #[inline]
+    pub(crate) fn faulted(&self) -> bool {
+        self.detours.now() & Detours::FAULTS != 0
+    }
+
     /// Whether a work request may take the express path now and no port anywhere is down
     /// (so that none it crosses is): one load, where the two questions apart take five.
     #[inline]
@@ -747,7 +753,7 @@ impl Detours {
     /// Switched off ([`Fabric::set_express`], [`FabricConfig::express`]).
     const SWITCHED_OFF: u32 = 1 << 0;
     /// Fault rules are set: they must see the packets.
-    pub(crate) const FAULTS: u32 = 1 << 1;
+    const FAULTS: u32 = 1 << 1;
     /// A packet trace is written: it must see the packets.
     const TRACED: u32 = 1 << 2;
     /// Time is simulated: work moves as the seeded schedule says.
