@@ -15,7 +15,7 @@
 //!   go through `parking_lot_core`'s parking lot, keyed by the lock's address; a waiter spins
 //!   a little first, as parking_lot's does.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering};
 
 use parking_lot_core::{DEFAULT_PARK_TOKEN, DEFAULT_UNPARK_TOKEN, SpinWait};
 
@@ -27,17 +27,22 @@ use super::{
 /// A value behind a [`RawLock`].
 pub(crate) type Lock<T> = parking_lot::lock_api::Mutex<RawLock, T>;
 
+/// `RawLock::door`: taken by the word (the bias revoked, or not the caller's).
+const WORD: u8 = 0;
+/// Taken by the owner's bias.
+const BIAS: u8 = 1;
+/// Taken by a bias lent for this holding alone.
+const LENT: u8 = 2;
+
 /// See the module's text.
 pub(crate) struct RawLock {
     /// Taken by compare-and-swap once the bias is revoked.
     locked: AtomicBool,
     bias: Bias,
-    /// How the holder took the lock (written and read by the holder only): its release
-    /// leaves by the same door.
-    by_bias: AtomicBool,
-    /// The holder took the bias lent ([`Entry::Lent`]; written and read by the holder only,
-    /// and false but while such a holder holds the lock).
-    lent: AtomicBool,
+    /// How the holder took the lock, its release leaving by the same door: [`WORD`],
+    /// [`BIAS`] or [`LENT`] (the bias lent, [`Entry::Lent`]). Written and read by the holder
+    /// only; one byte, so that a release asks once.
+    door: AtomicU8,
     /// Threads past spinning, about to sleep or asleep on this lock's address.
     sleepers: AtomicU32,
 }
@@ -57,12 +62,11 @@ impl RawLock {
     fn entered(&self, e: Entry) -> bool {
         match e {
             Entry::In => {
-                self.by_bias.store(true, Ordering::Relaxed);
+                self.door.store(BIAS, Ordering::Relaxed);
                 true
             }
             Entry::Lent => {
-                self.by_bias.store(true, Ordering::Relaxed);
-                self.lent.store(true, Ordering::Relaxed);
+                self.door.store(LENT, Ordering::Relaxed);
                 true
             }
             Entry::Out => false,
@@ -92,7 +96,7 @@ impl RawLock {
             self.leave_word();
             return false;
         }
-        self.by_bias.store(false, Ordering::Relaxed);
+        self.door.store(WORD, Ordering::Relaxed);
         true
     }
 
@@ -216,8 +220,7 @@ unsafe impl parking_lot::lock_api::RawMutex for RawLock {
     const INIT: RawLock = RawLock {
         locked: AtomicBool::new(false),
         bias: Bias::new(),
-        by_bias: AtomicBool::new(false),
-        lent: AtomicBool::new(false),
+        door: AtomicU8::new(WORD),
         sleepers: AtomicU32::new(0),
     };
 
@@ -237,17 +240,12 @@ unsafe impl parking_lot::lock_api::RawMutex for RawLock {
 
     #[inline]
     unsafe fn unlock(&self) {
-        if self.by_bias.load(Ordering::Relaxed) {
-            if self.lent.load(Ordering::Relaxed) {
-                self.lent.store(false, Ordering::Relaxed);
-                self.bias.give_back();
-            } else {
-                self.bias.leave();
-            }
-            self.wake_sleeper();
-        } else {
-            self.leave_word();
+        match self.door.load(Ordering::Relaxed) {
+            BIAS => self.bias.leave(),
+            LENT => self.bias.give_back(),
+            _ => return self.leave_word(),
         }
+        self.wake_sleeper();
     }
 
     #[inline]
