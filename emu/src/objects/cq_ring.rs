@@ -221,6 +221,34 @@ impl End {
     }
 }
 
+/// [`Ring::shape`].
+#[derive(Clone, Copy)]
+struct Shape<'r> {
+    slots: &'r [Slot],
+    rare: &'r [UnsafeCell<Rare>],
+    mask: u64,
+}
+
+impl<'r> Shape<'r> {
+    /// The lap base of position `p`: its word while its slot waits for it.
+    #[inline(always)]
+    fn lap(self, p: u64) -> u64 {
+        p & !self.mask
+    }
+
+    #[inline(always)]
+    fn slot(self, p: u64) -> &'r Slot {
+        // SAFETY: `p & mask` < `mask + 1`, the number of slots (`Ring::new`).
+        unsafe { self.slots.get_unchecked((p & self.mask) as usize) }
+    }
+
+    #[inline(always)]
+    fn rare(self, p: u64) -> &'r UnsafeCell<Rare> {
+        // SAFETY: as in `slot`: as many rare entries as slots.
+        unsafe { self.rare.get_unchecked((p & self.mask) as usize) }
+    }
+}
+
 pub(crate) struct Ring {
     head: CachePadded<End>,
     tail: CachePadded<End>,
@@ -330,19 +358,25 @@ impl Ring {
         self.mask + 1
     }
 
+    /// The slots and the mask, read once by a push or a pop that then works on copies in
+    /// registers: read through `self` after a slot was written, each was loaded again (the
+    /// compiler cannot tell the ring's fields from a slot's memory).
+    #[inline(always)]
+    fn shape(&self) -> Shape<'_> {
+        Shape { slots: &self.slots, rare: &self.rare, mask: self.mask }
+    }
+
     /// The lap base of position `p`: its word while its slot waits for it.
     fn lap(&self, p: u64) -> u64 {
-        p & !self.mask
+        self.shape().lap(p)
     }
 
     fn slot(&self, p: u64) -> &Slot {
-        // SAFETY: `p & mask` < `mask + 1`, the number of slots (`Ring::new`).
-        unsafe { self.slots.get_unchecked((p & self.mask) as usize) }
+        self.shape().slot(p)
     }
 
     fn rare(&self, p: u64) -> &UnsafeCell<Rare> {
-        // SAFETY: as in `slot`: as many rare entries as slots.
-        unsafe { self.rare.get_unchecked((p & self.mask) as usize) }
+        self.shape().rare(p)
     }
 
     /// Positions claimed by producers so far (since the last refill).
@@ -394,20 +428,21 @@ impl Ring {
                 return Err(if queued >= cqe { Refused::Full } else { Refused::Small });
             }
         }
-        let slot = self.slot(tail);
-        while slot.seq.load(Ordering::Acquire) != self.lap(tail) {
+        let shape = self.shape();
+        let slot = shape.slot(tail);
+        while slot.seq.load(Ordering::Acquire) != shape.lap(tail) {
             // The previous lap's poller is copying its completion out.
             std::hint::spin_loop();
         }
         self.tail.store(tail + 1, Ordering::Relaxed);
         // SAFETY: this producer alone claims positions (it is in the bias), and the previous
         // lap's poller released the slot: nobody else touches it until the word publishes it.
-        unsafe { slot.put(|| self.rare(tail), &make()) };
-        slot.seq.store(self.lap(tail) + 1, Ordering::Release);
+        unsafe { slot.put(|| shape.rare(tail), &make()) };
+        slot.seq.store(shape.lap(tail) + 1, Ordering::Release);
         // The next completion's slot, last written by the poller a lap ago: fetched now, while
         // the poller waits for this one, rather than when the next completion comes, on its
         // way to that poller.
-        crate::sync::prefetch::for_write(self.slot(tail + 1));
+        crate::sync::prefetch::for_write(shape.slot(tail + 1));
         Ok(tail)
     }
 
@@ -470,29 +505,30 @@ impl Ring {
     /// loads that straddle earlier stores stall (a third of `poll_one`'s time).
     #[inline(always)]
     pub(crate) fn pop(&self) -> Result<Option<Wc>, Refused> {
+        let shape = self.shape();
         let claimed = if self.head.enter() {
-            let claimed = self.claim_alone();
+            let claimed = self.claim_alone(shape);
             self.head.bias.leave();
             claimed
         } else {
             self.claim_shared()?
         };
         let Some(head) = claimed else { return Ok(None) };
-        let slot = self.slot(head);
+        let slot = shape.slot(head);
         // SAFETY: published (the claim's acquire load saw the producer's release store), and
         // claimed by this poller alone until the store below releases it.
-        let wc = unsafe { slot.read(|| self.rare(head)) };
-        slot.seq.store(self.lap(head) + self.capacity(), Ordering::Release);
+        let wc = unsafe { slot.read(|| shape.rare(head)) };
+        slot.seq.store(shape.lap(head) + shape.mask + 1, Ordering::Release);
         Ok(Some(wc))
     }
 
     /// Claims the oldest published position, if any, as the only poller (in the head's bias;
     /// closing revokes it first).
     #[inline(always)]
-    fn claim_alone(&self) -> Option<u64> {
+    fn claim_alone(&self, shape: Shape<'_>) -> Option<u64> {
         let head = self.head.load(Ordering::Relaxed);
         debug_assert_eq!(head & CLOSED, 0, "closing revokes the bias first");
-        if self.slot(head).seq.load(Ordering::Acquire) != self.lap(head) + 1 {
+        if shape.slot(head).seq.load(Ordering::Acquire) != shape.lap(head) + 1 {
             return None;
         }
         self.head.store(head + 1, Ordering::Relaxed);
