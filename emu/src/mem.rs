@@ -17,6 +17,7 @@
 #![allow(unsafe_code)]
 
 use std::{
+    marker::PhantomData,
     os::fd::{AsRawFd, OwnedFd},
     sync::{
         Arc,
@@ -568,6 +569,94 @@ impl MemRegion {
     }
 }
 
+/// Bytes of a region that a key's check proved within the region, over memory that is not on
+/// demand (see `KeyTable::span`): copies to and from a span check nothing again. It borrows
+/// the region, as long as the key table's read that proved it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Span<'r> {
+    ptr: *mut u8,
+    len: usize,
+    guarded: bool,
+    region: PhantomData<&'r MemRegion>,
+}
+
+impl MemRegion {
+    /// The `len` bytes at `off`, unchecked.
+    ///
+    /// # Safety
+    /// `off + len` does not overflow and is at most [`MemRegion::len`], and the region is not
+    /// on demand.
+    #[inline(always)]
+    pub(crate) unsafe fn span_unchecked(&self, off: usize, len: usize) -> Span<'_> {
+        debug_assert!(!self.on_demand && off.checked_add(len).is_some_and(|end| end <= self.len));
+        Span {
+            // SAFETY: the caller's promise: `off..off + len` lies in `base..base + len` (a
+            // region not on demand has a base: only the whole address space has none).
+            ptr: unsafe { self.base.add(off) },
+            len,
+            guarded: self.guarded,
+            region: PhantomData,
+        }
+    }
+
+    /// Copies all of `src` into the region at `off`.
+    pub(crate) fn put(&self, off: usize, src: Span<'_>) -> Result<(), MemFault> {
+        let d = self.access(off, src.len, true)?;
+        // `check` proved d..d+len lies in the region, the span's proof its own bytes.
+        move_bytes(src.ptr, d, src.len, src.guarded || self.guarded)
+    }
+
+    /// Fills all of `dst` from the region at `off`.
+    pub(crate) fn get(&self, off: usize, dst: Span<'_>) -> Result<(), MemFault> {
+        let s = self.access(off, dst.len, false)?;
+        // As in `put`.
+        move_bytes(s, dst.ptr, dst.len, dst.guarded || self.guarded)
+    }
+}
+
+impl<'r> Span<'r> {
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The `n` bytes from `at`, if the span holds them.
+    #[inline]
+    pub(crate) fn part(self, at: usize, n: usize) -> Option<Span<'r>> {
+        let end = at.checked_add(n)?;
+        // SAFETY: `at..end` lies within the span's bytes.
+        (end <= self.len).then(|| Span { ptr: unsafe { self.ptr.add(at) }, len: n, ..self })
+    }
+
+    /// Copies `src`, as long as the span, into it.
+    #[inline]
+    pub(crate) fn write(self, src: &[u8]) -> Result<(), MemFault> {
+        if src.len() != self.len {
+            return Err(MemFault::OutOfBounds);
+        }
+        // The span's proof covers its bytes; `src` is a distinct Rust buffer.
+        move_bytes(src.as_ptr(), self.ptr, self.len, self.guarded)
+    }
+
+    /// Copies the span into `dst`, as long as it.
+    pub(crate) fn read(self, dst: &mut [u8]) -> Result<(), MemFault> {
+        if dst.len() != self.len {
+            return Err(MemFault::OutOfBounds);
+        }
+        // As in `write`.
+        move_bytes(self.ptr, dst.as_mut_ptr(), self.len, self.guarded)
+    }
+
+    /// Copies `src`, as long as the span, into it (the two may overlap).
+    #[inline]
+    pub(crate) fn copy_from(self, src: Span<'_>) -> Result<(), MemFault> {
+        if src.len != self.len {
+            return Err(MemFault::OutOfBounds);
+        }
+        // Both spans' proofs cover their bytes.
+        move_bytes(src.ptr, self.ptr, self.len, src.guarded || self.guarded)
+    }
+}
+
 /// Copies `len` bytes from `src` to `dst` (memmove), both in checked ranges of regions (or a
 /// Rust buffer); through [`crate::guarded`] when either region's memory may be gone, a fault
 /// failing the copy with `Unreadable`.
@@ -666,6 +755,35 @@ mod test {
                 assert_eq!(got[..], want[..], "len {len} from {from} to {to}, one region");
             }
         }
+    }
+
+    #[test]
+    fn test_spans_copy_their_bytes_and_hold_to_their_length() {
+        let (a, b) = (MemRegion::owned(32), MemRegion::owned(32));
+        a.write(0, &(1..=32).collect::<Vec<u8>>()).unwrap();
+        // SAFETY: both ranges lie in the regions, which are not on demand.
+        let (sa, sb) = unsafe { (a.span_unchecked(4, 16), b.span_unchecked(8, 16)) };
+        assert!(sa.part(16, 1).is_none() && sa.part(usize::MAX, 2).is_none());
+        let (head, tail) = (sa.part(0, 8).unwrap(), sa.part(8, 8).unwrap());
+        assert_eq!(sb.copy_from(head), Err(MemFault::OutOfBounds), "lengths differ");
+        assert_eq!(sb.write(&[9; 15]), Err(MemFault::OutOfBounds));
+        sb.copy_from(sa).unwrap();
+        let mut got = [0u8; 32];
+        b.read(0, &mut got).unwrap();
+        assert_eq!(got[8..24], (5..=20).collect::<Vec<u8>>()[..]);
+        assert_eq!(got[..8], [0; 8]);
+        assert_eq!(got[24..], [0; 8]);
+        // Within one region, overlapping: both halves read before written.
+        head.copy_from(sa.part(3, 8).unwrap()).unwrap();
+        let mut out = [0u8; 8];
+        head.read(&mut out).unwrap();
+        assert_eq!(out, [8, 9, 10, 11, 12, 13, 14, 15]);
+        tail.write(&[7; 8]).unwrap();
+        b.put(0, tail).unwrap();
+        a.get(28, sb.part(0, 4).unwrap()).unwrap();
+        b.read(0, &mut got).unwrap();
+        assert_eq!(got[..12], [7, 7, 7, 7, 7, 7, 7, 7, 29, 30, 31, 32]);
+        assert_eq!(b.put(28, tail), Err(MemFault::OutOfBounds), "the region's bounds");
     }
 
     #[test]

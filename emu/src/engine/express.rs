@@ -26,7 +26,7 @@ use super::{
 };
 use crate::{
     fabric::FabricInner,
-    mem::MemRegion,
+    mem::{MemFault, MemRegion, Span},
     objects::{keys::KeyTable, pd::PdInner},
     qp::{QpInner, QpShared, SendWr, queue::Hidden},
     types::{AccessFlags, QpState, QpType, SendFlags, Sge, WcOpcode, WrOpcode},
@@ -37,6 +37,8 @@ use crate::{
 pub(super) enum Src<'a> {
     Bytes(&'a [u8]),
     Mem(&'a MemRegion, usize, usize),
+    /// Bytes of a region that a key's check proved (see [`source`]).
+    Span(Span<'a>),
 }
 
 impl Src<'_> {
@@ -44,6 +46,7 @@ impl Src<'_> {
         match self {
             Src::Bytes(b) => b.len(),
             Src::Mem(_, _, n) => *n,
+            Src::Span(s) => s.len(),
         }
     }
 }
@@ -343,8 +346,8 @@ pub(super) fn local_range<'k>(
 
 /// The source of one SGE (not empty) as [`local_range`] finds it.
 pub(super) fn source<'k>(keys: &'k KeyTable, pd: &Arc<PdInner>, sge: &Sge) -> Option<Src<'k>> {
-    let (region, off) = local_range(keys, pd, sge, false)?;
-    Some(Src::Mem(region, off, sge.length as usize))
+    let key = (sge.lkey, false);
+    keys.span(key, pd, AccessFlags::empty(), sge.addr, sge.length as u64).map(Src::Span)
 }
 
 /// Whether a message of `len` bytes can be scattered into `sges` as the packet path's scatter
@@ -362,8 +365,8 @@ pub(super) fn reaches(keys: &KeyTable, pd: &Arc<PdInner>, sges: &[Sge], len: u32
 
 /// Where a message lands in a scatter list that [`scatter`] checked.
 pub(super) enum Scatter<'k> {
-    /// The common case: one SGE that holds it all, found at once.
-    One(&'k MemRegion, usize),
+    /// The common case: one SGE that holds it all, found at once (the message's bytes).
+    One(Span<'k>),
     /// Any other list, walked again by [`ranges`] to copy.
     List,
 }
@@ -378,9 +381,10 @@ pub(super) fn scatter<'k>(
     len: u32,
 ) -> Option<Scatter<'k>> {
     match sges {
-        [s] if len > 0 && s.length >= len => {
-            local_range(keys, pd, s, true).map(|(region, off)| Scatter::One(region, off))
-        }
+        [s] if len > 0 && s.length >= len => keys
+            .span((s.lkey, false), pd, AccessFlags::LOCAL_WRITE, s.addr, s.length as u64)
+            .and_then(|span| span.part(0, len as usize))
+            .map(Scatter::One),
         _ => reaches(keys, pd, sges, len).then_some(Scatter::List),
     }
 }
@@ -390,7 +394,7 @@ impl Scatter<'_> {
     #[inline(always)]
     pub(super) fn fill(self, keys: &KeyTable, sges: &[Sge], piece: Src<'_>, len: u32) -> bool {
         match self {
-            Scatter::One(region, off) => copy_piece(piece, 0, region, off, len as usize),
+            Scatter::One(span) => copy_into(piece, span),
             Scatter::List => copy(std::iter::once(piece), ranges(keys, sges, len)),
         }
     }
@@ -526,6 +530,7 @@ pub(super) fn read_piece(piece: Src<'_>, dst: &mut [u8]) -> bool {
             true
         }
         Src::Mem(region, off, _) => region.read(off, dst).is_ok(),
+        Src::Span(s) => s.read(dst).is_ok(),
     }
 }
 
@@ -542,6 +547,37 @@ pub(super) fn copy_piece(
     match piece {
         Src::Bytes(b) => region.write(off, &b[at..at + n]),
         Src::Mem(r, o, _) => MemRegion::copy(r, o + at, region, off, n),
+        Src::Span(s) => match s.part(at, n) {
+            Some(s) => region.put(off, s),
+            None => return false,
+        },
     }
     .is_ok()
+}
+
+/// Copies all of `piece` into `dst`, of its length; false if the memory of either went away
+/// after its registration.
+#[inline(always)]
+pub(super) fn copy_into(piece: Src<'_>, dst: Span<'_>) -> bool {
+    match piece {
+        Src::Bytes(b) => dst.write(b),
+        Src::Mem(r, o, n) if n == dst.len() => r.get(o, dst),
+        Src::Mem(..) => Err(MemFault::OutOfBounds),
+        Src::Span(s) => dst.copy_from(s),
+    }
+    .is_ok()
+}
+
+/// [`remote`]'s memory as a [`Span`].
+#[inline(always)]
+pub(super) fn remote_span<'k>(
+    keys: &'k KeyTable,
+    pd: &Arc<PdInner>,
+    (rkey, va, len): (u32, u64, u32),
+    access: AccessFlags,
+) -> Option<Option<Span<'k>>> {
+    if len == 0 {
+        return Some(None);
+    }
+    keys.span((rkey, true), pd, access, va, u64::from(len)).map(Some)
 }

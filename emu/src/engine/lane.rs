@@ -181,7 +181,7 @@ pub(crate) fn post(qp: &Arc<QpShared>, g: &mut QpInner, wr: &SendWr<'_>, f: &Fab
     };
     let target = match send {
         true => None,
-        false => match express::remote(
+        false => match express::remote_span(
             rkeys,
             &dst.pd,
             (wr.rkey, wr.remote_addr, len),
@@ -195,7 +195,7 @@ pub(crate) fn post(qp: &Arc<QpShared>, g: &mut QpInner, wr: &SendWr<'_>, f: &Fab
         let pd = responder::own_recv_pd(dst);
         let place = |sges: &[Sge]| {
             let copied = match (target, send, sges) {
-                (Some((region, off)), _, _) => express::copy_piece(piece, 0, region, off, len as _),
+                (Some(span), _, _) => express::copy_into(piece, span),
                 (None, false, _) => true,
                 (None, true, _) => express::scatter(rkeys, pd, sges, len)
                     .is_some_and(|into| into.fill(rkeys, sges, piece, len)),
@@ -212,8 +212,8 @@ pub(crate) fn post(qp: &Arc<QpShared>, g: &mut QpInner, wr: &SendWr<'_>, f: &Fab
         };
         let opcode = if send { WcOpcode::RECV } else { WcOpcode::RECV_RDMA_WITH_IMM };
         responder::complete_arrival(dst, &mut dg, &arrival, opcode, wr_id);
-    } else if let Some((region, off)) = target
-        && !express::copy_piece(piece, 0, region, off, len as usize)
+    } else if let Some(span) = target
+        && !express::copy_into(piece, span)
     {
         return false;
     }

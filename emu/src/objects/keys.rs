@@ -10,7 +10,7 @@ use super::{
 };
 use crate::{
     error::{Errno, Error, Result},
-    mem::MemRegion,
+    mem::{MemRegion, Span},
     sync::{Guarded, GuardedRead, GuardedWrite, ReadMostly},
     types::AccessFlags,
 };
@@ -163,21 +163,53 @@ impl KeyTable {
     #[inline]
     pub(crate) fn range(
         &self,
-        (key, remote): (u32, bool),
+        key: (u32, bool),
         pd: &Arc<PdInner>,
         access: AccessFlags,
         va: u64,
         len: u64,
     ) -> Option<(&MemRegion, usize)> {
+        let (c, off) = self.check(key, pd, access, va, len)?;
+        Some((&*c.region, off))
+    }
+
+    /// [`KeyTable::range`]'s bytes as a [`Span`], which copies without checking them again.
+    #[inline]
+    #[allow(unsafe_code)] // the check below is the span's proof
+    pub(crate) fn span(
+        &self,
+        key: (u32, bool),
+        pd: &Arc<PdInner>,
+        access: AccessFlags,
+        va: u64,
+        len: u64,
+    ) -> Option<Span<'_>> {
+        let (c, off) = self.check(key, pd, access, va, len)?;
+        // SAFETY: `offset_in` proved `off + len` at most `c.len`, the region's length
+        // (`MrCheck::of`), and `c.plain` that the region is not on demand.
+        Some(unsafe { c.region.span_unchecked(off, len as usize) })
+    }
+
+    /// [`KeyTable::range`]'s check: the MR's and the offset.
+    #[inline(always)]
+    fn check(
+        &self,
+        (key, remote): (u32, bool),
+        pd: &Arc<PdInner>,
+        access: AccessFlags,
+        va: u64,
+        len: u64,
+    ) -> Option<(&MrCheck, usize)> {
         let slot = self.slot(key)?;
         let c = slot.check.as_ref()?;
-        let fits = slot.tag == key as u8
-            && (!remote || c.rkey == key)
+        // An MR's rkey is 0 or its lkey, the slot's index and tag: as an rkey, the key is
+        // the MR's if it is the rkey, and only then.
+        let fits = if remote { c.rkey == key } else { slot.tag == key as u8 }
             && c.pd == Arc::as_ptr(pd) as usize
             && c.access.contains(access)
             && c.plain;
         fits.then_some(())?;
-        Some((&*c.region, offset_in(c.iova, c.len, va, len)?))
+        Some((c, offset_in(c.iova, c.len, va, len)?))
     }
 
     /// The memory window at `key`'s index; the caller compares the window's current rkey.
