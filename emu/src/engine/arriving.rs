@@ -236,7 +236,7 @@ pub(crate) fn write<'f>(
     else {
         return false;
     };
-    let place = || {
+    let place = move || {
         begin()
             || target.is_none_or(|(region, off)| {
                 express::copy_piece(express::Src::Bytes(payload), 0, region, off, payload.len())

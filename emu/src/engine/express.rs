@@ -248,7 +248,7 @@ fn run(
             if receives {
                 let pd = responder::own_recv_pd(dst);
                 let send = kind == Kind::Send;
-                let place = |sges: &[Sge]| {
+                let place = move |sges: &[Sge]| {
                     if send && !reaches(rkeys, pd, sges, len) {
                         return None;
                     }
