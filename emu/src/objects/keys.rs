@@ -117,17 +117,21 @@ impl std::fmt::Debug for KeyTable {
     }
 }
 
-/// Index 0 is never handed out, so key 0 is never valid.
-const FIRST_INDEX: u32 = 1;
 const MAX_INDEX: u32 = (1 << 24) - 1;
 
 impl KeyTable {
     /// Reserves a key for an object that `fill` builds.
     pub(crate) fn insert(&mut self, fill: impl FnOnce(u32) -> KeyEntry) -> Result<u32> {
+        if self.slots.is_empty() {
+            // Index 0, never handed out (key 0 is never valid): a slot that stays empty, so
+            // that a key's index is its slot's, without a subtraction and its check per
+            // lookup.
+            self.slots.push(Slot::default());
+        }
         let index = match self.free.pop() {
             Some(i) => i,
             None => {
-                let i = self.slots.len() as u32 + FIRST_INDEX;
+                let i = self.slots.len() as u32;
                 if i > MAX_INDEX {
                     return Err(Error::new(Errno::ENOMEM, "key space exhausted"));
                 }
@@ -135,7 +139,7 @@ impl KeyTable {
                 i
             }
         };
-        let slot = &mut self.slots[(index - FIRST_INDEX) as usize];
+        let slot = &mut self.slots[index as usize];
         slot.tag = slot.tag.wrapping_add(1);
         let key = index << 8 | slot.tag as u32;
         slot.fill(fill(key));
@@ -144,8 +148,7 @@ impl KeyTable {
 
     #[inline]
     fn slot(&self, key: u32) -> Option<&Slot> {
-        let index = (key >> 8).checked_sub(FIRST_INDEX)?;
-        self.slots.get(index as usize)
+        self.slots.get((key >> 8) as usize)
     }
 
     /// The memory region `key` names (index and tag).
@@ -222,8 +225,7 @@ impl KeyTable {
 
     /// Replaces the object behind a key handed out by `insert`.
     pub(crate) fn replace(&mut self, key: u32, entry: KeyEntry) {
-        let index = (key >> 8) - FIRST_INDEX;
-        self.slots[index as usize].fill(entry);
+        self.slots[(key >> 8) as usize].fill(entry);
     }
 
     /// Frees a key handed out by `insert` (a stale key frees nothing).
@@ -231,10 +233,10 @@ impl KeyTable {
         if let Some(Slot { tag, entry: Some(_), .. }) = self.slot(key)
             && *tag == key as u8
         {
-            let index = (key >> 8) - FIRST_INDEX;
+            let index = key >> 8;
             let slot = &mut self.slots[index as usize];
             (slot.entry, slot.check) = (None, None);
-            self.free.push(index + FIRST_INDEX);
+            self.free.push(index);
         }
     }
 }
