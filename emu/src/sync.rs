@@ -196,30 +196,41 @@ impl<T> ReadMostly<T> {
     }
 
     /// Shared access unless a writer is in or waiting.
+    ///
+    /// A thread with a slot of its own reads inline; any other (and a thread's first read,
+    /// `UNSET` being above every slot) out of line, with one compare for both.
     #[inline(always)]
     pub fn try_read(&self) -> Option<ReadGuard<'_, T>> {
+        let r = READER.with(Cell::get);
+        if r >= SLOTS {
+            return self.try_read_shared();
+        }
+        // Only this thread writes its slot: a plain increment, then the light side of the
+        // barrier `write` issues (the store is seen before `writing` is read).
+        let slot = &self.slots[r];
+        let held = slot.load(Ordering::Relaxed);
+        slot.store(held + 1, Ordering::Relaxed);
+        barrier::light();
+        if self.writing.load(Ordering::Acquire) {
+            slot.store(held, Ordering::Release);
+            return None;
+        }
+        Some(ReadGuard { lock: self, reader: Reader(r) })
+    }
+
+    /// [`ReadMostly::try_read`] on a shared counter, or the thread's first read.
+    #[inline(never)]
+    fn try_read_shared(&self) -> Option<ReadGuard<'_, T>> {
         let reader = reader();
-        match reader.way() {
-            Way::Slot(i) => {
-                // Only this thread writes its slot: a plain increment, then the light side of
-                // the barrier `write` issues (the store is seen before `writing` is read).
-                let slot = &self.slots[i];
-                let held = slot.load(Ordering::Relaxed);
-                slot.store(held + 1, Ordering::Relaxed);
-                barrier::light();
-                if self.writing.load(Ordering::Acquire) {
-                    slot.store(held, Ordering::Release);
-                    return None;
-                }
-            }
-            Way::Shard(i) => {
-                let count = &self.shared[i];
-                count.fetch_add(1, Ordering::SeqCst);
-                if self.writing.load(Ordering::SeqCst) {
-                    count.fetch_sub(1, Ordering::Release);
-                    return None;
-                }
-            }
+        let i = match reader.way() {
+            Way::Slot(_) => return self.try_read(),
+            Way::Shard(i) => i,
+        };
+        let count = &self.shared[i];
+        count.fetch_add(1, Ordering::SeqCst);
+        if self.writing.load(Ordering::SeqCst) {
+            count.fetch_sub(1, Ordering::Release);
+            return None;
         }
         Some(ReadGuard { lock: self, reader })
     }
