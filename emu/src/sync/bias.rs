@@ -6,9 +6,11 @@
 //! `inside` and then checking that nobody revoked the bias: Dekker's protocol, with the
 //! asymmetric fences of [`barrier`] (the owner's is a compiler fence). The first other thread
 //! that wants what the bias guards revokes it for good (`revoked`: REVOKING, the process-wide
-//! barrier, then REVOKED: ~10 us, once), and from then on every thread, the owner too, takes
-//! the shared way (a compare-and-swap), after waiting for an owner that entered before the
-//! revocation to leave ([`Bias::owner_inside`]). The model test below checks every
+//! barrier, then REVOKED: ~10 us, once, and `owner` becomes nobody's), and from then on every
+//! thread, the owner too, takes the shared way (a compare-and-swap), after waiting for an owner
+//! that entered before the revocation to leave ([`Bias::owner_inside`]). The owner looks at
+//! `revoked` only once it announced itself: before, at `owner` alone (a revocation it misses
+//! there it sees after announcing itself, and backs off). The model test below checks every
 //! interleaving of the protocol with this machine's store buffers.
 
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
@@ -21,6 +23,11 @@ pub(super) const BIASED: u8 = 0;
 const REVOKING: u8 = 1;
 /// The barrier returned: an owner that entered unseen is seen `inside` now.
 pub(super) const REVOKED: u8 = 2;
+
+/// `Bias::owner` once revoked: no thread's identity (an address, never 1), so that the owner's
+/// first look (at `owner`) sends it the shared way, without a look at `revoked` before it
+/// announces itself.
+const NOBODY: usize = 1;
 
 /// The calling thread's identity: the address of its thread control block, or of a
 /// thread-local (unique among running threads; a thread that ends gives it to a later one,
@@ -95,14 +102,30 @@ impl Bias {
     /// revoked. An owner already in stays [`Entry::Out`] (never two entries at once).
     #[inline]
     pub(crate) fn enter(&self) -> Entry {
-        let me = me();
-        let owner = self.owner.load(Ordering::Relaxed);
-        if owner != me
-            && (owner != 0 || self.revoked.load(Ordering::Relaxed) != BIASED || !self.take(me))
-        {
+        if !self.owned() {
             return Entry::Out;
         }
         self.enter_owned()
+    }
+
+    /// [`Bias::enter`] by a caller that never enters again before it leaves (its entries are
+    /// not nested: it cannot find itself in), without the look at `inside` that tells.
+    #[inline]
+    pub(crate) fn enter_unnested(&self) -> Entry {
+        if !self.owned() {
+            return Entry::Out;
+        }
+        debug_assert!(!self.inside.load(Ordering::Relaxed), "an entry nested in another");
+        self.announce()
+    }
+
+    /// Whether the calling thread owns the bias, taking it if nobody does (and it is not
+    /// revoked).
+    #[inline(always)]
+    fn owned(&self) -> bool {
+        let me = me();
+        let owner = self.owner.load(Ordering::Relaxed);
+        owner == me || owner == 0 && self.revoked.load(Ordering::Relaxed) == BIASED && self.take(me)
     }
 
     /// Makes `me` the owner of a bias nobody owns, if the owner's way may be taken at all: its
@@ -117,12 +140,19 @@ impl Bias {
         self.owner.compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed).is_ok()
     }
 
-    /// [`Bias::enter`] once the calling thread is the owner.
+    /// [`Bias::enter`] once the calling thread is the owner (as it was a moment ago: a
+    /// revocation since is seen below, and backed off from).
     #[inline]
     fn enter_owned(&self) -> Entry {
-        if self.inside.load(Ordering::Relaxed) || self.revoked.load(Ordering::Relaxed) != BIASED {
+        if self.inside.load(Ordering::Relaxed) {
             return Entry::Out;
         }
+        self.announce()
+    }
+
+    /// The owner, not in, announces itself in `inside` and looks at `revoked`.
+    #[inline(always)]
+    fn announce(&self) -> Entry {
         self.inside.store(true, Ordering::Relaxed);
         // Against a revoker: either it sees `inside`, or this sees `revoked`.
         barrier::light();
@@ -191,6 +221,10 @@ impl Bias {
             Ok(_) => {
                 barrier::heavy();
                 self.revoked.store(REVOKED, Ordering::Release);
+                // From now on the owner's first look sends it the shared way (until then it
+                // announces itself, sees the revocation, and backs off). A lender's giving
+                // back may store 0 over it: `enter` then sees the revocation.
+                self.owner.store(NOBODY, Ordering::Relaxed);
             }
             Err(_) => {
                 while self.revoked.load(Ordering::Acquire) != REVOKED {
@@ -247,6 +281,8 @@ mod test {
         /// REVOKED not yet seen.
         owner_buffer: [Option<bool>; 2],
         revoker_buffer: Option<u8>,
+        /// The revoker's store of `NOBODY` over the owner's identity, seen.
+        disowned: bool,
         owner: u8,
         revoker: u8,
         third: u8,
@@ -293,10 +329,11 @@ mod test {
             n.revoker_buffer = None;
             out.push(n);
         }
-        // The owner: look at `revoked`, announce itself, look again, be in, leave.
+        // The owner: look at its identity in `owner` (not at `revoked`), announce itself,
+        // look at `revoked`, be in, leave.
         let mut n = m;
         match m.owner {
-            0 if m.revoked != BIASED => n.owner = 9,
+            0 if m.disowned => n.owner = 9,
             0 => n.owner = 1,
             1 => {
                 n.buffer(true);
@@ -336,6 +373,12 @@ mod test {
             }
             2 => {
                 n.revoker_buffer = Some(REVOKED);
+                n.revoker = 3;
+            }
+            // `NOBODY` over the owner (seen at once: a delay only keeps the owner longer on
+            // the announce-and-look way).
+            3 => {
+                n.disowned = true;
                 n.revoker = 9;
             }
             _ => {}
