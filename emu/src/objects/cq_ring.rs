@@ -196,10 +196,10 @@ impl std::ops::Deref for End {
 
 impl End {
     /// Whether the calling thread is in this end's bias (if not: the CAS way, after
-    /// [`End::shared`]).
+    /// [`End::shared`]). Never nested: a push or a pop enters, claims and leaves.
     #[inline]
     fn enter(&self) -> bool {
-        self.bias.enter() == Entry::In
+        self.bias.enter_unnested() == Entry::In
     }
 
     /// Makes the end shared (the bias revoked, its owner out): claims by CAS are safe.
