@@ -866,14 +866,18 @@ impl Qp {
             qp.lane_hint.prefetch(wr.opcode);
         }
         let mut g = qp.inner.lock();
-        for (i, wr) in wrs.iter().enumerate() {
+        // The failed WR's index is worked out from what is left (a count kept beside the
+        // iterator cost a register, spilled, for every WR).
+        let mut rest = wrs;
+        while let [wr, tail @ ..] = rest {
+            rest = tail;
             if engine::lane::post(qp, &mut g, wr, f) {
                 continue;
             }
             match engine::requester::post(qp, &mut g, wr, f) {
                 Ok(q) => queued |= q,
                 Err(e) => {
-                    res = Err((i, e));
+                    res = Err((wrs.len() - rest.len() - 1, e));
                     break;
                 }
             }
