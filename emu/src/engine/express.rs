@@ -457,6 +457,10 @@ pub(super) fn remote<'k>(
 /// Takes the responder's next receive WQE (from its SRQ if it has one) if `place` succeeds
 /// with its SGEs; the WQE's `wr_id`. (Out of line: the lane's WRITE, which takes none, stays
 /// as small as it was.)
+///
+/// The SRQ's way is a function of its own: with one call of `place` here, the compiler
+/// inlines it into the receive queue's way (called from both ways, it made it a function of
+/// its own, a call with its registers saved and restored).
 #[inline(never)]
 pub(super) fn take_recv(
     dst: &Arc<QpShared>,
@@ -464,10 +468,19 @@ pub(super) fn take_recv(
     place: impl FnOnce(&[Sge]) -> Option<()>,
 ) -> Option<u64> {
     if let Some(srq) = &dst.srq {
-        return srq.pop_with(|w| place(&w.sges).map(|()| w.wr_id));
+        return take_shared_recv(srq, place);
     }
     // `_dg`: the peer's lock is held, which makes this thread its queue's one consumer.
     dst.rq.take_with(|w| place(&w.sges).map(|()| w.wr_id))
+}
+
+/// [`take_recv`] from an SRQ.
+#[inline(never)]
+fn take_shared_recv(
+    srq: &Arc<crate::objects::srq::SrqInner>,
+    place: impl FnOnce(&[Sge]) -> Option<()>,
+) -> Option<u64> {
+    srq.pop_with(|w| place(&w.sges).map(|()| w.wr_id))
 }
 
 /// Copies the sources, in order, into consecutive destination ranges (stopping where either
