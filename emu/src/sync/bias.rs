@@ -264,7 +264,7 @@ impl Bias {
 mod test {
     use std::collections::HashSet;
 
-    use super::{BIASED, REVOKED, REVOKING};
+    use super::{BIASED, Entry, REVOKED, REVOKING};
 
     /// The protocol of [`super::Bias`], step by step, with the stores this machine (x86,
     /// total store order) may delay in a store buffer until drained (at any step, by a locked
@@ -418,6 +418,31 @@ mod test {
             return Some(m);
         }
         steps(m, p).into_iter().find_map(|n| explore(n, p, seen))
+    }
+
+    /// The owner enters by its bias, nested or not as it says; once another thread revoked
+    /// the bias, the owner's first look (at `owner`, now nobody's) sends it the shared way
+    /// without announcing itself (it does not back off: it never came in).
+    #[test]
+    fn test_a_revoked_bias_sends_its_owner_away_at_the_first_look() {
+        let bias = std::sync::Arc::new(super::Bias::new());
+        assert_eq!(bias.enter(), Entry::In);
+        assert_eq!(bias.enter(), Entry::Out, "nested: already in");
+        bias.leave();
+        assert_eq!(bias.enter_unnested(), Entry::In);
+        bias.leave();
+        let other = bias.clone();
+        std::thread::spawn(move || {
+            assert_eq!(other.enter_unnested(), Entry::Out, "another thread's");
+            other.revoke();
+            assert!(!other.owner_inside());
+        })
+        .join()
+        .unwrap();
+        assert!(bias.is_revoked() && !bias.mine());
+        assert_eq!(bias.enter(), Entry::Out);
+        assert_eq!(bias.enter_unnested(), Entry::Out);
+        assert!(!bias.owner_in(), "never announced");
     }
 
     #[test]
