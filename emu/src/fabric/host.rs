@@ -524,12 +524,14 @@ impl LagWatch {
             let Watched { freed, unfreed, .. } = (self.peers.iter().find(|p| p.slot == slot))
                 .copied()
                 .unwrap_or(Watched { slot, freed: 0, unfreed: None });
-            // A sender at it now: looked at next time.
-            let Some(tx) = peer.tx.try_lock() else {
+            // A sender at it now, or the flusher writing into its ring without `tx` (records
+            // the reader frees meanwhile may be written again under the look): looked at next
+            // time.
+            let tx = peer.tx.try_lock();
+            let Some(ring) = tx.as_ref().and_then(|tx| tx.ring_at_rest()) else {
                 watched.push(Watched { slot, freed, unfreed });
                 continue;
             };
-            let Some(ring) = tx.ring.as_deref() else { continue };
             let carriable = ring.carriable_to();
             let (mark, since) = match unfreed {
                 Some(u) => u,
@@ -2831,7 +2833,7 @@ mod test {
         let ring = Arc::new(Ring::create(1 << 16, false).unwrap());
         let peer = Arc::new(Peer::new(PathBuf::from("/nonexistent"), 1, 0));
         peer.tx.lock().ring = Some(ring.clone());
-        let peers = crate::sync::lock::Lock::new(FxHashMap::from_iter([(7u8, peer)]));
+        let peers = crate::sync::lock::Lock::new(FxHashMap::from_iter([(7u8, peer.clone())]));
         let mut watch = LagWatch::default();
         let mut named = || watch.lagging(&peers).len();
         let after_lag = || std::thread::sleep(LAG + Duration::from_micros(100));
@@ -2847,6 +2849,10 @@ mod test {
         assert_eq!(ring.write(16, |_| true), Written::Done);
         assert_eq!(named(), 0, "first found: only noted");
         after_lag();
+        // The flusher writes into the ring without the sender's lock: no look then.
+        peer.tx.lock().flushing = true;
+        assert_eq!(named(), 0, "the flusher at it");
+        peer.tx.lock().flushing = false;
         assert_eq!(named(), 1, "unfreed and unbegun for LAG");
         ring.read(drop).unwrap();
         for _ in 0..2 {
