@@ -327,27 +327,27 @@ pub(super) fn takes(dst: &QpShared, dg: &QpInner, qp_type: QpType, psn: u32, por
 }
 
 /// Whether `sge` is usable here as the packet path checks it: an empty SGE always; else as
-/// [`local_range`] finds it.
+/// [`local_span`] finds it.
 pub(super) fn local_ok(keys: &KeyTable, pd: &Arc<PdInner>, sge: &Sge, write: bool) -> bool {
-    sge.length == 0 || local_range(keys, pd, sge, write).is_some()
+    sge.length == 0 || local_span(keys, pd, sge, write).is_some()
 }
 
 /// The memory of `sge` if its lkey names an MR of `pd` (writable when `write`) whose range
 /// holds it, over memory that cannot fault.
-pub(super) fn local_range<'k>(
+#[inline(always)]
+pub(super) fn local_span<'k>(
     keys: &'k KeyTable,
     pd: &Arc<PdInner>,
     sge: &Sge,
     write: bool,
-) -> Option<(&'k MemRegion, usize)> {
+) -> Option<Span<'k>> {
     let access = if write { AccessFlags::LOCAL_WRITE } else { AccessFlags::empty() };
-    keys.range((sge.lkey, false), pd, access, sge.addr, sge.length as u64)
+    keys.span((sge.lkey, false), pd, access, sge.addr, sge.length as u64)
 }
 
-/// The source of one SGE (not empty) as [`local_range`] finds it.
+/// The source of one SGE (not empty) as [`local_span`] finds it.
 pub(super) fn source<'k>(keys: &'k KeyTable, pd: &Arc<PdInner>, sge: &Sge) -> Option<Src<'k>> {
-    let key = (sge.lkey, false);
-    keys.span(key, pd, AccessFlags::empty(), sge.addr, sge.length as u64).map(Src::Span)
+    local_span(keys, pd, sge, false).map(Src::Span)
 }
 
 /// Whether a message of `len` bytes can be scattered into `sges` as the packet path's scatter
@@ -381,8 +381,7 @@ pub(super) fn scatter<'k>(
     len: u32,
 ) -> Option<Scatter<'k>> {
     match sges {
-        [s] if len > 0 && s.length >= len => keys
-            .span((s.lkey, false), pd, AccessFlags::LOCAL_WRITE, s.addr, s.length as u64)
+        [s] if len > 0 && s.length >= len => local_span(keys, pd, s, true)
             .and_then(|span| span.part(0, len as usize))
             .map(Scatter::One),
         _ => reaches(keys, pd, sges, len).then_some(Scatter::List),
