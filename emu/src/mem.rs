@@ -680,6 +680,26 @@ fn move_bytes(src: *const u8, dst: *mut u8, len: usize, guarded: bool) -> Result
     Ok(())
 }
 
+/// Appends `src` to `v`: bytes of a request's inline data, as a send queue keeps them. Up to
+/// 16 bytes without a call to `memcpy` (`extend_from_slice` calls it whatever the length:
+/// for the two bytes of `ib_send_lat`'s inline SEND, ~2% of a cross-process round trip).
+#[inline]
+pub(crate) fn append_bytes(v: &mut Vec<u8>, src: &[u8]) {
+    let len = src.len();
+    if len > 16 {
+        v.extend_from_slice(src);
+        return;
+    }
+    v.reserve(len);
+    let at = v.len();
+    // SAFETY: `reserve` made room for `len` more bytes after `at`, which `small_move` writes
+    // (from `src`, a distinct live slice of `len` bytes) before `set_len` counts them.
+    unsafe {
+        small_move(src.as_ptr(), v.as_mut_ptr().add(at), len);
+        v.set_len(at + len);
+    }
+}
+
 /// [`move_bytes`] of at most 16 bytes, without a call to `memmove` (a third of the cost of an
 /// 8-byte WRITE's copy was the call).
 #[inline(always)]
@@ -728,6 +748,23 @@ impl RawMemory {
 #[cfg(test)]
 mod test {
     use super::*;
+
+    /// Appending keeps what was there and adds exactly the bytes given, at every length the
+    /// call-free way takes and past it, into a vector with room and into one without.
+    #[test]
+    fn test_appended_bytes_follow_what_was_there() {
+        let src: Vec<u8> = (1..=40).collect();
+        for len in 0..=40 {
+            for (kept, room) in [(0, 0), (3, 0), (5, 64), (16, 16)] {
+                let mut v = Vec::with_capacity(room);
+                v.extend((0..kept).map(|i| 200 + i as u8));
+                append_bytes(&mut v, &src[..len]);
+                let mut want: Vec<u8> = (0..kept).map(|i| 200 + i as u8).collect();
+                want.extend_from_slice(&src[..len]);
+                assert_eq!(v, want, "len {len}, {kept} kept, room {room}");
+            }
+        }
+    }
 
     #[test]
     fn test_small_copies_move_every_byte_even_overlapping() {

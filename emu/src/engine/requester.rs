@@ -233,10 +233,11 @@ pub(crate) fn post(
     wqe.flags = wr.send_flags;
     wqe.sges.clear();
     wqe.inline.clear();
-    if inline {
-        wqe.inline.extend_from_slice(wr.inline_data);
-    } else {
-        wqe.sges.extend_from_slice(wr.sg_list);
+    match (inline, wr.sg_list) {
+        (true, _) => crate::mem::append_bytes(&mut wqe.inline, wr.inline_data),
+        // The commonest list: one SGE, stored without a call to `memcpy`.
+        (false, [sge]) => wqe.sges.push(*sge),
+        (false, list) => wqe.sges.extend_from_slice(list),
     }
     wqe.imm = wr.imm_data;
     wqe.remote_addr = wr.remote_addr;
