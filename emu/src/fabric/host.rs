@@ -1454,6 +1454,14 @@ fn busy_wait(rings: &[Arc<Ring>], quit: &AtomicBool) -> bool {
 /// each complete packet to its QP's inbox in arrival order, then services those QPs; whether
 /// anything came (a fragment of a message still arriving counts: more of it is on its way).
 fn receive(inbound: &Inbound, rx: &mut Rx, fabric: &FabricInner, socket: bool) -> bool {
+    // Nothing waits in any ring (what a thread spinning on an empty CQ finds almost every
+    // look): no batch is made and dropped, ~375 instructions a look down to ~115.
+    if !socket
+        && !inbound.any_wanted.load(Ordering::Relaxed)
+        && rx.rings.iter().all(|(_, r)| r.nothing_to_read())
+    {
+        return false;
+    }
     let was = RECEIVING.replace(true);
     let delivered = receive_marked(inbound, rx, fabric, socket);
     RECEIVING.set(was);
