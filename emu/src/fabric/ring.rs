@@ -312,6 +312,19 @@ impl Ring {
 
     /// Reader: the highest name of the writer's shared memory passed to us, if we have not
     /// looked for it yet (its descriptor waits on our socket).
+    /// Gives the bias of the reader's lock back if the calling thread owns it (see
+    /// `sync::bias::Bias::disown`).
+    pub(crate) fn disown_reading(&self) {
+        crate::sync::lock::disown(&self.reading);
+    }
+
+    /// Whether the bias of the reader's lock is nobody's (and not revoked).
+    #[cfg(test)]
+    pub(crate) fn reading_bias_nobodys(&self) -> bool {
+        // SAFETY: only the bias is looked at.
+        unsafe { self.reading.raw() }.bias_nobodys()
+    }
+
     /// Reader: whether nothing waits to be read (no record past `read_to`, no shared memory
     /// offered unseen): what a thread polling an empty CQ finds almost every time, asked
     /// before anything is set up to take records in.

@@ -156,6 +156,18 @@ impl CqInner {
         }
     }
 
+    /// Gives the bias of the CQ's producers back if the calling thread owns it: a thread of
+    /// the emulator's own that pushed a completion (see `fabric::host::read_loop`).
+    pub(crate) fn disown_producer(&self) {
+        self.rings.disown_producer();
+    }
+
+    /// See `cq_ring::Rings::producer_bias`.
+    #[cfg(test)]
+    pub(crate) fn producer_bias(&self) -> (bool, bool) {
+        self.rings.producer_bias()
+    }
+
     /// The current ring.
     #[inline]
     fn ring(&self) -> &Ring {

@@ -296,6 +296,20 @@ impl Rings {
     }
 
     #[inline]
+    /// Gives the producers' bias of the current ring back if the calling thread owns it
+    /// (see [`Bias::disown`](crate::sync::bias::Bias::disown)).
+    pub(crate) fn disown_producer(&self) {
+        self.current().tail.bias.disown();
+    }
+
+    /// Whether the producers' bias of the current ring is nobody's (and not revoked), and
+    /// whether it is the calling thread's.
+    #[cfg(test)]
+    pub(crate) fn producer_bias(&self) -> (bool, bool) {
+        let bias = &self.current().tail.bias;
+        (bias.nobodys(), bias.mine())
+    }
+
     pub(crate) fn current(&self) -> &Ring {
         // SAFETY: `current` always points at a ring in `all`, which are dropped only with
         // `self` (and then nobody can borrow it).

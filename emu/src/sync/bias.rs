@@ -186,6 +186,19 @@ impl Bias {
         }
     }
 
+    /// Gives the bias back if the calling thread owns it, between its entries (it is out):
+    /// the next thread to enter owns it. For the emulator's own threads, which serve objects
+    /// the application's threads use (see `fabric::host::read_loop`): a thread that kept what
+    /// it entered first had the application's thread revoke it, and take the shared way (a
+    /// compare-and-swap) at every entry after. A revocation meanwhile is not undone: as for
+    /// [`Bias::give_back`], a 0 stored over `NOBODY` leaves the bias revoked.
+    pub(crate) fn disown(&self) {
+        if self.owner.load(Ordering::Relaxed) == me() {
+            debug_assert!(!self.inside.load(Ordering::Relaxed), "disowned from inside");
+            self.owner.store(0, Ordering::Release);
+        }
+    }
+
     /// Leaves after [`Entry::Lent`], and gives the bias back: the next thread to enter it owns
     /// it, and sees (acquiring `owner`) what this one wrote inside.
     #[inline]
@@ -255,6 +268,11 @@ impl Bias {
 /// The revocation state, for tests.
 #[cfg(test)]
 impl Bias {
+    /// Whether no thread owns the bias (nor has it been revoked).
+    pub(crate) fn nobodys(&self) -> bool {
+        self.owner.load(Ordering::Relaxed) == 0 && !self.is_revoked()
+    }
+
     pub(super) fn revoked_state(&self) -> u8 {
         self.revoked.load(Ordering::SeqCst)
     }

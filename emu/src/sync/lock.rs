@@ -183,6 +183,12 @@ impl RawLock {
         self.bias.mine()
     }
 
+    /// Whether no thread owns the lock's bias, nor has it been revoked.
+    #[cfg(test)]
+    pub(crate) fn bias_nobodys(&self) -> bool {
+        self.bias.nobodys()
+    }
+
     /// After a release by the bias (only on the asymmetric way): wakes a sleeper if one
     /// counted itself.
     #[inline]
@@ -264,6 +270,21 @@ pub(crate) fn lock_lent<T>(lock: &Lock<T>) -> parking_lot::lock_api::MutexGuard<
         lock.raw().lock_lent();
         lock.make_guard_unchecked()
     }
+}
+
+/// Gives `lock`'s bias back if the calling thread owns it and does not hold the lock (see
+/// [`Bias::disown`]).
+pub(crate) fn disown<T>(lock: &Lock<T>) {
+    // SAFETY: only the bias's owner is looked at and cleared, by its owner, out of the lock;
+    // the lock's state is not touched.
+    unsafe { lock.raw() }.bias.disown();
+}
+
+/// Whether no thread owns `lock`'s bias, nor has it been revoked.
+#[cfg(test)]
+pub(crate) fn bias_nobodys<T>(lock: &Lock<T>) -> bool {
+    // SAFETY: only the bias is looked at.
+    unsafe { lock.raw() }.bias_nobodys()
 }
 
 #[cfg(test)]
