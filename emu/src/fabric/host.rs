@@ -1388,11 +1388,11 @@ fn read_loop(inbound: &Inbound, fabric: &Weak<FabricInner>) {
         #[cfg(test)]
         drop(inbound.reader_held.read());
         let Some(fabric) = fabric.upgrade() else { return };
-        // Lent (never kept), as is everything this thread takes in for (see `serve_only`).
+        // Lent (never kept), as is everything this thread takes in for (see `give_back_biases`).
         let mut rx = crate::sync::lock::lock_lent(&inbound.rx);
         let events = fabric.cq_events.load(Ordering::Relaxed);
         let came = receive(inbound, &mut rx, &fabric, socket);
-        serve_only(&rx);
+        give_back_biases(&rx);
         let woke = fabric.cq_events.load(Ordering::Relaxed) != events;
         if inbound.polled.swap(false, Ordering::Relaxed) && polled_nap_again(inbound, sleepers) {
             // An application thread is reading the rings: look again soon, unrung.
@@ -1513,7 +1513,7 @@ thread_local! {
 /// from then on, owns them. A reader that took them first (the peer's first messages came
 /// before the application first polled) kept them, and the application's thread revoked each:
 /// `ib_send_lat`'s client then took ~8 more locked instructions per round trip.
-fn serve_only(rx: &Rx) {
+fn give_back_biases(rx: &Rx) {
     rx.rings.iter().for_each(|(_, r)| r.disown_reading());
     if let Some(qp) = rx.last_qp.as_ref().and_then(|(_, q)| q.upgrade()) {
         crate::sync::lock::disown(&qp.inner);

@@ -310,8 +310,6 @@ impl Ring {
         self.word(OFFERED_AT).fetch_max(u64::from(id), Ordering::Release);
     }
 
-    /// Reader: the highest name of the writer's shared memory passed to us, if we have not
-    /// looked for it yet (its descriptor waits on our socket).
     /// Gives the bias of the reader's lock back if the calling thread owns it (see
     /// `sync::bias::Bias::disown`).
     pub(crate) fn disown_reading(&self) {
@@ -334,6 +332,8 @@ impl Ring {
             && self.unseen_views().is_none()
     }
 
+    /// Reader: the highest name of the writer's shared memory passed to us, if we have not
+    /// looked for it yet (its descriptor waits on our socket).
     pub(crate) fn unseen_views(&self) -> Option<u64> {
         let offered = self.word(OFFERED_AT).load(Ordering::Acquire);
         (offered > self.word(VIEWS_AT).load(Ordering::Relaxed)).then_some(offered)

@@ -295,7 +295,6 @@ impl Rings {
         }
     }
 
-    #[inline]
     /// Gives the producers' bias of the current ring back if the calling thread owns it
     /// (see [`Bias::disown`](crate::sync::bias::Bias::disown)).
     pub(crate) fn disown_producer(&self) {
@@ -310,6 +309,7 @@ impl Rings {
         (bias.nobodys(), bias.mine())
     }
 
+    #[inline]
     pub(crate) fn current(&self) -> &Ring {
         // SAFETY: `current` always points at a ring in `all`, which are dropped only with
         // `self` (and then nobody can borrow it).
