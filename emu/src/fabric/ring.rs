@@ -319,8 +319,7 @@ impl Ring {
     /// Whether the bias of the reader's lock is nobody's (and not revoked).
     #[cfg(test)]
     pub(crate) fn reading_bias_nobodys(&self) -> bool {
-        // SAFETY: only the bias is looked at.
-        unsafe { self.reading.raw() }.bias_nobodys()
+        crate::sync::lock::bias_nobodys(&self.reading)
     }
 
     /// Reader: whether nothing waits to be read (no record past `read_to`, no shared memory
