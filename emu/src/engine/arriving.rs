@@ -153,6 +153,11 @@ impl OwedAck<'_> {
             o.to.send_ack(&o.ack);
         }
     }
+
+    /// The ACK owed, to be sent later (see the host fabric's `Rx::deferred`).
+    pub(crate) fn into_ack(self) -> Ack {
+        self.ack
+    }
 }
 
 /// The request `m` was executed: the next PSN expected, and its ACK owed if `ack_to` (a

@@ -299,10 +299,15 @@ struct Inbound {
     wanted: Mutex<Vec<(u8, u32, u32)>>,
     /// Whether `wanted` may hold any (a look per receive that writes nothing).
     any_wanted: AtomicBool,
+    /// Whether `rx` holds an ACK deferred (written under `rx`: a look before its lock).
+    ack_deferred: AtomicBool,
     /// Held (written) by a test, keeps the reader from taking anything in once it wakes, as
     /// when its thread is not scheduled for a while.
     #[cfg(test)]
     reader_held: parking_lot::RwLock<()>,
+    /// ACKs sent in their short form, as records of their own.
+    #[cfg(test)]
+    acks_sent: AtomicU32,
 }
 
 impl Inbound {
@@ -332,6 +337,14 @@ struct Rx {
     partial: Partials,
     /// The rings other nodes write to us, by their slot.
     rings: Vec<(u8, Arc<Ring>)>,
+    /// The ACK owed at the end of an application thread's look that took in SENDs or WRITEs,
+    /// left to the node's next move: carried by the next request its QP sends to the QP the
+    /// ACK is for ([`wire::carry_ack`]: the reply of a ping-pong, whose receiver then takes in
+    /// one record rather than two), or sent at the next look at the rings by any thread, the
+    /// reader's too (which an application thread about to sleep on a CQ event does not wait
+    /// for: [`Node::attend`]). An ACK is late so only while the application neither posts nor
+    /// polls an empty CQ: as long as a message that came meanwhile waits to be taken in.
+    deferred: Option<wire::Ack>,
 }
 
 /// A peer node whose process takes nothing in now: stopped, or its threads not scheduled (see
@@ -613,7 +626,13 @@ impl Node {
         sock.set_nonblocking(true)?;
         crate::sys::pass_credentials(sock.as_raw_fd())?;
         let partial = Partials::default();
-        let rx = Rx { buf: vec![0; HEADER + FRAGMENT], partial, rings: Vec::new(), last_qp: None };
+        let rx = Rx {
+            buf: vec![0; HEADER + FRAGMENT],
+            partial,
+            rings: Vec::new(),
+            last_qp: None,
+            deferred: None,
+        };
         let rx = crate::sync::lock::Lock::new(rx);
         let (quit, polled) = (AtomicBool::new(false), AtomicBool::new(false));
         let (uid, drops) = (crate::sys::uid(), Drops::default());
@@ -636,8 +655,11 @@ impl Node {
             gates,
             wanted: Mutex::default(),
             any_wanted: AtomicBool::new(false),
+            ack_deferred: AtomicBool::new(false),
             #[cfg(test)]
             reader_held: parking_lot::RwLock::new(()),
+            #[cfg(test)]
+            acks_sent: AtomicU32::new(0),
         });
         let (reader, weak) = (inbound.clone(), fabric.clone());
         crate::sys::spawn(format!("rdma-emu-node{slot}"), move || read_loop(&reader, &weak))?;
@@ -762,7 +784,7 @@ impl Node {
             return false;
         };
         let lag_due = LOOKS.with(Looks::took);
-        if receive(&self.inbound, &mut rx, fabric, false) {
+        if receive_as(&self.inbound, &mut rx, fabric, false, true) {
             return true;
         }
         drop(rx);
@@ -825,6 +847,23 @@ impl Node {
         if self.inbound.napping.load(Ordering::SeqCst) {
             self.inbound.wake_reader();
         }
+        // Nobody may look at the rings for a while: the ACK deferred goes now (a thread that
+        // holds `rx` is receiving, and paid it first).
+        if self.inbound.ack_deferred.load(Ordering::Relaxed)
+            && let Some(mut rx) = self.inbound.rx.try_lock()
+            && let Some(ack) = rx.deferred.take()
+        {
+            self.inbound.ack_deferred.store(false, Ordering::Relaxed);
+            self.send_deferred(&ack);
+        }
+    }
+
+    /// Sends an ACK deferred (see [`Rx::deferred`]) as a reply is sent: never waiting for
+    /// room (its sender holds `rx`, which the peer's own replies may wait for).
+    fn send_deferred(&self, ack: &wire::Ack) {
+        let was = RECEIVING.replace(true);
+        self.send_ack(ack);
+        RECEIVING.set(was);
     }
 
     /// Sends `pkt` to the node owning its destination QPN. A peer that is gone loses it, as
@@ -921,8 +960,18 @@ impl Node {
         carriable: bool,
         fill: impl FnOnce(&mut [u8]) -> bool,
     ) -> bool {
-        let send = |p: &Arc<Peer>| p.send_whole(dst_qpn, len, carriable, fill);
-        let sent = self.with_peer(slot_of(dst_qpn), send);
+        // The ACK an application thread's look deferred, if this message may carry it.
+        let mut rx = match self.inbound.ack_deferred.load(Ordering::Relaxed) {
+            true => self.inbound.rx.try_lock(),
+            false => None,
+        };
+        let carry = rx.as_ref().and_then(|rx| rx.deferred.as_ref()).filter(|a| a.dst.2 == dst_qpn);
+        let send = |p: &Arc<Peer>| p.send_whole(dst_qpn, len, carriable, carry, fill);
+        let (sent, carried) = self.with_peer(slot_of(dst_qpn), send);
+        if carried && let Some(rx) = rx.as_mut() {
+            rx.deferred = None;
+            self.inbound.ack_deferred.store(false, Ordering::Relaxed);
+        }
         if sent && carriable {
             self.note_carriable_sent();
         }
@@ -939,6 +988,8 @@ impl Node {
 
     /// Sends `ack` to the node of its destination QP, in its short form.
     pub(crate) fn send_ack(&self, ack: &wire::Ack) {
+        #[cfg(test)]
+        self.inbound.acks_sent.fetch_add(1, Ordering::Relaxed);
         self.send_bytes(ack.dst.2, &ack.encode());
     }
 
@@ -950,7 +1001,7 @@ impl Node {
             d.copy_from_slice(bytes);
             true
         };
-        let whole = |p: &Arc<Peer>| p.send_whole(dst_qpn, bytes.len(), false, fill);
+        let whole = |p: &Arc<Peer>| p.send_whole(dst_qpn, bytes.len(), false, None, fill).0;
         if !self.with_peer(slot_of(dst_qpn), whole) {
             self.peer(slot_of(dst_qpn)).send(dst_qpn, &Encoded::bytes(bytes));
         }
@@ -1456,6 +1507,24 @@ fn busy_wait(rings: &[Arc<Ring>], quit: &AtomicBool) -> bool {
 /// each complete packet to its QP's inbox in arrival order, then services those QPs; whether
 /// anything came (a fragment of a message still arriving counts: more of it is on its way).
 fn receive(inbound: &Inbound, rx: &mut Rx, fabric: &FabricInner, socket: bool) -> bool {
+    receive_as(inbound, rx, fabric, socket, false)
+}
+
+/// [`receive`]; `looking`: by an application thread's look, which leaves the ACK owed at its
+/// end deferred (see [`Rx::deferred`]).
+fn receive_as(
+    inbound: &Inbound,
+    rx: &mut Rx,
+    fabric: &FabricInner,
+    socket: bool,
+    looking: bool,
+) -> bool {
+    if let Some(ack) = rx.deferred.take() {
+        inbound.ack_deferred.store(false, Ordering::Relaxed);
+        if let Some(node) = fabric.node.get() {
+            node.send_deferred(&ack);
+        }
+    }
     // Nothing waits in any ring (what a thread spinning on an empty CQ finds almost every
     // look): no batch is made and dropped, ~375 instructions a look down to ~115.
     if !socket
@@ -1465,7 +1534,7 @@ fn receive(inbound: &Inbound, rx: &mut Rx, fabric: &FabricInner, socket: bool) -
         return false;
     }
     let was = RECEIVING.replace(true);
-    let delivered = receive_marked(inbound, rx, fabric, socket);
+    let delivered = receive_marked(inbound, rx, fabric, socket, looking);
     RECEIVING.set(was);
     delivered
 }
@@ -1537,10 +1606,16 @@ fn read_rings<'a>(
     });
 }
 
-fn receive_marked(inbound: &Inbound, rx: &mut Rx, fabric: &FabricInner, socket: bool) -> bool {
+fn receive_marked(
+    inbound: &Inbound,
+    rx: &mut Rx,
+    fabric: &FabricInner,
+    socket: bool,
+    looking: bool,
+) -> bool {
     let mut batch =
         Batch { drops: Some(&inbound.drops), last_qp: rx.last_qp.take(), ..Batch::default() };
-    let Rx { buf, partial, rings, last_qp } = rx;
+    let Rx { buf, partial, rings, last_qp, deferred } = rx;
     let mut rang = false;
     if socket {
         rang = take_datagrams(inbound, buf, rings, &mut |a| batch.take(fabric, partial, a));
@@ -1570,7 +1645,13 @@ fn receive_marked(inbound: &Inbound, rx: &mut Rx, fabric: &FabricInner, socket: 
     }
     read_rings(inbound, fabric, rings, partial, &mut batch);
     *last_qp = batch.last_qp.take();
-    OwedAck::pay(&mut batch.owed);
+    match batch.owed.take() {
+        Some(owed) if looking => {
+            *deferred = Some(owed.into_ack());
+            inbound.ack_deferred.store(true, Ordering::Relaxed);
+        }
+        mut owed => OwedAck::pay(&mut owed),
+    }
     inbound.has_rings.store(!rings.is_empty(), Ordering::Release);
     let took = batch.took;
     let delivering = batch.holds_any();
@@ -1826,6 +1907,15 @@ impl<'a> Batch<'a> {
             let ours = |(dev, port, qpn): (u32, u8, u32)| {
                 (dev, qpn) == (qp.device_index(), qp.qpn) && fabric.port_up(dev, port)
             };
+            if let Some(ack) = wire::carried_ack(bytes) {
+                // Taken in before the request that carries it, as if it came first.
+                OwedAck::pay(&mut self.owed);
+                if !(ours(ack.dst) && engine::arriving::ack(qp, fabric, &ack, &mut self.drv)) {
+                    let mut pkt = Packet::new(Kind::Ack);
+                    ack.into_packet(&mut pkt);
+                    self.hand_over(fabric, pkt, Some(qp.clone()));
+                }
+            }
             let took = if let Some(ack) = wire::Ack::peek(bytes) {
                 OwedAck::pay(&mut self.owed);
                 ours(ack.dst) && engine::arriving::ack(qp, fabric, &ack, &mut self.drv)
@@ -1881,6 +1971,17 @@ impl<'a> Batch<'a> {
             Ok(false) => return,
             Err(why) => return self.dropped(why),
         }
+        self.hand_over(fabric, pkt, to);
+    }
+
+    /// Hands the packet `pkt`, taken in, to its QP (`to`, if the frame named it) or to those
+    /// it is for.
+    fn hand_over(
+        &mut self,
+        fabric: &'a FabricInner,
+        pkt: Packet,
+        to: Option<Arc<crate::qp::QpShared>>,
+    ) {
         if pkt.dst_qpn == engine::requester::MULTICAST_QPN {
             return self.multicast.push(pkt);
         }
@@ -2487,34 +2588,42 @@ impl Peer {
         }
     }
 
-    /// See [`Node::send_whole`]. (Inline: each message sent so lays out its record in place.)
+    /// See [`Node::send_whole`]; the message carries `carry` if it can ([`wire::carry_ack`]).
+    /// Whether it was sent, and whether it carries the ACK. (Inline: each message sent so lays
+    /// out its record in place.)
     #[inline(always)]
     fn send_whole(
         self: &Arc<Self>,
         dst_qpn: u32,
         len: usize,
         carriable: bool,
+        carry: Option<&wire::Ack>,
         fill: impl FnOnce(&mut [u8]) -> bool,
-    ) -> bool {
+    ) -> (bool, bool) {
         let mut tx = self.tx.lock();
         if !tx.backlog.is_empty() || tx.flushing {
-            return false;
+            return (false, false);
         }
-        let Some(ring) = tx.ring.as_deref() else { return false };
+        let Some(ring) = tx.ring.as_deref() else { return (false, false) };
         if HEADER + len > ring.max_record().min(RECORD) {
-            return false;
+            return (false, false);
         }
+        let mut carried = false;
         let framed = |d: &mut [u8]| {
             write_header(d, [self.src, FIRST | LAST], [MAGIC, len as u32, 0, dst_qpn]);
-            fill(&mut d[HEADER..])
+            let d = &mut d[HEADER..];
+            fill(d) && {
+                carried = carry.is_some_and(|a| wire::carry_ack(d, a));
+                true
+            }
         };
         if ring.write_marked(HEADER + len, carriable, framed) != Written::Done {
-            return false;
+            return (false, false);
         }
         if ring.rings() {
             self.ring_asked(&mut tx);
         }
-        true
+        (true, carried)
     }
 
     /// The peer's reader asked to be rung for what was just written: rung now, or, while this
@@ -2947,6 +3056,62 @@ mod test {
         let write = SendWr::write(9, &sge, b.mr.addr() + 64, b.mr.rkey()).signaled();
         a.qp.post_send(&write).unwrap();
         assert_eq!((a.next().wr_id, looks(&fa), looks(&fb)), (9, true, false));
+        talk_and_part((a, fa), (b, fb), &dir);
+    }
+
+    /// The ACK an application thread's look owes goes with the reply its QP sends to the QP
+    /// it is for (a ping-pong's: no record of its own); one that no reply takes is sent at the
+    /// next look, or as the application arms its CQ to sleep.
+    #[test]
+    fn test_a_reply_carries_the_ack_and_an_ack_no_reply_takes_still_goes() {
+        let (dir, (a, fa), (b, fb)) = talking("carried", end_on);
+        let inbound = &fb.0.node.get().unwrap().inbound;
+        // B's reader, asleep, takes nothing in once woken: B's application thread does.
+        until_reader_asleep(inbound);
+        let held = inbound.reader_held.write();
+        let acks = || inbound.acks_sent.load(Ordering::Relaxed);
+        let sge = |e: &End| [Sge { addr: e.mr.addr(), length: 8, lkey: e.mr.lkey() }];
+        let (ra, rb) = (sge(&a), sge(&b));
+        // A's SEND taken in by B's look, whose ACK it owes; A has no completion yet.
+        let send = |word: u64| {
+            b.qp.post_recv(&RecvWr { wr_id: word, sg_list: &rb }).unwrap();
+            a.qp.post_send(&SendWr::send(word, &ra).signaled()).unwrap();
+            let got = b.next();
+            assert_eq!((got.status, got.wr_id), (WcStatus::SUCCESS, word));
+            assert!(inbound.rx.lock().deferred.is_some(), "the ACK of {word} owed");
+        };
+        let before = acks();
+        send(10);
+        assert!(a.cq.poll_one().is_none(), "completed before its ACK");
+        // B's reply carries it: A completes its SEND, then takes the reply.
+        a.qp.post_recv(&RecvWr { wr_id: 11, sg_list: &ra }).unwrap();
+        b.qp.post_send(&SendWr::send(11, &rb).signaled()).unwrap();
+        let (first, then) = (a.next(), a.next());
+        assert_eq!(
+            (first.wr_id, first.opcode, first.status),
+            (10, crate::WcOpcode::SEND, WcStatus::SUCCESS)
+        );
+        assert_eq!(
+            (then.wr_id, then.opcode, then.status),
+            (11, crate::WcOpcode::RECV, WcStatus::SUCCESS)
+        );
+        assert_eq!(acks(), before, "the ACK went as a record of its own");
+        assert!(inbound.rx.lock().deferred.is_none());
+        // A's ACK of the reply, owed by A's look, goes once nothing carries it.
+        assert_eq!(b.next().wr_id, 11);
+        // One no reply takes: sent at B's next look (an empty poll).
+        send(12);
+        assert!(b.cq.poll_one().is_none());
+        assert_eq!(acks(), before + 1);
+        let sent = a.next();
+        assert_eq!((sent.wr_id, sent.status), (12, WcStatus::SUCCESS));
+        // Or as B arms its CQ to sleep on its event.
+        send(13);
+        b.cq.req_notify(false).unwrap();
+        assert_eq!(acks(), before + 2);
+        let sent = a.next();
+        assert_eq!((sent.wr_id, sent.status), (13, WcStatus::SUCCESS));
+        drop(held);
         talk_and_part((a, fa), (b, fb), &dir);
     }
 

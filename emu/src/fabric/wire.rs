@@ -13,7 +13,7 @@ use crate::{
 };
 
 /// Bumped whenever the layout below changes; a mismatching packet is dropped.
-const VERSION: u8 = 5;
+const VERSION: u8 = 6;
 /// First byte of a control message (see [`Control`]).
 const CONTROL: u8 = 0x81;
 /// First byte of a connection manager message (its bytes are the CM's business).
@@ -97,12 +97,64 @@ impl Ack {
 
     /// Into `p` (a fresh `Packet::new`), as [`decode_head`] would decode the full form.
     fn decode(bytes: &[u8], p: &mut Packet) -> Option<()> {
-        let a = Ack::peek(bytes)?;
-        (p.kind, p.syndrome) = (Kind::Ack, Syndrome::Ack);
-        ((p.src_dev, p.src_port, p.src_qpn), (p.dst_dev, p.dst_port, p.dst_qpn)) = (a.src, a.dst);
-        (p.psn, p.msn) = (a.psn, a.msn);
+        Ack::peek(bytes)?.into_packet(p);
         Some(())
     }
+
+    /// The packet `responder::reply` builds for this ACK, into `p` (a fresh `Packet::new`).
+    pub(crate) fn into_packet(self, p: &mut Packet) {
+        (p.kind, p.syndrome) = (Kind::Ack, Syndrome::Ack);
+        ((p.src_dev, p.src_port, p.src_qpn), (p.dst_dev, p.dst_port, p.dst_qpn)) =
+            (self.src, self.dst);
+        (p.psn, p.msn) = (self.psn, self.msn);
+    }
+}
+
+/// `flags` bit of a request that carries an ACK between the same two QPs the other way (see
+/// [`carry_ack`]), its PSN and MSN in the words a request of a reliable QP leaves zero (the
+/// Q_Key's and the XRC SRQ's).
+const CARRIES_ACK: u8 = 32;
+/// Where those words and `flags` lie in a request's header.
+const FLAGS_AT: usize = 4;
+const QKEY_AT: usize = 9 + 10 * 4;
+
+/// Lets the request whose header begins `head` carry `ack` (owed by the request's sender to
+/// its receiver: a SEND or WRITE of an RC QP to the QP the ACK is for), as the reply of a
+/// ping-pong does: its receiver then takes no ACK of its own in. Whether it does (if not,
+/// nothing changed).
+pub(crate) fn carry_ack(head: &mut [u8], ack: &Ack) -> bool {
+    let Some(h) = head.get_mut(..FIXED_HEAD) else { return false };
+    let word = |h: &[u8], at: usize| u32::from_le_bytes([h[at], h[at + 1], h[at + 2], h[at + 3]]);
+    // A QPN names one QP (of one device) on its node: the two name the pair.
+    let fits = h[..4] == [VERSION, kind_code(Kind::Send), 0, 0]
+        || h[..4] == [VERSION, kind_code(Kind::Write), 0, 0];
+    let fits = fits
+        && h[FLAGS_AT] & !3 == 0
+        && (h[7], h[8]) == (0, QpType::RC.0 as u8)
+        && (word(h, 13), word(h, 21)) == (ack.src.2, ack.dst.2)
+        && (word(h, QKEY_AT), word(h, QKEY_AT + 4)) == (0, 0);
+    if fits {
+        h[FLAGS_AT] |= CARRIES_ACK;
+        h[QKEY_AT..QKEY_AT + 4].copy_from_slice(&ack.psn.to_le_bytes());
+        h[QKEY_AT + 4..QKEY_AT + 8].copy_from_slice(&ack.msn.to_le_bytes());
+    }
+    fits
+}
+
+/// The ACK the request in `bytes` carries (see [`carry_ack`]): between the same two QPs,
+/// whatever else the request holds.
+pub(crate) fn carried_ack(bytes: &[u8]) -> Option<Ack> {
+    let h = bytes.get(..FIXED_HEAD)?;
+    if h[0] != VERSION || h[FLAGS_AT] & CARRIES_ACK == 0 {
+        return None;
+    }
+    let word = |at: usize| u32::from_le_bytes(h[at..at + 4].try_into().unwrap());
+    Some(Ack {
+        src: (word(9), h[5], word(13)),
+        dst: (word(17), h[6], word(21)),
+        psn: word(QKEY_AT),
+        msn: word(QKEY_AT + 4),
+    })
 }
 
 /// A SEND or a WRITE (with or without immediate), a READ or an atomic request or response in
@@ -117,7 +169,7 @@ pub(crate) fn peek_request(bytes: &[u8]) -> Option<(crate::engine::arriving::Mes
     let [version, kind, syn, syn_arg, flags, src_port, dst_port, has_grh, transport] =
         r.take::<9>()?;
     let flags_ok = match kind_of(kind)? {
-        Kind::Send | Kind::Write => flags & !3 == 0,
+        Kind::Send | Kind::Write => flags & !(3 | CARRIES_ACK) == 0,
         Kind::ReadRequest | Kind::ReadResponse => flags == 0,
         Kind::CompareSwap | Kind::FetchAdd | Kind::AtomicAck => flags == 0,
         _ => false,
@@ -679,6 +731,10 @@ fn decode_fields(bytes: &[u8], p: &mut Packet) -> Option<(Option<Range<usize>>, 
     p.inv = (flags & 4 != 0).then_some(imm);
     (p.rkey, p.len, p.msn, p.qkey) = (r.u32()?, r.u32()?, r.u32()?, r.u32()?);
     p.xrc_srqn = r.u32()?;
+    if flags & CARRIES_ACK != 0 {
+        // The ACK carried is its receiver's to take in (see `carried_ack`), not the request's.
+        (p.qkey, p.xrc_srqn) = (0, 0);
+    }
     p.src_lid = r.u16()?;
     (p.va, p.swap_add, p.compare, p.orig) = (r.u64()?, r.u64()?, r.u64()?, r.u64()?);
     let mut r = Reader(&bytes[FIXED_HEAD..]);
@@ -788,6 +844,62 @@ mod test {
         assert_eq!(Ack::peek(&short), Some(ack));
         assert_eq!(short, ack.encode());
         assert_eq!(Ack::peek(&full), None);
+    }
+
+    /// A SEND or WRITE (with immediate too) of an RC QP carries an ACK between the same two
+    /// QPs: read back as it was written, the request read in place and decoded as before.
+    /// Nothing else carries one (another transport, kind or pair of QPs, a header cut short, a
+    /// request carrying one already), and a request that carries none says so.
+    #[test]
+    fn test_a_request_carries_an_ack_between_its_qps() {
+        let (va, rkey) = (0x7654_3210_0000, 0x4321);
+        let m = |transport, op, imm| crate::engine::arriving::Message {
+            src: (1, 2, 0x10011),
+            dst: (3, 1, 0x20012),
+            transport,
+            psn: 0xab_cdef,
+            npkts: 1,
+            len: 5,
+            imm,
+            solicited: true,
+            src_lid: 7,
+            op,
+        };
+        let ack = Ack { src: (1, 2, 0x10011), dst: (3, 1, 0x20012), psn: 0x12_3456, msn: 77 };
+        for (op, imm) in [(Op::Send, None), (Op::Write(va, rkey), Some(0xfeed))] {
+            let m = m(QpType::RC, op, imm);
+            let mut bytes = vec![0; REQUEST_HEAD];
+            encode_request_head(&m, &mut bytes);
+            bytes.extend_from_slice(b"hello");
+            let decoded = decode(&bytes).map(|p| format!("{p:?}"));
+            assert_eq!(carried_ack(&bytes), None);
+            assert!(carry_ack(&mut bytes, &ack));
+            assert_eq!(carried_ack(&bytes), Some(ack));
+            assert_eq!(peek_request(&bytes), Some((m, &b"hello"[..])), "{op:?}");
+            assert_eq!(decode(&bytes).map(|p| format!("{p:?}")), decoded, "{op:?}");
+            assert!(!carry_ack(&mut bytes, &ack), "one ACK per request");
+        }
+        let other = |f: &dyn Fn(&mut Ack)| {
+            let mut a = ack;
+            f(&mut a);
+            a
+        };
+        let not_carried = [
+            (m(QpType::UC, Op::Send, None), ack),
+            (m(QpType::RC, Op::Read(va, rkey), None), ack),
+            (m(QpType::RC, Op::ReadResponse(3), None), ack),
+            (m(QpType::RC, Op::Send, None), other(&|a| a.src.2 += 1)),
+            (m(QpType::RC, Op::Send, None), other(&|a| a.dst.2 += 1)),
+        ];
+        for (m, ack) in not_carried {
+            let mut bytes = vec![0; REQUEST_HEAD];
+            encode_request_head(&m, &mut bytes);
+            let was = bytes.clone();
+            assert!(!carry_ack(&mut bytes, &ack), "{m:?} {ack:?}");
+            assert_eq!(bytes, was);
+        }
+        assert!(!carry_ack(&mut [VERSION; 8], &ack), "cut short");
+        assert_eq!(carried_ack(&ack.encode()), None, "an ACK carries none");
     }
 
     /// A SEND or WRITE read in place ([`peek_request`]) says what its decoded packet says; a
