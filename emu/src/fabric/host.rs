@@ -311,6 +311,15 @@ struct Inbound {
 }
 
 impl Inbound {
+    /// The ACK deferred in `rx` (see [`Rx::deferred`]), taken out.
+    fn take_deferred(&self, rx: &mut Rx) -> Option<wire::Ack> {
+        let ack = rx.deferred.take();
+        if ack.is_some() {
+            self.ack_deferred.store(false, Ordering::Relaxed);
+        }
+        ack
+    }
+
     /// Rings our own doorbell: the reader, asleep on the socket, wakes.
     fn wake_reader(&self) {
         ring_bell(&mut None, &self.path, self.slot);
@@ -340,10 +349,10 @@ struct Rx {
     /// The ACK owed at the end of an application thread's look that took in SENDs or WRITEs,
     /// left to the node's next move: carried by the next request its QP sends to the QP the
     /// ACK is for ([`wire::carry_ack`]: the reply of a ping-pong, whose receiver then takes in
-    /// one record rather than two), or sent at the next look at the rings by any thread, the
-    /// reader's too (which an application thread about to sleep on a CQ event does not wait
-    /// for: [`Node::attend`]). An ACK is late so only while the application neither posts nor
-    /// polls an empty CQ: as long as a message that came meanwhile waits to be taken in.
+    /// one record rather than two), or sent at the next look at the rings by any thread (the
+    /// reader's too), or as an application thread arms a CQ to sleep ([`Node::attend`]). An
+    /// ACK is late so only while the application neither posts nor polls an empty CQ: as long
+    /// as a message that came meanwhile waits to be taken in.
     deferred: Option<wire::Ack>,
 }
 
@@ -851,9 +860,8 @@ impl Node {
         // holds `rx` is receiving, and paid it first).
         if self.inbound.ack_deferred.load(Ordering::Relaxed)
             && let Some(mut rx) = self.inbound.rx.try_lock()
-            && let Some(ack) = rx.deferred.take()
+            && let Some(ack) = self.inbound.take_deferred(&mut rx)
         {
-            self.inbound.ack_deferred.store(false, Ordering::Relaxed);
             self.send_deferred(&ack);
         }
     }
@@ -960,17 +968,18 @@ impl Node {
         carriable: bool,
         fill: impl FnOnce(&mut [u8]) -> bool,
     ) -> bool {
-        // The ACK an application thread's look deferred, if this message may carry it.
+        // The ACK an application thread's look deferred, if this message may carry it (`rx`
+        // held only then).
         let mut rx = match self.inbound.ack_deferred.load(Ordering::Relaxed) {
             true => self.inbound.rx.try_lock(),
             false => None,
-        };
-        let carry = rx.as_ref().and_then(|rx| rx.deferred.as_ref()).filter(|a| a.dst.2 == dst_qpn);
+        }
+        .filter(|rx| rx.deferred.is_some_and(|a| a.dst.2 == dst_qpn));
+        let carry = rx.as_ref().and_then(|rx| rx.deferred.as_ref());
         let send = |p: &Arc<Peer>| p.send_whole(dst_qpn, len, carriable, carry, fill);
         let (sent, carried) = self.with_peer(slot_of(dst_qpn), send);
         if carried && let Some(rx) = rx.as_mut() {
-            rx.deferred = None;
-            self.inbound.ack_deferred.store(false, Ordering::Relaxed);
+            self.inbound.take_deferred(rx);
         }
         if sent && carriable {
             self.note_carriable_sent();
@@ -1519,11 +1528,10 @@ fn receive_as(
     socket: bool,
     looking: bool,
 ) -> bool {
-    if let Some(ack) = rx.deferred.take() {
-        inbound.ack_deferred.store(false, Ordering::Relaxed);
-        if let Some(node) = fabric.node.get() {
-            node.send_deferred(&ack);
-        }
+    if let Some(ack) = inbound.take_deferred(rx)
+        && let Some(node) = fabric.node.get()
+    {
+        node.send_deferred(&ack);
     }
     // Nothing waits in any ring (what a thread spinning on an empty CQ finds almost every
     // look): no batch is made and dropped, ~375 instructions a look down to ~115.
