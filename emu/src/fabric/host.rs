@@ -1255,10 +1255,15 @@ impl Node {
                 rx => break rx,
             }
         };
-        if let Some(mut rx) = rx
-            && let Some(fabric) = self.fabric.upgrade()
-        {
-            receive(&self.inbound, &mut rx, &fabric, true);
+        if let Some(mut rx) = rx {
+            // An ACK deferred goes in any case: a node that leaves with its fabric has no
+            // fabric to receive with (the peer's SEND failed after its retries).
+            if let Some(ack) = self.inbound.take_deferred(&mut rx) {
+                self.send_deferred(&ack);
+            }
+            if let Some(fabric) = self.fabric.upgrade() {
+                receive(&self.inbound, &mut rx, &fabric, true);
+            }
         }
         let peers: Vec<Arc<Peer>> = self.peers.lock().values().cloned().collect();
         let mut stalled = 0;
@@ -3121,6 +3126,31 @@ mod test {
         assert_eq!((sent.wr_id, sent.status), (13, WcStatus::SUCCESS));
         drop(held);
         talk_and_part((a, fa), (b, fb), &dir);
+    }
+
+    /// A node that leaves with an ACK deferred sends it first: the peer's SEND completes, as
+    /// it did when the ACK went at once.
+    #[test]
+    fn test_an_ack_deferred_goes_before_its_node_leaves() {
+        let (dir, (a, fa), (b, fb)) = talking("deferred-exit", end_on);
+        let inbound = &fb.0.node.get().unwrap().inbound;
+        until_reader_asleep(inbound);
+        let held = inbound.reader_held.write();
+        let (ra, rb) = (
+            [Sge { addr: a.mr.addr(), length: 8, lkey: a.mr.lkey() }],
+            [Sge { addr: b.mr.addr(), length: 8, lkey: b.mr.lkey() }],
+        );
+        b.qp.post_recv(&RecvWr { wr_id: 20, sg_list: &rb }).unwrap();
+        a.qp.post_send(&SendWr::send(20, &ra).signaled()).unwrap();
+        assert_eq!(b.next().wr_id, 20);
+        assert!(inbound.rx.lock().deferred.is_some());
+        assert!(a.cq.poll_one().is_none(), "completed before its ACK");
+        drop(held);
+        drop((b, fb));
+        let sent = a.next();
+        assert_eq!((sent.wr_id, sent.status), (20, WcStatus::SUCCESS));
+        drop((a, fa));
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     /// Once the peer takes in again: what follows is taken in, in order, both ways, and both
