@@ -666,11 +666,18 @@ where
 
 #[cfg(test)]
 mod test {
-    /// The names of this process's threads, as the kernel has them.
-    fn thread_names() -> Vec<String> {
-        let tasks = std::fs::read_dir("/proc/self/task").unwrap();
-        let comm = |t: std::fs::DirEntry| std::fs::read_to_string(t.path().join("comm")).ok();
-        tasks.flatten().filter_map(comm).map(|n| n.trim_end().to_owned()).collect()
+    use std::os::unix::thread::JoinHandleExt;
+
+    /// The name of the thread `t`, as the kernel has it (read from its own `comm` file: a
+    /// listing of `/proc/self/task` skips threads while others end, as other tests' do).
+    fn thread_name<T>(t: &std::thread::JoinHandle<T>) -> String {
+        let mut name = [0 as libc::c_char; 16];
+        // SAFETY: `t` is not joined, so its pthread_t names a live thread; `name` holds the
+        // 16 bytes a thread's name may take, NUL included.
+        let rc = unsafe { libc::pthread_getname_np(t.as_pthread_t(), name.as_mut_ptr(), 16) };
+        assert_eq!(rc, 0);
+        // SAFETY: on success the name is NUL-terminated within `name`.
+        unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }.to_string_lossy().into_owned()
     }
 
     #[test]
@@ -680,7 +687,7 @@ mod test {
             let (stop, stopped) = std::sync::mpsc::channel::<()>();
             let t = super::spawn(name.clone(), move || stopped.recv().is_err()).unwrap();
             // The thread names itself as it starts: named, it has started.
-            assert!(thread_names().contains(&name), "{name} not started yet");
+            assert_eq!(thread_name(&t), name, "{name} not started yet");
             drop(stop);
             assert!(t.join().unwrap());
         }
