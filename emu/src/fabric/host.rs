@@ -3295,8 +3295,10 @@ mod test {
         let (dir, cfg) = host_dir("behind");
         let (fa, fb) = (Fabric::new(cfg.clone()), Fabric::new(cfg));
         let (a, b) = (end_on(&fa), end_on(&fb));
-        // About 1 ms per timeout and one retry.
-        let p = RcParams { timeout: 8, retry_cnt: 1, ..Default::default() };
+        // About 4 ms per timeout and the most retries: ~33 ms before the SEND would fail
+        // without the wait, and as long for the peer to answer once it takes the SEND in (a
+        // budget of 2 ms failed once on a loaded machine under AddressSanitizer).
+        let p = RcParams { timeout: 10, retry_cnt: 7, ..Default::default() };
         a.qp.connect(0, &b.qp.endpoint(0), &p).unwrap();
         b.qp.connect(0, &a.qp.endpoint(0), &p).unwrap();
         a.send(&b, 1);
@@ -3305,9 +3307,9 @@ mod test {
         b.qp.post_recv(&RecvWr { wr_id: 2, sg_list: &[rsge] }).unwrap();
         let sge = Sge { addr: a.mr.addr(), length: 8, lkey: a.mr.lkey() };
         a.qp.post_send(&SendWr::send(2, &[sge]).signaled()).unwrap();
-        // Fifty of its timeouts pass with the SEND unread in the peer's ring, the requester
-        // polling all along.
-        let until = Instant::now() + Duration::from_millis(50);
+        // Twenty-four of its timeouts pass with the SEND unread in the peer's ring, the
+        // requester polling all along.
+        let until = Instant::now() + Duration::from_millis(100);
         while Instant::now() < until {
             assert_eq!(a.cq.poll_one(), None);
         }
