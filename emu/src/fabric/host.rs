@@ -3020,6 +3020,8 @@ mod test {
         fn slot(&self) -> u8;
         fn next(&self) -> crate::Wc;
         fn send(&self, to: &End, word: u64);
+        /// The first 8 bytes of its page, as a scatter list.
+        fn word(&self) -> [Sge; 1];
     }
 
     impl Talk for End {
@@ -3038,13 +3040,17 @@ mod test {
             }
         }
 
+        fn word(&self) -> [Sge; 1] {
+            [Sge { addr: self.mr.addr(), length: 8, lkey: self.mr.lkey() }]
+        }
+
         /// Sends `word` to `to`, which takes it into its page: both completions succeed.
         fn send(&self, to: &End, word: u64) {
-            let rsge = Sge { addr: to.mr.addr(), length: 8, lkey: to.mr.lkey() };
-            to.qp.post_recv(&RecvWr { wr_id: word, sg_list: &[rsge] }).unwrap();
+            let rsge = to.word();
+            to.qp.post_recv(&RecvWr { wr_id: word, sg_list: &rsge }).unwrap();
             self.mr.write(0, &word.to_le_bytes()).unwrap();
-            let sge = Sge { addr: self.mr.addr(), length: 8, lkey: self.mr.lkey() };
-            self.qp.post_send(&SendWr::send(word, &[sge]).signaled()).unwrap();
+            let sge = self.word();
+            self.qp.post_send(&SendWr::send(word, &sge).signaled()).unwrap();
             assert_eq!(self.next().status, WcStatus::SUCCESS, "the send of {word}");
             let got = to.next();
             assert_eq!((got.status, got.wr_id), (WcStatus::SUCCESS, word));
@@ -3065,7 +3071,7 @@ mod test {
             b.send(&a, word + 100);
         }
         assert!(!looks(&fa) && !looks(&fb), "SENDs and ACKs only");
-        let sge = [Sge { addr: a.mr.addr(), length: 8, lkey: a.mr.lkey() }];
+        let sge = a.word();
         let write = SendWr::write(9, &sge, b.mr.addr() + 64, b.mr.rkey()).signaled();
         a.qp.post_send(&write).unwrap();
         assert_eq!((a.next().wr_id, looks(&fa), looks(&fb)), (9, true, false));
@@ -3080,11 +3086,9 @@ mod test {
         let (dir, (a, fa), (b, fb)) = talking("carried", end_on);
         let inbound = &fb.0.node.get().unwrap().inbound;
         // B's reader, asleep, takes nothing in once woken: B's application thread does.
-        until_reader_asleep(inbound);
-        let held = inbound.reader_held.write();
+        let held = reader_held_asleep(inbound);
         let acks = || inbound.acks_sent.load(Ordering::Relaxed);
-        let sge = |e: &End| [Sge { addr: e.mr.addr(), length: 8, lkey: e.mr.lkey() }];
-        let (ra, rb) = (sge(&a), sge(&b));
+        let (ra, rb) = (a.word(), b.word());
         // A's SEND taken in by B's look, whose ACK it owes; A has no completion yet.
         let send = |word: u64| {
             b.qp.post_recv(&RecvWr { wr_id: word, sg_list: &rb }).unwrap();
@@ -3134,12 +3138,8 @@ mod test {
     fn test_an_ack_deferred_goes_before_its_node_leaves() {
         let (dir, (a, fa), (b, fb)) = talking("deferred-exit", end_on);
         let inbound = &fb.0.node.get().unwrap().inbound;
-        until_reader_asleep(inbound);
-        let held = inbound.reader_held.write();
-        let (ra, rb) = (
-            [Sge { addr: a.mr.addr(), length: 8, lkey: a.mr.lkey() }],
-            [Sge { addr: b.mr.addr(), length: 8, lkey: b.mr.lkey() }],
-        );
+        let held = reader_held_asleep(inbound);
+        let (ra, rb) = (a.word(), b.word());
         b.qp.post_recv(&RecvWr { wr_id: 20, sg_list: &rb }).unwrap();
         a.qp.post_send(&SendWr::send(20, &ra).signaled()).unwrap();
         assert_eq!(b.next().wr_id, 20);
@@ -3201,6 +3201,13 @@ mod test {
             assert!(Instant::now() < deadline, "the reader never slept");
             std::thread::sleep(Duration::from_millis(1));
         }
+    }
+
+    /// Holds the reader of `inbound` once it sleeps: woken, it takes nothing in until the guard
+    /// goes.
+    fn reader_held_asleep(inbound: &Inbound) -> parking_lot::RwLockWriteGuard<'_, ()> {
+        until_reader_asleep(inbound);
+        inbound.reader_held.write()
     }
 
     /// Watchers are held one at a time (the tests below would hold each other's).
@@ -3303,10 +3310,10 @@ mod test {
         b.qp.connect(0, &a.qp.endpoint(0), &p).unwrap();
         a.send(&b, 1);
         let held = fb.0.node.get().unwrap().inbound.rx.lock();
-        let rsge = Sge { addr: b.mr.addr(), length: 8, lkey: b.mr.lkey() };
-        b.qp.post_recv(&RecvWr { wr_id: 2, sg_list: &[rsge] }).unwrap();
-        let sge = Sge { addr: a.mr.addr(), length: 8, lkey: a.mr.lkey() };
-        a.qp.post_send(&SendWr::send(2, &[sge]).signaled()).unwrap();
+        let rsge = b.word();
+        b.qp.post_recv(&RecvWr { wr_id: 2, sg_list: &rsge }).unwrap();
+        let sge = a.word();
+        a.qp.post_send(&SendWr::send(2, &sge).signaled()).unwrap();
         // Twenty-four of its timeouts pass with the SEND unread in the peer's ring, the
         // requester polling all along.
         let until = Instant::now() + Duration::from_millis(100);
@@ -3455,12 +3462,12 @@ mod test {
         let (dir, (a, fa), (b, fb)) = talking("reader-bias", end_on);
         let (a2, b2) = (end_on(&fa), end_on(&fb));
         connected(&a2, &b2);
-        let rsge = [Sge { addr: b2.mr.addr(), length: 8, lkey: b2.mr.lkey() }];
+        let rsge = b2.word();
         b2.qp.post_recv(&RecvWr { wr_id: 7, sg_list: &rsge }).unwrap();
         let inbound = &fb.0.node.get().unwrap().inbound;
         until_reader_asleep(inbound);
         // Nobody polls b2's CQ: b's reader takes the SEND in.
-        let sge = [Sge { addr: a2.mr.addr(), length: 8, lkey: a2.mr.lkey() }];
+        let sge = a2.word();
         a2.qp.post_send(&SendWr::send(1, &sge).signaled()).unwrap();
         assert_eq!(a2.next().status, WcStatus::SUCCESS, "acknowledged: b took it in");
         let left = || {
@@ -3507,11 +3514,11 @@ mod test {
         connected(&a, &b);
         assert!(!inbound(&fa).has_rings.load(Ordering::Relaxed));
         assert!(!inbound(&fb).has_rings.load(Ordering::Relaxed));
-        let rsge = Sge { addr: b.mr.addr(), length: 8, lkey: b.mr.lkey() };
-        b.qp.post_recv(&RecvWr { wr_id: 7, sg_list: &[rsge] }).unwrap();
+        let rsge = b.word();
+        b.qp.post_recv(&RecvWr { wr_id: 7, sg_list: &rsge }).unwrap();
         a.mr.write(0, &7u64.to_le_bytes()).unwrap();
-        let sge = Sge { addr: a.mr.addr(), length: 8, lkey: a.mr.lkey() };
-        a.qp.post_send(&SendWr::send(7, &[sge]).signaled()).unwrap();
+        let sge = a.word();
+        a.qp.post_send(&SendWr::send(7, &sge).signaled()).unwrap();
         let (mut sent, mut got) = (None, None);
         let deadline = Instant::now() + Duration::from_secs(10);
         while sent.is_none() || got.is_none() {
