@@ -1105,8 +1105,9 @@ fn a_deadline_kept_past_its_requests_times_out_only_what_goes_unanswered() {
         let (fa, fb) = (dir.fabric(Profile::Full), dir.fabric(Profile::Full));
         let a = node_on(&fa.devices()[0], 4096);
         let b = node_on(&fb.devices()[0], 4096);
-        // An ACK timeout of ~1 ms, two retries.
-        let p = RcParams { timeout: 8, retry_cnt: 2, ..Default::default() };
+        // An ACK timeout of ~4 ms and the most retries: a request that completes has ~33 ms
+        // to, on a loaded machine under a sanitizer too.
+        let p = RcParams { timeout: 10, retry_cnt: 7, ..Default::default() };
         connect(&a.qp, &b.qp, &p, &p);
         let w_sg = [sge(&a.mr, 0, 8)];
         let write = |i: u64| SendWr::write(i, &w_sg, b.mr.addr(), b.mr.rkey()).signaled();
@@ -1119,12 +1120,12 @@ fn a_deadline_kept_past_its_requests_times_out_only_what_goes_unanswered() {
             b.mr.read(0, &mut got).unwrap();
             assert_eq!(u64::from_le_bytes(got), i);
             if i % 8 == 7 {
-                std::thread::sleep(std::time::Duration::from_millis(3));
+                std::thread::sleep(std::time::Duration::from_millis(10));
             }
         }
         b.qp.destroy().unwrap();
         if wait_out {
-            std::thread::sleep(std::time::Duration::from_millis(3));
+            std::thread::sleep(std::time::Duration::from_millis(10));
         }
         a.qp.post_send(&write(99)).unwrap();
         let wc = wait1(&a.cq);
