@@ -342,6 +342,8 @@ struct Rx {
     buf: Vec<u8>,
     /// See [`Batch::last_qp`].
     last_qp: Option<(u32, std::sync::Weak<crate::qp::QpShared>)>,
+    /// See [`Batch::passed`].
+    passed: Vec<std::sync::Weak<crate::qp::QpShared>>,
     /// Per source, the message being reassembled (its fragments arrive in order).
     partial: Partials,
     /// The rings other nodes write to us, by their slot.
@@ -640,6 +642,7 @@ impl Node {
             partial,
             rings: Vec::new(),
             last_qp: None,
+            passed: Vec::new(),
             deferred: None,
         };
         let rx = crate::sync::lock::Lock::new(rx);
@@ -1457,7 +1460,7 @@ fn read_loop(inbound: &Inbound, fabric: &Weak<FabricInner>) {
         let mut rx = crate::sync::lock::lock_lent(&inbound.rx);
         let events = fabric.cq_events.load(Ordering::Relaxed);
         let came = receive(inbound, &mut rx, &fabric, socket);
-        give_back_biases(&rx);
+        give_back_biases(&mut rx);
         let woke = fabric.cq_events.load(Ordering::Relaxed) != events;
         if inbound.polled.swap(false, Ordering::Relaxed) && polled_nap_again(inbound, sleepers) {
             // An application thread is reading the rings: look again soon, unrung.
@@ -1590,18 +1593,21 @@ thread_local! {
 }
 
 /// After the reader took records in: gives back the biases it took on the way (see
-/// `sync::bias::Bias::disown`), those of the rings' locks and of the QP it delivered to last
-/// (its lock and its CQs' producers), so that the application's thread, which polls and posts
-/// from then on, owns them. A reader that took them first (the peer's first messages came
-/// before the application first polled) kept them, and the application's thread revoked each:
-/// `ib_send_lat`'s client then took ~8 more locked instructions per round trip.
-fn give_back_biases(rx: &Rx) {
+/// `sync::bias::Bias::disown`), those of the rings' locks and of the QPs it delivered to
+/// (their locks and their CQs' producers), so that the application's thread, which polls and
+/// posts from then on, owns them. A reader that took them first (the peer's first messages
+/// came before the application first polled) kept them, and the application's thread revoked
+/// each: `ib_send_lat`'s client then took ~8 more locked instructions per round trip, and
+/// `ib_send_bw -q 4`'s two more per message where only the last QP's were given back.
+fn give_back_biases(rx: &mut Rx) {
     rx.rings.iter().for_each(|(_, r)| r.disown_reading());
-    if let Some(qp) = rx.last_qp.as_ref().and_then(|(_, q)| q.upgrade()) {
+    let last = rx.last_qp.as_ref().map(|(_, q)| q);
+    for qp in rx.passed.iter().chain(last).filter_map(std::sync::Weak::upgrade) {
         crate::sync::lock::disown(&qp.inner);
         qp.send_cq.disown_producer();
         qp.recv_cq.disown_producer();
     }
+    rx.passed.clear();
 }
 
 /// Takes into `batch` the records waiting in `rings`.
@@ -1626,9 +1632,13 @@ fn receive_marked(
     socket: bool,
     looking: bool,
 ) -> bool {
-    let mut batch =
-        Batch { drops: Some(&inbound.drops), last_qp: rx.last_qp.take(), ..Batch::default() };
-    let Rx { buf, partial, rings, last_qp, deferred } = rx;
+    let mut batch = Batch {
+        drops: Some(&inbound.drops),
+        last_qp: rx.last_qp.take(),
+        passed: std::mem::take(&mut rx.passed),
+        ..Batch::default()
+    };
+    let Rx { buf, partial, rings, last_qp, passed, deferred } = rx;
     let mut rang = false;
     if socket {
         rang = take_datagrams(inbound, buf, rings, &mut |a| batch.take(fabric, partial, a));
@@ -1658,6 +1668,7 @@ fn receive_marked(
     }
     read_rings(inbound, fabric, rings, partial, &mut batch);
     *last_qp = batch.last_qp.take();
+    *passed = std::mem::take(&mut batch.passed);
     match batch.owed.take() {
         Some(owed) if looking => {
             *deferred = Some(owed.into_ack());
@@ -1869,7 +1880,13 @@ struct Batch<'a> {
     /// The QP the last message was for (see [`Batch::qp`]), kept from one receive to the next
     /// in [`Rx::last_qp`].
     last_qp: Option<(u32, std::sync::Weak<crate::qp::QpShared>)>,
+    /// The node's reader only: the other QPs it delivered to since it last gave their biases
+    /// back (see `give_back_biases`), at most [`PASSED`], kept in [`Rx::passed`].
+    passed: Vec<std::sync::Weak<crate::qp::QpShared>>,
 }
+
+/// How many QPs besides the last one the reader gives the biases back of, per round.
+const PASSED: usize = 16;
 
 impl<'a> Batch<'a> {
     fn dropped(&self, why: Refused) {
@@ -1895,7 +1912,13 @@ impl<'a> Batch<'a> {
             return Some(qp);
         }
         let qp = fabric.lookup_qp_any(qpn)?;
-        self.last_qp = Some((qpn, Arc::downgrade(&qp)));
+        if let Some((_, left)) = self.last_qp.replace((qpn, Arc::downgrade(&qp)))
+            && self.passed.len() < PASSED
+            && READER.get()
+            && !self.passed.iter().any(|p| p.ptr_eq(&left))
+        {
+            self.passed.push(left);
+        }
         Some(qp)
     }
 
@@ -3455,29 +3478,37 @@ mod test {
     }
 
     /// What a node's reader takes in for is left with nobody's bias (the lock of the ring it
-    /// read, the QP it delivered to, the producers' end of the QP's CQ), so that the thread
-    /// that then polls and posts owns each, by its bias, and revokes none.
+    /// read, the QPs it delivered to, the producers' end of their CQs), so that the thread
+    /// that then polls and posts owns each, by its bias, and revokes none: every QP a round
+    /// of the reader delivered to, not only the last.
     #[test]
     fn test_a_reader_leaves_the_biases_of_what_it_took_in_to_the_application() {
         let (dir, (a, fa), (b, fb)) = talking("reader-bias", end_on);
         let (a2, b2) = (end_on(&fa), end_on(&fb));
+        let (a3, b3) = (end_on(&fa), end_on(&fb));
         connected(&a2, &b2);
-        let rsge = b2.word();
+        connected(&a3, &b3);
+        let (rsge, rsge3) = (b2.word(), b3.word());
         b2.qp.post_recv(&RecvWr { wr_id: 7, sg_list: &rsge }).unwrap();
+        b3.qp.post_recv(&RecvWr { wr_id: 9, sg_list: &rsge3 }).unwrap();
         let inbound = &fb.0.node.get().unwrap().inbound;
-        until_reader_asleep(inbound);
-        // Nobody polls b2's CQ: b's reader takes the SEND in.
-        let sge = a2.word();
+        // Nobody polls b2's nor b3's CQ: b's reader takes both SENDs in, in one round.
+        let held = reader_held_asleep(inbound);
+        let (sge, sge3) = (a2.word(), a3.word());
         a2.qp.post_send(&SendWr::send(1, &sge).signaled()).unwrap();
+        a3.qp.post_send(&SendWr::send(3, &sge3).signaled()).unwrap();
+        drop(held);
         assert_eq!(a2.next().status, WcStatus::SUCCESS, "acknowledged: b took it in");
+        assert_eq!(a3.next().status, WcStatus::SUCCESS, "acknowledged: b took it in");
         let left = || {
             let rings_free = inbound
                 .rx
                 .try_lock()
                 .is_some_and(|rx| rx.rings.iter().all(|(_, r)| r.reading_bias_nobodys()));
             rings_free
-                && crate::sync::lock::bias_nobodys(&b2.qp.0.inner)
-                && b2.cq.0.producer_bias().0
+                && [&b2, &b3].iter().all(|e| {
+                    crate::sync::lock::bias_nobodys(&e.qp.0.inner) && e.cq.0.producer_bias().0
+                })
         };
         let deadline = Instant::now() + Duration::from_secs(5);
         while !left() {
@@ -3486,6 +3517,7 @@ mod test {
         }
         // This thread then owns what it polls and posts to, none revoked.
         assert_eq!(b2.next().wr_id, 7);
+        assert_eq!(b3.next().wr_id, 9);
         b2.qp.post_recv(&RecvWr { wr_id: 8, sg_list: &rsge }).unwrap();
         a2.qp.post_send(&SendWr::send(2, &sge).signaled()).unwrap();
         assert_eq!(a2.next().status, WcStatus::SUCCESS);
@@ -3493,7 +3525,7 @@ mod test {
         // Taken in by this thread's poll or by the reader again: never revoked.
         let (nobodys, ours) = b2.cq.0.producer_bias();
         assert!(nobodys || ours, "the completions' end is nobody's or ours");
-        drop((a2, b2));
+        drop((a2, b2, a3, b3));
         talk_and_part((a, fa), (b, fb), &dir);
     }
 
