@@ -3107,7 +3107,7 @@ mod test {
     #[test]
     fn test_a_reply_carries_the_ack_and_an_ack_no_reply_takes_still_goes() {
         let (dir, (a, fa), (b, fb)) = talking("carried", end_on);
-        let inbound = &fb.0.node.get().unwrap().inbound;
+        let inbound = inbound_of(&fb);
         // B's reader, asleep, takes nothing in once woken: B's application thread does.
         let held = reader_held_asleep(inbound);
         let acks = || inbound.acks_sent.load(Ordering::Relaxed);
@@ -3160,7 +3160,7 @@ mod test {
     #[test]
     fn test_an_ack_deferred_goes_before_its_node_leaves() {
         let (dir, (a, fa), (b, fb)) = talking("deferred-exit", end_on);
-        let inbound = &fb.0.node.get().unwrap().inbound;
+        let inbound = inbound_of(&fb);
         let held = reader_held_asleep(inbound);
         let (ra, rb) = (a.word(), b.word());
         b.qp.post_recv(&RecvWr { wr_id: 20, sg_list: &rb }).unwrap();
@@ -3224,6 +3224,11 @@ mod test {
             assert!(Instant::now() < deadline, "the reader never slept");
             std::thread::sleep(Duration::from_millis(1));
         }
+    }
+
+    /// The receiving side of `f`'s node.
+    fn inbound_of(f: &Fabric) -> &Inbound {
+        &f.0.node.get().unwrap().inbound
     }
 
     /// Holds the reader of `inbound` once it sleeps: woken, it takes nothing in until the guard
@@ -3332,7 +3337,7 @@ mod test {
         a.qp.connect(0, &b.qp.endpoint(0), &p).unwrap();
         b.qp.connect(0, &a.qp.endpoint(0), &p).unwrap();
         a.send(&b, 1);
-        let held = fb.0.node.get().unwrap().inbound.rx.lock();
+        let held = inbound_of(&fb).rx.lock();
         let rsge = b.word();
         b.qp.post_recv(&RecvWr { wr_id: 2, sg_list: &rsge }).unwrap();
         let sge = a.word();
@@ -3361,7 +3366,7 @@ mod test {
     #[test]
     fn test_a_polling_requester_carries_out_what_a_peer_not_taking_in_waits_for() {
         let (dir, (a, fa), (b, fb)) = talking("lagging", end_on);
-        let held = fb.0.node.get().unwrap().inbound.rx.lock();
+        let held = inbound_of(&fb).rx.lock();
         a.mr.write(64, b"landed!!").unwrap();
         b.mr.write(128, b"read me.").unwrap();
         let sge = |at: u64| Sge { addr: a.mr.addr() + at, length: 8, lkey: a.mr.lkey() };
@@ -3404,7 +3409,7 @@ mod test {
     #[test]
     fn test_a_doorbell_an_application_thread_takes_is_passed_on_to_the_reader() {
         let (dir, (a, fa), (b, fb)) = talking("bell-passed", end_on);
-        let inbound = &fb.0.node.get().unwrap().inbound;
+        let inbound = inbound_of(&fb);
         until_reader_asleep(inbound);
         // The reader, asleep on the socket, wakes and ends without reading it: from here on
         // only this thread takes datagrams off B's socket.
@@ -3439,7 +3444,7 @@ mod test {
     #[test]
     fn test_a_reader_napping_while_its_rings_are_polled_leaves_them_to_the_poller() {
         let (dir, (a, fa), (b, fb)) = talking("polled-nap", end_on);
-        let inbound = &fb.0.node.get().unwrap().inbound;
+        let inbound = inbound_of(&fb);
         let disarmed = |rx: &Rx| rx.rings.iter().all(|(_, r)| !r.armed());
         // Whether, the rings held, the reader ends three naps without waiting for them (each
         // nap's end takes the mark of a look, set again here at once). One that found no look
@@ -3491,7 +3496,7 @@ mod test {
         let (rsge, rsge3) = (b2.word(), b3.word());
         b2.qp.post_recv(&RecvWr { wr_id: 7, sg_list: &rsge }).unwrap();
         b3.qp.post_recv(&RecvWr { wr_id: 9, sg_list: &rsge3 }).unwrap();
-        let inbound = &fb.0.node.get().unwrap().inbound;
+        let inbound = inbound_of(&fb);
         // Nobody polls b2's nor b3's CQ: b's reader takes both SENDs in, in one round.
         let held = reader_held_asleep(inbound);
         let (sge, sge3) = (a2.word(), a3.word());
@@ -3538,14 +3543,11 @@ mod test {
         let (dir, cfg) = host_dir("first-rings");
         let (fa, fb) = (Fabric::new(cfg.clone()), Fabric::new(cfg));
         let (a, b) = (end_on(&fa), end_on(&fb));
-        fn inbound(f: &Fabric) -> &Inbound {
-            &f.0.node.get().unwrap().inbound
-        }
         // Held before the QPs connect, which passes the rings.
-        let held = (inbound(&fa).reader_held.write(), inbound(&fb).reader_held.write());
+        let held = (inbound_of(&fa).reader_held.write(), inbound_of(&fb).reader_held.write());
         connected(&a, &b);
-        assert!(!inbound(&fa).has_rings.load(Ordering::Relaxed));
-        assert!(!inbound(&fb).has_rings.load(Ordering::Relaxed));
+        assert!(!inbound_of(&fa).has_rings.load(Ordering::Relaxed));
+        assert!(!inbound_of(&fb).has_rings.load(Ordering::Relaxed));
         let rsge = b.word();
         b.qp.post_recv(&RecvWr { wr_id: 7, sg_list: &rsge }).unwrap();
         a.mr.write(0, &7u64.to_le_bytes()).unwrap();
@@ -3563,8 +3565,8 @@ mod test {
         let mut bytes = [0; 8];
         b.mr.read(0, &mut bytes).unwrap();
         assert_eq!(u64::from_le_bytes(bytes), 7);
-        assert!(inbound(&fa).has_rings.load(Ordering::Relaxed));
-        assert!(inbound(&fb).has_rings.load(Ordering::Relaxed));
+        assert!(inbound_of(&fa).has_rings.load(Ordering::Relaxed));
+        assert!(inbound_of(&fb).has_rings.load(Ordering::Relaxed));
         drop(held);
         talk_and_part((a, fa), (b, fb), &dir);
     }
@@ -3582,7 +3584,7 @@ mod test {
         for _ in 0..10 * SOCKET_LOOKS {
             assert!(a.cq.poll_one().is_none());
         }
-        let inbound = &f.0.node.get().unwrap().inbound;
+        let inbound = inbound_of(&f);
         assert_eq!(inbound.looks_without_rings.load(Ordering::Relaxed), 0);
         assert!(!inbound.polled.load(Ordering::Relaxed));
         a.send(&b, 3);
@@ -3682,7 +3684,7 @@ mod test {
         let heard = || a.qp.0.heard.load(Ordering::Relaxed);
         let before = heard();
         // The peer takes nothing in until the whole run waits in its ring.
-        let held = fb.0.node.get().unwrap().inbound.rx.lock();
+        let held = inbound_of(&fb).rx.lock();
         for i in 0..RUN {
             a.qp.post_send(&SendWr::send(i, &[at(&a, i)]).signaled()).unwrap();
         }
@@ -3728,7 +3730,7 @@ mod test {
         };
         let ((ma, bytes_a), (mb, bytes_b)) = (raw(&a, 0x11), raw(&b, 0x22));
         let views = |f: &Fabric| {
-            let rx = f.0.node.get().unwrap().inbound.rx.lock();
+            let rx = inbound_of(f).rx.lock();
             rx.rings.iter().filter_map(|(_, r)| r.sender()).map(|p| p.view_count()).sum::<usize>()
         };
 
@@ -3764,7 +3766,7 @@ mod test {
         assert!((0..m).all(|i| bytes_b[131_072 + i] == expect(0x11, 200_000, i)), "the SEND");
         // Each node copied from its view of the other's memory.
         let copied = |f: &Fabric| {
-            let rx = f.0.node.get().unwrap().inbound.rx.lock();
+            let rx = inbound_of(f).rx.lock();
             rx.rings.iter().filter_map(|(_, r)| r.sender()).map(|p| p.view_copies()).sum::<u64>()
         };
         assert!(copied(&fb) >= 2, "B copied the WRITE and the SEND from its view");
