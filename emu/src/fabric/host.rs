@@ -46,7 +46,7 @@ use rustc_hash::FxHashMap;
 use super::{
     FabricInner,
     exports::{self, Exports, PeerExports},
-    ring::{Record, Ring, Written},
+    ring::{Read, Record, Ring, Written},
     trust::{FabricDir, Location},
     wire,
     wire::{Control, Encoded, Message, Refused},
@@ -1827,12 +1827,12 @@ fn ring_sender(rings: &[(u8, Arc<Ring>)], slot: u8, pid: u32) -> Option<&Arc<Pee
 /// its payload in place), with who sent it.
 enum Arrived<'a> {
     Datagram(&'a [u8], Source),
-    Record(Record, Source),
+    Record(Read<'a>, Source),
 }
 
 impl Arrived<'_> {
     /// A record of the ring that the node in `slot` writes.
-    fn record(slot: u8, rec: Record) -> Arrived<'static> {
+    fn record(slot: u8, rec: Read<'_>) -> Arrived<'_> {
         let pid = rec.ring().sender().map_or(0, |p| p.pid());
         Arrived::Record(rec, Source { slot, pid })
     }
@@ -2273,16 +2273,16 @@ fn hold(
     partial: &mut Partials,
     src: Source,
     h: FrameHead,
-    rec: Record,
+    rec: Read<'_>,
 ) -> Result<Option<Vec<Record>>, Refused> {
     let len = rec.bytes().len() - HEADER;
     if h.flags & FIRST != 0 {
-        partial.insert(src, Partial::Held(vec![rec], len));
+        partial.insert(src, Partial::Held(vec![rec.keep()], len));
         return Ok(None);
     }
     let add = |p: &mut Partial| match p {
         Partial::Held(recs, got) => {
-            recs.push(rec);
+            recs.push(rec.keep());
             *got += len;
             true
         }
@@ -2304,7 +2304,7 @@ fn land(
     partial: &mut Partials,
     src: Source,
     h: FrameHead,
-    rec: &Record,
+    rec: &Read<'_>,
     to: &Option<Arc<crate::qp::QpShared>>,
 ) -> Option<Result<Option<Packet>, Refused>> {
     let body = &rec.bytes()[HEADER..];
@@ -3024,7 +3024,7 @@ mod test {
         assert_eq!(named(), 0, "the flusher at it");
         peer.tx.lock().flushing = false;
         assert_eq!(named(), 1, "unfreed and unbegun for LAG");
-        ring.read(drop).unwrap();
+        ring.read(|rec| drop(rec)).unwrap();
         for _ in 0..2 {
             after_lag();
             assert_eq!(named(), 0, "freed");

@@ -671,7 +671,7 @@ impl Ring {
     /// Reader: hands each published record to `each`, in order (a record not lent is freed
     /// when `each` drops it). A record that breaks the format (a writer that does not follow
     /// it) is an error: the ring is no longer usable.
-    pub(crate) fn read(self: &Arc<Self>, mut each: impl FnMut(Record)) -> io::Result<()> {
+    pub(crate) fn read(self: &Arc<Self>, mut each: impl FnMut(Read<'_>)) -> io::Result<()> {
         let broken = || io::Error::new(io::ErrorKind::InvalidData, "a malformed ring record");
         let tail = self.word(TAIL_AT).load(Ordering::Acquire);
         tsan::acquired(self.ino);
@@ -695,11 +695,19 @@ impl Ring {
             drop(st);
             if let Some(len) = len {
                 let at = at + RECORD_HEADER;
-                each(Record { ring: self.clone(), bytes: at..at + len as usize, seq });
+                each(Read { ring: self, bytes: at..at + len as usize, seq });
             } else {
                 self.free(seq);
             }
         }
+    }
+
+    /// Reader: the bytes `range` (ring offsets) of a record read and not yet freed.
+    fn record_bytes(&self, range: &Range<usize>) -> &[u8] {
+        // SAFETY: the bytes are published and inside the ring (checked by `read`); the writer
+        // leaves them alone until `head` passes them, which `free` does only once the record
+        // holding them (the caller's) is dropped.
+        unsafe { std::slice::from_raw_parts(self.ptr(range.start, 0), range.len()) }
     }
 
     /// Reader: its responder begins the request of the record at `at`; whether the writer
@@ -744,7 +752,56 @@ impl Ring {
     }
 }
 
-/// A record read from a ring, held until dropped: its bytes stay as they are until then.
+/// A record as [`Ring::read`] hands it out, freed when dropped unless kept ([`Read::keep`]):
+/// it borrows the ring, so a record taken in and let go within the read (most are) costs no
+/// count of the ring's references (two locked instructions).
+#[derive(Debug)]
+pub(crate) struct Read<'r> {
+    ring: &'r Arc<Ring>,
+    /// Ring offsets of its bytes.
+    bytes: Range<usize>,
+    seq: u64,
+}
+
+impl Read<'_> {
+    pub(crate) fn ring(&self) -> &Ring {
+        self.ring
+    }
+
+    pub(crate) fn bytes(&self) -> &[u8] {
+        self.ring.record_bytes(&self.bytes)
+    }
+
+    /// As [`Record::begin`].
+    pub(crate) fn begin(&self) -> bool {
+        self.ring.take(self.bytes.start - RECORD_HEADER)
+    }
+
+    /// Keeps the record past the read, until the returned one is dropped.
+    pub(crate) fn keep(self) -> Record {
+        let read = std::mem::ManuallyDrop::new(self);
+        Record { ring: read.ring.clone(), bytes: read.bytes.clone(), seq: read.seq }
+    }
+
+    /// As [`Record::ticket`].
+    pub(crate) fn ticket(self, range: Option<Range<usize>>) -> (Ticket, Option<Lent>) {
+        self.keep().ticket(range)
+    }
+
+    /// As [`Record::lend`].
+    pub(crate) fn lend(self, range: Range<usize>) -> Lent {
+        self.keep().lend(range)
+    }
+}
+
+impl Drop for Read<'_> {
+    fn drop(&mut self) {
+        self.ring.free(self.seq);
+    }
+}
+
+/// A record read from a ring and kept, held until dropped: its bytes stay as they are until
+/// then.
 #[derive(Debug)]
 pub(crate) struct Record {
     ring: Arc<Ring>,
@@ -754,10 +811,6 @@ pub(crate) struct Record {
 }
 
 impl Record {
-    pub(crate) fn ring(&self) -> &Ring {
-        &self.ring
-    }
-
     /// Keeps the record as the ticket of its request, and lends `range` of its bytes if
     /// asked: the record stays in the ring until both are gone.
     pub(crate) fn ticket(self, range: Option<Range<usize>>) -> (Ticket, Option<Lent>) {
@@ -776,10 +829,7 @@ impl Record {
     }
 
     pub(crate) fn bytes(&self) -> &[u8] {
-        // SAFETY: the bytes are published and inside the ring (checked by `read`); the writer
-        // leaves them alone until `head` passes them, which `free` does only after this
-        // record is dropped.
-        unsafe { std::slice::from_raw_parts(self.ring.ptr(self.bytes.start, 0), self.bytes.len()) }
+        self.ring.record_bytes(&self.bytes)
     }
 
     /// Keeps the record for as long as the returned bytes (`range` of its bytes) live.
