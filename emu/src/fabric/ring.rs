@@ -703,10 +703,13 @@ impl Ring {
     }
 
     /// Reader: the bytes `range` (ring offsets) of a record read and not yet freed.
-    fn record_bytes(&self, range: &Range<usize>) -> &[u8] {
-        // SAFETY: the bytes are published and inside the ring (checked by `read`); the writer
-        // leaves them alone until `head` passes them, which `free` does only once the record
-        // holding them (the caller's) is dropped.
+    ///
+    /// # Safety
+    /// `range` is the bytes of a record the caller holds (a [`Read`] or [`Record`] not yet
+    /// dropped): published, inside the ring (checked by `read`), and left alone by the writer
+    /// until `head` passes them, which `free` does only once that record is dropped.
+    unsafe fn record_bytes(&self, range: &Range<usize>) -> &[u8] {
+        // SAFETY: as the caller promises, above.
         unsafe { std::slice::from_raw_parts(self.ptr(range.start, 0), range.len()) }
     }
 
@@ -769,7 +772,8 @@ impl Read<'_> {
     }
 
     pub(crate) fn bytes(&self) -> &[u8] {
-        self.ring.record_bytes(&self.bytes)
+        // SAFETY: `self.bytes` is the range of this record, held until `self` is dropped.
+        unsafe { self.ring.record_bytes(&self.bytes) }
     }
 
     /// As [`Record::begin`].
@@ -829,7 +833,8 @@ impl Record {
     }
 
     pub(crate) fn bytes(&self) -> &[u8] {
-        self.ring.record_bytes(&self.bytes)
+        // SAFETY: `self.bytes` is the range of this record, held until `self` is dropped.
+        unsafe { self.ring.record_bytes(&self.bytes) }
     }
 
     /// Keeps the record for as long as the returned bytes (`range` of its bytes) live.
