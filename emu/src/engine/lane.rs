@@ -124,19 +124,28 @@ impl Hint {
 /// CQ. Whether it ran (if not, nothing changed).
 #[inline]
 pub(crate) fn post(qp: &Arc<QpShared>, g: &mut QpInner, wr: &SendWr<'_>, f: &FabricInner) -> bool {
-    let (none, with_imm) = (WcFlags::empty(), WcFlags::WITH_IMM);
-    let (send, imm, done) = match wr.opcode {
-        WrOpcode::RDMA_WRITE => (false, None, (WcOpcode::RDMA_WRITE, none)),
-        WrOpcode::RDMA_WRITE_WITH_IMM => {
-            (false, Some(wr.imm_data), (WcOpcode::RDMA_WRITE, with_imm))
-        }
-        WrOpcode::SEND => (true, None, (WcOpcode::SEND, none)),
-        WrOpcode::SEND_WITH_IMM => (true, Some(wr.imm_data), (WcOpcode::SEND, with_imm)),
-        WrOpcode::ATOMIC_FETCH_AND_ADD | WrOpcode::ATOMIC_CMP_AND_SWP => {
-            return post_atomic(qp, g, wr, f);
-        }
-        _ => return false,
-    };
+    match wr.opcode {
+        WrOpcode::RDMA_WRITE => post_plain::<false, false>(qp, g, wr, f),
+        WrOpcode::RDMA_WRITE_WITH_IMM => post_plain::<false, true>(qp, g, wr, f),
+        WrOpcode::SEND => post_plain::<true, false>(qp, g, wr, f),
+        WrOpcode::SEND_WITH_IMM => post_plain::<true, true>(qp, g, wr, f),
+        WrOpcode::ATOMIC_FETCH_AND_ADD | WrOpcode::ATOMIC_CMP_AND_SWP => post_atomic(qp, g, wr, f),
+        _ => false,
+    }
+}
+
+/// [`post`] of a WRITE or a SEND (`SEND`), with immediate or not (`IMM`): one copy for each,
+/// whose branches on what the opcode decides are gone.
+#[inline(always)]
+fn post_plain<const SEND: bool, const IMM: bool>(
+    qp: &Arc<QpShared>,
+    g: &mut QpInner,
+    wr: &SendWr<'_>,
+    f: &FabricInner,
+) -> bool {
+    let imm = IMM.then_some(wr.imm_data);
+    let flags = if IMM { WcFlags::WITH_IMM } else { WcFlags::empty() };
+    let done = (if SEND { WcOpcode::SEND } else { WcOpcode::RDMA_WRITE }, flags);
     let Some(lane) = &g.lane else { return false };
     if !idle(g) {
         return false;
@@ -160,8 +169,8 @@ pub(crate) fn post(qp: &Arc<QpShared>, g: &mut QpInner, wr: &SendWr<'_>, f: &Fab
     let Some(dst) = lane.peer() else { return false };
     let Some(mut dg) = dst.inner.try_lock() else { return false };
     let psn = g.req.psn;
-    let kind = if send { Kind::Send } else { Kind::Write };
-    let receives = send || imm.is_some();
+    let kind = if SEND { Kind::Send } else { Kind::Write };
+    let receives = SEND || IMM;
     if !express::takes(dst, &dg, qp.qp_type, psn, dest.1)
         || responder::refuses(&dg, kind, len, wr.remote_addr, 0)
         || receives && dst.srq.as_ref().is_some_and(|s| s.tm.is_some())
@@ -179,7 +188,7 @@ pub(crate) fn post(qp: &Arc<QpShared>, g: &mut QpInner, wr: &SendWr<'_>, f: &Fab
         },
         _ => return false,
     };
-    let target = match send {
+    let target = match SEND {
         true => None,
         false => match express::remote_span(
             rkeys,
@@ -196,7 +205,7 @@ pub(crate) fn post(qp: &Arc<QpShared>, g: &mut QpInner, wr: &SendWr<'_>, f: &Fab
         // By value (`move`): captured by reference, the piece and the target were laid out
         // on the stack for every request, the WRITE's too (~20 instructions).
         let place = move |sges: &[Sge]| {
-            let copied = match (target, send, sges) {
+            let copied = match (target, SEND, sges) {
                 (Some(span), _, _) => express::copy_into(piece, span),
                 (None, false, _) => true,
                 (None, true, _) => express::scatter(rkeys, pd, sges, len)
@@ -212,7 +221,7 @@ pub(crate) fn post(qp: &Arc<QpShared>, g: &mut QpInner, wr: &SendWr<'_>, f: &Fab
             src_lid: g.port.lid,
             solicited: wr.send_flags.contains(SendFlags::SOLICITED),
         };
-        let opcode = if send { WcOpcode::RECV } else { WcOpcode::RECV_RDMA_WITH_IMM };
+        let opcode = if SEND { WcOpcode::RECV } else { WcOpcode::RECV_RDMA_WITH_IMM };
         responder::complete_arrival(dst, &mut dg, &arrival, opcode, wr_id);
     } else if let Some(span) = target
         && !express::copy_into(piece, span)
