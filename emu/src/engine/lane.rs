@@ -203,7 +203,8 @@ fn post_plain<const SEND: bool, const IMM: bool>(
     if receives {
         let pd = responder::own_recv_pd(dst);
         // By value (`move`): captured by reference, the piece and the target were laid out
-        // on the stack for every request, the WRITE's too (~20 instructions).
+        // on the stack for every request (~20 instructions, when one copy of the lane served
+        // every opcode).
         let place = move |sges: &[Sge]| {
             let copied = match (target, SEND, sges) {
                 (Some(span), _, _) => express::copy_into(piece, span),
