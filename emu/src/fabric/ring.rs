@@ -699,6 +699,10 @@ impl Ring {
             } else {
                 self.free(seq);
             }
+            // Read up to `tail` (by this thread or another): done, without the lock again.
+            if self.read_to.load(Ordering::Relaxed) == tail {
+                return Ok(());
+            }
         }
     }
 
