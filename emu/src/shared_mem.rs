@@ -38,6 +38,8 @@ use std::{
 
 use parking_lot::Mutex;
 
+use crate::sys::mm;
+
 /// MRs that peers may write whose whole pages span less are left where they are: nothing of
 /// them can be mapped. (A page is worth moving: `ib_write_lat`'s buffers are two, and a peer
 /// that writes into them through a view instead of `process_vm_writev` halves its round trip.)
@@ -220,7 +222,7 @@ pub(crate) fn adopt(addr: u64, len: usize) -> Option<Lease> {
     // A child made by fork does not inherit the shared mapping, but a private copy of it
     // (see `fork_prepare`).
     // SAFETY: advice on our own mapping, just made.
-    unsafe { libc::madvise(start as *mut libc::c_void, n, libc::MADV_DONTFORK) };
+    unsafe { mm::madvise(start as *mut libc::c_void, n, libc::MADV_DONTFORK) };
     let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
     // SAFETY: F_ADD_SEALS on a descriptor we own takes an int. The file may no longer change
     // size: a peer's mapping never faults.
@@ -244,7 +246,7 @@ pub(crate) fn adopt(addr: u64, len: usize) -> Option<Lease> {
 fn move_into(fd: &OwnedFd, start: u64, n: usize) -> bool {
     let (rw, shared) = (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED);
     // SAFETY: a new mapping the kernel places, aliasing nothing of ours.
-    let tmp = unsafe { libc::mmap(std::ptr::null_mut(), n, rw, shared, fd.as_raw_fd(), 0) };
+    let tmp = unsafe { mm::mmap(std::ptr::null_mut(), n, rw, shared, fd.as_raw_fd(), 0) };
     if tmp == libc::MAP_FAILED {
         return false;
     }
@@ -262,7 +264,7 @@ fn private_copy(start: u64, n: usize) -> *mut libc::c_void {
     let (rw, private) =
         (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS);
     // SAFETY: a new anonymous mapping the kernel places.
-    let tmp = unsafe { libc::mmap(std::ptr::null_mut(), n, rw, private, -1, 0) };
+    let tmp = unsafe { mm::mmap(std::ptr::null_mut(), n, rw, private, -1, 0) };
     if tmp == libc::MAP_FAILED {
         return std::ptr::null_mut();
     }
@@ -291,10 +293,10 @@ fn put_in_place(tmp: *mut libc::c_void, start: u64, n: usize) -> bool {
     let flags = libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED;
     // SAFETY: moves our fresh mapping over the pages (which it unmaps) in one step; both
     // are page-aligned and `n` long.
-    let r = unsafe { libc::mremap(tmp, n, n, flags, at.cast::<libc::c_void>()) };
+    let r = unsafe { mm::mremap(tmp, n, n, flags, at.cast::<libc::c_void>()) };
     if r == libc::MAP_FAILED {
         // SAFETY: `tmp` is still ours and mapped.
-        unsafe { libc::munmap(tmp, n) };
+        unsafe { mm::munmap(tmp, n) };
         return false;
     }
     true
@@ -312,7 +314,7 @@ extern "C" fn fork_prepare() {
         if copy.is_null() {
             // No room for a copy: the child shares the pages rather than lacking them.
             // SAFETY: advice on our own mapping.
-            unsafe { libc::madvise(m.base as *mut libc::c_void, m.len, libc::MADV_DOFORK) };
+            unsafe { mm::madvise(m.base as *mut libc::c_void, m.len, libc::MADV_DOFORK) };
         }
         forking.push((m.base, m.len, copy as usize));
     }
@@ -325,9 +327,9 @@ extern "C" fn fork_parent() {
         // SAFETY: the copy is ours, made in `fork_prepare`; the range is moved memory.
         unsafe {
             if copy == 0 {
-                libc::madvise(base as *mut libc::c_void, len, libc::MADV_DONTFORK);
+                mm::madvise(base as *mut libc::c_void, len, libc::MADV_DONTFORK);
             } else {
-                libc::munmap(copy as *mut libc::c_void, len);
+                mm::munmap(copy as *mut libc::c_void, len);
             }
         }
     }
@@ -345,7 +347,7 @@ extern "C" fn fork_child() {
         let flags = libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED;
         // SAFETY: moves the copy (ours) to where the shared mapping, not inherited, was.
         unsafe {
-            libc::mremap(copy as *mut libc::c_void, len, len, flags, base as *mut libc::c_void)
+            mm::mremap(copy as *mut libc::c_void, len, len, flags, base as *mut libc::c_void)
         };
     }
     moved.clear();

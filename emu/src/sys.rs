@@ -431,6 +431,70 @@ pub(crate) fn host_addresses() -> Vec<std::net::IpAddr> {
     out
 }
 
+/// The calls that change the address space, made straight to the kernel rather than through
+/// libc's functions. Programs that keep registration caches watch the address space by
+/// patching libc's `mmap`, `munmap`, `mremap` and `madvise` (libfabric's and UCX's memory
+/// hooks): a call on memory they cache means to them that the application changed it. A NIC
+/// changes no mapping to register memory, where the emulator reads it in at registration and
+/// may move its pages into shared memory and back (`crate::shared_mem`): told of that from
+/// inside its own registration, libfabric's rxm dropped regions it was using and crashed.
+/// Each is as unsafe as the call it makes; errors return as libc's do (`MAP_FAILED` or -1,
+/// with `errno` set).
+pub(crate) mod mm {
+    use libc::{c_int, c_void, off_t, size_t};
+
+    /// `mmap(2)`.
+    ///
+    /// # Safety
+    /// As `mmap`: a fixed address replaces what is mapped there.
+    pub(crate) unsafe fn mmap(
+        addr: *mut c_void,
+        len: size_t,
+        prot: c_int,
+        flags: c_int,
+        fd: c_int,
+        off: off_t,
+    ) -> *mut c_void {
+        // SAFETY: the caller's contract is mmap's.
+        let r = unsafe { libc::syscall(libc::SYS_mmap, addr, len, prot, flags, fd, off) };
+        std::ptr::with_exposed_provenance_mut(r as usize)
+    }
+
+    /// `munmap(2)`.
+    ///
+    /// # Safety
+    /// Nothing may use the range afterwards.
+    pub(crate) unsafe fn munmap(addr: *mut c_void, len: size_t) -> c_int {
+        // SAFETY: the caller's contract is munmap's.
+        unsafe { libc::syscall(libc::SYS_munmap, addr, len) as c_int }
+    }
+
+    /// `mremap(2)` with a new address (meant with `MREMAP_FIXED`).
+    ///
+    /// # Safety
+    /// As `mremap`: the old range moves, and a fixed new address replaces what is mapped there.
+    pub(crate) unsafe fn mremap(
+        old: *mut c_void,
+        old_len: size_t,
+        new_len: size_t,
+        flags: c_int,
+        new: *mut c_void,
+    ) -> *mut c_void {
+        // SAFETY: the caller's contract is mremap's.
+        let r = unsafe { libc::syscall(libc::SYS_mremap, old, old_len, new_len, flags, new) };
+        std::ptr::with_exposed_provenance_mut(r as usize)
+    }
+
+    /// `madvise(2)`.
+    ///
+    /// # Safety
+    /// As `madvise`: some advice (`MADV_DONTNEED`, `MADV_FREE`) discards contents.
+    pub(crate) unsafe fn madvise(addr: *mut c_void, len: size_t, advice: c_int) -> c_int {
+        // SAFETY: the caller's contract is madvise's.
+        unsafe { libc::syscall(libc::SYS_madvise, addr, len, advice) as c_int }
+    }
+}
+
 /// Faults in `addr..addr+len` as the kernel's pinning of a registration does (for writing when
 /// `write`) with one `madvise(MADV_POPULATE_*)`; false where part of the range is unmapped or
 /// lacks the access, where the kernel fails `ibv_reg_mr` with `EFAULT`. Before Linux 5.14 (no
@@ -444,7 +508,7 @@ pub(crate) fn fault_in(addr: u64, len: usize, write: bool) -> bool {
     let populate = *POPULATE.get_or_init(|| {
         // SAFETY: a private anonymous page of our own, advised and unmapped here.
         unsafe {
-            let p = libc::mmap(
+            let p = mm::mmap(
                 std::ptr::null_mut(),
                 page as usize,
                 libc::PROT_READ | libc::PROT_WRITE,
@@ -455,8 +519,8 @@ pub(crate) fn fault_in(addr: u64, len: usize, write: bool) -> bool {
             if p == libc::MAP_FAILED {
                 return false;
             }
-            let ok = libc::madvise(p, page as usize, libc::MADV_POPULATE_WRITE) == 0;
-            libc::munmap(p, page as usize);
+            let ok = mm::madvise(p, page as usize, libc::MADV_POPULATE_WRITE) == 0;
+            mm::munmap(p, page as usize);
             ok
         }
     });
@@ -464,7 +528,7 @@ pub(crate) fn fault_in(addr: u64, len: usize, write: bool) -> bool {
         let advice = if write { libc::MADV_POPULATE_WRITE } else { libc::MADV_POPULATE_READ };
         // SAFETY: populating changes no contents; it fails (ENOMEM, EINVAL, EFAULT) where the
         // range is unmapped or lacks the access, which is what we ask.
-        unsafe { libc::madvise(start as *mut libc::c_void, span, advice) }
+        unsafe { mm::madvise(start as *mut libc::c_void, span, advice) }
     } else {
         let mut vec = vec![0u8; span.div_ceil(page as usize)];
         // SAFETY: `vec` has one byte per page of the range, as mincore writes.
@@ -558,7 +622,7 @@ impl FileMapping {
         let map = |prot| {
             // SAFETY: a new shared mapping chosen by the kernel, aliasing nothing of ours; the
             // file offset is page-aligned as mmap requires.
-            unsafe { libc::mmap(std::ptr::null_mut(), span, prot, libc::MAP_SHARED, fd, at) }
+            unsafe { mm::mmap(std::ptr::null_mut(), span, prot, libc::MAP_SHARED, fd, at) }
         };
         let mut base = map(libc::PROT_READ | libc::PROT_WRITE);
         // EACCES: a read-only descriptor; EPERM: a file sealed against new writable mappings.
@@ -586,7 +650,7 @@ impl Drop for FileMapping {
     fn drop(&mut self) {
         // SAFETY: the mapping made in `map`, unmapped once, here; nothing refers to it after
         // its owner (the MR's region) is dropped.
-        unsafe { libc::munmap(self.base, self.len) };
+        unsafe { mm::munmap(self.base, self.len) };
     }
 }
 

@@ -244,6 +244,18 @@ fn memory_registration_pins_and_rereg_answers_as_libibverbs_and_the_providers() 
     c_program("mr", &["full", "rxe"]);
 }
 
+/// Registration, use, fork and deregistration on the host fabric (where registered memory
+/// moves into shared memory) make no call to libc's `mmap`, `munmap`, `mremap` or `madvise`
+/// on the registered pages, which memory hooks (libfabric's, UCX's) would take for the
+/// application's.
+#[test]
+fn registration_changes_no_mapping_that_memory_hooks_watch() {
+    let exe = build("memhooks");
+    let fabric = common::Fabric::new("hooks");
+    let out = run_on_shim(Command::new(&exe).env("RDMA_EMU_FABRIC", &fabric.0));
+    assert!(out.contains("memhooks ok"), "{out}");
+}
+
 #[test]
 fn device_memory_through_the_c_abi() {
     c_program("dm", &["full", "rxe"]);
