@@ -267,6 +267,35 @@ fn reset_takes_the_qps_completions_out_of_its_cqs_on_the_full_profile_only() {
     }
 }
 
+/// Destroying a QP takes its completions out of its CQs in the full profile, successful ones
+/// too, as mlx5's `ibv_destroy_qp` cleans its CQs (libfabric's rxm closes a connection's QP,
+/// then reads its CQ to the end, and reposts a receive it finds there on the QP it closed);
+/// rxe leaves them. The other QP's completions in the same CQ stay.
+#[test]
+fn destroy_takes_the_qps_completions_out_of_its_cqs_on_the_full_profile_only() {
+    for profile in [Profile::Full, Profile::Rxe] {
+        let (_f, a, b) = pair(profile);
+        let other = b.pd.create_qp(&QpInitAttr::new(QpType::UD, &b.cq, cap(4))).unwrap();
+        let init = QpAttr { qp_state: QpState::INIT, port_num: 1, qkey: 7, ..Default::default() };
+        let mask = QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY;
+        other.modify(&init, mask).unwrap();
+        post_recv(&b.qp, 100, &[sge(&b.mr, 0, 8)]);
+        post_recv(&other, 200, &[sge(&b.mr, 0, 8)]);
+        a.qp.post_send(&SendWr::send(1, &[sge(&a.mr, 0, 8)]).signaled()).unwrap();
+        assert_eq!(wait1(&a.cq).status, WcStatus::SUCCESS);
+        let src = [sge(&b.mr, 0, 8)];
+        b.qp.post_send(&SendWr::write(300, &src, a.mr.addr(), a.mr.rkey()).signaled()).unwrap();
+        // In one process a WR's completions are queued by the time its post returns.
+        other
+            .modify(&QpAttr { qp_state: QpState::ERR, ..Default::default() }, QpAttrMask::STATE)
+            .unwrap();
+        b.qp.destroy().unwrap();
+        let left: Vec<u64> = std::iter::from_fn(|| b.cq.poll_one()).map(|wc| wc.wr_id).collect();
+        let want: &[u64] = if profile == Profile::Full { &[200] } else { &[100, 300, 200] };
+        assert_eq!(left, want, "{profile:?}");
+    }
+}
+
 #[test]
 fn posting_below_rts_is_einval_on_rxe_and_queued_until_rts_on_the_full_profile() {
     let fabric = Fabric::new(FabricConfig { profile: Profile::Rxe, ..Default::default() });

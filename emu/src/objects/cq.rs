@@ -346,9 +346,13 @@ impl CqInner {
         }
     }
 
-    /// Takes the completions of QP `qpn` out of the CQ (a QP moved to RESET on a device that
-    /// cleans its CQs then).
+    /// Takes the completions of QP `qpn` out of the CQ (a QP moved to RESET or destroyed on a
+    /// device that cleans its CQs then). The QP, in RESET, makes no more: a CQ that holds
+    /// none now holds none of them, and is left as it is (rewriting it revokes its biases).
     pub(crate) fn remove_qp(&self, qpn: u32) {
+        if self.len() == 0 {
+            return;
+        }
         self.rewrite(|mut wcs| {
             wcs.retain(|wc| wc.qp_num != qpn);
             (wcs, None, ())

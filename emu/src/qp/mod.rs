@@ -282,7 +282,11 @@ impl QpShared {
 
     /// A destroyed QP does nothing more: its peer (in another process) is told, its queues
     /// and inbox are emptied without completions, its timers find it in RESET, and it lets
-    /// go of the peer its lane holds (two peers must not keep each other).
+    /// go of the peer its lane holds (two peers must not keep each other). Where the device
+    /// cleans CQs at RESET it does here too, as mlx5's `ibv_destroy_qp` takes the QP's
+    /// completions out of its CQs: a program may read its CQ to the end after destroying a
+    /// QP and take what it finds for the work of a live one (libfabric's rxm reposts the
+    /// receive of such a completion on the QP it closed).
     fn stop(&self) {
         let mut g = lock_lent(&self.inner);
         self.part(&g);
@@ -291,6 +295,10 @@ impl QpShared {
         g.sq.clear();
         self.rq.clear();
         self.inbox.clear();
+        if self.ctx.device.profile.reset_cleans_cqs() {
+            self.send_cq.remove_qp(self.qpn);
+            self.recv_cq.remove_qp(self.qpn);
+        }
     }
 }
 
