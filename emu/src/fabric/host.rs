@@ -311,7 +311,8 @@ struct Inbound {
 }
 
 impl Inbound {
-    /// The ACK deferred in `rx` (see [`Rx::deferred`]), taken out.
+    /// The ACK deferred in `rx` (see [`Rx::deferred`]), taken out: sent already, carried by
+    /// a message (else see [`Node::pay_deferred`]).
     fn take_deferred(&self, rx: &mut Rx) -> Option<wire::Ack> {
         let ack = rx.deferred.take();
         if ack.is_some() {
@@ -863,9 +864,40 @@ impl Node {
         // holds `rx` is receiving, and paid it first).
         if self.inbound.ack_deferred.load(Ordering::Relaxed)
             && let Some(mut rx) = self.inbound.rx.try_lock()
-            && let Some(ack) = self.inbound.take_deferred(&mut rx)
         {
+            self.pay_deferred(&mut rx);
+        }
+    }
+
+    /// Sends the ACK deferred in `rx`, if any (`rx` held: nobody defers another meanwhile).
+    fn pay_deferred(&self, rx: &mut Rx) {
+        if let Some(ack) = rx.deferred.take() {
             self.send_deferred(&ack);
+            self.inbound.ack_deferred.store(false, Ordering::Release);
+        }
+    }
+
+    /// Before a message that must not overtake an ACK this node owes: waits for a thread
+    /// taking messages in to be done (it pays what its batch owes before it lets go of
+    /// `rx`: a completion the application polled may come from a batch still being taken
+    /// in), and sends the ACK an application thread's look deferred. A connection manager's
+    /// message must not overtake one: the peer acts on a DREQ by moving its QP to the error
+    /// state, which flushes the sends the ACK would have completed (`fi_pingpong` over rxm
+    /// failed with a flushed `fin` whose receiver had taken it in and disconnected); on a NIC
+    /// the ACK leaves as the message lands, long before the application can answer it. Nor
+    /// must a QP's closing, which its peer takes for the end of what it sends. A thread
+    /// inside `receive` (this one) paid both before it took in what it acts on. The thread
+    /// that holds `rx` is waited for a while, not for long: it may wait for a lock this
+    /// thread holds.
+    fn settle_deferred(&self) {
+        if RECEIVING.get() {
+            return;
+        }
+        for _ in 0..1000 {
+            if let Some(mut rx) = self.inbound.rx.try_lock() {
+                return self.pay_deferred(&mut rx);
+            }
+            std::thread::yield_now();
         }
     }
 
@@ -1029,12 +1061,14 @@ impl Node {
     /// Tells the node of `dest_qpn` that our QP `qpn`, connected to it, was destroyed: after
     /// the packets already sent to it, so it arrives after the last ACKs.
     pub(crate) fn part(&self, qpn: u32, dest_qpn: u32) {
+        self.settle_deferred();
         let msg = Encoded::control(Control::QpClosed { qpn });
         self.peer(slot_of(dest_qpn)).send(dest_qpn, &msg);
     }
 
     /// Sends a connection manager message to the node in `slot`.
     pub(crate) fn send_cm(&self, slot: u8, body: &[u8]) {
+        self.settle_deferred();
         self.peer(slot).send(0, &Encoded::cm(body));
     }
 
@@ -1261,9 +1295,7 @@ impl Node {
         if let Some(mut rx) = rx {
             // An ACK deferred goes in any case: a node that leaves with its fabric has no
             // fabric to receive with (the peer's SEND failed after its retries).
-            if let Some(ack) = self.inbound.take_deferred(&mut rx) {
-                self.send_deferred(&ack);
-            }
+            self.pay_deferred(&mut rx);
             if let Some(fabric) = self.fabric.upgrade() {
                 receive(&self.inbound, &mut rx, &fabric, true);
             }
@@ -1536,10 +1568,10 @@ fn receive_as(
     socket: bool,
     looking: bool,
 ) -> bool {
-    if let Some(ack) = inbound.take_deferred(rx)
+    if rx.deferred.is_some()
         && let Some(node) = fabric.node.get()
     {
-        node.send_deferred(&ack);
+        node.pay_deferred(rx);
     }
     // Nothing waits in any ring (what a thread spinning on an empty CQ finds almost every
     // look): no batch is made and dropped, ~375 instructions a look down to ~115.
@@ -3173,6 +3205,39 @@ mod test {
         let sent = a.next();
         assert_eq!((sent.wr_id, sent.status), (20, WcStatus::SUCCESS));
         drop((a, fa));
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// An ACK deferred goes before a connection manager's message of its node (the peer
+    /// acts on a DREQ by flushing the sends the ACK completes) and before its QP's closing,
+    /// with nothing else to carry it (no look, no reply, the reader asleep).
+    #[test]
+    fn test_an_ack_deferred_goes_before_a_cm_message_and_its_qps_closing() {
+        let (dir, (a, fa), (b, fb)) = talking("deferred-cm", end_on);
+        let inbound = inbound_of(&fb);
+        let held = reader_held_asleep(inbound);
+        let acks = || inbound.acks_sent.load(Ordering::Relaxed);
+        let (ra, rb) = (a.word(), b.word());
+        let send = |word: u64| {
+            b.qp.post_recv(&RecvWr { wr_id: word, sg_list: &rb }).unwrap();
+            a.qp.post_send(&SendWr::send(word, &ra).signaled()).unwrap();
+            assert_eq!(b.next().wr_id, word);
+            assert!(inbound.rx.lock().deferred.is_some(), "the ACK of {word} owed");
+        };
+        let before = acks();
+        send(30);
+        // A message A's connection manager does not understand: dropped there, after the ACK.
+        fb.0.node.get().unwrap().send_cm(a.slot(), &[0xff; 4]);
+        assert_eq!(acks(), before + 1, "the ACK went first");
+        let sent = a.next();
+        assert_eq!((sent.wr_id, sent.status), (30, WcStatus::SUCCESS));
+        send(31);
+        b.qp.destroy().unwrap();
+        assert_eq!(acks(), before + 2, "the ACK went before the QP's closing");
+        let sent = a.next();
+        assert_eq!((sent.wr_id, sent.status), (31, WcStatus::SUCCESS));
+        drop(held);
+        drop((a, b, fa, fb));
         let _ = std::fs::remove_dir_all(dir);
     }
 
