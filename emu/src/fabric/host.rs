@@ -3145,13 +3145,7 @@ mod test {
         let acks = || inbound.acks_sent.load(Ordering::Relaxed);
         let (ra, rb) = (a.word(), b.word());
         // A's SEND taken in by B's look, whose ACK it owes; A has no completion yet.
-        let send = |word: u64| {
-            b.qp.post_recv(&RecvWr { wr_id: word, sg_list: &rb }).unwrap();
-            a.qp.post_send(&SendWr::send(word, &ra).signaled()).unwrap();
-            let got = b.next();
-            assert_eq!((got.status, got.wr_id), (WcStatus::SUCCESS, word));
-            assert!(inbound.rx.lock().deferred.is_some(), "the ACK of {word} owed");
-        };
+        let send = |word: u64| taken_in_by_look(&a, &b, inbound, word);
         let before = acks();
         send(10);
         assert!(a.cq.poll_one().is_none(), "completed before its ACK");
@@ -3217,13 +3211,7 @@ mod test {
         let inbound = inbound_of(&fb);
         let held = reader_held_asleep(inbound);
         let acks = || inbound.acks_sent.load(Ordering::Relaxed);
-        let (ra, rb) = (a.word(), b.word());
-        let send = |word: u64| {
-            b.qp.post_recv(&RecvWr { wr_id: word, sg_list: &rb }).unwrap();
-            a.qp.post_send(&SendWr::send(word, &ra).signaled()).unwrap();
-            assert_eq!(b.next().wr_id, word);
-            assert!(inbound.rx.lock().deferred.is_some(), "the ACK of {word} owed");
-        };
+        let send = |word: u64| taken_in_by_look(&a, &b, inbound, word);
         let before = acks();
         send(30);
         // A message A's connection manager does not understand: dropped there, after the ACK.
@@ -3239,6 +3227,16 @@ mod test {
         drop(held);
         drop((a, b, fa, fb));
         let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// A's SEND of `word` to B, taken in by B's look (B's reader held asleep, see
+    /// `reader_held_asleep`), whose ACK B then owes.
+    fn taken_in_by_look(a: &End, b: &End, inbound: &Inbound, word: u64) {
+        b.qp.post_recv(&RecvWr { wr_id: word, sg_list: &b.word() }).unwrap();
+        a.qp.post_send(&SendWr::send(word, &a.word()).signaled()).unwrap();
+        let got = b.next();
+        assert_eq!((got.status, got.wr_id), (WcStatus::SUCCESS, word));
+        assert!(inbound.rx.lock().deferred.is_some(), "the ACK of {word} owed");
     }
 
     /// Once the peer takes in again: what follows is taken in, in order, both ways, and both
