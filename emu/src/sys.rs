@@ -432,14 +432,16 @@ pub(crate) fn host_addresses() -> Vec<std::net::IpAddr> {
 }
 
 /// The calls that change the address space, made straight to the kernel rather than through
-/// libc's functions. Programs that keep registration caches watch the address space by
-/// patching libc's `mmap`, `munmap`, `mremap` and `madvise` (libfabric's and UCX's memory
-/// hooks): a call on memory they cache means to them that the application changed it. A NIC
-/// changes no mapping to register memory, where the emulator reads it in at registration and
-/// may move its pages into shared memory and back (`crate::shared_mem`): told of that from
-/// inside its own registration, libfabric's rxm dropped regions it was using and crashed.
-/// Each is as unsafe as the call it makes; errors return as libc's do (`MAP_FAILED` or -1,
-/// with `errno` set).
+/// libc's functions, for what the emulator does to application memory. Programs that keep
+/// registration caches watch the address space by patching libc's `mmap`, `munmap`, `mremap`
+/// and `madvise` (libfabric's and UCX's memory hooks): a call on memory they cache means to
+/// them that the application changed it, and they drop the regions it covers. A NIC changes
+/// no mapping to register memory, where the emulator reads it in at registration and may move
+/// its pages into shared memory and back (`crate::shared_mem`). The emulator's own fresh
+/// mappings (rings, views, files) still go through libc: no cache holds them, and sanitizers
+/// see mappings only there (ThreadSanitizer, not told of an unmapping, took a ring mapped
+/// where another had been for a race with the old one). Each is as unsafe as the call it
+/// makes; errors return as libc's do (`MAP_FAILED` or -1, with `errno` set).
 pub(crate) mod mm {
     use libc::{c_int, c_void, off_t, size_t};
 
@@ -508,7 +510,7 @@ pub(crate) fn fault_in(addr: u64, len: usize, write: bool) -> bool {
     let populate = *POPULATE.get_or_init(|| {
         // SAFETY: a private anonymous page of our own, advised and unmapped here.
         unsafe {
-            let p = mm::mmap(
+            let p = libc::mmap(
                 std::ptr::null_mut(),
                 page as usize,
                 libc::PROT_READ | libc::PROT_WRITE,
@@ -519,8 +521,8 @@ pub(crate) fn fault_in(addr: u64, len: usize, write: bool) -> bool {
             if p == libc::MAP_FAILED {
                 return false;
             }
-            let ok = mm::madvise(p, page as usize, libc::MADV_POPULATE_WRITE) == 0;
-            mm::munmap(p, page as usize);
+            let ok = libc::madvise(p, page as usize, libc::MADV_POPULATE_WRITE) == 0;
+            libc::munmap(p, page as usize);
             ok
         }
     });
@@ -622,7 +624,7 @@ impl FileMapping {
         let map = |prot| {
             // SAFETY: a new shared mapping chosen by the kernel, aliasing nothing of ours; the
             // file offset is page-aligned as mmap requires.
-            unsafe { mm::mmap(std::ptr::null_mut(), span, prot, libc::MAP_SHARED, fd, at) }
+            unsafe { libc::mmap(std::ptr::null_mut(), span, prot, libc::MAP_SHARED, fd, at) }
         };
         let mut base = map(libc::PROT_READ | libc::PROT_WRITE);
         // EACCES: a read-only descriptor; EPERM: a file sealed against new writable mappings.
@@ -650,7 +652,7 @@ impl Drop for FileMapping {
     fn drop(&mut self) {
         // SAFETY: the mapping made in `map`, unmapped once, here; nothing refers to it after
         // its owner (the MR's region) is dropped.
-        unsafe { mm::munmap(self.base, self.len) };
+        unsafe { libc::munmap(self.base, self.len) };
     }
 }
 

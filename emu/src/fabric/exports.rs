@@ -525,7 +525,7 @@ mod test {
         let rw = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
         // SAFETY: an attempt at a new writable shared mapping of a file we own.
         let p = unsafe {
-            crate::sys::mm::mmap(
+            libc::mmap(
                 std::ptr::null_mut(),
                 4096,
                 libc::PROT_WRITE,

@@ -240,7 +240,7 @@ impl Ring {
         // SAFETY: a fresh shared mapping of the file's first HEADER + cap bytes (the file is
         // at least that long: we sized it, or measured it); the kernel picks the address.
         let p = unsafe {
-            crate::sys::mm::mmap(
+            libc::mmap(
                 std::ptr::null_mut(),
                 HEADER + cap,
                 libc::PROT_READ | libc::PROT_WRITE,
@@ -921,7 +921,7 @@ fn probe() -> &'static AtomicU64 {
 impl Drop for Ring {
     fn drop(&mut self) {
         // SAFETY: unmaps exactly the mapping `map` made; nothing borrows it past `&self`.
-        unsafe { crate::sys::mm::munmap(self.base.as_ptr().cast(), HEADER + self.cap) };
+        unsafe { libc::munmap(self.base.as_ptr().cast(), HEADER + self.cap) };
     }
 }
 
