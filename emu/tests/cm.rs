@@ -153,6 +153,50 @@ fn a_connection_is_made_used_and_ended_through_events() {
     }
 }
 
+/// A connection made through the listener of [`listening`]: the two channels, the server's
+/// id and the client's, and their sides.
+fn connected(f: &Fabric) -> (CmChannel, CmId, Side, CmChannel, CmId, Side) {
+    let (sch, _server, cch, client) = listening(f);
+    let c = side(&client);
+    client.connect(&ConnParam { rnr_retry_count: 7, ..Default::default() }).unwrap();
+    let conn = next(&sch, E::ConnectRequest).id;
+    let s = side(&conn);
+    conn.accept(&ConnParam { rnr_retry_count: 7, ..Default::default() }).unwrap();
+    next(&cch, E::Established);
+    next(&sch, E::Established);
+    (sch, conn, s, cch, client, c)
+}
+
+/// `Disconnected` waits until the application read what its QP's CQs held as the DREQ came:
+/// a program that reads its CQ, then its events, and closes the QP on `Disconnected` (rxm)
+/// finds the completion of a SEND its peer received before it disconnected. Unread, it goes
+/// after a while (1 ms) all the same, and the completions are still there.
+#[test]
+fn disconnected_waits_for_the_completions_that_came_before_it_to_be_read() {
+    let f = fabric(Profile::Full);
+    let (_sch, conn, s, cch, _client, c) = connected(&f);
+    post_recv(&s.qp, 1, &[sge(&s.mr, 0, 64)]);
+    c.qp.post_send(&SendWr::send(2, &[sge(&c.mr, 0, 3)]).signaled()).unwrap();
+    assert_eq!(wait1(&s.cq).byte_len, 3, "the server took the SEND in");
+    conn.disconnect().unwrap();
+    cch.set_nonblocking(true).unwrap();
+    assert_eq!(cch.get_event().unwrap_err().errno(), Errno::EAGAIN, "held: the SEND unread");
+    let wc = c.cq.poll_one().expect("the SEND's completion");
+    assert_eq!((wc.wr_id, wc.status), (2, WcStatus::SUCCESS));
+    next(&cch, E::Disconnected);
+
+    // The other way round, the server's receive left unread: its Disconnected comes anyway.
+    let f = fabric(Profile::Full);
+    let (sch, _conn, s, _cch, client, c) = connected(&f);
+    post_recv(&s.qp, 1, &[sge(&s.mr, 0, 64)]);
+    c.qp.post_send(&SendWr::send(2, &[sge(&c.mr, 0, 5)]).signaled()).unwrap();
+    assert_eq!(wait1(&c.cq).status, WcStatus::SUCCESS);
+    client.disconnect().unwrap();
+    next(&sch, E::Disconnected);
+    let wc = s.cq.poll_one().expect("the receive's completion, still there");
+    assert_eq!((wc.wr_id, wc.byte_len), (1, 5));
+}
+
 #[test]
 fn refusals_come_back_as_rejected_with_the_reason() {
     let f = fabric(Profile::Full);

@@ -35,7 +35,7 @@ use crate::{
     Context, Device, Fabric, Qp, QpAttr,
     error::{Errno, Error, Result},
     fabric::FabricInner,
-    objects::{device::DeviceInner, event::EventQueue},
+    objects::{cq::CqInner, device::DeviceInner, event::EventQueue},
     types::{AhAttr, Ece, Gid, LinkLayer, Mtu, QpAttrMask as M, QpState, QpType},
 };
 
@@ -215,6 +215,21 @@ struct ChannelInner {
     queue: EventQueue<CmEvent>,
     /// The application's handles ([`CmChannel`]s); ids hold the channel without one.
     handles: AtomicUsize,
+    /// Ids whose `Disconnected` is held (see [`Held`]): a read of the channel lets those go
+    /// whose hold is over, before the fabric's timer notices.
+    held: Mutex<Vec<Weak<IdInner>>>,
+}
+
+impl ChannelInner {
+    /// Raises the held events whose hold is over.
+    fn release_held(&self) {
+        let mut held = self.held.lock();
+        if held.is_empty() {
+            return;
+        }
+        let now = self.fabric.now();
+        held.retain(|id| id.upgrade().is_some_and(|id| !CmId(id).release_held(now)));
+    }
 }
 
 impl Clone for CmChannel {
@@ -238,6 +253,7 @@ impl CmChannel {
             fabric: fabric.0.clone(),
             queue: EventQueue::new()?,
             handles: AtomicUsize::new(0),
+            held: Mutex::new(Vec::new()),
         };
         Ok(CmChannel::handle(&Arc::new(inner)))
     }
@@ -252,6 +268,7 @@ impl CmChannel {
     /// (then `EAGAIN`); `EINTR` when a signal interrupts the wait (unless its handler has
     /// `SA_RESTART`).
     pub fn get_event(&self) -> Result<CmEvent> {
+        self.0.release_held();
         self.0.queue.pop()
     }
 
@@ -297,6 +314,48 @@ enum State {
 /// How long a connection's ids stay in time-wait after the DREQ/DREP exchange before
 /// `TimewaitExit` (the kernel's IB CM on rxe, measured: 2.07 to 2.3 s).
 const TIMEWAIT_NS: u64 = 2_000_000_000;
+
+/// At most how long a `Disconnected` event waits for the application to read what its QP's
+/// CQs held as the DREQ came (see [`Held`]): on a NIC the DREQ follows the peer's last ACK by
+/// at least the peer's reaction to the completion and a trip through its kernel, tens of
+/// microseconds; here they may arrive together.
+const HOLD_NS: u64 = 1_000_000;
+
+/// How often the fabric's timer looks whether a held `Disconnected` may go.
+const HOLD_LOOK_NS: u64 = 20_000;
+
+/// A `Disconnected` event held back until the application has read its QP's CQs up to the
+/// completions they held as the DREQ came (or for at most [`HOLD_NS`]): a program that reads
+/// its CQ and then its events (libfabric's rxm, at every progress call) and closes the QP on
+/// `Disconnected` must find the completions of what the peer acknowledged before it
+/// disconnected. Destroying a QP takes its completions out of its CQs (the full profile, as
+/// mlx5's), so one missed there is lost: rxm then failed its last SEND, acknowledged, as
+/// flushed (`fi_pingpong`'s `fin`, now and then).
+#[derive(Debug)]
+struct Held {
+    /// Each of the QP's CQs that held unread completions, and the newest of them.
+    marks: Vec<(Arc<CqInner>, u64)>,
+    /// The fabric's clock past which the event goes regardless.
+    until: u64,
+}
+
+impl Held {
+    /// The hold for a DREQ arriving now at `qp`'s id, if its CQs hold completions unread.
+    fn of(qp: &Qp, now: u64) -> Option<Held> {
+        let (send, recv) = (&qp.0.send_cq, &qp.0.recv_cq);
+        let cqs = if Arc::ptr_eq(send, recv) { vec![send] } else { vec![send, recv] };
+        let marks: Vec<_> = cqs
+            .into_iter()
+            .map(|cq| (cq.clone(), cq.pushed()))
+            .filter(|(cq, mark)| cq.taken() < *mark)
+            .collect();
+        (!marks.is_empty()).then_some(Held { marks, until: now + HOLD_NS })
+    }
+
+    fn over(&self, now: u64) -> bool {
+        now >= self.until || self.marks.iter().all(|(cq, mark)| cq.taken() >= *mark)
+    }
+}
 
 use msg::{Msg, Remote, WirePeer};
 
@@ -347,6 +406,8 @@ struct IdState {
     /// Over a wire port, passive side: the REP sent, sent again if the request comes again
     /// before the RTU (the REP was lost).
     wire_rep: Option<Box<[u8; mad::MAD_LEN]>>,
+    /// The `Disconnected` event held back, if any.
+    held: Option<Held>,
 }
 
 /// The ids bound to each port of each port space.
@@ -574,6 +635,7 @@ impl CmId {
             remote_ece: Ece::default(),
             wire_tid: 0,
             wire_rep: None,
+            held: None,
         };
         let (fabric, channel) = (channel.fabric.clone(), Mutex::new(channel.clone()));
         let (st, user_data) = (Mutex::new(st), AtomicUsize::new(0));
@@ -1357,7 +1419,9 @@ impl CmId {
     /// The peer disconnected (its DREQ came, or its process is gone: `answer` is whether a
     /// DREP is owed). Our QP is left as it is, as the kernel's CM leaves it: the application's
     /// own `rdma_disconnect` moves it to the error state (its receives complete normally until
-    /// then, whatever the peer sent before its DREQ included).
+    /// then, whatever the peer sent before its DREQ included). `Disconnected` waits for the
+    /// application to read what the QP's CQs hold now (see [`Held`]), but in simulation,
+    /// whose clock moves only as the program waits on the emulator.
     fn disconnected_by_peer(&self, answer: bool) {
         let mut st = self.0.st.lock();
         let crossed = st.state == State::DreqSent;
@@ -1365,11 +1429,53 @@ impl CmId {
             return;
         }
         st.state = if answer { State::DreqRcvd } else { State::Disconnected };
+        let timer = &self.fabric().timer;
+        st.held =
+            st.qp.as_ref().filter(|_| !timer.simulated()).and_then(|qp| Held::of(qp, timer.now()));
+        let held = st.held.is_some();
         drop(st);
-        self.raise(CmEventType::Disconnected, 0, ConnParam::default(), None);
+        if held {
+            let channel = self.0.channel.lock().clone();
+            channel.held.lock().push(Arc::downgrade(&self.0));
+            self.watch_held();
+        } else {
+            self.raise(CmEventType::Disconnected, 0, ConnParam::default(), None);
+        }
         if !answer {
             self.enter_timewait();
         }
+    }
+
+    /// Raises the held `Disconnected` if its hold is over (not for an id destroyed since):
+    /// whether nothing is held any more.
+    fn release_held(&self, now: u64) -> bool {
+        let mut st = self.0.st.lock();
+        let Some(held) = &st.held else { return true };
+        let destroyed = st.state == State::Destroyed;
+        if !destroyed && !held.over(now) {
+            return false;
+        }
+        st.held = None;
+        drop(st);
+        if !destroyed {
+            self.raise(CmEventType::Disconnected, 0, ConnParam::default(), None);
+        }
+        true
+    }
+
+    /// Has the fabric's timer look now and then whether the held event may go.
+    fn watch_held(&self) {
+        let id = Arc::downgrade(&self.0);
+        let look = move |f: &FabricInner| {
+            if let Some(id) = id.upgrade().map(CmId)
+                && !id.release_held(f.now())
+            {
+                id.watch_held();
+            }
+        };
+        let fabric = self.fabric();
+        let job = crate::fabric::timer::Job::Later(crate::fabric::timer::Later(Box::new(look)));
+        fabric.timer.schedule(fabric.now() + HOLD_LOOK_NS, job);
     }
 
     /// The opaque word set by [`CmId::set_user_data`] (0 until set).

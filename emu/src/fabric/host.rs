@@ -2087,7 +2087,7 @@ impl<'a> Batch<'a> {
     #[inline(always)]
     fn decode(
         &mut self,
-        fabric: &FabricInner,
+        fabric: &'a FabricInner,
         partial: &mut Partials,
         a: Arrived<'_>,
         to: &Option<Arc<crate::qp::QpShared>>,
@@ -2102,6 +2102,9 @@ impl<'a> Batch<'a> {
                     return Ok(false);
                 }
                 (Message::Cm(body), _) => {
+                    // What came before it is done first: a DREQ's `Disconnected` must find the
+                    // completions of what its sender acknowledged before it in their CQs.
+                    self.deliver(fabric);
                     crate::cm::arrived(fabric, a.source().slot, &body);
                     return Ok(false);
                 }
@@ -2165,11 +2168,11 @@ impl<'a> Batch<'a> {
             let mut g = qp.inner.lock();
             drv.service(&qp, &mut g);
         }
-        for pkt in &self.multicast {
+        for pkt in self.multicast.drain(..) {
             if pkt.kind == Kind::Raw {
-                engine::raw::arrived(fabric, pkt, drv);
+                engine::raw::arrived(fabric, &pkt, drv);
             } else {
-                engine::fan_out(fabric, pkt, drv);
+                engine::fan_out(fabric, &pkt, drv);
             }
         }
         for pkt in self.xrc.drain(..) {

@@ -180,9 +180,16 @@ impl CqInner {
     }
 
     /// The sequence number of the newest completion (completions ever queued).
-    fn pushed(&self) -> u64 {
+    pub(crate) fn pushed(&self) -> u64 {
         let ring = self.ring();
         self.rebased.load(Ordering::Acquire) + ring.tail()
+    }
+
+    /// The sequence number of the newest completion polled (or taken out by a rewrite): the
+    /// application has read the CQ up to [`CqInner::pushed`] as it was once this reaches it.
+    pub(crate) fn taken(&self) -> u64 {
+        let ring = self.ring();
+        self.rebased.load(Ordering::Acquire) + ring.head()
     }
 
     /// Puts `wc` on the ring; its position there, or `Err` when the ring holds `cqe` already.

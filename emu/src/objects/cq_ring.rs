@@ -398,6 +398,11 @@ impl Ring {
         self.tail.load(Ordering::Acquire) & !CLOSED
     }
 
+    /// Positions claimed by pollers so far (since the last refill).
+    pub(crate) fn head(&self) -> u64 {
+        self.head.load(Ordering::Acquire) & !CLOSED
+    }
+
     /// Completions queued now (claimed by a producer and not yet by a poller).
     pub(crate) fn len(&self) -> u64 {
         let head = self.head.load(Ordering::Acquire) & !CLOSED;
