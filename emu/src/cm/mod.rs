@@ -560,6 +560,8 @@ pub(crate) fn device_removed(fabric: &FabricInner, dev: u32) {
         let state = std::mem::replace(&mut st.state, State::DeviceRemoved);
         let remote = st.remote;
         drop(st);
+        // A `Disconnected` held back goes first, as its DREQ came first.
+        id.release_held(u64::MAX);
         if let Some((to, m)) = id.last_word(state, remote) {
             send(fabric, &to, m);
         }
