@@ -3518,20 +3518,10 @@ mod test {
         let rung = || crate::sys::wait_readable(inbound.sock.as_raw_fd(), Some(Duration::ZERO));
         let naps_without_the_rings = || {
             // Woken (if asleep, armed, from an attempt before), it finds the rings polled.
-            // Again while it does not nap: a nap's end that found no poll (this thread
-            // descheduled for longer than a nap, on a loaded machine) sends it to sleep armed,
-            // as it should, and nothing rings it then.
             assert!(b.cq.poll_one().is_none());
             inbound.wake_reader();
             let deadline = Instant::now() + Duration::from_secs(10);
-            let mut woken = Instant::now();
             loop {
-                if woken.elapsed() > Duration::from_millis(5)
-                    && !inbound.napping.load(Ordering::SeqCst)
-                {
-                    inbound.wake_reader();
-                    woken = Instant::now();
-                }
                 assert!(b.cq.poll_one().is_none());
                 // Napping on the polls, its bell taken.
                 let napping = inbound.napping.load(Ordering::SeqCst) && !rung().unwrap();
@@ -3553,9 +3543,7 @@ mod test {
             drop(held);
             naps == 3
         };
-        // Tried a few times: a nap's end that finds no poll (this thread descheduled)
-        // takes the rings, as it should.
-        let left = (0..10).any(|_| naps_without_the_rings());
+        let left = (0..3).any(|_| naps_without_the_rings());
         assert!(left, "the reader waited for the rings at the end of a nap on polls");
         talk_and_part((a, fa), (b, fb), &dir);
     }
