@@ -85,6 +85,49 @@ fn cm_round(port: u16) {
     }
 }
 
+/// A connection whose channels the application lets go of first, keeping its ids, then ends
+/// it: the events raised after (`Disconnected` on both sides) have nobody to read them, and
+/// must not keep their ids (which hold the channel, and so the events) once those go too.
+fn cm_late_round(port: u16) {
+    use rdma_emu::cm::{addr::PortAddress, *};
+    let addresses = PortAddress::parse_list("127.0.0.2=emu1").unwrap();
+    let f = Fabric::new(FabricConfig { addresses, ..Default::default() });
+    let (sch, cch) = (CmChannel::new(&f).unwrap(), CmChannel::new(&f).unwrap());
+    let next = |ch: &CmChannel, want: CmEventType| {
+        let ev = ch.get_event().unwrap();
+        assert_eq!(ev.event, want);
+        ev
+    };
+    let server = CmId::create(&sch, PortSpace::Tcp).unwrap();
+    let at: std::net::SocketAddr = format!("127.0.0.2:{port}").parse().unwrap();
+    server.bind_addr(at).unwrap();
+    server.listen(4).unwrap();
+    let client = CmId::create(&cch, PortSpace::Tcp).unwrap();
+    client.resolve_addr(None, at, 2000).unwrap();
+    next(&cch, CmEventType::AddrResolved);
+    client.resolve_route(2000).unwrap();
+    next(&cch, CmEventType::RouteResolved);
+    let qp_on = |id: &CmId| {
+        let ctx = id.context().unwrap();
+        let (pd, cq) = (ctx.alloc_pd().unwrap(), ctx.create_cq(8, None, 0).unwrap());
+        let qp = pd.create_qp(&QpInitAttr::new(QpType::RC, &cq, cap(4))).unwrap();
+        id.set_qp(&qp).unwrap();
+        qp
+    };
+    let cqp = qp_on(&client);
+    client.connect(&ConnParam::default()).unwrap();
+    let conn = next(&sch, CmEventType::ConnectRequest).id;
+    let sqp = qp_on(&conn);
+    conn.accept(&ConnParam::default()).unwrap();
+    next(&cch, CmEventType::Established);
+    next(&sch, CmEventType::Established);
+    drop((sch, cch));
+    // Each side's `Disconnected`, raised on a channel nobody holds.
+    client.disconnect().unwrap();
+    conn.disconnect().unwrap();
+    drop((cqp, sqp));
+}
+
 #[test]
 fn dropping_every_handle_frees_everything_even_with_events_unread() {
     for profile in [Profile::Rxe, Profile::Full] {
@@ -92,11 +135,13 @@ fn dropping_every_handle_frees_everything_even_with_events_unread() {
         for i in 0..3 {
             round(profile);
             cm_round(7000 + i);
+            cm_late_round(7200 + i);
         }
         let before = Counting::live();
         for i in 0..40 {
             round(profile);
             cm_round(7100 + i);
+            cm_late_round(7300 + i);
         }
         let grew = Counting::live() - before;
         assert!(grew < 16 << 10, "{profile:?}: {grew} bytes still allocated after 40 rounds");

@@ -25,7 +25,7 @@ use std::{
     os::fd::{AsRawFd, RawFd},
     sync::{
         Arc, Weak,
-        atomic::{AtomicU32, AtomicUsize, Ordering},
+        atomic::{AtomicU32, AtomicUsize, Ordering, fence},
     },
 };
 
@@ -221,6 +221,19 @@ struct ChannelInner {
 }
 
 impl ChannelInner {
+    /// Queues `ev`, unless the application has let go of every handle of the channel: then
+    /// nobody can read it, and kept it would hold its id, which holds the channel (the cycle
+    /// [`CmChannel`] speaks of, made again by an event raised after the last handle went).
+    fn post(&self, ev: CmEvent) {
+        self.queue.push(ev);
+        // Against a last handle going meanwhile: it counts itself out, then empties the queue;
+        // this pushes, then looks at the count. One of the two sees the other's step.
+        fence(Ordering::SeqCst);
+        if self.handles.load(Ordering::SeqCst) == 0 {
+            drop(self.queue.remove_if(|_| true));
+        }
+    }
+
     /// Raises the held events whose hold is over.
     fn release_held(&self) {
         let mut held = self.held.lock();
@@ -240,7 +253,7 @@ impl Clone for CmChannel {
 
 impl Drop for CmChannel {
     fn drop(&mut self) {
-        if self.0.handles.fetch_sub(1, Ordering::AcqRel) == 1 {
+        if self.0.handles.fetch_sub(1, Ordering::SeqCst) == 1 {
             drop(self.0.queue.remove_if(|_| true));
         }
     }
@@ -654,6 +667,12 @@ impl CmId {
         &self.fabric().cm
     }
 
+    /// The channel its events go to now (a copy: an event dropped as it is posted may drop
+    /// ids, which must not happen under this id's lock of it).
+    fn channel_now(&self) -> Arc<ChannelInner> {
+        self.0.channel.lock().clone()
+    }
+
     fn raise(&self, event: CmEventType, status: i32, param: ConnParam, listen_id: Option<CmId>) {
         self.raise_ud(event, status, param, listen_id, None);
     }
@@ -667,7 +686,7 @@ impl CmId {
         ud: Option<UdParam>,
     ) {
         let ev = CmEvent { id: self.clone(), listen_id, event, status, param, ud, group: None };
-        self.0.channel.lock().queue.push(ev);
+        self.channel_now().post(ev);
     }
 
     /// Whether the id's connections are UD ones (SIDR: no RTU, no disconnection).
@@ -965,7 +984,7 @@ impl CmId {
             ud: Some(ud),
             group: Some(group),
         };
-        self.0.channel.lock().queue.push(ev);
+        self.channel_now().post(ev);
         Ok(())
     }
 
