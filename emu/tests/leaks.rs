@@ -51,11 +51,12 @@ fn round(profile: Profile) {
     b.0.inject_event(EventType::QP_LAST_WQE_REACHED, EventElement::Qp(b.6.clone()));
 }
 
-/// A connection request nobody reads, then both ids destroyed (the unread request goes with the
-/// listener, its new id with it, as the kernel's ucma drops them), or every handle just
-/// dropped (the Rust API's way: the events nobody can read any more go with the channels).
-fn cm_round(port: u16) {
-    use rdma_emu::cm::{addr::PortAddress, *};
+use rdma_emu::cm::{CmChannel, CmEventType, CmId, ConnParam};
+
+/// A fabric with a listener on 127.0.0.2:`port` and a client that resolved it, each on a
+/// channel of its own: `(fabric, server's channel, listener, client's channel, client)`.
+fn listening(port: u16) -> (Fabric, CmChannel, CmId, CmChannel, CmId) {
+    use rdma_emu::cm::{PortSpace, addr::PortAddress};
     let addresses = PortAddress::parse_list("127.0.0.2=emu1").unwrap();
     let f = Fabric::new(FabricConfig { addresses, ..Default::default() });
     let (sch, cch) = (CmChannel::new(&f).unwrap(), CmChannel::new(&f).unwrap());
@@ -68,10 +69,24 @@ fn cm_round(port: u16) {
     assert_eq!(cch.get_event().unwrap().event, CmEventType::AddrResolved);
     client.resolve_route(2000).unwrap();
     assert_eq!(cch.get_event().unwrap().event, CmEventType::RouteResolved);
-    let ctx = client.context().unwrap();
+    (f, sch, server, cch, client)
+}
+
+/// An RC QP on `id`'s device, given to the id.
+fn qp_on(id: &CmId) -> Qp {
+    let ctx = id.context().unwrap();
     let (pd, cq) = (ctx.alloc_pd().unwrap(), ctx.create_cq(8, None, 0).unwrap());
     let qp = pd.create_qp(&QpInitAttr::new(QpType::RC, &cq, cap(4))).unwrap();
-    client.set_qp(&qp).unwrap();
+    id.set_qp(&qp).unwrap();
+    qp
+}
+
+/// A connection request nobody reads, then both ids destroyed (the unread request goes with the
+/// listener, its new id with it, as the kernel's ucma drops them), or every handle just
+/// dropped (the Rust API's way: the events nobody can read any more go with the channels).
+fn cm_round(port: u16) {
+    let (_f, sch, server, _cch, client) = listening(port);
+    let _qp = qp_on(&client);
     client.connect(&ConnParam::default()).unwrap();
     // Wait until the request is queued on the server's channel (its fd readable), then
     // leave it there.
@@ -89,35 +104,16 @@ fn cm_round(port: u16) {
 /// it: the events raised after (`Disconnected` on both sides) have nobody to read them, and
 /// must not keep their ids (which hold the channel, and so the events) once those go too.
 fn cm_late_round(port: u16) {
-    use rdma_emu::cm::{addr::PortAddress, *};
-    let addresses = PortAddress::parse_list("127.0.0.2=emu1").unwrap();
-    let f = Fabric::new(FabricConfig { addresses, ..Default::default() });
-    let (sch, cch) = (CmChannel::new(&f).unwrap(), CmChannel::new(&f).unwrap());
+    let (_f, sch, _server, cch, client) = listening(port);
     let next = |ch: &CmChannel, want: CmEventType| {
         let ev = ch.get_event().unwrap();
         assert_eq!(ev.event, want);
         ev
     };
-    let server = CmId::create(&sch, PortSpace::Tcp).unwrap();
-    let at: std::net::SocketAddr = format!("127.0.0.2:{port}").parse().unwrap();
-    server.bind_addr(at).unwrap();
-    server.listen(4).unwrap();
-    let client = CmId::create(&cch, PortSpace::Tcp).unwrap();
-    client.resolve_addr(None, at, 2000).unwrap();
-    next(&cch, CmEventType::AddrResolved);
-    client.resolve_route(2000).unwrap();
-    next(&cch, CmEventType::RouteResolved);
-    let qp_on = |id: &CmId| {
-        let ctx = id.context().unwrap();
-        let (pd, cq) = (ctx.alloc_pd().unwrap(), ctx.create_cq(8, None, 0).unwrap());
-        let qp = pd.create_qp(&QpInitAttr::new(QpType::RC, &cq, cap(4))).unwrap();
-        id.set_qp(&qp).unwrap();
-        qp
-    };
-    let cqp = qp_on(&client);
+    let _cqp = qp_on(&client);
     client.connect(&ConnParam::default()).unwrap();
     let conn = next(&sch, CmEventType::ConnectRequest).id;
-    let sqp = qp_on(&conn);
+    let _sqp = qp_on(&conn);
     conn.accept(&ConnParam::default()).unwrap();
     next(&cch, CmEventType::Established);
     next(&sch, CmEventType::Established);
@@ -125,7 +121,6 @@ fn cm_late_round(port: u16) {
     // Each side's `Disconnected`, raised on a channel nobody holds.
     client.disconnect().unwrap();
     conn.disconnect().unwrap();
-    drop((cqp, sqp));
 }
 
 #[test]
