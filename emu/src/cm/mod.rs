@@ -1477,10 +1477,12 @@ impl CmId {
             return false;
         }
         st.held = None;
-        drop(st);
+        // Raised under the id's lock: a reader of the channel that finds the hold gone (the
+        // fabric's timer released it meanwhile) then finds the event queued, not on its way.
         if !destroyed {
             self.raise(CmEventType::Disconnected, 0, ConnParam::default(), None);
         }
+        drop(st);
         true
     }
 
