@@ -538,6 +538,7 @@ impl MemRegion {
     }
 
     /// Atomically adds `add` to the 64-bit word at `off`; returns the old value.
+    #[inline]
     pub(crate) fn fetch_add(&self, off: usize, add: u64) -> Result<u64, MemFault> {
         let p = self.word_at(off)?;
         if !self.guarded {
@@ -549,6 +550,7 @@ impl MemRegion {
 
     /// Atomically replaces the 64-bit word at `off` with `swap` if it equals `compare`;
     /// returns the old value either way.
+    #[inline]
     pub(crate) fn compare_swap(
         &self,
         off: usize,

@@ -1,8 +1,9 @@
 //! The express path against the packet path: random programs of SENDs (with and without
 //! immediate, inline), WRITEs, READs and atomics on RC QPs with their own receive queues, RC
-//! QPs on SRQs and UC QPs, with good keys, bad keys and keys without the access, ranges that
-//! run past their MR, receives too short or missing, QPs moved to ERR and reconnected, run
-//! once with the express path and once without. Every completion (all fields), every QP's
+//! QPs on SRQs and UC QPs, and datagrams between UD QPs (global address handles or not, good,
+//! wrong and the sender's own Q_Keys, to another QP or to the sender itself), with good keys,
+//! bad keys and keys without the access, ranges that run past their MR, receives too short or
+//! missing, QPs moved to ERR and reconnected, run once with the express path and once without. Every completion (all fields), every QP's
 //! state and PSNs after every step, and the final memory must be identical.
 
 mod common;
@@ -13,6 +14,22 @@ use rdma_emu::*;
 const MEM: usize = 1024;
 /// Pair 0: RC with receive queues; pair 1: RC on SRQs; pair 2: UC.
 const PAIRS: usize = 3;
+/// The UD QPs' "pair" (one UD QP on each side, side 1's on its SRQ) in `Op::Error` and
+/// `Op::Reconnect`.
+const UD: usize = PAIRS;
+/// Both UD QPs' Q_Key.
+const QKEY: u32 = 0x0bad_cafe;
+
+/// The Q_Key a datagram carries.
+#[derive(Debug, Clone, Copy)]
+enum Qkey {
+    /// The receiver's.
+    Good,
+    /// Another.
+    Bad,
+    /// High bit set: the sender's own (IBA 10.2.5).
+    Own,
+}
 
 #[derive(Debug, Clone, Copy)]
 enum Key {
@@ -68,6 +85,25 @@ enum Op {
         value: u64,
         key: Key,
     },
+    /// A receive for side `side`'s UD QP (its GRH area included in `len`).
+    UdRecv {
+        side: usize,
+        off: usize,
+        len: usize,
+    },
+    /// A datagram from side `dir`'s UD QP to the other's (or to itself: `loopback`), through
+    /// a global address handle or not; `recv`: a receive for it is posted first.
+    UdSend {
+        dir: usize,
+        src: usize,
+        len: usize,
+        imm: Option<u32>,
+        inline: bool,
+        qkey: Qkey,
+        global: bool,
+        loopback: bool,
+        recv: bool,
+    },
     Error {
         pair: usize,
         side: usize,
@@ -97,15 +133,35 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(pair, side, off, len)| Op::Recv { pair, side, off, len: len + 200 }),
         4 => (pair.clone(), dir.clone(), off.clone(), len.clone(), imm.clone(), any::<bool>(), recv)
             .prop_map(|(pair, dir, src, len, imm, inline, recv)| Op::Send { pair, dir, src, len, imm, inline, recv }),
-        4 => (pair.clone(), dir.clone(), off.clone(), off.clone(), len.clone(), imm, key(), recv)
+        4 => (pair.clone(), dir.clone(), off.clone(), off.clone(), len.clone(), imm.clone(), key(), recv)
             .prop_map(|(pair, dir, src, dst, len, imm, key, recv)| Op::Write { pair, dir, src, dst, len, imm, key, recv }),
-        3 => (rc_pair.clone(), dir.clone(), off.clone(), off.clone(), len, key())
+        3 => (rc_pair.clone(), dir.clone(), off.clone(), off.clone(), len.clone(), key())
             .prop_map(|(pair, dir, src, dst, len, key)| Op::Read { pair, dir, src, dst, len, key }),
-        3 => (rc_pair, dir.clone(), off.clone(), off, any::<bool>(), any::<u64>(), key())
+        3 => (rc_pair, dir.clone(), off.clone(), off.clone(), any::<bool>(), any::<u64>(), key())
             .prop_map(|(pair, dir, off, res, cswp, value, key)| Op::Atomic { pair, dir, off, res, cswp, value, key }),
-        1 => (pair.clone(), dir).prop_map(|(pair, side)| Op::Error { pair, side }),
-        2 => pair.prop_map(|pair| Op::Reconnect { pair }),
+        3 => (dir.clone(), off.clone(), 0usize..360)
+            .prop_map(|(side, off, len)| Op::UdRecv { side, off, len }),
+        4 => (dir.clone(), off, len, imm, any::<bool>(), ud_qkey(), any::<(bool, bool, bool)>())
+            .prop_map(|(dir, src, len, imm, inline, qkey, (global, loopback, recv))| {
+                Op::UdSend { dir, src, len, imm, inline, qkey, global, loopback: loopback && !recv, recv }
+            }),
+        1 => (0..PAIRS + 1, dir).prop_map(|(pair, side)| Op::Error { pair, side }),
+        2 => (0..PAIRS + 1).prop_map(|pair| Op::Reconnect { pair }),
     ]
+}
+
+fn ud_qkey() -> impl Strategy<Value = Qkey> {
+    prop_oneof![6 => Just(Qkey::Good), 1 => Just(Qkey::Bad), 2 => Just(Qkey::Own)]
+}
+
+/// Takes a UD QP to RTS with [`QKEY`].
+fn ud_ready(qp: &Qp) {
+    use QpAttrMask as M;
+    let init = QpAttr { qp_state: QpState::INIT, port_num: 1, qkey: QKEY, ..Default::default() };
+    qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY).unwrap();
+    qp.modify(&QpAttr { qp_state: QpState::RTR, ..Default::default() }, M::STATE).unwrap();
+    let rts = QpAttr { qp_state: QpState::RTS, sq_psn: 11, ..Default::default() };
+    qp.modify(&rts, M::STATE | M::SQ_PSN).unwrap();
 }
 
 struct World {
@@ -115,6 +171,11 @@ struct World {
     cq: [Cq; 2],
     srq: [Srq; 2],
     qps: Vec<[Qp; 2]>,
+    ud: [Qp; 2],
+    /// `ah[from][global]`: an address handle on side `from`'s PD to the other side's port, and
+    /// one to its own port.
+    ah: [[Ah; 2]; 2],
+    own_ah: [[Ah; 2]; 2],
 }
 
 fn params() -> RcParams {
@@ -151,6 +212,38 @@ impl World {
             connect(&qp[0], &qp[1], &params(), &params());
             qps.push(qp);
         }
+        let ud: Vec<Qp> = (0..2)
+            .map(|s| {
+                let mut attr = QpInitAttr::new(QpType::UD, &cq[s], cap(32));
+                // Side 1's takes its receives from the SRQ its RC QPs of pair 1 share.
+                if s == 1 {
+                    attr.srq = Some(&srq[s]);
+                }
+                let qp = pd[s].create_qp(&attr).unwrap();
+                ud_ready(&qp);
+                qp
+            })
+            .collect();
+        let ah_to = |from: usize, to: usize, global: bool| {
+            let port = ctx[to].query_port(1).unwrap();
+            let ep = ud[to].endpoint(0);
+            // A RoCE port takes global address handles only.
+            let is_global = global || port.link_layer == LinkLayer::ETHERNET;
+            let attr = AhAttr {
+                is_global,
+                dgid: ep.gid,
+                dlid: ep.lid,
+                port_num: 1,
+                hop_limit: 64,
+                traffic_class: 0x20,
+                ..Default::default()
+            };
+            pd[from].create_ah(&attr).unwrap()
+        };
+        let ahs = |to: fn(usize) -> usize| {
+            [0, 1].map(|from| [false, true].map(|global| ah_to(from, to(from), global)))
+        };
+        let (ah, own_ah) = (ahs(|from| 1 - from), ahs(|from| from));
         for (s, m) in mr.iter().chain(&ro).enumerate() {
             let fill: Vec<u8> = (0..MEM).map(|i| (i * 31 + s * 7) as u8).collect();
             m.write(0, &fill).unwrap();
@@ -162,6 +255,9 @@ impl World {
             cq: cq.try_into().unwrap(),
             srq: srq.try_into().unwrap(),
             qps,
+            ud: ud.try_into().unwrap(),
+            ah,
+            own_ah,
         }
     }
 
@@ -239,9 +335,50 @@ impl World {
                 let r = self.qps[pair][dir].post_send(&wr);
                 posted.push(format!("atomic {:?}", r.map_err(|e| e.errno())));
             }
+            Op::UdRecv { side, off, len } => {
+                let sg = [sge(&self.mr[side], off, len)];
+                let wr = RecvWr { wr_id: 700 + off as u64, sg_list: &sg };
+                let r = match side {
+                    1 => self.srq[side].post_recv(&wr),
+                    _ => self.ud[side].post_recv(&wr),
+                };
+                posted.push(format!("ud recv {:?}", r.map_err(|e| e.errno())));
+            }
+            Op::UdSend { dir, src, len, imm, inline, qkey, global, loopback, recv } => {
+                let to = if loopback { dir } else { 1 - dir };
+                if recv {
+                    posted.extend(self.run(&Op::UdRecv { side: to, off: 500, len: 40 + 300 }));
+                }
+                let ah = if loopback { &self.own_ah } else { &self.ah };
+                let qkey = match qkey {
+                    Qkey::Good => QKEY,
+                    Qkey::Bad => QKEY ^ 1,
+                    Qkey::Own => 0x8000_0000,
+                };
+                let sg = [sge(&self.mr[dir], src, len)];
+                let ah = &ah[dir][usize::from(global)];
+                let mut wr = SendWr::send_ud(800, &sg, ah, self.ud[to].qp_num(), qkey);
+                if inline && len <= 64 {
+                    wr.send_flags |= SendFlags::INLINE;
+                    wr.inline_data = &payload[..len];
+                }
+                if let Some(i) = imm {
+                    wr = wr.with_imm(i);
+                }
+                let r = self.ud[dir].post_send(&wr);
+                posted.push(format!("ud send {:?}", r.map_err(|e| e.errno())));
+            }
             Op::Error { pair, side } => {
                 let err = QpAttr { qp_state: QpState::ERR, ..Default::default() };
-                self.qps[pair][side].modify(&err, QpAttrMask::STATE).unwrap();
+                let qp = if pair == UD { &self.ud[side] } else { &self.qps[pair][side] };
+                qp.modify(&err, QpAttrMask::STATE).unwrap();
+            }
+            Op::Reconnect { pair: UD } => {
+                let reset = QpAttr { qp_state: QpState::RESET, ..Default::default() };
+                for q in &self.ud {
+                    q.modify(&reset, QpAttrMask::STATE).unwrap();
+                    ud_ready(q);
+                }
             }
             Op::Reconnect { pair } => {
                 let reset = QpAttr { qp_state: QpState::RESET, ..Default::default() };
@@ -256,7 +393,7 @@ impl World {
                 posted.push(format!("cq{s} {wc:?}"));
             }
         }
-        for pair in &self.qps {
+        for pair in self.qps.iter().chain([&self.ud]) {
             for q in pair {
                 let a = q.query().unwrap();
                 posted.push(format!("qp {:?} sq_psn {} rq_psn {}", a.qp_state, a.sq_psn, a.rq_psn));

@@ -7,7 +7,8 @@
 //! counts the instructions of exactly those work requests (divide by `N`). `--op fetch_add`
 //! measures an 8-byte FETCH_ADD instead, `--op read` an 8-byte READ; `--op send` one hop of a ping-pong: a receive posted,
 //! an unsignaled 8-byte SEND into it, the receive completion polled; `--op write_imm` the same
-//! with an 8-byte WRITE with immediate. `--host` puts the two QPs
+//! with an 8-byte WRITE with immediate; `--op ud_send` the SEND's hop between two UD QPs (the
+//! datagram's receive buffer 40 bytes longer, for its GRH area). `--host` puts the two QPs
 //! on two fabrics joined by a host fabric (as two processes are, through shared-memory rings):
 //! each WR is then polled to its completion on the requester's CQ (which the ACK from the
 //! other fabric brings) and a SEND's receive completion on the responder's too; the fabrics'
@@ -79,6 +80,18 @@ fn host_rounds(
     }
 }
 
+const UD_QKEY: u32 = 0x5eed;
+
+/// A UD QP taken to RTS with [`UD_QKEY`].
+fn ud_ready(qp: &Qp) {
+    use QpAttrMask as M;
+    let init = QpAttr { qp_state: QpState::INIT, port_num: 1, qkey: UD_QKEY, ..Default::default() };
+    qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY).unwrap();
+    qp.modify(&QpAttr { qp_state: QpState::RTR, ..Default::default() }, M::STATE).unwrap();
+    qp.modify(&QpAttr { qp_state: QpState::RTS, ..Default::default() }, M::STATE | M::SQ_PSN)
+        .unwrap();
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let n: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(100_000);
@@ -101,6 +114,8 @@ fn main() {
         Some(g) => g.devices()[0].clone(),
         None => devs[1].clone(),
     };
+    let ud = op.as_deref() == Some("ud_send");
+    let qp_type = if ud { QpType::UD } else { QpType::RC };
     let side = |d: &Device| {
         let ctx = d.open().unwrap();
         let pd = ctx.alloc_pd().unwrap();
@@ -113,17 +128,30 @@ fn main() {
             max_recv_sge: 1,
             ..Default::default()
         };
-        let qp = pd.create_qp(&QpInitAttr::new(QpType::RC, &cq, cap)).unwrap();
+        let qp = pd.create_qp(&QpInitAttr::new(qp_type, &cq, cap)).unwrap();
         (ctx, pd, cq, mr, qp)
     };
     let (a, b) = (side(&devs[0]), side(&peer_dev));
-    let p = RcParams::default();
-    a.4.connect(1, &b.4.endpoint(2), &p).unwrap();
-    b.4.connect(2, &a.4.endpoint(1), &p).unwrap();
+    if ud {
+        for q in [&a.4, &b.4] {
+            ud_ready(q);
+        }
+    } else {
+        let p = RcParams::default();
+        a.4.connect(1, &b.4.endpoint(2), &p).unwrap();
+        b.4.connect(2, &a.4.endpoint(1), &p).unwrap();
+    }
     let src = [Sge { addr: a.3.addr(), length: 8, lkey: a.3.lkey() }];
     let res = [Sge { addr: a.3.addr() + 64, length: 8, lkey: a.3.lkey() }];
     let dst = [Sge { addr: b.3.addr() + 256, length: 8, lkey: b.3.lkey() }];
     let recv = RecvWr { wr_id: 7, sg_list: &dst };
+    let dst_ud = [Sge { addr: b.3.addr() + 256, length: 40 + 8, lkey: b.3.lkey() }];
+    let recv_ud = RecvWr { wr_id: 7, sg_list: &dst_ud };
+    let ah = b.4.endpoint(0);
+    let ah = ud.then(|| {
+        let attr = AhAttr { dgid: ah.gid, dlid: ah.lid, port_num: 1, ..Default::default() };
+        a.1.create_ah(&attr).unwrap()
+    });
     let (wr, recv, cq) = match op.as_deref() {
         Some("fetch_add") => {
             let wr = SendWr::fetch_add(0, &res, b.3.addr() + 128, b.3.rkey(), 1);
@@ -134,6 +162,10 @@ fn main() {
             (wr.signaled(), None, &a.2)
         }
         Some("send") => (SendWr::send(0, &src), Some((&b.4, &recv)), &b.2),
+        Some("ud_send") => {
+            let wr = SendWr::send_ud(0, &src, ah.as_ref().unwrap(), b.4.qp_num(), UD_QKEY);
+            (wr, Some((&b.4, &recv_ud)), &b.2)
+        }
         Some("write_imm") => {
             let wr = SendWr::write(0, &src, b.3.addr(), b.3.rkey()).with_imm(5);
             (wr, Some((&b.4, &recv)), &b.2)

@@ -429,7 +429,7 @@ fn single<'k>(keys: &'k KeyTable, pd: &Arc<PdInner>, wqe: &Request<'k>) -> Optio
 }
 
 /// The source of a checked SEND/WRITE: its inline bytes, or its SGEs' memory.
-fn sources<'k>(keys: &'k KeyTable, wqe: &Request<'k>) -> impl Iterator<Item = Src<'k>> {
+pub(super) fn sources<'k>(keys: &'k KeyTable, wqe: &Request<'k>) -> impl Iterator<Item = Src<'k>> {
     let inline = wqe.flags.contains(SendFlags::INLINE);
     let sges = if inline { &[][..] } else { wqe.sges };
     inline

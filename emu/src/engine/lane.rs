@@ -3,8 +3,8 @@
 //!
 //! A WRITE or SEND (with or without immediate) of one piece (inline bytes or one SGE) on an RC
 //! or UC QP whose connection the express path proved ([`Lane`], kept on the QP until it is
-//! modified or destroyed): this is what a benchmark's or a test's loop posts millions of
-//! times. The lane makes the express path's decisions (`express::run`) for exactly these
+//! modified or destroyed), and an RC READ or atomic into one SGE: this is what a benchmark's
+//! or a test's loop posts millions of times. The lane makes the express path's decisions (`express::run`) for exactly these
 //! requests, in the same order and with the same helpers, without the generality the others
 //! need; any request it does not take, or finds it cannot finish, goes the general express
 //! way (and from there to packets) untouched: the lane changes nothing before it is sure to
@@ -130,6 +130,7 @@ pub(crate) fn post(qp: &Arc<QpShared>, g: &mut QpInner, wr: &SendWr<'_>, f: &Fab
         WrOpcode::SEND => post_plain::<true, false>(qp, g, wr, f),
         WrOpcode::SEND_WITH_IMM => post_plain::<true, true>(qp, g, wr, f),
         WrOpcode::ATOMIC_FETCH_AND_ADD | WrOpcode::ATOMIC_CMP_AND_SWP => post_atomic(qp, g, wr, f),
+        WrOpcode::RDMA_READ => post_read(qp, g, wr, f),
         _ => false,
     }
 }
@@ -301,6 +302,60 @@ fn post_atomic(qp: &Arc<QpShared>, g: &mut QpInner, wr: &SendWr<'_>, f: &FabricI
     g.req.psn = psn_add(psn, 1);
     let opcode = if cas { WcOpcode::COMP_SWAP } else { WcOpcode::FETCH_ADD };
     completer::send_done_as(qp, wr.wr_id, (opcode, WcFlags::empty()), wr.send_flags, sge.length);
+    completer::progressed(g);
+    true
+}
+
+/// An RC READ into one SGE, run at the post as `express::run` runs it: the remote range
+/// checked for REMOTE_READ, the SGE for LOCAL_WRITE, the bytes copied, the READ remembered for
+/// a duplicate to be answered from; anything else goes its way. (Out of line, as the atomics'.)
+#[inline(never)]
+fn post_read(qp: &Arc<QpShared>, g: &mut QpInner, wr: &SendWr<'_>, f: &FabricInner) -> bool {
+    let Some(lane) = &g.lane else { return false };
+    // (A READ carries no inline data: one with the flag is the post's to judge.)
+    let ([sge], false) = (wr.sg_list, wr.send_flags.contains(SendFlags::INLINE)) else {
+        return false;
+    };
+    // UC carries no READ (the packet path fails it).
+    let len = sge.length;
+    if qp.qp_type != QpType::RC
+        || qp.cap.max_send_sge == 0
+        || !idle(g)
+        || g.attr.max_rd_atomic == 0
+        || !open(qp, g, f, len, lane.dest)
+    {
+        return false;
+    }
+    let Some(dst) = lane.peer() else { return false };
+    let Some(mut dg) = dst.inner.try_lock() else { return false };
+    let psn = g.req.psn;
+    if !express::takes(dst, &dg, qp.qp_type, psn, lane.dest.1)
+        || responder::refuses(&dg, Kind::ReadRequest, len, wr.remote_addr, 0)
+    {
+        return false;
+    }
+    let lkeys = qp.ctx.device.keys.read();
+    let Some(rkeys) = dst.ctx.device.keys.under(&lkeys) else { return false };
+    let remote = (wr.rkey, wr.remote_addr, len);
+    let Some(source) = express::remote_span(rkeys, &dst.pd, remote, AccessFlags::REMOTE_READ)
+    else {
+        return false;
+    };
+    if let Some(source) = source {
+        let Some(into) = express::local_span(&lkeys, &qp.pd, sge, true) else { return false };
+        if !express::copy_into(Src::Span(source), into) {
+            return false;
+        }
+    }
+    drop(lkeys);
+    let npkts = packets_for(len, g.mtu);
+    responder::remember(&mut dg, Replay::read(psn, npkts, wr.remote_addr, wr.rkey, len));
+    dg.resp.nak_seq_sent = false;
+    responder::advance_past(&mut dg, psn, npkts);
+    drop(dg);
+    g.req.psn = psn_add(psn, npkts);
+    let done = (WcOpcode::RDMA_READ, WcFlags::empty());
+    completer::send_done_as(qp, wr.wr_id, done, wr.send_flags, len);
     completer::progressed(g);
     true
 }

@@ -13,6 +13,7 @@
 pub(crate) mod absent_peer;
 pub(crate) mod arriving;
 pub(crate) mod completer;
+pub(crate) mod datagram;
 pub(crate) mod express;
 pub(crate) mod frame;
 pub(crate) mod landing;

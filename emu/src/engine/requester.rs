@@ -71,6 +71,7 @@ pub(crate) const MULTICAST_QPN: u32 = 0x00ff_ffff;
 
 /// Validates `wr` the way rxe's provider and kernel do and queues it, or runs it at once on
 /// the express path; whether it was queued (and the QP needs servicing).
+#[inline(never)]
 pub(crate) fn post(
     qp: &Arc<QpShared>,
     g: &mut QpInner,
@@ -220,6 +221,11 @@ pub(crate) fn post(
         return Err(einval("TSO payload above max_tso"));
     }
     if !tried && super::express::post(qp, g, wr, length as u32, f) {
+        return Ok(false);
+    }
+    if let Some(dest) = &ud
+        && super::datagram::post(qp, g, wr, dest, length as u32, f)
+    {
         return Ok(false);
     }
     let sq = &mut g.sq;

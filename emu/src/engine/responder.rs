@@ -314,7 +314,7 @@ fn roce_sl(profile: crate::Profile, grh: &Grh) -> u8 {
 }
 
 /// The largest UD payload: the largest path MTU.
-const MAX_UD_PAYLOAD: usize = 4096;
+pub(super) const MAX_UD_PAYLOAD: usize = 4096;
 
 /// A UD datagram: checked against the Q_Key, dropped without a receive, delivered after the
 /// 40-byte GRH area with the sender's QPN in `src_qp` (IBA 9.8.5, 11.4.2).
@@ -329,11 +329,7 @@ fn ud_receive(qp: &Arc<QpShared>, g: &mut QpInner, pkt: &Packet) {
     }
     let total = 40 + paylen;
     let mut data = vec![0u8; total];
-    if let Some(grh) = &pkt.grh {
-        // BTH, DETH and the immediate data, if any.
-        let headers = 12 + 8 + if pkt.imm.is_some() { 4 } else { 0 };
-        data[..40].copy_from_slice(&grh_bytes(grh, paylen as u32, headers, g.port.roce));
-    }
+    data[..40].copy_from_slice(&ud_head(g, pkt.grh.as_deref(), paylen, pkt.imm.is_some()));
     let mut off = 40;
     for piece in pkt.payload.pieces() {
         let n = piece.len();
@@ -356,21 +352,56 @@ fn ud_receive(qp: &Arc<QpShared>, g: &mut QpInner, pkt: &Packet) {
         enter_error(qp, g);
         return;
     }
+    let d = Datagram {
+        total: total as u32,
+        grh: pkt.grh.as_deref(),
+        imm: pkt.imm,
+        src_qpn: pkt.src_qpn,
+        src_lid: pkt.src_lid,
+        solicited: pkt.solicited,
+    };
+    ud_received(qp, g, wr_id, &d);
+}
+
+/// The 40 bytes a UD receive buffer starts with, for a datagram of `paylen` bytes (with an
+/// immediate or not) that came with `grh` or without (zeros).
+pub(super) fn ud_head(g: &QpInner, grh: Option<&Grh>, paylen: usize, imm: bool) -> [u8; 40] {
+    match grh {
+        // BTH, DETH and the immediate data, if any.
+        Some(grh) => grh_bytes(grh, paylen as u32, 12 + 8 + if imm { 4 } else { 0 }, g.port.roce),
+        None => [0; 40],
+    }
+}
+
+/// What a UD receive completion reports of the datagram that consumed it.
+pub(super) struct Datagram<'a> {
+    /// Its length with the 40-byte GRH area.
+    pub(super) total: u32,
+    pub(super) grh: Option<&'a Grh>,
+    pub(super) imm: Option<u32>,
+    pub(super) src_qpn: u32,
+    pub(super) src_lid: u16,
+    pub(super) solicited: bool,
+}
+
+/// Completes the receive `wr_id` that datagram `d` filled (the CQ overrun puts the QP in
+/// error).
+pub(super) fn ud_received(qp: &Arc<QpShared>, g: &mut QpInner, wr_id: u64, d: &Datagram<'_>) {
     let mut flags = WcFlags::empty();
-    if pkt.grh.is_some() || g.port.roce {
+    if d.grh.is_some() || g.port.roce {
         flags |= WcFlags::GRH;
     }
-    if pkt.imm.is_some() {
+    if d.imm.is_some() {
         flags |= WcFlags::WITH_IMM;
     }
-    let mut w = wc_ok(qp, wr_id, WcOpcode::RECV, total as u32, flags);
-    w.imm_data = pkt.imm.unwrap_or(0);
-    w.src_qp = pkt.src_qpn;
-    w.slid = pkt.src_lid;
-    if let Some(grh) = pkt.grh.as_deref().filter(|_| g.port.roce) {
+    let mut w = wc_ok(qp, wr_id, WcOpcode::RECV, d.total, flags);
+    w.imm_data = d.imm.unwrap_or(0);
+    w.src_qp = d.src_qpn;
+    w.slid = d.src_lid;
+    if let Some(grh) = d.grh.filter(|_| g.port.roce) {
         w.sl = roce_sl(qp.ctx.device.profile, grh);
     }
-    if qp.recv_cq.push(w, pkt.solicited).is_err() {
+    if qp.recv_cq.push(w, d.solicited).is_err() {
         enter_error(qp, g);
     }
 }
