@@ -40,6 +40,29 @@ fn round(profile: Profile) {
     let back = [Sge { addr: b.4.addr(), length: 64, lkey: b.4.lkey() }];
     b.6.post_send(&SendWr::write(20, &back, a.4.addr(), a.4.rkey()).signaled()).unwrap();
     while b.3.poll_one().is_none() {}
+    // A datagram each way between two UD QPs: each then keeps the other as its last
+    // destination.
+    let ud = [(&a, &src), (&b, &back)].map(|(s, sg)| {
+        let qp = s.1.create_qp(&QpInitAttr::new(QpType::UD, &s.3, cap(4))).unwrap();
+        ud_ready(&qp);
+        let recv = [Sge { addr: sg[0].addr + 128, length: 40 + 64, lkey: sg[0].lkey }];
+        qp.post_recv(&RecvWr { wr_id: 30, sg_list: &recv }).unwrap();
+        qp
+    });
+    for (from, to, cq, sg) in [(0, 1, &a.3, &src), (1, 0, &b.3, &back)] {
+        let ep = ud[to].endpoint(0);
+        let is_global = profile == Profile::Rxe;
+        let attr =
+            AhAttr { is_global, dgid: ep.gid, dlid: ep.lid, port_num: 1, ..Default::default() };
+        let ah = ud[from].pd().create_ah(&attr).unwrap();
+        let wr = SendWr::send_ud(31, sg, &ah, ud[to].qp_num(), UD_QKEY).signaled();
+        ud[from].post_send(&wr).unwrap();
+        // Its send completion, and the other side's receive.
+        let (mut got, other) = (0, if from == 0 { &b.3 } else { &a.3 });
+        while got < 2 {
+            got += cq.poll_one().is_some() as usize + other.poll_one().is_some() as usize;
+        }
+    }
     // A completion left in the CQ, an armed CQ, and events nobody reads, about every kind of
     // object that has them.
     a.3.req_notify(false).unwrap();
@@ -49,6 +72,18 @@ fn round(profile: Profile) {
     a.0.inject_event(EventType::SRQ_LIMIT_REACHED, EventElement::Srq(a.5.clone()));
     a.0.inject_event(EventType::PORT_ACTIVE, EventElement::Port(1));
     b.0.inject_event(EventType::QP_LAST_WQE_REACHED, EventElement::Qp(b.6.clone()));
+}
+
+const UD_QKEY: u32 = 0x11;
+
+/// Takes a UD QP to RTS with [`UD_QKEY`].
+fn ud_ready(qp: &Qp) {
+    use QpAttrMask as M;
+    let init = QpAttr { qp_state: QpState::INIT, port_num: 1, qkey: UD_QKEY, ..Default::default() };
+    qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY).unwrap();
+    qp.modify(&QpAttr { qp_state: QpState::RTR, ..Default::default() }, M::STATE).unwrap();
+    let rts = QpAttr { qp_state: QpState::RTS, ..Default::default() };
+    qp.modify(&rts, M::STATE | M::SQ_PSN).unwrap();
 }
 
 use rdma_emu::cm::{CmChannel, CmEventType, CmId, ConnParam};

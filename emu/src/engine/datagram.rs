@@ -20,7 +20,8 @@ use std::sync::Arc;
 
 use super::{
     completer,
-    express::{self, Request, Src},
+    express::{self, Request, Scatter, Src},
+    packet::Grh,
     psn_add,
     requester::MULTICAST_QPN,
     responder::{self, Datagram, MAX_UD_PAYLOAD},
@@ -34,7 +35,7 @@ use crate::{
 /// Where a UD request goes, as the post resolved it: the destination `(device, port)`, QPN
 /// and Q_Key, the GRH (a global address handle), and whether the address handle is another
 /// PD's (which rxe fails when the request runs).
-pub(crate) type UdDest = ((u32, u8), u32, u32, Option<super::packet::Grh>, bool);
+pub(crate) type UdDest = ((u32, u8), u32, u32, Option<Grh>, bool);
 
 /// Delivers the UD SEND `wr` of `length` bytes (checked by the post) to `dest` at the post if
 /// it can (see the module's text). Whether it did; if not, nothing changed. (Out of line: the
@@ -69,10 +70,30 @@ pub(crate) fn post(
     {
         return false;
     }
-    let Some(dst) = g.route.resolve(f, dev, dqpn) else { return false };
-    if Arc::ptr_eq(&dst, qp) {
-        return false;
-    }
+    // The last destination, kept (no reference count moves per datagram), or the one the
+    // fabric numbers so now.
+    let dst = match g.ud_peer.take() {
+        Some(d) if d.qpn == dqpn && d.device_index() == dev && d.life.is_alive() => d,
+        _ => match f.lookup_qp(dev, dqpn) {
+            Some(d) if !Arc::ptr_eq(&d, qp) => d,
+            _ => return false,
+        },
+    };
+    let sent = deliver(qp, g, wr, (&dst, port, qkey, grh.as_ref()), length);
+    g.ud_peer = Some(dst);
+    sent
+}
+
+/// [`post`] to `dst`, a QP of this fabric other than the sender, at `port` with `qkey` and
+/// `grh`.
+#[inline(always)]
+fn deliver(
+    qp: &Arc<QpShared>,
+    g: &mut QpInner,
+    wr: &SendWr<'_>,
+    (dst, port, qkey, grh): (&Arc<QpShared>, u8, u32, Option<&Grh>),
+    length: u32,
+) -> bool {
     let Some(mut dg) = dst.inner.try_lock() else { return false };
     // As the receiver would take it (`responder::receive`, then `ud_receive`), in order.
     let qkey = if qkey & 0x8000_0000 != 0 { g.attr.qkey } else { qkey };
@@ -90,31 +111,48 @@ pub(crate) fn post(
     let Some(rkeys) = dst.ctx.device.keys.under(&lkeys) else { return false };
     let req = Request::of_wr(wr, length);
     let inline = wr.send_flags.contains(SendFlags::INLINE);
-    if !inline && !wr.sg_list.iter().all(|s| express::local_ok(&lkeys, &qp.pd, s, false)) {
+    // The common one-piece source, found as it is checked.
+    let one = match wr.sg_list {
+        _ if inline => Some(Src::Bytes(wr.inline_data)),
+        [sge] if sge.length == 0 => Some(Src::Bytes(&[])),
+        [sge] => match express::source(&lkeys, &qp.pd, sge) {
+            Some(src) => Some(src),
+            None => return false,
+        },
+        _ => None,
+    };
+    if one.is_none() && !wr.sg_list.iter().all(|s| express::local_ok(&lkeys, &qp.pd, s, false)) {
         return false;
     }
     let imm = (wr.opcode == crate::types::WrOpcode::SEND_WITH_IMM).then_some(wr.imm_data);
-    let head = responder::ud_head(&dg, grh.as_ref(), length as usize, imm.is_some());
+    let head = responder::ud_head(&dg, grh, length as usize, imm.is_some());
     let total = 40 + length;
-    let pd = responder::own_recv_pd(&dst);
+    let pd = responder::own_recv_pd(dst);
     let place = |sges: &[crate::Sge]| {
-        if !express::reaches(rkeys, pd, sges, total) {
-            return None;
-        }
-        let src = std::iter::once(Src::Bytes(&head)).chain(express::sources(&lkeys, &req));
-        express::copy(src, express::ranges(rkeys, sges, total)).then_some(())
+        let copied = match (one, express::scatter(rkeys, pd, sges, total)?) {
+            // The common one-piece datagram into one receive SGE, without the iterators.
+            (Some(piece), Scatter::One(span)) => {
+                let (area, rest) = (span.part(0, 40)?, span.part(40, length as usize)?);
+                area.write(&head).is_ok() && express::copy_into(piece, rest)
+            }
+            _ => {
+                let src = std::iter::once(Src::Bytes(&head)).chain(express::sources(&lkeys, &req));
+                express::copy(src, express::ranges(rkeys, sges, total))
+            }
+        };
+        copied.then_some(())
     };
-    let Some(wr_id) = express::take_recv(&dst, &mut dg, place) else { return false };
+    let Some(wr_id) = express::take_recv(dst, &mut dg, place) else { return false };
     drop(lkeys);
     let d = Datagram {
         total,
-        grh: grh.as_ref(),
+        grh,
         imm,
         src_qpn: qp.qpn,
         src_lid: g.port.lid,
         solicited: wr.send_flags.contains(SendFlags::SOLICITED),
     };
-    responder::ud_received(&dst, &mut dg, wr_id, &d);
+    responder::ud_received(dst, &mut dg, wr_id, &d);
     drop(dg);
     g.req.psn = psn_add(g.req.psn, 1);
     completer::send_done(qp, wr.wr_id, wr.opcode, wr.send_flags, length);

@@ -220,13 +220,13 @@ pub(crate) fn post(
     if wr.opcode == WrOpcode::TSO && length > qp.ctx.device.attr.max_tso as u64 {
         return Err(einval("TSO payload above max_tso"));
     }
-    if !tried && super::express::post(qp, g, wr, length as u32, f) {
-        return Ok(false);
-    }
-    if let Some(dest) = &ud
-        && super::datagram::post(qp, g, wr, dest, length as u32, f)
-    {
-        return Ok(false);
+    // (The connected express path runs RC and UC only: a UD request skips it.)
+    match &ud {
+        Some(dest) if super::datagram::post(qp, g, wr, dest, length as u32, f) => {
+            return Ok(false);
+        }
+        None if !tried && super::express::post(qp, g, wr, length as u32, f) => return Ok(false),
+        _ => {}
     }
     let sq = &mut g.sq;
     if sq.len() >= sq.depth {

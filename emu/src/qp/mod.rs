@@ -159,6 +159,9 @@ pub(crate) struct QpInner {
     /// The peer is in another process or beyond a wire port: no lane can be proven until a
     /// modify (which clears it), so no request looks for one.
     pub(crate) lane_across: bool,
+    /// A UD QP's last destination on the express path (`engine::datagram`), held as a lane
+    /// holds its peer (its memory, not its life; dropped with the lane).
+    pub(crate) ud_peer: Option<Arc<QpShared>>,
     /// Packets taken from the inbox and being processed (kept to reuse its allocation).
     pub(crate) batch: VecDeque<Packet>,
     /// The peer QP, in another process, told us it was destroyed (`Control::QpClosed`): the
@@ -291,7 +294,7 @@ impl QpShared {
         let mut g = lock_lent(&self.inner);
         self.part(&g);
         set_state(self, &mut g, QpState::RESET);
-        (g.lane, g.lane_across) = (None, false);
+        (g.lane, g.lane_across, g.ud_peer) = (None, false, None);
         g.sq.clear();
         self.rq.clear();
         self.inbox.clear();
@@ -588,6 +591,7 @@ impl Qp {
                     route: Route::default(),
                     lane: None,
                     lane_across: false,
+                    ud_peer: None,
                     batch: VecDeque::new(),
                     peer_closed: false,
                     ece_wanted: 0,
@@ -980,7 +984,7 @@ pub(crate) fn set_state(qp: &QpShared, g: &mut QpInner, state: QpState) {
 
 /// Stores the attributes named by `mask`.
 fn apply(qp: &QpShared, g: &mut QpInner, attr: &QpAttr, mask: QpAttrMask) {
-    (g.lane, g.lane_across) = (None, false);
+    (g.lane, g.lane_across, g.ud_peer) = (None, false, None);
     let a = &mut g.attr;
     if mask.contains(QpAttrMask::ACCESS_FLAGS) {
         a.qp_access_flags = attr.qp_access_flags;
