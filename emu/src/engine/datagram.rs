@@ -21,15 +21,16 @@ use std::sync::Arc;
 use super::{
     completer,
     express::{self, Request, Scatter, Src},
-    packet::Grh,
+    packet::{Grh, Kind, Packet, Payload},
     psn_add,
     requester::MULTICAST_QPN,
     responder::{self, Datagram, MAX_UD_PAYLOAD},
+    sgl,
 };
 use crate::{
     fabric::{FabricInner, wire_port::WIRE_DEV},
     qp::{QpInner, QpShared, SendWr},
-    types::{QpState, QpType, SendFlags},
+    types::{QpState, QpType, SendFlags, WrOpcode},
 };
 
 /// Where a UD request goes, as the post resolved it: the destination `(device, port)`, QPN
@@ -66,9 +67,11 @@ pub(crate) fn post(
         || !f.express()
         || !f.port_up(qp.device_index(), g.attr.port_num)
         || !f.port_up(dev, port)
-        || f.remote_node(dqpn).is_some()
     {
         return false;
+    }
+    if let Some(node) = f.remote_node(dqpn) {
+        return send_across(qp, g, wr, dest, length, node);
     }
     // The last destination, kept (no reference count moves per datagram), or the one the
     // fabric numbers so now.
@@ -124,7 +127,7 @@ fn deliver(
     if one.is_none() && !wr.sg_list.iter().all(|s| express::local_ok(&lkeys, &qp.pd, s, false)) {
         return false;
     }
-    let imm = (wr.opcode == crate::types::WrOpcode::SEND_WITH_IMM).then_some(wr.imm_data);
+    let imm = (wr.opcode == WrOpcode::SEND_WITH_IMM).then_some(wr.imm_data);
     let head = responder::ud_head(&dg, grh, length as usize, imm.is_some());
     let total = 40 + length;
     let pd = responder::own_recv_pd(dst);
@@ -158,4 +161,144 @@ fn deliver(
     completer::send_done(qp, wr.wr_id, wr.opcode, wr.send_flags, length);
     completer::progressed(g);
     true
+}
+
+/// [`post`] to a QP of another process: the datagram sent into the ring to its process at
+/// once, as the QP's service would send it (`requester::run`, `Driver::transmit`), and the
+/// request completed (UD waits for nothing), without the WQE, the driver and the service
+/// around it. (The receiving process takes it in as any datagram.)
+fn send_across(
+    qp: &Arc<QpShared>,
+    g: &mut QpInner,
+    wr: &SendWr<'_>,
+    dest: &UdDest,
+    length: u32,
+    node: &crate::fabric::host::Node,
+) -> bool {
+    if g.req.unsent.is_some() {
+        return false;
+    }
+    let Some(pkt) = packet(qp, g, wr, dest, length) else { return false };
+    node.send(&pkt);
+    g.req.psn = psn_add(pkt.psn, 1);
+    completer::send_done(qp, wr.wr_id, wr.opcode, wr.send_flags, length);
+    completer::progressed(g);
+    true
+}
+
+/// The packet `requester::build` makes of the UD SEND `wr` of `length` bytes to `dest`, at
+/// the QP's next PSN; `None` where its SGEs do not resolve (the packet path fails it).
+fn packet(
+    qp: &QpShared,
+    g: &QpInner,
+    wr: &SendWr<'_>,
+    &((dev, port), dqpn, qkey, grh, _): &UdDest,
+    length: u32,
+) -> Option<Packet> {
+    let mut pkt = Packet::new(Kind::Send);
+    pkt.transport = qp.qp_type;
+    pkt.mtu = g.mtu;
+    pkt.imm = (wr.opcode == WrOpcode::SEND_WITH_IMM).then_some(wr.imm_data);
+    pkt.xrc_srqn = wr.xrc_remote_srqn;
+    pkt.len = length;
+    pkt.payload = if wr.send_flags.contains(SendFlags::INLINE) {
+        Payload::Bytes(wr.inline_data.into())
+    } else {
+        sgl::resolve(qp, wr.sg_list, false).ok()?
+    };
+    pkt.solicited = wr.send_flags.contains(SendFlags::SOLICITED);
+    pkt.src_dev = qp.device_index();
+    pkt.src_qpn = qp.qpn;
+    pkt.src_lid = g.port.lid;
+    pkt.src_port = g.attr.port_num;
+    (pkt.dst_dev, pkt.dst_port) = (dev, port);
+    pkt.dst_qpn = dqpn;
+    // A Q_Key with the high bit set means "use the QP's own" (IBA 10.2.5).
+    pkt.qkey = if qkey & 0x8000_0000 != 0 { g.attr.qkey } else { qkey };
+    pkt.grh = grh.map(Box::new);
+    pkt.npkts = 1;
+    pkt.psn = g.req.psn;
+    Some(pkt)
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+    use crate::{engine::requester, *};
+
+    /// What `packet` makes of a UD SEND is, byte for byte, what the packet path sends for it:
+    /// `requester::build`'s packet, encoded. Inline or from an SGE, with immediate or not,
+    /// solicited or not, to the Q_Key given or the QP's own, through a global address handle
+    /// or not.
+    #[test]
+    fn test_a_datagram_made_from_the_wr_is_the_packets() {
+        let f = Fabric::new(FabricConfig::default());
+        let devs = f.devices();
+        let (a, b) = (
+            crate::engine::testkit::side_of(&devs[0], QpType::UD),
+            crate::engine::testkit::side_of(&devs[1], QpType::UD),
+        );
+        use QpAttrMask as M;
+        for s in [&a, &b] {
+            let init =
+                QpAttr { qp_state: QpState::INIT, port_num: 1, qkey: 77, ..Default::default() };
+            s.qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY).unwrap();
+            s.qp.modify(&QpAttr { qp_state: QpState::RTR, ..Default::default() }, M::STATE)
+                .unwrap();
+            let rts = QpAttr { qp_state: QpState::RTS, sq_psn: 5, ..Default::default() };
+            s.qp.modify(&rts, M::STATE | M::SQ_PSN).unwrap();
+        }
+        a.mr.write(0, b"datagram").unwrap();
+        let sg = [Sge { addr: a.mr.addr(), length: 8, lkey: a.mr.lkey() }];
+        let to = b.qp.endpoint(0);
+        let ahs = [false, true].map(|is_global| {
+            let attr = AhAttr {
+                is_global,
+                dgid: to.gid,
+                dlid: to.lid,
+                port_num: 1,
+                hop_limit: 9,
+                traffic_class: 3,
+                ..Default::default()
+            };
+            a.qp.pd().create_ah(&attr).unwrap()
+        });
+        let qp = &a.qp.0;
+        for (i, ah) in ahs.iter().enumerate() {
+            for (qkey, imm, inline, solicited) in [
+                (77, None, false, false),
+                (0x8000_0000, Some(9), true, true),
+                (5, None, true, false),
+            ] {
+                let mut wr = SendWr::send_ud(i as u64, &sg, ah, b.qp.qp_num(), qkey);
+                if inline {
+                    wr.send_flags |= SendFlags::INLINE;
+                    wr.inline_data = b"inline!";
+                }
+                if solicited {
+                    wr.send_flags |= SendFlags::SOLICITED;
+                }
+                if let Some(imm) = imm {
+                    wr = wr.with_imm(imm);
+                }
+                let mut g = qp.inner.lock();
+                let length = if inline { 7 } else { 8 };
+                // Queued (B has no receive posted: the express path leaves the datagram to the
+                // packet path), with the address as the post resolved it.
+                assert!(requester::post(qp, &mut g, &wr, &qp.ctx.fabric).is_ok_and(|q| q));
+                let idx = g.sq.next;
+                let dest = g.sq.ring.at(idx).ud.expect("a UD WQE");
+                assert_eq!(dest.1, b.qp.qp_num());
+                let ours = packet(qp, &g, &wr, &dest, length).expect("resolves");
+                let theirs = requester::build(qp, &mut g, idx).unwrap();
+                let (mut x, mut y) = (Vec::new(), Vec::new());
+                crate::fabric::wire::encode(&ours, &mut x).unwrap();
+                crate::fabric::wire::encode(&theirs, &mut y).unwrap();
+                assert_eq!(x, y, "{wr:?}");
+                assert_eq!((ours.psn, ours.npkts), (theirs.psn, theirs.npkts));
+                g.sq.next = idx.wrapping_add(1);
+                g.sq.tail = g.sq.next;
+            }
+        }
+    }
 }

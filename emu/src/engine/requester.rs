@@ -71,7 +71,6 @@ pub(crate) const MULTICAST_QPN: u32 = 0x00ff_ffff;
 
 /// Validates `wr` the way rxe's provider and kernel do and queues it, or runs it at once on
 /// the express path; whether it was queued (and the QP needs servicing).
-#[inline(never)]
 pub(crate) fn post(
     qp: &Arc<QpShared>,
     g: &mut QpInner,

@@ -74,6 +74,9 @@ pub(crate) struct Responder {
     pub(crate) replay: VecDeque<Replay>,
     /// Requests that came while one was forwarded, in order.
     pub(crate) held: VecDeque<Packet>,
+    /// A UD QP's datagram gathered before it is scattered into a receive (its allocation
+    /// kept from one datagram to the next).
+    pub(crate) ud_scratch: Vec<u8>,
 }
 
 /// Validates and queues a receive WQE (rxe provider semantics), without the QP's lock; one
@@ -328,18 +331,21 @@ fn ud_receive(qp: &Arc<QpShared>, g: &mut QpInner, pkt: &Packet) {
         return;
     }
     let total = 40 + paylen;
-    let mut data = vec![0u8; total];
+    // Gathered in the QP's scratch buffer (allocated once), so that a payload that faults
+    // drops the datagram before it takes a receive.
+    let mut data = std::mem::take(&mut g.resp.ud_scratch);
+    data.clear();
+    data.resize(total, 0);
     data[..40].copy_from_slice(&ud_head(g, pkt.grh.as_deref(), paylen, pkt.imm.is_some()));
-    let mut off = 40;
-    for piece in pkt.payload.pieces() {
-        let n = piece.len();
-        if piece.read(0, &mut data[off..off + n]).is_err() {
-            return;
-        }
-        off += n;
-    }
-    let Some(r) = pop_recv(qp, g) else { return }; // no receive: the datagram is dropped
-    let res = sgl::scatter(&recv_pd(qp, g), &r.sges, &Payload::Bytes(data.into()), total as u32);
+    let gathered = sgl::gather(&pkt.payload, &mut data[40..]).is_ok_and(|n| n == paylen);
+    // No receive: the datagram is dropped.
+    let r = if gathered { pop_recv(qp, g) } else { None };
+    let Some(r) = r else {
+        g.resp.ud_scratch = data;
+        return;
+    };
+    let res = sgl::scatter_bytes(&recv_pd(qp, g), &r.sges, &data);
+    g.resp.ud_scratch = data;
     let wr_id = r.wr_id;
     done_recv(qp, r);
     let status = match res {

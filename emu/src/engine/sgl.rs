@@ -60,6 +60,57 @@ pub(crate) fn scatter(
     payload: &Payload,
     len: u32,
 ) -> Result<(), SglError> {
+    scatter_from(pd, sges, payload, len)
+}
+
+/// [`scatter`] of bytes at hand.
+pub(crate) fn scatter_bytes(
+    pd: &std::sync::Arc<crate::objects::pd::PdInner>,
+    sges: &[Sge],
+    bytes: &[u8],
+) -> Result<(), SglError> {
+    scatter_from(pd, sges, bytes, bytes.len() as u32)
+}
+
+/// What [`scatter`] copies from.
+trait Source {
+    /// Copies it into consecutive destination ranges `(region, offset, len)`.
+    fn copy_into<'a>(
+        &self,
+        dst: impl Iterator<Item = (&'a std::sync::Arc<MemRegion>, usize, usize)>,
+    ) -> Result<(), crate::mem::MemFault>;
+}
+
+impl Source for Payload {
+    fn copy_into<'a>(
+        &self,
+        dst: impl Iterator<Item = (&'a std::sync::Arc<MemRegion>, usize, usize)>,
+    ) -> Result<(), crate::mem::MemFault> {
+        copy_into(self, dst)
+    }
+}
+
+impl Source for [u8] {
+    fn copy_into<'a>(
+        &self,
+        dst: impl Iterator<Item = (&'a std::sync::Arc<MemRegion>, usize, usize)>,
+    ) -> Result<(), crate::mem::MemFault> {
+        let mut done = 0;
+        for (region, off, n) in dst {
+            let n = n.min(self.len() - done);
+            region.write(off, &self[done..done + n])?;
+            done += n;
+        }
+        Ok(())
+    }
+}
+
+fn scatter_from<S: Source + ?Sized>(
+    pd: &std::sync::Arc<crate::objects::pd::PdInner>,
+    sges: &[Sge],
+    payload: &S,
+    len: u32,
+) -> Result<(), SglError> {
     let room: u64 = sges.iter().map(|s| s.length as u64).sum();
     if len as u64 > room {
         return Err(SglError::TooLong);
@@ -88,7 +139,7 @@ pub(crate) fn scatter(
         }
         let (region, off) = target(sge).ok_or(SglError::Protection)?;
         let dst = std::iter::once((region, off, len as usize));
-        return copy_into(payload, dst).map_err(|_| SglError::Protection);
+        return payload.copy_into(dst).map_err(|_| SglError::Protection);
     }
     // Every SGE that receives data is checked before anything is copied, so a bad SGE writes
     // nothing; then they are looked up again rather than remembered (no allocation).
@@ -96,7 +147,7 @@ pub(crate) fn scatter(
         return Err(SglError::Protection);
     }
     let dst = reached().filter_map(|(sge, take)| target(sge).map(|(r, off)| (r, off, take)));
-    copy_into(payload, dst).map_err(|_| SglError::Protection)
+    payload.copy_into(dst).map_err(|_| SglError::Protection)
 }
 
 /// Copies the first `out.len()` bytes of `payload` into `out`; how many there were.
