@@ -303,7 +303,10 @@ fn open_mpi_over_ucx_verbs_verifies_its_results() {
 /// none hangs before both ranks verified their results. Its connection manager polls, then
 /// re-arms its CQ: a message that arrives in between is announced at the arming on the full
 /// profile, as on an HCA. A run stuck in Open MPI's own finalization afterwards (see
-/// [`mpirun_verified`]) is allowed now and then, not as a rule.
+/// [`mpirun_verified`]) is allowed now and then, not as a rule: measured at about one run in
+/// thirty (23 rounds of these thirty runs: 25 such runs, 0 to 3 in a round), so up to five
+/// (a round with six or more once in ~1,000 at that rate; three or more, the bound before,
+/// came once in ten rounds).
 #[test]
 fn open_mpi_openib_runs_thirty_times_without_a_hang() {
     let mca = [
@@ -315,7 +318,7 @@ fn open_mpi_openib_runs_thirty_times_without_a_hang() {
         ["osc", "pt2pt"],
     ];
     let stuck = (0..30).filter(|_| mpirun_verified("full", &mca, &[]) != MpiRun::Exited).count();
-    assert!(stuck <= 2, "{stuck} of 30 runs never returned from MPI_Finalize, or died in it");
+    assert!(stuck <= 5, "{stuck} of 30 runs never returned from MPI_Finalize, or died in it");
 }
 
 /// libfabric's verbs provider sees the emulated devices: a connected (`FI_EP_MSG`, through
