@@ -1179,6 +1179,104 @@ fn ud_datagrams_cross_between_fabrics() {
     assert_eq!(&got, b"dgram");
 }
 
+/// Datagrams between two fabrics of one host fabric (as between two processes) leave the same
+/// completions, receive buffers and QP states whether they are sent and taken in at once (the
+/// express path, the default) or as packets: to the right Q_Key, a wrong one and the sender's
+/// own, with immediate data and solicited, inline, through a global address handle or not
+/// (InfiniBand ports), with no receive posted, and into a receive too short (which fails the
+/// receiver). A good datagram after each case (one sender's datagrams arrive in order) shows
+/// that the case was taken in.
+#[test]
+fn ud_datagrams_between_fabrics_are_the_same_on_both_paths() {
+    const QKEY: u32 = 5;
+    const MARK: u32 = 0x600d;
+    let run = |profile: Profile, express: bool| -> Vec<String> {
+        let dir = HostDir::new();
+        let cfg = FabricConfig { profile, express, ..Default::default() };
+        let (fa, fb) = (dir.fabric_with(cfg.clone()), dir.fabric_with(cfg));
+        let (a, b) = (node_on(&fa.devices()[0], 4096), node_on(&fb.devices()[0], 4096));
+        let (qa, qb) = (ud_qp(&a, QKEY, 16), ud_qp(&b, QKEY, 16));
+        let ep = qb.endpoint(0);
+        let roce = b.ctx.query_port(1).unwrap().link_layer == LinkLayer::ETHERNET;
+        let ah = |is_global: bool| {
+            let attr = AhAttr {
+                is_global: is_global || roce,
+                dgid: ep.gid,
+                dlid: ep.lid,
+                port_num: 1,
+                hop_limit: 3,
+                traffic_class: 8,
+                ..Default::default()
+            };
+            a.pd.create_ah(&attr).unwrap()
+        };
+        let (plain, global) = (ah(false), ah(true));
+        a.mr.write(0, b"0123456789abcdef").unwrap();
+        let sg = [sge(&a.mr, 0, 16)];
+        let mut seen = Vec::new();
+        let mut next = 0u64;
+        let mut recv = |len: usize| {
+            next += 1;
+            let at = 128 * (next as usize % 24);
+            qb.post_recv(&RecvWr { wr_id: next, sg_list: &[sge(&b.mr, at, len)] }).unwrap();
+        };
+        let send = |wr: SendWr<'_>, seen: &mut Vec<String>| {
+            qa.post_send(&wr.signaled()).unwrap();
+            let s = wait1(&a.cq);
+            seen.push(format!("send {:?} {:?} {}", s.status, s.opcode, s.byte_len));
+        };
+        let good = || SendWr::send_ud(0, &sg, &plain, ep.qpn, QKEY);
+        fn flagged(wr: SendWr<'_>, f: SendFlags) -> SendWr<'_> {
+            SendWr { send_flags: wr.send_flags | f, ..wr }
+        }
+        let cases: Vec<(&str, SendWr<'_>, Option<usize>)> = vec![
+            ("good", good(), Some(100)),
+            ("imm, solicited", flagged(good().with_imm(0xabc), SendFlags::SOLICITED), Some(100)),
+            (
+                "inline",
+                SendWr { inline_data: b"inline", ..flagged(good(), SendFlags::INLINE) },
+                Some(100),
+            ),
+            ("global", SendWr::send_ud(0, &sg, &global, ep.qpn, QKEY), Some(100)),
+            ("wrong qkey", SendWr::send_ud(0, &sg, &plain, ep.qpn, QKEY + 1), Some(100)),
+            ("own qkey", SendWr::send_ud(0, &sg, &plain, ep.qpn, 0x8000_0000), Some(100)),
+            ("no receive", good(), None),
+            ("too short", good(), Some(40 + 8)),
+        ];
+        for (what, wr, room) in cases {
+            if let Some(len) = room {
+                recv(len);
+            }
+            send(wr, &mut seen);
+            // The good datagram after it (marked by its immediate), into a receive of its own
+            // (or the case's, if the case's datagram was dropped): its completion, or a
+            // receive's flush once the QP failed, comes after the case's.
+            recv(100);
+            send(good().with_imm(MARK), &mut seen);
+            seen.push(what.to_string());
+            loop {
+                let w = wait1(&b.cq);
+                let from_a = w.src_qp == qa.qp_num();
+                seen.push(format!(
+                    "recv {} {:?} {:?} {} {:x} {:?} {} {}",
+                    w.wr_id, w.status, w.opcode, w.byte_len, w.imm_data, w.wc_flags, from_a, w.sl
+                ));
+                if w.imm_data == MARK || w.status == WcStatus::WR_FLUSH_ERR {
+                    break;
+                }
+            }
+            seen.push(format!("{:?}", qb.query().unwrap().qp_state));
+        }
+        let mut mem = vec![0u8; 4096];
+        b.mr.read(0, &mut mem).unwrap();
+        seen.push(format!("{mem:?}"));
+        seen
+    };
+    for profile in [Profile::Rxe, Profile::Full] {
+        assert_eq!(run(profile, true), run(profile, false), "{profile:?}");
+    }
+}
+
 #[test]
 fn multicast_reaches_the_members_in_every_process() {
     let dir = HostDir::new();

@@ -28,7 +28,7 @@ use super::{
     sgl,
 };
 use crate::{
-    fabric::{FabricInner, wire_port::WIRE_DEV},
+    fabric::{FabricInner, wire, wire_port::WIRE_DEV},
     qp::{QpInner, QpShared, SendWr},
     types::{QpState, QpType, SendFlags, WrOpcode},
 };
@@ -219,6 +219,58 @@ fn packet(
     pkt.npkts = 1;
     pkt.psn = g.req.psn;
     Some(pkt)
+}
+
+/// Takes the datagram `d` from another process in, straight from its ring record, into our
+/// QP `qp` it names, if the packet path would deliver it at once (its receiver free, nothing
+/// before it in its inbox, nothing of its own unsent that its service would send after it,
+/// the Q_Key its own, a receive posted that holds it): written into the receive, the receive
+/// completed, as `responder::ud_receive` would. Whether it did; if not, nothing changed.
+pub(crate) fn arrive(qp: &Arc<QpShared>, f: &FabricInner, d: &wire::Datagram<'_>) -> bool {
+    let Some(mut g) = qp.inner.try_lock() else { return false };
+    let takes = f.express()
+        && matches!(g.state, QpState::RTR | QpState::RTS | QpState::SQD | QpState::SQE)
+        && d.dst.1 == g.attr.port_num
+        && qp.qp_type == QpType::UD
+        && g.resp.forwarded.is_none()
+        && qp.inbox.is_empty()
+        && g.sq.next == g.sq.head
+        && d.qkey == g.attr.qkey
+        && d.payload.len() <= MAX_UD_PAYLOAD
+        && qp.srq.as_ref().is_none_or(|s| s.tm.is_none());
+    if !takes {
+        return false;
+    }
+    let keys = qp.ctx.device.keys.read();
+    let length = d.payload.len();
+    let head = responder::ud_head(&g, d.grh.as_ref(), length, d.imm.is_some());
+    let total = 40 + length as u32;
+    let pd = responder::own_recv_pd(qp);
+    let place = |sges: &[crate::Sge]| {
+        let copied = match express::scatter(&keys, pd, sges, total)? {
+            Scatter::One(span) => {
+                let (area, rest) = (span.part(0, 40)?, span.part(40, length)?);
+                area.write(&head).is_ok() && rest.write(d.payload).is_ok()
+            }
+            Scatter::List => {
+                let src = [Src::Bytes(&head), Src::Bytes(d.payload)];
+                express::copy(src.into_iter(), express::ranges(&keys, sges, total))
+            }
+        };
+        copied.then_some(())
+    };
+    let Some(wr_id) = express::take_recv(qp, &mut g, place) else { return false };
+    drop(keys);
+    let arrived = Datagram {
+        total,
+        grh: d.grh.as_ref(),
+        imm: d.imm,
+        src_qpn: d.src.2,
+        src_lid: d.src_lid,
+        solicited: d.solicited,
+    };
+    responder::ud_received(qp, &mut g, wr_id, &arrived);
+    true
 }
 
 #[cfg(test)]

@@ -1987,6 +1987,9 @@ impl<'a> Batch<'a> {
             let took = if let Some(ack) = wire::Ack::peek(bytes) {
                 OwedAck::pay(&mut self.owed);
                 ours(ack.dst) && engine::arriving::ack(qp, fabric, &ack, &mut self.drv)
+            } else if let Some(d) = wire::peek_datagram(bytes) {
+                OwedAck::pay(&mut self.owed);
+                ours(d.dst) && engine::datagram::arrive(qp, fabric, &d)
             } else if let Some((m, payload)) = wire::peek_request(bytes) {
                 use engine::arriving::{self as arriving, Op};
                 // A SEND or WRITE taken in leaves its ACK owed; anything else comes after

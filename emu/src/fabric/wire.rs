@@ -211,6 +211,69 @@ pub(crate) fn peek_request(bytes: &[u8]) -> Option<(crate::engine::arriving::Mes
     (payload.len() == carried as usize && npkts >= 1).then_some((m, payload))
 }
 
+/// A UD SEND as [`peek_datagram`] finds it in its record.
+#[derive(Debug)]
+pub(crate) struct Datagram<'a> {
+    /// `(device, port, QPN)` of the sender and of the receiver.
+    pub(crate) src: (u32, u8, u32),
+    pub(crate) dst: (u32, u8, u32),
+    pub(crate) qkey: u32,
+    pub(crate) imm: Option<u32>,
+    pub(crate) solicited: bool,
+    pub(crate) src_lid: u16,
+    pub(crate) grh: Option<Grh>,
+    pub(crate) payload: &'a [u8],
+}
+
+/// The UD SEND in `bytes` (a whole record's message) if it is exactly what a UD requester
+/// sends (`engine::datagram::packet`, `requester::build`): one packet, its payload whole
+/// after its header, nothing a SEND does not carry; `None` for anything else, which the
+/// decoder then judges.
+pub(crate) fn peek_datagram(bytes: &[u8]) -> Option<Datagram<'_>> {
+    let mut r = Reader(bytes.get(..FIXED_HEAD)?);
+    let [version, kind, syn, syn_arg, flags, src_port, dst_port, has_grh, transport] =
+        r.take::<9>()?;
+    let head_ok = version == VERSION
+        && kind_of(kind)? == Kind::Send
+        && (syn, syn_arg) == (0, 0)
+        && flags & !3 == 0
+        && has_grh <= 1
+        && u32::from(transport) == QpType::UD.0;
+    if !head_ok {
+        return None;
+    }
+    let (src_dev, src_qpn, dst_dev) = (r.u32()?, r.u32()?, r.u32()?);
+    let (dst_qpn, _psn, npkts, imm) = (r.u32()?, r.u32()?, r.u32()?, r.u32()?);
+    let (rkey, len, msn, qkey, _xrc_srqn) = (r.u32()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?);
+    let src_lid = r.u16()?;
+    let words = (r.u64()?, r.u64()?, r.u64()?, r.u64()?);
+    if (npkts, rkey, msn, words) != (1, 0, 0, (0, 0, 0, 0)) {
+        return None;
+    }
+    let mut rest = Reader(&bytes[FIXED_HEAD..]);
+    let grh = match has_grh {
+        1 => Some(Grh {
+            sgid: Gid(rest.take()?),
+            dgid: Gid(rest.take()?),
+            traffic_class: rest.take::<1>()?[0],
+            hop_limit: rest.take::<1>()?[0],
+            flow_label: rest.u32()?,
+        }),
+        _ => None,
+    };
+    let payload = rest.0;
+    (payload.len() == len as usize).then_some(Datagram {
+        src: (src_dev, src_port, src_qpn),
+        dst: (dst_dev, dst_port, dst_qpn),
+        qkey,
+        imm: (flags & 2 != 0).then_some(imm),
+        solicited: flags & 1 != 0,
+        src_lid,
+        grh,
+        payload,
+    })
+}
+
 /// Why a message was not taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Refused {
