@@ -29,14 +29,10 @@ use super::{
 };
 use crate::{
     fabric::{FabricInner, wire, wire_port::WIRE_DEV},
-    qp::{QpInner, QpShared, SendWr},
+    objects::{keys::KeyTable, pd::PdInner},
+    qp::{QpInner, QpShared, SendWr, queue::UdTarget},
     types::{QpState, QpType, SendFlags, WrOpcode},
 };
-
-/// Where a UD request goes, as the post resolved it: the destination `(device, port)`, QPN
-/// and Q_Key, the GRH (a global address handle), and whether the address handle is another
-/// PD's (which rxe fails when the request runs).
-pub(crate) type UdDest = ((u32, u8), u32, u32, Option<Grh>, bool);
 
 /// Delivers the UD SEND `wr` of `length` bytes (checked by the post) to `dest` at the post if
 /// it can (see the module's text). Whether it did; if not, nothing changed. (Out of line: the
@@ -46,7 +42,7 @@ pub(crate) fn post(
     qp: &Arc<QpShared>,
     g: &mut QpInner,
     wr: &SendWr<'_>,
-    dest: &UdDest,
+    dest: &UdTarget,
     length: u32,
     f: &FabricInner,
 ) -> bool {
@@ -54,7 +50,6 @@ pub(crate) fn post(
     // As the post would queue it and the QP's service send it at once (`requester::build`).
     let sends_now = g.state == QpState::RTS
         && g.sq.head == g.sq.tail
-        && g.sq.depth > 0
         && g.req.rnr_until.is_none()
         && !foreign
         && length <= g.port.max_msg_sz
@@ -131,20 +126,8 @@ fn deliver(
     let head = responder::ud_head(&dg, grh, length as usize, imm.is_some());
     let total = 40 + length;
     let pd = responder::own_recv_pd(dst);
-    let place = |sges: &[crate::Sge]| {
-        let copied = match (one, express::scatter(rkeys, pd, sges, total)?) {
-            // The common one-piece datagram into one receive SGE, without the iterators.
-            (Some(piece), Scatter::One(span)) => {
-                let (area, rest) = (span.part(0, 40)?, span.part(40, length as usize)?);
-                area.write(&head).is_ok() && express::copy_into(piece, rest)
-            }
-            _ => {
-                let src = std::iter::once(Src::Bytes(&head)).chain(express::sources(&lkeys, &req));
-                express::copy(src, express::ranges(rkeys, sges, total))
-            }
-        };
-        copied.then_some(())
-    };
+    let body = (one, || express::sources(&lkeys, &req));
+    let place = |sges: &[crate::Sge]| place(rkeys, pd, sges, &head, body, length as usize);
     let Some(wr_id) = express::take_recv(dst, &mut dg, place) else { return false };
     drop(lkeys);
     let d = Datagram {
@@ -171,13 +154,10 @@ fn send_across(
     qp: &Arc<QpShared>,
     g: &mut QpInner,
     wr: &SendWr<'_>,
-    dest: &UdDest,
+    dest: &UdTarget,
     length: u32,
     node: &crate::fabric::host::Node,
 ) -> bool {
-    if g.req.unsent.is_some() {
-        return false;
-    }
     let Some(pkt) = packet(qp, g, wr, dest, length) else { return false };
     node.send(&pkt);
     g.req.psn = psn_add(pkt.psn, 1);
@@ -192,7 +172,7 @@ fn packet(
     qp: &QpShared,
     g: &QpInner,
     wr: &SendWr<'_>,
-    &((dev, port), dqpn, qkey, grh, _): &UdDest,
+    &((dev, port), dqpn, qkey, grh, _): &UdTarget,
     length: u32,
 ) -> Option<Packet> {
     let mut pkt = Packet::new(Kind::Send);
@@ -246,19 +226,9 @@ pub(crate) fn arrive(qp: &Arc<QpShared>, f: &FabricInner, d: &wire::Datagram<'_>
     let head = responder::ud_head(&g, d.grh.as_ref(), length, d.imm.is_some());
     let total = 40 + length as u32;
     let pd = responder::own_recv_pd(qp);
-    let place = |sges: &[crate::Sge]| {
-        let copied = match express::scatter(&keys, pd, sges, total)? {
-            Scatter::One(span) => {
-                let (area, rest) = (span.part(0, 40)?, span.part(40, length)?);
-                area.write(&head).is_ok() && rest.write(d.payload).is_ok()
-            }
-            Scatter::List => {
-                let src = [Src::Bytes(&head), Src::Bytes(d.payload)];
-                express::copy(src.into_iter(), express::ranges(&keys, sges, total))
-            }
-        };
-        copied.then_some(())
-    };
+    let payload = Src::Bytes(d.payload);
+    let body = (Some(payload), || std::iter::once(payload));
+    let place = |sges: &[crate::Sge]| place(&keys, pd, sges, &head, body, length);
     let Some(wr_id) = express::take_recv(qp, &mut g, place) else { return false };
     drop(keys);
     let arrived = Datagram {
@@ -271,6 +241,34 @@ pub(crate) fn arrive(qp: &Arc<QpShared>, f: &FabricInner, d: &wire::Datagram<'_>
     };
     responder::ud_received(qp, &mut g, wr_id, &arrived);
     true
+}
+
+/// Writes a datagram into the receive `sges` (checked in `pd`, as the packet path's scatter
+/// checks them): its GRH area `head`, then its `length` bytes, `body`: the one piece they are,
+/// if they are one, and all of its pieces in order. `None` if the receive does not hold it or
+/// a copy faulted (nothing is taken then).
+#[inline(always)]
+fn place<'s, I: Iterator<Item = Src<'s>>>(
+    keys: &KeyTable,
+    pd: &Arc<PdInner>,
+    sges: &[crate::Sge],
+    head: &'s [u8; 40],
+    (one, pieces): (Option<Src<'_>>, impl FnOnce() -> I),
+    length: usize,
+) -> Option<()> {
+    let total = 40 + length as u32;
+    let copied = match (one, express::scatter(keys, pd, sges, total)?) {
+        // The common one-piece datagram into one receive SGE, without the iterators.
+        (Some(piece), Scatter::One(span)) => {
+            let (area, rest) = (span.part(0, 40)?, span.part(40, length)?);
+            area.write(head).is_ok() && express::copy_into(piece, rest)
+        }
+        _ => {
+            let src = std::iter::once(Src::Bytes(head)).chain(pieces());
+            express::copy(src, express::ranges(keys, sges, total))
+        }
+    };
+    copied.then_some(())
 }
 
 #[cfg(test)]
