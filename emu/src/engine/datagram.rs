@@ -10,11 +10,17 @@
 //! port, at least in RTR, its Q_Key the datagram's, nothing waiting in its inbox, a receive
 //! posted that holds the datagram and its 40-byte GRH area; no fault rule, simulation or packet
 //! trace, both ports up. Anything else (a datagram the receiver drops, one that fails a
-//! receive, a multicast group, a peer in another process or over a wire) goes the packet path,
-//! which gives it its exact outcome: the request changes nothing before it is sure to finish.
-//! What it leaves behind is what the packet path would: the sender's PSN one further, the
-//! receive completion, then the send completion (the order in which the packet path's driver,
+//! receive, a multicast group, a peer over a wire) goes the packet path, which gives it its
+//! exact outcome: the request changes nothing before it is sure to finish. What it leaves
+//! behind is what the packet path would: the sender's PSN one further, the receive
+//! completion, then the send completion (the order in which the packet path's driver,
 //! servicing the receiver inline, writes them).
+//!
+//! Between processes, the two halves run apart: the sender writes the datagram into the ring
+//! to the receiver's process at the post ([`send_across`]: the record the packet path would
+//! write) and completes it, as UD waits for nothing; the receiving process takes the record
+//! in straight from its ring ([`arrive`]) where its QP would take it at once, and as a packet
+//! otherwise.
 
 use std::sync::Arc;
 
