@@ -92,8 +92,10 @@ enum Op {
         len: usize,
     },
     /// A datagram from side `dir`'s UD QP to the other's (or to itself: `loopback`), through
-    /// a global address handle or not; `recv`: a receive for it is posted first.
+    /// a global address handle or not; `recv`: a receive for it is posted first. `write`: the
+    /// request is an RDMA WRITE instead, which UD does not carry.
     UdSend {
+        write: bool,
         dir: usize,
         src: usize,
         len: usize,
@@ -141,9 +143,9 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(pair, dir, off, res, cswp, value, key)| Op::Atomic { pair, dir, off, res, cswp, value, key }),
         3 => (dir.clone(), off.clone(), 0usize..360)
             .prop_map(|(side, off, len)| Op::UdRecv { side, off, len }),
-        4 => (dir.clone(), off, len, imm, any::<bool>(), ud_qkey(), any::<(bool, bool, bool)>())
-            .prop_map(|(dir, src, len, imm, inline, qkey, (global, loopback, recv))| {
-                Op::UdSend { dir, src, len, imm, inline, qkey, global, loopback: loopback && !recv, recv }
+        4 => (dir.clone(), off, len, imm, any::<bool>(), ud_qkey(), any::<(bool, bool, bool)>(), prop::bool::weighted(0.1))
+            .prop_map(|(dir, src, len, imm, inline, qkey, (global, loopback, recv), write)| {
+                Op::UdSend { write, dir, src, len, imm, inline, qkey, global, loopback: loopback && !recv, recv }
             }),
         1 => (0..PAIRS + 1, dir).prop_map(|(pair, side)| Op::Error { pair, side }),
         2 => (0..PAIRS + 1).prop_map(|pair| Op::Reconnect { pair }),
@@ -344,7 +346,7 @@ impl World {
                 };
                 posted.push(format!("ud recv {:?}", r.map_err(|e| e.errno())));
             }
-            Op::UdSend { dir, src, len, imm, inline, qkey, global, loopback, recv } => {
+            Op::UdSend { write, dir, src, len, imm, inline, qkey, global, loopback, recv } => {
                 let to = if loopback { dir } else { 1 - dir };
                 if recv {
                     posted.extend(self.run(&Op::UdRecv { side: to, off: 500, len: 40 + 300 }));
@@ -364,6 +366,10 @@ impl World {
                 }
                 if let Some(i) = imm {
                     wr = wr.with_imm(i);
+                }
+                if write {
+                    wr.opcode = WrOpcode::RDMA_WRITE;
+                    (wr.remote_addr, wr.rkey) = self.rkey(to, Key::Good);
                 }
                 let r = self.ud[dir].post_send(&wr);
                 posted.push(format!("ud send {:?}", r.map_err(|e| e.errno())));

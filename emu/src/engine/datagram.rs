@@ -53,8 +53,10 @@ pub(crate) fn post(
     f: &FabricInner,
 ) -> bool {
     let &((dev, port), dqpn, qkey, ref grh, foreign) = dest;
-    // As the post would queue it and the QP's service send it at once (`requester::build`).
-    let sends_now = g.state == QpState::RTS
+    // As the post would queue it and the QP's service send it at once (`requester::build`):
+    // UD carries a SEND, with immediate or not, and nothing else (the service fails the rest).
+    let sends_now = matches!(wr.opcode, WrOpcode::SEND | WrOpcode::SEND_WITH_IMM)
+        && g.state == QpState::RTS
         && g.sq.head == g.sq.tail
         && g.req.rnr_until.is_none()
         && !foreign
