@@ -217,6 +217,7 @@ impl World {
         let ud: Vec<Qp> = (0..2)
             .map(|s| {
                 let mut attr = QpInitAttr::new(QpType::UD, &cq[s], cap(32));
+                attr.sq_sig_all = true;
                 // Side 1's takes its receives from the SRQ its RC QPs of pair 1 share.
                 if s == 1 {
                     attr.srq = Some(&srq[s]);
