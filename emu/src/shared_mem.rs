@@ -113,12 +113,24 @@ static MOVED: ForkLock<Moved> = ForkLock::new(Vec::new());
 pub(crate) fn find(id: u32) -> Option<Arc<SharedMem>> {
     take(&MOVED).iter().find(|(m, _)| m.id == id).map(|(m, _)| m.clone())
 }
-/// While a fork is under way, each moved range's copy as the fork found it (address of the
-/// range, its length, the address of the copy; see `fork_prepare`).
+/// While a fork is under way, each moved range (address, length) and what the child gets
+/// there (see `fork_prepare`).
 static FORKING: ForkLock<Forking> = ForkLock::new(Vec::new());
 
 type Moved = Vec<(Arc<SharedMem>, usize)>;
-type Forking = Vec<(u64, usize, usize)>;
+type Forking = Vec<(u64, usize, AtFork)>;
+
+/// What a child made by fork gets at a moved range.
+#[derive(Debug, Clone, Copy)]
+enum AtFork {
+    /// The private copy at this address, made before the fork, moved into place.
+    Copy(usize),
+    /// The shared pages themselves (there was no room for a copy), made private in the child.
+    Shared,
+    /// Whatever the application mapped there since it unmapped the range under a live MR
+    /// (against the contract): inherited as the kernel forks it, untouched by us.
+    Gone,
+}
 type HeldAcrossFork =
     (std::sync::MutexGuard<'static, Moved>, std::sync::MutexGuard<'static, Forking>);
 
@@ -196,6 +208,9 @@ pub(crate) fn adopt(addr: u64, len: usize) -> Option<Lease> {
     if !(MIN_BYTES..=MAX_BYTES).contains(&n) {
         return None;
     }
+    // A copy out of moved memory the application unmapped (see `fork_prepare`) fails
+    // instead of faulting.
+    crate::guarded::install();
     let mut moved = take(&MOVED);
     let maps = Maps::read().ok()?;
     // Forget what the application unmapped (after deregistering nothing: a leaked MR).
@@ -255,35 +270,51 @@ fn move_into(fd: &OwnedFd, start: u64, n: usize) -> bool {
 
 /// Moves the pages of `start..start+n` back into private memory with the same bytes.
 fn privatize(start: u64, n: usize) -> bool {
-    let copy = private_copy(start, n);
-    !copy.is_null() && put_in_place(copy, start, n)
+    private_copy(start, n).is_ok_and(|copy| put_in_place(copy, start, n))
 }
 
-/// A fresh private mapping with a copy of the `n` bytes at `start`; null if there is no room.
-fn private_copy(start: u64, n: usize) -> *mut libc::c_void {
+/// Why [`private_copy`] made none.
+#[derive(Debug)]
+enum NoCopy {
+    /// No room for one.
+    NoRoom,
+    /// The bytes are no longer all mapped.
+    Gone,
+}
+
+/// A fresh private mapping with a copy of the `n` bytes at `start`.
+fn private_copy(start: u64, n: usize) -> Result<*mut libc::c_void, NoCopy> {
     let (rw, private) =
         (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS);
     // SAFETY: a new anonymous mapping the kernel places.
     let tmp = unsafe { mm::mmap(std::ptr::null_mut(), n, rw, private, -1, 0) };
     if tmp == libc::MAP_FAILED {
-        return std::ptr::null_mut();
+        return Err(NoCopy::NoRoom);
     }
-    copy_out(start, tmp, n);
-    tmp
+    if !copy_out(start, tmp, n) {
+        // SAFETY: `tmp` is ours, just mapped.
+        unsafe { mm::munmap(tmp, n) };
+        return Err(NoCopy::Gone);
+    }
+    Ok(tmp)
 }
 
-/// Copies the `n` bytes at `start` into `tmp`.
-fn copy_out(start: u64, tmp: *mut libc::c_void, n: usize) {
+/// Copies the `n` bytes at `start` into `tmp`; false if `start..start+n` is no longer all
+/// mapped (the application unmapped it under a live MR, or is doing so on another thread).
+fn copy_out(start: u64, tmp: *mut libc::c_void, n: usize) -> bool {
     let at = std::ptr::with_exposed_provenance::<u8>(start as usize);
-    // SAFETY: `start..start+n` is mapped readable (the caller read it so in /proc/self/maps,
-    // or it is moved memory of a live MR, which the application keeps mapped); `tmp` is a
-    // fresh writable mapping of `n` bytes; the two do not overlap.
-    unsafe { std::ptr::copy_nonoverlapping(at, tmp.cast::<u8>(), n) };
+    // SAFETY: `tmp` is a fresh writable mapping of `n` bytes, no memory Rust refers to, and
+    // does not overlap the range; the range may be unmapped (the copy then fails).
+    unsafe { crate::guarded::copy(at, tmp.cast::<u8>(), n) }
 }
 
 /// Copies the `n` bytes at `start` into the fresh mapping `tmp` and moves `tmp` over them.
 fn replace_with(tmp: *mut libc::c_void, start: u64, n: usize) -> bool {
-    copy_out(start, tmp, n);
+    if !copy_out(start, tmp, n) {
+        // SAFETY: `tmp` is ours and mapped.
+        unsafe { mm::munmap(tmp, n) };
+        return false;
+    }
     put_in_place(tmp, start, n)
 }
 
@@ -306,31 +337,42 @@ fn put_in_place(tmp: *mut libc::c_void, start: u64, n: usize) -> bool {
 /// place of the shared mapping it does not inherit. (The child cannot copy the shared pages
 /// itself: the parent may write them meanwhile.) Both lists stay locked across the fork and
 /// are released in both processes right after (see [`ForkLock`]), so the child finds them whole.
+///
+/// A range the application unmapped under a live MR is left alone: copying it faulted (the
+/// process died in `fork`), and moving a copy there in the child replaced whatever the
+/// application had mapped there since.
 extern "C" fn fork_prepare() {
     let moved = take(&MOVED);
     let mut forking = take(&FORKING);
+    let maps = if moved.is_empty() { None } else { Maps::read().ok() };
     for (m, _) in moved.iter() {
-        let copy = private_copy(m.base, m.len);
-        if copy.is_null() {
-            // No room for a copy: the child shares the pages rather than lacking them.
-            // SAFETY: advice on our own mapping.
-            unsafe { mm::madvise(m.base as *mut libc::c_void, m.len, libc::MADV_DOFORK) };
-        }
-        forking.push((m.base, m.len, copy as usize));
+        let ours = maps.as_ref().is_none_or(|maps| maps.all(m.base, m.len, |v| v.is_ours(m.ino)));
+        let at_fork = match ours.then(|| private_copy(m.base, m.len)) {
+            Some(Ok(copy)) => AtFork::Copy(copy as usize),
+            // (Unmapped while we copied: the application's doing, as above.)
+            None | Some(Err(NoCopy::Gone)) => AtFork::Gone,
+            Some(Err(NoCopy::NoRoom)) => {
+                // No room for a copy: the child shares the pages rather than lacking them.
+                // SAFETY: advice on our own mapping.
+                unsafe { mm::madvise(m.base as *mut libc::c_void, m.len, libc::MADV_DOFORK) };
+                AtFork::Shared
+            }
+        };
+        forking.push((m.base, m.len, at_fork));
     }
     HELD_ACROSS_FORK.with(|held| *held.borrow_mut() = Some((moved, forking)));
 }
 
 extern "C" fn fork_parent() {
     let Some((_moved, mut forking)) = held_across_fork() else { return };
-    for (base, len, copy) in forking.drain(..) {
-        // SAFETY: the copy is ours, made in `fork_prepare`; the range is moved memory.
+    for (base, len, at_fork) in forking.drain(..) {
+        // SAFETY: the copy is ours, made in `fork_prepare`; a shared range is moved memory.
         unsafe {
-            if copy == 0 {
-                mm::madvise(base as *mut libc::c_void, len, libc::MADV_DONTFORK);
-            } else {
-                mm::munmap(copy as *mut libc::c_void, len);
-            }
+            match at_fork {
+                AtFork::Shared => mm::madvise(base as *mut libc::c_void, len, libc::MADV_DONTFORK),
+                AtFork::Copy(copy) => mm::munmap(copy as *mut libc::c_void, len),
+                AtFork::Gone => 0,
+            };
         }
     }
 }
@@ -339,16 +381,19 @@ extern "C" fn fork_child() {
     let Some((mut moved, mut forking)) = held_across_fork() else { return };
     // The child's pages are its own, as private memory's are after fork. Its MRs are of no
     // use to it (as with a NIC), so nothing of them stays moved.
-    for (base, len, copy) in forking.drain(..) {
-        if copy == 0 {
-            privatize(base, len);
-            continue;
+    for (base, len, at_fork) in forking.drain(..) {
+        match at_fork {
+            AtFork::Shared => {
+                privatize(base, len);
+            }
+            AtFork::Copy(copy) => {
+                let flags = libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED;
+                // SAFETY: moves the copy (ours) to where the shared mapping, not inherited,
+                // was.
+                unsafe { mm::mremap(copy as *mut libc::c_void, len, len, flags, base as *mut _) };
+            }
+            AtFork::Gone => {}
         }
-        let flags = libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED;
-        // SAFETY: moves the copy (ours) to where the shared mapping, not inherited, was.
-        unsafe {
-            mm::mremap(copy as *mut libc::c_void, len, len, flags, base as *mut libc::c_void)
-        };
     }
     moved.clear();
 }
@@ -711,6 +756,56 @@ mod test {
         // SAFETY: our mapping.
         unsafe { libc::munmap(p.cast(), n) };
         assert_eq!(hung, None, "a child hung taking the list of moved memory");
+    }
+
+    /// Forks a child that runs `child` and exits with its answer; whether it answered true.
+    fn in_a_child(child: impl FnOnce() -> bool) -> bool {
+        // SAFETY: the child runs `child` alone and exits at once, running no handler of ours.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            let ok = child();
+            // SAFETY: as above.
+            unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+        }
+        assert!(pid > 0);
+        let mut status = 0;
+        // SAFETY: waits for our own child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0
+    }
+
+    /// Memory the application unmapped under a live MR (against the contract) is left alone
+    /// at fork: the fork does not fault copying it (the test binary died of SIGSEGV so, when
+    /// another test forked in that window), and the child keeps what the application mapped
+    /// there since instead of a copy of the old bytes.
+    #[test]
+    fn test_a_fork_leaves_alone_memory_unmapped_under_a_live_mr() {
+        let n = 64 * 1024;
+        let p = anon(n);
+        let leaked = adopt(p as u64, n).unwrap();
+        // In place of the moved pages (not unmapped: the other tests' threads would map
+        // their memory there), its MR (the lease) living on, against the contract: pages no
+        // access reaches (faulting, as unmapped ones), then shared memory.
+        let replace = |prot, flags| {
+            let flags = flags | libc::MAP_ANONYMOUS | libc::MAP_FIXED;
+            // SAFETY: the range is ours.
+            let q = unsafe { libc::mmap(p.cast(), n, prot, flags, -1, 0) };
+            assert_eq!(q, p.cast());
+        };
+        replace(libc::PROT_NONE, libc::MAP_PRIVATE);
+        assert!(in_a_child(|| true), "a fork with the range out of reach");
+        replace(libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED);
+        // SAFETY: the child writes its own mapping (shared with us) and exits.
+        assert!(in_a_child(|| unsafe {
+            p.add(10).write_volatile(9);
+            true
+        }));
+        // SAFETY: our mapping.
+        assert_eq!(unsafe { p.add(10).read_volatile() }, 9, "the child wrote a copy");
+        drop(leaked);
+        assert!(mapping_of(p as u64).contains("rw-s"), "left as the application mapped it");
+        // SAFETY: our mapping.
+        unsafe { libc::munmap(p.cast(), n) };
     }
 
     struct Seen(Mutex<Vec<u32>>);
