@@ -3,8 +3,11 @@
 //! QPs on SRQs and UC QPs, and datagrams between UD QPs (global address handles or not, good,
 //! wrong and the sender's own Q_Keys, to another QP or to the sender itself), with good keys,
 //! bad keys and keys without the access, ranges that run past their MR, receives too short or
-//! missing, QPs moved to ERR and reconnected, run once with the express path and once without. Every completion (all fields), every QP's
-//! state and PSNs after every step, and the final memory must be identical.
+//! missing, QPs moved to ERR and reconnected, run once with the express path and once without.
+//! On the full profile (rxe has no XRC) an XRC initiator sends to a target QP too, naming
+//! one of two XRC SRQs (one on another PD, whose MR alone its requests reach) or none. Every
+//! completion (all fields), every QP's state and PSNs after every step, and the final memory
+//! must be identical.
 
 mod common;
 use common::*;
@@ -17,6 +20,10 @@ const PAIRS: usize = 3;
 /// The UD QPs' "pair" (one UD QP on each side, side 1's on its SRQ) in `Op::Error` and
 /// `Op::Reconnect`.
 const UD: usize = PAIRS;
+/// The XRC "pair" (side 0's initiator, side 1's target QP): its requests go from side 0 to
+/// side 1 whatever their `dir`, which names the XRC SRQ instead (`xsrq`); a receive's `side`
+/// names the XRC SRQ it is posted to.
+const XRC: usize = PAIRS + 1;
 /// Both UD QPs' Q_Key.
 const QKEY: u32 = 0x0bad_cafe;
 
@@ -120,9 +127,9 @@ fn key() -> impl Strategy<Value = Key> {
 }
 
 fn op() -> impl Strategy<Value = Op> {
-    let pair = 0..PAIRS;
-    // UC carries no READ or atomics: those fail its QPs, and mostly go to RC.
-    let rc_pair = prop_oneof![10 => 0..2usize, 1 => Just(2usize)];
+    let pair = prop_oneof![4 => 0..PAIRS, 1 => Just(XRC)];
+    // UC carries no READ or atomics: those fail its QPs, and mostly go to RC (or XRC).
+    let rc_pair = prop_oneof![10 => 0..2usize, 1 => Just(2usize), 3 => Just(XRC)];
     let recv = prop::bool::weighted(0.9);
     let dir = 0..2usize;
     // Offsets and lengths may run past the end of the MR or the receive buffer (those must
@@ -147,8 +154,8 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(dir, src, len, imm, inline, qkey, (global, loopback, recv), write)| {
                 Op::UdSend { write, dir, src, len, imm, inline, qkey, global, loopback: loopback && !recv, recv }
             }),
-        1 => (0..PAIRS + 1, dir).prop_map(|(pair, side)| Op::Error { pair, side }),
-        2 => (0..PAIRS + 1).prop_map(|pair| Op::Reconnect { pair }),
+        1 => (0..XRC + 1, dir).prop_map(|(pair, side)| Op::Error { pair, side }),
+        2 => (0..XRC + 1).prop_map(|pair| Op::Reconnect { pair }),
     ]
 }
 
@@ -174,10 +181,39 @@ struct World {
     srq: [Srq; 2],
     qps: Vec<[Qp; 2]>,
     ud: [Qp; 2],
+    /// The full profile's XRC objects (rxe has no XRC).
+    xrc: Option<Xrc>,
     /// `ah[from][global]`: an address handle on side `from`'s PD to the other side's port, and
     /// one to its own port.
     ah: [[Ah; 2]; 2],
     own_ah: [[Ah; 2]; 2],
+}
+
+/// An XRC initiator on side 0 connected to a target QP on side 1, whose domain has two XRC
+/// SRQs: one on side 1's PD, one on another PD, whose MR (`mr`) alone its requests reach and
+/// its receives take.
+struct Xrc {
+    ini: Qp,
+    tgt: Qp,
+    srq: [Srq; 2],
+    mr: Mr,
+    _domain: (Xrcd, Pd),
+}
+
+impl Xrc {
+    fn srqn(&self, which: usize) -> u32 {
+        self.srq[which].srq_num().unwrap()
+    }
+
+    /// The MR the requests to XRC SRQ `which` reach with `key`.
+    fn rkey(&self, w: &World, which: usize, key: Key) -> (u64, u32) {
+        match (which, key) {
+            (1, Key::Good) => (self.mr.addr(), self.mr.rkey()),
+            (1, Key::Bad) => (self.mr.addr(), self.mr.rkey() ^ 0x300),
+            // (Side 1's MR for the other PD's SRQ: refused.)
+            _ => w.rkey(1, key),
+        }
+    }
 }
 
 fn params() -> RcParams {
@@ -247,6 +283,22 @@ impl World {
             [0, 1].map(|from| [false, true].map(|global| ah_to(from, to(from), global)))
         };
         let (ah, own_ah) = (ahs(|from| 1 - from), ahs(|from| from));
+        let xrc = (profile == Profile::Full).then(|| {
+            let domain =
+                (ctx[1].open_xrcd(None, xrcd_oflags::CREAT).unwrap(), ctx[1].alloc_pd().unwrap());
+            let srq_attr = SrqAttr { max_wr: 64, max_sge: 2, srq_limit: 0 };
+            let srq =
+                [&pd[1], &domain.1].map(|p| domain.0.create_srq(p, &cq[1], &srq_attr).unwrap());
+            let mr = domain.1.reg_mr(MEM, ALL_ACCESS).unwrap();
+            let fill: Vec<u8> = (0..MEM).map(|i| (i * 17 + 3) as u8).collect();
+            mr.write(0, &fill).unwrap();
+            let mut attr = QpInitAttr::new(QpType::XRC_SEND, &cq[0], cap(32));
+            attr.sq_sig_all = true;
+            let ini = pd[0].create_qp(&attr).unwrap();
+            let tgt = domain.0.create_recv_qp().unwrap();
+            connect(&ini, &tgt, &params(), &params());
+            Xrc { ini, tgt, srq, mr, _domain: domain }
+        });
         for (s, m) in mr.iter().chain(&ro).enumerate() {
             let fill: Vec<u8> = (0..MEM).map(|i| (i * 31 + s * 7) as u8).collect();
             m.write(0, &fill).unwrap();
@@ -259,6 +311,7 @@ impl World {
             srq: srq.try_into().unwrap(),
             qps,
             ud: ud.try_into().unwrap(),
+            xrc,
             ah,
             own_ah,
         }
@@ -272,11 +325,114 @@ impl World {
         }
     }
 
+    /// Runs `op` on the XRC QPs (see [`XRC`]); nothing on rxe.
+    fn run_xrc(&self, op: &Op) -> Vec<String> {
+        let Some(x) = &self.xrc else { return Vec::new() };
+        let payload: Vec<u8> = (0..300u32).map(|i| (i * 13) as u8).collect();
+        let mut posted = Vec::new();
+        // Now and then a request names no SRQ of the domain (the target NAKs it).
+        let srqn = |which: usize, salt: usize| if salt % 17 == 5 { 0xdead } else { x.srqn(which) };
+        let mem = |which: usize| if which == 1 { &x.mr } else { &self.mr[1] };
+        let post = |what: &str, wr: SendWr<'_>| {
+            format!("xrc {what} {:?}", x.ini.post_send(&wr).map_err(|e| e.errno()))
+        };
+        match *op {
+            Op::Recv { side, off, len, .. } => {
+                let sg = [sge(mem(side), off, len)];
+                let r = x.srq[side].post_recv(&RecvWr { wr_id: 900 + off as u64, sg_list: &sg });
+                posted.push(format!("xrc recv {:?}", r.map_err(|e| e.errno())));
+            }
+            Op::Send { dir, src, len, imm, inline, recv, .. } => {
+                if recv {
+                    posted.extend(self.run_xrc(&Op::Recv {
+                        pair: XRC,
+                        side: dir,
+                        off: 600,
+                        len: 120,
+                    }));
+                }
+                let sg = [sge(&self.mr[0], src, len)];
+                let mut wr = SendWr::send(200, &sg).to_srq(srqn(dir, src));
+                if inline && len <= 64 {
+                    wr.send_flags |= SendFlags::INLINE;
+                    wr.inline_data = &payload[..len];
+                }
+                if let Some(i) = imm {
+                    wr = wr.with_imm(i);
+                }
+                posted.push(post("send", wr));
+            }
+            Op::Write { dir, src, dst, len, imm, key, recv, .. } => {
+                if recv && imm.is_some() {
+                    posted.extend(self.run_xrc(&Op::Recv {
+                        pair: XRC,
+                        side: dir,
+                        off: 600,
+                        len: 0,
+                    }));
+                }
+                let (addr, rkey) = x.rkey(self, dir, key);
+                let sg = [sge(&self.mr[0], src, len)];
+                let mut wr =
+                    SendWr::write(300, &sg, addr + dst as u64, rkey).to_srq(srqn(dir, src));
+                if let Some(i) = imm {
+                    wr = wr.with_imm(i);
+                }
+                posted.push(post("write", wr));
+            }
+            Op::Read { dir, src, dst, len, key, .. } => {
+                let (addr, rkey) = x.rkey(self, dir, key);
+                let sg = [sge(&self.mr[0], dst, len)];
+                posted.push(post(
+                    "read",
+                    SendWr::read(400, &sg, addr + src as u64, rkey).to_srq(srqn(dir, src)),
+                ));
+            }
+            Op::Atomic { dir, off, res, cswp, value, key, .. } => {
+                let (addr, rkey) = x.rkey(self, dir, key);
+                let at = addr + if off % 5 == 0 { off } else { off & !7 } as u64;
+                let sg = [sge(&self.mr[0], res, 8)];
+                let wr = if cswp {
+                    let mut old = [0u8; 8];
+                    if (off & !7) + 8 <= MEM {
+                        mem(dir).read(off & !7, &mut old).unwrap();
+                    }
+                    let cmp = if value & 1 == 0 { u64::from_ne_bytes(old) } else { value };
+                    SendWr::cmp_swap(500, &sg, at, rkey, cmp, value)
+                } else {
+                    SendWr::fetch_add(600, &sg, at, rkey, value)
+                };
+                posted.push(post("atomic", wr.to_srq(srqn(dir, off))));
+            }
+            Op::Error { side, .. } => {
+                let err = QpAttr { qp_state: QpState::ERR, ..Default::default() };
+                let qp = if side == 0 { &x.ini } else { &x.tgt };
+                qp.modify(&err, QpAttrMask::STATE).unwrap();
+            }
+            Op::Reconnect { .. } => {
+                let reset = QpAttr { qp_state: QpState::RESET, ..Default::default() };
+                for q in [&x.ini, &x.tgt] {
+                    q.modify(&reset, QpAttrMask::STATE).unwrap();
+                }
+                connect(&x.ini, &x.tgt, &params(), &params());
+            }
+            Op::UdRecv { .. } | Op::UdSend { .. } => unreachable!("not an XRC op"),
+        }
+        posted
+    }
+
     /// Runs `op` and returns what it left: completions and QP states.
     fn run(&self, op: &Op) -> Vec<String> {
         let payload: Vec<u8> = (0..300u32).map(|i| (i * 13) as u8).collect();
         let mut posted = Vec::new();
         match *op {
+            Op::Recv { pair: XRC, .. }
+            | Op::Send { pair: XRC, .. }
+            | Op::Write { pair: XRC, .. }
+            | Op::Read { pair: XRC, .. }
+            | Op::Atomic { pair: XRC, .. }
+            | Op::Error { pair: XRC, .. }
+            | Op::Reconnect { pair: XRC } => posted.extend(self.run_xrc(op)),
             Op::Recv { pair, side, off, len } => {
                 let sg = [sge(&self.mr[side], off, len)];
                 let wr = RecvWr { wr_id: 100 + off as u64, sg_list: &sg };
@@ -400,11 +556,10 @@ impl World {
                 posted.push(format!("cq{s} {wc:?}"));
             }
         }
-        for pair in self.qps.iter().chain([&self.ud]) {
-            for q in pair {
-                let a = q.query().unwrap();
-                posted.push(format!("qp {:?} sq_psn {} rq_psn {}", a.qp_state, a.sq_psn, a.rq_psn));
-            }
+        let xrc = self.xrc.iter().flat_map(|x| [&x.ini, &x.tgt]);
+        for q in self.qps.iter().flatten().chain(&self.ud).chain(xrc) {
+            let a = q.query().unwrap();
+            posted.push(format!("qp {:?} sq_psn {} rq_psn {}", a.qp_state, a.sq_psn, a.rq_psn));
         }
         posted
     }
@@ -421,6 +576,7 @@ impl World {
         self.mr
             .iter()
             .chain(&self.ro)
+            .chain(self.xrc.as_ref().map(|x| &x.mr))
             .map(|m| {
                 let mut v = vec![0u8; MEM];
                 m.read(0, &mut v).unwrap();

@@ -1,6 +1,7 @@
 //! The express path allocates nothing per work request in steady state: a counting global
 //! allocator watches WRITEs, WRITEs with immediate, SENDs (receives reposted from a QP's own
-//! queue and from an SRQ), READs, atomics and UD datagrams, each posted and polled on one
+//! queue and from an SRQ), READs, atomics, UD datagrams and an XRC initiator's SENDs and
+//! WRITEs into its target's XRC SRQ and memory, each posted and polled on one
 //! thread after a warm-up. (One test in this binary, so no other test's thread allocates meanwhile.)
 
 mod common;
@@ -23,6 +24,28 @@ struct Side {
 }
 
 const QKEY: u32 = 0x1234;
+
+/// An XRC initiator on side a connected to a target QP on side b, whose domain's XRC SRQ
+/// takes the receives (on b's PD and CQ).
+struct Xrc {
+    ini: Qp,
+    tgt: Qp,
+    srq: Srq,
+    _xrcd: Xrcd,
+}
+
+fn xrc(a: &Side, b: &Side) -> Xrc {
+    let xrcd = b._ctx.open_xrcd(None, xrcd_oflags::CREAT).unwrap();
+    let srq_attr = SrqAttr { max_wr: 16, max_sge: 2, srq_limit: 0 };
+    let srq = xrcd.create_srq(&b.mr.pd(), &b.cq, &srq_attr).unwrap();
+    let cap = QpCap { max_send_wr: 16, max_send_sge: 2, max_inline_data: 64, ..QpCap::default() };
+    let ini = a.mr.pd().create_qp(&QpInitAttr::new(QpType::XRC_SEND, &a.cq, cap)).unwrap();
+    let tgt = xrcd.create_recv_qp().unwrap();
+    let p = RcParams::default();
+    ini.connect(3, &tgt.endpoint(4), &p).unwrap();
+    tgt.connect(4, &ini.endpoint(3), &p).unwrap();
+    Xrc { ini, tgt, srq, _xrcd: xrcd }
+}
 
 fn side(d: &Device) -> Side {
     let ctx = d.open().unwrap();
@@ -66,7 +89,7 @@ fn poll(cq: &Cq, n: usize) {
 }
 
 /// One round of every kind of WR, each completed before the next.
-fn round(a: &Side, b: &Side) {
+fn round(a: &Side, b: &Side, x: &Xrc) {
     let (src, res) = ([sge(&a.mr, 0, 8)], [sge(&a.mr, 64, 8)]);
     let (raddr, rkey) = (b.mr.addr(), b.mr.rkey());
     let wrs = [
@@ -104,6 +127,15 @@ fn round(a: &Side, b: &Side) {
     a.ud.post_send(&SendWr::send_ud(9, &src, ah, b.ud.qp_num(), QKEY).signaled()).unwrap();
     poll(&a.cq, 1);
     poll(&b.cq, 1);
+    // An XRC SEND into the target's XRC SRQ, and a WRITE through it.
+    let srqn = x.srq.srq_num().unwrap();
+    let recv = [sge(&b.mr, 3072, 64)];
+    x.srq.post_recv(&RecvWr { wr_id: 10, sg_list: &recv }).unwrap();
+    x.ini.post_send(&SendWr::send(11, &src).to_srq(srqn).signaled()).unwrap();
+    poll(&a.cq, 1);
+    poll(&b.cq, 1);
+    x.ini.post_send(&SendWr::write(12, &src, raddr + 32, rkey).to_srq(srqn).signaled()).unwrap();
+    poll(&a.cq, 1);
 }
 
 #[test]
@@ -119,8 +151,10 @@ fn steady_state_work_requests_allocate_nothing() {
         x.connect(1, &y.endpoint(2), &p).unwrap();
         y.connect(2, &x.endpoint(1), &p).unwrap();
     }
+    let x = xrc(&a, &b);
+    assert_eq!(x.tgt.qp_type(), QpType::XRC_RECV);
     for _ in 0..100 {
-        round(&a, &b);
+        round(&a, &b, &x);
     }
     // The fewest of three windows: an allocation per WR shows in every one (8,000 or more);
     // a one-off of the machine's doing (seen once in a full suite on a loaded machine: 4) in
@@ -128,10 +162,10 @@ fn steady_state_work_requests_allocate_nothing() {
     let window = || {
         let before = Counting::allocs();
         for _ in 0..1000 {
-            round(&a, &b);
+            round(&a, &b, &x);
         }
         Counting::allocs() - before
     };
     let allocs = (0..3).map(|_| window()).min().unwrap();
-    assert_eq!(allocs, 0, "{allocs} allocations in 1,000 rounds of 9 WRs");
+    assert_eq!(allocs, 0, "{allocs} allocations in 1,000 rounds of 11 WRs");
 }

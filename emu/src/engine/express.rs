@@ -2,8 +2,9 @@
 //! thread, straight against the responder's memory and receive queue, with both completions
 //! written at once: no packet, no ACK, no timer.
 //!
-//! It runs only where it is indistinguishable from the packet path: an RC or UC WRITE, WRITE
-//! with immediate, SEND, SEND with immediate, READ or atomic that will succeed, with nothing
+//! It runs only where it is indistinguishable from the packet path: an RC, UC or XRC WRITE, WRITE
+//! with immediate, SEND, SEND with immediate, READ or atomic that will succeed (an XRC one
+//! into an XRC SRQ of this process, which decides its PD and CQ), with nothing
 //! else in flight on the requester (so completions keep their order), the responder's lock
 //! free and its inbox empty (so requests keep theirs), and no fault rule, simulation or packet
 //! trace on the fabric (they need packets). Every check is made before anything is changed;
@@ -27,7 +28,7 @@ use super::{
 use crate::{
     fabric::FabricInner,
     mem::{MemFault, MemRegion, Span},
-    objects::{keys::KeyTable, pd::PdInner},
+    objects::{keys::KeyTable, pd::PdInner, srq::SrqInner},
     qp::{QpInner, QpShared, SendWr, queue::Hidden},
     types::{AccessFlags, QpState, QpType, SendFlags, Sge, WcOpcode, WrOpcode},
 };
@@ -68,6 +69,8 @@ pub(crate) struct Request<'a> {
     pub(crate) compare_add: u64,
     pub(crate) swap: u64,
     pub(crate) length: u32,
+    /// An XRC initiator's: the XRC SRQ the request goes to.
+    pub(crate) xrc_srqn: u32,
 }
 
 impl<'a> Request<'a> {
@@ -84,6 +87,7 @@ impl<'a> Request<'a> {
             compare_add: wr.compare_add,
             swap: wr.swap,
             length,
+            xrc_srqn: wr.xrc_remote_srqn,
         }
     }
 }
@@ -132,6 +136,7 @@ pub(crate) fn from_queue(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, drv: &Dr
         compare_add: wqe.compare_add,
         swap: wqe.swap,
         length: wqe.length,
+        xrc_srqn: wqe.xrc_srqn,
     };
     let ran = execute(qp, g, &req, drv.fabric);
     let wqe = g.sq.ring.at_mut(idx);
@@ -155,18 +160,38 @@ fn execute(
     f: &FabricInner,
 ) -> Option<(u32, u32)> {
     // (A peer in another process, `g.lane_across`, its callers have turned away.)
-    if !matches!(qp.qp_type, QpType::RC | QpType::UC) || g.state != QpState::RTS || !f.express() {
+    let xrc = qp.qp_type == QpType::XRC_SEND;
+    if !(xrc || matches!(qp.qp_type, QpType::RC | QpType::UC))
+        || g.state != QpState::RTS
+        || !f.express()
+    {
         return None;
     }
-    let lane = match g.lane.take() {
+    let lane = match lane_of(g, xrc).take() {
         Some(lane) => lane,
         None => Lane::prove(qp, g, f)?,
     };
     // A peer destroyed is forgotten (its number may come back as another QP's).
     let dst = lane.peer()?;
     let ran = run(qp, g, wqe, f, (dst, lane.dest));
-    g.lane = Some(lane);
+    *lane_of(g, xrc) = Some(lane);
     ran
+}
+
+/// Where the QP keeps its lane: an XRC initiator's apart (see `QpInner::xrc_lane`).
+fn lane_of(g: &mut QpInner, xrc: bool) -> &mut Option<Lane> {
+    if xrc { &mut g.xrc_lane } else { &mut g.lane }
+}
+
+/// The XRC SRQ of the target QP `dst` (locked as `dg`) that a request names, as its
+/// responder finds it (`responder::handle`): kept from the last request (moved out, no
+/// reference count per request), else looked up in the target's domain; none if the domain
+/// has no such SRQ here (the packet path NAKs it, or hands it to the SRQ's process).
+fn xrc_srq(dst: &QpShared, dg: &mut QpInner, srqn: u32) -> Option<Arc<SrqInner>> {
+    match dg.resp.xrc.take() {
+        Some(srq) if srq.num == srqn && srq.life.is_alive() => Some(srq),
+        _ => dst.xrcd.as_ref()?.srq(srqn),
+    }
 }
 
 /// [`execute`] on the QP's lane.
@@ -208,10 +233,17 @@ fn run(
     {
         return None;
     }
+    // XRC: the SRQ the request names decides the PD of its memory accesses and takes its
+    // receive (the target QP keeps it, as its responder does).
+    let xrc = match dst.xrcd {
+        Some(_) => Some(xrc_srq(dst, &mut dg, wqe.xrc_srqn)?),
+        None => None,
+    };
     let receives = kind == Kind::Send || imm.is_some();
-    if receives && dst.srq.as_ref().is_some_and(|s| s.tm.is_some()) {
+    if receives && xrc.as_ref().or(dst.srq.as_ref()).is_some_and(|s| s.tm.is_some()) {
         return None;
     }
+    let key_pd = xrc.as_ref().map_or(&dst.pd, |s| &s.pd);
     let arrival = Arrival {
         len,
         imm,
@@ -222,6 +254,7 @@ fn run(
     let lkeys = qp.ctx.device.keys.read();
     // The peer's keys, under the same read (the QPs are in one fabric).
     let rkeys: &KeyTable = dst.ctx.device.keys.under(&lkeys)?;
+    let mut received = None;
     match kind {
         Kind::Write | Kind::Send => {
             // The common one-piece source is checked and found at once.
@@ -236,7 +269,7 @@ fn run(
             let target = if kind == Kind::Write {
                 let t = remote(
                     rkeys,
-                    &dst.pd,
+                    key_pd,
                     (wqe.rkey, wqe.remote_addr, len),
                     AccessFlags::REMOTE_WRITE,
                 )?;
@@ -246,7 +279,7 @@ fn run(
             };
             let src = || sources(&lkeys, wqe);
             if receives {
-                let pd = responder::own_recv_pd(dst);
+                let pd = xrc.as_ref().map_or_else(|| responder::own_recv_pd(dst), |s| &s.pd);
                 let send = kind == Kind::Send;
                 let place = move |sges: &[Sge]| {
                     if send && !reaches(rkeys, pd, sges, len) {
@@ -264,9 +297,12 @@ fn run(
                     };
                     copied.then_some(())
                 };
-                let wr_id = take_recv(dst, &mut dg, place)?;
+                let wr_id = match &xrc {
+                    Some(srq) => take_shared_recv(srq, place)?,
+                    None => take_recv(dst, &mut dg, place)?,
+                };
                 let opcode = if send { WcOpcode::RECV } else { WcOpcode::RECV_RDMA_WITH_IMM };
-                responder::complete_arrival(dst, &mut dg, &arrival, opcode, wr_id);
+                received = Some((opcode, wr_id));
             } else if let Some((region, off, n)) = target {
                 let copied = match one {
                     // The common one-piece WRITE, without the iterators.
@@ -280,7 +316,7 @@ fn run(
         }
         Kind::ReadRequest => {
             let source =
-                remote(rkeys, &dst.pd, (wqe.rkey, wqe.remote_addr, len), AccessFlags::REMOTE_READ)?;
+                remote(rkeys, key_pd, (wqe.rkey, wqe.remote_addr, len), AccessFlags::REMOTE_READ)?;
             // The packet path's requester checks every SGE of a READ, and its completer that
             // they hold the response.
             let room: u64 = wqe.sges.iter().map(|s| s.length as u64).sum();
@@ -297,12 +333,19 @@ fn run(
         }
         _ => {
             let op = (kind == Kind::CompareSwap, wqe.compare_add, wqe.swap);
-            let target = (&dst.pd, wqe.rkey, wqe.remote_addr);
+            let target = (key_pd, wqe.rkey, wqe.remote_addr);
             let orig = atomic((&lkeys, &qp.pd, wqe.sges), (rkeys, target), op)?;
             responder::remember(&mut dg, Replay::Atomic { psn, orig });
         }
     }
     drop(lkeys);
+    if xrc.is_some() {
+        // (Where its receive completion goes: see `responder::recv_cq`.)
+        dg.resp.xrc = xrc;
+    }
+    if let Some((opcode, wr_id)) = received {
+        responder::complete_arrival(dst, &mut dg, &arrival, opcode, wr_id);
+    }
     // The responder's side of the exchange (a QP in RTR that would raise COMM_EST now never
     // gets here: see `takes`).
     dg.resp.nak_seq_sent = false;
@@ -322,7 +365,7 @@ pub(super) fn takes(dst: &QpShared, dg: &QpInner, qp_type: QpType, psn: u32, por
     state
         && port == dg.attr.port_num
         && dg.resp.forwarded.is_none()
-        && (qp_type != QpType::RC || dg.resp.epsn == psn)
+        && (qp_type == QpType::UC || dg.resp.epsn == psn)
         && dst.inbox.is_empty()
 }
 
@@ -476,10 +519,7 @@ pub(super) fn take_recv(
 
 /// [`take_recv`] from an SRQ.
 #[inline(never)]
-fn take_shared_recv(
-    srq: &Arc<crate::objects::srq::SrqInner>,
-    place: impl FnOnce(&[Sge]) -> Option<()>,
-) -> Option<u64> {
+fn take_shared_recv(srq: &Arc<SrqInner>, place: impl FnOnce(&[Sge]) -> Option<()>) -> Option<u64> {
     srq.pop_with(|w| place(&w.sges).map(|()| w.wr_id))
 }
 
@@ -593,4 +633,64 @@ pub(super) fn remote_span<'k>(
         return Some(None);
     }
     keys.span((rkey, true), pd, access, va, u64::from(len)).map(Some)
+}
+
+#[cfg(test)]
+mod test {
+    use crate::{engine::testkit, *};
+
+    /// An XRC initiator's SEND and WRITE run on the express path (on a lane of their own,
+    /// not the RC/UC lane's), the SEND's receive taken off the XRC SRQ it names and completed
+    /// on that SRQ's CQ, the WRITE's rkey checked against that SRQ's PD; a request naming no
+    /// SRQ of the domain goes the packet path, whose target NAKs it.
+    #[test]
+    fn xrc_requests_run_at_the_post_into_the_srq_they_name() {
+        let f = Fabric::new(FabricConfig { devices: 2, ..Default::default() });
+        let devs = f.devices();
+        let a = testkit::side_of(&devs[0], QpType::XRC_SEND);
+        let ctx = devs[1].open().unwrap();
+        let (pd, cq) = (ctx.alloc_pd().unwrap(), ctx.create_cq(16, None, 0).unwrap());
+        let mr = pd.reg_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE).unwrap();
+        let xrcd = ctx.open_xrcd(None, xrcd_oflags::CREAT).unwrap();
+        let attr = SrqAttr { max_wr: 4, max_sge: 1, srq_limit: 0 };
+        let srq = xrcd.create_srq(&pd, &cq, &attr).unwrap();
+        let tgt = xrcd.create_recv_qp().unwrap();
+        a.qp.connect(1, &tgt.endpoint(2), &RcParams::default()).unwrap();
+        tgt.connect(2, &a.qp.endpoint(1), &RcParams::default()).unwrap();
+        let srqn = srq.srq_num().unwrap();
+        a.mr.write(0, b"xrc-bytes").unwrap();
+        let src = [Sge { addr: a.mr.addr(), length: 9, lkey: a.mr.lkey() }];
+        let into = [Sge { addr: mr.addr() + 100, length: 64, lkey: mr.lkey() }];
+        srq.post_recv(&RecvWr { wr_id: 7, sg_list: &into }).unwrap();
+
+        a.qp.post_send(&SendWr::send(1, &src).to_srq(srqn).signaled()).unwrap();
+        let lanes = |qp: &Qp| {
+            let g = qp.0.inner.lock();
+            (g.lane.is_some(), g.xrc_lane.is_some())
+        };
+        assert_eq!(lanes(&a.qp), (false, true), "ran on the XRC initiator's own lane");
+        let wc = cq.poll_one().expect("completed at the post");
+        assert_eq!(
+            (wc.wr_id, wc.status, wc.byte_len, wc.qp_num),
+            (7, WcStatus::SUCCESS, 9, tgt.qp_num())
+        );
+        assert_eq!(a.cq.poll_one().map(|w| (w.wr_id, w.status)), Some((1, WcStatus::SUCCESS)));
+        let wr = SendWr::write(2, &src, mr.addr() + 200, mr.rkey()).to_srq(srqn).signaled();
+        a.qp.post_send(&wr).unwrap();
+        assert_eq!(a.cq.poll_one().map(|w| (w.wr_id, w.status)), Some((2, WcStatus::SUCCESS)));
+        let mut got = [0u8; 9];
+        for at in [100, 200] {
+            mr.read(at, &mut got).unwrap();
+            assert_eq!(&got, b"xrc-bytes");
+        }
+
+        let wr = SendWr::write(3, &src, mr.addr(), mr.rkey()).to_srq(srqn ^ 0x40).signaled();
+        a.qp.post_send(&wr).unwrap();
+        let wc = loop {
+            if let Some(wc) = a.cq.poll_one() {
+                break wc;
+            }
+        };
+        assert_eq!((wc.wr_id, wc.status), (3, WcStatus::REM_ACCESS_ERR));
+    }
 }

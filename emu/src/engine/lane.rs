@@ -30,7 +30,7 @@ use crate::{
 };
 
 /// A QP's connection to its peer QP, proven fit for the express path once (both QPs here, of
-/// one type, no wire, no XRC target). It holds the peer's memory (no reference count moves
+/// one type or an XRC initiator and its target, no wire). It holds the peer's memory (no reference count moves
 /// per request), not its life: a QP whose last handle is dropped is destroyed at once (see
 /// `Drop for Qp`), and lets go of its own lane then, so two peers never keep each other.
 #[derive(Debug)]
@@ -50,7 +50,11 @@ impl Lane {
             return None;
         }
         let dst = g.route.resolve(f, dest.0, dqpn)?;
-        if Arc::ptr_eq(&dst, qp) || dst.qp_type != qp.qp_type || dst.xrcd.is_some() {
+        let pairs = match qp.qp_type {
+            QpType::XRC_SEND => dst.qp_type == QpType::XRC_RECV,
+            ty => dst.qp_type == ty && dst.xrcd.is_none(),
+        };
+        if Arc::ptr_eq(&dst, qp) || !pairs {
             return None;
         }
         qp.lane_hint.point_at(&dst);

@@ -156,6 +156,9 @@ pub(crate) struct QpInner {
     pub(crate) route: Route,
     /// The connection as the express path proved it (dropped by any modify).
     pub(crate) lane: Option<engine::lane::Lane>,
+    /// An XRC initiator's connection to its target QP as the express path proved it (kept
+    /// apart from `lane`, whose post at the head of `post_send` runs RC and UC only).
+    pub(crate) xrc_lane: Option<engine::lane::Lane>,
     /// The peer is in another process or beyond a wire port: no lane can be proven until a
     /// modify (which clears it), so no request looks for one.
     pub(crate) lane_across: bool,
@@ -294,7 +297,7 @@ impl QpShared {
         let mut g = lock_lent(&self.inner);
         self.part(&g);
         set_state(self, &mut g, QpState::RESET);
-        (g.lane, g.lane_across, g.ud_peer) = (None, false, None);
+        (g.lane, g.xrc_lane, g.lane_across, g.ud_peer) = (None, None, false, None);
         g.sq.clear();
         self.rq.clear();
         self.inbox.clear();
@@ -590,6 +593,7 @@ impl Qp {
                     port,
                     route: Route::default(),
                     lane: None,
+                    xrc_lane: None,
                     lane_across: false,
                     ud_peer: None,
                     batch: VecDeque::new(),
@@ -984,7 +988,7 @@ pub(crate) fn set_state(qp: &QpShared, g: &mut QpInner, state: QpState) {
 
 /// Stores the attributes named by `mask`.
 fn apply(qp: &QpShared, g: &mut QpInner, attr: &QpAttr, mask: QpAttrMask) {
-    (g.lane, g.lane_across, g.ud_peer) = (None, false, None);
+    (g.lane, g.xrc_lane, g.lane_across, g.ud_peer) = (None, None, false, None);
     let a = &mut g.attr;
     if mask.contains(QpAttrMask::ACCESS_FLAGS) {
         a.qp_access_flags = attr.qp_access_flags;
