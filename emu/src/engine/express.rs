@@ -2,10 +2,10 @@
 //! thread, straight against the responder's memory and receive queue, with both completions
 //! written at once: no packet, no ACK, no timer.
 //!
-//! It runs only where it is indistinguishable from the packet path: an RC, UC or XRC WRITE, WRITE
-//! with immediate, SEND, SEND with immediate, READ or atomic that will succeed (an XRC one
-//! into an XRC SRQ of this process, which decides its PD and CQ), with nothing
-//! else in flight on the requester (so completions keep their order), the responder's lock
+//! It runs only where it is indistinguishable from the packet path: an RC, UC or XRC WRITE,
+//! WRITE with immediate, SEND, SEND with immediate, READ or atomic that will succeed (an XRC
+//! one into an XRC SRQ of this process, which decides its PD and CQ), with nothing else in
+//! flight on the requester (so completions keep their order), the responder's lock
 //! free and its inbox empty (so requests keep theirs), and no fault rule, simulation or packet
 //! trace on the fabric (they need packets). Every check is made before anything is changed;
 //! any request that would fail, wait for a receive (RNR), or touch memory that may fault
@@ -641,8 +641,9 @@ mod test {
 
     /// An XRC initiator's SEND and WRITE run on the express path (on a lane of their own,
     /// not the RC/UC lane's), the SEND's receive taken off the XRC SRQ it names and completed
-    /// on that SRQ's CQ, the WRITE's rkey checked against that SRQ's PD; a request naming no
-    /// SRQ of the domain goes the packet path, whose target NAKs it.
+    /// on that SRQ's CQ; a request naming no SRQ of the domain goes the packet path, whose
+    /// target NAKs it. (That the SRQ's PD checks the keys, `tests/express.rs` shows: its
+    /// domain has SRQs on two PDs.)
     #[test]
     fn xrc_requests_run_at_the_post_into_the_srq_they_name() {
         let f = Fabric::new(FabricConfig { devices: 2, ..Default::default() });
