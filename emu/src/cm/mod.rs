@@ -230,8 +230,13 @@ impl ChannelInner {
         // this pushes, then looks at the count. One of the two sees the other's step.
         fence(Ordering::SeqCst);
         if self.handles.load(Ordering::SeqCst) == 0 {
-            drop(self.queue.remove_if(|_| true));
+            self.discard_events();
         }
+    }
+
+    /// Drops every unread event (and the ids they hold): nobody can read them any more.
+    fn discard_events(&self) {
+        drop(self.queue.remove_if(|_| true));
     }
 
     /// Raises the held events whose hold is over.
@@ -254,7 +259,7 @@ impl Clone for CmChannel {
 impl Drop for CmChannel {
     fn drop(&mut self) {
         if self.0.handles.fetch_sub(1, Ordering::SeqCst) == 1 {
-            drop(self.0.queue.remove_if(|_| true));
+            self.0.discard_events();
         }
     }
 }
