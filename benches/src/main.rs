@@ -22,28 +22,20 @@ use rdma_emu::*;
 
 mod baseline;
 mod listen;
+mod pair;
 mod perftest;
 mod scale;
 mod svg;
 
 /// Every row printed so far, for the chart.
 static BARS: std::sync::Mutex<Vec<svg::Bar>> = std::sync::Mutex::new(Vec::new());
+use pair::{Pair, Side, pair, pin, sge};
 use perftest::Ready;
 
 struct Opts {
     samples: usize,
     quick: bool,
     only: Option<String>,
-}
-
-fn pin(cpu: usize) {
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes inside it; the call reads
-    // it for the current thread only.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-    }
 }
 
 /// One goal's result: samples of (emulator, baseline) figures in the goal's unit.
@@ -92,55 +84,6 @@ impl Row {
             target: self.target.to_string(),
         });
     }
-}
-
-/// A connected RC pair on two devices of one fabric, with one MR each of `len` bytes.
-struct Pair {
-    _f: Fabric,
-    a: Side,
-    b: Side,
-}
-
-struct Side {
-    ctx: Context,
-    cq: Cq,
-    qp: Qp,
-    mr: Mr,
-    ch: CompChannel,
-}
-
-fn pair(len: usize) -> Pair {
-    let f = Fabric::new(FabricConfig { devices: 2, profile: Profile::Full, ..Default::default() });
-    let devs = f.devices();
-    let access = AccessFlags::LOCAL_WRITE
-        | AccessFlags::REMOTE_WRITE
-        | AccessFlags::REMOTE_READ
-        | AccessFlags::REMOTE_ATOMIC;
-    let mk = |d: &Device| {
-        let ctx = d.open().unwrap();
-        let pd = ctx.alloc_pd().unwrap();
-        let ch = ctx.create_comp_channel().unwrap();
-        let cq = ctx.create_cq(4096, Some(&ch), 0).unwrap();
-        let mr = pd.reg_mr(len, access).unwrap();
-        let cap = QpCap {
-            max_send_wr: 256,
-            max_recv_wr: 256,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-        };
-        let qp = pd.create_qp(&QpInitAttr::new(QpType::RC, &cq, cap)).unwrap();
-        Side { ctx, cq, qp, mr, ch }
-    };
-    let (a, b) = (mk(&devs[0]), mk(&devs[1]));
-    let p = RcParams::default();
-    a.qp.connect(1, &b.qp.endpoint(2), &p).unwrap();
-    b.qp.connect(2, &a.qp.endpoint(1), &p).unwrap();
-    Pair { _f: f, a, b }
-}
-
-fn sge(mr: &Mr, off: usize, len: usize) -> Sge {
-    Sge { addr: mr.addr() + off as u64, length: len as u32, lkey: mr.lkey() }
 }
 
 fn spin_poll(cq: &Cq) -> Wc {

@@ -20,6 +20,11 @@ use rdma_emu::*;
 #[path = "../baseline.rs"]
 #[allow(dead_code)]
 mod baseline;
+#[path = "../pair.rs"]
+#[allow(dead_code)]
+mod pair;
+
+use pair::{Pair, Side, pair, pin, sge};
 
 /// The time-stamp counter.
 #[inline(always)]
@@ -33,50 +38,10 @@ fn tsc() -> u64 {
     0
 }
 
-pub(crate) fn pin(cpu: usize) {
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes inside it; the call reads
-    // it for the current thread only.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-    }
-}
-
-#[derive(Debug)]
-struct Side {
-    _ctx: Context,
-    cq: Cq,
-    qp: Qp,
-    mr: Mr,
-}
-
-impl Side {
-    fn new(d: &Device) -> Side {
-        let ctx = d.open().unwrap();
-        let pd = ctx.alloc_pd().unwrap();
-        let cq = ctx.create_cq(4096, None, 0).unwrap();
-        let mr = pd.reg_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
-        let cap = QpCap {
-            max_send_wr: 256,
-            max_recv_wr: 256,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-        };
-        let qp = pd.create_qp(&QpInitAttr::new(QpType::RC, &cq, cap)).unwrap();
-        Side { _ctx: ctx, cq, qp, mr }
-    }
-
-    fn sge(&self, off: u64) -> [Sge; 1] {
-        [Sge { addr: self.mr.addr() + off, length: 8, lkey: self.mr.lkey() }]
-    }
-
-    /// Receives posted ahead, as the G4 ping-pong keeps them.
-    fn prime(&self) {
-        for _ in 0..4 {
-            self.qp.post_recv(&RecvWr { wr_id: 0, sg_list: &self.sge(64) }).unwrap();
-        }
+/// Receives posted ahead, as the G4 ping-pong keeps them.
+fn prime(s: &Side) {
+    for _ in 0..4 {
+        s.qp.post_recv(&RecvWr { wr_id: 0, sg_list: &[sge(&s.mr, 64, 8)] }).unwrap();
     }
 }
 
@@ -97,7 +62,7 @@ struct Steps {
 /// One side's rounds: `send_first` posts its SEND and then waits (the ping-pong's initiator);
 /// otherwise it waits first (its peer). Each step timed.
 fn rounds(s: &Side, n: usize, send_first: bool) -> Steps {
-    let (sg, rg) = (s.sge(0), s.sge(64));
+    let (sg, rg) = ([sge(&s.mr, 0, 8)], [sge(&s.mr, 64, 8)]);
     let (wr, rwr) = (SendWr::send(0, &sg), RecvWr { wr_id: 0, sg_list: &rg });
     let mut t = Steps::default();
     let timed = |acc: &mut u64, f: &mut dyn FnMut()| {
@@ -118,16 +83,12 @@ fn rounds(s: &Side, n: usize, send_first: bool) -> Steps {
     t
 }
 
-fn connected() -> (Fabric, Side, Side) {
-    let f = Fabric::new(FabricConfig { devices: 2, profile: Profile::Full, ..Default::default() });
-    let devs = f.devices();
-    let (a, b) = (Side::new(&devs[0]), Side::new(&devs[1]));
-    let p = RcParams::default();
-    a.qp.connect(1, &b.qp.endpoint(2), &p).unwrap();
-    b.qp.connect(2, &a.qp.endpoint(1), &p).unwrap();
-    a.prime();
-    b.prime();
-    (f, a, b)
+/// G4's pair, its receives posted ahead.
+fn connected() -> Pair {
+    let p = pair(4096);
+    prime(&p.a);
+    prime(&p.b);
+    p
 }
 
 fn main() {
@@ -140,10 +101,12 @@ fn main() {
 
     // One thread: A's SEND, B's receive completion and its receive again, then B's SEND back
     // and A's: the same calls, every line in this core's cache.
-    let (_f, a, b) = connected();
+    let p = connected();
+    let (a, b) = (&p.a, &p.b);
     pin(0);
     let (mut one_a, mut one_b) = (Steps::default(), Steps::default());
-    let (sa, ra, sb, rb) = (a.sge(0), a.sge(64), b.sge(0), b.sge(64));
+    let (sa, ra) = ([sge(&a.mr, 0, 8)], [sge(&a.mr, 64, 8)]);
+    let (sb, rb) = ([sge(&b.mr, 0, 8)], [sge(&b.mr, 64, 8)]);
     let (wa, wb) = (SendWr::send(0, &sa), SendWr::send(0, &sb));
     let (rwa, rwb) = (RecvWr { wr_id: 0, sg_list: &ra }, RecvWr { wr_id: 0, sg_list: &rb });
     for _ in 0..n {
@@ -167,27 +130,26 @@ fn main() {
         one_a.wait += t5 - t4;
         one_a.recv += t6 - t5;
     }
-    drop((a, b));
+    drop(p);
 
     // Two threads, as G4 runs it.
-    let (f, a, b) = connected();
-    let pair = Arc::new((a, b));
+    let pair = Arc::new(connected());
     let go = Arc::new(Barrier::new(2));
     let peer = {
         let (pair, go) = (pair.clone(), go.clone());
         std::thread::spawn(move || {
             pin(1);
             go.wait();
-            rounds(&pair.1, n, false)
+            rounds(&pair.b, n, false)
         })
     };
     pin(0);
     go.wait();
     let start = Instant::now();
-    let two_a = rounds(&pair.0, n, true);
+    let two_a = rounds(&pair.a, n, true);
     let rtt = start.elapsed().as_nanos() as f64 / n as f64;
     let two_b = peer.join().unwrap();
-    drop((pair, f));
+    drop(pair);
     let spin = baseline::spin_pingpong_us(n) * 1e3;
 
     println!("ns per round trip ({n} rounds; the counter at {per_ns:.3} ticks/ns)");
