@@ -386,11 +386,9 @@ extern "C" fn fork_child() {
             AtFork::Shared => {
                 privatize(base, len);
             }
+            // The copy (ours) where the shared mapping, not inherited, was.
             AtFork::Copy(copy) => {
-                let flags = libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED;
-                // SAFETY: moves the copy (ours) to where the shared mapping, not inherited,
-                // was.
-                unsafe { mm::mremap(copy as *mut libc::c_void, len, len, flags, base as *mut _) };
+                put_in_place(copy as *mut libc::c_void, base, len);
             }
             AtFork::Gone => {}
         }
