@@ -87,7 +87,8 @@ fn ucx_perftest_runs_over_rc_and_ud_verbs_between_two_processes() {
 
 /// qperf in its default mode, which waits for completions on a completion channel and ends
 /// each test with SIGALRM (so a blocked ibv_get_cq_event must return EINTR): every test named
-/// completes and reports its figure. On RoCE (rxe) qperf connects through the CM (`-cm1`), as
+/// completes and reports its figure (the `poll_lat` ones spin on the buffer for each other's
+/// WRITE to land, polling their CQs once a round). On RoCE (rxe) qperf connects through the CM (`-cm1`), as
 /// it must on rxe: its own exchange sets no GRH.
 #[test]
 fn qperf_event_mode_tests_all_complete() {
@@ -97,6 +98,8 @@ fn qperf_event_mode_tests_all_complete() {
         "ud_lat",
         "rc_bw",
         "rc_rdma_write_lat",
+        "rc_rdma_write_poll_lat",
+        "uc_rdma_write_poll_lat",
         "rc_rdma_read_bw",
         "rc_compare_swap_mr",
     ];

@@ -30,7 +30,7 @@ use super::{
 use crate::{
     fabric::{
         exports::{Op, Request},
-        host::{self, AbsentPeer},
+        host::{self, AbsentPeer, Hold},
     },
     qp::{QpInner, QpShared, queue::Hidden, queue::SendWqe},
     types::{QpState, QpType, SendFlags, WrOpcode},
@@ -175,28 +175,56 @@ pub(crate) fn send_placing(
     drv: &mut Driver<'_>,
 ) {
     let run = std::mem::take(&mut g.req.placed_last);
-    let held = if run {
-        host::holding_bell(|| drv.send(&mut g.route, pkt))
-    } else {
+    let alone = placing(qp, g, true) && g.sq.ring.at(idx).opcode == WrOpcode::RDMA_WRITE;
+    if !run && !alone {
         drv.send(&mut g.route, pkt);
-        false
+        host::rang_bell();
+        return;
+    }
+    let send = || drv.send(&mut g.route, pkt);
+    let hold = if run { Hold::All } else { Hold::Napping };
+    let (claimed, held) = match alone {
+        true => host::holding_bell(hold, || host::claiming(send)),
+        false => (None, host::holding_bell(hold, send).1),
     };
     let rang = host::rang_bell();
-    let placed = (run || rang) && place_sent(qp, g, idx, drv, Placing::Any);
-    g.req.placed_last = placed;
+    let at = claimed.and_then(|c| c.at);
+    // Through our view of the peer's memory if we have one; else, where the peer's reader is
+    // not at work (see `Whole::placing`) or a run goes on, by any means.
+    let anyway = at.is_some() || run || rang || held;
+    let viewed = place_sent(qp, g, idx, drv, Placing::ThroughView, at);
+    let placed = viewed || anyway && place_sent(qp, g, idx, drv, Placing::Any, at);
+    g.req.placed_last = placed && !viewed;
+    if let Some((c, node)) = claimed.zip(drv.fabric.remote_node(g.attr.dest_qp_num)) {
+        node.settle(c, placed);
+    }
     if held {
         host::release_bell(!placed);
     }
-    if !run && !rang {
-        place_sent(qp, g, idx, drv, Placing::ThroughView);
+}
+
+/// Whether the QP's request just sent (the one at `g.sq.next - 1`) is alone, as
+/// [`place_sent`] carries out only those: UC, or nothing else of the QP's outstanding.
+fn alone(qp: &QpShared, g: &QpInner) -> bool {
+    qp.qp_type == QpType::UC || g.sq.in_flight() == 1
+}
+
+/// Whether a WRITE of the QP, `sent` or about to be, is sent for its requester to carry out
+/// next (see `host::Whole::placing`): alone (RC), or the first for [`PLACE_GAP`] (UC, whose
+/// streams are left to the peer's reader).
+pub(crate) fn placing(qp: &QpShared, g: &QpInner, sent: bool) -> bool {
+    match qp.qp_type {
+        QpType::UC => g.req.placed_at.is_none_or(|t| t.elapsed() >= PLACE_GAP),
+        _ => g.sq.in_flight() == u32::from(sent),
     }
 }
 
 /// How [`place_sent`] may carry a WRITE out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Placing {
-    /// By system calls if need be: a WRITE whose send found the peer's reader asleep (or that
-    /// follows one so placed), [`PLACE_GAP`] after the last.
+    /// By system calls if need be: a WRITE whose send found the peer's reader asleep or
+    /// napping on its application's looks (or that follows one so placed), [`PLACE_GAP`]
+    /// after the last.
     Any,
     /// Only through our view of the peer's memory (one `memcpy`, less than the peer's
     /// reader spends taking the record in and answering it): any WRITE that is alone. A
@@ -214,8 +242,9 @@ pub(super) fn place_sent(
     idx: u32,
     drv: &mut Driver<'_>,
     how: Placing,
+    claimed: Option<u32>,
 ) -> bool {
-    let alone = qp.qp_type == QpType::UC || g.sq.in_flight() == 1;
+    let alone = alone(qp, g);
     if !alone || g.sq.ring.at(idx).opcode != WrOpcode::RDMA_WRITE || !drv.fabric.express() {
         return false;
     }
@@ -227,6 +256,10 @@ pub(super) fn place_sent(
     }
     let Some(mut peer) = absent_peer(g, drv, true) else { return false };
     peer.views_only = how == Placing::ThroughView;
+    peer.claimed = claimed;
+    // Alone, it follows no record the peer may be pulling: one it would pull is carried out
+    // too (a large WRITE, through a view in one copy).
+    peer.lagging = false;
     if qp.qp_type == QpType::UC {
         let w = g.sq.ring.at(idx);
         carried(qp, g, w, |req| peer.carry_out_first(w.first_psn, req)).is_some()

@@ -41,7 +41,7 @@ use super::{
 use crate::{
     fabric::{
         FabricInner,
-        host::Node,
+        host::{Node, Whole},
         wire::{self, Ack},
     },
     qp::{QpInner, QpShared},
@@ -311,7 +311,7 @@ pub(crate) fn read(
         wire::encode_request_head(&resp, d);
         express::read_piece(piece, &mut d[wire::REQUEST_HEAD..])
     };
-    if !node.send_whole(m.src.2, wire::REQUEST_HEAD + m.len as usize, false, fill) {
+    if !node.send_whole(m.src.2, wire::REQUEST_HEAD + m.len as usize, Whole::default(), fill).0 {
         return false;
     }
     drop(keys);

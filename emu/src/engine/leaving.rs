@@ -32,7 +32,10 @@ use super::{
     packets_for, psn_add, requester,
 };
 use crate::{
-    fabric::{host, wire},
+    fabric::{
+        host::{self, Whole},
+        wire,
+    },
     objects::keys::KeyTable,
     qp::{QpInner, QpShared},
     types::{QpState, QpType, SendFlags, WrOpcode},
@@ -71,8 +74,17 @@ pub(crate) fn send(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, drv: &mut Driv
         wire::encode_request_head(&m, d);
         express::read_piece(piece, &mut d[wire::REQUEST_HEAD..])
     };
-    let carriable = matches!(m.op, Op::Write(..) | Op::Read(..));
-    if !node.send_whole(m.dst.2, wire::REQUEST_HEAD + piece.len(), carriable, fill) {
+    let write = matches!(m.op, Op::Write(..)) && m.imm.is_none();
+    // A WRITE alone in flight, the only kind carried out as it is sent (see below), is
+    // written claimed, the peer's bell held.
+    let alone = absent_peer::placing(qp, g, false);
+    let how = Whole {
+        carriable: matches!(m.op, Op::Write(..) | Op::Read(..)),
+        lands: alone && (write || matches!(m.op, Op::Atomic(_))),
+        placing: alone && write,
+    };
+    let (sent, claimed) = node.send_whole(m.dst.2, wire::REQUEST_HEAD + piece.len(), how, fill);
+    if !sent {
         return false;
     }
     drop(keys);
@@ -84,13 +96,21 @@ pub(crate) fn send(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, drv: &mut Driv
     if matches!(m.op, Op::Read(..) | Op::Atomic(_)) {
         g.req.rd_atomic_in_flight += 1;
     }
-    // As `send_placing` after the send (no run of WRITEs was going on): a WRITE whose send
-    // rang the peer's bell is carried out now, if it can be; another through our view of the
-    // peer's memory, if we have one.
-    if host::rang_bell() {
-        g.req.placed_last = absent_peer::place_sent(qp, g, idx, drv, Placing::Any);
-    } else if matches!(m.op, Op::Write(..)) && m.imm.is_none() {
-        absent_peer::place_sent(qp, g, idx, drv, Placing::ThroughView);
+    // As `send_placing` after the send (no run of WRITEs was going on): a WRITE alone is
+    // carried out now, where the peer's reader is not at work (asleep, or napping on its
+    // application's looks) through our view of the peer's memory if we have one, or by any
+    // means it can be; the bell of a napping reader is rung only if not. One to a reader at
+    // work, which takes it in as it comes, only through a view.
+    let rang = host::rang_bell();
+    if how.placing {
+        let at = claimed.and_then(|c| c.at);
+        let viewed = absent_peer::place_sent(qp, g, idx, drv, Placing::ThroughView, at);
+        let anyway = rang || claimed.is_some_and(|c| c.unattended());
+        let placed = viewed || anyway && absent_peer::place_sent(qp, g, idx, drv, Placing::Any, at);
+        g.req.placed_last = placed && !viewed;
+        if let Some(c) = claimed {
+            node.settle(c, placed);
+        }
     }
     if qp.qp_type == QpType::UC {
         // Unreliable: the WR is complete once its message is on the wire.

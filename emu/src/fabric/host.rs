@@ -46,7 +46,7 @@ use rustc_hash::FxHashMap;
 use super::{
     FabricInner,
     exports::{self, Exports, PeerExports},
-    ring::{Read, Record, Ring, Written},
+    ring::{self, Marks, Read, Record, Ring, Written},
     trust::{FabricDir, Location},
     wire,
     wire::{Control, Encoded, Message, Refused},
@@ -369,9 +369,12 @@ pub(crate) struct AbsentPeer {
     from: u64,
     /// The peer runs, but its reader lags: the records it would pull from us are left to it
     /// (it may be pulling the one before them, at length).
-    lagging: bool,
+    pub(crate) lagging: bool,
     /// Only WRITEs into memory we have a view of are carried out (no system call).
     pub(crate) views_only: bool,
+    /// Where the request's record lies in our ring to the peer if we wrote it claimed (see
+    /// [`Claimed`]).
+    pub(crate) claimed: Option<u32>,
 }
 
 impl AbsentPeer {
@@ -428,16 +431,17 @@ impl AbsentPeer {
         // Held throughout: nothing is written to the ring while we look through it.
         let mut tx = self.peer.tx.lock();
         let Some(ring) = tx.ring_at_rest().cloned() else { return false };
-        // A running peer pulls those records itself (see `LAG`).
-        let not_pulled = self.lagging || from.is_none();
+        // A lagging peer pulls those records itself (see `LAG`).
+        let not_pulled = self.lagging;
         let wanted = |b: &[u8]| {
             request_ids(b).is_some_and(|(dst, src, p)| dst == dst_qpn && src == src_qpn && p == psn)
                 && !(not_pulled && wire::pulled(&b[HEADER..]))
         };
-        let claim = match from {
+        let written = self.claimed.and_then(|at| ring.claim_written(at as usize, wanted));
+        let claim = written.or_else(|| match from {
             Some(from) => ring.claim(from, wanted),
             None => ring.claim_oldest(wanted),
-        };
+        });
         let Some(claim) = claim else { return false };
         if !self.place(&mut tx, &ring, req) {
             return false;
@@ -724,6 +728,7 @@ impl Node {
             from: 0,
             lagging,
             views_only: false,
+            claimed: None,
         })
     }
 
@@ -947,6 +952,19 @@ impl Node {
     }
 
     fn send_to(&self, slot: u8, pkt: &Packet) {
+        // The ACK a look deferred for the QP a WRITE goes to rides on it the short way
+        // (`send_whole`); this way it goes just before it: the requester it completes may be
+        // waiting for nothing else (a WRITE answered by a WRITE, neither side polling). (Not
+        // before a SEND: perftest's handshake over the CM, so quickened, lost its own race
+        // to listen for its data connection most of the time.)
+        if pkt.kind == Kind::Write
+            && self.inbound.ack_deferred.load(Ordering::Relaxed)
+            && !RECEIVING.get()
+            && let Some(mut rx) = self.inbound.rx.try_lock()
+            && rx.deferred.is_some_and(|a| a.dst.2 == pkt.dst_qpn)
+        {
+            self.pay_deferred(&mut rx);
+        }
         let peer = self.peer(slot);
         let msg = Encoded::packet(pkt);
         // Large (see `pulls`) or more than the ring holds whole, or a reply the ring has no
@@ -968,7 +986,11 @@ impl Node {
         } else {
             msg
         };
-        peer.send(pkt.dst_qpn, &msg);
+        // A WRITE lands unannounced (see `Ring::take_bell`); the peer's reader is rung for one
+        // sent alone (see `claiming`): a stream's are taken in by the thread that looks for
+        // the completions of what it sends meanwhile, or the next that is sent alone.
+        let lands = CLAIM_WRITTEN.get() && pkt.kind == Kind::Write && pkt.imm.is_none();
+        peer.send(pkt.dst_qpn, &msg, lands);
         if matches!(pkt.kind, Kind::Write | Kind::ReadRequest) {
             self.note_carriable_sent();
         }
@@ -993,16 +1015,15 @@ impl Node {
     /// Writes a message of `len` bytes, which `fill` lays out (returning `false` to give up),
     /// to the node of our peer QP `dst_qpn` as one record of its ring, if that can be done now:
     /// the ring set up, nothing of ours queued before it, room for it. Whether it was sent (if
-    /// not, nothing was: the caller sends the message the general way). `carriable`: the
-    /// message is a request a lagging peer's requester might carry out (a WRITE or READ:
-    /// see `Node::carry_out_for_lagging`).
+    /// not, nothing was: the caller sends the message the general way), and, for a message
+    /// sent `placing`, what [`Node::settle`] must be given after the attempt to carry it out.
     pub(crate) fn send_whole(
         &self,
         dst_qpn: u32,
         len: usize,
-        carriable: bool,
+        how: Whole,
         fill: impl FnOnce(&mut [u8]) -> bool,
-    ) -> bool {
+    ) -> (bool, Option<Claimed>) {
         // The ACK an application thread's look deferred, if this message may carry it (`rx`
         // held only then).
         let mut rx = match self.inbound.ack_deferred.load(Ordering::Relaxed) {
@@ -1011,15 +1032,35 @@ impl Node {
         }
         .filter(|rx| rx.deferred.is_some_and(|a| a.dst.2 == dst_qpn));
         let carry = rx.as_ref().and_then(|rx| rx.deferred.as_ref());
-        let send = |p: &Arc<Peer>| p.send_whole(dst_qpn, len, carriable, carry, fill);
-        let (sent, carried) = self.with_peer(slot_of(dst_qpn), send);
+        let send = |p: &Arc<Peer>| p.send_whole(dst_qpn, len, how, carry, fill);
+        let (sent, carried, claimed) = self.with_peer(slot_of(dst_qpn), send);
         if carried && let Some(rx) = rx.as_mut() {
             self.inbound.take_deferred(rx);
         }
-        if sent && carriable {
+        if sent && how.carriable {
             self.note_carriable_sent();
         }
-        sent
+        (sent, claimed)
+    }
+
+    /// After a request sent for its requester to carry out ([`Whole::placing`], [`claiming`])
+    /// and the attempt: unless `placed`, its record, if written claimed, is the peer's to take
+    /// in, and the peer's reader, if it naps on its application's looks (which a thread
+    /// spinning on memory for the request to land does not make), is rung.
+    pub(crate) fn settle(&self, claimed: Claimed, placed: bool) {
+        if placed || !claimed.unattended() {
+            return;
+        }
+        self.with_peer(claimed.slot, |p| {
+            let mut tx = p.tx.lock();
+            let Some(ring) = tx.ring.clone() else { return };
+            if let Some(at) = claimed.at {
+                ring.give_back(at as usize);
+            }
+            if claimed.napping && ring.rings(true) {
+                ring_bell(&mut tx.sock, &p.path, p.src);
+            }
+        });
     }
 
     /// This node has sent another a request it might carry out (what `carry_out_for_lagging`
@@ -1045,9 +1086,10 @@ impl Node {
             d.copy_from_slice(bytes);
             true
         };
-        let whole = |p: &Arc<Peer>| p.send_whole(dst_qpn, bytes.len(), false, None, fill).0;
+        let whole =
+            |p: &Arc<Peer>| p.send_whole(dst_qpn, bytes.len(), Whole::default(), None, fill).0;
         if !self.with_peer(slot_of(dst_qpn), whole) {
-            self.peer(slot_of(dst_qpn)).send(dst_qpn, &Encoded::bytes(bytes));
+            self.peer(slot_of(dst_qpn)).send(dst_qpn, &Encoded::bytes(bytes), false);
         }
     }
 
@@ -1063,13 +1105,13 @@ impl Node {
     pub(crate) fn part(&self, qpn: u32, dest_qpn: u32) {
         self.settle_deferred();
         let msg = Encoded::control(Control::QpClosed { qpn });
-        self.peer(slot_of(dest_qpn)).send(dest_qpn, &msg);
+        self.peer(slot_of(dest_qpn)).send(dest_qpn, &msg, false);
     }
 
     /// Sends a connection manager message to the node in `slot`.
     pub(crate) fn send_cm(&self, slot: u8, body: &[u8]) {
         self.settle_deferred();
-        self.peer(slot).send(0, &Encoded::cm(body));
+        self.peer(slot).send(0, &Encoded::cm(body), false);
     }
 
     /// Takes the name `name` in the fabric's directory for this node (a port of the
@@ -1463,6 +1505,9 @@ fn read_loop(inbound: &Inbound, fabric: &Weak<FabricInner>) {
     // round was an allocation per message whenever no application thread polled), and emptied
     // before the reader sleeps: a dead peer's ring must not outlive its watcher's cleanup.
     let mut rings: Vec<Arc<Ring>> = Vec::new();
+    // While `rings` holds the rings in which records waited as the reader began a nap on an
+    // application thread's looks: how far they had been read then.
+    let mut read_mark = 0;
     loop {
         let socket = streaming.is_multiple_of(16);
         if socket {
@@ -1473,8 +1518,15 @@ fn read_loop(inbound: &Inbound, fabric: &Weak<FabricInner>) {
             // nothing come on the socket: it takes in what comes, so nap on without taking the
             // rings. A reader that took them at each nap's end was, on a core it shares with
             // that thread, preempted holding them, and the poller shut out until it yielded.
+            // Not if records that waited as the nap began wait still, nobody having read a
+            // record since: written before their writers saw the nap, they rang no bell.
+            let left = !rings.is_empty()
+                && read_so_far(&rings) == read_mark
+                && rings.iter().any(|r| r.pending());
+            rings.clear();
             if nap == Some(POLLED_NAP)
                 && !rung
+                && !left
                 && !inbound.quit.load(Ordering::Acquire)
                 && inbound.polled.swap(false, Ordering::Relaxed)
                 && polled_nap_again(inbound, sleepers)
@@ -1495,8 +1547,18 @@ fn read_loop(inbound: &Inbound, fabric: &Weak<FabricInner>) {
         give_back_biases(&mut rx);
         let woke = fabric.cq_events.load(Ordering::Relaxed) != events;
         if inbound.polled.swap(false, Ordering::Relaxed) && polled_nap_again(inbound, sleepers) {
-            // An application thread is reading the rings: look again soon, unrung.
-            rx.rings.iter().for_each(|(_, r)| r.disarm());
+            // An application thread is reading the rings: look again soon, rung only for what
+            // lands unannounced (that thread may be spinning on the memory it lands in,
+            // looking no more: see `Ring::take_bell`). Records that wait already (written
+            // before their writers saw the request, they rang no bell) are looked at again at
+            // the nap's end, unless somebody took records in meanwhile. (A shorter nap for
+            // them woke the reader every few tens of microseconds in a ping-pong, on the
+            // cores the application threads spin on.)
+            let waiting = rx.rings.iter().fold(false, |w, (_, r)| r.delegate() | w);
+            if waiting {
+                rings.extend(rx.rings.iter().map(|(_, r)| r.clone()));
+                read_mark = read_so_far(&rings);
+            }
             nap = Some(POLLED_NAP);
             streaming = 0;
             continue;
@@ -1521,6 +1583,11 @@ fn read_loop(inbound: &Inbound, fabric: &Weak<FabricInner>) {
         streaming = 0;
         nap = if waiting { Some(Duration::ZERO) } else { None };
     }
+}
+
+/// How far `rings` have been read, all told: unchanged while nobody takes a record in.
+fn read_so_far(rings: &[Arc<Ring>]) -> u64 {
+    rings.iter().fold(0, |n, r| n.wrapping_add(r.read_to()))
 }
 
 /// Whether the reader may nap [`POLLED_NAP`] (unrung) on the strength of an application
@@ -1587,22 +1654,81 @@ fn receive_as(
     delivered
 }
 
-/// Runs `send` with the doorbell held: a message it sends to a peer whose reader sleeps does not
-/// wake the reader yet. Whether one would have; if so, [`release_bell`] must follow (a request
-/// its sender carries out at once needs no reader: only accounting for, whenever it next
-/// wakes).
-pub(crate) fn holding_bell(send: impl FnOnce()) -> bool {
-    HOLD_BELL.set(true);
-    send();
-    HOLD_BELL.set(false);
-    HELD_BELL.with_borrow(Option::is_some)
+/// Runs `send` with the doorbell held (as `hold` says which): a message it sends to a peer
+/// whose reader asks for it does not wake the reader yet. Whether one would have; if so,
+/// [`release_bell`] must follow (a request its sender carries out at once needs no reader:
+/// only accounting for, whenever it next wakes).
+pub(crate) fn holding_bell<R>(hold: Hold, send: impl FnOnce() -> R) -> (R, bool) {
+    HOLD_BELL.set(Some(hold));
+    let sent = send();
+    HOLD_BELL.set(None);
+    (sent, HELD_BELL.with_borrow(Option::is_some))
+}
+
+/// Which bells [`holding_bell`] holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Hold {
+    /// Every one: a run of WRITEs carried out as they are sent wakes no reader (see
+    /// `engine::absent_peer::send_placing`).
+    All,
+    /// Only that of a reader napping on its application's looks (see `Ring::take_bell`); one
+    /// asleep is woken as the message is written, as usual, and stays awake for what follows.
+    Napping,
 }
 
 /// After [`holding_bell`]: rings the held bell if `wake`; else asks for it again (the next
 /// message rings it), unless another message waits unbegun in the ring meanwhile.
 pub(crate) fn release_bell(wake: bool) {
-    if let Some(peer) = HELD_BELL.take() {
-        peer.release_bell(wake);
+    if let Some((peer, bell)) = HELD_BELL.take() {
+        peer.release_bell(wake, bell);
+    }
+}
+
+/// Runs `send` (of a request through the packet path) with the record it writes of a request
+/// that lands (see `Ring::take_bell`), if it writes it in one, written claimed (see
+/// `ring::Marks::claimed`), and returns what [`Node::settle`] must be given for it after
+/// the attempt to carry it out: nobody at the peer begins it before. (A request carried out
+/// as it is sent then never loses the race to the peer's reader, or to a thread of the peer
+/// looking at its rings, which would leave it outstanding, and the next WRITE not alone.)
+pub(crate) fn claiming(send: impl FnOnce()) -> Option<Claimed> {
+    CLAIM_WRITTEN.set(true);
+    send();
+    CLAIM_WRITTEN.set(false);
+    CLAIMED.take()
+}
+
+/// How a message goes written whole (see [`Node::send_whole`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Whole {
+    /// A request a lagging peer's requester might carry out (a WRITE or READ: see
+    /// `Node::carry_out_for_lagging`).
+    pub(crate) carriable: bool,
+    /// One whose effect no completion announces to the peer (see `Ring::take_bell`), sent
+    /// alone: nothing else of its QP's outstanding (the requester waits for it, or for what
+    /// it makes the peer's application send back).
+    pub(crate) lands: bool,
+    /// A WRITE its requester tries to carry out next: written claimed if the peer's reader
+    /// sleeps, the bell of one napping on its application's looks left to [`Node::settle`].
+    pub(crate) placing: bool,
+}
+
+/// A request sent for its requester to carry out next: what [`Node::settle`] is given after.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Claimed {
+    /// The peer's slot.
+    slot: u8,
+    /// Where its record lies in our ring to the peer, if written claimed (the peer's reader
+    /// not at work).
+    pub(crate) at: Option<u32>,
+    /// The peer's reader napped on its application's looks as the request was sent.
+    napping: bool,
+}
+
+impl Claimed {
+    /// Whether no thread of the peer is at work taking records in as they come: its reader
+    /// asleep, or napping on its application's looks.
+    pub(crate) fn unattended(&self) -> bool {
+        self.at.is_some() || self.napping
     }
 }
 
@@ -1616,8 +1742,12 @@ thread_local! {
     /// See [`rang_bell`].
     static RANG: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     /// See [`holding_bell`].
-    static HOLD_BELL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    static HELD_BELL: std::cell::RefCell<Option<Arc<Peer>>> = const { std::cell::RefCell::new(None) };
+    static HOLD_BELL: std::cell::Cell<Option<Hold>> = const { std::cell::Cell::new(None) };
+    /// See [`claiming`].
+    static CLAIM_WRITTEN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// The record this thread wrote claimed (see [`claiming`]).
+    static CLAIMED: std::cell::Cell<Option<Claimed>> = const { std::cell::Cell::new(None) };
+    static HELD_BELL: std::cell::RefCell<Option<(Arc<Peer>, u32)>> = const { std::cell::RefCell::new(None) };
     /// Whether this thread is inside `receive`: the replies it sends must never wait.
     static RECEIVING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     /// Whether this thread is a node's reader (see `read_loop`), whom doorbells are for.
@@ -2611,7 +2741,7 @@ impl Peer {
 
     /// Sends `msg` for the peer's QP `dst_qpn`, in fragments, in order; what does not fit now
     /// goes to the backlog.
-    fn send(self: &Arc<Self>, dst_qpn: u32, msg: &Encoded<'_>) {
+    fn send(self: &Arc<Self>, dst_qpn: u32, msg: &Encoded<'_>, lands: bool) {
         let src = self.src;
         let mut tx = self.tx.lock();
         self.offer_ring_once(&mut tx, false);
@@ -2620,16 +2750,26 @@ impl Peer {
         let ring = tx.ring.take();
         let step = ring.as_ref().map_or(FRAGMENT, |r| r.max_record().min(RECORD) - HEADER);
         let total = msg.len();
-        let mut rung = false;
+        let mut rung = 0;
         let mut start = 0;
         while start < total {
             let end = (start + step).min(total);
             let frag = Fragment { src, dst_qpn, msg, range: start..end };
             start = end;
             if tx.backlog.is_empty() && !tx.flushing {
-                match self.try_fragment(&mut tx, ring.as_deref(), &frag) {
+                let claimed = lands
+                    && total <= step
+                    && CLAIM_WRITTEN.get()
+                    && ring.as_deref().is_some_and(|r| r.asleep() || r.napping());
+                match self.try_fragment(&mut tx, ring.as_deref(), &frag, claimed) {
                     Sent::Done => {
-                        rung |= ring.as_ref().is_some_and(|r| r.rings());
+                        if claimed && let Some(r) = ring.as_deref() {
+                            let (slot, at) = (slot_of(dst_qpn), Some(r.last_written() as u32));
+                            CLAIMED.set(Some(Claimed { slot, at, napping: false }));
+                        }
+                        if rung == 0 {
+                            rung = ring.as_ref().map_or(0, |r| r.take_bell(lands));
+                        }
                         continue;
                     }
                     Sent::Gone => break,
@@ -2642,8 +2782,8 @@ impl Peer {
             }
         }
         tx.ring = ring;
-        if rung {
-            self.ring_asked(&mut tx);
+        if rung != 0 {
+            self.ring_asked(&mut tx, rung);
         }
         if !tx.backlog.is_empty() {
             if !tx.flusher_started {
@@ -2670,17 +2810,17 @@ impl Peer {
         self: &Arc<Self>,
         dst_qpn: u32,
         len: usize,
-        carriable: bool,
+        how: Whole,
         carry: Option<&wire::Ack>,
         fill: impl FnOnce(&mut [u8]) -> bool,
-    ) -> (bool, bool) {
+    ) -> (bool, bool, Option<Claimed>) {
         let mut tx = self.tx.lock();
         if !tx.backlog.is_empty() || tx.flushing {
-            return (false, false);
+            return (false, false, None);
         }
-        let Some(ring) = tx.ring.as_deref() else { return (false, false) };
+        let Some(ring) = tx.ring.as_deref() else { return (false, false, None) };
         if HEADER + len > ring.max_record().min(RECORD) {
-            return (false, false);
+            return (false, false, None);
         }
         let mut carried = false;
         let framed = |d: &mut [u8]| {
@@ -2691,21 +2831,46 @@ impl Peer {
                 true
             }
         };
-        if ring.write_marked(HEADER + len, carriable, framed) != Written::Done {
-            return (false, false);
+        // Claimed only where the peer's reader is not at work (asleep, rung below, or napping
+        // on its application's looks): a thread of the peer that takes records in as they come
+        // would only wait for us, where it could have carried the request out meanwhile.
+        let claimed = how.placing && (ring.asleep() || ring.napping());
+        let marks = Marks { carriable: how.carriable, claimed };
+        if ring.write_marked(HEADER + len, marks, framed) != Written::Done {
+            return (false, false, None);
         }
-        if ring.rings() {
-            self.ring_asked(&mut tx);
+        // Placing: the bell of a reader napping on its application's looks is left alone
+        // until the request is found not carried out (see `Node::settle`); one asleep is rung
+        // now, and stays awake for what follows.
+        let napping = how.placing && ring.napping();
+        let at = (how.placing && claimed).then(|| ring.last_written() as u32);
+        let bell = ring.take_bell(how.lands && !napping);
+        if bell != 0 {
+            self.ring_asked(&mut tx, bell);
         }
-        (true, carried)
+        if !how.placing {
+            return (true, carried, None);
+        }
+        (true, carried, Some(Claimed { slot: slot_of(dst_qpn), at, napping }))
     }
 
     /// The peer's reader asked to be rung for what was just written: rung now, or, while this
     /// thread holds the bell (see [`holding_bell`]), once it lets go.
-    fn ring_asked(self: &Arc<Self>, tx: &mut PeerTx) {
-        if HOLD_BELL.get() {
-            if let Some(held) = HELD_BELL.replace(Some(self.clone())) {
-                held.release_bell(true);
+    fn ring_asked(self: &Arc<Self>, tx: &mut PeerTx, bell: u32) {
+        let hold = match HOLD_BELL.get() {
+            Some(Hold::All) => true,
+            Some(Hold::Napping) => bell == ring::DELEGATED,
+            None => false,
+        };
+        if hold {
+            match HELD_BELL.replace(Some((self.clone(), bell))) {
+                // Ours taken again (an ACK deferred went just before the message): one is
+                // held, the reader's first request, which stands for both.
+                Some((held, first)) if Arc::ptr_eq(&held, self) => {
+                    HELD_BELL.set(Some((held, first)));
+                }
+                Some((held, _)) => held.release_bell(true, 0),
+                None => {}
             }
         } else {
             ring_bell(&mut tx.sock, &self.path, self.src);
@@ -2713,16 +2878,20 @@ impl Peer {
         }
     }
 
-    /// See [`release_bell`](self::release_bell).
-    fn release_bell(&self, wake: bool) {
-        let mut tx = self.tx.lock();
+    /// See [`release_bell`](self::release_bell): `bell` is the reader's request that was taken.
+    fn release_bell(&self, wake: bool, bell: u32) {
+        self.release_bell_locked(&mut self.tx.lock(), wake, bell);
+    }
+
+    /// [`Peer::release_bell`] under `tx`, the lock of our sends to the peer.
+    fn release_bell_locked(&self, tx: &mut PeerTx, wake: bool, bell: u32) {
         // A message another thread wrote meanwhile found the bell asked for by nobody; and
         // what the reader is to account for must not fill the ring (a writer that finds it
         // full waits for a reader that nobody woke).
         let wake = wake
             || match tx.ring.as_deref() {
                 Some(r) => {
-                    r.ask_bell_again();
+                    r.ask_bell_again(bell);
                     r.oldest_unbegun() || r.room() < RING_BYTES / 2
                 }
                 None => true,
@@ -2734,7 +2903,13 @@ impl Peer {
 
     /// Sends `frag` now if it can: into the ring, or as a datagram (one the socket has no room
     /// for yet is queued, laid out, on the backlog: `Done` all the same).
-    fn try_fragment(&self, tx: &mut PeerTx, ring: Option<&Ring>, frag: &Fragment<'_>) -> Sent {
+    fn try_fragment(
+        &self,
+        tx: &mut PeerTx,
+        ring: Option<&Ring>,
+        frag: &Fragment<'_>,
+        claimed: bool,
+    ) -> Sent {
         let Some(r) = ring else {
             let Some(d) = frag.to_vec() else { return Sent::Gone };
             return match try_send(&mut tx.sock, &self.path, &d) {
@@ -2745,7 +2920,7 @@ impl Peer {
                 sent => sent,
             };
         };
-        match self.write_waiting(r, frag, &mut tx.sock) {
+        match self.write_waiting(r, frag, &mut tx.sock, claimed) {
             Written::Done => Sent::Done,
             Written::Full => Sent::Full,
             Written::Refused => Sent::Gone,
@@ -2762,14 +2937,16 @@ impl Peer {
         ring: &Ring,
         frag: &Fragment<'_>,
         sock: &mut Option<UnixDatagram>,
+        claimed: bool,
     ) -> Written {
         let mut since = None;
+        let marks = Marks { carriable: true, claimed };
         loop {
-            match ring.write(frag.len(), |d| frag.write(d)) {
+            match ring.write_marked(frag.len(), marks, |d| frag.write(d)) {
                 Written::Full if !RECEIVING.get() && !self.shutdown.load(Ordering::Acquire) => {
                     // A reader asleep on a full ring (its records carried out by us, only to
                     // be accounted for) frees nothing until woken.
-                    if since.is_none() && ring.rings() {
+                    if since.is_none() && ring.rings(true) {
                         ring_bell(sock, &self.path, self.src);
                     }
                     let t0 = *since.get_or_insert_with(std::time::Instant::now);
@@ -2915,14 +3092,15 @@ impl Peer {
                 Written::Done => break,
                 _ if self.shutdown.load(Ordering::Acquire) => return false,
                 _ => {
-                    if ring.rings() {
+                    if ring.rings(true) {
                         ring_bell(sock, &self.path, self.src);
                     }
                     std::thread::sleep(Duration::from_micros(50));
                 }
             }
         }
-        if ring.rings() {
+        // What the backlog held (a large WRITE's fragments among them) may land unannounced.
+        if ring.rings(true) {
             ring_bell(sock, &self.path, self.src);
         }
         true
@@ -3049,7 +3227,7 @@ mod test {
             assert_eq!(named(), 0, "nothing written");
             after_lag();
         }
-        assert_eq!(ring.write_marked(16, false, |_| true), Written::Done);
+        assert_eq!(ring.write_marked(16, Marks::default(), |_| true), Written::Done);
         for _ in 0..2 {
             assert_eq!(named(), 0, "nothing to carry out");
             after_lag();
@@ -3472,6 +3650,39 @@ mod test {
         talk_and_part((a, fa), (b, fb), &dir);
     }
 
+    /// A WRITE sent alone to a peer whose reader naps on its application's looks (which a
+    /// thread spinning on memory for the WRITE to land does not make: qperf's
+    /// `rc_rdma_write_poll_lat`) lands as it is posted, no thread of the peer taking anything
+    /// in: its requester carries it out (the memory not shared: by system call) and it
+    /// completes then. The peer accounts for it later; both QPs stay in RTS.
+    #[test]
+    fn test_a_write_alone_lands_as_posted_while_the_peers_reader_naps_on_looks() {
+        let (dir, mut cfg) = host_dir("napping");
+        cfg.share_mr = false;
+        let (fa, fb) = (Fabric::new(cfg.clone()), Fabric::new(cfg));
+        let (a, b) = (end_on(&fa), end_on(&fb));
+        connected(&a, &b);
+        a.send(&b, 1);
+        b.send(&a, 2);
+        // Held here, B's rings are taken in by nobody; napped on, as the reader does.
+        let rx = inbound_of(&fb).rx.lock();
+        rx.rings.iter().for_each(|(_, r)| assert!(!r.delegate(), "nothing waits"));
+        for (i, word) in [b"landed!!", b"and this"].into_iter().enumerate() {
+            a.mr.write(64, word).unwrap();
+            let from = [Sge { addr: a.mr.addr() + 64, length: 8, lkey: a.mr.lkey() }];
+            let wr = SendWr::write(i as u64, &from, b.mr.addr() + 64, b.mr.rkey()).signaled();
+            a.qp.post_send(&wr).unwrap();
+            let mut got = [0u8; 8];
+            b.mr.read(64, &mut got).unwrap();
+            assert_eq!(&got, word, "landed as posted");
+            let wc = a.cq.poll_one().expect("completed as posted");
+            assert_eq!((wc.wr_id, wc.status), (i as u64, WcStatus::SUCCESS));
+        }
+        assert!(rx.rings.iter().all(|(_, r)| r.delegated()), "no bell rung");
+        drop(rx);
+        talk_and_part((a, fa), (b, fb), &dir);
+    }
+
     /// A doorbell that an application thread takes off the socket (it does so to take a peer's
     /// shared memory before the ring records that name it) is passed on to the reader, whom it
     /// was for: the ring's writer asks for no other until the reader, woken, asks again.
@@ -3848,7 +4059,8 @@ mod test {
             let rx = inbound_of(f).rx.lock();
             rx.rings.iter().filter_map(|(_, r)| r.sender()).map(|p| p.view_copies()).sum::<u64>()
         };
-        assert!(copied(&fb) >= 2, "B copied the WRITE and the SEND from its view");
+        // (The WRITE, alone in flight, was A's to carry out into B's memory as it sent it.)
+        assert!(copied(&fb) >= 1, "B copied the SEND from its view");
         assert!(copied(&fa) >= 1, "A copied the READ's response from its view");
         // Deregistered, the memory moves back, and each node lets its view of the other's go.
         assert_eq!((views(&fa), views(&fb)), (1, 1));

@@ -40,7 +40,7 @@ use std::{
     ptr::NonNull,
     sync::{
         Arc,
-        atomic::{AtomicU32, AtomicU64, Ordering, fence},
+        atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering, fence},
     },
 };
 
@@ -66,6 +66,12 @@ const VIEWS_AT: usize = 56;
 pub(super) const TAIL_AT: usize = 64;
 pub(super) const HEAD_AT: usize = 128;
 const BELL_AT: usize = 192;
+/// The bell word (at `BELL_AT`): the reader sleeps, and asks to be rung for every record.
+const ARMED: u32 = 1;
+/// The bell word: the reader naps while an application thread of its process looks at the
+/// rings, and asks to be rung only for records whose effect no completion announces (see
+/// [`Ring::take_bell`]).
+pub(crate) const DELEGATED: u32 = 2;
 /// Raised by the writer while it carries out a request in the reader's memory.
 const GATE_AT: usize = 256;
 /// Set by the writer: the highest name of its shared memory it has passed the reader (the
@@ -84,6 +90,8 @@ const PLACED: u32 = 3;
 /// How long a reader waits for a writer to finish carrying out a record it claimed before
 /// taking the record as it is (a writer that stopped midway, or a hostile one).
 const PLACING_PATIENCE: std::time::Duration = std::time::Duration::from_secs(1);
+/// How long a reader spins on a record its writer is carrying out before it yields the CPU.
+const PLACING_SPIN: std::time::Duration = std::time::Duration::from_micros(20);
 /// The length word of the filler that takes a ring's last bytes when a record does not fit.
 const WRAP: u32 = u32::MAX;
 
@@ -95,6 +103,17 @@ pub(crate) enum Written {
     Full,
     /// The filler refused (its source could not be read); nothing was published.
     Refused,
+}
+
+/// What a writer says of a record it writes (see [`Ring::write_marked`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Marks {
+    /// One its writer might carry out for a lagging reader (see [`Ring::carriable_to`]).
+    pub(crate) carriable: bool,
+    /// Written claimed by its writer, who is about to carry it out: no reader begins it (a
+    /// reader that comes to it waits) until the writer marks it placed or gives it back (see
+    /// [`Ring::claim_written`], [`Ring::give_back`]).
+    pub(crate) claimed: bool,
 }
 
 /// One ring, mapped in this process.
@@ -120,6 +139,8 @@ pub(crate) struct Ring {
     head_seen: AtomicU64,
     /// Writer side: see [`Ring::carriable_to`].
     carriable_to: AtomicU64,
+    /// Writer side: where the last record written claimed lies (see [`Ring::last_written`]).
+    last_at: AtomicUsize,
     /// Reader side: what has been read and not yet freed. (The QP lock's kind: taken twice
     /// per record, by one thread at a time, mostly the same one.)
     reading: crate::sync::lock::Lock<Reading>,
@@ -264,6 +285,7 @@ impl Ring {
             settled: AtomicU64::new(0),
             head_seen: AtomicU64::new(0),
             carriable_to: AtomicU64::new(0),
+            last_at: AtomicUsize::new(0),
             reading: Default::default(),
             read_to: AtomicU64::new(0),
         })
@@ -440,6 +462,49 @@ impl Ring {
         self.claim_from(from, false, wanted)
     }
 
+    /// Writer: where the record just written claimed lies (read under the lock that
+    /// serializes writers, before another is written): what [`Ring::claim_written`] and
+    /// [`Ring::give_back`] are given for it.
+    pub(crate) fn last_written(&self) -> usize {
+        self.last_at.load(Ordering::Relaxed)
+    }
+
+    /// Writer: the claim of the record at `at`, which we wrote claimed ([`Marks::claimed`])
+    /// and have not placed nor given back, if `wanted` holds for it. Dropped unmarked, the
+    /// claim leaves the record claimed, for another try or [`Ring::give_back`].
+    pub(crate) fn claim_written(
+        &self,
+        at: usize,
+        mut wanted: impl FnMut(&[u8]) -> bool,
+    ) -> Option<Claim<'_>> {
+        if at >= self.cap || !at.is_multiple_of(8) {
+            return None;
+        }
+        // SAFETY: `at` is 8-aligned and below `cap`: a record's header in the ring.
+        let len = unsafe { self.ptr(at, RECORD_HEADER).cast::<u32>().read() } as usize;
+        if self.state(at).load(Ordering::Acquire) != PLACING || at + RECORD_HEADER + len > self.cap
+        {
+            return None;
+        }
+        // SAFETY: a record we wrote claimed and still hold so: never freed, its bytes stay;
+        // the reader only reads them.
+        let bytes = unsafe { std::slice::from_raw_parts(self.ptr(at + RECORD_HEADER, 0), len) };
+        wanted(bytes).then_some(Claim { ring: self, at, done: false, written: true })
+    }
+
+    /// Writer: gives the record at `at`, which we wrote claimed and did not place, to the
+    /// reader to take in.
+    pub(crate) fn give_back(&self, at: usize) {
+        if at < self.cap && at.is_multiple_of(8) {
+            let _ = self.state(at).compare_exchange(
+                PLACING,
+                FRESH,
+                Ordering::Release,
+                Ordering::Relaxed,
+            );
+        }
+    }
+
     /// Writer: [`Ring::claim`] of the oldest record not yet freed nor placed alone: `None` if
     /// `wanted` does not hold for it, or the reader has begun it.
     pub(crate) fn claim_oldest(&self, wanted: impl FnMut(&[u8]) -> bool) -> Option<Claim<'_>> {
@@ -479,7 +544,7 @@ impl Ring {
                     return match won {
                         Ok(_) => {
                             *from = pos + used as u64;
-                            Some(Claim { ring: self, at, done: false })
+                            Some(Claim { ring: self, at, done: false, written: false })
                         }
                         Err(_) => None,
                     };
@@ -561,16 +626,15 @@ impl Ring {
     /// Writes one record of `len` bytes, which `fill` writes (returning `false` to give up).
     /// Whether the reader asked for a doorbell comes back with `Done`: see [`Ring::rings`].
     pub(crate) fn write(&self, len: usize, fill: impl FnOnce(&mut [u8]) -> bool) -> Written {
-        self.write_marked(len, true, fill)
+        self.write_marked(len, Marks { carriable: true, claimed: false }, fill)
     }
 
-    /// [`Ring::write`] of a record that is, if `carriable`, or is not, one its writer might
-    /// carry out for a lagging reader (see [`Ring::carriable_to`]).
+    /// [`Ring::write`] of a record marked as `marks` says.
     #[inline(always)]
     pub(crate) fn write_marked(
         &self,
         len: usize,
-        carriable: bool,
+        marks: Marks,
         fill: impl FnOnce(&mut [u8]) -> bool,
     ) -> Written {
         assert!(len <= self.max_record(), "a record of {len} bytes");
@@ -605,10 +669,15 @@ impl Ring {
         if !fill(body) {
             return Written::Refused;
         }
-        self.set_len(at, len as u32);
+        if marks.claimed {
+            self.set_header(at, len as u32, PLACING);
+            self.last_at.store(at, Ordering::Relaxed);
+        } else {
+            self.set_len(at, len as u32);
+        }
         let tail = tail + (filler + need) as u64;
         self.write_to.store(tail, Ordering::Relaxed);
-        if carriable {
+        if marks.carriable {
             self.carriable_to.store(tail, Ordering::Relaxed);
         }
         tsan::releasing(self.ino);
@@ -625,38 +694,88 @@ impl Ring {
 
     /// Writes a record's header: its length, and the state `FRESH`.
     fn set_len(&self, at: usize, len: u32) {
+        self.set_header(at, len, FRESH);
+    }
+    /// Writes a record's header: its length and state.
+    fn set_header(&self, at: usize, len: u32, state: u32) {
+        let header = u64::from(len) | u64::from(state) << 32;
         // SAFETY: `at` is 8-aligned and at + 8 <= cap (records and fillers start 8-aligned,
         // and `cap` is a multiple of 8); unpublished space, as in `write`.
-        unsafe { self.ptr(at, RECORD_HEADER).cast::<u64>().write(u64::from(len)) };
+        unsafe { self.ptr(at, RECORD_HEADER).cast::<u64>().write(header) };
     }
 
-    /// Whether the reader asked to be rung (it sleeps, or is about to).
+    /// Whether the reader asked to be rung for every record (it sleeps, or is about to).
     #[cfg(test)]
     pub(crate) fn armed(&self) -> bool {
-        self.bell().load(Ordering::SeqCst) != 0
+        self.bell().load(Ordering::SeqCst) == ARMED
+    }
+
+    /// Whether the reader asked to be rung only for records that land unannounced.
+    #[cfg(test)]
+    pub(crate) fn delegated(&self) -> bool {
+        self.bell().load(Ordering::SeqCst) == DELEGATED
     }
 
     /// After publishing: whether the reader asked to be rung (and, if so, clears the request:
     /// the caller rings).
-    pub(crate) fn rings(&self) -> bool {
+    pub(crate) fn rings(&self, lands: bool) -> bool {
+        self.take_bell(lands) != 0
+    }
+
+    /// After publishing a record that `lands` (or not): the reader's request for the doorbell
+    /// if it asked for one for this record, cleared (the caller rings, and may give it back
+    /// with [`Ring::ask_bell_again`]); 0 if it did not. A record lands when its effect shows
+    /// in the reader's memory with no completion there to poll for (an RDMA WRITE without
+    /// immediate, an atomic): an application thread whose looks at the rings a napping
+    /// reader counts on may be spinning on that memory instead, looking no more (qperf's
+    /// `rc_rdma_write_poll_lat`, the eager RDMA of MPIs).
+    pub(crate) fn take_bell(&self, lands: bool) -> u32 {
         fence(Ordering::SeqCst);
-        self.bell().load(Ordering::Relaxed) != 0 && self.bell().swap(0, Ordering::AcqRel) != 0
+        match self.bell().load(Ordering::Relaxed) {
+            0 => 0,
+            DELEGATED if !lands => 0,
+            _ => self.bell().swap(0, Ordering::AcqRel),
+        }
+    }
+
+    /// Writer: whether the reader sleeps (it asked to be rung for every record).
+    pub(crate) fn asleep(&self) -> bool {
+        self.bell().load(Ordering::Relaxed) == ARMED
+    }
+
+    /// Writer: whether the reader naps on its application's looks (see [`Ring::delegate`]).
+    pub(crate) fn napping(&self) -> bool {
+        self.bell().load(Ordering::Relaxed) == DELEGATED
     }
 
     /// Reader: asks writers for a doorbell from now on; whether records are already waiting
     /// (then the caller should read them rather than sleep).
     pub(crate) fn arm(&self) -> bool {
-        self.bell().store(1, Ordering::SeqCst);
+        self.bell().store(ARMED, Ordering::SeqCst);
         self.pending()
     }
 
-    /// Writer: asks for the doorbell again, in the reader's stead, after a write whose ringing
-    /// the writer found unneeded.
-    pub(crate) fn ask_bell_again(&self) {
-        self.bell().store(1, Ordering::SeqCst);
+    /// Reader: asks writers for a doorbell for the records that land unannounced (see
+    /// [`Ring::take_bell`]) while an application thread looks at the rings; whether records
+    /// are already waiting (written before the writer could see the request).
+    pub(crate) fn delegate(&self) -> bool {
+        self.bell().store(DELEGATED, Ordering::SeqCst);
+        self.pending()
+    }
+
+    /// Writer: gives back the request `bell` that [`Ring::take_bell`] took, after a write
+    /// whose ringing the writer found unneeded, unless the reader has asked anew meanwhile.
+    pub(crate) fn ask_bell_again(&self, bell: u32) {
+        let _ = self.bell().compare_exchange(0, bell, Ordering::SeqCst, Ordering::SeqCst);
+    }
+
+    /// Reader: how far records were read (by any thread): unchanged while nobody takes them.
+    pub(crate) fn read_to(&self) -> u64 {
+        self.read_to.load(Ordering::Relaxed)
     }
 
     /// Reader: no doorbell needed (the reader is awake).
+    #[cfg(test)]
     pub(crate) fn disarm(&self) {
         if self.bell().load(Ordering::Relaxed) != 0 {
             self.bell().store(0, Ordering::Relaxed);
@@ -731,7 +850,12 @@ impl Ring {
                     if t0.elapsed() > PLACING_PATIENCE || self.abandoned() {
                         return false;
                     }
-                    std::thread::yield_now();
+                    // A copy of a few microseconds at most, unless the writer was descheduled.
+                    if t0.elapsed() < PLACING_SPIN {
+                        std::hint::spin_loop();
+                    } else {
+                        std::thread::yield_now();
+                    }
                 }
                 // Taken, or garbage a writer left: the record is the reader's.
                 Err(_) => return false,
@@ -867,6 +991,9 @@ pub(crate) struct Claim<'a> {
     ring: &'a Ring,
     at: usize,
     done: bool,
+    /// Of a record written claimed ([`Ring::claim_written`]): dropped unmarked, it stays
+    /// claimed until given back.
+    written: bool,
 }
 
 impl Claim<'_> {
@@ -879,7 +1006,7 @@ impl Claim<'_> {
 
 impl Drop for Claim<'_> {
     fn drop(&mut self) {
-        if !self.done {
+        if !self.done && !self.written {
             self.ring.state(self.at).store(FRESH, Ordering::Release);
         }
     }
@@ -1134,12 +1261,32 @@ mod test {
         let w = Ring::create(4096, false).unwrap();
         assert!(!w.arm());
         put(&w, b"x");
-        assert!(w.rings());
+        assert!(w.rings(false));
         put(&w, b"y");
-        assert!(!w.rings());
+        assert!(!w.rings(true));
         assert!(w.arm(), "records are waiting");
         w.disarm();
-        assert!(!w.rings());
+        assert!(!w.rings(true));
+    }
+
+    #[test]
+    fn test_a_delegated_bell_is_rung_only_for_what_lands_and_given_back_as_taken() {
+        let w = Ring::create(4096, false).unwrap();
+        assert!(!w.delegate());
+        put(&w, b"a send");
+        assert!(!w.rings(false), "an application thread looks for what it announces");
+        assert!(w.delegated());
+        put(&w, b"a write");
+        assert_eq!(w.take_bell(true), DELEGATED);
+        assert!(!w.rings(true), "rung once");
+        w.ask_bell_again(DELEGATED);
+        assert!(w.delegated());
+        // The reader asked anew meanwhile (to sleep): its request stands.
+        assert_eq!(w.take_bell(true), DELEGATED);
+        assert!(w.arm());
+        w.ask_bell_again(DELEGATED);
+        assert!(w.armed());
+        assert!(w.delegate(), "records are waiting");
     }
 
     #[test]
