@@ -3665,6 +3665,7 @@ mod test {
         a.send(&b, 1);
         b.send(&a, 2);
         // Held here, B's rings are taken in by nobody; napped on, as the reader does.
+        until_reader_asleep(inbound_of(&fb));
         let rx = inbound_of(&fb).rx.lock();
         rx.rings.iter().for_each(|(_, r)| assert!(!r.delegate(), "nothing waits"));
         for (i, word) in [b"landed!!", b"and this"].into_iter().enumerate() {
@@ -3679,6 +3680,10 @@ mod test {
             assert_eq!((wc.wr_id, wc.status), (i as u64, WcStatus::SUCCESS));
         }
         assert!(rx.rings.iter().all(|(_, r)| r.delegated()), "no bell rung");
+        // As the reader may have left them, asleep (napped on, it looks again in a while).
+        rx.rings.iter().for_each(|(_, r)| {
+            r.arm();
+        });
         drop(rx);
         talk_and_part((a, fa), (b, fb), &dir);
     }
