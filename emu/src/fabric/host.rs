@@ -1707,8 +1707,9 @@ pub(crate) struct Whole {
     /// alone: nothing else of its QP's outstanding (the requester waits for it, or for what
     /// it makes the peer's application send back).
     pub(crate) lands: bool,
-    /// A WRITE its requester tries to carry out next: written claimed if the peer's reader
-    /// sleeps, the bell of one napping on its application's looks left to [`Node::settle`].
+    /// A WRITE its requester tries to carry out next: written claimed where the peer's reader
+    /// is not at work (asleep, or napping on its application's looks), the napping one's bell
+    /// left to [`Node::settle`].
     pub(crate) placing: bool,
 }
 
@@ -2757,9 +2758,9 @@ impl Peer {
             let frag = Fragment { src, dst_qpn, msg, range: start..end };
             start = end;
             if tx.backlog.is_empty() && !tx.flushing {
+                // (`lands` only within `claiming`: see `Node::send_to`.)
                 let claimed = lands
                     && total <= step
-                    && CLAIM_WRITTEN.get()
                     && ring.as_deref().is_some_and(|r| r.asleep() || r.napping());
                 match self.try_fragment(&mut tx, ring.as_deref(), &frag, claimed) {
                     Sent::Done => {
@@ -2880,11 +2881,7 @@ impl Peer {
 
     /// See [`release_bell`](self::release_bell): `bell` is the reader's request that was taken.
     fn release_bell(&self, wake: bool, bell: u32) {
-        self.release_bell_locked(&mut self.tx.lock(), wake, bell);
-    }
-
-    /// [`Peer::release_bell`] under `tx`, the lock of our sends to the peer.
-    fn release_bell_locked(&self, tx: &mut PeerTx, wake: bool, bell: u32) {
+        let mut tx = self.tx.lock();
         // A message another thread wrote meanwhile found the bell asked for by nobody; and
         // what the reader is to account for must not fill the ring (a writer that finds it
         // full waits for a reader that nobody woke).
