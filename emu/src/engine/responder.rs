@@ -203,7 +203,7 @@ pub(crate) fn receive(qp: &Arc<QpShared>, g: &mut QpInner, mut pkt: Packet, drv:
     g.resp.nak_seq_sent = false;
     // Begun here: unless its requester carried it out itself while this process was stopped.
     if pkt.carried_out || pkt.ticket.take().is_some_and(|t| t.carried_out()) {
-        return carried_out(qp, g, pkt, drv);
+        return carried_out(g, &pkt);
     }
     match pkt.kind {
         Kind::Send => send(qp, g, pkt, drv),
@@ -216,11 +216,11 @@ pub(crate) fn receive(qp: &Arc<QpShared>, g: &mut QpInner, mut pkt: Packet, drv:
     }
 }
 
-/// A WRITE or READ that its requester carried out itself while this process was stopped
-/// (see `fabric::exports`), checked then as it would have been here: only accounted for now.
-/// The WRITE is acknowledged as any other (its requester, which completed it, takes the ACK
-/// for a duplicate); the READ's data went with it, and a duplicate of it is answered again.
-fn carried_out(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>) {
+/// A WRITE or READ that its requester carried out itself (see `fabric::exports`), checked
+/// then as it would have been here: only accounted for now. Neither is answered: the
+/// requester completed it as if answered, nothing of its QP's outstanding before it (see
+/// `absent_peer::carried`); a duplicate of it is answered as any other.
+fn carried_out(g: &mut QpInner, pkt: &Packet) {
     if pkt.carried_out {
         // The note of requests carried out without being sent: PSNs from `psn` on, `npkts`
         // of them, in `msn` messages; nothing to answer.
@@ -229,10 +229,10 @@ fn carried_out(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Drive
         return;
     }
     match pkt.kind {
-        Kind::Write => ack(qp, g, &pkt, drv),
+        Kind::Write => advance(g, pkt),
         Kind::ReadRequest => {
-            remember(g, Replay::Read(ReadReq::of(&pkt)));
-            advance(g, &pkt);
+            remember(g, Replay::Read(ReadReq::of(pkt)));
+            advance(g, pkt);
         }
         _ => {}
     }

@@ -3909,7 +3909,8 @@ mod test {
     /// asleep, then kept from taking anything in, each of a run of WRITEs (one after a pause)
     /// is in the peer's memory by the time its post returns (not only once a poll finds the
     /// peer lagging), and complete (an RC one with no ACK to come). Their records wait for the
-    /// peer to account for them; what follows is taken in, in order, once it does.
+    /// peer to account for them, which sends no ACK for them (their requester completed them
+    /// already); what follows is taken in, in order, once it does.
     #[test]
     fn test_writes_are_carried_out_as_they_are_sent_while_the_peer_takes_nothing_in() {
         for ty in [crate::QpType::RC, crate::QpType::UC] {
@@ -3935,6 +3936,10 @@ mod test {
             // What the peer's application then does with that memory stays: its reader only
             // accounts for those WRITEs when it takes their records in (before the SEND).
             b.mr.write(0, &[0u8; 512]).unwrap();
+            let mut held = held;
+            let acks = node_b.inbound.acks_sent.load(Ordering::Relaxed);
+            receive(&node_b.inbound, &mut held, &fb.0, false);
+            assert_eq!(node_b.inbound.acks_sent.load(Ordering::Relaxed), acks, "{ty:?}");
             drop(held);
             a.send(&b, 3);
             let mut got = [0xffu8; 512];
