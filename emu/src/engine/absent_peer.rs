@@ -30,7 +30,7 @@ use super::{
 use crate::{
     fabric::{
         exports::{Op, Request},
-        host::{self, AbsentPeer, Hold},
+        host::{self, AbsentPeer, Claimed, Hold},
     },
     qp::{QpInner, QpShared, queue::Hidden, queue::SendWqe},
     types::{QpState, QpType, SendFlags, WrOpcode},
@@ -187,20 +187,34 @@ pub(crate) fn send_placing(
         true => host::holding_bell(hold, || host::claiming(send)),
         false => (None, host::holding_bell(hold, send).1),
     };
-    let rang = host::rang_bell();
+    let anyway = run || host::rang_bell() || held;
+    let placed = place_alone(qp, g, idx, drv, claimed, anyway);
+    if held {
+        host::release_bell(!placed);
+    }
+}
+
+/// Carries out the WRITE at `idx`, just sent alone (see [`send_placing`]), through our view
+/// of the peer's memory if we have one; else by any means if `anyway` or the peer's reader is
+/// not at work (see `Whole::placing`). Then settles its record if it was written `claimed`.
+/// Whether it was carried out.
+pub(super) fn place_alone(
+    qp: &Arc<QpShared>,
+    g: &mut QpInner,
+    idx: u32,
+    drv: &mut Driver<'_>,
+    claimed: Option<Claimed>,
+    anyway: bool,
+) -> bool {
     let at = claimed.and_then(|c| c.at);
-    // Through our view of the peer's memory if we have one; else, where the peer's reader is
-    // not at work (see `Whole::placing`) or a run goes on, by any means.
-    let anyway = at.is_some() || run || rang || held;
+    let anyway = anyway || claimed.is_some_and(|c| c.unattended());
     let viewed = place_sent(qp, g, idx, drv, Placing::ThroughView, at);
     let placed = viewed || anyway && place_sent(qp, g, idx, drv, Placing::Any, at);
     g.req.placed_last = placed && !viewed;
     if let Some((c, node)) = claimed.zip(drv.fabric.remote_node(g.attr.dest_qp_num)) {
         node.settle(c, placed);
     }
-    if held {
-        host::release_bell(!placed);
-    }
+    placed
 }
 
 /// Whether the QP's request just sent (the one at `g.sq.next - 1`) is alone, as

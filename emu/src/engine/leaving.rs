@@ -24,8 +24,7 @@
 use std::sync::Arc;
 
 use super::{
-    Driver,
-    absent_peer::{self, Placing},
+    Driver, absent_peer,
     arriving::{Atomic, Message, Op},
     completer,
     express::{self, Src},
@@ -103,14 +102,7 @@ pub(crate) fn send(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, drv: &mut Driv
     // work, which takes it in as it comes, only through a view.
     let rang = host::rang_bell();
     if how.placing {
-        let at = claimed.and_then(|c| c.at);
-        let viewed = absent_peer::place_sent(qp, g, idx, drv, Placing::ThroughView, at);
-        let anyway = rang || claimed.is_some_and(|c| c.unattended());
-        let placed = viewed || anyway && absent_peer::place_sent(qp, g, idx, drv, Placing::Any, at);
-        g.req.placed_last = placed && !viewed;
-        if let Some(c) = claimed {
-            node.settle(c, placed);
-        }
+        absent_peer::place_alone(qp, g, idx, drv, claimed, rang);
     }
     if qp.qp_type == QpType::UC {
         // Unreliable: the WR is complete once its message is on the wire.
