@@ -88,8 +88,9 @@ fn ucx_perftest_runs_over_rc_and_ud_verbs_between_two_processes() {
 /// qperf in its default mode, which waits for completions on a completion channel and ends
 /// each test with SIGALRM (so a blocked ibv_get_cq_event must return EINTR): every test named
 /// completes and reports its figure (the `poll_lat` ones spin on the buffer for each other's
-/// WRITE to land, polling their CQs once a round). On RoCE (rxe) qperf connects through the CM (`-cm1`), as
-/// it must on rxe: its own exchange sets no GRH.
+/// WRITE to land, polling their CQs once a round; of 64 KiB too, a UC one several ring
+/// records). On RoCE (rxe) qperf connects through the CM (`-cm1`), as it must on rxe: its own
+/// exchange sets no GRH.
 #[test]
 fn qperf_event_mode_tests_all_complete() {
     let full = [
@@ -104,13 +105,19 @@ fn qperf_event_mode_tests_all_complete() {
         "rc_compare_swap_mr",
     ];
     let rxe = ["rc_lat", "rc_bw", "rc_rdma_read_bw"];
-    for (profile, cm, tests) in [("full", &[][..], &full[..]), ("rxe", &["-cm1"][..], &rxe[..])] {
+    let large = ["rc_rdma_write_poll_lat", "uc_rdma_write_poll_lat"];
+    let runs = [
+        ("full", &[][..], &full[..]),
+        ("full", &["-m", "64K"][..], &large[..]),
+        ("rxe", &["-cm1"][..], &rxe[..]),
+    ];
+    for (profile, opts, tests) in runs {
         let run = || {
             let port = &free_port();
             let fabric = Fabric::new("stacks");
             let mut s = program(&fabric, profile, "qperf", &["-lp", port]).spawn().unwrap();
             wait_listening(port);
-            let args = [&["127.0.0.1", "-lp", port, "-t", "1"][..], cm, tests].concat();
+            let args = [&["127.0.0.1", "-lp", port, "-t", "1"][..], opts, tests].concat();
             let client = program(&fabric, profile, "qperf", &args).spawn().unwrap();
             let done = finish(client, Duration::from_secs(120));
             let _ = s.kill();

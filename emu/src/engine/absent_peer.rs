@@ -15,7 +15,9 @@
 //! in several ring records) and everything after it wait for the peer to continue.
 //!
 //! A WRITE is also carried out as it is sent when the peer's reader looks absent
-//! ([`send_placing`]): a UC QP waits for no answer that would make it look again.
+//! ([`send_placing`]): a UC QP waits for no answer that would make it look again. A UC WRITE
+//! of several ring records, which the peer could not take in before its reader woke, is
+//! carried out instead of being sent where that reader naps ([`carry_out_ahead`]).
 
 use std::{
     sync::Arc,
@@ -135,6 +137,44 @@ pub(crate) fn carry_out_unsent(
     true
 }
 
+/// Carries out the UC WRITE at `idx`, the next to send, without sending it, if it would go
+/// in several ring records, does not follow the QP's previous one closely (a stream's are
+/// left to the peer's reader, whose copies run beside ours), and nothing we sent the peer
+/// before is still to be taken in there (see `host::AbsentPeer::carry_out_ahead`): its bytes
+/// placed in the peer's memory through our view of it or by system calls, checked as the
+/// peer's responder would check them, and complete. Whether it did (if not, nothing changed).
+/// Records of several pieces are only the peer's reader's to take in, however long it naps:
+/// an application spinning on its memory for the WRITE to land (qperf's
+/// `uc_rdma_write_poll_lat`) waited for the end of its reader's nap. The peer's responder
+/// hears nothing of it: a UC responder takes whatever PSN comes next (IBA 9.8.3).
+pub(crate) fn carry_out_ahead(
+    qp: &Arc<QpShared>,
+    g: &mut QpInner,
+    idx: u32,
+    drv: &mut Driver<'_>,
+) -> bool {
+    let w = g.sq.ring.at(idx);
+    let Some(node) = drv.fabric.remote_node(g.attr.dest_qp_num) else { return false };
+    if w.opcode != WrOpcode::RDMA_WRITE || node.whole(w.length as usize) || !drv.fabric.express() {
+        return false;
+    }
+    if g.req.wrote_at.is_some_and(|t| t.elapsed() < PLACE_GAP) {
+        return false;
+    }
+    let Some(peer) = absent_peer(g, drv, true) else { return false };
+    if carried(qp, g, w, |req| peer.carry_out_ahead(req)).is_none() {
+        return false;
+    }
+    g.req.wrote_at = Some(Instant::now());
+    let (psn, npkts) = (g.req.psn, packets_for(w.length, g.mtu));
+    let w = g.sq.ring.at_mut(idx);
+    (w.first_psn, w.last_psn) = (psn, psn_add(psn, npkts - 1));
+    g.sq.next = idx.wrapping_add(1);
+    g.req.psn = psn_add(psn, npkts);
+    completer::complete_ok(qp, g);
+    true
+}
+
 /// Tells the peer of the requests carried out without being sent, if any: called before the
 /// next request is sent, which the note must precede (its responder takes them in order).
 pub(crate) fn note_unsent(qp: &QpShared, g: &mut QpInner, drv: &mut Driver<'_>) {
@@ -174,8 +214,24 @@ pub(crate) fn send_placing(
     pkt: Packet,
     drv: &mut Driver<'_>,
 ) {
+    let write = g.sq.ring.at(idx).opcode == WrOpcode::RDMA_WRITE;
+    send_placing_as(qp, g, idx, pkt, drv, write);
+    if write && qp.qp_type == QpType::UC {
+        g.req.wrote_at = Some(Instant::now());
+    }
+}
+
+/// [`send_placing`] of a WRITE (`write`) or another request.
+fn send_placing_as(
+    qp: &Arc<QpShared>,
+    g: &mut QpInner,
+    idx: u32,
+    pkt: Packet,
+    drv: &mut Driver<'_>,
+    write: bool,
+) {
     let run = std::mem::take(&mut g.req.placed_last);
-    let alone = placing(qp, g, true) && g.sq.ring.at(idx).opcode == WrOpcode::RDMA_WRITE;
+    let alone = placing(qp, g, true) && write;
     if !run && !alone {
         drv.send(&mut g.route, pkt);
         host::rang_bell();

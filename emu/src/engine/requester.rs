@@ -57,6 +57,10 @@ pub(crate) struct Requester {
     /// `absent_peer::send_placing`).
     pub(crate) placed_at: Option<std::time::Instant>,
     pub(crate) placed_last: bool,
+    /// When the QP's last UC WRITE through the packet path left, or was carried out ahead (see
+    /// `absent_peer::carry_out_ahead`): one that follows it closer than `PLACE_GAP` is part
+    /// of a stream.
+    pub(crate) wrote_at: Option<std::time::Instant>,
 }
 
 impl Requester {
@@ -470,6 +474,12 @@ pub(crate) fn run(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>) -> 
         }
         if g.lane_across && super::leaving::send(qp, g, idx, drv) {
             sent = true;
+            continue;
+        }
+        if g.lane_across
+            && qp.qp_type == QpType::UC
+            && super::absent_peer::carry_out_ahead(qp, g, idx, drv)
+        {
             continue;
         }
         match build(qp, g, idx) {

@@ -512,6 +512,21 @@ impl Ring {
         self.claim_from(&mut from, true, wanted)
     }
 
+    /// Writer: whether every record written is freed or placed: no request of ours is still
+    /// to be taken in from the ring.
+    pub(crate) fn all_settled(&self) -> bool {
+        let end = self.write_to.load(Ordering::Relaxed);
+        let mut pos = self.unsettled();
+        while pos != end {
+            let Some((at, len, used)) = self.record_at(pos, end) else { return false };
+            if len.is_some() && self.state(at).load(Ordering::Acquire) != PLACED {
+                return false;
+            }
+            pos += used as u64;
+        }
+        true
+    }
+
     fn claim_from(
         &self,
         from: &mut u64,
