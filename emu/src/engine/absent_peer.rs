@@ -16,7 +16,7 @@
 //!
 //! A WRITE is also carried out as it is sent when the peer's reader looks absent
 //! ([`send_placing`]): a UC QP waits for no answer that would make it look again. A UC WRITE
-//! of several ring records, which the peer could not take in before its reader woke, is
+//! too long to be sent whole, which the peer could not take in before its reader woke, is
 //! carried out instead of being sent where that reader naps ([`carry_out_ahead`]).
 
 use std::{
@@ -137,16 +137,17 @@ pub(crate) fn carry_out_unsent(
     true
 }
 
-/// Carries out the UC WRITE at `idx`, the next to send, without sending it, if it would go
-/// in several ring records, does not follow the QP's previous one closely (a stream's are
-/// left to the peer's reader, whose copies run beside ours), and nothing we sent the peer
+/// Carries out the UC WRITE at `idx`, the next to send, without sending it, if it is too long
+/// to be sent whole (see `host::Node::whole`: it would go through the ring as fragments, in
+/// several records from 60 KiB on), does not follow the QP's previous one closely (a stream's
+/// are left to the peer's reader, whose copies run beside ours), and nothing we sent the peer
 /// before is still to be taken in there (see `host::AbsentPeer::carry_out_ahead`): its bytes
 /// placed in the peer's memory through our view of it or by system calls, checked as the
 /// peer's responder would check them, and complete. Whether it did (if not, nothing changed).
-/// Records of several pieces are only the peer's reader's to take in, however long it naps:
-/// an application spinning on its memory for the WRITE to land (qperf's
-/// `uc_rdma_write_poll_lat`) waited for the end of its reader's nap. The peer's responder
-/// hears nothing of it: a UC responder takes whatever PSN comes next (IBA 9.8.3).
+/// Fragments are only the peer's reader's to take in, however long it naps: an application
+/// spinning on its memory for the WRITE to land (qperf's `uc_rdma_write_poll_lat`) waited for
+/// the end of its reader's nap. The peer's responder hears nothing of it: a UC responder
+/// takes whatever PSN comes next (IBA 9.8.3).
 pub(crate) fn carry_out_ahead(
     qp: &Arc<QpShared>,
     g: &mut QpInner,
