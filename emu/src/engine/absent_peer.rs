@@ -17,7 +17,7 @@
 //! A WRITE is also carried out as it is sent when the peer's reader looks absent
 //! ([`send_placing`]): a UC QP waits for no answer that would make it look again. A UC WRITE
 //! too long to be sent whole, which the peer could not take in before its reader woke, is
-//! carried out instead of being sent where that reader naps ([`carry_out_ahead`]).
+//! carried out instead of being sent where that reader is not at work ([`carry_out_ahead`]).
 
 use std::{
     sync::Arc,
@@ -144,9 +144,10 @@ pub(crate) fn carry_out_unsent(
 /// before is still to be taken in there (see `host::AbsentPeer::carry_out_ahead`): its bytes
 /// placed in the peer's memory through our view of it or by system calls, checked as the
 /// peer's responder would check them, and complete. Whether it did (if not, nothing changed).
-/// Fragments are only the peer's reader's to take in, however long it naps: an application
-/// spinning on its memory for the WRITE to land (qperf's `uc_rdma_write_poll_lat`) waited for
-/// the end of its reader's nap. The peer's responder hears nothing of it: a UC responder
+/// Fragments are only the peer's reader's to take in: an application spinning on its memory
+/// for the WRITE to land (qperf's `uc_rdma_write_poll_lat`, perftest's `ib_write_lat -c UC`)
+/// waited for the end of its reader's nap, or for its woken reader to get the core it spins
+/// on (~1 ms). The peer's responder hears nothing of it: a UC responder
 /// takes whatever PSN comes next (IBA 9.8.3).
 pub(crate) fn carry_out_ahead(
     qp: &Arc<QpShared>,
