@@ -2062,6 +2062,11 @@ struct Batch<'a> {
     /// The node's reader only: the other QPs it delivered to since it last gave their biases
     /// back (see `give_back_biases`), at most [`PASSED`], kept in [`Rx::passed`].
     passed: Vec<std::sync::Weak<crate::qp::QpShared>>,
+    /// The records of packets waiting for the batch's delivery that nothing else keeps: not
+    /// freed until those are delivered, so that their writer finds them unsettled
+    /// (`Ring::all_settled`, `Ring::claim_oldest`) and carries nothing of the same QP out
+    /// ahead of them (a UC WRITE landing before the SEND posted ahead of it completed).
+    kept: Vec<Record>,
 }
 
 /// How many QPs besides the last one the reader gives the biases back of, per round.
@@ -2102,7 +2107,7 @@ impl<'a> Batch<'a> {
     }
 
     /// Takes one datagram or ring record in.
-    fn take(&mut self, fabric: &'a FabricInner, partial: &mut Partials, a: Arrived<'_>) {
+    fn take<'r>(&mut self, fabric: &'a FabricInner, partial: &mut Partials, a: Arrived<'r>) {
         self.took = true;
         let d = a.bytes();
         let Some(h) = FrameHead::parse(d) else { return self.dropped(Refused::Malformed) };
@@ -2167,10 +2172,16 @@ impl<'a> Batch<'a> {
         OwedAck::pay(&mut self.owed);
         // The packet is built here and moved once, into its QP's inbox.
         let mut pkt = Packet::new(Kind::Ack);
+        // The record the packet came whole from (or ended in) that neither it nor its payload
+        // keeps: freed once the packet is delivered (see `Batch::kept`).
+        let mut rest = None;
         let got = match a {
             Arrived::Record(rec, src) if !h.whole() => {
                 match land(fabric, partial, src, h, &rec, &to) {
-                    Some(got) => got.map(|p| p.map(|p| pkt = p).is_some()),
+                    Some(got) => {
+                        rest = Some(rec);
+                        got.map(|p| p.map(|p| pkt = p).is_some())
+                    }
                     // A message its ring can hold whole stays there until placed.
                     None if h.total <= rec.ring().max_held_message() => {
                         match hold(partial, src, h, rec) {
@@ -2178,10 +2189,13 @@ impl<'a> Batch<'a> {
                             other => other.map(|_| false),
                         }
                     }
-                    None => self.decode(fabric, partial, Arrived::Record(rec, src), &to, &mut pkt),
+                    None => {
+                        let a = Arrived::Record(rec, src);
+                        self.decode(fabric, partial, a, &to, &mut pkt, &mut rest)
+                    }
                 }
             }
-            a => self.decode(fabric, partial, a, &to, &mut pkt),
+            a => self.decode(fabric, partial, a, &to, &mut pkt, &mut rest),
         };
         match got {
             Ok(true) if wire::payload_fits(&pkt) => {}
@@ -2189,30 +2203,36 @@ impl<'a> Batch<'a> {
             Ok(false) => return,
             Err(why) => return self.dropped(why),
         }
-        self.hand_over(fabric, pkt, to);
+        if self.hand_over(fabric, pkt, to)
+            && let Some(rec) = rest
+        {
+            self.kept.push(rec.keep());
+        }
     }
 
     /// Hands the packet `pkt`, taken in, to its QP (`to`, if the frame named it) or to those
-    /// it is for.
+    /// it is for. Whether it waits for the batch's delivery (`deliver`).
     fn hand_over(
         &mut self,
         fabric: &'a FabricInner,
         pkt: Packet,
         to: Option<Arc<crate::qp::QpShared>>,
-    ) {
+    ) -> bool {
         if pkt.dst_qpn == engine::requester::MULTICAST_QPN {
-            return self.multicast.push(pkt);
+            self.multicast.push(pkt);
+            return true;
         }
         if pkt.kind == Kind::XrcDeliver {
-            return self.xrc.push(pkt);
+            self.xrc.push(pkt);
+            return true;
         }
         if !fabric.port_up(pkt.dst_dev, pkt.dst_port) {
-            return;
+            return false;
         }
         // The QP looked up by the frame's destination, if the packet names it on its device.
         let named =
             |q: &Arc<crate::qp::QpShared>| q.qpn == pkt.dst_qpn && q.device_index() == pkt.dst_dev;
-        let Some(qp) = to.filter(named) else { return };
+        let Some(qp) = to.filter(named) else { return false };
         // A QP nobody is servicing takes its packet at once: one that waits for nothing
         // before it is handled without going through the inbox; the others go behind theirs.
         if let Some(mut g) = qp.inner.try_lock() {
@@ -2223,25 +2243,27 @@ impl<'a> Batch<'a> {
                 qp.inbox.push(pkt);
                 drv.service(&qp, &mut g);
             }
-            return;
+            return false;
         }
         qp.inbox.push(pkt);
         if !self.ready.iter().any(|q| Arc::ptr_eq(q, &qp)) {
             self.ready.push(qp);
         }
+        true
     }
 
     /// Whether a datagram or record completes a packet, which is then decoded into `pkt` (a
     /// fresh `Packet::new`: built where it is used, not moved there); a control message is
     /// carried out here, for our QP `to` if it names one.
     #[inline(always)]
-    fn decode(
+    fn decode<'r>(
         &mut self,
         fabric: &'a FabricInner,
         partial: &mut Partials,
-        a: Arrived<'_>,
+        a: Arrived<'r>,
         to: &Option<Arc<crate::qp::QpShared>>,
         pkt: &mut Packet,
+        rest: &mut Option<Read<'r>>,
     ) -> Result<bool, Refused> {
         let (lend, in_place) = {
             let Some(msg) = reassemble(partial, a.source(), a.bytes())? else { return Ok(false) };
@@ -2291,6 +2313,8 @@ impl<'a> Batch<'a> {
                 pkt.ticket = Some(ticket);
             } else if let Some(range) = lend {
                 pkt.payload = Payload::Bytes(Bytes::Lent(rec.lend(range)));
+            } else {
+                *rest = Some(rec);
             }
         }
         Ok(true)
@@ -2331,6 +2355,7 @@ impl<'a> Batch<'a> {
         if let Some(drv) = self.drv.take() {
             drv.finish();
         }
+        self.kept.clear();
     }
 }
 
@@ -3701,6 +3726,24 @@ mod test {
         talk_and_part((a, fa), (b, fb), &dir);
     }
 
+    /// A UC end on `f` whose MR of `len` bytes takes WRITEs.
+    fn uc_end(f: &Fabric, len: usize) -> End {
+        let ctx = f.devices()[0].open().unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(16, None, 0).unwrap();
+        let access = crate::AccessFlags::LOCAL_WRITE | crate::AccessFlags::REMOTE_WRITE;
+        let mr = pd.reg_mr(len, access).unwrap();
+        let cap = crate::QpCap {
+            max_send_wr: 4,
+            max_recv_wr: 4,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let qp = pd.create_qp(&crate::QpInitAttr::new(crate::QpType::UC, &cq, cap)).unwrap();
+        End { qp, mr, cq }
+    }
+
     /// A UC WRITE of several ring records (qperf's `uc_rdma_write_poll_lat` and perftest's
     /// `ib_write_lat -c UC` of 64 KiB) sent to a peer whose reader is asleep, or naps on its
     /// application's looks, lands as it is posted, no thread of the peer taking anything in:
@@ -3713,23 +3756,7 @@ mod test {
         let (dir, mut cfg) = host_dir("ahead");
         cfg.share_mr = false;
         let (fa, fb) = (Fabric::new(cfg.clone()), Fabric::new(cfg));
-        let end = |f: &Fabric| {
-            let ctx = f.devices()[0].open().unwrap();
-            let pd = ctx.alloc_pd().unwrap();
-            let cq = ctx.create_cq(16, None, 0).unwrap();
-            let access = crate::AccessFlags::LOCAL_WRITE | crate::AccessFlags::REMOTE_WRITE;
-            let mr = pd.reg_mr(LEN, access).unwrap();
-            let cap = crate::QpCap {
-                max_send_wr: 4,
-                max_recv_wr: 4,
-                max_send_sge: 1,
-                max_recv_sge: 1,
-                max_inline_data: 0,
-            };
-            let qp = pd.create_qp(&crate::QpInitAttr::new(crate::QpType::UC, &cq, cap)).unwrap();
-            End { qp, mr, cq }
-        };
-        let (a, b) = (end(&fa), end(&fb));
+        let (a, b) = (uc_end(&fa, LEN), uc_end(&fb, LEN));
         connected(&a, &b);
         a.send(&b, 1);
         b.send(&a, 2);
@@ -3763,6 +3790,67 @@ mod test {
             r.arm();
         });
         drop(rx);
+        talk_and_part((a, fa), (b, fb), &dir);
+    }
+
+    /// A UC WRITE posted right after a SEND that the peer took in but has not delivered yet
+    /// (its QP busy: the SEND's packet waits for the batch's end) is not carried out ahead of
+    /// it: the SEND's record stays in the ring until delivered. An application that SENDs and
+    /// then WRITEs a flag finds the SEND's completion once it sees the flag.
+    #[test]
+    fn test_a_uc_write_is_not_carried_out_ahead_of_a_send_taken_in_but_not_delivered() {
+        const LEN: usize = 100 * 1024;
+        let (dir, mut cfg) = host_dir("behind-send");
+        cfg.share_mr = false;
+        let (fa, fb) = (Fabric::new(cfg.clone()), Fabric::new(cfg));
+        let (a, b) = (uc_end(&fa, LEN), uc_end(&fb, LEN));
+        connected(&a, &b);
+        a.send(&b, 1);
+        b.send(&a, 2);
+        let inbound = inbound_of(&fb);
+        // B's reader takes nothing in; its rings are napped on, as the reader does.
+        let held = reader_held_asleep(inbound);
+        inbound.rx.lock().rings.iter().for_each(|(_, r)| assert!(!r.delegate(), "nothing waits"));
+        b.qp.post_recv(&RecvWr { wr_id: 3, sg_list: &b.word() }).unwrap();
+        a.qp.post_send(&SendWr::send(3, &a.word()).signaled()).unwrap();
+        let bytes: Vec<u8> = (0..LEN).map(|i| (i * 13 + i / 509) as u8).collect();
+        std::thread::scope(|s| {
+            // B's QP is busy: a look takes the SEND in and waits to deliver it.
+            let busy = b.qp.0.inner.lock();
+            let look = s.spawn(|| receive(inbound, &mut inbound.rx.lock(), &fb.0, false));
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while b.qp.0.inbox.is_empty() {
+                assert!(Instant::now() < deadline, "the SEND was never taken in");
+                std::thread::yield_now();
+            }
+            std::thread::sleep(Duration::from_millis(1));
+            a.mr.write(0, &bytes).unwrap();
+            let from = [Sge { addr: a.mr.addr(), length: LEN as u32, lkey: a.mr.lkey() }];
+            let wr = SendWr::write(4, &from, b.mr.addr(), b.mr.rkey()).signaled();
+            a.qp.post_send(&wr).unwrap();
+            let mut got = vec![0u8; LEN];
+            b.mr.read(0, &mut got).unwrap();
+            assert!(got != bytes, "the WRITE landed before the SEND was delivered");
+            drop(busy);
+            assert!(look.join().unwrap());
+        });
+        let wc = b.next();
+        assert_eq!((wc.wr_id, wc.status, wc.opcode), (3, WcStatus::SUCCESS, crate::WcOpcode::RECV));
+        drop(held);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut got = vec![0u8; LEN];
+        while {
+            b.mr.read(0, &mut got).unwrap();
+            got != bytes
+        } {
+            assert!(Instant::now() < deadline, "the WRITE never landed");
+            assert!(b.cq.poll_one().is_none());
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        for id in [3, 4] {
+            let wc = a.next();
+            assert_eq!((wc.wr_id, wc.status), (id, WcStatus::SUCCESS));
+        }
         talk_and_part((a, fa), (b, fb), &dir);
     }
 
