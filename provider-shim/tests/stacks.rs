@@ -143,31 +143,54 @@ fn qperf_event_mode_tests_all_complete() {
     }
 }
 
-/// Compiles `tests/mpi/verify.c` with Debian's `mpicc` (libopenmpi-dev).
-fn mpi_verify_program() -> std::path::PathBuf {
+/// An MPI implementation of Debian's: its compiler wrapper and its package.
+#[derive(Clone, Copy)]
+enum Mpi {
+    OpenMpi,
+    Mpich,
+}
+
+impl Mpi {
+    /// Its `mpicc` (each implementation's own name: `mpicc` is whichever the alternatives
+    /// pick).
+    fn cc(self) -> (&'static str, &'static str) {
+        match self {
+            Mpi::OpenMpi => ("mpicc.openmpi", "libopenmpi-dev"),
+            Mpi::Mpich => ("mpicc.mpich", "libmpich-dev"),
+        }
+    }
+}
+
+/// Compiles `tests/mpi/verify.c` with `mpi`'s `mpicc`.
+fn mpi_verify_program(mpi: Mpi) -> std::path::PathBuf {
     // Built once per run of these tests, which run in parallel: built again under a test
     // already starting it, the program was missing for a moment and mpirun could not start it.
-    static EXE: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
-    EXE.get_or_init(|| {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-        let out_dir = common::profile_dir().join("c-tests");
-        std::fs::create_dir_all(&out_dir).unwrap();
-        let (exe, built) = (
-            out_dir.join("mpi-verify"),
-            out_dir.join(format!("mpi-verify.{}", std::process::id())),
-        );
-        let cc = Command::new("mpicc")
-            .args(["-std=gnu11", "-O1", "-Wall", "-Werror", "-o"])
-            .arg(&built)
-            .arg(dir.join("tests/mpi/verify.c"))
-            .output()
-            .expect("mpicc is missing: install Debian's libopenmpi-dev (./ci.sh does)");
-        assert!(cc.status.success(), "mpicc: {}", String::from_utf8_lossy(&cc.stderr));
-        // In place at once for whoever else runs it (another run of these tests, say).
-        std::fs::rename(&built, &exe).unwrap();
-        exe
-    })
-    .clone()
+    static EXE: [std::sync::OnceLock<std::path::PathBuf>; 2] =
+        [std::sync::OnceLock::new(), std::sync::OnceLock::new()];
+    EXE[mpi as usize]
+        .get_or_init(|| {
+            let (cc, package) = mpi.cc();
+            let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+            let out_dir = common::profile_dir().join("c-tests");
+            std::fs::create_dir_all(&out_dir).unwrap();
+            let (exe, built) = (
+                out_dir.join(format!("mpi-verify-{cc}")),
+                out_dir.join(format!("mpi-verify-{cc}.{}", std::process::id())),
+            );
+            let out = Command::new(cc)
+                .args(["-std=gnu11", "-O1", "-Wall", "-Werror", "-o"])
+                .arg(&built)
+                .arg(dir.join("tests/mpi/verify.c"))
+                .output()
+                .unwrap_or_else(|_| {
+                    panic!("{cc} is missing: install Debian's {package} (./ci.sh does)")
+                });
+            assert!(out.status.success(), "{cc}: {}", String::from_utf8_lossy(&out.stderr));
+            // In place at once for whoever else runs it (another run of these tests, say).
+            std::fs::rename(&built, &exe).unwrap();
+            exe
+        })
+        .clone()
 }
 
 /// How a run of the verifying MPI program ended, both ranks having verified their results.
@@ -197,7 +220,7 @@ enum MpiRun {
 /// with and without the changes of the day): told apart by that stack, after both ranks
 /// verified.
 fn mpirun_verified(profile: &str, mca: &[[&str; 2]], env: &[[&str; 2]]) -> MpiRun {
-    let exe = mpi_verify_program();
+    let exe = mpi_verify_program(Mpi::OpenMpi);
     let mut args = vec!["-np", "2", "--oversubscribe"];
     for [k, v] in mca {
         args.extend(["--mca", k, v]);
@@ -207,7 +230,7 @@ fn mpirun_verified(profile: &str, mca: &[[&str; 2]], env: &[[&str; 2]]) -> MpiRu
     }
     args.push(exe.to_str().unwrap());
     let fabric = Fabric::new("mpi");
-    let mut c = common::debian_program(&fabric, profile, "mpirun", &args, "openmpi-bin");
+    let mut c = common::debian_program(&fabric, profile, "mpirun.openmpi", &args, "openmpi-bin");
     // CI runs as root, which mpirun refuses unless told.
     c.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
     for [k, v] in env {
@@ -307,6 +330,32 @@ fn open_mpi_over_ucx_verbs_verifies_its_results() {
     assert_eq!(mpirun_verified("full", &mca, &[tls]), MpiRun::Exited);
     let gid = ["UCX_IB_GID_INDEX", "0"];
     assert_eq!(mpirun_verified("rxe", &mca, &[tls, gid]), MpiRun::Exited);
+}
+
+/// MPICH (Debian's is built on UCX, its `ch4:ucx` device) over UCX's verbs transports, RC
+/// with UD for its wire-up and UD alone, under both profiles (rxe with the link-local GID, as
+/// Open MPI above): the same verified program, both ranks exit.
+#[test]
+fn mpich_over_ucx_verbs_verifies_its_results() {
+    let exe = mpi_verify_program(Mpi::Mpich);
+    for (profile, tls) in [
+        ("full", "rc_verbs,ud_verbs,self"),
+        ("full", "ud_verbs,self"),
+        ("rxe", "rc_verbs,ud_verbs,self"),
+        ("rxe", "ud_verbs,self"),
+    ] {
+        let fabric = Fabric::new("mpich");
+        let args = ["-n", "2", exe.to_str().unwrap()];
+        let mut c = common::debian_program(&fabric, profile, "mpirun.mpich", &args, "mpich");
+        c.env("UCX_TLS", tls).env("UCX_IB_GID_INDEX", "0");
+        let (ok, out) = finish(c.spawn().unwrap(), Duration::from_secs(60));
+        // Hydra went with the guard; its ranks, their own processes, may not have.
+        kill_processes_on(&fabric);
+        for rank in 0..2 {
+            assert!(out.contains(&format!("rank {rank} of 2 verified")), "{profile} {tls}: {out}");
+        }
+        assert!(ok, "{profile} {tls}: {out}");
+    }
 }
 
 /// Open MPI's own verbs transport (the openib BTL, its UD connection manager): thirty runs,
