@@ -117,9 +117,9 @@ impl PeerProcess {
         self.views.lock().retain(|v| v.id() != id);
     }
 
-    /// The view of its shared memory named `id`, if it holds `addr..addr+len`.
-    pub(crate) fn view(&self, id: u32, addr: u64, len: usize) -> Option<Arc<SharedView>> {
-        self.views.lock().iter().find(|v| v.id() == id && v.covers(addr, len)).cloned()
+    /// The view of its shared memory named `id`, if we have one.
+    pub(crate) fn view(&self, id: u32) -> Option<Arc<SharedView>> {
+        self.views.lock().iter().find(|v| v.id() == id).cloned()
     }
 
     /// How many views of its memory are kept (for tests).
@@ -161,20 +161,69 @@ impl PeerProcess {
         self.pull(addr, word.as_mut_ptr(), 8).is_ok() && u64::from_ne_bytes(word) == expect
     }
 
-    /// Copies the bytes at `addr` in the process into `dst`.
-    pub(crate) fn read_into(&self, addr: u64, dst: &mut [u8]) -> Result<(), MemFault> {
-        self.pull(addr, dst.as_mut_ptr(), dst.len())
+    /// Copies the bytes at `addr` in the process into `dst`: through `view`, our view of its
+    /// shared memory, for the part the view holds.
+    pub(crate) fn read_into(
+        &self,
+        view: Option<&SharedView>,
+        addr: u64,
+        dst: &mut [u8],
+    ) -> Result<(), MemFault> {
+        self.copy_from(view, addr, dst.as_mut_ptr(), dst.len(), false)
+    }
+
+    /// Copies the `len` bytes at `addr` of the process to `dst`, valid for writes of `len`
+    /// bytes (faults there failing the copy if `guarded`): what `view` (of its shared memory)
+    /// holds of them with one copy, the rest (the partial pages at the ends of an MR, whose
+    /// whole pages alone moved) by system calls.
+    fn copy_from(
+        &self,
+        view: Option<&SharedView>,
+        addr: u64,
+        dst: *mut u8,
+        len: usize,
+        guarded: bool,
+    ) -> Result<(), MemFault> {
+        let Some(view) = view else { return self.pull(addr, dst, len) };
+        let w = view.window(addr, len);
+        let Some(s) = view.at(w.start, (w.end - w.start) as usize).filter(|_| !w.is_empty()) else {
+            return self.pull(addr, dst, len);
+        };
+        let (head, mid) = ((w.start - addr) as usize, (w.end - w.start) as usize);
+        let pull = |at, d, n| if n == 0 { Ok(()) } else { self.pull(at, d, n) };
+        // Each piece lies in `dst` (`head + mid <= len`: the window lies in the range).
+        pull(addr, dst, head)?;
+        move_bytes(s, dst.wrapping_add(head), mid, guarded)?;
+        pull(w.end, dst.wrapping_add(head + mid), len - head - mid)
     }
 
     /// Writes our memory `src` (ranges of `(address, length)`, in order) to `addr` onward in
-    /// the process through our view of its shared memory named `shared`, if we have one that
-    /// holds them all and may write it; whether it did. (`src` is registered memory of ours,
-    /// or bytes we hold: it is read as the emulator reads its MRs anywhere.)
-    pub(crate) fn write_through_view(&self, shared: u32, addr: u64, src: &[(u64, usize)]) -> bool {
-        let len = src.iter().map(|&(_, n)| n).sum();
-        let Some(view) = self.view(shared, addr, len) else { return false };
+    /// the process through our view of its shared memory named `shared`, if we have one we may
+    /// write that holds them all, or, `with_edges`, that holds any: the bytes before and after
+    /// it are then written by system calls, in address order (an application may watch the
+    /// last byte). Whether it did. (`src` is registered memory of ours, or bytes we hold: it
+    /// is read as the emulator reads its MRs anywhere.)
+    pub(crate) fn write_through_view(
+        &self,
+        shared: u32,
+        addr: u64,
+        src: &[(u64, usize)],
+        with_edges: bool,
+    ) -> bool {
+        let len = src.iter().map(|&(_, n)| n).sum::<usize>();
+        let Some(view) = self.view(shared).filter(|v| v.writable()) else { return false };
+        let end = addr.saturating_add(len as u64);
+        let w = view.window(addr, len);
+        let whole = w == (addr..end);
+        if w.is_empty() || !(whole || with_edges) {
+            return false;
+        }
+        let edge = |part| {
+            crate::shared_mem::landing_in(src, addr, part)
+                .all(|(to, from, n)| self.push(to, &[(from, n)]).is_ok())
+        };
         // SAFETY: `src` is readable memory of ours (see above).
-        unsafe { view.write(addr, src) }
+        edge(addr..w.start) && unsafe { view.write_part(addr, src, w.clone()) } && edge(w.end..end)
     }
 
     /// Writes our memory `src` (ranges of `(address, length)`, in order) to `addr` onward in
@@ -247,9 +296,7 @@ impl PeerRange {
     fn view(&self) -> Option<std::borrow::Cow<'_, Arc<SharedView>>> {
         match &self.view {
             Some(v) => Some(std::borrow::Cow::Borrowed(v)),
-            None if self.shared != 0 => {
-                self.from.view(self.shared, self.addr, self.len).map(std::borrow::Cow::Owned)
-            }
+            None if self.shared != 0 => self.from.view(self.shared).map(std::borrow::Cow::Owned),
             None => None,
         }
     }
@@ -259,12 +306,13 @@ impl PeerRange {
         if off.checked_add(dst.len()).is_none_or(|end| end > self.len) {
             return Err(MemFault::OutOfBounds);
         }
-        if let Some(v) = self.view().as_deref()
-            && v.read(self.addr.wrapping_add(off as u64), dst)
-        {
-            return Ok(());
-        }
-        self.from.pull(self.addr.wrapping_add(off as u64), dst.as_mut_ptr(), dst.len())
+        let addr = self.addr.wrapping_add(off as u64);
+        self.copy_out(addr, dst.as_mut_ptr(), dst.len(), false)
+    }
+
+    /// [`PeerProcess::copy_from`] its process, through its shared memory mapped here if it is.
+    fn copy_out(&self, addr: u64, dst: *mut u8, len: usize, guarded: bool) -> Result<(), MemFault> {
+        self.from.copy_from(self.view().as_deref().map(|v| &**v), addr, dst, len, guarded)
     }
 }
 
@@ -424,6 +472,16 @@ impl MemRegion {
         s.covers(self.host_addr().checked_add(off as u64)?, len).then_some(s)
     }
 
+    /// The shared memory that holds any of bytes `off..off+len` of the region (its whole
+    /// pages, where the region's ends are not on page boundaries).
+    pub(crate) fn shared_in(&self, off: usize, len: usize) -> Option<&Arc<SharedMem>> {
+        let s = self.shared.as_ref()?;
+        let (base, n) = s.range();
+        let lo = self.host_addr().checked_add(off as u64)?;
+        let hi = lo.checked_add(len as u64)?;
+        (lo < base + n as u64 && base < hi).then_some(s)
+    }
+
     fn check(&self, off: usize, len: usize) -> Result<*mut u8, MemFault> {
         match off.checked_add(len) {
             Some(end) if end <= self.len && self.base.is_null() => {
@@ -482,15 +540,9 @@ impl MemRegion {
             return Err(MemFault::OutOfBounds);
         }
         let addr = src.addr.wrapping_add(src_off as u64);
-        if let Some(view) = src.view()
-            && let Some(s) = view.at(addr, len)
-        {
-            // A view's bytes are always there while it lives (see `SharedView`); `check`
-            // proved d..d+len lies in the region.
-            return move_bytes(s, d, len, self.guarded);
-        }
-        // `check` proved d..d+len lies in the region, valid for writes.
-        src.from.pull(addr, d, len)
+        // A view's bytes are always there while it lives (see `SharedView`); `check` proved
+        // d..d+len lies in the region, valid for writes.
+        src.copy_out(addr, d, len, self.guarded)
     }
 
     /// Copies `len` bytes from `src` at `src_off` to `dst` at `dst_off`. The two regions may

@@ -14,7 +14,10 @@
 //! where `process_vm_writev` costs ~2.4 us here (and a look at whether we exited ~0.3): the
 //! view is writable, which shows the peer no more than those calls would (it is passed only to
 //! a peer that proved it may read our memory, and the kernel's check for reading another
-//! process's memory is the one for writing it). When the last MR over
+//! process's memory is the one for writing it). A range that runs past the moved pages (the
+//! partial pages at the ends of an MR not on page boundaries, as `malloc` hands them out) is
+//! copied through the view for the part it holds and by system calls for the rest, in address
+//! order. When the last MR over
 //! the pages is deregistered they move back into private memory the same way, and a child
 //! made by `fork` gets private copies of them at once: what the application sees after fork
 //! is what private memory gives it (the kernel copies pinned pages to the child too).
@@ -189,6 +192,22 @@ impl SharedMem {
             peer.retired(self.id);
         }
     }
+}
+
+/// The pieces of `src` (pieces of memory, in order, written to `addr` onwards) whose bytes
+/// land in `part`: where each lands, where it is read from, how many bytes.
+pub(crate) fn landing_in(
+    src: &[(u64, usize)],
+    addr: u64,
+    part: std::ops::Range<u64>,
+) -> impl Iterator<Item = (u64, u64, usize)> + '_ {
+    let mut at = addr;
+    src.iter().filter_map(move |&(from, n)| {
+        let (start, end) = (at, at.saturating_add(n as u64));
+        at = end;
+        let (lo, hi) = (start.max(part.start), end.min(part.end));
+        (lo < hi).then(|| (lo, from + (lo - start), (hi - lo) as usize))
+    })
 }
 
 /// Someone the file of a [`SharedMem`] was passed to, told when it is no longer used.
@@ -534,23 +553,51 @@ impl SharedView {
     ///
     /// # Safety
     /// Each piece of `src` is readable memory of this process.
+    #[cfg(test)]
     pub(crate) unsafe fn write(&self, addr: u64, src: &[(u64, usize)]) -> bool {
         let total = src.iter().map(|&(_, n)| n).sum::<usize>();
-        if !self.writable || !self.covers(addr, total) {
+        // SAFETY: the caller's promise.
+        unsafe { self.write_part(addr, src, addr..addr.saturating_add(total as u64)) }
+    }
+
+    /// As [`SharedView::write`], only the bytes that land in `part` of its process (their
+    /// destination, `src` being written to `addr` onwards); `false` (nothing written) if the
+    /// view is read-only or does not hold `part`.
+    ///
+    /// # Safety
+    /// Each piece of `src` is readable memory of this process.
+    pub(crate) unsafe fn write_part(
+        &self,
+        addr: u64,
+        src: &[(u64, usize)],
+        part: std::ops::Range<u64>,
+    ) -> bool {
+        if !self.writable || !self.covers(part.start, (part.end - part.start) as usize) {
             return false;
         }
         #[cfg(test)]
         self.writes.fetch_add(1, Ordering::Relaxed);
-        let mut off = (addr - self.base) as usize;
-        for &(from, n) in src {
+        for (to, from, n) in landing_in(src, addr, part) {
             let from = std::ptr::with_exposed_provenance::<u8>(from as usize);
-            // SAFETY: `off..off+n` lies in the writable mapping (all of `src` does: checked
-            // above); `from` is readable for `n` bytes (the caller's promise) and is our
-            // memory, not a mapping of another process's file.
-            unsafe { std::ptr::copy_nonoverlapping(from, self.at.add(off), n) };
-            off += n;
+            // SAFETY: `to..to+n` lies in `part`, in the writable mapping (checked above);
+            // `from` is readable for `n` bytes (the caller's promise) and is our memory, not a
+            // mapping of another process's file.
+            unsafe {
+                std::ptr::copy_nonoverlapping(from, self.at.add((to - self.base) as usize), n)
+            };
         }
         true
+    }
+
+    /// The part of `addr..addr+len` of its process that it holds (empty if none).
+    pub(crate) fn window(&self, addr: u64, len: usize) -> std::ops::Range<u64> {
+        let lo = addr.max(self.base);
+        let hi = addr.saturating_add(len as u64).min(self.base + self.len as u64);
+        lo..hi.max(lo)
+    }
+
+    pub(crate) fn writable(&self) -> bool {
+        self.writable
     }
 
     #[cfg(test)]
@@ -579,6 +626,7 @@ impl SharedView {
     }
 
     /// Copies the bytes at `addr` of its process into `dst`; `false` if they are not in it.
+    #[cfg(test)]
     pub(crate) fn read(&self, addr: u64, dst: &mut [u8]) -> bool {
         let Some(src) = self.at(addr, dst.len()) else { return false };
         // SAFETY: `src` is valid for reads of `dst.len()` bytes (see `at`); `dst` is ours and
@@ -661,6 +709,50 @@ mod test {
         assert_eq!(buf[5000], 0xee);
         // The view still reads the file (a NIC still reads the pages it pinned).
         assert!(view.read(p as u64 + 5000, &mut got[..1]));
+        // SAFETY: our mapping.
+        unsafe { libc::munmap(p.cast(), n + 8192) };
+    }
+
+    /// An MR whose ends are not on page boundaries has only its whole pages moved: a peer
+    /// with a view of them writes and reads a range that runs past them through the view for
+    /// the part it holds and by system calls for the partial pages, every byte where it
+    /// belongs; only where the caller allows system calls for the ends.
+    #[test]
+    fn test_a_range_past_the_moved_pages_goes_through_the_view_and_system_calls() {
+        let n = 16 * 1024;
+        let p = anon(n + 8192);
+        // SAFETY: `p` is ours, `n + 8192` bytes.
+        let buf = unsafe { std::slice::from_raw_parts_mut(p, n + 8192) };
+        buf.fill(0);
+        let lease = adopt(p as u64 + 100, n + 8000).expect("private memory moves");
+        let m = lease.shared().clone();
+        assert_eq!(m.range(), (p as u64 + 4096, n));
+        let peer = crate::mem::PeerProcess::open(std::process::id()).unwrap();
+        peer.add_view(Arc::new(SharedView::open(m.fd(), m.id(), m.range().0, n).unwrap()));
+        // From the first MR byte's page to the last's, in three pieces.
+        let (at, len) = (p as u64 + 200, n + 7000);
+        let src: Vec<u8> = (0..len).map(|i| (i % 241) as u8 + 1).collect();
+        let cut = [(0, 3000), (3000, 4000), (7000, len - 7000)];
+        let pieces = cut.map(|(from, k)| (src.as_ptr() as u64 + from as u64, k));
+        assert!(!peer.write_through_view(m.id(), at, &pieces, false), "not without the ends");
+        assert!(buf.iter().all(|&b| b == 0), "nothing written");
+        assert!(peer.write_through_view(m.id(), at, &pieces, true));
+        assert_eq!(&buf[200..200 + len], &src[..]);
+        assert!(buf[..200].iter().chain(&buf[200 + len..]).all(|&b| b == 0), "nothing else");
+        assert_eq!(peer.view_writes(), 1);
+        // A range of the peer's memory read back the same way.
+        let range = crate::mem::PeerRange {
+            from: Arc::new(peer),
+            addr: at,
+            len,
+            shared: m.id(),
+            view: None,
+        };
+        let mut got = vec![0u8; len - 10];
+        range.read(10, &mut got).unwrap();
+        assert_eq!(&got[..], &src[10..]);
+        assert_eq!(range.from.view_copies(), 1, "the moved pages read through the view");
+        drop(lease);
         // SAFETY: our mapping.
         unsafe { libc::munmap(p.cast(), n + 8192) };
     }

@@ -429,7 +429,7 @@ fn place_gated(
         // Through our view of the memory if we have one; else (unless only a view would do)
         // by system calls, after which a view of memory the peer shares is worth asking for.
         Op::Write(src) => {
-            if shared != 0 && to.write_through_view(shared, host, src) {
+            if shared != 0 && to.write_through_view(shared, host, src, !views_only) {
                 return Placed::Yes;
             }
             if !views_only && to.push(host, src).is_err() {
@@ -441,9 +441,19 @@ fn place_gated(
                 _ => Placed::Unviewed(shared),
             };
         }
+        // Through our view of the memory for the part it holds; without one, a view of
+        // memory the peer shares is worth asking for.
         Op::Read(into, n) => {
             into.resize(n, 0);
-            to.read_into(host, into).is_ok()
+            let view = (shared != 0).then(|| to.view(shared)).flatten();
+            if to.read_into(view.as_deref(), host, into).is_err() {
+                return Placed::No;
+            }
+            return if shared != 0 && view.is_none() {
+                Placed::Unviewed(shared)
+            } else {
+                Placed::Yes
+            };
         }
     };
     if done { Placed::Yes } else { Placed::No }

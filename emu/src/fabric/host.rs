@@ -994,7 +994,7 @@ impl Node {
             && self.reliable(pkt.src_qpn);
         let msg = if pull {
             for m in pkt.payload.ranges() {
-                if let Some(shared) = m.region.shared_for(m.offset, m.len) {
+                if let Some(shared) = m.region.shared_in(m.offset, m.len) {
                     peer.offer_shared(shared);
                 }
             }
@@ -4172,27 +4172,38 @@ mod test {
     /// Large payloads from registered memory that moved into shared memory (see
     /// `crate::shared_mem`) are copied by the receiving node from its view of that memory,
     /// not pulled: a WRITE and a SEND from the requester's memory and a READ of the
-    /// responder's land byte for byte, through the views each node maps of the other's.
+    /// responder's land byte for byte, through the views each node maps of the other's. So
+    /// too from MRs whose ends are not on page boundaries (as `malloc` hands out), of which
+    /// only the whole pages moved: the partial pages at their ends are pulled.
     #[test]
-    #[allow(unsafe_code)] // application memory, registered as C registers it
     fn test_large_payloads_are_copied_from_the_peers_shared_memory() {
+        for off in [0, 100] {
+            payloads_copied_from_the_peers_shared_memory(off);
+        }
+    }
+
+    /// See `test_large_payloads_are_copied_from_the_peers_shared_memory`: MRs from `off`
+    /// bytes into a mapping to `off` bytes before its end.
+    #[allow(unsafe_code)] // application memory, registered as C registers it
+    fn payloads_copied_from_the_peers_shared_memory(off: usize) {
         const LEN: usize = 256 * 1024;
-        let (dir, (a, fa), (b, fb)) = talking("shared-mr", end_on);
+        let len = LEN - 2 * off;
+        let (dir, (a, fa), (b, fb)) = talking(&format!("shared-mr-{off}"), end_on);
         let raw = |e: &End, seed: u8| {
             let (rw, anon) =
                 (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS);
             // SAFETY: a fresh anonymous mapping, left mapped for the test's life.
             let p = unsafe { libc::mmap(std::ptr::null_mut(), LEN, rw, anon, -1, 0) }.cast::<u8>();
             assert_ne!(p.cast(), libc::MAP_FAILED);
-            // SAFETY: `p` is LEN bytes of ours.
-            let bytes = unsafe { std::slice::from_raw_parts_mut(p, LEN) };
+            // SAFETY: `p` is LEN bytes of ours; the MR's lie `off` bytes in.
+            let bytes = unsafe { std::slice::from_raw_parts_mut(p.add(off), len) };
             bytes.iter_mut().enumerate().for_each(|(i, b)| *b = (i % 253) as u8 ^ seed);
             // SAFETY: the mapping outlives the MR (never unmapped).
-            let mem = unsafe { crate::RawMemory::new(p, LEN) };
+            let mem = unsafe { crate::RawMemory::new(p.add(off), len) };
             let all = crate::AccessFlags::LOCAL_WRITE
                 | crate::AccessFlags::REMOTE_WRITE
                 | crate::AccessFlags::REMOTE_READ;
-            (e.mr.pd().reg_mr_raw(mem, p as u64, all).unwrap(), bytes)
+            (e.mr.pd().reg_mr_raw(mem, p as u64 + off as u64, all).unwrap(), bytes)
         };
         let ((ma, bytes_a), (mb, bytes_b)) = (raw(&a, 0x11), raw(&b, 0x22));
         let views = |f: &Fabric| {
@@ -4220,16 +4231,17 @@ mod test {
         assert_eq!(a.next().status, WcStatus::SUCCESS);
         // (B's bytes 8192..n are A's bytes 4096+8192.. as the WRITE put them.)
         assert!((0..n - 8192).all(|i| bytes_a[i] == expect(0x11, 4096 + 8192, i)), "the READ");
-        // A SEND of A's bytes 200_000.. into B's 131_072..
-        let m = LEN - 200_000;
+        // A SEND of A's bytes 180_000.. into B's 131_072.. (from 64 KiB on: pulled from memory
+        // only partly shared, see `Node::pulls`)
+        let m = len - 180_000;
         let into = [sge(&mb, 131_072, m)];
         b.qp.post_recv(&RecvWr { wr_id: 9, sg_list: &into }).unwrap();
-        let piece = [sge(&ma, 200_000, m)];
+        let piece = [sge(&ma, 180_000, m)];
         a.qp.post_send(&SendWr::send(9, &piece).signaled()).unwrap();
         assert_eq!(a.next().status, WcStatus::SUCCESS);
         let wc = b.next();
         assert_eq!((wc.wr_id, wc.status, wc.byte_len as usize), (9, WcStatus::SUCCESS, m));
-        assert!((0..m).all(|i| bytes_b[131_072 + i] == expect(0x11, 200_000, i)), "the SEND");
+        assert!((0..m).all(|i| bytes_b[131_072 + i] == expect(0x11, 180_000, i)), "the SEND");
         // Each node copied from its view of the other's memory.
         let copied = |f: &Fabric| {
             let rx = inbound_of(f).rx.lock();

@@ -384,7 +384,7 @@ impl<'a> Encoded<'a> {
         for m in ranges {
             // The shared memory the range lies in, if any (0: none), for a receiver that
             // maps it to copy from there (see `crate::shared_mem`).
-            let shared = m.region.shared_for(m.offset, m.len).map_or(0, |s| s.id());
+            let shared = m.region.shared_in(m.offset, m.len).map_or(0, |s| s.id());
             head.extend_from_slice(&(m.region.host_addr() + m.offset as u64).to_le_bytes());
             head.extend_from_slice(&(m.len as u64).to_le_bytes());
             head.extend_from_slice(&shared.to_le_bytes());
@@ -748,7 +748,7 @@ pub(crate) fn decode_head(
     if let Some((pid, ranges)) = pulled {
         let from = from.filter(|f| f.pid() == pid).ok_or(Refused::Pull)?;
         let ranges = ranges.into_iter().map(|(addr, len, shared)| {
-            let view = (shared != 0).then(|| from.view(shared, addr, len)).flatten();
+            let view = (shared != 0).then(|| from.view(shared)).flatten();
             PeerRange { from: from.clone(), addr, len, shared, view }
         });
         p.payload = Payload::Peer(ranges.collect());
