@@ -423,6 +423,37 @@ fn iperf3_runs_over_rsockets_through_librspreload() {
     assert!(mbytes >= 60.0, "the server received {mbytes} MB: {s_out}");
 }
 
+/// fio's rdma engine (Debian's fio) between two processes: its server takes the connection
+/// through the CM, its client RDMA-WRITEs, then RDMA-READs, 64 KiB blocks, 16 at a time, into
+/// and from the server's buffers (registered where `malloc` put them, not on page boundaries),
+/// both waiting on completion channels: every I/O completes, without error, on the full and rxe
+/// profiles. (fio's engine cannot check those bytes; the `send` verb fails with "RNR retry
+/// counter exceeded", as on the kernel's rxe: fio connects with an RNR retry count of 0 and
+/// leaves its server half a second to post its receives.)
+#[test]
+fn fio_rdma_engine_writes_and_reads_between_two_processes() {
+    for (verb, profile, port) in [("write", "full", 7750u16), ("read", "rxe", 7751)] {
+        let fabric = Fabric::new("fio");
+        let common = ["--ioengine=rdma", "--bs=64k", "--size=32m", "--iodepth=16"];
+        let port_arg = format!("--port={port}");
+        let verb_arg = format!("--verb={verb}");
+        let server = [&common[..], &[&port_arg, "--name=srv", "--rw=read"]].concat();
+        let client = [&common[..], &[&port_arg, "--name=cli", "--rw=write", &verb_arg]].concat();
+        let client = [&client[..], &["--hostname=127.0.0.1"]].concat();
+        common::rdmacm_lib();
+        let s = common::debian_program(&fabric, profile, "fio", &server, "fio").spawn().unwrap();
+        wait_listening(&fabric, port);
+        let c = common::debian_program(&fabric, profile, "fio", &client, "fio").spawn().unwrap();
+        let (c_ok, out) = finish(c, Duration::from_secs(60));
+        let (s_ok, s_out) = finish(s, Duration::from_secs(20));
+        let all = format!("--- client:\n{out}\n--- server:\n{s_out}");
+        assert!(c_ok && s_ok, "{verb} {profile}\n{all}");
+        // 32 MiB in 64 KiB blocks, all issued and none in error.
+        assert!(out.contains("cli: (groupid=0, jobs=1): err= 0"), "{verb} {profile}\n{all}");
+        assert!(out.contains("issued rwts: total=0,512,0,0 short=0,0,0,0"), "{verb}\n{all}");
+    }
+}
+
 /// mckey: receivers join a multicast group (their UD QPs attached by the library when the join
 /// completes), a sender joins it send-only and sends; every receiver takes every message
 /// (mckey waits for all of them). Under both profiles (an InfiniBand multicast GID and LID, a
