@@ -3491,7 +3491,17 @@ mod test {
         tag: &str,
         end: impl Fn(&Fabric) -> End,
     ) -> (std::path::PathBuf, (End, Fabric), (End, Fabric)) {
-        let (dir, cfg) = host_dir(tag);
+        talking_with(tag, |_| {}, end)
+    }
+
+    /// [`talking`], the fabrics configured as `config` says.
+    fn talking_with(
+        tag: &str,
+        config: impl FnOnce(&mut FabricConfig),
+        end: impl Fn(&Fabric) -> End,
+    ) -> (std::path::PathBuf, (End, Fabric), (End, Fabric)) {
+        let (dir, mut cfg) = host_dir(tag);
+        config(&mut cfg);
         let (fa, fb) = (Fabric::new(cfg.clone()), Fabric::new(cfg));
         let (a, b) = (end(&fa), end(&fb));
         connected(&a, &b);
@@ -3695,13 +3705,8 @@ mod test {
     /// completes then. The peer accounts for it later; both QPs stay in RTS.
     #[test]
     fn test_a_write_alone_lands_as_posted_while_the_peers_reader_naps_on_looks() {
-        let (dir, mut cfg) = host_dir("napping");
-        cfg.share_mr = false;
-        let (fa, fb) = (Fabric::new(cfg.clone()), Fabric::new(cfg));
-        let (a, b) = (end_on(&fa), end_on(&fb));
-        connected(&a, &b);
-        a.send(&b, 1);
-        b.send(&a, 2);
+        let unshared = |c: &mut FabricConfig| c.share_mr = false;
+        let (dir, (a, fa), (b, fb)) = talking_with("napping", unshared, end_on);
         // Held here, B's rings are taken in by nobody; napped on, as the reader does.
         until_reader_asleep(inbound_of(&fb));
         let rx = inbound_of(&fb).rx.lock();
@@ -3753,13 +3758,8 @@ mod test {
     #[test]
     fn test_a_uc_write_of_several_records_lands_as_posted_while_the_peers_reader_is_away() {
         const LEN: usize = 100 * 1024;
-        let (dir, mut cfg) = host_dir("ahead");
-        cfg.share_mr = false;
-        let (fa, fb) = (Fabric::new(cfg.clone()), Fabric::new(cfg));
-        let (a, b) = (uc_end(&fa, LEN), uc_end(&fb, LEN));
-        connected(&a, &b);
-        a.send(&b, 1);
-        b.send(&a, 2);
+        let unshared = |c: &mut FabricConfig| c.share_mr = false;
+        let (dir, (a, fa), (b, fb)) = talking_with("ahead", unshared, |f| uc_end(f, LEN));
         // Held here, B's rings are taken in by nobody: asleep as the reader left them, then
         // napped on, as the reader does.
         until_reader_asleep(inbound_of(&fb));
@@ -3800,13 +3800,8 @@ mod test {
     #[test]
     fn test_a_uc_write_is_not_carried_out_ahead_of_a_send_taken_in_but_not_delivered() {
         const LEN: usize = 100 * 1024;
-        let (dir, mut cfg) = host_dir("behind-send");
-        cfg.share_mr = false;
-        let (fa, fb) = (Fabric::new(cfg.clone()), Fabric::new(cfg));
-        let (a, b) = (uc_end(&fa, LEN), uc_end(&fb, LEN));
-        connected(&a, &b);
-        a.send(&b, 1);
-        b.send(&a, 2);
+        let unshared = |c: &mut FabricConfig| c.share_mr = false;
+        let (dir, (a, fa), (b, fb)) = talking_with("behind-send", unshared, |f| uc_end(f, LEN));
         let inbound = inbound_of(&fb);
         // B's reader takes nothing in; its rings are napped on, as the reader does.
         let held = reader_held_asleep(inbound);
