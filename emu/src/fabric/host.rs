@@ -3831,21 +3831,17 @@ mod test {
         });
         let wc = b.next();
         assert_eq!((wc.wr_id, wc.status, wc.opcode), (3, WcStatus::SUCCESS, crate::WcOpcode::RECV));
-        drop(held);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let mut got = vec![0u8; LEN];
-        while {
-            b.mr.read(0, &mut got).unwrap();
-            got != bytes
-        } {
-            assert!(Instant::now() < deadline, "the WRITE never landed");
-            assert!(b.cq.poll_one().is_none());
-            std::thread::sleep(Duration::from_millis(1));
-        }
         for id in [3, 4] {
             let wc = a.next();
             assert_eq!((wc.wr_id, wc.status), (id, WcStatus::SUCCESS));
         }
+        drop(held);
+        // A SEND behind the WRITE: once B has it, the WRITE landed (B's memory is read only
+        // then: not while B's reader writes it). The SEND's word is B's first 8 bytes.
+        a.send(&b, 5);
+        let mut got = vec![0u8; LEN];
+        b.mr.read(0, &mut got).unwrap();
+        assert!(got[8..] == bytes[8..], "the WRITE landed");
         talk_and_part((a, fa), (b, fb), &dir);
     }
 
@@ -3973,7 +3969,21 @@ mod test {
         };
         let deadline = Instant::now() + Duration::from_secs(5);
         while !left() {
-            assert!(Instant::now() < deadline, "the reader kept a bias of what it took in");
+            // Which is kept, should one be: the rings' locks, the QPs', the CQs' producers'.
+            let kept = || {
+                let rx = inbound.rx.try_lock();
+                let rings = rx.map(|rx| {
+                    rx.rings.iter().map(|(_, r)| r.reading_bias_nobodys()).collect::<Vec<_>>()
+                });
+                let qps = [&b2, &b3].map(|e| crate::sync::lock::bias_nobodys(&e.qp.0.inner));
+                let cqs = [&b2, &b3].map(|e| e.cq.0.producer_bias());
+                format!("rings {rings:?}, QPs {qps:?}, CQs {cqs:?}")
+            };
+            assert!(
+                Instant::now() < deadline,
+                "the reader kept a bias of what it took in: {}",
+                kept()
+            );
             std::thread::sleep(Duration::from_millis(1));
         }
         // This thread then owns what it polls and posts to, none revoked.
