@@ -184,12 +184,12 @@ impl PeerProcess {
         len: usize,
         guarded: bool,
     ) -> Result<(), MemFault> {
-        let Some(view) = view else { return self.pull(addr, dst, len) };
-        let w = view.window(addr, len);
-        let Some(s) = view.at(w.start, (w.end - w.start) as usize).filter(|_| !w.is_empty()) else {
+        let w = view.map_or(0..0, |v| v.window(addr, len));
+        let (at, mid) = (w.start, (w.end - w.start) as usize);
+        let Some(s) = view.filter(|_| mid > 0).and_then(|v| v.at(at, mid)) else {
             return self.pull(addr, dst, len);
         };
-        let (head, mid) = ((w.start - addr) as usize, (w.end - w.start) as usize);
+        let head = (w.start - addr) as usize;
         let pull = |at, d, n| if n == 0 { Ok(()) } else { self.pull(at, d, n) };
         // Each piece lies in `dst` (`head + mid <= len`: the window lies in the range).
         pull(addr, dst, head)?;
