@@ -820,8 +820,8 @@ fn until_stopped(pid: u32) {
 
 /// The other process of `a_stopped_peer_keeps_its_connections`: an RC QP connected to the
 /// endpoint the test gives; puts a text at byte 32 of its MR, prints its endpoint and MR, and
-/// once a SEND arrives, the first 16 bytes of its MR. Does nothing unless that test started
-/// this binary.
+/// once a SEND arrives, the first 16 bytes of its MR; ends when its input does. Does nothing
+/// unless that test started this binary.
 #[test]
 fn peer_process_for_the_debugger_test() {
     use std::io::Write;
@@ -844,6 +844,9 @@ fn peer_process_for_the_debugger_test() {
     n.mr.read(1024, &mut more).unwrap();
     writeln!(out, "sum: {}", more.iter().map(|&b| u64::from(b)).sum::<u64>()).unwrap();
     out.flush().unwrap();
+    // Alive until the test has its completions: the refused WRITE behind the SEND is still
+    // to be answered (a process that ended first would leave it to retry exhaustion).
+    std::io::stdin().read_line(&mut String::new()).unwrap();
 }
 
 /// A process stopped at a breakpoint (here SIGSTOP) for far longer than its peers' retry
@@ -917,6 +920,7 @@ fn a_stopped_peer_keeps_its_connections() {
     assert_eq!((wc.wr_id, wc.status), (3, WcStatus::SUCCESS));
     let wc = wait1(&a.cq);
     assert_eq!((wc.wr_id, wc.status), (4, WcStatus::REM_ACCESS_ERR));
+    drop(child.stdin.take());
     let held = lines.find_map(|l| l.split_once("holds: ").map(|(_, h)| h.to_owned()));
     assert_eq!(held.as_deref(), Some("while you slept."));
     let sum = lines.find_map(|l| l.split_once("sum: ").map(|(_, s)| s.parse::<u64>().unwrap()));
