@@ -3934,8 +3934,8 @@ mod test {
         talk_and_part((a, fa), (b, fb), &dir);
     }
 
-    /// What a node's reader takes in for is left with nobody's bias (the lock of the ring it
-    /// read, the QPs it delivered to, the producers' end of their CQs), so that the thread
+    /// What a node's reader takes in for is left with nobody's bias (the QPs it delivered to,
+    /// the producers' end of their CQs; nor is the ring's lock kept), so that the thread
     /// that then polls and posts owns each, by its bias, and revokes none: every QP a round
     /// of the reader delivered to, not only the last.
     #[test]
@@ -3958,10 +3958,13 @@ mod test {
         assert_eq!(a2.next().status, WcStatus::SUCCESS, "acknowledged: b took it in");
         assert_eq!(a3.next().status, WcStatus::SUCCESS, "acknowledged: b took it in");
         let left = || {
+            // The ring's bias may be this thread's, or revoked: this thread polled b's CQ as
+            // the fabrics first talked, and took in what it found in the ring then, which the
+            // reader may have revoked as it read the ring next. It is not the reader's.
             let rings_free = inbound
                 .rx
                 .try_lock()
-                .is_some_and(|rx| rx.rings.iter().all(|(_, r)| r.reading_bias_nobodys()));
+                .is_some_and(|rx| rx.rings.iter().all(|(_, r)| !r.reading_bias_others()));
             rings_free
                 && [&b2, &b3].iter().all(|e| {
                     crate::sync::lock::bias_nobodys(&e.qp.0.inner) && e.cq.0.producer_bias().0
@@ -3973,7 +3976,7 @@ mod test {
             let kept = || {
                 let rx = inbound.rx.try_lock();
                 let rings = rx.map(|rx| {
-                    rx.rings.iter().map(|(_, r)| r.reading_bias_nobodys()).collect::<Vec<_>>()
+                    rx.rings.iter().map(|(_, r)| !r.reading_bias_others()).collect::<Vec<_>>()
                 });
                 let qps = [&b2, &b3].map(|e| crate::sync::lock::bias_nobodys(&e.qp.0.inner));
                 let cqs = [&b2, &b3].map(|e| e.cq.0.producer_bias());

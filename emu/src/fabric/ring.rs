@@ -338,10 +338,10 @@ impl Ring {
         crate::sync::lock::disown(&self.reading);
     }
 
-    /// Whether the bias of the reader's lock is nobody's (and not revoked).
+    /// Whether another thread owns the bias of the reader's lock.
     #[cfg(test)]
-    pub(crate) fn reading_bias_nobodys(&self) -> bool {
-        crate::sync::lock::bias_nobodys(&self.reading)
+    pub(crate) fn reading_bias_others(&self) -> bool {
+        crate::sync::lock::bias_others(&self.reading)
     }
 
     /// Reader: whether nothing waits to be read (no record past `read_to`, no shared memory

@@ -220,6 +220,13 @@ impl Bias {
         self.owner.load(Ordering::Relaxed) == me()
     }
 
+    /// Whether another thread owns the bias.
+    #[cfg(test)]
+    pub(crate) fn others(&self) -> bool {
+        let owner = self.owner.load(Ordering::Relaxed);
+        owner != 0 && owner != NOBODY && owner != me()
+    }
+
     /// Whether the bias is revoked for good (the barrier returned).
     #[inline]
     pub(crate) fn is_revoked(&self) -> bool {

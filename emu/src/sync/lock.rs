@@ -287,6 +287,13 @@ pub(crate) fn bias_nobodys<T>(lock: &Lock<T>) -> bool {
     unsafe { lock.raw() }.bias_nobodys()
 }
 
+/// Whether another thread owns `lock`'s bias (not the caller; never so once it is revoked).
+#[cfg(test)]
+pub(crate) fn bias_others<T>(lock: &Lock<T>) -> bool {
+    // SAFETY: only the bias is looked at.
+    unsafe { lock.raw() }.bias.others()
+}
+
 #[cfg(test)]
 mod test {
     use std::sync::{
