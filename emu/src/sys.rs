@@ -7,6 +7,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::AtomicU32;
 
 /// An eventfd in semaphore mode: each `post` adds one, each successful `wait` takes one.
 ///
@@ -286,6 +287,30 @@ pub(crate) fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
     }
     // SAFETY: the syscall returned a new descriptor (close-on-exec) that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Sleeps while `word` (in memory other processes may map) holds `expected`, at most
+/// `timeout`; woken by [`futex_wake`] on it, a signal, or a change before the sleep began.
+/// Shared (not private) futexes: the waker may be another process.
+pub(crate) fn futex_wait(word: &AtomicU32, expected: u32, timeout: std::time::Duration) {
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs().min(i64::MAX as u64) as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: `word` is a live, aligned u32 for the call's duration; `ts` lives on the stack.
+    // The kernel only reads both. An error (EAGAIN: the word changed; EINTR; ETIMEDOUT) is a
+    // wake-up like any other: the caller looks at the word again.
+    unsafe {
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAIT, expected, &ts);
+    }
+}
+
+/// Wakes every thread, of any process, sleeping in [`futex_wait`] on `word`.
+pub(crate) fn futex_wake(word: &AtomicU32) {
+    // SAFETY: `word` is a live, aligned u32; FUTEX_WAKE only uses its address as a key.
+    unsafe {
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX);
+    }
 }
 
 /// Whether process `pid` is stopped: by a signal (SIGSTOP, SIGTSTP) or by a debugger.

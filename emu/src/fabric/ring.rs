@@ -87,11 +87,17 @@ const TAKEN: u32 = 1;
 const PLACING: u32 = 2;
 /// Carried out by the writer.
 const PLACED: u32 = 3;
+/// Being carried out by the writer, and the reader asleep on the state word until it is done
+/// (a futex the writer wakes as it leaves the record).
+const AWAITED: u32 = 4;
 /// How long a reader waits for a writer to finish carrying out a record it claimed before
 /// taking the record as it is (a writer that stopped midway, or a hostile one).
 const PLACING_PATIENCE: std::time::Duration = std::time::Duration::from_secs(1);
-/// How long a reader spins on a record its writer is carrying out before it yields the CPU.
+/// How long a reader spins on a record its writer is carrying out before it sleeps.
 const PLACING_SPIN: std::time::Duration = std::time::Duration::from_micros(20);
+/// The longest sleep on a record being carried out between looks at whether its writer is
+/// gone (one that dies midway wakes nobody).
+const PLACING_NAP: std::time::Duration = std::time::Duration::from_millis(10);
 /// The length word of the filler that takes a ring's last bytes when a record does not fit.
 const WRAP: u32 = u32::MAX;
 
@@ -482,8 +488,8 @@ impl Ring {
         }
         // SAFETY: `at` is 8-aligned and below `cap`: a record's header in the ring.
         let len = unsafe { self.ptr(at, RECORD_HEADER).cast::<u32>().read() } as usize;
-        if self.state(at).load(Ordering::Acquire) != PLACING || at + RECORD_HEADER + len > self.cap
-        {
+        let claimed = matches!(self.state(at).load(Ordering::Acquire), PLACING | AWAITED);
+        if !claimed || at + RECORD_HEADER + len > self.cap {
             return None;
         }
         // SAFETY: a record we wrote claimed and still hold so: never freed, its bytes stay;
@@ -496,12 +502,13 @@ impl Ring {
     /// reader to take in.
     pub(crate) fn give_back(&self, at: usize) {
         if at < self.cap && at.is_multiple_of(8) {
-            let _ = self.state(at).compare_exchange(
-                PLACING,
-                FRESH,
-                Ordering::Release,
-                Ordering::Relaxed,
-            );
+            let state = self.state(at);
+            let was = state.fetch_update(Ordering::Release, Ordering::Relaxed, |s| {
+                matches!(s, PLACING | AWAITED).then_some(FRESH)
+            });
+            if was == Ok(AWAITED) {
+                crate::sys::futex_wake(state);
+            }
         }
     }
 
@@ -852,7 +859,9 @@ impl Ring {
     }
 
     /// Reader: its responder begins the request of the record at `at`; whether the writer
-    /// carried it out already. A record the writer is carrying out now is waited for, a little.
+    /// carried it out already. A record the writer is carrying out now is waited for: spinning
+    /// through a copy of a few microseconds, asleep through a longer one (a READ of a MiB that
+    /// its requester copies out takes hundreds, which a reader that yielded spent running).
     fn take(&self, at: usize) -> bool {
         let state = self.state(at);
         let mut since = None;
@@ -860,21 +869,40 @@ impl Ring {
             match state.compare_exchange(FRESH, TAKEN, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => return false,
                 Err(PLACED) => return true,
-                Err(PLACING) => {
+                Err(s @ (PLACING | AWAITED)) => {
                     let t0 = *since.get_or_insert_with(std::time::Instant::now);
-                    if t0.elapsed() > PLACING_PATIENCE || self.abandoned() {
+                    let waited = t0.elapsed();
+                    if waited > PLACING_PATIENCE || self.abandoned() {
                         return false;
                     }
-                    // A copy of a few microseconds at most, unless the writer was descheduled.
-                    if t0.elapsed() < PLACING_SPIN {
+                    if waited < PLACING_SPIN {
                         std::hint::spin_loop();
-                    } else {
-                        std::thread::yield_now();
+                    } else if s == AWAITED
+                        || state
+                            .compare_exchange(
+                                PLACING,
+                                AWAITED,
+                                Ordering::Acquire,
+                                Ordering::Acquire,
+                            )
+                            .is_ok()
+                    {
+                        let nap = (PLACING_PATIENCE - waited).min(PLACING_NAP);
+                        crate::sys::futex_wait(state, AWAITED, nap);
                     }
                 }
                 // Taken, or garbage a writer left: the record is the reader's.
                 Err(_) => return false,
             }
+        }
+    }
+
+    /// Writer: leaves the record at `at`, which it claimed, in `state` (placed, or fresh for
+    /// the reader to carry out), waking the reader if it sleeps on it.
+    fn leave(&self, at: usize, state: u32) {
+        let word = self.state(at);
+        if word.swap(state, Ordering::Release) == AWAITED {
+            crate::sys::futex_wake(word);
         }
     }
 
@@ -1015,14 +1043,14 @@ impl Claim<'_> {
     /// The request was carried out: the reader will only account for it.
     pub(crate) fn placed(mut self) {
         self.done = true;
-        self.ring.state(self.at).store(PLACED, Ordering::Release);
+        self.ring.leave(self.at, PLACED);
     }
 }
 
 impl Drop for Claim<'_> {
     fn drop(&mut self) {
         if !self.done && !self.written {
-            self.ring.state(self.at).store(FRESH, Ordering::Release);
+            self.ring.leave(self.at, FRESH);
         }
     }
 }
@@ -1238,6 +1266,45 @@ mod test {
         r.read(|rec| placed = Some(rec.ticket(None).0.carried_out())).unwrap();
         assert_eq!(placed, Some(true));
         writer.join().unwrap();
+    }
+
+    /// A reader that meets a record its writer is carrying out for long sleeps on it (not
+    /// spinning nor yielding: its thread is asleep), and is woken as the writer leaves it:
+    /// placed, the reader only accounts for it; given back, the reader carries it out.
+    #[test]
+    fn test_a_reader_sleeps_through_a_long_placing_and_wakes_as_the_writer_leaves_it() {
+        let w = Arc::new(Ring::create(4096, false).unwrap());
+        let r = Arc::new(Ring::open(w.fd.try_clone().unwrap(), me()).unwrap());
+        // SAFETY: gettid takes no arguments and cannot fail.
+        let reader_tid = unsafe { libc::gettid() };
+        for placed in [true, false] {
+            put(&w, b"long");
+            let (w2, (tx, rx)) = (w.clone(), std::sync::mpsc::channel());
+            let writer = std::thread::spawn(move || {
+                let c = w2.claim(&mut 0, |b| b == b"long").unwrap();
+                tx.send(()).unwrap();
+                let stat = format!("/proc/self/task/{reader_tid}/stat");
+                let asleep = || {
+                    let s = std::fs::read_to_string(&stat).unwrap();
+                    s.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('S'))
+                };
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+                while w2.state(c.at).load(Ordering::Acquire) != AWAITED || !asleep() {
+                    assert!(std::time::Instant::now() < deadline, "the reader never slept");
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                if placed {
+                    c.placed();
+                } else {
+                    drop(c);
+                }
+            });
+            rx.recv().unwrap();
+            let mut carried_out = None;
+            r.read(|rec| carried_out = Some(rec.ticket(None).0.carried_out())).unwrap();
+            assert_eq!(carried_out, Some(placed));
+            writer.join().unwrap();
+        }
     }
 
     #[test]
