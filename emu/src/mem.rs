@@ -35,8 +35,12 @@ pub(crate) struct MemRegion {
     /// (guaranteed by `from_raw`'s caller, or by `_owned`).
     base: *mut u8,
     len: usize,
-    /// Backing storage when the region owns its memory (8-byte aligned for atomics).
-    _owned: Option<Box<[AtomicU64]>>,
+    /// The shared memory the pages of `_owned` were moved into, held by the region itself
+    /// (see [`MemRegion::keep_lease`]): declared before `_owned`, so that the pages move back
+    /// into private memory before that storage is freed.
+    lease: Option<crate::shared_mem::Lease>,
+    /// Backing storage when the region owns its memory.
+    _owned: Option<Storage>,
     /// The region this one is a part of ([`MemRegion::part`]), kept alive with it.
     _parent: Option<Arc<MemRegion>>,
     /// The file mapping the region lies in (a dma-buf MR), unmapped with it.
@@ -53,6 +57,39 @@ pub(crate) struct MemRegion {
     /// truncated): every access runs through [`crate::guarded`], and one that faults fails
     /// with `Unreadable` instead of ending the process.
     guarded: bool,
+}
+
+/// Zeroed memory a region owns: 8-byte aligned (for atomics), and from a page on whole pages,
+/// so that all of it can move into shared memory (see `crate::shared_mem`: only whole pages
+/// move, and a buffer of the emulator's own, an rsocket's send buffer, that began mid-page had
+/// its first bytes copied to the peer by `process_vm_readv` every time its ring came round).
+#[derive(Debug)]
+struct Storage {
+    ptr: std::ptr::NonNull<u8>,
+    layout: std::alloc::Layout,
+    /// See [`MemRegion::owned_for`].
+    for_peers: bool,
+}
+
+impl Storage {
+    fn zeroed(len: usize, for_peers: bool) -> Storage {
+        let page = crate::sys::page_size() as usize;
+        let (size, align) =
+            if len >= page { (len.next_multiple_of(page), page) } else { (len.max(1), 8) };
+        let layout = std::alloc::Layout::from_size_align(size, align).expect("a region's size");
+        // SAFETY: the layout's size is nonzero.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr =
+            std::ptr::NonNull::new(ptr).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        Storage { ptr, layout, for_peers }
+    }
+}
+
+impl Drop for Storage {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `zeroed` with this very layout, freed once.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+    }
 }
 
 // SAFETY: the region is a plain address range; all access goes through the copy functions,
@@ -347,6 +384,7 @@ impl MemRegion {
         MemRegion {
             base,
             len,
+            lease: None,
             _owned: None,
             _parent: None,
             _mapping: None,
@@ -358,14 +396,23 @@ impl MemRegion {
 
     /// A zeroed region of `len` bytes that owns its memory.
     pub(crate) fn owned(len: usize) -> MemRegion {
-        let words = len.div_ceil(8).max(1);
-        let store: Box<[AtomicU64]> = (0..words).map(|_| AtomicU64::new(0)).collect();
-        // `AtomicU64` is an `UnsafeCell`, so writing through a pointer derived from a shared
-        // reference is allowed; the pointer stays valid because the box is never moved out.
-        let base = store.as_ptr() as *mut u8;
+        MemRegion::owned_as(len, false)
+    }
+
+    /// [`MemRegion::owned`], for memory of the emulator's own that peers in other processes
+    /// write into or read from (an rsocket's ring and send buffer): on a host fabric it moves
+    /// into shared memory as an application's registered memory does (see `objects::mr`).
+    pub(crate) fn owned_for(len: usize) -> MemRegion {
+        MemRegion::owned_as(len, true)
+    }
+
+    fn owned_as(len: usize, for_peers: bool) -> MemRegion {
+        let store = Storage::zeroed(len, for_peers);
+        let base = store.ptr.as_ptr();
         MemRegion {
             base,
             len,
+            lease: None,
             _owned: Some(store),
             _parent: None,
             _mapping: None,
@@ -384,6 +431,7 @@ impl MemRegion {
         Some(MemRegion {
             base,
             len,
+            lease: None,
             _owned: None,
             _parent: Some(parent.clone()),
             _mapping: None,
@@ -408,6 +456,7 @@ impl MemRegion {
         Ok(MemRegion {
             base,
             len,
+            lease: None,
             _owned: None,
             _parent: None,
             _mapping: Some(mapping),
@@ -458,6 +507,29 @@ impl MemRegion {
     /// Marks the region's memory as (partly) moved into `shared`.
     pub(crate) fn set_shared(&mut self, shared: Arc<SharedMem>) {
         self.shared = Some(shared);
+    }
+
+    /// Whether the region's memory is its own storage made for peers to reach (see
+    /// [`MemRegion::owned_for_peers`]).
+    pub(crate) fn owned_for_peers(&self) -> bool {
+        self._owned.as_ref().is_some_and(|s| s.for_peers)
+    }
+
+    /// The memory that may move into shared memory with the region: its own storage whole
+    /// (whole pages from a page on), else its bytes.
+    pub(crate) fn movable(&self) -> (u64, usize) {
+        match &self._owned {
+            Some(store) => (self.host_addr(), store.layout.size()),
+            None => (self.host_addr(), self.len),
+        }
+    }
+
+    /// Keeps `lease`, the shared memory the region's own pages moved into, for as long as the
+    /// region lives: whoever holds the region last (an MR, a request in flight) frees its
+    /// storage, and the pages must be private again by then.
+    pub(crate) fn keep_lease(&mut self, lease: crate::shared_mem::Lease) {
+        debug_assert!(self.owned_for_peers());
+        self.lease = Some(lease);
     }
 
     /// The name of the shared memory its pages were (partly) moved into, 0 if none.

@@ -3951,6 +3951,33 @@ mod test {
         talk_and_part((a, fa), (b, fb), &dir);
     }
 
+    /// The emulator's own buffers that peers reach (an rsocket's ring and send buffer) move
+    /// into shared memory on a host fabric as an application's do, and whole: their storage is
+    /// page-aligned, so no partial page at either end is left for a peer to copy by system
+    /// calls. Without a host fabric they stay where they are.
+    #[test]
+    fn test_the_emulators_own_buffers_move_into_shared_memory_whole() {
+        let (dir, cfg) = host_dir("own-buffers");
+        let hosted = Fabric::new(cfg);
+        let alone = Fabric::new(FabricConfig::default());
+        use crate::AccessFlags;
+        let writable = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+        for (f, shares) in [(&hosted, true), (&alone, false)] {
+            let pd = f.devices()[0].open().unwrap().alloc_pd().unwrap();
+            for (len, access) in
+                [(128 * 1024 + 100, AccessFlags::LOCAL_WRITE), (4096 + 8, writable)]
+            {
+                let mr = crate::Mr::register_owned_for_peers(&pd, len, access).unwrap();
+                let inner = mr.snapshot();
+                let r = &inner.region;
+                let whole = r.shared_in(0, len).is_some_and(|s| s.covers(r.host_addr(), len));
+                assert_eq!(whole, shares, "{len} bytes, host fabric: {shares}");
+            }
+        }
+        drop(hosted);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
     /// The reader's watch after traffic shrinks while it finds nothing, to a floor, and is
     /// whole again once it finds a record: a stream keeps it, sparse requests wear it down.
     #[test]

@@ -260,7 +260,8 @@ fn share(
     if !fabric.share_mr || region.len() < min {
         return None;
     }
-    let lease = crate::shared_mem::adopt(region.host_addr(), region.len())?;
+    let (addr, len) = region.movable();
+    let lease = crate::shared_mem::adopt(addr, len)?;
     region.set_shared(lease.shared().clone());
     Some(lease)
 }
@@ -297,6 +298,15 @@ impl Mr {
             let charge = charged(pd, &region)?;
             (charge, share(&pd.0.ctx.fabric, &mut region, access))
         } else {
+            // The emulator's own buffers (an rsocket's ring and send buffer) are shared as an
+            // application's are: a peer then writes into the ring and pulls from the send
+            // buffer through its view, one `memcpy`, not `process_vm_readv`/`writev`.
+            if region.owned_for_peers()
+                && !on_demand
+                && let Some(lease) = share(&pd.0.ctx.fabric, &mut region, access)
+            {
+                region.keep_lease(lease);
+            }
             (Charge::default(), None)
         };
         let dev = pd.0.ctx.device.clone();
@@ -350,6 +360,14 @@ impl Mr {
 
     pub(crate) fn register_owned(pd: &Pd, len: usize, access: AccessFlags) -> Result<Mr> {
         let region = MemRegion::owned(len);
+        let iova = region.host_addr();
+        Mr::register(pd, region, iova, access, None, false)
+    }
+
+    /// [`Mr::register_owned`] over memory that peers in other processes reach (see
+    /// `MemRegion::owned_for`).
+    pub(crate) fn register_owned_for_peers(pd: &Pd, len: usize, access: AccessFlags) -> Result<Mr> {
+        let region = MemRegion::owned_for(len);
         let iova = region.host_addr();
         Mr::register(pd, region, iova, access, None, false)
     }
@@ -410,7 +428,7 @@ impl Mr {
         Mr::register(pd, mem.0, iova, access, None, true)
     }
 
-    fn snapshot(&self) -> Arc<MrInner> {
+    pub(crate) fn snapshot(&self) -> Arc<MrInner> {
         self.0.cur.read().clone()
     }
 

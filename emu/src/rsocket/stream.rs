@@ -102,8 +102,11 @@ impl Stream {
         let init = QpInitAttr { sq_sig_all: true, ..QpInitAttr::new(QpType::RC, &cq, cap) };
         let qp = pd.create_qp(&init)?;
         let remote = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
-        let ring = pd.reg_mr(sizes.ring + IOMAP_TABLE * IOMAP_ENTRY, remote)?;
-        let sbuf = pd.reg_mr(sizes.sbuf, AccessFlags::LOCAL_WRITE)?;
+        // Shared with the peer's process on a host fabric: it writes into the ring and pulls
+        // from the send buffer through its view of them.
+        let ring =
+            Mr::register_owned_for_peers(&pd, sizes.ring + IOMAP_TABLE * IOMAP_ENTRY, remote)?;
+        let sbuf = Mr::register_owned_for_peers(&pd, sizes.sbuf, AccessFlags::LOCAL_WRITE)?;
         Ok(Stream {
             pd,
             cq,
