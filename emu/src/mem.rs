@@ -510,7 +510,7 @@ impl MemRegion {
     }
 
     /// Whether the region's memory is its own storage made for peers to reach (see
-    /// [`MemRegion::owned_for_peers`]).
+    /// [`MemRegion::owned_for`]).
     pub(crate) fn owned_for_peers(&self) -> bool {
         self._owned.as_ref().is_some_and(|s| s.for_peers)
     }

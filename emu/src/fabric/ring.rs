@@ -506,9 +506,7 @@ impl Ring {
             let was = state.fetch_update(Ordering::Release, Ordering::Relaxed, |s| {
                 matches!(s, PLACING | AWAITED).then_some(FRESH)
             });
-            if was == Ok(AWAITED) {
-                crate::sys::futex_wake(state);
-            }
+            Ring::wake_if_awaited(state, was);
         }
     }
 
@@ -901,7 +899,13 @@ impl Ring {
     /// the reader to carry out), waking the reader if it sleeps on it.
     fn leave(&self, at: usize, state: u32) {
         let word = self.state(at);
-        if word.swap(state, Ordering::Release) == AWAITED {
+        Ring::wake_if_awaited(word, Ok(word.swap(state, Ordering::Release)));
+    }
+
+    /// Wakes the reader asleep on a record's state `word` if the state the writer left
+    /// (`was`) says one waits there.
+    fn wake_if_awaited(word: &AtomicU32, was: Result<u32, u32>) {
+        if was == Ok(AWAITED) {
             crate::sys::futex_wake(word);
         }
     }

@@ -359,15 +359,17 @@ impl Mr {
     }
 
     pub(crate) fn register_owned(pd: &Pd, len: usize, access: AccessFlags) -> Result<Mr> {
-        let region = MemRegion::owned(len);
-        let iova = region.host_addr();
-        Mr::register(pd, region, iova, access, None, false)
+        Mr::register_storage(pd, MemRegion::owned(len), access)
     }
 
     /// [`Mr::register_owned`] over memory that peers in other processes reach (see
     /// `MemRegion::owned_for`).
     pub(crate) fn register_owned_for_peers(pd: &Pd, len: usize, access: AccessFlags) -> Result<Mr> {
-        let region = MemRegion::owned_for(len);
+        Mr::register_storage(pd, MemRegion::owned_for(len), access)
+    }
+
+    /// Registers the emulator's own storage `region`, its iova its host address.
+    fn register_storage(pd: &Pd, region: MemRegion, access: AccessFlags) -> Result<Mr> {
         let iova = region.host_addr();
         Mr::register(pd, region, iova, access, None, false)
     }
