@@ -105,6 +105,9 @@ const RECORD: usize = 64 * 1024;
 /// 1 MiB 12.2..14.3 -> 15.9..21.4; 8 KiB level (3.1..3.8 either way). `ib_send_lat`: 16 KiB
 /// 2.9 -> 2.2 us, 64 KiB 7.4 -> 3.8, 1 MiB 80 -> 48.
 pub(crate) const PULL_MIN: usize = 16 * 1024;
+// Memory that peers may only read moves into shared memory from the size of a message they
+// would pull from it on (one `memcpy` then, not packets).
+const _: () = assert!(crate::shared_mem::MIN_READ_ONLY_BYTES <= PULL_MIN);
 /// From this size on (and from `pull_min`), a message is read by its receiver even where the
 /// sender's memory is not shared (see `crate::shared_mem`): that read is `process_vm_readv`,
 /// a system call that pins pages, which costs more than the ring's two copies below it.
@@ -225,6 +228,8 @@ pub(crate) struct Node {
     /// Messages of reliable QPs from this many bytes on are offered to be pulled (see
     /// [`FabricConfig::host_pull_min`](crate::FabricConfig::host_pull_min)).
     pull_min: usize,
+    /// This process's id, which a message its receiver pulls names (`getpid` is a system call).
+    pid: u32,
     /// What our peers may carry out for us while we are stopped (`None` if it could not be
     /// made: then they wait for us, as they always did).
     pub(crate) exports: Option<Exports>,
@@ -711,6 +716,7 @@ impl Node {
             others,
             fabric,
             pull_min,
+            pid: std::process::id(),
             exports,
             lag,
             sent_carriable,
@@ -1001,7 +1007,7 @@ impl Node {
                     peer.offer_shared(shared);
                 }
             }
-            Encoded::pulled(pkt)
+            Encoded::pulled(pkt, self.pid)
         } else {
             msg
         };
@@ -4325,6 +4331,53 @@ mod test {
         while views(&fa) + views(&fb) > 0 {
             assert!(Instant::now() < deadline, "views kept");
             std::thread::sleep(Duration::from_millis(1));
+        }
+        talk_and_part((a, fa), (b, fb), &dir);
+    }
+
+    /// Memory that peers may only read (`LOCAL_WRITE` alone, as `ib_send_lat`'s) moves into
+    /// shared memory from the size of the smallest message pulled on (`PULL_MIN`): a SEND of
+    /// that size out of a 32 KiB MR is copied by the receiver from its view of the sender's
+    /// memory, one copy, where it went as packets while such MRs moved from 64 KiB on. A
+    /// smaller MR stays where it is; its SEND of the same size arrives all the same.
+    #[test]
+    #[allow(unsafe_code)] // application memory, registered as C registers it
+    fn test_memory_peers_only_read_is_shared_from_the_size_they_pull() {
+        const MAP: usize = 32 * 1024;
+        let (dir, (a, fa), (b, fb)) = talking("read-only-shared", end_on);
+        let (rw, anon) =
+            (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS);
+        // SAFETY: a fresh anonymous mapping, left mapped for the test's life.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), MAP, rw, anon, -1, 0) }.cast::<u8>();
+        assert_ne!(p.cast(), libc::MAP_FAILED);
+        // SAFETY: `p` is MAP bytes of ours.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(p, MAP) };
+        bytes.iter_mut().enumerate().for_each(|(i, b)| *b = (i % 251) as u8);
+        let into = b.mr.pd().reg_mr(PULL_MIN, crate::AccessFlags::LOCAL_WRITE).unwrap();
+        let copied = |f: &Fabric| {
+            let rx = inbound_of(f).rx.lock();
+            rx.rings.iter().filter_map(|(_, r)| r.sender()).map(|p| p.view_copies()).sum::<u64>()
+        };
+        let (whole, small) = (MAP, crate::shared_mem::MIN_READ_ONLY_BYTES - 4096);
+        for (wr_id, mr_len) in [(1, whole), (2, small)] {
+            // SAFETY: the mapping outlives the MR (never unmapped).
+            let mem = unsafe { crate::RawMemory::new(p, mr_len) };
+            let mr = a.mr.pd().reg_mr_raw(mem, p as u64, crate::AccessFlags::LOCAL_WRITE).unwrap();
+            assert_eq!(mr.snapshot().region.shared_id() != 0, mr_len == whole, "{mr_len}");
+            into.write(0, &[0; PULL_MIN]).unwrap();
+            let sink = [Sge { addr: into.addr(), length: PULL_MIN as u32, lkey: into.lkey() }];
+            b.qp.post_recv(&RecvWr { wr_id, sg_list: &sink }).unwrap();
+            let before = copied(&fb);
+            let len = PULL_MIN.min(mr_len) as u32;
+            let piece = [Sge { addr: mr.addr(), length: len, lkey: mr.lkey() }];
+            a.qp.post_send(&SendWr::send(wr_id, &piece).signaled()).unwrap();
+            assert_eq!(a.next().status, WcStatus::SUCCESS);
+            let wc = b.next();
+            assert_eq!((wc.wr_id, wc.status, wc.byte_len), (wr_id, WcStatus::SUCCESS, len));
+            let mut got = vec![0; len as usize];
+            into.read(0, &mut got).unwrap();
+            assert!(got.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8), "{mr_len}");
+            assert_eq!(copied(&fb) - before, u64::from(mr_len == whole), "{mr_len}");
         }
         talk_and_part((a, fa), (b, fb), &dir);
     }

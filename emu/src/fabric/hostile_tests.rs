@@ -141,7 +141,7 @@ fn framed(pkt: &Packet, e: &Encoded<'_>) -> Vec<u8> {
 fn pulled(v: &Victim, pid: u32, addr: u64, len: usize) -> Vec<u8> {
     let region = Arc::new(MemRegion::owned(len));
     let pkt = v.send(Payload::One(MemRef { region, offset: 0, len }));
-    let mut d = framed(&pkt, &Encoded::pulled(&pkt));
+    let mut d = framed(&pkt, &Encoded::pulled(&pkt, std::process::id()));
     // The message ends with the process, the count of ranges, and each range's address,
     // length and shared memory: name whatever process and address we like.
     let n = d.len();
@@ -247,7 +247,7 @@ fn hostile_child() {
     for (pid, addr) in [(me, mine.as_ptr() as u64), (victim_pid, secret)] {
         let region = Arc::new(MemRegion::owned(mine.len()));
         let pkt = send(Payload::One(MemRef { region, offset: 0, len: mine.len() }));
-        let mut d = framed(&pkt, &Encoded::pulled(&pkt));
+        let mut d = framed(&pkt, &Encoded::pulled(&pkt, std::process::id()));
         let n = d.len();
         d[n - 28..n - 24].copy_from_slice(&pid.to_le_bytes());
         d[n - 20..n - 12].copy_from_slice(&addr.to_le_bytes());

@@ -372,14 +372,14 @@ impl<'a> Encoded<'a> {
         Encoded::new(Head::Packet(pkt), (pkt.kind != Kind::ReadRequest).then_some(&pkt.payload))
     }
 
-    /// `pkt` with its payload left in this process's memory, for the receiver to read from
-    /// there (see [`pullable`]).
-    pub(crate) fn pulled(pkt: &'a Packet) -> Encoded<'a> {
+    /// `pkt` with its payload left in the memory of this process, `pid`, for the receiver to
+    /// read from there (see [`pullable`]).
+    pub(crate) fn pulled(pkt: &'a Packet, pid: u32) -> Encoded<'a> {
         let ranges = pkt.payload.ranges();
         let mut head = vec![0; head_len(pkt)];
         head.reserve(8 + PULLED_RANGE * ranges.len());
         encode_head(pkt, true, &mut head);
-        head.extend_from_slice(&std::process::id().to_le_bytes());
+        head.extend_from_slice(&pid.to_le_bytes());
         head.extend_from_slice(&(ranges.len() as u32).to_le_bytes());
         for m in ranges {
             // The shared memory the range lies in, if any (0: none), for a receiver that
@@ -1043,7 +1043,7 @@ mod test {
             encode(o, &mut bytes).unwrap();
             assert!(peek_request(&bytes).is_none(), "{o:?}");
         }
-        let e = Encoded::pulled(&p);
+        let e = Encoded::pulled(&p, std::process::id());
         let mut pulled = vec![0; e.len()];
         e.copy_to(0, &mut pulled).unwrap();
         assert!(peek_request(&pulled).is_none());
