@@ -4354,9 +4354,10 @@ mod test {
         let bytes = unsafe { std::slice::from_raw_parts_mut(p, MAP) };
         bytes.iter_mut().enumerate().for_each(|(i, b)| *b = (i % 251) as u8);
         let into = b.mr.pd().reg_mr(PULL_MIN, crate::AccessFlags::LOCAL_WRITE).unwrap();
-        let copied = |f: &Fabric| {
+        let senders = |f: &Fabric| {
             let rx = inbound_of(f).rx.lock();
-            rx.rings.iter().filter_map(|(_, r)| r.sender()).map(|p| p.view_copies()).sum::<u64>()
+            let p = rx.rings.iter().filter_map(|(_, r)| r.sender());
+            p.map(|p| (p.view_count(), p.view_copies())).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
         };
         let (whole, small) = (MAP, crate::shared_mem::MIN_READ_ONLY_BYTES - 4096);
         for (wr_id, mr_len) in [(1, whole), (2, small)] {
@@ -4367,7 +4368,7 @@ mod test {
             into.write(0, &[0; PULL_MIN]).unwrap();
             let sink = [Sge { addr: into.addr(), length: PULL_MIN as u32, lkey: into.lkey() }];
             b.qp.post_recv(&RecvWr { wr_id, sg_list: &sink }).unwrap();
-            let before = copied(&fb);
+            let before = senders(&fb).1;
             let len = PULL_MIN.min(mr_len) as u32;
             let piece = [Sge { addr: mr.addr(), length: len, lkey: mr.lkey() }];
             a.qp.post_send(&SendWr::send(wr_id, &piece).signaled()).unwrap();
@@ -4377,7 +4378,14 @@ mod test {
             let mut got = vec![0; len as usize];
             into.read(0, &mut got).unwrap();
             assert!(got.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8), "{mr_len}");
-            assert_eq!(copied(&fb) - before, u64::from(mr_len == whole), "{mr_len}");
+            assert_eq!(senders(&fb).1 - before, u64::from(mr_len == whole), "{mr_len}");
+            // Deregistered, the memory is private again, and B lets its view go.
+            drop(mr);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while senders(&fb).0 > 0 {
+                assert!(Instant::now() < deadline, "a view kept");
+                std::thread::sleep(Duration::from_millis(1));
+            }
         }
         talk_and_part((a, fa), (b, fb), &dir);
     }
