@@ -287,7 +287,7 @@ fn move_into(fd: &OwnedFd, start: u64, n: usize) -> bool {
     if tmp == libc::MAP_FAILED {
         return false;
     }
-    replace_with(tmp, start, n)
+    filled(tmp, start, n).is_ok_and(|tmp| put_in_place(tmp, start, n))
 }
 
 /// Moves the pages of `start..start+n` back into private memory with the same bytes.
@@ -313,6 +313,12 @@ fn private_copy(start: u64, n: usize) -> Result<*mut libc::c_void, NoCopy> {
     if tmp == libc::MAP_FAILED {
         return Err(NoCopy::NoRoom);
     }
+    filled(tmp, start, n)
+}
+
+/// The fresh mapping `tmp` (`n` bytes) with a copy of the `n` bytes at `start`; unmapped if
+/// `start..start+n` is no longer all mapped.
+fn filled(tmp: *mut libc::c_void, start: u64, n: usize) -> Result<*mut libc::c_void, NoCopy> {
     if !copy_out(start, tmp, n) {
         // SAFETY: `tmp` is ours, just mapped.
         unsafe { mm::munmap(tmp, n) };
@@ -328,16 +334,6 @@ fn copy_out(start: u64, tmp: *mut libc::c_void, n: usize) -> bool {
     // SAFETY: `tmp` is a fresh writable mapping of `n` bytes, no memory Rust refers to, and
     // does not overlap the range; the range may be unmapped (the copy then fails).
     unsafe { crate::guarded::copy(at, tmp.cast::<u8>(), n) }
-}
-
-/// Copies the `n` bytes at `start` into the fresh mapping `tmp` and moves `tmp` over them.
-fn replace_with(tmp: *mut libc::c_void, start: u64, n: usize) -> bool {
-    if !copy_out(start, tmp, n) {
-        // SAFETY: `tmp` is ours and mapped.
-        unsafe { mm::munmap(tmp, n) };
-        return false;
-    }
-    put_in_place(tmp, start, n)
 }
 
 /// Moves the mapping `tmp` (`n` bytes) to `start`, in place of what is there.
