@@ -518,10 +518,8 @@ impl MemRegion {
     /// The memory that may move into shared memory with the region: its own storage whole
     /// (whole pages from a page on), else its bytes.
     pub(crate) fn movable(&self) -> (u64, usize) {
-        match &self._owned {
-            Some(store) => (self.host_addr(), store.layout.size()),
-            None => (self.host_addr(), self.len),
-        }
+        let len = self._owned.as_ref().map_or(self.len, |store| store.layout.size());
+        (self.host_addr(), len)
     }
 
     /// Keeps `lease`, the shared memory the region's own pages moved into, for as long as the
