@@ -290,6 +290,19 @@ impl CmChannel {
         self.0.queue.pop()
     }
 
+    /// Whether an event is queued (a look without a system call).
+    pub(crate) fn ready(&self) -> bool {
+        self.0.queue.ready()
+    }
+
+    /// The next event if one is queued, without blocking, and without a system call if none
+    /// is: for the library's own channels, which it made non-blocking (see
+    /// [`CmChannel::set_nonblocking`]).
+    pub(crate) fn queued_event(&self) -> Option<CmEvent> {
+        self.0.release_held();
+        self.0.queue.try_pop()
+    }
+
     /// Sets or clears `O_NONBLOCK` on the descriptor (as fcntl on `channel->fd`).
     pub fn set_nonblocking(&self, on: bool) -> Result<()> {
         self.0.queue.set_nonblocking(on)

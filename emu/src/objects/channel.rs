@@ -8,12 +8,34 @@ use std::{
 };
 
 use super::{Lifecycle, context::ContextInner, cq::Cq, cq::CqInner, event::EventQueue};
-use crate::error::Result;
+use crate::{error::Result, fabric::FabricInner};
 
 /// How long a blocking [`CompChannel::get_cq_event`] looks for its event before it sleeps:
 /// about what a wake-up through the kernel costs (an eventfd round trip between two threads
 /// takes ~50 us on this class of machine), so looking never costs more than twice the best.
 const LOOK: Duration = Duration::from_micros(50);
+
+/// Watches `ready` for up to [`LOOK`] (or until `deadline`, if sooner), moving inbound packets
+/// meanwhile as a thread that polls its CQ does: a peer that answers within that time costs no
+/// wake-up at all, neither of this thread nor of the host fabric's reader, and a requester
+/// whose peer's reader lags carries its WRITEs out itself. If `ready` is still false, the
+/// reader is told this thread will sleep (it may be napping on the strength of these looks).
+pub(crate) fn look_before_sleeping(
+    fabric: &FabricInner,
+    ready: impl Fn() -> bool,
+    deadline: Option<Instant>,
+) {
+    let t0 = Instant::now();
+    let end = deadline.map_or(t0 + LOOK, |d| d.min(t0 + LOOK));
+    while !ready() && Instant::now() < end {
+        if !fabric.progress() {
+            std::hint::spin_loop();
+        }
+    }
+    if !ready() {
+        fabric.attend();
+    }
+}
 
 #[derive(Debug)]
 pub(crate) struct ChannelInner {
@@ -50,21 +72,24 @@ impl CompChannel {
         Ok(Cq(cq))
     }
 
-    /// Watches for the event for up to [`LOOK`], moving inbound packets meanwhile as a thread
-    /// that polls its CQ does: a peer that answers within that time costs no wake-up at all,
-    /// neither of this thread nor of the host fabric's reader. If nothing came, the reader is
-    /// told this thread will sleep (it may be napping on the strength of these looks).
-    fn look_before_sleeping(&self) {
-        let (queue, fabric) = (&self.0.queue, &self.0.ctx.fabric);
-        let t0 = Instant::now();
-        while !queue.ready() && t0.elapsed() < LOOK {
-            if !fabric.progress() {
-                std::hint::spin_loop();
+    /// The next CQ event if one is queued, without blocking, and without a system call if none
+    /// is: for the library's own channels, which it made non-blocking.
+    pub(crate) fn queued_cq_event(&self) -> Option<Cq> {
+        loop {
+            if let Some(cq) = self.0.queue.try_pop()?.upgrade() {
+                cq.comp_events.reported();
+                return Some(Cq(cq));
             }
         }
-        if !queue.ready() {
-            fabric.attend();
-        }
+    }
+
+    /// Whether an event is queued (a look without a system call).
+    pub(crate) fn ready(&self) -> bool {
+        self.0.queue.ready()
+    }
+
+    fn look_before_sleeping(&self) {
+        look_before_sleeping(&self.0.ctx.fabric, || self.ready(), None);
     }
 
     /// Sets or clears `O_NONBLOCK` on the channel's fd.

@@ -58,6 +58,16 @@ impl<T> EventQueue<T> {
         }
     }
 
+    /// Takes the oldest event if one is queued; `None`, without a system call, if none is. For
+    /// the library's own readers of a queue whose descriptor they made non-blocking (one that
+    /// looks each time its socket is used must not pay a `read` for nothing).
+    pub(crate) fn try_pop(&self) -> Option<T> {
+        if !self.ready() {
+            return None;
+        }
+        self.pop().ok()
+    }
+
     /// Takes out every queued event for which `pred` holds (dropped by the caller, after the
     /// queue's lock is released).
     pub(crate) fn remove_if(&self, mut pred: impl FnMut(&T) -> bool) -> Vec<T> {
@@ -120,5 +130,29 @@ impl EventCount {
         while c.1 < c.0 && !give_up() {
             self.acked.wait(&mut c);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// `try_pop` reads the descriptor only for an event queued: on an empty queue whose
+    /// descriptor blocks it returns at once (a read there would block for ever), and an event
+    /// it takes leaves the descriptor unreadable (its count taken with it).
+    #[test]
+    fn try_pop_reads_the_descriptor_only_for_a_queued_event() {
+        let q = EventQueue::<u32>::new().unwrap();
+        assert!(!q.is_nonblocking());
+        assert_eq!(q.try_pop(), None);
+        q.push(7);
+        q.push(8);
+        assert_eq!(q.try_pop(), Some(7));
+        assert!(crate::sys::wait_readable(q.as_raw_fd(), Some(Duration::ZERO)).unwrap());
+        assert_eq!(q.try_pop(), Some(8));
+        assert!(!crate::sys::wait_readable(q.as_raw_fd(), Some(Duration::ZERO)).unwrap());
+        assert_eq!(q.try_pop(), None);
     }
 }

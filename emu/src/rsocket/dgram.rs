@@ -191,7 +191,7 @@ impl Dgram {
     /// whether there were any.
     pub(super) fn progress(&mut self, channel: &CmChannel) -> bool {
         let mut any = false;
-        while let Ok(ev) = channel.get_event() {
+        while let Some(ev) = channel.queued_event() {
             self.on_event(ev);
             any = true;
         }
@@ -337,9 +337,14 @@ impl Dgram {
         Some(ud.comp.as_raw_fd())
     }
 
+    /// Whether a completion event came (see `RSocket::woken`).
+    pub(super) fn woken(&self) -> bool {
+        self.ud.as_ref().is_some_and(|ud| ud.comp.ready())
+    }
+
     pub(super) fn drain(&self) {
         if let Some(ud) = &self.ud {
-            while let Ok(cq) = ud.comp.get_cq_event() {
+            while let Some(cq) = ud.comp.queued_cq_event() {
                 cq.ack_events(1);
             }
         }
@@ -356,7 +361,7 @@ impl Dgram {
         if let Some(ud) = self.ud.take() {
             let _ = ud.qp.destroy();
             let _ = ud.buf.dereg();
-            while let Ok(cq) = ud.comp.get_cq_event() {
+            while let Some(cq) = ud.comp.queued_cq_event() {
                 cq.ack_events(1);
             }
             let _ = ud.cq.destroy();

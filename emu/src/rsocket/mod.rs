@@ -343,11 +343,16 @@ impl RSocket {
         let mut fds = vec![self.0.channel.as_raw_fd()];
         fds.extend(st.stream.as_ref().map(|s| s.comp.as_raw_fd()));
         drop(st);
-        let slice = deadline.map_or(WAIT_SLICE, |d| d.saturating_duration_since(Instant::now()));
-        let mut pfds: Vec<libc::pollfd> =
-            fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
-        sys::poll(&mut pfds, Some(slice.min(WAIT_SLICE)))
-            .map_err(|e| err(e.raw_os_error().unwrap_or(libc::EIO), "poll failed"))?;
+        if !self.look_before_sleeping(|| self.woken(), deadline) {
+            let slice =
+                deadline.map_or(WAIT_SLICE, |d| d.saturating_duration_since(Instant::now()));
+            let mut pfds: Vec<libc::pollfd> = fds
+                .iter()
+                .map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 })
+                .collect();
+            sys::poll(&mut pfds, Some(slice.min(WAIT_SLICE)))
+                .map_err(|e| err(e.raw_os_error().unwrap_or(libc::EIO), "poll failed"))?;
+        }
         if let Some(s) = &self.0.st.lock().stream {
             s.drain_events();
         }
@@ -817,6 +822,31 @@ impl RSocket {
         fds
     }
 
+    /// Whether an event that a sleep on the socket wakes on has come (a look without a system
+    /// call; its completion events must be armed).
+    pub(crate) fn woken(&self) -> bool {
+        if self.0.channel.ready() {
+            return true;
+        }
+        if let Some(m) = &self.0.dgram {
+            return m.lock().woken();
+        }
+        self.0.st.lock().stream.as_ref().is_some_and(|s| s.comp.ready())
+    }
+
+    /// Before a sleep on the socket (and others: `ready`), looks for what it waits for as a
+    /// verbs program's wait for a CQ event does (see `objects::channel`): the answer often
+    /// comes within the look, which moves it itself (an ACK that frees the send buffer, the
+    /// WRITEs of a peer's reader that lags carried out). Whether `ready` came to hold.
+    pub(crate) fn look_before_sleeping(
+        &self,
+        ready: impl Fn() -> bool,
+        deadline: Option<Instant>,
+    ) -> bool {
+        crate::objects::channel::look_before_sleeping(&self.0.fabric.0, &ready, deadline);
+        ready()
+    }
+
     /// Takes the completion events that woke a sleep.
     pub(crate) fn drain(&self) {
         if let Some(m) = &self.0.dgram {
@@ -848,7 +878,7 @@ fn conn_param(s: &Stream) -> ConnParam {
 impl St {
     /// Takes every CM event and completion the socket has.
     fn progress(&mut self, channel: &CmChannel) {
-        while let Ok(ev) = channel.get_event() {
+        while let Some(ev) = channel.queued_event() {
             self.on_event(ev);
         }
         if let Some(s) = &mut self.stream {

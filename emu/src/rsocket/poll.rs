@@ -69,17 +69,26 @@ pub fn poll(entries: &mut [PollEntry], timeout: Option<Duration>) -> Result<usiz
                 wait = deadline.map(|d| d.saturating_duration_since(Instant::now()));
             }
         }
-        sys::poll(&mut fds, wait)
-            .map_err(|e| Error::new(Errno(e.raw_os_error().unwrap_or(libc::EIO)), "poll failed"))?;
-        let mut woken = fds[..ordinary].iter();
-        for e in entries.iter_mut() {
-            if let PollTarget::Fd(_) = e.target {
-                e.revents = woken.next().expect("one per descriptor").revents;
-                ready += usize::from(e.revents != 0);
+        // Only sockets to sleep on: their events are looked for first (ordinary descriptors
+        // cannot be looked at without a system call each).
+        let looked = wait != Some(Duration::ZERO) && ordinary == 0 && looked(entries, deadline);
+        if !looked {
+            // (Nothing to ask the kernel when only sockets are ready: no system call.)
+            if !(fds.is_empty() && wait == Some(Duration::ZERO)) {
+                sys::poll(&mut fds, wait).map_err(|e| {
+                    Error::new(Errno(e.raw_os_error().unwrap_or(libc::EIO)), "poll failed")
+                })?;
             }
-        }
-        if ready > 0 || wait == Some(Duration::ZERO) {
-            return Ok(ready);
+            let mut woken = fds[..ordinary].iter();
+            for e in entries.iter_mut() {
+                if let PollTarget::Fd(_) = e.target {
+                    e.revents = woken.next().expect("one per descriptor").revents;
+                    ready += usize::from(e.revents != 0);
+                }
+            }
+            if ready > 0 || wait == Some(Duration::ZERO) {
+                return Ok(ready);
+            }
         }
         for e in entries.iter() {
             if let PollTarget::Socket(s) = &e.target {
@@ -90,4 +99,17 @@ pub fn poll(entries: &mut [PollEntry], timeout: Option<Duration>) -> Result<usiz
             return Ok(0);
         }
     }
+}
+
+/// Looks for the events the sockets of `entries` (armed) wake on before sleeping, until
+/// `deadline` at the latest (see `RSocket::look_before_sleeping`); whether one came.
+fn looked(entries: &[PollEntry], deadline: Option<Instant>) -> bool {
+    let sockets = || {
+        entries.iter().filter_map(|e| match &e.target {
+            PollTarget::Socket(s) => Some(s),
+            PollTarget::Fd(_) => None,
+        })
+    };
+    let Some(first) = sockets().next() else { return false };
+    first.look_before_sleeping(|| sockets().any(RSocket::woken), deadline)
 }

@@ -469,7 +469,7 @@ impl Stream {
 
     /// Takes the events the channel holds (each acknowledged).
     pub(super) fn drain_events(&self) {
-        while let Ok(cq) = self.comp.get_cq_event() {
+        while let Some(cq) = self.comp.queued_cq_event() {
             cq.ack_events(1);
         }
     }
