@@ -34,8 +34,10 @@ struct Entry {
     fl_flags: c_int,
 }
 
-/// The live sockets, by number.
-static SOCKETS: LazyLock<Mutex<HashMap<c_int, Entry>>> = LazyLock::new(Default::default);
+/// The live sockets, by number. (Looked up at every call, of programs that call `rrecv` in a
+/// loop until data comes too: hashed without SipHash.)
+static SOCKETS: LazyLock<Mutex<HashMap<c_int, Entry, rustc_hash::FxBuildHasher>>> =
+    LazyLock::new(Default::default);
 
 fn lookup(s: c_int) -> Option<RSocket> {
     SOCKETS.lock().get(&s).map(|e| e.sock.clone())
