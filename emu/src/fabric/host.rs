@@ -353,6 +353,9 @@ struct Rx {
     last_qp: Option<(u32, std::sync::Weak<crate::qp::QpShared>)>,
     /// See [`Batch::passed`].
     passed: Vec<std::sync::Weak<crate::qp::QpShared>>,
+    /// [`Batch::kept`]'s room, empty between receives (made anew for each, it was an
+    /// allocation whenever the reader took in a record to keep).
+    kept: Vec<Record>,
     /// Per source, the message being reassembled (its fragments arrive in order).
     partial: Partials,
     /// The rings other nodes write to us, by their slot.
@@ -672,6 +675,7 @@ impl Node {
             rings: Vec::new(),
             last_qp: None,
             passed: Vec::new(),
+            kept: Vec::new(),
             deferred: None,
         };
         let rx = crate::sync::lock::Lock::new(rx);
@@ -1838,9 +1842,10 @@ fn receive_marked(
         drops: Some(&inbound.drops),
         last_qp: rx.last_qp.take(),
         passed: std::mem::take(&mut rx.passed),
+        kept: std::mem::take(&mut rx.kept),
         ..Batch::default()
     };
-    let Rx { buf, partial, rings, last_qp, passed, deferred } = rx;
+    let Rx { buf, partial, rings, last_qp, passed, kept, deferred } = rx;
     let mut rang = false;
     if socket {
         rang = take_datagrams(inbound, buf, rings, &mut |a| batch.take(fabric, partial, a));
@@ -1884,6 +1889,9 @@ fn receive_marked(
     if delivering {
         batch.deliver(fabric);
     }
+    // Its records freed (delivered), the list's room serves the next receive.
+    batch.kept.clear();
+    *kept = std::mem::take(&mut batch.kept);
     delivering || took
 }
 
