@@ -7,16 +7,16 @@ export CARGO_TERM_COLOR=never
 # System packages the tests need: readelf (binutils) for the export-table test, the verbs and
 # rdma_cm headers and link library for the C tests and layout checks, Debian's ibverbs-utils,
 # rdmacm-utils and perftest to run unmodified, as server and client processes, netcat-openbsd,
-# socat and iperf3 to run over rsockets (librspreload), tshark to decode the packet traces, and
-# ucx-utils (UCX's ucx_info and ucx_perftest), qperf, Open MPI (openmpi-bin, and
+# socat, iperf3, curl and wget to run over rsockets (librspreload), tshark to decode the packet
+# traces, and ucx-utils (UCX's ucx_info and ucx_perftest), qperf, Open MPI (openmpi-bin, and
 # libopenmpi-dev for mpicc), MPICH (mpich, libmpich-dev), fio and libfabric-bin to run real RDMA
 # stacks over the emulator, and valgrind to run a pingpong pair under memcheck, iproute2 to
 # make the network namespaces that stand in for two hosts joined by wire ports, and gdb, whose
 # backtraces of a test's process that hangs go into the test's failure.
 need_pkgs=()
 for p in binutils gcc libibverbs-dev librdmacm-dev ibverbs-utils rdmacm-utils perftest tshark \
-    netcat-openbsd socat iperf3 ucx-utils qperf openmpi-bin libopenmpi-dev mpich libmpich-dev fio \
-    libfabric-bin valgrind iproute2 gdb; do
+    netcat-openbsd socat iperf3 curl wget ucx-utils qperf openmpi-bin libopenmpi-dev mpich \
+    libmpich-dev fio libfabric-bin valgrind iproute2 gdb; do
     dpkg -s "$p" >/dev/null 2>&1 || need_pkgs+=("$p")
 done
 install_pkgs() {

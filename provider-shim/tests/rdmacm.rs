@@ -355,7 +355,7 @@ fn over_rsockets(fabric: &Fabric, prog: &str, args: &[&str]) -> Command {
     for p in [RSPRELOAD, &path] {
         assert!(
             std::path::Path::new(p).exists(),
-            "{p} is missing: install Debian's librdmacm1, netcat-openbsd, socat and iperf3 \
+            "{p} is missing: install Debian's librdmacm1, netcat-openbsd, socat, iperf3, curl and wget \
              (./ci.sh does)"
         );
     }
@@ -394,6 +394,42 @@ fn nc_and_socat_talk_over_rsockets_through_librspreload() {
     assert!(c_ok && s_ok, "--- nc:\n{c_out}\n--- socat:\n{s_out}");
     let got = std::fs::read(&output).unwrap();
     assert!(got == data, "{} of {} bytes arrived, not all as sent", got.len(), data.len());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// HTTP clients over rsockets: curl and wget each fetch a 3 MB file from socat, which serves a
+/// canned HTTP response from a file (`-U`: from its right address to its left, the client),
+/// and the body each saved is the file, byte for byte. curl waits in poll() (librspreload's
+/// rpoll) with non-blocking rsockets, wget in select().
+#[test]
+fn curl_and_wget_fetch_a_file_over_rsockets() {
+    let dir = common::profile_dir().join(format!("http-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let body: Vec<u8> =
+        (0..3_000_000u32).map(|i| (i.wrapping_mul(2_246_822_519) >> 11) as u8).collect();
+    let head =
+        format!("HTTP/1.0 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
+    let response = dir.join("response");
+    std::fs::write(&response, [head.as_bytes(), &body].concat()).unwrap();
+    let serve = format!("FILE:{}", response.display());
+    for (client, port) in [("curl", 7782u16), ("wget", 7783)] {
+        let fabric = Fabric::new("rdmacm");
+        let listen = format!("TCP4-LISTEN:{port},bind=127.0.0.1");
+        let s = over_rsockets(&fabric, "socat", &["-U", &listen, &serve]).spawn().unwrap();
+        wait_listening(&fabric, port);
+        let saved = dir.join(format!("{client}.out"));
+        let (url, out) = (format!("http://127.0.0.1:{port}/file"), saved.display().to_string());
+        let args = match client {
+            "curl" => ["-sS", "-o", &out, &url],
+            _ => ["-q", "-O", &out, &url],
+        };
+        let (c_ok, c_out) =
+            finish(over_rsockets(&fabric, client, &args).spawn().unwrap(), Duration::from_secs(60));
+        let (s_ok, s_out) = finish(s, Duration::from_secs(20));
+        assert!(c_ok && s_ok, "--- {client}:\n{c_out}\n--- socat:\n{s_out}");
+        let got = std::fs::read(&saved).unwrap();
+        assert!(got == body, "{client}: {} of {} bytes, not as served", got.len(), body.len());
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
