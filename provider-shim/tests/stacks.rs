@@ -219,9 +219,10 @@ enum MpiRun {
 /// libevent's: seen in 4 of 10 rounds of the thirty openib runs below, the project's code
 /// with and without the changes of the day): told apart by that stack, after both ranks
 /// verified.
-fn mpirun_verified(profile: &str, mca: &[[&str; 2]], env: &[[&str; 2]]) -> MpiRun {
+fn mpirun_verified(profile: &str, ranks: u32, mca: &[[&str; 2]], env: &[[&str; 2]]) -> MpiRun {
     let exe = mpi_verify_program(Mpi::OpenMpi);
-    let mut args = vec!["-np", "2", "--oversubscribe"];
+    let np = ranks.to_string();
+    let mut args = vec!["-np", &np, "--oversubscribe"];
     for [k, v] in mca {
         args.extend(["--mca", k, v]);
     }
@@ -239,8 +240,9 @@ fn mpirun_verified(profile: &str, mca: &[[&str; 2]], env: &[[&str; 2]]) -> MpiRu
     let (ok, out) = finish(c.spawn().unwrap(), Duration::from_secs(60));
     // mpirun went with the guard; its ranks, their own processes, may not have.
     kill_processes_on(&fabric);
-    for rank in 0..2 {
-        assert!(out.contains(&format!("rank {rank} of 2 verified")), "{profile} {mca:?}: {out}");
+    for rank in 0..ranks {
+        let verified = format!("rank {rank} of {ranks} verified");
+        assert!(out.contains(&verified), "{profile} {mca:?}: {out}");
     }
     match ok {
         true => MpiRun::Exited,
@@ -321,15 +323,17 @@ fn kill_processes_on(fabric: &Fabric) {
 }
 
 /// Open MPI over UCX's verbs transports (no shared memory, no TCP): point-to-point, allreduce
-/// and one-sided put/get, verified. Under rxe, UCX 1.13 needs the link-local GID for UD, as
-/// on the kernel's rxe (see docs/real-stacks.md).
+/// and one-sided put/get, verified, by two ranks and by four (each rank's window put to and
+/// read from by the next, over six connected pairs of processes). Under rxe, UCX 1.13 needs
+/// the link-local GID for UD, as on the kernel's rxe (see docs/real-stacks.md).
 #[test]
 fn open_mpi_over_ucx_verbs_verifies_its_results() {
     let mca = [["pml", "ucx"], ["osc", "ucx"]];
     let tls = ["UCX_TLS", "rc_verbs,ud_verbs,self"];
-    assert_eq!(mpirun_verified("full", &mca, &[tls]), MpiRun::Exited);
+    assert_eq!(mpirun_verified("full", 2, &mca, &[tls]), MpiRun::Exited);
+    assert_eq!(mpirun_verified("full", 4, &mca, &[tls]), MpiRun::Exited);
     let gid = ["UCX_IB_GID_INDEX", "0"];
-    assert_eq!(mpirun_verified("rxe", &mca, &[tls, gid]), MpiRun::Exited);
+    assert_eq!(mpirun_verified("rxe", 2, &mca, &[tls, gid]), MpiRun::Exited);
 }
 
 /// MPICH (Debian's is built on UCX, its `ch4:ucx` device) over UCX's verbs transports, RC
@@ -376,7 +380,7 @@ fn open_mpi_openib_runs_thirty_times_without_a_hang() {
         ["btl_openib_warn_no_device_params_found", "0"],
         ["osc", "pt2pt"],
     ];
-    let stuck = (0..30).filter(|_| mpirun_verified("full", &mca, &[]) != MpiRun::Exited).count();
+    let stuck = (0..30).filter(|_| mpirun_verified("full", 2, &mca, &[]) != MpiRun::Exited).count();
     assert!(stuck <= 5, "{stuck} of 30 runs never returned from MPI_Finalize, or died in it");
 }
 
