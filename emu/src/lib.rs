@@ -111,5 +111,6 @@ pub use crate::{
         Endpoint, Flush, Qp, QpAttr, QpCap, QpInitAttr, RcParams, RecvWr, RssConf, SendWr, Tso,
         UdDest,
     },
+    sys::fork_generation,
     types::*,
 };

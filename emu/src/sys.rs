@@ -7,7 +7,32 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+/// How many forks stand between this process and the one the emulator was loaded in: a
+/// child made by `fork` counts one more than its parent did at the fork.
+static FORKS: AtomicU64 = AtomicU64::new(0);
+
+/// This process's generation: 0 in the process that loaded the emulator, one more in each
+/// child made by `fork` (counted once [`watch_forks`] ran, as any fabric's creation does).
+/// A host-fabric node belongs to the generation that joined: a child holds a copy of its
+/// parent's, which must not act for it (see `fabric::host::Node::inherited`).
+pub fn fork_generation() -> u64 {
+    FORKS.load(Ordering::Relaxed)
+}
+
+/// Starts counting forks (once per process).
+pub(crate) fn watch_forks() {
+    static WATCHING: std::sync::Once = std::sync::Once::new();
+    extern "C" fn forked() {
+        FORKS.fetch_add(1, Ordering::Relaxed);
+    }
+    WATCHING.call_once(|| {
+        // SAFETY: registers a plain function that lives as long as the process; in the child
+        // it only adds to an atomic (async-signal-safe, as a fork handler must be).
+        unsafe { libc::pthread_atfork(None, None, Some(forked)) };
+    });
+}
 
 /// An eventfd in semaphore mode: each `post` adds one, each successful `wait` takes one.
 ///

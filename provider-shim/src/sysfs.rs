@@ -101,7 +101,10 @@ pub(crate) fn sweep(dir: &Path, limit: Option<usize>) {
 
 extern "C" fn remove_at_exit() {
     let _ = std::panic::catch_unwind(|| {
-        if let Some((root, true)) = ROOT.get() {
+        // Not by a child of `fork` that exits: the tree is its parent's.
+        if let Some((root, true)) = ROOT.get()
+            && root.file_name().is_some_and(|n| *n == *format!("sysfs-{}", std::process::id()))
+        {
             let _ = std::fs::remove_dir_all(root);
         }
     });

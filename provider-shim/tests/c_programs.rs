@@ -314,6 +314,20 @@ fn the_connection_manager_in_one_process_and_its_bad_input() {
     }
 }
 
+/// Children of a process that opened a device use the verbs and the CM on their own, and
+/// leave their parent reachable when they exit (see `tests/c/fork.c`).
+#[test]
+fn forked_children_are_processes_of_their_own_on_the_host_fabric() {
+    let exe = build("fork");
+    for profile in ["full", "rxe"] {
+        let fabric = common::Fabric::new("fork");
+        let mut cmd = Command::new(&exe);
+        cmd.env("RDMA_EMU_PROFILE", profile).env("RDMA_EMU_FABRIC", &fabric.0);
+        let out = run_on_shim(&mut cmd);
+        assert!(out.contains("fork ok"), "{profile}: {out}");
+    }
+}
+
 #[test]
 fn rsockets_in_one_process_and_their_bad_input() {
     let exe = build("rsocket");

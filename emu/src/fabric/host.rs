@@ -242,6 +242,8 @@ pub(crate) struct Node {
     /// Whether this node has a peer yet (a QP connected to another process's, or a message
     /// sent to one): until it has, a look without rings looks at nothing (see `progress`).
     met: AtomicBool,
+    /// The fork generation of the process that joined (see [`Node::inherited`]).
+    born: u64,
 }
 
 /// A listing of the fabric directory's sockets, kept while the directory does not change.
@@ -725,7 +727,18 @@ impl Node {
             lag,
             sent_carriable,
             met: AtomicBool::new(false),
+            born: crate::sys::fork_generation(),
         })
+    }
+
+    /// Whether this is a copy a child made by `fork` holds of its parent's node. The parent
+    /// still is that node: its socket, its slot, the rings it shares with its peers. The copy
+    /// takes nothing in (what it read would be the parent's), sends nothing at exit, and
+    /// leaves the parent's socket in place; the child joins as a node of its own for objects
+    /// it makes (as a child opens a device anew, in rdma-core), and the parent's objects,
+    /// which it may not use (the verbs' rule for a child), see nothing more.
+    pub(crate) fn inherited(&self) -> bool {
+        self.born != crate::sys::fork_generation()
     }
 
     /// Withdraws our MR `(dev, rkey)` from the exports; returns once no peer can be writing or
@@ -802,6 +815,9 @@ impl Node {
     /// SENDs reading 0.1-0.3 Mpps. What comes later comes in rings, which this thread reads.
     #[inline(never)]
     fn look_without_rings(&self, fabric: &FabricInner) -> bool {
+        if self.inherited() {
+            return false;
+        }
         self.inbound.mark_polled();
         // The node's count, not the thread's: a thread polling CQs of two nodes in turn (two
         // fabrics in one process) would find its count's multiples at one of them only.
@@ -821,6 +837,9 @@ impl Node {
 
     #[inline(never)]
     fn look_at_rings(&self, fabric: &FabricInner) -> bool {
+        if self.inherited() {
+            return false;
+        }
         self.inbound.mark_polled();
         let Some(mut rx) = self.inbound.rx.try_lock() else {
             if LOOKS.with(Looks::missed) {
@@ -1352,6 +1371,10 @@ impl Node {
     /// (every backlog pushed to its peer's socket), but not for peers that take nothing for
     /// [`STALLED`]: an exit must not linger on them.
     pub(crate) fn flush(&self, limit: Duration) -> Flushed {
+        if self.inherited() {
+            // What it queued is the parent's to send.
+            return Flushed::All;
+        }
         let deadline = Instant::now() + limit;
         // Take in what has arrived, so that it is acknowledged as a NIC would have done
         // before the QPs go (a thread servicing inbound packets holds this lock: its replies
@@ -1405,12 +1428,17 @@ impl Node {
     /// process leaves without dropping the node, so `Drop` never runs). Peers that still send
     /// find no one, as they would a moment later.
     pub(crate) fn leave(&self) {
-        let _ = self.dir.remove(&sock_name(self.slot));
+        if !self.inherited() {
+            let _ = self.dir.remove(&sock_name(self.slot));
+        }
     }
 }
 
 impl Drop for Node {
     fn drop(&mut self) {
+        if self.inherited() {
+            return;
+        }
         // What the application handed over before letting go (final ACKs too) still leaves.
         self.flush(Duration::from_secs(1));
         self.inbound.quit.store(true, Ordering::Release);

@@ -303,6 +303,12 @@ impl FabricInner {
     /// fabric is in-process only.
     pub(crate) fn joined(&self) -> crate::Result<Option<&host::Node>> {
         let Some(dir) = &self.host else { return Ok(None) };
+        if self.node.get().is_some_and(host::Node::inherited) {
+            return Err(crate::Error::new(
+                crate::Errno::EPERM,
+                "this fabric's node is the parent process's: a child of fork makes a fabric of its own",
+            ));
+        }
         if self.node.get().is_none() {
             // One thread joins at a time (the QP table's lock); a loser finds the node set.
             let _qps = self.qps.write();
@@ -612,6 +618,7 @@ impl Fabric {
 
     /// [`new`](Self::new), failing only if the packet trace file cannot be created.
     pub fn try_new(cfg: FabricConfig) -> crate::Result<Fabric> {
+        crate::sys::watch_forks();
         let ethernet = cfg.profile == Profile::Rxe || cfg.link_layer == crate::LinkLayer::ETHERNET;
         if !cfg.wire.is_empty() && !ethernet {
             return Err(crate::Error::new(

@@ -101,12 +101,18 @@ fn done(res: rdma_emu::Result<()>) -> c_int {
 }
 
 /// The verbs context this library gives ids on device `index` (one per device, opened on
-/// first use and kept, as librdmacm keeps the contexts of `rdma_get_devices`).
+/// first use and kept, as librdmacm keeps the contexts of `rdma_get_devices`; a child of
+/// `fork` opens its own, on its own devices).
 fn device_context(index: u32) -> *mut ibv_context {
-    static CONTEXTS: OnceLock<Mutex<Vec<usize>>> = OnceLock::new();
+    static CONTEXTS: OnceLock<Mutex<(u64, Vec<usize>)>> = OnceLock::new();
     let devs = super::device::devices();
     let Some(dev) = devs.get(index as usize) else { return ptr::null_mut() };
-    let mut all = CONTEXTS.get_or_init(Default::default).lock();
+    let mut guard = CONTEXTS.get_or_init(Default::default).lock();
+    let (generation, all) = &mut *guard;
+    if *generation != rdma_emu::fork_generation() {
+        // The parent's contexts, which its child may not use.
+        (*generation, *all) = (rdma_emu::fork_generation(), Vec::new());
+    }
     if all.len() < devs.len() {
         all.resize(devs.len(), 0);
     }
@@ -146,6 +152,11 @@ fn refresh(s: *mut ShimCmId) {
     let emu = &s.emu;
     if let Some(ctx) = emu.context() {
         s.id.verbs = device_context(ctx.device().index());
+        // As librdmacm gives an id its device's PD with the device (`ucma_get_device`), for
+        // a QP the program makes itself (`ibv_create_qp(id->pd, ...)`).
+        if s.id.pd.is_null() && !s.id.verbs.is_null() {
+            s.id.pd = default_pd(s.id.verbs);
+        }
     }
     s.id.port_num = emu.port_num();
     write_addr(&mut s.id.route.addr.src_storage, emu.local_addr());

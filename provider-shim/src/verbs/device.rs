@@ -4,7 +4,10 @@ use core::ffi::{c_char, c_int, c_void};
 use std::{
     os::fd::{AsRawFd, OwnedFd},
     ptr,
-    sync::{Arc, OnceLock},
+    sync::{
+        Arc, OnceLock,
+        atomic::{AtomicPtr, Ordering},
+    },
 };
 
 use super::import::Ufile;
@@ -18,50 +21,98 @@ use crate::{
     verbs::ops,
 };
 
-/// The emulated devices of this process, created on first use from the environment (see
-/// `FabricConfig::from_vars`). They live as long as the process.
-pub(crate) fn devices() -> &'static [ShimDevice] {
-    // Never resized after creation, so the addresses handed to C stay valid.
-    static DEVICES: OnceLock<Vec<ShimDevice>> = OnceLock::new();
-    let devs = DEVICES.get_or_init(|| {
-        let Some(fabric) = fabric_from_env() else { return Vec::new() };
-        if FABRIC.set(fabric.clone()).is_ok() {
+/// This process's emulator: its fabric and its devices, made on first use from the
+/// environment (see `FabricConfig::from_vars`). A child made by `fork` makes its own at its
+/// first use (it joins the host fabric as a node of its own, as a child opens the device
+/// anew in rdma-core): the parent's, which it holds a copy of, is the parent's (see
+/// `rdma_emu::fork_generation`). Each lives as long as the process: its devices' addresses
+/// are handed to C (and a child may still hold its parent's, see [`current`]).
+struct Instance {
+    generation: u64,
+    fabric: Option<Fabric>,
+    /// Never resized after creation, so the addresses handed to C stay valid.
+    devices: Vec<ShimDevice>,
+}
+
+/// The instance of this process's generation (a leaked `Box`), or NULL before the first.
+static INSTANCE: AtomicPtr<Instance> = AtomicPtr::new(ptr::null_mut());
+
+/// This process's emulator (made now if this process has none of its own yet).
+fn instance() -> &'static Instance {
+    let p = INSTANCE.load(Ordering::Acquire);
+    // SAFETY: a non-null `INSTANCE` is a leaked `Box<Instance>`, never freed.
+    match unsafe { p.as_ref() } {
+        Some(i) if i.generation == rdma_emu::fork_generation() => i,
+        _ => make_instance(),
+    }
+}
+
+#[cold]
+fn make_instance() -> &'static Instance {
+    static MAKING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    // (A lock the parent held as it forked stays held in the child: taken from poison, as
+    // the only thread left could not have been inside.)
+    let _making = MAKING.lock().unwrap_or_else(|e| e.into_inner());
+    let generation = rdma_emu::fork_generation();
+    // SAFETY: as in `instance`.
+    if let Some(i) = unsafe { INSTANCE.load(Ordering::Acquire).as_ref() }
+        && i.generation == generation
+    {
+        return i;
+    }
+    let first = INSTANCE.load(Ordering::Acquire).is_null();
+    let fabric = fabric_from_env();
+    let emus = fabric.as_ref().map(Fabric::devices).unwrap_or_default();
+    if first {
+        crate::sysfs::publish(&emus);
+        if fabric.is_some() {
             // SAFETY: registers a plain function with no captured state; it may run at exit.
             unsafe { libc::atexit(flush_at_exit) };
         }
-        let emus = fabric.devices();
-        crate::sysfs::publish(&emus);
-        emus.into_iter()
-            .map(|emu| {
-                let mut dev = ibv_device {
-                    _ops: [ptr::null_mut(); 2],
-                    node_type: 1,      // IBV_NODE_CA
-                    transport_type: 0, // IBV_TRANSPORT_IB
-                    name: [0; 64],
-                    dev_name: [0; 64],
-                    dev_path: [0; 256],
-                    ibdev_path: [0; 256],
-                };
-                let i = emu.index();
-                copy_str(&mut dev.name, emu.name());
-                copy_str(&mut dev.dev_name, &format!("uverbs{i}"));
-                copy_str(&mut dev.dev_path, &format!("/sys/class/infiniband_verbs/uverbs{i}"));
-                copy_str(&mut dev.ibdev_path, &format!("/sys/class/infiniband/{}", emu.name()));
-                ShimDevice { dev, emu }
-            })
-            .collect()
-    });
-    static REGISTERED: std::sync::Once = std::sync::Once::new();
-    REGISTERED.call_once(|| devs.iter().for_each(|d| register(d as *const ShimDevice)));
-    devs
+    }
+    let devices = emus.into_iter().map(shim_device).collect();
+    // (Counted by the fork of a fabric made just now: the generation that made it.)
+    let generation = rdma_emu::fork_generation();
+    let made: &'static Instance = Box::leak(Box::new(Instance { generation, fabric, devices }));
+    made.devices.iter().for_each(|d| register(d as *const ShimDevice));
+    INSTANCE.store(made as *const Instance as *mut Instance, Ordering::Release);
+    made
 }
 
-static FABRIC: OnceLock<Fabric> = OnceLock::new();
+/// The C face of the emulated device `emu`.
+fn shim_device(emu: rdma_emu::Device) -> ShimDevice {
+    let mut dev = ibv_device {
+        _ops: [ptr::null_mut(); 2],
+        node_type: 1,      // IBV_NODE_CA
+        transport_type: 0, // IBV_TRANSPORT_IB
+        name: [0; 64],
+        dev_name: [0; 64],
+        dev_path: [0; 256],
+        ibdev_path: [0; 256],
+    };
+    let i = emu.index();
+    copy_str(&mut dev.name, emu.name());
+    copy_str(&mut dev.dev_name, &format!("uverbs{i}"));
+    copy_str(&mut dev.dev_path, &format!("/sys/class/infiniband_verbs/uverbs{i}"));
+    copy_str(&mut dev.ibdev_path, &format!("/sys/class/infiniband/{}", emu.name()));
+    ShimDevice { dev, emu }
+}
+
+/// The emulated devices of this process.
+pub(crate) fn devices() -> &'static [ShimDevice] {
+    &instance().devices
+}
 
 /// This process's fabric (the one the devices are on), if the environment makes one.
 pub(crate) fn fabric() -> Option<Fabric> {
-    devices();
-    FABRIC.get().cloned()
+    instance().fabric.clone()
+}
+
+/// This process's device for `d`: `d` itself, or, for a device of its parent's emulator (a
+/// child of `fork` opening a device it listed before the fork, as rdma-core lets it), its own
+/// device of the same index.
+fn current(d: &ShimDevice) -> Option<&'static ShimDevice> {
+    devices().get(d.emu.index() as usize)
 }
 
 /// The fabric the environment describes. A configuration that cannot be used (a malformed
@@ -98,7 +149,10 @@ fn fabric_from_env() -> Option<Fabric> {
 /// out of the fabric's directory.
 extern "C" fn flush_at_exit() {
     let _ = std::panic::catch_unwind(|| {
-        if let Some(f) = FABRIC.get() {
+        // SAFETY: as in `instance`. (Not made now, at exit, if there is none of this
+        // generation: a child's copy of its parent's has nothing of the child's to flush.)
+        let Some(i) = (unsafe { INSTANCE.load(Ordering::Acquire).as_ref() }) else { return };
+        if let Some(f) = i.fabric.as_ref().filter(|_| i.generation == rdma_emu::fork_generation()) {
             f.flush(std::time::Duration::from_secs(2));
             f.leave_at_exit();
         }
@@ -177,10 +231,11 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_open_device(
 ) -> *mut ibv_context {
     ffi!(ptr::null_mut(), {
         // SAFETY: NULL or one of our devices.
-        let Some(d) = (unsafe { obj::<_, ShimDevice>(dev) }) else {
+        let Some(d) = (unsafe { obj::<_, ShimDevice>(dev) }).and_then(current) else {
             set_errno(libc::EINVAL);
             return ptr::null_mut();
         };
+        let dev = &d.dev as *const ibv_device as *mut ibv_device;
         let emu = match d.emu.open() {
             Ok(c) => c,
             Err(e) => return null_with(e),

@@ -1,0 +1,134 @@
+/* A process that opened a device forks children that use the verbs and the CM themselves, as
+ * rdma-core's own tests do (their two sides are forked from the test runner, which listed and
+ * opened the devices first): each child is a process of its own on the host fabric, and one
+ * opens a device it listed before the fork. The children end with exit(), which leaves the
+ * parent where it was: the parent then serves a third child's connection. */
+#include "common.h"
+
+#include <rdma/rdma_cma.h>
+#include <rdma/rdma_verbs.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define MSG "over the fork"
+
+/* Accepts one connection on `port` and checks the message its peer sends. */
+static void serve(const char *port)
+{
+	struct rdma_addrinfo hints = { .ai_flags = RAI_PASSIVE, .ai_port_space = RDMA_PS_TCP };
+	struct rdma_addrinfo *res;
+	struct ibv_qp_init_attr attr = { .cap = { .max_send_wr = 1, .max_recv_wr = 1,
+						  .max_send_sge = 1, .max_recv_sge = 1 },
+					 .sq_sig_all = 1 };
+	struct rdma_cm_id *listen_id, *id;
+	struct ibv_wc wc;
+	char buf[64] = { 0 };
+
+	CHECK(rdma_getaddrinfo("127.0.0.1", port, &hints, &res) == 0);
+	CHECK(rdma_create_ep(&listen_id, res, NULL, &attr) == 0);
+	CHECK(rdma_listen(listen_id, 1) == 0);
+	CHECK(rdma_get_request(listen_id, &id) == 0);
+	struct ibv_mr *mr = rdma_reg_msgs(id, buf, sizeof(buf));
+	CHECK(mr);
+	CHECK(rdma_post_recv(id, NULL, buf, sizeof(buf), mr) == 0);
+	CHECK(rdma_accept(id, NULL) == 0);
+	CHECK(rdma_get_recv_comp(id, &wc) == 1 && wc.status == IBV_WC_SUCCESS);
+	CHECK(strcmp(buf, MSG) == 0);
+	rdma_disconnect(id);
+	rdma_dereg_mr(mr);
+	rdma_destroy_ep(id);
+	rdma_destroy_ep(listen_id);
+	rdma_freeaddrinfo(res);
+}
+
+/* Connects to `port` and sends the message. */
+static void connect_and_send(const char *port)
+{
+	struct rdma_addrinfo hints = { .ai_port_space = RDMA_PS_TCP };
+	struct rdma_addrinfo *res;
+	struct ibv_qp_init_attr attr = { .cap = { .max_send_wr = 1, .max_recv_wr = 1,
+						  .max_send_sge = 1, .max_recv_sge = 1 },
+					 .sq_sig_all = 1 };
+	struct rdma_cm_id *id;
+	struct ibv_wc wc;
+	char buf[64] = MSG;
+
+	CHECK(rdma_getaddrinfo("127.0.0.1", port, &hints, &res) == 0);
+	CHECK(rdma_create_ep(&id, res, NULL, &attr) == 0);
+	struct ibv_mr *mr = rdma_reg_msgs(id, buf, sizeof(buf));
+	CHECK(mr);
+	/* The server may not listen yet: try again for a while. */
+	int tries = 0;
+	while (rdma_connect(id, NULL) != 0) {
+		CHECK(++tries < 500);
+		rdma_destroy_ep(id);
+		usleep(10000);
+		CHECK(rdma_create_ep(&id, res, NULL, &attr) == 0);
+		CHECK(mr = rdma_reg_msgs(id, buf, sizeof(buf)));
+	}
+	CHECK(rdma_post_send(id, NULL, buf, sizeof(buf), mr, 0) == 0);
+	CHECK(rdma_get_send_comp(id, &wc) == 1 && wc.status == IBV_WC_SUCCESS);
+	rdma_disconnect(id);
+	rdma_dereg_mr(mr);
+	rdma_destroy_ep(id);
+	rdma_freeaddrinfo(res);
+}
+
+/* Runs `f(port)` in a child that ends with exit(); its pid. */
+static pid_t child(void (*f)(const char *), const char *port, struct ibv_device *listed)
+{
+	pid_t pid = fork();
+	CHECK(pid >= 0);
+	if (pid)
+		return pid;
+	if (listed) {
+		/* A device the parent listed: the child's own device of that index. */
+		struct ibv_context *ctx = ibv_open_device(listed);
+		CHECK(ctx);
+		struct ibv_pd *pd = ibv_alloc_pd(ctx);
+		CHECK(pd);
+		struct ibv_cq *cq = ibv_create_cq(ctx, 4, NULL, NULL, 0);
+		CHECK(cq);
+		struct ibv_qp_init_attr qa = { .send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+					       .cap = { .max_send_wr = 1, .max_recv_wr = 1,
+							.max_send_sge = 1, .max_recv_sge = 1 } };
+		struct ibv_qp *qp = ibv_create_qp(pd, &qa);
+		CHECK(qp);
+		CHECK(ibv_destroy_qp(qp) == 0 && ibv_destroy_cq(cq) == 0);
+		CHECK(ibv_dealloc_pd(pd) == 0 && ibv_close_device(ctx) == 0);
+	}
+	f(port);
+	exit(0);
+}
+
+static void reap(pid_t pid)
+{
+	int status;
+	CHECK(waitpid(pid, &status, 0) == pid);
+	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+int main(void)
+{
+	int n;
+	struct ibv_device **list = ibv_get_device_list(&n);
+	CHECK(list && n > 0);
+	/* The parent is a member of the host fabric before it forks. */
+	struct ibv_context *ctx = ibv_open_device(list[0]);
+	CHECK(ctx);
+
+	pid_t server = child(serve, "7811", NULL);
+	pid_t client = child(connect_and_send, "7811", list[0]);
+	reap(client);
+	reap(server);
+
+	/* Both children exited (atexit handlers and all): the parent is still reachable. */
+	pid_t third = child(connect_and_send, "7812", NULL);
+	serve("7812");
+	reap(third);
+
+	CHECK(ibv_close_device(ctx) == 0);
+	ibv_free_device_list(list);
+	printf("fork ok\n");
+	return 0;
+}
