@@ -10,13 +10,14 @@ export CARGO_TERM_COLOR=never
 # socat, iperf3, curl and wget to run over rsockets (librspreload), tshark to decode the packet
 # traces, and ucx-utils (UCX's ucx_info and ucx_perftest), qperf, Open MPI (openmpi-bin, and
 # libopenmpi-dev for mpicc), MPICH (mpich, libmpich-dev), fio and libfabric-bin to run real RDMA
-# stacks over the emulator, and valgrind to run a pingpong pair under memcheck, iproute2 to
-# make the network namespaces that stand in for two hosts joined by wire ports, and gdb, whose
-# backtraces of a test's process that hangs go into the test's failure.
+# stacks over the emulator, python3-pyverbs for rdma-core's own tests (it ships them), valgrind
+# to run a pingpong pair under memcheck, iproute2 to make the network namespaces that stand in
+# for two hosts joined by wire ports, and gdb, whose backtraces of a test's process that hangs go
+# into the test's failure.
 need_pkgs=()
 for p in binutils gcc libibverbs-dev librdmacm-dev ibverbs-utils rdmacm-utils perftest tshark \
     netcat-openbsd socat iperf3 curl wget ucx-utils qperf openmpi-bin libopenmpi-dev mpich \
-    libmpich-dev fio libfabric-bin valgrind iproute2 gdb; do
+    libmpich-dev fio libfabric-bin python3-pyverbs valgrind iproute2 gdb; do
     dpkg -s "$p" >/dev/null 2>&1 || need_pkgs+=("$p")
 done
 install_pkgs() {

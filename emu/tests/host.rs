@@ -990,6 +990,10 @@ fn survivor_process_for_the_round_test() {
     let mut seen = Vec::new();
     for round in 0..8 {
         let qp = s.pd.create_qp(&QpInitAttr::new(QpType::RC, &s.cq, cap(1024))).unwrap();
+        // Receives are taken from INIT on (`connect` moves it on from there).
+        let init = QpAttr { qp_state: QpState::INIT, port_num: 1, ..Default::default() };
+        let mask = QpAttrMask::STATE | QpAttrMask::PORT | QpAttrMask::PKEY_INDEX;
+        qp.modify(&init, mask | QpAttrMask::ACCESS_FLAGS).unwrap();
         for i in 0..ROUND_MESSAGES {
             post_recv(&qp, i, &[sge(&s.mr, 8 * (i as usize % 512), 8)]);
         }

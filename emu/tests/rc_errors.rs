@@ -296,37 +296,55 @@ fn destroy_takes_the_qps_completions_out_of_its_cqs_on_the_full_profile_only() {
     }
 }
 
+/// Posting before the QP is ready: rxe refuses a send in RESET, INIT or RTR; mlx5 (rdma-core
+/// 40 on, IBA C10-22/25/29) a send until the QP reached RTS since its last RESET, so also in
+/// ERR reached from INIT. Both refuse a receive in RESET. Nothing refused is queued: once the
+/// QPs connect, only what was posted after shows.
 #[test]
-fn posting_below_rts_is_einval_on_rxe_and_queued_until_rts_on_the_full_profile() {
-    let fabric = Fabric::new(FabricConfig { profile: Profile::Rxe, ..Default::default() });
-    let n = node_on(&fabric.devices()[0], 4096);
-    let s = [sge(&n.mr, 0, 8)];
-    let send = SendWr::send(1, &s);
-    assert_eq!(n.qp.post_send(&send).unwrap_err().errno(), Errno::EINVAL, "RESET");
-    assert_eq!(
-        n.qp.post_recv(&RecvWr { wr_id: 1, sg_list: &s }).unwrap_err().errno(),
-        Errno::EINVAL
-    );
+fn posting_before_the_qp_is_ready_is_einval_as_rxe_and_mlx5_each_refuse_it() {
     let init = QpAttr { qp_state: QpState::INIT, port_num: 1, ..Default::default() };
-    n.qp.modify(
-        &init,
-        QpAttrMask::STATE | QpAttrMask::PORT | QpAttrMask::PKEY_INDEX | QpAttrMask::ACCESS_FLAGS,
-    )
-    .unwrap();
-    assert_eq!(n.qp.post_send(&send).unwrap_err().errno(), Errno::EINVAL, "INIT");
-    n.qp.post_recv(&RecvWr { wr_id: 1, sg_list: &s }).unwrap();
+    let init_mask =
+        QpAttrMask::STATE | QpAttrMask::PORT | QpAttrMask::PKEY_INDEX | QpAttrMask::ACCESS_FLAGS;
+    let err = QpAttr { qp_state: QpState::ERR, ..Default::default() };
+    for profile in [Profile::Rxe, Profile::Full] {
+        let full = profile == Profile::Full;
+        let fabric = Fabric::new(FabricConfig { profile, ..Default::default() });
+        let n = node_on(&fabric.devices()[0], 4096);
+        let s = [sge(&n.mr, 0, 8)];
+        let send = |id| n.qp.post_send(&SendWr::send(id, &s).signaled());
+        let recv = |id| n.qp.post_recv(&RecvWr { wr_id: id, sg_list: &s });
+        assert_eq!(send(1).unwrap_err().errno(), Errno::EINVAL, "{profile:?} RESET");
+        assert_eq!(recv(1).unwrap_err().errno(), Errno::EINVAL, "{profile:?} RESET");
+        n.qp.modify(&init, init_mask).unwrap();
+        assert_eq!(send(3).unwrap_err().errno(), Errno::EINVAL, "{profile:?} INIT");
+        recv(3).unwrap();
+        // ERR from INIT: the send queue never reached RTS.
+        n.qp.modify(&err, QpAttrMask::STATE).unwrap();
+        assert_eq!(send(4).is_err(), full, "{profile:?} ERR from INIT");
+        let flushed: Vec<u64> = std::iter::from_fn(|| n.cq.poll_one()).map(|wc| wc.wr_id).collect();
+        let want: &[u64] = if full { &[3] } else { &[3, 4] };
+        assert_eq!(flushed, want, "{profile:?}");
+    }
 
-    // mlx5 queues both in RESET; the SEND goes out when its QP reaches RTS.
+    // Refused, not queued: a pair connected after a refused SEND carries only the one posted
+    // once the QPs are ready.
     let fabric = Fabric::new(FabricConfig::default());
     let (a, b) = (node_on(&fabric.devices()[0], 4096), node_on(&fabric.devices()[1], 4096));
-    b.qp.post_recv(&RecvWr { wr_id: 9, sg_list: &[sge(&b.mr, 0, 64)] }).unwrap();
     a.mr.write(0, b"early").unwrap();
-    a.qp.post_send(&SendWr::send(1, &[sge(&a.mr, 0, 5)]).signaled()).unwrap();
-    assert_empty(&a.cq);
+    let early = a.qp.post_send(&SendWr::send(1, &[sge(&a.mr, 0, 5)]).signaled());
+    assert_eq!(early.unwrap_err().errno(), Errno::EINVAL);
     connect(&a.qp, &b.qp, &RcParams::default(), &RcParams::default());
-    assert_eq!(wait1(&a.cq).status, WcStatus::SUCCESS);
+    b.qp.post_recv(&RecvWr { wr_id: 9, sg_list: &[sge(&b.mr, 0, 64)] }).unwrap();
+    a.mr.write(0, b"ready").unwrap();
+    a.qp.post_send(&SendWr::send(2, &[sge(&a.mr, 0, 5)]).signaled()).unwrap();
+    assert_eq!(wait1(&a.cq).wr_id, 2);
     let r = wait1(&b.cq);
     assert_eq!((r.wr_id, r.byte_len), (9, 5));
+    let mut got = [0u8; 5];
+    b.mr.read(0, &mut got).unwrap();
+    assert_eq!(&got, b"ready");
+    assert_empty(&a.cq);
+    assert_empty(&b.cq);
 }
 
 #[test]

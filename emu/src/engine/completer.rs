@@ -118,9 +118,9 @@ fn hidden_done(qp: &QpShared, w: &crate::qp::queue::SendWqe, status: WcStatus) -
     use crate::qp::queue::Hidden;
     match w.hidden {
         Hidden::None => false,
-        Hidden::RndvRead { wr_id, tag, app_ctx } => {
+        Hidden::RndvRead { wr_id } => {
             let mut c = wc_ok(qp, wr_id, WcOpcode::TM_RECV, w.length, WcFlags::TM_DATA_VALID);
-            (c.status, c.tm_tag, c.tm_priv) = (status, tag, app_ctx);
+            c.status = status;
             let _ = qp.recv_cq.push(c, false);
             true
         }

@@ -89,11 +89,13 @@ pub(crate) fn post(
     if qp.qp_type == QpType::XRC_RECV || qp.rss.is_some() {
         return Err(einval("an XRC target or RSS QP has no send queue"));
     }
-    // rxe refuses a post below RTS; mlx5 (the full profile) queues the WQE, which goes out
-    // once the QP reaches RTS (a move to RESET discards it).
-    if matches!(g.state, QpState::RESET | QpState::INIT | QpState::RTR)
-        && qp.ctx.device.profile == crate::Profile::Rxe
-    {
+    // rxe refuses a post below RTS; mlx5 (rdma-core 40 on) one before the QP reached RTS
+    // since its last RESET (IBA C10-22, C10-25, C10-29): to ERR from INIT, say.
+    let refused = match qp.ctx.device.profile {
+        crate::Profile::Rxe => matches!(g.state, QpState::RESET | QpState::INIT | QpState::RTR),
+        crate::Profile::Full => !g.sq_open,
+    };
+    if refused {
         return Err(einval("QP is not ready to send (state below RTS)"));
     }
     let cap = &qp.cap;
@@ -232,7 +234,7 @@ pub(crate) fn post(
         _ => {}
     }
     let sq = &mut g.sq;
-    if sq.len() >= sq.depth {
+    if sq.full() {
         return Err(Error::new(Errno::ENOMEM, "send queue is full"));
     }
     let head = sq.head;
@@ -343,7 +345,8 @@ pub(crate) fn queue_rndv(
 ) -> bool {
     use crate::qp::queue::Hidden;
     let sq = &mut g.sq;
-    if g.state != QpState::RTS || sq.depth - sq.len() < 2 {
+    // In the room the QP keeps for them (the application's WQEs stay within `depth`).
+    if g.state != QpState::RTS || sq.hidden() + 2 > sq.reserve {
         return false;
     }
     for (opcode, hidden) in [(WrOpcode::RDMA_READ, done), (WrOpcode::SEND, Hidden::Fin)] {

@@ -88,8 +88,9 @@ pub(crate) fn post_recv(qp: &Arc<QpShared>, wr: &RecvWr<'_>) -> Result<()> {
     if qp.srq.is_some() || qp.rss.is_some() {
         return Err(einval("the QP takes its receives from an SRQ or its WQs"));
     }
-    // rxe refuses a receive posted in RESET; mlx5 (the full profile) queues it.
-    if qp.rq.state() == QpState::RESET && qp.ctx.device.profile == crate::Profile::Rxe {
+    // A receive posted in RESET is refused (IBA C10-22): by rxe, and by mlx5 from rdma-core
+    // 40 on (before, it queued it).
+    if qp.rq.state() == QpState::RESET {
         return Err(einval("QP is in RESET"));
     }
     if qp.rq.post(wr, qp.cap.max_recv_sge, "receive queue is full")? {
@@ -667,8 +668,9 @@ fn be_word(bytes: &[u8]) -> u64 {
 /// (a rendezvous: its RVH and what follows, with `IBV_WC_TM_RNDV_INCOMPLETE`, the read left to
 /// software, as mlx5's software-rendezvous completion); anything else goes whole to an
 /// ordinary receive WQE: `IBV_WC_TM_RECV` for an unexpected tagged message (which pauses
-/// matching until the application syncs), `IBV_WC_TM_NO_TAG` otherwise. The TMH's tag and
-/// `app_ctx` go with the completion (`ibv_wc_read_tm_info`).
+/// matching until the application syncs), `IBV_WC_TM_NO_TAG` otherwise. A matched message's
+/// TMH tag and `app_ctx` go with its completion (`ibv_wc_read_tm_info`); one in an ordinary
+/// buffer has its TMH in the buffer, and zeros there.
 fn tm_send(
     qp: &Arc<QpShared>,
     g: &mut QpInner,
@@ -703,7 +705,7 @@ fn tm_send(
             fin[0] = tmh::FIN;
             fin[4..8].copy_from_slice(&app_ctx.to_be_bytes());
             fin[8..16].copy_from_slice(&tag.to_be_bytes());
-            let done = crate::qp::queue::Hidden::RndvRead { wr_id: t.wr_id(), tag, app_ctx };
+            let done = crate::qp::queue::Hidden::RndvRead { wr_id: t.wr_id() };
             if len as u64 <= room
                 && super::requester::queue_rndv(g, (va, rkey, len), &t.sges, done, fin)
             {
@@ -735,6 +737,9 @@ fn tm_send(
         let opcode = if unexpected { WcOpcode::TM_RECV } else { WcOpcode::TM_NO_TAG };
         (wr_id, opcode, WcFlags::empty(), WcStatus::SUCCESS, res.map(|()| pkt.len))
     };
+    // A message in an ordinary buffer carries its TMH there, not in its completion (zero
+    // there, as mlx5's CQE for one: rdma-core's tag-matching tests read it so).
+    let (tag, app_ctx) = if flags.contains(WcFlags::TM_MATCH) { (tag, app_ctx) } else { (0, 0) };
     match res {
         Ok(len) => {
             let mut w = wc_ok(qp, wr_id, opcode, len, flags);

@@ -175,6 +175,9 @@ pub(crate) struct QpInner {
     /// ECE options in force (`ibv_query_ece`): the device's at creation, then what was
     /// negotiated by the last connecting transition.
     pub(crate) ece: u32,
+    /// The QP reached RTS since it was last in RESET: the full profile takes sends only
+    /// then (see `engine::requester::post`).
+    pub(crate) sq_open: bool,
 }
 
 /// Port attributes the data path needs, read when the QP is bound to its port.
@@ -322,6 +325,16 @@ const MAX_SEND_WQE: u32 = 1024;
 /// (48 bytes), rounded up to 16 bytes, and each SGE takes 16 (mlx5's `mlx5_calc_send_wqe`).
 fn tso_header_fits(max_tso_header: u32, max_send_sge: u32) -> bool {
     48 + max_tso_header.next_multiple_of(16) + 16 * max_send_sge <= MAX_SEND_WQE
+}
+
+/// Rendezvous a QP on a tag-matching SRQ carries out at once (each a READ and a FIN that the
+/// HCA queues itself, beside the application's WQEs: `SendQueue::reserve`). rdma-core's
+/// tag-matching test makes such QPs with no send queue of their own at all.
+const RNDV_AT_ONCE: u32 = 8;
+
+/// The send queue room a QP on `srq` keeps for the HCA's own WQEs (see [`RNDV_AT_ONCE`]).
+fn rndv_reserve(srq: Option<&crate::Srq>) -> u32 {
+    if srq.is_some_and(|s| s.0.tm.is_some()) { 2 * RNDV_AT_ONCE } else { 0 }
 }
 
 /// The receive offloads a raw packet QP's create flags ask for.
@@ -584,7 +597,7 @@ impl Qp {
                 inner: Lock::new(QpInner {
                     state: QpState::RESET,
                     attr: QpAttr { cap, port_num: 1, ..Default::default() },
-                    sq: SendQueue::new(cap.max_send_wr),
+                    sq: SendQueue::new(cap.max_send_wr, rndv_reserve(init.srq)),
                     req: Requester::default(),
                     resp: Responder::default(),
                     mtu: 256,
@@ -600,6 +613,7 @@ impl Qp {
                     peer_closed: false,
                     ece_wanted: 0,
                     ece: ctx.device.attr.ece_options,
+                    sq_open: false,
                 }),
                 inbox: inbox::Inbox::default(),
                 life: Lifecycle::default(),
@@ -983,6 +997,11 @@ impl Qp {
 /// Sets the QP's state (under its lock), and the receive queue's mirror of it.
 pub(crate) fn set_state(qp: &QpShared, g: &mut QpInner, state: QpState) {
     g.state = state;
+    match state {
+        QpState::RESET => g.sq_open = false,
+        QpState::RTS => g.sq_open = true,
+        _ => {}
+    }
     qp.rq.set_state(state);
 }
 

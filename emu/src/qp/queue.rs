@@ -57,8 +57,9 @@ pub(crate) enum Hidden {
     #[default]
     None,
     /// The rendezvous READ into a tag's buffer: when it completes, the tag's second completion
-    /// (`IBV_WC_TM_RECV` with `DATA_VALID`) goes to the receive CQ.
-    RndvRead { wr_id: u64, tag: u64, app_ctx: u32 },
+    /// (`IBV_WC_TM_RECV` with `DATA_VALID`, no TMH: the match's carried it) goes to the
+    /// receive CQ.
+    RndvRead { wr_id: u64 },
     /// The FIN telling the sender its rendezvous is done.
     Fin,
 }
@@ -154,18 +155,34 @@ pub(crate) struct SendQueue {
     pub(crate) ring: Ring<SendWqe>,
     /// Usable depth (`cap.max_send_wr`).
     pub(crate) depth: u32,
+    /// Room beyond `depth` for the WQEs the HCA queues itself (a tag-matching rendezvous's
+    /// READ and FIN, see `engine::requester::queue_rndv`), which the application's do not
+    /// count against (`requester::post`).
+    pub(crate) reserve: u32,
     pub(crate) head: u32,
     pub(crate) next: u32,
     pub(crate) tail: u32,
 }
 
 impl SendQueue {
-    pub(crate) fn new(depth: u32) -> SendQueue {
-        SendQueue { ring: Ring::new(depth), depth, head: 0, next: 0, tail: 0 }
+    pub(crate) fn new(depth: u32, reserve: u32) -> SendQueue {
+        SendQueue { ring: Ring::new(depth + reserve), depth, reserve, head: 0, next: 0, tail: 0 }
     }
 
     pub(crate) fn len(&self) -> u32 {
         self.head.wrapping_sub(self.tail)
+    }
+
+    /// The HCA's own WQEs among those queued (counted: only asked when the queue looks full,
+    /// or as a rendezvous is queued).
+    pub(crate) fn hidden(&self) -> u32 {
+        let queued = (0..self.len()).map(|i| self.ring.at(self.tail.wrapping_add(i)));
+        queued.filter(|w| !matches!(w.hidden, Hidden::None)).count() as u32
+    }
+
+    /// Whether the application's WQEs fill `depth`.
+    pub(crate) fn full(&self) -> bool {
+        self.len() >= self.depth && (self.reserve == 0 || self.len() - self.hidden() >= self.depth)
     }
 
     /// WQEs transmitted and not yet completed.
