@@ -14,9 +14,9 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 static FORKS: AtomicU64 = AtomicU64::new(0);
 
 /// This process's generation: 0 in the process that loaded the emulator, one more in each
-/// child made by `fork` (counted once [`watch_forks`] ran, as any fabric's creation does).
-/// A host-fabric node belongs to the generation that joined: a child holds a copy of its
-/// parent's, which must not act for it (see `fabric::host::Node::inherited`).
+/// child made by `fork` (forks are counted from the first fabric made on, which registers the
+/// fork handler). A host-fabric node belongs to the generation that joined: a child holds a
+/// copy of its parent's, which must not act for it (see `fabric::host::Node::inherited`).
 pub fn fork_generation() -> u64 {
     FORKS.load(Ordering::Relaxed)
 }

@@ -50,8 +50,9 @@ fn instance() -> &'static Instance {
 #[cold]
 fn make_instance() -> &'static Instance {
     static MAKING: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    // (A lock the parent held as it forked stays held in the child: taken from poison, as
-    // the only thread left could not have been inside.)
+    // (Poisoned only by a panic while making one, which left none: made again. A fork while
+    // another thread makes the parent's would leave the child waiting here, as for any lock
+    // a library holds across fork; it is held once per process, at its first verb.)
     let _making = MAKING.lock().unwrap_or_else(|e| e.into_inner());
     let generation = rdma_emu::fork_generation();
     // SAFETY: as in `instance`.
