@@ -72,8 +72,6 @@ fn make_instance() -> &'static Instance {
         }
     }
     let devices = emus.into_iter().map(shim_device).collect();
-    // (Counted by the fork of a fabric made just now: the generation that made it.)
-    let generation = rdma_emu::fork_generation();
     let made: &'static Instance = Box::leak(Box::new(Instance { generation, fabric, devices }));
     made.devices.iter().for_each(|d| register(d as *const ShimDevice));
     INSTANCE.store(made as *const Instance as *mut Instance, Ordering::Release);
