@@ -12,12 +12,12 @@ export CARGO_TERM_COLOR=never
 # libopenmpi-dev for mpicc), MPICH (mpich, libmpich-dev), fio and libfabric-bin to run real RDMA
 # stacks over the emulator, python3-pyverbs for rdma-core's own tests (it ships them), valgrind
 # to run a pingpong pair under memcheck, iproute2 to make the network namespaces that stand in
-# for two hosts joined by wire ports, and gdb, whose backtraces of a test's process that hangs go
-# into the test's failure.
+# for two hosts joined by wire ports, gdb, whose backtraces of a test's process that hangs go
+# into the test's failure, and qemu-system-x86 to live-migrate a guest over RDMA.
 need_pkgs=()
 for p in binutils gcc libibverbs-dev librdmacm-dev ibverbs-utils rdmacm-utils perftest tshark \
     netcat-openbsd socat iperf3 curl wget ucx-utils qperf openmpi-bin libopenmpi-dev mpich \
-    libmpich-dev fio libfabric-bin python3-pyverbs valgrind iproute2 gdb; do
+    libmpich-dev fio libfabric-bin python3-pyverbs valgrind iproute2 gdb qemu-system-x86; do
     dpkg -s "$p" >/dev/null 2>&1 || need_pkgs+=("$p")
 done
 install_pkgs() {

@@ -753,6 +753,50 @@ pub(crate) fn shutdown_read(fd: RawFd) {
     unsafe { libc::shutdown(fd, libc::SHUT_RD) };
 }
 
+/// While it lives, the calling thread blocks every signal but those a fault raises in the
+/// thread that faulted (SIGSEGV and SIGBUS, which `guarded` catches, SIGILL, SIGFPE, SIGTRAP,
+/// SIGSYS); dropped, it restores the thread's mask.
+///
+/// A real provider starts no threads, so a signal sent to the process (`kill(2)`, a terminal's
+/// ^C, a timer's SIGALRM) reaches one of the application's threads, which may block it to
+/// read it from a `signalfd` or `sigwaitinfo`. The kernel gives such a signal to any thread
+/// that does not block it: to one of ours, whose default action then ended the program (tgtd,
+/// the iSCSI target, woken by its disk threads with `kill(getpid(), SIGUSR2)`, died at its
+/// first read). The emulator's threads, started under this mask, never take one.
+struct OwnSignalsBlocked(libc::sigset_t);
+
+impl OwnSignalsBlocked {
+    fn new() -> Self {
+        // SAFETY: sigset_t is plain data, filled by sigfillset before any use; the calls
+        // only read and write the two sets passed and this thread's own mask.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigfillset(&mut set);
+            for sig in [
+                libc::SIGSEGV,
+                libc::SIGBUS,
+                libc::SIGILL,
+                libc::SIGFPE,
+                libc::SIGTRAP,
+                libc::SIGSYS,
+            ] {
+                libc::sigdelset(&mut set, sig);
+            }
+            let mut previous: libc::sigset_t = std::mem::zeroed();
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut previous);
+            OwnSignalsBlocked(previous)
+        }
+    }
+}
+
+impl Drop for OwnSignalsBlocked {
+    fn drop(&mut self) {
+        // SAFETY: restores the mask `new` saved, on the thread that saved it (the value never
+        // leaves `spawn`).
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.0, std::ptr::null_mut()) };
+    }
+}
+
 /// Starts a thread named `name` that runs `f`, and returns once it is running `f`: its stack,
 /// its alternate signal stack and its malloc arena are in place by then.
 ///
@@ -763,18 +807,24 @@ pub(crate) fn shutdown_read(fd: RawFd) {
 /// opened its domain (a starting thread maps and unmaps memory) returned from `munmap` into the
 /// half-written patch and crashed `fi_pingpong`. Settled before the call that started it
 /// returns, a thread of ours only maps memory as its work needs.
+///
+/// The thread blocks every signal sent to the process as a whole (see [`OwnSignalsBlocked`]).
 pub(crate) fn spawn<F, T>(name: String, f: F) -> io::Result<std::thread::JoinHandle<T>>
 where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,
 {
     let (started, running) = std::sync::mpsc::sync_channel(1);
-    let thread = std::thread::Builder::new().name(name).spawn(move || {
+    // A new thread starts with its creator's mask: blocked from its first instruction.
+    let blocked = OwnSignalsBlocked::new();
+    let spawned = std::thread::Builder::new().name(name).spawn(move || {
         // The first allocation attaches the thread to a malloc arena (mapping one if need be).
         drop(std::hint::black_box(Box::new(0u64)));
         let _ = started.send(());
         f()
-    })?;
+    });
+    drop(blocked);
+    let thread = spawned?;
     // Err only if the thread ended before it ran `f`, which nothing above lets it do.
     let _ = running.recv();
     Ok(thread)
@@ -794,6 +844,32 @@ mod test {
         assert_eq!(rc, 0);
         // SAFETY: on success the name is NUL-terminated within `name`.
         unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }.to_string_lossy().into_owned()
+    }
+
+    /// Whether `sig` is blocked in the calling thread.
+    fn blocked(sig: libc::c_int) -> bool {
+        // SAFETY: reads this thread's mask into a zeroed set, then tests one member.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut set);
+            libc::sigismember(&set, sig) == 1
+        }
+    }
+
+    /// A thread of ours blocks what is sent to the process, not what its own faults raise;
+    /// the thread that started it keeps its mask.
+    #[test]
+    fn a_spawned_thread_takes_no_signal_sent_to_the_process() {
+        let own = [libc::SIGINT, libc::SIGTERM, libc::SIGUSR2, libc::SIGALRM, libc::SIGCHLD];
+        let faults = [libc::SIGSEGV, libc::SIGBUS, libc::SIGILL, libc::SIGFPE];
+        let before: Vec<bool> = own.iter().chain(&faults).map(|&s| blocked(s)).collect();
+        let t = super::spawn("rdma-emu-masked".into(), move || {
+            (own.iter().all(|&s| blocked(s)), faults.iter().any(|&s| blocked(s)))
+        })
+        .unwrap();
+        assert_eq!(t.join().unwrap(), (true, false));
+        let after: Vec<bool> = own.iter().chain(&faults).map(|&s| blocked(s)).collect();
+        assert_eq!(before, after);
     }
 
     #[test]

@@ -504,3 +504,141 @@ fn rdma_cores_own_tests_pass_under_both_profiles() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `len` random bytes.
+fn random_bytes(len: usize) -> Vec<u8> {
+    use std::io::Read;
+    let mut bytes = vec![0; len];
+    std::fs::File::open("/dev/urandom").unwrap().read_exact(&mut bytes).unwrap();
+    bytes
+}
+
+/// A directory of this test's own, emptied first.
+fn scratch(name: &str) -> std::path::PathBuf {
+    let dir = common::profile_dir().join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// QEMU's human monitor, on the Unix socket of a QEMU started with `-monitor unix:PATH,...`.
+struct Monitor(std::os::unix::net::UnixStream);
+
+impl Monitor {
+    /// Connects once QEMU listens (20 s at most) and reads its greeting.
+    fn connect(path: &std::path::Path) -> Monitor {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let sock = loop {
+            match std::os::unix::net::UnixStream::connect(path) {
+                Ok(s) => break s,
+                Err(e) => assert!(std::time::Instant::now() < deadline, "{path:?}: {e}"),
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        sock.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        let mut m = Monitor(sock);
+        m.prompt();
+        m
+    }
+
+    /// What QEMU writes up to its next prompt.
+    fn prompt(&mut self) -> String {
+        use std::io::Read;
+        let mut out = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !out.ends_with(b"(qemu) ") {
+            let n = self.0.read(&mut buf).expect("QEMU's monitor answers");
+            assert!(n > 0, "QEMU closed its monitor: {}", String::from_utf8_lossy(&out));
+            out.extend_from_slice(&buf[..n]);
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    /// Runs `cmd` and returns what it printed.
+    fn run(&mut self, cmd: &str) -> String {
+        use std::io::Write;
+        writeln!(self.0, "{cmd}").unwrap();
+        self.prompt()
+    }
+
+    /// Ends QEMU: no prompt follows, the monitor closes as QEMU exits. (Closed before QEMU
+    /// read the command, the connection took the command with it.)
+    fn quit(mut self) {
+        use std::io::{Read, Write};
+        let _ = writeln!(self.0, "quit");
+        let mut buf = [0u8; 256];
+        while self.0.read(&mut buf).is_ok_and(|n| n > 0) {}
+    }
+}
+
+/// QEMU's live migration over RDMA between two processes (`-incoming rdma:`, `migrate rdma:`:
+/// librdmacm, RC QPs, the guest's RAM registered in chunks, or whole with `rdma-pin-all`, and
+/// carried by RDMA WRITEs, its control messages by SENDs). The guest runs its BIOS and holds
+/// 8 MiB of random bytes loaded into its RAM; once the migration completes, the destination's
+/// RAM is the source's, byte for byte, those bytes where they were loaded.
+#[test]
+fn qemu_live_migrates_a_guest_over_rdma() {
+    let qemu = "qemu-system-x86_64";
+    for (profile, pin_all) in [("full", "off"), ("rxe", "on")] {
+        let dir = scratch(&format!("qemu-migration-{profile}"));
+        let blob = random_bytes(8 << 20);
+        std::fs::write(dir.join("blob"), &blob).unwrap();
+        let fabric = Fabric::new("qemu");
+        let port = free_port();
+        let (src_mon, dst_mon) = (dir.join("src.mon"), dir.join("dst.mon"));
+        let guest = |mon: &std::path::Path, extra: &[&str]| {
+            let monitor = format!("unix:{},server,nowait", mon.display());
+            let mut args = vec!["-machine", "pc,accel=tcg", "-m", "64", "-display", "none"];
+            args.extend(["-nodefaults", "-global", "apic.vapic=off", "-monitor", &monitor]);
+            args.extend(extra);
+            let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            common::debian_program(&fabric, profile, qemu, &args, "qemu-system-x86")
+                .spawn()
+                .unwrap()
+        };
+        let incoming = format!("rdma:127.0.0.1:{port}");
+        let dst = guest(&dst_mon, &["-S", "-incoming", &incoming]);
+        let mut dst_m = Monitor::connect(&dst_mon);
+        let loader =
+            format!("loader,file={},addr=0x1000000,force-raw=on", dir.join("blob").display());
+        let src = guest(&src_mon, &["-device", &loader]);
+        let mut src_m = Monitor::connect(&src_mon);
+        src_m.run(&format!("migrate_set_capability rdma-pin-all {pin_all}"));
+        let said = src_m.run(&format!("migrate -d {incoming}"));
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        let status = loop {
+            let info = src_m.run("info migrate");
+            if info.contains("Migration status: completed")
+                || info.contains("Migration status: failed")
+            {
+                break info;
+            }
+            assert!(std::time::Instant::now() < deadline, "{profile}: {said}\n{info}");
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        if !status.contains("Migration status: completed") {
+            let mut outs = String::new();
+            for (m, child) in [(src_m, src), (dst_m, dst)] {
+                m.quit();
+                outs += &finish(child, Duration::from_secs(30)).1;
+            }
+            panic!("{profile}: {said}\n{status}\n{outs}");
+        }
+        let (src_ram, dst_ram) = (dir.join("src.ram"), dir.join("dst.ram"));
+        for (m, file) in [(&mut src_m, &src_ram), (&mut dst_m, &dst_ram)] {
+            let out = m.run(&format!("pmemsave 0 0x4000000 \"{}\"", file.display()));
+            assert!(file.exists(), "{profile}: {out}");
+        }
+        let (src_ram, dst_ram) = (std::fs::read(src_ram).unwrap(), std::fs::read(dst_ram).unwrap());
+        assert_eq!(dst_ram.len(), 64 << 20);
+        assert!(src_ram == dst_ram, "{profile}: the destination's RAM is not the source's");
+        assert!(dst_ram[16 << 20..24 << 20] == blob[..], "{profile}: the loaded bytes moved");
+        for (m, child) in [(src_m, src), (dst_m, dst)] {
+            m.quit();
+            let (ok, out) = finish(child, Duration::from_secs(30));
+            assert!(ok, "{profile}: {out}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,10 +1,14 @@
 /* Blocking waits and signals, as libibverbs and librdmacm read their channels: a signal whose
  * handler does not ask for restarts ends ibv_get_cq_event, ibv_get_async_event and
  * rdma_get_cm_event with -1 and EINTR (qperf ends its tests with SIGALRM that way); with
- * SA_RESTART the wait goes on and takes the event that comes. Prints "signals ok". */
+ * SA_RESTART the wait goes on and takes the event that comes. A signal sent to the process
+ * reaches the program's own threads, never the emulator's: blocked in the program, it waits for
+ * its signalfd (tgtd reads its disk threads' SIGUSR2 so). Prints "signals ok". */
+#include <dirent.h>
 #include <pthread.h>
 #include <rdma/rdma_cma.h>
 #include <signal.h>
+#include <sys/signalfd.h>
 #include <sys/time.h>
 #include <unistd.h>
 
@@ -42,6 +46,42 @@ static void *complete_later(void *arg)
 	struct ibv_qp_attr a = { .qp_state = IBV_QPS_ERR };
 	CHECK(ibv_modify_qp(s->qp, &a, IBV_QP_STATE) == 0);
 	return NULL;
+}
+
+/* The threads of this process (the emulator's among them). */
+static int threads(void)
+{
+	DIR *d = opendir("/proc/self/task");
+	struct dirent *e;
+	int n = 0;
+	CHECK(d);
+	while ((e = readdir(d)))
+		n += e->d_name[0] != '.';
+	closedir(d);
+	return n;
+}
+
+/* SIGUSR2 blocked here and read from a signalfd, as tgtd does: every one sent to the process
+ * waits there. Taken by a thread of the emulator's (where it is not blocked), its default
+ * action would end the process. */
+static void process_signals_reach_the_program(void)
+{
+	sigset_t set, old;
+	struct signalfd_siginfo si;
+
+	/* The emulator's threads run beside this one (the host fabric's reader at least). */
+	CHECK(threads() > 1);
+	sigemptyset(&set);
+	sigaddset(&set, SIGUSR2);
+	CHECK(pthread_sigmask(SIG_BLOCK, &set, &old) == 0);
+	int fd = signalfd(-1, &set, SFD_CLOEXEC);
+	CHECK(fd >= 0);
+	for (int i = 0; i < 50; i++) {
+		CHECK(kill(getpid(), SIGUSR2) == 0);
+		CHECK(read(fd, &si, sizeof(si)) == sizeof(si) && si.ssi_signo == SIGUSR2);
+	}
+	close(fd);
+	CHECK(pthread_sigmask(SIG_SETMASK, &old, NULL) == 0);
 }
 
 int main(void)
@@ -100,6 +140,7 @@ int main(void)
 	CHECK(ibv_destroy_qp(qp) == 0);
 	s.qp = old;
 	CHECK(ibv_destroy_cq(ecq) == 0 && ibv_destroy_comp_channel(ch) == 0);
+	process_signals_reach_the_program();
 	printf("signals ok\n");
 	return 0;
 }

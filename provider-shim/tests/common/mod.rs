@@ -181,8 +181,9 @@ impl Drop for Fabric {
     }
 }
 
-/// Debian's `/usr/bin/<prog>` under `rdma-emu run` on the host fabric `fabric` with
-/// `profile`, its output captured; `package` names what to install when it is missing.
+/// Debian's `/usr/bin/<prog>` (or `prog`, a path) under `rdma-emu run` on the host fabric
+/// `fabric` with `profile`, its output captured; `package` names what to install when it is
+/// missing.
 pub fn debian_program(
     fabric: &Fabric,
     profile: &str,
@@ -190,7 +191,10 @@ pub fn debian_program(
     args: &[&str],
     package: &str,
 ) -> Command {
-    let path = format!("/usr/bin/{prog}");
+    let path = match prog.starts_with('/') {
+        true => prog.to_owned(),
+        false => format!("/usr/bin/{prog}"),
+    };
     assert!(
         Path::new(&path).exists(),
         "{path} is missing: install Debian's {package} (./ci.sh does)"
