@@ -551,10 +551,9 @@ fn udpong_echoes_datagrams_over_rsockets() {
             program(&fabric, profile, "udpong", &["-p", &p, "-T", "e"]).spawn().unwrap();
         wait_listening_in(&fabric, "111", port);
         let args = ["-s", "127.0.0.1", "-p", &p, "-S", "1000", "-C", "500", "-T", "e"];
-        let (ok, out) = finish(
-            program(&fabric, profile, "udpong", &args).spawn().unwrap(),
-            Duration::from_secs(60),
-        );
+        let client = program(&fabric, profile, "udpong", &args).spawn().unwrap();
+        let (ok, out) =
+            common::finish_or_dump(client, Duration::from_secs(60), "the client", &[&server]);
         let _ = server.kill();
         let _ = server.wait();
         assert!(ok, "{profile}: {out}");

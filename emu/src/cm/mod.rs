@@ -601,15 +601,20 @@ pub(crate) fn device_removed(fabric: &FabricInner, dev: u32) {
 }
 
 /// The process in `slot` is gone: its connections are over.
-pub(crate) fn peer_died(fabric: &FabricInner, slot: u8) {
+///
+/// Returns the numbers of the QPs of those ids: their connection ends as the kernel's CM ends
+/// a dead process's (a DREQ for it, see `fabric::host::peer_died`).
+pub(crate) fn peer_died(fabric: &FabricInner, slot: u8) -> Vec<u32> {
     let ids: Vec<CmId> =
         fabric.cm.ids.lock().values().filter_map(Weak::upgrade).map(CmId).collect();
+    let mut qps = Vec::new();
     for id in ids {
         let st = id.0.st.lock();
         if st.remote.is_none_or(|r| r.slot != slot) {
             continue;
         }
         let state = st.state;
+        qps.extend(st.qp.as_ref().map(|qp| qp.qp_num()));
         drop(st);
         match state {
             // Our DREQ will never be answered: the disconnection is complete.
@@ -623,6 +628,7 @@ pub(crate) fn peer_died(fabric: &FabricInner, slot: u8) {
             _ => id.disconnected_by_peer(false),
         }
     }
+    qps
 }
 
 fn einval(why: &'static str) -> Error {

@@ -2668,14 +2668,17 @@ fn apply(fabric: &FabricInner, c: Control, to: Option<&crate::qp::QpShared>) {
 
 /// The node in `slot` is gone. An RC/UC QP connected to a QP there that was still open when
 /// its process died goes to the error state, flushing its work requests (and, in the full
-/// profile, raising `QP_FATAL`) instead of waiting or retrying into the void. A QP whose peer
+/// profile, raising `QP_FATAL`) instead of waiting or retrying into the void. A connection the
+/// CM made ends as the kernel ends a dead process's: with a DREQ, which the CM reports as
+/// `DISCONNECTED`, and nothing done to the QP, which its owner disconnects (a server whose
+/// client died serves on, where a QP_FATAL would make many stop). A QP whose peer
 /// was destroyed first is left as real hardware leaves it: its spare receives stay posted, and
 /// send work still outstanding meets the retry timer (`RETRY_EXC_ERR`) as it would had the
 /// peer process lived on. Flushing that work at once would fail a program that, as the
 /// rdma-core examples do, posts one send more than its peer waits for and polls its last
 /// completions while that extra send is still unacknowledged.
 fn peer_died(fabric: &FabricInner, slot: u8) {
-    crate::cm::peer_died(fabric, slot);
+    let by_cm = crate::cm::peer_died(fabric, slot);
     for qp in fabric.live_qps() {
         if !qp.qp_type.is_reliable() && qp.qp_type != QpType::UC {
             continue;
@@ -2687,6 +2690,9 @@ fn peer_died(fabric: &FabricInner, slot: u8) {
             continue;
         }
         // The event first: whoever sees a flushed completion finds the event queued too.
+        if by_cm.contains(&qp.qpn) {
+            continue;
+        }
         if engine::raises_qp_errors(&qp) {
             qp.raise(EventType::QP_FATAL);
         }

@@ -2,47 +2,60 @@
  * rdma-core's own tests do (their two sides are forked from the test runner, which listed and
  * opened the devices first): each child is a process of its own on the host fabric, and one
  * opens a device it listed before the fork. The children end with exit(), which leaves the
- * parent where it was: the parent then serves a third child's connection. */
+ * parent where it was: the parent then serves a third child's connection, and a fourth's that
+ * dies connected (a DISCONNECTED for the parent, which keeps its QP as it was). */
 #include "common.h"
 
 #include <rdma/rdma_cma.h>
 #include <rdma/rdma_verbs.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #define MSG "over the fork"
 
-/* Accepts one connection on `port` and checks the message its peer sends. */
-static void serve(const char *port)
+/* Accepts one connection on `port` and checks the message its peer sends: the listening id
+ * and the connection's. */
+static void accept_and_check(const char *port, struct rdma_cm_id **listen_id,
+			     struct rdma_cm_id **id)
 {
 	struct rdma_addrinfo hints = { .ai_flags = RAI_PASSIVE, .ai_port_space = RDMA_PS_TCP };
 	struct rdma_addrinfo *res;
 	struct ibv_qp_init_attr attr = { .cap = { .max_send_wr = 1, .max_recv_wr = 1,
 						  .max_send_sge = 1, .max_recv_sge = 1 },
 					 .sq_sig_all = 1 };
-	struct rdma_cm_id *listen_id, *id;
 	struct ibv_wc wc;
 	char buf[64] = { 0 };
 
 	CHECK(rdma_getaddrinfo("127.0.0.1", port, &hints, &res) == 0);
-	CHECK(rdma_create_ep(&listen_id, res, NULL, &attr) == 0);
-	CHECK(rdma_listen(listen_id, 1) == 0);
-	CHECK(rdma_get_request(listen_id, &id) == 0);
-	struct ibv_mr *mr = rdma_reg_msgs(id, buf, sizeof(buf));
+	CHECK(rdma_create_ep(listen_id, res, NULL, &attr) == 0);
+	CHECK(rdma_listen(*listen_id, 1) == 0);
+	CHECK(rdma_get_request(*listen_id, id) == 0);
+	struct ibv_mr *mr = rdma_reg_msgs(*id, buf, sizeof(buf));
 	CHECK(mr);
-	CHECK(rdma_post_recv(id, NULL, buf, sizeof(buf), mr) == 0);
-	CHECK(rdma_accept(id, NULL) == 0);
-	CHECK(rdma_get_recv_comp(id, &wc) == 1 && wc.status == IBV_WC_SUCCESS);
+	CHECK(rdma_post_recv(*id, NULL, buf, sizeof(buf), mr) == 0);
+	CHECK(rdma_accept(*id, NULL) == 0);
+	CHECK(rdma_get_recv_comp(*id, &wc) == 1 && wc.status == IBV_WC_SUCCESS);
 	CHECK(strcmp(buf, MSG) == 0);
-	rdma_disconnect(id);
 	rdma_dereg_mr(mr);
-	rdma_destroy_ep(id);
-	rdma_destroy_ep(listen_id);
 	rdma_freeaddrinfo(res);
 }
 
-/* Connects to `port` and sends the message. */
-static void connect_and_send(const char *port)
+/* Accepts one connection on `port`, checks the message its peer sends, and disconnects. */
+static void serve(const char *port)
+{
+	struct rdma_cm_id *listen_id, *id;
+
+	accept_and_check(port, &listen_id, &id);
+	rdma_disconnect(id);
+	rdma_destroy_ep(id);
+	rdma_destroy_ep(listen_id);
+}
+
+/* Connects to `port` and sends the message; then disconnects, or (`die`) ends the process
+ * there with its id and QP open. */
+static void connect_and_send_then(const char *port, int die)
 {
 	struct rdma_addrinfo hints = { .ai_port_space = RDMA_PS_TCP };
 	struct rdma_addrinfo *res;
@@ -68,10 +81,50 @@ static void connect_and_send(const char *port)
 	}
 	CHECK(rdma_post_send(id, NULL, buf, sizeof(buf), mr, 0) == 0);
 	CHECK(rdma_get_send_comp(id, &wc) == 1 && wc.status == IBV_WC_SUCCESS);
+	if (die)
+		_exit(0);
 	rdma_disconnect(id);
 	rdma_dereg_mr(mr);
 	rdma_destroy_ep(id);
 	rdma_freeaddrinfo(res);
+}
+
+static void connect_and_send(const char *port)
+{
+	connect_and_send_then(port, 0);
+}
+
+/* Connects to `port`, sends the message and dies there, its id and QP open. */
+static void connect_send_and_die(const char *port)
+{
+	connect_and_send_then(port, 1);
+}
+
+/* Accepts one connection on `port`, checks its message, and waits for the peer's process to
+ * die: the CM reports DISCONNECTED, as the kernel's ends a dead process's connections (a DREQ),
+ * and the QP is left to its owner, no async event raised on it. */
+static void serve_until_the_peer_dies(const char *port)
+{
+	struct rdma_cm_id *listen_id, *id;
+	struct rdma_cm_event *ev;
+	struct ibv_async_event aev;
+	struct ibv_qp_attr a;
+	struct ibv_qp_init_attr ia;
+
+	accept_and_check(port, &listen_id, &id);
+	CHECK(rdma_get_cm_event(id->channel, &ev) == 0);
+	CHECK(ev->event == RDMA_CM_EVENT_DISCONNECTED);
+	rdma_ack_cm_event(ev);
+	CHECK(ibv_query_qp(id->qp, &a, IBV_QP_STATE, &ia) == 0 && a.qp_state == IBV_QPS_RTS);
+	int flags = fcntl(id->verbs->async_fd, F_GETFL);
+	CHECK(fcntl(id->verbs->async_fd, F_SETFL, flags | O_NONBLOCK) == 0);
+	errno = 0;
+	CHECK(ibv_get_async_event(id->verbs, &aev) == -1 && errno == EAGAIN);
+	CHECK(fcntl(id->verbs->async_fd, F_SETFL, flags) == 0);
+	rdma_disconnect(id);
+	CHECK(ibv_query_qp(id->qp, &a, IBV_QP_STATE, &ia) == 0 && a.qp_state == IBV_QPS_ERR);
+	rdma_destroy_ep(id);
+	rdma_destroy_ep(listen_id);
 }
 
 /* Runs `f(port)` in a child that ends with exit(); its pid. */
@@ -126,6 +179,11 @@ int main(void)
 	pid_t third = child(connect_and_send, "7812", NULL);
 	serve("7812");
 	reap(third);
+
+	/* A client whose process dies connected. */
+	pid_t dies = child(connect_send_and_die, "7813", NULL);
+	serve_until_the_peer_dies("7813");
+	reap(dies);
 
 	CHECK(ibv_close_device(ctx) == 0);
 	ibv_free_device_list(list);
