@@ -521,6 +521,24 @@ fn scratch(name: &str) -> std::path::PathBuf {
     dir
 }
 
+/// A child process killed if the test ends (a failed assertion too) before it took it back.
+struct Killed(Option<Child>);
+
+impl Killed {
+    fn take(mut self) -> Child {
+        self.0.take().expect("not taken yet")
+    }
+}
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 /// QEMU's human monitor, on the Unix socket of a QEMU started with `-monitor unix:PATH,...`.
 struct Monitor(std::os::unix::net::UnixStream);
 
@@ -593,9 +611,8 @@ fn qemu_live_migrates_a_guest_over_rdma() {
             args.extend(extra);
             let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            common::debian_program(&fabric, profile, qemu, &args, "qemu-system-x86")
-                .spawn()
-                .unwrap()
+            let mut c = common::debian_program(&fabric, profile, qemu, &args, "qemu-system-x86");
+            Killed(Some(c.spawn().unwrap()))
         };
         let incoming = format!("rdma:127.0.0.1:{port}");
         let dst = guest(&dst_mon, &["-S", "-incoming", &incoming]);
@@ -621,7 +638,7 @@ fn qemu_live_migrates_a_guest_over_rdma() {
             let mut outs = String::new();
             for (m, child) in [(src_m, src), (dst_m, dst)] {
                 m.quit();
-                outs += &finish(child, Duration::from_secs(30)).1;
+                outs += &finish(child.take(), Duration::from_secs(30)).1;
             }
             panic!("{profile}: {said}\n{status}\n{outs}");
         }
@@ -636,7 +653,7 @@ fn qemu_live_migrates_a_guest_over_rdma() {
         assert!(dst_ram[16 << 20..24 << 20] == blob[..], "{profile}: the loaded bytes moved");
         for (m, child) in [(src_m, src), (dst_m, dst)] {
             m.quit();
-            let (ok, out) = finish(child, Duration::from_secs(30));
+            let (ok, out) = finish(child.take(), Duration::from_secs(30));
             assert!(ok, "{profile}: {out}");
         }
         let _ = std::fs::remove_dir_all(&dir);
@@ -670,7 +687,7 @@ fn iscsi_over_iser_between_tgtd_and_qemus_libiscsi() {
         let portal = format!("portal=127.0.0.1:{}", free_port());
         let args = ["-f", "-C", &ctl, "--iscsi", &portal, "--iser", "port=3260,pool_sz_mb=64"];
         let mut tgtd = common::debian_program(&fabric, profile, "/usr/sbin/tgtd", &args, "tgt");
-        let mut tgtd = tgtd.spawn().unwrap();
+        let mut tgtd = Killed(Some(tgtd.spawn().unwrap()));
         let tgtadm = |args: &[&str]| {
             let out =
                 Command::new("tgtadm").args(["-C", &ctl, "--lld", "iser"]).args(args).output();
@@ -678,8 +695,9 @@ fn iscsi_over_iser_between_tgtd_and_qemus_libiscsi() {
         };
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         while !tgtadm(&["--op", "show", "--mode", "target"]) {
-            if std::time::Instant::now() > deadline || tgtd.try_wait().unwrap().is_some() {
-                panic!("{profile}: tgtd never answered: {}", finish(tgtd, Duration::ZERO).1);
+            let exited = tgtd.0.as_mut().is_some_and(|c| c.try_wait().unwrap().is_some());
+            if std::time::Instant::now() > deadline || exited {
+                panic!("{profile}: tgtd never answered: {}", finish(tgtd.take(), Duration::ZERO).1);
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -730,8 +748,7 @@ fn iscsi_over_iser_between_tgtd_and_qemus_libiscsi() {
         let (input, output) = (format!("if={json}"), format!("of={}", read_path.display()));
         qemu("qemu-img", &["dd", "-f", "raw", "-O", "raw", "bs=262144", &input, &output]);
         assert!(std::fs::read(&read_path).unwrap() == disk, "{profile}: the disk read back wrong");
-        let _ = tgtd.kill();
-        let _ = tgtd.wait();
+        drop(tgtd);
         for f in [format!("socket.{ctl}"), format!("socket.{ctl}.lock")] {
             let _ = std::fs::remove_file(std::path::Path::new("/var/run/tgtd").join(f));
         }
