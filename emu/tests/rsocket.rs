@@ -316,3 +316,45 @@ fn datagrams_go_both_ways_with_their_sources() {
         x.close().unwrap();
     }
 }
+
+/// A datagram socket keeps as many datagrams unread as librdmacm's would: one per 2 KiB of its
+/// receive buffer (64 by default), at most its receive queue's size (384), once bound; more
+/// are dropped, as UDP drops what overflows a socket's buffer.
+#[test]
+fn a_datagram_socket_holds_what_its_receive_buffer_holds() {
+    let f = Fabric::new(Default::default());
+    for (port, buffer, held) in [(9111u16, None, 64), (9112, Some(1 << 20), 384)] {
+        let s = RSocket::new_dgram(&f, false).unwrap();
+        if let Some(b) = buffer {
+            // `SO_RCVBUF` of 512 KiB, as udpong sets it (reported doubled).
+            s.set_options(|o| o.recv_buffer = b).unwrap();
+        }
+        let to = addr(&format!("127.0.0.1:{port}"));
+        s.bind(to).unwrap();
+        // Sized when bound: later options change nothing.
+        s.set_options(|o| o.recv_buffer = 1 << 17).unwrap();
+        let c = RSocket::new_dgram(&f, false).unwrap();
+        c.set_options(|o| o.send_buffer = 1 << 20).unwrap();
+        // The first datagram waits for its lookup, which the server answers as it receives.
+        let first = {
+            let s = s.clone();
+            thread::spawn(move || s.recv_from(&mut [0u8; 8], RecvFlags::default()).unwrap().0)
+        };
+        c.send_to(b"hello", to, false).unwrap();
+        assert_eq!(first.join().unwrap(), 5);
+        for i in 0..500u32 {
+            assert_eq!(c.send_to(&i.to_le_bytes(), to, false).unwrap(), 4);
+        }
+        let dont = RecvFlags { dont_wait: true, ..Default::default() };
+        let mut b = [0u8; 8];
+        let mut got = Vec::new();
+        while let Ok((n, _)) = s.recv_from(&mut b, dont) {
+            got.push(u32::from_le_bytes(b[..n].try_into().unwrap()));
+        }
+        // The first ones, in order; the rest were dropped.
+        assert_eq!(got, (0..held).collect::<Vec<u32>>(), "buffer {buffer:?}");
+        for x in [c, s] {
+            x.close().unwrap();
+        }
+    }
+}

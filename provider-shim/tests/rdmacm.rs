@@ -445,18 +445,26 @@ fn iperf3_runs_over_rsockets_through_librspreload() {
     let (s_ok, s_out) = finish(s, Duration::from_secs(20));
     assert!(c_ok && s_ok, "--- client:\n{c_out}\n--- server:\n{s_out}");
     assert!(c_out.contains("iperf Done."), "{c_out}");
-    let sender = c_out.lines().find(|l| l.ends_with("sender")).unwrap_or_default();
-    assert!(sender.contains("64.0 MBytes"), "{c_out}");
+    // iperf3 3.12 checks `-n` before each send of its multisend rounds but the last: when the
+    // count is reached right before that one (a send that found the socket full moves where
+    // it falls), one more block (128 KiB) goes, as over TCP ("64.1 MBytes").
+    let sent = mbytes(c_out.lines().find(|l| l.ends_with("sender")).unwrap_or_default());
+    assert!((64.0..=64.2).contains(&sent), "the client sent {sent} MB: {c_out}");
     // The receiver's count stops at the client's end-of-test message, which may overtake the
     // last bytes (as over TCP); most of the 64 MiB must be in it.
-    let received = s_out.lines().find(|l| l.contains("receiver")).unwrap_or_default();
-    let mbytes: f64 = received
-        .split_whitespace()
-        .zip(received.split_whitespace().skip(1))
+    let received = mbytes(s_out.lines().find(|l| l.contains("receiver")).unwrap_or_default());
+    assert!(received >= 60.0, "the server received {received} MB: {s_out}");
+}
+
+/// The MBytes of an iperf3 report line (0 if it has none).
+fn mbytes(line: &str) -> f64 {
+    let words = line.split_whitespace();
+    words
+        .clone()
+        .zip(words.skip(1))
         .find(|(_, unit)| *unit == "MBytes")
         .and_then(|(n, _)| n.parse().ok())
-        .unwrap_or(0.0);
-    assert!(mbytes >= 60.0, "the server received {mbytes} MB: {s_out}");
+        .unwrap_or(0.0)
 }
 
 /// fio's rdma engine (Debian's fio) between two processes: its server takes the connection
@@ -541,6 +549,14 @@ fn the_hosts_own_address_reaches_the_emulated_port() {
 /// udpong: datagram rsockets between two processes, under both profiles: the client logs in
 /// and has every one of its datagrams echoed (it waits for each echo, matching its sequence
 /// number, and resends what was lost).
+///
+/// udpong's client has a flaw that load can show: when 1 ms passes without an echo it resends,
+/// and an echo then comes late, overwriting its message with an older sequence number that it
+/// resends from then on. Each late echo keeps one more datagram in flight for good; should they
+/// overflow a socket's posted receives, the echo it waits for may be the one dropped, and the
+/// client resends stale numbers forever. With udpong's 512 KiB buffers the sockets post 384
+/// receives, as librdmacm's do (it was 64, whatever the options, when this test hung in about
+/// 3 runs in 8 of the whole binary).
 #[test]
 fn udpong_echoes_datagrams_over_rsockets() {
     for (profile, port) in [("full", 7795u16), ("rxe", 7796)] {

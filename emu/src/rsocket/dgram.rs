@@ -10,6 +10,7 @@ use std::{
     os::fd::{AsRawFd, RawFd},
 };
 
+use super::Options;
 use crate::{
     Fabric,
     cm::{CmChannel, CmEvent, CmEventType, CmId, ConnParam, PortSpace, UDP_QKEY},
@@ -19,10 +20,12 @@ use crate::{
     types::{AccessFlags, QpAttrMask as M, QpState, QpType, Sge, Wc, WcStatus},
 };
 
-/// Receives kept posted.
-const RECVS: usize = 64;
-/// Sends in flight at most.
-const SENDS: usize = 64;
+/// What each receive and send of librdmacm's datagram sockets takes of their buffers (its
+/// `RS_SNDLOWAT`): their queues are the buffers' sizes over this, at most `SO_RCVBUF`'s and
+/// `SO_SNDBUF`'s (twice what was set) and the `RDMA_RQSIZE` and `RDMA_SQSIZE` options.
+const BUFFER_PER_ENTRY: usize = 2048;
+/// The most a queue may hold (librdmacm's `RS_QP_MAX_SIZE`).
+const MAX_ENTRIES: usize = 0xfffe;
 /// The GRH in front of every UD receive.
 const GRH: usize = 40;
 /// The sender's address in front of every datagram: family (4 or 6), port, 16 address bytes.
@@ -43,8 +46,9 @@ struct Ud {
     cq: Cq,
     comp: CompChannel,
     qp: Qp,
-    /// `RECVS` receive slots, then `SENDS` send slots, each `slot` bytes.
+    /// `recvs` receive slots, then the send slots, each `slot` bytes.
     buf: Mr,
+    recvs: usize,
     slot: usize,
     /// Largest datagram payload (the port's MTU less our header).
     max: usize,
@@ -65,6 +69,26 @@ pub(super) struct Dgram {
     pub(super) peer: Option<SocketAddr>,
     inbox: VecDeque<(SocketAddr, Vec<u8>)>,
     pub(super) closed: bool,
+    /// How many receives are kept posted, and sends may be in flight, once bound.
+    queues: Queues,
+}
+
+/// The sizes of a datagram socket's queues.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Queues {
+    pub(super) recvs: usize,
+    pub(super) sends: usize,
+}
+
+impl Queues {
+    /// As librdmacm sizes them from a socket's options: 64 each by default (128 KiB buffers),
+    /// 384 (the queue options' default) with buffers of 768 KiB or more.
+    pub(super) fn of(o: &Options) -> Queues {
+        let size = |buffer: usize, entries: u32| {
+            (entries as usize).min(MAX_ENTRIES).min(buffer / BUFFER_PER_ENTRY).max(1)
+        };
+        Queues { recvs: size(o.recv_buffer, o.rq_size), sends: size(o.send_buffer, o.sq_size) }
+    }
 }
 
 fn err(errno: i32, why: &'static str) -> Error {
@@ -98,7 +122,7 @@ fn decode_addr(h: &[u8]) -> Option<SocketAddr> {
 }
 
 impl Dgram {
-    pub(super) fn new(channel: &CmChannel, v6: bool) -> Result<Dgram> {
+    pub(super) fn new(channel: &CmChannel, v6: bool, queues: Queues) -> Result<Dgram> {
         let id = CmId::create(channel, PortSpace::Udp)?;
         Ok(Dgram {
             v6,
@@ -110,7 +134,15 @@ impl Dgram {
             peer: None,
             inbox: VecDeque::new(),
             closed: false,
+            queues,
         })
+    }
+
+    /// Sizes the queues the socket will have (unless bound already: then it has them).
+    pub(super) fn set_queues(&mut self, queues: Queues) {
+        if self.ud.is_none() {
+            self.queues = queues;
+        }
     }
 
     /// `rbind`: the address is the CM's, the QP made on its port (a wildcard's: the first
@@ -147,10 +179,11 @@ impl Dgram {
         let pd = ctx.alloc_pd()?;
         let comp = ctx.create_comp_channel()?;
         comp.set_nonblocking(true)?;
-        let cq = ctx.create_cq((RECVS + SENDS) as i32, Some(&comp), 0)?;
+        let Queues { recvs, sends } = self.queues;
+        let cq = ctx.create_cq((recvs + sends) as i32, Some(&comp), 0)?;
         let cap = QpCap {
-            max_send_wr: SENDS as u32,
-            max_recv_wr: RECVS as u32,
+            max_send_wr: sends as u32,
+            max_recv_wr: recvs as u32,
             max_send_sge: 1,
             max_recv_sge: 1,
             max_inline_data: 0,
@@ -168,10 +201,10 @@ impl Dgram {
         qp.modify(&QpAttr { qp_state: QpState::RTR, ..Default::default() }, M::STATE)?;
         qp.modify(&QpAttr { qp_state: QpState::RTS, ..Default::default() }, M::STATE | M::SQ_PSN)?;
         let slot = GRH + mtu;
-        let buf = pd.reg_mr(slot * (RECVS + SENDS), AccessFlags::LOCAL_WRITE)?;
-        let ud =
-            Ud { pd, cq, comp, qp, buf, slot, max: mtu - HEADER, free_sends: (0..SENDS).collect() };
-        for i in 0..RECVS {
+        let buf = pd.reg_mr(slot * (recvs + sends), AccessFlags::LOCAL_WRITE)?;
+        let free_sends = (0..sends).collect();
+        let ud = Ud { pd, cq, comp, qp, buf, recvs, slot, max: mtu - HEADER, free_sends };
+        for i in 0..recvs {
             ud.post_recv(i)?;
         }
         Ok(ud)
@@ -289,12 +322,12 @@ impl Dgram {
         let d = &self.dests[&dest];
         let ud = self.ud.as_mut().expect("bound");
         let Some(i) = ud.free_sends.pop() else { return Ok(None) };
-        let at = (RECVS + i) * ud.slot;
+        let at = (ud.recvs + i) * ud.slot;
         ud.buf.write(at, &encode_addr(from))?;
         ud.buf.write(at + HEADER, data)?;
         let len = (HEADER + data.len()) as u32;
         let sge = [Sge { addr: ud.buf.addr() + at as u64, length: len, lkey: ud.buf.lkey() }];
-        let wr = SendWr::send_ud((RECVS + i) as u64, &sge, &d.ah, d.qpn, d.qkey);
+        let wr = SendWr::send_ud((ud.recvs + i) as u64, &sge, &d.ah, d.qpn, d.qkey);
         if let Err(e) = ud.qp.post_send(&wr) {
             ud.free_sends.push(i);
             return Err(e);
@@ -410,8 +443,8 @@ impl Ud {
     /// A completion: a send slot back, or a datagram (its sender and bytes).
     fn completion(&mut self, wc: &Wc) -> Option<(SocketAddr, Vec<u8>)> {
         let i = wc.wr_id as usize;
-        if i >= RECVS {
-            self.free_sends.push(i - RECVS);
+        if i >= self.recvs {
+            self.free_sends.push(i - self.recvs);
             return None;
         }
         let got = (wc.status == WcStatus::SUCCESS).then(|| {

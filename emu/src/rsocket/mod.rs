@@ -8,7 +8,7 @@
 //! trades a hello (where each side's receive ring is) in the CM's private data; the data path
 //! is in `stream`. Nothing runs in the background: every call (and [`poll`]) moves the
 //! socket's connection and completions along, and blocking calls wait on the CM channel's and
-//! the completion channel's descriptors. Datagram rsockets are not emulated (`EOPNOTSUPP`).
+//! the completion channel's descriptors. A datagram rsocket is a UD QP (see `dgram`).
 
 mod dgram;
 mod poll;
@@ -27,7 +27,7 @@ use parking_lot::{Mutex, MutexGuard};
 
 pub use self::poll::{PollEntry, PollTarget, poll};
 use self::{
-    dgram::Dgram,
+    dgram::{Dgram, Queues},
     stream::{Sizes, Stream},
     wire::{Hello, MAX_CREDITS, MAX_RING, MIN_RING},
 };
@@ -229,7 +229,7 @@ impl RSocket {
     pub fn new_dgram(fabric: &Fabric, v6: bool) -> Result<RSocket> {
         let channel = CmChannel::new(fabric)?;
         channel.set_nonblocking(true)?;
-        let d = Dgram::new(&channel, v6)?;
+        let d = Dgram::new(&channel, v6, Queues::of(&Options::default()))?;
         let id = d.id().clone();
         let s = RSocket::with(fabric, channel, id, v6, Phase::Open, Options::default());
         let mut inner = Arc::try_unwrap(s.0).expect("just made");
@@ -728,6 +728,11 @@ impl RSocket {
             }
         }
         st.opts = o;
+        // (Not under `st`: a datagram socket's calls take `st` under `dgram`.)
+        drop(st);
+        if let Some(d) = &self.0.dgram {
+            d.lock().set_queues(Queues::of(&o));
+        }
         Ok(())
     }
 
