@@ -464,7 +464,7 @@ fn rdma_cores_own_tests_pass_under_both_profiles() {
         shipped.join("run_tests.py").exists(),
         "rdma-core's tests are missing: install Debian's python3-pyverbs (./ci.sh does)"
     );
-    let dir = common::profile_dir().join(format!("rdma-core-tests-{}", std::process::id()));
+    let dir = scratch("rdma-core-tests");
     let tests = dir.join("tests");
     std::fs::create_dir_all(&tests).unwrap();
     for e in std::fs::read_dir(shipped).unwrap() {
@@ -527,6 +527,10 @@ struct Killed(Option<Child>);
 impl Killed {
     fn take(mut self) -> Child {
         self.0.take().expect("not taken yet")
+    }
+
+    fn exited(&mut self) -> bool {
+        self.0.as_mut().is_some_and(|c| c.try_wait().unwrap().is_some())
     }
 }
 
@@ -609,8 +613,6 @@ fn qemu_live_migrates_a_guest_over_rdma() {
             let mut args = vec!["-machine", "pc,accel=tcg", "-m", "64", "-display", "none"];
             args.extend(["-nodefaults", "-global", "apic.vapic=off", "-monitor", &monitor]);
             args.extend(extra);
-            let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
             let mut c = common::debian_program(&fabric, profile, qemu, &args, "qemu-system-x86");
             Killed(Some(c.spawn().unwrap()))
         };
@@ -695,8 +697,7 @@ fn iscsi_over_iser_between_tgtd_and_qemus_libiscsi() {
         };
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         while !tgtadm(&["--op", "show", "--mode", "target"]) {
-            let exited = tgtd.0.as_mut().is_some_and(|c| c.try_wait().unwrap().is_some());
-            if std::time::Instant::now() > deadline || exited {
+            if std::time::Instant::now() > deadline || tgtd.exited() {
                 panic!("{profile}: tgtd never answered: {}", finish(tgtd.take(), Duration::ZERO).1);
             }
             std::thread::sleep(Duration::from_millis(50));
