@@ -756,3 +756,113 @@ fn iscsi_over_iser_between_tgtd_and_qemus_libiscsi() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+/// DAPL, unmodified from Debian (dapl2-utils), between two processes over each of its
+/// connection managers: `ofa` (rdma_cm; its server accepts with the QP it made on its
+/// endpoint's own id, which it moves into the request's id by writing `id->qp`), `scm` (QP
+/// numbers traded over a TCP socket) and, under the full profile, `ucm` (over UD QPs; DAPL's
+/// configurations offer it for InfiniBand only). `dtest` checks the bytes of its RDMA WRITE
+/// and READ, `dtestx` its immediate data and its atomics' results; over `ofa`, `dapltest`'s
+/// transaction test (SENDs, RDMA READs and WRITEs between 4 endpoints on 2 threads, every
+/// buffer received checked) and its performance test run too, then stop its server.
+#[test]
+fn dapl_tests_pass_over_its_three_connection_managers() {
+    let dir = scratch("dapl");
+    // The providers, named as DAPL's own configuration names them (`ofa` on an interface's
+    // address, the others on a device's port).
+    let conf = dir.join("dat.conf");
+    std::fs::write(
+        &conf,
+        "ofa-v2-lo u2.0 nonthreadsafe default libdaplofa.so.2 dapl.2.0 \"lo 0\" \"\"\n\
+         ofa-v2-emu0-1s u2.0 nonthreadsafe default libdaploscm.so.2 dapl.2.0 \"emu0 1\" \"\"\n\
+         ofa-v2-emu0-1u u2.0 nonthreadsafe default libdaploucm.so.2 dapl.2.0 \"emu0 1\" \"\"\n",
+    )
+    .unwrap();
+    let dapl = |fabric: &Fabric, profile: &str, prog: &str, args: &[&str]| {
+        let mut c = common::debian_program(fabric, profile, prog, args, "dapl2-utils");
+        c.env("DAT_OVERRIDE", &conf);
+        c
+    };
+    // (dtestx, whose own pauses make it last ~6 s, over rdma_cm under one profile and over
+    // sockets under the other.)
+    let pairs = [
+        ("full", "ofa-v2-lo", &["dtest", "dtestx"][..]),
+        ("full", "ofa-v2-emu0-1s", &["dtest"]),
+        ("full", "ofa-v2-emu0-1u", &["dtest"]),
+        ("rxe", "ofa-v2-lo", &["dtest"]),
+        ("rxe", "ofa-v2-emu0-1s", &["dtest", "dtestx"]),
+    ];
+    for (profile, provider, tests) in pairs {
+        for &test in tests {
+            let passed = if test == "dtest" { 1 } else { 4 };
+            // The server hands its address to the client over a TCP port first; dtestx's
+            // before it listens for the connection, so that a client quick enough finds nobody
+            // there and is rejected (reason 8, no such service), as it would be anywhere: it
+            // is tried again then.
+            let mut tries = 0;
+            let (client, server) = loop {
+                tries += 1;
+                let fabric = Fabric::new("dapl");
+                let server = Killed(Some(
+                    dapl(&fabric, profile, test, &["-P", provider, "-s"]).spawn().unwrap(),
+                ));
+                wait_listening("15828");
+                let mut client = dapl(&fabric, profile, test, &["-P", provider, "-h", "127.0.0.1"]);
+                let client = finish(client.spawn().unwrap(), Duration::from_secs(60));
+                if client.1.contains("non-consumer REJ, reason=8") && tries < 5 {
+                    continue;
+                }
+                break (client, finish(server.take(), Duration::from_secs(30)));
+            };
+            let ok = |(ok, out): &(bool, String)| *ok && out.matches("PASSED").count() == passed;
+            assert!(
+                ok(&client) && ok(&server),
+                "{profile}, {provider}, {test}:\n--- client:\n{}\n--- server:\n{}",
+                client.1,
+                server.1
+            );
+        }
+    }
+    for profile in ["full", "rxe"] {
+        let fabric = Fabric::new("dapl");
+        let dev = ["-D", "ofa-v2-lo"];
+        let server = Killed(Some(
+            dapl(&fabric, profile, "dapltest", &["-T", "S", dev[0], dev[1]]).spawn().unwrap(),
+        ));
+        wait_cm_listener(&fabric);
+        // Its options, where the server is, then its operations.
+        let client = |opts: &[&str], ops: &[&str]| {
+            let at = ["-s", "127.0.0.1", dev[0], dev[1]];
+            let mut c = dapl(&fabric, profile, "dapltest", &[opts, &at, ops].concat());
+            finish(c.spawn().unwrap(), Duration::from_secs(60))
+        };
+        // (-V: every buffer received is checked.)
+        let opts = ["-T", "T", "-V", "-i", "1000", "-t", "2", "-w", "4"];
+        let ops = "client SR 4096 2 server SR 4096 2 client RR 4096 server RW 4096";
+        let (ok, out) = client(&opts, &ops.split(' ').collect::<Vec<_>>());
+        assert!(ok && out.contains("Total RDMA Write"), "{profile}: {out}");
+        let (ok, out) = client(&["-T", "P", "-i", "2000"], &["RW", "4096", "2"]);
+        assert!(ok && out.contains("raw: RW, 2000, 4096"), "{profile}: {out}");
+        let (ok, out) = client(&["-T", "Q"], &[]);
+        assert!(ok, "{profile}: {out}");
+        let (ok, out) = finish(server.take(), Duration::from_secs(30));
+        assert!(ok && out.contains("Exiting"), "{profile}: {out}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Waits (20 s at most) until a process of `fabric` listens through its connection manager.
+fn wait_cm_listener(fabric: &Fabric) {
+    let dir = rdma_emu::fabric_dir(&fabric.0);
+    let listening = || {
+        let files = std::fs::read_dir(&dir).into_iter().flatten().flatten();
+        files
+            .filter(|f| f.file_name().to_string_lossy().starts_with("cm-"))
+            .any(|f| std::fs::read_to_string(f.path()).is_ok_and(|t| t.contains("listen")))
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !listening() {
+        assert!(std::time::Instant::now() < deadline, "nobody listened on {dir:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

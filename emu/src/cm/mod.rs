@@ -936,6 +936,13 @@ impl CmId {
         Ok(())
     }
 
+    /// The QP the application put in the id itself, or none: librdmacm reads `id->qp` at each
+    /// call, and programs move a QP to another id by writing it there (DAPL accepts a request
+    /// with the QP it made on its endpoint's own id). Nothing of the QP changes.
+    pub fn use_qp(&self, qp: Option<&Qp>) {
+        self.0.st.lock().qp = qp.cloned();
+    }
+
     /// `rdma_create_qp`'s part: the id connects `qp`, which it moves to INIT on its port with
     /// the access a connection needs (local write, remote read and write, atomics).
     pub fn set_qp(&self, qp: &Qp) -> Result<()> {

@@ -179,6 +179,21 @@ fn refresh_qp_state(p: *mut ShimCmId) {
     }
 }
 
+/// Makes the emulator's id connect the QP `id->qp` names now, as librdmacm reads that field at
+/// each call: a program may have moved a QP there from another id (DAPL does), or cleared it.
+/// A pointer that names no QP of ours leaves the id as it was.
+fn adopt_qp(s: &ShimCmId) {
+    if s.id.qp.is_null() {
+        s.emu.use_qp(None);
+        return;
+    }
+    // SAFETY: checked against the registry (a destroyed QP may have left `id->qp` dangling).
+    let Some(c) = (unsafe { obj::<_, ShimQp>(s.id.qp) }) else { return };
+    if s.emu.qp().is_none_or(|q| q.qp_num() != c.emu.qp_num()) {
+        s.emu.use_qp(Some(&c.emu));
+    }
+}
+
 /// A new C id over `emu`, on `channel` with the application's `context`.
 fn new_id(emu: CmId, channel: *mut rdma_event_channel, context: *mut c_void) -> *mut ShimCmId {
     // SAFETY: all-zero is a valid rdma_cm_id (NULL pointers, zero numbers).
@@ -461,6 +476,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_connect(
 ) -> c_int {
     ffi!(fail_with(libc::EIO), {
         let Some(s) = cm_id(id) else { return fail_with(libc::EINVAL) };
+        adopt_qp(s);
         // SAFETY: the application's parameters.
         if done(s.emu.connect(&unsafe { conn_param(param) })) != 0 {
             return -1;
@@ -479,6 +495,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_accept(
 ) -> c_int {
     ffi!(fail_with(libc::EIO), {
         let Some(s) = cm_id(id) else { return fail_with(libc::EINVAL) };
+        adopt_qp(s);
         // SAFETY: the application's parameters.
         let res = s.emu.accept(&unsafe { conn_param(param) });
         refresh(id.cast());
@@ -512,6 +529,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_disconnect(
 ) -> c_int {
     ffi!(fail_with(libc::EIO), {
         let Some(s) = cm_id(id) else { return fail_with(libc::EINVAL) };
+        adopt_qp(s);
         let res = s.emu.disconnect();
         refresh(id.cast());
         refresh_qp_state(id.cast());
@@ -525,6 +543,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_establish(
 ) -> c_int {
     ffi!(fail_with(libc::EIO), {
         let Some(s) = cm_id(id) else { return fail_with(libc::EINVAL) };
+        adopt_qp(s);
         done(s.emu.establish())
     })
 }
@@ -884,6 +903,8 @@ fn create_qp(id: *mut rdma_cm_id, a: &mut ibv_qp_init_attr_ex) -> c_int {
     if s.id.verbs.is_null() || !s.id.qp.is_null() {
         return fail_with(libc::EINVAL);
     }
+    // (A QP the program took out of the id is not the id's any more.)
+    adopt_qp(s);
     if a.comp_mask & IBV_QP_INIT_ATTR_PD == 0 || a.pd.is_null() {
         a.comp_mask |= IBV_QP_INIT_ATTR_PD;
         a.pd = default_pd(s.id.verbs);

@@ -295,6 +295,48 @@ int main(void)
 		CHECK(ibv_dereg_mr(mr) == 0);
 	}
 
+	/* A QP moved to another id by writing id->qp, as DAPL accepts: the server makes its QP
+	 * on an id of its own on the listener's device, gives it to the request's id, destroys
+	 * the first, and accepts: rdma_accept takes that QP to RTS, connected to the client's,
+	 * and rdma_disconnect to the error state, as librdmacm reads id->qp at each call. */
+	{
+		struct rdma_cm_id *c3 = resolved(ch, 7471), *s3, *ep;
+		struct sockaddr_in local = addr("127.0.0.1", 0);
+		struct ibv_qp_attr qa3;
+		struct ibv_qp_init_attr qi3;
+		init = qp_attr(cq);
+		CHECK(rdma_create_qp(c3, pd, &init) == 0);
+		CHECK(rdma_create_id(ch, &ep, NULL, RDMA_PS_TCP) == 0);
+		CHECK(rdma_bind_addr(ep, (struct sockaddr *)&local) == 0);
+		CHECK(rdma_create_qp(ep, pd, &init) == 0);
+		struct ibv_qp *moved = ep->qp;
+		CHECK(rdma_connect(c3, NULL) == 0);
+		ev = next(ch, RDMA_CM_EVENT_CONNECT_REQUEST);
+		s3 = ev->id;
+		rdma_ack_cm_event(ev);
+		CHECK(s3->verbs == ep->verbs && s3->port_num == ep->port_num);
+		s3->qp = moved;
+		ep->qp = NULL;
+		CHECK(rdma_destroy_id(ep) == 0);
+		CHECK(rdma_accept(s3, NULL) == 0);
+		rdma_ack_cm_event(next(ch, RDMA_CM_EVENT_ESTABLISHED));
+		rdma_ack_cm_event(next(ch, RDMA_CM_EVENT_ESTABLISHED));
+		CHECK(ibv_query_qp(moved, &qa3, IBV_QP_STATE | IBV_QP_DEST_QPN, &qi3) == 0);
+		CHECK(qa3.qp_state == IBV_QPS_RTS && qa3.dest_qp_num == c3->qp->qp_num);
+		CHECK(moved->state == IBV_QPS_RTS && c3->qp->state == IBV_QPS_RTS);
+		CHECK(ibv_query_qp(c3->qp, &qa3, IBV_QP_DEST_QPN, &qi3) == 0);
+		CHECK(qa3.dest_qp_num == moved->qp_num);
+		CHECK(rdma_disconnect(s3) == 0);
+		rdma_ack_cm_event(next(ch, RDMA_CM_EVENT_DISCONNECTED));
+		CHECK(ibv_query_qp(moved, &qa3, IBV_QP_STATE, &qi3) == 0);
+		CHECK(qa3.qp_state == IBV_QPS_ERR);
+		CHECK(rdma_disconnect(c3) == 0);
+		rdma_ack_cm_event(next(ch, RDMA_CM_EVENT_DISCONNECTED));
+		rdma_destroy_qp(s3);
+		rdma_destroy_qp(c3);
+		CHECK(rdma_destroy_id(s3) == 0 && rdma_destroy_id(c3) == 0);
+	}
+
 	/* Destroying an id whose event is still held does not wait for it (librdmacm would,
 	 * forever here); the event stays readable until acknowledged. */
 	{

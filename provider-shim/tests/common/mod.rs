@@ -127,9 +127,11 @@ pub fn finish_or_dump(
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    let mut out = String::new();
-    child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
-    child.stderr.take().unwrap().read_to_string(&mut out).unwrap();
+    // (Bytes: a program may print some that are not UTF-8, as dapltest does.)
+    let mut bytes = Vec::new();
+    child.stdout.take().unwrap().read_to_end(&mut bytes).unwrap();
+    child.stderr.take().unwrap().read_to_end(&mut bytes).unwrap();
+    let out = String::from_utf8_lossy(&bytes).into_owned();
     match status {
         Some(s) => (s.success(), out),
         None => (false, format!("{who} did not finish within {limit:?}\n{out}\n{stacks}")),
