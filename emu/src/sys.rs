@@ -7,7 +7,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 
 /// How many forks stand between this process and the one the emulator was loaded in: a
 /// child made by `fork` counts one more than its parent did at the fork.
@@ -21,15 +21,55 @@ pub fn fork_generation() -> u64 {
     FORKS.load(Ordering::Relaxed)
 }
 
+/// Descriptors a child made by `fork` lets go of: the host fabric's slot locks, which say
+/// that their node lives while any process holds them. A child holding its parent's would
+/// keep a dead parent alive to its peers (its connections never ended) as long as it lived.
+/// Unused entries are -1.
+static LET_GO_IN_CHILDREN: [AtomicI32; 64] = [const { AtomicI32::new(-1) }; 64];
+
+/// Has every child made by `fork` from now on let go of `fd` (see [`LET_GO_IN_CHILDREN`]): it
+/// finds `/dev/null` there instead, so that the number stays its own to close. Whether `fd`
+/// could be listed (64 at most).
+pub(crate) fn let_go_in_children(fd: RawFd) -> bool {
+    watch_forks();
+    let free = LET_GO_IN_CHILDREN
+        .iter()
+        .find(|e| e.compare_exchange(-1, fd, Ordering::AcqRel, Ordering::Relaxed).is_ok());
+    free.is_some()
+}
+
+/// Undoes [`let_go_in_children`] (before `fd` is closed: its number may then name another).
+pub(crate) fn keep_in_children(fd: RawFd) {
+    if let Some(e) = LET_GO_IN_CHILDREN.iter().find(|e| e.load(Ordering::Acquire) == fd) {
+        e.store(-1, Ordering::Release);
+    }
+}
+
 /// Starts counting forks (once per process).
 pub(crate) fn watch_forks() {
     static WATCHING: std::sync::Once = std::sync::Once::new();
     extern "C" fn forked() {
         FORKS.fetch_add(1, Ordering::Relaxed);
+        for e in &LET_GO_IN_CHILDREN {
+            let fd = e.load(Ordering::Relaxed);
+            if fd < 0 {
+                continue;
+            }
+            // SAFETY: open, dup3 and close are async-signal-safe, as a fork handler needs; `fd`
+            // is a descriptor the parent holds open (listed until closed), so the child has it.
+            unsafe {
+                let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+                if null >= 0 {
+                    libc::dup3(null, fd, libc::O_CLOEXEC);
+                    libc::close(null);
+                }
+            }
+        }
     }
     WATCHING.call_once(|| {
         // SAFETY: registers a plain function that lives as long as the process; in the child
-        // it only adds to an atomic (async-signal-safe, as a fork handler must be).
+        // it adds to an atomic and replaces descriptors, all async-signal-safe (as a fork
+        // handler must be).
         unsafe { libc::pthread_atfork(None, None, Some(forked)) };
     });
 }
@@ -832,6 +872,7 @@ where
 
 #[cfg(test)]
 mod test {
+    use std::os::fd::AsRawFd;
     use std::os::unix::thread::JoinHandleExt;
 
     /// The name of the thread `t`, as the kernel has it (read from its own `comm` file: a
@@ -883,5 +924,47 @@ mod test {
             drop(stop);
             assert!(t.join().unwrap());
         }
+    }
+
+    /// A child made by `fork` lets go of the descriptors listed for it: once the parent has
+    /// closed its lock file, nobody holds the lock, though the child lives on.
+    #[test]
+    fn a_forked_child_lets_go_of_the_locks_listed() {
+        let path = std::env::temp_dir().join(format!("rdma-emu-letgo-{}", std::process::id()));
+        let file = std::fs::File::create(&path).unwrap();
+        file.try_lock().unwrap();
+        assert!(super::let_go_in_children(file.as_raw_fd()));
+        let mut ready = [0 as libc::c_int; 2];
+        // SAFETY: a two-descriptor array for pipe(2).
+        assert_eq!(unsafe { libc::pipe(ready.as_mut_ptr()) }, 0);
+        // SAFETY: the child only writes to the pipe and sleeps (async-signal-safe calls) until
+        // it is killed; the fork handlers have run once fork returns in it.
+        let child = unsafe { libc::fork() };
+        if child == 0 {
+            // SAFETY: as above.
+            unsafe {
+                libc::write(ready[1], [1u8].as_ptr().cast(), 1);
+                libc::sleep(60);
+                libc::_exit(0);
+            }
+        }
+        assert!(child > 0);
+        let mut byte = [0u8];
+        // SAFETY: reads one byte into `byte` from the pipe's read end, then closes both ends.
+        unsafe {
+            assert_eq!(libc::read(ready[0], byte.as_mut_ptr().cast(), 1), 1);
+            libc::close(ready[0]);
+            libc::close(ready[1]);
+        }
+        super::keep_in_children(file.as_raw_fd());
+        drop(file);
+        let free = std::fs::File::open(&path).unwrap().try_lock().is_ok();
+        // SAFETY: our own child, killed and reaped.
+        unsafe {
+            libc::kill(child, libc::SIGKILL);
+            libc::waitpid(child, std::ptr::null_mut(), 0);
+        }
+        let _ = std::fs::remove_file(&path);
+        assert!(free, "the child still held the lock it inherited");
     }
 }

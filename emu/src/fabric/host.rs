@@ -212,13 +212,32 @@ impl Drops {
     }
 }
 
+/// The slot's lock file, held (flock) while the node lives: the kernel drops it with the
+/// process. A child made by `fork` shares the lock until it lets go of its copy of the
+/// descriptor, which `sys` has it do at once: else the slot would outlive a dead parent
+/// (its peers unaware, its connections never ended) for as long as the child lived.
+#[derive(Debug)]
+struct SlotLock(File);
+
+impl SlotLock {
+    fn new(file: File) -> SlotLock {
+        crate::sys::let_go_in_children(file.as_raw_fd());
+        SlotLock(file)
+    }
+}
+
+impl Drop for SlotLock {
+    fn drop(&mut self) {
+        crate::sys::keep_in_children(self.0.as_raw_fd());
+    }
+}
+
 /// This fabric's membership of a host fabric: its slot, its socket, its peers.
 #[derive(Debug)]
 pub(crate) struct Node {
     pub(crate) slot: u8,
     dir: Arc<FabricDir>,
-    /// Held (flock) while this node lives; the kernel drops it with the process.
-    _lock: File,
+    _lock: SlotLock,
     inbound: Arc<Inbound>,
     /// (The QP lock's kind: looked up for every message sent, by one thread at a time.)
     peers: crate::sync::lock::Lock<FxHashMap<u8, Arc<Peer>>>,
@@ -716,7 +735,7 @@ impl Node {
         Ok(Node {
             slot,
             dir,
-            _lock: lock,
+            _lock: SlotLock::new(lock),
             inbound,
             peers,
             others,

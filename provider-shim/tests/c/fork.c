@@ -10,6 +10,7 @@
 #include <rdma/rdma_verbs.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -53,8 +54,13 @@ static void serve(const char *port)
 	rdma_destroy_ep(listen_id);
 }
 
+/* Read to its end by the child a dying client leaves behind (see connect_and_send_then). */
+static int orphan_pipe[2];
+
 /* Connects to `port` and sends the message; then disconnects, or (`die`) ends the process
- * there with its id and QP open. */
+ * there with its id and QP open, having first (`die` 2) forked a child of its own that
+ * lives on (until orphan_pipe's write ends are all closed), with the descriptors it
+ * inherited. */
 static void connect_and_send_then(const char *port, int die)
 {
 	struct rdma_addrinfo hints = { .ai_port_space = RDMA_PS_TCP };
@@ -81,6 +87,17 @@ static void connect_and_send_then(const char *port, int die)
 	}
 	CHECK(rdma_post_send(id, NULL, buf, sizeof(buf), mr, 0) == 0);
 	CHECK(rdma_get_send_comp(id, &wc) == 1 && wc.status == IBV_WC_SUCCESS);
+	if (die == 2) {
+		pid_t orphan = fork();
+		CHECK(orphan >= 0);
+		if (orphan == 0) {
+			char c;
+			close(orphan_pipe[1]);
+			while (read(orphan_pipe[0], &c, 1) > 0)
+				;
+			_exit(0);
+		}
+	}
 	if (die)
 		_exit(0);
 	rdma_disconnect(id);
@@ -100,6 +117,12 @@ static void connect_send_and_die(const char *port)
 	connect_and_send_then(port, 1);
 }
 
+/* The same, leaving a child of its own alive. */
+static void connect_send_fork_and_die(const char *port)
+{
+	connect_and_send_then(port, 2);
+}
+
 /* Accepts one connection on `port`, checks its message, and waits for the peer's process to
  * die: the CM reports DISCONNECTED, as the kernel's ends a dead process's connections (a DREQ),
  * and the QP is left to its owner, no async event raised on it. */
@@ -112,6 +135,9 @@ static void serve_until_the_peer_dies(const char *port)
 	struct ibv_qp_init_attr ia;
 
 	accept_and_check(port, &listen_id, &id);
+	/* (A guard against a hang, not a measure: it comes at once.) */
+	struct pollfd p = { .fd = id->channel->fd, .events = POLLIN };
+	CHECK(poll(&p, 1, 20000) == 1);
 	CHECK(rdma_get_cm_event(id->channel, &ev) == 0);
 	CHECK(ev->event == RDMA_CM_EVENT_DISCONNECTED);
 	rdma_ack_cm_event(ev);
@@ -184,6 +210,16 @@ int main(void)
 	pid_t dies = child(connect_send_and_die, "7813", NULL);
 	serve_until_the_peer_dies("7813");
 	reap(dies);
+
+	/* One whose process dies connected, leaving a child of its own alive: the child lets go
+	 * of its copy of what says its parent lives, or the parent would live on for its peers
+	 * (its connections never ended) while the child lived. */
+	CHECK(pipe(orphan_pipe) == 0);
+	dies = child(connect_send_fork_and_die, "7814", NULL);
+	serve_until_the_peer_dies("7814");
+	reap(dies);
+	close(orphan_pipe[1]);
+	close(orphan_pipe[0]);
 
 	CHECK(ibv_close_device(ctx) == 0);
 	ibv_free_device_list(list);
