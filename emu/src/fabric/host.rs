@@ -755,7 +755,8 @@ impl Node {
     /// takes nothing in (what it read would be the parent's), sends nothing at exit, and
     /// leaves the parent's socket in place; the child joins as a node of its own for objects
     /// it makes (as a child opens a device anew, in rdma-core), and the parent's objects,
-    /// which it may not use (the verbs' rule for a child), see nothing more.
+    /// which it may not use (the verbs' rule for a child), see nothing more and send nothing:
+    /// a record the child wrote to a ring the parent writes would garble the parent's stream.
     pub(crate) fn inherited(&self) -> bool {
         self.born != crate::sys::fork_generation()
     }
@@ -778,6 +779,9 @@ impl Node {
     /// unbegun a while, see [`LAG`]), running: our QPs may then carry out their requests to it
     /// themselves.
     pub(crate) fn absent_peer(&self, dst_qpn: u32, lagging: bool) -> Option<AbsentPeer> {
+        if self.inherited() {
+            return None;
+        }
         let slot = slot_of(dst_qpn);
         let peer = self.peers.lock().get(&slot).cloned()?;
         let known = self.inbound.peer_exports.lock().get(&slot).cloned();
@@ -1019,6 +1023,11 @@ impl Node {
     }
 
     fn send_to(&self, slot: u8, pkt: &Packet) {
+        // A child's copy of its parent's node sends nothing (see `inherited`): what a child
+        // posts to an inherited QP is lost, as on a wire to nowhere.
+        if self.inherited() {
+            return;
+        }
         // The ACK a look deferred for the QP a WRITE goes to rides on it the short way
         // (`send_whole`); this way it goes just before it: the requester it completes may be
         // waiting for nothing else (a WRITE answered by a WRITE, neither side polling). (Not
@@ -1091,6 +1100,9 @@ impl Node {
         how: Whole,
         fill: impl FnOnce(&mut [u8]) -> bool,
     ) -> (bool, Option<Claimed>) {
+        if self.inherited() {
+            return (false, None);
+        }
         // The ACK an application thread's look deferred, if this message may carry it (`rx`
         // held only then).
         let mut rx = match self.inbound.ack_deferred.load(Ordering::Relaxed) {
@@ -1149,6 +1161,9 @@ impl Node {
     /// straight into one record where it can be (no fragments laid out), else the general
     /// way, behind what waits.
     pub(crate) fn send_bytes(&self, dst_qpn: u32, bytes: &[u8]) {
+        if self.inherited() {
+            return;
+        }
         let fill = |d: &mut [u8]| {
             d.copy_from_slice(bytes);
             true
@@ -1170,6 +1185,9 @@ impl Node {
     /// Tells the node of `dest_qpn` that our QP `qpn`, connected to it, was destroyed: after
     /// the packets already sent to it, so it arrives after the last ACKs.
     pub(crate) fn part(&self, qpn: u32, dest_qpn: u32) {
+        if self.inherited() {
+            return;
+        }
         self.settle_deferred();
         let msg = Encoded::control(Control::QpClosed { qpn });
         self.peer(slot_of(dest_qpn)).send(dest_qpn, &msg, false);
@@ -1177,6 +1195,9 @@ impl Node {
 
     /// Sends a connection manager message to the node in `slot`.
     pub(crate) fn send_cm(&self, slot: u8, body: &[u8]) {
+        if self.inherited() {
+            return;
+        }
         self.settle_deferred();
         self.peer(slot).send(0, &Encoded::cm(body), false);
     }

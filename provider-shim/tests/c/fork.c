@@ -153,6 +153,54 @@ static void serve_until_the_peer_dies(const char *port)
 	rdma_destroy_ep(listen_id);
 }
 
+static void reap(pid_t pid);
+
+/* Connects to `port` and forks a child that posts a SEND of its own on the connection's QP,
+ * which it inherited and may not use (the verbs' rule for a child), then sends the message
+ * itself: nothing of the child's reaches the server (the server's one receive takes the
+ * message), and the SEND completes. The parent's QP and the rings under it are the parent's
+ * alone: a child writing there would garble the parent's stream to its peer. */
+static void connect_and_send_after_a_childs_post(const char *port)
+{
+	struct rdma_addrinfo hints = { .ai_port_space = RDMA_PS_TCP };
+	struct rdma_addrinfo *res;
+	struct ibv_qp_init_attr attr = { .cap = { .max_send_wr = 2, .max_recv_wr = 1,
+						  .max_send_sge = 1, .max_recv_sge = 1 },
+					 .sq_sig_all = 1 };
+	struct rdma_cm_id *id;
+	struct ibv_wc wc;
+	char buf[64] = MSG;
+
+	CHECK(rdma_getaddrinfo("127.0.0.1", port, &hints, &res) == 0);
+	CHECK(rdma_create_ep(&id, res, NULL, &attr) == 0);
+	struct ibv_mr *mr = rdma_reg_msgs(id, buf, sizeof(buf));
+	CHECK(mr);
+	int tries = 0;
+	while (rdma_connect(id, NULL) != 0) {
+		CHECK(++tries < 500);
+		rdma_dereg_mr(mr);
+		rdma_destroy_ep(id);
+		usleep(10000);
+		CHECK(rdma_create_ep(&id, res, NULL, &attr) == 0);
+		CHECK(mr = rdma_reg_msgs(id, buf, sizeof(buf)));
+	}
+	pid_t pid = fork();
+	CHECK(pid >= 0);
+	if (pid == 0) {
+		/* (Its own copy of the buffer.) */
+		strcpy(buf, "the child's");
+		rdma_post_send(id, NULL, buf, sizeof(buf), mr, 0);
+		_exit(0);
+	}
+	reap(pid);
+	CHECK(rdma_post_send(id, NULL, buf, sizeof(buf), mr, 0) == 0);
+	CHECK(rdma_get_send_comp(id, &wc) == 1 && wc.status == IBV_WC_SUCCESS);
+	rdma_disconnect(id);
+	rdma_dereg_mr(mr);
+	rdma_destroy_ep(id);
+	rdma_freeaddrinfo(res);
+}
+
 /* Runs `f(port)` in a child that ends with exit(); its pid. */
 static pid_t child(void (*f)(const char *), const char *port, struct ibv_device *listed)
 {
@@ -220,6 +268,11 @@ int main(void)
 	reap(dies);
 	close(orphan_pipe[1]);
 	close(orphan_pipe[0]);
+
+	/* The parent's connection, which a child of its posts to. */
+	pid_t served = child(serve, "7815", NULL);
+	connect_and_send_after_a_childs_post("7815");
+	reap(served);
 
 	CHECK(ibv_close_device(ctx) == 0);
 	ibv_free_device_list(list);
