@@ -2,8 +2,10 @@
  * rdma-core's own tests do (their two sides are forked from the test runner, which listed and
  * opened the devices first): each child is a process of its own on the host fabric, and one
  * opens a device it listed before the fork. The children end with exit(), which leaves the
- * parent where it was: the parent then serves a third child's connection, and a fourth's that
- * dies connected (a DISCONNECTED for the parent, which keeps its QP as it was). */
+ * parent where it was: the parent then serves a third child's connection, a fourth's that
+ * dies connected (a DISCONNECTED for the parent, which keeps its QP as it was), and a fifth's
+ * that dies leaving a child of its own alive; last, a child posts to a QP of the parent's,
+ * which reaches nobody. */
 #include "common.h"
 
 #include <rdma/rdma_cma.h>
