@@ -59,11 +59,20 @@ static void serve(const char *port)
 /* Read to its end by the child a dying client leaves behind (see connect_and_send_then). */
 static int orphan_pipe[2];
 
-/* Connects to `port` and sends the message; then disconnects, or (`die`) ends the process
- * there with its id and QP open, having first (`die` 2) forked a child of its own that
- * lives on (until orphan_pipe's write ends are all closed), with the descriptors it
- * inherited. */
-static void connect_and_send_then(const char *port, int die)
+static void reap(pid_t pid);
+
+/* What a client does around its message (see connect_and_send_then). */
+enum then { DISCONNECT, DIE, FORK_AND_DIE, CHILD_POSTS_FIRST };
+
+/* Connects to `port` and sends the message; then disconnects, or ends the process there with
+ * its id and QP open (DIE), having first forked a child of its own that lives on (until
+ * orphan_pipe's write ends are all closed) with the descriptors it inherited (FORK_AND_DIE).
+ * CHILD_POSTS_FIRST: before the message, a child posts a SEND of its own on the connection's
+ * QP, which it inherited and may not use (the verbs' rule for a child): nothing of it reaches
+ * the server, whose one receive takes the message, and the message's SEND completes. (The
+ * parent's QP and the rings under it are the parent's alone: a child writing there would
+ * garble the parent's stream to its peer.) */
+static void connect_and_send_then(const char *port, enum then then)
 {
 	struct rdma_addrinfo hints = { .ai_port_space = RDMA_PS_TCP };
 	struct rdma_addrinfo *res;
@@ -82,14 +91,26 @@ static void connect_and_send_then(const char *port, int die)
 	int tries = 0;
 	while (rdma_connect(id, NULL) != 0) {
 		CHECK(++tries < 500);
+		rdma_dereg_mr(mr);
 		rdma_destroy_ep(id);
 		usleep(10000);
 		CHECK(rdma_create_ep(&id, res, NULL, &attr) == 0);
 		CHECK(mr = rdma_reg_msgs(id, buf, sizeof(buf)));
 	}
+	if (then == CHILD_POSTS_FIRST) {
+		pid_t pid = fork();
+		CHECK(pid >= 0);
+		if (pid == 0) {
+			/* (Its own copy of the buffer.) */
+			strcpy(buf, "the child's");
+			rdma_post_send(id, NULL, buf, sizeof(buf), mr, 0);
+			_exit(0);
+		}
+		reap(pid);
+	}
 	CHECK(rdma_post_send(id, NULL, buf, sizeof(buf), mr, 0) == 0);
 	CHECK(rdma_get_send_comp(id, &wc) == 1 && wc.status == IBV_WC_SUCCESS);
-	if (die == 2) {
+	if (then == FORK_AND_DIE) {
 		pid_t orphan = fork();
 		CHECK(orphan >= 0);
 		if (orphan == 0) {
@@ -100,7 +121,7 @@ static void connect_and_send_then(const char *port, int die)
 			_exit(0);
 		}
 	}
-	if (die)
+	if (then == DIE || then == FORK_AND_DIE)
 		_exit(0);
 	rdma_disconnect(id);
 	rdma_dereg_mr(mr);
@@ -110,19 +131,25 @@ static void connect_and_send_then(const char *port, int die)
 
 static void connect_and_send(const char *port)
 {
-	connect_and_send_then(port, 0);
+	connect_and_send_then(port, DISCONNECT);
 }
 
 /* Connects to `port`, sends the message and dies there, its id and QP open. */
 static void connect_send_and_die(const char *port)
 {
-	connect_and_send_then(port, 1);
+	connect_and_send_then(port, DIE);
 }
 
 /* The same, leaving a child of its own alive. */
 static void connect_send_fork_and_die(const char *port)
 {
-	connect_and_send_then(port, 2);
+	connect_and_send_then(port, FORK_AND_DIE);
+}
+
+/* Connects to `port`, and sends the message after a child posted to the QP. */
+static void connect_and_send_after_a_childs_post(const char *port)
+{
+	connect_and_send_then(port, CHILD_POSTS_FIRST);
 }
 
 /* Accepts one connection on `port`, checks its message, and waits for the peer's process to
@@ -153,54 +180,6 @@ static void serve_until_the_peer_dies(const char *port)
 	CHECK(ibv_query_qp(id->qp, &a, IBV_QP_STATE, &ia) == 0 && a.qp_state == IBV_QPS_ERR);
 	rdma_destroy_ep(id);
 	rdma_destroy_ep(listen_id);
-}
-
-static void reap(pid_t pid);
-
-/* Connects to `port` and forks a child that posts a SEND of its own on the connection's QP,
- * which it inherited and may not use (the verbs' rule for a child), then sends the message
- * itself: nothing of the child's reaches the server (the server's one receive takes the
- * message), and the SEND completes. The parent's QP and the rings under it are the parent's
- * alone: a child writing there would garble the parent's stream to its peer. */
-static void connect_and_send_after_a_childs_post(const char *port)
-{
-	struct rdma_addrinfo hints = { .ai_port_space = RDMA_PS_TCP };
-	struct rdma_addrinfo *res;
-	struct ibv_qp_init_attr attr = { .cap = { .max_send_wr = 2, .max_recv_wr = 1,
-						  .max_send_sge = 1, .max_recv_sge = 1 },
-					 .sq_sig_all = 1 };
-	struct rdma_cm_id *id;
-	struct ibv_wc wc;
-	char buf[64] = MSG;
-
-	CHECK(rdma_getaddrinfo("127.0.0.1", port, &hints, &res) == 0);
-	CHECK(rdma_create_ep(&id, res, NULL, &attr) == 0);
-	struct ibv_mr *mr = rdma_reg_msgs(id, buf, sizeof(buf));
-	CHECK(mr);
-	int tries = 0;
-	while (rdma_connect(id, NULL) != 0) {
-		CHECK(++tries < 500);
-		rdma_dereg_mr(mr);
-		rdma_destroy_ep(id);
-		usleep(10000);
-		CHECK(rdma_create_ep(&id, res, NULL, &attr) == 0);
-		CHECK(mr = rdma_reg_msgs(id, buf, sizeof(buf)));
-	}
-	pid_t pid = fork();
-	CHECK(pid >= 0);
-	if (pid == 0) {
-		/* (Its own copy of the buffer.) */
-		strcpy(buf, "the child's");
-		rdma_post_send(id, NULL, buf, sizeof(buf), mr, 0);
-		_exit(0);
-	}
-	reap(pid);
-	CHECK(rdma_post_send(id, NULL, buf, sizeof(buf), mr, 0) == 0);
-	CHECK(rdma_get_send_comp(id, &wc) == 1 && wc.status == IBV_WC_SUCCESS);
-	rdma_disconnect(id);
-	rdma_dereg_mr(mr);
-	rdma_destroy_ep(id);
-	rdma_freeaddrinfo(res);
 }
 
 /* Runs `f(port)` in a child that ends with exit(); its pid. */
