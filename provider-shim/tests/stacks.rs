@@ -684,8 +684,9 @@ fn iscsi_over_iser_between_tgtd_and_qemus_libiscsi() {
         std::fs::write(&patch_path, &patch).unwrap();
         let fabric = Fabric::new("iser");
         // tgtd's management socket (/var/run/tgtd/socket.N), and its iSCSI-over-TCP portal
-        // off the usual port: neither meets a tgtd of the machine's own. (The port is a C short.)
-        let ctl = (20_000 + std::process::id() % 10_000 * 2 + i as u32).to_string();
+        // off the usual port: neither meets a tgtd of the machine's own. (The number is a C
+        // short: 20,000..=31,999 here.)
+        let ctl = (20_000 + std::process::id() % 6_000 * 2 + i as u32).to_string();
         let portal = format!("portal=127.0.0.1:{}", free_port());
         let args = ["-f", "-C", &ctl, "--iscsi", &portal, "--iser", "port=3260,pool_sz_mb=64"];
         let mut tgtd = common::debian_program(&fabric, profile, "/usr/sbin/tgtd", &args, "tgt");
