@@ -5,7 +5,7 @@ mod common;
 use common::Fabric;
 use std::{
     process::{Child, Command, Stdio},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 fn readelf(args: &[&str]) -> String {
@@ -45,28 +45,7 @@ fn finish(child: Child, limit: Duration) -> (bool, String) {
 
 /// Waits until a process of `fabric` listens on CM port `port` (RDMA_PS_TCP).
 fn wait_listening(fabric: &Fabric, port: u16) {
-    wait_listening_in(fabric, "106", port);
-}
-
-/// Waits until a process of `fabric` listens on port `port` of the port space `ps` (hex;
-/// `*`: any): the port's file in the fabric's directory says `listen`.
-fn wait_listening_in(fabric: &Fabric, ps: &str, port: u16) {
-    let dir = rdma_emu::fabric_dir(&fabric.0);
-    let held = || {
-        let names = std::fs::read_dir(&dir).into_iter().flatten().flatten();
-        names.filter_map(|e| e.file_name().into_string().ok()).any(|n| {
-            let ours = n
-                .strip_prefix("cm-")
-                .and_then(|r| r.split_once('-'))
-                .is_some_and(|(s, p)| (ps == "*" || s == ps) && p == port.to_string());
-            ours && std::fs::read_to_string(dir.join(&n)).is_ok_and(|t| t.contains("listen"))
-        })
-    };
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !held() {
-        assert!(Instant::now() < deadline, "the server never listened on {port}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    fabric.wait_cm_listener(Some("106"), Some(port));
 }
 
 #[test]
@@ -184,7 +163,7 @@ fn the_synchronous_examples_run_through_create_ep_and_get_request() {
         let mode = mode.map_or(vec![], |m| vec!["-c", m]);
         let s =
             program(&fabric, profile, prog, &[&["-p", &p][..], &mode].concat()).spawn().unwrap();
-        wait_listening_in(&fabric, "*", port); // XRC goes in RDMA_PS_IB
+        fabric.wait_cm_listener(None, Some(port)); // XRC goes in RDMA_PS_IB
         let args = [&["-s", "127.0.0.1", "-p", &p][..], &mode].concat();
         let c = program(&fabric, profile, client_prog, &args).spawn().unwrap();
         let (c_ok, c_out) = finish(c, Duration::from_secs(60));
@@ -201,7 +180,7 @@ fn udaddy_resolves_datagram_peers_and_moves_data() {
         let fabric = Fabric::new("rdmacm");
         // udaddy's port is fixed (7174); its -p names the port space.
         let s = program(&fabric, profile, "udaddy", &["-C", "10"]).spawn().unwrap();
-        wait_listening_in(&fabric, "111", 7174);
+        fabric.wait_cm_listener(Some("111"), Some(7174));
         let c =
             program(&fabric, profile, "udaddy", &["-s", "127.0.0.1", "-C", "10"]).spawn().unwrap();
         let (c_ok, c_out) = finish(c, Duration::from_secs(60));
@@ -231,7 +210,7 @@ fn perftest_ud_connects_through_rdma_cm() {
         for attempt in 1.. {
             let fabric = Fabric::new("rdmacm");
             let s = program(&fabric, profile, "ib_send_lat", &args).spawn().unwrap();
-            wait_listening_in(&fabric, "*", port);
+            fabric.wait_cm_listener(None, Some(port));
             let c = program(&fabric, profile, "ib_send_lat", &client).spawn().unwrap();
             let (c_ok, c_out) = finish(c, Duration::from_secs(60));
             let lost_race = !c_ok && c_out.contains("Event: RDMA_CM_EVENT_UNREACHABLE; error: 1.");
@@ -565,7 +544,7 @@ fn udpong_echoes_datagrams_over_rsockets() {
         // udpong's server serves until it is stopped.
         let mut server =
             program(&fabric, profile, "udpong", &["-p", &p, "-T", "e"]).spawn().unwrap();
-        wait_listening_in(&fabric, "111", port);
+        fabric.wait_cm_listener(Some("111"), Some(port));
         let args = ["-s", "127.0.0.1", "-p", &p, "-S", "1000", "-C", "500", "-T", "e"];
         let client = program(&fabric, profile, "udpong", &args).spawn().unwrap();
         let (ok, out) =

@@ -831,7 +831,7 @@ fn dapl_tests_pass_over_its_three_connection_managers() {
         let server = Killed(Some(
             dapl(&fabric, profile, "dapltest", &["-T", "S", dev[0], dev[1]]).spawn().unwrap(),
         ));
-        wait_cm_listener(&fabric);
+        fabric.wait_cm_listener(None, None);
         // Its options, where the server is, then its operations.
         let client = |opts: &[&str], ops: &[&str]| {
             let at = ["-s", "127.0.0.1", dev[0], dev[1]];
@@ -851,20 +851,4 @@ fn dapl_tests_pass_over_its_three_connection_managers() {
         assert!(ok && out.contains("Exiting"), "{profile}: {out}");
     }
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// Waits (20 s at most) until a process of `fabric` listens through its connection manager.
-fn wait_cm_listener(fabric: &Fabric) {
-    let dir = rdma_emu::fabric_dir(&fabric.0);
-    let listening = || {
-        let files = std::fs::read_dir(&dir).into_iter().flatten().flatten();
-        files
-            .filter(|f| f.file_name().to_string_lossy().starts_with("cm-"))
-            .any(|f| std::fs::read_to_string(f.path()).is_ok_and(|t| t.contains("listen")))
-    };
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while !listening() {
-        assert!(std::time::Instant::now() < deadline, "nobody listened on {dir:?}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }

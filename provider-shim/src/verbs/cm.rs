@@ -189,9 +189,7 @@ fn adopt_qp(s: &ShimCmId) {
     }
     // SAFETY: checked against the registry (a destroyed QP may have left `id->qp` dangling).
     let Some(c) = (unsafe { obj::<_, ShimQp>(s.id.qp) }) else { return };
-    if s.emu.qp().is_none_or(|q| q.qp_num() != c.emu.qp_num()) {
-        s.emu.use_qp(Some(&c.emu));
-    }
+    s.emu.use_qp(Some(&c.emu));
 }
 
 /// A new C id over `emu`, on `channel` with the application's `context`.

@@ -175,6 +175,29 @@ impl Fabric {
     pub fn dir(&self) -> PathBuf {
         rdma_emu::fabric_dir(&self.0)
     }
+
+    /// Waits until a process of this fabric listens through the connection manager, in the
+    /// port space `ps` (hex, as `106` for RDMA_PS_TCP) on `port`, each `None` for any: the
+    /// port's file in the fabric's directory (`cm-<ps>-<port>`) says `listen`.
+    pub fn wait_cm_listener(&self, ps: Option<&str>, port: Option<u16>) {
+        let dir = self.dir();
+        let port = port.map(|p| p.to_string());
+        let held = || {
+            let names = std::fs::read_dir(&dir).into_iter().flatten().flatten();
+            names.filter_map(|e| e.file_name().into_string().ok()).any(|n| {
+                let ours =
+                    n.strip_prefix("cm-").and_then(|r| r.split_once('-')).is_some_and(|(s, p)| {
+                        ps.is_none_or(|ps| s == ps) && port.as_ref().is_none_or(|q| p == q)
+                    });
+                ours && std::fs::read_to_string(dir.join(&n)).is_ok_and(|t| t.contains("listen"))
+            })
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !held() {
+            assert!(Instant::now() < deadline, "nobody listened ({ps:?}, {port:?})");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
 }
 
 impl Drop for Fabric {
