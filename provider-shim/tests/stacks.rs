@@ -339,6 +339,93 @@ fn open_mpi_over_ucx_verbs_verifies_its_results() {
     assert_eq!(mpirun_verified("rxe", 2, &mca, &[tls, gid]), MpiRun::Exited);
 }
 
+/// The HPC Challenge benchmarks (Debian's `hpcc`, an unmodified Open MPI program) over UCX's
+/// verbs transports: HPL's LU factorization, PTRANS, MPI RandomAccess, MPI FFT and the
+/// ping-pong and ring latencies and bandwidths, each checked by hpcc itself (HPL's scaled
+/// residuals, RandomAccess's count of wrong table entries, PTRANS's residual, FFT's error), by
+/// two ranks in a 1 x 2 grid under both profiles and four in a 2 x 2 grid. Small problems
+/// (HPL's N 500), a few seconds in all.
+#[test]
+fn hpcc_validates_its_results_over_open_mpi_on_ucx_verbs() {
+    for (profile, (p, q)) in [("full", (1, 2)), ("full", (2, 2)), ("rxe", (1, 2))] {
+        let fabric = Fabric::new("hpcc");
+        let dir = scratch(&format!("hpcc-{profile}-{p}x{q}"));
+        std::fs::write(dir.join("hpccinf.txt"), hpcc_input(p, q)).unwrap();
+        let np = (p * q).to_string();
+        let args = ["-np", &np, "--oversubscribe", "--mca", "pml", "ucx", "--mca", "osc", "ucx"];
+        let args = [&args[..], &["-x", "UCX_TLS", "-x", "UCX_IB_GID_INDEX", "/usr/bin/hpcc"]];
+        let mut c =
+            common::debian_program(&fabric, profile, "mpirun.openmpi", &args.concat(), "hpcc");
+        c.current_dir(&dir).env("UCX_TLS", "rc_verbs,ud_verbs,self").env("UCX_IB_GID_INDEX", "0");
+        c.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+        let (ok, out) = finish(c.spawn().unwrap(), Duration::from_secs(120));
+        kill_processes_on(&fabric);
+        let report = std::fs::read_to_string(dir.join("hpccoutf.txt")).unwrap_or_default();
+        let what = format!("{profile} {p}x{q}: {out}\n{report}");
+        assert!(ok, "{what}");
+        // The summary hpcc ends with, and the checks of each benchmark.
+        for line in [
+            "Success=1".to_owned(),
+            format!("CommWorldProcs={np}"),
+            "MPIRandomAccess_Errors=0".to_owned(),
+            "PTRANS_residual=0".to_owned(),
+            "0 tests completed and failed residual checks.".to_owned(),
+            "End of HPC Challenge tests.".to_owned(),
+        ] {
+            assert!(report.lines().any(|l| l.trim() == line), "{line} missing: {what}");
+        }
+        let passed = report.lines().filter(|l| l.contains(" PASSED ")).count();
+        assert!(passed > 0, "no HPL run passed its residual check: {what}");
+        let fft_err = report.lines().find_map(|l| l.strip_prefix("MPIFFT_maxErr="));
+        assert!(fft_err.and_then(|e| e.parse::<f64>().ok()).is_some_and(|e| e < 1e-10), "{what}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// hpcc's input (HPL's format, then PTRANS's): one HPL problem of N 500 in blocks of 80 on a
+/// `p` x `q` grid of ranks, its residual threshold 16; PTRANS at its defaults.
+fn hpcc_input(p: u32, q: u32) -> String {
+    let lines = [
+        "HPL input for the HPC Challenge test",
+        "written by provider-shim/tests/stacks.rs",
+        "HPL.out      output file name (if any)",
+        "8            device out (6=stdout,7=stderr,file)",
+        "1            # of problems sizes (N)",
+        "500          Ns",
+        "1            # of NBs",
+        "80           NBs",
+        "0            PMAP process mapping (0=Row-,1=Column-major)",
+        "1            # of process grids (P x Q)",
+        &format!("{p}            Ps"),
+        &format!("{q}            Qs"),
+        "16.0         threshold",
+        "1            # of panel fact",
+        "2            PFACTs (0=left, 1=Crout, 2=Right)",
+        "1            # of recursive stopping criterium",
+        "4            NBMINs (>= 1)",
+        "1            # of panels in recursion",
+        "2            NDIVs",
+        "1            # of recursive panel fact.",
+        "1            RFACTs (0=left, 1=Crout, 2=Right)",
+        "1            # of broadcast",
+        "1            BCASTs (0=1rg,1=1rM,2=2rg,3=2rM,4=Lng,5=LnM)",
+        "1            # of lookahead depth",
+        "1            DEPTHs (>=0)",
+        "2            SWAP (0=bin-exch,1=long,2=mix)",
+        "64           swapping threshold",
+        "0            L1 in (0=transposed,1=no-transposed) form",
+        "0            U  in (0=transposed,1=no-transposed) form",
+        "1            Equilibration (0=no,1=yes)",
+        "8            memory alignment in double (> 0)",
+        "##### line 32, a separator #####",
+        "0            Number of additional problem sizes for PTRANS",
+        "1200         values of N",
+        "0            number of additional blocking sizes for PTRANS",
+        "40           values of NB",
+    ];
+    lines.join("\n") + "\n"
+}
+
 /// MPICH (Debian's is built on UCX, its `ch4:ucx` device) over UCX's verbs transports, RC
 /// with UD for its wire-up and UD alone, under both profiles (rxe with the link-local GID, as
 /// Open MPI above): the same verified program, both ranks exit.
