@@ -382,6 +382,43 @@ fn hpcc_validates_its_results_over_open_mpi_on_ucx_verbs() {
     }
 }
 
+/// NetPIPE (Debian's `NPopenmpi`, unmodified) in its integrity mode: ping-pongs of odd sizes
+/// (a byte past each power of two and past halfway to the next, 5 bytes to 3 MiB + 1), each
+/// message's bytes checked by the receiving rank, over Open MPI on UCX's RC (with UD) and UD transports
+/// and on its own openib transport.
+#[test]
+fn netpipe_checks_every_message_size_over_open_mpi() {
+    for mca in [
+        &[["pml", "ucx"], ["osc", "ucx"]][..],
+        &[["pml", "ob1"], ["btl", "openib,self"], ["btl_openib_allow_ib", "1"]][..],
+    ] {
+        for tls in ["rc_verbs,ud_verbs,self", "ud_verbs,self"] {
+            if mca[0][1] == "ob1" && tls.starts_with("ud") {
+                continue; // UCX's transports mean nothing to openib
+            }
+            let fabric = Fabric::new("netpipe");
+            let mut args = vec!["-np", "2", "--oversubscribe", "-x", "UCX_TLS"];
+            for [k, v] in mca {
+                args.extend(["--mca", k, v]);
+            }
+            args.extend(["/usr/bin/NPopenmpi", "-i", "-u", "4194304"]);
+            let mut c =
+                common::debian_program(&fabric, "full", "mpirun.openmpi", &args, "netpipe-openmpi");
+            c.env("UCX_TLS", tls);
+            c.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+            let (ok, out) = finish(c.spawn().unwrap(), Duration::from_secs(120));
+            kill_processes_on(&fabric);
+            let what = format!("{mca:?} {tls}: {out}");
+            // One line per size, up to the last below the bound.
+            let checked = out.lines().filter(|l| l.contains("-->  Integrity check")).count();
+            let passed = out.lines().filter(|l| l.ends_with("-->  Integrity check passed"));
+            assert!(checked > 30 && passed.count() == checked, "{what}");
+            assert!(out.contains(" 3145729 bytes "), "{what}");
+            assert!(ok, "{what}");
+        }
+    }
+}
+
 /// hpcc's input (HPL's format, then PTRANS's): one HPL problem of N 500 in blocks of 80 on a
 /// `p` x `q` grid of ranks, its residual threshold 16; PTRANS at its defaults.
 fn hpcc_input(p: u32, q: u32) -> String {
