@@ -15,15 +15,16 @@ export CARGO_TERM_COLOR=never
 # for two hosts joined by wire ports, gdb, whose backtraces of a test's process that hangs go
 # into the test's failure, qemu-system-x86 to live-migrate a guest over RDMA, and tgt (an iSCSI
 # target with iSER) with qemu-utils and qemu-block-extra (QEMU's tools, and its libiscsi
-# driver) to serve and use a disk over iSER, dapl2-utils (DAPL's dtest, dtestx, dapltest), and
-# hpcc (the HPC Challenge benchmarks, an Open MPI program that checks its own results) and
-# netpipe-openmpi (NetPIPE, whose integrity mode checks every message's bytes).
+# driver) to serve and use a disk over iSER, dapl2-utils (DAPL's dtest, dtestx, dapltest), hpcc
+# (the HPC Challenge benchmarks, an Open MPI program that checks its own results),
+# netpipe-openmpi (NetPIPE, whose integrity mode checks every message's bytes), and ceph-mon and
+# ceph-osd (a Ceph cluster over its RDMA messenger).
 need_pkgs=()
 for p in binutils gcc libibverbs-dev librdmacm-dev ibverbs-utils rdmacm-utils perftest tshark \
     netcat-openbsd socat iperf3 curl wget ucx-utils qperf openmpi-bin libopenmpi-dev mpich \
     libmpich-dev fio libfabric-bin python3-pyverbs valgrind iproute2 gdb qemu-system-x86 tgt \
     qemu-utils qemu-block-extra dapl2-utils hpcc \
-    netpipe-openmpi; do
+    netpipe-openmpi ceph-mon ceph-osd; do
     dpkg -s "$p" >/dev/null 2>&1 || need_pkgs+=("$p")
 done
 install_pkgs() {
