@@ -1023,7 +1023,9 @@ fn dapl_tests_pass_over_its_three_connection_managers() {
 /// and an OSD (memstore) in processes of their own, and Ceph's own clients. A 4 MiB object of
 /// random bytes is put and got back, byte for byte; then `rados bench` writes 64 KiB objects
 /// for two seconds with 8 in flight and reads them all back, each checked against what was
-/// written. Under both profiles.
+/// written. Under both profiles, and under rxe's with the connections made through the RDMA
+/// connection manager as well (`ms async rdma cm = true`, the way Ceph connects over iWARP:
+/// our librdmacm).
 ///
 /// Ceph's clients now and then send their first command to the monitor before the monitor's
 /// map reached them, its fsid still zero, and the monitor refuses it (EPERM, "wrong fsid"):
@@ -1032,9 +1034,11 @@ fn dapl_tests_pass_over_its_three_connection_managers() {
 /// that is not up within 20 s started again, up to twice.
 #[test]
 fn ceph_stores_and_reads_objects_over_its_rdma_messenger() {
-    for (i, profile) in ["full", "rxe"].into_iter().enumerate() {
+    for (i, (profile, cm)) in
+        [("full", false), ("rxe", false), ("rxe", true)].into_iter().enumerate()
+    {
         let fabric = Fabric::new("ceph");
-        let dir = scratch(&format!("ceph-{profile}"));
+        let dir = scratch(&format!("ceph-{profile}-{cm}"));
         // Its own port, away from tgtd's (iSER test) and Ceph's OSD ports (6800..7300).
         let mon = format!("v1:127.0.0.1:{}", 14_000 + std::process::id() % 3_000 * 2 + i as u32);
         let fsid = {
@@ -1053,7 +1057,7 @@ fn ceph_stores_and_reads_objects_over_its_rdma_messenger() {
             std::fs::create_dir_all(dir.join(sub)).unwrap();
         }
         let conf = dir.join("ceph.conf");
-        std::fs::write(&conf, ceph_conf(&dir, &fsid, &mon)).unwrap();
+        std::fs::write(&conf, ceph_conf(&dir, &fsid, &mon, cm)).unwrap();
         let conf = conf.to_str().unwrap();
         let run = |prog: &str, args: &[&str]| {
             let args = [&["-c", conf][..], args].concat();
@@ -1069,7 +1073,7 @@ fn ceph_stores_and_reads_objects_over_its_rdma_messenger() {
                 }
                 out += &o;
             }
-            panic!("{profile}: {prog} {args:?} failed: {out}");
+            panic!("{profile} cm {cm}: {prog} {args:?} failed: {out}");
         };
         let monmap = dir.join("monmap");
         let made = Command::new("monmaptool")
@@ -1083,14 +1087,14 @@ fn ceph_stores_and_reads_objects_over_its_rdma_messenger() {
             run("ceph-mon", &["--mkfs", "-i", "a", "--monmap", monmap]).spawn().unwrap(),
             Duration::from_secs(60),
         );
-        assert!(ok, "{profile}: ceph-mon --mkfs: {out}");
+        assert!(ok, "{profile} {cm}: ceph-mon --mkfs: {out}");
         let _mon = Killed(Some(run("ceph-mon", &["-f", "-i", "a"]).spawn().unwrap()));
         cli("ceph", &["osd", "create"]);
         let (ok, out) = finish(
             run("ceph-osd", &["-i", "0", "--mkfs"]).spawn().unwrap(),
             Duration::from_secs(60),
         );
-        assert!(ok, "{profile}: ceph-osd --mkfs: {out}");
+        assert!(ok, "{profile} cm {cm}: ceph-osd --mkfs: {out}");
         let mut osd = None;
         for _ in 0..3 {
             drop(osd.take());
@@ -1105,7 +1109,10 @@ fn ceph_stores_and_reads_objects_over_its_rdma_messenger() {
                 break;
             }
         }
-        assert!(cli("ceph", &["osd", "stat"]).contains("1 up"), "{profile}: the OSD never came up");
+        assert!(
+            cli("ceph", &["osd", "stat"]).contains("1 up"),
+            "{profile} cm {cm}: the OSD never came up"
+        );
         cli("ceph", &["osd", "pool", "create", "p", "8"]);
 
         let (put, got) = (dir.join("put"), dir.join("got"));
@@ -1113,7 +1120,10 @@ fn ceph_stores_and_reads_objects_over_its_rdma_messenger() {
         std::fs::write(&put, &object).unwrap();
         cli("rados", &["-p", "p", "put", "o", put.to_str().unwrap()]);
         cli("rados", &["-p", "p", "get", "o", got.to_str().unwrap()]);
-        assert!(std::fs::read(&got).unwrap() == object, "{profile}: the object came back changed");
+        assert!(
+            std::fs::read(&got).unwrap() == object,
+            "{profile} cm {cm}: the object came back changed"
+        );
 
         let wrote = cli(
             "rados",
@@ -1126,9 +1136,9 @@ fn ceph_stores_and_reads_objects_over_its_rdma_messenger() {
             line.and_then(|l| l.split_whitespace().last()?.parse::<u64>().ok())
         };
         let written = total(&wrote, "Total writes made:");
-        assert!(written.is_some_and(|n| n > 0), "{profile}: {wrote}");
-        assert_eq!(total(&read, "Total reads made:"), written, "{profile}: {read}");
-        assert!(!read.contains("is not correct"), "{profile}: {read}");
+        assert!(written.is_some_and(|n| n > 0), "{profile} cm {cm}: {wrote}");
+        assert_eq!(total(&read, "Total reads made:"), written, "{profile} cm {cm}: {read}");
+        assert!(!read.contains("is not correct"), "{profile} cm {cm}: {read}");
         drop(osd);
         kill_processes_on(&fabric);
         let _ = std::fs::remove_dir_all(&dir);
@@ -1139,9 +1149,11 @@ fn ceph_stores_and_reads_objects_over_its_rdma_messenger() {
 /// the RDMA messenger on `emu0` port 1, without authentication; the OSD keeps its objects in
 /// memory (memstore, 1 GiB at most), a pool of one copy allowed. Each process posts 256
 /// receive buffers of 128 KiB (Ceph's default 4,096 registered 512 MiB in each, every client
-/// command included, ~0.7 s of page copies and faults each here).
-fn ceph_conf(dir: &std::path::Path, fsid: &str, mon: &str) -> String {
+/// command included, ~0.7 s of page copies and faults each here). `cm`: connections made
+/// through the RDMA connection manager (Ceph's iWARP way) rather than over a TCP exchange.
+fn ceph_conf(dir: &std::path::Path, fsid: &str, mon: &str, cm: bool) -> String {
     let d = dir.display();
+    let cm = if cm { "ms async rdma cm = true\nms async rdma type = iwarp\n" } else { "" };
     format!(
         "[global]
 fsid = {fsid}
@@ -1150,7 +1162,7 @@ ms type = async+rdma
 ms bind msgr2 = false
 ms async rdma device name = emu0
 ms async rdma port num = 1
-ms async rdma receive queue len = 256
+{cm}ms async rdma receive queue len = 256
 ms async rdma receive buffers = 1024
 ms async rdma send buffers = 256
 auth cluster required = none
