@@ -384,38 +384,36 @@ fn hpcc_validates_its_results_over_open_mpi_on_ucx_verbs() {
 
 /// NetPIPE (Debian's `NPopenmpi`, unmodified) in its integrity mode: ping-pongs of odd sizes
 /// (a byte past each power of two and past halfway to the next, 5 bytes to 3 MiB + 1), each
-/// message's bytes checked by the receiving rank, over Open MPI on UCX's RC (with UD) and UD transports
-/// and on its own openib transport.
+/// message's bytes checked by the receiving rank, over Open MPI on UCX's RC (with UD) and UD
+/// transports and on its own openib transport. The openib run may die or stick in Open MPI's
+/// own teardown after every check passed, as in [`mpirun_verified`].
 #[test]
 fn netpipe_checks_every_message_size_over_open_mpi() {
-    for mca in [
-        &[["pml", "ucx"], ["osc", "ucx"]][..],
-        &[["pml", "ob1"], ["btl", "openib,self"], ["btl_openib_allow_ib", "1"]][..],
-    ] {
-        for tls in ["rc_verbs,ud_verbs,self", "ud_verbs,self"] {
-            if mca[0][1] == "ob1" && tls.starts_with("ud") {
-                continue; // UCX's transports mean nothing to openib
-            }
-            let fabric = Fabric::new("netpipe");
-            let mut args = vec!["-np", "2", "--oversubscribe", "-x", "UCX_TLS"];
-            for [k, v] in mca {
-                args.extend(["--mca", k, v]);
-            }
-            args.extend(["/usr/bin/NPopenmpi", "-i", "-u", "4194304"]);
-            let mut c =
-                common::debian_program(&fabric, "full", "mpirun.openmpi", &args, "netpipe-openmpi");
-            c.env("UCX_TLS", tls);
-            c.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
-            let (ok, out) = finish(c.spawn().unwrap(), Duration::from_secs(120));
-            kill_processes_on(&fabric);
-            let what = format!("{mca:?} {tls}: {out}");
-            // One line per size, up to the last below the bound.
-            let checked = out.lines().filter(|l| l.contains("-->  Integrity check")).count();
-            let passed = out.lines().filter(|l| l.ends_with("-->  Integrity check passed"));
-            assert!(checked > 30 && passed.count() == checked, "{what}");
-            assert!(out.contains(" 3145729 bytes "), "{what}");
-            assert!(ok, "{what}");
+    let ucx = [["pml", "ucx"], ["osc", "ucx"]];
+    let openib = [["pml", "ob1"], ["btl", "openib,self"], ["btl_openib_allow_ib", "1"]];
+    for (mca, tls) in
+        [(&ucx[..], "rc_verbs,ud_verbs,self"), (&ucx[..], "ud_verbs,self"), (&openib[..], "")]
+    {
+        let fabric = Fabric::new("netpipe");
+        let mut args = vec!["-np", "2", "--oversubscribe", "-x", "UCX_TLS"];
+        for [k, v] in mca {
+            args.extend(["--mca", k, v]);
         }
+        args.extend(["/usr/bin/NPopenmpi", "-i", "-u", "4194304"]);
+        let mut c =
+            common::debian_program(&fabric, "full", "mpirun.openmpi", &args, "netpipe-openmpi");
+        c.env("UCX_TLS", tls);
+        c.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+        let (ok, out) = finish(c.spawn().unwrap(), Duration::from_secs(120));
+        kill_processes_on(&fabric);
+        let what = format!("{mca:?} {tls}: {out}");
+        // One line per size, up to the last below the bound.
+        let checked = out.lines().filter(|l| l.contains("-->  Integrity check")).count();
+        let passed = out.lines().filter(|l| l.ends_with("-->  Integrity check passed"));
+        assert!(checked > 30 && passed.count() == checked, "{what}");
+        assert!(out.contains(" 3145729 bytes "), "{what}");
+        let torn_down = out.contains("did not finish") || died_in_event_teardown(&out);
+        assert!(ok || mca == openib && torn_down, "{what}");
     }
 }
 
@@ -1041,23 +1039,13 @@ fn ceph_stores_and_reads_objects_over_its_rdma_messenger() {
         let dir = scratch(&format!("ceph-{profile}-{cm}"));
         // Its own port, away from tgtd's (iSER test) and Ceph's OSD ports (6800..7300).
         let mon = format!("v1:127.0.0.1:{}", 14_000 + std::process::id() % 3_000 * 2 + i as u32);
-        let fsid = {
-            let r = random_bytes(16);
-            let hex: String = r.iter().map(|b| format!("{b:02x}")).collect();
-            format!(
-                "{}-{}-{}-{}-{}",
-                &hex[..8],
-                &hex[8..12],
-                &hex[12..16],
-                &hex[16..20],
-                &hex[20..]
-            )
-        };
+        let fsid = std::fs::read_to_string("/proc/sys/kernel/random/uuid").unwrap();
+        let fsid = fsid.trim();
         for sub in ["run", "osd-0"] {
             std::fs::create_dir_all(dir.join(sub)).unwrap();
         }
         let conf = dir.join("ceph.conf");
-        std::fs::write(&conf, ceph_conf(&dir, &fsid, &mon, cm)).unwrap();
+        std::fs::write(&conf, ceph_conf(&dir, fsid, &mon, cm)).unwrap();
         let conf = conf.to_str().unwrap();
         let run = |prog: &str, args: &[&str]| {
             let args = [&["-c", conf][..], args].concat();
@@ -1077,7 +1065,7 @@ fn ceph_stores_and_reads_objects_over_its_rdma_messenger() {
         };
         let monmap = dir.join("monmap");
         let made = Command::new("monmaptool")
-            .args(["--create", "--addv", "a", &format!("[{mon}]"), "--fsid", &fsid])
+            .args(["--create", "--addv", "a", &format!("[{mon}]"), "--fsid", fsid])
             .arg(&monmap)
             .output()
             .expect("monmaptool is missing: install Debian's ceph-mon (./ci.sh does)");
@@ -1087,7 +1075,7 @@ fn ceph_stores_and_reads_objects_over_its_rdma_messenger() {
             run("ceph-mon", &["--mkfs", "-i", "a", "--monmap", monmap]).spawn().unwrap(),
             Duration::from_secs(60),
         );
-        assert!(ok, "{profile} {cm}: ceph-mon --mkfs: {out}");
+        assert!(ok, "{profile} cm {cm}: ceph-mon --mkfs: {out}");
         let _mon = Killed(Some(run("ceph-mon", &["-f", "-i", "a"]).spawn().unwrap()));
         cli("ceph", &["osd", "create"]);
         let (ok, out) = finish(
@@ -1095,24 +1083,25 @@ fn ceph_stores_and_reads_objects_over_its_rdma_messenger() {
             Duration::from_secs(60),
         );
         assert!(ok, "{profile} cm {cm}: ceph-osd --mkfs: {out}");
-        let mut osd = None;
-        for _ in 0..3 {
-            drop(osd.take());
-            osd = Some(Killed(Some(run("ceph-osd", &["-f", "-i", "0"]).spawn().unwrap())));
-            let deadline = std::time::Instant::now() + Duration::from_secs(20);
-            while std::time::Instant::now() < deadline
-                && !cli("ceph", &["osd", "stat"]).contains("1 up")
-            {
+        let up_within = |limit: Duration| {
+            let deadline = std::time::Instant::now() + limit;
+            while !cli("ceph", &["osd", "stat"]).contains("1 up") {
+                if std::time::Instant::now() > deadline {
+                    return false;
+                }
                 std::thread::sleep(Duration::from_millis(500));
             }
-            if cli("ceph", &["osd", "stat"]).contains("1 up") {
+            true
+        };
+        let mut osd = None;
+        for tries in 1.. {
+            drop(osd.take()); // the one before, killed
+            osd = Some(Killed(Some(run("ceph-osd", &["-f", "-i", "0"]).spawn().unwrap())));
+            if up_within(Duration::from_secs(20)) {
                 break;
             }
+            assert!(tries < 3, "{profile} cm {cm}: the OSD never came up");
         }
-        assert!(
-            cli("ceph", &["osd", "stat"]).contains("1 up"),
-            "{profile} cm {cm}: the OSD never came up"
-        );
         cli("ceph", &["osd", "pool", "create", "p", "8"]);
 
         let (put, got) = (dir.join("put"), dir.join("got"));
