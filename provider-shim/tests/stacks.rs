@@ -234,9 +234,7 @@ fn mpirun_verified(profile: &str, ranks: u32, mca: &[[&str; 2]], env: &[[&str; 2
     }
     args.push(exe.to_str().unwrap());
     let fabric = Fabric::new("mpi");
-    let mut c = common::debian_program(&fabric, profile, "mpirun.openmpi", &args, "openmpi-bin");
-    // CI runs as root, which mpirun refuses unless told.
-    c.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    let mut c = open_mpi_launch(&fabric, profile, "mpirun.openmpi", &args, "openmpi-bin");
     for [k, v] in env {
         c.env(k, v);
     }
@@ -253,6 +251,21 @@ fn mpirun_verified(profile: &str, ranks: u32, mca: &[[&str; 2]], env: &[[&str; 2
         false if died_in_event_teardown(&out) => MpiRun::DiedInFinalize,
         false => panic!("{profile} {mca:?}: {out}"),
     }
+}
+
+/// Open MPI's launcher `launcher` (`mpirun.openmpi` or `oshrun`, from Debian's `package`)
+/// with `args`, under `rdma-emu run` with `profile` on `fabric`.
+fn open_mpi_launch(
+    fabric: &Fabric,
+    profile: &str,
+    launcher: &str,
+    args: &[&str],
+    package: &str,
+) -> std::process::Command {
+    let mut c = common::debian_program(fabric, profile, launcher, args, package);
+    // CI runs as root, which Open MPI's launchers refuse unless told.
+    c.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    c
 }
 
 /// The crash report of a rank that died in Open MPI's event teardown (as seen, addresses
@@ -354,10 +367,8 @@ fn hpcc_validates_its_results_over_open_mpi_on_ucx_verbs() {
         let np = (p * q).to_string();
         let args = ["-np", &np, "--oversubscribe", "--mca", "pml", "ucx", "--mca", "osc", "ucx"];
         let args = [&args[..], &["-x", "UCX_TLS", "-x", "UCX_IB_GID_INDEX", "/usr/bin/hpcc"]];
-        let mut c =
-            common::debian_program(&fabric, profile, "mpirun.openmpi", &args.concat(), "hpcc");
+        let mut c = open_mpi_launch(&fabric, profile, "mpirun.openmpi", &args.concat(), "hpcc");
         c.current_dir(&dir).env("UCX_TLS", "rc_verbs,ud_verbs,self").env("UCX_IB_GID_INDEX", "0");
-        c.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
         let (ok, out) = finish(c.spawn().unwrap(), Duration::from_secs(120));
         kill_processes_on(&fabric);
         let report = std::fs::read_to_string(dir.join("hpccoutf.txt")).unwrap_or_default();
@@ -395,17 +406,18 @@ fn netpipe_checks_every_message_size_over_open_mpi() {
         [(&ucx[..], "rc_verbs,ud_verbs,self"), (&ucx[..], "ud_verbs,self"), (&openib[..], "")]
     {
         let fabric = Fabric::new("netpipe");
+        // NPopenmpi writes its results to `np.out` in its working directory.
+        let dir = scratch("netpipe");
         let mut args = vec!["-np", "2", "--oversubscribe", "-x", "UCX_TLS"];
         for [k, v] in mca {
             args.extend(["--mca", k, v]);
         }
         args.extend(["/usr/bin/NPopenmpi", "-i", "-u", "4194304"]);
-        let mut c =
-            common::debian_program(&fabric, "full", "mpirun.openmpi", &args, "netpipe-openmpi");
-        c.env("UCX_TLS", tls);
-        c.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+        let mut c = open_mpi_launch(&fabric, "full", "mpirun.openmpi", &args, "netpipe-openmpi");
+        c.current_dir(&dir).env("UCX_TLS", tls);
         let (ok, out) = finish(c.spawn().unwrap(), Duration::from_secs(120));
         kill_processes_on(&fabric);
+        let _ = std::fs::remove_dir_all(&dir);
         let what = format!("{mca:?} {tls}: {out}");
         // One line per size, up to the last below the bound.
         let checked = out.lines().filter(|l| l.contains("-->  Integrity check")).count();
@@ -509,11 +521,8 @@ fn openshmem_over_ucx_verbs_verifies_its_results() {
         let args = ["-np", pes, "--oversubscribe", "--mca", "osc", "^rdma"];
         let args =
             [&args[..], &["-x", "UCX_TLS", "-x", "UCX_IB_GID_INDEX"], &[exe.to_str().unwrap()]];
-        let mut c =
-            common::debian_program(&fabric, profile, "oshrun", &args.concat(), "openmpi-bin");
+        let mut c = open_mpi_launch(&fabric, profile, "oshrun", &args.concat(), "openmpi-bin");
         c.env("UCX_TLS", tls).env("UCX_IB_GID_INDEX", "0");
-        // CI runs as root, which oshrun (Open MPI's mpirun) refuses unless told.
-        c.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
         let (ok, out) = finish(c.spawn().unwrap(), Duration::from_secs(60));
         // oshrun went with the guard; its PEs, their own processes, may not have.
         kill_processes_on(&fabric);
