@@ -305,7 +305,7 @@ pub fn live(exe: &Path, seed: u64, count: u32) -> Result<String, String> {
         TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &bytes));
     let score = std::cell::RefCell::new(Score::default());
     let result = runner.run(&generate::plans(), |plan| {
-        let program = plan.program("live");
+        let program = plan.program(generate::LIVE);
         let rxe = rxe_run(exe, std::slice::from_ref(&program)).map_err(TestCaseError::fail)?;
         let emu =
             runner::run(exe, &Device::Emulator, std::slice::from_ref(&program), EMU_SETTLE_MS)

@@ -587,7 +587,7 @@ impl World {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(96), ..ProptestConfig::default() })]
 
     #[test]
     fn random_programs_leave_identical_traces_on_both_paths(

@@ -219,7 +219,7 @@ impl World {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(64), ..ProptestConfig::default() })]
 
     #[test]
     fn random_operations_match_the_memory_model(ops in prop::collection::vec(op(), 1..60), rxe in any::<bool>()) {

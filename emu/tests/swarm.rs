@@ -169,7 +169,7 @@ fn run(seed: u64, rules: &str, ops: &[Op], retry_cnt: u8, rnr_retry: u8) -> Resu
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(256), ..ProptestConfig::default() })]
 
     #[test]
     fn rc_keeps_its_promises_under_random_faults(

@@ -31,6 +31,12 @@ pub fn cap(depth: u32) -> QpCap {
     }
 }
 
+/// How many random cases a property test runs: `default` (what CI runs), or proptest's own
+/// `PROPTEST_CASES` for a longer run by hand (docs/reliability.md lists them).
+pub fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
 /// The attributes an RC QP must be given on its way to RTR (IBA 11.2.4.2, as rdma-core checks).
 pub const RC_RTR_MASK: QpAttrMask = QpAttrMask::STATE
     .union(QpAttrMask::AV)
