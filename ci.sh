@@ -27,10 +27,16 @@ for p in binutils gcc libibverbs-dev librdmacm-dev ibverbs-utils rdmacm-utils pe
     netpipe-openmpi ceph-mon ceph-osd; do
     dpkg -s "$p" >/dev/null 2>&1 || need_pkgs+=("$p")
 done
+# A machine image may carry a newer qemu-utils than Debian 12's (a backport), which Debian 12's
+# qemu-system-x86 may not be installed beside: Debian 12's own is taken then.
+if [[ " ${need_pkgs[*]} " == *" qemu-system-x86 "* ]] &&
+    dpkg-query -W -f='${Version}' qemu-utils 2>/dev/null | grep -q bpo; then
+    need_pkgs+=("qemu-utils/bookworm")
+fi
 install_pkgs() {
     [ ${#need_pkgs[@]} -eq 0 ] && return 0
     if [ "$(id -u)" = 0 ]; then
-        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_pkgs[@]}"
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --allow-downgrades "${need_pkgs[@]}"
     else
         echo "missing packages: ${need_pkgs[*]} (run as root to install them)" >&2
         exit 1
