@@ -458,7 +458,7 @@ impl Profile {
                 max_wq_type_rq: 65_536,
                 max_rwq_indirection_tables: 65_536,
                 max_rwq_indirection_table_size: 1 << 13,
-                rx_hash_fields_mask: crate::engine::frame::hash_fields::ALL,
+                rx_hash_fields_mask: crate::types::hash_fields::ALL,
                 max_tso: 256 * 1024,
                 raw_packet_caps: raw_packet_caps::IP_CSUM
                     | raw_packet_caps::CVLAN_STRIPPING

@@ -304,6 +304,17 @@ impl Gid {
     /// The all-zero GID (an unused table entry).
     pub const ZERO: Gid = Gid([0; 16]);
 
+    /// The MAC address behind the GID: the EUI-64 interface identifier of a link-local GID,
+    /// or a locally administered address from its last bytes.
+    pub(crate) fn mac(&self) -> [u8; 6] {
+        let b = &self.0;
+        if b[11] == 0xff && b[12] == 0xfe {
+            [b[8] ^ 0x02, b[9], b[10], b[13], b[14], b[15]]
+        } else {
+            [0x02, 0, b[12], b[13], b[14], b[15]]
+        }
+    }
+
     /// The IPv4 address of an IPv4-mapped GID (`::ffff:a.b.c.d`).
     pub(crate) fn ipv4(&self) -> Option<[u8; 4]> {
         let g = &self.0;
@@ -424,4 +435,39 @@ pub struct AhAttr {
     /// Whether the GRH fields (`dgid`, ...) are valid.
     pub is_global: bool,
     pub port_num: u8,
+}
+
+/// A global route header as it travels (RoCE v2: the IP header's fields).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Grh {
+    pub(crate) sgid: Gid,
+    pub(crate) dgid: Gid,
+    /// Traffic class (IPv4: the TOS byte).
+    pub(crate) traffic_class: u8,
+    /// 20-bit flow label (none in IPv4).
+    pub(crate) flow_label: u32,
+    /// Hop limit (IPv4: the TTL).
+    pub(crate) hop_limit: u8,
+}
+
+/// The device index of destinations over a wire port: packets routed there leave through the
+/// port whose address is their source GID.
+pub(crate) const WIRE_DEV: u32 = u32::MAX - 1;
+
+/// `IBV_RX_HASH_*` bits.
+pub(crate) mod hash_fields {
+    pub(crate) const SRC_IPV4: u64 = 1 << 0;
+    pub(crate) const DST_IPV4: u64 = 1 << 1;
+    pub(crate) const SRC_IPV6: u64 = 1 << 2;
+    pub(crate) const DST_IPV6: u64 = 1 << 3;
+    pub(crate) const SRC_PORT_TCP: u64 = 1 << 4;
+    pub(crate) const DST_PORT_TCP: u64 = 1 << 5;
+    pub(crate) const SRC_PORT_UDP: u64 = 1 << 6;
+    pub(crate) const DST_PORT_UDP: u64 = 1 << 7;
+    pub(crate) const IPV4: u64 = SRC_IPV4 | DST_IPV4;
+    pub(crate) const IPV6: u64 = SRC_IPV6 | DST_IPV6;
+    pub(crate) const TCP: u64 = SRC_PORT_TCP | DST_PORT_TCP;
+    pub(crate) const UDP: u64 = SRC_PORT_UDP | DST_PORT_UDP;
+    /// Every field the emulator hashes on.
+    pub(crate) const ALL: u64 = IPV4 | IPV6 | TCP | UDP;
 }

@@ -27,17 +27,18 @@ use std::sync::Arc;
 use super::{
     completer,
     express::{self, Request, Scatter, Src},
-    packet::{Grh, Kind, Packet, Payload},
+    packet::{Kind, Packet, Payload},
     psn_add,
     requester::MULTICAST_QPN,
     responder::{self, Datagram, MAX_UD_PAYLOAD},
     sgl,
 };
 use crate::{
-    fabric::{FabricInner, wire, wire_port::WIRE_DEV},
+    fabric::{FabricInner, wire},
     objects::{keys::KeyTable, pd::PdInner},
     qp::{QpInner, QpShared, SendWr, queue::UdTarget},
-    types::{QpState, QpType, SendFlags, WrOpcode},
+    types::WIRE_DEV,
+    types::{Grh, QpState, QpType, SendFlags, WrOpcode},
 };
 
 /// Delivers the UD SEND `wr` of `length` bytes (checked by the post) to `dest` at the post if

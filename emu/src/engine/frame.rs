@@ -282,24 +282,6 @@ fn tcp_hlen(f: &[u8], at: usize) -> usize {
     (f[at + 12] >> 4) as usize * 4
 }
 
-/// `IBV_RX_HASH_*` bits.
-pub(crate) mod hash_fields {
-    pub(crate) const SRC_IPV4: u64 = 1 << 0;
-    pub(crate) const DST_IPV4: u64 = 1 << 1;
-    pub(crate) const SRC_IPV6: u64 = 1 << 2;
-    pub(crate) const DST_IPV6: u64 = 1 << 3;
-    pub(crate) const SRC_PORT_TCP: u64 = 1 << 4;
-    pub(crate) const DST_PORT_TCP: u64 = 1 << 5;
-    pub(crate) const SRC_PORT_UDP: u64 = 1 << 6;
-    pub(crate) const DST_PORT_UDP: u64 = 1 << 7;
-    pub(crate) const IPV4: u64 = SRC_IPV4 | DST_IPV4;
-    pub(crate) const IPV6: u64 = SRC_IPV6 | DST_IPV6;
-    pub(crate) const TCP: u64 = SRC_PORT_TCP | DST_PORT_TCP;
-    pub(crate) const UDP: u64 = SRC_PORT_UDP | DST_PORT_UDP;
-    /// Every field the emulator hashes on.
-    pub(crate) const ALL: u64 = IPV4 | IPV6 | TCP | UDP;
-}
-
 /// The Toeplitz hash of `input` under `key` (the Microsoft RSS definition): for every set bit
 /// of the input, XOR in the 32 key bits starting at that bit's position.
 pub(crate) fn toeplitz(key: &[u8], input: &[u8]) -> u32 {
@@ -323,7 +305,7 @@ pub(crate) fn toeplitz(key: &[u8], input: &[u8]) -> u32 {
 /// source address, destination address, source port, destination port (ports only when the
 /// frame's L4 protocol is the one selected). 0 when no selected field is present.
 pub(crate) fn rss_hash(key: &[u8], fields: u64, h: &Headers) -> u32 {
-    use hash_fields::*;
+    use crate::types::hash_fields::*;
     let mut input = Vec::with_capacity(36);
     if let Some(ip) = h.ipv4 {
         if fields & SRC_IPV4 != 0 {
@@ -429,7 +411,7 @@ pub(crate) mod test {
             ([38, 27, 205, 30], 48228, [209, 142, 163, 6], 2217, 0x8298_9176, 0xafc7_327f),
             ([153, 39, 163, 191], 44251, [202, 188, 127, 2], 1303, 0x5d18_09c5, 0x10e8_28a2),
         ];
-        use hash_fields::*;
+        use crate::types::hash_fields::*;
         for (src, sport, dst, dport, ip_hash, tcp_hash) in cases {
             let f = ipv4_frame(PROTO_TCP, src, sport, dst, dport, b"");
             let h = Headers::parse(&f).unwrap();

@@ -189,7 +189,7 @@ impl<'f> Driver<'f> {
         if !f.port_up(pkt.src_dev, pkt.src_port) || !f.port_up(pkt.dst_dev, pkt.dst_port) {
             return;
         }
-        if pkt.dst_dev == crate::fabric::wire_port::WIRE_DEV {
+        if pkt.dst_dev == crate::types::WIRE_DEV {
             if let Some(wire) = f.wire.get() {
                 wire.send(&pkt);
             }
@@ -315,7 +315,7 @@ pub(crate) fn ack_route(
     src: (u32, u8, u32),
     dst: (u32, u8, u32),
 ) -> Option<&crate::fabric::host::Node> {
-    if !f.express() || dst.0 == crate::fabric::wire_port::WIRE_DEV {
+    if !f.express() || dst.0 == crate::types::WIRE_DEV {
         return None;
     }
     let node = f.remote_node(dst.2)?;

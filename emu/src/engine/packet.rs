@@ -12,7 +12,7 @@ use std::sync::Arc;
 use crate::{
     fabric::ring::Lent,
     mem::{MemFault, MemRegion, PeerRange},
-    types::{Gid, QpType},
+    types::{Grh, QpType},
 };
 
 /// Every kind of message a wire carries (the host fabric's own XRC forwarding aside): what
@@ -353,19 +353,6 @@ pub(crate) struct Packet {
     /// while this process was stopped (see `engine::absent_peer`): a request of no bytes
     /// whose `npkts` PSNs from `psn` cover them, `msn` messages in all.
     pub(crate) carried_out: bool,
-}
-
-/// A global route header as it travels (RoCE v2: the IP header's fields).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Grh {
-    pub(crate) sgid: Gid,
-    pub(crate) dgid: Gid,
-    /// Traffic class (IPv4: the TOS byte).
-    pub(crate) traffic_class: u8,
-    /// 20-bit flow label (none in IPv4).
-    pub(crate) flow_label: u32,
-    /// Hop limit (IPv4: the TTL).
-    pub(crate) hop_limit: u8,
 }
 
 impl Packet {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::{
     Driver, completer,
-    packet::{Grh, Kind, Packet, Payload},
+    packet::{Kind, Packet, Payload},
     packets_for, psn_add, psn_diff, raw,
     sgl::{self, SglError},
 };
@@ -13,7 +13,9 @@ use crate::{
     error::{Errno, Error, Result, einval},
     objects::mw,
     qp::{QpInner, QpShared, SendWr, queue::SendWqe},
-    types::{EventType, FlushLevel, FlushType, QpState, QpType, SendFlags, WcStatus, WrOpcode},
+    types::{
+        EventType, FlushLevel, FlushType, Grh, QpState, QpType, SendFlags, WcStatus, WrOpcode,
+    },
 };
 
 #[derive(Debug, Default)]

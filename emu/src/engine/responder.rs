@@ -6,7 +6,7 @@ use std::{collections::VecDeque, sync::Arc};
 
 use super::{
     Driver, enter_error,
-    packet::{Grh, Kind, MemRef, NakCode, Packet, Payload, Syndrome},
+    packet::{Kind, MemRef, NakCode, Packet, Payload, Syndrome},
     psn_add, psn_diff, raises_qp_errors,
     sgl::{self, SglError},
     wc, wc_ok,
@@ -17,7 +17,8 @@ use crate::{
     objects::{cq::CqInner, keys::KeyTable, mr::MrInner, mw, pd::PdInner, srq::SrqInner},
     qp::{QpInner, QpShared, RecvWr},
     types::{
-        AccessFlags, EventType, FlushLevel, FlushType, QpState, QpType, WcFlags, WcOpcode, WcStatus,
+        AccessFlags, EventType, FlushLevel, FlushType, Grh, QpState, QpType, WcFlags, WcOpcode,
+        WcStatus,
     },
 };
 
@@ -260,7 +261,7 @@ pub(super) fn reply(g: &QpInner, req: &Packet, kind: Kind, psn: u32, syndrome: S
     p.syndrome = syndrome;
     p.msn = g.resp.msn;
     p.mtu = g.mtu;
-    if req.src_dev == crate::fabric::wire_port::WIRE_DEV {
+    if req.src_dev == crate::types::WIRE_DEV {
         // Beyond a wire port: the BTH names no source QP, the connection does; the addresses
         // are the QP's path, or else the request's turned around.
         p.dst_qpn = g.attr.dest_qp_num;

@@ -367,7 +367,7 @@ impl FabricInner {
     fn port_up_looked_at(&self, dev: u32, port: u8) -> bool {
         // Beyond a wire port the network is assumed up; the wire port itself is checked as
         // the packet's other end.
-        dev == wire_port::WIRE_DEV
+        dev == crate::types::WIRE_DEV
             || self.devices.get(dev as usize).is_some_and(|d| Device::port_up(d, port))
     }
 
@@ -514,7 +514,7 @@ impl FabricInner {
     /// The device and port an address vector leads to: on RoCE by its GID; on InfiniBand by
     /// its DLID, as a subnet's switches forward (a GRH only matters between subnets).
     /// On RoCE, a unicast GID that no port has leads out of a wire port of its IP family,
-    /// if there is one ([`wire_port::WIRE_DEV`]).
+    /// if there is one ([`crate::types::WIRE_DEV`]).
     pub(crate) fn route(&self, ah: &AhAttr) -> Option<(u32, u8)> {
         let mut roce_seen = false;
         let here = self.devices.iter().find_map(|d| {
@@ -527,7 +527,7 @@ impl FabricInner {
         here.or_else(|| {
             let unicast = !ah.dgid.is_multicast();
             let wire = self.wire.get().filter(|_| roce_seen && ah.is_global && unicast)?;
-            wire.reaches(&ah.dgid).then_some((wire_port::WIRE_DEV, ah.port_num))
+            wire.reaches(&ah.dgid).then_some((crate::types::WIRE_DEV, ah.port_num))
         })
     }
 

@@ -16,9 +16,9 @@ use super::{
     roce::{fold, icrc, ipv4_header, ipv6_first_word, ones_complement_sum, op},
 };
 use crate::{
-    engine::packet::{Grh, Kind, NakCode, Packet, Payload, Syndrome},
+    engine::packet::{Kind, NakCode, Packet, Payload, Syndrome},
     error::Result,
-    types::{Gid, QpType},
+    types::{Grh, QpType},
 };
 
 /// The UDP port of RoCE v2.
@@ -328,17 +328,6 @@ fn headers(pkt: &Packet, prefix: u8, place: Place, psn: u32, data_len: usize) ->
     h
 }
 
-/// The MAC address behind a GID: the EUI-64 interface identifier of a link-local GID, or a
-/// locally administered address from its last bytes.
-pub(crate) fn mac_of(g: &Gid) -> [u8; 6] {
-    let b = &g.0;
-    if b[11] == 0xff && b[12] == 0xfe {
-        [b[8] ^ 0x02, b[9], b[10], b[13], b[14], b[15]]
-    } else {
-        [0x02, 0, b[12], b[13], b[14], b[15]]
-    }
-}
-
 /// One Ethernet frame: Ethernet, IP, UDP, the transport headers, payload, pad and ICRC.
 pub(super) fn frame(ends: &Ends, transport: &[u8], data: &[u8], damaged: bool) -> Vec<u8> {
     let pad = (4 - data.len() % 4) % 4;
@@ -346,8 +335,8 @@ pub(super) fn frame(ends: &Ends, transport: &[u8], data: &[u8], damaged: bool) -
     let (src, dst) = (&ends.ip.sgid, &ends.ip.dgid);
     let v4 = src.ipv4().zip(dst.ipv4());
     let mut f = Vec::with_capacity(14 + 40 + udp_len);
-    f.extend_from_slice(&mac_of(dst));
-    f.extend_from_slice(&mac_of(src));
+    f.extend_from_slice(&dst.mac());
+    f.extend_from_slice(&src.mac());
     f.extend_from_slice(&(if v4.is_some() { 0x0800u16 } else { 0x86dd }).to_be_bytes());
     let ip_start = f.len();
     let pseudo = match v4 {
@@ -398,6 +387,7 @@ pub(super) fn frame(ends: &Ends, transport: &[u8], data: &[u8], damaged: bool) -
 #[cfg(test)]
 pub(super) mod test {
     use super::*;
+    use crate::types::Gid;
 
     #[test]
     fn test_a_write_is_cut_at_the_mtu_with_reth_only_on_the_first_packet() {

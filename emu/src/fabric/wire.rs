@@ -7,9 +7,9 @@
 use std::{ops::Range, sync::Arc};
 
 use crate::{
-    engine::packet::{Forwarded, Grh, Kind, NakCode, Packet, Payload, Piece, Syndrome},
+    engine::packet::{Forwarded, Kind, NakCode, Packet, Payload, Piece, Syndrome},
     mem::{MemFault, PeerProcess, PeerRange},
-    types::{Gid, QpType},
+    types::{Gid, Grh, QpType},
 };
 
 /// Bumped whenever the layout below changes; a mismatching packet is dropped.

@@ -39,15 +39,11 @@ use crate::{
     cm::addr::PortAddress,
     engine::{
         self, PSN_MASK,
-        packet::{Grh, Kind, NakCode, Packet, Payload, Syndrome},
+        packet::{Kind, NakCode, Packet, Payload, Syndrome},
     },
     error::{Errno, Error, Result},
-    types::{Gid, QpType},
+    types::{Gid, Grh, QpType, WIRE_DEV},
 };
-
-/// The device index of destinations over a wire port: packets routed there leave through the
-/// port whose address is their source GID.
-pub(crate) const WIRE_DEV: u32 = u32::MAX - 1;
 
 /// The largest message a wire port puts back together from its packets: the largest a port
 /// reports (`max_msg_sz` of the full profile, 1 GiB) would let a peer make this process hold

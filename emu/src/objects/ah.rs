@@ -79,10 +79,10 @@ pub(crate) fn resolve_eth_l2(
         return Err(einval("the source and destination GIDs are of different IP families"));
     }
     let dest = fabric.route(attr);
-    if dest.is_some_and(|(dev, _)| dev == crate::fabric::wire_port::WIRE_DEV) {
+    if dest.is_some_and(|(dev, _)| dev == crate::types::WIRE_DEV) {
         // Beyond a wire port the kernel resolves the neighbour as it sends; the MAC reported
         // is the one the GID names.
-        return Ok(crate::fabric::pcap::mac_of(&attr.dgid));
+        return Ok(attr.dgid.mac());
     }
     let owner = dest.and_then(|(dev, _)| fabric.devices.get(dev as usize));
     owner.map(|d| d.id.mac).ok_or(Error::new(Errno::EHOSTUNREACH, "no neighbour has that GID"))

@@ -149,7 +149,7 @@ pub(crate) struct QpInner {
     /// The device and port the address vector leads to, resolved when the AV is set.
     pub(crate) dest: Option<(u32, u8)>,
     /// When the address vector leads out of a wire port: the addresses its packets carry.
-    pub(crate) wire_grh: Option<crate::engine::packet::Grh>,
+    pub(crate) wire_grh: Option<crate::types::Grh>,
     /// Attributes of the QP's own port (`port_num`).
     pub(crate) port: PortInfo,
     /// Cached route to the peer QP.
@@ -426,7 +426,7 @@ impl Qp {
     /// both TCP and UDP ports, no field with a table of more than one entry, or a table of
     /// another context).
     pub(crate) fn create_rss(pd: &Pd, conf: &RssConf<'_>) -> Result<Qp> {
-        use crate::engine::frame::hash_fields as hf;
+        use crate::types::hash_fields as hf;
         let ctx = &pd.0.ctx;
         let a = &ctx.device.attr;
         if !a.has_raw_packet() {
@@ -1026,11 +1026,11 @@ fn apply(qp: &QpShared, g: &mut QpInner, attr: &QpAttr, mask: QpAttrMask) {
         a.ah_attr = attr.ah_attr;
         g.dest = qp.ctx.fabric.route(&attr.ah_attr);
         g.wire_grh = None;
-        if g.dest.is_some_and(|(dev, _)| dev == crate::fabric::wire_port::WIRE_DEV) {
+        if g.dest.is_some_and(|(dev, _)| dev == crate::types::WIRE_DEV) {
             let ah = &attr.ah_attr;
             let port = qp.ctx.device.port(a.port_num).ok();
             let sgid = port.and_then(|p| p.gids.iter().find(|e| e.index == ah.sgid_index as u32));
-            g.wire_grh = Some(crate::engine::packet::Grh {
+            g.wire_grh = Some(crate::types::Grh {
                 sgid: sgid.map(|e| e.gid).unwrap_or_default(),
                 dgid: ah.dgid,
                 traffic_class: ah.traffic_class,

@@ -10,7 +10,7 @@ use crate::{
 
 /// A UD destination captured at post time: (device, port), QPN, Q_Key, the GRH when the
 /// address handle has one, and whether the AH is of another PD than the QP's.
-pub(crate) type UdTarget = ((u32, u8), u32, u32, Option<crate::engine::packet::Grh>, bool);
+pub(crate) type UdTarget = ((u32, u8), u32, u32, Option<crate::types::Grh>, bool);
 
 /// A send WQE: the posted request plus what the requester recorded when it transmitted it.
 /// Its lists grow to what a post needs and keep their capacity for the next.
