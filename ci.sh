@@ -6,21 +6,22 @@ export CARGO_TERM_COLOR=never
 
 # System packages the tests need: readelf (binutils) for the export-table test, the verbs and
 # rdma_cm headers and link library for the C tests and layout checks, Debian's ibverbs-utils,
-# rdmacm-utils and perftest to run unmodified, as server and client processes, netcat-openbsd,
-# socat, iperf3, curl and wget to run over rsockets (librspreload), tshark to decode the packet
-# traces, and ucx-utils (UCX's ucx_info and ucx_perftest), qperf, Open MPI (openmpi-bin, and
-# libopenmpi-dev for mpicc), MPICH (mpich, libmpich-dev), fio and libfabric-bin to run real RDMA
-# stacks over the emulator, python3-pyverbs for rdma-core's own tests (it ships them), valgrind
-# to run a pingpong pair under memcheck, iproute2 to make the network namespaces that stand in
-# for two hosts joined by wire ports, gdb, whose backtraces of a test's process that hangs go
-# into the test's failure, qemu-system-x86 to live-migrate a guest over RDMA, and tgt (an iSCSI
-# target with iSER) with qemu-utils and qemu-block-extra (QEMU's tools, and its libiscsi
-# driver) to serve and use a disk over iSER, dapl2-utils (DAPL's dtest, dtestx, dapltest), hpcc
-# (the HPC Challenge benchmarks, an Open MPI program that checks its own results),
-# netpipe-openmpi (NetPIPE, whose integrity mode checks every message's bytes), and ceph-mon and
-# ceph-osd (a Ceph cluster over its RDMA messenger).
+# rdmacm-utils and perftest to run unmodified, as server and client processes, infiniband-diags
+# (ibstat, ibstatus), netcat-openbsd, socat, iperf3, curl and wget to run over rsockets
+# (librspreload), tshark to decode the packet traces, and ucx-utils (UCX's ucx_info and
+# ucx_perftest), qperf, Open MPI (openmpi-bin, and libopenmpi-dev for mpicc), MPICH (mpich,
+# libmpich-dev), fio and libfabric-bin to run real RDMA stacks over the emulator, python3-pyverbs
+# for rdma-core's own tests (it ships them), valgrind to run a pingpong pair under memcheck,
+# iproute2 to make the network namespaces that stand in for two hosts joined by wire ports, gdb,
+# whose backtraces of a test's process that hangs go into the test's failure, qemu-system-x86 to
+# live-migrate a guest over RDMA, and tgt (an iSCSI target with iSER) with qemu-utils and
+# qemu-block-extra (QEMU's tools, and its libiscsi driver) to serve and use a disk over iSER,
+# dapl2-utils (DAPL's dtest, dtestx, dapltest), hpcc (the HPC Challenge benchmarks, an Open MPI
+# program that checks its own results), netpipe-openmpi (NetPIPE, whose integrity mode checks every
+# message's bytes), and ceph-mon and ceph-osd (a Ceph cluster over its RDMA messenger).
 need_pkgs=()
 for p in binutils gcc libibverbs-dev librdmacm-dev ibverbs-utils rdmacm-utils perftest tshark \
+    infiniband-diags \
     netcat-openbsd socat iperf3 curl wget ucx-utils qperf openmpi-bin libopenmpi-dev mpich \
     libmpich-dev fio libfabric-bin python3-pyverbs valgrind iproute2 gdb qemu-system-x86 tgt \
     qemu-utils qemu-block-extra dapl2-utils hpcc \

@@ -71,6 +71,72 @@ fn devices_lists_ports_and_gids() {
     assert_eq!(text.matches("port 2:").count(), 2, "{text}");
 }
 
+/// Debian's infiniband-diags (`ibstat`, `ibstatus`: libibumad reading the sysfs tree) report
+/// each device and port as `ibv_devinfo` (libibverbs) reports it: identity, state, LID, rate,
+/// link layer and first GID, on both profiles.
+#[test]
+fn infiniband_diags_report_what_ibv_devinfo_reports() {
+    for (profile, link, rate) in
+        [("rxe", "Ethernet", "2.5 Gb/sec (1X SDR)"), ("full", "InfiniBand", "100 Gb/sec (4X EDR)")]
+    {
+        let sep = "=====";
+        let script = format!("ibstat; echo {sep}; ibstatus; echo {sep}; ibv_devinfo -v");
+        let out = rdma_emu()
+            .args(["run", "--devices", "2", "--profile", profile, "--", "sh", "-c", &script])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+        let parts: Vec<&str> = text.split(&format!("{sep}\n")).collect();
+        let [ibstat, ibstatus, devinfo] = parts[..] else { panic!("{text}") };
+        // The value after `key` in the block of `dev` (a block starts with a line naming it).
+        let field = |block: &str, key: &str| -> String {
+            let line = block.lines().find(|l| l.trim_start().starts_with(key));
+            line.unwrap_or_else(|| panic!("no {key} in {block}")).trim_start()[key.len()..]
+                .trim()
+                .to_string()
+        };
+        let block = |out: &str, head: &str| -> String {
+            let from = out.find(head).unwrap_or_else(|| panic!("no {head} in {out}"));
+            let rest = &out[from + head.len()..];
+            let end = ["CA '", "Infiniband device '", "hca_id:"]
+                .iter()
+                .filter_map(|h| rest.find(h))
+                .min()
+                .unwrap_or(rest.len());
+            rest[..end].to_string()
+        };
+        for dev in ["emu0", "emu1"] {
+            let (st, sts, di) = (
+                block(ibstat, &format!("CA '{dev}'")),
+                block(ibstatus, &format!("Infiniband device '{dev}' port 1")),
+                block(devinfo, &format!("hca_id:\t{dev}")),
+            );
+            // 0000:00ff:fe00:0001 (ibv_devinfo) is 0x000000fffe000001 (ibstat).
+            let guid = format!("0x{}", field(&di, "node_guid:").replace(':', ""));
+            assert_eq!(field(&st, "Node GUID:"), guid, "{dev} ({profile})");
+            assert_eq!(field(&st, "Port GUID:"), guid, "{dev} ({profile})");
+            assert_eq!(field(&di, "state:"), "PORT_ACTIVE (4)", "{dev} ({profile})");
+            assert_eq!(field(&st, "State:"), "Active");
+            assert_eq!(field(&st, "Physical state:"), "LinkUp");
+            assert_eq!(field(&sts, "state:"), "4: ACTIVE");
+            assert_eq!(
+                (field(&st, "Link layer:"), field(&di, "link_layer:")),
+                (link.into(), link.into())
+            );
+            let lid = field(&di, "port_lid:").parse::<u16>().unwrap();
+            assert_eq!(field(&st, "Base lid:"), lid.to_string(), "{dev} ({profile})");
+            assert_eq!(field(&sts, "base lid:"), format!("{lid:#x}"), "{dev} ({profile})");
+            assert_eq!(field(&sts, "rate:"), rate, "{dev} ({profile})");
+            // ibstatus writes the GID in full, ibv_devinfo (over RoCE) in IPv6's short form.
+            let gid = |s: &str| s.split(',').next().unwrap().parse::<std::net::Ipv6Addr>();
+            let first = field(&di, "GID[  0]:");
+            assert_eq!(gid(&field(&sts, "default gid:")), gid(&first), "{dev} ({profile})");
+            assert!(gid(&first).is_ok(), "{first}");
+        }
+    }
+}
+
 #[test]
 fn link_layer_ethernet_makes_the_full_profile_roce() {
     let out = rdma_emu()
