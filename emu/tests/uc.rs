@@ -78,6 +78,53 @@ fn uc_bad_rkey_is_dropped_silently() {
 }
 
 #[test]
+fn uc_write_with_imm_of_a_bad_rkey_leaves_the_receive_for_the_next_message() {
+    // Class E, as rxe (a live run against it once found the receive lost instead): the message
+    // is dropped, the receive stays posted, both QPs go on.
+    let (_f, a, b) = uc_pair();
+    post_recv(&b.qp, 7, &[sge(&b.mr, 0, 64)]);
+    let to = (b.mr.addr(), b.mr.rkey() ^ 0x100);
+    a.qp.post_send(&SendWr::write(1, &[sge(&a.mr, 0, 8)], to.0, to.1).with_imm(3)).unwrap();
+    assert_eq!(wait1(&a.cq).status, WcStatus::SUCCESS);
+    assert_empty(&b.cq);
+    a.qp.post_send(&SendWr::send(2, &[sge(&a.mr, 0, 4)])).unwrap();
+    wait1(&a.cq);
+    let r = wait1(&b.cq);
+    assert_eq!((r.wr_id, r.status, r.opcode), (7, WcStatus::SUCCESS, WcOpcode::RECV));
+    assert_eq!((a.qp.state(), b.qp.state()), (QpState::RTS, QpState::RTS));
+}
+
+#[test]
+fn uc_write_with_imm_of_a_bad_rkey_completes_an_srq_receive_in_error() {
+    // Class D, as rxe: the receive taken off the SRQ completes with a remote access error, the
+    // QP goes on and takes the next message.
+    let f = Fabric::new(FabricConfig { devices: 2, profile: Profile::Rxe, ..Default::default() });
+    let devs = f.devices();
+    let a = node_on(&devs[0], 4096);
+    let b = node_on(&devs[1], 4096);
+    let srq = b.pd.create_srq(&SrqAttr { max_wr: 8, max_sge: 1, srq_limit: 0 }).unwrap();
+    let qa = new_qp(&a.pd, &a.cq, QpType::UC, 16, true);
+    let qb = b
+        .pd
+        .create_qp(&QpInitAttr { srq: Some(&srq), ..QpInitAttr::new(QpType::UC, &b.cq, cap(16)) })
+        .unwrap();
+    connect(&qa, &qb, &RcParams::default(), &RcParams::default());
+    for id in [7, 8] {
+        srq.post_recv(&RecvWr { wr_id: id, sg_list: &[sge(&b.mr, 0, 64)] }).unwrap();
+    }
+    let to = (b.mr.addr(), b.mr.rkey() ^ 0x100);
+    qa.post_send(&SendWr::write(1, &[sge(&a.mr, 0, 8)], to.0, to.1).with_imm(3)).unwrap();
+    assert_eq!(wait1(&a.cq).status, WcStatus::SUCCESS);
+    let r = wait1(&b.cq);
+    assert_eq!((r.wr_id, r.status), (7, WcStatus::REM_ACCESS_ERR));
+    qa.post_send(&SendWr::send(2, &[sge(&a.mr, 0, 4)])).unwrap();
+    wait1(&a.cq);
+    let r = wait1(&b.cq);
+    assert_eq!((r.wr_id, r.status, r.byte_len), (8, WcStatus::SUCCESS, 4));
+    assert_eq!(qb.state(), QpState::RTS);
+}
+
+#[test]
 fn uc_too_long_send_fails_the_receive_and_errors_the_receiver() {
     let (_f, a, b) = uc_pair();
     post_recv(&b.qp, 3, &[sge(&b.mr, 0, 4)]);

@@ -473,9 +473,14 @@ pub(super) fn fail(
     drv: &mut Driver<'_>,
 ) {
     if !reliable(qp) {
-        // UC (IBA 9.8.3): a bad rkey drops the message silently; a receive that cannot take
-        // the message completes in error and the QP goes to ERR (as rxe).
+        // UC (IBA 9.8.3): a bad rkey drops the message silently, the QP goes on; a receive a
+        // WRITE with immediate took off an SRQ for it completes in error (class D, as rxe;
+        // `write` takes none off the QP's own receive queue). A receive that cannot take the
+        // message completes in error and the QP goes to ERR (as rxe).
         if code == NakCode::RemoteAccessError {
+            if let Some((status, wr_id)) = recv {
+                let _ = qp.recv_cq.push(wc(qp, wr_id, status), true);
+            }
             return;
         }
         if let Some((status, wr_id)) = recv {
@@ -834,6 +839,11 @@ fn write(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>)
     // the first is checked (and NAKed) before the last needs a receive WQE.
     if pkt.imm.is_some() && pkt.npkts > 1 && dest.is_err() {
         return fail(qp, g, &pkt, NakCode::RemoteAccessError, None, drv);
+    }
+    // UC, class E: a WRITE with immediate whose rkey fails is dropped without taking a receive
+    // off the QP's own receive queue: the next message finds it there (as rxe).
+    if pkt.imm.is_some() && dest.is_err() && !reliable(qp) && qp.srq.is_none() {
+        return;
     }
     // WRITE_WITH_IMM consumes a receive WQE, taken before the data lands.
     let recv = if pkt.imm.is_some() {
