@@ -14,8 +14,9 @@ use super::{
 use crate::{
     error::{Result, einval},
     mem::{MemFault, MemRegion},
+    objects::recv_queue::RecvWr,
     objects::{cq::CqInner, keys::KeyTable, mr::MrInner, mw, pd::PdInner, srq::SrqInner},
-    qp::{QpInner, QpShared, RecvWr},
+    qp::{QpInner, QpShared},
     types::{
         AccessFlags, EventType, FlushLevel, FlushType, Grh, QpState, QpType, WcFlags, WcOpcode,
         WcStatus,
@@ -507,7 +508,7 @@ pub(super) fn fail(
 /// A receive WQE taken off the SRQ or the RQ.
 pub(crate) struct Recv {
     pub(crate) wr_id: u64,
-    pub(crate) sges: crate::qp::queue::Sges,
+    pub(crate) sges: crate::objects::recv_queue::Sges,
     /// The RQ slot it came from, to give the SGE vector back (an SRQ slot may already be
     /// reposted by another thread, so SRQ vectors are simply dropped).
     rq_slot: Option<u32>,

@@ -8,12 +8,7 @@ use super::{
     device::ResourceCounts,
     mr::Mr,
 };
-use crate::{
-    error::Result,
-    mem::RawMemory,
-    qp::{Qp, QpInitAttr},
-    types::AccessFlags,
-};
+use crate::{error::Result, mem::RawMemory, types::AccessFlags};
 
 #[derive(Debug)]
 pub(crate) struct PdInner {
@@ -119,17 +114,6 @@ impl Pd {
     /// `ibv_create_wq` (`IBV_WQT_RQ`); see [`Wq`](crate::Wq).
     pub fn create_wq(&self, init: &super::wq::WqInitAttr<'_>) -> Result<super::wq::Wq> {
         super::wq::Wq::create(self, init)
-    }
-
-    /// `ibv_create_qp_ex` with an indirection table and a hash: an RSS QP; see
-    /// [`RssConf`](crate::RssConf).
-    pub fn create_rss_qp(&self, conf: &crate::RssConf<'_>) -> Result<Qp> {
-        Qp::create_rss(self, conf)
-    }
-
-    /// `ibv_create_qp`.
-    pub fn create_qp(&self, init: &QpInitAttr<'_>) -> Result<Qp> {
-        Qp::create(self, init)
     }
 
     /// Whether two handles name the same PD.

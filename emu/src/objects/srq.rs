@@ -16,7 +16,7 @@ use super::{
 };
 use crate::{
     error::{Result, einval},
-    qp::{RecvWr, queue::RecvQueue},
+    objects::recv_queue::{RecvQueue, RecvWr},
     types::{EventType, Sge},
 };
 
@@ -179,7 +179,7 @@ fn granted(n: u32) -> u32 {
 impl SrqInner {
     /// Takes the oldest receive WQE, raising `SRQ_LIMIT_REACHED` once when the count falls
     /// below an armed limit (IBA 10.2.9.2).
-    pub(crate) fn pop(self: &Arc<SrqInner>) -> Option<(u64, crate::qp::queue::Sges)> {
+    pub(crate) fn pop(self: &Arc<SrqInner>) -> Option<(u64, super::recv_queue::Sges)> {
         self.pop_with(|w| Some((w.wr_id, std::mem::take(&mut w.sges))))
     }
 
@@ -187,7 +187,7 @@ impl SrqInner {
     /// SRQ's lock: no other QP can take the WQE meanwhile); `None` leaves it queued.
     pub(crate) fn pop_with<R>(
         self: &Arc<SrqInner>,
-        take: impl FnOnce(&mut crate::qp::queue::RecvWqe) -> Option<R>,
+        take: impl FnOnce(&mut super::recv_queue::RecvWqe) -> Option<R>,
     ) -> Option<R> {
         let mut st = self.st.lock();
         if st.rq.len() == 0 {

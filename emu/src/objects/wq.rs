@@ -28,7 +28,7 @@ use crate::{
     engine::raw,
     error::{Errno, Error, Result, einval},
     fabric::timer::Job,
-    qp::{RecvWr, queue::RecvQueue},
+    objects::recv_queue::{RecvQueue, RecvWr},
     types::{EventType, Wc, WcOpcode, WcStatus, WqFlags, WqState},
 };
 

@@ -23,10 +23,7 @@ use super::{
     pd::Pd,
     srq::{Srq, SrqAttr, SrqInner},
 };
-use crate::{
-    error::{Errno, Error, Result, einval},
-    qp::Qp,
-};
+use crate::error::{Errno, Error, Result, einval};
 
 /// `O_CREAT` / `O_EXCL` of `struct ibv_xrcd_init_attr`'s `oflags` (Linux values).
 pub mod xrcd_oflags {
@@ -146,32 +143,6 @@ impl Xrcd {
                 Err(e)
             }
         }
-    }
-
-    /// `ibv_create_qp_ex` of an `IBV_QPT_XRC_RECV` QP: a target QP in this domain (no PD, no
-    /// CQs, no queues of its own).
-    pub fn create_recv_qp(&self) -> Result<Qp> {
-        Qp::create_target(self)
-    }
-
-    /// `ibv_open_qp`: another handle on the target QP `qp_num` of this domain; the QP is
-    /// destroyed when its last handle is. A target QP another process created (a domain
-    /// shared by file) cannot be opened: `EOPNOTSUPP` (on an HCA it would outlive that
-    /// process, which the QP's state here cannot).
-    pub fn open_qp(&self, qp_num: u32) -> Result<Qp> {
-        self.0.life.check()?;
-        if self.0.file.is_some() && self.0.ctx.fabric.numbered_by_another_process(qp_num) {
-            return Err(crate::Error::new(
-                crate::Errno::EOPNOTSUPP,
-                "opening a target QP another process created is not emulated",
-            ));
-        }
-        let qp = self.0.ctx.fabric.lookup_qp_any(qp_num).filter(|q| {
-            q.xrcd.as_ref().is_some_and(|x| Arc::ptr_eq(x, &self.0)) && q.life.is_alive()
-        });
-        let qp = qp.ok_or_else(|| einval("no target QP with that number in the XRC domain"))?;
-        qp.handles.fetch_add(1, Ordering::AcqRel);
-        Ok(Qp::new(qp))
     }
 
     /// Whether two handles name the same domain.

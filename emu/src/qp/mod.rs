@@ -4,6 +4,7 @@
 //! transitions and their side effects, and the entry points `post_send` / `post_recv`.
 
 mod connect;
+pub(crate) mod flow;
 pub(crate) mod inbox;
 pub(crate) mod queue;
 pub(crate) mod recv_ring;
@@ -15,11 +16,12 @@ use std::{collections::VecDeque, sync::Arc};
 use self::queue::SendQueue;
 pub use self::{
     connect::{Endpoint, RcParams},
-    wr::{Flush, RecvWr, SendWr, Tso, UdDest},
+    wr::{Flush, SendWr, Tso, UdDest},
 };
 use crate::{
     engine::{self, Driver, Route, packet::Packet, requester::Requester, responder::Responder},
     error::{Errno, Error, Result, einval},
+    objects::recv_queue::RecvWr,
     objects::{
         Lifecycle,
         context::{AsyncEvent, ContextInner, EventElement},
@@ -405,6 +407,49 @@ impl Drop for Qp {
         if self.0.handles_out.fetch_sub(1, std::sync::atomic::Ordering::AcqRel) == 1 {
             self.0.abandoned();
         }
+    }
+}
+
+/// QPs are made on a PD: the object layer below names no QP.
+impl crate::Pd {
+    /// `ibv_create_qp_ex` with an indirection table and a hash: an RSS QP; see
+    /// [`RssConf`](crate::RssConf).
+    pub fn create_rss_qp(&self, conf: &crate::RssConf<'_>) -> Result<Qp> {
+        Qp::create_rss(self, conf)
+    }
+
+    /// `ibv_create_qp`.
+    pub fn create_qp(&self, init: &QpInitAttr<'_>) -> Result<Qp> {
+        Qp::create(self, init)
+    }
+}
+
+/// Target QPs are made and opened in an XRC domain.
+impl crate::Xrcd {
+    /// `ibv_create_qp_ex` of an `IBV_QPT_XRC_RECV` QP: a target QP in this domain (no PD, no
+    /// CQs, no queues of its own).
+    pub fn create_recv_qp(&self) -> Result<Qp> {
+        Qp::create_target(self)
+    }
+
+    /// `ibv_open_qp`: another handle on the target QP `qp_num` of this domain; the QP is
+    /// destroyed when its last handle is. A target QP another process created (a domain
+    /// shared by file) cannot be opened: `EOPNOTSUPP` (on an HCA it would outlive that
+    /// process, which the QP's state here cannot).
+    pub fn open_qp(&self, qp_num: u32) -> Result<Qp> {
+        self.0.life.check()?;
+        if self.0.file.is_some() && self.0.ctx.fabric.numbered_by_another_process(qp_num) {
+            return Err(crate::Error::new(
+                crate::Errno::EOPNOTSUPP,
+                "opening a target QP another process created is not emulated",
+            ));
+        }
+        let qp = self.0.ctx.fabric.lookup_qp_any(qp_num).filter(|q| {
+            q.xrcd.as_ref().is_some_and(|x| Arc::ptr_eq(x, &self.0)) && q.life.is_alive()
+        });
+        let qp = qp.ok_or_else(|| einval("no target QP with that number in the XRC domain"))?;
+        qp.handles.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        Ok(Qp::new(qp))
     }
 }
 

@@ -31,7 +31,7 @@ use std::{
 
 use crossbeam_utils::CachePadded;
 
-use super::{RecvWr, queue::RecvWqe};
+use crate::objects::recv_queue::{RecvWqe, RecvWr, Sges};
 use crate::{
     error::{Errno, Error, Result},
     sync::{barrier, lock::Lock},
@@ -221,7 +221,7 @@ impl RecvRing {
     /// Takes the next WQE's `wr_id` and SGE list out, its counter with them; the slot stays
     /// the consumer's until [`RecvRing::give_back`] returns the list (keeping its allocation)
     /// and consumes the WQE. Call under the QP's lock, `give_back` before it is released.
-    pub(crate) fn take_out(&self) -> Option<(u64, super::queue::Sges, u32)> {
+    pub(crate) fn take_out(&self) -> Option<(u64, Sges, u32)> {
         let (t, slot) = self.next()?;
         // SAFETY: published (acquire in `next`) and not yet released: the consumer's alone.
         let wqe = unsafe { &mut *slot.wqe.get() };
@@ -229,7 +229,7 @@ impl RecvRing {
     }
 
     /// See [`RecvRing::take_out`].
-    pub(crate) fn give_back(&self, sges: super::queue::Sges, t: u32) {
+    pub(crate) fn give_back(&self, sges: Sges, t: u32) {
         debug_assert_eq!(t, self.tail.load(Ordering::Relaxed));
         if let Some(slot) = self.slot(t) {
             // SAFETY: as in `take_out`, until the release store below.

@@ -237,10 +237,3 @@ impl<'a> SendWr<'a> {
         self
     }
 }
-
-/// A receive work request (`struct ibv_recv_wr`, one element of the list).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct RecvWr<'a> {
-    pub wr_id: u64,
-    pub sg_list: &'a [Sge],
-}

@@ -15,8 +15,9 @@ use crate::{
     Fabric,
     cm::{CmChannel, CmEvent, CmEventType, CmId, ConnParam, PortSpace, UDP_QKEY},
     error::{Errno, Error, Result},
+    objects::recv_queue::RecvWr,
     objects::{ah::Ah, channel::CompChannel, cq::Cq, mr::Mr, pd::Pd},
-    qp::{Qp, QpAttr, QpCap, QpInitAttr, RecvWr, SendWr},
+    qp::{Qp, QpAttr, QpCap, QpInitAttr, SendWr},
     types::{AccessFlags, QpAttrMask as M, QpState, QpType, Sge, Wc, WcStatus},
 };
 

@@ -14,8 +14,9 @@ use std::collections::VecDeque;
 use super::wire::{Hello, IOMAP_ENTRY, IOMAP_TABLE, Imm, IoMapEntry, MAX_CREDITS};
 use crate::{
     error::{Errno, Error, Result},
+    objects::recv_queue::RecvWr,
     objects::{channel::CompChannel, context::Context, cq::Cq, mr::Mr, pd::Pd},
-    qp::{Qp, QpCap, QpInitAttr, RecvWr, SendWr},
+    qp::{Qp, QpCap, QpInitAttr, SendWr},
     types::{AccessFlags, QpType, Sge, Wc, WcFlags, WcStatus},
 };
 

@@ -10,12 +10,12 @@
 
 use std::sync::{Arc, Weak};
 
-use super::Lifecycle;
+use super::{Qp, QpShared};
 use crate::{
     engine::frame::{Headers, PROTO_TCP, PROTO_UDP},
     error::{Errno, Error, Result, einval},
     fabric::FabricInner,
-    qp::{Qp, QpShared},
+    objects::Lifecycle,
     types::{FlowType, QpType},
 };
 
