@@ -259,6 +259,21 @@ fn requests_transcript(dir: &HostDir, qp_type: QpType, express: bool) -> Vec<Str
         .iter()
         .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
     out.push(format!("{digest:x}"));
+    if qp_type == QpType::UC {
+        // A WRITE with immediate its responder refuses (a bad rkey) is dropped and leaves the
+        // receive posted for the next message (class E, as rxe).
+        post_recv(&b.qp, 23, &[sge(&b.mr, 13500, 8)]);
+        send(SendWr::write(23, &[sge(&a.mr, 900, 8)], at + 14400, rkey ^ 0x100).with_imm(23));
+        note(&mut out, "send", wait1(&a.cq));
+        send(SendWr::send(24, &[sge(&a.mr, 1000, 8)]));
+        note(&mut out, "send", wait1(&a.cq));
+        let r = wait1(&b.cq);
+        assert_eq!((r.wr_id, r.opcode), (23, WcOpcode::RECV), "the receive kept for the SEND");
+        note(&mut out, "recv", r);
+        let mut landed = [0u8; 8];
+        b.mr.read(13500, &mut landed).unwrap();
+        assert_eq!(landed[..], sent[1000..1008]);
+    }
     // Longer than its receive: the receive fails (and the QP with it), as does an RC SEND.
     post_recv(&b.qp, 14, &[sge(&b.mr, 7200, 4)]);
     send(SendWr::send(5, &[sge(&a.mr, 0, 8)]));
