@@ -1199,7 +1199,10 @@ impl Node {
             return;
         }
         self.settle_deferred();
-        self.peer(slot).send(0, &Encoded::cm(body), false);
+        // To the node that holds the slot now: a peer kept for an earlier holder, whose death
+        // its watcher has not seen (the new holder may take the slot's lock first), would
+        // lose it, and a connection request lost leaves both sides waiting.
+        self.current_peer(slot).send(0, &Encoded::cm(body), false);
     }
 
     /// Takes the name `name` in the fabric's directory for this node (a port of the
@@ -1276,6 +1279,13 @@ impl Node {
         self.new_peer(slot, self.incarnation(slot))
     }
 
+    /// The peer for the node that holds `slot` now (see [`Node::watch`]).
+    fn current_peer(&self, slot: u8) -> Arc<Peer> {
+        let now = self.incarnation(slot);
+        let known = self.peers.lock().get(&slot).filter(|p| p.incarnation == now).cloned();
+        known.unwrap_or_else(|| self.new_peer(slot, now))
+    }
+
     /// Which node holds `slot` now (0 if none said).
     fn incarnation(&self, slot: u8) -> u128 {
         let held = self.dir.read_file(&lock_name(slot)).unwrap_or_default();
@@ -1319,9 +1329,7 @@ impl Node {
     /// left the slot to a new one: that is another peer, with rings and a watcher of its
     /// own. Our exports and our ring to it are passed now (see `Peer::offer_ring_early`).
     pub(crate) fn watch(&self, slot: u8) {
-        let now = self.incarnation(slot);
-        let known = self.peers.lock().get(&slot).filter(|p| p.incarnation == now).cloned();
-        let peer = known.unwrap_or_else(|| self.new_peer(slot, now));
+        let peer = self.current_peer(slot);
         if let Some(e) = &self.exports {
             peer.offer_exports(e);
         }
