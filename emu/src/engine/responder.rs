@@ -14,8 +14,10 @@ use super::{
 use crate::{
     error::{Result, einval},
     mem::{MemFault, MemRegion},
-    objects::recv_queue::RecvWr,
-    objects::{cq::CqInner, keys::KeyTable, mr::MrInner, mw, pd::PdInner, srq::SrqInner},
+    objects::{
+        cq::CqInner, keys::KeyTable, mr::MrInner, mw, pd::PdInner, recv_queue::RecvWr,
+        srq::SrqInner,
+    },
     qp::{QpInner, QpShared},
     types::{
         AccessFlags, EventType, FlushLevel, FlushType, Grh, QpState, QpType, WcFlags, WcOpcode,
@@ -478,16 +480,12 @@ pub(super) fn fail(
         // WRITE with immediate took off an SRQ for it completes in error (class D, as rxe;
         // `write` takes none off the QP's own receive queue). A receive that cannot take the
         // message completes in error and the QP goes to ERR (as rxe).
-        if code == NakCode::RemoteAccessError {
-            if let Some((status, wr_id)) = recv {
-                let _ = qp.recv_cq.push(wc(qp, wr_id, status), true);
-            }
-            return;
-        }
         if let Some((status, wr_id)) = recv {
             let _ = qp.recv_cq.push(wc(qp, wr_id, status), true);
         }
-        enter_error(qp, g);
+        if code != NakCode::RemoteAccessError {
+            enter_error(qp, g);
+        }
         return;
     }
     let r = reply(g, pkt, Kind::Ack, pkt.psn, Syndrome::Nak(code));
