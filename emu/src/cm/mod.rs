@@ -418,6 +418,9 @@ struct IdState {
     /// The first PSN this side sends.
     psn: u32,
     remote: Option<Remote>,
+    /// Which node of the host fabric the remote side's process is (0: none, or not known):
+    /// its death ends the connection, a newcomer's in its slot does not.
+    remote_incarnation: u128,
     /// Listener: at most this many requests not yet accepted or rejected.
     backlog: usize,
     /// Connection of a listener: the listener.
@@ -516,6 +519,15 @@ fn my_slot(fabric: &FabricInner) -> u8 {
     fabric.node.get().map_or(0, |n| n.slot)
 }
 
+/// Watches the process in `slot` (another's on the host fabric) for its death; which node it
+/// is (0: none).
+fn watched(fabric: &FabricInner, slot: u8) -> u128 {
+    match fabric.node.get() {
+        Some(node) if slot != 0 && slot != node.slot => node.watch(slot),
+        _ => 0,
+    }
+}
+
 /// Sends `m` to the CM of `slot`: this fabric's own (0 or our slot), or another process's.
 fn deliver(fabric: &FabricInner, slot: u8, m: Msg) {
     match fabric.node.get() {
@@ -604,13 +616,16 @@ pub(crate) fn device_removed(fabric: &FabricInner, dev: u32) {
 ///
 /// Returns the numbers of the QPs of those ids: their connection ends as the kernel's CM ends
 /// a dead process's (a DREQ for it, see `fabric::host::peer_died`).
-pub(crate) fn peer_died(fabric: &FabricInner, slot: u8) -> Vec<u32> {
+/// With `incarnation`, only the connections to that node (another took its slot since).
+pub(crate) fn peer_died(fabric: &FabricInner, slot: u8, incarnation: Option<u128>) -> Vec<u32> {
     let ids: Vec<CmId> =
         fabric.cm.ids.lock().values().filter_map(Weak::upgrade).map(CmId).collect();
     let mut qps = Vec::new();
     for id in ids {
         let st = id.0.st.lock();
-        if st.remote.is_none_or(|r| r.slot != slot) {
+        let known = st.remote_incarnation;
+        let other = incarnation.is_some_and(|i| known != 0 && known != i);
+        if st.remote.is_none_or(|r| r.slot != slot) || other {
             continue;
         }
         let state = st.state;
@@ -665,6 +680,7 @@ impl CmId {
             qp: None,
             psn: first_psn(num),
             remote: None,
+            remote_incarnation: 0,
             backlog: 0,
             listener: None,
             mine: ConnParam::default(),
@@ -1330,11 +1346,13 @@ impl CmId {
 
     /// Active side: the listener accepted.
     fn replied(&self, remote: Remote, private_data: &[u8]) {
+        // (Not under the id's lock: the death of that node takes it.)
+        let incarnation = watched(self.fabric(), remote.slot);
         let mut st = self.0.st.lock();
         if st.state != State::Connecting {
             return;
         }
-        st.remote = Some(remote);
+        (st.remote, st.remote_incarnation) = (Some(remote), incarnation);
         if self.datagram() {
             st.state = State::Connected;
             let path = Path::of(&st, &remote);
@@ -1656,16 +1674,15 @@ fn request(
     }
     let dest = cm.addrs.port_of(dst.ip());
     let ctx = dest.and_then(|(dev, _)| conn.open_device(dev).ok());
+    // Its death must end the connection here.
+    let incarnation = watched(fabric, from.slot);
     {
         let mut st = conn.0.st.lock();
         (st.state, st.local, st.peer) = (State::Request, Some(dst), Some(src));
         (st.port, st.ctx, st.remote) = (dest, ctx, Some(from));
         st.listener = Some(Arc::downgrade(&listener.0));
         st.remote_ece = Ece { vendor_id: from.ece_vendor, options: from.ece_options, comp_mask: 0 };
-    }
-    if let Some(node) = fabric.node.get().filter(|n| from.slot != 0 && from.slot != n.slot) {
-        // Its death must end the connection here.
-        node.watch(from.slot);
+        st.remote_incarnation = incarnation;
     }
     if ps == PortSpace::Udp {
         let private_data = padded(&private, SIDR_REQ_PRIVATE_DATA);

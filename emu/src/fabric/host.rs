@@ -238,6 +238,9 @@ pub(crate) struct Node {
     pub(crate) slot: u8,
     dir: Arc<FabricDir>,
     _lock: SlotLock,
+    /// The lock of its life (see `life_name`), and its incarnation, which names it.
+    _life: SlotLock,
+    incarnation: u128,
     inbound: Arc<Inbound>,
     /// (The QP lock's kind: looked up for every message sent, by one thread at a time.)
     peers: crate::sync::lock::Lock<FxHashMap<u8, Arc<Peer>>>,
@@ -678,8 +681,17 @@ impl Node {
         let Some((slot, mut lock)) = claimed else {
             return Err(io::Error::new(io::ErrorKind::OutOfMemory, "all 255 node slots are taken"));
         };
-        // Before the socket is bound, hence before any QP of ours can be connected to.
-        write_incarnation(&mut lock)?;
+        // Before the socket is bound, hence before any QP of ours can be connected to; the
+        // life's lock before anyone can read the incarnation.
+        let incarnation = new_incarnation();
+        let life = dir.open_file(&life_name(incarnation), true)?;
+        life.try_lock()?;
+        let before = incarnation_in(&dir.read_file(&lock_name(slot)).unwrap_or_default());
+        write_incarnation(&mut lock, incarnation)?;
+        // The node we follow in the slot is dead (its lock was free): its life is over.
+        if before != 0 {
+            let _ = dir.remove(&life_name(before));
+        }
         sweep(&dir, slot)?;
         dir.remove(&sock_name(slot))?;
         let path = dir.entry(&sock_name(slot));
@@ -736,6 +748,8 @@ impl Node {
             slot,
             dir,
             _lock: SlotLock::new(lock),
+            _life: SlotLock::new(life),
+            incarnation,
             inbound,
             peers,
             others,
@@ -1288,9 +1302,7 @@ impl Node {
 
     /// Which node holds `slot` now (0 if none said).
     fn incarnation(&self, slot: u8) -> u128 {
-        let held = self.dir.read_file(&lock_name(slot)).unwrap_or_default();
-        let held = std::str::from_utf8(&held).unwrap_or_default();
-        held.trim().parse().unwrap_or(0)
+        incarnation_in(&self.dir.read_file(&lock_name(slot)).unwrap_or_default())
     }
 
     /// Makes the node `incarnation` in `slot` a peer (unless a thread just did), and watches
@@ -1307,7 +1319,7 @@ impl Node {
         }
         drop(peers);
         self.met.store(true, Ordering::Relaxed);
-        self.spawn_watcher(slot);
+        self.spawn_watcher(slot, incarnation);
         p
     }
 
@@ -1328,49 +1340,54 @@ impl Node {
     /// a QP there. A node that died unnoticed so far (its watcher has not run yet) may have
     /// left the slot to a new one: that is another peer, with rings and a watcher of its
     /// own. Our exports and our ring to it are passed now (see `Peer::offer_ring_early`).
-    pub(crate) fn watch(&self, slot: u8) {
+    /// Which node it is (its incarnation): its death fails what connected to it then, and
+    /// nothing connected to a newcomer in its slot since (see `peer_died`).
+    pub(crate) fn watch(&self, slot: u8) -> u128 {
         let peer = self.current_peer(slot);
         if let Some(e) = &self.exports {
             peer.offer_exports(e);
         }
         peer.offer_ring_early();
+        peer.incarnation
     }
 
-    /// A thread that waits for the lock of the node in `slot`: the kernel releases it when
-    /// that process dies, however it dies. Then every QP connected there fails (see
-    /// `peer_died`), so a survivor waiting for a message that will never come is not left
-    /// hanging. The lock is held (shared) until that is done: a new node cannot take the
-    /// slot meanwhile, so every QP connected there is connected to a process that is gone,
-    /// however late this thread ran.
-    fn spawn_watcher(&self, slot: u8) {
+    /// A thread that waits for the death of the node `incarnation` in `slot`: for the lock of
+    /// its life (see `life_name`), which the kernel releases when that process dies, however
+    /// it dies, and which no later node takes. (Waiting for the slot's lock instead, a watcher
+    /// that came to it late found a newcomer holding it, and saw the death only at the
+    /// newcomer's.) Then every QP connected to it fails (see `peer_died`), so a survivor
+    /// waiting for a message that will never come is not left hanging. The slot's lock is
+    /// held (shared) until that is done, so that no newcomer takes the slot meanwhile; if one
+    /// took it first, what is connected to each is told apart by incarnation.
+    fn spawn_watcher(&self, slot: u8, incarnation: u128) {
         let (dir, fabric) = (self.dir.clone(), self.fabric.clone());
         let spawned = crate::sys::spawn(format!("rdma-emu-watch{slot}"), move || {
             #[cfg(test)]
             drop(test::WATCHERS_HELD[0].read());
-            let lock = dir.open_file(&lock_name(slot), false);
-            let gone = lock.as_ref().map_or(true, |f| f.lock_shared().is_ok());
+            let Some((lock, newcomer)) = await_death(&dir, slot, incarnation) else { return };
             #[cfg(test)]
             drop(test::WATCHERS_HELD[1].read());
             let Some(fabric) = fabric.upgrade() else { return };
-            if !gone {
-                return;
-            }
             if let Some(node) = fabric.node.get() {
-                if let Some(p) = node.peers.lock().remove(&slot) {
-                    p.retire();
+                let mut peers = node.peers.lock();
+                if peers.get(&slot).is_some_and(|p| !newcomer || p.incarnation == incarnation) {
+                    peers.remove(&slot).expect("looked at").retire();
                 }
+                drop(peers);
                 // The kernel lets the lock go as the process exits, a moment before a
                 // pidfd sees it exited: wait for that, so that its rings and exports count
-                // as abandoned below (nothing else would let go of them).
+                // as abandoned below (nothing else would let go of them). (The rings and
+                // exports a newcomer in the slot passed are its own: not waited for.)
                 let rings: Vec<Arc<Ring>> = (node.inbound.rx.lock().rings.iter())
-                    .filter(|(s, _)| *s == slot)
+                    .filter(|(s, _)| *s == slot && !newcomer)
                     .map(|(_, r)| r.clone())
                     .collect();
                 for r in rings {
                     r.wait_abandoned(GOING);
                 }
+                // (A node of this very process, another fabric of it, exits only with us.)
                 let process = node.inbound.peer_exports.lock().get(&slot).map(|e| e.1.clone());
-                if let Some(p) = process {
+                if let Some(p) = process.filter(|p| !newcomer && p.pid() != node.pid) {
                     p.wait_exited(GOING);
                 }
                 // What it sent before it went (its last ACKs) is queued here: take it in
@@ -1385,7 +1402,7 @@ impl Node {
                     exports.remove(&slot);
                 }
             }
-            peer_died(&fabric, slot);
+            peer_died(&fabric, slot, newcomer.then_some(incarnation));
             drop(lock);
         });
         // Without the thread a dead peer is still noticed by the senders' retry timers.
@@ -1496,6 +1513,9 @@ impl Drop for Node {
             let _ = s.send_to(&[], self.dir.entry(&sock_name(self.slot)));
         }
         let _ = self.dir.remove(&sock_name(self.slot));
+        // A watcher that opens it from now on knows we are gone; one that has it waits until
+        // our lock goes with the file.
+        let _ = self.dir.remove(&life_name(self.incarnation));
         for p in self.peers.lock().values() {
             // Our rings carry nothing more: a node that takes our slot may offer its own.
             p.retire();
@@ -1586,12 +1606,62 @@ pub(super) fn lock_name(slot: u8) -> String {
 
 /// Says in the lock of a slot just claimed which node holds it: a number no other node of
 /// the slot had, before or after (the process and the time it joined, to the nanosecond).
-fn write_incarnation(lock: &mut File) -> io::Result<()> {
+fn write_incarnation(lock: &mut File, incarnation: u128) -> io::Result<()> {
     use std::io::Write;
-    let since = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
-    let incarnation = u128::from(std::process::id()) << 96 | since.as_nanos();
     lock.set_len(0)?;
     lock.write_all(format!("{incarnation}\n").as_bytes())
+}
+
+/// A name for this node that no other node, before or after it, has: its process and the
+/// time it joined.
+fn new_incarnation() -> u128 {
+    let since = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+    u128::from(std::process::id()) << 96 | since.as_nanos()
+}
+
+/// Which node `text` (a slot lock's contents) names (0 if none).
+fn incarnation_in(text: &[u8]) -> u128 {
+    std::str::from_utf8(text).unwrap_or_default().trim().parse().unwrap_or(0)
+}
+
+/// The file whose lock node `incarnation` holds (exclusively) for its life: made and locked
+/// before anyone can learn its incarnation, removed as it leaves, or by the next node in its
+/// slot. Unlike the slot's lock, no other node ever takes it.
+fn life_name(incarnation: u128) -> String {
+    format!("{incarnation}.life")
+}
+
+/// Waits until node `incarnation` in `slot` is dead (an unknown one, 0: until the slot's lock
+/// is free). Then the slot's lock, held shared unless another node holds the slot already
+/// (a newcomer), and whether one does; `None` if the wait failed.
+fn await_death(dir: &FabricDir, slot: u8, incarnation: u128) -> Option<(Option<File>, bool)> {
+    let lock = dir.open_file(&lock_name(slot), false).ok();
+    if incarnation == 0 {
+        let gone = lock.as_ref().is_none_or(|f| f.lock_shared().is_ok());
+        return gone.then_some((lock, false));
+    }
+    let gone = match dir.open_file(&life_name(incarnation), false) {
+        Ok(life) => life.lock_shared().is_ok(),
+        // Removed as it left, or by the next node in its slot.
+        Err(e) => e.kind() == io::ErrorKind::NotFound,
+    };
+    if !gone {
+        return None;
+    }
+    let Some(f) = lock else { return Some((None, false)) };
+    // Its slot's lock goes as its process exits (a moment after its life's, perhaps); a
+    // newcomer that takes it first names itself in it at once.
+    let since = Instant::now();
+    loop {
+        if f.try_lock_shared().is_ok() {
+            return Some((Some(f), false));
+        }
+        let now = incarnation_in(&dir.read_file(&lock_name(slot)).unwrap_or_default());
+        if now != incarnation || since.elapsed() > GOING {
+            return Some((None, true));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 pub(super) fn sock_name(slot: u8) -> String {
@@ -2725,8 +2795,8 @@ fn apply(fabric: &FabricInner, c: Control, to: Option<&crate::qp::QpShared>) {
 /// peer process lived on. Flushing that work at once would fail a program that, as the
 /// rdma-core examples do, posts one send more than its peer waits for and polls its last
 /// completions while that extra send is still unacknowledged.
-fn peer_died(fabric: &FabricInner, slot: u8) {
-    let by_cm = crate::cm::peer_died(fabric, slot);
+fn peer_died(fabric: &FabricInner, slot: u8, incarnation: Option<u128>) {
+    let by_cm = crate::cm::peer_died(fabric, slot, incarnation);
     for qp in fabric.live_qps() {
         if !qp.qp_type.is_reliable() && qp.qp_type != QpType::UC {
             continue;
@@ -2734,7 +2804,9 @@ fn peer_died(fabric: &FabricInner, slot: u8) {
         let mut g = crate::sync::lock::lock_lent(&qp.inner);
         let connected =
             matches!(g.state, QpState::RTR | QpState::RTS | QpState::SQD | QpState::SQE);
-        if !connected || slot_of(g.attr.dest_qp_num) != slot || g.peer_closed {
+        // Connected to a newcomer in the slot, which lives.
+        let other = incarnation.is_some_and(|i| g.peer_incarnation != 0 && g.peer_incarnation != i);
+        if !connected || slot_of(g.attr.dest_qp_num) != slot || g.peer_closed || other {
             continue;
         }
         // The event first: whoever sees a flushed completion finds the event queued too.
@@ -3666,11 +3738,20 @@ mod test {
         }
     }
 
+    /// Waits (a bounded guard) until `end`'s QP was failed by its peer's death.
+    fn until_failed(end: &End) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while end.qp.state() != QpState::ERR {
+            assert!(Instant::now() < deadline, "the death of its peer never failed the QP");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     /// A survivor talking to a node that then dies while this process's watchers are held
     /// at `gate`; then a newcomer joins and talks to the survivor. `check` is given the
-    /// survivor's fabric, its QP to the newcomer, the newcomer's, and the dead node's slot.
-    /// At the end the newcomer dies too, and is forgotten.
-    fn death_noticed_late(tag: &str, gate: usize, check: impl FnOnce(&Fabric, &End, &End, u8)) {
+    /// survivor's fabric, its QPs to the dead node and to the newcomer, the newcomer's, and the
+    /// dead node's slot. At the end the newcomer dies too, and is forgotten.
+    fn death_noticed_late(tag: &str, gate: usize, check: impl FnOnce(&Fabric, [&End; 3], u8)) {
         let _one = ONE_AT_A_TIME.lock();
         let (dir, cfg) = host_dir(tag);
         let (fs, fa) = (Fabric::new(cfg.clone()), Fabric::new(cfg.clone()));
@@ -3690,13 +3771,21 @@ mod test {
             assert!(Instant::now() < deadline, "the dead node's slot lock never came free");
             std::thread::sleep(Duration::from_millis(1));
         }
+        // As if its process had been killed: the close its QP sent as it went is forgotten
+        // (a QP whose peer closed is not failed by the death).
+        let parted = || s1.qp.0.inner.lock().peer_closed;
+        while !parted() {
+            assert!(Instant::now() < deadline, "the dead node's QP never parted");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        s1.qp.0.inner.lock().peer_closed = false;
         let fb = Fabric::new(cfg);
         let (s2, b) = (end_on(&fs), end_on(&fb));
         connected(&s2, &b);
         s2.send(&b, 3);
         b.send(&s2, 4);
         drop(held);
-        check(&fs, &s2, &b, dead);
+        check(&fs, [&s1, &s2, &b], dead);
         let newcomer = b.slot();
         drop((b, fb));
         until_forgotten(&fs, newcomer);
@@ -3708,9 +3797,15 @@ mod test {
     fn test_a_newcomer_in_the_slot_of_a_node_that_died_unnoticed_is_a_new_peer() {
         // Held before the lock: the newcomer takes the dead node's slot (and has been sent to
         // through a ring of its own, not the one the dead node left).
-        death_noticed_late("before", 0, |_, s2, b, dead| {
+        death_noticed_late("before", 0, |_, [s1, s2, b], dead| {
             assert_eq!(b.slot(), dead, "the newcomer took the free slot");
+            // The watcher came to the slot after the newcomer took it: it sees the death all
+            // the same (not only at the newcomer's), and fails the QP connected to the dead
+            // node alone.
+            until_failed(s1);
             s2.send(b, 5);
+            b.send(s2, 6);
+            assert_eq!(s2.qp.state(), QpState::RTS);
         });
     }
 
@@ -3718,9 +3813,10 @@ mod test {
     fn test_a_slot_stays_taken_until_the_death_of_its_node_is_dealt_with() {
         // Held after taking the lock: the slot stays taken until the death is dealt with, so
         // the newcomer takes another, and its QPs live on once it was.
-        death_noticed_late("after", 1, |fs, s2, b, dead| {
+        death_noticed_late("after", 1, |fs, [s1, s2, b], dead| {
             assert_ne!(b.slot(), dead, "a slot whose death is being dealt with stays taken");
             until_forgotten(fs, dead);
+            until_failed(s1);
             s2.send(b, 5);
             b.send(s2, 6);
             assert_eq!(s2.qp.state(), QpState::RTS);

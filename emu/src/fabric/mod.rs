@@ -407,12 +407,13 @@ impl FabricInner {
     /// ready to talk to it: the timer thread runs (the first message arms a retransmission
     /// timer) and our ring to it is passed (see `host::Node::watch`), now, as a QP connects,
     /// rather than in the first `ibv_post_send`. A thread starts only once it runs (see
-    /// `sys::spawn`), which on cores busy with spinning threads took 3-4 ms.
-    pub(crate) fn watch_peer_of(&self, qpn: u32) {
-        if let Some(node) = self.remote_node(qpn) {
-            node.watch(host::slot_of(qpn));
-            self.timer.start();
-        }
+    /// `sys::spawn`), which on cores busy with spinning threads took 3-4 ms. Which node that
+    /// process is (its incarnation; 0 for none).
+    pub(crate) fn watch_peer_of(&self, qpn: u32) -> u128 {
+        let Some(node) = self.remote_node(qpn) else { return 0 };
+        let incarnation = node.watch(host::slot_of(qpn));
+        self.timer.start();
+        incarnation
     }
 
     /// Whether `qpn` is a QP of another process that has not taken in all this process sent
