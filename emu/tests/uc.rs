@@ -125,6 +125,35 @@ fn uc_write_with_imm_of_a_bad_rkey_completes_an_srq_receive_in_error() {
 }
 
 #[test]
+fn uc_write_the_qp_does_not_enable_is_dropped_and_the_qp_goes_on() {
+    // As rxe (a live run against it found the responder put in error instead): a WRITE, with
+    // immediate or not, to a QP without REMOTE_WRITE is dropped before it takes a receive.
+    let (_f, a, b) = uc_pair();
+    let none = QpAttr { qp_state: QpState::RTS, ..Default::default() };
+    b.qp.modify(&none, QpAttrMask::STATE | QpAttrMask::ACCESS_FLAGS).unwrap();
+    post_recv(&b.qp, 7, &[sge(&b.mr, 64, 64)]);
+    a.mr.write(0, b"written!").unwrap();
+    let to = (b.mr.addr(), b.mr.rkey());
+    a.qp.post_send(&SendWr::write(1, &[sge(&a.mr, 0, 8)], to.0, to.1)).unwrap();
+    a.qp.post_send(&SendWr::write(2, &[sge(&a.mr, 0, 8)], to.0, to.1).with_imm(3)).unwrap();
+    let sent = wait_n(&a.cq, 2);
+    assert!(sent.iter().all(|w| w.status == WcStatus::SUCCESS), "{sent:?}");
+    assert_empty(&b.cq);
+    let mut got = [0u8; 8];
+    b.mr.read(0, &mut got).unwrap();
+    assert_eq!(got, [0; 8], "nothing landed");
+    // The receive is still posted, and the responder still sends.
+    a.qp.post_send(&SendWr::send(3, &[sge(&a.mr, 0, 4)])).unwrap();
+    wait1(&a.cq);
+    let r = wait1(&b.cq);
+    assert_eq!((r.wr_id, r.status, r.opcode), (7, WcStatus::SUCCESS, WcOpcode::RECV));
+    post_recv(&a.qp, 9, &[sge(&a.mr, 64, 64)]);
+    b.qp.post_send(&SendWr::send(4, &[sge(&b.mr, 0, 4)])).unwrap();
+    assert_eq!((wait1(&b.cq).wr_id, wait1(&a.cq).wr_id), (4, 9));
+    assert_eq!((a.qp.state(), b.qp.state()), (QpState::RTS, QpState::RTS));
+}
+
+#[test]
 fn uc_too_long_send_fails_the_receive_and_errors_the_receiver() {
     let (_f, a, b) = uc_pair();
     post_recv(&b.qp, 3, &[sge(&b.mr, 0, 4)]);

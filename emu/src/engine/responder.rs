@@ -831,6 +831,11 @@ pub(super) fn refuses(g: &QpInner, kind: Kind, len: u32, va: u64, feth: u8) -> b
 
 fn write(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>) {
     if refused(g, &pkt) {
+        // UC: a WRITE the QP does not enable is dropped before it takes a receive, and the QP
+        // goes on (as rxe; nothing could tell the requester).
+        if !reliable(qp) {
+            return;
+        }
         return fail(qp, g, &pkt, NakCode::InvalidRequest, None, drv);
     }
     let dest = target(qp, g, pkt.rkey, pkt.va, pkt.len, AccessFlags::REMOTE_WRITE);
