@@ -273,6 +273,27 @@ fn requests_transcript(dir: &HostDir, qp_type: QpType, express: bool) -> Vec<Str
         let mut landed = [0u8; 8];
         b.mr.read(13500, &mut landed).unwrap();
         assert_eq!(landed[..], sent[1000..1008]);
+        // So is one the QP does not enable (no REMOTE_WRITE), before it takes a receive; the
+        // QP goes on (as rxe).
+        let enabled = b.qp.query().unwrap().qp_access_flags;
+        let access = |qp_access_flags| QpAttr {
+            qp_state: QpState::RTS,
+            qp_access_flags,
+            ..Default::default()
+        };
+        let mask = QpAttrMask::STATE | QpAttrMask::ACCESS_FLAGS;
+        b.qp.modify(&access(AccessFlags::empty()), mask).unwrap();
+        post_recv(&b.qp, 25, &[sge(&b.mr, 13600, 8)]);
+        send(SendWr::write(25, &[sge(&a.mr, 900, 8)], at + 14400, rkey).with_imm(25));
+        note(&mut out, "send", wait1(&a.cq));
+        send(SendWr::send(26, &[sge(&a.mr, 1100, 8)]));
+        note(&mut out, "send", wait1(&a.cq));
+        let r = wait1(&b.cq);
+        assert_eq!((r.wr_id, r.opcode), (25, WcOpcode::RECV), "the receive kept for the SEND");
+        note(&mut out, "recv", r);
+        b.mr.read(13600, &mut landed).unwrap();
+        assert_eq!(landed[..], sent[1100..1108]);
+        b.qp.modify(&access(enabled), mask).unwrap();
     }
     // Longer than its receive: the receive fails (and the QP with it), as does an RC SEND.
     post_recv(&b.qp, 14, &[sge(&b.mr, 7200, 4)]);
