@@ -817,3 +817,28 @@ fn a_removed_device_takes_its_ids_and_their_connections() {
     client.destroy().unwrap();
     wildcard.destroy().unwrap();
 }
+
+#[test]
+fn a_request_whose_id_goes_unanswered_is_refused() {
+    // As the kernel's CM refuses it (REJ "consumer defined") when the id goes: destroyed by
+    // the listener's application, or with its process.
+    let host = Host::new("unanswered");
+    let (fa, fb) = (host.fabric(), host.fabric());
+    let (sch, cch) = (CmChannel::new(&fa).unwrap(), CmChannel::new(&fb).unwrap());
+    let server = CmId::create(&sch, PortSpace::Tcp).unwrap();
+    server.bind_addr(addr("127.0.0.2:7610")).unwrap();
+    server.listen(2).unwrap();
+    let ask = || {
+        let client = resolved(&cch, PortSpace::Tcp, None, "127.0.0.2:7610");
+        client.connect(&ConnParam::default()).unwrap();
+        (client, next(&sch, E::ConnectRequest))
+    };
+    let (_first, req) = ask();
+    req.id.destroy().unwrap();
+    drop(req);
+    assert_eq!(next(&cch, E::Rejected).status, REJ_CONSUMER_DEFINED);
+    let (_second, req) = ask();
+    drop((req, server, sch));
+    drop(fa);
+    assert_eq!(next(&cch, E::Rejected).status, REJ_CONSUMER_DEFINED);
+}

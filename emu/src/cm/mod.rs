@@ -421,6 +421,8 @@ struct IdState {
     /// Which node of the host fabric the remote side's process is (0: none, or not known):
     /// its death ends the connection, a newcomer's in its slot does not.
     remote_incarnation: u128,
+    /// Active side: the node slot its request went to (0: none, or this process).
+    asked: u8,
     /// Listener: at most this many requests not yet accepted or rejected.
     backlog: usize,
     /// Connection of a listener: the listener.
@@ -625,13 +627,17 @@ pub(crate) fn peer_died(fabric: &FabricInner, slot: u8, incarnation: Option<u128
         let st = id.0.st.lock();
         let known = st.remote_incarnation;
         let other = incarnation.is_some_and(|i| known != 0 && known != i);
-        if st.remote.is_none_or(|r| r.slot != slot) || other {
+        // A request it never answered.
+        let asked = st.state == State::Connecting && st.remote.is_none() && st.asked == slot;
+        if !(asked || st.remote.is_some_and(|r| r.slot == slot)) || other {
             continue;
         }
         let state = st.state;
         qps.extend(st.qp.as_ref().map(|qp| qp.qp_num()));
         drop(st);
         match state {
+            // Refused, as the kernel's CM refuses a request whose id goes with its process.
+            State::Connecting if asked => id.rejected(REJ_CONSUMER_DEFINED, &[]),
             // Our DREQ will never be answered: the disconnection is complete.
             State::DreqSent => id.disconnect_replied(),
             State::Connecting => {
@@ -681,6 +687,7 @@ impl CmId {
             psn: first_psn(num),
             remote: None,
             remote_incarnation: 0,
+            asked: 0,
             backlog: 0,
             listener: None,
             mine: ConnParam::default(),
@@ -1140,6 +1147,12 @@ impl CmId {
             }
             _ => my_slot(fabric),
         };
+        // Its death before it answers must end the request here.
+        let incarnation = watched(fabric, slot);
+        let asked = if incarnation != 0 { slot } else { 0 };
+        let mut st = self.0.st.lock();
+        (st.asked, st.remote_incarnation) = (asked, incarnation);
+        drop(st);
         deliver(fabric, slot, Msg::Req { ps, src, dst, from, private });
         Ok(())
     }
@@ -1272,9 +1285,14 @@ impl CmId {
     }
 
     /// What an id going away in `state` owes its peer: a connection still up is ended (a
-    /// DREQ), the other side's DREQ answered (a DREP).
+    /// DREQ), the other side's DREQ answered (a DREP), a request never answered refused (a
+    /// REJ, "consumer defined", as the kernel's CM refuses it when its id goes).
     fn last_word(&self, state: State, remote: Option<Remote>) -> Option<(Remote, Msg)> {
         match (state, remote?) {
+            (State::Request, r) => {
+                let reason = REJ_CONSUMER_DEFINED;
+                Some((r, Msg::Rej { to: r.id, reason, private: Vec::new() }))
+            }
             (State::Connected | State::Accepting, r) => {
                 Some((r, Msg::Dreq { to: r.id, from: self.0.num }))
             }

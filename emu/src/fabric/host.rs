@@ -3810,6 +3810,50 @@ mod test {
     }
 
     #[test]
+    fn test_a_connection_request_a_dying_node_never_took_in_is_rejected() {
+        use crate::cm::{CmChannel, CmEventType as E, CmId, ConnParam, PortSpace};
+        let (dir, cfg) = host_dir("unanswered");
+        let addresses = crate::cm::addr::PortAddress::parse_list("127.0.0.2=emu1").unwrap();
+        let cfg = FabricConfig { addresses, ..cfg };
+        let (fa, fb) = (Fabric::new(cfg.clone()), Fabric::new(cfg));
+        let at: std::net::SocketAddr = "127.0.0.2:7612".parse().unwrap();
+        let sch = CmChannel::new(&fa).unwrap();
+        let server = CmId::create(&sch, PortSpace::Tcp).unwrap();
+        server.bind_addr(at).unwrap();
+        server.listen(1).unwrap();
+        let next = |ch: &CmChannel, want: E| {
+            let ev = ch.get_event().unwrap();
+            assert_eq!(ev.event, want, "status {}", ev.status);
+            ev
+        };
+        let cch = CmChannel::new(&fb).unwrap();
+        let client = CmId::create(&cch, PortSpace::Tcp).unwrap();
+        client.resolve_addr(None, at, 2000).unwrap();
+        next(&cch, E::AddrResolved);
+        client.resolve_route(2000).unwrap();
+        next(&cch, E::RouteResolved);
+        // The listener's node takes nothing in from now on, and goes with the request in its
+        // ring: nothing there will ever answer it.
+        let inbound = fa.0.node.get().unwrap().inbound.clone();
+        let held = inbound.reader_held.write();
+        client.connect(&ConnParam::default()).unwrap();
+        drop((server, sch, fa));
+        cch.set_nonblocking(true).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let ev = loop {
+            if let Ok(ev) = cch.get_event() {
+                break ev;
+            }
+            assert!(Instant::now() < deadline, "the request was never answered");
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        assert_eq!((ev.event, ev.status), (E::Rejected, crate::cm::REJ_CONSUMER_DEFINED));
+        drop(held);
+        drop((client, cch, fb));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn test_a_slot_stays_taken_until_the_death_of_its_node_is_dealt_with() {
         // Held after taking the lock: the slot stays taken until the death is dealt with, so
         // the newcomer takes another, and its QPs live on once it was.
