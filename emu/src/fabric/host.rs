@@ -2805,7 +2805,9 @@ fn peer_died(fabric: &FabricInner, slot: u8, incarnation: Option<u128>) {
         let connected =
             matches!(g.state, QpState::RTR | QpState::RTS | QpState::SQD | QpState::SQE);
         // Connected to a newcomer in the slot, which lives.
-        let other = incarnation.is_some_and(|i| g.peer_incarnation != 0 && g.peer_incarnation != i);
+        let [lo, hi] = g.peer_incarnation;
+        let known = u128::from(hi) << 64 | u128::from(lo);
+        let other = incarnation.is_some_and(|i| known != 0 && known != i);
         if !connected || slot_of(g.attr.dest_qp_num) != slot || g.peer_closed || other {
             continue;
         }
