@@ -1665,3 +1665,34 @@ fn a_tag_matching_rendezvous_reads_across_processes() {
     a.mr.read(32768, &mut fin).unwrap();
     assert_eq!(fin[0], tmh::FIN);
 }
+
+/// A port pulled host-wide stays down for processes that join the fabric afterwards (as on a
+/// host whose cable was pulled before they started), and comes up for all when plugged back.
+#[test]
+fn a_port_pulled_host_wide_is_down_for_processes_that_join_later() {
+    let dir = HostDir::new();
+    let state = |f: &Fabric| f.devices()[0].query_port(1).unwrap().state;
+    let fa = dir.fabric(Profile::Full);
+    let _ca = fa.devices()[0].open().unwrap();
+    assert_eq!(fa.devices()[0].set_port_state_host_wide(1, PortState::DOWN).unwrap(), 0);
+    assert_eq!(state(&fa), PortState::DOWN);
+
+    let fb = dir.fabric(Profile::Full);
+    let cb = fb.devices()[0].open().unwrap();
+    assert_eq!(state(&fb), PortState::DOWN, "a process that joins later finds the port pulled");
+    assert_eq!(fb.devices()[0].query_port(1).unwrap().phys_state, 3, "Disabled");
+    assert_eq!(state(&fa), PortState::DOWN);
+    assert_eq!(fb.devices()[1].query_port(1).unwrap().state, PortState::ACTIVE, "other devices");
+
+    assert_eq!(fa.devices()[0].set_port_state_host_wide(1, PortState::ACTIVE).unwrap(), 1);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while state(&fb) != PortState::ACTIVE {
+        assert!(std::time::Instant::now() < deadline, "the plug never reached the other fabric");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let ev = cb.get_async_event().unwrap();
+    assert_eq!(ev.event_type, EventType::PORT_ACTIVE, "the plug is an event where it was down");
+    let fc = dir.fabric(Profile::Full);
+    let _cc = fc.devices()[0].open().unwrap();
+    assert_eq!(state(&fc), PortState::ACTIVE, "plugged back, it is up for later processes too");
+}

@@ -275,6 +275,22 @@ fn event_and_port_reach_ibv_asyncwatch_in_another_process() {
     let order: Vec<usize> = want.iter().map(|w| text.find(w).unwrap()).collect();
     assert!(order.windows(2).all(|p| p[0] < p[1]), "in the order raised: {text}");
     let _ = std::fs::remove_file(&log);
+
+    // The cable stays pulled for a program started afterwards, until it is plugged back.
+    let port_state = || {
+        let out = rdma_emu()
+            .args(["run", "--fabric", dir.name(), "--", "ibv_devinfo", "-d", "emu0"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let line = text.lines().find(|l| l.trim_start().starts_with("state:"));
+        line.unwrap_or_else(|| panic!("no port state: {text}")).to_owned()
+    };
+    assert!(port_state().contains("PORT_DOWN"), "{}", port_state());
+    let up = rdma_emu().args(["port", "--fabric", dir.name(), "up"]).output().unwrap();
+    assert!(up.status.success(), "{}", String::from_utf8_lossy(&up.stderr));
+    assert!(port_state().contains("PORT_ACTIVE"), "{}", port_state());
 }
 
 #[test]

@@ -1274,6 +1274,27 @@ impl Node {
             .count()
     }
 
+    /// Records in the fabric's directory that port `port` of device `dev` is down (`up`
+    /// false) or up again, before it is broadcast: a cable stays pulled for the processes
+    /// that join after (a node binds its socket before it reads the records, so each joiner
+    /// hears the broadcast or finds the record).
+    pub(crate) fn record_port(&self, dev: u32, port: u8, up: bool) -> io::Result<()> {
+        let name = port_down_name(dev, port);
+        match up {
+            true => self.dir.remove(&name).or_else(|e| match e.kind() {
+                io::ErrorKind::NotFound => Ok(()),
+                _ => Err(e),
+            }),
+            false => self.dir.write_file(&name, b"down\n"),
+        }
+    }
+
+    /// The ports the fabric's directory records down, as `(device index, port)`.
+    pub(crate) fn ports_down(&self) -> Vec<(u32, u8)> {
+        let names = self.dir.names().unwrap_or_default();
+        names.iter().filter_map(|n| parse_port_down_name(n)).collect()
+    }
+
     /// `f` of the node in `slot` as a destination ([`Node::peer`]), under the table's lock:
     /// a message written straight into its ring so moves no reference count (two locked
     /// instructions). (Nothing under a peer's own lock takes the table's.)
@@ -1622,6 +1643,18 @@ fn new_incarnation() -> u128 {
 /// Which node `text` (a slot lock's contents) names (0 if none).
 fn incarnation_in(text: &[u8]) -> u128 {
     std::str::from_utf8(text).unwrap_or_default().trim().parse().unwrap_or(0)
+}
+
+/// The file whose presence says port `port` of device `dev` is down on the whole host fabric
+/// (`rdma-emu port down`), read by every node as it joins.
+fn port_down_name(dev: u32, port: u8) -> String {
+    format!("port-{dev}-{port}.down")
+}
+
+/// `(device index, port)` of a name [`port_down_name`] made.
+fn parse_port_down_name(name: &str) -> Option<(u32, u8)> {
+    let (dev, port) = name.strip_prefix("port-")?.strip_suffix(".down")?.split_once('-')?;
+    Some((dev.parse().ok()?, port.parse().ok()?))
 }
 
 /// The file whose lock node `incarnation` holds (exclusively) for its life: made and locked
@@ -2749,6 +2782,14 @@ fn decode_held(recs: Vec<Record>) -> Result<Packet, Refused> {
     });
     pkt.payload = Payload::Lent(parts.collect());
     Ok(pkt)
+}
+
+/// Takes down the ports the fabric's directory records down (see [`Node::record_port`]), as
+/// a fabric joins: as on a host whose cable was pulled before the program started.
+pub(crate) fn take_recorded_ports(fabric: &FabricInner, node: &Node) {
+    for (dev, port) in node.ports_down() {
+        apply(fabric, Control::PortState { dev, port, up: false }, None);
+    }
 }
 
 /// Carries out a control message from another node (addressed to our QP `to`, if any), as

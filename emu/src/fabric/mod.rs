@@ -310,13 +310,16 @@ impl FabricInner {
             ));
         }
         if self.node.get().is_none() {
+            let qps = self.qps.write();
             // One thread joins at a time (the QP table's lock); a loser finds the node set.
-            let _qps = self.qps.write();
-            if let Some(node) = self.node.get() {
-                return Ok(Some(node));
+            if self.node.get().is_none() {
+                let node = host::Node::join(dir, self.this.clone(), self.host_pull_min)?;
+                let _ = self.node.set(node);
+                drop(qps);
+                if let Some(node) = self.node.get() {
+                    host::take_recorded_ports(self, node);
+                }
             }
-            let node = host::Node::join(dir, self.this.clone(), self.host_pull_min)?;
-            let _ = self.node.set(node);
         }
         Ok(self.node.get())
     }

@@ -274,12 +274,21 @@ impl Device {
     }
 
     /// [`set_port_state`](Self::set_port_state) in this process and in every other process
-    /// on the same host fabric (joining it if needed), as one cable pull seen by all; how
-    /// many other processes were reached.
+    /// on the same host fabric (joining it if needed), as one cable pull seen by all, and in
+    /// every process that joins the fabric later (until the port is set up again); how many
+    /// other processes were reached.
     pub fn set_port_state_host_wide(&self, port: u8, state: crate::PortState) -> Result<usize> {
+        // Joined first: a join takes the ports the fabric records down, which would undo
+        // an `up` set here before it.
+        let node = self.fabric.joined()?;
         self.set_port_state(port, state)?;
-        let up = state == crate::PortState::ACTIVE;
-        self.broadcast(Control::PortState { dev: self.inner.id.index, port, up })
+        let Some(node) = node else { return Ok(0) };
+        let (dev, up) = (self.inner.id.index, state == crate::PortState::ACTIVE);
+        node.record_port(dev, port, up).map_err(|e| {
+            let errno = e.raw_os_error().map_or(crate::Errno::EIO, crate::Errno);
+            crate::Error::new(errno, "cannot record the port's state in the host fabric")
+        })?;
+        Ok(node.broadcast(Control::PortState { dev, port, up }))
     }
 
     /// [`raise_event`](Self::raise_event) in this process and in every other process on the
