@@ -684,8 +684,12 @@ impl Node {
         // Before the socket is bound, hence before any QP of ours can be connected to; the
         // life's lock before anyone can read the incarnation.
         let incarnation = new_incarnation();
-        let life = dir.open_file(&life_name(incarnation), true)?;
+        // Made under a hidden name and locked before it takes its own: a node sweeping the
+        // directory for the lives of dead nodes (see `sweep`) never finds it unlocked.
+        let (hidden, name) = (format!(".{}", life_name(incarnation)), life_name(incarnation));
+        let life = dir.open_file(&hidden, true)?;
         life.try_lock()?;
+        std::fs::rename(dir.entry(&hidden), dir.entry(&name))?;
         let before = incarnation_in(&dir.read_file(&lock_name(slot)).unwrap_or_default());
         write_incarnation(&mut lock, incarnation)?;
         // The node we follow in the slot is dead (its lock was free): its life is over.
@@ -1281,10 +1285,7 @@ impl Node {
     pub(crate) fn record_port(&self, dev: u32, port: u8, up: bool) -> io::Result<()> {
         let name = port_down_name(dev, port);
         match up {
-            true => self.dir.remove(&name).or_else(|e| match e.kind() {
-                io::ErrorKind::NotFound => Ok(()),
-                _ => Err(e),
-            }),
+            true => self.dir.remove(&name),
             false => self.dir.write_file(&name, b"down\n"),
         }
     }
@@ -1544,9 +1545,17 @@ impl Drop for Node {
     }
 }
 
-/// Removes the sockets of dead nodes (their lock is free): nobody will read them again.
+/// Removes the sockets and the lives of dead nodes (their locks are free): nobody will read
+/// them again.
 fn sweep(dir: &FabricDir, mine: u8) -> io::Result<()> {
     for name in dir.names()? {
+        // The life of a node killed whose slot nobody took since: its lock is free.
+        if !name.starts_with('.') && name.ends_with(".life") {
+            if dir.open_file(&name, false).is_ok_and(|f| f.try_lock_shared().is_ok()) {
+                dir.remove(&name)?;
+            }
+            continue;
+        }
         let slot = name.strip_suffix(".sock").and_then(|n| n.parse::<u8>().ok());
         let Some(slot) = slot.filter(|&s| s != mine) else { continue };
         let dead = match dir.open_file(&lock_name(slot), false) {
@@ -3850,6 +3859,31 @@ mod test {
             b.send(s2, 6);
             assert_eq!(s2.qp.state(), QpState::RTS);
         });
+    }
+
+    #[test]
+    fn test_a_joining_node_removes_the_lives_of_dead_nodes_and_no_other() {
+        let (dir, cfg) = host_dir("lives");
+        let fa = Fabric::new(cfg.clone());
+        let a = fa.0.joined().unwrap().unwrap();
+        // A node killed (its life's lock free), and one in the middle of joining elsewhere.
+        let dead = dir.join(life_name(7));
+        std::fs::write(&dead, "").unwrap();
+        let joining = std::fs::File::create(dir.join(life_name(8))).unwrap();
+        joining.try_lock().unwrap();
+        let fb = Fabric::new(cfg);
+        let b = fb.0.joined().unwrap().unwrap();
+        assert!(!dead.exists(), "a dead node's life is swept");
+        for n in [a, b] {
+            assert!(dir.join(life_name(n.incarnation)).exists(), "a live node's stays");
+        }
+        assert!(dir.join(life_name(8)).exists(), "a locked life stays");
+        let names =
+            std::fs::read_dir(&dir).unwrap().filter_map(|e| e.ok()?.file_name().into_string().ok());
+        let hidden: Vec<String> = names.filter(|n| n.starts_with('.')).collect();
+        assert!(hidden.is_empty(), "no life left under its hidden name: {hidden:?}");
+        drop((fa, fb, joining));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
