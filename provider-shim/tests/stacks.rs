@@ -1187,3 +1187,55 @@ cluster addr = 127.0.0.1
 "
     )
 }
+
+/// librpma (Debian's librpma0: remote persistent memory access over librdmacm and
+/// libibverbs) between two processes under each profile, driven by `tests/rpma/rpma.c`: the
+/// server's memory handed over in the connection's private data, read whole, written and
+/// flushed (a READ after the WRITE, as librpma flushes without native FLUSH), one word
+/// written atomically, read back, and a message answered once the server checked its memory;
+/// each side checks every byte and completion.
+#[test]
+fn librpma_reads_writes_flushes_and_messages_between_two_processes() {
+    let exe = rpma_program();
+    for profile in ["full", "rxe"] {
+        let fabric = Fabric::new("rpma");
+        let port = free_port();
+        let side = |role: &str| {
+            let args = [role, "127.0.0.1", &port];
+            common::debian_program(&fabric, profile, exe.to_str().unwrap(), &args, "librpma-dev")
+        };
+        let server = side("server").spawn().unwrap();
+        fabric.wait_cm_listener(None, Some(port.parse().unwrap()));
+        let client = side("client").spawn().unwrap();
+        let (c_ok, c_out) = finish(client, Duration::from_secs(60));
+        let (s_ok, s_out) = finish(server, Duration::from_secs(30));
+        let what = format!("{profile}\n--- client:\n{c_out}\n--- server:\n{s_out}");
+        assert!(c_ok && s_ok, "{what}");
+        assert!(c_out.lines().any(|l| l == "ok") && s_out.lines().any(|l| l == "ok"), "{what}");
+    }
+}
+
+/// Compiles `tests/rpma/rpma.c` against Debian's librpma (once per run of these tests).
+fn rpma_program() -> std::path::PathBuf {
+    static EXE: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    EXE.get_or_init(|| {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let out_dir = common::profile_dir().join("c-tests");
+        std::fs::create_dir_all(&out_dir).unwrap();
+        let exe = out_dir.join("rpma");
+        let out = Command::new("gcc")
+            .args(["-std=gnu11", "-O1", "-Wall", "-Werror", "-o"])
+            .arg(&exe)
+            .arg(dir.join("tests/rpma/rpma.c"))
+            .args(["-lrpma", "-libverbs"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "gcc (install Debian's librpma-dev: ./ci.sh does): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        exe
+    })
+    .clone()
+}
