@@ -1192,8 +1192,9 @@ cluster addr = 127.0.0.1
 /// libibverbs) between two processes under each profile, driven by `tests/rpma/rpma.c`: the
 /// server's memory handed over in the connection's private data, read whole, written and
 /// flushed (a READ after the WRITE, as librpma flushes without native FLUSH), one word
-/// written atomically, read back, and a message answered once the server checked its memory;
-/// each side checks every byte and completion.
+/// written atomically, 4 KiB written with immediate data (into the server's receive CQ, which
+/// shares a completion channel with its send CQ), read back, and a message answered once the
+/// server checked its memory; each side checks every byte and completion.
 #[test]
 fn librpma_reads_writes_flushes_and_messages_between_two_processes() {
     let exe = rpma_program();

@@ -1,8 +1,9 @@
 /* A server and a client on librpma (Debian's librpma0, on librdmacm and libibverbs), whose
  * every result is checked: the server exposes 1 MiB of patterned memory through the
  * connection's private data; the client reads it all, writes into it and flushes (visibility),
- * writes one word atomically, reads the whole back, and sends a message the server answers
- * after checking its own memory.
+ * writes one word atomically, writes 4 KiB with immediate data, reads the whole back, and
+ * sends a message the server answers after checking its own memory. The server's receives
+ * complete on a CQ of their own, which shares one completion channel with its send CQ.
  *
  *   rpma server ADDR PORT      rpma client ADDR PORT
  *
@@ -17,6 +18,9 @@
 #define WRITE_AT (128 << 10)
 #define WRITE_LEN (64 << 10)
 #define WORD_AT (512 << 10)
+#define IMM_AT (768 << 10)
+#define IMM_LEN 4096
+#define IMM 0x5a5a5a5au /* the same in either byte order */
 #define MSG 64
 
 #define CHECK(call)                                                                      \
@@ -55,6 +59,8 @@ static uint8_t expected(size_t i)
 		return written(i - WRITE_AT);
 	if (i >= WORD_AT && i < WORD_AT + 8)
 		return (uint8_t)word[i - WORD_AT];
+	if (i >= IMM_AT && i < IMM_AT + IMM_LEN)
+		return written(i - IMM_AT + 1);
 	return served(i);
 }
 
@@ -99,6 +105,29 @@ static void completed(struct rpma_conn *conn, enum ibv_wc_opcode op, const void 
 		     (void *)(uintptr_t)wc.wr_id, op, ctx);
 }
 
+/* The next completion on the connection's receive CQ (`rcq`) or its CQ, waiting on the
+ * completion channel the two share. */
+static struct ibv_wc next_shared(struct rpma_conn *conn, int rcq)
+{
+	struct rpma_cq *cq;
+	struct ibv_wc wc;
+	int got = 0;
+	CHECK(rcq ? rpma_conn_get_rcq(conn, &cq) : rpma_conn_get_cq(conn, &cq));
+	for (;;) {
+		int ret = rpma_cq_get_wc(cq, 1, &wc, &got);
+		if (ret == RPMA_E_NO_COMPLETION) {
+			struct rpma_cq *woke;
+			bool is_rcq;
+			CHECK(rpma_conn_wait(conn, 0, &woke, &is_rcq));
+			continue;
+		}
+		CHECK(ret);
+		if (wc.status != IBV_WC_SUCCESS)
+			FAIL("completion %s", ibv_wc_status_str(wc.status));
+		return wc;
+	}
+}
+
 static int server(const char *addr, const char *port)
 {
 	struct ibv_context *ctx;
@@ -128,14 +157,27 @@ static int server(const char *addr, const char *port)
 	CHECK(rpma_ep_listen(peer, addr, port, &ep));
 	printf("listening\n");
 	fflush(stdout);
-	CHECK(rpma_ep_next_conn_req(ep, NULL, &req));
-	CHECK(rpma_conn_req_recv(req, msg_mr, 0, MSG, msg));
+	struct rpma_conn_cfg *cfg;
+	CHECK(rpma_conn_cfg_new(&cfg));
+	CHECK(rpma_conn_cfg_set_rcq_size(cfg, 8));
+	CHECK(rpma_conn_cfg_set_compl_channel(cfg, true));
+	CHECK(rpma_ep_next_conn_req(ep, cfg, &req));
+	/* The first receive is taken by the WRITE with immediate, the second by the message. */
+	CHECK(rpma_conn_req_recv(req, msg_mr, 0, MSG, msg + 1));
 	struct rpma_conn_private_data pdata = { desc, (uint8_t)desc_size };
 	CHECK(rpma_conn_req_connect(&req, &pdata, &conn));
+	CHECK(rpma_recv(conn, msg_mr, 0, MSG, msg));
 	wait_event(conn, RPMA_CONN_ESTABLISHED);
 
+	struct ibv_wc wc = next_shared(conn, 1);
+	if (wc.opcode != IBV_WC_RECV_RDMA_WITH_IMM || !(wc.wc_flags & IBV_WC_WITH_IMM) ||
+	    wc.imm_data != IMM || wc.byte_len != IMM_LEN || wc.wr_id != (uintptr_t)(msg + 1))
+		FAIL("WRITE with immediate: opcode %d flags %x imm %x len %u", wc.opcode,
+		     wc.wc_flags, wc.imm_data, wc.byte_len);
 	/* The client's message says it is done: the memory must hold what it wrote. */
-	completed(conn, IBV_WC_RECV, msg);
+	wc = next_shared(conn, 1);
+	if (wc.opcode != IBV_WC_RECV || wc.wr_id != (uintptr_t)msg || wc.byte_len != MSG)
+		FAIL("message: opcode %d len %u", wc.opcode, wc.byte_len);
 	if (strcmp((char *)msg, "check"))
 		FAIL("message \"%.*s\"", MSG, msg);
 	for (size_t i = 0; i < SIZE; i++)
@@ -143,11 +185,14 @@ static int server(const char *addr, const char *port)
 			FAIL("server memory at %zu: %u, expected %u", i, mem[i], expected(i));
 	strcpy((char *)msg + MSG, "checked");
 	CHECK(rpma_send(conn, msg_mr, MSG, MSG, RPMA_F_COMPLETION_ALWAYS, msg + MSG));
-	completed(conn, IBV_WC_SEND, msg + MSG);
+	wc = next_shared(conn, 0);
+	if (wc.opcode != IBV_WC_SEND || wc.wr_id != (uintptr_t)(msg + MSG))
+		FAIL("answer: opcode %d", wc.opcode);
 
 	wait_event(conn, RPMA_CONN_CLOSED);
 	CHECK(rpma_conn_disconnect(conn));
 	CHECK(rpma_conn_delete(&conn));
+	CHECK(rpma_conn_cfg_delete(&cfg));
 	CHECK(rpma_ep_shutdown(&ep));
 	CHECK(rpma_mr_dereg(&msg_mr));
 	CHECK(rpma_mr_dereg(&mr));
@@ -204,6 +249,11 @@ static int client(const char *addr, const char *port)
 	completed(conn, IBV_WC_RDMA_READ, mem + 1); /* a flush without native FLUSH is a READ */
 	CHECK(rpma_atomic_write(conn, remote, WORD_AT, word, RPMA_F_COMPLETION_ALWAYS, mem + 2));
 	completed(conn, IBV_WC_RDMA_WRITE, mem + 2);
+	for (size_t i = 0; i < IMM_LEN; i++)
+		mem[i] = written(i + 1);
+	CHECK(rpma_write_with_imm(conn, remote, IMM_AT, mr, 0, IMM_LEN, RPMA_F_COMPLETION_ALWAYS,
+				  IMM, mem + 4));
+	completed(conn, IBV_WC_RDMA_WRITE, mem + 4);
 
 	memset(mem, 0, SIZE);
 	CHECK(rpma_read(conn, mr, 0, remote, 0, SIZE, RPMA_F_COMPLETION_ALWAYS, mem + 3));
