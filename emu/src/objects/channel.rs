@@ -37,6 +37,14 @@ pub(crate) fn look_before_sleeping(
     }
 }
 
+/// The CQ of an event taken from a channel, counted as reported (under the channel's lock:
+/// see [`EventQueue::pop_with`]); `None` if the CQ is gone.
+fn reported(cq: Weak<CqInner>) -> Option<Arc<CqInner>> {
+    let cq = cq.upgrade()?;
+    cq.comp_events.reported();
+    Some(cq)
+}
+
 #[derive(Debug)]
 pub(crate) struct ChannelInner {
     pub(crate) ctx: Arc<ContextInner>,
@@ -63,24 +71,13 @@ impl CompChannel {
         if !queue.ready() && !queue.is_nonblocking() {
             self.look_before_sleeping();
         }
-        let cq = loop {
-            if let Some(cq) = queue.pop()?.upgrade() {
-                break cq;
-            }
-        };
-        cq.comp_events.reported();
-        Ok(Cq(cq))
+        queue.pop_with(reported).map(Cq)
     }
 
     /// The next CQ event if one is queued, without blocking, and without a system call if none
     /// is: for the library's own channels, which it made non-blocking.
     pub(crate) fn queued_cq_event(&self) -> Option<Cq> {
-        loop {
-            if let Some(cq) = self.0.queue.try_pop()?.upgrade() {
-                cq.comp_events.reported();
-                return Some(Cq(cq));
-            }
-        }
+        self.0.queue.try_pop_with(reported).map(Cq)
     }
 
     /// Whether an event is queued (a look without a system call).
@@ -106,5 +103,56 @@ impl CompChannel {
 impl AsRawFd for CompChannel {
     fn as_raw_fd(&self) -> RawFd {
         self.0.queue.as_raw_fd()
+    }
+}
+
+#[cfg(test)]
+mod test {
+    use std::{sync::mpsc, time::Duration};
+
+    use super::*;
+    use crate::{Fabric, FabricConfig, objects::event::test as hold};
+
+    /// An event read by one thread while another destroys its CQ: it is counted as it is
+    /// taken, so the destroy waits for its ack (as the kernel's, whose read of an event and
+    /// its count are one step) and the reader gets a CQ that is still there. Counted after
+    /// it was taken, the destroy went ahead and the reader got the CQ freed.
+    #[test]
+    fn an_event_read_as_its_cq_is_destroyed_holds_the_destroy_until_its_ack() {
+        let f = Fabric::new(FabricConfig::default());
+        let ctx = f.devices()[0].open().unwrap();
+        let ch = ctx.create_comp_channel().unwrap();
+        let cq = ctx.create_cq(16, Some(&ch), 0).unwrap();
+        // The event an armed CQ's next completion raises.
+        ch.0.queue.push(Arc::downgrade(&cq.0));
+        let held = hold::HOLD_AFTER_POP.write();
+        let reader = {
+            let ch = ch.clone();
+            std::thread::spawn(move || {
+                hold::PAUSE_AFTER_POP.set(true);
+                ch.get_cq_event()
+            })
+        };
+        while ch.ready() {
+            std::thread::yield_now();
+        }
+        let (done, destroyed) = mpsc::channel();
+        let destroyer = {
+            let cq = cq.clone();
+            std::thread::spawn(move || {
+                let r = cq.destroy();
+                done.send(()).unwrap();
+                r
+            })
+        };
+        // (Bounded: a destroy that wrongly goes ahead is seen; one that rightly waits, never
+        // mistaken.)
+        let early = destroyed.recv_timeout(Duration::from_millis(200));
+        assert!(early.is_err(), "the destroy waits for the ack of the event read");
+        drop(held);
+        let got = reader.join().unwrap().unwrap();
+        assert!(got.same(&cq));
+        got.ack_events(1);
+        destroyer.join().unwrap().unwrap();
     }
 }

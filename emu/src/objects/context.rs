@@ -262,21 +262,19 @@ impl Context {
     /// non-blocking (then fails with `EAGAIN` when none is pending); `EINTR` when a signal
     /// interrupts the wait (unless its handler has `SA_RESTART`).
     pub fn get_async_event(&self) -> Result<AsyncEvent> {
-        let ev = loop {
-            let q = self.0.async_q.pop()?;
-            if let Some(element) = q.about.upgrade() {
-                break AsyncEvent { event_type: q.event_type, element };
+        // Counted as handed out, under the queue's lock (see `EventQueue::pop_with`): the
+        // object's destroy waits for this event's ack.
+        self.0.async_q.pop_with(|q| {
+            let element = q.about.upgrade()?;
+            match &element {
+                EventElement::Qp(qp) => qp.0.async_events.reported(),
+                EventElement::Cq(cq) => cq.0.async_events.reported(),
+                EventElement::Srq(s) => s.0.async_events.reported(),
+                EventElement::Wq(w) => w.0.async_events.reported(),
+                EventElement::Port(_) | EventElement::Device => {}
             }
-        };
-        // Counted when handed out: the object's destroy waits for this event's ack.
-        match &ev.element {
-            EventElement::Qp(qp) => qp.0.async_events.reported(),
-            EventElement::Cq(cq) => cq.0.async_events.reported(),
-            EventElement::Srq(s) => s.0.async_events.reported(),
-            EventElement::Wq(w) => w.0.async_events.reported(),
-            EventElement::Port(_) | EventElement::Device => {}
-        }
-        Ok(ev)
+            Some(AsyncEvent { event_type: q.event_type, element })
+        })
     }
 
     /// `ibv_ack_async_event`.

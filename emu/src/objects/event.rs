@@ -48,13 +48,31 @@ impl<T> EventQueue<T> {
 
     /// Takes the oldest event; blocks unless the fd was made non-blocking (then `EAGAIN`).
     pub(crate) fn pop(&self) -> Result<T> {
+        self.pop_with(Some)
+    }
+
+    /// Takes the oldest event and hands it to `take` under the queue's lock: what `take`
+    /// records of it (the count its object's destroy waits on) is done before a destroy's
+    /// [`remove_if`](Self::remove_if) can look, so an event is either removed by the destroy
+    /// or counted before it, as the kernel's read of an event and its count are one step.
+    /// (Taken out first and counted after, an event read while its CQ was destroyed was
+    /// handed out with the CQ freed: gloo's event thread used a freed pair.) `take` gives
+    /// `None` for an event whose object is gone: then the next event is waited for. Blocks
+    /// unless the fd was made non-blocking (then `EAGAIN`).
+    pub(crate) fn pop_with<R>(&self, mut take: impl FnMut(T) -> Option<R>) -> Result<R> {
         loop {
             self.fd.wait().map_err(|e| io_error(&e))?;
-            if let Some(ev) = self.q.lock().pop_front() {
+            let taken = self.q.lock().pop_front().and_then(|ev| {
                 self.pending.fetch_sub(1, Ordering::Release);
-                return Ok(ev);
+                take(ev)
+            });
+            if let Some(r) = taken {
+                #[cfg(test)]
+                test::pause_after_pop();
+                return Ok(r);
             }
-            // The count belonged to an event that a destroy removed: wait for the next one.
+            // The count belonged to an event that a destroy removed, or to an object gone:
+            // wait for the next one.
         }
     }
 
@@ -62,10 +80,15 @@ impl<T> EventQueue<T> {
     /// the library's own readers of a queue whose descriptor they made non-blocking (one that
     /// looks each time its socket is used must not pay a `read` for nothing).
     pub(crate) fn try_pop(&self) -> Option<T> {
+        self.try_pop_with(Some)
+    }
+
+    /// [`try_pop`](Self::try_pop) through `take`, as [`pop_with`](Self::pop_with).
+    pub(crate) fn try_pop_with<R>(&self, take: impl FnMut(T) -> Option<R>) -> Option<R> {
         if !self.ready() {
             return None;
         }
-        self.pop().ok()
+        self.pop_with(take).ok()
     }
 
     /// Takes out every queued event for which `pred` holds (dropped by the caller, after the
@@ -134,10 +157,24 @@ impl EventCount {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::time::Duration;
+pub(crate) mod test {
+    use std::{cell::Cell, time::Duration};
 
     use super::*;
+
+    /// Held (written) by a test, this keeps a thread that set [`PAUSE_AFTER_POP`] waiting
+    /// just after it took an event: an event read while another thread destroys its object.
+    pub(crate) static HOLD_AFTER_POP: parking_lot::RwLock<()> = parking_lot::RwLock::new(());
+
+    thread_local! {
+        pub(crate) static PAUSE_AFTER_POP: Cell<bool> = const { Cell::new(false) };
+    }
+
+    pub(super) fn pause_after_pop() {
+        if PAUSE_AFTER_POP.get() {
+            drop(HOLD_AFTER_POP.read());
+        }
+    }
 
     /// `try_pop` reads the descriptor only for an event queued: on an empty queue whose
     /// descriptor blocks it returns at once (a read there would block for ever), and an event
