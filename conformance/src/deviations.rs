@@ -15,11 +15,11 @@
 //! comparison goes on past it instead of stopping there.
 //!
 //! `programs` and `call` may be given more than once (any of them matches). `*` matches any
-//! run of characters. A deviation explains a pair of differing blocks (the same
-//! call, see [`crate::trace::Block`]) when the program and call match and, once the lines only
-//! one side prints are set aside (`rxe_only =` / `emu_only =`, detail lines; the count a `poll`
-//! or `events` prints is then not compared), every line that still differs matches an
-//! `rxe =` / `emu =` pair of it, position by position.
+//! run of characters, `?` any one character. A deviation explains a pair of differing blocks
+//! (the same call, see [`crate::trace::Block`]) when the program and call match and, once the
+//! lines only one side prints are set aside (`rxe_only =` / `emu_only =`, detail lines; the
+//! count a `poll` or `events` prints is then not compared), every line that still differs
+//! matches an `rxe =` / `emu =` pair of it, position by position.
 
 /// One documented difference.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -133,22 +133,29 @@ fn uncounted(line: &str) -> String {
     }
 }
 
-/// `*` matches any run of characters; everything else matches itself.
+/// `*` matches any run of characters, `?` any one character; everything else matches itself.
 pub fn glob(pattern: &str, text: &str) -> bool {
-    let mut parts = pattern.split('*');
-    let first = parts.next().unwrap_or("");
-    let Some(mut rest) = text.strip_prefix(first) else { return false };
-    let parts: Vec<&str> = parts.collect();
-    for (i, part) in parts.iter().enumerate() {
-        if i + 1 == parts.len() {
-            return rest.ends_with(part);
-        }
-        match rest.find(part) {
-            Some(at) => rest = &rest[at + part.len()..],
-            None => return false,
+    let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
+    let (mut i, mut j) = (0, 0);
+    // Where the last `*` was, and where in the text it is tried next: one backtrack point
+    // suffices, since a later `*` can absorb anything an earlier one would.
+    let mut star: Option<(usize, usize)> = None;
+    while j < t.len() {
+        if i < p.len() && (p[i] == '?' || (p[i] != '*' && p[i] == t[j])) {
+            i += 1;
+            j += 1;
+        } else if i < p.len() && p[i] == '*' {
+            star = Some((i, j));
+            i += 1;
+        } else if let Some((si, sj)) = star {
+            star = Some((si, sj + 1));
+            i = si + 1;
+            j = sj + 1;
+        } else {
+            return false;
         }
     }
-    rest.is_empty()
+    p[i..].iter().all(|&c| c == '*')
 }
 
 #[cfg(test)]
@@ -165,6 +172,10 @@ mod tests {
         assert!(!glob("a*b*c", "a-c-b"));
         assert!(glob("exact", "exact"));
         assert!(!glob("exact", "exactly"));
+        assert!(glob("wr=10??", "wr=1001"));
+        assert!(!glob("wr=10??", "wr=10"));
+        assert!(!glob("wr=10??", "wr=10011"));
+        assert!(glob("*a?", "xxaab"));
     }
 
     const ONE: &str = "[d]\nprograms = mw_*\ncall = poll *\nrxe = wc qa wr=3 SUCCESS op=WRITE\nemu = wc qa wr=3 REM_ACCESS_ERR\nwhy = bounded\nref = IBA\n";
@@ -183,7 +194,7 @@ mod tests {
 
     #[test]
     fn lines_one_side_only() {
-        let d = &parse("[f]\nprograms = *\ncall = poll *\nemu_only = wc * wr=10* WR_FLUSH_ERR\nwhy = w\nref = r\n").unwrap()[0];
+        let d = &parse("[f]\nprograms = *\ncall = poll *\nemu_only = wc * wr=10?? WR_FLUSH_ERR\nwhy = w\nref = r\n").unwrap()[0];
         let rxe = ["poll cq0 => 1".to_string(), "  wc qa wr=1 SUCCESS op=SEND".into()];
         let emu = [
             "poll cq0 => 2".to_string(),
@@ -197,6 +208,15 @@ mod tests {
             "  wc qa wr=5 WR_FLUSH_ERR".into(),
         ];
         assert!(!d.explains("p", "poll cq0", &rxe, &other));
+        // A send numbered 10 is not a receive (live run, seed 75013).
+        let send_10 = [
+            "poll cq0 => 3".to_string(),
+            "  wc qa wr=9 WR_FLUSH_ERR".into(),
+            "  wc qa wr=10 WR_FLUSH_ERR".into(),
+            "  wc qa wr=1001 WR_FLUSH_ERR".into(),
+        ];
+        let rxe_10 = ["poll cq0 => 2".to_string(), send_10[1].clone(), send_10[2].clone()];
+        assert!(d.explains("p", "poll cq0", &rxe_10, &send_10));
     }
 
     #[test]
