@@ -18,15 +18,16 @@ export CARGO_TERM_COLOR=never
 # qemu-block-extra (QEMU's tools, and its libiscsi driver) to serve and use a disk over iSER,
 # dapl2-utils (DAPL's dtest, dtestx, dapltest), hpcc (the HPC Challenge benchmarks, an Open MPI
 # program that checks its own results), netpipe-openmpi (NetPIPE, whose integrity mode checks every
-# message's bytes), ceph-mon and ceph-osd (a Ceph cluster over its RDMA messenger), and
-# librpma-dev (librpma, remote persistent memory access, and its headers for the test's program).
+# message's bytes), ceph-mon and ceph-osd (a Ceph cluster over its RDMA messenger),
+# librpma-dev (librpma, remote persistent memory access, and its headers for the test's program),
+# and libgloo-dev (Gloo, the collectives library of PyTorch's distributed package, with g++).
 need_pkgs=()
 for p in binutils gcc libibverbs-dev librdmacm-dev ibverbs-utils rdmacm-utils perftest tshark \
     infiniband-diags \
     netcat-openbsd socat iperf3 curl wget ucx-utils qperf openmpi-bin libopenmpi-dev mpich \
     libmpich-dev fio libfabric-bin python3-pyverbs valgrind iproute2 gdb qemu-system-x86 tgt \
     qemu-utils qemu-block-extra dapl2-utils hpcc \
-    netpipe-openmpi ceph-mon ceph-osd librpma-dev; do
+    netpipe-openmpi ceph-mon ceph-osd librpma-dev libgloo-dev g++; do
     dpkg -s "$p" >/dev/null 2>&1 || need_pkgs+=("$p")
 done
 # A machine image may carry a newer qemu-utils than Debian 12's (a backport), which Debian 12's
