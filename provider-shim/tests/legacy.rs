@@ -38,7 +38,7 @@ fn program(fabric: &Fabric, profile: &str, prog: &str, args: &[&str], port: u16)
     c
 }
 
-use common::{Fabric, finish, finish_or_dump, result_rows};
+use common::{Fabric, Killed, finish, finish_or_dump, result_rows};
 
 /// Starts `prog args` as the server and waits until it listens on `port`.
 fn start_server(fabric: &Fabric, profile: &str, prog: &str, args: &[&str], port: u16) -> Child {
@@ -339,6 +339,63 @@ legacy_tests! { perftest_rxe:
     send_bw_ud_rxe => "ib_send_bw" ["-c", "UD"];
     send_lat_rxe => "ib_send_lat" [];
     atomic_bw_rxe => "ib_atomic_bw" [];
+}
+
+/// perftest's raw Ethernet latency test between two processes on the full profile's Ethernet
+/// ports: a raw packet QP each, a flow rule steering the frames for its MAC (and UDP/IP
+/// addresses and ports) to it, 10,000 64-byte frames each way in a ping-pong that stalls for
+/// good on the first frame lost (raw Ethernet has no retry). Both sides report the run.
+#[test]
+fn raw_ethernet_lat_pingpongs_every_frame_between_two_processes() {
+    let fabric = Fabric::new("raweth");
+    let dir = common::profile_dir().join(format!("raweth-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // MACs are each side's own and its peer's; addresses and ports, the client's destination
+    // (the server's) and source on both sides, as perftest wants them.
+    let side = |role: &str, me: &str, peer: &str| {
+        // Line-buffered, so that the server's table head shows it is ready for the first frame.
+        let mut c = Command::new(env!("CARGO_BIN_EXE_rdma-emu"));
+        c.env("RDMA_EMU_LIB", common::cdylib()).env_remove("LD_LIBRARY_PATH");
+        c.args(["run", "--profile", "full", "--link-layer", "eth", "--fabric", &fabric.0]);
+        c.args(["--", "stdbuf", "-oL", "raw_ethernet_lat", "-d", "emu0", role, "-n", "10000"]);
+        c.args(["-B", me, "-E", peer, "-J", "10.0.0.1", "-j", "10.0.0.2", "-K", "7001"]);
+        c.args(["-k", "7002"]);
+        c
+    };
+    let (a, b) = ("02:00:00:00:00:0a", "02:00:00:00:00:0b");
+    let log = dir.join("server.out");
+    let server = side("--server", a, b)
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let server = Killed(Some(server));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !std::fs::read_to_string(&log).unwrap().contains("#bytes") {
+        assert!(Instant::now() < deadline, "raw_ethernet_lat's server never got ready");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let client =
+        side("--client", b, a).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let (c_ok, c_out) = finish_or_dump(client, Duration::from_secs(60), "client", &[]);
+    let mut server = server.take();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let s_ok = loop {
+        if let Some(status) = server.try_wait().unwrap() {
+            break status.success();
+        }
+        if Instant::now() > deadline {
+            let _ = server.kill();
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let s_out = std::fs::read_to_string(&log).unwrap();
+    let what = format!("--- client:\n{c_out}\n--- server:\n{s_out}");
+    assert!(c_ok && s_ok, "{what}");
+    // The result row: 64 bytes, 10,000 iterations.
+    let row = |out: &str| out.lines().any(|l| l.split_whitespace().take(2).eq(["64", "10000"]));
+    assert!(row(&c_out) && row(&s_out), "{what}");
 }
 
 /// Memcheck: Debian's `ibv_rc_pingpong` as server and client, both under Valgrind, between two

@@ -3,7 +3,7 @@
 //! carries traffic over them between two processes.
 
 mod common;
-use common::Fabric;
+use common::{Fabric, Killed};
 use std::{
     process::{Child, Command},
     time::Duration,
@@ -691,28 +691,6 @@ fn scratch(name: &str) -> std::path::PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
-}
-
-/// A child process killed if the test ends (a failed assertion too) before it took it back.
-struct Killed(Option<Child>);
-
-impl Killed {
-    fn take(mut self) -> Child {
-        self.0.take().expect("not taken yet")
-    }
-
-    fn exited(&mut self) -> bool {
-        self.0.as_mut().is_some_and(|c| c.try_wait().unwrap().is_some())
-    }
-}
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        if let Some(c) = &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
 }
 
 /// QEMU's human monitor, on the Unix socket of a QEMU started with `-monitor unix:PATH,...`.

@@ -265,3 +265,25 @@ fn rping_done(ok: bool, out: &str, server: bool) -> bool {
 pub fn rping_pair_done((c_ok, c_out): (bool, &str), (s_ok, s_out): (bool, &str)) -> bool {
     rping_done(c_ok, c_out, false) && rping_done(s_ok, s_out, true)
 }
+
+/// A child process killed if the test ends (a failed assertion too) before it took it back.
+pub struct Killed(pub Option<Child>);
+
+impl Killed {
+    pub fn take(mut self) -> Child {
+        self.0.take().expect("not taken yet")
+    }
+
+    pub fn exited(&mut self) -> bool {
+        self.0.as_mut().is_some_and(|c| c.try_wait().unwrap().is_some())
+    }
+}
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
