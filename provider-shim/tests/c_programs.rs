@@ -339,6 +339,21 @@ fn rsockets_in_one_process_and_their_bad_input() {
     }
 }
 
+/// A process that exits with a QP connected to another process's leaves its peer as the
+/// kernel's destruction of its QPs does (receive posted, a SEND out of retries); one that
+/// dies without exiting fails the peer's QP at once (see `tests/c/exit.c`).
+#[test]
+fn a_peer_that_exits_connected_leaves_the_qp_as_hardware_does_one_that_dies_fails_it() {
+    let exe = build("exit");
+    for profile in ["full", "rxe"] {
+        let fabric = common::Fabric::new("exit");
+        let mut cmd = Command::new(&exe);
+        cmd.env("RDMA_EMU_PROFILE", profile).env("RDMA_EMU_FABRIC", &fabric.0);
+        let out = run_on_shim(&mut cmd);
+        assert!(out.contains("exit ok"), "{profile}: {out}");
+    }
+}
+
 #[test]
 fn closing_a_context_destroys_what_it_owns() {
     c_program("close", &["full", "rxe"]);

@@ -396,7 +396,8 @@ pub(crate) fn arrive(fabric: &FabricInner, pkt: Packet) {
     drv.finish();
 }
 
-/// A packet that a fault delayed arrives now.
+/// A packet arrives now, late: one a fault delayed, or the ACK a dead peer's process held
+/// back (see the host fabric's peer watcher).
 pub(crate) fn deliver_late(fabric: &FabricInner, pkt: Packet) {
     let mut drv = Driver::new(fabric);
     drv.transmit(&mut Route::default(), pkt);

@@ -347,7 +347,8 @@ impl Inbound {
     /// a message (else see [`Node::pay_deferred`]).
     fn take_deferred(&self, rx: &mut Rx) -> Option<wire::Ack> {
         let ack = rx.deferred.take();
-        if ack.is_some() {
+        if let Some(ack) = &ack {
+            owe(&rx.rings, ack, false);
             self.ack_deferred.store(false, Ordering::Relaxed);
         }
         ack
@@ -392,6 +393,16 @@ struct Rx {
     /// ACK is late so only while the application neither posts nor polls an empty CQ: as long
     /// as a message that came meanwhile waits to be taken in.
     deferred: Option<wire::Ack>,
+}
+
+/// Says, in the ring its node writes to us, that we owe `ack` (or no longer do), so that
+/// the node takes it in should our process die first (see `ring::OWED_AT`).
+fn owe(rings: &[(u8, Arc<Ring>)], ack: &wire::Ack, owed: bool) {
+    const _: () = assert!(wire::ACK_LEN <= super::ring::OWED_MAX);
+    let bytes = ack.encode();
+    for (_, r) in rings.iter().filter(|(s, _)| *s == slot_of(ack.dst.2)) {
+        r.owe(owed.then_some(&bytes[..]));
+    }
 }
 
 /// A peer node whose process takes nothing in now: stopped, or its threads not scheduled (see
@@ -967,6 +978,7 @@ impl Node {
     fn pay_deferred(&self, rx: &mut Rx) {
         if let Some(ack) = rx.deferred.take() {
             self.send_deferred(&ack);
+            owe(&rx.rings, &ack, false);
             self.inbound.ack_deferred.store(false, Ordering::Release);
         }
     }
@@ -1392,8 +1404,12 @@ impl Node {
             let Some(fabric) = fabric.upgrade() else { return };
             if let Some(node) = fabric.node.get() {
                 let mut peers = node.peers.lock();
+                // The ring we wrote to it, where it says what it owed us as it died.
+                let mut to_it = None;
                 if peers.get(&slot).is_some_and(|p| !newcomer || p.incarnation == incarnation) {
-                    peers.remove(&slot).expect("looked at").retire();
+                    let peer = peers.remove(&slot).expect("looked at");
+                    to_it = peer.tx.lock().ring.clone();
+                    peer.retire();
                 }
                 drop(peers);
                 // The kernel lets the lock go as the process exits, a moment before a
@@ -1416,6 +1432,16 @@ impl Node {
                 // before judging what is still outstanding; then its ring can go.
                 let mut rx = node.inbound.rx.lock();
                 receive(&node.inbound, &mut rx, &fabric, true);
+                // Then the ACK it held back: it took in what the ACK acknowledges (its
+                // application may have acted on it), as a NIC would have acknowledged it.
+                if let Some(ack) = to_it.and_then(|r| r.owed()).and_then(|b| wire::Ack::peek(&b))
+                    && slot_of(ack.src.2) == slot
+                    && slot_of(ack.dst.2) == node.slot
+                {
+                    let mut pkt = Packet::new(Kind::Ack);
+                    ack.into_packet(&mut pkt);
+                    engine::deliver_late(&fabric, pkt);
+                }
                 rx.rings.retain(|(s, r)| *s != slot || !r.abandoned());
                 node.inbound.has_rings.store(!rx.rings.is_empty(), Ordering::Release);
                 node.inbound.gates.lock().retain(|r| !r.abandoned());
@@ -2066,7 +2092,9 @@ fn receive_marked(
     *passed = std::mem::take(&mut batch.passed);
     match batch.owed.take() {
         Some(owed) if looking => {
-            *deferred = Some(owed.into_ack());
+            let ack = owed.into_ack();
+            owe(rings, &ack, true);
+            *deferred = Some(ack);
             inbound.ack_deferred.store(true, Ordering::Relaxed);
         }
         mut owed => OwedAck::pay(&mut owed),
@@ -3657,6 +3685,34 @@ mod test {
         drop((b, fb));
         let sent = a.next();
         assert_eq!((sent.wr_id, sent.status), (20, WcStatus::SUCCESS));
+        drop((a, fa));
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// A node whose process dies holding an ACK back (deferred by a look, not sent yet) has
+    /// its peer take the ACK in as the death is dealt with: the SEND it acknowledges
+    /// completes, as a NIC acknowledged it as it landed, whatever its process did next.
+    #[test]
+    fn test_an_ack_a_dead_node_held_back_completes_its_peers_send() {
+        let _one = ONE_AT_A_TIME.lock();
+        let (dir, (a, fa), (b, fb)) = talking("deferred-death", end_on);
+        let inbound = inbound_of(&fb);
+        let held = reader_held_asleep(inbound);
+        let (ra, rb) = (a.word(), b.word());
+        b.qp.post_recv(&RecvWr { wr_id: 21, sg_list: &rb }).unwrap();
+        a.qp.post_send(&SendWr::send(21, &ra).signaled()).unwrap();
+        assert_eq!(b.next().wr_id, 21);
+        // B's process dies here, the ACK it owes never sent.
+        {
+            let mut rx = inbound.rx.lock();
+            assert!(rx.deferred.take().is_some());
+            inbound.ack_deferred.store(false, Ordering::Relaxed);
+        }
+        assert!(a.cq.poll_one().is_none(), "completed before its ACK");
+        drop(held);
+        drop((b, fb));
+        let sent = a.next();
+        assert_eq!((sent.wr_id, sent.status), (21, WcStatus::SUCCESS));
         drop((a, fa));
         let _ = std::fs::remove_dir_all(dir);
     }

@@ -740,6 +740,27 @@ impl Fabric {
         self.0.node.get().map_or(host::Flushed::All, |n| n.flush(limit))
     }
 
+    /// At the process's exit, before [`Fabric::flush`]: every QP connected to a QP of another
+    /// process tells it that it closed, as the kernel destroys a process's QPs when it exits.
+    /// The peer is then left as hardware leaves it (spare receives posted, an unanswered send
+    /// out of retries in time), where the QPs of a process that dies without exiting (killed)
+    /// fail at once (see `host::peer_died`). A QP whose lock another thread holds throughout
+    /// a short wait is left to that.
+    pub fn part_at_exit(&self) {
+        if self.0.node.get().is_none() {
+            return;
+        }
+        for qp in self.0.live_qps() {
+            for _ in 0..100 {
+                if let Some(g) = qp.inner.try_lock() {
+                    qp.part(&g);
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_micros(100));
+            }
+        }
+    }
+
     /// At the process's exit, after [`Fabric::flush`]: leaves the host fabric's directory as
     /// it found it (the node's socket goes; its lock file stays for the next owner of the
     /// slot, and the kernel releases the lock itself).

@@ -77,6 +77,14 @@ const GATE_AT: usize = 256;
 /// Set by the writer: the highest name of its shared memory it has passed the reader (the
 /// descriptor waits on the reader's socket until `VIEWS_AT` catches up).
 const OFFERED_AT: usize = 320;
+/// Set by the reader, on a line of its own: a message its node owes the writer's and holds
+/// back for now (a deferred ACK: see the host fabric's `Rx::deferred`), its length in the
+/// first word (0: none), its bytes after. The writer reads it only once the reader's process
+/// is dead: what a NIC acknowledges as it lands stays acknowledged whatever its process does
+/// next, so a process that exits (or dies) holding an ACK back must not undo it.
+const OWED_AT: usize = 384;
+/// The longest message `OWED_AT` holds.
+pub(crate) const OWED_MAX: usize = 32;
 /// A record is its length (u32) and state (u32), then its bytes, padded to 8 bytes.
 const RECORD_HEADER: usize = 8;
 /// A record's states: written, not read yet.
@@ -304,6 +312,32 @@ impl Ring {
     /// Reader: the process that passed us the ring, if it could be pinned down.
     pub(crate) fn sender(&self) -> Option<&Arc<PeerProcess>> {
         self.from.as_ref()
+    }
+
+    /// Reader: the message its node owes the writer's now (see `OWED_AT`), or none.
+    pub(crate) fn owe(&self, msg: Option<&[u8]>) {
+        let len = self.word(OWED_AT);
+        len.store(0, Ordering::Relaxed);
+        let Some(msg) = msg else { return };
+        let mut bytes = [0u8; OWED_MAX];
+        bytes[..msg.len()].copy_from_slice(msg);
+        for (i, w) in bytes.chunks_exact(8).enumerate() {
+            let w = u64::from_le_bytes(w.try_into().expect("8 bytes"));
+            self.word(OWED_AT + 8 * (i + 1)).store(w, Ordering::Relaxed);
+        }
+        len.store(msg.len() as u64, Ordering::Release);
+    }
+
+    /// Writer, once the reader's process is dead: what it owed us (see `OWED_AT`), its bytes
+    /// as the reader left them (to be checked as any message from it is).
+    pub(crate) fn owed(&self) -> Option<Vec<u8>> {
+        let len = self.word(OWED_AT).load(Ordering::Acquire);
+        let len = usize::try_from(len).ok().filter(|&l| l > 0 && l <= OWED_MAX)?;
+        let words =
+            (0..OWED_MAX / 8).map(|i| self.word(OWED_AT + 8 * (i + 1)).load(Ordering::Relaxed));
+        let mut bytes: Vec<u8> = words.flat_map(u64::to_le_bytes).collect();
+        bytes.truncate(len);
+        Some(bytes)
     }
 
     /// Writer: says it will write no more (its node is leaving).

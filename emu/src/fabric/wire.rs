@@ -69,7 +69,7 @@ pub(crate) struct Ack {
 }
 
 /// The bytes of an [`Ack`].
-const ACK_LEN: usize = 4 + 6 * 4;
+pub(crate) const ACK_LEN: usize = 4 + 6 * 4;
 
 impl Ack {
     pub(crate) fn encode(&self) -> [u8; ACK_LEN] {

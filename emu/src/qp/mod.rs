@@ -274,7 +274,7 @@ impl QpShared {
 
 impl QpShared {
     /// Before the QP goes: tells a connected peer in another process that this end closed.
-    fn part(&self, g: &QpInner) {
+    pub(crate) fn part(&self, g: &QpInner) {
         let connected = matches!(
             g.state,
             QpState::RTR | QpState::RTS | QpState::SQD | QpState::SQE | QpState::ERR

@@ -143,15 +143,17 @@ fn fabric_from_env() -> Option<Fabric> {
     Some(fabric)
 }
 
-/// At exit, lets the packets still queued for other processes (a final ACK, say) leave
-/// before the process and its queues are gone, within a bound, then takes the node's socket
-/// out of the fabric's directory.
+/// At exit, tells the peers of its connected QPs that they closed (as the kernel destroys an
+/// exiting process's QPs), lets the packets still queued for other processes (a final ACK,
+/// say) leave before the process and its queues are gone, within a bound, then takes the
+/// node's socket out of the fabric's directory.
 extern "C" fn flush_at_exit() {
     let _ = std::panic::catch_unwind(|| {
         // SAFETY: as in `instance`. (Not made now, at exit, if there is none of this
         // generation: a child's copy of its parent's has nothing of the child's to flush.)
         let Some(i) = (unsafe { INSTANCE.load(Ordering::Acquire).as_ref() }) else { return };
         if let Some(f) = i.fabric.as_ref().filter(|_| i.generation == rdma_emu::fork_generation()) {
+            f.part_at_exit();
             f.flush(std::time::Duration::from_secs(2));
             f.leave_at_exit();
         }

@@ -3,7 +3,10 @@
 // allreduce, halving-doubling allreduce, ring allgather and one-to-all broadcast from each
 // root in turn, a barrier after each round, and check every element of every result.
 //
-//   collectives RANK SIZE STORE_DIR ROUNDS
+//   collectives RANK SIZE STORE_DIR ROUNDS [sync]
+//
+// With `sync`, every pair busy-polls its CQ in the thread that waits (Gloo's synchronous
+// mode) instead of leaving completions to Gloo's event thread.
 //
 // Prints "ok" when every result was right; otherwise names the first wrong element and exits 1.
 
@@ -43,8 +46,8 @@ void check(bool ok, const char* what, int round, int i, int64_t got, int64_t wan
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 5) {
-    std::fprintf(stderr, "usage: %s RANK SIZE STORE_DIR ROUNDS\n", argv[0]);
+  if (argc != 5 && !(argc == 6 && std::string(argv[5]) == "sync")) {
+    std::fprintf(stderr, "usage: %s RANK SIZE STORE_DIR ROUNDS [sync]\n", argv[0]);
     return 2;
   }
   const int rank = std::atoi(argv[1]);
@@ -66,6 +69,9 @@ int main(int argc, char** argv) {
   gloo::rendezvous::PrefixStore store("collectives", files);
   auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
   context->connectFullMesh(store, dev);
+  if (argc == 6)
+    for (int i = 0; i < size; i++)
+      if (i != rank) context->getPair(i)->setSync(true, true);
 
   // Sizes off any power of two, so the ring's chunks are uneven. Each algorithm is made once
   // per size and run every round, as a training loop does. One size's algorithms are made
@@ -137,11 +143,20 @@ int main(int argc, char** argv) {
       set.barrier->run();
     }
   }
-  // Out without tearing Gloo down: its buffers' destructor (Debian's 2022 Gloo) aborts when
-  // the completion of an algorithm's last send, which no algorithm waits for, has not been
-  // handled yet (upstream made it a warning in 2025), and its pairs' destructors race with
-  // its own event thread. Neither is what this test checks.
+  // Every message a collective sends is one its peer waits for, so once every rank is done,
+  // nothing any rank sent is still on its way; until then a peer may still need what this
+  // rank sent last (in synchronous mode a receive is posted again only when its pair is
+  // polled, so the last barrier's SEND may still be waiting out an RNR NAK). Ranks say they
+  // are done in the store, off the fabric, and wait for all the others.
+  store.set("done/" + std::to_string(rank), {'1'});
+  std::vector<std::string> done;
+  for (int r = 0; r < size; r++) done.push_back("done/" + std::to_string(r));
+  store.wait(done);
+  // Out without tearing Gloo down (the kernel destroys what is left, as the process exits):
+  // its buffers' destructor (Debian's 2022 Gloo) aborts when the completion of an
+  // algorithm's last send, which no algorithm waits for, has not been handled yet (upstream
+  // made it a warning in 2025), and its pairs' destructors race with its own event thread.
+  // Neither is what this test checks.
   std::printf("ok\n");
-  std::fflush(stdout);
-  std::_Exit(0);
+  std::exit(0);
 }
