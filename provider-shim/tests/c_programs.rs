@@ -318,13 +318,19 @@ fn the_connection_manager_in_one_process_and_its_bad_input() {
 /// leave their parent reachable when they exit (see `tests/c/fork.c`).
 #[test]
 fn forked_children_are_processes_of_their_own_on_the_host_fabric() {
-    let exe = build("fork");
+    forking_c_program("fork");
+}
+
+/// [`c_program`] for a program whose processes fork (its children processes of their own):
+/// on a host fabric of its own under each profile.
+fn forking_c_program(name: &str) {
+    let exe = build(name);
     for profile in ["full", "rxe"] {
-        let fabric = common::Fabric::new("fork");
+        let fabric = common::Fabric::new(name);
         let mut cmd = Command::new(&exe);
         cmd.env("RDMA_EMU_PROFILE", profile).env("RDMA_EMU_FABRIC", &fabric.0);
         let out = run_on_shim(&mut cmd);
-        assert!(out.contains("fork ok"), "{profile}: {out}");
+        assert!(out.contains(&format!("{name} ok")), "{profile}: {out}");
     }
 }
 
@@ -344,14 +350,7 @@ fn rsockets_in_one_process_and_their_bad_input() {
 /// dies without exiting fails the peer's QP at once (see `tests/c/exit.c`).
 #[test]
 fn a_peer_that_exits_connected_leaves_the_qp_as_hardware_does_one_that_dies_fails_it() {
-    let exe = build("exit");
-    for profile in ["full", "rxe"] {
-        let fabric = common::Fabric::new("exit");
-        let mut cmd = Command::new(&exe);
-        cmd.env("RDMA_EMU_PROFILE", profile).env("RDMA_EMU_FABRIC", &fabric.0);
-        let out = run_on_shim(&mut cmd);
-        assert!(out.contains("exit ok"), "{profile}: {out}");
-    }
+    forking_c_program("exit");
 }
 
 #[test]
