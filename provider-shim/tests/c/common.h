@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define CHECK(c)                                                                        \
 	do {                                                                            \
@@ -115,10 +116,30 @@ static inline void setup_pair(struct ibv_device **list, struct side *a, struct s
 	connect_to(b, a);
 }
 
+/* Seconds on the monotonic clock. */
+static inline double now_s(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+/* How long a wait for a completion may last: a guard against a hang, not a measure. (A count
+ * of polls was no guard: an empty poll costs a few ns on a fast machine, and 10^8 of them
+ * ran out before a retry timer of 0.5 s.) */
+#define WAIT_LIMIT_S 30.0
+
+/* Whether a wait that began at `t0` (now_s) may go on; checks the clock every 1024th call. */
+static inline int waiting(double t0, long i)
+{
+	return (i & 1023) != 0 || now_s() - t0 < WAIT_LIMIT_S;
+}
+
 static inline struct ibv_wc wait_wc(struct ibv_cq *cq)
 {
 	struct ibv_wc wc;
-	for (long i = 0; i < 100000000L; i++) {
+	double t0 = now_s();
+	for (long i = 0; waiting(t0, i); i++) {
 		int n = ibv_poll_cq(cq, 1, &wc);
 		CHECK(n >= 0);
 		if (n == 1)

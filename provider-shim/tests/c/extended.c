@@ -33,10 +33,11 @@ static void setup_ex(struct side *s, struct ibv_device *dev)
 static void wait_ex(struct ibv_cq_ex *cx, uint64_t wr_id, enum ibv_wc_opcode op, uint32_t len)
 {
 	struct ibv_poll_cq_attr attr = { 0 };
+	double t0 = now_s();
 	long i = 0;
 
 	while (ibv_start_poll(cx, &attr) == ENOENT)
-		CHECK(++i < 100000000L);
+		CHECK(waiting(t0, ++i));
 	CHECK(cx->status == IBV_WC_SUCCESS && cx->wr_id == wr_id);
 	CHECK(ibv_wc_read_opcode(cx) == op && ibv_wc_read_byte_len(cx) == len);
 	ibv_end_poll(cx);

@@ -32,7 +32,8 @@ static struct tm_wc next_tm_wc(void)
 {
 	struct ibv_poll_cq_attr pa = { 0 };
 	struct tm_wc w;
-	for (long i = 0; i < 100000000L; i++) {
+	double t0 = now_s();
+	for (long i = 0; waiting(t0, i); i++) {
 		int rc = ibv_start_poll(rcq, &pa);
 		if (rc == ENOENT)
 			continue;
