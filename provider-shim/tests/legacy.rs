@@ -378,18 +378,7 @@ fn raw_ethernet_lat_pingpongs_every_frame_between_two_processes() {
     let client =
         side("--client", b, a).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     let (c_ok, c_out) = finish_or_dump(client, Duration::from_secs(60), "client", &[]);
-    let mut server = server.take();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let s_ok = loop {
-        if let Some(status) = server.try_wait().unwrap() {
-            break status.success();
-        }
-        if Instant::now() > deadline {
-            let _ = server.kill();
-            break false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let (s_ok, _) = finish(server.take(), Duration::from_secs(20), "server");
     let s_out = std::fs::read_to_string(&log).unwrap();
     let what = format!("--- client:\n{c_out}\n--- server:\n{s_out}");
     assert!(c_ok && s_ok, "{what}");

@@ -127,10 +127,15 @@ pub fn finish_or_dump(
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    // (Bytes: a program may print some that are not UTF-8, as dapltest does.)
+    // (Bytes: a program may print some that are not UTF-8, as dapltest does. A stream not
+    // piped, sent to a file, say, is not read here.)
     let mut bytes = Vec::new();
-    child.stdout.take().unwrap().read_to_end(&mut bytes).unwrap();
-    child.stderr.take().unwrap().read_to_end(&mut bytes).unwrap();
+    if let Some(mut out) = child.stdout.take() {
+        out.read_to_end(&mut bytes).unwrap();
+    }
+    if let Some(mut err) = child.stderr.take() {
+        err.read_to_end(&mut bytes).unwrap();
+    }
     let out = String::from_utf8_lossy(&bytes).into_owned();
     match status {
         Some(s) => (s.success(), out),
