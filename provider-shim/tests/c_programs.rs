@@ -7,31 +7,9 @@ use std::{path::Path, process::Command};
 
 /// Compiles `tests/c/<name>.c` and returns the executable's path.
 fn build(name: &str) -> std::path::PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c").join(format!("{name}.c"));
-    let out_dir = common::profile_dir().join("c-tests");
-    std::fs::create_dir_all(&out_dir).unwrap();
-    // Compiled under a name of its own, then renamed into place at once: tests running in
-    // parallel build the same program, and one must not run it while another writes it.
-    static BUILDS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let n = BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let (exe, built) =
-        (out_dir.join(name), out_dir.join(format!("{name}.{}.{n}", std::process::id())));
-    let cc = Command::new("cc")
-        .args(["-std=gnu11", "-O1", "-Wall", "-Werror"])
-        .arg(format!("-I{}", Path::new(env!("CARGO_MANIFEST_DIR")).join("include").display()))
-        .arg("-o")
-        .arg(&built)
-        .arg(&src)
-        .args(["-lrdmacm", "-libverbs"])
-        .output()
-        .expect("run cc");
-    assert!(
-        cc.status.success(),
-        "compiling {name}.c failed:\n{}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
-    std::fs::rename(&built, &exe).unwrap();
-    exe
+    let flags = ["-std=gnu11", "-O1", "-Wall", "-Werror"];
+    let libs = ["-lrdmacm", "-libverbs"];
+    common::compile("cc", &flags, &format!("c/{name}.c"), &libs, name, "libibverbs-dev")
 }
 
 /// Runs `cmd` on the shim through LD_LIBRARY_PATH; returns stdout, asserting success.

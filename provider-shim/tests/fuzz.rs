@@ -5,33 +5,24 @@
 //! `RDMA_EMU_FUZZ_CASES=100000 RDMA_EMU_FUZZ_SEED=$RANDOM cargo test --release -p rdma-emu-shim --test fuzz`.
 
 mod common;
-use std::{path::Path, process::Command};
+use std::process::Command;
 
-/// The fuzzer, compiled once per test binary (tests running at once must not write the
-/// executable while another runs it).
+/// The fuzzer, compiled once per test binary.
 fn build() -> std::path::PathBuf {
     static EXE: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
     EXE.get_or_init(compile).clone()
 }
 
 fn compile() -> std::path::PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz/verbs_fuzz.c");
-    let out_dir = common::profile_dir().join("c-tests");
-    std::fs::create_dir_all(&out_dir).unwrap();
-    let exe = out_dir.join("verbs_fuzz");
-    let cc = Command::new("cc")
-        .args(["-std=gnu11", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .arg("-libverbs")
-        .output()
-        .expect("run cc");
-    assert!(
-        cc.status.success(),
-        "compiling verbs_fuzz.c failed:\n{}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
-    exe
+    let flags = ["-std=gnu11", "-O1", "-g", "-Wall", "-Wextra", "-Werror"];
+    common::compile(
+        "cc",
+        &flags,
+        "fuzz/verbs_fuzz.c",
+        &["-libverbs"],
+        "verbs_fuzz",
+        "libibverbs-dev",
+    )
 }
 
 fn env_or(name: &str, default: u64) -> u64 {

@@ -166,32 +166,15 @@ impl Wrapper {
 
 /// Compiles `mpi`'s verifying program (`tests/mpi/verify.c` or `shmem.c`) with its compiler.
 fn mpi_verify_program(mpi: Wrapper) -> std::path::PathBuf {
-    // Built once per run of these tests, which run in parallel: built again under a test
-    // already starting it, the program was missing for a moment and mpirun could not start it.
+    // Built once per run of these tests, which run in parallel and share it.
     static EXE: [std::sync::OnceLock<std::path::PathBuf>; 3] =
         [const { std::sync::OnceLock::new() }; 3];
     EXE[mpi as usize]
         .get_or_init(|| {
             let (cc, package, source) = mpi.cc();
-            let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-            let out_dir = common::profile_dir().join("c-tests");
-            std::fs::create_dir_all(&out_dir).unwrap();
-            let (exe, built) = (
-                out_dir.join(format!("mpi-verify-{cc}")),
-                out_dir.join(format!("mpi-verify-{cc}.{}", std::process::id())),
-            );
-            let out = Command::new(cc)
-                .args(["-std=gnu11", "-O1", "-Wall", "-Werror", "-o"])
-                .arg(&built)
-                .arg(dir.join("tests/mpi").join(source))
-                .output()
-                .unwrap_or_else(|_| {
-                    panic!("{cc} is missing: install Debian's {package} (./ci.sh does)")
-                });
-            assert!(out.status.success(), "{cc}: {}", String::from_utf8_lossy(&out.stderr));
-            // In place at once for whoever else runs it (another run of these tests, say).
-            std::fs::rename(&built, &exe).unwrap();
-            exe
+            let flags = ["-std=gnu11", "-O1", "-Wall", "-Werror"];
+            let exe = format!("mpi-verify-{cc}");
+            common::compile(cc, &flags, &format!("mpi/{source}"), &[], &exe, package)
         })
         .clone()
 }
@@ -1237,7 +1220,14 @@ fn rpma_program() -> std::path::PathBuf {
     static EXE: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
     EXE.get_or_init(|| {
         let flags = ["-std=gnu11", "-O1", "-Wall", "-Werror"];
-        compiled("gcc", &flags, "rpma/rpma.c", &["-lrpma", "-libverbs"], "librpma-dev")
+        common::compile(
+            "gcc",
+            &flags,
+            "rpma/rpma.c",
+            &["-lrpma", "-libverbs"],
+            "rpma",
+            "librpma-dev",
+        )
     })
     .clone()
 }
@@ -1248,36 +1238,7 @@ fn gloo_program() -> std::path::PathBuf {
     EXE.get_or_init(|| {
         let flags = ["-std=c++17", "-O1", "-Wall", "-Werror"];
         let libs = ["-lgloo", "-libverbs", "-lpthread"];
-        compiled("g++", &flags, "gloo/collectives.cc", &libs, "libgloo-dev")
+        common::compile("g++", &flags, "gloo/collectives.cc", &libs, "collectives", "libgloo-dev")
     })
     .clone()
-}
-
-/// Compiles `tests/<source>` into the profile's `c-tests` folder; the program's path.
-fn compiled(
-    cc: &str,
-    flags: &[&str],
-    source: &str,
-    libs: &[&str],
-    package: &str,
-) -> std::path::PathBuf {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let out_dir = common::profile_dir().join("c-tests");
-    std::fs::create_dir_all(&out_dir).unwrap();
-    let name = std::path::Path::new(source).file_stem().unwrap();
-    let exe = out_dir.join(name);
-    let out = Command::new(cc)
-        .args(flags)
-        .arg("-o")
-        .arg(&exe)
-        .arg(dir.join("tests").join(source))
-        .args(libs)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{cc} (install Debian's {package}: ./ci.sh does): {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    exe
 }

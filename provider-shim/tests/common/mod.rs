@@ -64,6 +64,43 @@ pub fn lib_dir() -> PathBuf {
     dir
 }
 
+/// A test program of `tests/` compiled by `cc` (a C or C++ compiler, or an MPI wrapper) into
+/// the profile's `c-tests` folder as `exe`; its path. Compiled under a name of its own and
+/// renamed into place at once: tests running in parallel (or another run of them) may be
+/// running the program already, and must find it neither half-written nor missing. `package`
+/// is the Debian package that provides the compiler or the libraries.
+pub fn compile(
+    cc: &str,
+    flags: &[&str],
+    source: &str,
+    libs: &[&str],
+    exe: &str,
+    package: &str,
+) -> PathBuf {
+    static BUILDS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let out_dir = profile_dir().join("c-tests");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let (path, built) =
+        (out_dir.join(exe), out_dir.join(format!("{exe}.{}.{n}", std::process::id())));
+    let out = Command::new(cc)
+        .args(flags)
+        .arg(format!("-I{}", Path::new(env!("CARGO_MANIFEST_DIR")).join("include").display()))
+        .arg("-o")
+        .arg(&built)
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests").join(source))
+        .args(libs)
+        .output()
+        .unwrap_or_else(|e| panic!("{cc}: {e}: install Debian's {package} (./ci.sh does)"));
+    assert!(
+        out.status.success(),
+        "compiling {source} with {cc} failed (install Debian's {package}: ./ci.sh does):\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::rename(&built, &path).unwrap();
+    path
+}
+
 /// The connection manager's library as cargo builds it (`cargo build --workspace`).
 pub fn rdmacm_lib() -> PathBuf {
     let p = profile_dir().join("librdmacm.so");
