@@ -87,7 +87,8 @@ pub use crate::{
     fabric::{
         Fabric, FabricConfig, PortWatch,
         faults::{FaultAction, FaultRule, PacketClass},
-        host::{Flushed, HostDrops, fabric_dir, private_dir},
+        host::{Flushed, HostDrops, fabric_dir, private_dir, root_dirs_on_the_way},
+        trust::ROOT_DIRS_VAR,
         wire_port::WireDrops,
     },
     mem::RawMemory,

@@ -394,6 +394,7 @@ pub(crate) fn pidfd_exited(pidfd: RawFd) -> bool {
 /// A file's owner, mode bits, modification time and inode, by descriptor.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Stat {
+    pub(crate) dev: u64,
     pub(crate) uid: u32,
     pub(crate) mode: u32,
     pub(crate) mtime: (i64, i64),
@@ -409,7 +410,8 @@ pub(crate) fn fstat(fd: RawFd) -> io::Result<Stat> {
         return Err(io::Error::last_os_error());
     }
     let mtime = (st.st_mtime, st.st_mtime_nsec);
-    Ok(Stat { uid: st.st_uid, mode: st.st_mode, mtime, ino: st.st_ino, size: st.st_size as u64 })
+    let (uid, mode, ino, size) = (st.st_uid, st.st_mode, st.st_ino, st.st_size as u64);
+    Ok(Stat { dev: st.st_dev, uid, mode, mtime, ino, size })
 }
 
 /// Opens the directory `name` in the directory `at` (or the root, for `None`) without

@@ -477,3 +477,104 @@ fn pairs_killed_mid_transfer_round_after_round_leave_a_working_fabric_and_no_soc
     assert!(c_ok && s_ok && c_out.contains("50 iters in"), "{c_out}\n{s_out}");
     assert_eq!(sockets(&fabric), Vec::<String>::new(), "sockets left behind");
 }
+
+/// A user other than root, as `rdma-emu run` meets one: the program runs in a user namespace
+/// of its own (only the user's own id mapped), where root's directories on the way to the
+/// host fabric (`/`, `/tmp`) show as the overflow id, as another user's would; the fabric must
+/// still be joined. Two such processes, each in a namespace of its own (so neither may read
+/// the other's memory by system call), must still move and check every byte:
+/// `ibv_rc_pingpong --chk` with 100,000-byte messages in memory that is not page-aligned,
+/// and rping's verified pings through the connection manager. Run as root (as CI is), the
+/// programs run as an unprivileged id (through `setpriv`), from copies of the binaries in a
+/// directory of that id's.
+#[test]
+fn a_user_other_than_root_meets_its_peers_on_the_host_fabric_from_its_namespace() {
+    use std::os::unix::fs::{PermissionsExt, chown};
+    const LIMIT: Duration = Duration::from_secs(60);
+    // SAFETY: getuid cannot fail.
+    let me = unsafe { libc::getuid() };
+    let uid = if me == 0 { 64_321 } else { me };
+    struct Home(std::path::PathBuf);
+    impl Drop for Home {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let home = Home(std::env::temp_dir().join(format!("rdma-emu-user-{}", std::process::id())));
+    std::fs::create_dir_all(&home.0).unwrap();
+    std::fs::set_permissions(&home.0, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let (exe, lib) = if me == 0 {
+        let lib = common::cdylib();
+        let built = [env!("CARGO_BIN_EXE_rdma-emu").into(), lib.clone(), common::rdmacm_lib()];
+        for from in &built {
+            let to = home.0.join(from.file_name().unwrap());
+            std::fs::copy(from, &to).unwrap();
+            chown(&to, Some(uid), Some(uid)).unwrap();
+        }
+        (home.0.join("rdma-emu"), home.0.join(lib.file_name().unwrap()))
+    } else {
+        (env!("CARGO_BIN_EXE_rdma-emu").into(), common::cdylib())
+    };
+    chown(&home.0, Some(uid), Some(uid)).unwrap();
+    let fabric = home.0.join("fabric");
+    let run = |args: &[&str]| {
+        let mut c = Command::new(if me == 0 { "setpriv".as_ref() } else { exe.as_os_str() });
+        if me == 0 {
+            c.args([format!("--reuid={uid}"), format!("--regid={uid}"), "--clear-groups".into()]);
+            c.arg(&exe);
+        }
+        c.env("RDMA_EMU_LIB", &lib).env("RDMA_EMU_RUNTIME_DIR", &home.0);
+        c.env_remove("LD_LIBRARY_PATH").env_remove("XDG_RUNTIME_DIR");
+        c.args(["run", "--fabric", fabric.to_str().unwrap(), "--"]).args(args);
+        c.stdout(Stdio::piped()).stderr(Stdio::piped());
+        c
+    };
+    // Where this machine lets the user make namespaces, the program must have run in one.
+    let mut unshare = Command::new(if me == 0 { "setpriv" } else { "unshare" });
+    if me == 0 {
+        unshare.args([format!("--reuid={uid}"), format!("--regid={uid}"), "--clear-groups".into()]);
+        unshare.arg("unshare");
+    }
+    let namespaces = unshare.args(["--user", "true"]).output().unwrap().status.success();
+    let (ok, view) = finish(run(&["ls", "/dev/infiniband"]).spawn().unwrap(), LIMIT, "ls");
+    assert!(ok, "{view}");
+    if namespaces {
+        assert!(view.contains("uverbs0"), "the program runs in the devices' view: {view}");
+    } else {
+        eprintln!("user namespaces are not allowed here: the programs ran without one");
+    }
+
+    let port = free_port();
+    let p = port.to_string();
+    let args = ["-c", "-s", "100000", "-n", "200", "-p", &p];
+    let server = run(&[&["ibv_rc_pingpong"], &args[..]].concat()).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !listening(port) {
+        assert!(Instant::now() < deadline, "the pingpong server never listened on {port}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let client = run(&[&["ibv_rc_pingpong"], &args[..], &["localhost"]].concat()).spawn();
+    let (c_ok, c_out) = finish_or_dump(client.unwrap(), LIMIT, "client", &[&server]);
+    let (s_ok, s_out) = finish(server, LIMIT, "server");
+    assert!(c_ok && s_ok && c_out.contains("200 iters in"), "{c_out}\n--- server:\n{s_out}");
+
+    let port = free_port();
+    let p = port.to_string();
+    let args = ["-a", "127.0.0.1", "-p", &p, "-C", "20", "-V", "-S", "100"];
+    let server = run(&[&["rping", "-s"], &args[..]].concat()).spawn().unwrap();
+    // Listening once its port's file in the fabric's directory says so.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let cm_file = fabric.join(format!("cm-106-{port}"));
+    while !std::fs::read_to_string(&cm_file).is_ok_and(|t| t.contains("listen")) {
+        assert!(Instant::now() < deadline, "rping's server never listened on {port}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let client = run(&[&["rping", "-c", "-v"], &args[..]].concat()).spawn().unwrap();
+    let (c_ok, c_out) = finish(client, LIMIT, "rping client");
+    let (s_ok, s_out) = finish(server, LIMIT, "rping server");
+    assert!(
+        common::rping_pair_done((c_ok, &c_out), (s_ok, &s_out)),
+        "--- client:\n{c_out}\n--- server:\n{s_out}"
+    );
+    assert_eq!(c_out.matches("ping data: rdma-ping-").count(), 20, "{c_out}");
+}

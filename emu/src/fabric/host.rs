@@ -47,7 +47,7 @@ use super::{
     FabricInner,
     exports::{self, Exports, PeerExports},
     ring::{self, Marks, Read, Record, Ring, Written},
-    trust::{FabricDir, Location},
+    trust::{self, FabricDir, Location},
     wire,
     wire::{Control, Encoded, Message, Refused},
 };
@@ -168,6 +168,24 @@ pub fn private_dir(name: &str) -> io::Result<PathBuf> {
     let loc = Location::of(name);
     FabricDir::open(&loc)?;
     Ok(loc.path())
+}
+
+/// What `rdma-emu run` puts in [`ROOT_DIRS_VAR`](trust::ROOT_DIRS_VAR) for a program it runs
+/// in a user namespace of its own: the directories of root's on the way to the host fabric
+/// `name` and to those named relative to the runtime directory (a program may pick another
+/// fabric by name), so that the program can check them (see `trust`).
+pub fn root_dirs_on_the_way(name: &str) -> io::Result<String> {
+    let mut pairs = trust::root_dirs(&Location::of(name))?;
+    let relative = trust::root_dirs(&Location::of("default"))?;
+    for pair in relative.split(',').filter(|p| !p.is_empty()) {
+        if !pairs.split(',').any(|p| p == pair) {
+            if !pairs.is_empty() {
+                pairs.push(',');
+            }
+            pairs.push_str(pair);
+        }
+    }
+    Ok(pairs)
 }
 
 /// What a node refused to take from its peers, by kind (see [`Fabric::host_drops`]).

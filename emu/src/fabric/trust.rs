@@ -12,7 +12,10 @@
 //!   ours); the fabric's directory must be this user's and writable only by them. A
 //!   directory that another user created first, or a symbolic link in the way, is refused.
 //!   From then on, every file of the fabric is reached through the directory's descriptor, so
-//!   a rename of a parent afterwards does not redirect us.
+//!   a rename of a parent afterwards does not redirect us. A program that `rdma-emu run` put
+//!   in a user namespace of its own (a user other than root: only their own id is mapped
+//!   there) sees root's directories as the overflow id, as it would any other user's; for
+//!   those, the launcher vouches ([`ROOT_DIRS_VAR`]).
 //! - **The peers.** A node's socket asks the kernel for each sender's credentials
 //!   (`SO_PASSCRED`); a datagram from another user is dropped and counted, whatever it says.
 //!   The process id that comes with a ring names the only process a payload of that ring may
@@ -212,7 +215,8 @@ fn check(fd: &OwnedFd, path: &Path, me: u32, rule: Rule) -> io::Result<()> {
     let st = sys::fstat(fd.as_raw_fd())?;
     let others_write = st.mode & 0o022 != 0;
     let sticky = st.mode & libc::S_ISVTX != 0;
-    let owner_ok = st.uid == me || (rule == Rule::OnTheWay && st.uid == 0);
+    let root = st.uid == 0 || vouched_root(&st);
+    let owner_ok = st.uid == me || (rule == Rule::OnTheWay && root);
     if !owner_ok {
         let whose = if rule == Rule::Fabric { "this user" } else { "root or this user" };
         return Err(refused(
@@ -225,6 +229,42 @@ fn check(fd: &OwnedFd, path: &Path, me: u32, rule: Rule) -> io::Result<()> {
         return Err(refused(path, why.into()));
     }
     Ok(())
+}
+
+/// The variable in which `rdma-emu run`, before it enters a user namespace for the program it
+/// runs, names the directories on the way to the host fabric that belong to root, as
+/// `dev:ino` pairs (comma-separated), as it saw them outside. Inside, where only the user's
+/// own id is mapped, root's directories show as the overflow id, as any other user's would,
+/// and the walk could not tell `/` or `/tmp` from a directory another user controls. The
+/// pairs stay true: another user can neither remove a directory of root's (so that its
+/// number names a directory of theirs) nor change its owner.
+pub const ROOT_DIRS_VAR: &str = "RDMA_EMU_ROOT_DIRS";
+
+/// Whether `st` shows the overflow id for a directory that [`ROOT_DIRS_VAR`] says is root's.
+fn vouched_root(st: &sys::Stat) -> bool {
+    let overflow = std::fs::read_to_string("/proc/sys/kernel/overflowuid")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(65534);
+    let me = format!("{}:{}", st.dev, st.ino);
+    st.uid == overflow
+        && std::env::var(ROOT_DIRS_VAR).is_ok_and(|v| v.split(',').any(|pair| pair == me))
+}
+
+/// The directories on the way to `loc` that exist and belong to root, as [`ROOT_DIRS_VAR`]
+/// lists them.
+pub(crate) fn root_dirs(loc: &Location) -> io::Result<String> {
+    use std::os::unix::fs::MetadataExt;
+    let base = std::path::absolute(&loc.base)?;
+    let canon = std::fs::canonicalize(split_existing(&base).0)?;
+    let mut pairs = Vec::new();
+    for dir in canon.ancestors() {
+        let m = std::fs::symlink_metadata(dir)?;
+        if m.is_dir() && m.uid() == 0 {
+            pairs.push(format!("{}:{}", m.dev(), m.ino()));
+        }
+    }
+    Ok(pairs.join(","))
 }
 
 fn refused(path: &Path, why: String) -> io::Error {
@@ -292,6 +332,19 @@ mod test {
         d.remove("2.lock").unwrap();
         d.remove("2.lock").unwrap();
         std::fs::remove_dir_all(&top).unwrap();
+    }
+
+    #[test]
+    fn test_roots_directories_on_the_way_are_named_by_device_and_inode() {
+        use std::os::unix::fs::MetadataExt;
+        let pair = |p: &str| {
+            let m = std::fs::metadata(p).unwrap();
+            format!("{}:{}", m.dev(), m.ino())
+        };
+        // The part of the way that exists (`/tmp`, `/`), not what is missing beyond.
+        let named = root_dirs(&Location::of("/tmp/rdma-emu-no-such-dir/fab")).unwrap();
+        let named: Vec<&str> = named.split(',').collect();
+        assert_eq!(named, [pair("/tmp"), pair("/")], "root's /tmp and /, nearest first");
     }
 
     #[test]

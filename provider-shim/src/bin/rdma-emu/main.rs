@@ -195,7 +195,7 @@ fn run(opts: Opts, argv: Vec<String>) -> Result<ExitCode, String> {
     // Written now, so that a step that looks before any verbs program has run (`ls
     // /sys/class/infiniband`) finds the devices; the library rewrites it when it lists them.
     let cfg = fabric_config(&opts);
-    let devices = cfg.devices;
+    let (devices, cfg_host) = (cfg.devices, cfg.host.clone());
     // (No packet trace, faults or wire sockets: this fabric only describes the devices; a
     // wire port's address is in its GID table.)
     let mut addresses = cfg.addresses.clone();
@@ -208,6 +208,13 @@ fn run(opts: Opts, argv: Vec<String>) -> Result<ExitCode, String> {
         .map_err(|e| format!("the devices' sysfs tree: {e}"))?;
     drop(fabric);
     let wanted = std::env::var("RDMA_EMU_NAMESPACE").map_or(true, |v| v != "0");
+    // Inside a user namespace, root's directories on the way to the host fabric show as the
+    // overflow id: say which they are while their owner can still be seen.
+    if wanted && let Some(name) = &cfg_host {
+        let dirs = rdma_emu::root_dirs_on_the_way(name)
+            .map_err(|e| format!("the host fabric's directory: {e}"))?;
+        cmd.env(rdma_emu::ROOT_DIRS_VAR, dirs);
+    }
     if wanted && view::enter(&tree, devices).map_err(|e| format!("the devices' view: {e}"))? {
         cmd.env("RDMA_EMU_SYSFS_MOUNTED", "1");
     }
