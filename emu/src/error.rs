@@ -87,6 +87,14 @@ pub struct Error {
 }
 
 impl Error {
+    /// A registration refused because it would lock more memory than `RLIMIT_MEMLOCK` allows,
+    /// as the kernel refuses it to a process without `CAP_IPC_LOCK` (`ENOMEM`).
+    pub const MEMLOCK: Error = Error::new(
+        Errno::ENOMEM,
+        "registration past RLIMIT_MEMLOCK (the process lacks CAP_IPC_LOCK): raise `ulimit -l`, \
+         or set RDMA_EMU_MEMLOCK=off",
+    );
+
     /// An error with `errno` and a static explanation.
     pub const fn new(errno: Errno, reason: &'static str) -> Error {
         Error { errno, reason }

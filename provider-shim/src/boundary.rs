@@ -21,8 +21,38 @@ macro_rules! ffi {
 }
 pub(crate) use ffi;
 
+/// Says once per process why a registration failed with `ENOMEM` past `RLIMIT_MEMLOCK`: the
+/// program (UCX, libfabric) reports only the errno, or asks for an unlimited `ulimit -l`,
+/// which a user without root cannot give; the emulator can be told not to charge.
+fn memlock_refused() {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| {
+        let kib = memlock_kib();
+        eprintln!(
+            "rdma-emu: a memory registration was refused (ENOMEM): it would lock more than \
+             RLIMIT_MEMLOCK ({kib} KiB) allows, as the kernel refuses a process without \
+             CAP_IPC_LOCK; raise `ulimit -l`, or set RDMA_EMU_MEMLOCK=off"
+        );
+    });
+}
+
+/// The soft `RLIMIT_MEMLOCK` in KiB, as `ulimit -l` shows it.
+fn memlock_kib() -> String {
+    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: `r` is a live, writable rlimit.
+    let ok = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) } == 0;
+    match ok.then_some(r.rlim_cur) {
+        Some(libc::RLIM_INFINITY) => "unlimited".into(),
+        Some(bytes) => (bytes / 1024).to_string(),
+        None => "?".into(),
+    }
+}
+
 /// For create verbs: NULL with `errno` set from the error.
 pub(crate) fn null_with<T>(e: rdma_emu::Error) -> *mut T {
+    if e == rdma_emu::Error::MEMLOCK {
+        memlock_refused();
+    }
     set_errno(e.errno().raw());
     std::ptr::null_mut()
 }

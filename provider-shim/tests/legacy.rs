@@ -484,7 +484,8 @@ fn pairs_killed_mid_transfer_round_after_round_leave_a_working_fabric_and_no_soc
 /// still be joined. Two such processes, each in a namespace of its own (so neither may read
 /// the other's memory by system call), must still move and check every byte:
 /// `ibv_rc_pingpong --chk` with 100,000-byte messages in memory that is not page-aligned,
-/// and rping's verified pings through the connection manager. Run as root (as CI is), the
+/// and rping's verified pings through the connection manager; a registration past its
+/// `RLIMIT_MEMLOCK` fails with a word on how to lift it. Run as root (as CI is), the
 /// programs run as an unprivileged id (through `setpriv`), from copies of the binaries in a
 /// directory of that id's.
 #[test]
@@ -557,6 +558,14 @@ fn a_user_other_than_root_meets_its_peers_on_the_host_fabric_from_its_namespace(
     let (c_ok, c_out) = finish_or_dump(client.unwrap(), LIMIT, "client", &[&server]);
     let (s_ok, s_out) = finish(server, LIMIT, "server");
     assert!(c_ok && s_ok && c_out.contains("200 iters in"), "{c_out}\n--- server:\n{s_out}");
+
+    // Without CAP_IPC_LOCK, a registration past RLIMIT_MEMLOCK fails as the kernel fails it,
+    // and the library says once how to lift the limit (the program reports only the errno).
+    let p = free_port().to_string();
+    let big = ["prlimit", "--memlock=8388608", "ibv_rc_pingpong", "-s", "16777216", "-p", &p];
+    let (ok, out) = finish(run(&big).spawn().unwrap(), LIMIT, "pingpong past the limit");
+    assert!(!ok && out.contains("Couldn't register MR"), "{out}");
+    assert_eq!(out.matches("RDMA_EMU_MEMLOCK=off").count(), 1, "{out}");
 
     let port = free_port();
     let p = port.to_string();

@@ -11,7 +11,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::error::{Errno, Error, Result};
+use crate::error::{Error, Result};
 
 /// Pages charged by live registrations of this process.
 static PINNED_PAGES: AtomicU64 = AtomicU64::new(0);
@@ -33,11 +33,7 @@ impl Charge {
         let over = crate::sys::memlock_limit().is_some_and(|bytes| now > bytes / page);
         if over && !crate::sys::can_lock_memory() {
             PINNED_PAGES.fetch_sub(pages, Ordering::AcqRel);
-            return Err(Error::new(
-                Errno::ENOMEM,
-                "registration past RLIMIT_MEMLOCK (the process lacks CAP_IPC_LOCK): raise \
-                 `ulimit -l`, or set RDMA_EMU_MEMLOCK=off",
-            ));
+            return Err(Error::MEMLOCK);
         }
         Ok(Charge(pages))
     }
