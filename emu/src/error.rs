@@ -95,6 +95,14 @@ impl Error {
          or set RDMA_EMU_MEMLOCK=off",
     );
 
+    /// A raw packet QP or a flow steering rule asked for by a process without `CAP_NET_RAW`,
+    /// which the kernel's verbs refuse (`EPERM`).
+    pub const NET_RAW: Error = Error::new(
+        Errno::EPERM,
+        "raw packet QPs and flow rules take CAP_NET_RAW, as in the kernel: run with it, or set \
+         RDMA_EMU_NET_RAW=anyone",
+    );
+
     /// An error with `errno` and a static explanation.
     pub const fn new(errno: Errno, reason: &'static str) -> Error {
         Error { errno, reason }

@@ -648,11 +648,19 @@ pub(crate) fn memlock_limit() -> Option<u64> {
     (ok && r.rlim_cur != libc::RLIM_INFINITY).then_some(r.rlim_cur)
 }
 
-/// Whether this process's effective capabilities hold `CAP_IPC_LOCK` (which lifts
-/// `RLIMIT_MEMLOCK` for the kernel's memory pinning).
+/// The capability that lifts `RLIMIT_MEMLOCK` for the kernel's memory pinning.
+pub(crate) const CAP_IPC_LOCK: u32 = 14;
+/// The capability the kernel's verbs ask of raw packet QPs and flow steering rules.
+pub(crate) const CAP_NET_RAW: u32 = 13;
+
+/// Whether this process's effective capabilities hold `CAP_IPC_LOCK`.
 pub(crate) fn can_lock_memory() -> bool {
+    has_capability(CAP_IPC_LOCK)
+}
+
+/// Whether this process's effective capabilities hold capability number `cap` (below 32).
+pub(crate) fn has_capability(cap: u32) -> bool {
     const CAPABILITY_VERSION_3: u32 = 0x2008_0522;
-    const CAP_IPC_LOCK: u32 = 14;
     #[repr(C)]
     struct Header {
         version: u32,
@@ -670,7 +678,7 @@ pub(crate) fn can_lock_memory() -> bool {
     // SAFETY: capget reads the header and writes two data structs (version 3's layout), all
     // of which live across the call.
     let rc = unsafe { libc::syscall(libc::SYS_capget, &mut h, d.as_mut_ptr()) };
-    rc == 0 && d[0].effective & (1 << CAP_IPC_LOCK) != 0
+    rc == 0 && d[0].effective & (1 << cap) != 0
 }
 
 /// The host's page size.

@@ -29,6 +29,67 @@ fn raw_packet_qps_need_the_full_profile_on_ethernet() {
     assert_eq!(n.pd.create_qp(&init).unwrap_err().errno(), Errno::EINVAL);
 }
 
+/// This thread's effective capabilities (capabilities are per thread: tests beside it keep
+/// theirs), as capget(2)/capset(2) hold them: version 3's two words.
+fn effective_caps() -> ([u32; 3], [u32; 3]) {
+    let mut h = [0x2008_0522u32, 0];
+    let mut d = [[0u32; 3]; 2];
+    // SAFETY: the header and two data structs (effective, permitted, inheritable) live across
+    // the call, which writes only them.
+    assert_eq!(unsafe { libc::syscall(libc::SYS_capget, h.as_mut_ptr(), d.as_mut_ptr()) }, 0);
+    (d[0], d[1])
+}
+
+fn set_caps(d: ([u32; 3], [u32; 3])) {
+    let mut h = [0x2008_0522u32, 0];
+    let d = [d.0, d.1];
+    // SAFETY: as above; capset only reads them.
+    assert_eq!(unsafe { libc::syscall(libc::SYS_capset, h.as_mut_ptr(), d.as_ptr()) }, 0);
+}
+
+const CAP_NET_RAW: u32 = 13;
+
+/// Raw packet QPs and flow rules take `CAP_NET_RAW`, as the kernel's verbs ask for it (before
+/// the device sees the request: `EPERM` on the rxe profile too); a fabric made with
+/// `raw_needs_cap: false` (`RDMA_EMU_NET_RAW=anyone`) lets anyone make them. Where this test
+/// holds the capability (root, as in CI) it drops it from this thread's effective set and
+/// raises it again.
+#[test]
+fn raw_packet_qps_and_flow_rules_take_cap_net_raw() {
+    let saved = effective_caps();
+    let held = saved.0[0] & (1 << CAP_NET_RAW) != 0;
+    let (fabric, rxe) =
+        (eth_fabric(), Fabric::new(FabricConfig { profile: Profile::Rxe, ..Default::default() }));
+    let devs = fabric.devices();
+    let a = held.then(|| raw_node(&devs[0], 0));
+    if let Some(a) = &a {
+        a.qp.create_flow(&mac_rule(MAC_A, 0)).unwrap();
+        let mut lowered = saved;
+        lowered.0[0] &= !(1 << CAP_NET_RAW);
+        set_caps(lowered);
+    }
+    let raw = |n: &Node| n.pd.create_qp(&QpInitAttr::new(QpType::RAW_PACKET, &n.cq, cap(4)));
+    for dev in [&devs[0], &rxe.devices()[0]] {
+        let e = raw(&node_on(dev, 64)).unwrap_err();
+        assert_eq!((e.errno(), e), (Errno::EPERM, Error::NET_RAW));
+    }
+    if let Some(a) = &a {
+        let e = a.qp.create_flow(&mac_rule(MAC_B, 0)).unwrap_err();
+        assert_eq!(e.errno(), Errno::EPERM);
+    }
+    let anyone = Fabric::new(FabricConfig {
+        link_layer: LinkLayer::ETHERNET,
+        raw_needs_cap: false,
+        ..Default::default()
+    });
+    let b = raw_node(&anyone.devices()[0], 0);
+    b.qp.create_flow(&mac_rule(MAC_B, 0)).unwrap();
+    if held {
+        set_caps(saved);
+        raw(&node_on(&devs[1], 64)).unwrap();
+    }
+}
+
 #[test]
 fn frames_reach_the_qps_whose_flows_match_them_whole() {
     let fabric = eth_fabric();

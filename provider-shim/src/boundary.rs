@@ -21,19 +21,30 @@ macro_rules! ffi {
 }
 pub(crate) use ffi;
 
-/// Says once per process why a registration failed with `ENOMEM` past `RLIMIT_MEMLOCK`: the
-/// program (UCX, libfabric) reports only the errno, or asks for an unlimited `ulimit -l`,
-/// which a user without root cannot give; the emulator can be told not to charge.
-fn memlock_refused() {
-    static SAID: std::sync::Once = std::sync::Once::new();
-    SAID.call_once(|| {
-        let kib = memlock_kib();
-        eprintln!(
-            "rdma-emu: a memory registration was refused (ENOMEM): it would lock more than \
-             RLIMIT_MEMLOCK ({kib} KiB) allows, as the kernel refuses a process without \
-             CAP_IPC_LOCK; raise `ulimit -l`, or set RDMA_EMU_MEMLOCK=off"
-        );
-    });
+/// Says once per process why a registration failed with `ENOMEM` past `RLIMIT_MEMLOCK`, or
+/// a raw packet QP or flow rule with `EPERM` for want of `CAP_NET_RAW`: the program (UCX,
+/// libfabric, perftest) reports only the errno, or asks for an unlimited `ulimit -l`, which a
+/// user without root cannot give; the emulator can be told to let them.
+fn explain(e: &rdma_emu::Error) {
+    static MEMLOCK: std::sync::Once = std::sync::Once::new();
+    static NET_RAW: std::sync::Once = std::sync::Once::new();
+    if *e == rdma_emu::Error::MEMLOCK {
+        MEMLOCK.call_once(|| {
+            eprintln!(
+                "rdma-emu: a memory registration was refused (ENOMEM): it would lock more \
+                 than RLIMIT_MEMLOCK ({} KiB) allows, as the kernel refuses a process without \
+                 CAP_IPC_LOCK; raise `ulimit -l`, or set RDMA_EMU_MEMLOCK=off",
+                memlock_kib()
+            )
+        });
+    } else if *e == rdma_emu::Error::NET_RAW {
+        NET_RAW.call_once(|| {
+            eprintln!(
+                "rdma-emu: a raw packet QP or flow rule was refused (EPERM): the kernel's \
+                 verbs ask for CAP_NET_RAW; run with it, or set RDMA_EMU_NET_RAW=anyone"
+            )
+        });
+    }
 }
 
 /// The soft `RLIMIT_MEMLOCK` in KiB, as `ulimit -l` shows it.
@@ -50,9 +61,7 @@ fn memlock_kib() -> String {
 
 /// For create verbs: NULL with `errno` set from the error.
 pub(crate) fn null_with<T>(e: rdma_emu::Error) -> *mut T {
-    if e == rdma_emu::Error::MEMLOCK {
-        memlock_refused();
-    }
+    explain(&e);
     set_errno(e.errno().raw());
     std::ptr::null_mut()
 }

@@ -485,7 +485,8 @@ fn pairs_killed_mid_transfer_round_after_round_leave_a_working_fabric_and_no_soc
 /// the other's memory by system call), must still move and check every byte:
 /// `ibv_rc_pingpong --chk` with 100,000-byte messages in memory that is not page-aligned,
 /// and rping's verified pings through the connection manager; a registration past its
-/// `RLIMIT_MEMLOCK` fails with a word on how to lift it. Run as root (as CI is), the
+/// `RLIMIT_MEMLOCK`, and a raw packet QP without `CAP_NET_RAW`, fail as in the kernel with a
+/// word on how to let them. Run as root (as CI is), the
 /// programs run as an unprivileged id (through `setpriv`), from copies of the binaries in a
 /// directory of that id's.
 #[test]
@@ -566,6 +567,35 @@ fn a_user_other_than_root_meets_its_peers_on_the_host_fabric_from_its_namespace(
     let (ok, out) = finish(run(&big).spawn().unwrap(), LIMIT, "pingpong past the limit");
     assert!(!ok && out.contains("Couldn't register MR"), "{out}");
     assert_eq!(out.matches("RDMA_EMU_MEMLOCK=off").count(), 1, "{out}");
+
+    // Raw packet QPs and flow rules take CAP_NET_RAW, as the kernel's verbs require: the
+    // library says once how to let anyone make them, and then they work.
+    let mut raw = common::compile(
+        "cc",
+        &["-std=gnu11", "-O1", "-Wall", "-Werror"],
+        "c/raw.c",
+        &["-lrdmacm", "-libverbs"],
+        "raw",
+        "libibverbs-dev",
+    );
+    if me == 0 {
+        let to = home.0.join("raw");
+        std::fs::copy(&raw, &to).unwrap();
+        chown(&to, Some(uid), Some(uid)).unwrap();
+        raw = to;
+    }
+    let raw_run = |anyone: bool| {
+        let mut c = run(&[raw.to_str().unwrap()]);
+        c.env("RDMA_EMU_PROFILE", "full").env("RDMA_EMU_LINK_LAYER", "ethernet");
+        if anyone {
+            c.env("RDMA_EMU_NET_RAW", "anyone");
+        }
+        finish(c.spawn().unwrap(), LIMIT, "raw")
+    };
+    let (ok, out) = raw_run(false);
+    assert!(!ok && out.matches("RDMA_EMU_NET_RAW=anyone").count() == 1, "{out}");
+    let (ok, out) = raw_run(true);
+    assert!(ok && out.contains("raw ok"), "{out}");
 
     let port = free_port();
     let p = port.to_string();

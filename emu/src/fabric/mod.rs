@@ -85,6 +85,10 @@ pub struct FabricConfig {
     /// kernel does (`ENOMEM` past it without `CAP_IPC_LOCK`; see `objects::pinned`). On by
     /// default; `RDMA_EMU_MEMLOCK=off` turns it off.
     pub memlock: bool,
+    /// Creating a raw packet QP or a flow steering rule takes `CAP_NET_RAW`, as the kernel's
+    /// verbs require (`EPERM` without it). On by default; `RDMA_EMU_NET_RAW=anyone` lets any
+    /// process make them.
+    pub raw_needs_cap: bool,
     /// On the host fabric, the whole pages of application memory an MR spans (of 64 KiB or
     /// more, or any with remote write access) move into shared memory at the same addresses
     /// when it is registered (back at deregistration, and
@@ -116,6 +120,7 @@ impl Default for FabricConfig {
             express: true,
             host_pull_min: host::PULL_MIN,
             memlock: true,
+            raw_needs_cap: true,
             share_mr: true,
             wire: Vec::new(),
         }
@@ -191,6 +196,7 @@ impl FabricConfig {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(host::PULL_MIN),
             memlock: var("RDMA_EMU_MEMLOCK").is_none_or(|v| v != "off" && v != "0"),
+            raw_needs_cap: var("RDMA_EMU_NET_RAW").is_none_or(|v| v != "anyone"),
             share_mr: var("RDMA_EMU_SHARE_MR").is_none_or(|v| v != "off" && v != "0"),
             host,
             ..Default::default()
@@ -238,6 +244,8 @@ pub(crate) struct FabricInner {
     pub(crate) detours: Detours,
     /// See [`FabricConfig::memlock`].
     pub(crate) memlock: bool,
+    /// See [`FabricConfig::raw_needs_cap`].
+    pub(crate) raw_needs_cap: bool,
     /// Whether registered memory moves into shared memory ([`FabricConfig::share_mr`] on a
     /// host fabric).
     pub(crate) share_mr: bool,
@@ -258,6 +266,15 @@ impl std::fmt::Debug for Watcher {
 }
 
 impl FabricInner {
+    /// `EPERM` unless this process may make raw packet QPs and flow rules (see
+    /// [`FabricConfig::raw_needs_cap`]).
+    pub(crate) fn may_use_raw(&self) -> crate::Result<()> {
+        if self.raw_needs_cap && !crate::sys::has_capability(crate::sys::CAP_NET_RAW) {
+            return Err(crate::Error::NET_RAW);
+        }
+        Ok(())
+    }
+
     /// Registers a QP and returns its fabric-wide unique number (next-fit, as rxe's index
     /// allocator: numbers are not reused until the space wraps). On a host fabric the
     /// numbers carry this node's slot, and the first QP joins it.
@@ -668,6 +685,7 @@ impl Fabric {
             cq_events: Default::default(),
             detours: Detours::new(!cfg.express, cfg.pcap.is_some(), cfg.seed.is_some()),
             memlock: cfg.memlock,
+            raw_needs_cap: cfg.raw_needs_cap,
             share_mr: cfg.share_mr && cfg.host.is_some(),
             wire: OnceLock::new(),
             this: this.clone(),

@@ -261,6 +261,7 @@ impl Flow {
         if !dev.attr.has_raw_packet() {
             return Err(Error::new(Errno::EOPNOTSUPP, "the device has no flow steering"));
         }
+        q.ctx.fabric.may_use_raw()?;
         match q.qp_type {
             QpType::RAW_PACKET => {}
             QpType::UD => {

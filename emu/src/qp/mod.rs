@@ -545,6 +545,10 @@ impl Qp {
         let ctx = &pd.0.ctx;
         let dev = &ctx.device;
         let mut init = *init;
+        // The kernel asks for the capability before the device sees the request.
+        if init.qp_type == QpType::RAW_PACKET {
+            ctx.fabric.may_use_raw()?;
+        }
         match init.qp_type {
             QpType::RC | QpType::UC | QpType::UD => {}
             QpType::XRC_SEND | QpType::XRC_RECV if !dev.attr.has_xrc() => {
