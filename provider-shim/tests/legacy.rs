@@ -483,8 +483,8 @@ fn pairs_killed_mid_transfer_round_after_round_leave_a_working_fabric_and_no_soc
 /// host fabric (`/`, `/tmp`) show as the overflow id, as another user's would; the fabric must
 /// still be joined. Two such processes, each in a namespace of its own (so neither may read
 /// the other's memory by system call), must still move and check every byte:
-/// `ibv_rc_pingpong --chk` with 100,000-byte messages in memory that is not page-aligned,
-/// and rping's verified pings through the connection manager; a registration past its
+/// `ibv_rc_pingpong --chk` with 100,000-byte messages in memory that is not page-aligned
+/// (its client under a second `rdma-emu run` inside the first), and rping's verified pings through the connection manager; a registration past its
 /// `RLIMIT_MEMLOCK`, and a raw packet QP without `CAP_NET_RAW`, fail as in the kernel with a
 /// word on how to let them. Run as root (as CI is), the
 /// programs run as an unprivileged id (through `setpriv`), from copies of the binaries in a
@@ -555,7 +555,11 @@ fn a_user_other_than_root_meets_its_peers_on_the_host_fabric_from_its_namespace(
         assert!(Instant::now() < deadline, "the pingpong server never listened on {port}");
         std::thread::sleep(Duration::from_millis(10));
     }
-    let client = run(&[&["ibv_rc_pingpong"], &args[..], &["localhost"]].concat()).spawn();
+    // The client under an `rdma-emu run` of its own inside the first (as a script run under
+    // it would start it): in a user namespace nested in another.
+    let exe_s = exe.to_str().unwrap();
+    let nested = [exe_s, "run", "--fabric", fabric.to_str().unwrap(), "--", "ibv_rc_pingpong"];
+    let client = run(&[&nested[..], &args[..], &["localhost"]].concat()).spawn();
     let (c_ok, c_out) = finish_or_dump(client.unwrap(), LIMIT, "client", &[&server]);
     let (s_ok, s_out) = finish(server, LIMIT, "server");
     assert!(c_ok && s_ok && c_out.contains("200 iters in"), "{c_out}\n--- server:\n{s_out}");

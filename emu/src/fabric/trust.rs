@@ -242,17 +242,24 @@ pub const ROOT_DIRS_VAR: &str = "RDMA_EMU_ROOT_DIRS";
 
 /// Whether `st` shows the overflow id for a directory that [`ROOT_DIRS_VAR`] says is root's.
 fn vouched_root(st: &sys::Stat) -> bool {
+    vouched(st.dev, st.ino, st.uid)
+}
+
+/// Whether the directory `dev:ino`, owned by `uid` as this process sees it, shows the
+/// overflow id and is one [`ROOT_DIRS_VAR`] says is root's.
+fn vouched(dev: u64, ino: u64, uid: u32) -> bool {
     let overflow = std::fs::read_to_string("/proc/sys/kernel/overflowuid")
         .ok()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(65534);
-    let me = format!("{}:{}", st.dev, st.ino);
-    st.uid == overflow
+    let me = format!("{dev}:{ino}");
+    uid == overflow
         && std::env::var(ROOT_DIRS_VAR).is_ok_and(|v| v.split(',').any(|pair| pair == me))
 }
 
 /// The directories on the way to `loc` that exist and belong to root, as [`ROOT_DIRS_VAR`]
-/// lists them.
+/// lists them: those this process sees as root's, and, inside a user namespace already (an
+/// `rdma-emu run` under another), those its own launcher vouched for.
 pub(crate) fn root_dirs(loc: &Location) -> io::Result<String> {
     use std::os::unix::fs::MetadataExt;
     let base = std::path::absolute(&loc.base)?;
@@ -260,7 +267,7 @@ pub(crate) fn root_dirs(loc: &Location) -> io::Result<String> {
     let mut pairs = Vec::new();
     for dir in canon.ancestors() {
         let m = std::fs::symlink_metadata(dir)?;
-        if m.is_dir() && m.uid() == 0 {
+        if m.is_dir() && (m.uid() == 0 || vouched(m.dev(), m.ino(), m.uid())) {
             pairs.push(format!("{}:{}", m.dev(), m.ino()));
         }
     }
