@@ -176,16 +176,12 @@ pub fn private_dir(name: &str) -> io::Result<PathBuf> {
 /// fabric by name), so that the program can check them (see `trust`).
 pub fn root_dirs_on_the_way(name: &str) -> io::Result<String> {
     let mut pairs = trust::root_dirs(&Location::of(name))?;
-    let relative = trust::root_dirs(&Location::of("default"))?;
-    for pair in relative.split(',').filter(|p| !p.is_empty()) {
-        if !pairs.split(',').any(|p| p == pair) {
-            if !pairs.is_empty() {
-                pairs.push(',');
-            }
-            pairs.push_str(pair);
+    for pair in trust::root_dirs(&Location::of("default"))? {
+        if !pairs.contains(&pair) {
+            pairs.push(pair);
         }
     }
-    Ok(pairs)
+    Ok(pairs.join(","))
 }
 
 /// What a node refused to take from its peers, by kind (see [`Fabric::host_drops`]).

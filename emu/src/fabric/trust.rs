@@ -215,7 +215,7 @@ fn check(fd: &OwnedFd, path: &Path, me: u32, rule: Rule) -> io::Result<()> {
     let st = sys::fstat(fd.as_raw_fd())?;
     let others_write = st.mode & 0o022 != 0;
     let sticky = st.mode & libc::S_ISVTX != 0;
-    let root = st.uid == 0 || vouched_root(&st);
+    let root = st.uid == 0 || vouched(st.dev, st.ino, st.uid);
     let owner_ok = st.uid == me || (rule == Rule::OnTheWay && root);
     if !owner_ok {
         let whose = if rule == Rule::Fabric { "this user" } else { "root or this user" };
@@ -240,11 +240,6 @@ fn check(fd: &OwnedFd, path: &Path, me: u32, rule: Rule) -> io::Result<()> {
 /// number names a directory of theirs) nor change its owner.
 pub const ROOT_DIRS_VAR: &str = "RDMA_EMU_ROOT_DIRS";
 
-/// Whether `st` shows the overflow id for a directory that [`ROOT_DIRS_VAR`] says is root's.
-fn vouched_root(st: &sys::Stat) -> bool {
-    vouched(st.dev, st.ino, st.uid)
-}
-
 /// Whether the directory `dev:ino`, owned by `uid` as this process sees it, shows the
 /// overflow id and is one [`ROOT_DIRS_VAR`] says is root's.
 fn vouched(dev: u64, ino: u64, uid: u32) -> bool {
@@ -260,7 +255,7 @@ fn vouched(dev: u64, ino: u64, uid: u32) -> bool {
 /// The directories on the way to `loc` that exist and belong to root, as [`ROOT_DIRS_VAR`]
 /// lists them: those this process sees as root's, and, inside a user namespace already (an
 /// `rdma-emu run` under another), those its own launcher vouched for.
-pub(crate) fn root_dirs(loc: &Location) -> io::Result<String> {
+pub(crate) fn root_dirs(loc: &Location) -> io::Result<Vec<String>> {
     use std::os::unix::fs::MetadataExt;
     let base = std::path::absolute(&loc.base)?;
     let canon = std::fs::canonicalize(split_existing(&base).0)?;
@@ -271,7 +266,7 @@ pub(crate) fn root_dirs(loc: &Location) -> io::Result<String> {
             pairs.push(format!("{}:{}", m.dev(), m.ino()));
         }
     }
-    Ok(pairs.join(","))
+    Ok(pairs)
 }
 
 fn refused(path: &Path, why: String) -> io::Error {
@@ -350,7 +345,6 @@ mod test {
         };
         // The part of the way that exists (`/tmp`, `/`), not what is missing beyond.
         let named = root_dirs(&Location::of("/tmp/rdma-emu-no-such-dir/fab")).unwrap();
-        let named: Vec<&str> = named.split(',').collect();
         assert_eq!(named, [pair("/tmp"), pair("/")], "root's /tmp and /, nearest first");
     }
 
