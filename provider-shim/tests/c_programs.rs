@@ -5,13 +5,6 @@
 mod common;
 use std::{path::Path, process::Command};
 
-/// Compiles `tests/c/<name>.c` and returns the executable's path.
-fn build(name: &str) -> std::path::PathBuf {
-    let flags = ["-std=gnu11", "-O1", "-Wall", "-Werror"];
-    let libs = ["-lrdmacm", "-libverbs"];
-    common::compile("cc", &flags, &format!("c/{name}.c"), &libs, name, "libibverbs-dev")
-}
-
 /// Runs `cmd` on the shim through LD_LIBRARY_PATH; returns stdout, asserting success.
 fn run_on_shim(cmd: &mut Command) -> String {
     let out = cmd.env("LD_LIBRARY_PATH", common::lib_dir()).output().expect("run the program");
@@ -27,7 +20,7 @@ fn run_on_shim(cmd: &mut Command) -> String {
 
 /// Builds `tests/c/<name>.c` and runs it under each of `profiles`; it must print "<name> ok".
 fn c_program(name: &str, profiles: &[&str]) {
-    let exe = build(name);
+    let exe = common::c_test(name);
     for profile in profiles {
         let out = run_on_shim(Command::new(&exe).env("RDMA_EMU_PROFILE", profile));
         assert!(out.contains(&format!("{name} ok")), "{profile}: {out}");
@@ -179,7 +172,7 @@ fn works_as_ld_preload_over_the_real_libibverbs() {
 
 #[test]
 fn pure_helpers_equal_rdma_cores() {
-    let exe = build("pure_functions");
+    let exe = common::c_test("pure_functions");
     let real = Command::new(&exe).env_remove("LD_LIBRARY_PATH").output().unwrap();
     assert!(real.status.success());
     let ours = run_on_shim(&mut Command::new(&exe));
@@ -198,7 +191,7 @@ fn extended_cq_and_qp_api_runs_on_the_shim() {
 
 #[test]
 fn device_clock_timestamps_and_cq_moderation_through_the_c_abi() {
-    let exe = build("clock");
+    let exe = common::c_test("clock");
     for profile in ["full", "rxe"] {
         let mut cmd = Command::new(&exe);
         cmd.env("RDMA_EMU_PROFILE", profile).env("RDMA_EMU_SEED", "5");
@@ -211,7 +204,7 @@ fn device_clock_timestamps_and_cq_moderation_through_the_c_abi() {
 fn raw_packet_qps_flows_wqs_rss_and_tso_through_the_c_abi() {
     // InfiniBand ports refuse raw packet QPs; the rxe profile has none of the family.
     c_program("raw", &["full", "rxe"]);
-    let exe = build("raw");
+    let exe = common::c_test("raw");
     let mut cmd = Command::new(&exe);
     cmd.env("RDMA_EMU_PROFILE", "full").env("RDMA_EMU_LINK_LAYER", "ethernet");
     assert!(run_on_shim(&mut cmd).contains("raw ok"));
@@ -228,7 +221,7 @@ fn memory_registration_pins_and_rereg_answers_as_libibverbs_and_the_providers() 
 /// application's.
 #[test]
 fn registration_changes_no_mapping_that_memory_hooks_watch() {
-    let exe = build("memhooks");
+    let exe = common::c_test("memhooks");
     let fabric = common::Fabric::new("hooks");
     let out = run_on_shim(Command::new(&exe).env("RDMA_EMU_FABRIC", &fabric.0));
     assert!(out.contains("memhooks ok"), "{out}");
@@ -253,7 +246,7 @@ fn contexts_share_objects_by_import_through_the_c_abi() {
 fn objects_whose_kernel_handle_or_context_was_changed_are_refused_and_stay_alive() {
     c_program("handles", &["full", "rxe"]);
     let out = run_on_shim(
-        Command::new(build("handles"))
+        Command::new(common::c_test("handles"))
             .env("RDMA_EMU_PROFILE", "full")
             .env("RDMA_EMU_LINK_LAYER", "ethernet"),
     );
@@ -282,7 +275,7 @@ fn null_destroyed_and_foreign_handles_get_errnos() {
 
 #[test]
 fn the_connection_manager_in_one_process_and_its_bad_input() {
-    let exe = build("cm");
+    let exe = common::c_test("cm");
     for profile in ["full", "rxe"] {
         // No host fabric: the ports it binds are this process's alone.
         let mut cmd = Command::new(&exe);
@@ -302,7 +295,7 @@ fn forked_children_are_processes_of_their_own_on_the_host_fabric() {
 /// [`c_program`] for a program whose processes fork (its children processes of their own):
 /// on a host fabric of its own under each profile.
 fn forking_c_program(name: &str) {
-    let exe = build(name);
+    let exe = common::c_test(name);
     for profile in ["full", "rxe"] {
         let fabric = common::Fabric::new(name);
         let mut cmd = Command::new(&exe);
@@ -314,7 +307,7 @@ fn forking_c_program(name: &str) {
 
 #[test]
 fn rsockets_in_one_process_and_their_bad_input() {
-    let exe = build("rsocket");
+    let exe = common::c_test("rsocket");
     for profile in ["full", "rxe"] {
         let mut cmd = Command::new(&exe);
         cmd.env("RDMA_EMU_PROFILE", profile).env("RDMA_EMU_FABRIC", "none");
@@ -341,7 +334,7 @@ fn ud_datagrams_through_the_c_abi() {
     c_program("ud", &["full", "rxe"]);
     // The full profile over RoCE, as mlx5.
     let out = run_on_shim(
-        Command::new(build("ud"))
+        Command::new(common::c_test("ud"))
             .env("RDMA_EMU_PROFILE", "full")
             .env("RDMA_EMU_LINK_LAYER", "ethernet"),
     );
@@ -392,7 +385,7 @@ fn run_with(exe: &Path, profile: &str, envs: &[(&str, &str)]) -> (String, String
 
 #[test]
 fn faults_from_c_in_simulation_and_the_same_seed_gives_the_same_packet_trace() {
-    let exe = build("faults");
+    let exe = common::c_test("faults");
     let dir = common::profile_dir().join("c-tests");
     for profile in ["full", "rxe"] {
         let mut traces = Vec::new();
@@ -418,7 +411,7 @@ fn faults_from_c_in_simulation_and_the_same_seed_gives_the_same_packet_trace() {
 
 #[test]
 fn malformed_fault_rules_or_seed_leave_the_program_without_devices_and_say_why() {
-    let exe = build("rc_basic");
+    let exe = common::c_test("rc_basic");
     for (var, value, why) in [
         ("RDMA_EMU_FAULTS", "drop:p=3", "fault rule \"drop:p=3\": p= is a probability"),
         ("RDMA_EMU_SEED", "soon", "RDMA_EMU_SEED=\"soon\" is not a number"),
@@ -448,7 +441,7 @@ fn tshark(pcap: &Path, fields: &[&str]) -> Vec<String> {
 
 #[test]
 fn tshark_decodes_the_packet_trace_as_roce_v2_with_opcodes_and_psns() {
-    let exe = build("rc_basic");
+    let exe = common::c_test("rc_basic");
     // Both profiles address by GID index 0, a link-local IPv6 address.
     for (profile, ip) in [("full", "ipv6"), ("rxe", "ipv6")] {
         let pcap = common::profile_dir().join("c-tests").join(format!("rc_basic-{profile}.pcap"));
@@ -492,7 +485,7 @@ fn a_signal_ends_blocking_waits_with_eintr_unless_restarted() {
 /// view changes.
 #[test]
 fn the_sysfs_tree_and_device_nodes_agree_with_the_verbs() {
-    let exe = build("sysfs");
+    let exe = common::c_test("sysfs");
     for profile in ["full", "rxe"] {
         let out = run_on_shim(Command::new(&exe).env("RDMA_EMU_PROFILE", profile));
         assert!(out.contains("sysfs ok"), "{profile}: {out}");
@@ -550,7 +543,7 @@ fn the_c_tests_run_clean_under_valgrind_memcheck() {
         "signals",
     ];
     for name in names {
-        let exe = build(name);
+        let exe = common::c_test(name);
         let mut cmd = Command::new(valgrind);
         cmd.args(["-q", "--error-exitcode=9", "--leak-check=no"])
             .arg(&exe)

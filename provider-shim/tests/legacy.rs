@@ -42,7 +42,12 @@ use common::{Fabric, Killed, finish, finish_or_dump, result_rows};
 
 /// Starts `prog args` as the server and waits until it listens on `port`.
 fn start_server(fabric: &Fabric, profile: &str, prog: &str, args: &[&str], port: u16) -> Child {
-    let server = program(fabric, profile, prog, args, port).spawn().unwrap();
+    spawn_listening(&mut program(fabric, profile, prog, args, port), prog, port)
+}
+
+/// Spawns `server` (`prog`) and waits until it listens on TCP `port`.
+fn spawn_listening(server: &mut Command, prog: &str, port: u16) -> Child {
+    let server = server.spawn().unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     while !listening(port) {
         assert!(Instant::now() < deadline, "{prog} server never listened on {port}");
@@ -484,11 +489,11 @@ fn pairs_killed_mid_transfer_round_after_round_leave_a_working_fabric_and_no_soc
 /// still be joined. Two such processes, each in a namespace of its own (so neither may read
 /// the other's memory by system call), must still move and check every byte:
 /// `ibv_rc_pingpong --chk` with 100,000-byte messages in memory that is not page-aligned
-/// (its client under a second `rdma-emu run` inside the first), and rping's verified pings through the connection manager; a registration past its
-/// `RLIMIT_MEMLOCK`, and a raw packet QP without `CAP_NET_RAW`, fail as in the kernel with a
-/// word on how to let them. Run as root (as CI is), the
-/// programs run as an unprivileged id (through `setpriv`), from copies of the binaries in a
-/// directory of that id's.
+/// (its client under a second `rdma-emu run` inside the first), and rping's verified pings
+/// through the connection manager; a registration past its `RLIMIT_MEMLOCK`, and a raw packet
+/// QP without `CAP_NET_RAW`, fail as in the kernel with a word on how to let them. Run as root
+/// (as CI is), the programs run as an unprivileged id (through `setpriv`), from copies of the
+/// binaries in a directory of that id's.
 #[test]
 fn a_user_other_than_root_meets_its_peers_on_the_host_fabric_from_its_namespace() {
     use std::os::unix::fs::{PermissionsExt, chown};
@@ -519,12 +524,17 @@ fn a_user_other_than_root_meets_its_peers_on_the_host_fabric_from_its_namespace(
     };
     chown(&home.0, Some(uid), Some(uid)).unwrap();
     let fabric = home.0.join("fabric");
-    let run = |args: &[&str]| {
-        let mut c = Command::new(if me == 0 { "setpriv".as_ref() } else { exe.as_os_str() });
+    // `prog` as that user: as itself, or through setpriv when this test is root.
+    let as_user = |prog: &std::ffi::OsStr| {
+        let mut c = Command::new(if me == 0 { "setpriv".as_ref() } else { prog });
         if me == 0 {
             c.args([format!("--reuid={uid}"), format!("--regid={uid}"), "--clear-groups".into()]);
-            c.arg(&exe);
+            c.arg(prog);
         }
+        c
+    };
+    let run = |args: &[&str]| {
+        let mut c = as_user(exe.as_os_str());
         c.env("RDMA_EMU_LIB", &lib).env("RDMA_EMU_RUNTIME_DIR", &home.0);
         c.env_remove("LD_LIBRARY_PATH").env_remove("XDG_RUNTIME_DIR");
         c.args(["run", "--fabric", fabric.to_str().unwrap(), "--"]).args(args);
@@ -532,12 +542,8 @@ fn a_user_other_than_root_meets_its_peers_on_the_host_fabric_from_its_namespace(
         c
     };
     // Where this machine lets the user make namespaces, the program must have run in one.
-    let mut unshare = Command::new(if me == 0 { "setpriv" } else { "unshare" });
-    if me == 0 {
-        unshare.args([format!("--reuid={uid}"), format!("--regid={uid}"), "--clear-groups".into()]);
-        unshare.arg("unshare");
-    }
-    let namespaces = unshare.args(["--user", "true"]).output().unwrap().status.success();
+    let unshare = as_user("unshare".as_ref()).args(["--user", "true"]).output().unwrap();
+    let namespaces = unshare.status.success();
     let (ok, view) = finish(run(&["ls", "/dev/infiniband"]).spawn().unwrap(), LIMIT, "ls");
     assert!(ok, "{view}");
     if namespaces {
@@ -549,12 +555,8 @@ fn a_user_other_than_root_meets_its_peers_on_the_host_fabric_from_its_namespace(
     let port = free_port();
     let p = port.to_string();
     let args = ["-c", "-s", "100000", "-n", "200", "-p", &p];
-    let server = run(&[&["ibv_rc_pingpong"], &args[..]].concat()).spawn().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !listening(port) {
-        assert!(Instant::now() < deadline, "the pingpong server never listened on {port}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let mut server = run(&[&["ibv_rc_pingpong"], &args[..]].concat());
+    let server = spawn_listening(&mut server, "ibv_rc_pingpong", port);
     // The client under an `rdma-emu run` of its own inside the first (as a script run under
     // it would start it): in a user namespace nested in another.
     let exe_s = exe.to_str().unwrap();
@@ -574,14 +576,7 @@ fn a_user_other_than_root_meets_its_peers_on_the_host_fabric_from_its_namespace(
 
     // Raw packet QPs and flow rules take CAP_NET_RAW, as the kernel's verbs require: the
     // library says once how to let anyone make them, and then they work.
-    let mut raw = common::compile(
-        "cc",
-        &["-std=gnu11", "-O1", "-Wall", "-Werror"],
-        "c/raw.c",
-        &["-lrdmacm", "-libverbs"],
-        "raw",
-        "libibverbs-dev",
-    );
+    let mut raw = common::c_test("raw");
     if me == 0 {
         let to = home.0.join("raw");
         std::fs::copy(&raw, &to).unwrap();

@@ -101,6 +101,13 @@ pub fn compile(
     path
 }
 
+/// `tests/c/<name>.c` compiled against the system's verbs and CM headers (see [`compile`]).
+pub fn c_test(name: &str) -> PathBuf {
+    let flags = ["-std=gnu11", "-O1", "-Wall", "-Werror"];
+    let libs = ["-lrdmacm", "-libverbs"];
+    compile("cc", &flags, &format!("c/{name}.c"), &libs, name, "libibverbs-dev")
+}
+
 /// The connection manager's library as cargo builds it (`cargo build --workspace`).
 pub fn rdmacm_lib() -> PathBuf {
     let p = profile_dir().join("librdmacm.so");
