@@ -258,6 +258,54 @@ fn refusals_come_back_as_rejected_with_the_reason() {
     drop(server);
 }
 
+/// A request sent before its server listens is judged where it arrives, as the kernel's CM
+/// judges it: a listener that comes meanwhile gets it (perftest's `-R` makes its data
+/// connection's listener while its client connects). In simulated time, where the request's
+/// looks wait for virtual time, which moves only once the test waits.
+#[test]
+fn a_request_meets_the_listener_that_comes_while_it_travels() {
+    let addresses = PortAddress::parse_list("127.0.0.2=emu1").unwrap();
+    let f = Fabric::new(FabricConfig { addresses, seed: Some(5), ..Default::default() });
+    let (sch, cch) = (CmChannel::new(&f).unwrap(), CmChannel::new(&f).unwrap());
+    let client = resolved(&cch, PortSpace::Tcp, None, "127.0.0.2:7472");
+    client.connect(&ConnParam::default()).unwrap();
+    cch.set_nonblocking(true).unwrap();
+    let early = cch.get_event().map(|ev| (ev.event, ev.status));
+    assert_eq!(early.unwrap_err().errno(), Errno::EAGAIN, "not refused at once");
+    cch.set_nonblocking(false).unwrap();
+    let server = CmId::create(&sch, PortSpace::Tcp).unwrap();
+    server.bind_addr(addr("127.0.0.2:7472")).unwrap();
+    server.listen(4).unwrap();
+    let req = next(&sch, E::ConnectRequest);
+    req.id.reject(b"seen").unwrap();
+    let rej = next(&cch, E::Rejected);
+    assert_eq!(rej.status, REJ_CONSUMER_DEFINED, "the listener's own answer");
+    assert_eq!(&rej.param.private_data[..4], b"seen");
+}
+
+/// A request that no listener meets on its way is refused as nobody's; one whose id is
+/// destroyed on its way reaches nobody.
+#[test]
+fn a_request_that_meets_no_listener_is_refused_and_a_destroyed_ones_ends() {
+    let f = fabric(Profile::Full);
+    let (sch, cch) = (CmChannel::new(&f).unwrap(), CmChannel::new(&f).unwrap());
+    let gone = resolved(&cch, PortSpace::Tcp, None, "127.0.0.2:7474");
+    gone.connect(&ConnParam::default()).unwrap();
+    gone.destroy().unwrap();
+    let late = CmId::create(&sch, PortSpace::Tcp).unwrap();
+    late.bind_addr(addr("127.0.0.2:7474")).unwrap();
+    late.listen(4).unwrap();
+    // Sent after the destroyed id's, this request is refused after that one has ended.
+    let lost = resolved(&cch, PortSpace::Tcp, None, "127.0.0.2:7475");
+    lost.connect(&ConnParam::default()).unwrap();
+    let rej = next(&cch, E::Rejected);
+    assert!(rej.id.same(&lost));
+    assert_eq!(rej.status, REJ_INVALID_SERVICE_ID);
+    sch.set_nonblocking(true).unwrap();
+    let none = sch.get_event().map(|ev| ev.event);
+    assert_eq!(none.unwrap_err().errno(), Errno::EAGAIN, "no request from the destroyed id");
+}
+
 #[test]
 fn addresses_ports_and_states_are_checked() {
     let f = fabric(Profile::Full);

@@ -115,11 +115,12 @@ fn perftest_connects_through_rdma_cm() {
         let client = [&args[..], &["127.0.0.1"]].concat();
         // perftest races itself: after a handshake on its first connection, the client
         // resolves and connects its data connection while the server makes a new listening
-        // id for it (create_rdma_cm_connection in perftest_communication.c). A request that
-        // wins the race is rejected as the kernel's CM rejects it, "invalid service ID"
-        // (reason 8), and perftest gives up. Under load that happens now and then (twice in a
-        // row once), so such a run is tried again on a fresh fabric, five times at most; any
-        // other failure fails.
+        // id for it (create_rdma_cm_connection in perftest_communication.c). A request looks
+        // for its listener for as long as it could be on its way (20 ms, `REQ_TRANSIT_NS` in
+        // the CM), but a server slowed past that by a loaded machine still loses: its client
+        // is rejected as the kernel's CM rejects it, "invalid service ID" (reason 8), and
+        // perftest gives up. Such a run is tried again on a fresh fabric, five times at most;
+        // any other failure fails.
         let run = || {
             let fabric = Fabric::new("rdmacm");
             let s = program(&fabric, profile, prog, &args).spawn().unwrap();
@@ -197,10 +198,11 @@ fn udaddy_resolves_datagram_peers_and_moves_data() {
 
 /// perftest's UD test over the CM. Its client makes its UD "connection" right after the two
 /// sides' handshake, while the server may still be creating the listener for it: when the
-/// client wins that race its request finds nobody (`UNREACHABLE`, as on rxe), and perftest
-/// 4.5-0.17 (Debian 12) retries with the ids it just destroyed and gives up. That race is the
-/// program's, on rxe as here; a run that lost it is run again (five times at most: a loaded
-/// machine slows the server more than the client).
+/// server is not there within the time its request looks for it (see the test above), the
+/// request finds nobody (`UNREACHABLE`, as on rxe), and perftest 4.5-0.17 (Debian 12) retries
+/// with the ids it just destroyed and gives up. That race is the program's, on rxe as here; a
+/// run that lost it is run again (five times at most: a loaded machine slows the server more
+/// than the client).
 #[test]
 fn perftest_ud_connects_through_rdma_cm() {
     for (profile, port) in [("full", 7740u16), ("rxe", 7741)] {

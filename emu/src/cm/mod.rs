@@ -352,6 +352,18 @@ const TIMEWAIT_NS: u64 = 2_000_000_000;
 /// microseconds; here they may arrive together.
 const HOLD_NS: u64 = 1_000_000;
 
+/// How long a connection request that finds nobody listening on its port looks for a
+/// listener before it is rejected as nobody's. On the kernel a request is judged where it
+/// arrives, after its trip through both kernels, and the client's setup before it (address
+/// and route resolution, memory pinned) is slow beside a listener's: a server that listens
+/// again for its next connection right after a handshake (perftest's `-R`) is there first.
+/// Here a client could otherwise win that race: 2 to 6 runs of `ib_write_bw -R` in 30 lost
+/// it, none in 30 with this look, none in 30 with two busy loops beside (2 with a 5 ms look).
+const REQ_TRANSIT_NS: u64 = 20_000_000;
+
+/// How often a request that found nobody listening looks again (see [`REQ_TRANSIT_NS`]).
+const REQ_LOOK_NS: u64 = 250_000;
+
 /// How often the fabric's timer looks whether a held `Disconnected` may go.
 const HOLD_LOOK_NS: u64 = 20_000;
 
@@ -1139,22 +1151,53 @@ impl CmId {
         if wire::beyond(fabric, dst.ip()) {
             return wire::connect(self, (src, dst), &from, p, tos);
         }
-        // A listener in this process, else the node that holds the port, else nobody.
         let ps = self.0.ps;
-        let slot = match fabric.joined().ok().flatten() {
-            Some(node) if listener(fabric, ps, dst).is_none() => {
-                node.holder(&port_name(ps, dst.port())).unwrap_or(node.slot)
+        let req = Msg::Req { ps, src, dst, from, private };
+        if let Some(slot) = listening_slot(fabric, ps, dst) {
+            self.request_to(fabric, slot, req);
+            return Ok(());
+        }
+        // Nobody listens yet: the request looks for its listener for a while.
+        let deadline = fabric.now() + REQ_TRANSIT_NS;
+        self.look_for_listener(fabric, (ps, dst), req, deadline);
+        Ok(())
+    }
+
+    /// Has the fabric's timer look, every [`REQ_LOOK_NS`], whether someone listens on `to`
+    /// now, and send `req` there; at `deadline` it goes to our own CM, which rejects it as
+    /// nobody's. Ends when the id is destroyed or leaves `Connecting`.
+    fn look_for_listener(
+        &self,
+        fabric: &FabricInner,
+        to: (PortSpace, SocketAddr),
+        req: Msg,
+        deadline: u64,
+    ) {
+        let id = Arc::downgrade(&self.0);
+        let look = move |f: &FabricInner| {
+            let Some(id) = id.upgrade().map(CmId) else { return };
+            if id.0.st.lock().state != State::Connecting {
+                return;
             }
-            _ => my_slot(fabric),
+            match listening_slot(f, to.0, to.1) {
+                Some(slot) => id.request_to(f, slot, req),
+                None if f.now() >= deadline => id.request_to(f, my_slot(f), req),
+                None => id.look_for_listener(f, to, req, deadline),
+            }
         };
-        // Its death before it answers must end the request here.
+        let job = crate::fabric::timer::Job::Later(crate::fabric::timer::Later(Box::new(look)));
+        fabric.timer.schedule((fabric.now() + REQ_LOOK_NS).min(deadline), job);
+    }
+
+    /// Sends the connection request `req` to the CM of `slot`, watching that process: its
+    /// death before it answers must end the request here.
+    fn request_to(&self, fabric: &FabricInner, slot: u8, req: Msg) {
         let incarnation = watched(fabric, slot);
         let asked = if incarnation != 0 { slot } else { 0 };
         let mut st = self.0.st.lock();
         (st.asked, st.remote_incarnation) = (asked, incarnation);
         drop(st);
-        deliver(fabric, slot, Msg::Req { ps, src, dst, from, private });
-        Ok(())
+        deliver(fabric, slot, req);
     }
 
     /// `rdma_accept`: accepts a connection request (on the id `ConnectRequest` carried): its
@@ -1635,6 +1678,15 @@ impl CmId {
     pub fn same(&self, other: &CmId) -> bool {
         Arc::ptr_eq(&self.0, &other.0)
     }
+}
+
+/// Where a request to `dst` in `ps` finds its listener: in this process (our slot), in the
+/// process holding the port on the host fabric, or nowhere.
+fn listening_slot(fabric: &FabricInner, ps: PortSpace, dst: SocketAddr) -> Option<u8> {
+    if listener(fabric, ps, dst).is_some() {
+        return Some(my_slot(fabric));
+    }
+    fabric.joined().ok().flatten()?.holder(&port_name(ps, dst.port()))
 }
 
 /// The id listening in this fabric for requests to `dst` in `ps`.
