@@ -10,6 +10,7 @@
 pub(crate) mod exports;
 pub(crate) mod faults;
 pub(crate) mod host;
+mod host_wide;
 #[cfg(test)]
 mod hostile_tests;
 pub(crate) mod pcap;

@@ -1,6 +1,5 @@
 //! Devices and their ports: identity, attribute tables, GID and P_Key tables, the key space.
 
-use crate::fabric::wire::Control;
 use std::sync::{
     Arc,
     atomic::{AtomicU32, Ordering},
@@ -271,40 +270,6 @@ impl Device {
             c.raise(super::context::AsyncEvent { event_type, element: element.clone() });
         }
         Ok(())
-    }
-
-    /// [`set_port_state`](Self::set_port_state) in this process and in every other process
-    /// on the same host fabric (joining it if needed), as one cable pull seen by all, and in
-    /// every process that joins the fabric later (until the port is set up again); how many
-    /// other processes were reached.
-    pub fn set_port_state_host_wide(&self, port: u8, state: crate::PortState) -> Result<usize> {
-        // Joined first: a join takes the ports the fabric records down, which would undo
-        // an `up` set here before it.
-        let node = self.fabric.joined()?;
-        self.set_port_state(port, state)?;
-        let Some(node) = node else { return Ok(0) };
-        let (dev, up) = (self.inner.id.index, state == crate::PortState::ACTIVE);
-        node.record_port(dev, port, up).map_err(|e| {
-            let errno = e.raw_os_error().map_or(crate::Errno::EIO, crate::Errno);
-            crate::Error::new(errno, "cannot record the port's state in the host fabric")
-        })?;
-        Ok(node.broadcast(Control::PortState { dev, port, up }))
-    }
-
-    /// [`raise_event`](Self::raise_event) in this process and in every other process on the
-    /// same host fabric (joining it if needed); how many other processes were reached.
-    pub fn raise_event_host_wide(
-        &self,
-        event_type: crate::EventType,
-        port: Option<u8>,
-    ) -> Result<usize> {
-        self.raise_event(event_type, port)?;
-        let (dev, port) = (self.inner.id.index, port.unwrap_or(0));
-        self.broadcast(Control::Event { dev, port, event: event_type.0 })
-    }
-
-    fn broadcast(&self, c: Control) -> Result<usize> {
-        Ok(self.fabric.joined()?.map_or(0, |node| node.broadcast(c)))
     }
 
     /// Whether port `port` is up (packets pass).
