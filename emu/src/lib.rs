@@ -83,6 +83,7 @@ mod sys;
 mod types;
 
 pub use crate::{
+    engine::flow::{EthFilter, Flow, FlowAttr, FlowSpec, Ipv4ExtFilter, Ipv6Filter, PortFilter},
     error::{ConfigError, Errno, Error, Result},
     fabric::{
         Fabric, FabricConfig, PortWatch,
@@ -108,10 +109,7 @@ pub use crate::{
         xrcd::{FileId, Xrcd, xrcd_oflags},
     },
     profile::{DeviceAttr, GidEntry, OdpCaps, PortAttr, Profile, TmCaps, odp},
-    qp::{
-        Endpoint, Flush, Qp, QpAttr, QpCap, QpInitAttr, RcParams, RssConf, SendWr, Tso, UdDest,
-        flow::{EthFilter, Flow, FlowAttr, FlowSpec, Ipv4ExtFilter, Ipv6Filter, PortFilter},
-    },
+    qp::{Endpoint, Flush, Qp, QpAttr, QpCap, QpInitAttr, RcParams, RssConf, SendWr, Tso, UdDest},
     sys::fork_generation,
     types::*,
 };

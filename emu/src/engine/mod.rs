@@ -15,6 +15,7 @@ pub(crate) mod arriving;
 pub(crate) mod completer;
 pub(crate) mod datagram;
 pub(crate) mod express;
+pub(crate) mod flow;
 pub(crate) mod frame;
 pub(crate) mod landing;
 pub(crate) mod lane;

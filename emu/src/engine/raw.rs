@@ -1,6 +1,6 @@
 //! Raw packet QPs (`IBV_QPT_RAW_PACKET`): a send WR carries a whole Ethernet frame (or, with
 //! `IBV_WR_TSO`, a header and a payload the NIC cuts into frames), flow steering decides which
-//! QPs of the fabric receive it (see `qp::flow`), and a receive holds the whole frame.
+//! QPs of the fabric receive it (see `engine::flow`), and a receive holds the whole frame.
 //! An RSS QP has no receive queue of its own: the Toeplitz hash of the frame's selected fields
 //! picks a WQ from its indirection table.
 //!

@@ -224,7 +224,7 @@ pub(crate) struct FabricInner {
     /// hash order).
     mcast: Mutex<std::collections::BTreeMap<[u8; 16], Vec<Member>>>,
     /// Flow steering rules of every device, in creation order.
-    pub(crate) flows: RwLock<Vec<Arc<crate::qp::flow::FlowRule>>>,
+    pub(crate) flows: RwLock<Vec<Arc<crate::engine::flow::FlowRule>>>,
     pub(crate) timer: timer::Timer,
     pub(crate) faults: faults::Faults,
     pub(crate) pcap: Option<pcap::Pcap>,

@@ -4,7 +4,6 @@
 //! transitions and their side effects, and the entry points `post_send` / `post_recv`.
 
 mod connect;
-pub(crate) mod flow;
 pub(crate) mod inbox;
 pub(crate) mod queue;
 pub(crate) mod recv_ring;
@@ -801,12 +800,6 @@ impl Qp {
         }
         let options = lock_lent(&self.0.inner).ece;
         Ok(Ece { vendor_id: attr.vendor_id, options, comp_mask: 0 })
-    }
-
-    /// `ibv_create_flow`: steers the frames `attr` matches to this raw packet QP until the
-    /// flow is destroyed (or dropped); see [`Flow`](crate::Flow).
-    pub fn create_flow(&self, attr: &crate::FlowAttr) -> Result<crate::Flow> {
-        crate::Flow::create(self, attr)
     }
 
     /// Whether this is an RSS QP (no queues or states of its own).

@@ -10,12 +10,12 @@
 
 use std::sync::{Arc, Weak};
 
-use super::{Qp, QpShared};
+use super::frame::{Headers, PROTO_TCP, PROTO_UDP};
 use crate::{
-    engine::frame::{Headers, PROTO_TCP, PROTO_UDP},
     error::{Errno, Error, Result, einval},
     fabric::FabricInner,
     objects::Lifecycle,
+    qp::{Qp, QpShared},
     types::{FlowType, QpType},
 };
 
@@ -246,6 +246,14 @@ const LAST_PRIORITY: u16 = 15;
 pub struct Flow {
     rule: Arc<FlowRule>,
     qp: Qp,
+}
+
+impl Qp {
+    /// `ibv_create_flow`: steers the frames `attr` matches to this raw packet QP until the
+    /// flow is destroyed (or dropped); see [`Flow`].
+    pub fn create_flow(&self, attr: &FlowAttr) -> Result<Flow> {
+        Flow::create(self, attr)
+    }
 }
 
 impl Flow {
