@@ -76,6 +76,9 @@ fn raw_packet_qps_and_flow_rules_take_cap_net_raw() {
     if let Some(a) = &a {
         let e = a.qp.create_flow(&mac_rule(MAC_B, 0)).unwrap_err();
         assert_eq!(e.errno(), Errno::EPERM);
+        // The kernel asks for the capability before its device judges the rule.
+        let vxlan = FlowAttr { specs: vec![FlowSpec::NotEmulated(0x50)], ..mac_rule(MAC_B, 0) };
+        assert_eq!(a.qp.create_flow(&vxlan).unwrap_err().errno(), Errno::EPERM);
     }
     let anyone = Fabric::new(FabricConfig {
         link_layer: LinkLayer::ETHERNET,
@@ -172,6 +175,8 @@ fn flow_rules_out_of_range_are_refused_as_mlx5_refuses_them() {
     let mask = PortFilter { dst_port: 0xff, src_port: 0 };
     let bad = FlowAttr { specs: vec![FlowSpec::Tcp { val, mask }], ..mac_rule(MAC_B, 0) };
     assert_eq!(e(&bad), Errno::EINVAL, "value bits outside the mask");
+    let vxlan = FlowAttr { specs: vec![FlowSpec::NotEmulated(0x50)], ..mac_rule(MAC_B, 0) };
+    assert_eq!(e(&vxlan), Errno::EOPNOTSUPP);
     let ud = ud_qp(&r.n, 1, 4);
     assert_eq!(ud.create_flow(&mac_rule(MAC_B, 0)).unwrap_err().errno(), Errno::EOPNOTSUPP);
     assert_eq!(r.n.qp.create_flow(&mac_rule(MAC_B, 0)).unwrap_err().errno(), Errno::EINVAL);

@@ -91,6 +91,11 @@ pub enum FlowSpec {
     /// `IBV_FLOW_SPEC_ACTION_TAG`: the receive completions of the frames the rule delivers
     /// carry this tag (`ibv_wc_read_flow_tag`); below 2^24.
     Tag(u32),
+    /// A specification of a type verbs defines that the emulator does not match on (ESP,
+    /// VXLAN, GRE, MPLS, an inner header, a flow action or counter handle), by its
+    /// `ibv_flow_spec_type`: a rule with one is refused with `EOPNOTSUPP`, as a device without
+    /// it refuses it, after the checks the kernel makes before the device sees the rule.
+    NotEmulated(u32),
 }
 
 /// `IBV_FLOW_ATTR_FLAGS_*`.
@@ -155,7 +160,7 @@ impl FlowSpec {
             FlowSpec::Tcp { val: v, mask: m } | FlowSpec::Udp { val: v, mask: m } => {
                 v.dst_port & !m.dst_port != 0 || v.src_port & !m.src_port != 0
             }
-            FlowSpec::Drop | FlowSpec::Tag(_) => false,
+            FlowSpec::Drop | FlowSpec::Tag(_) | FlowSpec::NotEmulated(_) => false,
         }
     }
 
@@ -193,6 +198,8 @@ impl FlowSpec {
                 })
             }
             FlowSpec::Drop | FlowSpec::Tag(_) => true,
+            // Refused at creation: no rule holds one.
+            FlowSpec::NotEmulated(_) => false,
         }
     }
 }
@@ -258,8 +265,10 @@ impl Qp {
 
 impl Flow {
     /// `ibv_create_flow` on `qp` (a raw packet QP, plain or RSS). `EOPNOTSUPP` on a device
-    /// without steering (rxe), for a UD QP (steering to UD needs an InfiniBand port and is
-    /// not emulated) or an egress rule; `EINVAL` for another QP type, an unknown flag, a
+    /// without steering (rxe); then `EPERM` without `CAP_NET_RAW` (see
+    /// [`FabricConfig::raw_needs_cap`](crate::FabricConfig::raw_needs_cap)); `EOPNOTSUPP` for a
+    /// UD QP (steering to UD needs an InfiniBand port and is not emulated), a specification
+    /// the emulator does not match on, or an egress rule; `EINVAL` for another QP type, an unknown flag, a
     /// port the device lacks, or a value with bits outside its mask; `ENOMEM` for a priority
     /// above 15 (as mlx5).
     pub(crate) fn create(qp: &Qp, attr: &FlowAttr) -> Result<Flow> {
@@ -276,6 +285,9 @@ impl Flow {
                 return Err(Error::new(Errno::EOPNOTSUPP, "no flow steering to UD QPs"));
             }
             _ => return Err(einval("flows steer to raw packet QPs")),
+        }
+        if attr.specs.iter().any(|s| matches!(s, FlowSpec::NotEmulated(_))) {
+            return Err(Error::new(Errno::EOPNOTSUPP, "a flow specification type not emulated"));
         }
         if attr.flags & flow_flags::EGRESS != 0 {
             return Err(Error::new(Errno::EOPNOTSUPP, "egress rules are not supported"));

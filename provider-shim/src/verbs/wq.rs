@@ -226,7 +226,7 @@ const SPEC_INNER: u32 = 0x100;
 const SPEC_ACTION_TAG: u32 = 0x1000;
 const SPEC_ACTION_DROP: u32 = 0x1001;
 /// Specification types libibverbs knows and the emulator does not match on (ESP, VXLAN,
-/// GRE, MPLS, handles, counters): `EOPNOTSUPP`.
+/// GRE, MPLS, handles, counters): `EOPNOTSUPP` from `rdma_emu::Flow`.
 const SPECS_NOT_EMULATED: [u32; 6] = [0x34, 0x50, 0x51, 0x60, 0x1002, 0x1003];
 
 /// Reads a specification of type `T` at `p` if its size is `T`'s.
@@ -298,12 +298,14 @@ unsafe fn flow_attr(a: &ibv_flow_attr) -> Result<FlowAttr, c_int> {
     for _ in 0..a.num_of_specs {
         // SAFETY: each specification starts with its header (the caller's contract).
         let h = unsafe { ptr::read_unaligned(p as *const ibv_flow_spec_hdr) };
-        if h.type_ & SPEC_INNER != 0 || SPECS_NOT_EMULATED.contains(&h.type_) {
-            return Err(libc::EOPNOTSUPP);
-        }
         // SAFETY: `h.size` readable bytes at `p`, checked against each type's size.
         let s = unsafe {
             match h.type_ {
+                // Known to libibverbs, which passes them to the kernel: the emulator refuses
+                // them where the kernel's device would, after its checks.
+                ty if ty & SPEC_INNER != 0 || SPECS_NOT_EMULATED.contains(&ty) => {
+                    Ok(FlowSpec::NotEmulated(ty))
+                }
                 SPEC_ETH => spec::<ibv_flow_spec_eth>(p, h.size)
                     .map(|s| FlowSpec::Eth { val: eth(&s.val), mask: eth(&s.mask) }),
                 SPEC_IPV4 => spec::<ibv_flow_spec_ipv4>(p, h.size)
@@ -337,7 +339,7 @@ unsafe fn flow_attr(a: &ibv_flow_attr) -> Result<FlowAttr, c_int> {
 }
 
 /// The `ibv_create_flow` slot: see `rdma_emu::Flow` for the rules and errnos; `EINVAL`
-/// also for a malformed specification, `EOPNOTSUPP` for one the emulator does not match on.
+/// also for a malformed specification (libibverbs' own check, before the kernel's).
 pub(crate) unsafe extern "C" fn create_flow(
     qp: *mut ibv_qp,
     attr: *mut ibv_flow_attr,

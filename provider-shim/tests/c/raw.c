@@ -360,6 +360,16 @@ int main(void)
 	bad.eth.size = 8;
 	errno = 0;
 	CHECK(ibv_create_flow(rx, (struct ibv_flow_attr *)&bad) == NULL && errno == EINVAL);
+	/* A VXLAN specification, which the emulator does not match on. */
+	struct {
+		struct ibv_flow_attr attr;
+		struct ibv_flow_spec_tunnel vxlan;
+	} __attribute__((packed, aligned(4))) tunnel = {
+		.attr = { .size = sizeof(tunnel), .num_of_specs = 1, .port = 1 },
+		.vxlan = { .type = IBV_FLOW_SPEC_VXLAN_TUNNEL, .size = sizeof(struct ibv_flow_spec_tunnel) },
+	};
+	errno = 0;
+	CHECK(ibv_create_flow(rx, (struct ibv_flow_attr *)&tunnel) == NULL && errno == EOPNOTSUPP);
 
 	uint8_t s1[4] = { 10, 0, 0, 1 }, s2[4] = { 10, 0, 0, 2 };
 	post_recv_at(&b, rx, 0, 1);
