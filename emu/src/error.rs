@@ -117,6 +117,29 @@ impl Error {
     pub fn reason(&self) -> &'static str {
         self.reason
     }
+
+    /// For a person, a line on what happened and how to let it, for the errors a program
+    /// reports by their errno alone, which misleads ([`MEMLOCK`](Self::MEMLOCK), with the
+    /// limit in force, and [`NET_RAW`](Self::NET_RAW)); `None` for the others.
+    pub fn hint(&self) -> Option<String> {
+        if *self == Error::MEMLOCK {
+            let limit = crate::sys::memlock_limit()
+                .map_or_else(|| "unlimited".to_string(), |bytes| format!("{} KiB", bytes / 1024));
+            Some(format!(
+                "a memory registration was refused (ENOMEM): it would lock more than \
+                 RLIMIT_MEMLOCK ({limit}) allows, as the kernel refuses a process without \
+                 CAP_IPC_LOCK; raise `ulimit -l`, or set RDMA_EMU_MEMLOCK=off"
+            ))
+        } else if *self == Error::NET_RAW {
+            Some(
+                "a raw packet QP or flow rule was refused (EPERM): the kernel's verbs ask for \
+                 CAP_NET_RAW; run with it, or set RDMA_EMU_NET_RAW=anyone"
+                    .to_string(),
+            )
+        } else {
+            None
+        }
+    }
 }
 
 impl fmt::Debug for Error {

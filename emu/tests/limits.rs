@@ -136,6 +136,8 @@ fn memlock_child() {
         let a = reg(0, LIMIT - PAGE).unwrap();
         let e = reg(LIMIT + PAGE - 1, 2).unwrap_err();
         assert_eq!(e.errno(), Errno::ENOMEM, "{e}");
+        let hint = e.hint().expect("a registration past the limit explains itself");
+        assert!(hint.contains("RLIMIT_MEMLOCK (64 KiB)"), "{hint}");
         let b = reg(LIMIT + 8, 1).unwrap();
         // The same pages registered again are charged again, as the kernel charges them.
         assert_eq!(reg(0, PAGE).unwrap_err().errno(), Errno::ENOMEM);

@@ -21,41 +21,20 @@ macro_rules! ffi {
 }
 pub(crate) use ffi;
 
-/// Says once per process why a registration failed with `ENOMEM` past `RLIMIT_MEMLOCK`, or
-/// a raw packet QP or flow rule with `EPERM` for want of `CAP_NET_RAW`: the program (UCX,
-/// libfabric, perftest) reports only the errno, or asks for an unlimited `ulimit -l`, which a
-/// user without root cannot give; the emulator can be told to let them.
+/// Says once per process, on stderr, why a registration failed with `ENOMEM` past
+/// `RLIMIT_MEMLOCK`, or a raw packet QP or flow rule with `EPERM` for want of `CAP_NET_RAW`
+/// ([`rdma_emu::Error::hint`]): the program (UCX, libfabric, perftest) reports only the errno,
+/// or asks for an unlimited `ulimit -l`, which a user without root cannot give.
 fn explain(e: &rdma_emu::Error) {
     static MEMLOCK: std::sync::Once = std::sync::Once::new();
     static NET_RAW: std::sync::Once = std::sync::Once::new();
-    if *e == rdma_emu::Error::MEMLOCK {
-        MEMLOCK.call_once(|| {
-            eprintln!(
-                "rdma-emu: a memory registration was refused (ENOMEM): it would lock more \
-                 than RLIMIT_MEMLOCK ({} KiB) allows, as the kernel refuses a process without \
-                 CAP_IPC_LOCK; raise `ulimit -l`, or set RDMA_EMU_MEMLOCK=off",
-                memlock_kib()
-            )
-        });
-    } else if *e == rdma_emu::Error::NET_RAW {
-        NET_RAW.call_once(|| {
-            eprintln!(
-                "rdma-emu: a raw packet QP or flow rule was refused (EPERM): the kernel's \
-                 verbs ask for CAP_NET_RAW; run with it, or set RDMA_EMU_NET_RAW=anyone"
-            )
-        });
-    }
-}
-
-/// The soft `RLIMIT_MEMLOCK` in KiB, as `ulimit -l` shows it.
-fn memlock_kib() -> String {
-    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: `r` is a live, writable rlimit.
-    let ok = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) } == 0;
-    match ok.then_some(r.rlim_cur) {
-        Some(libc::RLIM_INFINITY) => "unlimited".into(),
-        Some(bytes) => (bytes / 1024).to_string(),
-        None => "?".into(),
+    let once = match *e {
+        rdma_emu::Error::MEMLOCK => &MEMLOCK,
+        rdma_emu::Error::NET_RAW => &NET_RAW,
+        _ => return,
+    };
+    if let Some(hint) = e.hint() {
+        once.call_once(|| eprintln!("rdma-emu: {hint}"));
     }
 }
 
