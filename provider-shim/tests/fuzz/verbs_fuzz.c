@@ -1,5 +1,5 @@
 /* A fuzzer of the verbs C ABI: random verb programs with hostile arguments, each run in a
- * forked child so that a crash, a hang or a panic is caught, then minimised.
+ * forked child so that a crash, a hang or a panic is caught, then minimised (harness.h).
  *
  *   verbs_fuzz SEED CASES        run CASES programs from SEED; exit 1 if any failed
  *   verbs_fuzz SEED CASES -v     the same, printing every call of every program
@@ -17,22 +17,8 @@
  * succeeds. A failing program is minimised (calls dropped while it still fails the same
  * way) and printed call by call. */
 #define _GNU_SOURCE
-#include <errno.h>
-#include <fcntl.h>
-#include <inttypes.h>
+#define FUZZ_ENV "VERBS_FUZZ"
 #include <infiniband/verbs.h>
-#include <signal.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#define MAX_CALLS 64
-#define SLOTS 6
-#define BUF_LEN (64 * 1024)
 
 /* ---- programs ---- */
 
@@ -70,45 +56,19 @@ static const char *const op_name[OP_COUNT] = {
 	"create_qp_ex", "wr_post (ibv_wr_*)", "device memory",
 };
 
-struct call {
-	enum op op;
-	uint64_t r[8]; /* the call's random words: which handles, which values */
-	int sane;      /* live handles and sensible values only, so that programs get deep */
-};
+/* ---- the objects a running program holds ---- */
 
-struct program {
-	int n;
-	struct call calls[MAX_CALLS];
-	int profile_full; /* the full profile, else rxe */
-};
+enum kind { K_CTX, K_PD, K_MR, K_CH, K_CQ, K_SRQ, K_QP, K_AH, K_MW, K_COUNT };
 
-static uint64_t mix(uint64_t *s)
+#include "harness.h"
+
+static struct ibv_device **devices;
+static int ndevices;
+
+/* Most programs start as an application does (a device, a PD, an MR, a CQ, two RC QPs
+ * connected to each other, receives posted), so that the rest reaches connected QPs. */
+static void shape(struct program *p, uint64_t seed)
 {
-	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
-static void generate(struct program *p, uint64_t seed)
-{
-	uint64_t s = seed, total = 0;
-	for (int i = 0; i < OP_COUNT; i++)
-		total += weight[i];
-	p->n = 8 + (int)(mix(&s) % (MAX_CALLS - 8));
-	p->profile_full = mix(&s) & 1;
-	for (int i = 0; i < p->n; i++) {
-		uint64_t w = mix(&s) % total;
-		int op = 0;
-		while (w >= (uint64_t)weight[op])
-			w -= weight[op++];
-		p->calls[i].op = op;
-		for (int j = 0; j < 8; j++)
-			p->calls[i].r[j] = mix(&s);
-		p->calls[i].sane = mix(&s) % 3 == 0;
-	}
-	/* Most programs start as an application does (a device, a PD, an MR, a CQ, two RC QPs
-	 * connected to each other, receives posted), so that the rest reaches connected QPs. */
 	static const enum op prologue[] = { OP_OPEN, OP_ALLOC_PD, OP_REG_MR, OP_CREATE_CQ,
 					    OP_CREATE_QP, OP_CREATE_QP, OP_CONNECT, OP_CONNECT,
 					    OP_POST_RECV, OP_POST_RECV };
@@ -125,180 +85,6 @@ static void generate(struct program *p, uint64_t seed)
 				c->r[1] = (i + 1) % 2;
 			}
 		}
-}
-
-/* ---- the objects a running program holds ---- */
-
-enum kind { K_CTX, K_PD, K_MR, K_CH, K_CQ, K_SRQ, K_QP, K_AH, K_MW, K_COUNT };
-
-struct obj {
-	void *p;
-	int live;
-	int ctx; /* the context slot it belongs to */
-	int ex;  /* a QP made with send_ops_flags: the ibv_wr_* functions work on it */
-};
-
-static struct obj pool[K_COUNT][SLOTS];
-static struct ibv_device **devices;
-static int ndevices;
-static char *buf;            /* registrable memory, BUF_LEN bytes */
-static char *readonly_page;  /* one page mapped PROT_READ */
-static char *unmapped_page;  /* an address with nothing mapped */
-static char junk[1024];      /* a "handle" that is no object */
-static int verbose;
-static const char *current;  /* the call being made, for messages */
-static int sane;             /* the call's `sane` */
-
-#define LOG(...)                                                     \
-	do {                                                         \
-		if (verbose) {                                       \
-			fprintf(stderr, __VA_ARGS__);                \
-			fflush(stderr);                              \
-		}                                                    \
-	} while (0)
-
-/* A verb that was given a hostile handle succeeded. */
-static void accepted(const char *what)
-{
-	fprintf(stderr, "ACCEPTED: %s succeeded with %s\n", current, what);
-	fflush(stderr);
-	_exit(3);
-}
-
-static int add(enum kind k, void *p, int ctx)
-{
-	if (!p)
-		return -1;
-	for (int pass = 0; pass < 2; pass++)
-		for (int i = 0; i < SLOTS; i++) {
-			struct obj *o = &pool[k][i];
-			if ((pass == 0 && !o->p) || (pass == 1 && !o->live)) {
-				*o = (struct obj){ p, 1, ctx, 0 };
-				return i;
-			}
-		}
-	return -1; /* full: the object stays, unused */
-}
-
-static int is_live_anywhere(void *p)
-{
-	for (int k = 0; k < K_COUNT; k++)
-		for (int i = 0; i < SLOTS; i++)
-			if (pool[k][i].live && pool[k][i].p == p)
-				return 1;
-	return 0;
-}
-
-/* A live object of kind k (chosen by r), or -1. */
-static int live_slot(enum kind k, uint64_t r)
-{
-	int n = 0, slots[SLOTS];
-	for (int i = 0; i < SLOTS; i++)
-		if (pool[k][i].live)
-			slots[n++] = i;
-	return n ? slots[r % n] : -1;
-}
-
-static void *live(enum kind k, uint64_t r)
-{
-	int i = live_slot(k, r);
-	return i < 0 ? NULL : pool[k][i].p;
-}
-
-/* A handle of kind k for an exported verb: usually live, else NULL, destroyed, of another
- * kind, or junk. *bad says whether it is hostile (an object of kind k it is not). */
-static void *handle(enum kind k, uint64_t r, int *bad, const char **what)
-{
-	void *p = NULL;
-	*bad = 1;
-	switch (sane ? 15 : r % 24) {
-	case 0:
-		*what = "NULL";
-		return NULL;
-	case 1:
-		for (int i = 0; i < SLOTS; i++) {
-			struct obj *o = &pool[k][(i + (r >> 8)) % SLOTS];
-			/* A freed struct's address may hold a new object already: not hostile. */
-			if (o->p && !o->live && !is_live_anywhere(o->p)) {
-				*what = "a destroyed handle";
-				return o->p;
-			}
-		}
-		break;
-	case 2:
-		p = live((k + 1 + (r >> 8) % (K_COUNT - 1)) % K_COUNT, r >> 16);
-		if (p) {
-			*what = "a handle of another kind";
-			return p;
-		}
-		break;
-	case 3:
-		*what = "a pointer to junk";
-		return junk + 64 * ((r >> 8) % 8);
-	}
-	p = live(k, r >> 4);
-	*bad = p == NULL;
-	*what = p ? "a live handle" : "NULL";
-	return p;
-}
-
-/* A live handle of kind k or NULL (for NULL-able arguments), never hostile otherwise. */
-static void *optional(enum kind k, uint64_t r)
-{
-	return r % 3 == 0 ? NULL : live(k, r >> 2);
-}
-
-static int ctx_of(enum kind k, void *p)
-{
-	for (int i = 0; i < SLOTS; i++)
-		if (pool[k][i].live && pool[k][i].p == p)
-			return pool[k][i].ctx;
-	return -1;
-}
-
-static void kill_obj(enum kind k, void *p)
-{
-	for (int i = 0; i < SLOTS; i++)
-		if (pool[k][i].live && pool[k][i].p == p)
-			pool[k][i].live = 0;
-}
-
-/* ---- values ---- */
-
-static uint64_t pick64(uint64_t r, const uint64_t *v, int n)
-{
-	return v[r % n];
-}
-#define PICK(r, ...)                                                                     \
-	pick64((r), (const uint64_t[]){ __VA_ARGS__ },                                   \
-	       sizeof((const uint64_t[]){ __VA_ARGS__ }) / sizeof(uint64_t))
-
-static int counts(uint64_t r)
-{
-	if (sane)
-		return (int)PICK(r, 4, 16, 64);
-	return (int)PICK(r, 0, 1, 2, 4, 16, 64, 1000, 65536, 0x7fffffff, (uint64_t)-1);
-}
-
-static char *address(uint64_t r)
-{
-	switch (sane ? 7 : r % 8) {
-	case 0:
-		return NULL;
-	case 1:
-		return readonly_page;
-	case 2:
-		return unmapped_page;
-	default:
-		return buf + (r >> 8) % (BUF_LEN / 2);
-	}
-}
-
-static size_t length(uint64_t r)
-{
-	if (sane)
-		return PICK(r, 64, 4096);
-	return PICK(r, 0, 1, 8, 64, 4096, BUF_LEN / 2, 1ull << 31, (uint64_t)-1);
 }
 
 static uint32_t some_lkey(uint64_t r, int remote)
@@ -1057,135 +843,22 @@ static void run_call(struct call *c)
 #undef MUST_FAIL
 }
 
-/* ---- running and minimising ---- */
-
-enum outcome { PASSED, CRASHED, HUNG, PANICKED, ACCEPTED_BAD, FAILED };
-static const char *const outcome_name[] = { "passed", "crashed", "hung", "panicked",
-					    "accepted a hostile handle", "failed" };
-
-static void child(const struct program *p, const uint8_t *skip)
+static void setup(void)
 {
-	setenv("RDMA_EMU_PROFILE", p->profile_full ? "full" : "rxe", 1);
-	alarm(10);
-	buf = aligned_alloc(4096, BUF_LEN);
-	memset(buf, 0, BUF_LEN);
-	readonly_page = mmap(NULL, 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	unmapped_page = mmap(NULL, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	munmap(unmapped_page, 4096);
-	memset(junk, 0xa5, sizeof junk);
 	devices = ibv_get_device_list(&ndevices);
-	for (int i = 0; i < p->n; i++)
-		if (!skip[i])
-			run_call((struct call *)&p->calls[i]);
-	if (getenv("VERBS_FUZZ_SELF_TEST"))
-		for (int i = 0; i < p->n; i++)
-			if (!skip[i] && p->calls[i].op == OP_POLL_CQ)
-				raise(SIGSEGV);
-	/* Then close what is left open, live objects and all. */
+}
+
+/* Closes what is left open, live objects and all. */
+static void teardown(void)
+{
 	current = "close_device at the end";
 	for (int i = 0; i < SLOTS; i++)
 		if (pool[K_CTX][i].live && ibv_close_device(pool[K_CTX][i].p))
 			_exit(4);
 	ibv_free_device_list(devices);
-	_exit(0);
 }
 
-/* Runs the program without the calls in skip; its outcome, and its output in out. */
-static enum outcome run(const struct program *p, const uint8_t *skip, char *out, size_t cap)
+static int self_test_crashes(const struct call *c)
 {
-	int fds[2];
-	if (pipe(fds))
-		abort();
-	fflush(NULL);
-	pid_t pid = fork();
-	if (pid < 0)
-		abort();
-	if (pid == 0) {
-		close(fds[0]);
-		dup2(fds[1], 1);
-		dup2(fds[1], 2);
-		child(p, skip);
-	}
-	close(fds[1]);
-	size_t len = 0;
-	for (;;) {
-		char tmp[4096];
-		ssize_t n = read(fds[0], tmp, sizeof tmp);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			break;
-		size_t take = (size_t)n < cap - 1 - len ? (size_t)n : cap - 1 - len;
-		memcpy(out + len, tmp, take);
-		len += take;
-	}
-	out[len] = 0;
-	close(fds[0]);
-	int status;
-	while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
-		;
-	if (WIFSIGNALED(status))
-		return WTERMSIG(status) == SIGALRM ? HUNG : CRASHED;
-	if (strstr(out, "panicked"))
-		return PANICKED;
-	if (WEXITSTATUS(status) == 3)
-		return ACCEPTED_BAD;
-	return WEXITSTATUS(status) ? FAILED : PASSED;
-}
-
-static char output[1 << 20];
-
-int main(int argc, char **argv)
-{
-	if (argc < 3) {
-		fprintf(stderr, "usage: %s SEED CASES [-v]\n", argv[0]);
-		return 2;
-	}
-	uint64_t seed = strtoull(argv[1], NULL, 0);
-	long cases = strtol(argv[2], NULL, 0);
-	int show_all = argc > 3 && strcmp(argv[3], "-v") == 0;
-	long failures = 0, calls = 0;
-	static struct program p;
-	uint8_t skip[MAX_CALLS];
-
-	const char *first = getenv("VERBS_FUZZ_FIRST");
-	for (long i = first ? strtol(first, NULL, 0) : 0; i < cases; i++) {
-		uint64_t s = seed ^ (0x5851f42d4c957f2dull * (uint64_t)(i + 1));
-		generate(&p, s);
-		calls += p.n;
-		memset(skip, 0, sizeof skip);
-		verbose = show_all;
-		enum outcome o = run(&p, skip, output, sizeof output);
-		if (show_all)
-			printf("case %ld (%s): %s\n%s", i, p.profile_full ? "full" : "rxe",
-			       outcome_name[o], output);
-		if (o == PASSED)
-			continue;
-		failures++;
-		/* Minimise: drop each call in turn while the program still fails the same way. */
-		verbose = 0;
-		for (int pass = 0, changed = 1; changed && pass < 3; pass++) {
-			changed = 0;
-			for (int j = 0; j < p.n; j++) {
-				if (skip[j])
-					continue;
-				skip[j] = 1;
-				if (run(&p, skip, output, sizeof output) == o)
-					changed = 1;
-				else
-					skip[j] = 0;
-			}
-		}
-		verbose = 1;
-		enum outcome again = run(&p, skip, output, sizeof output);
-		int left = 0;
-		for (int j = 0; j < p.n; j++)
-			left += !skip[j];
-		printf("FAILED case %ld (seed %#llx, profile %s): %s; minimised to %d of %d calls "
-		       "(%s when rerun):\n%s\n",
-		       i, (unsigned long long)seed, p.profile_full ? "full" : "rxe",
-		       outcome_name[o], left, p.n, outcome_name[again], output);
-	}
-	printf("%ld programs, %ld calls, %ld failed\n", cases, calls, failures);
-	return failures ? 1 : 0;
+	return c->op == OP_POLL_CQ;
 }
