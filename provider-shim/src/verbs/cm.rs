@@ -909,8 +909,8 @@ fn create_qp(id: *mut rdma_cm_id, a: &mut ibv_qp_init_attr_ex) -> c_int {
         if a.pd.is_null() {
             return -1;
         }
-    // SAFETY: a PD pointer from the application, only read for its context.
-    } else if unsafe { (*a.pd).context } != s.id.verbs {
+    // SAFETY: checked against the registry (a destroyed or foreign PD is refused there).
+    } else if unsafe { obj::<_, ShimPd>(a.pd) }.is_none_or(|p| p.pd.context != s.id.verbs) {
         return fail_with(libc::EINVAL);
     }
     const XRCD: u32 = IBV_QP_INIT_ATTR_XRCD;

@@ -157,6 +157,11 @@ int main(void)
 	CHECK(pd = ibv_alloc_pd(client->verbs));
 	CHECK(cq = ibv_create_cq(client->verbs, 16, NULL, NULL, 0));
 	init = qp_attr(cq);
+	/* A PD that is no PD (here the channel) is refused, not read through. */
+	errno = 0;
+	CHECK(rdma_create_qp(client, (struct ibv_pd *)ch, &init) == -1 && errno == EINVAL);
+	CHECK(rdma_create_qp(client, (struct ibv_pd *)(uintptr_t)8, &init) == -1 && errno == EINVAL);
+	CHECK(!client->qp);
 	CHECK(rdma_create_qp(client, pd, &init) == 0 && client->qp);
 	p.private_data = big;
 	p.private_data_len = 57;
