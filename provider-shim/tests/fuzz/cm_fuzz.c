@@ -58,9 +58,9 @@ static const char *const op_name[OP_COUNT] = {
 	"accept", "reject", "disconnect", "alloc_pd (id's device)", "create_qp", "destroy_qp",
 	"set_option", "ports, init_qp_attr, event_str, devices", "join/leave_multicast",
 	"migrate_id", "notify", "getaddrinfo", "create_ep/destroy_ep", "rsocket", "rbind",
-	"rlisten", "rconnect", "raccept", "rsend/rrecv/rread/rwrite", "rsetsockopt/rgetsockopt",
-	"rpoll", "rclose", "create_srq/destroy_srq", "set_local_ece/get_remote_ece/reject_ece",
-	"rgetpeername/rgetsockname/rshutdown", "riomap/riowrite/riounmap",
+	"rlisten", "rconnect", "raccept", "rsend/rrecv/rread/rwrite/rsendmsg/rrecvmsg",
+	"rsetsockopt/rgetsockopt", "rpoll", "rclose", "create_srq/destroy_srq",
+	"set_local_ece/get_remote_ece/reject_ece", "rgetpeername/rgetsockname/rshutdown/rfcntl/rselect", "riomap/riowrite/riounmap",
 };
 
 /* ---- the objects a running program holds ---- */
@@ -180,7 +180,8 @@ static struct rdma_conn_param *conn_param(uint64_t r, struct rdma_conn_param *cp
 		return NULL;
 	memset(cp, 0, sizeof *cp);
 	cp->private_data = r % 7 == 1 ? NULL : buf;
-	cp->private_data_len = (uint8_t)(sane ? PICK(r >> 3, 0, 16) : PICK(r >> 3, 0, 16, 56, 57, 196, 255));
+	cp->private_data_len =
+		(uint8_t)(sane ? PICK(r >> 3, 0, 16) : PICK(r >> 3, 0, 16, 56, 57, 196, 255));
 	cp->responder_resources = (uint8_t)(sane ? 1 : PICK(r >> 8, 0, 1, 16, 255));
 	cp->initiator_depth = (uint8_t)(sane ? 1 : PICK(r >> 12, 0, 1, 16, 255));
 	cp->retry_count = (uint8_t)(sane ? 7 : PICK(r >> 16, 0, 7, 255));
@@ -580,7 +581,11 @@ static void run_call(struct call *c)
 		size_t len = (size_t)PICK(r[1], 0, 1, 64, 4096, BUF_LEN / 2);
 		ssize_t ret;
 		struct iovec iov[2] = { { buf, len / 2 }, { buf + len / 2, len - len / 2 } };
-		switch (r[2] % 8) {
+		struct msghdr mh = { .msg_iov = iov, .msg_iovlen = (size_t)PICK(r[3], 2, 1, 0),
+				     .msg_control = r[4] % 5 ? NULL : buf, .msg_controllen = 16 };
+		switch (r[2] % 10) {
+		case 8: ret = rsendmsg(fd, &mh, MSG_DONTWAIT); break;
+		case 9: ret = rrecvmsg(fd, &mh, MSG_DONTWAIT); break;
 		case 0: ret = rsend(fd, buf, len, MSG_DONTWAIT); break;
 		case 1: ret = rrecv(fd, buf, len, MSG_DONTWAIT); break;
 		case 2: ret = rwrite(fd, buf, len); break;
@@ -598,7 +603,7 @@ static void run_call(struct call *c)
 			break;
 		}
 		}
-		LOG("  %s, %zu bytes, kind %d = %zd (%d)\n", what, len, (int)(r[2] % 8), ret,
+		LOG("  %s, %zu bytes, kind %d = %zd (%d)\n", what, len, (int)(r[2] % 10), ret,
 		    ret < 0 ? errno : 0);
 		/* Zero bytes may succeed with nothing to check; more from a hostile rsocket not. */
 		MUST_FAIL(ret > 0);
@@ -683,7 +688,32 @@ static void run_call(struct call *c)
 		int fd = rs_fd(r[0], &bad, &what);
 		socklen_t len = (socklen_t)PICK(r[1], sizeof ss, 0, 4, 16);
 		int ret;
-		switch (r[2] % 3) {
+		switch (r[2] % 5) {
+		case 3: {
+			int cmd = (int)PICK(r[3], F_GETFL, F_SETFL, F_GETFD, 9999);
+			ret = rfcntl(fd, cmd, (int)PICK(r[4], O_NONBLOCK, 0, -1));
+			if (ret >= 0 && cmd != F_SETFL)
+				ret = 0;
+			/* A descriptor given back blocking would block the program. */
+			if (!bad)
+				rfcntl(fd, F_SETFL, rfcntl(fd, F_GETFL) | O_NONBLOCK);
+			break;
+		}
+		case 4: {
+			fd_set rd, wr;
+			FD_ZERO(&rd);
+			FD_ZERO(&wr);
+			int n = fd >= 0 && fd < FD_SETSIZE ? fd + 1 : 0;
+			if (n) {
+				FD_SET(fd, &rd);
+				FD_SET(fd, &wr);
+			}
+			struct timeval tv = { 0, 0 };
+			ret = rselect(n, &rd, r[3] % 2 ? &wr : NULL, NULL, &tv);
+			ret = ret < 0 ? ret : 0;
+			bad = 0; /* a descriptor select does not know is not an error it reports */
+			break;
+		}
 		case 0:
 			ret = rgetpeername(fd, r[3] % 5 ? (struct sockaddr *)&ss : NULL,
 					   r[4] % 5 ? &len : NULL);
@@ -696,7 +726,7 @@ static void run_call(struct call *c)
 			ret = rshutdown(fd, (int)PICK(r[3], SHUT_RD, SHUT_WR, SHUT_RDWR, 7));
 			break;
 		}
-		LOG("  %s, kind %d = %d\n", what, (int)(r[2] % 3), ret);
+		LOG("  %s, kind %d = %d\n", what, (int)(r[2] % 5), ret);
 		MUST_FAIL(ret == 0);
 		break;
 	}
