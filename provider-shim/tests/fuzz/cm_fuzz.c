@@ -60,7 +60,8 @@ static const char *const op_name[OP_COUNT] = {
 	"migrate_id", "notify", "getaddrinfo", "create_ep/destroy_ep", "rsocket", "rbind",
 	"rlisten", "rconnect", "raccept", "rsend/rrecv/rread/rwrite/rsendmsg/rrecvmsg",
 	"rsetsockopt/rgetsockopt", "rpoll", "rclose", "create_srq/destroy_srq",
-	"set_local_ece/get_remote_ece/reject_ece", "rgetpeername/rgetsockname/rshutdown/rfcntl/rselect", "riomap/riowrite/riounmap",
+	"set_local_ece/get_remote_ece/reject_ece",
+	"rgetpeername/rgetsockname/rshutdown/rfcntl/rselect", "riomap/riowrite/riounmap",
 };
 
 /* ---- the objects a running program holds ---- */
