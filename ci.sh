@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One entry point for CI and humans: ./ci.sh test | lint | bench | sanitize | tsan
+# One entry point for CI and humans: ./ci.sh test | lint | bench | sanitize | asan_fuzz | tsan
 set -euo pipefail
 cd "$(dirname "$0")"
 export CARGO_TERM_COLOR=never
@@ -65,7 +65,34 @@ sanitize() {
     # -Zbuild-std, is the longer run docs/reliability.md gives), and leaks.
     RUSTFLAGS="-Zsanitizer=address" CARGO_TARGET_DIR=target/sanitize \
         timeout 1500 cargo +nightly test -p rdma-emu --target x86_64-unknown-linux-gnu --lib --tests
+    asan_fuzz
     tsan
+}
+
+# The C ABI's fuzzers (provider-shim/tests/fuzz) against libibverbs.so built with
+# AddressSanitizer: an out-of-bounds access or a use after free in the shim's unsafe code
+# fails them where it would not crash. The fuzzers are built with GCC's AddressSanitizer,
+# whose runtime serves the Rust library's instrumentation too; librdmacm.so (forwarders into
+# libibverbs.so, nothing to instrument) is the release build's. Longer:
+# `ASAN_FUZZ_CASES=20000 ./ci.sh asan_fuzz`.
+asan_fuzz() {
+    local cases="${ASAN_FUZZ_CASES:-1500}" lib=target/sanitize/asan-shim f
+    if ! rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
+        echo "asan_fuzz: no nightly toolchain, skipped" >&2
+        return 0
+    fi
+    RUSTFLAGS="-Zsanitizer=address" CARGO_TARGET_DIR=target/sanitize \
+        timeout 1200 cargo +nightly build --release -p rdma-emu-shim --target x86_64-unknown-linux-gnu
+    mkdir -p "$lib"
+    ln -sf "$PWD/target/sanitize/x86_64-unknown-linux-gnu/release/libibverbs.so" "$lib/libibverbs.so.1"
+    ln -sf "$PWD/target/release/librdmacm.so" "$lib/librdmacm.so.1"
+    for f in verbs_fuzz cm_fuzz; do
+        gcc -std=gnu11 -O1 -g -fsanitize=address -fno-omit-frame-pointer -Wall -Wextra -Werror \
+            -o "target/sanitize/$f" "provider-shim/tests/fuzz/$f.c" -lrdmacm -libverbs
+        LD_LIBRARY_PATH="$lib" RDMA_EMU_FABRIC=none RDMA_EMU_SYSFS=target/sanitize/fuzz-sysfs \
+            ASAN_OPTIONS=detect_leaks=0 timeout 900 "target/sanitize/$f" 1 "$cases" | tail -n 20
+        [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "asan_fuzz: $f failed" >&2; return 1; }
+    done
 }
 
 # ThreadSanitizer over the emulator's tests, std rebuilt instrumented (it needs the nightly's
@@ -100,6 +127,7 @@ case "${1:-test}" in
         ;;
     lint) lint ;;
     sanitize) sanitize ;;
+    asan_fuzz) asan_fuzz ;;
     tsan) tsan ;;
     bench)
         cargo build --release -p rdma-emu-benches
@@ -140,5 +168,5 @@ case "${1:-test}" in
                 awk -v n=$((rounds + 1000)) '{ printf "instructions per cross-process 8-byte SEND + ACK: %d\n", $1 / n }'
         fi
         ;;
-    *) echo "usage: $0 [test|lint|bench|sanitize]" >&2; exit 2 ;;
+    *) echo "usage: $0 [test|lint|bench|sanitize|asan_fuzz|tsan]" >&2; exit 2 ;;
 esac

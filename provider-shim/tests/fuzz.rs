@@ -111,7 +111,13 @@ fn hostile_verb_programs_on_the_host_fabric_neither_crash_hang_panic_nor_accept_
 /// minimise each to the one call that matters.
 #[test]
 fn the_fuzzer_finds_a_crash_and_minimises_it_to_its_cause() {
-    let (report, ok) = fuzz(Fuzzer::Verbs, 1, 40, Some("none"), true);
+    finds_and_minimises(Fuzzer::Verbs, 40, "poll_cq");
+}
+
+/// Runs `cases` programs of `fuzzer` whose calls named `call` crash (its self test): each
+/// program found must be minimised to that one call.
+fn finds_and_minimises(fuzzer: Fuzzer, cases: u64, call: &str) {
+    let (report, ok) = fuzz(fuzzer, 1, cases, Some("none"), true);
     assert!(!ok, "{report}");
     let found: Vec<&str> = report.lines().filter(|l| l.starts_with("FAILED")).collect();
     assert!(!found.is_empty(), "{report}");
@@ -120,7 +126,7 @@ fn the_fuzzer_finds_a_crash_and_minimises_it_to_its_cause() {
     }
     let calls: Vec<&str> =
         report.split("FAILED").skip(1).map(|case| case.lines().nth(1).unwrap_or("")).collect();
-    assert!(calls.iter().all(|c| c.starts_with("poll_cq")), "{calls:?}\n{report}");
+    assert!(calls.iter().all(|c| c.starts_with(call)), "{calls:?}\n{report}");
 }
 
 /// The connection manager's and rsockets' calls (librdmacm), hostile handles (ids, channels,
@@ -138,14 +144,5 @@ fn hostile_cm_and_rsocket_programs_neither_crash_hang_panic_nor_accept_bad_handl
 /// to crash) to that call.
 #[test]
 fn the_cm_fuzzer_finds_a_crash_and_minimises_it_to_its_cause() {
-    let (report, ok) = fuzz(Fuzzer::Cm, 1, 20, Some("none"), true);
-    assert!(!ok, "{report}");
-    let found: Vec<&str> = report.lines().filter(|l| l.starts_with("FAILED")).collect();
-    assert!(!found.is_empty(), "{report}");
-    for line in &found {
-        assert!(line.contains(": crashed; minimised to 1 of"), "{line}\n{report}");
-    }
-    let calls: Vec<&str> =
-        report.split("FAILED").skip(1).map(|case| case.lines().nth(1).unwrap_or("")).collect();
-    assert!(calls.iter().all(|c| c.starts_with("get_cm_event")), "{calls:?}\n{report}");
+    finds_and_minimises(Fuzzer::Cm, 20, "get_cm_event");
 }
