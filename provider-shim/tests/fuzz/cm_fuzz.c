@@ -55,9 +55,9 @@ static const int weight[OP_COUNT] = {
 static const char *const op_name[OP_COUNT] = {
 	"create_event_channel", "destroy_event_channel", "create_id", "destroy_id", "bind_addr",
 	"resolve_addr", "resolve_route", "listen", "connect", "get_cm_event", "ack_cm_event",
-	"accept", "reject", "disconnect", "alloc_pd (id's device)", "create_qp", "destroy_qp",
+	"accept", "reject", "disconnect", "alloc_pd (id's device)", "create_qp(_ex)", "destroy_qp",
 	"set_option", "ports, init_qp_attr, event_str, devices", "join/leave_multicast",
-	"migrate_id", "notify", "getaddrinfo", "create_ep/destroy_ep", "rsocket", "rbind",
+	"migrate_id", "notify/establish", "getaddrinfo", "create_ep/destroy_ep", "rsocket", "rbind",
 	"rlisten", "rconnect", "raccept", "rsend/rrecv/rread/rwrite/rsendmsg/rrecvmsg",
 	"rsetsockopt/rgetsockopt", "rpoll", "rclose", "create_srq/destroy_srq",
 	"set_local_ece/get_remote_ece/reject_ece",
@@ -417,7 +417,18 @@ static void run_call(struct call *c)
 				 .max_inline_data = (uint32_t)PICK(r[6] >> 8, 0, 64, 1 << 20) },
 			.sq_sig_all = (int)(r[7] >> 8) & 1,
 		};
-		int ret = rdma_create_qp(id, pd, &qa);
+		int ret;
+		if (r[0] % 4 == 3) {
+			/* The extended attributes: a PD only with its mask bit. */
+			struct ibv_qp_init_attr_ex ax = { .qp_type = qa.qp_type, .cap = qa.cap,
+							  .sq_sig_all = qa.sq_sig_all, .pd = pd };
+			ax.comp_mask = (uint32_t)PICK(r[7] >> 16, IBV_QP_INIT_ATTR_PD, 0, 0xffff);
+			if (!(ax.comp_mask & IBV_QP_INIT_ATTR_PD))
+				bad2 = 0;
+			ret = rdma_create_qp_ex(id, r[1] % 11 ? &ax : NULL);
+		} else {
+			ret = rdma_create_qp(id, pd, &qa);
+		}
 		LOG("  %s, pd %s = %d\n", what, pd ? what2 : "NULL", ret);
 		MUST_FAIL(ret == 0);
 		break;
@@ -466,7 +477,20 @@ static void run_call(struct call *c)
 		struct sockaddr *sa = sockaddr_of(r[1], CM_PORT, &group);
 		if (sa && sa->sa_family == AF_INET && (sane || r[2] % 3))
 			((struct sockaddr_in *)sa)->sin_addr.s_addr = htonl(0xe0010101 + r[3] % 2);
-		int ret = r[4] % 3 ? rdma_join_multicast(id, sa, NULL) : rdma_leave_multicast(id, sa);
+		struct rdma_cm_join_mc_attr_ex mx = {
+			.comp_mask = (uint32_t)PICK(r[5], RDMA_CM_JOIN_MC_ATTR_ADDRESS |
+							      RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS,
+						    RDMA_CM_JOIN_MC_ATTR_ADDRESS, 0, 0xff),
+			.join_flags = (uint32_t)PICK(r[6], RDMA_MC_JOIN_FLAG_FULLMEMBER,
+						     RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER, 77),
+			.addr = sa,
+		};
+		int ret;
+		switch (r[4] % 4) {
+		case 0: ret = rdma_leave_multicast(id, sa); break;
+		case 1: ret = rdma_join_multicast_ex(id, r[7] % 7 ? &mx : NULL, NULL); break;
+		default: ret = rdma_join_multicast(id, sa, NULL); break;
+		}
 		LOG("  %s = %d\n", what, ret);
 		MUST_FAIL(ret == 0);
 		break;
@@ -494,8 +518,9 @@ static void run_call(struct call *c)
 	}
 	case OP_NOTIFY: {
 		struct rdma_cm_id *id = ID(0);
-		int ret = rdma_notify(id, (enum ibv_event_type)PICK(r[1], IBV_EVENT_COMM_EST,
-								     IBV_EVENT_QP_FATAL, 99));
+		int ret = r[2] % 3 ? rdma_notify(id, (enum ibv_event_type)PICK(r[1], IBV_EVENT_COMM_EST,
+									     IBV_EVENT_QP_FATAL, 99))
+				   : rdma_establish(id);
 		LOG("  %s = %d\n", what, ret);
 		MUST_FAIL(ret == 0);
 		break;
