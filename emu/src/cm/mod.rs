@@ -15,6 +15,8 @@
 //! CM's own MADs on QP1 (modules `wire` and `mad`), so the other side may be the kernel's CM.
 
 pub mod addr;
+#[cfg(test)]
+mod confused_peer_tests;
 mod mad;
 mod msg;
 mod wire;
