@@ -1007,7 +1007,7 @@ impl Qp {
 
     /// `ibv_post_recv` of one WR.
     pub fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()> {
-        self.post_recv_list(std::slice::from_ref(wr)).map_err(|(_, e)| e)
+        engine::responder::post_recv(&self.0, wr)
     }
 
     /// `ibv_post_recv` of a list; see [`Qp::post_send_list`] for the failure index.

@@ -770,6 +770,22 @@ pub(crate) unsafe extern "C" fn post_recv(
         // SAFETY: a live QP.
         let Some(s) = (unsafe { obj::<_, ShimQp>(qp) }) else { return libc::EINVAL };
         let (max_sge, max_wr) = (s.emu.cap().max_recv_sge as c_int, s.emu.cap().max_recv_wr);
+        // SAFETY: NULL or the application's valid ibv_recv_wr.
+        if let Some(w) = unsafe { wr.as_ref() }
+            && w.next.is_null()
+            && max_wr > 0
+            && (0..=max_sge).contains(&w.num_sge)
+        {
+            // The commonest, a list of one, without the list's steps.
+            // SAFETY: num_sge readable entries (the verbs contract), bounded above.
+            let r =
+                RecvWr { wr_id: w.wr_id, sg_list: unsafe { sges(w.sg_list, w.num_sge as usize) } };
+            return match s.emu.post_recv(&r) {
+                Ok(()) => 0,
+                // SAFETY: bad_wr is NULL or writable, as ibv_post_recv requires.
+                Err(e) => unsafe { refused(bad, wr, e.errno().raw()) },
+            };
+        }
         // SAFETY: the application's list and bad_wr, as ibv_post_recv requires.
         unsafe { post_recv_list(wr, bad, (max_sge, max_wr), |r| s.emu.post_recv(r)) }
     })
