@@ -778,8 +778,8 @@ pub(crate) unsafe extern "C" fn post_recv(
         {
             // The commonest, a list of one, without the list's steps.
             // SAFETY: num_sge readable entries (the verbs contract), bounded above.
-            let r =
-                RecvWr { wr_id: w.wr_id, sg_list: unsafe { sges(w.sg_list, w.num_sge as usize) } };
+            let sg_list = unsafe { sges(w.sg_list, w.num_sge as usize) };
+            let r = RecvWr { wr_id: w.wr_id, sg_list };
             return match s.emu.post_recv(&r) {
                 Ok(()) => 0,
                 // SAFETY: bad_wr is NULL or writable, as ibv_post_recv requires.
