@@ -1166,8 +1166,9 @@ impl CmId {
     }
 
     /// Has the fabric's timer look, every [`REQ_LOOK_NS`] (in simulated time, at `deadline`
-    /// alone), whether someone listens on `to` now, and send `req` there; at `deadline` it goes to our own CM, which rejects it as
-    /// nobody's. Ends when the id is destroyed or leaves `Connecting`.
+    /// alone), whether someone listens on `to` now, and send `req` there; at `deadline` it
+    /// goes to our own CM, which rejects it as nobody's. Ends when the id is destroyed or
+    /// leaves `Connecting`.
     fn look_for_listener(
         &self,
         fabric: &FabricInner,

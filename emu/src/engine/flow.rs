@@ -268,9 +268,9 @@ impl Flow {
     /// without steering (rxe); then `EPERM` without `CAP_NET_RAW` (see
     /// [`FabricConfig::raw_needs_cap`](crate::FabricConfig::raw_needs_cap)); `EOPNOTSUPP` for a
     /// UD QP (steering to UD needs an InfiniBand port and is not emulated), a specification
-    /// the emulator does not match on, or an egress rule; `EINVAL` for another QP type, an unknown flag, a
-    /// port the device lacks, or a value with bits outside its mask; `ENOMEM` for a priority
-    /// above 15 (as mlx5).
+    /// the emulator does not match on, or an egress rule; `EINVAL` for another QP type, an
+    /// unknown flag, a port the device lacks, or a value with bits outside its mask; `ENOMEM`
+    /// for a priority above 15 (as mlx5).
     pub(crate) fn create(qp: &Qp, attr: &FlowAttr) -> Result<Flow> {
         let q = &qp.0;
         q.life.check()?;
