@@ -26,15 +26,13 @@ pub(crate) use ffi;
 /// ([`rdma_emu::Error::hint`]): the program (UCX, libfabric, perftest) reports only the errno,
 /// or asks for an unlimited `ulimit -l`, which a user without root cannot give.
 fn explain(e: &rdma_emu::Error) {
-    static MEMLOCK: std::sync::Once = std::sync::Once::new();
-    static NET_RAW: std::sync::Once = std::sync::Once::new();
-    let once = match *e {
-        rdma_emu::Error::MEMLOCK => &MEMLOCK,
-        rdma_emu::Error::NET_RAW => &NET_RAW,
-        _ => return,
-    };
-    if let Some(hint) = e.hint() {
-        once.call_once(|| eprintln!("rdma-emu: {hint}"));
+    // The errors explained so far (the emulator's `hint` says which have a line).
+    static SAID: std::sync::Mutex<Vec<rdma_emu::Error>> = std::sync::Mutex::new(Vec::new());
+    let Some(hint) = e.hint() else { return };
+    let mut said = SAID.lock().unwrap_or_else(|p| p.into_inner());
+    if !said.contains(e) {
+        said.push(*e);
+        eprintln!("rdma-emu: {hint}");
     }
 }
 
