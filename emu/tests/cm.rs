@@ -167,6 +167,46 @@ fn connected(f: &Fabric) -> (CmChannel, CmId, Side, CmChannel, CmId, Side) {
     (sch, conn, s, cch, client, c)
 }
 
+/// `rdma_migrate_id` takes the id's unread events to its new channel, in their order, as the
+/// kernel's ucma moves them: librpma accepts, then moves the new connection to a channel of
+/// its own, where it waits for `Established`; the RTU may come between the two (under load it
+/// did: the server waited for ever). A connection request unread moves with its listener.
+#[test]
+fn migrating_an_id_takes_its_unread_events_along() {
+    let f = fabric(Profile::Full);
+    let (sch, server, cch, client) = listening(&f);
+    let _c = side(&client);
+    client.connect(&ConnParam::default()).unwrap();
+    let conn = next(&sch, E::ConnectRequest).id;
+    let _s = side(&conn);
+    conn.accept(&ConnParam::default()).unwrap();
+    next(&cch, E::Established);
+    // A second request waits for the listener, the server's `Established` for `conn`.
+    let later = resolved(&cch, PortSpace::Tcp, None, "127.0.0.2:7471");
+    let _l = side(&later);
+    later.connect(&ConnParam::default()).unwrap();
+    let (own, listeners) = (CmChannel::new(&f).unwrap(), CmChannel::new(&f).unwrap());
+    conn.migrate(&own).unwrap();
+    client.disconnect().unwrap();
+    server.migrate(&listeners).unwrap();
+    for ch in [&sch, &own, &listeners] {
+        ch.set_nonblocking(true).unwrap();
+    }
+    let got = |ch: &CmChannel| ch.get_event().map(|ev| (ev.event, ev.id));
+    let (est, dis) = (got(&own).unwrap(), got(&own).unwrap());
+    assert_eq!((est.0, dis.0), (E::Established, E::Disconnected), "moved first, then new");
+    assert!(est.1.same(&conn) && dis.1.same(&conn));
+    let req = listeners.get_event().unwrap();
+    assert_eq!(req.event, E::ConnectRequest);
+    assert!(req.listen_id.is_some_and(|l| l.same(&server)));
+    for ch in [&sch, &own, &listeners] {
+        assert_eq!(got(ch).unwrap_err().errno(), Errno::EAGAIN, "nothing left behind or twice");
+    }
+    // Moving to the channel it is on already moves nothing.
+    conn.migrate(&own).unwrap();
+    assert_eq!(got(&own).unwrap_err().errno(), Errno::EAGAIN);
+}
+
 /// `Disconnected` waits until the application read what its QP's CQs held as the DREQ came:
 /// a program that reads its CQ, then its events, and closes the QP on `Disconnected` (rxm)
 /// finds the completion of a SEND its peer received before it disconnected. Unread, it goes

@@ -226,14 +226,17 @@ impl ChannelInner {
     /// Queues `ev`, unless the application has let go of every handle of the channel: then
     /// nobody can read it, and kept it would hold its id, which holds the channel (the cycle
     /// [`CmChannel`] speaks of, made again by an event raised after the last handle went).
-    fn post(&self, ev: CmEvent) {
+    /// What was discarded is the caller's to drop (after its locks: an event holds its id).
+    #[must_use]
+    fn post(&self, ev: CmEvent) -> Vec<CmEvent> {
         self.queue.push(ev);
         // Against a last handle going meanwhile: it counts itself out, then empties the queue;
         // this pushes, then looks at the count. One of the two sees the other's step.
         fence(Ordering::SeqCst);
         if self.handles.load(Ordering::SeqCst) == 0 {
-            self.discard_events();
+            return self.queue.remove_if(|_| true);
         }
+        Vec::new()
     }
 
     /// Drops every unread event (and the ids they hold): nobody can read them any more.
@@ -728,12 +731,6 @@ impl CmId {
         &self.fabric().cm
     }
 
-    /// The channel its events go to now (a copy: an event dropped as it is posted may drop
-    /// ids, which must not happen under this id's lock of it).
-    fn channel_now(&self) -> Arc<ChannelInner> {
-        self.0.channel.lock().clone()
-    }
-
     fn raise(&self, event: CmEventType, status: i32, param: ConnParam, listen_id: Option<CmId>) {
         self.raise_ud(event, status, param, listen_id, None);
     }
@@ -747,7 +744,15 @@ impl CmId {
         ud: Option<UdParam>,
     ) {
         let ev = CmEvent { id: self.clone(), listen_id, event, status, param, ud, group: None };
-        self.channel_now().post(ev);
+        self.post(ev);
+    }
+
+    /// Queues `ev` on the id's channel, under the lock that names the channel: a migration
+    /// meanwhile either finds it queued (and moves it) or has named the new channel first.
+    /// (Events discarded as it is posted may hold ids: dropped after that lock.)
+    fn post(&self, ev: CmEvent) {
+        let discarded = self.0.channel.lock().post(ev);
+        drop(discarded);
     }
 
     /// Whether the id's connections are UD ones (SIDR: no RTU, no disconnection).
@@ -1052,7 +1057,7 @@ impl CmId {
             ud: Some(ud),
             group: Some(group),
         };
-        self.channel_now().post(ev);
+        self.post(ev);
         Ok(())
     }
 
@@ -1670,13 +1675,33 @@ impl CmId {
         Ok(())
     }
 
-    /// `rdma_migrate_id`: its events from now on go to `channel` (those already queued stay
-    /// where they are). `EINVAL` for a channel of another fabric.
+    /// `rdma_migrate_id`: its events go to `channel` from now on, those queued unread on its
+    /// old channel with them, in their order (as the kernel's ucma moves them): an event that
+    /// came between `rdma_accept` and the move (librpma moves a new connection to a channel
+    /// of its own after accepting) is read where the application now looks for it. A
+    /// connection request queued for a listener moves with the listener. `EINVAL` for a
+    /// channel of another fabric.
     pub fn migrate(&self, channel: &CmChannel) -> Result<()> {
         if !Arc::ptr_eq(&channel.0.fabric, &self.0.fabric) {
             return Err(einval("the channel belongs to another fabric"));
         }
-        *self.0.channel.lock() = channel.0.clone();
+        let mut discarded = Vec::new();
+        {
+            let mut now = self.0.channel.lock();
+            if !Arc::ptr_eq(&now, &channel.0) {
+                let me = |id: &CmId| Arc::ptr_eq(&id.0, &self.0);
+                let moving = now.queue.remove_if(|e| e.listen_id.as_ref().map_or(me(&e.id), me));
+                for ev in moving {
+                    discarded.extend(channel.0.post(ev));
+                }
+                *now = channel.0.clone();
+            }
+        }
+        // A `Disconnected` held back: a read of its new channel lets it go too.
+        if self.0.st.lock().held.is_some() {
+            channel.0.held.lock().push(Arc::downgrade(&self.0));
+        }
+        drop(discarded);
         Ok(())
     }
 
