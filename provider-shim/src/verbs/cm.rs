@@ -1361,8 +1361,9 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_get_request(
     })
 }
 
-/// `rdma_migrate_id(id, channel)`: the id's events go to `channel` from now on (NULL: a
-/// channel of its own, synchronous mode).
+/// `rdma_migrate_id(id, channel)`: the id's events go to `channel` from now on, those unread
+/// with them (NULL: a channel of its own, synchronous mode). An id leaving synchronous mode
+/// lets go of the event it kept as `id->event`, as librdmacm.
 pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_migrate_id(
     id: *mut rdma_cm_id,
     ch: *mut rdma_event_channel,
@@ -1382,13 +1383,25 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_migrate_id(
         if let Err(e) = s.emu.migrate(&c.emu) {
             return fail(e);
         }
-        let old_sync = {
+        let (old_sync, kept) = {
             let mut x = s.extra.lock();
-            std::mem::replace(&mut x.sync, if ch.is_null() { target } else { ptr::null_mut() })
+            let old =
+                std::mem::replace(&mut x.sync, if ch.is_null() { target } else { ptr::null_mut() });
+            // Out of synchronous mode, the event it kept goes (acknowledged), as in librdmacm.
+            let kept = match !old.is_null() && old != target {
+                true => std::mem::replace(&mut x.event, ptr::null_mut()),
+                false => ptr::null_mut(),
+            };
+            (old, kept)
         };
-        // SAFETY: a live id of ours; its old private channel is no one else's.
+        // SAFETY: a live id of ours; its old private channel and the event it kept there are
+        // no one else's.
         unsafe {
             (*id.cast::<ShimCmId>()).id.channel = target;
+            if !kept.is_null() {
+                (*id.cast::<ShimCmId>()).id.event = ptr::null_mut();
+                rdma_emu_shim__rdma_emu_cm__rdma_ack_cm_event(kept);
+            }
             if !old_sync.is_null() && old_sync != target {
                 rdma_emu_shim__rdma_emu_cm__rdma_destroy_event_channel(old_sync);
             }

@@ -127,6 +127,29 @@ int main(void)
 	rdma_ack_cm_event(ev);
 	CHECK(rdma_destroy_id(other) == 0);
 
+	/* rdma_migrate_id: a synchronous id (made without a channel) keeps its last event as
+	 * id->event; moved to a channel, it lets go of it (as librdmacm), and an event it had not
+	 * read goes along. */
+	{
+		struct rdma_cm_id *sync;
+		struct rdma_event_channel *own;
+		struct sockaddr_in dst = addr("127.0.0.1", 7471);
+		CHECK(rdma_create_id(NULL, &sync, NULL, RDMA_PS_TCP) == 0);
+		CHECK(rdma_resolve_addr(sync, NULL, (struct sockaddr *)&dst, 2000) == 0);
+		CHECK(sync->event && sync->event->event == RDMA_CM_EVENT_ADDR_RESOLVED);
+		CHECK(own = rdma_create_event_channel());
+		CHECK(rdma_migrate_id(sync, ch) == 0);
+		CHECK(sync->event == NULL && sync->channel == ch);
+		CHECK(rdma_resolve_route(sync, 2000) == 0);
+		CHECK(rdma_migrate_id(sync, own) == 0 && sync->channel == own);
+		ev = next(own, RDMA_CM_EVENT_ROUTE_RESOLVED);
+		CHECK(ev->id == sync);
+		rdma_ack_cm_event(ev);
+		CHECK(rdma_migrate_id(bogus, own) == -1 && errno == EINVAL);
+		CHECK(rdma_destroy_id(sync) == 0);
+		rdma_destroy_event_channel(own);
+	}
+
 	/* Multicast: datagram ids only, complete attributes, groups joined before leaving. */
 	struct sockaddr_in grp = addr("239.9.9.9", 0);
 	CHECK(rdma_join_multicast(listen, (struct sockaddr *)&grp, NULL) == -1 && errno == EINVAL);
