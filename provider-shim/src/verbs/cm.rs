@@ -1370,6 +1370,10 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_migrate_id(
 ) -> c_int {
     ffi!(fail_with(libc::EIO), {
         let Some(s) = cm_id(id) else { return fail_with(libc::EINVAL) };
+        // Into synchronous mode once more: librdmacm refuses.
+        if ch.is_null() && !s.extra.lock().sync.is_null() {
+            return fail_with(libc::EINVAL);
+        }
         let target = if ch.is_null() {
             // SAFETY: makes a channel of ours.
             unsafe { rdma_emu_shim__rdma_emu_cm__rdma_create_event_channel() }
@@ -1381,6 +1385,10 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_migrate_id(
             return fail_with(libc::EINVAL);
         };
         if let Err(e) = s.emu.migrate(&c.emu) {
+            if ch.is_null() {
+                // SAFETY: the channel made above, which nothing else holds.
+                unsafe { rdma_emu_shim__rdma_emu_cm__rdma_destroy_event_channel(target) };
+            }
             return fail(e);
         }
         let (old_sync, kept) = {

@@ -137,6 +137,9 @@ int main(void)
 		CHECK(rdma_create_id(NULL, &sync, NULL, RDMA_PS_TCP) == 0);
 		CHECK(rdma_resolve_addr(sync, NULL, (struct sockaddr *)&dst, 2000) == 0);
 		CHECK(sync->event && sync->event->event == RDMA_CM_EVENT_ADDR_RESOLVED);
+		/* Synchronous already: librdmacm refuses to make it so again. */
+		CHECK(rdma_migrate_id(sync, NULL) == -1 && errno == EINVAL);
+		CHECK(sync->event && sync->channel);
 		CHECK(own = rdma_create_event_channel());
 		CHECK(rdma_migrate_id(sync, ch) == 0);
 		CHECK(sync->event == NULL && sync->channel == ch);
