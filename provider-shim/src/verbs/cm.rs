@@ -1391,27 +1391,25 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_migrate_id(
             }
             return fail(e);
         }
-        let (old_sync, kept) = {
+        // Out of synchronous mode: its private channel, and the event it kept there.
+        let left_sync = {
             let mut x = s.extra.lock();
             let old =
                 std::mem::replace(&mut x.sync, if ch.is_null() { target } else { ptr::null_mut() });
-            // Out of synchronous mode, the event it kept goes (acknowledged), as in librdmacm.
-            let kept = match !old.is_null() && old != target {
-                true => std::mem::replace(&mut x.event, ptr::null_mut()),
-                false => ptr::null_mut(),
-            };
-            (old, kept)
+            (!old.is_null() && old != target)
+                .then(|| (old, std::mem::replace(&mut x.event, ptr::null_mut())))
         };
         // SAFETY: a live id of ours; its old private channel and the event it kept there are
         // no one else's.
         unsafe {
             (*id.cast::<ShimCmId>()).id.channel = target;
-            if !kept.is_null() {
+            if let Some((old, kept)) = left_sync {
+                // Acknowledged, as librdmacm does.
                 (*id.cast::<ShimCmId>()).id.event = ptr::null_mut();
-                rdma_emu_shim__rdma_emu_cm__rdma_ack_cm_event(kept);
-            }
-            if !old_sync.is_null() && old_sync != target {
-                rdma_emu_shim__rdma_emu_cm__rdma_destroy_event_channel(old_sync);
+                if !kept.is_null() {
+                    rdma_emu_shim__rdma_emu_cm__rdma_ack_cm_event(kept);
+                }
+                rdma_emu_shim__rdma_emu_cm__rdma_destroy_event_channel(old);
             }
         }
         0
