@@ -1688,14 +1688,15 @@ impl CmId {
         let mut discarded = Vec::new();
         {
             let mut now = self.0.channel.lock();
-            if !Arc::ptr_eq(&now, &channel.0) {
-                let me = |id: &CmId| Arc::ptr_eq(&id.0, &self.0);
-                let moving = now.queue.remove_if(|e| e.listen_id.as_ref().map_or(me(&e.id), me));
-                for ev in moving {
-                    discarded.extend(channel.0.post(ev));
-                }
-                *now = channel.0.clone();
+            if Arc::ptr_eq(&now, &channel.0) {
+                return Ok(());
             }
+            let me = |id: &CmId| Arc::ptr_eq(&id.0, &self.0);
+            let moving = now.queue.remove_if(|e| e.listen_id.as_ref().map_or(me(&e.id), me));
+            for ev in moving {
+                discarded.extend(channel.0.post(ev));
+            }
+            *now = channel.0.clone();
         }
         // A `Disconnected` held back: a read of its new channel lets it go too.
         if self.0.st.lock().held.is_some() {
