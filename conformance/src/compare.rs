@@ -3,7 +3,9 @@
 //! Blocks are compared in order. The first block that differs decides: either a deviation
 //! explains it, or the program fails there. What follows a documented difference is its
 //! consequence (a WR that fails on one side leaves that QP in ERR, and every later completion
-//! differs), so it is not compared further.
+//! differs), so it is not compared further. A call both sides printed alike may still have left
+//! them apart (a deviation's `alike`): a later difference nothing else explains is then that
+//! deviation's.
 
 use crate::deviations::Deviation;
 use crate::trace::Trace;
@@ -28,16 +30,25 @@ pub enum Outcome {
 pub fn compare(rxe: &Trace, emu: &Trace, deviations: &[Deviation]) -> Outcome {
     let n = rxe.blocks.len().max(emu.blocks.len());
     let mut first: Option<String> = None;
+    // The `alike` deviation whose call has left the sides apart, if one has.
+    let mut apart: Option<&Deviation> = None;
+    let lines = |b: Option<&crate::trace::Block>| b.map(|b| b.lines()).unwrap_or_default();
     for i in 0..n {
         let (r, e) = (rxe.blocks.get(i), emu.blocks.get(i));
+        let call = r.or(e).map(|b| b.call().to_string()).unwrap_or_default();
         if r == e {
+            if apart.is_none() {
+                let rl = lines(r);
+                apart = deviations.iter().find(|d| d.leaves_states_apart(&rxe.program, &call, &rl));
+            }
             continue;
         }
-        let lines = |b: Option<&crate::trace::Block>| b.map(|b| b.lines()).unwrap_or_default();
         let (rl, el) = (lines(r), lines(e));
-        let call = r.or(e).map(|b| b.call().to_string()).unwrap_or_default();
         let Some(d) = deviations.iter().find(|d| d.explains(&rxe.program, &call, &rl, &el)) else {
-            return Outcome::Differs { block: i, rxe: rl, emu: el };
+            return match apart {
+                Some(d) => Outcome::Explained(first.unwrap_or_else(|| d.id.clone())),
+                None => Outcome::Differs { block: i, rxe: rl, emu: el },
+            };
         };
         let id = first.get_or_insert_with(|| d.id.clone()).clone();
         if !d.continues {
@@ -130,5 +141,23 @@ mod tests {
         assert_eq!(compare(&rxe, &emu, &going_on), Outcome::Explained("d".into()));
         let cut = one("program mw_a\npd pd0 => ok\n");
         assert!(matches!(compare(&rxe, &cut, &devs), Outcome::Differs { block: 1, .. }));
+    }
+
+    #[test]
+    fn a_call_printed_alike_can_leave_the_sides_apart() {
+        let devs = crate::deviations::parse(
+            "[queued]\nprograms = *\ncall = bind_mw *\nalike = * => EINVAL\nwhy = w\nref = r\n",
+        )
+        .unwrap();
+        let bind = "program p\nbind_mw mw0 qa mr0 0 64 RW wr=1 => EINVAL\nmodify qa ERR => ok\n";
+        let rxe = one(&format!("{bind}poll cq0 => 1\n  wc qa wr=1 WR_FLUSH_ERR\nend\n"));
+        let emu = one(&format!("{bind}poll cq0 => 0\nend\n"));
+        assert!(matches!(compare(&rxe, &emu, &[]), Outcome::Differs { block: 2, .. }));
+        assert_eq!(compare(&rxe, &emu, &devs), Outcome::Explained("queued".into()));
+        // Nothing differs later: the program is equal.
+        assert_eq!(compare(&rxe, &rxe, &devs), Outcome::Equal);
+        // A bind that succeeded leaves nothing apart.
+        let ok = |t: &Trace| one(&t.text().replace("=> EINVAL", "=> ok"));
+        assert!(matches!(compare(&ok(&rxe), &ok(&emu), &devs), Outcome::Differs { .. }));
     }
 }

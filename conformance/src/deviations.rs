@@ -14,6 +14,10 @@
 //! `then = continue` marks a difference after which both sides are in the same state: the
 //! comparison goes on past it instead of stopping there.
 //!
+//! `alike = GLOB` names a call both sides print the same (its first line) that leaves them
+//! holding different state (rxe queued a WR its call reported failed): the comparison goes on,
+//! and a later difference nothing else explains is this deviation's.
+//!
 //! `programs` and `call` may be given more than once (any of them matches). `*` matches any
 //! run of characters, `?` any one character. A deviation explains a pair of differing blocks
 //! (the same call, see [`crate::trace::Block`]) when the program and call match and, once the
@@ -33,6 +37,8 @@ pub struct Deviation {
     pub emu: Vec<String>,
     pub rxe_only: Vec<String>,
     pub emu_only: Vec<String>,
+    /// Calls printed alike on both sides after which their states differ (`alike =`).
+    pub alike: Vec<String>,
     pub why: String,
     pub reference: String,
     /// `then = continue`: the difference leaves both sides in the same state (a failed call
@@ -61,6 +67,7 @@ pub fn parse(text: &str) -> Result<Vec<Deviation>, String> {
                 emu: Vec::new(),
                 rxe_only: Vec::new(),
                 emu_only: Vec::new(),
+                alike: Vec::new(),
                 why: String::new(),
                 reference: String::new(),
                 continues: false,
@@ -78,6 +85,7 @@ pub fn parse(text: &str) -> Result<Vec<Deviation>, String> {
             "emu" => d.emu.push(value),
             "rxe_only" => d.rxe_only.push(value),
             "emu_only" => d.emu_only.push(value),
+            "alike" => d.alike.push(value),
             "why" => d.why = value,
             "ref" => d.reference = value,
             "then" if value == "continue" => d.continues = true,
@@ -92,7 +100,8 @@ pub fn parse(text: &str) -> Result<Vec<Deviation>, String> {
         if d.rxe.len() != d.emu.len() {
             return Err(format!("deviation {} needs as many rxe as emu lines", d.id));
         }
-        if d.rxe.is_empty() && d.rxe_only.is_empty() && d.emu_only.is_empty() {
+        if d.rxe.is_empty() && d.rxe_only.is_empty() && d.emu_only.is_empty() && d.alike.is_empty()
+        {
             return Err(format!("deviation {} names no line", d.id));
         }
     }
@@ -122,6 +131,16 @@ impl Deviation {
             && rxe.iter().zip(&emu).filter(|(r, e)| r != e).all(|(r, e)| {
                 (0..self.rxe.len()).any(|j| glob(&self.rxe[j], r) && glob(&self.emu[j], e))
             })
+    }
+}
+
+impl Deviation {
+    /// Whether the block `lines`, printed alike by both sides of `program`, is one this
+    /// deviation's `alike` names: the sides' states differ from there on.
+    pub fn leaves_states_apart(&self, program: &str, call: &str, lines: &[String]) -> bool {
+        self.programs.iter().any(|p| glob(p, program))
+            && self.call.iter().any(|c| glob(c, call))
+            && lines.first().is_some_and(|l| self.alike.iter().any(|g| glob(g, l.trim())))
     }
 }
 

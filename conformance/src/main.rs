@@ -6,8 +6,9 @@ use std::process::ExitCode;
 const USAGE: &str = "usage: conformance COMMAND
   report [--set scenarios|generated] [--verbose]
                      run every golden program on the emulator, compare with rxe, print the score
-  record [--host]    re-record the golden rxe traces (in the VM of ../shared/rxe-vm, one boot;
-                     --host: on this machine's own rxe device)
+  record [--host] [--set scenarios|generated]
+                     re-record the golden rxe traces (in the VM of ../shared/rxe-vm, one boot;
+                     --host: on this machine's own rxe device; --set: that set only)
   live [--vm] [--seed S] [--count N]
                      generate programs, run each on rxe and on the emulator, shrink the first
                      unexplained difference (--vm: boot the VM and run there)
@@ -60,7 +61,7 @@ fn run(args: &[String]) -> Result<bool, String> {
         Some("record") => {
             let exe = runner::build()?;
             let rxe = if has("--host") { suite::Rxe::Host } else { suite::Rxe::vm() };
-            print!("{}", suite::record(&exe, &rxe)?);
+            print!("{}", suite::record(&exe, &rxe, value(args, "--set").as_deref())?);
         }
         Some("live") if has("--vm") => {
             // The same command inside the VM; this binary and the runner are on the 9p share.

@@ -235,11 +235,16 @@ pub fn run_in_vm(run_sh: &Path, cmd: &str) -> Result<std::process::ExitStatus, S
         .map_err(|e| format!("{}: {e}", run_sh.display()))
 }
 
-/// Records both sets on rxe; returns a summary. Scenarios must be stable (the same in both
-/// runs); generated programs that are not go to `unstable.txt`.
-pub fn record(exe: &Path, rxe: &Rxe) -> Result<String, String> {
-    let scenarios = programs("scenarios")?;
-    let generated = programs("generated")?;
+/// Records both sets on rxe (`only`: one of them, the other's files left as they are); returns
+/// a summary. Scenarios must be stable (the same in both runs); generated programs that are not
+/// go to `unstable.txt`.
+pub fn record(exe: &Path, rxe: &Rxe, only: Option<&str>) -> Result<String, String> {
+    let wanted = |set: &str| only.is_none_or(|o| o == set);
+    if let Some(o) = only.filter(|o| !SETS.contains(o)) {
+        return Err(format!("no set {o}: {SETS:?}"));
+    }
+    let scenarios = if wanted("scenarios") { programs("scenarios")? } else { Vec::new() };
+    let generated = if wanted("generated") { programs("generated")? } else { Vec::new() };
     let all: Vec<Program> = scenarios.iter().chain(&generated).cloned().collect();
     let [one, two] = rxe.run_twice(exe, &all)?;
     if one.len() != all.len()
@@ -271,18 +276,25 @@ pub fn record(exe: &Path, rxe: &Rxe) -> Result<String, String> {
         if scenario { scen.push(a) } else { gen_.push(a) }
     }
     let golden = dir().join("golden/rxe");
-    std::fs::write(golden.join("scenarios.trace"), trace::text_of(&scen))
-        .map_err(|e| e.to_string())?;
-    std::fs::write(golden.join("generated.trace"), trace::text_of(&gen_))
-        .map_err(|e| e.to_string())?;
-    std::fs::write(golden.join("unstable.txt"), &unstable).map_err(|e| e.to_string())?;
-    Ok(format!(
-        "recorded {} scenarios and {} of {} generated programs ({} unstable on rxe)\n",
-        scen.len(),
-        gen_.len(),
-        generated.len(),
-        generated.len() - gen_.len()
-    ))
+    let write = |name: &str, text: &str| {
+        std::fs::write(golden.join(name), text).map_err(|e| format!("{name}: {e}"))
+    };
+    let mut summary = String::new();
+    if wanted("scenarios") {
+        write("scenarios.trace", &trace::text_of(&scen))?;
+        summary.push_str(&format!("recorded {} scenarios\n", scen.len()));
+    }
+    if wanted("generated") {
+        write("generated.trace", &trace::text_of(&gen_))?;
+        write("unstable.txt", &unstable)?;
+        summary.push_str(&format!(
+            "recorded {} of {} generated programs ({} unstable on rxe)\n",
+            gen_.len(),
+            generated.len(),
+            generated.len() - gen_.len()
+        ));
+    }
+    Ok(summary)
 }
 
 /// Generates `count` programs from `seed`, runs each on rxe (this machine's device) and on the
