@@ -14,7 +14,10 @@
 //! other fabric brings) and a SEND's receive completion on the responder's too; the fabrics'
 //! own threads then vary the number of empty polls, so `./ci.sh bench` counts only the work
 //! functions (`--toggle-collect` on the posts, `Batch::take` and `Batch::deliver`) over all
-//! `1,000 + N` rounds, warm-up included. Never used as a test.
+//! `1,000 + N` rounds, warm-up included. `--pairs P` posts the WRITEs round-robin over P
+//! connected pairs sharing the two CQs (SC's shape on one thread): with valgrind's
+//! `--tool=cachegrind --cache-sim=yes`, the cache lines a WR to a QP gone cold touches. Never
+//! used as a test.
 
 use std::hint::black_box;
 
@@ -24,6 +27,15 @@ use rdma_emu::*;
 #[inline(never)]
 fn measured_loop(qp: &Qp, cq: &Cq, wr: &SendWr<'_>, recv: Option<(&Qp, &RecvWr<'_>)>, n: usize) {
     rounds(qp, cq, wr, recv, n)
+}
+
+/// [`measured_loop`] over several QPs in turn (`--pairs`).
+#[inline(never)]
+fn measured_loop_pairs(qps: &[Qp], cq: &Cq, wr: &SendWr<'_>, n: usize) {
+    for k in 0..n {
+        qps[k % qps.len()].post_send(wr).unwrap();
+        poll1(cq);
+    }
 }
 
 /// Per round: `recv` posted on `rq` (if any), `wr` posted on `qp`, one completion polled.
@@ -97,6 +109,11 @@ fn main() {
     let n: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(100_000);
     let op = args.iter().position(|a| a == "--op").and_then(|i| args.get(i + 1)).cloned();
     let host = args.iter().any(|a| a == "--host");
+    let pairs: usize = args
+        .iter()
+        .position(|a| a == "--pairs")
+        .and_then(|i| args.get(i + 1)?.parse().ok())
+        .unwrap_or(1);
     let dir = std::env::temp_dir().join(format!("rdma-emu-wr-cost-{}", std::process::id()));
     let cfg = || FabricConfig {
         host: host.then(|| dir.to_str().unwrap().to_owned()),
@@ -178,6 +195,32 @@ fn main() {
         host_rounds(&a.4, &a.2, &wr, &b.2, recv, 1000 + n);
         drop((a, b, f, g));
         let _ = std::fs::remove_dir_all(&dir);
+    } else if pairs > 1 && op.is_none() {
+        // The first pair is `a.4`/`b.4`; the others on the same PDs, CQs and MRs.
+        let cap = QpCap {
+            max_send_wr: 4,
+            max_recv_wr: 1,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            ..Default::default()
+        };
+        let p = RcParams::default();
+        let (mut qps, mut peers) = (vec![a.4.clone()], Vec::new());
+        for _ in 1..pairs {
+            let x = a.1.create_qp(&QpInitAttr::new(QpType::RC, &a.2, cap)).unwrap();
+            let y = b.1.create_qp(&QpInitAttr::new(QpType::RC, &b.2, cap)).unwrap();
+            x.connect(1, &y.endpoint(2), &p).unwrap();
+            y.connect(2, &x.endpoint(1), &p).unwrap();
+            qps.push(x);
+            peers.push(y);
+        }
+        measured_loop_pairs(&qps, cq, &wr, 2 * pairs);
+        let t0 = std::time::Instant::now();
+        measured_loop_pairs(&qps, cq, &wr, n);
+        println!(
+            "{:.1} ns per WRITE + poll over {pairs} pairs",
+            t0.elapsed().as_nanos() as f64 / n as f64
+        );
     } else {
         rounds(&a.4, cq, &wr, recv, 1000);
         measured_loop(&a.4, cq, &wr, recv, n);

@@ -18,8 +18,15 @@ use crate::{
     },
 };
 
+/// Laid out in declaration order (`repr(C)`): what a post on the express path reads and writes
+/// comes first, on one cache line (see `QpInner`).
 #[derive(Debug, Default)]
+#[repr(C)]
 pub(crate) struct Requester {
+    /// After an RNR NAK: nothing is sent before this time.
+    pub(crate) rnr_until: Option<u64>,
+    /// When the oldest unacknowledged request times out.
+    pub(crate) retrans_at: Option<u64>,
     /// PSN of the next packet to send (`sq_psn`).
     pub(crate) psn: u32,
     /// Retries left after a timeout or PSN-sequence NAK (reset on progress).
@@ -29,18 +36,14 @@ pub(crate) struct Requester {
     pub(crate) retry_started: bool,
     /// RNR retries left (7 = infinite).
     pub(crate) rnr_retry_left: u8,
-    /// READ/atomic WQEs transmitted and not yet completed.
-    pub(crate) rd_atomic_in_flight: u32,
-    /// After an RNR NAK: nothing is sent before this time.
-    pub(crate) rnr_until: Option<u64>,
-    /// When the oldest unacknowledged request times out.
-    pub(crate) retrans_at: Option<u64>,
-    /// The QP's count of arrivals from other processes (`QpShared::heard`) when `retrans_at`
-    /// was set.
-    pub(crate) heard_at: u64,
     /// A request completed since `retrans_at` was set, which outlived it (see
     /// [`lazy_deadline`]): its passing is no timeout.
     pub(crate) progressed_since: bool,
+    /// READ/atomic WQEs transmitted and not yet completed.
+    pub(crate) rd_atomic_in_flight: u32,
+    /// The QP's count of arrivals from other processes (`QpShared::heard`) when `retrans_at`
+    /// was set.
+    pub(crate) heard_at: u64,
     /// The earliest deadline handed to the timer and not yet fired.
     pub(crate) armed: Option<u64>,
     /// SQ_DRAINED was raised for the current SQD episode.

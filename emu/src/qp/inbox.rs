@@ -9,13 +9,15 @@ use std::{
 
 use crate::{engine::packet::Packet, sync::lock::Lock};
 
+/// Laid out in declaration order (`repr(C)`): the length, which the express path reads, first.
 #[derive(Debug, Default)]
+#[repr(C)]
 pub(crate) struct Inbox {
+    /// The queue's length, written under its lock.
+    len: AtomicUsize,
     /// (The QP lock's kind: one thread pushing and taking, as a polling application that
     /// takes its messages in does, takes no locked instruction.)
     queue: Lock<VecDeque<Packet>>,
-    /// The queue's length, written under its lock.
-    len: AtomicUsize,
 }
 
 impl Inbox {

@@ -78,18 +78,22 @@ impl SendWqe {
 
 /// The send queue. Invariant: `tail <= next <= head` (wrapping counters):
 /// `tail..next` were transmitted and await completion, `next..head` wait to be transmitted.
+///
+/// Laid out in declaration order (`repr(C)`): the counters a post reads first, the ring (with
+/// its blank slot, a whole WQE) after them.
 #[derive(Debug)]
+#[repr(C)]
 pub(crate) struct SendQueue {
-    pub(crate) ring: Ring<SendWqe>,
+    pub(crate) head: u32,
+    pub(crate) next: u32,
+    pub(crate) tail: u32,
     /// Usable depth (`cap.max_send_wr`).
     pub(crate) depth: u32,
     /// Room beyond `depth` for the WQEs the HCA queues itself (a tag-matching rendezvous's
     /// READ and FIN, see `engine::requester::queue_rndv`), which the application's do not
     /// count against (`requester::post`).
     pub(crate) reserve: u32,
-    pub(crate) head: u32,
-    pub(crate) next: u32,
-    pub(crate) tail: u32,
+    pub(crate) ring: Ring<SendWqe>,
 }
 
 impl SendQueue {
