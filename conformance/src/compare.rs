@@ -32,18 +32,19 @@ pub fn compare(rxe: &Trace, emu: &Trace, deviations: &[Deviation]) -> Outcome {
     let mut first: Option<String> = None;
     // The `alike` deviation whose call has left the sides apart, if one has.
     let mut apart: Option<&Deviation> = None;
-    let lines = |b: Option<&crate::trace::Block>| b.map(|b| b.lines()).unwrap_or_default();
     for i in 0..n {
         let (r, e) = (rxe.blocks.get(i), emu.blocks.get(i));
-        let call = r.or(e).map(|b| b.call().to_string()).unwrap_or_default();
         if r == e {
-            if apart.is_none() {
-                let rl = lines(r);
-                apart = deviations.iter().find(|d| d.leaves_states_apart(&rxe.program, &call, &rl));
+            if apart.is_none()
+                && let Some(b) = r
+            {
+                apart = deviations.iter().find(|d| d.leaves_states_apart(&rxe.program, b));
             }
             continue;
         }
+        let lines = |b: Option<&crate::trace::Block>| b.map(|b| b.lines()).unwrap_or_default();
         let (rl, el) = (lines(r), lines(e));
+        let call = r.or(e).map(|b| b.call().to_string()).unwrap_or_default();
         let Some(d) = deviations.iter().find(|d| d.explains(&rxe.program, &call, &rl, &el)) else {
             return match apart {
                 Some(d) => Outcome::Explained(first.unwrap_or_else(|| d.id.clone())),

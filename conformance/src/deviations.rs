@@ -132,15 +132,14 @@ impl Deviation {
                 (0..self.rxe.len()).any(|j| glob(&self.rxe[j], r) && glob(&self.emu[j], e))
             })
     }
-}
 
-impl Deviation {
-    /// Whether the block `lines`, printed alike by both sides of `program`, is one this
-    /// deviation's `alike` names: the sides' states differ from there on.
-    pub fn leaves_states_apart(&self, program: &str, call: &str, lines: &[String]) -> bool {
-        self.programs.iter().any(|p| glob(p, program))
-            && self.call.iter().any(|c| glob(c, call))
-            && lines.first().is_some_and(|l| self.alike.iter().any(|g| glob(g, l.trim())))
+    /// Whether `block`, printed alike by both sides of `program`, is a call this deviation's
+    /// `alike` names: the sides' states differ from there on.
+    pub fn leaves_states_apart(&self, program: &str, block: &crate::trace::Block) -> bool {
+        !self.alike.is_empty()
+            && self.programs.iter().any(|p| glob(p, program))
+            && self.call.iter().any(|c| glob(c, block.call()))
+            && self.alike.iter().any(|g| glob(g, &block.line))
     }
 }
 

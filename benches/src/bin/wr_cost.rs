@@ -15,9 +15,10 @@
 //! own threads then vary the number of empty polls, so `./ci.sh bench` counts only the work
 //! functions (`--toggle-collect` on the posts, `Batch::take` and `Batch::deliver`) over all
 //! `1,000 + N` rounds, warm-up included. `--pairs P` posts the WRITEs round-robin over P
-//! connected pairs sharing the two CQs (SC's shape on one thread): with valgrind's
-//! `--tool=cachegrind --cache-sim=yes`, the cache lines a WR to a QP gone cold touches. Never
-//! used as a test.
+//! connected pairs sharing the two CQs (SC's shape on one thread) and prints the time per
+//! WR; callgrind with `--cache-sim=yes --toggle-collect='*measured_loop_pairs*'` counts the
+//! cache lines a WR to a QP gone cold misses on (docs/benchmarks.md, session 81). Never used
+//! as a test.
 
 use std::hint::black_box;
 
