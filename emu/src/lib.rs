@@ -24,7 +24,9 @@
 //! | `objects` | device, context, PD, MR (key space), CQ, completion channel, async events |
 //! | [`qp`] | the QP object; [`qp::state`] holds the `const` state-transition tables |
 //! | `engine` | requester / responder / completer, the inline driver, packets |
-//! | `fabric` | routing between devices by GID/LID + QPN; the clock and timer that fire retries; fault rules; packet traces (pcap) |
+//! | `fabric` | routing between devices by GID/LID + QPN; the clock and timer that fire retries; fault rules; packet traces (pcap); the host fabric between processes |
+//! | [`cm`] | the connection manager (librdmacm's `rdma_cm`), above the fabric: the fabric hands it what arrives for it through an agent it is made with (`fabric::CmAgent`, see [`Fabric::try_new`]) |
+//! | [`rsocket`] | rsockets, over the connection manager |
 //! | `mem` | the one place that reads and writes registered memory |
 //!
 //! ## Thread safety
@@ -113,3 +115,17 @@ pub use crate::{
     sys::fork_generation,
     types::*,
 };
+
+/// Where the layers meet: a fabric is made with the connection manager above it as the agent
+/// it hands CM messages to (so that `fabric` names nothing above it).
+impl Fabric {
+    /// A fabric with `cfg.devices` devices named `emu0`, `emu1`, ...
+    pub fn new(cfg: FabricConfig) -> Fabric {
+        Fabric::try_new(cfg).expect("a fabric with a packet trace file that cannot be created")
+    }
+
+    /// [`new`](Self::new), failing only if the packet trace file cannot be created.
+    pub fn try_new(cfg: FabricConfig) -> Result<Fabric> {
+        Fabric::with_cm(cfg, Box::new(cm::Manager::new()))
+    }
+}

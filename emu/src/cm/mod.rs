@@ -14,7 +14,7 @@
 //! `Disconnected` (or `Unreachable` while connecting). Beyond a wire port they are the IB
 //! CM's own MADs on QP1 (modules `wire` and `mad`), so the other side may be the kernel's CM.
 
-pub mod addr;
+pub use crate::fabric::addr;
 #[cfg(test)]
 mod confused_peer_tests;
 mod mad;
@@ -469,7 +469,6 @@ type Bound = HashMap<(PortSpace, u16), Vec<Weak<IdInner>>>;
 /// The connection manager of one fabric.
 #[derive(Debug)]
 pub(crate) struct Manager {
-    pub(crate) addrs: addr::AddressMap,
     next_id: AtomicU32,
     ids: Mutex<HashMap<u32, Weak<IdInner>>>,
     /// Bound ports, by port space and number: the ids that hold them.
@@ -513,9 +512,8 @@ fn port_name(ps: PortSpace, port: u16) -> String {
 }
 
 impl Manager {
-    pub(crate) fn new(addrs: addr::AddressMap) -> Manager {
+    pub(crate) fn new() -> Manager {
         Manager {
-            addrs,
             next_id: AtomicU32::new(1),
             ids: Mutex::default(),
             bound: Mutex::default(),
@@ -525,6 +523,44 @@ impl Manager {
 
     fn id(&self, num: u32) -> Option<CmId> {
         self.ids.lock().get(&num).and_then(Weak::upgrade).map(CmId)
+    }
+}
+
+impl Default for Manager {
+    fn default() -> Manager {
+        Manager::new()
+    }
+}
+
+/// The fabric hands what arrives for the CM to its manager.
+impl crate::fabric::CmAgent for Manager {
+    fn arrived(&self, fabric: &FabricInner, slot: u8, bytes: &[u8]) {
+        arrived(fabric, slot, bytes);
+    }
+
+    fn wire_arrived(&self, fabric: &FabricInner, local: IpAddr, peer: IpAddr, bytes: &[u8]) {
+        wire::arrived(fabric, local, peer, bytes);
+    }
+
+    fn device_removed(&self, fabric: &FabricInner, dev: u32) {
+        device_removed(fabric, dev);
+    }
+
+    fn peer_died(&self, fabric: &FabricInner, slot: u8, incarnation: Option<u128>) -> Vec<u32> {
+        peer_died(fabric, slot, incarnation)
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// The connection manager of `fabric`: the agent the fabric was made with (see
+/// `Fabric::try_new`), which is always one.
+fn manager(fabric: &FabricInner) -> &Manager {
+    match fabric.cm.as_any().downcast_ref::<Manager>() {
+        Some(m) => m,
+        None => unreachable!("a fabric's CM agent is the connection manager"),
     }
 }
 
@@ -564,10 +600,8 @@ fn send(fabric: &FabricInner, to: &Remote, m: Msg) {
     }
 }
 
-pub(crate) use wire::arrived as wire_arrived;
-
 /// A message from another process's CM (`slot`: its node).
-pub(crate) fn arrived(fabric: &FabricInner, slot: u8, bytes: &[u8]) {
+fn arrived(fabric: &FabricInner, slot: u8, bytes: &[u8]) {
     match Msg::decode(bytes) {
         // Who it is from is the node that sent it, whatever it says.
         Some(Msg::Req { ps, src, dst, mut from, private }) => {
@@ -584,7 +618,7 @@ pub(crate) fn arrived(fabric: &FabricInner, slot: u8, bytes: &[u8]) {
 }
 
 fn handle(fabric: &FabricInner, m: Msg) {
-    let cm = &fabric.cm;
+    let cm = manager(fabric);
     match m {
         Msg::Req { ps, src, dst, from, private } => request(fabric, ps, src, dst, from, private),
         Msg::Rep { to, from, private } => {
@@ -611,9 +645,9 @@ fn handle(fabric: &FabricInner, m: Msg) {
 /// Device `dev` was removed: each id on it (not a wildcard listener, which is on every
 /// device) hears `DeviceRemoval` and can only be destroyed; a connection it had is ended, the
 /// peer hearing `Disconnected`, as the kernel's CM destroys its IB CM id then.
-pub(crate) fn device_removed(fabric: &FabricInner, dev: u32) {
+fn device_removed(fabric: &FabricInner, dev: u32) {
     let ids: Vec<CmId> =
-        fabric.cm.ids.lock().values().filter_map(Weak::upgrade).map(CmId).collect();
+        manager(fabric).ids.lock().values().filter_map(Weak::upgrade).map(CmId).collect();
     for id in ids {
         let mut st = id.0.st.lock();
         if st.port.is_none_or(|(d, _)| d != dev) || st.state == State::Destroyed {
@@ -636,9 +670,9 @@ pub(crate) fn device_removed(fabric: &FabricInner, dev: u32) {
 /// Returns the numbers of the QPs of those ids: their connection ends as the kernel's CM ends
 /// a dead process's (a DREQ for it, see `fabric::host::peer_died`).
 /// With `incarnation`, only the connections to that node (another took its slot since).
-pub(crate) fn peer_died(fabric: &FabricInner, slot: u8, incarnation: Option<u128>) -> Vec<u32> {
+fn peer_died(fabric: &FabricInner, slot: u8, incarnation: Option<u128>) -> Vec<u32> {
     let ids: Vec<CmId> =
-        fabric.cm.ids.lock().values().filter_map(Weak::upgrade).map(CmId).collect();
+        manager(fabric).ids.lock().values().filter_map(Weak::upgrade).map(CmId).collect();
     let mut qps = Vec::new();
     for id in ids {
         let st = id.0.st.lock();
@@ -692,7 +726,7 @@ impl CmId {
     }
 
     fn create_on(channel: &Arc<ChannelInner>, ps: PortSpace) -> CmId {
-        let cm = &channel.fabric.cm;
+        let cm = manager(&channel.fabric);
         let num = cm.next_id.fetch_add(1, Ordering::Relaxed);
         let st = IdState {
             state: State::Idle,
@@ -728,7 +762,7 @@ impl CmId {
     }
 
     fn cm(&self) -> &Manager {
-        &self.fabric().cm
+        manager(self.fabric())
     }
 
     fn raise(&self, event: CmEventType, status: i32, param: ConnParam, listen_id: Option<CmId>) {
@@ -864,7 +898,7 @@ impl CmId {
         let port = if addr.ip().is_unspecified() {
             None
         } else {
-            let p = self.cm().addrs.port_of(addr.ip());
+            let p = self.fabric().addrs.port_of(addr.ip());
             Some(p.ok_or_else(|| Error::new(Errno::EADDRNOTAVAIL, "no port has that address"))?)
         };
         if let Some((dev, _)) = port {
@@ -905,7 +939,7 @@ impl CmId {
         if !matches!(st.state, State::Idle | State::AddrBound) {
             return Err(einval("the id cannot resolve an address now"));
         }
-        let cm = self.cm();
+        let addrs = &self.fabric().addrs;
         // A multicast group is reached from the bound port, else from loopback's.
         let loopback = if dst.is_ipv4() {
             IpAddr::V4(Ipv4Addr::LOCALHOST)
@@ -913,7 +947,7 @@ impl CmId {
             IpAddr::V6(Ipv6Addr::LOCALHOST)
         };
         let toward = if dst.ip().is_multicast() { loopback } else { dst.ip() };
-        let dest = st.port.filter(|_| dst.ip().is_multicast()).or_else(|| cm.addrs.port_of(toward));
+        let dest = st.port.filter(|_| dst.ip().is_multicast()).or_else(|| addrs.port_of(toward));
         // Beyond the emulated ports: through a wire port, from its address.
         let (dest, via) = match dest {
             Some(d) => (Some(d), None),
@@ -931,8 +965,7 @@ impl CmId {
             // every other, and loopback stays on its own port, as on a host.
             st.port = Some(dest);
             st.ctx = Some(self.open_device(dest.0)?);
-            let ip =
-                via.or_else(|| cm.addrs.address_of(dest.0, dest.1, dst.ip())).unwrap_or(toward);
+            let ip = via.or_else(|| addrs.address_of(dest.0, dest.1, dst.ip())).unwrap_or(toward);
             let local = st.local.map_or(0, |a| a.port());
             st.local = Some(SocketAddr::new(ip, local));
         }
@@ -1723,13 +1756,13 @@ fn listening_slot(fabric: &FabricInner, ps: PortSpace, dst: SocketAddr) -> Optio
 
 /// The id listening in this fabric for requests to `dst` in `ps`.
 fn listener(fabric: &FabricInner, ps: PortSpace, dst: SocketAddr) -> Option<CmId> {
-    let cm = &fabric.cm;
+    let cm = manager(fabric);
     let bound = cm.bound.lock();
     let ids = bound.get(&(ps, dst.port()))?.iter().filter_map(Weak::upgrade).map(CmId);
     ids.into_iter().find(|l| {
         let st = l.0.st.lock();
         let ip = st.local.map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |a| a.ip());
-        let names = |ip| cm.addrs.port_of(ip);
+        let names = |ip| fabric.addrs.port_of(ip);
         st.state == State::Listen && (ip.is_unspecified() || names(ip) == names(dst.ip()))
     })
 }
@@ -1743,7 +1776,7 @@ fn request(
     from: Remote,
     private: Vec<u8>,
 ) {
-    let cm = &fabric.cm;
+    let cm = manager(fabric);
     let reject = |reason| {
         let msg = Msg::Rej { to: from.id, reason, private: Vec::new() };
         send(fabric, &from, msg);
@@ -1774,7 +1807,7 @@ fn request(
         // What this id sends from now on comes from it.
         w.mine = conn.0.num;
     }
-    let dest = cm.addrs.port_of(dst.ip());
+    let dest = fabric.addrs.port_of(dst.ip());
     let ctx = dest.and_then(|(dev, _)| conn.open_device(dev).ok());
     // Its death must end the connection here.
     let incarnation = watched(fabric, from.slot);

@@ -35,7 +35,7 @@ pub(super) fn route(fabric: &FabricInner, ip: IpAddr) -> Option<((u32, u8), IpAd
 
 /// Whether `ip` is beyond the emulated ports, reached through a wire port.
 pub(super) fn beyond(fabric: &FabricInner, ip: IpAddr) -> bool {
-    fabric.cm.addrs.port_of(ip).is_none() && route(fabric, ip).is_some()
+    fabric.addrs.port_of(ip).is_none() && route(fabric, ip).is_some()
 }
 
 /// The node GUID of device `dev` (a REQ and a REP name their CA by it).
@@ -206,7 +206,7 @@ pub(super) fn send(fabric: &FabricInner, w: &WirePeer, peer_qpn: u32, m: Msg) {
         Msg::Rep { to, from, private } => {
             let rep = rep(fabric, to, &from, &private);
             let bytes = Mad { tid: w.tid, msg: CmMad::Rep(Box::new(rep)) }.encode();
-            if let Some(id) = fabric.cm.id(from.id) {
+            if let Some(id) = super::manager(fabric).id(from.id) {
                 id.0.st.lock().wire_rep = Some(Box::new(bytes));
             }
             return transmit_bytes(fabric, w.local, w.peer, &bytes);
@@ -261,7 +261,7 @@ fn salt() -> u32 {
 
 /// Our id whose communication ID is `to` if it is connecting (its request out) to `peer`.
 fn connecting_to(fabric: &FabricInner, to: u32, peer: IpAddr) -> Option<CmId> {
-    let id = fabric.cm.id(num_of(to))?;
+    let id = super::manager(fabric).id(num_of(to))?;
     let st = id.0.st.lock();
     let ours = st.state == State::Connecting && st.peer.is_some_and(|a| same(a.ip(), peer));
     drop(st);
@@ -270,16 +270,16 @@ fn connecting_to(fabric: &FabricInner, to: u32, peer: IpAddr) -> Option<CmId> {
 
 /// Our id whose communication ID is `to` if its other side is id `from` at `peer`.
 fn connected_to(fabric: &FabricInner, to: u32, from: u32, peer: IpAddr) -> Option<CmId> {
-    let id = fabric.cm.id(num_of(to))?;
+    let id = super::manager(fabric).id(num_of(to))?;
     let r = id.0.st.lock().remote?;
     let ours = r.id == from && r.wire.is_some_and(|w| same(w.peer, peer));
     ours.then_some(id)
 }
 
 /// A MAD that came to QP1 of the wire port at `local` from `peer`.
-pub(crate) fn arrived(fabric: &FabricInner, local: IpAddr, peer: IpAddr, bytes: &[u8]) {
+pub(super) fn arrived(fabric: &FabricInner, local: IpAddr, peer: IpAddr, bytes: &[u8]) {
     let Some(Mad { tid, msg }) = Mad::decode(bytes) else { return };
-    let Some((device, port)) = fabric.cm.addrs.port_of(local) else { return };
+    let Some((device, port)) = fabric.addrs.port_of(local) else { return };
     let wire = |mine, mtu, service_id| WirePeer { local, peer, mtu, mine, tid, service_id };
     // The other side as a REQ or REP names it; what neither carries is left at our own.
     let remote = |id, qpn, psn, (responder_resources, initiator_depth), wire| Remote {
@@ -411,7 +411,7 @@ pub(crate) fn arrived(fabric: &FabricInner, local: IpAddr, peer: IpAddr, bytes: 
 /// Our id that took the request of id `id` from `peer` already, if one did (the other side
 /// sent it again).
 fn taken(fabric: &FabricInner, id: u32, peer: IpAddr) -> Option<CmId> {
-    let ids = fabric.cm.ids.lock();
+    let ids = super::manager(fabric).ids.lock();
     let mut all = ids.values().filter_map(std::sync::Weak::upgrade);
     all.find(|c| {
         c.st.lock().remote.is_some_and(|r| r.id == id && r.wire.is_some_and(|w| same(w.peer, peer)))

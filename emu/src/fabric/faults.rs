@@ -486,7 +486,7 @@ pub(crate) fn fire_timed(fabric: &FabricInner, generation: u64, index: usize) {
         }
         (FaultAction::DeviceRemoval { dev }, _, _) => {
             if let Some(d) = device(dev) {
-                crate::cm::device_removed(fabric, dev);
+                fabric.cm.device_removed(fabric, dev);
                 let _ = d.raise_event(EventType::DEVICE_FATAL, None);
                 fabric.fail_device_qps(dev);
             }

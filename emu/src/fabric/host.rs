@@ -2538,7 +2538,7 @@ impl<'a> Batch<'a> {
                     // What came before it is done first: a DREQ's `Disconnected` must find the
                     // completions of what its sender acknowledged before it in their CQs.
                     self.deliver(fabric);
-                    crate::cm::arrived(fabric, a.source().slot, &body);
+                    fabric.cm.arrived(fabric, a.source().slot, &body);
                     return Ok(false);
                 }
             };
@@ -2888,7 +2888,7 @@ fn apply(fabric: &FabricInner, c: Control, to: Option<&crate::qp::QpShared>) {
 /// rdma-core examples do, posts one send more than its peer waits for and polls its last
 /// completions while that extra send is still unacknowledged.
 fn peer_died(fabric: &FabricInner, slot: u8, incarnation: Option<u128>) {
-    let by_cm = crate::cm::peer_died(fabric, slot, incarnation);
+    let by_cm = fabric.cm.peer_died(fabric, slot, incarnation);
     for qp in fabric.live_qps() {
         if !qp.qp_type.is_reliable() && qp.qp_type != QpType::UC {
             continue;

@@ -6,7 +6,12 @@
 //!
 //! A fabric configured with a host fabric name also joins the fabrics of other processes
 //! (see `host`): packets for their QPs leave through a socket, the rest stays in-process.
+//!
+//! The fabric names no layer above it: the connection manager, which sends its messages
+//! through the fabric, is handed the ones that arrive for it through [`CmAgent`], given to
+//! the fabric as it is made (`Fabric::new`, in the crate's root, puts the two together).
 
+pub mod addr;
 pub(crate) mod exports;
 pub(crate) mod faults;
 pub(crate) mod host;
@@ -67,7 +72,7 @@ pub struct FabricConfig {
     pub netdev_mtu: Option<u32>,
     /// IP addresses of the ports beyond the default ones (`127.0.0.1` and `::1` name port 1
     /// of the first device), for the connection manager: see [`crate::cm::addr`].
-    pub addresses: Vec<crate::cm::addr::PortAddress>,
+    pub addresses: Vec<addr::PortAddress>,
     /// Runs work requests between QPs of this process on the express path (see
     /// `engine::express`) whenever no fault rule, simulation or packet trace needs packets.
     /// On by default; `RDMA_EMU_EXPRESS=0` turns it off (every WR then takes the packet path,
@@ -102,7 +107,7 @@ pub struct FabricConfig {
     /// GID table) and sends and takes RoCE v2 on that address's UDP port 4791 for whatever the
     /// fabric does not reach itself (see docs/wire.md). Needs Ethernet ports. Empty by
     /// default; `RDMA_EMU_WIRE` (comma-separated `IP[=emuN[:PORT]]`) sets it.
-    pub wire: Vec<crate::cm::addr::PortAddress>,
+    pub wire: Vec<addr::PortAddress>,
 }
 
 impl Default for FabricConfig {
@@ -155,10 +160,10 @@ impl FabricConfig {
             FabricConfig::parse_netdev_mtu(&m)?;
         }
         if let Some(a) = var("RDMA_EMU_ADDRS") {
-            cfg.addresses = crate::cm::addr::PortAddress::parse_list(&a)?;
+            cfg.addresses = addr::PortAddress::parse_list(&a)?;
         }
         if let Some(w) = var("RDMA_EMU_WIRE") {
-            cfg.wire = crate::cm::addr::PortAddress::parse_wire_list(&w)?;
+            cfg.wire = addr::PortAddress::parse_wire_list(&w)?;
         }
         Ok(cfg)
     }
@@ -232,8 +237,11 @@ pub(crate) struct FabricInner {
     host: Option<trust::Location>,
     host_pull_min: usize,
     pub(crate) node: OnceLock<host::Node>,
-    /// The connection manager's addresses, listeners and ids.
-    pub(crate) cm: crate::cm::Manager,
+    /// Which port each IP address names: what the connection manager resolves by, and what
+    /// a RoCE port's GIDs follow.
+    pub(crate) addrs: addr::AddressMap,
+    /// The connection manager above the fabric, told of what arrives for it.
+    pub(crate) cm: Box<dyn CmAgent>,
     /// Told of every change of a port's state (see [`Fabric::on_port_change`]).
     pub(crate) port_watch: OnceLock<Watcher>,
     /// Completion events put on channels so far: what wakes application threads that sleep.
@@ -264,6 +272,29 @@ impl std::fmt::Debug for Watcher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("PortWatch")
     }
+}
+
+/// What the fabric hands up to the connection manager, as the kernel's MAD layer hands CM
+/// MADs to the agent registered for them: the messages that arrive for it, and the events that
+/// end its connections. (The manager is reached through it only; the CM finds its own state
+/// again through [`CmAgent::as_any`].)
+pub(crate) trait CmAgent: Send + Sync + std::fmt::Debug {
+    /// A CM message from the node of another process on the host fabric (`slot`).
+    fn arrived(&self, fabric: &FabricInner, slot: u8, bytes: &[u8]);
+    /// A CM MAD that came in on the wire port at `local`, from `peer`.
+    fn wire_arrived(
+        &self,
+        fabric: &FabricInner,
+        local: std::net::IpAddr,
+        peer: std::net::IpAddr,
+        bytes: &[u8],
+    );
+    /// Device `dev` was removed.
+    fn device_removed(&self, fabric: &FabricInner, dev: u32);
+    /// The process in `slot` is gone (with `incarnation`, only that node of it); the numbers
+    /// of the QPs whose connections ended with it.
+    fn peer_died(&self, fabric: &FabricInner, slot: u8, incarnation: Option<u128>) -> Vec<u32>;
+    fn as_any(&self) -> &dyn std::any::Any;
 }
 
 impl FabricInner {
@@ -633,13 +664,9 @@ impl Fabric {
             .map_err(|_| crate::Error::new(crate::Errno::EBUSY, "a port watcher is set already"))
     }
 
-    /// A fabric with `cfg.devices` devices named `emu0`, `emu1`, ...
-    pub fn new(cfg: FabricConfig) -> Fabric {
-        Fabric::try_new(cfg).expect("a fabric with a packet trace file that cannot be created")
-    }
-
-    /// [`new`](Self::new), failing only if the packet trace file cannot be created.
-    pub fn try_new(cfg: FabricConfig) -> crate::Result<Fabric> {
+    /// The fabric [`Fabric::try_new`] makes, with `cm` the connection manager it hands what
+    /// arrives for one.
+    pub(crate) fn with_cm(cfg: FabricConfig, cm: Box<dyn CmAgent>) -> crate::Result<Fabric> {
         crate::sys::watch_forks();
         let ethernet = cfg.profile == Profile::Rxe || cfg.link_layer == crate::LinkLayer::ETHERNET;
         if !cfg.wire.is_empty() && !ethernet {
@@ -651,7 +678,7 @@ impl Fabric {
         // A wire port's address is its port's, in its GID table and for the connection manager.
         let mut configured = cfg.addresses.clone();
         configured.extend(cfg.wire.iter().filter(|w| !cfg.addresses.contains(w)));
-        let addrs = crate::cm::addr::AddressMap::new(&configured);
+        let addrs = addr::AddressMap::new(&configured);
         // One lock for every device's keys (see `objects::keys::Keys`).
         let keys_lock = Arc::new(crate::sync::ReadMostly::new(()));
         let device = |i| {
@@ -681,7 +708,8 @@ impl Fabric {
             host: cfg.host.as_deref().map(trust::Location::of),
             host_pull_min: cfg.host_pull_min,
             node: OnceLock::new(),
-            cm: crate::cm::Manager::new(addrs),
+            addrs,
+            cm,
             port_watch: OnceLock::new(),
             cq_events: Default::default(),
             detours: Detours::new(!cfg.express, cfg.pcap.is_some(), cfg.seed.is_some()),

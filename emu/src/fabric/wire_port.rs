@@ -32,11 +32,11 @@ use rustc_hash::FxHashMap;
 
 use super::{
     FabricInner,
+    addr::PortAddress,
     pcap::{self, Ends, ROCE_V2_PORT},
     roce::{self, GSI_QKEY, GSI_QPN, WirePacket},
 };
 use crate::{
-    cm::addr::PortAddress,
     engine::{
         self, PSN_MASK,
         packet::{Kind, NakCode, Packet, Payload, Syndrome},
@@ -373,7 +373,7 @@ impl WirePort {
             if !gsi {
                 return bad(&self.malformed);
             }
-            crate::cm::wire_arrived(f, self.ip, from.ip(), w.payload);
+            f.cm.wire_arrived(f, self.ip, from.ip(), w.payload);
             return None;
         }
         let Some(qp) = f.lookup_qp_any(w.dst_qpn).filter(|q| q.device_index() == self.dev) else {
