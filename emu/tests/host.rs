@@ -174,6 +174,19 @@ fn requests_transcript(dir: &HostDir, qp_type: QpType, express: bool) -> Vec<Str
         note(&mut out, "send", wait1(&a.cq));
         note(&mut out, "recv", wait1(&b.cq));
     }
+    // Inline, asking for the solicited event, with immediate (the receive's flags say so).
+    let inline = pattern(2, 12);
+    post_recv(&b.qp, 30, &[sge(&b.mr, 7300, 16)]);
+    send(SendWr {
+        send_flags: SendFlags::INLINE | SendFlags::SOLICITED,
+        inline_data: &inline,
+        ..SendWr::send(31, &[]).with_imm(31)
+    });
+    note(&mut out, "send", wait1(&a.cq));
+    note(&mut out, "recv", wait1(&b.cq));
+    let mut landed = [0u8; 12];
+    b.mr.read(7300, &mut landed).unwrap();
+    assert_eq!(landed[..], inline[..], "{qp_type:?}: the inline bytes");
     // WRITEs of one packet and of three, then a SEND behind them.
     let (at, rkey) = (b.mr.addr(), b.mr.rkey());
     send(SendWr::write(6, &[sge(&a.mr, 100, 8)], at + 9000, rkey));

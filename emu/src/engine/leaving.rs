@@ -32,11 +32,12 @@ use super::{
 };
 use crate::{
     fabric::{
+        FabricInner,
         host::{self, Whole},
         wire,
     },
     objects::keys::KeyTable,
-    qp::{QpInner, QpShared},
+    qp::{QpInner, QpShared, SendWr},
     types::{QpState, QpType, SendFlags, WrOpcode},
 };
 
@@ -109,6 +110,78 @@ pub(crate) fn send(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, drv: &mut Driv
         completer::complete_ok(qp, g);
     }
     true
+}
+
+/// What [`post`] did with a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Posted {
+    /// Nothing: the request goes the general way.
+    Not,
+    /// Queued and sent.
+    Sent,
+    /// Queued and sent, and what arrived for the QP meanwhile waits for its service.
+    SentServiceDue,
+}
+
+/// A SEND (with or without immediate) or a WRITE with immediate posted on an RC or UC QP
+/// connected to another process, nothing of the QP's unsent before it: checked, queued and
+/// sent into the peer's ring as `requester::post` and then [`at_post`] would do it (the same
+/// checks, the same WQE, [`send`] itself, the timers armed), without a driver's service around
+/// it (~250 instructions a request). A plain WRITE, which its requester may carry out, a READ,
+/// an atomic, and anything `send` turns away (for which nothing changed) go the general way.
+#[inline(never)]
+pub(crate) fn post(
+    qp: &Arc<QpShared>,
+    g: &mut QpInner,
+    wr: &SendWr<'_>,
+    f: &FabricInner,
+) -> Posted {
+    let message = matches!(
+        wr.opcode,
+        WrOpcode::SEND | WrOpcode::SEND_WITH_IMM | WrOpcode::RDMA_WRITE_WITH_IMM
+    );
+    // What `at_post` asks of the QP, and what holds a SEND back there (`requester::waits`).
+    let idle = message
+        && g.lane_across
+        && g.sq.next == g.sq.head
+        && g.req.rnr_until.is_none()
+        && g.req.failed.is_none()
+        && !g.req.carrying
+        && !(wr.send_flags.contains(SendFlags::FENCE) && g.req.rd_atomic_in_flight > 0)
+        && qp.inbox.is_empty()
+        && !g.sq.full();
+    if !idle {
+        return Posted::Not;
+    }
+    // Every check `requester::post` makes of it (the QP in RTS among them).
+    let Some(length) = requester::express_length(qp, g, wr) else { return Posted::Not };
+    let idx = g.sq.head;
+    if requester::queue(g, wr, length, None).is_err() {
+        return Posted::Not;
+    }
+    // Not dropped unless it must run something (see below): a driver moved or dropped at the
+    // end of a function that lent it out is copied first (~30 instructions).
+    let mut drv = std::mem::ManuallyDrop::new(Driver::new(f));
+    drv.enter(Arc::as_ptr(qp));
+    let sent = send(qp, g, idx, &mut drv);
+    drv.depth -= 1;
+    let posted = if !sent {
+        // Taken back (nothing else changed): the general way queues it again.
+        g.sq.head = idx;
+        Posted::Not
+    } else if qp.inbox.is_empty() {
+        g.req.drained_reported = false;
+        requester::arm_timers(qp, g, &mut drv);
+        Posted::Sent
+    } else {
+        g.req.drained_reported = false;
+        Posted::SentServiceDue
+    };
+    // Nothing was handed to it (`send` and the timers hand nothing on): nothing to run or free.
+    if !drv.idle() {
+        std::mem::ManuallyDrop::into_inner(drv).finish();
+    }
+    posted
 }
 
 /// Sends the WQE a post just queued, the QP's only unsent one, the short way at once, as the

@@ -12,7 +12,10 @@ use super::{
 use crate::{
     error::{Errno, Error, Result, einval},
     objects::mw,
-    qp::{QpInner, QpShared, SendWr, queue::SendWqe},
+    qp::{
+        QpInner, QpShared, SendWr,
+        queue::{SendWqe, UdTarget},
+    },
     types::{
         EventType, FlushLevel, FlushType, Grh, QpState, QpType, SendFlags, WcStatus, WrOpcode,
     },
@@ -86,11 +89,13 @@ pub(crate) fn post(
     wr: &SendWr<'_>,
     f: &crate::fabric::FabricInner,
 ) -> Result<bool> {
-    let tried = match express_length(qp, g, wr) {
-        Some(length) if super::express::post(qp, g, wr, length, f) => return Ok(false),
-        Some(_) => true,
-        None => false,
-    };
+    if let Some(length) = express_length(qp, g, wr) {
+        if super::express::post(qp, g, wr, length, f) {
+            return Ok(false);
+        }
+        // Every check below passes for it (see `express_length`): queued as it is.
+        return queue(g, wr, length, None).map(|()| true);
+    }
     if qp.qp_type == QpType::XRC_RECV || qp.rss.is_some() {
         return Err(einval("an XRC target or RSS QP has no send queue"));
     }
@@ -235,9 +240,21 @@ pub(crate) fn post(
         Some(dest) if super::datagram::post(qp, g, wr, dest, length as u32, f) => {
             return Ok(false);
         }
-        None if !tried && super::express::post(qp, g, wr, length as u32, f) => return Ok(false),
+        None if super::express::post(qp, g, wr, length as u32, f) => return Ok(false),
         _ => {}
     }
+    queue(g, wr, length as u32, ud).map(|()| true)
+}
+
+/// Queues `wr`, checked, of `length` bytes (to `ud` on a UD QP) at the head of the send
+/// queue; `ENOMEM` if the queue is full.
+pub(super) fn queue(
+    g: &mut QpInner,
+    wr: &SendWr<'_>,
+    length: u32,
+    ud: Option<UdTarget>,
+) -> Result<()> {
+    let inline = wr.send_flags.contains(SendFlags::INLINE);
     let sq = &mut g.sq;
     if sq.full() {
         return Err(Error::new(Errno::ENOMEM, "send queue is full"));
@@ -260,7 +277,7 @@ pub(crate) fn post(
     wqe.rkey = wr.rkey;
     wqe.compare_add = wr.compare_add;
     wqe.swap = wr.swap;
-    wqe.length = length as u32;
+    wqe.length = length;
     wqe.status = WcStatus::SUCCESS;
     // Only a UD QP's requests have one (the slots of another stay `None`): stored always, the
     // address took ~20 instructions per request of every other QP.
@@ -285,14 +302,14 @@ pub(crate) fn post(
         wqe.mss = t.mss;
     }
     sq.head = head.wrapping_add(1);
-    Ok(true)
+    Ok(())
 }
 
 /// The length of `wr` if it is the common request that every check of [`post`] passes and
 /// the express path may run at once: a SEND, WRITE (with or without immediate), READ or atomic
 /// (of 8 bytes or more, aligned where rxe requires it) on an RC or UC QP in RTS, its SGEs
 /// within `max_send_sge`, inline data (SEND and WRITE only) within `max_inline_data`.
-fn express_length(qp: &QpShared, g: &QpInner, wr: &SendWr<'_>) -> Option<u32> {
+pub(super) fn express_length(qp: &QpShared, g: &QpInner, wr: &SendWr<'_>) -> Option<u32> {
     let atomic = is_atomic(wr);
     let common = matches!(qp.qp_type, QpType::RC | QpType::UC)
         && g.state == QpState::RTS

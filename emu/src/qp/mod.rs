@@ -18,7 +18,10 @@ pub use self::{
     wr::{Flush, SendWr, Tso, UdDest},
 };
 use crate::{
-    engine::{self, Driver, Route, packet::Packet, requester::Requester, responder::Responder},
+    engine::{
+        self, Driver, Route, leaving::Posted, packet::Packet, requester::Requester,
+        responder::Responder,
+    },
     error::{Errno, Error, Result, einval},
     objects::recv_queue::RecvWr,
     objects::{
@@ -957,6 +960,16 @@ impl Qp {
             rest = tail;
             if engine::lane::post(qp, &mut g, wr, f) {
                 continue;
+            }
+            if g.lane_across {
+                match engine::leaving::post(qp, &mut g, wr, f) {
+                    Posted::Sent => continue,
+                    Posted::SentServiceDue => {
+                        queued = true;
+                        continue;
+                    }
+                    Posted::Not => {}
+                }
             }
             match engine::requester::post(qp, &mut g, wr, f) {
                 Ok(q) => queued |= q,

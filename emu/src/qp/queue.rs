@@ -113,6 +113,7 @@ impl SendQueue {
     }
 
     /// Whether the application's WQEs fill `depth`.
+    #[inline]
     pub(crate) fn full(&self) -> bool {
         self.len() >= self.depth && (self.reserve == 0 || self.len() - self.hidden() >= self.depth)
     }
