@@ -2078,12 +2078,18 @@ fn receive_marked(
     looking: bool,
 ) -> bool {
     // Ended in place (see `Batch::end`), never moved: a move copies it whole.
+    // (Every field named: `..Batch::default()` made a list for `kept` only to drop it.)
     let mut batch = std::mem::ManuallyDrop::new(Batch {
+        ready: engine::QpList::new(),
+        multicast: Vec::new(),
+        xrc: Vec::new(),
         drops: Some(&inbound.drops),
+        took: false,
+        drv: None,
+        owed: None,
         last_qp: rx.last_qp.take(),
         passed: std::mem::take(&mut rx.passed),
         kept: std::mem::take(&mut rx.kept),
-        ..Batch::default()
     });
     let Rx { buf, partial, rings, last_qp, passed, kept, deferred } = rx;
     let mut rang = false;
@@ -2115,7 +2121,9 @@ fn receive_marked(
     }
     read_rings(inbound, fabric, rings, partial, &mut batch);
     *last_qp = batch.last_qp.take();
-    *passed = std::mem::take(&mut batch.passed);
+    // Swapped back, not assigned: the empty list left in their place has nothing to drop (a
+    // call per list and receive).
+    std::mem::swap(passed, &mut batch.passed);
     match batch.owed.take() {
         Some(owed) if looking => {
             let ack = owed.into_ack();
@@ -2132,8 +2140,10 @@ fn receive_marked(
         batch.deliver(fabric);
     }
     // Its records freed (delivered), the list's room serves the next receive.
-    batch.kept.clear();
-    *kept = std::mem::take(&mut batch.kept);
+    if !batch.kept.is_empty() {
+        batch.kept.clear();
+    }
+    std::mem::swap(kept, &mut batch.kept);
     Batch::end(batch);
     delivering || took
 }
@@ -2646,7 +2656,9 @@ impl<'a> Batch<'a> {
         if let Some(drv) = self.drv.take() {
             drv.finish();
         }
-        self.kept.clear();
+        if !self.kept.is_empty() {
+            self.kept.clear();
+        }
     }
 }
 
