@@ -103,6 +103,7 @@ pub(crate) struct Message {
 /// The QP `qp` of `m`'s transport, locked, if it takes `m` as its next request now and
 /// grants the access it asks for (a refused one is the packet path's to NAK), with the node
 /// its ACK or answer goes to (RC) — known before anything changes, so that nothing fails after.
+#[inline(always)]
 fn taker<'q, 'f>(
     qp: &'q Arc<QpShared>,
     f: &'f FabricInner,
@@ -163,6 +164,7 @@ impl OwedAck<'_> {
 /// The request `m` was executed: the next PSN expected, and its ACK owed if `ack_to` (a
 /// SEND's or WRITE's on RC; a READ's or atomic's answer acknowledges it), replacing one owed
 /// between the same QPs (which it acknowledges too) or paying one owed between others first.
+#[inline(always)]
 fn done<'f>(
     g: &mut QpInner,
     m: &Message,
