@@ -579,7 +579,10 @@ fn complete_recv(qp: &Arc<QpShared>, g: &mut QpInner, pkt: &Packet, opcode: WcOp
     complete_arrival(qp, g, &Arrival::of(pkt), opcode, wr_id);
 }
 
-/// Completes the receive WQE `wr_id` with the message `a`.
+/// Completes the receive WQE `wr_id` with the message `a`. (Inlined where it is called: out
+/// of line, its registers moved with whatever else the build placed beside it: a SEND hop
+/// measured 825 or 853 instructions as unrelated code changed, 799 inlined.)
+#[inline(always)]
 pub(super) fn complete_arrival(
     qp: &Arc<QpShared>,
     g: &mut QpInner,
