@@ -140,17 +140,7 @@ pub(crate) fn post(
         wr.opcode,
         WrOpcode::SEND | WrOpcode::SEND_WITH_IMM | WrOpcode::RDMA_WRITE_WITH_IMM
     );
-    // What `at_post` asks of the QP, and what holds a SEND back there (`requester::waits`).
-    let idle = message
-        && g.lane_across
-        && g.sq.next == g.sq.head
-        && g.req.rnr_until.is_none()
-        && g.req.failed.is_none()
-        && !g.req.carrying
-        && !(wr.send_flags.contains(SendFlags::FENCE) && g.req.rd_atomic_in_flight > 0)
-        && qp.inbox.is_empty()
-        && !g.sq.full();
-    if !idle {
+    if !message || g.sq.next != g.sq.head || !quiet(qp, g) {
         return Posted::Not;
     }
     // Every check `requester::post` makes of it (the QP in RTS among them).
@@ -163,7 +153,7 @@ pub(crate) fn post(
     // end of a function that lent it out is copied first (~30 instructions).
     let mut drv = std::mem::ManuallyDrop::new(Driver::new(f));
     drv.enter(Arc::as_ptr(qp));
-    let sent = send(qp, g, idx, &mut drv);
+    let sent = !held(g, idx) && send(qp, g, idx, &mut drv);
     drv.depth -= 1;
     let posted = if !sent {
         // Taken back (nothing else changed): the general way queues it again.
@@ -192,20 +182,11 @@ pub(crate) fn post(
 /// not, nothing changed, and the service runs as before).
 pub(crate) fn at_post(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>) -> bool {
     let idx = g.sq.next;
-    let idle = g.lane_across
-        && g.state == QpState::RTS
-        && idx.wrapping_add(1) == g.sq.head
-        && g.req.rnr_until.is_none()
-        && g.req.failed.is_none()
-        && !g.req.carrying
-        && qp.inbox.is_empty();
-    if !idle {
+    if idx.wrapping_add(1) != g.sq.head || !quiet(qp, g) {
         return false;
     }
-    let w = g.sq.ring.at(idx);
-    let held = w.is_local() || requester::waits(g, w);
     drv.enter(Arc::as_ptr(qp));
-    let sent = !held && send(qp, g, idx, drv);
+    let sent = !held(g, idx) && send(qp, g, idx, drv);
     drv.depth -= 1;
     if !sent {
         return false;
@@ -218,6 +199,27 @@ pub(crate) fn at_post(qp: &Arc<QpShared>, g: &mut QpInner, drv: &mut Driver<'_>)
         drv.service_and_arm(qp, g);
     }
     true
+}
+
+/// Whether the QP lets a WQE go to its peer's process at the post ([`at_post`], [`post`]):
+/// connected to another process, in RTS, with no RNR wait, no failed WQE, no carry-out run
+/// and nothing in its inbox.
+#[inline(always)]
+fn quiet(qp: &QpShared, g: &QpInner) -> bool {
+    g.lane_across
+        && g.state == QpState::RTS
+        && g.req.rnr_until.is_none()
+        && g.req.failed.is_none()
+        && !g.req.carrying
+        && qp.inbox.is_empty()
+}
+
+/// Whether the WQE at `idx` waits for something before it goes (a local operation, a fence,
+/// the limit of READs and atomics in flight).
+#[inline(always)]
+fn held(g: &QpInner, idx: u32) -> bool {
+    let w = g.sq.ring.at(idx);
+    w.is_local() || requester::waits(g, w)
 }
 
 /// The message the WQE at `idx` makes at the QP's next PSN, field for field as

@@ -2609,7 +2609,6 @@ impl<'a> Batch<'a> {
         drv.get_or_insert_with(|| Driver::new(fabric))
     }
 
-    /// Whether it took in anything to deliver.
     /// Lets go of `batch`, delivered and its lists handed back: dropped only if it owns
     /// memory or a reference, the commonest owning none (~50 instructions a receive).
     fn end(batch: std::mem::ManuallyDrop<Batch<'_>>) {
@@ -2627,6 +2626,7 @@ impl<'a> Batch<'a> {
         }
     }
 
+    /// Whether it took in anything to deliver.
     fn holds_any(&self) -> bool {
         !self.ready.is_empty()
             || !self.multicast.is_empty()
