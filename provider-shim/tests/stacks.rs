@@ -917,9 +917,11 @@ fn dapl_tests_pass_over_its_three_connection_managers() {
         c.env("DAT_OVERRIDE", &conf);
         c
     };
-    // dtestx (its own pauses make it last ~6 s) over `ucm` only: over `scm` its server,
-    // loaded, read 2 bytes of the client's 4-byte TCP message now and then (DAPL's own socket
-    // exchange, which the emulator has no part in).
+    // dtestx (its own pauses make it last ~6 s) over `ucm` only: over `ofa` a loaded
+    // machine's client, connecting before the server listened, was rejected (no such
+    // service; see the retry below); over `scm` its server, loaded, read 2 bytes of the
+    // client's 4-byte TCP message now and then (DAPL's own socket exchange, which the
+    // emulator has no part in).
     let pairs = [
         ("full", "ofa-v2-lo", &["dtest"][..]),
         ("full", "ofa-v2-emu0-1s", &["dtest"]),
