@@ -106,8 +106,10 @@ const PLACING_SPIN: std::time::Duration = std::time::Duration::from_micros(20);
 /// The longest sleep on a record being carried out between looks at whether its writer is
 /// gone (one that dies midway wakes nobody).
 const PLACING_NAP: std::time::Duration = std::time::Duration::from_millis(10);
-/// How far past where the next record goes its writer prefetches the ring's lines: a small
-/// message's record (a SEND of a few bytes takes ~130 bytes with its packet header).
+/// A small message's record (a SEND of a few bytes takes ~130 bytes with its packet header):
+/// how far past where the next record goes its writer prefetches the ring's lines for writing,
+/// and its reader, at each look while it waits for it, for reading; and the longest record
+/// its writer puts together off the ring and copies in at once.
 const PREFETCHED: usize = 256;
 /// The length word of the filler that takes a ring's last bytes when a record does not fit.
 const WRAP: u32 = u32::MAX;
@@ -392,8 +394,17 @@ impl Ring {
     /// before anything is set up to take records in.
     #[inline]
     pub(crate) fn nothing_to_read(&self) -> bool {
-        self.read_to.load(Ordering::Relaxed) == self.word(TAIL_AT).load(Ordering::Relaxed)
-            && self.unseen_views().is_none()
+        let read_to = self.read_to.load(Ordering::Relaxed);
+        // The next record's lines, asked for at each look (a hint: no wait, no fault): once
+        // `tail` shows the record, its lines are on their way already, not asked for only
+        // then, one transfer from the writer's core later (~90 ns a hop of `ib_send_lat`).
+        let at = read_to as usize & (self.cap - 1);
+        let mut line = at & !63;
+        while line < (at + PREFETCHED).min(self.cap) {
+            crate::sync::prefetch::for_read(self.ptr(line, 0));
+            line += 64;
+        }
+        read_to == self.word(TAIL_AT).load(Ordering::Relaxed) && self.unseen_views().is_none()
     }
 
     /// Reader: the highest name of the writer's shared memory passed to us, if we have not
@@ -723,7 +734,17 @@ impl Ring {
         // sender's lock) touches it.
         let body =
             unsafe { std::slice::from_raw_parts_mut(self.ptr(at + RECORD_HEADER, len), len) };
-        if !fill(body) {
+        // A small record is put together off the ring and copied in at once: the reader,
+        // which asks for its lines at each look, then takes them from us once, not between
+        // the stores of an encoding that takes ~100 ns (seen as round trips of `ib_send_lat`
+        // ~30% slower in some runs).
+        if len <= PREFETCHED {
+            let mut staged = [0u8; PREFETCHED];
+            if !fill(&mut staged[..len]) {
+                return Written::Refused;
+            }
+            body.copy_from_slice(&staged[..len]);
+        } else if !fill(body) {
             return Written::Refused;
         }
         if marks.claimed {
