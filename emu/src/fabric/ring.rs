@@ -399,11 +399,7 @@ impl Ring {
         // `tail` shows the record, its lines are on their way already, not asked for only
         // then, one transfer from the writer's core later (~90 ns a hop of `ib_send_lat`).
         let at = read_to as usize & (self.cap - 1);
-        let mut line = at & !63;
-        while line < (at + PREFETCHED).min(self.cap) {
-            crate::sync::prefetch::for_read(self.ptr(line, 0));
-            line += 64;
-        }
+        self.lines_from(at, crate::sync::prefetch::for_read);
         read_to == self.word(TAIL_AT).load(Ordering::Relaxed) && self.unseen_views().is_none()
     }
 
@@ -777,9 +773,16 @@ impl Ring {
     /// hop of `ib_send_lat` between two processes here).
     #[inline]
     fn prefetch_next(&self, next_at: usize) {
-        let mut line = next_at & !63;
-        while line < (next_at + PREFETCHED).min(self.cap) {
-            crate::sync::prefetch::for_write(self.ptr(line, 0));
+        self.lines_from(next_at, crate::sync::prefetch::for_write);
+    }
+
+    /// Hands `each` the start of every cache line of the [`PREFETCHED`] bytes from ring offset
+    /// `at` (short of the ring's end).
+    #[inline(always)]
+    fn lines_from(&self, at: usize, each: fn(*const u8)) {
+        let mut line = at & !63;
+        while line < (at + PREFETCHED).min(self.cap) {
+            each(self.ptr(line, 0));
             line += 64;
         }
     }
