@@ -1007,17 +1007,26 @@ impl Node {
     /// the ACK leaves as the message lands, long before the application can answer it. Nor
     /// must a QP's closing, which its peer takes for the end of what it sends. A thread
     /// inside `receive` (this one) paid both before it took in what it acts on. The thread
-    /// that holds `rx` is waited for a while, not for long: it may wait for a lock this
-    /// thread holds.
-    fn settle_deferred(&self) {
+    /// that holds `rx` is waited for up to `patience`: as long as a loaded host may keep it
+    /// off its core ([`SETTLE_WAIT`]; 1,000 yields let a CI run's rxm `fin` be flushed
+    /// again) where the caller holds no lock it may need, briefly ([`SETTLE_SPIN`]) where
+    /// the caller may (a QP's, as it closes: see [`FabricInner::settle_acks`]).
+    pub(crate) fn settle_deferred(&self, patience: Duration) {
         if RECEIVING.get() {
             return;
         }
-        for _ in 0..1000 {
+        let start = Instant::now();
+        loop {
             if let Some(mut rx) = self.inbound.rx.try_lock() {
                 return self.pay_deferred(&mut rx);
             }
-            std::thread::yield_now();
+            // Yields first (a batch ends in microseconds), then naps: a holder preempted for
+            // a scheduler's slice or more is not raced for its core.
+            match start.elapsed() {
+                w if w >= patience => return,
+                w if w < SETTLE_SPIN => std::thread::yield_now(),
+                _ => std::thread::sleep(Duration::from_micros(50)),
+            }
         }
     }
 
@@ -1227,12 +1236,13 @@ impl Node {
     }
 
     /// Tells the node of `dest_qpn` that our QP `qpn`, connected to it, was destroyed: after
-    /// the packets already sent to it, so it arrives after the last ACKs.
+    /// the packets already sent to it, so it arrives after the last ACKs (the ACKs owed for
+    /// what the application saw come were settled before: see [`FabricInner::settle_acks`]).
     pub(crate) fn part(&self, qpn: u32, dest_qpn: u32) {
         if self.inherited() {
             return;
         }
-        self.settle_deferred();
+        self.settle_deferred(SETTLE_SPIN);
         let msg = Encoded::control(Control::QpClosed { qpn });
         self.peer(slot_of(dest_qpn)).send(dest_qpn, &msg, false);
     }
@@ -1242,7 +1252,7 @@ impl Node {
         if self.inherited() {
             return;
         }
-        self.settle_deferred();
+        self.settle_deferred(SETTLE_WAIT);
         // To the node that holds the slot now: a peer kept for an earlier holder, whose death
         // its watcher has not seen (the new holder may take the slot's lock first), would
         // lose it, and a connection request lost leaves both sides waiting.
@@ -1476,6 +1486,14 @@ impl Node {
 /// stopped process (SIGSTOP, a debugger) or a dying one. Long enough for a busy peer that is
 /// merely descheduled now and then.
 const STALLED: Duration = Duration::from_millis(250);
+
+/// How long [`Node::settle_deferred`] may wait for the thread taking messages in to pay what
+/// its batch owes: well past a scheduler's slice on a loaded host.
+pub(crate) const SETTLE_WAIT: Duration = Duration::from_secs(2);
+
+/// The first part of a settling wait, spent yielding; all of it where the caller may hold a
+/// lock the thread it waits for needs.
+const SETTLE_SPIN: Duration = Duration::from_micros(200);
 
 /// How long a peer whose lock the kernel released may take to be seen exited (it is between
 /// closing its files and exiting: microseconds, unless the machine is starved).
@@ -3783,6 +3801,43 @@ mod test {
         assert_eq!(acks(), before + 2, "the ACK went before the QP's closing");
         let sent = a.next();
         assert_eq!((sent.wr_id, sent.status), (31, WcStatus::SUCCESS));
+        drop(held);
+        drop((a, b, fa, fb));
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// The thread that holds `rx` as a CM message or a QP's closing goes (a reader kept off
+    /// its core in the middle of a batch, on a loaded host) is waited for: the ACK it pays
+    /// as it goes on goes first. (Not so where it was waited for 1,000 yields: `fi_pingpong`
+    /// over rxm had its `fin` flushed in CI.)
+    #[test]
+    fn test_an_ack_its_payer_is_slow_to_send_goes_before_a_cm_message_and_a_closing() {
+        let (dir, (a, fa), (b, fb)) = talking("deferred-slow", end_on);
+        let inbound = inbound_of(&fb);
+        let node = fb.0.node.get().unwrap();
+        let held = reader_held_asleep(inbound);
+        let acks = || inbound.acks_sent.load(Ordering::Relaxed);
+        // `close` goes once another thread took `rx`, which pays what is owed 100 ms later.
+        let owed_then = |word: u64, close: &dyn Fn()| {
+            taken_in_by_look(&a, &b, inbound, word);
+            let before = acks();
+            std::thread::scope(|s| {
+                let (took, took_rx) = std::sync::mpsc::channel();
+                s.spawn(move || {
+                    let mut rx = inbound.rx.lock();
+                    took.send(()).unwrap();
+                    std::thread::sleep(Duration::from_millis(100));
+                    node.pay_deferred(&mut rx);
+                });
+                took_rx.recv().unwrap();
+                close();
+                assert_eq!(acks(), before + 1, "the ACK of {word} went first");
+            });
+            let sent = a.next();
+            assert_eq!((sent.wr_id, sent.status), (word, WcStatus::SUCCESS));
+        };
+        owed_then(40, &|| node.send_cm(a.slot(), &[0xff; 4]));
+        owed_then(41, &|| b.qp.destroy().unwrap());
         drop(held);
         drop((a, b, fa, fb));
         let _ = std::fs::remove_dir_all(dir);

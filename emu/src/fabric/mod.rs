@@ -485,6 +485,16 @@ impl FabricInner {
         self.remote_node(qpn).is_some_and(|n| n.slot_taken(host::slot_of(qpn)))
     }
 
+    /// Before a QP connected to another process closes, with no lock held: the ACKs owed for
+    /// what the application took in go first (see `host::Node::settle_deferred`), waiting
+    /// for the thread taking messages in as long as it takes. (`part`, under the QP's lock,
+    /// which that thread may need, waits for it only briefly.)
+    pub(crate) fn settle_acks(&self) {
+        if let Some(node) = self.node.get() {
+            node.settle_deferred(host::SETTLE_WAIT);
+        }
+    }
+
     /// Our QP `qpn`, connected to `dest_qpn`, is being destroyed: a peer in another process
     /// hears of it (see `host::Node::part`).
     pub(crate) fn part(&self, qpn: u32, dest_qpn: u32) {
@@ -797,6 +807,7 @@ impl Fabric {
         if self.0.node.get().is_none() {
             return;
         }
+        self.0.settle_acks();
         for qp in self.0.live_qps() {
             for _ in 0..100 {
                 if let Some(g) = qp.inner.try_lock() {

@@ -1053,6 +1053,7 @@ impl Qp {
         }
         self.0.life.destroy()?;
         self.0.ctx.fabric.unregister_qp(self.0.qpn);
+        self.0.ctx.fabric.settle_acks();
         self.0.stop();
         self.0.ctx.discard_events(Arc::as_ptr(&self.0));
         self.0.ctx.wait_acked(&self.0.async_events);
