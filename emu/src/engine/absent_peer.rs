@@ -32,7 +32,7 @@ use super::{
 use crate::{
     fabric::{
         exports::{Op, Request},
-        host::{self, AbsentPeer, Claimed, Hold},
+        host::{self, AbsentPeer, Claimed},
     },
     qp::{QpInner, QpShared, queue::Hidden, queue::SendWqe},
     types::{QpState, QpType, SendFlags, WrOpcode},
@@ -206,9 +206,11 @@ pub(crate) fn note_unsent(qp: &QpShared, g: &mut QpInner, drv: &mut Driver<'_>) 
 ///
 /// Each placement is a system call, where the records of a stream cost the reader, taking
 /// them in one after another, a copy each. So a WRITE is only placed if its send found the
-/// peer's reader asleep (and rang it), or the QP's previous WRITE was placed; and then only
-/// [`PLACE_GAP`] after the last such: a stream's second WRITE ends the run. While such a run
-/// goes on, the peer's reader is not woken for the records it only has to account for.
+/// peer's reader asleep, or the QP's previous WRITE was placed; and then only [`PLACE_GAP`]
+/// after the last such: a stream's second WRITE ends the run. The peer's reader is not woken
+/// for the record of a WRITE placed (its bell is held until the placement fails): it only has
+/// to account for it, which it does when it next wakes for anything else, or once half its
+/// ring waits (see `host::release_bell`).
 pub(crate) fn send_placing(
     qp: &Arc<QpShared>,
     g: &mut QpInner,
@@ -240,10 +242,9 @@ fn send_placing_as(
         return;
     }
     let send = || drv.send(&mut g.route, pkt);
-    let hold = if run { Hold::All } else { Hold::Napping };
     let (claimed, held) = match alone {
-        true => host::holding_bell(hold, || host::claiming(send)),
-        false => (None, host::holding_bell(hold, send).1),
+        true => host::holding_bell(|| host::claiming(send)),
+        false => (None, host::holding_bell(send).1),
     };
     let anyway = run || host::rang_bell() || held;
     let placed = place_alone(qp, g, idx, drv, claimed, anyway);

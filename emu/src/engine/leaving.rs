@@ -83,8 +83,17 @@ pub(crate) fn send(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, drv: &mut Driv
         lands: alone && (write || matches!(m.op, Op::Atomic(_))),
         placing: alone && write,
     };
-    let (sent, claimed) = node.send_whole(m.dst.2, wire::REQUEST_HEAD + piece.len(), how, fill);
+    let send = || node.send_whole(m.dst.2, wire::REQUEST_HEAD + piece.len(), how, fill);
+    // The bell of a reader asleep too is held until the WRITE is found not carried out: one
+    // carried out leaves its record only to be accounted for (a reader woken for that ran,
+    // then watched its rings, on the core its application spun on: `ib_write_lat` between
+    // two pinned processes lost tens of microseconds a wake).
+    let ((sent, claimed), held) = match how.placing {
+        true => host::holding_bell(send),
+        false => (send(), false),
+    };
     if !sent {
+        host::release_bell(true);
         return false;
     }
     drop(keys);
@@ -101,9 +110,10 @@ pub(crate) fn send(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, drv: &mut Driv
     // application's looks) through our view of the peer's memory if we have one, or by any
     // means it can be; the bell of a napping reader is rung only if not. One to a reader at
     // work, which takes it in as it comes, only through a view.
-    let rang = host::rang_bell();
+    let rang = host::rang_bell() || held;
     if how.placing {
-        absent_peer::place_alone(qp, g, idx, drv, claimed, rang);
+        let placed = absent_peer::place_alone(qp, g, idx, drv, claimed, rang);
+        host::release_bell(!placed);
     }
     if qp.qp_type == QpType::UC {
         // Unreliable: the WR is complete once its message is on the wire.
