@@ -64,6 +64,10 @@ pub(crate) fn send(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, drv: &mut Driv
         return false;
     }
     let Some(node) = f.remote_node(g.attr.dest_qp_num) else { return false };
+    // Asked before the WQE is borrowed (see below).
+    let pinging = w.opcode == WrOpcode::RDMA_WRITE
+        && absent_peer::placing(qp, g, false)
+        && absent_peer::holds_bell(qp);
     let keys = qp.ctx.device.keys.read();
     let Some((m, piece)) = message(qp, g, &keys, idx) else { return false };
     // A longer message is the packet path's to send (the peer may read it from our memory).
@@ -84,12 +88,10 @@ pub(crate) fn send(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, drv: &mut Driv
         placing: alone && write,
     };
     let send = || node.send_whole(m.dst.2, wire::REQUEST_HEAD + piece.len(), how, fill);
-    // The bell of a reader asleep too is held until the WRITE is found not carried out: one
-    // carried out leaves its record only to be accounted for (a reader woken for that ran,
-    // then watched its rings, on the core its application spun on: `ib_write_lat` between
-    // two pinned processes lost tens of microseconds a wake).
-    let ((sent, claimed), held) = match how.placing {
-        true => host::holding_bell(send),
+    // A ping-pong's holds the bell of a reader asleep too until the WRITE is found not
+    // carried out (see `absent_peer::holds_bell`).
+    let ((sent, claimed), held) = match how.placing && pinging {
+        true => host::holding_bell(host::Hold::All, send),
         false => (send(), false),
     };
     if !sent {

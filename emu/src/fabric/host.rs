@@ -46,7 +46,7 @@ use rustc_hash::FxHashMap;
 use super::{
     FabricInner,
     exports::{self, Exports, PeerExports},
-    ring::{Marks, Read, Record, Ring, Written},
+    ring::{self, Marks, Read, Record, Ring, Written},
     trust::{self, FabricDir, Location},
     wire,
     wire::{Control, Encoded, Message, Refused},
@@ -1943,16 +1943,26 @@ fn receive_as(
     delivered
 }
 
-/// Runs `send` with the doorbell held: a message it sends to a peer whose reader asks for it
-/// (asleep, or napping on its application's looks) does not wake the reader yet. Whether one
-/// would have; if so, [`release_bell`] must follow (a request its sender carries out at once
-/// needs no reader: only accounting for, whenever it next wakes; see
-/// `engine::absent_peer::send_placing`).
-pub(crate) fn holding_bell<R>(send: impl FnOnce() -> R) -> (R, bool) {
-    HOLD_BELL.set(true);
+/// Runs `send` with the doorbell held (as `hold` says which): a message it sends to a peer
+/// whose reader asks for it does not wake the reader yet. Whether one would have; if so,
+/// [`release_bell`] must follow (a request its sender carries out at once needs no reader:
+/// only accounting for, whenever it next wakes).
+pub(crate) fn holding_bell<R>(hold: Hold, send: impl FnOnce() -> R) -> (R, bool) {
+    HOLD_BELL.set(Some(hold));
     let sent = send();
-    HOLD_BELL.set(false);
+    HOLD_BELL.set(None);
     (sent, HELD_BELL.with_borrow(Option::is_some))
+}
+
+/// Which bells [`holding_bell`] holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Hold {
+    /// Every one: a run of WRITEs carried out as they are sent wakes no reader, nor does a
+    /// ping-pong's (see `engine::absent_peer::send_placing`).
+    All,
+    /// Only that of a reader napping on its application's looks (see `Ring::take_bell`); one
+    /// asleep is woken as the message is written, as usual, and stays awake for what follows.
+    Napping,
 }
 
 /// After [`holding_bell`]: rings the held bell if `wake`; else asks for it again (the next
@@ -2022,7 +2032,7 @@ thread_local! {
     /// See [`rang_bell`].
     static RANG: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     /// See [`holding_bell`].
-    static HOLD_BELL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    static HOLD_BELL: std::cell::Cell<Option<Hold>> = const { std::cell::Cell::new(None) };
     /// See [`claiming`].
     static CLAIM_WRITTEN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     /// The record this thread wrote claimed (see [`claiming`]).
@@ -3212,7 +3222,8 @@ impl Peer {
         }
         // Placing: the bell of a reader napping on its application's looks is left alone
         // until the request is found not carried out (see `Node::settle`); one asleep is rung
-        // now unless the caller holds it (see `holding_bell`).
+        // now, and stays awake for what follows, unless the caller holds it (a ping-pong's:
+        // see `engine::absent_peer::holds_bell`).
         let napping = how.placing && ring.napping();
         let at = (how.placing && claimed).then(|| ring.last_written() as u32);
         let bell = ring.take_bell(how.lands && !napping);
@@ -3228,7 +3239,12 @@ impl Peer {
     /// The peer's reader asked to be rung for what was just written: rung now, or, while this
     /// thread holds the bell (see [`holding_bell`]), once it lets go.
     fn ring_asked(self: &Arc<Self>, tx: &mut PeerTx, bell: u32) {
-        if HOLD_BELL.get() {
+        let hold = match HOLD_BELL.get() {
+            Some(Hold::All) => true,
+            Some(Hold::Napping) => bell == ring::DELEGATED,
+            None => false,
+        };
+        if hold {
             match HELD_BELL.replace(Some((self.clone(), bell))) {
                 // Ours taken again (an ACK deferred went just before the message): one is
                 // held, the reader's first request, which stands for both.
@@ -4642,9 +4658,11 @@ mod test {
     /// A WRITE its requester carries out as it is sent leaves its record only to be accounted
     /// for, and wakes no reader asleep for it (woken, the reader ran and then watched its rings
     /// on the core its application spun on: `ib_write_lat` between two pinned processes lost
-    /// tens of microseconds a wake, its 99th percentile ~20 us). A run of them rings the
+    /// tens of microseconds a wake, its 99th percentile ~20 us): where the requester's
+    /// application polled for each before the next, as in a ping-pong. A run of them rings the
     /// reader once half the ring waits (a writer finding it full would wait for a reader
-    /// nobody woke); what follows is taken in, in order.
+    /// nobody woke); a stream, posted without polling, rings it at once; what follows is taken
+    /// in, in order.
     #[test]
     #[allow(unsafe_code)] // application memory, registered as C registers it
     fn test_a_write_carried_out_as_it_is_sent_wakes_no_reader_asleep() {
@@ -4662,18 +4680,26 @@ mod test {
         let mem = unsafe { crate::RawMemory::new(p, LEN) };
         let access = crate::AccessFlags::LOCAL_WRITE | crate::AccessFlags::REMOTE_WRITE;
         let mr = b.mr.pd().reg_mr_raw(mem, p as u64, access).unwrap();
-        let write = |i: u64| {
+        let post = |i: u64| {
             let at = 8 * (i % 64);
             a.mr.write(at as usize, &i.to_le_bytes()).unwrap();
             let sg = [Sge { addr: a.mr.addr() + at, length: 8, lkey: a.mr.lkey() }];
             let wr = SendWr::write(i, &sg, mr.addr() + at, mr.rkey()).signaled();
             a.qp.post_send(&wr).unwrap();
+        };
+        let landed = |i: u64| {
+            let at = 8 * (i % 64);
             let wc = a.next();
             assert_eq!((wc.wr_id, wc.status), (i, WcStatus::SUCCESS));
             let mut got = [0u8; 8];
             // SAFETY: 8 bytes of the mapping, which the WRITE completed into.
             unsafe { std::ptr::copy_nonoverlapping(p.add(at as usize), got.as_mut_ptr(), 8) };
             assert_eq!(u64::from_le_bytes(got), i, "WRITE {i} landed as it completed");
+        };
+        // Each polled for before the next is posted, as in a ping-pong.
+        let write = |i: u64| {
+            post(i);
+            landed(i);
         };
         // The first gets A a view of B's memory (B's reader passes it): the next go through it.
         write(0);
@@ -4697,6 +4723,13 @@ mod test {
             !na.behind(b.slot())
         });
         assert!(woke.is_some(), "B's reader never woken while its ring filled");
+        // A stream, posted without a poll between, rings the reader at once (it takes over
+        // what follows).
+        until_reader_asleep(&nb.inbound);
+        (most..most + 2).for_each(post);
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(!na.behind(b.slot()), "B's reader was not woken for a stream");
+        (most..most + 2).for_each(landed);
         a.send(&b, 3);
         drop(mr);
         talk_and_part((a, fa), (b, fb), &dir);

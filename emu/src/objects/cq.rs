@@ -132,6 +132,8 @@ pub(crate) struct CqInner {
     pub(crate) async_events: EventCount,
     /// An opaque word for the embedding layer (the C shim keeps its `ibv_cq` pointer here).
     user_data: AtomicUsize,
+    /// The low bits of [`CqInner::taken`] at the last [`CqInner::polled_since_asked`].
+    taken_asked: AtomicU32,
 }
 
 /// rxe sizes a CQ ring to a power of two with one slot kept empty, and reports the usable
@@ -190,6 +192,17 @@ impl CqInner {
     pub(crate) fn taken(&self) -> u64 {
         let ring = self.ring();
         self.rebased.load(Ordering::Acquire) + ring.head()
+    }
+
+    /// Whether the application polled completions since the last time this was asked (by a
+    /// QP sending a WRITE to be carried out: see `engine::absent_peer::holds_bell`).
+    pub(crate) fn polled_since_asked(&self) -> bool {
+        // The low bits tell a change.
+        let taken = self.taken() as u32;
+        taken != self.taken_asked.load(Ordering::Relaxed) && {
+            self.taken_asked.store(taken, Ordering::Relaxed);
+            true
+        }
     }
 
     /// Puts `wc` on the ring; its position there, or `Err` when the ring holds `cqe` already.
@@ -463,6 +476,7 @@ impl Cq {
             comp_events: EventCount::default(),
             async_events: EventCount::default(),
             user_data: AtomicUsize::new(0),
+            taken_asked: AtomicU32::new(0),
         })))
     }
 
