@@ -64,10 +64,6 @@ pub(crate) fn send(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, drv: &mut Driv
         return false;
     }
     let Some(node) = f.remote_node(g.attr.dest_qp_num) else { return false };
-    // Asked before the WQE is borrowed (see below).
-    let pinging = w.opcode == WrOpcode::RDMA_WRITE
-        && absent_peer::placing(qp, g, false)
-        && absent_peer::holds_bell(qp);
     let keys = qp.ctx.device.keys.read();
     let Some((m, piece)) = message(qp, g, &keys, idx) else { return false };
     // A longer message is the packet path's to send (the peer may read it from our memory).
@@ -89,13 +85,14 @@ pub(crate) fn send(qp: &Arc<QpShared>, g: &mut QpInner, idx: u32, drv: &mut Driv
     };
     let send = || node.send_whole(m.dst.2, wire::REQUEST_HEAD + piece.len(), how, fill);
     // A ping-pong's holds the bell of a reader asleep too until the WRITE is found not
-    // carried out (see `absent_peer::holds_bell`).
-    let ((sent, claimed), held) = match how.placing && pinging {
+    // carried out (see `absent_peer::holds_bell`). Asked only here, past the length check:
+    // asking marks the CQ, and the packet path, taking a WRITE refused above, would find no
+    // poll since.
+    let ((sent, claimed), held) = match how.placing && absent_peer::holds_bell(qp) {
         true => host::holding_bell(host::Hold::All, send),
         false => (send(), false),
     };
     if !sent {
-        host::release_bell(true);
         return false;
     }
     drop(keys);
