@@ -25,7 +25,8 @@
 /// The ranges must not be memory Rust code holds references into; a range that is unmapped
 /// or lacks the access is allowed (that is the point).
 pub(crate) unsafe fn copy(src: *const u8, dst: *mut u8, len: usize) -> bool {
-    if len == 0 || std::ptr::eq(src, dst) {
+    // (An empty copy the routine makes itself.)
+    if std::ptr::eq(src, dst) {
         return true;
     }
     // SAFETY: the routine touches only the two ranges; a fault returns 1 through the handler.
@@ -86,6 +87,43 @@ mod arch {
         ".globl rdma_emu_guarded_copy",
         ".hidden rdma_emu_guarded_copy",
         "rdma_emu_guarded_copy:",
+        // Up to 16 bytes (most work requests' payloads: a WRITE's word, a small SEND): the
+        // first and the last bytes of a width, all loaded before any is stored (so the
+        // ranges may overlap), without the loops below.
+        "cmp rdx, 16",
+        "ja 10f",
+        "cmp rdx, 8",
+        "jb 8f",
+        "mov rax, qword ptr [rsi]",
+        "mov rcx, qword ptr [rsi + rdx - 8]",
+        "mov qword ptr [rdi], rax",
+        "mov qword ptr [rdi + rdx - 8], rcx",
+        "xor eax, eax",
+        "ret",
+        "8:",
+        "cmp rdx, 4",
+        "jb 9f",
+        "mov eax, dword ptr [rsi]",
+        "mov ecx, dword ptr [rsi + rdx - 4]",
+        "mov dword ptr [rdi], eax",
+        "mov dword ptr [rdi + rdx - 4], ecx",
+        "xor eax, eax",
+        "ret",
+        // 1 to 3 bytes: the first, the middle and the last (some the same).
+        "9:",
+        "test rdx, rdx",
+        "jz 6f",
+        "mov r8, rdx",
+        "shr r8, 1",
+        "movzx eax, byte ptr [rsi]",
+        "movzx ecx, byte ptr [rsi + r8]",
+        "movzx r9d, byte ptr [rsi + rdx - 1]",
+        "mov byte ptr [rdi], al",
+        "mov byte ptr [rdi + r8], cl",
+        "mov byte ptr [rdi + rdx - 1], r9b",
+        "xor eax, eax",
+        "ret",
+        "10:",
         "mov rcx, rdx",
         "mov rax, rdi",
         "sub rax, rsi",
@@ -362,6 +400,20 @@ mod tests {
             assert!(!copy(gone, local.as_mut_ptr(), 8), "a word's read");
             assert!(!copy(local.as_ptr(), gone.add(3), 13), "a short write");
             assert!(!copy(local.as_ptr(), ro.add(4096 - 4), 8), "a word across into the hole");
+            // The short copies' every width, faulting on their first or only their last
+            // access, and right up to the end of a mapping without a fault.
+            for len in 1..=16 {
+                assert!(!copy(gone, local.as_mut_ptr(), len), "read of {len}");
+                assert!(!copy(local.as_ptr(), gone, len), "write of {len}");
+                assert!(!copy(local.as_ptr(), ro, len), "write of {len} to read-only memory");
+                if len > 1 {
+                    let across = ro.add(4096 - len + 1);
+                    assert!(!copy(across, local.as_mut_ptr(), len), "read of {len} across");
+                }
+                let mut end = [9u8; 16];
+                assert!(copy(ro.add(4096 - len), end.as_mut_ptr(), len), "{len} up to the end");
+                assert_eq!(&end[..len], &vec![0u8; len][..]);
+            }
             assert!(!copy(local.as_ptr(), gone, 64), "write to unmapped memory");
             assert!(!copy(local.as_ptr(), ro, 64), "write to read-only memory");
             assert!(copy(ro, local.as_mut_ptr(), 64), "read of read-only memory");
