@@ -4735,6 +4735,48 @@ mod test {
         talk_and_part((a, fa), (b, fb), &dir);
     }
 
+    /// A ping-pong's WRITE too long for a record (from `PULL_MIN` on: the packet path's, the
+    /// peer asked to read it) still lands and completes, each one posted after the last
+    /// completed, its peer's reader asleep before it: a bell held for it (see
+    /// `absent_peer::holds_bell`) must not keep the reader from what it has to do.
+    #[test]
+    #[allow(unsafe_code)] // application memory, registered as C registers it
+    fn test_a_ping_pongs_long_write_lands_with_its_peers_reader_asleep() {
+        const LEN: usize = 2 * PULL_MIN;
+        const MSG: usize = PULL_MIN + 4096;
+        let (dir, (a, fa), (b, fb)) = talking("placed-long", end_on);
+        let nb = fb.0.node.get().unwrap();
+        let (rw, anon) =
+            (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS);
+        // SAFETY: a fresh anonymous mapping, left mapped for the test's life.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), LEN, rw, anon, -1, 0) }.cast::<u8>();
+        assert_ne!(p.cast(), libc::MAP_FAILED);
+        // SAFETY: the mapping outlives the MR (never unmapped).
+        let mem = unsafe { crate::RawMemory::new(p, LEN) };
+        let access = crate::AccessFlags::LOCAL_WRITE | crate::AccessFlags::REMOTE_WRITE;
+        let mr = b.mr.pd().reg_mr_raw(mem, p as u64, access).unwrap();
+        let src = a.mr.pd().reg_mr(MSG, crate::AccessFlags::LOCAL_WRITE).unwrap();
+        for i in 0..6u64 {
+            let at = (i as usize % 2) * (LEN - MSG);
+            let bytes: Vec<u8> = (0..MSG).map(|k| (k as u64 * 7 + i) as u8).collect();
+            src.write(0, &bytes).unwrap();
+            if i > 0 {
+                until_reader_asleep(&nb.inbound);
+            }
+            let sg = [Sge { addr: src.addr(), length: MSG as u32, lkey: src.lkey() }];
+            let wr = SendWr::write(i, &sg, mr.addr() + at as u64, mr.rkey()).signaled();
+            a.qp.post_send(&wr).unwrap();
+            let wc = a.next();
+            assert_eq!((wc.wr_id, wc.status), (i, WcStatus::SUCCESS), "WRITE {i}");
+            let mut got = vec![0u8; MSG];
+            // SAFETY: MSG bytes of the mapping, which the WRITE completed into.
+            unsafe { std::ptr::copy_nonoverlapping(p.add(at), got.as_mut_ptr(), MSG) };
+            assert!(got == bytes, "WRITE {i} landed whole as it completed");
+        }
+        drop((mr, src));
+        talk_and_part((a, fa), (b, fb), &dir);
+    }
+
     /// A run of SENDs that the peer takes in at once is acknowledged by one ACK per
     /// `OwedAck::RUN` of them, the last one's, which covers the ones before: the requester takes
     /// that many records in for the run, and every SEND completes on both sides, in order, its
