@@ -4655,6 +4655,21 @@ mod test {
         }
     }
 
+    /// `len` bytes of fresh memory of `end`'s application (an anonymous mapping, never
+    /// unmapped), registered on its PD for local and remote writes, as C registers it.
+    #[allow(unsafe_code)]
+    fn application_memory(end: &End, len: usize) -> (*mut u8, crate::Mr) {
+        let (rw, anon) =
+            (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS);
+        // SAFETY: a fresh anonymous mapping, left mapped for the test's life.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, rw, anon, -1, 0) }.cast::<u8>();
+        assert_ne!(p.cast(), libc::MAP_FAILED);
+        // SAFETY: the mapping outlives the MR (never unmapped).
+        let mem = unsafe { crate::RawMemory::new(p, len) };
+        let access = crate::AccessFlags::LOCAL_WRITE | crate::AccessFlags::REMOTE_WRITE;
+        (p, end.mr.pd().reg_mr_raw(mem, p as u64, access).unwrap())
+    }
+
     /// A WRITE its requester carries out as it is sent leaves its record only to be accounted
     /// for, and wakes no reader asleep for it (woken, the reader ran and then watched its rings
     /// on the core its application spun on: `ib_write_lat` between two pinned processes lost
@@ -4671,15 +4686,7 @@ mod test {
         let (na, nb) = (fa.0.node.get().unwrap(), fb.0.node.get().unwrap());
         // Memory of B's application, which B's process moves into shared memory as it is
         // registered: A gets a view of it.
-        let (rw, anon) =
-            (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS);
-        // SAFETY: a fresh anonymous mapping, left mapped for the test's life.
-        let p = unsafe { libc::mmap(std::ptr::null_mut(), LEN, rw, anon, -1, 0) }.cast::<u8>();
-        assert_ne!(p.cast(), libc::MAP_FAILED);
-        // SAFETY: the mapping outlives the MR (never unmapped).
-        let mem = unsafe { crate::RawMemory::new(p, LEN) };
-        let access = crate::AccessFlags::LOCAL_WRITE | crate::AccessFlags::REMOTE_WRITE;
-        let mr = b.mr.pd().reg_mr_raw(mem, p as u64, access).unwrap();
+        let (p, mr) = application_memory(&b, LEN);
         let post = |i: u64| {
             let at = 8 * (i % 64);
             a.mr.write(at as usize, &i.to_le_bytes()).unwrap();
@@ -4746,15 +4753,7 @@ mod test {
         const MSG: usize = PULL_MIN + 4096;
         let (dir, (a, fa), (b, fb)) = talking("placed-long", end_on);
         let nb = fb.0.node.get().unwrap();
-        let (rw, anon) =
-            (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS);
-        // SAFETY: a fresh anonymous mapping, left mapped for the test's life.
-        let p = unsafe { libc::mmap(std::ptr::null_mut(), LEN, rw, anon, -1, 0) }.cast::<u8>();
-        assert_ne!(p.cast(), libc::MAP_FAILED);
-        // SAFETY: the mapping outlives the MR (never unmapped).
-        let mem = unsafe { crate::RawMemory::new(p, LEN) };
-        let access = crate::AccessFlags::LOCAL_WRITE | crate::AccessFlags::REMOTE_WRITE;
-        let mr = b.mr.pd().reg_mr_raw(mem, p as u64, access).unwrap();
+        let (p, mr) = application_memory(&b, LEN);
         let src = a.mr.pd().reg_mr(MSG, crate::AccessFlags::LOCAL_WRITE).unwrap();
         for i in 0..6u64 {
             let at = (i as usize % 2) * (LEN - MSG);
