@@ -73,6 +73,7 @@ pub mod cm;
 mod engine;
 mod error;
 mod fabric;
+mod frame;
 mod guarded;
 mod mem;
 mod objects;

@@ -10,7 +10,7 @@
 
 use std::sync::{Arc, Weak};
 
-use super::frame::{Headers, PROTO_TCP, PROTO_UDP};
+use crate::frame::{Headers, PROTO_TCP, PROTO_UDP};
 use crate::{
     error::{Errno, Error, Result, einval},
     fabric::FabricInner,

@@ -16,7 +16,6 @@ pub(crate) mod completer;
 pub(crate) mod datagram;
 pub(crate) mod express;
 pub(crate) mod flow;
-pub(crate) mod frame;
 pub(crate) mod landing;
 pub(crate) mod lane;
 pub(crate) mod leaving;

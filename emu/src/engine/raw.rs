@@ -12,12 +12,12 @@ use std::sync::Arc;
 
 use super::{
     Driver, Route, enter_error,
-    frame::{self, Headers},
     packet::{Kind, Packet, Payload},
     responder, sgl, wc, wc_ok,
 };
 use crate::{
     fabric::FabricInner,
+    frame::{self, Headers},
     objects::{pd::PdInner, wq::IndTableInner},
     qp::{QpInner, QpShared},
     types::{QpState, SendFlags, Sge, Wc, WcFlags, WcOpcode, WcStatus, WqFlags, WrOpcode},

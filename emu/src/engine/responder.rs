@@ -291,7 +291,7 @@ pub(super) fn advance_past(g: &mut QpInner, psn: u32, npkts: u32) {
 /// an IB GRH (IBA 8.3, next header 0x1B). `headers` is the length of BTH and the extended
 /// headers after it.
 fn grh_bytes(grh: &Grh, paylen: u32, headers: u32, roce: bool) -> [u8; 40] {
-    use crate::fabric::roce::{ipv4_header, ipv6_first_word};
+    use crate::frame::{ipv4_header, ipv6_first_word};
     let mut h = [0u8; 40];
     let pad = (4 - paylen % 4) % 4;
     let udp_len = 8 + headers + paylen + pad + 4; // UDP, headers, payload, pad, ICRC

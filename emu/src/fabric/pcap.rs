@@ -13,11 +13,12 @@ use parking_lot::Mutex;
 
 use super::{
     FabricInner,
-    roce::{fold, icrc, ipv4_header, ipv6_first_word, ones_complement_sum, op},
+    roce::{icrc, op},
 };
 use crate::{
     engine::packet::{Kind, NakCode, Packet, Payload, Syndrome},
     error::Result,
+    frame::{csum_add, fold, ipv4_header, ipv6_first_word},
     types::{Grh, QpType},
 };
 
@@ -348,8 +349,8 @@ pub(super) fn frame(ends: &Ends, transport: &[u8], data: &[u8], damaged: bool) -
                 ends.ip.traffic_class,
                 ends.ip.hop_limit,
             ));
-            let mut p = ones_complement_sum(0, &s);
-            p = ones_complement_sum(p, &d);
+            let mut p = csum_add(0, &s);
+            p = csum_add(p, &d);
             p + 17 + udp_len as u32
         }
         None => {
@@ -358,8 +359,8 @@ pub(super) fn frame(ends: &Ends, transport: &[u8], data: &[u8], damaged: bool) -
             f.extend_from_slice(&[17, ends.ip.hop_limit]);
             f.extend_from_slice(&src.0);
             f.extend_from_slice(&dst.0);
-            let mut p = ones_complement_sum(0, &src.0);
-            p = ones_complement_sum(p, &dst.0);
+            let mut p = csum_add(0, &src.0);
+            p = csum_add(p, &dst.0);
             p + 17 + udp_len as u32
         }
     };
@@ -376,7 +377,7 @@ pub(super) fn frame(ends: &Ends, transport: &[u8], data: &[u8], damaged: bool) -
         icrc = !icrc;
     }
     f.extend_from_slice(&icrc.to_le_bytes());
-    let csum = match fold(ones_complement_sum(pseudo, &f[udp_start..])) {
+    let csum = match fold(csum_add(pseudo, &f[udp_start..])) {
         0 => 0xffff,
         c => c,
     };
@@ -441,12 +442,12 @@ pub(super) mod test {
         let ends = Ends { ip, src_port: 0xc011 };
         let f = frame(&ends, &[0x04, 0, 0xff, 0xff, 0, 0, 0, 0x12, 0x80, 0, 0, 1], b"abcd", false);
         assert_eq!(&f[12..14], &[0x08, 0x00]);
-        assert_eq!(fold(ones_complement_sum(0, &f[14..34])), 0, "IPv4 header checksum");
+        assert_eq!(fold(csum_add(0, &f[14..34])), 0, "IPv4 header checksum");
         assert_eq!(&f[36..38], &4791u16.to_be_bytes());
         let udp = &f[34..];
-        let mut p = ones_complement_sum(0, &f[26..34]);
+        let mut p = csum_add(0, &f[26..34]);
         p += 17 + udp.len() as u32;
-        assert_eq!(fold(ones_complement_sum(p, udp)), 0, "UDP checksum");
+        assert_eq!(fold(csum_add(p, udp)), 0, "UDP checksum");
         let bad = frame(&ends, &[0x04, 0, 0xff, 0xff, 0, 0, 0, 0x12, 0x80, 0, 0, 1], b"abcd", true);
         assert_eq!(f.len(), bad.len());
         assert_ne!(f[f.len() - 4..], bad[bad.len() - 4..]);

@@ -7,7 +7,11 @@
 //! The wire port's receive path (`wire_port`) takes its packets through here; the tests check
 //! the decoder against the frames rxe sent, and against mangled ones.
 
-use crate::{engine::packet::Kind, types::QpType};
+use crate::{
+    engine::packet::Kind,
+    frame::{ipv4_header, ipv6_first_word},
+    types::QpType,
+};
 
 /// The QPN of the general services interface (QP1), where management datagrams go: the
 /// connection manager's among them.
@@ -233,46 +237,6 @@ pub(crate) fn decode(d: &[u8]) -> Result<WirePacket<'_>, Refused> {
         payload,
         icrc: u32::from_le_bytes(*icrc),
     })
-}
-
-/// The Internet checksum's running sum of `bytes` as 16-bit big-endian words, onto `sum`.
-pub(crate) fn ones_complement_sum(mut sum: u32, bytes: &[u8]) -> u32 {
-    for c in bytes.chunks(2) {
-        sum += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
-    }
-    sum
-}
-
-/// A running sum folded to 16 bits and complemented: the checksum.
-pub(crate) fn fold(mut sum: u32) -> u16 {
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
-}
-
-/// The first word of an IPv6 header (or IB GRH): version 6, traffic class, flow label.
-pub(crate) fn ipv6_first_word(traffic_class: u8, flow_label: u32) -> [u8; 4] {
-    (6 << 28 | u32::from(traffic_class) << 20 | flow_label & 0xf_ffff).to_be_bytes()
-}
-
-/// The IPv4 header of a RoCE v2 packet carrying `udp_len` bytes of UDP: DF, checksum.
-pub(crate) fn ipv4_header(
-    src: [u8; 4],
-    dst: [u8; 4],
-    udp_len: usize,
-    tos: u8,
-    ttl: u8,
-) -> [u8; 20] {
-    let mut h = [0u8; 20];
-    h[..2].copy_from_slice(&[0x45, tos]);
-    h[2..4].copy_from_slice(&((20 + udp_len) as u16).to_be_bytes());
-    h[4..12].copy_from_slice(&[0, 0, 0x40, 0, ttl, 17, 0, 0]); // DF, UDP
-    h[12..16].copy_from_slice(&src);
-    h[16..20].copy_from_slice(&dst);
-    let csum = fold(ones_complement_sum(0, &h));
-    h[10..12].copy_from_slice(&csum.to_be_bytes());
-    h
 }
 
 /// The invariant CRC of RoCE v2 (IBA Annex A17.3.3): CRC-32 over 64 one-bits standing for the

@@ -1,6 +1,8 @@
 //! Ethernet frames as a raw packet QP sends and receives them: the header fields flow
 //! steering matches, the Toeplitz hash RSS spreads by, the checksums a NIC inserts
-//! (`IBV_SEND_IP_CSUM`) and checks (`IBV_WC_IP_CSUM_OK`), and TCP segmentation (TSO).
+//! (`IBV_SEND_IP_CSUM`) and checks (`IBV_WC_IP_CSUM_OK`), and TCP segmentation (TSO); and the
+//! IP headers around a RoCE v2 packet (its wire form, its trace, a UD receive's GRH area).
+//! Bytes in, bytes out: it knows nothing of QPs or the fabric, which both use it.
 
 const ETH_HDR: usize = 14;
 const ETHERTYPE_VLAN: u16 = 0x8100;
@@ -128,7 +130,7 @@ impl Headers {
 }
 
 /// The ones' complement sum of `data` (RFC 1071), folded to 16 bits, added to `start`.
-fn csum_add(start: u32, data: &[u8]) -> u32 {
+pub(crate) fn csum_add(start: u32, data: &[u8]) -> u32 {
     let mut sum = start;
     let mut chunks = data.chunks_exact(2);
     for c in &mut chunks {
@@ -143,8 +145,33 @@ fn csum_add(start: u32, data: &[u8]) -> u32 {
     sum
 }
 
-fn fold(sum: u32) -> u16 {
+/// A sum [`csum_add`] folded, complemented: the checksum.
+pub(crate) fn fold(sum: u32) -> u16 {
     !(sum as u16)
+}
+
+/// The first word of an IPv6 header (or IB GRH): version 6, traffic class, flow label.
+pub(crate) fn ipv6_first_word(traffic_class: u8, flow_label: u32) -> [u8; 4] {
+    (6 << 28 | u32::from(traffic_class) << 20 | flow_label & 0xf_ffff).to_be_bytes()
+}
+
+/// The IPv4 header of a RoCE v2 packet carrying `udp_len` bytes of UDP: DF, checksum.
+pub(crate) fn ipv4_header(
+    src: [u8; 4],
+    dst: [u8; 4],
+    udp_len: usize,
+    tos: u8,
+    ttl: u8,
+) -> [u8; 20] {
+    let mut h = [0u8; 20];
+    h[..2].copy_from_slice(&[0x45, tos]);
+    h[2..4].copy_from_slice(&((20 + udp_len) as u16).to_be_bytes());
+    h[4..12].copy_from_slice(&[0, 0, 0x40, 0, ttl, PROTO_UDP, 0, 0]); // DF, UDP
+    h[12..16].copy_from_slice(&src);
+    h[16..20].copy_from_slice(&dst);
+    let csum = fold(csum_add(0, &h));
+    h[10..12].copy_from_slice(&csum.to_be_bytes());
+    h
 }
 
 /// The pseudo-header sum of an L4 segment of `len` bytes with protocol `proto`.
