@@ -18,9 +18,9 @@ use super::{
 use crate::{
     fabric::FabricInner,
     frame::{self, Headers},
-    objects::{pd::PdInner, wq::IndTableInner},
+    objects::{sgl::land, wq::IndTableInner},
     qp::{QpInner, QpShared},
-    types::{QpState, SendFlags, Sge, Wc, WcFlags, WcOpcode, WcStatus, WqFlags, WrOpcode},
+    types::{QpState, SendFlags, Wc, WcFlags, WcOpcode, WcStatus, WrOpcode},
 };
 
 /// The smallest frame a raw send may carry: the Ethernet header a ConnectX inlines into the
@@ -145,74 +145,4 @@ pub(crate) fn receive(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet) {
     if qp.recv_cq.push(wc, false).is_err() {
         enter_error(qp, g);
     }
-}
-
-/// What the completion of a receive that took a frame reports.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Landed {
-    byte_len: u32,
-    cvlan: u16,
-    flags: WcFlags,
-}
-
-impl Landed {
-    /// `base` (a successful receive completion) with what the frame gave it.
-    pub(crate) fn wc(self, base: Wc) -> Wc {
-        Wc {
-            byte_len: self.byte_len,
-            cvlan: self.cvlan,
-            wc_flags: base.wc_flags | self.flags,
-            ..base
-        }
-    }
-}
-
-/// Writes the received frame `f` into the receive buffers `sges` (which must be in `pd`) as the
-/// receive offloads `rx` shape it: the C-VLAN tag taken out, the FCS written after the frame,
-/// the last cache line filled with zeros. The status of a receive that cannot take it.
-pub(crate) fn land(
-    rx: WqFlags,
-    pd: &Arc<PdInner>,
-    sges: &[Sge],
-    f: &[u8],
-) -> Result<Landed, WcStatus> {
-    let mut flags = WcFlags::empty();
-    if Headers::parse(f).is_some_and(|h| frame::ipv4_checksums_ok(f, &h)) {
-        flags |= WcFlags::IP_CSUM_OK;
-    }
-    let stripped = if rx.contains(WqFlags::CVLAN_STRIPPING) { frame::strip_cvlan(f) } else { None };
-    let (mut bytes, cvlan) = stripped.unwrap_or_else(|| (f.to_vec(), 0));
-    if rx.contains(WqFlags::SCATTER_FCS) {
-        // The FCS covers the frame as the wire carried it, tag included.
-        bytes.extend_from_slice(&frame::fcs(f));
-    }
-    let byte_len = bytes.len() as u32;
-    if rx.contains(WqFlags::PCI_WRITE_END_PADDING) {
-        bytes.resize(bytes.len() + end_padding(sges, bytes.len() as u64), 0);
-    }
-    let n = bytes.len() as u32;
-    sgl::scatter(pd, sges, &Payload::Bytes(bytes.into()), n).map_err(|e| match e {
-        sgl::SglError::TooLong => WcStatus::LOC_LEN_ERR,
-        sgl::SglError::Protection => WcStatus::LOC_PROT_ERR,
-    })?;
-    Ok(Landed { byte_len, cvlan, flags })
-}
-
-/// The cache line the end padding fills.
-const CACHE_LINE: u64 = 64;
-
-/// How many bytes after the first `len` of the buffers `sges` complete the cache line the last
-/// byte lands in (within that SGE: padding never writes where the receive does not point).
-fn end_padding(sges: &[Sge], len: u64) -> usize {
-    let mut left = len;
-    for s in sges.iter().filter(|s| s.length > 0) {
-        let room = u64::from(s.length);
-        if left <= room {
-            let end = s.addr.wrapping_add(left);
-            let pad = end.checked_next_multiple_of(CACHE_LINE).map_or(0, |e| e - end);
-            return pad.min(room - left) as usize;
-        }
-        left -= room;
-    }
-    0
 }

@@ -1,21 +1,15 @@
-//! Local scatter/gather lists: resolving SGEs against the QP's MRs (lkey, PD, access, bounds)
-//! and moving payloads into them.
+//! Local scatter/gather lists and the engine's payloads: a request's SGEs resolved against the
+//! QP's MRs (lkey, PD, access, bounds) into a payload, and payloads moved into a receive's
+//! SGEs (the scatter itself, for any source, is `objects::sgl`'s).
 
 use super::packet::{MemRef, Payload, Piece};
+pub(crate) use crate::objects::sgl::SglError;
 use crate::{
     mem::MemRegion,
+    objects::sgl::Source,
     qp::QpShared,
     types::{AccessFlags, Sge},
 };
-
-/// Why a local SGE list could not be used.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum SglError {
-    /// An lkey that names no MR of the QP's PD, lacks the access, or a range outside the MR.
-    Protection,
-    /// The payload is longer than the SGEs can hold.
-    TooLong,
-}
 
 /// Resolves a local SGE list into memory ranges: the source of a SEND/WRITE, or (with
 /// `LOCAL_WRITE` required) the destination of a READ, which the responder fills directly.
@@ -60,7 +54,7 @@ pub(crate) fn scatter(
     payload: &Payload,
     len: u32,
 ) -> Result<(), SglError> {
-    scatter_from(pd, sges, payload, len)
+    crate::objects::sgl::scatter(pd, sges, payload, len)
 }
 
 /// [`scatter`] of bytes at hand.
@@ -69,18 +63,10 @@ pub(crate) fn scatter_bytes(
     sges: &[Sge],
     bytes: &[u8],
 ) -> Result<(), SglError> {
-    scatter_from(pd, sges, bytes, bytes.len() as u32)
+    crate::objects::sgl::scatter(pd, sges, bytes, bytes.len() as u32)
 }
 
-/// What [`scatter`] copies from.
-trait Source {
-    /// Copies it into consecutive destination ranges `(region, offset, len)`.
-    fn copy_into<'a>(
-        &self,
-        dst: impl Iterator<Item = (&'a std::sync::Arc<MemRegion>, usize, usize)>,
-    ) -> Result<(), crate::mem::MemFault>;
-}
-
+// The engine's payloads, copied into a receive as bytes at hand are.
 impl Source for Payload {
     fn copy_into<'a>(
         &self,
@@ -88,66 +74,6 @@ impl Source for Payload {
     ) -> Result<(), crate::mem::MemFault> {
         copy_into(self, dst)
     }
-}
-
-impl Source for [u8] {
-    fn copy_into<'a>(
-        &self,
-        dst: impl Iterator<Item = (&'a std::sync::Arc<MemRegion>, usize, usize)>,
-    ) -> Result<(), crate::mem::MemFault> {
-        let mut done = 0;
-        for (region, off, n) in dst {
-            let n = n.min(self.len() - done);
-            region.write(off, &self[done..done + n])?;
-            done += n;
-        }
-        Ok(())
-    }
-}
-
-fn scatter_from<S: Source + ?Sized>(
-    pd: &std::sync::Arc<crate::objects::pd::PdInner>,
-    sges: &[Sge],
-    payload: &S,
-    len: u32,
-) -> Result<(), SglError> {
-    let room: u64 = sges.iter().map(|s| s.length as u64).sum();
-    if len as u64 > room {
-        return Err(SglError::TooLong);
-    }
-    let keys = pd.ctx.device.keys.read();
-    // The SGEs the data reaches, each with how much of it lands there.
-    let reached = || {
-        let mut left = len as u64;
-        sges.iter().filter(|s| s.length > 0).map_while(move |sge| {
-            let take = left.min(sge.length as u64);
-            left -= take;
-            (take > 0).then_some((sge, take as usize))
-        })
-    };
-    let target = |sge: &Sge| {
-        let mr = keys.mr(sge.lkey)?;
-        let writable =
-            std::sync::Arc::ptr_eq(&mr.pd, pd) && mr.access.contains(AccessFlags::LOCAL_WRITE);
-        let off = mr.offset_of(sge.addr, sge.length as u64).filter(|_| writable)?;
-        Some((&mr.region, off))
-    };
-    // The common receive: one SGE that holds it all.
-    if let [sge] = sges {
-        if len == 0 {
-            return Ok(());
-        }
-        let (region, off) = target(sge).ok_or(SglError::Protection)?;
-        let dst = std::iter::once((region, off, len as usize));
-        return payload.copy_into(dst).map_err(|_| SglError::Protection);
-    }
-    // Every SGE that receives data is checked before anything is copied, so a bad SGE writes
-    // nothing; then they are looked up again rather than remembered (no allocation).
-    if !reached().all(|(sge, _)| target(sge).is_some()) {
-        return Err(SglError::Protection);
-    }
-    let dst = reached().filter_map(|(sge, take)| target(sge).map(|(r, off)| (r, off, take)));
-    payload.copy_into(dst).map_err(|_| SglError::Protection)
 }
 
 /// Copies the first `out.len()` bytes of `payload` into `out`; how many there were.

@@ -19,6 +19,7 @@ pub(crate) mod mw;
 pub(crate) mod pd;
 pub(crate) mod pinned;
 pub(crate) mod recv_queue;
+pub(crate) mod sgl;
 pub(crate) mod srq;
 pub(crate) mod wq;
 pub(crate) mod xrcd;

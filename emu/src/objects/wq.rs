@@ -25,7 +25,6 @@ use super::{
     pd::{Pd, PdInner},
 };
 use crate::{
-    engine::raw,
     error::{Errno, Error, Result, einval},
     fabric::timer::Job,
     objects::recv_queue::{RecvQueue, RecvWr},
@@ -150,7 +149,7 @@ impl WqInner {
         q.rq.tail = tail.wrapping_add(1);
         let w = q.rq.ring.at(tail);
         let wr_id = w.wr_id;
-        match raw::land(q.flags, &self.pd, &w.sges, frame) {
+        match super::sgl::land(q.flags, &self.pd, &w.sges, frame) {
             Ok(l) => {
                 let base = Wc {
                     opcode: WcOpcode::RECV,
