@@ -75,6 +75,7 @@ mod error;
 mod fabric;
 mod frame;
 mod guarded;
+mod ipc;
 mod mem;
 mod objects;
 pub mod profile;

@@ -264,7 +264,7 @@ impl PeerProcess {
     }
 
     /// Writes our memory `src` (ranges of `(address, length)`, in order) to `addr` onward in
-    /// the process (the NIC's DMA write for a process that is stopped: see `fabric::exports`),
+    /// the process (the NIC's DMA write for a process that is stopped: see `ipc::exports`),
     /// by system calls. Memory of ours that is not there fails the write (EFAULT) rather than
     /// faulting us, as does memory of the process that is not there; the process's number is
     /// checked against its pidfd first (a number taken over between that check and the write

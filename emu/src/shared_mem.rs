@@ -10,7 +10,7 @@
 //! A message pulled from that memory names the file ([`SharedMem::id`]); the receiver, passed
 //! the descriptor once, maps it ([`SharedView`]) and copies from there (where it has no view
 //! yet, it pulls as before: both read the very same pages). A peer that carries out an RDMA
-//! WRITE for us (see `fabric::exports`) writes through its view the same way, one `memcpy`
+//! WRITE for us (see `ipc::exports`) writes through its view the same way, one `memcpy`
 //! where `process_vm_writev` costs ~2.4 us here (and a look at whether we exited ~0.3): the
 //! view is writable, which shows the peer no more than those calls would (it is passed only to
 //! a peer that proved it may read our memory, and the kernel's check for reading another
@@ -503,7 +503,7 @@ impl Maps {
 }
 
 /// Another process's moved memory, mapped here: where a payload it sends from there is
-/// copied from, and where a WRITE we carry out for it is copied to (see `fabric::exports`).
+/// copied from, and where a WRITE we carry out for it is copied to (see `ipc::exports`).
 #[derive(Debug)]
 pub(crate) struct SharedView {
     id: u32,

@@ -6,7 +6,7 @@
 //!
 //! What still allocates once per request: a payload of 23 bytes to 2 KiB, copied out of the
 //! ring to free its record at once (larger ones are read in place); a WRITE or READ, whose
-//! ring record is kept, shared, until its responder begins it (see `fabric::ring::Ticket`).
+//! ring record is kept, shared, until its responder begins it (see `ipc::ring::Ticket`).
 
 mod common;
 use common::{Node, connect, counting::Counting, node_on, sge};

@@ -1,6 +1,6 @@
 //! Work for a peer process that takes nothing in: stopped (SIGSTOP, a debugger), or running
 //! but its threads not scheduled. A NIC goes on answering for such a process, so an RC QP
-//! carries out its RDMA WRITEs and READs to one itself, in order (`fabric::exports` checks
+//! carries out its RDMA WRITEs and READs to one itself, in order (`ipc::exports` checks
 //! each as the peer's responder would, and moves the bytes), and completes them as if the
 //! peer had answered.
 //!
@@ -30,10 +30,8 @@ use super::{
     packets_for, psn_add, sgl,
 };
 use crate::{
-    fabric::{
-        exports::{Op, Request},
-        host::{self, AbsentPeer, Claimed, Hold},
-    },
+    fabric::host::{self, AbsentPeer, Claimed, Hold},
+    ipc::exports::{Op, Request},
     qp::{QpInner, QpShared, queue::Hidden, queue::SendWqe},
     types::{QpState, QpType, SendFlags, WrOpcode},
 };

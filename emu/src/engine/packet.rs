@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use crate::{
-    fabric::ring::Lent,
+    ipc::ring::Lent,
     mem::{MemFault, MemRegion, PeerRange},
     types::{Grh, QpType},
 };
@@ -347,8 +347,8 @@ pub(crate) struct Packet {
     pub(crate) payload: Payload,
     /// For a request from another process that came whole in one ring record: the record,
     /// through which its responder learns, as it begins, whether the requester carried it out
-    /// itself meanwhile (see `fabric::exports`).
-    pub(crate) ticket: Option<crate::fabric::ring::Ticket>,
+    /// itself meanwhile (see `ipc::exports`).
+    pub(crate) ticket: Option<crate::ipc::ring::Ticket>,
     /// The note of requests that the requester carried out itself, without sending them,
     /// while this process was stopped (see `engine::absent_peer`): a request of no bytes
     /// whose `npkts` PSNs from `psn` cover them, `msn` messages in all.

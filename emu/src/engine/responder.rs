@@ -221,7 +221,7 @@ pub(crate) fn receive(qp: &Arc<QpShared>, g: &mut QpInner, mut pkt: Packet, drv:
     }
 }
 
-/// A WRITE or READ that its requester carried out itself (see `fabric::exports`), checked
+/// A WRITE or READ that its requester carried out itself (see `ipc::exports`), checked
 /// then as it would have been here: only accounted for now. Neither is answered: the
 /// requester completed it as if answered, nothing of its QP's outstanding before it (see
 /// `absent_peer::carried`); a duplicate of it is answered as any other.

@@ -11,7 +11,7 @@
 //!
 //! # Transport
 //! The first time a node sends to another, it creates a ring in shared memory for that
-//! direction (see [`ring`](super::ring)) and passes it over the peer's socket; every message
+//! direction (see [`ring`](crate::ipc::ring)) and passes it over the peer's socket; every message
 //! after that is written straight into the ring, gathered from the sender's memory, and read
 //! by the peer with no system call on either side. A doorbell datagram wakes the peer only if
 //! it asked for one before sleeping. Where a ring cannot be made, messages go as datagrams on
@@ -45,8 +45,6 @@ use rustc_hash::FxHashMap;
 
 use super::{
     FabricInner,
-    exports::{self, Exports, PeerExports},
-    ring::{self, Marks, Read, Record, Ring, Written},
     trust::{self, FabricDir, Location},
     wire,
     wire::{Control, Encoded, Message, Refused},
@@ -59,6 +57,10 @@ use crate::{
         packet::{Bytes, Kind, Packet, Payload},
     },
     error::{Errno, Error},
+    ipc::{
+        exports::{self, Exports, PeerExports},
+        ring::{self, Marks, Read, Record, Ring, Written},
+    },
     mem::PeerProcess,
     types::{EventType, QpState, QpType},
 };
@@ -412,7 +414,7 @@ struct Rx {
 /// Says, in the ring its node writes to us, that we owe `ack` (or no longer do), so that
 /// the node takes it in should our process die first (see `ring::OWED_AT`).
 fn owe(rings: &[(u8, Arc<Ring>)], ack: &wire::Ack, owed: bool) {
-    const _: () = assert!(wire::ACK_LEN <= super::ring::OWED_MAX);
+    const _: () = assert!(wire::ACK_LEN <= ring::OWED_MAX);
     let bytes = ack.encode();
     for (_, r) in rings.iter().filter(|(s, _)| *s == slot_of(ack.dst.2)) {
         r.owe(owed.then_some(&bytes[..]));

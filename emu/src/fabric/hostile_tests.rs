@@ -18,11 +18,11 @@ use std::{
 
 use super::{
     host::{FIRST, LAST, RING, SHARED, frame, sock_name},
-    ring::Ring,
     wire::Encoded,
 };
 use crate::{
     engine::packet::{Kind, MemRef, Packet, Payload, WIRE_KINDS},
+    ipc::ring::{self, Ring},
     mem::MemRegion,
     *,
 };
@@ -255,7 +255,7 @@ fn hostile_child() {
             b.copy_from_slice(&d);
             true
         });
-        assert_eq!(w, super::ring::Written::Done);
+        assert_eq!(w, ring::Written::Done);
     }
     crate::sys::send_with_fd(sock, &frame(LIAR, RING, 0, 0, 0, &[]), ring.fd()).unwrap();
     // Stay alive while the victim reads: it must not think us gone.
@@ -559,7 +559,7 @@ fn test_a_ring_of_mangled_records_and_corrupted_indices_is_dropped() {
     // Then the indices themselves: the reader must not trust them.
     let path = format!("/proc/self/fd/{}", ring.fd());
     let file = std::fs::File::options().write(true).open(&path).unwrap();
-    let (tail, head) = (super::ring::TAIL_AT as u64, super::ring::HEAD_AT as u64);
+    let (tail, head) = (ring::TAIL_AT as u64, ring::HEAD_AT as u64);
     for (at, value) in [(tail, u64::MAX - 7), (head, 1 << 40), (tail, 3)] {
         std::os::unix::fs::FileExt::write_all_at(&file, &value.to_le_bytes(), at).unwrap();
         let _ = sock.send(&bell);

@@ -12,14 +12,12 @@
 //! the fabric as it is made (`Fabric::new`, in the crate's root, puts the two together).
 
 pub mod addr;
-pub(crate) mod exports;
 pub(crate) mod faults;
 pub(crate) mod host;
 mod host_wide;
 #[cfg(test)]
 mod hostile_tests;
 pub(crate) mod pcap;
-pub(crate) mod ring;
 pub(crate) mod roce;
 pub(crate) mod timer;
 pub(crate) mod trust;
@@ -35,6 +33,7 @@ use parking_lot::{Mutex, RwLock};
 use rustc_hash::FxHashMap;
 
 use crate::{
+    ipc::exports,
     objects::device::{Device, DeviceInner},
     profile::Profile,
     qp::QpShared,

@@ -63,8 +63,8 @@ const CLOSED_AT: usize = 48;
 /// Set by the reader: it has looked for the writer's shared memory named up to this (see
 /// `crate::shared_mem`), mapping what it was passed.
 const VIEWS_AT: usize = 56;
-pub(super) const TAIL_AT: usize = 64;
-pub(super) const HEAD_AT: usize = 128;
+pub(crate) const TAIL_AT: usize = 64;
+pub(crate) const HEAD_AT: usize = 128;
 const BELL_AT: usize = 192;
 /// The bell word (at `BELL_AT`): the reader sleeps, and asks to be rung for every record.
 const ARMED: u32 = 1;
