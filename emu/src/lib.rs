@@ -78,6 +78,7 @@ mod guarded;
 mod ipc;
 mod mem;
 mod objects;
+mod packet;
 pub mod profile;
 pub mod qp;
 pub mod rsocket;

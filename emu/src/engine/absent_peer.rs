@@ -24,11 +24,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{
-    Driver, PSN_MASK, completer,
-    packet::{Kind, Packet, Payload, Syndrome},
-    packets_for, psn_add, sgl,
-};
+use super::{Driver, PSN_MASK, completer, packets_for, psn_add, sgl};
+use crate::packet::{Kind, Packet, Payload, Syndrome};
 use crate::{
     fabric::host::{self, AbsentPeer, Claimed, Hold},
     ipc::exports::{Op, Request},

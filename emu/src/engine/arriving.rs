@@ -34,10 +34,10 @@ use std::sync::Arc;
 use super::{
     Driver, PSN_MASK, ack_route, completer,
     express::{self, Src},
-    packet::Kind,
     psn_add,
     responder::{self, Arrival, Replay},
 };
+use crate::packet::Kind;
 use crate::{
     fabric::{
         FabricInner,
@@ -473,7 +473,7 @@ fn go_on<'f>(
 #[cfg(test)]
 mod test {
     use super::*;
-    use crate::engine::{packet::Payload, testkit};
+    use crate::{engine::testkit, packet::Payload};
 
     /// The answers the short way writes to a READ and to an atomic from another process are,
     /// byte for byte, what the packet path's responder sends for them: the response packet,

@@ -4,12 +4,11 @@
 use std::sync::Arc;
 
 use super::{
-    Driver, PSN_MASK, enter_error,
-    packet::{Kind, NakCode, Packet, Payload, Syndrome},
-    psn_add, psn_diff, requester, rnr_delay_ns,
+    Driver, PSN_MASK, enter_error, psn_add, psn_diff, requester, rnr_delay_ns,
     sgl::{self, SglError},
     wc, wc_ok,
 };
+use crate::packet::{Kind, NakCode, Packet, Payload, Syndrome};
 use crate::{
     qp::{QpInner, QpShared},
     types::{QpState, SendFlags, WcFlags, WcOpcode, WcStatus, WrOpcode},

@@ -27,12 +27,12 @@ use std::sync::Arc;
 use super::{
     completer,
     express::{self, Request, Scatter, Src},
-    packet::{Kind, Packet, Payload},
     psn_add,
     requester::MULTICAST_QPN,
     responder::{self, Datagram, MAX_UD_PAYLOAD},
     sgl,
 };
+use crate::packet::{Kind, Packet, Payload};
 use crate::{
     fabric::{FabricInner, wire},
     objects::{keys::KeyTable, pd::PdInner},

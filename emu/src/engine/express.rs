@@ -21,10 +21,10 @@ use std::sync::Arc;
 use super::{
     Driver, completer,
     lane::Lane,
-    packet::Kind,
     packets_for, psn_add, raises_qp_errors,
     responder::{self, Arrival, Replay},
 };
+use crate::packet::Kind;
 use crate::{
     fabric::FabricInner,
     mem::{MemFault, MemRegion, Span},

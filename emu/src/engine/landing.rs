@@ -20,11 +20,8 @@
 
 use std::sync::Arc;
 
-use super::{
-    Driver,
-    packet::{Kind, Landed, MemRef, Packet, Payload},
-    responder,
-};
+use super::{Driver, responder};
+use crate::packet::{Kind, Landed, MemRef, Packet, Payload};
 use crate::{
     fabric::FabricInner,
     objects::{keys::KeyTable, pd::PdInner},
@@ -177,9 +174,9 @@ fn receive_ranges(
 #[cfg(test)]
 mod test {
     use super::*;
-    use crate::engine::{
+    use crate::{
+        engine::testkit::{Side, feed, pair, request},
         packet::{NakCode, Syndrome},
-        testkit::{Side, feed, pair, request},
     };
 
     /// The head of a 3,000-byte WRITE (three packets) from `a` to the start of `b`'s memory.

@@ -18,10 +18,10 @@ use std::sync::{
 use super::{
     completer,
     express::{self, Src},
-    packet::Kind,
     packets_for, psn_add,
     responder::{self, Arrival, Replay},
 };
+use crate::packet::Kind;
 use crate::{
     fabric::FabricInner,
     qp::{QpInner, QpShared, SendWr, recv_ring::RecvRing},

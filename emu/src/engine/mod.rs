@@ -19,7 +19,6 @@ pub(crate) mod flow;
 pub(crate) mod landing;
 pub(crate) mod lane;
 pub(crate) mod leaving;
-pub(crate) mod packet;
 pub(crate) mod raw;
 pub(crate) mod requester;
 pub(crate) mod responder;
@@ -30,33 +29,15 @@ pub(crate) mod xrc;
 
 use std::sync::Arc;
 
-use self::packet::{Kind, Packet};
+// Sequence arithmetic, with the packets it numbers.
+use crate::packet::{Kind, Packet};
+pub(crate) use crate::packet::{PSN_MASK, packets_for, psn_add, psn_diff};
 use crate::{
     fabric::FabricInner,
     profile::Profile,
     qp::{QpInner, QpShared},
     types::{QpState, Wc, WcFlags, WcOpcode, WcStatus},
 };
-
-/// PSNs are 24 bits.
-pub(crate) const PSN_MASK: u32 = 0x00ff_ffff;
-
-/// `a - b` in PSN space, as a signed distance (IBA 9.7.1: modulo 2^24, half the space ahead).
-pub(crate) fn psn_diff(a: u32, b: u32) -> i32 {
-    ((a.wrapping_sub(b)) << 8) as i32 >> 8
-}
-
-pub(crate) fn psn_add(a: u32, n: u32) -> u32 {
-    a.wrapping_add(n) & PSN_MASK
-}
-
-/// Number of packets (PSNs) a message of `len` bytes occupies at `mtu`, a path MTU (a power
-/// of two: a shift, where a division's latency sat on every work request).
-pub(crate) fn packets_for(len: u32, mtu: u32) -> u32 {
-    debug_assert!(mtu.is_power_of_two(), "path MTU {mtu}");
-    let n = (u64::from(len) + u64::from(mtu) - 1) >> mtu.trailing_zeros();
-    (n as u32).max(1)
-}
 
 /// RNR NAK timer codes to nanoseconds (IBA Table 45).
 const RNR_TIMER_US: [u64; 32] = [

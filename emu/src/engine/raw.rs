@@ -10,11 +10,8 @@
 
 use std::sync::Arc;
 
-use super::{
-    Driver, Route, enter_error,
-    packet::{Kind, Packet, Payload},
-    responder, sgl, wc, wc_ok,
-};
+use super::{Driver, Route, enter_error, responder, sgl, wc, wc_ok};
+use crate::packet::{Kind, Packet, Payload};
 use crate::{
     fabric::FabricInner,
     frame::{self, Headers},

@@ -4,11 +4,10 @@
 use std::sync::Arc;
 
 use super::{
-    Driver, completer,
-    packet::{Kind, Packet, Payload},
-    packets_for, psn_add, psn_diff, raw,
+    Driver, completer, packets_for, psn_add, psn_diff, raw,
     sgl::{self, SglError},
 };
+use crate::packet::{Kind, Packet, Payload};
 use crate::{
     error::{Errno, Error, Result, einval},
     objects::mw,

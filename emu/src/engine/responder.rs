@@ -5,12 +5,11 @@
 use std::{collections::VecDeque, sync::Arc};
 
 use super::{
-    Driver, enter_error,
-    packet::{Kind, MemRef, NakCode, Packet, Payload, Syndrome},
-    psn_add, psn_diff, raises_qp_errors,
+    Driver, enter_error, psn_add, psn_diff, raises_qp_errors,
     sgl::{self, SglError},
     wc, wc_ok,
 };
+use crate::packet::{Kind, MemRef, NakCode, Packet, Payload, Syndrome};
 use crate::{
     error::{Result, einval},
     mem::{MemFault, MemRegion},

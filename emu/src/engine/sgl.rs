@@ -2,8 +2,8 @@
 //! QP's MRs (lkey, PD, access, bounds) into a payload, and payloads moved into a receive's
 //! SGEs (the scatter itself, for any source, is `objects::sgl`'s).
 
-use super::packet::{MemRef, Payload, Piece};
 pub(crate) use crate::objects::sgl::SglError;
+use crate::packet::{MemRef, Payload, Piece};
 use crate::{
     mem::MemRegion,
     objects::sgl::Source,

@@ -3,11 +3,12 @@
 
 use std::sync::Arc;
 
-use super::{
-    Driver,
+use super::Driver;
+use crate::{
     packet::{Kind, Packet, Payload},
+    qp::QpShared,
+    *,
 };
-use crate::{qp::QpShared, *};
 
 pub(crate) struct Side {
     pub(crate) qp: Qp,

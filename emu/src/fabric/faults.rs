@@ -11,8 +11,8 @@ use parking_lot::Mutex;
 
 use super::{FabricInner, timer::Job};
 use crate::{
-    engine::packet::{Kind, Packet, Syndrome},
     error::ConfigError,
+    packet::{Kind, Packet, Syndrome},
     types::{EventType, PortState},
 };
 

@@ -50,18 +50,14 @@ use super::{
     wire::{Control, Encoded, Message, Refused},
 };
 use crate::{
-    engine::{
-        self, Driver,
-        arriving::OwedAck,
-        landing::Landing,
-        packet::{Bytes, Kind, Packet, Payload},
-    },
+    engine::{self, Driver, arriving::OwedAck, landing::Landing},
     error::{Errno, Error},
     ipc::{
         exports::{self, Exports, PeerExports},
         ring::{self, Marks, Read, Record, Ring, Written},
     },
     mem::PeerProcess,
+    packet::{Bytes, Kind, Packet, Payload},
     types::{EventType, QpState, QpType},
 };
 

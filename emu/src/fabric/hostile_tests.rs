@@ -21,9 +21,9 @@ use super::{
     wire::Encoded,
 };
 use crate::{
-    engine::packet::{Kind, MemRef, Packet, Payload, WIRE_KINDS},
     ipc::ring::{self, Ring},
     mem::MemRegion,
+    packet::{Kind, MemRef, Packet, Payload, WIRE_KINDS},
     *,
 };
 

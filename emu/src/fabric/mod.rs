@@ -636,7 +636,7 @@ impl FabricInner {
 
     /// Sends a multicast datagram or an Ethernet frame to the other processes of the host
     /// fabric, if joined.
-    pub(crate) fn multicast_to_other_nodes(&self, pkt: &crate::engine::packet::Packet) {
+    pub(crate) fn multicast_to_other_nodes(&self, pkt: &crate::packet::Packet) {
         if let Some(node) = self.node.get() {
             node.multicast(pkt);
         }

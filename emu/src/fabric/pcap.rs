@@ -16,9 +16,9 @@ use super::{
     roce::{icrc, op},
 };
 use crate::{
-    engine::packet::{Kind, NakCode, Packet, Payload, Syndrome},
     error::Result,
     frame::{csum_add, fold, ipv4_header, ipv6_first_word},
+    packet::{Kind, NakCode, Packet, Payload, Syndrome},
     types::{Grh, QpType},
 };
 
@@ -151,7 +151,7 @@ pub(super) struct Segment {
 
 /// The payload as bytes (read from memory where the packet refers to it).
 pub(super) fn payload_bytes(pkt: &Packet) -> Vec<u8> {
-    fn read(out: &mut Vec<u8>, m: &crate::engine::packet::MemRef) {
+    fn read(out: &mut Vec<u8>, m: &crate::packet::MemRef) {
         let start = out.len();
         out.resize(start + m.len, 0);
         let _ = m.region.read(m.offset, &mut out[start..]);

@@ -8,8 +8,8 @@
 //! the decoder against the frames rxe sent, and against mangled ones.
 
 use crate::{
-    engine::packet::Kind,
     frame::{ipv4_header, ipv6_first_word},
+    packet::Kind,
     types::QpType,
 };
 

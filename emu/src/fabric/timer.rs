@@ -25,8 +25,8 @@ use parking_lot::{Condvar, Mutex};
 
 use super::FabricInner;
 use crate::{
-    engine::packet::Packet,
     objects::{cq::CqInner, wq::WqInner},
+    packet::Packet,
     qp::QpShared,
 };
 

@@ -7,8 +7,8 @@
 use std::{ops::Range, sync::Arc};
 
 use crate::{
-    engine::packet::{Forwarded, Kind, NakCode, Packet, Payload, Piece, Syndrome},
     mem::{MemFault, PeerProcess, PeerRange},
+    packet::{Forwarded, Kind, NakCode, Packet, Payload, Piece, Syndrome},
     types::{Gid, Grh, QpType},
 };
 
@@ -501,7 +501,7 @@ pub(crate) fn payload_fits(pkt: &Packet) -> bool {
         Payload::None => !matches!(pkt.kind, Kind::Send | Kind::Write | Kind::Raw) || pkt.len == 0,
         Payload::Remote => pkt.kind == Kind::ReadRequest,
         Payload::Landed(ref landed) => {
-            let all = |l: &crate::engine::packet::Landed| {
+            let all = |l: &crate::packet::Landed| {
                 l.dst.iter().map(|m| m.len).sum::<usize>() == pkt.len as usize
             };
             matches!(pkt.kind, Kind::Write | Kind::Send) && landed.as_deref().is_none_or(all)

@@ -37,11 +37,9 @@ use super::{
     roce::{self, GSI_QKEY, GSI_QPN, WirePacket},
 };
 use crate::{
-    engine::{
-        self, PSN_MASK,
-        packet::{Kind, NakCode, Packet, Payload, Syndrome},
-    },
+    engine,
     error::{Errno, Error, Result},
+    packet::{Kind, NakCode, PSN_MASK, Packet, Payload, Syndrome},
     types::{Gid, Grh, QpType, WIRE_DEV},
 };
 
@@ -382,7 +380,7 @@ impl WirePort {
         let Some(mut pkt) = self.packet_of(&w, from) else { return bad(&self.malformed) };
         if w.kind == Kind::ReadRequest {
             // The response takes as many PSNs as the QP's path MTU cuts it into.
-            pkt.npkts = engine::packets_for(pkt.len, qp.inner.lock().mtu);
+            pkt.npkts = crate::packet::packets_for(pkt.len, qp.inner.lock().mtu);
         }
         if w.first && w.last {
             pkt.payload = Payload::Bytes(w.payload.into());
@@ -709,7 +707,7 @@ mod test {
         let port = f.0.wire.get().unwrap().ports[0].clone();
         let from = SocketAddr::new(IpAddr::from(theirs), ROCE_V2_PORT);
         let ends = w.peer_ends(ours);
-        let kinds = crate::engine::packet::WIRE_KINDS;
+        let kinds = crate::packet::WIRE_KINDS;
         let transports =
             [QpType::RC, QpType::RC, QpType::RC, QpType::UC, QpType::UD, QpType::XRC_SEND];
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15);

@@ -7,7 +7,7 @@ use std::{
     sync::atomic::{AtomicUsize, Ordering},
 };
 
-use crate::{engine::packet::Packet, sync::lock::Lock};
+use crate::{packet::Packet, sync::lock::Lock};
 
 /// Laid out in declaration order (`repr(C)`): the length, which the express path reads, first.
 #[derive(Debug, Default)]

@@ -18,10 +18,7 @@ pub use self::{
     wr::{Flush, SendWr, Tso, UdDest},
 };
 use crate::{
-    engine::{
-        self, Driver, Route, leaving::Posted, packet::Packet, requester::Requester,
-        responder::Responder,
-    },
+    engine::{self, Driver, Route, leaving::Posted, requester::Requester, responder::Responder},
     error::{Errno, Error, Result, einval},
     objects::recv_queue::RecvWr,
     objects::{
@@ -32,6 +29,7 @@ use crate::{
         event::EventCount,
         pd::{Pd, PdInner},
     },
+    packet::{PSN_MASK, Packet},
     sync::lock::{Lock, lock_lent},
     types::{
         AccessFlags, AhAttr, Ece, EventType, LinkLayer, Mtu, QpAttrMask, QpCreateFlags, QpState,
@@ -1132,11 +1130,11 @@ fn apply(qp: &QpShared, g: &mut QpInner, attr: &QpAttr, mask: QpAttrMask) {
         g.req.rnr_retry_left = attr.rnr_retry;
     }
     if mask.contains(QpAttrMask::RQ_PSN) {
-        a.rq_psn = attr.rq_psn & engine::PSN_MASK;
+        a.rq_psn = attr.rq_psn & PSN_MASK;
         g.resp.epsn = a.rq_psn;
     }
     if mask.contains(QpAttrMask::SQ_PSN) {
-        a.sq_psn = attr.sq_psn & engine::PSN_MASK;
+        a.sq_psn = attr.sq_psn & PSN_MASK;
         g.req.psn = a.sq_psn;
     }
     if mask.contains(QpAttrMask::MAX_QP_RD_ATOMIC) {
@@ -1149,7 +1147,7 @@ fn apply(qp: &QpShared, g: &mut QpInner, attr: &QpAttr, mask: QpAttrMask) {
         a.min_rnr_timer = attr.min_rnr_timer;
     }
     if mask.contains(QpAttrMask::DEST_QPN) {
-        a.dest_qp_num = attr.dest_qp_num & engine::PSN_MASK;
+        a.dest_qp_num = attr.dest_qp_num & PSN_MASK;
         g.peer_closed = false;
         // A peer in another process: learn at once if that process dies (a peer beyond a
         // wire port is numbered by another host, not by a slot of this one).

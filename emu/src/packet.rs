@@ -6,6 +6,9 @@
 //! the wire; the engine moves it as one unit so that a large transfer costs one copy. Payload
 //! is carried by reference to the source memory (the requester's registered buffer, already
 //! checked), so the responder copies straight from source to destination.
+//!
+//! Data, not behaviour: below the QP (whose inbox holds packets) and the engine (which makes
+//! and takes them), and read by the fabric's wire forms and traces.
 
 use std::sync::Arc;
 
@@ -17,6 +20,26 @@ use crate::{
 
 /// Every kind of message a wire carries (the host fabric's own XRC forwarding aside): what
 /// tests of hostile input make one of each of.
+/// PSNs are 24 bits.
+pub(crate) const PSN_MASK: u32 = 0x00ff_ffff;
+
+/// `a - b` in PSN space, as a signed distance (IBA 9.7.1: modulo 2^24, half the space ahead).
+pub(crate) fn psn_diff(a: u32, b: u32) -> i32 {
+    ((a.wrapping_sub(b)) << 8) as i32 >> 8
+}
+
+pub(crate) fn psn_add(a: u32, n: u32) -> u32 {
+    a.wrapping_add(n) & PSN_MASK
+}
+
+/// Number of packets (PSNs) a message of `len` bytes occupies at `mtu`, a path MTU (a power
+/// of two: a shift, where a division's latency sat on every work request).
+pub(crate) fn packets_for(len: u32, mtu: u32) -> u32 {
+    debug_assert!(mtu.is_power_of_two(), "path MTU {mtu}");
+    let n = (u64::from(len) + u64::from(mtu) - 1) >> mtu.trailing_zeros();
+    (n as u32).max(1)
+}
+
 #[cfg(test)]
 pub(crate) const WIRE_KINDS: [Kind; 10] = [
     Kind::Send,
