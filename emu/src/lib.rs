@@ -18,16 +18,27 @@
 //!
 //! ## Layers
 //!
+//! From the bottom up; a module imports those above it in this table, not those below:
+//!
 //! | module | what it holds |
 //! |---|---|
+//! | `mem`, [`sync`], `sys`, `shared_mem` | the one place that reads and writes registered memory; locks and fences; system calls; memory moved into shared memory |
+//! | `frame` | Ethernet and IP headers: parsing, checksums, RSS hashing, TSO (bytes in, bytes out) |
+//! | `ipc` | what processes on one host share: the message rings, the sealed export table |
+//! | `packet` | the message two QPs exchange (what the wire headers carry), PSN arithmetic |
 //! | [`profile`] | device and port attribute tables (`rxe` exact, `full`) |
-//! | `objects` | device, context, PD, MR (key space), CQ, completion channel, async events |
+//! | `objects` | device, context, PD, MR (key space), CQ, completion channel, async events; a receive's scatter list filled (`objects::sgl`) |
 //! | [`qp`] | the QP object; [`qp::state`] holds the `const` state-transition tables |
-//! | `engine` | requester / responder / completer, the inline driver, packets |
+//! | `engine` | requester / responder / completer, the express path, the inline driver |
 //! | `fabric` | routing between devices by GID/LID + QPN; the clock and timer that fire retries; fault rules; packet traces (pcap); the host fabric between processes |
 //! | [`cm`] | the connection manager (librdmacm's `rdma_cm`), above the fabric: the fabric hands it what arrives for it through an agent it is made with (`fabric::CmAgent`, see [`Fabric::try_new`]) |
 //! | [`rsocket`] | rsockets, over the connection manager |
-//! | `mem` | the one place that reads and writes registered memory |
+//!
+//! Where the table is not yet true: `objects` names the fabric (a context holds it, for the
+//! clock, the timer and a thread's progress) and, for an async event's element, the QP;
+//! `qp` names the engine (its verbs run it, and a QP holds the requester's and responder's
+//! state); the engine names the fabric (the host fabric's nodes and message forms, and the
+//! express path's checks of ports and detours).
 //!
 //! ## Thread safety
 //!
