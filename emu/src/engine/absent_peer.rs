@@ -26,6 +26,7 @@ use std::{
 
 use super::{Driver, PSN_MASK, completer, packets_for, psn_add, sgl};
 use crate::packet::{Kind, Packet, Payload, Syndrome};
+use crate::qp::transport::Unsent;
 use crate::{
     fabric::host::{self, AbsentPeer, Claimed, Hold},
     ipc::exports::{Op, Request},
@@ -39,14 +40,6 @@ use crate::{
 /// of microseconds), far longer than the gap between the WRITEs of a stream (a fraction of
 /// one).
 const PLACE_GAP: Duration = Duration::from_micros(2);
-
-/// Requests carried out without being sent: PSNs `psn` up to `end`, `messages` of them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Unsent {
-    psn: u32,
-    end: u32,
-    messages: u32,
-}
 
 /// Carries out what it can of the QP's outstanding requests, oldest first, for its stopped
 /// peer; whether it carried out any.

@@ -35,9 +35,10 @@ use super::{
     Driver, PSN_MASK, ack_route, completer,
     express::{self, Src},
     psn_add,
-    responder::{self, Arrival, Replay},
+    responder::{self, Arrival},
 };
 use crate::packet::Kind;
+use crate::qp::transport::Replay;
 use crate::{
     fabric::{
         FabricInner,

@@ -19,12 +19,11 @@
 use std::sync::Arc;
 
 use super::{
-    Driver, completer,
-    lane::Lane,
-    packets_for, psn_add, raises_qp_errors,
-    responder::{self, Arrival, Replay},
+    Driver, completer, packets_for, psn_add, raises_qp_errors,
+    responder::{self, Arrival},
 };
 use crate::packet::Kind;
+use crate::qp::transport::{Lane, Replay};
 use crate::{
     fabric::FabricInner,
     mem::{MemFault, MemRegion, Span},

@@ -10,35 +10,23 @@
 //! way (and from there to packets) untouched: the lane changes nothing before it is sure to
 //! complete the request.
 
-use std::sync::{
-    Arc, OnceLock,
-    atomic::{AtomicUsize, Ordering},
-};
+use std::sync::Arc;
 
 use super::{
     completer,
     express::{self, Src},
     packets_for, psn_add,
-    responder::{self, Arrival, Replay},
+    responder::{self, Arrival},
 };
 use crate::packet::Kind;
 use crate::{
     fabric::FabricInner,
-    qp::{QpInner, QpShared, SendWr, recv_ring::RecvRing},
-    sync::prefetch,
+    qp::{
+        QpInner, QpShared, SendWr,
+        transport::{Lane, Replay},
+    },
     types::{AccessFlags, QpState, QpType, SendFlags, Sge, WcFlags, WcOpcode, WrOpcode},
 };
-
-/// A QP's connection to its peer QP, proven fit for the express path once (both QPs here, of
-/// one type or an XRC initiator and its target, no wire). It holds the peer's memory (no reference count moves
-/// per request), not its life: a QP whose last handle is dropped is destroyed at once (see
-/// `Drop for Qp`), and lets go of its own lane then, so two peers never keep each other.
-#[derive(Debug)]
-pub(crate) struct Lane {
-    dst: Arc<QpShared>,
-    /// The peer's device and port, as the QP's address vector resolved them.
-    pub(super) dest: (u32, u8),
-}
 
 impl Lane {
     /// The connection of `qp` to its peer, if it is fit for the express path.
@@ -59,68 +47,6 @@ impl Lane {
         }
         qp.lane_hint.point_at(&dst);
         Some(Lane { dst, dest })
-    }
-
-    /// The peer, while it lives (a destroyed peer's number may come back as another QP's).
-    #[inline]
-    pub(super) fn peer(&self) -> Option<&Arc<QpShared>> {
-        Some(&self.dst).filter(|d| d.life.is_alive())
-    }
-}
-
-/// Where a post on the QP will go on its lane's peer, for [`sync::prefetch`](prefetch) before
-/// the QP's own lock is taken (the lane itself is under that lock): the peer's lock, as an
-/// address only, and its receive queue, kept. Measured on the two-thread SEND ping-pong (G4),
-/// these prefetches and the CQ's (see `cq_ring::Ring::push_alone`) took ~15% off a round trip.
-///
-/// Set for the first peer and kept with the QP (a post reads it without any lock); a QP
-/// whose lane later leads elsewhere (reconnected) prefetches nothing from then on. It holds
-/// no QP, so two peers do not keep each other.
-#[derive(Debug, Default)]
-pub(crate) struct Hint {
-    /// The first peer's lock, prefetched by address (never read through); 0 before the first
-    /// lane, and once the lane led elsewhere.
-    lock: AtomicUsize,
-    /// The first peer's receive queue.
-    rq: OnceLock<Arc<RecvRing>>,
-}
-
-impl Hint {
-    /// The lane leads to `dst` now (as it is proven, under the QP's lock).
-    fn point_at(&self, dst: &QpShared) {
-        let mut first = false;
-        let rq = self.rq.get_or_init(|| {
-            first = true;
-            dst.rq.clone()
-        });
-        if first {
-            self.lock.store(&dst.inner as *const _ as usize, Ordering::Relaxed);
-        } else if !Arc::ptr_eq(rq, &dst.rq) {
-            self.lock.store(0, Ordering::Relaxed);
-        }
-    }
-
-    /// Starts bringing in the peer's lines a post of `opcode` will meet.
-    #[inline]
-    pub(crate) fn prefetch(&self, opcode: WrOpcode) {
-        let lock = self.lock.load(Ordering::Relaxed);
-        if lock == 0 {
-            return;
-        }
-        prefetch::for_write(lock as *const u8);
-        if matches!(
-            opcode,
-            WrOpcode::SEND | WrOpcode::SEND_WITH_IMM | WrOpcode::RDMA_WRITE_WITH_IMM
-        ) && let Some(rq) = self.rq.get()
-        {
-            rq.prefetch_next();
-        }
-    }
-
-    /// The peer's lock the hint points at (its address), if it still leads there.
-    #[cfg(test)]
-    fn points_at(&self) -> Option<usize> {
-        Some(self.lock.load(Ordering::Relaxed)).filter(|&l| l != 0)
     }
 }
 

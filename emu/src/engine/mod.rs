@@ -32,6 +32,7 @@ use std::sync::Arc;
 // Sequence arithmetic, with the packets it numbers.
 use crate::packet::{Kind, Packet};
 pub(crate) use crate::packet::{PSN_MASK, packets_for, psn_add, psn_diff};
+use crate::qp::transport::Route;
 use crate::{
     fabric::FabricInner,
     profile::Profile,
@@ -326,15 +327,6 @@ pub(crate) fn fan_out(fabric: &FabricInner, pkt: &Packet, drv: &mut Driver<'_>) 
         copy.dst_qpn = m.qpn;
         drv.send(&mut Route::default(), copy);
     }
-}
-
-/// A QP's cached route to its peer: the fabric lookup happens once per connection, later
-/// packets only upgrade a `Weak`.
-#[derive(Debug, Default)]
-pub(crate) struct Route {
-    dev: u32,
-    qpn: u32,
-    qp: std::sync::Weak<QpShared>,
 }
 
 impl Route {

@@ -10,12 +10,13 @@
 
 use std::sync::Arc;
 
-use super::{Driver, Route, enter_error, responder, sgl, wc, wc_ok};
+use super::{Driver, enter_error, responder, sgl, wc, wc_ok};
 use crate::packet::{Kind, Packet, Payload};
+use crate::qp::transport::Route;
 use crate::{
     fabric::FabricInner,
     frame::{self, Headers},
-    objects::{sgl::land, wq::IndTableInner},
+    objects::sgl::land,
     qp::{QpInner, QpShared},
     types::{QpState, SendFlags, Wc, WcFlags, WcOpcode, WcStatus, WrOpcode},
 };
@@ -23,14 +24,6 @@ use crate::{
 /// The smallest frame a raw send may carry: the Ethernet header a ConnectX inlines into the
 /// WQE, with a VLAN tag (mlx5's `MLX5_ETH_L2_INLINE_HEADER_SIZE`).
 pub(crate) const MIN_FRAME: u64 = 18;
-
-/// What makes a raw packet QP an RSS QP.
-#[derive(Debug)]
-pub(crate) struct Rss {
-    pub(crate) table: Arc<IndTableInner>,
-    pub(crate) key: Vec<u8>,
-    pub(crate) fields: u64,
-}
 
 /// Sends the WQE at `idx` of a raw packet QP: gathers its bytes, applies the offloads it asks
 /// for and puts the frame(s) on the segment. The WR is complete once they left.

@@ -20,63 +20,6 @@ use crate::{
     },
 };
 
-/// Laid out in declaration order (`repr(C)`): what a post on the express path reads and writes
-/// comes first, on one cache line (see `QpInner`).
-#[derive(Debug, Default)]
-#[repr(C)]
-pub(crate) struct Requester {
-    /// After an RNR NAK: nothing is sent before this time.
-    pub(crate) rnr_until: Option<u64>,
-    /// When the oldest unacknowledged request times out.
-    pub(crate) retrans_at: Option<u64>,
-    /// PSN of the next packet to send (`sq_psn`).
-    pub(crate) psn: u32,
-    /// Retries left after a timeout or PSN-sequence NAK (reset on progress).
-    pub(crate) retry_left: u8,
-    /// A retry is under way and nothing has completed since: the responses and NAKs still
-    /// arriving from before it start no other (as rxe's `comp.started_retry`); a timeout does.
-    pub(crate) retry_started: bool,
-    /// RNR retries left (7 = infinite).
-    pub(crate) rnr_retry_left: u8,
-    /// A request completed since `retrans_at` was set, which outlived it (see
-    /// [`lazy_deadline`]): its passing is no timeout.
-    pub(crate) progressed_since: bool,
-    /// READ/atomic WQEs transmitted and not yet completed.
-    pub(crate) rd_atomic_in_flight: u32,
-    /// The QP's count of arrivals from other processes (`QpShared::heard`) when `retrans_at`
-    /// was set.
-    pub(crate) heard_at: u64,
-    /// The earliest deadline handed to the timer and not yet fired.
-    pub(crate) armed: Option<u64>,
-    /// SQ_DRAINED was raised for the current SQD episode.
-    pub(crate) drained_reported: bool,
-    /// A WQE that could not be sent, and its status, while earlier ones were outstanding: it
-    /// fails when they have completed (see [`fail_in_turn`]).
-    pub(crate) failed: Option<(u32, WcStatus)>,
-    /// The last look found the peer's process stopped and carried out requests for it (see
-    /// `absent_peer`): the next look comes soon, and requests posted meanwhile are carried
-    /// out before they are sent.
-    pub(crate) carrying: bool,
-    /// Requests carried out for the stopped peer without being sent: it hears of them before
-    /// the next request that is sent.
-    pub(crate) unsent: Option<super::absent_peer::Unsent>,
-    /// When the QP last looked at placing a WRITE as it was sent, and whether it did (see
-    /// `absent_peer::send_placing`).
-    pub(crate) placed_at: Option<std::time::Instant>,
-    pub(crate) placed_last: bool,
-    /// When the QP's last UC WRITE through the packet path left, or was carried out ahead (see
-    /// `absent_peer::carry_out_ahead`): one that follows it closer than `PLACE_GAP` is part
-    /// of a stream.
-    pub(crate) wrote_at: Option<std::time::Instant>,
-}
-
-impl Requester {
-    pub(crate) fn clear_timers(&mut self) {
-        self.rnr_until = None;
-        self.retrans_at = None;
-    }
-}
-
 /// The destination QPN of datagrams sent to a multicast group.
 pub(crate) const MULTICAST_QPN: u32 = 0x00ff_ffff;
 

@@ -2,7 +2,7 @@
 //! executes them against registered memory, consumes receive WQEs, and answers with ACKs,
 //! NAKs, READ responses and atomic ACKs. Duplicates are answered without executing twice.
 
-use std::{collections::VecDeque, sync::Arc};
+use std::sync::Arc;
 
 use super::{
     Driver, enter_error, psn_add, psn_diff, raises_qp_errors,
@@ -10,77 +10,17 @@ use super::{
     wc, wc_ok,
 };
 use crate::packet::{Kind, MemRef, NakCode, Packet, Payload, Syndrome};
+use crate::qp::transport::{ReadReq, Replay};
 use crate::{
     error::{Result, einval},
     mem::{MemFault, MemRegion},
-    objects::{
-        cq::CqInner, keys::KeyTable, mr::MrInner, mw, pd::PdInner, recv_queue::RecvWr,
-        srq::SrqInner,
-    },
+    objects::{cq::CqInner, keys::KeyTable, mr::MrInner, mw, pd::PdInner, recv_queue::RecvWr},
     qp::{QpInner, QpShared},
     types::{
         AccessFlags, EventType, FlushLevel, FlushType, Grh, QpState, QpType, WcFlags, WcOpcode,
         WcStatus,
     },
 };
-
-/// What a READ request asked for.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct ReadReq {
-    psn: u32,
-    npkts: u32,
-    va: u64,
-    rkey: u32,
-    len: u32,
-}
-
-impl ReadReq {
-    pub(super) fn of(pkt: &Packet) -> ReadReq {
-        ReadReq { psn: pkt.psn, npkts: pkt.npkts, va: pkt.va, rkey: pkt.rkey, len: pkt.len }
-    }
-}
-
-/// A READ or atomic already executed, kept to answer a retransmitted duplicate.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Replay {
-    Read(ReadReq),
-    Atomic { psn: u32, orig: u64 },
-}
-
-impl Replay {
-    /// The READ of `len` bytes at `(va, rkey)` that occupied `npkts` PSNs from `psn`.
-    pub(super) fn read(psn: u32, npkts: u32, va: u64, rkey: u32, len: u32) -> Replay {
-        Replay::Read(ReadReq { psn, npkts, va, rkey, len })
-    }
-}
-
-/// Laid out in declaration order (`repr(C)`): what every request reads and writes first (see
-/// `QpInner`).
-#[derive(Debug, Default)]
-#[repr(C)]
-pub(crate) struct Responder {
-    /// Expected PSN of the next new request (`rq_psn`).
-    pub(crate) epsn: u32,
-    /// Message sequence number: messages completed so far.
-    pub(crate) msn: u32,
-    /// A PSN-sequence NAK was sent and no in-order packet has arrived since.
-    pub(crate) nak_seq_sent: bool,
-    /// COMM_EST was raised (once per connection).
-    pub(crate) comm_est: bool,
-    /// XRC target QP: the request handed to another process's SRQ (see `engine::xrc`), whose
-    /// answer is awaited; its payload is not kept.
-    pub(crate) forwarded: Option<Box<Packet>>,
-    /// XRC target QP: the SRQ the request being handled names (its PD checks keys, its CQ
-    /// takes the completion).
-    pub(crate) xrc: Option<Arc<SrqInner>>,
-    /// Recently executed READs and atomics (bounded by `max_dest_rd_atomic`).
-    pub(crate) replay: VecDeque<Replay>,
-    /// Requests that came while one was forwarded, in order.
-    pub(crate) held: VecDeque<Packet>,
-    /// A UD QP's datagram gathered before it is scattered into a receive (its allocation
-    /// kept from one datagram to the next).
-    pub(crate) ud_scratch: Vec<u8>,
-}
 
 /// Validates and queues a receive WQE (rxe provider semantics), without the QP's lock; one
 /// posted to a QP in ERR is flushed (under the lock).

@@ -17,14 +17,14 @@
 use std::sync::Arc;
 
 use super::{
-    Driver, Route, psn_diff,
+    Driver, psn_diff,
     responder::{
-        self, ReadReq, Replay, ack, advance, fail, fetch_op, recv_flags, remember, reply, resolve,
-        rnr, store_word,
+        self, ack, advance, fail, fetch_op, recv_flags, remember, reply, resolve, rnr, store_word,
     },
     sgl::{self, SglError},
 };
 use crate::packet::{Forwarded, Kind, NakCode, Packet, Payload, Syndrome};
+use crate::qp::transport::{ReadReq, Replay, Route};
 use crate::{
     fabric::FabricInner,
     mem::{MemFault, MemRegion},

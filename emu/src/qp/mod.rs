@@ -8,17 +8,21 @@ pub(crate) mod inbox;
 pub(crate) mod queue;
 pub(crate) mod recv_ring;
 pub mod state;
+pub(crate) mod transport;
 mod wr;
 
 use std::{collections::VecDeque, sync::Arc};
 
-use self::queue::SendQueue;
 pub use self::{
     connect::{Endpoint, RcParams},
     wr::{Flush, SendWr, Tso, UdDest},
 };
+use self::{
+    queue::SendQueue,
+    transport::{Hint, Lane, Requester, Responder, Route},
+};
 use crate::{
-    engine::{self, Driver, Route, leaving::Posted, requester::Requester, responder::Responder},
+    engine::{self, Driver, leaving::Posted},
     error::{Errno, Error, Result, einval},
     objects::recv_queue::RecvWr,
     objects::{
@@ -28,6 +32,7 @@ use crate::{
         device::ResourceCounts,
         event::EventCount,
         pd::{Pd, PdInner},
+        wq::IndTableInner,
     },
     packet::{PSN_MASK, Packet},
     sync::lock::{Lock, lock_lent},
@@ -132,6 +137,14 @@ pub struct QpAttr {
 
 /// Per-QP state, guarded by `QpShared::inner`.
 ///
+/// What makes a raw packet QP an RSS QP.
+#[derive(Debug)]
+pub(crate) struct Rss {
+    pub(crate) table: Arc<IndTableInner>,
+    pub(crate) key: Vec<u8>,
+    pub(crate) fields: u64,
+}
+
 /// Laid out in declaration order (`repr(C)`): what a peer's thread reads and writes when it
 /// delivers a message into this QP on the express path (the state, the responder's sequence
 /// numbers) comes first, on the lock's cache lines (see [`QpShared`]), so that a delivery
@@ -152,7 +165,7 @@ pub(crate) struct QpInner {
     /// Attributes of the QP's own port (`port_num`).
     pub(crate) port: PortInfo,
     /// The connection as the express path proved it (dropped by any modify).
-    pub(crate) lane: Option<engine::lane::Lane>,
+    pub(crate) lane: Option<Lane>,
     /// The peer is in another process or beyond a wire port: no lane can be proven until a
     /// modify (which clears it), so no request looks for one.
     pub(crate) lane_across: bool,
@@ -166,7 +179,7 @@ pub(crate) struct QpInner {
     pub(crate) route: Route,
     /// An XRC initiator's connection to its target QP as the express path proved it (kept
     /// apart from `lane`, whose post at the head of `post_send` runs RC and UC only).
-    pub(crate) xrc_lane: Option<engine::lane::Lane>,
+    pub(crate) xrc_lane: Option<Lane>,
     /// A UD QP's last destination on the express path (`engine::datagram`), held as a lane
     /// holds its peer (its memory, not its life; dropped with the lane).
     pub(crate) ud_peer: Option<Arc<QpShared>>,
@@ -220,20 +233,20 @@ pub(crate) struct QpShared {
     pub(crate) recv_cq: Arc<CqInner>,
     pub(crate) srq: Option<Arc<crate::objects::srq::SrqInner>>,
     /// The receive queue: posted to without `inner`, consumed under it. (Shared: a peer's
-    /// [`engine::lane::Hint`] keeps it.)
+    /// [`Hint`] keeps it.)
     pub(crate) rq: Arc<recv_ring::RecvRing>,
     pub(crate) life: Lifecycle,
     /// Handles on the QP (`ibv_open_qp` adds one to a target QP); destroyed with the last.
     pub(crate) handles: std::sync::atomic::AtomicU32,
     /// The lines a post will meet at the lane's peer, looked at before `inner` is taken.
-    pub(crate) lane_hint: engine::lane::Hint,
+    pub(crate) lane_hint: Hint,
     /// Packets delivered by the fabric, drained in order by whoever services the QP (its
     /// length first: the express path asks whether it is empty).
     pub(crate) inbox: inbox::Inbox,
     /// XRC target QPs: the domain whose SRQs requests name.
     pub(crate) xrcd: Option<Arc<crate::objects::xrcd::XrcdInner>>,
     /// RSS QPs: the indirection table and hash.
-    pub(crate) rss: Option<engine::raw::Rss>,
+    pub(crate) rss: Option<Rss>,
     /// Raw packet QPs: the largest TSO header (0: no TSO).
     pub(crate) max_tso_header: u32,
     /// Raw packet QPs: what receives do to a frame.
@@ -508,7 +521,7 @@ impl Qp {
             return Err(einval("the indirection table belongs to another context"));
         }
         t.life.get()?;
-        let rss = engine::raw::Rss { table: t.clone(), key: conf.key.to_vec(), fields: f };
+        let rss = Rss { table: t.clone(), key: conf.key.to_vec(), fields: f };
         // The QP has no CQs; it holds a placeholder, as an XRC target does.
         let cq = match crate::Context(ctx.clone()).create_cq(1, None, 0) {
             Ok(cq) => cq,
@@ -546,7 +559,7 @@ impl Qp {
         pd: &Pd,
         init: &QpInitAttr<'_>,
         xrcd: Option<&Arc<crate::objects::xrcd::XrcdInner>>,
-        rss: Option<engine::raw::Rss>,
+        rss: Option<Rss>,
     ) -> Result<Qp> {
         let ctx = &pd.0.ctx;
         let dev = &ctx.device;
