@@ -25,6 +25,7 @@ pub(crate) mod responder;
 pub(crate) mod sgl;
 #[cfg(test)]
 pub(crate) mod testkit;
+mod verbs;
 pub(crate) mod xrc;
 
 use std::sync::Arc;

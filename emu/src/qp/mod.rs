@@ -1,7 +1,9 @@
-//! Queue pairs: the QP object, its attributes, and `modify` through the state tables.
+//! Queue pairs: the QP object, its attributes, and `modify`'s checks through the state tables.
 //!
-//! The data path lives in `engine`; this module owns creation, validation of attributes, state
-//! transitions and their side effects, and the entry points `post_send` / `post_recv`.
+//! The data path lives in `engine`, above this module: so do the verbs that set it going
+//! (`post_send`, `post_recv`, and what entering a state does for `modify`: `engine::verbs`).
+//! This module owns creation, validation of attributes and their application, queries and
+//! destruction, and the state the engine keeps per QP (`transport`).
 
 mod connect;
 pub(crate) mod inbox;
@@ -22,9 +24,7 @@ use self::{
     transport::{Hint, Lane, Requester, Responder, Route},
 };
 use crate::{
-    engine::{self, Driver, leaving::Posted},
     error::{Errno, Error, Result, einval},
-    objects::recv_queue::RecvWr,
     objects::{
         Lifecycle,
         context::{AsyncEvent, ContextInner, EventElement},
@@ -827,7 +827,7 @@ impl Qp {
         self.0.rss.is_some()
     }
 
-    fn not_rss(&self) -> Result<()> {
+    pub(crate) fn not_rss(&self) -> Result<()> {
         if self.is_rss() {
             return Err(Error::new(Errno::EOPNOTSUPP, "an RSS QP has no attributes to change"));
         }
@@ -850,39 +850,37 @@ impl Qp {
         Ok(a)
     }
 
-    /// `ibv_modify_qp` (`EOPNOTSUPP` on an RSS QP, as mlx5).
-    pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
-        self.0.life.check()?;
-        self.not_rss()?;
+    /// `ibv_modify_qp`'s checks of `attr` and `mask` against the QP (`g`: its state, under its
+    /// lock), and the attributes applied: the state it was in and the one it enters. What
+    /// entering a state sets going is the engine's (see `engine::verbs`).
+    pub(crate) fn modify_attrs(
+        &self,
+        g: &mut QpInner,
+        attr: &QpAttr,
+        mask: QpAttrMask,
+    ) -> Result<(QpState, QpState)> {
         let qp = &self.0;
-        let mut drv = Driver::new(&qp.ctx.fabric);
-        {
-            let mut g = lock_lent(&qp.inner);
-            let cur = g.state;
-            // The kernel's IB_QP_ATTR_STANDARD_BITS: attributes 0..20.
-            if mask.bits() & !((1 << 21) - 1) != 0 {
-                return Err(Error::new(
-                    Errno::EOPNOTSUPP,
-                    "attribute mask bit beyond the standard set",
-                ));
-            }
-            if mask.contains(QpAttrMask::CUR_STATE) && attr.cur_qp_state != cur {
-                return Err(einval("cur_qp_state is not the QP's state"));
-            }
-            let next = if mask.contains(QpAttrMask::STATE) { attr.qp_state } else { cur };
-            if next.0 > QpState::ERR.0 {
-                return Err(einval("qp_state out of range"));
-            }
-            let mask = mask - state::ignored_attrs(qp.qp_type);
-            state::check(qp.qp_type, cur, next, mask)
-                .map_err(|_| einval("invalid state transition or attribute mask"))?;
-            let ah_attr = self.check_values(attr, mask, g.attr.port_num)?;
-            apply(qp, &mut g, &QpAttr { ah_attr, ..*attr }, mask);
-            transition(qp, &mut g, cur, next, &mut drv);
-            qp.ctx.fabric.export_qp(qp, &g);
+        let cur = g.state;
+        // The kernel's IB_QP_ATTR_STANDARD_BITS: attributes 0..20.
+        if mask.bits() & !((1 << 21) - 1) != 0 {
+            return Err(Error::new(
+                Errno::EOPNOTSUPP,
+                "attribute mask bit beyond the standard set",
+            ));
         }
-        drv.finish();
-        Ok(())
+        if mask.contains(QpAttrMask::CUR_STATE) && attr.cur_qp_state != cur {
+            return Err(einval("cur_qp_state is not the QP's state"));
+        }
+        let next = if mask.contains(QpAttrMask::STATE) { attr.qp_state } else { cur };
+        if next.0 > QpState::ERR.0 {
+            return Err(einval("qp_state out of range"));
+        }
+        let mask = mask - state::ignored_attrs(qp.qp_type);
+        state::check(qp.qp_type, cur, next, mask)
+            .map_err(|_| einval("invalid state transition or attribute mask"))?;
+        let ah_attr = self.check_values(attr, mask, g.attr.port_num)?;
+        apply(qp, g, &QpAttr { ah_attr, ..*attr }, mask);
+        Ok((cur, next))
     }
 
     /// Checks attribute values; `cur_port` is the QP's port before this modify. The address
@@ -948,58 +946,6 @@ impl Qp {
         Ok(attr.ah_attr)
     }
 
-    /// `ibv_post_send` of one WR.
-    pub fn post_send(&self, wr: &SendWr<'_>) -> Result<()> {
-        self.post_send_list(std::slice::from_ref(wr)).map_err(|(_, e)| e)
-    }
-
-    /// `ibv_post_send` of a list: on failure, the index of the first WR not posted (`bad_wr`)
-    /// and why. WRs before it were posted.
-    pub fn post_send_list(&self, wrs: &[SendWr<'_>]) -> Result<(), (usize, Error)> {
-        let qp = &self.0;
-        let f = &qp.ctx.fabric;
-        let mut res = Ok(());
-        let mut queued = false;
-        if let Some(wr) = wrs.first() {
-            qp.lane_hint.prefetch(wr.opcode);
-        }
-        let mut g = qp.inner.lock();
-        // The failed WR's index is worked out from what is left (a count kept beside the
-        // iterator cost a register, spilled, for every WR).
-        let mut rest = wrs;
-        while let [wr, tail @ ..] = rest {
-            rest = tail;
-            if engine::lane::post(qp, &mut g, wr, f) {
-                continue;
-            }
-            if g.lane_across {
-                match engine::leaving::post(qp, &mut g, wr, f) {
-                    Posted::Sent => continue,
-                    Posted::SentServiceDue => {
-                        queued = true;
-                        continue;
-                    }
-                    Posted::Not => {}
-                }
-            }
-            match engine::requester::post(qp, &mut g, wr, f) {
-                Ok(q) => queued |= q,
-                Err(e) => {
-                    res = Err((wrs.len() - rest.len() - 1, e));
-                    break;
-                }
-            }
-        }
-        // WRs that ran on the express path at the post left nothing to do.
-        if queued {
-            let mut drv = Driver::new(f);
-            drv.service_posted(qp, &mut g);
-            drop(g);
-            drv.finish();
-        }
-        res
-    }
-
     /// `ibv_bind_mw`: binds the type 1 window `mw` as a posted BIND_MW request (completing
     /// with `IBV_WC_BIND_MW`, or `IBV_WC_MW_BIND_ERR` when the bind is refused), and returns
     /// the window's new rkey, which [`Mw::rkey`](crate::Mw::rkey) reports from now on. As in
@@ -1033,23 +979,6 @@ impl Qp {
         };
         self.post_send(&wr)?;
         Ok(rkey)
-    }
-
-    /// `ibv_post_recv` of one WR.
-    pub fn post_recv(&self, wr: &RecvWr<'_>) -> Result<()> {
-        engine::responder::post_recv(&self.0, wr)
-    }
-
-    /// `ibv_post_recv` of a list; see [`Qp::post_send_list`] for the failure index.
-    ///
-    /// Posting takes no lock the QP's data path takes (see `qp::recv_ring`): a message that
-    /// found no receive was answered with an RNR NAK and comes again, so a receive posted
-    /// leaves nothing to service.
-    pub fn post_recv_list(&self, wrs: &[RecvWr<'_>]) -> Result<(), (usize, Error)> {
-        for (i, wr) in wrs.iter().enumerate() {
-            engine::responder::post_recv(&self.0, wr).map_err(|e| (i, e))?;
-        }
-        Ok(())
     }
 
     /// `ibv_destroy_qp`: the QP leaves the fabric at once (packets to it are dropped, its
@@ -1175,49 +1104,6 @@ fn apply(qp: &QpShared, g: &mut QpInner, attr: &QpAttr, mask: QpAttrMask) {
     }
     if mask.contains(QpAttrMask::RATE_LIMIT) {
         a.rate_limit = attr.rate_limit;
-    }
-}
-
-/// Side effects of entering `next` from `cur`.
-fn transition(
-    qp: &Arc<QpShared>,
-    g: &mut QpInner,
-    cur: QpState,
-    next: QpState,
-    drv: &mut Driver<'_>,
-) {
-    if cur == next && next != QpState::SQD {
-        return;
-    }
-    match next {
-        QpState::RESET => {
-            set_state(qp, g, QpState::RESET);
-            g.sq.clear();
-            qp.rq.clear();
-            g.req = Requester::default();
-            g.resp = Responder::default();
-            g.attr = QpAttr { cap: qp.cap, port_num: g.attr.port_num, ..Default::default() };
-            qp.inbox.clear();
-            if qp.ctx.device.profile.reset_cleans_cqs() {
-                qp.send_cq.remove_qp(qp.qpn);
-                qp.recv_cq.remove_qp(qp.qpn);
-            }
-        }
-        QpState::ERR => engine::enter_error(qp, g),
-        QpState::SQD => {
-            set_state(qp, g, QpState::SQD);
-            drv.service(qp, g);
-        }
-        _ => {
-            set_state(qp, g, next);
-            // The connecting transitions take up the options asked for, as far as the device
-            // offers them (mlx5's firmware answers each with the negotiated set).
-            if g.ece_wanted != 0 && matches!(next, QpState::INIT | QpState::RTR | QpState::RTS) {
-                g.ece = g.ece_wanted & qp.ctx.device.attr.ece_options;
-            }
-            // Work queued while the QP could not send (e.g. posted in SQD) goes out now.
-            drv.service(qp, g);
-        }
     }
 }
 
