@@ -777,6 +777,18 @@ fn qemu_live_migrates_a_guest_over_rdma() {
             }
             panic!("{profile}: {said}\n{status}\n{outs}");
         }
+        // The source is done once all was sent; the destination may still be taking in the
+        // last of it (the control messages that say which pages are zero, its devices' state),
+        // which it has while it still reports `inmigrate`.
+        let loaded = loop {
+            let info = dst_m.run("info status");
+            if !info.contains("inmigrate") {
+                break info;
+            }
+            assert!(std::time::Instant::now() < deadline, "{profile}: {info}");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert!(loaded.contains("VM status: paused"), "{profile}: {loaded}");
         let (src_ram, dst_ram) = (dir.join("src.ram"), dir.join("dst.ram"));
         for (m, file) in [(&mut src_m, &src_ram), (&mut dst_m, &dst_ram)] {
             let out = m.run(&format!("pmemsave 0 0x4000000 \"{}\"", file.display()));
