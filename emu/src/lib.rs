@@ -29,15 +29,15 @@
 //! | [`profile`] | device and port attribute tables (`rxe` exact, `full`) |
 //! | `objects` | device, context, PD, MR (key space), CQ, completion channel, async events; a receive's scatter list filled (`objects::sgl`) |
 //! | [`qp`] | the QP object; [`qp::state`] holds the `const` state-transition tables |
+//! | `events` | async events as the application reads them (an element may be a QP) |
 //! | `engine` | requester / responder / completer, the express path, the inline driver; the QP verbs that set them going (`post_send`, `post_recv`, `modify`'s transitions) |
 //! | `fabric` | routing between devices by GID/LID + QPN; the clock and timer that fire retries; fault rules; packet traces (pcap); the host fabric between processes |
 //! | [`cm`] | the connection manager (librdmacm's `rdma_cm`), above the fabric: the fabric hands it what arrives for it through an agent it is made with (`fabric::CmAgent`, see [`Fabric::try_new`]) |
 //! | [`rsocket`] | rsockets, over the connection manager |
 //!
 //! Where the table is not yet true: `objects` names the fabric (a context holds it, for the
-//! clock, the timer and a thread's progress) and, for an async event's element, the QP; the
-//! engine names the fabric (the host fabric's nodes and message forms, and the express path's
-//! checks of ports and detours).
+//! clock, the timer and a thread's progress), and the engine names the fabric (the host
+//! fabric's nodes and message forms, and the express path's checks of ports and detours).
 //!
 //! ## Thread safety
 //!
@@ -82,6 +82,7 @@ mod captured;
 pub mod cm;
 mod engine;
 mod error;
+mod events;
 mod fabric;
 mod frame;
 mod guarded;
@@ -100,6 +101,7 @@ mod types;
 pub use crate::{
     engine::flow::{EthFilter, Flow, FlowAttr, FlowSpec, Ipv4ExtFilter, Ipv6Filter, PortFilter},
     error::{ConfigError, Errno, Error, Result},
+    events::{AsyncEvent, EventElement},
     fabric::{
         Fabric, FabricConfig, PortWatch,
         faults::{FaultAction, FaultRule, PacketClass},
@@ -111,7 +113,7 @@ pub use crate::{
     objects::{
         ah::Ah,
         channel::CompChannel,
-        context::{AsyncEvent, Context, EventElement},
+        context::Context,
         cq::{Cq, CqOptions},
         device::Device,
         dm::Dm,

@@ -1,6 +1,7 @@
 //! A device context (`struct ibv_context`) and its asynchronous event queue.
 
 use std::{
+    any::Any,
     os::fd::{AsRawFd, RawFd},
     sync::{
         Arc, Weak,
@@ -20,29 +21,8 @@ use crate::{
     error::{Errno, Error, Result},
     fabric::FabricInner,
     profile::{DeviceAttr, PortAttr},
-    qp::Qp,
     types::EventType,
 };
-
-/// What an asynchronous event is about (`ibv_async_event.element`).
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub enum EventElement {
-    Qp(Qp),
-    Cq(Cq),
-    Srq(super::srq::Srq),
-    Wq(super::wq::Wq),
-    /// A port number.
-    Port(u8),
-    Device,
-}
-
-/// An asynchronous event (`struct ibv_async_event`).
-#[derive(Debug, Clone)]
-pub struct AsyncEvent {
-    pub event_type: EventType,
-    pub element: EventElement,
-}
 
 /// An async event as its queue keeps it: its object by weak reference, so that an unread event
 /// keeps neither the object alive nor, through it, the context whose queue holds the event (a
@@ -50,13 +30,15 @@ pub struct AsyncEvent {
 /// whose object is gone when it is read is dropped, as destroying an object drops its events.
 #[derive(Debug)]
 pub(crate) struct Queued {
-    event_type: EventType,
-    about: About,
+    pub(crate) event_type: EventType,
+    pub(crate) about: About,
 }
 
+/// The object of a queued event. A QP is held as any object (the QP is a layer above these),
+/// and read back as one where events are handed out (`crate::events`).
 #[derive(Debug)]
-enum About {
-    Qp(Weak<crate::qp::QpShared>),
+pub(crate) enum About {
+    Qp(Weak<dyn Any + Send + Sync>),
     Cq(Weak<super::cq::CqInner>),
     Srq(Weak<super::srq::SrqInner>),
     Wq(Weak<super::wq::WqInner>),
@@ -65,29 +47,6 @@ enum About {
 }
 
 impl About {
-    fn of(e: &EventElement) -> About {
-        match e {
-            EventElement::Qp(q) => About::Qp(Arc::downgrade(&q.0)),
-            EventElement::Cq(c) => About::Cq(Arc::downgrade(&c.0)),
-            EventElement::Srq(s) => About::Srq(Arc::downgrade(&s.0)),
-            EventElement::Wq(w) => About::Wq(Arc::downgrade(&w.0)),
-            EventElement::Port(p) => About::Port(*p),
-            EventElement::Device => About::Device,
-        }
-    }
-
-    /// The object, if it is still there.
-    fn upgrade(&self) -> Option<EventElement> {
-        Some(match self {
-            About::Qp(q) => EventElement::Qp(Qp::new(q.upgrade()?)),
-            About::Cq(c) => EventElement::Cq(Cq(c.upgrade()?)),
-            About::Srq(s) => EventElement::Srq(super::srq::Srq(s.upgrade()?)),
-            About::Wq(w) => EventElement::Wq(super::wq::Wq(w.upgrade()?)),
-            About::Port(p) => EventElement::Port(*p),
-            About::Device => EventElement::Device,
-        })
-    }
-
     /// The address of the object (null for a port or the device).
     fn object(&self) -> *const () {
         match self {
@@ -117,8 +76,8 @@ impl ContextInner {
     }
 
     /// Queues an async event.
-    pub(crate) fn raise(&self, ev: AsyncEvent) {
-        self.async_q.push(Queued { event_type: ev.event_type, about: About::of(&ev.element) });
+    pub(crate) fn raise(&self, event_type: EventType, about: About) {
+        self.async_q.push(Queued { event_type, about });
     }
 
     /// Drops the unread events about the object at `object` (being destroyed: the kernel does
@@ -258,44 +217,9 @@ impl Context {
         self.0.fabric.timer.wall_epoch_ns() + clock
     }
 
-    /// `ibv_get_async_event`: blocks until an event arrives unless the async fd was made
-    /// non-blocking (then fails with `EAGAIN` when none is pending); `EINTR` when a signal
-    /// interrupts the wait (unless its handler has `SA_RESTART`).
-    pub fn get_async_event(&self) -> Result<AsyncEvent> {
-        // Counted as handed out, under the queue's lock (see `EventQueue::pop_with`): the
-        // object's destroy waits for this event's ack.
-        self.0.async_q.pop_with(|q| {
-            let element = q.about.upgrade()?;
-            match &element {
-                EventElement::Qp(qp) => qp.0.async_events.reported(),
-                EventElement::Cq(cq) => cq.0.async_events.reported(),
-                EventElement::Srq(s) => s.0.async_events.reported(),
-                EventElement::Wq(w) => w.0.async_events.reported(),
-                EventElement::Port(_) | EventElement::Device => {}
-            }
-            Some(AsyncEvent { event_type: q.event_type, element })
-        })
-    }
-
-    /// `ibv_ack_async_event`.
-    pub fn ack_async_event(&self, ev: &AsyncEvent) {
-        match &ev.element {
-            EventElement::Qp(qp) => qp.0.async_events.ack(1),
-            EventElement::Cq(cq) => cq.0.async_events.ack(1),
-            EventElement::Srq(s) => s.0.async_events.ack(1),
-            EventElement::Wq(w) => w.0.async_events.ack(1),
-            EventElement::Port(_) | EventElement::Device => {}
-        }
-    }
-
     /// Sets or clears `O_NONBLOCK` on the async event fd (same as fcntl on `async_fd`).
     pub fn set_async_nonblocking(&self, on: bool) -> Result<()> {
         self.0.async_q.set_nonblocking(on)
-    }
-
-    /// Raises a port or device event as the hardware would (for testing handlers).
-    pub fn inject_event(&self, event_type: EventType, element: EventElement) {
-        self.0.raise(AsyncEvent { event_type, element });
     }
 
     /// The first step of `ibv_close_device`: from now on, destroying an object of this

@@ -10,7 +10,7 @@ use parking_lot::Mutex;
 use super::{
     Lifecycle,
     channel::{ChannelInner, CompChannel},
-    context::{AsyncEvent, Context, ContextInner, EventElement},
+    context::{About, Context, ContextInner},
     cq_ring::{Refused, Ring, Rings},
     device::ResourceCounts,
     event::EventCount,
@@ -151,10 +151,7 @@ impl CqInner {
     /// follow are lost as if it were full.
     pub(crate) fn overrun_now(self: &Arc<CqInner>) {
         if !self.overrun.swap(true, Ordering::AcqRel) {
-            self.ctx.raise(AsyncEvent {
-                event_type: EventType::CQ_ERR,
-                element: EventElement::Cq(Cq(self.clone())),
-            });
+            self.ctx.raise(EventType::CQ_ERR, About::Cq(Arc::downgrade(self)));
         }
     }
 
@@ -301,10 +298,7 @@ impl CqInner {
     #[inline(never)]
     fn overran(self: &Arc<CqInner>) -> Result<(), Overrun> {
         if !self.overrun.swap(true, Ordering::AcqRel) {
-            self.ctx.raise(AsyncEvent {
-                event_type: EventType::CQ_ERR,
-                element: EventElement::Cq(Cq(self.clone())),
-            });
+            self.ctx.raise(EventType::CQ_ERR, About::Cq(Arc::downgrade(self)));
         }
         Err(Overrun)
     }

@@ -247,7 +247,7 @@ impl Device {
     /// Events that traffic raises (QP, CQ, SRQ events) are refused with `EINVAL`.
     pub fn raise_event(&self, event_type: crate::EventType, port: Option<u8>) -> Result<()> {
         use crate::EventType as E;
-        let element = match (event_type, port) {
+        let port = match (event_type, port) {
             (
                 E::PORT_ACTIVE
                 | E::PORT_ERR
@@ -259,15 +259,16 @@ impl Device {
                 Some(p),
             ) => {
                 self.inner.port(p)?;
-                super::context::EventElement::Port(p)
+                Some(p)
             }
-            (E::DEVICE_FATAL, None) => super::context::EventElement::Device,
+            (E::DEVICE_FATAL, None) => None,
             _ => return Err(einval("not a port or device event (or the port is missing)")),
         };
         let mut ctxs = self.inner.contexts.lock();
         ctxs.retain(|w| w.strong_count() > 0);
         for c in ctxs.iter().filter_map(std::sync::Weak::upgrade) {
-            c.raise(super::context::AsyncEvent { event_type, element: element.clone() });
+            let about = port.map_or(super::context::About::Device, super::context::About::Port);
+            c.raise(event_type, about);
         }
         Ok(())
     }

@@ -9,7 +9,7 @@ use parking_lot::Mutex;
 
 use super::{
     Lifecycle,
-    context::{AsyncEvent, EventElement},
+    context::About,
     device::ResourceCounts,
     event::EventCount,
     pd::{Pd, PdInner},
@@ -202,10 +202,7 @@ impl SrqInner {
         }
         drop(st);
         if fire {
-            self.pd.ctx.raise(AsyncEvent {
-                event_type: EventType::SRQ_LIMIT_REACHED,
-                element: EventElement::Srq(Srq(self.clone())),
-            });
+            self.pd.ctx.raise(EventType::SRQ_LIMIT_REACHED, About::Srq(Arc::downgrade(self)));
         }
         Some(taken)
     }

@@ -18,7 +18,7 @@ use parking_lot::Mutex;
 
 use super::{
     Lifecycle,
-    context::{AsyncEvent, Context, EventElement},
+    context::{About, Context},
     cq::{Cq, CqInner},
     device::ResourceCounts,
     event::EventCount,
@@ -193,10 +193,7 @@ impl WqInner {
 
     /// The WQ failed: `IBV_EVENT_WQ_FATAL`.
     fn fatal(self: &Arc<WqInner>) {
-        self.pd.ctx.raise(AsyncEvent {
-            event_type: EventType::WQ_FATAL,
-            element: EventElement::Wq(Wq(self.clone())),
-        });
+        self.pd.ctx.raise(EventType::WQ_FATAL, About::Wq(Arc::downgrade(self)));
     }
 }
 

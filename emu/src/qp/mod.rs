@@ -27,7 +27,7 @@ use crate::{
     error::{Errno, Error, Result, einval},
     objects::{
         Lifecycle,
-        context::{AsyncEvent, ContextInner, EventElement},
+        context::{About, ContextInner},
         cq::{Cq, CqInner},
         device::ResourceCounts,
         event::EventCount,
@@ -270,7 +270,8 @@ impl QpShared {
 
     /// Raises an affiliated async event on this QP.
     pub(crate) fn raise(self: &Arc<QpShared>, event_type: EventType) {
-        self.ctx.raise(AsyncEvent { event_type, element: EventElement::Qp(Qp::new(self.clone())) });
+        // As any object: the context's queue is a layer below the QP (see `crate::events`).
+        self.ctx.raise(event_type, About::Qp(Arc::downgrade(self) as _));
     }
 
     fn release(&self) {
