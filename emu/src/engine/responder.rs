@@ -288,7 +288,7 @@ fn ud_receive(qp: &Arc<QpShared>, g: &mut QpInner, pkt: &Packet) {
         g.resp.ud_scratch = data;
         return;
     };
-    let res = sgl::scatter_bytes(&recv_pd(qp, g), &r.sges, &data);
+    let res = sgl::scatter(&recv_pd(qp, g), &r.sges, &data[..], data.len() as u32);
     g.resp.ud_scratch = data;
     let wr_id = r.wr_id;
     done_recv(qp, r);

@@ -2,7 +2,8 @@
 //! QP's MRs (lkey, PD, access, bounds) into a payload, and payloads moved into a receive's
 //! SGEs (the scatter itself, for any source, is `objects::sgl`'s).
 
-pub(crate) use crate::objects::sgl::SglError;
+// The scatter into a receive's SGEs is the objects' (any source; payloads below).
+pub(crate) use crate::objects::sgl::{SglError, scatter};
 use crate::packet::{MemRef, Payload, Piece};
 use crate::{
     mem::MemRegion,
@@ -44,26 +45,6 @@ pub(crate) fn resolve(qp: &QpShared, sges: &[Sge], need_write: bool) -> Result<P
         };
     }
     Ok(out)
-}
-
-/// Copies `payload` (of `len` bytes) into the local SGEs, which need `LOCAL_WRITE` and must be
-/// in `pd` (the QP's, or for an XRC target the SRQ's).
-pub(crate) fn scatter(
-    pd: &std::sync::Arc<crate::objects::pd::PdInner>,
-    sges: &[Sge],
-    payload: &Payload,
-    len: u32,
-) -> Result<(), SglError> {
-    crate::objects::sgl::scatter(pd, sges, payload, len)
-}
-
-/// [`scatter`] of bytes at hand.
-pub(crate) fn scatter_bytes(
-    pd: &std::sync::Arc<crate::objects::pd::PdInner>,
-    sges: &[Sge],
-    bytes: &[u8],
-) -> Result<(), SglError> {
-    crate::objects::sgl::scatter(pd, sges, bytes, bytes.len() as u32)
 }
 
 // The engine's payloads, copied into a receive as bytes at hand are.
