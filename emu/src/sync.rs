@@ -26,7 +26,7 @@
 #![allow(unsafe_code)]
 
 use std::{
-    cell::{Cell, UnsafeCell},
+    cell::UnsafeCell,
     ops::{Deref, DerefMut},
     sync::atomic::{AtomicBool, AtomicUsize, Ordering},
 };
@@ -44,7 +44,7 @@ const SLOTS: usize = 32;
 /// Shared counters per lock, for the threads beyond.
 const SHARDS: usize = 8;
 
-/// How a thread reads, as [`READER`] holds it: its slot (below [`SLOTS`]), or `SLOTS` + a
+/// How a thread reads, as [`reader_word`] holds it: its slot (below [`SLOTS`]), or `SLOTS` + a
 /// shared counter. One word, so that a guard (with its lock) fits in two registers.
 #[derive(Clone, Copy)]
 struct Reader(usize);
@@ -69,13 +69,94 @@ impl Reader {
 struct ThreadIndex(usize);
 
 thread_local! {
-    /// How the thread reads, once it has: its slot (below [`SLOTS`]), or `SLOTS` + its shard.
-    /// Const and without a destructor, so that it is one load away.
-    static READER: Cell<usize> = const { Cell::new(UNSET) };
     static INDEX: ThreadIndex = ThreadIndex::take();
 }
 
-/// [`READER`] before the thread's first read.
+/// How the thread reads, once it has: its slot (below [`SLOTS`]), or `SLOTS` + its shard; a
+/// thread-local word, one load away.
+mod reader_word {
+    /// The word, x86-64 Linux: reached through a TLS descriptor (`-mtls-dialect=gnu2`'s
+    /// model). A `thread_local!` in a shared library (the C shim) is reached through a call
+    /// to `__tls_get_addr` (~15 instructions a work request, the keys' read); a descriptor's
+    /// call, for a library loaded with the program, returns the word's offset from the thread
+    /// pointer in two instructions (`_dl_tlsdesc_return`), and still works in one loaded later
+    /// by `dlopen` (UCX's and Open MPI's components), unlike the initial-exec model, which
+    /// would ask the loader for room in the static TLS block. In a program, the linker
+    /// replaces the call with the offset itself. Stored inverted, so that the TLS block's
+    /// zeros read as `UNSET`. Global and hidden: the crate's code units reach it, nothing
+    /// outside.
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    mod word {
+        std::arch::global_asm!(
+            ".pushsection .tbss,\"awT\",@nobits",
+            ".p2align 3",
+            ".globl rdma_emu_sync_reader",
+            ".hidden rdma_emu_sync_reader",
+            ".type rdma_emu_sync_reader, @tls_object",
+            ".size rdma_emu_sync_reader, 8",
+            "rdma_emu_sync_reader:",
+            ".zero 8",
+            ".popsection",
+        );
+
+        #[inline(always)]
+        pub(in crate::sync) fn get() -> usize {
+            let word: usize;
+            // SAFETY: the symbol is the 8-byte, 8-aligned TLS word defined above. Its
+            // descriptor's function (the loader's) returns in `rax` the word's offset from the
+            // thread pointer (`fs`) for the calling thread, whose TLS lives as long as it does,
+            // and by the descriptor ABI changes no other register (the flags aside); the asm
+            // is not `nostack` (the call pushes its return address).
+            unsafe {
+                std::arch::asm!(
+                    "lea rax, [rip + rdma_emu_sync_reader@TLSDESC]",
+                    "call qword ptr [rax + rdma_emu_sync_reader@TLSCALL]",
+                    "mov {word}, qword ptr fs:[rax]",
+                    word = out(reg) word,
+                    out("rax") _,
+                    options(readonly),
+                );
+            }
+            !word
+        }
+
+        pub(in crate::sync) fn set(r: usize) {
+            // SAFETY: as in `get`; only this thread reaches its own block's word.
+            unsafe {
+                std::arch::asm!(
+                    "lea rax, [rip + rdma_emu_sync_reader@TLSDESC]",
+                    "call qword ptr [rax + rdma_emu_sync_reader@TLSCALL]",
+                    "mov qword ptr fs:[rax], {word}",
+                    word = in(reg) !r,
+                    out("rax") _,
+                );
+            }
+        }
+    }
+
+    /// The word elsewhere: a `thread_local!`, const and without a destructor.
+    #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+    mod word {
+        use std::cell::Cell;
+
+        thread_local! {
+            static READER: Cell<usize> = const { Cell::new(super::super::UNSET) };
+        }
+
+        #[inline(always)]
+        pub(in crate::sync) fn get() -> usize {
+            READER.with(Cell::get)
+        }
+
+        pub(in crate::sync) fn set(r: usize) {
+            let _ = READER.try_with(|c| c.set(r));
+        }
+    }
+
+    pub(super) use word::{get, set};
+}
+
+/// [`reader_word`] before the thread's first read.
 const UNSET: usize = usize::MAX;
 
 /// Indexes handed back, and the next never handed out.
@@ -99,7 +180,7 @@ impl Drop for ThreadIndex {
     fn drop(&mut self) {
         // The slot may be another thread's from now on: the thread's last reads (other
         // destructors') count on a shared counter.
-        let _ = READER.try_with(|r| r.set(SLOTS));
+        reader_word::set(SLOTS);
         FREE.lock().0.push(self.0);
     }
 }
@@ -107,7 +188,7 @@ impl Drop for ThreadIndex {
 /// How the calling thread reads.
 #[inline]
 fn reader() -> Reader {
-    match READER.with(Cell::get) {
+    match reader_word::get() {
         UNSET => first_read(),
         r => Reader(r),
     }
@@ -124,7 +205,7 @@ fn first_read() -> Reader {
         .ok()
         .filter(|&i| i < SLOTS && cfg!(not(feature = "tsan")) && barrier::asymmetric());
     let r = index.unwrap_or_else(|| SLOTS + NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS);
-    READER.with(|c| c.set(r));
+    reader_word::set(r);
     reader()
 }
 
@@ -201,7 +282,7 @@ impl<T> ReadMostly<T> {
     /// `UNSET` being above every slot) out of line, with one compare for both.
     #[inline(always)]
     pub fn try_read(&self) -> Option<ReadGuard<'_, T>> {
-        let r = READER.with(Cell::get);
+        let r = reader_word::get();
         if r >= SLOTS {
             return self.try_read_shared();
         }
@@ -510,6 +591,23 @@ mod test {
         assert_eq!(*lock.read(), (40, 40));
         let in_use = super::FREE.lock().1;
         assert!(in_use < 3 * (super::SLOTS + 8), "thread indexes are handed back: {in_use}");
+    }
+
+    /// Each thread has a reader word of its own, `UNSET` until it stores one (the x86-64
+    /// Linux word lives in the TLS block, whose zeros read as `UNSET`).
+    #[test]
+    fn test_the_reader_word_is_each_threads_own() {
+        let word = |r| {
+            std::thread::spawn(move || {
+                let first = super::reader_word::get();
+                super::reader_word::set(r);
+                std::thread::yield_now();
+                (first, super::reader_word::get())
+            })
+        };
+        let (a, b) = (word(5), word(super::SLOTS + 1));
+        assert_eq!(a.join().unwrap(), (super::UNSET, 5));
+        assert_eq!(b.join().unwrap(), (super::UNSET, super::SLOTS + 1));
     }
 
     #[test]
