@@ -37,7 +37,7 @@
 //!
 //! Where the table is not yet true: `objects` names the fabric (a context holds it, for the
 //! clock, the timer and a thread's progress), and the engine names the fabric (the host
-//! fabric's nodes and message forms, and the express path's checks of ports and detours).
+//! fabric's nodes, and the express path's checks of ports and detours).
 //!
 //! ## Thread safety
 //!
@@ -97,6 +97,7 @@ mod shared_mem;
 pub mod sync;
 mod sys;
 mod types;
+mod wire;
 
 pub use crate::{
     engine::flow::{EthFilter, Flow, FlowAttr, FlowSpec, Ipv4ExtFilter, Ipv6Filter, PortFilter},

@@ -4,7 +4,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use super::PortSpace;
-use crate::fabric::wire::Reader;
+use crate::wire::Reader;
 
 /// One side of a connection, as the other side needs to know it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -43,63 +43,12 @@ use crate::{
     fabric::{
         FabricInner,
         host::{Node, Whole},
-        wire::{self, Ack},
     },
     qp::{QpInner, QpShared},
     sync::lock::RawLock,
     types::{AccessFlags, QpState, QpType, Sge, WcOpcode, WrOpcode},
+    wire::{self, Ack, Op, RequestHead},
 };
-
-/// What a message taken the short way is: its operation and what only it carries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Op {
-    Send,
-    /// A WRITE, to this address and rkey.
-    Write(u64, u32),
-    /// A READ request, of this address and rkey (`len` bytes, answered in `npkts` PSNs).
-    Read(u64, u32),
-    /// A READ's response (its payload the bytes read), with the responder's MSN.
-    ReadResponse(u32),
-    /// A CMP_SWP or FETCH_ADD of the word at `va`.
-    Atomic(Atomic),
-    /// An atomic's response: the responder's MSN and the word the atomic found.
-    AtomicAck(u32, u64),
-}
-
-/// An atomic request: CMP_SWP (`compare_swap`: `swap_add` in where `compare` is found) or
-/// FETCH_ADD (`swap_add` added), of the word at `va` through `rkey`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Atomic {
-    pub(crate) compare_swap: bool,
-    pub(crate) va: u64,
-    pub(crate) rkey: u32,
-    pub(crate) swap_add: u64,
-    pub(crate) compare: u64,
-}
-
-impl Atomic {
-    /// Its packet kind.
-    pub(crate) fn kind(&self) -> Kind {
-        if self.compare_swap { Kind::CompareSwap } else { Kind::FetchAdd }
-    }
-}
-
-/// What the header of a SEND (with or without immediate), a WRITE, a READ or an atomic, or
-/// of a READ's or an atomic's response, says, read from its record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Message {
-    /// The sender's and the receiver's `(device, port, QPN)`.
-    pub(crate) src: (u32, u8, u32),
-    pub(crate) dst: (u32, u8, u32),
-    pub(crate) transport: QpType,
-    pub(crate) psn: u32,
-    pub(crate) npkts: u32,
-    pub(crate) len: u32,
-    pub(crate) imm: Option<u32>,
-    pub(crate) solicited: bool,
-    pub(crate) src_lid: u16,
-    pub(crate) op: Op,
-}
 
 /// The QP `qp` of `m`'s transport, locked, if it takes `m` as its next request now and
 /// grants the access it asks for (a refused one is the packet path's to NAK), with the node
@@ -108,7 +57,7 @@ pub(crate) struct Message {
 fn taker<'q, 'f>(
     qp: &'q Arc<QpShared>,
     f: &'f FabricInner,
-    m: &Message,
+    m: &RequestHead,
 ) -> Option<(parking_lot::lock_api::MutexGuard<'q, RawLock, QpInner>, Option<&'f Node>)> {
     if !matches!(qp.qp_type, QpType::RC | QpType::UC) || m.transport != qp.qp_type {
         return None;
@@ -168,7 +117,7 @@ impl OwedAck<'_> {
 #[inline(always)]
 fn done<'f>(
     g: &mut QpInner,
-    m: &Message,
+    m: &RequestHead,
     ack_to: Option<&'f Node>,
     owed: &mut Option<OwedAck<'f>>,
 ) {
@@ -196,7 +145,7 @@ fn done<'f>(
 pub(crate) fn send<'f>(
     qp: &Arc<QpShared>,
     f: &'f FabricInner,
-    m: &Message,
+    m: &RequestHead,
     payload: &[u8],
     owed: &mut Option<OwedAck<'f>>,
 ) -> bool {
@@ -229,7 +178,7 @@ pub(crate) fn send<'f>(
 pub(crate) fn write<'f>(
     qp: &Arc<QpShared>,
     f: &'f FabricInner,
-    m: &Message,
+    m: &RequestHead,
     payload: &[u8],
     begin: impl FnOnce() -> bool,
     owed: &mut Option<OwedAck<'f>>,
@@ -289,7 +238,7 @@ pub(crate) fn write<'f>(
 pub(crate) fn read(
     qp: &Arc<QpShared>,
     f: &FabricInner,
-    m: &Message,
+    m: &RequestHead,
     begin: impl FnOnce() -> bool,
 ) -> bool {
     let Op::Read(va, rkey) = m.op else { return false };
@@ -332,7 +281,7 @@ pub(crate) fn read(
 /// Executes the atomic request `m` on our QP `qp`, the QP it names, if it can (see the
 /// module's text), and answers it (once executed, it is answered whatever the ring's room).
 /// Whether it did; if not, nothing changed.
-pub(crate) fn atomic(qp: &Arc<QpShared>, f: &FabricInner, m: &Message) -> bool {
+pub(crate) fn atomic(qp: &Arc<QpShared>, f: &FabricInner, m: &RequestHead) -> bool {
     let Op::Atomic(a) = m.op else { return false };
     let Some((mut g, Some(node))) = taker(qp, f, m) else { return false };
     let keys = qp.ctx.device.keys.read();
@@ -360,8 +309,8 @@ pub(crate) fn atomic(qp: &Arc<QpShared>, f: &FabricInner, m: &Message) -> bool {
 
 /// The answer `op` (of `npkts` PSNs, `len` bytes) to the READ or atomic `m`, as
 /// `responder::read_response` and `responder::atomic` build it (`reply`'s fields).
-fn answer(m: &Message, npkts: u32, len: u32, op: Op) -> Message {
-    Message {
+fn answer(m: &RequestHead, npkts: u32, len: u32, op: Op) -> RequestHead {
+    RequestHead {
         src: m.dst,
         dst: m.src,
         transport: QpType::RC,
@@ -383,7 +332,7 @@ fn answer(m: &Message, npkts: u32, len: u32, op: Op) -> Message {
 pub(crate) fn read_response<'f>(
     qp: &Arc<QpShared>,
     f: &'f FabricInner,
-    m: &Message,
+    m: &RequestHead,
     payload: &[u8],
     drv: &mut Option<Driver<'f>>,
 ) -> bool {
@@ -474,7 +423,7 @@ fn go_on<'f>(
 #[cfg(test)]
 mod test {
     use super::*;
-    use crate::{engine::testkit, packet::Payload};
+    use crate::{engine::testkit, packet::Payload, wire::Atomic};
 
     /// The answers the short way writes to a READ and to an atomic from another process are,
     /// byte for byte, what the packet path's responder sends for them: the response packet,
@@ -491,7 +440,7 @@ mod test {
             (req.va, req.rkey, req.len, req.swap_add) = (va, rkey, 8, 5);
             // From another process: the requester's buffers are not here.
             req.payload = Payload::Remote;
-            let m = Message {
+            let m = RequestHead {
                 src: (req.src_dev, req.src_port, req.src_qpn),
                 dst: (req.dst_dev, req.dst_port, req.dst_qpn),
                 transport: QpType::RC,

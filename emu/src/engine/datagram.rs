@@ -34,11 +34,12 @@ use super::{
 };
 use crate::packet::{Kind, Packet, Payload};
 use crate::{
-    fabric::{FabricInner, wire},
+    fabric::FabricInner,
     objects::{keys::KeyTable, pd::PdInner},
     qp::{QpInner, QpShared, SendWr, queue::UdTarget},
     types::WIRE_DEV,
     types::{Grh, QpState, QpType, SendFlags, WrOpcode},
+    wire,
 };
 
 /// Delivers the UD SEND `wr` of `length` bytes (checked by the post) to `dest` at the post if
@@ -351,8 +352,8 @@ mod test {
                 let ours = packet(qp, &g, &wr, &dest, length).expect("resolves");
                 let theirs = requester::build(qp, &mut g, idx).unwrap();
                 let (mut x, mut y) = (Vec::new(), Vec::new());
-                crate::fabric::wire::encode(&ours, &mut x).unwrap();
-                crate::fabric::wire::encode(&theirs, &mut y).unwrap();
+                crate::wire::encode(&ours, &mut x).unwrap();
+                crate::wire::encode(&theirs, &mut y).unwrap();
                 assert_eq!(x, y, "{wr:?}");
                 assert_eq!((ours.psn, ours.npkts), (theirs.psn, theirs.npkts));
                 g.sq.next = idx.wrapping_add(1);

@@ -24,9 +24,7 @@
 use std::sync::Arc;
 
 use super::{
-    Driver, absent_peer,
-    arriving::{Atomic, Message, Op},
-    completer,
+    Driver, absent_peer, completer,
     express::{self, Src},
     packets_for, psn_add, requester,
 };
@@ -34,11 +32,11 @@ use crate::{
     fabric::{
         FabricInner,
         host::{self, Whole},
-        wire,
     },
     objects::keys::KeyTable,
     qp::{QpInner, QpShared, SendWr},
     types::{QpState, QpType, SendFlags, WrOpcode},
+    wire::{self, Atomic, Op, RequestHead},
 };
 
 /// Sends the WQE at `idx` (the next to send) straight into the record to its peer's process
@@ -240,7 +238,7 @@ fn message<'a>(
     g: &'a QpInner,
     keys: &'a KeyTable,
     idx: u32,
-) -> Option<(Message, Src<'a>)> {
+) -> Option<(RequestHead, Src<'a>)> {
     let w = g.sq.ring.at(idx);
     let (imm, op) = match w.opcode {
         WrOpcode::SEND => (None, Op::Send),
@@ -278,7 +276,7 @@ fn message<'a>(
         return None;
     }
     let dest = g.dest?;
-    let m = Message {
+    let m = RequestHead {
         src: (qp.device_index(), g.attr.port_num, qp.qpn),
         dst: (dest.0, dest.1, g.attr.dest_qp_num),
         transport: qp.qp_type,

@@ -153,7 +153,7 @@ impl<'f> Driver<'f> {
         let (src, dst) =
             ((req.dst_dev, req.dst_port, req.dst_qpn), (req.src_dev, req.src_port, req.src_qpn));
         let Some(node) = ack_route(self.fabric, src, dst) else { return false };
-        node.send_ack(&crate::fabric::wire::Ack { src, dst, psn, msn });
+        node.send_ack(&crate::wire::Ack { src, dst, psn, msn });
         true
     }
 

@@ -46,8 +46,6 @@ use rustc_hash::FxHashMap;
 use super::{
     FabricInner,
     trust::{self, FabricDir, Location},
-    wire,
-    wire::{Control, Encoded, Message, Refused},
 };
 use crate::{
     engine::{self, Driver, arriving::OwedAck, landing::Landing},
@@ -59,6 +57,7 @@ use crate::{
     mem::PeerProcess,
     packet::{Bytes, Kind, Packet, Payload},
     types::{EventType, QpState, QpType},
+    wire::{self, Control, Encoded, Message, Refused},
 };
 
 /// Node slots (the top 8 bits of a 24-bit QPN); 0 is the in-process-only numbering.
@@ -2443,7 +2442,8 @@ impl<'a> Batch<'a> {
                 OwedAck::pay(&mut self.owed);
                 ours(d.dst) && engine::datagram::arrive(qp, fabric, &d)
             } else if let Some((m, payload)) = wire::peek_request(bytes) {
-                use engine::arriving::{self as arriving, Op};
+                use crate::wire::Op;
+                use engine::arriving;
                 // A SEND or WRITE taken in leaves its ACK owed; anything else comes after
                 // what is owed.
                 if !matches!(m.op, Op::Send | Op::Write(..)) {

@@ -2,7 +2,7 @@
 //! host-wide (the `rdma-emu` command's `port` and `event`). They belong to the fabric's layer:
 //! the device itself knows nothing of other processes.
 
-use super::wire::Control;
+use crate::wire::Control;
 use crate::{error::Result, objects::device::Device};
 
 impl Device {

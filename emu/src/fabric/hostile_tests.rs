@@ -16,14 +16,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{
-    host::{FIRST, LAST, RING, SHARED, frame, sock_name},
-    wire::Encoded,
-};
+use super::host::{FIRST, LAST, RING, SHARED, frame, sock_name};
 use crate::{
     ipc::ring::{self, Ring},
     mem::MemRegion,
     packet::{Kind, MemRef, Packet, Payload, WIRE_KINDS},
+    wire::Encoded,
     *,
 };
 

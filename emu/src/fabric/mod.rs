@@ -21,7 +21,6 @@ pub(crate) mod pcap;
 pub(crate) mod roce;
 pub(crate) mod timer;
 pub(crate) mod trust;
-pub(crate) mod wire;
 pub(crate) mod wire_port;
 
 use std::{

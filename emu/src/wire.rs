@@ -21,6 +21,58 @@ const CM: u8 = 0x82;
 /// First byte of an ACK in its short form (see [`Ack`]).
 const ACK: u8 = 0x83;
 
+/// What a message taken the short way is: its operation and what only it carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Op {
+    Send,
+    /// A WRITE, to this address and rkey.
+    Write(u64, u32),
+    /// A READ request, of this address and rkey (`len` bytes, answered in `npkts` PSNs).
+    Read(u64, u32),
+    /// A READ's response (its payload the bytes read), with the responder's MSN.
+    ReadResponse(u32),
+    /// A CMP_SWP or FETCH_ADD of the word at `va`.
+    Atomic(Atomic),
+    /// An atomic's response: the responder's MSN and the word the atomic found.
+    AtomicAck(u32, u64),
+}
+
+/// An atomic request: CMP_SWP (`compare_swap`: `swap_add` in where `compare` is found) or
+/// FETCH_ADD (`swap_add` added), of the word at `va` through `rkey`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Atomic {
+    pub(crate) compare_swap: bool,
+    pub(crate) va: u64,
+    pub(crate) rkey: u32,
+    pub(crate) swap_add: u64,
+    pub(crate) compare: u64,
+}
+
+impl Atomic {
+    /// Its packet kind.
+    pub(crate) fn kind(&self) -> Kind {
+        if self.compare_swap { Kind::CompareSwap } else { Kind::FetchAdd }
+    }
+}
+
+/// What the header of a record of the short way (`engine::arriving`, `engine::leaving`)
+/// says: of a SEND (with or without immediate), a WRITE, a READ or an atomic, or
+/// of a READ's or an atomic's response, says, read from its record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RequestHead {
+    /// The sender's and the receiver's `(device, port, QPN)`.
+    pub(crate) src: (u32, u8, u32),
+    pub(crate) dst: (u32, u8, u32),
+    pub(crate) transport: QpType,
+    pub(crate) psn: u32,
+    pub(crate) npkts: u32,
+    pub(crate) len: u32,
+    pub(crate) imm: Option<u32>,
+    pub(crate) solicited: bool,
+    pub(crate) src_lid: u16,
+    pub(crate) op: Op,
+}
+
 /// What a control message asks every node of the host fabric to do (the `rdma-emu` command
 /// sends them, so events can be raised in a running program).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -163,8 +215,7 @@ pub(crate) fn carried_ack(bytes: &[u8]) -> Option<Ack> {
 /// out. Its header, and its payload; `None` for anything else (which [`decode_message`] then
 /// reads).
 #[inline]
-pub(crate) fn peek_request(bytes: &[u8]) -> Option<(crate::engine::arriving::Message, &[u8])> {
-    use crate::engine::arriving::{Atomic, Op};
+pub(crate) fn peek_request(bytes: &[u8]) -> Option<(RequestHead, &[u8])> {
     let mut r = Reader(bytes.get(..FIXED_HEAD)?);
     let [version, kind, syn, syn_arg, flags, src_port, dst_port, has_grh, transport] =
         r.take::<9>()?;
@@ -196,7 +247,7 @@ pub(crate) fn peek_request(bytes: &[u8]) -> Option<(crate::engine::arriving::Mes
             (Op::Atomic(Atomic { compare_swap, va, rkey, swap_add, compare }), 0)
         }
     };
-    let m = crate::engine::arriving::Message {
+    let m = RequestHead {
         src: (src_dev, src_port, src_qpn),
         dst: (dst_dev, dst_port, dst_qpn),
         transport: QpType(u32::from(transport)),
@@ -538,8 +589,7 @@ pub(crate) const REQUEST_HEAD: usize = FIXED_HEAD;
 /// `responder::read_response` for a READ's response, `responder::atomic` for an atomic's):
 /// the short way (`engine::leaving`, `engine::arriving`) writes its record without a packet.
 /// (Tests hold the two to the same bytes.)
-pub(crate) fn encode_request_head(m: &crate::engine::arriving::Message, out: &mut [u8]) {
-    use crate::engine::arriving::Op;
+pub(crate) fn encode_request_head(m: &RequestHead, out: &mut [u8]) {
     let mut out = Cursor { buf: &mut out[..FIXED_HEAD], at: 0 };
     let (mut va, mut rkey, mut msn, mut words) = (0, 0, 0, [0u64; 3]);
     let kind = match m.op {
@@ -837,7 +887,6 @@ fn decode_fields(bytes: &[u8], p: &mut Packet) -> Option<(Option<Range<usize>>, 
 #[cfg(test)]
 mod test {
     use super::*;
-    use crate::engine::arriving::{Atomic, Op};
 
     #[test]
     fn test_every_field_survives_a_round_trip() {
@@ -916,7 +965,7 @@ mod test {
     #[test]
     fn test_a_request_carries_an_ack_between_its_qps() {
         let (va, rkey) = (0x7654_3210_0000, 0x4321);
-        let m = |transport, op, imm| crate::engine::arriving::Message {
+        let m = |transport, op, imm| RequestHead {
             src: (1, 2, 0x10011),
             dst: (3, 1, 0x20012),
             transport,
@@ -1100,7 +1149,7 @@ mod test {
             (p.npkts, p.solicited, p.imm) = (2, solicited, imm);
             let mut bytes = Vec::new();
             encode(&p, &mut bytes).unwrap();
-            let m = crate::engine::arriving::Message {
+            let m = RequestHead {
                 src: (p.src_dev, p.src_port, p.src_qpn),
                 dst: (p.dst_dev, p.dst_port, p.dst_qpn),
                 transport: p.transport,
