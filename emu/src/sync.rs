@@ -77,7 +77,7 @@ thread_local! {
 mod reader_word {
     /// The word, x86-64 Linux: reached through a TLS descriptor (`-mtls-dialect=gnu2`'s
     /// model). A `thread_local!` in a shared library (the C shim) is reached through a call
-    /// to `__tls_get_addr` (~15 instructions a work request, the keys' read); a descriptor's
+    /// to `__tls_get_addr` (~10 instructions a work request, the keys' read); a descriptor's
     /// call, for a library loaded with the program, returns the word's offset from the thread
     /// pointer in two instructions (`_dl_tlsdesc_return`), and still works in one loaded later
     /// by `dlopen` (UCX's and Open MPI's components), unlike the initial-exec model, which
@@ -105,8 +105,10 @@ mod reader_word {
             // SAFETY: the symbol is the 8-byte, 8-aligned TLS word defined above. Its
             // descriptor's function (the loader's) returns in `rax` the word's offset from the
             // thread pointer (`fs`) for the calling thread, whose TLS lives as long as it does,
-            // and by the descriptor ABI changes no other register (the flags aside); the asm
-            // is not `nostack` (the call pushes its return address).
+            // and by the descriptor ABI changes no other register (the flags aside; the
+            // vector registers are declared changed below all the same); the asm is not
+            // `nostack` (the call pushes its return address, and the slow way uses the
+            // stack below the pointer).
             unsafe {
                 std::arch::asm!(
                     "lea rax, [rip + rdma_emu_sync_reader@TLSDESC]",
@@ -114,6 +116,13 @@ mod reader_word {
                     "mov {word}, qword ptr fs:[rax]",
                     word = out(reg) word,
                     out("rax") _,
+                    // The descriptor's slow way (a library loaded by `dlopen`, a thread's
+                    // first use) calls into the C library, which may change the vector
+                    // registers; Debian 12's glibc (2.36) does not keep them there.
+                    out("xmm0") _, out("xmm1") _, out("xmm2") _, out("xmm3") _,
+                    out("xmm4") _, out("xmm5") _, out("xmm6") _, out("xmm7") _,
+                    out("xmm8") _, out("xmm9") _, out("xmm10") _, out("xmm11") _,
+                    out("xmm12") _, out("xmm13") _, out("xmm14") _, out("xmm15") _,
                     options(readonly),
                 );
             }
@@ -129,6 +138,10 @@ mod reader_word {
                     "mov qword ptr fs:[rax], {word}",
                     word = in(reg) !r,
                     out("rax") _,
+                    out("xmm0") _, out("xmm1") _, out("xmm2") _, out("xmm3") _,
+                    out("xmm4") _, out("xmm5") _, out("xmm6") _, out("xmm7") _,
+                    out("xmm8") _, out("xmm9") _, out("xmm10") _, out("xmm11") _,
+                    out("xmm12") _, out("xmm13") _, out("xmm14") _, out("xmm15") _,
                 );
             }
         }

@@ -32,6 +32,42 @@ fn rc_basic_c_program_runs_on_the_shim() {
     c_program("rc_basic", &["full", "rxe"]);
 }
 
+/// A program that loads the verbs library only through `dlopen` of a library that links it
+/// (as UCX, Open MPI and Python load theirs) runs verbs in a thread started before the load:
+/// `rc_basic` built as that library. Twice: with the loader's default reserve of static TLS,
+/// where the library's thread-local words are placed in it, and with the reserve cut down
+/// (`glibc.rtld.optional_static_tls=0`, one namespace), where they are reached through the
+/// loader's dynamic TLS descriptors, set up in that thread at its first use.
+#[test]
+fn verbs_run_in_a_library_loaded_by_dlopen() {
+    let plugin = common::compile(
+        "cc",
+        &["-std=gnu11", "-O1", "-Wall", "-Werror", "-shared", "-fPIC", "-Dmain=rc_basic_main"],
+        "c/rc_basic.c",
+        &["-lrdmacm", "-libverbs"],
+        "librc_basic_plugin.so",
+        "libibverbs-dev",
+    );
+    let host = common::compile(
+        "cc",
+        &["-std=gnu11", "-O1", "-Wall", "-Werror", "-pthread"],
+        "c/dlopen_host.c",
+        &["-ldl"],
+        "dlopen_host",
+        "gcc",
+    );
+    for tunables in [None, Some("glibc.rtld.nns=1:glibc.rtld.optional_static_tls=0")] {
+        let mut cmd = Command::new(&host);
+        cmd.arg(&plugin).arg("rc_basic_main");
+        if let Some(t) = tunables {
+            cmd.env("GLIBC_TUNABLES", t);
+        }
+        let out = run_on_shim(&mut cmd);
+        assert!(out.contains("rc_basic ok"), "{tunables:?}: {out}");
+        assert!(out.contains("dlopen_host: rc_basic_main returned 0"), "{tunables:?}: {out}");
+    }
+}
+
 fn util(name: &str) -> String {
     let path = format!("/usr/bin/{name}");
     assert!(Path::new(&path).exists(), "{path} is missing: install Debian's ibverbs-utils");
