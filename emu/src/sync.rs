@@ -99,23 +99,21 @@ mod reader_word {
             ".popsection",
         );
 
+        /// The word's offset from the thread pointer (`fs`), for the calling thread.
         #[inline(always)]
-        pub(in crate::sync) fn get() -> usize {
-            let word: usize;
+        fn offset() -> usize {
+            let off: usize;
             // SAFETY: the symbol is the 8-byte, 8-aligned TLS word defined above. Its
             // descriptor's function (the loader's) returns in `rax` the word's offset from the
-            // thread pointer (`fs`) for the calling thread, whose TLS lives as long as it does,
-            // and by the descriptor ABI changes no other register (the flags aside; the
-            // vector registers are declared changed below all the same); the asm is not
-            // `nostack` (the call pushes its return address, and the slow way uses the
-            // stack below the pointer).
+            // thread pointer for the calling thread, and by the descriptor ABI changes no
+            // other register (the flags aside; the vector registers are declared changed all
+            // the same, below). Not `nostack`: the call pushes its return address, and the
+            // slow way uses the stack below the pointer. Pure: a thread's offset never changes.
             unsafe {
                 std::arch::asm!(
                     "lea rax, [rip + rdma_emu_sync_reader@TLSDESC]",
                     "call qword ptr [rax + rdma_emu_sync_reader@TLSCALL]",
-                    "mov {word}, qword ptr fs:[rax]",
-                    word = out(reg) word,
-                    out("rax") _,
+                    out("rax") off,
                     // The descriptor's slow way (a library loaded by `dlopen`, a thread's
                     // first use) calls into the C library, which may change the vector
                     // registers; Debian 12's glibc (2.36) does not keep them there.
@@ -123,7 +121,23 @@ mod reader_word {
                     out("xmm4") _, out("xmm5") _, out("xmm6") _, out("xmm7") _,
                     out("xmm8") _, out("xmm9") _, out("xmm10") _, out("xmm11") _,
                     out("xmm12") _, out("xmm13") _, out("xmm14") _, out("xmm15") _,
-                    options(readonly),
+                    options(pure, readonly),
+                );
+            }
+            off
+        }
+
+        #[inline(always)]
+        pub(in crate::sync) fn get() -> usize {
+            let word: usize;
+            // SAFETY: `offset` is the calling thread's word, in its TLS block, which lives as
+            // long as the thread.
+            unsafe {
+                std::arch::asm!(
+                    "mov {word}, qword ptr fs:[{off}]",
+                    off = in(reg) offset(),
+                    word = out(reg) word,
+                    options(nostack, preserves_flags, readonly),
                 );
             }
             !word
@@ -133,15 +147,10 @@ mod reader_word {
             // SAFETY: as in `get`; only this thread reaches its own block's word.
             unsafe {
                 std::arch::asm!(
-                    "lea rax, [rip + rdma_emu_sync_reader@TLSDESC]",
-                    "call qword ptr [rax + rdma_emu_sync_reader@TLSCALL]",
-                    "mov qword ptr fs:[rax], {word}",
+                    "mov qword ptr fs:[{off}], {word}",
+                    off = in(reg) offset(),
                     word = in(reg) !r,
-                    out("rax") _,
-                    out("xmm0") _, out("xmm1") _, out("xmm2") _, out("xmm3") _,
-                    out("xmm4") _, out("xmm5") _, out("xmm6") _, out("xmm7") _,
-                    out("xmm8") _, out("xmm9") _, out("xmm10") _, out("xmm11") _,
-                    out("xmm12") _, out("xmm13") _, out("xmm14") _, out("xmm15") _,
+                    options(nostack, preserves_flags),
                 );
             }
         }

@@ -55,9 +55,9 @@ impl Atomic {
     }
 }
 
-/// What the header of a record of the short way (`engine::arriving`, `engine::leaving`)
-/// says: of a SEND (with or without immediate), a WRITE, a READ or an atomic, or
-/// of a READ's or an atomic's response, says, read from its record.
+/// What the header of a record of the short way (`engine::arriving`, `engine::leaving`) says,
+/// read from its record: that of a SEND (with or without immediate), a WRITE, a READ or an
+/// atomic, or of a READ's or an atomic's response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct RequestHead {
     /// The sender's and the receiver's `(device, port, QPN)`.
