@@ -8,7 +8,10 @@
 //! The ratio G4 reports says how far a round trip is from the machine's limit; this says which
 //! step holds the difference: a post that takes longer here than in one thread waits for lines
 //! the other core wrote last. The spin ping-pong G4 measures against ends the table, run
-//! right after. Timings, so an aid to reading G4, never a test. x86-64 only.
+//! right after, and the same ping-pong with each side computing, before it answers, for as long
+//! as a hop's three calls take in one thread: the round trip the emulator's work would give if
+//! it moved no line between the cores (what is above it is waiting for lines). Timings, so an
+//! aid to reading G4, never a test. x86-64 only.
 
 use std::{
     sync::{Arc, Barrier},
@@ -83,6 +86,61 @@ fn rounds(s: &Side, n: usize, send_first: bool) -> Steps {
     t
 }
 
+/// A dependent chain of `steps` multiply-adds: time spent computing, touching no memory.
+#[inline(never)]
+fn compute(steps: u64, seed: u64) -> u64 {
+    let mut x = seed;
+    for i in 0..steps {
+        x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(i));
+    }
+    x
+}
+
+/// The chain's steps per nanosecond, on this core.
+fn compute_rate() -> f64 {
+    let steps = 10_000_000;
+    let t = Instant::now();
+    std::hint::black_box(compute(steps, 1));
+    steps as f64 / t.elapsed().as_nanos() as f64
+}
+
+/// The spin ping-pong's round trip in nanoseconds, each side computing `steps` before it
+/// answers: what a round trip would take if each hop's work moved no line between the cores.
+fn spin_with_work_ns(n: usize, steps: u64) -> f64 {
+    #[repr(align(128))]
+    struct Line(std::sync::atomic::AtomicU64);
+    use std::sync::atomic::Ordering::{Acquire, Release};
+    let lines = Arc::new((Line(0.into()), Line(0.into())));
+    let go = Arc::new(Barrier::new(2));
+    let peer = {
+        let (lines, go) = (lines.clone(), go.clone());
+        std::thread::spawn(move || {
+            pin(1);
+            go.wait();
+            for i in 1..=n as u64 {
+                while lines.0.0.load(Acquire) != i {
+                    std::hint::spin_loop();
+                }
+                compute(steps, i);
+                lines.1.0.store(i, Release);
+            }
+        })
+    };
+    pin(0);
+    go.wait();
+    let t = Instant::now();
+    for i in 1..=n as u64 {
+        compute(steps, i);
+        lines.0.0.store(i, Release);
+        while lines.1.0.load(Acquire) != i {
+            std::hint::spin_loop();
+        }
+    }
+    let ns = t.elapsed().as_nanos() as f64 / n as f64;
+    peer.join().unwrap();
+    ns
+}
+
 /// G4's pair, its receives posted ahead.
 fn connected() -> Pair {
     let p = pair(4096);
@@ -151,6 +209,10 @@ fn main() {
     let two_b = peer.join().unwrap();
     drop(pair);
     let spin = baseline::spin_pingpong_us(n) * 1e3;
+    // Each hop's work as one thread does it (a post, a poll that finds, a post of a receive).
+    let one = [one_a, one_b].iter().map(|s| s.send + s.wait + s.recv).sum::<u64>();
+    let hop_work = ns(one) / 2.0;
+    let floor = spin_with_work_ns(n, (hop_work * compute_rate()) as u64);
 
     println!("ns per round trip ({n} rounds; the counter at {per_ns:.3} ticks/ns)");
     println!("| step | one thread | two threads |");
@@ -165,4 +227,7 @@ fn main() {
     row("A post_recv", one_a.recv, two_a.recv);
     println!("| round trip | | {rtt:.1} |");
     println!("| the spin ping-pong's round trip (G4's baseline) | | {spin:.1} |");
+    println!(
+        "| the spin ping-pong, each side first computing for a one-thread hop ({hop_work:.1} ns) | | {floor:.1} |"
+    );
 }
