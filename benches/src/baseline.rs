@@ -131,6 +131,12 @@ struct Line(AtomicU64);
 
 /// Round trip of a spin ping-pong over two cache lines between cores 0 and 1, in us.
 pub fn spin_pingpong_us(iters: usize) -> f64 {
+    spin_pingpong_with_us(iters, |_| {})
+}
+
+/// [`spin_pingpong_us`] with each side calling `work` (with the round's number) before it
+/// answers.
+pub fn spin_pingpong_with_us(iters: usize, work: impl Fn(u64) + Copy + Send + 'static) -> f64 {
     let lines = Arc::new((Line(AtomicU64::new(0)), Line(AtomicU64::new(0))));
     let go = Arc::new(Barrier::new(2));
     let peer = {
@@ -142,6 +148,7 @@ pub fn spin_pingpong_us(iters: usize) -> f64 {
                 while lines.0.0.load(Ordering::Acquire) != i {
                     std::hint::spin_loop();
                 }
+                work(i);
                 lines.1.0.store(i, Ordering::Release);
             }
         })
@@ -150,6 +157,7 @@ pub fn spin_pingpong_us(iters: usize) -> f64 {
     go.wait();
     let t = Instant::now();
     for i in 1..=iters as u64 {
+        work(i);
         lines.0.0.store(i, Ordering::Release);
         while lines.1.0.load(Ordering::Acquire) != i {
             std::hint::spin_loop();

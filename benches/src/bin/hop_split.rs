@@ -104,43 +104,6 @@ fn compute_rate() -> f64 {
     steps as f64 / t.elapsed().as_nanos() as f64
 }
 
-/// The spin ping-pong's round trip in nanoseconds, each side computing `steps` before it
-/// answers: what a round trip would take if each hop's work moved no line between the cores.
-fn spin_with_work_ns(n: usize, steps: u64) -> f64 {
-    #[repr(align(128))]
-    struct Line(std::sync::atomic::AtomicU64);
-    use std::sync::atomic::Ordering::{Acquire, Release};
-    let lines = Arc::new((Line(0.into()), Line(0.into())));
-    let go = Arc::new(Barrier::new(2));
-    let peer = {
-        let (lines, go) = (lines.clone(), go.clone());
-        std::thread::spawn(move || {
-            pin(1);
-            go.wait();
-            for i in 1..=n as u64 {
-                while lines.0.0.load(Acquire) != i {
-                    std::hint::spin_loop();
-                }
-                compute(steps, i);
-                lines.1.0.store(i, Release);
-            }
-        })
-    };
-    pin(0);
-    go.wait();
-    let t = Instant::now();
-    for i in 1..=n as u64 {
-        compute(steps, i);
-        lines.0.0.store(i, Release);
-        while lines.1.0.load(Acquire) != i {
-            std::hint::spin_loop();
-        }
-    }
-    let ns = t.elapsed().as_nanos() as f64 / n as f64;
-    peer.join().unwrap();
-    ns
-}
-
 /// G4's pair, its receives posted ahead.
 fn connected() -> Pair {
     let p = pair(4096);
@@ -212,7 +175,11 @@ fn main() {
     // Each hop's work as one thread does it (a post, a poll that finds, a post of a receive).
     let one = [one_a, one_b].iter().map(|s| s.send + s.wait + s.recv).sum::<u64>();
     let hop_work = ns(one) / 2.0;
-    let floor = spin_with_work_ns(n, (hop_work * compute_rate()) as u64);
+    // What a round trip would take if each hop's work moved no line between the cores.
+    let steps = (hop_work * compute_rate()) as u64;
+    let floor = baseline::spin_pingpong_with_us(n, move |i| {
+        compute(steps, i);
+    }) * 1e3;
 
     println!("ns per round trip ({n} rounds; the counter at {per_ns:.3} ticks/ns)");
     println!("| step | one thread | two threads |");
