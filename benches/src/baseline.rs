@@ -131,12 +131,14 @@ struct Line(AtomicU64);
 
 /// Round trip of a spin ping-pong over two cache lines between cores 0 and 1, in us.
 pub fn spin_pingpong_us(iters: usize) -> f64 {
-    spin_pingpong_with_us(iters, |_| {})
+    let none = |_: u64| {};
+    spin_pingpong_with_us(iters, [none, none])
 }
 
-/// [`spin_pingpong_us`] with each side calling `work` (with the round's number) before it
-/// answers.
-pub fn spin_pingpong_with_us(iters: usize, work: impl Fn(u64) + Copy + Send + 'static) -> f64 {
+/// [`spin_pingpong_us`] with each side calling its `work` (the first on core 0, the second on
+/// core 1) with the round's number before it answers.
+pub fn spin_pingpong_with_us<W: FnMut(u64) + Send + 'static>(iters: usize, work: [W; 2]) -> f64 {
+    let [mut mine, mut theirs] = work;
     let lines = Arc::new((Line(AtomicU64::new(0)), Line(AtomicU64::new(0))));
     let go = Arc::new(Barrier::new(2));
     let peer = {
@@ -148,7 +150,7 @@ pub fn spin_pingpong_with_us(iters: usize, work: impl Fn(u64) + Copy + Send + 's
                 while lines.0.0.load(Ordering::Acquire) != i {
                     std::hint::spin_loop();
                 }
-                work(i);
+                theirs(i);
                 lines.1.0.store(i, Ordering::Release);
             }
         })
@@ -157,7 +159,7 @@ pub fn spin_pingpong_with_us(iters: usize, work: impl Fn(u64) + Copy + Send + 's
     go.wait();
     let t = Instant::now();
     for i in 1..=iters as u64 {
-        work(i);
+        mine(i);
         lines.0.0.store(i, Ordering::Release);
         while lines.1.0.load(Ordering::Acquire) != i {
             std::hint::spin_loop();
