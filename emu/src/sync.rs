@@ -38,6 +38,7 @@ pub(crate) mod barrier;
 pub(crate) mod bias;
 pub(crate) mod lock;
 pub(crate) mod prefetch;
+pub(crate) mod tls;
 
 /// Threads per lock with a slot of their own (more than a 2- to 8-core host runs at once).
 const SLOTS: usize = 32;
@@ -73,109 +74,21 @@ thread_local! {
 }
 
 /// How the thread reads, once it has: its slot (below [`SLOTS`]), or `SLOTS` + its shard; a
-/// thread-local word, one load away.
+/// thread-local word, one load away (see [`tls`]). Stored inverted, so that a thread's word,
+/// zero at its start, reads as [`UNSET`].
 mod reader_word {
-    /// The word, x86-64 Linux: reached through a TLS descriptor (`-mtls-dialect=gnu2`'s
-    /// model). A `thread_local!` in a shared library (the C shim) is reached through a call
-    /// to `__tls_get_addr` (~10 instructions a work request, the keys' read); a descriptor's
-    /// call, for a library loaded with the program, returns the word's offset from the thread
-    /// pointer in two instructions (`_dl_tlsdesc_return`), and still works in one loaded later
-    /// by `dlopen` (UCX's and Open MPI's components), unlike the initial-exec model, which
-    /// would ask the loader for room in the static TLS block. In a program, the linker
-    /// replaces the call with the offset itself. Stored inverted, so that the TLS block's
-    /// zeros read as `UNSET`. Global and hidden: the crate's code units reach it, nothing
-    /// outside.
-    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-    mod word {
-        std::arch::global_asm!(
-            ".pushsection .tbss,\"awT\",@nobits",
-            ".p2align 3",
-            ".globl rdma_emu_sync_reader",
-            ".hidden rdma_emu_sync_reader",
-            ".type rdma_emu_sync_reader, @tls_object",
-            ".size rdma_emu_sync_reader, 8",
-            "rdma_emu_sync_reader:",
-            ".zero 8",
-            ".popsection",
-        );
-
-        /// The word's offset from the thread pointer (`fs`), for the calling thread.
-        #[inline(always)]
-        fn offset() -> usize {
-            let off: usize;
-            // SAFETY: the symbol is the 8-byte, 8-aligned TLS word defined above. Its
-            // descriptor's function (the loader's) returns in `rax` the word's offset from the
-            // thread pointer for the calling thread, and by the descriptor ABI changes no
-            // other register (the flags aside; the vector registers are declared changed all
-            // the same, below). Not `nostack`: the call pushes its return address, and the
-            // slow way uses the stack below the pointer. Pure: a thread's offset never changes.
-            unsafe {
-                std::arch::asm!(
-                    "lea rax, [rip + rdma_emu_sync_reader@TLSDESC]",
-                    "call qword ptr [rax + rdma_emu_sync_reader@TLSCALL]",
-                    out("rax") off,
-                    // The descriptor's slow way (a library loaded by `dlopen`, a thread's
-                    // first use) calls into the C library, which may change the vector
-                    // registers; Debian 12's glibc (2.36) does not keep them there.
-                    out("xmm0") _, out("xmm1") _, out("xmm2") _, out("xmm3") _,
-                    out("xmm4") _, out("xmm5") _, out("xmm6") _, out("xmm7") _,
-                    out("xmm8") _, out("xmm9") _, out("xmm10") _, out("xmm11") _,
-                    out("xmm12") _, out("xmm13") _, out("xmm14") _, out("xmm15") _,
-                    options(pure, readonly),
-                );
-            }
-            off
-        }
-
-        #[inline(always)]
-        pub(in crate::sync) fn get() -> usize {
-            let word: usize;
-            // SAFETY: `offset` is the calling thread's word, in its TLS block, which lives as
-            // long as the thread.
-            unsafe {
-                std::arch::asm!(
-                    "mov {word}, qword ptr fs:[{off}]",
-                    off = in(reg) offset(),
-                    word = out(reg) word,
-                    options(nostack, preserves_flags, readonly),
-                );
-            }
-            !word
-        }
-
-        pub(in crate::sync) fn set(r: usize) {
-            // SAFETY: as in `get`; only this thread reaches its own block's word.
-            unsafe {
-                std::arch::asm!(
-                    "mov qword ptr fs:[{off}], {word}",
-                    off = in(reg) offset(),
-                    word = in(reg) !r,
-                    options(nostack, preserves_flags),
-                );
-            }
-        }
+    super::tls::tls_word! {
+        mod word = "rdma_emu_sync_reader";
     }
 
-    /// The word elsewhere: a `thread_local!`, const and without a destructor.
-    #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
-    mod word {
-        use std::cell::Cell;
-
-        thread_local! {
-            static READER: Cell<usize> = const { Cell::new(super::super::UNSET) };
-        }
-
-        #[inline(always)]
-        pub(in crate::sync) fn get() -> usize {
-            READER.with(Cell::get)
-        }
-
-        pub(in crate::sync) fn set(r: usize) {
-            let _ = READER.try_with(|c| c.set(r));
-        }
+    #[inline(always)]
+    pub(super) fn get() -> usize {
+        !(word::get() as usize)
     }
 
-    pub(super) use word::{get, set};
+    pub(super) fn set(r: usize) {
+        word::set(!r as u64);
+    }
 }
 
 /// [`reader_word`] before the thread's first read.

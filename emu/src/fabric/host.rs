@@ -532,12 +532,49 @@ fn request_ids(b: &[u8]) -> Option<(u32, u32, u32)> {
     matches!(kind, Kind::Write | Kind::ReadRequest).then_some((head.dst_qpn, src, psn))
 }
 
-thread_local! {
-    /// This thread's looks at the rings (one thread-local, so that a look reaches it once:
-    /// in the C shim each access is a call to `__tls_get_addr`).
-    static LOOKS: Looks = const {
-        Looks { locked_out: std::cell::Cell::new(0), taken: std::cell::Cell::new(0) }
-    };
+/// Words of each thread's own (see `sync::tls`: in the C shim a `thread_local!` costs a call
+/// to `__tls_get_addr` at each access, and these are read at every look at the rings and every
+/// message sent).
+mod this_thread {
+    crate::sync::tls::tls_word! {
+        /// Its [`Looks`](super::Looks), packed.
+        pub(super) mod looks = "rdma_emu_host_looks";
+    }
+    crate::sync::tls::tls_word! {
+        /// See [`rang_bell`](super::rang_bell) (0 or 1).
+        pub(super) mod rang = "rdma_emu_host_rang";
+    }
+    crate::sync::tls::tls_word! {
+        /// See [`holding_bell`](super::holding_bell): 0, or a [`Hold`](super::Hold) + 1.
+        pub(super) mod hold_bell = "rdma_emu_host_hold_bell";
+    }
+    crate::sync::tls::tls_word! {
+        /// Whether the thread is inside `receive` (0 or 1): the replies it sends must never
+        /// wait.
+        pub(super) mod receiving = "rdma_emu_host_receiving";
+    }
+    crate::sync::tls::tls_word! {
+        /// Whether the thread is a node's reader (see `read_loop`), whom doorbells are for
+        /// (0 or 1).
+        pub(super) mod reader = "rdma_emu_host_reader";
+    }
+}
+
+/// Whether this thread is inside `receive`.
+#[inline(always)]
+fn receiving() -> bool {
+    this_thread::receiving::get() != 0
+}
+
+/// Marks this thread inside `receive` or not; whether it was.
+#[inline(always)]
+fn set_receiving(inside: bool) -> bool {
+    this_thread::receiving::replace(inside.into()) != 0
+}
+
+/// Whether this thread is a node's reader.
+fn is_reader() -> bool {
+    this_thread::reader::get() != 0
 }
 
 /// A polling thread's looks: those in a row that found another thread taking the rings in,
@@ -554,30 +591,41 @@ thread_local! {
 /// time, its reader holding them half the run. Yielding after a few dozen such looks (each well
 /// under a microsecond) costs a system call where the holder runs on another core, and gives
 /// it the CPU where it waits for this one.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct Looks {
-    locked_out: std::cell::Cell<u32>,
-    taken: std::cell::Cell<u32>,
+    locked_out: u32,
+    taken: u32,
 }
 
 impl Looks {
     /// Looks in a row that found the rings taken before the poller yields.
     const LOCKED_OUT: u32 = 64;
 
+    /// Runs `f` on the calling thread's looks.
+    #[inline(always)]
+    fn of_this_thread<R>(f: impl FnOnce(&mut Looks) -> R) -> R {
+        this_thread::looks::with(|word| {
+            let w = word.get();
+            let mut looks = Looks { locked_out: w as u32, taken: (w >> 32) as u32 };
+            let r = f(&mut looks);
+            word.set(u64::from(looks.locked_out) | u64::from(looks.taken) << 32);
+            r
+        })
+    }
+
     /// Counts a look that found the rings taken: whether to yield now.
-    fn missed(&self) -> bool {
-        let n = self.locked_out.get() + 1;
-        self.locked_out.set(if n == Self::LOCKED_OUT { 0 } else { n });
+    fn missed(&mut self) -> bool {
+        let n = self.locked_out + 1;
+        self.locked_out = if n == Self::LOCKED_OUT { 0 } else { n };
         n == Self::LOCKED_OUT
     }
 
     /// A look took the rings (or found none to take): the run of misses ends. Whether lagging
     /// peers are due a look (every [`LAG_LOOKS`]).
-    fn took(&self) -> bool {
-        self.locked_out.set(0);
-        let n = self.taken.get().wrapping_add(1);
-        self.taken.set(n);
-        n.is_multiple_of(LAG_LOOKS)
+    fn took(&mut self) -> bool {
+        self.locked_out = 0;
+        self.taken = self.taken.wrapping_add(1);
+        self.taken.is_multiple_of(LAG_LOOKS)
     }
 }
 
@@ -894,7 +942,7 @@ impl Node {
             return true;
         }
         self.sent_carriable.load(Ordering::Relaxed)
-            && LOOKS.with(Looks::took)
+            && Looks::of_this_thread(Looks::took)
             && self.carry_out_for_lagging(fabric)
     }
 
@@ -905,14 +953,14 @@ impl Node {
         }
         self.inbound.mark_polled();
         let Some(mut rx) = self.inbound.rx.try_lock() else {
-            if LOOKS.with(Looks::missed) {
+            if Looks::of_this_thread(Looks::missed) {
                 // The thread taking the rings in (our reader, most often) may be descheduled
                 // on this very core, by us: let it finish.
                 std::thread::yield_now();
             }
             return false;
         };
-        let lag_due = LOOKS.with(Looks::took);
+        let lag_due = Looks::of_this_thread(Looks::took);
         if receive_as(&self.inbound, &mut rx, fabric, false, true) {
             return true;
         }
@@ -1009,7 +1057,7 @@ impl Node {
     /// again) where the caller holds no lock it may need, briefly ([`SETTLE_SPIN`]) where
     /// the caller may (a QP's, as it closes: see [`FabricInner::settle_acks`]).
     pub(crate) fn settle_deferred(&self, patience: Duration) {
-        if RECEIVING.get() {
+        if receiving() {
             return;
         }
         let start = Instant::now();
@@ -1030,9 +1078,9 @@ impl Node {
     /// Sends an ACK deferred (see [`Rx::deferred`]) as a reply is sent: never waiting for
     /// room (its sender holds `rx`, which the peer's own replies may wait for).
     fn send_deferred(&self, ack: &wire::Ack) {
-        let was = RECEIVING.replace(true);
+        let was = set_receiving(true);
         self.send_ack(ack);
-        RECEIVING.set(was);
+        set_receiving(was);
     }
 
     /// Sends `pkt` to the node owning its destination QPN. A peer that is gone loses it, as
@@ -1085,7 +1133,7 @@ impl Node {
         // to listen for its data connection most of the time.)
         if pkt.kind == Kind::Write
             && self.inbound.ack_deferred.load(Ordering::Relaxed)
-            && !RECEIVING.get()
+            && !receiving()
             && let Some(mut rx) = self.inbound.rx.try_lock()
             && rx.deferred.is_some_and(|a| a.dst.2 == pkt.dst_qpn)
         {
@@ -1097,7 +1145,7 @@ impl Node {
         // room for now (the reader's replies never wait, and would go the slow way, as
         // datagrams): read from here, where allowed. (Smaller messages skip the peer's lock,
         // unless they are replies; no ring holds less than half its bytes whole.)
-        let replying = RECEIVING.get();
+        let replying = receiving();
         let pull = (replying || msg.len() >= self.pull_min.min(RING_BYTES / 2))
             && wire::pullable(pkt)
             && peer.better_pulled(msg.len(), replying, self.pulls(msg.len(), || in_shared(pkt)))
@@ -1767,7 +1815,7 @@ pub(super) fn sock_name(slot: u8) -> String {
 
 /// Waits for messages and services them until the node quits or its fabric is gone.
 fn read_loop(inbound: &Inbound, fabric: &Weak<FabricInner>) {
-    READER.set(true);
+    this_thread::reader::set(1);
     let mut sleepers = inbound.sleepers.load(Ordering::SeqCst);
     let mut nap = None;
     // Rounds in a row that found records streaming in: the socket is looked at only every
@@ -1934,9 +1982,9 @@ fn receive_as(
     {
         return false;
     }
-    let was = RECEIVING.replace(true);
+    let was = set_receiving(true);
     let delivered = receive_marked(inbound, rx, fabric, socket, looking);
-    RECEIVING.set(was);
+    set_receiving(was);
     delivered
 }
 
@@ -1945,9 +1993,9 @@ fn receive_as(
 /// [`release_bell`] must follow (a request its sender carries out at once needs no reader:
 /// only accounting for, whenever it next wakes).
 pub(crate) fn holding_bell<R>(hold: Hold, send: impl FnOnce() -> R) -> (R, bool) {
-    HOLD_BELL.set(Some(hold));
+    this_thread::hold_bell::set(hold as u64 + 1);
     let sent = send();
-    HOLD_BELL.set(None);
+    this_thread::hold_bell::set(0);
     (sent, HELD_BELL.with_borrow(Option::is_some))
 }
 
@@ -2022,23 +2070,15 @@ impl Claimed {
 /// Whether this thread's sends rang a peer's bell (found its reader asleep) since it last
 /// asked.
 pub(crate) fn rang_bell() -> bool {
-    RANG.replace(false)
+    this_thread::rang::replace(0) != 0
 }
 
 thread_local! {
-    /// See [`rang_bell`].
-    static RANG: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    /// See [`holding_bell`].
-    static HOLD_BELL: std::cell::Cell<Option<Hold>> = const { std::cell::Cell::new(None) };
     /// See [`claiming`].
     static CLAIM_WRITTEN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     /// The record this thread wrote claimed (see [`claiming`]).
     static CLAIMED: std::cell::Cell<Option<Claimed>> = const { std::cell::Cell::new(None) };
     static HELD_BELL: std::cell::RefCell<Option<(Arc<Peer>, u32)>> = const { std::cell::RefCell::new(None) };
-    /// Whether this thread is inside `receive`: the replies it sends must never wait.
-    static RECEIVING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    /// Whether this thread is a node's reader (see `read_loop`), whom doorbells are for.
-    static READER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// After the reader took records in: gives back the biases it took on the way (see
@@ -2123,7 +2163,7 @@ fn receive_marked(
         // Looked for, whether or not it came as it should: no look at the socket per poll.
         seen.iter().for_each(|(r, id)| r.saw_views(*id));
     }
-    if rang && !READER.get() {
+    if rang && !is_reader() {
         // The doorbell was for the reader, asleep: its writer asks for no other until the
         // reader arms the ring again, which it does only once woken (qperf's event-mode tests
         // hung, the reader asleep, every message after one an application thread took unrung).
@@ -2397,7 +2437,7 @@ impl<'a> Batch<'a> {
         let qp = fabric.lookup_qp_any(qpn)?;
         if let Some((_, left)) = self.last_qp.replace((qpn, Arc::downgrade(&qp)))
             && self.passed.len() < PASSED
-            && READER.get()
+            && is_reader()
             && !self.passed.iter().any(|p| p.ptr_eq(&left))
         {
             self.passed.push(left);
@@ -3237,10 +3277,10 @@ impl Peer {
     /// The peer's reader asked to be rung for what was just written: rung now, or, while this
     /// thread holds the bell (see [`holding_bell`]), once it lets go.
     fn ring_asked(self: &Arc<Self>, tx: &mut PeerTx, bell: u32) {
-        let hold = match HOLD_BELL.get() {
-            Some(Hold::All) => true,
-            Some(Hold::Napping) => bell == ring::DELEGATED,
-            None => false,
+        let hold = match this_thread::hold_bell::get() {
+            0 => false,
+            h if h == Hold::All as u64 + 1 => true,
+            _ => bell == ring::DELEGATED,
         };
         if hold {
             match HELD_BELL.replace(Some((self.clone(), bell))) {
@@ -3254,7 +3294,7 @@ impl Peer {
             }
         } else {
             ring_bell(&mut tx.sock, &self.path, self.src);
-            RANG.set(true);
+            this_thread::rang::set(1);
         }
     }
 
@@ -3319,7 +3359,7 @@ impl Peer {
         let marks = Marks { carriable: true, claimed };
         loop {
             match ring.write_marked(frag.len(), marks, |d| frag.write(d)) {
-                Written::Full if !RECEIVING.get() && !self.shutdown.load(Ordering::Acquire) => {
+                Written::Full if !receiving() && !self.shutdown.load(Ordering::Acquire) => {
                     // A reader asleep on a full ring (its records carried out by us, only to
                     // be accounted for) frees nothing until woken.
                     if since.is_none() && ring.rings(true) {
@@ -3567,13 +3607,13 @@ mod test {
 
     #[test]
     fn test_a_poller_locked_out_of_the_rings_yields_once_every_few_dozen_looks_in_a_row() {
-        let looks = Looks { locked_out: Default::default(), taken: Default::default() };
-        let yields = |n| (0..n).filter(|_| looks.missed()).count();
+        this_thread::looks::set(0);
+        let yields = |n| (0..n).filter(|_| Looks::of_this_thread(Looks::missed)).count();
         assert_eq!(yields(Looks::LOCKED_OUT - 1), 0, "a short run does not yield");
         assert_eq!(yields(1), 1, "the run's last look yields");
         assert_eq!(yields(3 * Looks::LOCKED_OUT), 3, "a longer run yields every so many");
         assert_eq!(yields(Looks::LOCKED_OUT - 1), 0);
-        looks.took();
+        Looks::of_this_thread(Looks::took);
         assert_eq!(yields(Looks::LOCKED_OUT - 1), 0, "a look that took the rings ended the run");
         assert_eq!(yields(1), 1);
     }
@@ -3581,7 +3621,7 @@ mod test {
     /// Lagging peers are looked for once every few looks that took the rings.
     #[test]
     fn test_lagging_peers_are_due_a_look_once_every_few_looks() {
-        let looks = Looks { locked_out: Default::default(), taken: Default::default() };
+        let mut looks = Looks::default();
         let due = (0..10 * LAG_LOOKS).filter(|_| looks.took()).count();
         assert_eq!(due, 10);
     }
