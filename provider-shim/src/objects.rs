@@ -228,28 +228,24 @@ fn live() -> &'static Live {
 #[derive(Default)]
 struct Live {
     table: ReadMostly<Table>,
-    /// Lookups that found a live object of a kind the data path asks for (see [`hot_tag`]),
-    /// by address: the address with the kind's tag in its top bits. Filled under the read
-    /// side, emptied under the write side, so an entry names an object live since it was
-    /// filled. Shared by all threads and written only on a miss: steady traffic reads it.
-    hits: Hits,
 }
 
-/// Slots of [`Live::hits`] (a power of two).
-const HITS: usize = 256;
+/// Lookups that found a live object of a kind the data path asks for (see [`hot_tag`]), by
+/// address: the address with the kind's tag in its top bits. Filled under the read side of
+/// [`Live`]'s table, emptied under its write side, so an entry names an object live since it
+/// was filled. Shared by all threads and written only on a miss: steady traffic reads it. A
+/// static of its own, not in [`Live`]: a hit then reads no `OnceLock`'s state first.
+static HITS: Hits = Hits([const { AtomicUsize::new(0) }; HIT_SLOTS]);
 
-struct Hits([AtomicUsize; HITS]);
+/// Slots of [`HITS`] (a power of two).
+const HIT_SLOTS: usize = 256;
 
-impl Default for Hits {
-    fn default() -> Self {
-        Hits(std::array::from_fn(|_| AtomicUsize::new(0)))
-    }
-}
+struct Hits([AtomicUsize; HIT_SLOTS]);
 
 impl Hits {
     fn slot(&self, p: usize) -> &AtomicUsize {
         // Fibonacci hashing of the address: objects a few hundred bytes apart spread.
-        &self.0[(p >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (usize::BITS - HITS.ilog2())]
+        &self.0[(p >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (usize::BITS - HIT_SLOTS.ilog2())]
     }
 
     fn clear(&self) {
@@ -294,31 +290,30 @@ impl Live {
     fn write(&self) -> WriteGuard<'_, Table> {
         let g = self.table.write();
         // Under the write side: no reader fills a slot until the change is made.
-        self.hits.clear();
+        HITS.clear();
         g
     }
 
-    /// Whether `p` is a live `S`: a remembered hit, else a lookup. `ibv_post_send` and
-    /// `ibv_poll_cq` ask this of the same two or three objects millions of times; a hash
-    /// lookup under the lock cost about 80 instructions a time, a hit about 10.
-    #[inline]
-    fn is<S: 'static>(&self, p: usize) -> bool {
-        let ty = TypeId::of::<S>();
-        match hot_tag::<S>() {
-            Some(tag) if p < 1 << 57 => {
-                self.hits.slot(p).load(Ordering::Acquire) == p | tag || self.look_up(p, ty, tag)
-            }
-            _ => self.look_up(p, ty, 0),
-        }
+    /// Whether `p` is a live `S` that [`HITS`] remembers. `ibv_post_send` and `ibv_poll_cq`
+    /// ask this of the same two or three objects millions of times; a hash lookup under the
+    /// lock cost about 80 instructions a time, a hit about 10. A hit is never NULL (an
+    /// object's address, tagged).
+    #[inline(always)]
+    fn hit<S: 'static>(p: usize) -> bool {
+        hot_tag::<S>()
+            .is_some_and(|tag| p < 1 << 57 && HITS.slot(p).load(Ordering::Acquire) == p | tag)
     }
 
+    /// Whether `p` is a live `S`, looked up in the table (and remembered in [`HITS`] if it is
+    /// of a kind the data path asks for).
     #[cold]
-    fn look_up(&self, p: usize, ty: TypeId, tag: usize) -> bool {
+    fn look_up<S: 'static>(&self, p: usize) -> bool {
+        let (ty, tag) = (TypeId::of::<S>(), hot_tag::<S>().filter(|_| p < 1 << 57));
         let table = self.read();
         let found = table.get(&p).map(|e| e.ty) == Some(ty);
-        if found && tag != 0 {
+        if found && let Some(tag) = tag {
             // Under the read side: a destroy clears it after (see `write`).
-            self.hits.slot(p).store(p | tag, Ordering::Release);
+            HITS.slot(p).store(p | tag, Ordering::Release);
         }
         drop(table);
         found
@@ -337,8 +332,28 @@ pub(crate) fn register<S: 'static>(p: *const S) {
 /// If `p` names a live object of type `S` (as the registry says), the object is not freed while
 /// the returned reference is used: C must not destroy an object while using it (the verbs
 /// contract).
+#[inline(always)]
 pub(crate) unsafe fn obj<'a, C, S: 'static>(p: *mut C) -> Option<&'a S> {
-    if !live().is::<S>(p as usize) {
+    if Live::hit::<S>(p as usize) {
+        // SAFETY: a hit is the address of a live S (as below), never NULL: a slot holds 0
+        // or the tagged address of an object the table listed, and no object is at 0. (Said,
+        // so that callers matching on the `Option` do not test it again.)
+        unsafe { std::hint::assert_unchecked(!p.is_null()) };
+        // SAFETY: as below.
+        return Some(unsafe { &*(p as *const S) });
+    }
+    // SAFETY: the caller's promise.
+    unsafe { obj_looked_up(p) }
+}
+
+/// [`obj`] past its remembered hits.
+///
+/// # Safety
+/// As [`obj`].
+#[cold]
+#[inline(never)]
+unsafe fn obj_looked_up<'a, C, S: 'static>(p: *mut C) -> Option<&'a S> {
+    if !live().look_up::<S>(p as usize) {
         return None;
     }
     // SAFETY: the registry holds only pointers of live, boxed S objects; every S here is
