@@ -545,7 +545,7 @@ mod this_thread {
         pub(super) mod rang = "rdma_emu_host_rang";
     }
     crate::sync::tls::tls_word! {
-        /// See [`holding_bell`](super::holding_bell): 0, or a [`Hold`](super::Hold) + 1.
+        /// See [`holding_bell`](super::holding_bell): 0, or the [`Hold`](super::Hold) held.
         pub(super) mod hold_bell = "rdma_emu_host_hold_bell";
     }
     crate::sync::tls::tls_word! {
@@ -1993,21 +1993,23 @@ fn receive_as(
 /// [`release_bell`] must follow (a request its sender carries out at once needs no reader:
 /// only accounting for, whenever it next wakes).
 pub(crate) fn holding_bell<R>(hold: Hold, send: impl FnOnce() -> R) -> (R, bool) {
-    this_thread::hold_bell::set(hold as u64 + 1);
+    this_thread::hold_bell::set(hold as u64);
     let sent = send();
     this_thread::hold_bell::set(0);
     (sent, HELD_BELL.with_borrow(Option::is_some))
 }
 
 /// Which bells [`holding_bell`] holds.
+/// (Its value is what `this_thread::hold_bell` holds while it is held; 0 there: none.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u64)]
 pub(crate) enum Hold {
     /// Every one: a run of WRITEs carried out as they are sent wakes no reader, nor does a
     /// ping-pong's (see `engine::absent_peer::send_placing`).
-    All,
+    All = 1,
     /// Only that of a reader napping on its application's looks (see `Ring::take_bell`); one
     /// asleep is woken as the message is written, as usual, and stays awake for what follows.
-    Napping,
+    Napping = 2,
 }
 
 /// After [`holding_bell`]: rings the held bell if `wake`; else asks for it again (the next
@@ -3279,7 +3281,7 @@ impl Peer {
     fn ring_asked(self: &Arc<Self>, tx: &mut PeerTx, bell: u32) {
         let hold = match this_thread::hold_bell::get() {
             0 => false,
-            h if h == Hold::All as u64 + 1 => true,
+            h if h == Hold::All as u64 => true,
             _ => bell == ring::DELEGATED,
         };
         if hold {
