@@ -233,6 +233,7 @@ fn held(g: &QpInner, idx: u32) -> bool {
 /// `requester::build` makes its packet, and its payload: the inline bytes or the one SGE's
 /// memory (`keys` looked up), nothing for a READ or an atomic. `None` for a WQE not sent so:
 /// another operation, a READ or atomic not on RC, several SGEs, an lkey that does not fit.
+#[inline(always)]
 fn message<'a>(
     qp: &QpShared,
     g: &'a QpInner,
