@@ -36,18 +36,7 @@ const NOBODY: usize = 1;
 fn me() -> usize {
     #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
     {
-        let tcb: usize;
-        // SAFETY: on x86-64 Linux the C library points `fs` at the thread's control block,
-        // whose first word is its own address (the TLS ABI's thread pointer): one load, where
-        // a thread-local in a shared library (the C shim) costs a call to `__tls_get_addr`.
-        unsafe {
-            std::arch::asm!(
-                "mov {}, qword ptr fs:[0]",
-                out(reg) tcb,
-                options(nostack, preserves_flags, readonly, pure),
-            );
-        }
-        tcb
+        super::tls::thread_pointer()
     }
     #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
     {

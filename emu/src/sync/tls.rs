@@ -12,6 +12,25 @@
 //! (the TLS block's `.tbss`), has no destructor, and is global but hidden: the crate's code
 //! units reach it, nothing outside. Elsewhere than x86-64 Linux it is a `thread_local!`.
 
+/// The calling thread's thread pointer: the address of its control block, which the TLS ABI's
+/// offsets are from (unique among running threads). One load, where a thread-local in a shared
+/// library (the C shim) costs a call to `__tls_get_addr`.
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+#[inline(always)]
+pub(crate) fn thread_pointer() -> usize {
+    let tp: usize;
+    // SAFETY: on x86-64 Linux the C library points `fs` at the thread's control block, whose
+    // first word is its own address (the TLS ABI's thread pointer).
+    unsafe {
+        std::arch::asm!(
+            "mov {}, qword ptr fs:[0]",
+            out(reg) tp,
+            options(nostack, preserves_flags, readonly, pure),
+        );
+    }
+    tp
+}
+
 /// Declares `mod $name` with `with`, `get`, `set` and `replace` on the calling thread's own
 /// `u64` word, zero at the thread's start; `$sym` is the word's symbol, unique in the crate.
 macro_rules! tls_word {
@@ -68,17 +87,7 @@ macro_rules! tls_word {
             #[inline(always)]
             #[allow(dead_code)]
             pub(crate) fn with<R>(f: impl FnOnce(&std::cell::Cell<u64>) -> R) -> R {
-                let tp: usize;
-                // SAFETY: on x86-64 Linux `fs` points at the thread's control block, whose
-                // first word is its own address (the thread pointer, which the TLS ABI's
-                // offsets are from).
-                unsafe {
-                    std::arch::asm!(
-                        "mov {}, qword ptr fs:[0]",
-                        out(reg) tp,
-                        options(nostack, preserves_flags, readonly, pure),
-                    );
-                }
+                let tp = $crate::sync::tls::thread_pointer();
                 let word = tp.wrapping_add(offset()) as *const std::cell::Cell<u64>;
                 // SAFETY: the calling thread's word, 8-aligned in its TLS block, which lives
                 // as long as the thread; only this thread reaches it, and the reference does
