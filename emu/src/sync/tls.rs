@@ -188,5 +188,8 @@ mod test {
         .unwrap();
         assert_eq!(other, (0, 9));
         assert_eq!(probe::get(), 7);
+        assert_eq!(probe::replace(3), 7);
+        probe::with(|w| w.set(w.get() * 5));
+        assert_eq!(probe::get(), 15);
     }
 }
