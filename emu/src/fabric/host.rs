@@ -2402,8 +2402,8 @@ struct Batch<'a, 'r> {
     /// in, and at the end).
     owed: Option<OwedAck<'a>>,
     /// The QP the last message was for (see [`Batch::qp`]): [`Rx::last_qp`], kept from one
-    /// receive to the next. (The three lists of `Rx` are borrowed, not moved in and out: that
-    /// cost ~55 instructions a receive.)
+    /// receive to the next. (This field and the next two are `Rx`'s, borrowed: moved out and
+    /// back at each receive, they cost ~55 instructions.)
     last_qp: &'r mut Option<(u32, std::sync::Weak<crate::qp::QpShared>)>,
     /// The node's reader only: the other QPs it delivered to since it last gave their biases
     /// back (see `give_back_biases`), at most [`PASSED`]: [`Rx::passed`].
