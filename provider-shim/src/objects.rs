@@ -255,10 +255,14 @@ impl Hits {
     }
 }
 
-/// The tag of the kinds every work request names (QPs, CQs, SRQs, WQs, address handles), in
-/// the top bits of an address (x86-64 user addresses stay below 2^57); `None` for the rest,
-/// which are looked up in the table every time.
-fn hot_tag<S: 'static>() -> Option<usize> {
+/// The tag of the kinds every work request names (QPs, CQs, SRQs, WQs, address handles), for
+/// the top bits of `p` (x86-64 user addresses stay below 2^57); `None` for the rest, and for
+/// an address reaching those bits, which are looked up in the table every time.
+#[inline(always)]
+fn hot_tag<S: 'static>(p: usize) -> Option<usize> {
+    if p >= 1 << 57 {
+        return None;
+    }
     let ty = TypeId::of::<S>();
     let tag = if ty == TypeId::of::<ShimQp>() {
         1
@@ -300,15 +304,14 @@ impl Live {
     /// object's address, tagged).
     #[inline(always)]
     fn hit<S: 'static>(p: usize) -> bool {
-        hot_tag::<S>()
-            .is_some_and(|tag| p < 1 << 57 && HITS.slot(p).load(Ordering::Acquire) == p | tag)
+        hot_tag::<S>(p).is_some_and(|tag| HITS.slot(p).load(Ordering::Acquire) == p | tag)
     }
 
     /// Whether `p` is a live `S`, looked up in the table (and remembered in [`HITS`] if it is
     /// of a kind the data path asks for).
     #[cold]
     fn look_up<S: 'static>(&self, p: usize) -> bool {
-        let (ty, tag) = (TypeId::of::<S>(), hot_tag::<S>().filter(|_| p < 1 << 57));
+        let (ty, tag) = (TypeId::of::<S>(), hot_tag::<S>(p));
         let table = self.read();
         let found = table.get(&p).map(|e| e.ty) == Some(ty);
         if found && let Some(tag) = tag {
