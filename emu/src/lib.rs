@@ -36,8 +36,11 @@
 //! | [`rsocket`] | rsockets, over the connection manager |
 //!
 //! Where the table is not yet true: `objects` names the fabric (a context holds it, for the
-//! clock, the timer and a thread's progress), and the engine names the fabric (the host
-//! fabric's nodes, and the express path's checks of ports and detours).
+//! clock, the timer and a thread's progress), the QP calls it through its context without
+//! naming it (its number registered and looked up, multicast groups, the route to its peer),
+//! and the engine names the fabric (the host fabric's nodes, and the express path's checks
+//! of ports and detours). The fabric is the hub every object reaches through its context:
+//! breaking the circle means the layers below reaching it through a trait of their own.
 //!
 //! ## Thread safety
 //!
