@@ -3279,9 +3279,9 @@ impl Peer {
     /// thread holds the bell (see [`holding_bell`]), once it lets go.
     fn ring_asked(self: &Arc<Self>, tx: &mut PeerTx, bell: u32) {
         let hold = match this_thread::hold_bell::get() {
-            0 => false,
             h if h == Hold::All as u64 => true,
-            _ => bell == ring::DELEGATED,
+            h if h == Hold::Napping as u64 => bell == ring::DELEGATED,
+            _ => false,
         };
         if hold {
             match HELD_BELL.replace(Some((self.clone(), bell))) {
