@@ -161,7 +161,7 @@ case "${1:-test}" in
             for _ in 1 2 3; do
                 valgrind --tool=callgrind --fair-sched=yes --callgrind-out-file=target/wr_cost_host.callgrind \
                     --toggle-collect='*Qp>::post_send_list' --toggle-collect='*Qp>::post_recv_list' \
-                    --toggle-collect='*host::receive_marked' \
+                    --toggle-collect='*host::receive::receive_marked' \
                     ./target/release/wr_cost $rounds --host --op send 2>&1 |
                     awk '/Collected/ { print $4 }'
             done | sort -n | head -1 |

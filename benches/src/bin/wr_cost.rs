@@ -13,13 +13,12 @@
 //! each WR is then polled to its completion on the requester's CQ (which the ACK from the
 //! other fabric brings) and a SEND's receive completion on the responder's too; the fabrics'
 //! own threads then vary the number of empty polls, so `./ci.sh bench` counts only the work
-//! functions (`--toggle-collect` on the posts and on `host::receive_marked`, each receive that
-//! found something, whole) over all
-//! `1,000 + N` rounds, warm-up included. `--pairs P` posts the WRITEs round-robin over P
-//! connected pairs sharing the two CQs (SC's shape on one thread) and prints the time per
-//! WR; callgrind with `--cache-sim=yes --toggle-collect='*measured_loop_pairs*'` counts the
-//! cache lines a WR to a QP gone cold misses on (docs/benchmarks.md, session 81). Never used
-//! as a test.
+//! functions (`--toggle-collect` on the posts and on `host::receive::receive_marked`, each
+//! receive that found something, whole) over all `1,000 + N` rounds, warm-up included.
+//! `--pairs P` posts the WRITEs round-robin over P connected pairs sharing the two CQs (SC's
+//! shape on one thread) and prints the time per WR; callgrind with `--cache-sim=yes
+//! --toggle-collect='*measured_loop_pairs*'` counts the cache lines a WR to a QP gone cold
+//! misses on (docs/benchmarks.md, session 81). Never used as a test.
 
 use std::hint::black_box;
 
