@@ -22,10 +22,11 @@
 //!
 //! | module | what it holds |
 //! |---|---|
-//! | `mem`, [`sync`], `sys`, `shared_mem` | the one place that reads and writes registered memory; locks and fences; system calls; memory moved into shared memory |
+//! | `types` | the verbs' value types, with their `<infiniband/verbs.h>` numbers |
+//! | `mem`, `guarded`, [`sync`], `sys`, `shared_mem`, `error` | the one place that reads and writes registered memory, and the copies that survive its unmapping; locks and fences; system calls; memory moved into shared memory; errors as errnos |
 //! | `frame` | Ethernet and IP headers: parsing, checksums, RSS hashing, TSO (bytes in, bytes out) |
 //! | `ipc` | what processes on one host share: the message rings, the sealed export table |
-//! | `packet` | the message two QPs exchange (what the wire headers carry), PSN arithmetic |
+//! | `packet`, `wire` | the message two QPs exchange (what the wire headers carry), PSN arithmetic; its byte form between processes |
 //! | [`profile`] | device and port attribute tables (`rxe` exact, `full`) |
 //! | `objects` | device, context, PD, MR (key space), CQ, completion channel, async events; a receive's scatter list filled (`objects::sgl`) |
 //! | [`qp`] | the QP object; [`qp::state`] holds the `const` state-transition tables |
