@@ -207,31 +207,42 @@ fn migrating_an_id_takes_its_unread_events_along() {
     assert_eq!(got(&own).unwrap_err().errno(), Errno::EAGAIN);
 }
 
+/// The server's id `conn` disconnects as its side `s` took in a signaled SEND of the client's
+/// (`c`), whose completion is left unread: when it did.
+fn disconnected_with_a_send_unread(conn: &CmId, s: &Side, c: &Side) -> std::time::Instant {
+    post_recv(&s.qp, 1, &[sge(&s.mr, 0, 64)]);
+    c.qp.post_send(&SendWr::send(2, &[sge(&c.mr, 0, 3)]).signaled()).unwrap();
+    assert_eq!(wait1(&s.cq).byte_len, 3, "the server took the SEND in");
+    let t0 = std::time::Instant::now();
+    conn.disconnect().unwrap();
+    t0
+}
+
 /// `Disconnected` waits until the application read what its QP's CQs held as the DREQ came:
 /// a program that reads its CQ, then its events, and closes the QP on `Disconnected` (rxm)
 /// finds the completion of a SEND its peer received before it disconnected. Unread, it goes
-/// after a while (1 ms) all the same, and the completions are still there.
+/// after a while all the same (1 ms once a thread waits on the channel for it, 200 ms if none
+/// does), and the completions are still there.
 ///
 /// A thread descheduled for longer than the hold finds the event there already: such a try
 /// only checks that the hold ran out first, and the test tries again (a loaded machine).
 #[test]
 fn disconnected_waits_for_the_completions_that_came_before_it_to_be_read() {
-    let held_then_read = (0..20).any(|_| {
+    // Read without waiting, well after the DREQ (as rxm reads its channel after a CQ it
+    // found empty, kept off its core in between): still held, the SEND's completion unread.
+    let held_past_a_descheduling = (0..20).any(|_| {
         let f = fabric(Profile::Full);
         let (_sch, conn, s, cch, _client, c) = connected(&f);
-        post_recv(&s.qp, 1, &[sge(&s.mr, 0, 64)]);
-        c.qp.post_send(&SendWr::send(2, &[sge(&c.mr, 0, 3)]).signaled()).unwrap();
-        assert_eq!(wait1(&s.cq).byte_len, 3, "the server took the SEND in");
-        let t0 = std::time::Instant::now();
-        conn.disconnect().unwrap();
+        let t0 = disconnected_with_a_send_unread(&conn, &s, &c);
         cch.set_nonblocking(true).unwrap();
-        let early = cch.get_event();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let late = cch.get_event();
         let wc = c.cq.poll_one().expect("the SEND's completion");
         assert_eq!((wc.wr_id, wc.status), (2, WcStatus::SUCCESS));
-        match early {
+        match late {
             Ok(ev) => {
                 assert_eq!(ev.event, E::Disconnected);
-                assert!(t0.elapsed() >= std::time::Duration::from_millis(1), "not held");
+                assert!(t0.elapsed() >= std::time::Duration::from_millis(200), "not held");
                 false
             }
             Err(e) => {
@@ -241,18 +252,25 @@ fn disconnected_waits_for_the_completions_that_came_before_it_to_be_read() {
             }
         }
     });
-    assert!(held_then_read, "never found held");
+    assert!(held_past_a_descheduling, "never found held after 20 ms");
 
-    // The other way round, the server's receive left unread: its Disconnected comes anyway.
-    let f = fabric(Profile::Full);
-    let (sch, _conn, s, _cch, client, c) = connected(&f);
-    post_recv(&s.qp, 1, &[sge(&s.mr, 0, 64)]);
-    c.qp.post_send(&SendWr::send(2, &[sge(&c.mr, 0, 5)]).signaled()).unwrap();
-    assert_eq!(wait1(&c.cq).status, WcStatus::SUCCESS);
-    client.disconnect().unwrap();
-    next(&sch, E::Disconnected);
-    let wc = s.cq.poll_one().expect("the receive's completion, still there");
-    assert_eq!((wc.wr_id, wc.byte_len), (1, 5));
+    // The other way round, the server's receive left unread and its thread blocked on the
+    // channel (it waits for the event, not reading its CQ): the event comes after the short
+    // hold, not the long one (a try kept off its core for the long one tries again).
+    let soon = (0..5).any(|_| {
+        let f = fabric(Profile::Full);
+        let (sch, _conn, s, _cch, client, c) = connected(&f);
+        post_recv(&s.qp, 1, &[sge(&s.mr, 0, 64)]);
+        c.qp.post_send(&SendWr::send(2, &[sge(&c.mr, 0, 5)]).signaled()).unwrap();
+        assert_eq!(wait1(&c.cq).status, WcStatus::SUCCESS);
+        let t0 = std::time::Instant::now();
+        client.disconnect().unwrap();
+        next(&sch, E::Disconnected);
+        let wc = s.cq.poll_one().expect("the receive's completion, still there");
+        assert_eq!((wc.wr_id, wc.byte_len), (1, 5));
+        t0.elapsed() < std::time::Duration::from_millis(100)
+    });
+    assert!(soon, "a blocked reader waited out the long hold every time");
 
     // Held when its device goes: it comes first, as its DREQ came first.
     let f = fabric(Profile::Full);

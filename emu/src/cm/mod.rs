@@ -220,6 +220,8 @@ struct ChannelInner {
     /// Ids whose `Disconnected` is held (see [`Held`]): a read of the channel lets those go
     /// whose hold is over, before the fabric's timer notices.
     held: Mutex<Vec<Weak<IdInner>>>,
+    /// Threads blocked reading the channel (which shortens a hold: see [`HOLD_NS`]).
+    waiters: AtomicUsize,
 }
 
 impl ChannelInner {
@@ -277,6 +279,7 @@ impl CmChannel {
             queue: EventQueue::new()?,
             handles: AtomicUsize::new(0),
             held: Mutex::new(Vec::new()),
+            waiters: AtomicUsize::new(0),
         };
         Ok(CmChannel::handle(&Arc::new(inner)))
     }
@@ -292,7 +295,13 @@ impl CmChannel {
     /// `SA_RESTART`).
     pub fn get_event(&self) -> Result<CmEvent> {
         self.0.release_held();
-        self.0.queue.pop()
+        if self.0.queue.is_nonblocking() || self.0.queue.ready() {
+            return self.0.queue.pop();
+        }
+        self.0.waiters.fetch_add(1, Ordering::AcqRel);
+        let ev = self.0.queue.pop();
+        self.0.waiters.fetch_sub(1, Ordering::AcqRel);
+        ev
     }
 
     /// Whether an event is queued (a look without a system call).
@@ -351,11 +360,21 @@ enum State {
 /// `TimewaitExit` (the kernel's IB CM on rxe, measured: 2.07 to 2.3 s).
 const TIMEWAIT_NS: u64 = 2_000_000_000;
 
-/// At most how long a `Disconnected` event waits for the application to read what its QP's
-/// CQs held as the DREQ came (see [`Held`]): on a NIC the DREQ follows the peer's last ACK by
-/// at least the peer's reaction to the completion and a trip through its kernel, tens of
-/// microseconds; here they may arrive together.
+/// How long a `Disconnected` event waits for the application to read what its QP's CQs held
+/// as the DREQ came (see [`Held`]) while a thread of it is blocked reading the event channel
+/// (it waits for the event rather than reading its CQs): on a NIC the DREQ follows the peer's
+/// last ACK by at least the peer's reaction to the completion and a trip through its kernel,
+/// tens of microseconds; here they may arrive together.
 const HOLD_NS: u64 = 1_000_000;
+
+/// At most how long a `Disconnected` event waits for the application to read what its QP's
+/// CQs held as the DREQ came, when no thread is blocked on its channel: a program that reads
+/// its CQ and its channel in turn (libfabric's rxm) may have been kept off its core for more
+/// than [`HOLD_NS`] between the two, on a loaded host (two busy loops beside `fi_pingpong`
+/// over rxm kept its server off the CPU for that long: it then read the channel before its
+/// CQ, closed the connection on `Disconnected`, and the `fin` whose completion its CQ held was
+/// lost with the QP).
+const HOLD_MAX_NS: u64 = 200_000_000;
 
 /// How long a connection request that finds nobody listening on its port looks for a
 /// listener before it is rejected as nobody's. On the kernel a request is judged where it
@@ -369,20 +388,25 @@ const REQ_TRANSIT_NS: u64 = 20_000_000;
 /// How often a request that found nobody listening looks again (see [`REQ_TRANSIT_NS`]).
 const REQ_LOOK_NS: u64 = 250_000;
 
-/// How often the fabric's timer looks whether a held `Disconnected` may go.
+/// How often the fabric's timer looks whether a held `Disconnected` may go (every
+/// [`HOLD_LOOK_NS`] for its first [`HOLD_NS`], then every [`HOLD_LATE_LOOK_NS`]).
 const HOLD_LOOK_NS: u64 = 20_000;
+const HOLD_LATE_LOOK_NS: u64 = 500_000;
 
 /// A `Disconnected` event held back until the application has read its QP's CQs up to the
-/// completions they held as the DREQ came (or for at most [`HOLD_NS`]): a program that reads
-/// its CQ and then its events (libfabric's rxm, at every progress call) and closes the QP on
-/// `Disconnected` must find the completions of what the peer acknowledged before it
-/// disconnected. Destroying a QP takes its completions out of its CQs (the full profile, as
-/// mlx5's), so one missed there is lost: rxm then failed its last SEND, acknowledged, as
-/// flushed (`fi_pingpong`'s `fin`, now and then).
+/// completions they held as the DREQ came (or for at most [`HOLD_NS`] while a thread waits
+/// on its channel, [`HOLD_MAX_NS`] otherwise): a program that reads its CQ and then its
+/// events (libfabric's rxm, at every progress call) and closes the QP on `Disconnected` must
+/// find the completions of what the peer acknowledged before it disconnected. Destroying a QP
+/// takes its completions out of its CQs (the full profile, as mlx5's), so one missed there is
+/// lost: rxm then failed its last SEND, acknowledged, as flushed (`fi_pingpong`'s `fin`, now
+/// and then), or waited for a receive forever.
 #[derive(Debug)]
 struct Held {
     /// Each of the QP's CQs that held unread completions, and the newest of them.
     marks: Vec<(Arc<CqInner>, u64)>,
+    /// The fabric's clock past which the event goes if a thread waits on its channel.
+    soon: u64,
     /// The fabric's clock past which the event goes regardless.
     until: u64,
 }
@@ -397,11 +421,14 @@ impl Held {
             .map(|cq| (cq.clone(), cq.pushed()))
             .filter(|(cq, mark)| cq.taken() < *mark)
             .collect();
-        (!marks.is_empty()).then_some(Held { marks, until: now + HOLD_NS })
+        (!marks.is_empty()).then_some(Held { marks, soon: now + HOLD_NS, until: now + HOLD_MAX_NS })
     }
 
-    fn over(&self, now: u64) -> bool {
-        now >= self.until || self.marks.iter().all(|(cq, mark)| cq.taken() >= *mark)
+    /// Whether the hold is over at `now`, a thread blocked on the channel or not (`waited`).
+    fn over(&self, now: u64, waited: bool) -> bool {
+        now >= self.until
+            || waited && now >= self.soon
+            || self.marks.iter().all(|(cq, mark)| cq.taken() >= *mark)
     }
 }
 
@@ -1627,7 +1654,8 @@ impl CmId {
         let mut st = self.0.st.lock();
         let Some(held) = &st.held else { return true };
         let destroyed = st.state == State::Destroyed;
-        if !destroyed && !held.over(now) {
+        let waited = self.0.channel.lock().waiters.load(Ordering::Acquire) != 0;
+        if !destroyed && !held.over(now, waited) {
             return false;
         }
         st.held = None;
@@ -1652,7 +1680,9 @@ impl CmId {
         };
         let fabric = self.fabric();
         let job = crate::fabric::timer::Job::Later(crate::fabric::timer::Later(Box::new(look)));
-        fabric.timer.schedule(fabric.now() + HOLD_LOOK_NS, job);
+        let now = fabric.now();
+        let late = self.0.st.lock().held.as_ref().is_some_and(|h| now >= h.soon);
+        fabric.timer.schedule(now + if late { HOLD_LATE_LOOK_NS } else { HOLD_LOOK_NS }, job);
     }
 
     /// The opaque word set by [`CmId::set_user_data`] (0 until set).
