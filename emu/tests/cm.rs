@@ -275,10 +275,7 @@ fn disconnected_waits_for_the_completions_that_came_before_it_to_be_read() {
     // Held when its device goes: it comes first, as its DREQ came first.
     let f = fabric(Profile::Full);
     let (_sch, conn, s, cch, _client, c) = connected(&f);
-    post_recv(&s.qp, 1, &[sge(&s.mr, 0, 64)]);
-    c.qp.post_send(&SendWr::send(2, &[sge(&c.mr, 0, 3)]).signaled()).unwrap();
-    assert_eq!(wait1(&s.cq).byte_len, 3);
-    conn.disconnect().unwrap();
+    disconnected_with_a_send_unread(&conn, &s, &c);
     f.set_faults(FaultRule::parse("device-removal:dev=emu1").unwrap());
     next(&cch, E::Disconnected);
     next(&cch, E::DeviceRemoval);
