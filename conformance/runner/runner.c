@@ -46,6 +46,9 @@ struct obj {
 	uint32_t mw_rkey;
 	int qp_type; /* QP */
 	int sig_all; /* QP */
+	/* QP: made by ibv_create_qp_ex with its type's send operations, posted to through the
+	 * ibv_wr_* calls. CQ: made by ibv_create_cq_ex, polled through ibv_start_poll. */
+	int ex;
 };
 
 static struct ibv_device *dev;
@@ -446,13 +449,50 @@ static void print_wcs(struct wc_line *lines, int n)
 		out("  %s\n", lines[i].text);
 }
 
-static int poll_into(struct ibv_cq *cq, struct wc_line *lines, int have, int want)
+/* One completion of an extended CQ, read field by field into `wc` (those of an unsuccessful one
+ * that ibv_create_cq_ex(3) leaves undefined are left 0): whether there was one, or -errno. One
+ * a batch, from ibv_start_poll to ibv_end_poll: rdma-core 44's rxe advances its CQ past a
+ * completion once more when ibv_end_poll follows an ibv_next_poll that found none. */
+static int poll_ex(struct ibv_cq *cq, struct ibv_wc *wc)
+{
+	struct ibv_cq_ex *x = (struct ibv_cq_ex *)cq;
+	struct ibv_poll_cq_attr attr = { 0 };
+	int ret = ibv_start_poll(x, &attr);
+	if (ret)
+		return ret == ENOENT ? 0 : -ret;
+	memset(wc, 0, sizeof(*wc));
+	wc->wr_id = x->wr_id;
+	wc->status = x->status;
+	wc->qp_num = ibv_wc_read_qp_num(x);
+	if (wc->status == IBV_WC_SUCCESS) {
+		wc->opcode = ibv_wc_read_opcode(x);
+		wc->byte_len = ibv_wc_read_byte_len(x);
+		wc->wc_flags = ibv_wc_read_wc_flags(x);
+		if (wc->wc_flags & (IBV_WC_WITH_IMM | IBV_WC_WITH_INV))
+			wc->imm_data = ibv_wc_read_imm_data(x);
+		wc->src_qp = ibv_wc_read_src_qp(x);
+	}
+	ibv_end_poll(x);
+	return 1;
+}
+
+static int poll_into(struct obj *o, struct wc_line *lines, int have, int want)
 {
 	struct ibv_wc wc[16];
 	int room = want - have, got;
 	if (room > 16)
 		room = 16;
-	got = ibv_poll_cq(cq, room, wc);
+	if (o->ex) {
+		for (got = 0; got < room; got++) {
+			int r = poll_ex(o->p, &wc[got]);
+			if (r < 0)
+				return r;
+			if (!r)
+				break;
+		}
+	} else {
+		got = ibv_poll_cq(o->p, room, wc);
+	}
 	if (got < 0)
 		return got;
 	for (int i = 0; i < got; i++)
@@ -518,6 +558,16 @@ static int verb_cq(struct args *a)
 	struct obj *chan = ch ? obj_arg(ch, K_CHAN) : NULL, *o;
 	if (bad_arg || !(o = make(name)))
 		return (bad_arg = 1);
+	if (flag(a, "ex")) {
+		struct ibv_cq_init_attr_ex init = {
+			.cqe = cqe,
+			.channel = chan ? chan->p : NULL,
+			.wc_flags = IBV_WC_STANDARD_FLAGS,
+		};
+		struct ibv_cq_ex *cq = ibv_create_cq_ex(ctx, &init);
+		o->ex = 1;
+		return created(o, K_CQ, cq ? ibv_cq_ex_to_cq(cq) : NULL);
+	}
 	return created(o, K_CQ, ibv_create_cq(ctx, cqe, NULL, chan ? chan->p : NULL, 0));
 }
 
@@ -548,6 +598,25 @@ static int verb_srq(struct args *a)
 	return created(o, K_SRQ, ibv_create_srq(pd->p, &init));
 }
 
+/* The send operations an extended QP of `type` is made with: every one rxe's provider takes for
+ * the type (rdma-core 44's RXE_SUP_*_QP_SEND_OPS_FLAGS) but ATOMIC_WRITE, which the kernel's
+ * rxe of Debian 12 does not carry. */
+static uint64_t ex_send_ops(int type)
+{
+	uint64_t ud = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
+	uint64_t uc = ud | IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM |
+		      IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_SEND_WITH_INV;
+	switch (type) {
+	case IBV_QPT_UD:
+		return ud;
+	case IBV_QPT_UC:
+		return uc;
+	default:
+		return uc | IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
+		       IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_LOCAL_INV;
+	}
+}
+
 static int verb_qp(struct args *a)
 {
 	const char *name = pos(a, 0);
@@ -572,6 +641,21 @@ static int verb_qp(struct args *a)
 		return (bad_arg = 1);
 	o->qp_type = type;
 	o->sig_all = init.sq_sig_all;
+	if (flag(a, "ex")) {
+		struct ibv_qp_init_attr_ex ex = {
+			.qp_type = init.qp_type,
+			.send_cq = init.send_cq,
+			.recv_cq = init.recv_cq,
+			.srq = init.srq,
+			.cap = init.cap,
+			.sq_sig_all = init.sq_sig_all,
+			.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+			.pd = pd->p,
+			.send_ops_flags = ex_send_ops(type),
+		};
+		o->ex = 1;
+		return created(o, K_QP, ibv_create_qp_ex(ctx, &ex));
+	}
 	return created(o, K_QP, ibv_create_qp(pd->p, &init));
 }
 
@@ -829,6 +913,90 @@ static uint32_t key_of(const char *name)
 	return 0;
 }
 
+/* `post_send` on an extended QP: the same requests built with ibv_wr_start, the opcode's
+ * builder, its data (ibv_wr_set_sge for one SGE, ibv_wr_set_sge_list for none or more;
+ * under IBV_SEND_INLINE, ibv_wr_set_inline_data and ibv_wr_set_inline_data_list) and its UD
+ * address, and posted by ibv_wr_complete, which posts all or none and names no bad_wr. An
+ * operation the QP was not made with has no builder (rxe's is NULL): EOPNOTSUPP here, on both
+ * sides. */
+static int post_send_ex(struct obj *q, struct ibv_send_wr *wr, int count)
+{
+	struct ibv_qp_ex *x = ibv_qp_to_qp_ex(q->p);
+	int ret;
+	/* IBV_QP_EX_WITH_<op> is 1 << IBV_WR_<op> for every operation posted here. */
+	if (!x || !(ex_send_ops(q->qp_type) & (1ULL << wr->opcode)))
+		return EOPNOTSUPP;
+	ibv_wr_start(x);
+	for (int i = 0; i < count; i++) {
+		struct ibv_send_wr *w = &wr[i];
+		struct ibv_data_buf data[4];
+		int with_data = 1;
+		x->wr_id = w->wr_id;
+		x->wr_flags = w->send_flags;
+		switch (w->opcode) {
+		case IBV_WR_RDMA_WRITE:
+			ibv_wr_rdma_write(x, w->wr.rdma.rkey, w->wr.rdma.remote_addr);
+			break;
+		case IBV_WR_RDMA_WRITE_WITH_IMM:
+			ibv_wr_rdma_write_imm(x, w->wr.rdma.rkey, w->wr.rdma.remote_addr, w->imm_data);
+			break;
+		case IBV_WR_RDMA_READ:
+			ibv_wr_rdma_read(x, w->wr.rdma.rkey, w->wr.rdma.remote_addr);
+			break;
+		case IBV_WR_SEND:
+			ibv_wr_send(x);
+			break;
+		case IBV_WR_SEND_WITH_IMM:
+			ibv_wr_send_imm(x, w->imm_data);
+			break;
+		case IBV_WR_SEND_WITH_INV:
+			ibv_wr_send_inv(x, w->invalidate_rkey);
+			break;
+		case IBV_WR_ATOMIC_CMP_AND_SWP:
+			ibv_wr_atomic_cmp_swp(x, w->wr.atomic.rkey, w->wr.atomic.remote_addr,
+					      w->wr.atomic.compare_add, w->wr.atomic.swap);
+			break;
+		case IBV_WR_ATOMIC_FETCH_AND_ADD:
+			ibv_wr_atomic_fetch_add(x, w->wr.atomic.rkey, w->wr.atomic.remote_addr,
+						w->wr.atomic.compare_add);
+			break;
+		case IBV_WR_LOCAL_INV:
+			ibv_wr_local_inv(x, w->invalidate_rkey);
+			with_data = 0;
+			break;
+		case IBV_WR_BIND_MW:
+			ibv_wr_bind_mw(x, w->bind_mw.mw, w->bind_mw.rkey, &w->bind_mw.bind_info);
+			with_data = 0;
+			break;
+		default:
+			ibv_wr_abort(x);
+			return EOPNOTSUPP;
+		}
+		if (q->qp_type == IBV_QPT_UD)
+			ibv_wr_set_ud_addr(x, w->wr.ud.ah, w->wr.ud.remote_qpn, w->wr.ud.remote_qkey);
+		if (!with_data)
+			continue;
+		if (w->send_flags & IBV_SEND_INLINE && w->num_sge == 1) {
+			ibv_wr_set_inline_data(x, (void *)(uintptr_t)w->sg_list[0].addr,
+					       w->sg_list[0].length);
+		} else if (w->send_flags & IBV_SEND_INLINE) {
+			for (int j = 0; j < w->num_sge; j++) {
+				data[j].addr = (void *)(uintptr_t)w->sg_list[j].addr;
+				data[j].length = w->sg_list[j].length;
+			}
+			ibv_wr_set_inline_data_list(x, w->num_sge, data);
+		} else if (w->num_sge == 1) {
+			ibv_wr_set_sge(x, w->sg_list[0].lkey, w->sg_list[0].addr, w->sg_list[0].length);
+		} else {
+			ibv_wr_set_sge_list(x, w->num_sge, w->sg_list);
+		}
+	}
+	ret = ibv_wr_complete(x);
+	for (int i = 0; i < count && !ret; i++)
+		add_pending(q, 0, q->sig_all || (wr[i].send_flags & IBV_SEND_SIGNALED), wr[i].wr_id);
+	return ret;
+}
+
 static int verb_post_send(struct args *a)
 {
 	struct obj *q = obj_arg(pos(a, 0), K_QP);
@@ -902,6 +1070,14 @@ static int verb_post_send(struct args *a)
 		memcpy(sge[i], sge[0], sizeof(sge[0]));
 		wr[i].sg_list = sge[i];
 		wr[i].next = i + 1 < count ? &wr[i + 1] : NULL;
+	}
+	if (q->ex) {
+		ret = post_send_ex(q, wr, count);
+		if (!ret && mw) {
+			mw->mw_rkey = base.bind_mw.rkey;
+			mw->mw_addr = base.bind_mw.bind_info.addr;
+		}
+		return ret;
 	}
 	ret = ibv_post_send(q->p, wr, &bad);
 	for (int i = 0; i < count && !(ret && bad == &wr[i]); i++)
@@ -1000,7 +1176,7 @@ static int verb_poll(struct args *a)
 	if (bad_arg || want > MAX_WC)
 		return (bad_arg = 1);
 	while (have < want) {
-		got = poll_into(cq->p, lines, have, want);
+		got = poll_into(cq, lines, have, want);
 		if (got < 0) {
 			out(" => poll error %d\n", got);
 			return PRINTED;

@@ -107,8 +107,8 @@ pub const VERBS: &[Verb] = &[
     },
     Verb {
         name: "cq",
-        syntax: "cq NAME CQE [chan=CHAN]",
-        calls: "ibv_create_cq",
+        syntax: "cq NAME CQE [chan=CHAN] [ex]",
+        calls: "ibv_create_cq; with ex, ibv_create_cq_ex (the standard WC flags), polled through ibv_start_poll, the ibv_wc_read_* calls and ibv_end_poll",
         needs: &[],
         makes: Some(Cq),
         valid: "1 <= CQE <= max_cqe",
@@ -206,8 +206,8 @@ pub const VERBS: &[Verb] = &[
     },
     Verb {
         name: "qp",
-        syntax: "qp NAME RC|UC|UD PD SEND_CQ RECV_CQ [srq=SRQ] [sq=N] [rq=N] [ssge=N] [rsge=N] [inline=N] [sigall]",
-        calls: "ibv_create_qp",
+        syntax: "qp NAME RC|UC|UD PD SEND_CQ RECV_CQ [srq=SRQ] [sq=N] [rq=N] [ssge=N] [rsge=N] [inline=N] [sigall] [ex]",
+        calls: "ibv_create_qp; with ex, ibv_create_qp_ex with every send operation rxe takes for the type (but ATOMIC_WRITE), posted to through the ibv_wr_* calls",
         needs: &[Pd, Cq],
         makes: Some(Qp),
         valid: "capabilities within the device's limits",
@@ -288,11 +288,11 @@ pub const VERBS: &[Verb] = &[
     Verb {
         name: "post_send",
         syntax: "post_send QP OP [wr=ID] [sge=MR:OFF:LEN,...|none] [lkey=bad] [remote=MR|MW:OFF] [rkey=bad] [flags=sig|sol|inl|fence|0] [imm=N] [add=N] [cmp=N] [swap=N] [inv=MR|MW] [ah=AH dqp=QP qkey=N] [mw=MW mr=MR off=N len=N access=] [count=N]",
-        calls: "ibv_post_send (inline)",
+        calls: "ibv_post_send (inline); on an ex QP, ibv_wr_start, the opcode's ibv_wr_* builder, ibv_wr_set_sge for one SGE, ibv_wr_set_sge_list for none or more (with inl, ibv_wr_set_inline_data and ibv_wr_set_inline_data_list), ibv_wr_set_ud_addr, ibv_wr_complete",
         needs: &[Qp],
         makes: None,
         valid: "OP from SEND SEND_IMM WRITE WRITE_IMM READ CAS FAA SEND_INV LOCAL_INV BIND_MW ATOMIC_WRITE as the QP type allows (ATOMIC_WRITE: 8 bytes, which Linux 6.1's rxe fails); the QP in RTS (or SQD)",
-        errors: "bad lkeys and rkeys, ranges past the MR or window, missing access rights, misaligned atomics, too many SGEs, a full send queue, the wrong QP type or state, sends without a receive posted (RNR), UD sends to a wrong Q_Key; prints bad= on failure",
+        errors: "bad lkeys and rkeys, ranges past the MR or window, missing access rights, misaligned atomics, too many SGEs, a full send queue, the wrong QP type or state, sends without a receive posted (RNR), UD sends to a wrong Q_Key; prints bad= on failure (an ex QP's ibv_wr_complete posts all or nothing and names none; an OP the QP was not made with: EOPNOTSUPP, its builder being NULL)",
     },
     Verb {
         name: "post_recv",
@@ -315,7 +315,7 @@ pub const VERBS: &[Verb] = &[
     Verb {
         name: "poll",
         syntax: "poll CQ [N]",
-        calls: "ibv_poll_cq (inline)",
+        calls: "ibv_poll_cq (inline); on an ex CQ, ibv_start_poll and ibv_end_poll around each completion",
         needs: &[Cq],
         makes: None,
         valid: "always; with N, waits for N completions; without, until every signaled WR on the CQ's QPs completed (and, for QPs in ERR, every receive) and the CQ stayed empty for the settle time",

@@ -129,6 +129,10 @@ pub fn plans() -> impl Strategy<Value = Plan> {
 /// the golden set's.
 pub const LIVE: &str = "gen-live";
 
+/// The name of each program a live run on extended QPs and CQs generates (`live --ex`): a
+/// generated program's too, and one that deviations of the extended kinds alone can name.
+pub const LIVE_EX: &str = "gen-live-ex";
+
 /// `count` programs named `gen-00000`... drawn from `seed`: the same seed and count give the
 /// same programs (as long as this file does not change).
 pub fn generate(seed: u64, count: usize) -> Vec<Program> {
@@ -145,6 +149,20 @@ pub fn generate(seed: u64, count: usize) -> Vec<Program> {
             plan.program(&format!("gen-{i:05}"))
         })
         .collect()
+}
+
+/// `program` on extended objects: its QPs made by `ibv_create_qp_ex` and posted to through the
+/// `ibv_wr_*` calls (`kinds` bit 0), its CQs made by `ibv_create_cq_ex` and polled through
+/// `ibv_start_poll` (bit 1). A transform of what the plan makes, so that the golden set of
+/// generated programs stays what it was recorded as.
+pub fn extended(mut program: Program, kinds: u8) -> Program {
+    for call in &mut program.calls {
+        let verb = call.split(' ').next().unwrap_or("");
+        if (verb == "qp" && kinds & 1 != 0) || (verb == "cq" && kinds & 2 != 0) {
+            call.push_str(" ex");
+        }
+    }
+    program
 }
 
 const MR_LENS: [usize; 3] = [64, 4096, 8192];
@@ -624,10 +642,32 @@ mod tests {
         assert!(for_generated.clone().count() > 0);
         for d in for_generated {
             assert!(d.programs.iter().any(|p| crate::deviations::glob(p, LIVE)), "{}", d.id);
+            assert!(d.programs.iter().any(|p| crate::deviations::glob(p, LIVE_EX)), "{}", d.id);
         }
         for p in generate(3, 5) {
             assert!(crate::deviations::glob("gen-*", &p.name), "{}", p.name);
         }
+    }
+
+    /// `--ex` turns the QPs, the CQs or both of a plan's program into the extended kinds and
+    /// touches no other call.
+    #[test]
+    fn extended_marks_only_the_qps_and_cqs_it_is_asked_to() {
+        let plain = generate(5, 1).remove(0);
+        let made = |kinds| extended(plain.clone(), kinds).calls;
+        let marked = |calls: &[String], verb: &str| {
+            let of: Vec<_> = calls.iter().filter(|c| c.starts_with(&format!("{verb} "))).collect();
+            assert!(!of.is_empty(), "{verb} never made");
+            of.iter().all(|c| c.ends_with(" ex"))
+        };
+        assert_eq!(made(0), plain.calls);
+        assert!(marked(&made(1), "qp") && !marked(&made(1), "cq"));
+        assert!(!marked(&made(2), "qp") && marked(&made(2), "cq"));
+        assert!(marked(&made(3), "qp") && marked(&made(3), "cq"));
+        let others = |calls: Vec<String>| -> Vec<String> {
+            calls.into_iter().filter(|c| !c.starts_with("qp ") && !c.starts_with("cq ")).collect()
+        };
+        assert_eq!(others(made(3)), others(plain.calls.clone()));
     }
 
     #[test]

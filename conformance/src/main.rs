@@ -9,9 +9,11 @@ const USAGE: &str = "usage: conformance COMMAND
   record [--host] [--set scenarios|generated]
                      re-record the golden rxe traces (in the VM of ../shared/rxe-vm, one boot;
                      --host: on this machine's own rxe device; --set: that set only)
-  live [--vm] [--seed S] [--count N]
+  live [--vm] [--seed S] [--count N] [--ex]
                      generate programs, run each on rxe and on the emulator, shrink the first
-                     unexplained difference (--vm: boot the VM and run there)
+                     unexplained difference (--vm: boot the VM and run there; --ex: on
+                     extended QPs and CQs, posted to with ibv_wr_* and polled with
+                     ibv_start_poll)
   run [--rxe] FILE   run the programs of FILE (.verbs or .trace) on the emulator (--rxe: on
                      this machine's device) and print the traces
   generate [--seed S] [--count N]
@@ -77,7 +79,7 @@ fn run(args: &[String]) -> Result<bool, String> {
         Some("live") => {
             let exe = runner::build()?;
             let count = number(args, "--count", 100)? as u32;
-            match suite::live(&exe, number(args, "--seed", 1)?, count) {
+            match suite::live(&exe, number(args, "--seed", 1)?, count, has("--ex")) {
                 Ok(s) => print!("{s}"),
                 Err(s) => {
                     print!("{s}");

@@ -300,7 +300,10 @@ pub fn record(exe: &Path, rxe: &Rxe, only: Option<&str>) -> Result<String, Strin
 /// Generates `count` programs from `seed`, runs each on rxe (this machine's device) and on the
 /// emulator, and shrinks the first unexplained difference to a minimal program. Meant to run
 /// where rxe is: inside the VM (`conformance live --vm` boots it), or on a host with rxe.
-pub fn live(exe: &Path, seed: u64, count: u32) -> Result<String, String> {
+/// With `ex`, each program's QPs, CQs or both (drawn with the plan) are the extended kinds
+/// ([`generate::extended`]).
+pub fn live(exe: &Path, seed: u64, count: u32, ex: bool) -> Result<String, String> {
+    use proptest::strategy::{Just, Strategy};
     use proptest::test_runner::{
         Config, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner,
     };
@@ -316,8 +319,11 @@ pub fn live(exe: &Path, seed: u64, count: u32) -> Result<String, String> {
     let mut runner =
         TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &bytes));
     let score = std::cell::RefCell::new(Score::default());
-    let result = runner.run(&generate::plans(), |plan| {
-        let program = plan.program(generate::LIVE);
+    // Without `ex`, a kind that draws nothing: the same seed makes the programs it made before.
+    let kinds = if ex { (1u8..4).boxed() } else { Just(0u8).boxed() };
+    let result = runner.run(&(generate::plans(), kinds), |(plan, kinds)| {
+        let name = if ex { generate::LIVE_EX } else { generate::LIVE };
+        let program = generate::extended(plan.program(name), kinds);
         let rxe = rxe_run(exe, std::slice::from_ref(&program)).map_err(TestCaseError::fail)?;
         let emu =
             runner::run(exe, &Device::Emulator, std::slice::from_ref(&program), EMU_SETTLE_MS)
@@ -339,9 +345,9 @@ pub fn live(exe: &Path, seed: u64, count: u32) -> Result<String, String> {
     );
     match result {
         Ok(()) => Ok(head),
-        Err(TestError::Fail(why, plan)) => Err(format!(
+        Err(TestError::Fail(why, (plan, kinds))) => Err(format!(
             "{head}a difference, shrunk to this program:\n{}\n{why}",
-            plan.program("minimal").text()
+            generate::extended(plan.program("minimal"), kinds).text()
         )),
         Err(TestError::Abort(why)) => Err(format!("{head}aborted: {why}")),
     }
