@@ -292,7 +292,7 @@ pub const VERBS: &[Verb] = &[
         needs: &[Qp],
         makes: None,
         valid: "OP from SEND SEND_IMM WRITE WRITE_IMM READ CAS FAA SEND_INV LOCAL_INV BIND_MW ATOMIC_WRITE as the QP type allows (ATOMIC_WRITE: 8 bytes, which Linux 6.1's rxe fails); the QP in RTS (or SQD)",
-        errors: "bad lkeys and rkeys, ranges past the MR or window, missing access rights, misaligned atomics, too many SGEs, a full send queue, the wrong QP type or state, sends without a receive posted (RNR), UD sends to a wrong Q_Key; prints bad= on failure (an ex QP's ibv_wr_complete posts all or nothing and names none; an OP the QP was not made with: EOPNOTSUPP, its builder being NULL)",
+        errors: "bad lkeys and rkeys, ranges past the MR or window, missing access rights, misaligned atomics, too many SGEs, a full send queue, the wrong QP type or state, sends without a receive posted (RNR), UD sends to a wrong Q_Key; prints bad= on failure (an ex QP's ibv_wr_complete names none; an OP the QP was not made with: EOPNOTSUPP, its builder being NULL)",
     },
     Verb {
         name: "post_recv",

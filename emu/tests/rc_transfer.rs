@@ -149,6 +149,33 @@ fn atomics_fetch_add_and_compare_swap() {
     assert_eq!((a.mr.read_u64(0).unwrap(), b.mr.read_u64(64).unwrap()), (42, 99));
 }
 
+/// `ibv_post_send` refuses an atomic whose result buffer holds less than 8 bytes, and (rxe)
+/// one at a misaligned word; built with the `ibv_wr_*` calls (`post_send_built`), as rxe's
+/// builders take it, it goes out and fails as it runs: the responder carries out the atomic and
+/// the requester cannot place the original value (`LOC_PROT_ERR`), or the responder refuses the
+/// misaligned word (`REM_INV_REQ_ERR`) and memory is left alone.
+#[test]
+fn an_atomic_built_with_the_wr_calls_is_checked_as_it_runs_not_at_the_post() {
+    let (_f, a, b) = pair(Profile::Rxe);
+    b.mr.write_u64(64, 40).unwrap();
+    let short = [sge(&a.mr, 0, 4)];
+    let faa = |res| SendWr::fetch_add(1, res, b.mr.addr() + 64, b.mr.rkey(), 2).signaled();
+    assert_eq!(a.qp.post_send(&faa(&short)).unwrap_err().errno(), Errno::EINVAL);
+    a.qp.post_send_built(&[faa(&short)]).unwrap();
+    assert_eq!(wait1(&a.cq).status, WcStatus::LOC_PROT_ERR);
+    assert_eq!(b.mr.read_u64(64).unwrap(), 42, "the responder carried it out");
+    assert_eq!(a.qp.query().unwrap().qp_state, QpState::ERR);
+
+    let (_f, a, b) = pair(Profile::Rxe);
+    b.mr.write_u64(64, 40).unwrap();
+    let res = [sge(&a.mr, 0, 8)];
+    let faa = SendWr::fetch_add(2, &res, b.mr.addr() + 68, b.mr.rkey(), 2).signaled();
+    assert_eq!(a.qp.post_send(&faa).unwrap_err().errno(), Errno::EINVAL);
+    a.qp.post_send_built(std::slice::from_ref(&faa)).unwrap();
+    assert_eq!(wait1(&a.cq).status, WcStatus::REM_INV_REQ_ERR);
+    assert_eq!(b.mr.read_u64(64).unwrap(), 40, "a misaligned word is left alone");
+}
+
 #[test]
 fn inline_data_needs_no_lkey() {
     let (_f, a, b) = pair(Profile::Full);

@@ -345,7 +345,10 @@ mod test {
                 let length = if inline { 7 } else { 8 };
                 // Queued (B has no receive posted: the express path leaves the datagram to the
                 // packet path), with the address as the post resolved it.
-                assert!(requester::post(qp, &mut g, &wr, &qp.ctx.fabric).is_ok_and(|q| q));
+                assert!(
+                    requester::post(qp, &mut g, &wr, &qp.ctx.fabric, requester::Operands::Checked)
+                        .is_ok_and(|q| q)
+                );
                 let idx = g.sq.next;
                 let dest = g.sq.ring.at(idx).ud.expect("a UD WQE");
                 assert_eq!(dest.1, b.qp.qp_num());

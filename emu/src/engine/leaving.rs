@@ -330,7 +330,11 @@ mod test {
         ];
         for wr in &wrs {
             let mut g = qp.inner.lock();
-            assert!(requester::post(qp, &mut g, wr, &qp.ctx.fabric).unwrap(), "{wr:?} queued");
+            assert!(
+                requester::post(qp, &mut g, wr, &qp.ctx.fabric, requester::Operands::Checked)
+                    .unwrap(),
+                "{wr:?} queued"
+            );
             let idx = g.sq.next;
             let keys = qp.ctx.device.keys.read();
             let (m, piece) = message(qp, &g, &keys, idx).expect("sent so");

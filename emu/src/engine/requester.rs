@@ -23,6 +23,17 @@ use crate::{
 /// The destination QPN of datagrams sent to a multicast group.
 pub(crate) const MULTICAST_QPN: u32 = 0x00ff_ffff;
 
+/// What the post checks of an atomic's operands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Operands {
+    /// `ibv_post_send`'s: a result buffer of at least 8 bytes, and (rxe) an aligned word.
+    Checked,
+    /// Those of a request built with the `ibv_wr_*` calls, whose builders check neither (rxe's
+    /// and mlx5's): it goes out and fails as it runs, `LOC_PROT_ERR` for a result that does
+    /// not fit (the remote word changed all the same), `REM_INV_REQ_ERR` for a misaligned word.
+    AsBuilt,
+}
+
 /// Validates `wr` the way rxe's provider and kernel do and queues it, or runs it at once on
 /// the express path; whether it was queued (and the QP needs servicing).
 pub(crate) fn post(
@@ -30,6 +41,7 @@ pub(crate) fn post(
     g: &mut QpInner,
     wr: &SendWr<'_>,
     f: &crate::fabric::FabricInner,
+    operands: Operands,
 ) -> Result<bool> {
     if let Some(length) = express_length(qp, g, wr) {
         if super::express::post(qp, g, wr, length, f) {
@@ -149,7 +161,7 @@ pub(crate) fn post(
         wr.sg_list.iter().map(|s| s.length as u64).sum()
     };
     let misaligned = misaligned(qp, wr);
-    if is_atomic(wr) && (length < 8 || misaligned) {
+    if is_atomic(wr) && operands == Operands::Checked && (length < 8 || misaligned) {
         return Err(einval("atomic needs 8 bytes at an 8-byte aligned remote address"));
     }
     if wr.opcode == WrOpcode::ATOMIC_WRITE

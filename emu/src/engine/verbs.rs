@@ -5,9 +5,9 @@
 
 use std::sync::Arc;
 
-use super::{Driver, enter_error, leaving::Posted};
+use super::{Driver, enter_error, leaving::Posted, requester::Operands};
 use crate::{
-    error::{Error, Result},
+    error::{Errno, Error, Result},
     objects::recv_queue::RecvWr,
     qp::{
         Qp, QpAttr, QpInner, QpShared, SendWr, set_state,
@@ -26,6 +26,24 @@ impl Qp {
     /// `ibv_post_send` of a list: on failure, the index of the first WR not posted (`bad_wr`)
     /// and why. WRs before it were posted.
     pub fn post_send_list(&self, wrs: &[SendWr<'_>]) -> Result<(), (usize, Error)> {
+        self.post_list(wrs, Operands::Checked)
+    }
+
+    /// The post of a batch of WRs built with the `ibv_wr_*` calls (`ibv_wr_complete`): as
+    /// [`Qp::post_send_list`], except that
+    /// - a batch the send queue has no room for is refused whole (`ENOMEM`), as the providers'
+    ///   builders refuse a WR they find no slot for, and the batch with it;
+    /// - an atomic's operands are not checked at the post, as the builders check none: one whose
+    ///   result buffer holds less than 8 bytes, or (rxe) whose word is misaligned, goes out and
+    ///   fails as it runs (see `Operands::AsBuilt`).
+    ///
+    /// A WR refused for another reason leaves the ones before it posted.
+    pub fn post_send_built(&self, wrs: &[SendWr<'_>]) -> Result<()> {
+        self.post_list(wrs, Operands::AsBuilt).map_err(|(_, e)| e)
+    }
+
+    #[inline(always)]
+    fn post_list(&self, wrs: &[SendWr<'_>], operands: Operands) -> Result<(), (usize, Error)> {
         let qp = &self.0;
         let f = &qp.ctx.fabric;
         let mut res = Ok(());
@@ -34,6 +52,9 @@ impl Qp {
             qp.lane_hint.prefetch(wr.opcode);
         }
         let mut g = qp.inner.lock();
+        if operands == Operands::AsBuilt && (g.sq.room() as usize) < wrs.len() {
+            return Err((0, Error::new(Errno::ENOMEM, "no room in the send queue for the batch")));
+        }
         // The failed WR's index is worked out from what is left (a count kept beside the
         // iterator cost a register, spilled, for every WR).
         let mut rest = wrs;
@@ -52,7 +73,7 @@ impl Qp {
                     Posted::Not => {}
                 }
             }
-            match super::requester::post(qp, &mut g, wr, f) {
+            match super::requester::post(qp, &mut g, wr, f, operands) {
                 Ok(q) => queued |= q,
                 Err(e) => {
                     res = Err((wrs.len() - rest.len() - 1, e));

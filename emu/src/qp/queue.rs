@@ -112,6 +112,12 @@ impl SendQueue {
         queued.filter(|w| !matches!(w.hidden, Hidden::None)).count() as u32
     }
 
+    /// How many more of the application's WQEs `depth` takes.
+    pub(crate) fn room(&self) -> u32 {
+        let own = if self.reserve == 0 { self.len() } else { self.len() - self.hidden() };
+        self.depth.saturating_sub(own)
+    }
+
     /// Whether the application's WQEs fill `depth`.
     #[inline]
     pub(crate) fn full(&self) -> bool {

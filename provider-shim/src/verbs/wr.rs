@@ -189,17 +189,21 @@ unsafe extern "C" fn wr_abort(qp: *mut ibv_qp_ex) {
     })
 }
 
-/// Posts the batch; returns 0 or the errno of the first failure (later WRs are not posted).
+/// Posts the batch; returns 0 or the errno of the first failure: the batch's own (a setter's),
+/// `ENOSPC` when the send queue has no room for the whole batch (nothing is posted then, as a
+/// builder that finds no slot fails the batch), or that of the WR that failed (those before it
+/// stay posted).
 unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
     ffi!(libc::EIO, {
         let mut rc = 0;
         with(qp, |s, b| {
-            let wrs = std::mem::take(&mut b.wrs);
+            let pending = std::mem::take(&mut b.wrs);
             if b.err != 0 {
                 rc = std::mem::take(&mut b.err);
                 return;
             }
-            for p in &wrs {
+            let mut wrs = Vec::with_capacity(pending.len());
+            for p in &pending {
                 let mut flags = SendFlags::from_bits_retain(p.flags);
                 if p.inline.is_some() {
                     flags |= SendFlags::INLINE;
@@ -228,7 +232,7 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
                     },
                     None => None,
                 };
-                let wr = SendWr {
+                wrs.push(SendWr {
                     wr_id: p.wr_id,
                     opcode: p.opcode,
                     send_flags: flags,
@@ -245,14 +249,13 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
                     xrc_remote_srqn: p.xrc_srqn,
                     tso: p.tso.as_ref().map(|(hdr, mss)| rdma_emu::Tso { hdr, mss: *mss }),
                     flush: p.flush,
+                });
+            }
+            if let Err(e) = s.emu.post_send_built(&wrs) {
+                rc = match e.errno().raw() {
+                    libc::ENOMEM => libc::ENOSPC,
+                    other => other,
                 };
-                if let Err(e) = s.emu.post_send(&wr) {
-                    rc = match e.errno().raw() {
-                        libc::ENOMEM => libc::ENOSPC,
-                        other => other,
-                    };
-                    return;
-                }
             }
         });
         rc
