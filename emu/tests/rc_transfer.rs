@@ -174,6 +174,13 @@ fn an_atomic_built_with_the_wr_calls_is_checked_as_it_runs_not_at_the_post() {
     a.qp.post_send_built(std::slice::from_ref(&faa)).unwrap();
     assert_eq!(wait1(&a.cq).status, WcStatus::REM_INV_REQ_ERR);
     assert_eq!(b.mr.read_u64(64).unwrap(), 40, "a misaligned word is left alone");
+
+    // The rkey is checked before the word's alignment (rxe's responder order).
+    let (_f, a, b) = pair(Profile::Rxe);
+    let res = [sge(&a.mr, 0, 8)];
+    let bad_rkey = SendWr::fetch_add(3, &res, b.mr.addr() + 68, b.mr.rkey() ^ 0x100, 2).signaled();
+    a.qp.post_send_built(std::slice::from_ref(&bad_rkey)).unwrap();
+    assert_eq!(wait1(&a.cq).status, WcStatus::REM_ACCESS_ERR);
 }
 
 #[test]

@@ -750,13 +750,21 @@ pub(super) fn mr_target<'k>(
 }
 
 /// Whether the QP's own attributes refuse the request `pkt` outright (an invalid request):
-/// remote access it does not enable, or an atomic's bad size or alignment.
+/// remote access it does not enable, or an atomic write's bad size or alignment. (An atomic's
+/// misaligned word is refused after its rkey is checked, as rxe orders the two: see `atomic`.)
 pub(super) fn refused(g: &QpInner, pkt: &Packet) -> bool {
-    refuses(g, pkt.kind, pkt.len, pkt.va, pkt.feth)
+    refused_by_qp(g, pkt.kind, pkt.len, pkt.va, pkt.feth)
 }
 
-/// [`refused`] for a request of `kind` of `len` bytes at `va` (with FETH `feth`).
+/// Whether the responder refuses a request of `kind` of `len` bytes at `va` (with FETH
+/// `feth`): [`refused`], or an atomic's misaligned word. The express paths leave these to the
+/// packet path.
 pub(super) fn refuses(g: &QpInner, kind: Kind, len: u32, va: u64, feth: u8) -> bool {
+    refused_by_qp(g, kind, len, va, feth)
+        || matches!(kind, Kind::CompareSwap | Kind::FetchAdd) && va & 7 != 0
+}
+
+fn refused_by_qp(g: &QpInner, kind: Kind, len: u32, va: u64, feth: u8) -> bool {
     let allows = |a| g.attr.qp_access_flags.contains(a);
     match kind {
         Kind::Write => !allows(AccessFlags::REMOTE_WRITE),
@@ -765,7 +773,7 @@ pub(super) fn refuses(g: &QpInner, kind: Kind, len: u32, va: u64, feth: u8) -> b
         Kind::Flush => !allows(flush_access(feth)),
         Kind::ReadRequest => !allows(AccessFlags::REMOTE_READ) || g.attr.max_dest_rd_atomic == 0,
         Kind::CompareSwap | Kind::FetchAdd => {
-            !allows(AccessFlags::REMOTE_ATOMIC) || g.attr.max_dest_rd_atomic == 0 || va & 7 != 0
+            !allows(AccessFlags::REMOTE_ATOMIC) || g.attr.max_dest_rd_atomic == 0
         }
         _ => false,
     }
@@ -989,6 +997,10 @@ fn atomic(qp: &Arc<QpShared>, g: &mut QpInner, pkt: Packet, drv: &mut Driver<'_>
         Ok(Some(t)) => t,
         _ => return fail(qp, g, &pkt, NakCode::RemoteAccessError, None, drv),
     };
+    // A misaligned word once the rkey passed: rxe checks it as it executes the atomic.
+    if pkt.va & 7 != 0 {
+        return fail(qp, g, &pkt, NakCode::InvalidRequest, None, drv);
+    }
     let orig = match fetch_op(pkt.kind, pkt.compare, pkt.swap_add, &region, off) {
         Ok(v) => v,
         Err(MemFault::Misaligned) => return fail(qp, g, &pkt, NakCode::InvalidRequest, None, drv),
