@@ -647,6 +647,10 @@ mod tests {
         for p in generate(3, 5) {
             assert!(crate::deviations::glob("gen-*", &p.name), "{}", p.name);
         }
+        // What explains a plain live program explains one on extended QPs and CQs.
+        for d in devs.iter().filter(|d| d.programs.iter().any(|p| p == LIVE)) {
+            assert!(d.programs.iter().any(|p| p == LIVE_EX), "{}", d.id);
+        }
     }
 
     /// `--ex` turns the QPs, the CQs or both of a plan's program into the extended kinds and
