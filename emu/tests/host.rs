@@ -218,7 +218,7 @@ fn requests_transcript(dir: &HostDir, qp_type: QpType, express: bool) -> Vec<Str
         length: 64,
         access: AccessFlags::REMOTE_WRITE,
     };
-    let bind = MwBind { mw: &mw, rkey: mw.rkey().wrapping_add(1), info };
+    let bind = MwBind { mw: &mw, rkey: mw.rkey().wrapping_add(1), info, mw_rkey: None };
     let write_sg = [sge(&a.mr, 700, 8)];
     let pair = [
         SendWr::write(20, &write_sg, at + 14300, rkey).signaled(),

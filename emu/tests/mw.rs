@@ -28,7 +28,7 @@ fn remote_write(a: &Node, va: u64, rkey: u32, data: &[u8]) -> WcStatus {
 
 fn type2_bind<'a>(mw: &'a Mw, mr: &'a Mr, off: u64, len: u64, access: AccessFlags) -> MwBind<'a> {
     let rkey = (mw.rkey() & !0xff) | (mw.rkey().wrapping_add(1) & 0xff);
-    MwBind { mw, rkey, info: info(mr, off, len, access) }
+    MwBind { mw, rkey, info: info(mr, off, len, access), mw_rkey: None }
 }
 
 #[test]

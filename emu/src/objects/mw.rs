@@ -132,6 +132,10 @@ pub struct MwBind<'a> {
     /// The rkey the window takes: its index with a new 8-bit tag (`ibv_inc_rkey`).
     pub rkey: u32,
     pub info: MwBindInfo<'a>,
+    /// The window's rkey as the application held it when it built the request
+    /// (`ibv_wr_bind_mw` takes it then, as rxe's builder does); `None`: as it holds it at the
+    /// post ([`Mw::rkey`]). A bind naming a window by an rkey it no longer has fails.
+    pub mw_rkey: Option<u32>,
 }
 
 /// A bind as the send queue keeps it: keys, looked up again when the WR executes.
@@ -148,7 +152,7 @@ pub(crate) struct BindArgs {
 impl<'a> MwBind<'a> {
     pub(crate) fn args(&self) -> BindArgs {
         BindArgs {
-            mw_rkey: self.mw.0.posted_rkey.load(Ordering::Acquire),
+            mw_rkey: self.mw_rkey.unwrap_or_else(|| self.mw.0.posted_rkey.load(Ordering::Acquire)),
             new_rkey: self.rkey,
             mr_lkey: self.info.mr.map_or(0, |m| m.lkey()),
             addr: self.info.addr,

@@ -976,7 +976,7 @@ impl Qp {
         let rkey = (old & !0xff) | (old.wrapping_add(1) & 0xff);
         let wr = SendWr {
             send_flags,
-            ..SendWr::bind_mw(wr_id, crate::MwBind { mw, rkey, info: *info })
+            ..SendWr::bind_mw(wr_id, crate::MwBind { mw, rkey, info: *info, mw_rkey: None })
         };
         self.post_send(&wr)?;
         Ok(rkey)

@@ -112,5 +112,5 @@ pub(crate) unsafe fn bind_request<'a>(
     let info = unsafe { bind_info(info) }?;
     // SAFETY: a live window; the application's copy of its rkey is the one the bind names.
     m.emu.set_rkey(unsafe { (*mw).rkey });
-    Some(MwBind { mw: &m.emu, rkey, info })
+    Some(MwBind { mw: &m.emu, rkey, info, mw_rkey: None })
 }

@@ -3,7 +3,7 @@
 
 use core::ffi::{c_int, c_void};
 
-use rdma_emu::{SendFlags, SendWr, Sge, WrOpcode};
+use rdma_emu::{MwBind, SendFlags, SendWr, Sge, WrOpcode};
 
 use crate::{abi::*, boundary::ffi, objects::*};
 
@@ -20,8 +20,9 @@ pub(crate) struct Pending {
     imm: u32,
     sges: Vec<Sge>,
     inline: Option<Vec<u8>>,
-    /// `wr_bind_mw`: the window, its new rkey and the bind info, resolved at `wr_complete`.
-    bind: Option<(*mut ibv_mw, u32, ibv_mw_bind_info)>,
+    /// `wr_bind_mw`: the window, its new rkey and the bind info, resolved at `wr_complete`,
+    /// and the window's rkey as the application held it at the call.
+    bind: Option<(*mut ibv_mw, u32, ibv_mw_bind_info, u32)>,
     /// `wr_local_inv` / `wr_send_inv`.
     invalidate_rkey: u32,
     /// `wr_set_xrc_srqn`.
@@ -209,11 +210,12 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
                     flags |= SendFlags::INLINE;
                 }
                 let bind = match p.bind {
-                    // SAFETY: the application passed its own window and MR (checked against
-                    // the registry).
-                    Some((mw, rkey, ref info)) => unsafe {
-                        super::mw::bind_request(mw, rkey, info)
-                    },
+                    Some((mw, rkey, ref info, held)) => {
+                        // SAFETY: the application passed its own window and MR (checked
+                        // against the registry).
+                        let b = unsafe { super::mw::bind_request(mw, rkey, info) };
+                        b.map(|b| MwBind { mw_rkey: Some(held), ..b })
+                    }
                     None => None,
                 };
                 if p.opcode == WrOpcode::BIND_MW && bind.is_none() {
@@ -271,8 +273,12 @@ unsafe extern "C" fn wr_bind_mw(
     // SAFETY: NULL or the application's bind info, copied now (the API lets it go after the
     // call).
     let info = unsafe { info.as_ref() }.map(|i| ibv_mw_bind_info { ..*i });
+    // The window's rkey as the application holds it now, which the bind names (rxe's builder
+    // takes it here): a window this library did not make gives no bind (EINVAL at complete).
+    // SAFETY: NULL or the application's window, checked against the registry before it is read.
+    let held = unsafe { obj::<_, ShimMw>(mw) }.map(|m| m.mw.rkey);
     begin(qp, WrOpcode::BIND_MW, 0, 0, |p| {
-        p.bind = info.map(|i| (mw, rkey, i));
+        p.bind = info.zip(held).map(|(i, held)| (mw, rkey, i, held));
     });
 }
 
