@@ -916,13 +916,11 @@ static uint32_t key_of(const char *name)
 /* `post_send` on an extended QP: the same requests built with ibv_wr_start, the opcode's
  * builder, its data (ibv_wr_set_sge for one SGE, ibv_wr_set_sge_list for none or more;
  * under IBV_SEND_INLINE, ibv_wr_set_inline_data and ibv_wr_set_inline_data_list) and its UD
- * address, and posted by ibv_wr_complete, which posts all or none and names no bad_wr. An
- * operation the QP was not made with has no builder (rxe's is NULL): EOPNOTSUPP here, on both
- * sides. */
+ * address, and posted by ibv_wr_complete, which names no bad_wr. An operation the QP was not
+ * made with has no builder (rxe's is NULL): EOPNOTSUPP here, on both sides. */
 static int post_send_ex(struct obj *q, struct ibv_send_wr *wr, int count)
 {
 	struct ibv_qp_ex *x = ibv_qp_to_qp_ex(q->p);
-	int ret;
 	/* IBV_QP_EX_WITH_<op> is 1 << IBV_WR_<op> for every operation posted here. */
 	if (!x || !(ex_send_ops(q->qp_type) & (1ULL << wr->opcode)))
 		return EOPNOTSUPP;
@@ -991,10 +989,7 @@ static int post_send_ex(struct obj *q, struct ibv_send_wr *wr, int count)
 			ibv_wr_set_sge_list(x, w->num_sge, w->sg_list);
 		}
 	}
-	ret = ibv_wr_complete(x);
-	for (int i = 0; i < count && !ret; i++)
-		add_pending(q, 0, q->sig_all || (wr[i].send_flags & IBV_SEND_SIGNALED), wr[i].wr_id);
-	return ret;
+	return ibv_wr_complete(x);
 }
 
 static int verb_post_send(struct args *a)
@@ -1071,16 +1066,9 @@ static int verb_post_send(struct args *a)
 		wr[i].sg_list = sge[i];
 		wr[i].next = i + 1 < count ? &wr[i + 1] : NULL;
 	}
-	if (q->ex) {
-		ret = post_send_ex(q, wr, count);
-		if (!ret && mw) {
-			mw->mw_rkey = base.bind_mw.rkey;
-			mw->mw_addr = base.bind_mw.bind_info.addr;
-		}
-		return ret;
-	}
-	ret = ibv_post_send(q->p, wr, &bad);
-	for (int i = 0; i < count && !(ret && bad == &wr[i]); i++)
+	/* An extended QP's batch names no failed WR: none of it is counted on a failure. */
+	ret = q->ex ? post_send_ex(q, wr, count) : ibv_post_send(q->p, wr, &bad);
+	for (int i = 0; i < count && !(ret && (q->ex || bad == &wr[i])); i++)
 		add_pending(q, 0, q->sig_all || (wr[i].send_flags & IBV_SEND_SIGNALED), wr[i].wr_id);
 	if (ret && bad)
 		snprintf(line_out, sizeof(line_out), " bad=%llu", (unsigned long long)bad->wr_id);
