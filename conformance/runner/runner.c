@@ -19,6 +19,8 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <infiniband/verbs.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <poll.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -659,18 +661,62 @@ static int verb_qp(struct args *a)
 	return created(o, K_QP, ibv_create_qp(pd->p, &init));
 }
 
+/*
+ * Multicast group N: 239.1.2.N as an IPv4-mapped GID when the port's GID is one (RoCE v2 over
+ * IPv4), ff0e::N otherwise. The runner also joins the IPv4 group on the host (once per group):
+ * the kernel's rxe adds only the group's MAC on ibv_attach_mcast, and the kernel loops a
+ * datagram sent to a group back to this host only when the host is a member (librdmacm's
+ * rdma_join_multicast joins it so). The emulator does not look at it.
+ */
+static int mcast_gid(const char *arg, union ibv_gid *g)
+{
+	unsigned n = num(arg);
+	static int sock = -1;
+	static unsigned char joined[256];
+	if (bad_arg || n > 255 || ibv_query_gid(ctx, 1, gid_index, g))
+		return (bad_arg = 1);
+	int v4 = !memcmp(g->raw, "\0\0\0\0\0\0\0\0\0\0\xff\xff", 12);
+	struct ip_mreqn m = { .imr_multiaddr.s_addr = htonl(0xef010200 | n) };
+	memcpy(&m.imr_address, g->raw + 12, 4); /* the port's own address: its interface */
+	memset(g->raw, 0, sizeof(g->raw));
+	if (!v4) {
+		g->raw[0] = 0xff;
+		g->raw[1] = 0x0e;
+		g->raw[15] = n;
+		return 0;
+	}
+	g->raw[10] = g->raw[11] = 0xff;
+	g->raw[12] = 239, g->raw[13] = 1, g->raw[14] = 2, g->raw[15] = n;
+	if (sock < 0)
+		sock = socket(AF_INET, SOCK_DGRAM, 0);
+	if (sock >= 0 && !joined[n])
+		joined[n] = !setsockopt(sock, IPPROTO_IP, IP_ADD_MEMBERSHIP, &m, sizeof(m));
+	return 0;
+}
+
 static int verb_ah(struct args *a)
 {
-	const char *name = pos(a, 0);
+	const char *name = pos(a, 0), *group = opt(a, "mcast");
 	struct obj *pd = obj_arg(pos(a, 1), K_PD), *o;
 	struct ibv_ah_attr attr = { .port_num = opt_num(a, "port", 1), .is_global = 1 };
 	attr.grh.sgid_index = opt_num(a, "gid", gid_index);
 	attr.grh.hop_limit = 64;
 	if (bad_arg || !(o = make(name)))
 		return (bad_arg = 1);
-	if (ibv_query_gid(ctx, 1, gid_index, &attr.grh.dgid))
-		return errno;
+	if (group ? mcast_gid(group, &attr.grh.dgid) : ibv_query_gid(ctx, 1, gid_index, &attr.grh.dgid))
+		return group ? 1 : errno;
 	return created(o, K_AH, ibv_create_ah(pd->p, &attr));
+}
+
+/* attach_mcast / detach_mcast QP N [lid=L] */
+static int verb_mcast(struct args *a, int attach)
+{
+	struct obj *q = obj_arg(pos(a, 0), K_QP);
+	union ibv_gid g;
+	uint16_t lid = opt_num(a, "lid", 0);
+	if (bad_arg || mcast_gid(pos(a, 1), &g))
+		return (bad_arg = 1);
+	return attach ? ibv_attach_mcast(q->p, &g, lid) : ibv_detach_mcast(q->p, &g, lid);
 }
 
 static int verb_mw(struct args *a)
@@ -1050,11 +1096,13 @@ static int verb_post_send(struct args *a)
 		break;
 	}
 	if ((v = opt(a, "ah"))) {
-		struct obj *ah = obj_arg(v, K_AH), *dq = obj_arg((v = opt(a, "dqp")) ? v : "", K_QP);
+		/* To a multicast group (`mcast`): the multicast QPN, no destination QP. */
+		int group = flag(a, "mcast");
+		struct obj *ah = obj_arg(v, K_AH), *dq = group ? NULL : obj_arg((v = opt(a, "dqp")) ? v : "", K_QP);
 		if (bad_arg)
 			return 1;
 		base.wr.ud.ah = ah->p;
-		base.wr.ud.remote_qpn = ((struct ibv_qp *)dq->p)->qp_num;
+		base.wr.ud.remote_qpn = group ? 0xffffff : ((struct ibv_qp *)dq->p)->qp_num;
 		base.wr.ud.remote_qkey = opt_num(a, "qkey", 0x11111111);
 	}
 	if (bad_arg)
@@ -1410,6 +1458,8 @@ static void call(char *line)
 	V("destroy_qp", verb_destroy(&a, K_QP));
 	V("ah", verb_ah(&a));
 	V("destroy_ah", verb_destroy(&a, K_AH));
+	V("attach_mcast", verb_mcast(&a, 1));
+	V("detach_mcast", verb_mcast(&a, 0));
 	V("mw", verb_mw(&a));
 	V("dealloc_mw", verb_destroy(&a, K_MW));
 	V("bind_mw", verb_bind_mw(&a));

@@ -242,11 +242,11 @@ pub const VERBS: &[Verb] = &[
     },
     Verb {
         name: "ah",
-        syntax: "ah NAME PD [port=N] [gid=N]",
+        syntax: "ah NAME PD [port=N] [gid=N] [mcast=N]",
         calls: "ibv_query_gid, ibv_create_ah",
         needs: &[Pd],
         makes: Some(Ah),
-        valid: "a GRH to the port's own GID (RoCE)",
+        valid: "a GRH to the port's own GID (RoCE), or with mcast to multicast group N",
         errors: "",
     },
     Verb {
@@ -257,6 +257,24 @@ pub const VERBS: &[Verb] = &[
         makes: None,
         valid: "always",
         errors: "",
+    },
+    Verb {
+        name: "attach_mcast",
+        syntax: "attach_mcast QP N [lid=L]",
+        calls: "ibv_attach_mcast (the runner also joins the IPv4 group on the host, as librdmacm would, for rxe to loop datagrams back)",
+        needs: &[Qp],
+        makes: None,
+        valid: "a UD QP; group N (0..255) is 239.1.2.N as an IPv4-mapped GID when the port's GID is one, else ff0e::N",
+        errors: "a QP not UD (EINVAL); a pair already attached is taken as done",
+    },
+    Verb {
+        name: "detach_mcast",
+        syntax: "detach_mcast QP N [lid=L]",
+        calls: "ibv_detach_mcast",
+        needs: &[Qp],
+        makes: None,
+        valid: "the (group, LID) pair attached",
+        errors: "a pair not attached (EINVAL)",
     },
     Verb {
         name: "mw",
@@ -287,7 +305,7 @@ pub const VERBS: &[Verb] = &[
     },
     Verb {
         name: "post_send",
-        syntax: "post_send QP OP [wr=ID] [sge=MR:OFF:LEN,...|none] [lkey=bad] [remote=MR|MW:OFF] [rkey=bad] [flags=sig|sol|inl|fence|0] [imm=N] [add=N] [cmp=N] [swap=N] [inv=MR|MW] [ah=AH dqp=QP qkey=N] [mw=MW mr=MR off=N len=N access=] [count=N]",
+        syntax: "post_send QP OP [wr=ID] [sge=MR:OFF:LEN,...|none] [lkey=bad] [remote=MR|MW:OFF] [rkey=bad] [flags=sig|sol|inl|fence|0] [imm=N] [add=N] [cmp=N] [swap=N] [inv=MR|MW] [ah=AH dqp=QP|mcast qkey=N] [mw=MW mr=MR off=N len=N access=] [count=N]",
         calls: "ibv_post_send (inline); on an ex QP, ibv_wr_start, the opcode's ibv_wr_* builder, ibv_wr_set_sge for one SGE, ibv_wr_set_sge_list for none or more (with inl, ibv_wr_set_inline_data and ibv_wr_set_inline_data_list), ibv_wr_set_ud_addr, ibv_wr_complete",
         needs: &[Qp],
         makes: None,

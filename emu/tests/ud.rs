@@ -343,8 +343,41 @@ fn multicast_attach_rules() {
     assert_eq!(e(a.n.qp.attach_mcast(&mgid, 0)), Errno::EINVAL, "an RC QP");
     assert_eq!(e(a.qp.detach_mcast(&mgid, 0)), Errno::EINVAL, "not attached");
     b.qp.attach_mcast(&mgid, 0).unwrap();
-    assert_eq!(e(b.qp.attach_mcast(&mgid, 0)), Errno::EINVAL, "already attached");
+    // As the kernel's uverbs (rxe, recorded): a pair already attached is taken as done, and
+    // listed once (one detach undoes it).
+    b.qp.attach_mcast(&mgid, 0).unwrap();
+    assert_eq!(e(b.qp.detach_mcast(&mgid, 7)), Errno::EINVAL, "attached under another LID");
     assert_eq!(e(b.qp.destroy()), Errno::EBUSY, "attached QPs cannot be destroyed");
     b.qp.detach_mcast(&mgid, 0).unwrap();
+    assert_eq!(e(b.qp.detach_mcast(&mgid, 0)), Errno::EINVAL, "detached already");
     b.qp.destroy().unwrap();
+}
+
+/// A group attached under two LIDs is one membership listed twice, as rxe keeps it: the
+/// first detach leaves the group (no more datagrams), the second fails and unlists its pair
+/// but keeps its hold on the QP, which can then no longer be destroyed (as on rxe, recorded).
+#[test]
+fn a_group_attached_under_two_lids_is_left_at_the_first_detach() {
+    let (_f, a, b) = pair(Profile::Full);
+    let mut mgid = Gid::ZERO;
+    mgid.0[..2].copy_from_slice(&[0xff, 0x0e]);
+    let e = |r: Result<()>| r.unwrap_err().errno();
+    b.qp.attach_mcast(&mgid, 1).unwrap();
+    b.qp.attach_mcast(&mgid, 2).unwrap();
+    let to_group =
+        AhAttr { is_global: true, dgid: mgid, dlid: 0xc001, port_num: 1, ..Default::default() };
+    let ah = a.n.pd.create_ah(&to_group).unwrap();
+    b.qp.post_recv(&RecvWr { wr_id: 1, sg_list: &[sge(&b.n.mr, 0, 128)] }).unwrap();
+    a.qp.post_send(&SendWr::send_ud(1, &[sge(&a.n.mr, 0, 6)], &ah, 0xff_ffff, QKEY)).unwrap();
+    wait1(&a.n.cq);
+    assert_eq!(wait1(&b.n.cq).wr_id, 1, "one datagram for one membership");
+    assert_empty(&b.n.cq);
+    b.qp.detach_mcast(&mgid, 1).unwrap();
+    a.qp.post_send(&SendWr::send_ud(2, &[sge(&a.n.mr, 0, 6)], &ah, 0xff_ffff, QKEY)).unwrap();
+    wait1(&a.n.cq);
+    assert_empty(&b.n.cq);
+    assert_eq!(e(b.qp.destroy()), Errno::EBUSY, "the second pair is still listed");
+    assert_eq!(e(b.qp.detach_mcast(&mgid, 2)), Errno::EINVAL, "no membership left to end");
+    assert_eq!(e(b.qp.detach_mcast(&mgid, 2)), Errno::EINVAL, "unlisted");
+    assert_eq!(e(b.qp.destroy()), Errno::EBUSY, "the failed detach's hold stays");
 }

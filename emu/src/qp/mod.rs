@@ -261,6 +261,10 @@ pub(crate) struct QpShared {
     pub(crate) async_events: EventCount,
     /// An opaque word for the embedding layer (the C shim keeps its `ibv_qp` pointer here).
     user_data: std::sync::atomic::AtomicUsize,
+    /// The (group, LID) pairs attached, in attach order, as the kernel's uverbs lists them
+    /// for the QP: what `ibv_attach_mcast` finds already there it takes as done, what
+    /// `ibv_detach_mcast` does not find it refuses. (Last: off the lines a post reads.)
+    mcast: parking_lot::Mutex<Vec<([u8; 16], u16)>>,
 }
 
 impl QpShared {
@@ -695,6 +699,7 @@ impl Qp {
                 async_events: EventCount::default(),
                 heard: Default::default(),
                 user_data: Default::default(),
+                mcast: Default::default(),
                 rq: Arc::new(recv_ring::RecvRing::new(cap.max_recv_wr)),
                 lane_hint: Default::default(),
             })
@@ -762,31 +767,51 @@ impl Qp {
 
     /// `ibv_attach_mcast`: the UD QP receives datagrams sent to the multicast group `gid`
     /// (`ff..`). While attached, the QP cannot be destroyed (`EBUSY`).
-    pub fn attach_mcast(&self, gid: &crate::Gid, _lid: u16) -> Result<()> {
+    ///
+    /// As the kernel's uverbs: a (group, LID) pair already attached is taken as done; a group
+    /// the QP is a member of under another LID is listed again without a second membership
+    /// (rxe's driver takes it as done too).
+    pub fn attach_mcast(&self, gid: &crate::Gid, lid: u16) -> Result<()> {
         self.0.life.check()?;
+        let mut listed = self.0.mcast.lock();
+        if listed.contains(&(gid.0, lid)) {
+            return Ok(());
+        }
         // An IPv6 multicast address, or an IPv4-mapped one (RoCE v2 groups; the kernel's
         // rdma_is_multicast_addr takes both).
-        let g = &gid.0;
-        let mapped_v4 = g[..10].iter().all(|&b| b == 0) && g[10..12] == [0xff, 0xff];
-        let multicast = g[0] == 0xff || (mapped_v4 && g[12] & 0xf0 == 0xe0);
+        let v = &gid.0;
+        let mapped_v4 = v[..10].iter().all(|&b| b == 0) && v[10..12] == [0xff, 0xff];
+        let multicast = v[0] == 0xff || (mapped_v4 && v[12] & 0xf0 == 0xe0);
         if self.0.qp_type != QpType::UD || !multicast {
             return Err(einval("multicast needs a UD QP and a multicast GID"));
         }
-        let a = &self.0.ctx.device.attr;
-        let port = lock_lent(&self.0.inner).attr.port_num;
-        self.0.ctx.fabric.mcast_attach(
-            gid.0,
-            &self.0,
-            port,
-            a.max_mcast_qp_attach,
-            a.max_mcast_grp,
-        )?;
         self.0.life.get()?; // an attachment keeps the QP from being destroyed
+        if !listed.iter().any(|(m, _)| *m == gid.0) {
+            let a = &self.0.ctx.device.attr;
+            let (most_qps, most_groups) = (a.max_mcast_qp_attach, a.max_mcast_grp);
+            let port = lock_lent(&self.0.inner).attr.port_num;
+            if let Err(e) =
+                self.0.ctx.fabric.mcast_attach(gid.0, &self.0, port, most_qps, most_groups)
+            {
+                self.0.life.put();
+                return Err(e);
+            }
+        }
+        listed.push((gid.0, lid));
         Ok(())
     }
 
-    /// `ibv_detach_mcast`.
-    pub fn detach_mcast(&self, gid: &crate::Gid, _lid: u16) -> Result<()> {
+    /// `ibv_detach_mcast`: `EINVAL` for a (group, LID) pair not attached. Detaching one of
+    /// two LIDs a group was attached under leaves the QP out of the group, as on rxe; the
+    /// other's detach then fails `EINVAL`, unlisted all the same (uverbs unlists before the
+    /// driver detaches), and its hold on the QP stays: it can no longer be destroyed (`EBUSY`,
+    /// the kernel's use count of the QP never dropping back).
+    pub fn detach_mcast(&self, gid: &crate::Gid, lid: u16) -> Result<()> {
+        let mut listed = self.0.mcast.lock();
+        let Some(at) = listed.iter().position(|m| *m == (gid.0, lid)) else {
+            return Err(einval("the QP is not attached to this group with this LID"));
+        };
+        listed.remove(at);
         self.0.ctx.fabric.mcast_detach(gid.0, &self.0)?;
         self.0.life.put();
         Ok(())

@@ -182,7 +182,7 @@ int main(void)
 		struct ibv_ah_attr mattr = { .is_global = 1, .dlid = 0xc001, .port_num = 1 };
 		mattr.grh.dgid = mgid;
 		CHECK(ibv_attach_mcast(b.qp, &mgid, 0xc001) == 0);
-		CHECK(ibv_attach_mcast(b.qp, &mgid, 0xc001) == EINVAL);
+		CHECK(ibv_attach_mcast(b.qp, &mgid, 0xc001) == 0); /* already: done, as uverbs */
 		struct ibv_ah *mah = ibv_create_ah(a.pd, &mattr);
 		CHECK(mah);
 		struct ibv_sge rs = { (uintptr_t)b.buf + 2048, 40 + 64, b.mr->lkey };
