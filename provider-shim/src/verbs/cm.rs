@@ -55,8 +55,9 @@ struct Group {
     addr: SocketAddr,
     context: *mut c_void,
     send_only: bool,
-    /// The multicast GID the id's QP was attached to, once the join completed.
-    attached: Option<[u8; 16]>,
+    /// The multicast GID and LID the id's QP was attached to, once the join completed (the
+    /// pair the leave detaches, as librdmacm keeps its `mgid` and `mlid`).
+    attached: Option<([u8; 16], u16)>,
 }
 
 impl Default for Extra {
@@ -661,7 +662,7 @@ fn joined(id: *mut ShimCmId, group: SocketAddr, ud: &rdma_emu::cm::UdParam) -> *
     if let Some(qp) = unsafe { obj::<_, ShimQp>(s.id.qp) }.filter(|_| !g.send_only)
         && qp.emu.attach_mcast(&rdma_emu::Gid(gid), ud.ah_attr.dlid).is_ok()
     {
-        g.attached = Some(gid);
+        g.attached = Some((gid, ud.ah_attr.dlid));
     }
     g.context
 }
@@ -738,8 +739,9 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_leave_multicast
         if let Some(i) = extra.groups.iter().position(|g| g.addr == group) {
             let g = extra.groups.remove(i);
             // SAFETY: NULL or the id's QP.
-            if let (Some(gid), Some(qp)) = (g.attached, unsafe { obj::<_, ShimQp>(s.id.qp) }) {
-                let _ = qp.emu.detach_mcast(&rdma_emu::Gid(gid), 0);
+            if let (Some((gid, lid)), Some(qp)) = (g.attached, unsafe { obj::<_, ShimQp>(s.id.qp) })
+            {
+                let _ = qp.emu.detach_mcast(&rdma_emu::Gid(gid), lid);
             }
         }
         0

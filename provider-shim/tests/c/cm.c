@@ -172,6 +172,30 @@ int main(void)
 	CHECK(rdma_leave_multicast(ud, (struct sockaddr *)&grp) == 0);
 	CHECK(rdma_destroy_id(ud) == 0);
 
+	/* A join attaches the id's UD QP under the group's GID and LID (an InfiniBand MLID on
+	 * the full profile), which keeps the QP from being destroyed; the leave detaches that
+	 * very pair. */
+	{
+		struct rdma_cm_id *uq;
+		CHECK(rdma_create_id(ch, &uq, NULL, RDMA_PS_UDP) == 0);
+		CHECK(rdma_resolve_addr(uq, NULL, (struct sockaddr *)&grp, 100) == 0);
+		rdma_ack_cm_event(next(ch, RDMA_CM_EVENT_ADDR_RESOLVED));
+		struct ibv_pd *upd = ibv_alloc_pd(uq->verbs);
+		struct ibv_cq *ucq = ibv_create_cq(uq->verbs, 8, NULL, NULL, 0);
+		struct ibv_qp_init_attr qa = { .send_cq = ucq, .recv_cq = ucq, .qp_type = IBV_QPT_UD,
+			.cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1 } };
+		CHECK(upd && ucq && rdma_create_qp(uq, upd, &qa) == 0);
+		CHECK(rdma_join_multicast(uq, (struct sockaddr *)&grp, NULL) == 0);
+		rdma_ack_cm_event(next(ch, RDMA_CM_EVENT_MULTICAST_JOIN));
+		struct ibv_qp *q = uq->qp;
+		CHECK(ibv_destroy_qp(q) == EBUSY);
+		CHECK(rdma_leave_multicast(uq, (struct sockaddr *)&grp) == 0);
+		CHECK(ibv_destroy_qp(q) == 0);
+		uq->qp = NULL;
+		CHECK(rdma_destroy_id(uq) == 0);
+		CHECK(ibv_destroy_cq(ucq) == 0 && ibv_dealloc_pd(upd) == 0);
+	}
+
 	/* The ids' contexts are rdma_get_devices'. */
 	CHECK(devs = rdma_get_devices(&n));
 	CHECK(n == 2 && devs[0] && devs[1] && !devs[2]);
