@@ -444,6 +444,8 @@ fn create_qp_validates_caps_and_types() {
     }
     assert_eq!(mk(QpType::XRC_SEND, ok).unwrap_err().errno(), Errno::EOPNOTSUPP);
     assert_eq!(mk(QpType(77), ok).unwrap_err().errno(), Errno::EINVAL);
+    // The kernel passes a driver QP to the device, which rxe refuses (recorded on rxe).
+    assert_eq!(mk(QpType::DRIVER, ok).unwrap_err().errno(), Errno::EOPNOTSUPP);
     let qp = mk(QpType::RC, QpCap { max_send_sge: 2, max_inline_data: 100, ..ok }).unwrap();
     assert_eq!(qp.cap().max_send_sge, 6, "rxe sizes the WQE for max(sge * 16, inline)");
     assert_eq!(qp.cap().max_inline_data, 100);

@@ -589,6 +589,10 @@ impl Qp {
                 return Err(Error::new(Errno::EOPNOTSUPP, "the device has no raw packet QPs"));
             }
             QpType::RAW_PACKET => raw_port(ctx)?,
+            // The kernel lets a driver QP through to the device: rxe knows none.
+            QpType::DRIVER if dev.profile == crate::Profile::Rxe => {
+                return Err(Error::new(Errno::EOPNOTSUPP, "rxe has no driver QPs"));
+            }
             _ => return Err(einval("unknown QP type")),
         }
         if init.max_tso_header > 0

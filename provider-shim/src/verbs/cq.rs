@@ -127,6 +127,11 @@ const TM_WC_FLAGS: u64 = 1 << 10;
 const TIMESTAMP_WC_FLAGS: u64 = 1 << 7 | 1 << 11;
 const IBV_CQ_INIT_ATTR_MASK_FLAGS: u32 = 1;
 const IBV_CQ_INIT_ATTR_MASK_PD: u32 = 2;
+/// `IBV_CREATE_CQ_ATTR_SINGLE_THREADED`: a hint (no locking needed) providers may ignore.
+const SINGLE_THREADED: u32 = 1;
+/// `IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN`: the kernel's to grant; the emulator's CQs always
+/// report an overrun.
+const IGNORE_OVERRUN: u32 = 2;
 
 /// The `create_cq_ex` slot: `ibv_create_cq_ex(context, cq_attr)`.
 pub(crate) unsafe extern "C" fn create_cq_ex(
@@ -145,14 +150,30 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
             | if clock { TIMESTAMP_WC_FLAGS } else { 0 }
             | if raw { RAW_WC_FLAGS } else { 0 }
             | if s.emu().query_device().tm.max_num_tags > 0 { TM_WC_FLAGS } else { 0 };
-        let parents = s.emu().query_device().parent_domains;
-        let masks =
-            IBV_CQ_INIT_ATTR_MASK_FLAGS | if parents { IBV_CQ_INIT_ATTR_MASK_PD } else { 0 };
-        if a.wc_flags & !supported != 0
+        let rxe = s.emu().device().profile() == rdma_emu::Profile::Rxe;
+        let masks = IBV_CQ_INIT_ATTR_MASK_FLAGS | IBV_CQ_INIT_ATTR_MASK_PD;
+        let flags = if a.comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS != 0 { a.flags } else { 0 };
+        // mlx5 refuses what it does not know (EINVAL) before the WC flags it lacks; rxe's
+        // provider refuses those first and leaves the rest to libibverbs, which sends the
+        // kernel only IGNORE_OVERRUN of the flags (refused by rxe and by the emulator, whose
+        // CQs always report an overrun; SINGLE_THREADED and unknown bits go unread) and
+        // reads no parent domain.
+        let refused = if rxe {
+            (a.wc_flags & !supported != 0
+                || a.comp_mask & !masks != 0
+                || flags & IGNORE_OVERRUN != 0)
+                .then_some(libc::EOPNOTSUPP)
+        } else if a.cqe == 0
             || a.comp_mask & !masks != 0
-            || (a.comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS != 0 && a.flags != 0)
+            || flags & !(SINGLE_THREADED | IGNORE_OVERRUN) != 0
         {
-            set_errno(libc::EOPNOTSUPP);
+            Some(libc::EINVAL)
+        } else {
+            (a.wc_flags & !supported != 0 || flags & IGNORE_OVERRUN != 0)
+                .then_some(libc::EOPNOTSUPP)
+        };
+        if let Some(errno) = refused {
+            set_errno(errno);
             return ptr::null_mut();
         }
         // SAFETY: NULL or a live channel.
@@ -163,7 +184,7 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
         let channel = channel.map(|c| &c.emu);
         let options = rdma_emu::CqOptions { timestamps: a.wc_flags & TIMESTAMP_WC_FLAGS != 0 };
         // A CQ of a parent domain (as mlx5: it must be one, of this context's objects).
-        let domain = if a.comp_mask & IBV_CQ_INIT_ATTR_MASK_PD != 0 {
+        let domain = if a.comp_mask & IBV_CQ_INIT_ATTR_MASK_PD != 0 && !rxe {
             // SAFETY: NULL or a live PD.
             let d = unsafe { checked::<_, ShimPd>(a.parent_domain) };
             if !d.is_some_and(|d| d.parent.is_some() && super::parent::same_file(d.pd.context, s)) {
@@ -340,7 +361,10 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_resize_cq(cq: *mut ibv_cq, cq
                 unsafe { (*cq).cqe = n as c_int };
                 0
             }
-            Err(e) => e.errno().raw(),
+            Err(e) => {
+                set_errno(e.errno().raw());
+                e.errno().raw()
+            }
         }
     })
 }
@@ -393,8 +417,10 @@ pub(crate) unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c
         if rxe && unsafe { checked::<_, ShimCq>(cq) }.is_none() {
             return libc::ENOENT;
         }
+        // A CQ without a channel is armed all the same on rxe and mlx5 (0): no event can come
+        // of it, so nothing is armed here.
         if s.emu.channel().is_none() {
-            return libc::EINVAL;
+            return 0;
         }
         match s.emu.req_notify(solicited_only != 0) {
             Ok(()) => 0,

@@ -489,7 +489,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_query_port(
         if out.is_null() {
             return libc::EINVAL;
         }
-        fill_port(s, port, out, 48)
+        with_errno(fill_port(s, port, out, 48))
     })
 }
 
@@ -506,7 +506,7 @@ pub(crate) unsafe extern "C" fn query_port(
         if out.is_null() {
             return libc::EINVAL;
         }
-        fill_port(s, port, out, len)
+        with_errno(fill_port(s, port, out, len))
     })
 }
 
@@ -525,7 +525,10 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_query_gid(
                 gid.raw = g.0;
                 0
             }
-            Err(_) => -1,
+            Err(e) => {
+                set_errno(e.errno().raw());
+                -1
+            }
         }
     })
 }
@@ -596,8 +599,8 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim___ibv_query_gid_ex(
                 };
                 0
             }
-            Ok(None) => libc::ENODATA,
-            Err(e) => e.errno().raw(),
+            Ok(None) => with_errno(libc::ENODATA),
+            Err(e) => with_errno(e.errno().raw()),
         }
     })
 }
@@ -621,7 +624,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim___ibv_query_gid_table(
         for port in 1..=dev.attr().phys_port_cnt {
             for e in dev.gid_table(port).unwrap_or_default() {
                 if n == max {
-                    return -(libc::EINVAL as isize);
+                    return -(with_errno(libc::EINVAL) as isize);
                 }
                 let out = ibv_gid_entry {
                     gid: ibv_gid { raw: e.gid.0 },
@@ -685,7 +688,11 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_query_pkey(
                 *pkey = k.to_be();
                 0
             }
-            Err(_) => -1,
+            // libibverbs reads the entry from sysfs, where there is no such file.
+            Err(_) => {
+                set_errno(libc::ENOENT);
+                -1
+            }
         }
     })
 }
@@ -788,8 +795,21 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_get_pkey_index(
         let Some(s) = (unsafe { ctx(c) }) else { return -1 };
         let dev = s.emu().device();
         let len = dev.query_port(port).map(|p| p.pkey_tbl_len).unwrap_or(0);
-        (0..len)
-            .find(|&i| dev.query_pkey(port, i).ok() == Some(u16::from_be(pkey)))
-            .map_or(-1, |i| i as c_int)
+        match (0..len).find(|&i| dev.query_pkey(port, i).ok() == Some(u16::from_be(pkey))) {
+            Some(i) => i as c_int,
+            // Not found: the errno of the sysfs read past the table that ends libibverbs' loop.
+            None => {
+                set_errno(libc::ENOENT);
+                -1
+            }
+        }
     })
+}
+
+/// `errno` as a verb that returns it also leaves it (the kernel command that failed set it).
+fn with_errno(errno: c_int) -> c_int {
+    if errno != 0 {
+        set_errno(errno);
+    }
+    errno
 }

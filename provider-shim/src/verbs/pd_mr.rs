@@ -139,10 +139,8 @@ unsafe fn reg(
             Err(e) => null_with(e),
         };
     }
-    if addr.is_null() && len != 0 {
-        set_errno(libc::EINVAL);
-        return ptr::null_mut();
-    }
+    // NULL is no exception: as any unmapped range, the pinning fails (`EFAULT`, as the
+    // kernel's ib_umem_get fails on rxe and mlx5).
     // SAFETY: the ibv_reg_mr contract: the application keeps addr..addr+len mapped until it
     // deregisters the MR.
     let mem = unsafe { RawMemory::new(addr.cast(), len) };
@@ -206,7 +204,9 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_reg_dmabuf_mr(
             return ptr::null_mut();
         };
         if fd < 0 {
-            set_errno(libc::EBADF);
+            // rxe's refusal of the verb comes before any look at the descriptor.
+            let rxe = s.emu.context().device().profile() == rdma_emu::Profile::Rxe;
+            set_errno(if rxe { libc::EOPNOTSUPP } else { libc::EBADF });
             return ptr::null_mut();
         }
         // SAFETY: a non-negative descriptor number, used for the duration of this call only

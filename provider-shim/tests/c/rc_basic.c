@@ -175,6 +175,60 @@ int main(void)
 		CHECK(ibv_reg_mr(a.pd, a.buf, 64, IBV_ACCESS_REMOTE_WRITE) == NULL && errno == EINVAL);
 		errno = 0;
 		CHECK(ibv_create_cq(a.ctx, 0, NULL, NULL, 0) == NULL && errno == EINVAL);
+		/* NULL is unmapped memory like any other: the kernel's pinning fails (rxe, mlx5). */
+		errno = 0;
+		CHECK(ibv_reg_mr(a.pd, NULL, 4096, IBV_ACCESS_LOCAL_WRITE) == NULL && errno == EFAULT);
+		/* A CQ without a channel is armed as any (rxe and mlx5 take it): nothing comes of it. */
+		{
+			struct ibv_cq *lone = ibv_create_cq(a.ctx, 4, NULL, NULL, 0);
+			CHECK(lone && ibv_req_notify_cq(lone, 0) == 0 && ibv_req_notify_cq(lone, 1) == 0);
+			CHECK(ibv_destroy_cq(lone) == 0);
+		}
+		/* Queries past the device leave their reason in errno, as libibverbs' (rxe). */
+		{
+			struct ibv_port_attr pa;
+			union ibv_gid g;
+			uint16_t pkey;
+			errno = 0;
+			CHECK(ibv_query_port(a.ctx, 9, &pa) == EINVAL && errno == EINVAL);
+			errno = 0;
+			CHECK(ibv_query_gid(a.ctx, 9, 0, &g) == -1 && errno == EINVAL);
+			errno = 0;
+			CHECK(ibv_query_pkey(a.ctx, 1, 4000, &pkey) == -1 && errno == ENOENT);
+			errno = 0;
+			CHECK(ibv_get_pkey_index(a.ctx, 1, htons(0x1234)) == -1 && errno == ENOENT);
+			errno = 0;
+			CHECK(ibv_resize_cq(a.cq, 0) == EINVAL && errno == EINVAL);
+		}
+		/* ibv_create_cq_ex's flags and masks as each provider reads them: rxe's refuses
+		 * only what reaches its kernel (IGNORE_OVERRUN, which the emulator cannot grant
+		 * either), mlx5's whatever it does not know (EINVAL) and a PD that is no parent
+		 * domain. */
+		{
+			const char *pf = getenv("RDMA_EMU_PROFILE");
+			int on_rxe = pf && strcmp(pf, "rxe") == 0;
+			struct ibv_cq_init_attr_ex x = { .cqe = 4, .wc_flags = IBV_WC_STANDARD_FLAGS,
+				.comp_mask = IBV_CQ_INIT_ATTR_MASK_FLAGS,
+				.flags = IBV_CREATE_CQ_ATTR_SINGLE_THREADED };
+			struct ibv_cq_ex *cx = ibv_create_cq_ex(a.ctx, &x);
+			CHECK(cx && ibv_destroy_cq(ibv_cq_ex_to_cq(cx)) == 0);
+			x.flags = IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN;
+			errno = 0;
+			CHECK(!ibv_create_cq_ex(a.ctx, &x) && errno == EOPNOTSUPP);
+			x.flags = 1 << 7;
+			errno = 0;
+			cx = ibv_create_cq_ex(a.ctx, &x);
+			CHECK(on_rxe ? cx && ibv_destroy_cq(ibv_cq_ex_to_cq(cx)) == 0 : !cx && errno == EINVAL);
+			x.flags = 0;
+			x.comp_mask = IBV_CQ_INIT_ATTR_MASK_PD;
+			x.parent_domain = a.pd;
+			errno = 0;
+			cx = ibv_create_cq_ex(a.ctx, &x);
+			CHECK(on_rxe ? cx && ibv_destroy_cq(ibv_cq_ex_to_cq(cx)) == 0 : !cx && errno == EINVAL);
+			x.comp_mask = 1 << 4;
+			errno = 0;
+			CHECK(!ibv_create_cq_ex(a.ctx, &x) && errno == (on_rxe ? EOPNOTSUPP : EINVAL));
+		}
 		CHECK(ibv_destroy_comp_channel(a.ch) == EBUSY);
 		CHECK(ibv_modify_qp(a.qp, &attr, IBV_QP_STATE) == EINVAL);
 		CHECK(strcmp(ibv_wc_status_str(IBV_WC_REM_ACCESS_ERR), "remote access error") == 0);
