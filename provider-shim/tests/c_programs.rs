@@ -594,3 +594,22 @@ fn the_c_tests_run_clean_under_valgrind_memcheck() {
         assert!(name == "pure_functions" || out.contains(&format!("{name} ok")), "{name}: {out}");
     }
 }
+
+/// `ibv_fork_init` answers as libibverbs does under both profiles: 0 when called before any
+/// memory is registered (by the program, or by the first device list when `RDMAV_FORK_SAFE`
+/// is set) and ever after; `EINVAL` when memory was registered first (as on rxe, recorded).
+#[test]
+fn fork_init_is_refused_once_memory_was_registered_first() {
+    let exe = common::c_test("fork_init");
+    for profile in ["full", "rxe"] {
+        for when in ["early", "late", "env"] {
+            let mut cmd = Command::new(&exe);
+            cmd.arg(when).env("RDMA_EMU_PROFILE", profile).env("RDMA_EMU_FABRIC", "none");
+            if when == "env" {
+                cmd.env("RDMAV_FORK_SAFE", "1");
+            }
+            let out = run_on_shim(&mut cmd);
+            assert!(out.contains(&format!("fork_init {when} ok")), "{profile}: {out}");
+        }
+    }
+}

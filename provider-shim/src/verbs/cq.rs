@@ -76,6 +76,9 @@ fn new_cq(
     cq_context: *mut c_void,
     emu: rdma_emu::Cq,
 ) -> *mut ShimCq {
+    if emu.context().device().profile() == rdma_emu::Profile::Full {
+        super::device::fork_range_marked(); // as mlx5 marks the CQ's buffer
+    }
     {
         // SAFETY: ibv_cq_ex is plain data (pointers, integers, function pointers, pthread
         // objects initialised below); all-zero is valid for each.

@@ -6,7 +6,7 @@ use std::{
     ptr,
     sync::{
         Arc, OnceLock,
-        atomic::{AtomicPtr, Ordering},
+        atomic::{AtomicBool, AtomicPtr, Ordering},
     },
 };
 
@@ -173,6 +173,16 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_get_device_list(
     num: *mut c_int,
 ) -> *mut *mut ibv_device {
     ffi!(ptr::null_mut(), {
+        static FORK_SAFE: std::sync::Once = std::sync::Once::new();
+        // As libibverbs' first device list: fork-safety asked for by the environment.
+        FORK_SAFE.call_once(|| {
+            let asked =
+                ["RDMAV_FORK_SAFE", "IBV_FORK_SAFE"].iter().any(|v| std::env::var_os(v).is_some());
+            // SAFETY: no arguments; only this module's flags.
+            if asked && unsafe { rdma_emu_shim__ibv_fork_init() } != 0 {
+                eprintln!("libibverbs: Warning: fork()-safety requested but init failed");
+            }
+        });
         let devs = devices();
         // SAFETY: calloc of n+1 pointers; checked for NULL below.
         let list = unsafe { libc::calloc(devs.len() + 1, size_of::<*mut ibv_device>()) }
@@ -763,8 +773,30 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_read_ibdev_sysfs_file() -> c_
     -1
 }
 
-/// `ibv_fork_init()`: nothing is pinned, so fork needs no preparation.
+/// Whether `ibv_fork_init` ran (libibverbs' `mm_root`).
+static FORK_INIT: AtomicBool = AtomicBool::new(false);
+/// Whether memory was marked for fork before `ibv_fork_init` ran (libibverbs' `too_late`): a
+/// registration, a marked range or (full profile, as mlx5's buffers) a CQ or QP.
+static FORK_TOO_LATE: AtomicBool = AtomicBool::new(false);
+
+/// Marks memory as libibverbs' `ibv_dontfork_range` / `ibv_dofork_range` do: once any is
+/// marked before `ibv_fork_init`, that call is too late.
+pub(crate) fn fork_range_marked() {
+    if !FORK_INIT.load(Ordering::Relaxed) {
+        FORK_TOO_LATE.store(true, Ordering::Relaxed);
+    }
+}
+
+/// `ibv_fork_init()`: nothing is pinned, so fork needs no preparation; but as libibverbs, it
+/// fails `EINVAL` once memory was registered (or marked) before it, and later calls succeed.
 pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_fork_init() -> c_int {
+    if FORK_INIT.load(Ordering::Relaxed) {
+        return 0;
+    }
+    if FORK_TOO_LATE.load(Ordering::Relaxed) {
+        return libc::EINVAL;
+    }
+    FORK_INIT.store(true, Ordering::Relaxed);
     0
 }
 
@@ -773,13 +805,15 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_is_fork_initialized() -> c_in
     2
 }
 
-/// `ibv_dontfork_range` / `ibv_dofork_range`: nothing to do.
+/// `ibv_dontfork_range` / `ibv_dofork_range`: nothing to do (see [`fork_range_marked`]).
 pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_dontfork_range() -> c_int {
+    fork_range_marked();
     0
 }
 
 /// See `ibv_dontfork_range`.
 pub(crate) unsafe extern "C" fn rdma_emu_shim__ibv_dofork_range() -> c_int {
+    fork_range_marked();
     0
 }
 

@@ -139,6 +139,10 @@ unsafe fn reg(
             Err(e) => null_with(e),
         };
     }
+    // libibverbs marks the range before the provider sees it (not an on-demand one).
+    if !access.contains(AccessFlags::ON_DEMAND) {
+        super::device::fork_range_marked();
+    }
     // NULL is no exception: as any unmapped range, the pinning fails (`EFAULT`, as the
     // kernel's ib_umem_get fails on rxe and mlx5).
     // SAFETY: the ibv_reg_mr contract: the application keeps addr..addr+len mapped until it

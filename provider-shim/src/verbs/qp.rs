@@ -341,6 +341,9 @@ pub(crate) struct QpParts {
 
 /// Hands a new emulator QP to C as an `ibv_qp_ex` (with the `ibv_wr_*` table if `extended`).
 pub(crate) fn wrap(c: QpParts, emu: rdma_emu::Qp, extended: bool) -> *mut ibv_qp {
+    if emu.pd().context().device().profile() == rdma_emu::Profile::Full {
+        super::device::fork_range_marked(); // as mlx5 marks the QP's buffer
+    }
     // SAFETY: ibv_qp_ex is plain data (pointers, integers, function pointers, pthread objects
     // initialised below); all-zero is valid for each.
     let mut qp: ibv_qp_ex = unsafe { std::mem::zeroed() };
