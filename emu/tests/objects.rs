@@ -475,6 +475,7 @@ fn modify_checks_transitions_masks_and_values() {
     ));
     einval(n.qp.modify(&QpAttr { qp_state: QpState(9), ..to(QpState::INIT) }, M::STATE));
     n.qp.modify(&to(QpState::INIT), M::STATE | M::PORT | M::PKEY_INDEX | M::ACCESS_FLAGS).unwrap();
+    assert_eq!(n.qp.query().unwrap().path_mtu, Mtu::MTU_256, "rxe starts a QP's path MTU at 256");
     let ep = peer.qp.endpoint(0);
     let rtr = QpAttr {
         qp_state: QpState::RTR,
@@ -497,7 +498,12 @@ fn modify_checks_transitions_masks_and_values() {
     assert_eq!(n.qp.modify(&rtr, m | M::RATE_LIMIT).unwrap_err().errno(), Errno::EOPNOTSUPP);
     einval(n.qp.modify(&rtr, m | M::ALT_PATH));
     einval(n.qp.modify(&QpAttr { max_dest_rd_atomic: 129, ..rtr }, m));
-    n.qp.modify(&rtr, m).unwrap();
+    // The kernel refuses an address vector's invalid port (0 among them) for every device.
+    einval(n.qp.modify(&QpAttr { ah_attr: AhAttr { port_num: 0, ..rtr.ah_attr }, ..rtr }, m));
+    let ah_attr = AhAttr { sl: 5, static_rate: 3, ..rtr.ah_attr };
+    n.qp.modify(&QpAttr { ah_attr, ..rtr }, m).unwrap();
+    let av = n.qp.query().unwrap().ah_attr;
+    assert_eq!((av.sl, av.static_rate), (0, 0), "rxe's address vector keeps neither");
     let rts = QpAttr {
         qp_state: QpState::RTS,
         timeout: 14,

@@ -877,6 +877,14 @@ impl Qp {
         a.sq_psn = g.req.psn;
         a.rq_psn = g.resp.epsn;
         a.sq_draining = (g.state == QpState::SQD && g.sq.in_flight() > 0) as u8;
+        if self.0.ctx.device.profile == crate::Profile::Rxe {
+            // rxe's address vector keeps no SL or static rate (RoCE carries neither), and a
+            // QP's path MTU starts at 256 bytes.
+            (a.ah_attr.sl, a.ah_attr.static_rate) = (0, 0);
+            if a.path_mtu == Mtu(0) {
+                a.path_mtu = Mtu::MTU_256;
+            }
+        }
         Ok(a)
     }
 
@@ -955,7 +963,8 @@ impl Qp {
         }
         if mask.contains(QpAttrMask::AV) {
             let ah = &attr.ah_attr;
-            if ah.port_num != 0 && ah.port_num != port_num {
+            // The kernel checks the port before the device sees it (0 among the invalid).
+            if ah.port_num != port_num {
                 return Err(einval("the address vector's port is not the QP's port"));
             }
             if pattr.link_layer == LinkLayer::ETHERNET && !ah.is_global {
