@@ -1016,7 +1016,8 @@ static int post_send_ex(struct obj *q, struct ibv_send_wr *wr, int count)
 			ibv_wr_abort(x);
 			return EOPNOTSUPP;
 		}
-		if (q->qp_type == IBV_QPT_UD)
+		/* A UD request without ah= is built without an address (rxe takes it). */
+		if (q->qp_type == IBV_QPT_UD && w->wr.ud.ah)
 			ibv_wr_set_ud_addr(x, w->wr.ud.ah, w->wr.ud.remote_qpn, w->wr.ud.remote_qkey);
 		if (!with_data)
 			continue;

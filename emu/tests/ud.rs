@@ -381,3 +381,22 @@ fn a_group_attached_under_two_lids_is_left_at_the_first_detach() {
     assert_eq!(e(b.qp.detach_mcast(&mgid, 2)), Errno::EINVAL, "unlisted");
     assert_eq!(e(b.qp.destroy()), Errno::EBUSY, "the failed detach's hold stays");
 }
+
+/// A UD request built with the `ibv_wr_*` calls but no address (`Qp::post_send_built` with
+/// `ud: None`) is taken, as rxe's builder takes it, and fails as it runs: a local QP operation
+/// error, the QP in ERR, what follows flushed. `ibv_post_send` refuses it at the post.
+#[test]
+fn a_built_datagram_without_an_address_fails_as_it_runs() {
+    let (_f, a, b) = pair(Profile::Rxe);
+    let s = [sge(&a.n.mr, 0, 8)];
+    let bare = SendWr::send(1, &s).signaled();
+    assert_eq!(a.qp.post_send(&bare).unwrap_err().errno(), Errno::EINVAL, "post_send refuses it");
+    a.qp.post_send_built(&[bare]).unwrap();
+    let wc = wait1(&a.n.cq);
+    assert_eq!((wc.wr_id, wc.status), (1, WcStatus::LOC_QP_OP_ERR));
+    assert_eq!(a.qp.state(), QpState::ERR);
+    let ah = ah_to(&a, &b);
+    a.qp.post_send(&SendWr::send_ud(2, &s, &ah, b.qp.qp_num(), QKEY).signaled()).unwrap();
+    assert_eq!(wait1(&a.n.cq).status, WcStatus::WR_FLUSH_ERR);
+    assert_empty(&b.n.cq);
+}

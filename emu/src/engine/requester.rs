@@ -121,33 +121,13 @@ pub(crate) fn post(
         return Err(einval("a raw packet QP sends SEND and TSO only"));
     }
     let ud = if qp.qp_type == QpType::UD {
-        let Some(u) = wr.ud else { return Err(einval("a UD send needs an address handle")) };
-        u.ah.check()?;
-        let a = &u.ah.0.attr;
-        let sgid = qp
-            .ctx
-            .device
-            .port(g.attr.port_num)
-            .ok()
-            .and_then(|p| p.gids.iter().find(|e| e.index == a.sgid_index as u32).map(|e| e.gid))
-            .unwrap_or_default();
-        let dest = u.ah.0.dest.unwrap_or((u32::MAX, 0));
-        let grh = Grh {
-            sgid,
-            dgid: a.dgid,
-            traffic_class: a.traffic_class,
-            // rxe sends IPv6 with flow label 0 whatever the AH says; mlx5 sends the AH's.
-            flow_label: match qp.ctx.device.profile {
-                crate::Profile::Rxe => 0,
-                crate::Profile::Full => a.flow_label & 0xf_ffff,
-            },
-            hop_limit: a.hop_limit,
-        };
-        // An AH of another PD is taken by the post: rxe fails the WR when it runs (a local
-        // QP operation error); mlx5 copies the AH's address into the WQE and sends.
-        let foreign =
-            !Arc::ptr_eq(&u.ah.0.pd, &qp.pd) && qp.ctx.device.profile == crate::Profile::Rxe;
-        Some((dest, u.remote_qpn, u.remote_qkey, a.is_global.then_some(grh), foreign))
+        match &wr.ud {
+            Some(u) => Some(ud_target(qp, g, u)?),
+            // Built with the `ibv_wr_*` calls but no `ibv_wr_set_ud_addr`: rxe's builder takes
+            // it, and it fails as it runs (a local QP operation error; the QP to ERR).
+            None if operands == Operands::AsBuilt => Some(((u32::MAX, 0), 0, 0, None, true)),
+            None => return Err(einval("a UD send needs an address handle")),
+        }
     } else {
         None
     };
@@ -198,6 +178,36 @@ pub(crate) fn post(
         _ => {}
     }
     queue(g, wr, length as u32, ud).map(|()| true)
+}
+
+/// Where a UD request goes, as the post captures it from its address handle (`EINVAL` for a
+/// destroyed one).
+fn ud_target(qp: &QpShared, g: &QpInner, u: &crate::qp::UdDest<'_>) -> Result<UdTarget> {
+    u.ah.check()?;
+    let a = &u.ah.0.attr;
+    let sgid = qp
+        .ctx
+        .device
+        .port(g.attr.port_num)
+        .ok()
+        .and_then(|p| p.gids.iter().find(|e| e.index == a.sgid_index as u32).map(|e| e.gid))
+        .unwrap_or_default();
+    let dest = u.ah.0.dest.unwrap_or((u32::MAX, 0));
+    let grh = Grh {
+        sgid,
+        dgid: a.dgid,
+        traffic_class: a.traffic_class,
+        // rxe sends IPv6 with flow label 0 whatever the AH says; mlx5 sends the AH's.
+        flow_label: match qp.ctx.device.profile {
+            crate::Profile::Rxe => 0,
+            crate::Profile::Full => a.flow_label & 0xf_ffff,
+        },
+        hop_limit: a.hop_limit,
+    };
+    // An AH of another PD is taken by the post: rxe fails the WR when it runs (a local
+    // QP operation error); mlx5 copies the AH's address into the WQE and sends.
+    let foreign = !Arc::ptr_eq(&u.ah.0.pd, &qp.pd) && qp.ctx.device.profile == crate::Profile::Rxe;
+    Ok((dest, u.remote_qpn, u.remote_qkey, a.is_global.then_some(grh), foreign))
 }
 
 /// Queues `wr`, checked, of `length` bytes (to `ud` on a UD QP) at the head of the send

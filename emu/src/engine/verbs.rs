@@ -62,8 +62,8 @@ impl Qp {
         let mut rest = wrs;
         while let [wr, tail @ ..] = rest {
             rest = tail;
-            // The lane decides as the express path does, only quicker: a batch built with
-            // the `ibv_wr_*` calls goes without it, which keeps the lane's one copy inline.
+            // The lane decides as the express path does, only quicker, for `ibv_post_send`'s
+            // requests; a batch built with the `ibv_wr_*` calls goes the general way.
             if operands == Operands::Checked && super::lane::post(qp, &mut g, wr, f) {
                 continue;
             }

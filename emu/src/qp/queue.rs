@@ -7,7 +7,8 @@ use crate::{
 };
 
 /// A UD destination captured at post time: (device, port), QPN, Q_Key, the GRH when the
-/// address handle has one, and whether the AH is of another PD than the QP's.
+/// address handle has one, and whether the request fails as it runs (a local QP operation
+/// error): on rxe an AH of another PD than the QP's, or a request built without an address.
 pub(crate) type UdTarget = ((u32, u8), u32, u32, Option<crate::types::Grh>, bool);
 
 /// A send WQE: the posted request plus what the requester recorded when it transmitted it.

@@ -231,11 +231,16 @@ int main(void)
 		CHECK(w.wr_id == 21 && w.status == IBV_WC_SUCCESS && w.src_qp == xq->qp_num &&
 		      (w.wc_flags & IBV_WC_WITH_IMM) && be32toh(w.imm_data) == 0x1234 && w.byte_len == 40 + 9);
 		CHECK(strcmp(b.buf + 1024 + 40, "datagram") == 0);
-		/* A UD WR without an address fails the batch. */
+		/* A UD WR without an address is taken, as rxe's builder takes it, and fails as it
+		 * runs: a local QP operation error (the QP in ERR). */
 		ibv_wr_start(qx);
+		qx->wr_id = 23;
+		qx->wr_flags = IBV_SEND_SIGNALED;
 		ibv_wr_send(qx);
 		ibv_wr_set_sge(qx, a.mr->lkey, (uintptr_t)a.buf, 9);
-		CHECK(ibv_wr_complete(qx) == EINVAL);
+		CHECK(ibv_wr_complete(qx) == 0);
+		struct ibv_wc bare = wait_wc(a.cq);
+		CHECK(bare.wr_id == 23 && bare.status == IBV_WC_LOC_QP_OP_ERR);
 		CHECK(ibv_destroy_qp(xq) == 0);
 	}
 
