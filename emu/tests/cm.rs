@@ -8,8 +8,8 @@ use common::*;
 use rdma_emu::{
     cm::{
         CmChannel, CmEvent, CmEventType as E, CmId, ConnParam, PortSpace, REJ_CONSUMER_DEFINED,
-        REJ_INVALID_SERVICE_ID, REJ_VENDOR_OPTION_NOT_SUPPORTED, REQ_PRIVATE_DATA,
-        addr::PortAddress,
+        REJ_INVALID_SERVICE_ID, REJ_PRIVATE_DATA, REJ_VENDOR_OPTION_NOT_SUPPORTED,
+        REQ_PRIVATE_DATA, addr::PortAddress,
     },
     *,
 };
@@ -289,16 +289,28 @@ fn refusals_come_back_as_rejected_with_the_reason() {
     let req = next(&sch, E::ConnectRequest);
     assert_eq!(
         req.id
-            .accept(&ConnParam { private_data: vec![0; 197], ..Default::default() })
+            .accept(&ConnParam { private_data: vec![7; 197], ..Default::default() })
             .unwrap_err()
             .errno(),
         Errno::EINVAL
     );
+    // As the kernel's rdma_accept (recorded on rxe): its own failure rejects the request,
+    // consumer-defined and without private data; the request is then answered.
+    let rej = next(&cch, E::Rejected);
+    assert_eq!(rej.status, REJ_CONSUMER_DEFINED);
+    assert!(rej.param.private_data.iter().all(|&b| b == 0));
+    assert_eq!(req.id.reject(b"go away").unwrap_err().errno(), Errno::EINVAL);
+    assert_eq!(req.id.accept(&ConnParam::default()).unwrap_err().errno(), Errno::EINVAL);
+
+    let again = resolved(&cch, PortSpace::Tcp, None, "127.0.0.2:7471");
+    again.connect(&ConnParam::default()).unwrap();
+    let req = next(&sch, E::ConnectRequest);
+    let long = vec![1; REJ_PRIVATE_DATA + 1];
+    assert_eq!(req.id.reject(&long).unwrap_err().errno(), Errno::EINVAL, "the request stands");
     req.id.reject(b"go away").unwrap();
     let rej = next(&cch, E::Rejected);
     assert_eq!(rej.status, REJ_CONSUMER_DEFINED);
     assert_eq!(&rej.param.private_data[..7], b"go away");
-    assert_eq!(req.id.accept(&ConnParam::default()).unwrap_err().errno(), Errno::EINVAL);
 
     // Nobody listens on that port: the CM's "invalid service ID".
     let other = CmId::create(&cch, PortSpace::Tcp).unwrap();
@@ -397,11 +409,18 @@ fn addresses_ports_and_states_are_checked() {
     assert_eq!(next(&ch, E::AddrError).status, -libc_ehostunreach());
     // Calls in the wrong state.
     assert_eq!(e.resolve_route(10).unwrap_err().errno(), Errno::EINVAL);
-    assert_eq!(e.listen(1).unwrap_err().errno(), Errno::EINVAL);
     assert_eq!(e.connect(&ConnParam::default()).unwrap_err().errno(), Errno::EINVAL);
     assert_eq!(e.reject(&[]).unwrap_err().errno(), Errno::EINVAL);
+    // The kernel leaves an id whose address failed to resolve bound (ADDR_BOUND), and an
+    // unbound one is bound by rdma_listen: it listens either way.
+    e.listen(1).unwrap();
     d.listen(1).unwrap();
     assert_eq!(d.listen(1).unwrap_err().errno(), Errno::EINVAL);
+    // An id never bound listens on the wildcard and a port of the system's choosing (rxe).
+    let l = CmId::create(&ch, PortSpace::Tcp).unwrap();
+    l.listen(1).unwrap();
+    let at = l.local_addr().unwrap();
+    assert!(at.ip().is_unspecified() && at.port() >= 32768, "{at}");
     e.destroy().unwrap();
     assert_eq!(e.destroy().unwrap_err().errno(), Errno::EINVAL);
 }

@@ -1025,6 +1025,12 @@ impl CmId {
     /// for an answer at once, further ones are rejected (a backlog of 0 or less, or above
     /// [`MAX_BACKLOG`], is the kernel's maximum, as in its rdma_ucm).
     pub fn listen(&self, backlog: i32) -> Result<()> {
+        // An id never bound listens on the IPv4 wildcard and a port of the system's choosing,
+        // as the kernel's rdma_listen binds it.
+        if self.0.st.lock().state == State::Idle {
+            let any = SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, 0));
+            self.bind_addr(any)?;
+        }
         let mut st = self.0.st.lock();
         if st.state != State::AddrBound {
             return Err(einval("listen needs a bound id that is not listening"));
@@ -1278,20 +1284,34 @@ impl CmId {
         if st.state != State::Request {
             return Err(einval("accept needs an id with a connection request"));
         }
-        let limit = if self.datagram() { SIDR_REP_PRIVATE_DATA } else { REP_PRIVATE_DATA };
-        if p.private_data.len() > limit {
-            return Err(einval("too much private data for a reply"));
-        }
         let remote = st.remote.expect("a request has a remote");
         let (dev, _) = st.port.expect("a request has a port");
         let asked = (remote.initiator_depth, remote.responder_resources);
         let (responder_resources, initiator_depth) =
             p.rd_atomic(device_at(self.fabric(), dev)?, Some(asked))?;
         let p = &ConnParam { responder_resources, initiator_depth, ..p.clone() };
-        st.mine = p.clone();
         if let Some(qp) = st.qp.as_ref().filter(|_| !self.datagram()) {
             QpSetup::passive(&st, remote, p).rtr_rts(self.fabric(), qp)?;
         }
+        // What the kernel's CM refuses, after librdmacm readied the QP: the accept fails and
+        // the connection is rejected with it (the QP to ERR, a consumer-defined REJ without
+        // private data), as the kernel's rdma_accept rejects on any failure of its own.
+        let limit = if self.datagram() { SIDR_REP_PRIVATE_DATA } else { REP_PRIVATE_DATA };
+        if p.private_data.len() > limit {
+            if let Some(qp) = st.qp.as_ref().filter(|_| !self.datagram()) {
+                to_error(qp);
+            }
+            st.state = State::Idle;
+            drop(st);
+            let to = remote.id;
+            send(
+                self.fabric(),
+                &remote,
+                Msg::Rej { to, reason: REJ_CONSUMER_DEFINED, private: vec![] },
+            );
+            return Err(einval("too much private data for a reply"));
+        }
+        st.mine = p.clone();
         // A UD reply (SIDR REP) ends the exchange: no RTU follows.
         st.state = if self.datagram() { State::Connected } else { State::Accepting };
         let qpn = st.qp.as_ref().map_or(p.qp_num, Qp::qp_num);

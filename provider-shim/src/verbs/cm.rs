@@ -428,7 +428,10 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_listen(
 ) -> c_int {
     ffi!(fail_with(libc::EIO), {
         let Some(s) = cm_id(id) else { return fail_with(libc::EINVAL) };
-        done(s.emu.listen(backlog))
+        let res = s.emu.listen(backlog);
+        // An id listened on unbound was bound by it: its address is news to C.
+        refresh(id.cast());
+        done(res)
     })
 }
 
