@@ -1301,14 +1301,9 @@ impl CmId {
             if let Some(qp) = st.qp.as_ref().filter(|_| !self.datagram()) {
                 to_error(qp);
             }
-            st.state = State::Idle;
             drop(st);
-            let to = remote.id;
-            send(
-                self.fabric(),
-                &remote,
-                Msg::Rej { to, reason: REJ_CONSUMER_DEFINED, private: vec![] },
-            );
+            // (Another thread's answer meanwhile leaves nothing to reject.)
+            let _ = self.reject_for(REJ_CONSUMER_DEFINED, &[]);
             return Err(einval("too much private data for a reply"));
         }
         st.mine = p.clone();

@@ -62,9 +62,7 @@ impl Qp {
         let mut rest = wrs;
         while let [wr, tail @ ..] = rest {
             rest = tail;
-            // The lane decides as the express path does, only quicker, for `ibv_post_send`'s
-            // requests; a batch built with the `ibv_wr_*` calls goes the general way.
-            if operands == Operands::Checked && super::lane::post(qp, &mut g, wr, f) {
+            if super::lane::post(qp, &mut g, wr, f) {
                 continue;
             }
             if g.lane_across {

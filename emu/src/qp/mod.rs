@@ -783,10 +783,7 @@ impl Qp {
         }
         // An IPv6 multicast address, or an IPv4-mapped one (RoCE v2 groups; the kernel's
         // rdma_is_multicast_addr takes both).
-        let v = &gid.0;
-        let mapped_v4 = v[..10].iter().all(|&b| b == 0) && v[10..12] == [0xff, 0xff];
-        let multicast = v[0] == 0xff || (mapped_v4 && v[12] & 0xf0 == 0xe0);
-        if self.0.qp_type != QpType::UD || !multicast {
+        if self.0.qp_type != QpType::UD || !gid.is_multicast() {
             return Err(einval("multicast needs a UD QP and a multicast GID"));
         }
         self.0.life.get()?; // an attachment keeps the QP from being destroyed
