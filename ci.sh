@@ -157,10 +157,12 @@ case "${1:-test}" in
             # message taken in and delivered (the empty looks between them, as many as the
             # fabrics' own threads make, are not counted), over the 1,000 rounds of warm-up
             # too; the fewest of three runs (a retransmission under valgrind's slowness adds).
+            # (The toggles name the functions the Rust API's `post_send` and `post_recv` call:
+            # were they inlined or renamed, callgrind would count nothing of the posts.)
             rounds=$((n / 10))
             for _ in 1 2 3; do
                 valgrind --tool=callgrind --fair-sched=yes --callgrind-out-file=target/wr_cost_host.callgrind \
-                    --toggle-collect='*Qp>::post_send_list' --toggle-collect='*Qp>::post_recv_list' \
+                    --toggle-collect='*Qp>::post_list' --toggle-collect='*responder::post_recv' \
                     --toggle-collect='*host::receive::receive_marked' \
                     ./target/release/wr_cost $rounds --host --op send 2>&1 |
                     awk '/Collected/ { print $4 }'

@@ -321,6 +321,21 @@ fn the_connection_manager_in_one_process_and_its_bad_input() {
     }
 }
 
+/// `rdma_destroy_id`, `rdma_migrate_id` and `rdma_leave_multicast` wait, as librdmacm's do,
+/// until another thread acknowledged the events it took for the id (a connection request
+/// counting for its listener); the same program passes against the kernel's rxe (in the VM,
+/// with `CM_ACKS_HOST` its port's address and a multicast route).
+#[test]
+fn the_connection_manager_waits_for_every_event_of_an_id_to_be_acknowledged() {
+    let exe = common::c_test("cm_acks");
+    for profile in ["full", "rxe"] {
+        let mut cmd = Command::new(&exe);
+        cmd.env("RDMA_EMU_PROFILE", profile).env("RDMA_EMU_FABRIC", "none");
+        let out = run_on_shim(&mut cmd);
+        assert!(out.contains("cm_acks ok"), "{profile}: {out}");
+    }
+}
+
 /// Children of a process that opened a device use the verbs and the CM on their own, and
 /// leave their parent reachable when they exit (see `tests/c/fork.c`).
 #[test]
@@ -570,6 +585,7 @@ fn the_c_tests_run_clean_under_valgrind_memcheck() {
         "import",
         "parent",
         "cm",
+        "cm_acks",
         "pure_functions",
         "raw",
         "tm",

@@ -6,9 +6,9 @@
 //! jump here. librdmacm's conventions hold: 0 or -1 with `errno`, NULL with `errno`.
 
 use core::ffi::{c_char, c_int, c_void};
-use std::{net::SocketAddr, os::fd::AsRawFd, ptr, sync::OnceLock};
+use std::{net::SocketAddr, os::fd::AsRawFd, ptr, sync::OnceLock, time::Duration};
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use rdma_emu::cm::{CmChannel, CmEvent, CmEventType, CmId, ConnParam, PortSpace};
 
 use super::sockaddr;
@@ -31,6 +31,8 @@ pub(crate) struct ShimCmId {
     id: rdma_cm_id,
     emu: CmId,
     extra: Mutex<Extra>,
+    /// Signalled as an event counted for the id is acknowledged (see [`Extra::reported`]).
+    acks: Condvar,
 }
 
 /// What librdmacm keeps for an id beyond `struct rdma_cm_id`.
@@ -48,6 +50,13 @@ struct Extra {
     /// The multicast groups joined: the application's context for each, and whether the
     /// join is send-only (the QP is then not attached).
     groups: Vec<Group>,
+    /// The events handed to the application for this id (a connection request counts for
+    /// its listener), and how many of them it acknowledged: `rdma_destroy_id` and
+    /// `rdma_migrate_id` return only once it acknowledged them all, as librdmacm's do (the
+    /// kernel tells the library how many it reported; the library counts acknowledgements),
+    /// so an event's `id` stays valid until its acknowledgement.
+    reported: u64,
+    acked: u64,
 }
 
 /// A multicast group an id joined.
@@ -58,6 +67,10 @@ struct Group {
     /// The multicast GID and LID the id's QP was attached to, once the join completed (the
     /// pair the leave detaches, as librdmacm keeps its `mgid` and `mlid`).
     attached: Option<([u8; 16], u16)>,
+    /// The group's events handed out and acknowledged (they count for the id too):
+    /// `rdma_leave_multicast` waits for the acknowledgements, as librdmacm's does.
+    reported: u64,
+    acked: u64,
 }
 
 impl Default for Extra {
@@ -68,6 +81,8 @@ impl Default for Extra {
             qp_init: None,
             own_cqs: false,
             groups: Vec::new(),
+            reported: 0,
+            acked: 0,
         }
     }
 }
@@ -77,6 +92,31 @@ impl Default for Extra {
 pub(crate) struct ShimCmEvent {
     ev: rdma_cm_event,
     private_data: Vec<u8>,
+    /// The id this event counts for until it is acknowledged (a connection request's
+    /// listener; see [`Extra::reported`]), and the multicast group it is about, if any.
+    owner: *const ShimCmId,
+    group: Option<SocketAddr>,
+}
+
+/// How long an id's destroy, migration or leave waits for acknowledgements before it says so
+/// on standard error (it goes on waiting: librdmacm would wait for ever, silently).
+const ACK_WAIT_TOLD: Duration = Duration::from_secs(5);
+
+/// Waits until every event `pending` counts of the id `s` has been acknowledged, as librdmacm
+/// waits in `what`.
+fn wait_for_acks(s: &ShimCmId, what: &str, pending: impl Fn(&Extra) -> u64) {
+    let mut x = s.extra.lock();
+    let mut told = false;
+    while pending(&x) > 0 {
+        if s.acks.wait_for(&mut x, ACK_WAIT_TOLD).timed_out() && !told {
+            eprintln!(
+                "rdma-emu: {what} waits for {} event(s) of the id to be acknowledged \
+                 (rdma_ack_cm_event), as librdmacm waits",
+                pending(&x)
+            );
+            told = true;
+        }
+    }
 }
 
 /// Held while a thread turns an emulator event into a C one (it reaches the id through the
@@ -199,7 +239,7 @@ fn new_id(emu: CmId, channel: *mut rdma_event_channel, context: *mut c_void) -> 
     let mut id: rdma_cm_id = unsafe { std::mem::zeroed() };
     (id.channel, id.context, id.ps) = (channel, context, emu.port_space().code());
     id.qp_type = if emu.port_space() == PortSpace::Udp { 4 } else { 2 }; // IBV_QPT_UD : RC
-    let p = leak_unowned(ShimCmId { id, emu, extra: Mutex::default() });
+    let p = leak_unowned(ShimCmId { id, emu, extra: Mutex::default(), acks: Condvar::new() });
     // SAFETY: just made.
     unsafe { (*p).emu.set_user_data(p as usize) };
     refresh(p);
@@ -350,22 +390,27 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_destroy_id(
     ffi!(fail_with(libc::EIO), {
         let Some(s) = cm_id(id) else { return fail_with(libc::EINVAL) };
         let res = s.emu.destroy();
-        let _freeing = EVENT_IDS.lock();
-        s.emu.set_user_data(0);
-        let (sync, event) = {
-            let x = s.extra.lock();
-            (x.sync, x.event)
-        };
-        // SAFETY: the id's own event and channel, which nobody else holds.
-        unsafe {
-            if !event.is_null() {
-                rdma_emu_shim__rdma_emu_cm__rdma_ack_cm_event(event);
-            }
-            if !sync.is_null() {
-                rdma_emu_shim__rdma_emu_cm__rdma_destroy_event_channel(sync);
-            }
+        {
+            // From here no event is made for the id (`shim_event` finds it through this).
+            let _ids = EVENT_IDS.lock();
+            s.emu.set_user_data(0);
         }
-        // SAFETY: not used by C after rdma_destroy_id (the contract).
+        let (sync, event) = {
+            let mut x = s.extra.lock();
+            (x.sync, std::mem::replace(&mut x.event, ptr::null_mut()))
+        };
+        if !event.is_null() {
+            // SAFETY: the id's own event, which nobody else holds.
+            unsafe { rdma_emu_shim__rdma_emu_cm__rdma_ack_cm_event(event) };
+        }
+        // Another thread may still be reading an event about the id.
+        wait_for_acks(s, "rdma_destroy_id", |x| x.reported - x.acked);
+        if !sync.is_null() {
+            // SAFETY: the id's own channel, which nobody else holds.
+            unsafe { rdma_emu_shim__rdma_emu_cm__rdma_destroy_event_channel(sync) };
+        }
+        // SAFETY: not used by C after rdma_destroy_id (the contract), nor by any event of it
+        // (all acknowledged).
         unsafe { free(s as *const ShimCmId) };
         done(res)
     })
@@ -587,21 +632,33 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_get_cm_event(
 fn shim_event(ch: *mut rdma_event_channel, ev: CmEvent) -> Option<*mut ShimCmEvent> {
     let _ids = EVENT_IDS.lock();
     let listen = ev.listen_id.as_ref().map_or(ptr::null_mut(), |l| l.user_data() as *mut ShimCmId);
-    let id = if ev.event == CmEventType::ConnectRequest {
-        // SAFETY: the listener is a live id of ours (its user data is cleared at destroy).
-        let l = unsafe { listen.as_ref() };
-        let id = new_id(ev.id.clone(), ch, l.map_or(ptr::null_mut(), |l| l.id.context));
-        if let Some(l) = l {
-            // The new id is of the listener's QP type, as librdmacm makes it.
-            // SAFETY: just made, ours.
-            unsafe { (*id).id.qp_type = l.id.qp_type };
-        }
-        id
+    let (id, owner) = if ev.event == CmEventType::ConnectRequest {
+        // SAFETY: NULL or a live id of ours (its user data is cleared at destroy).
+        let Some(l) = (unsafe { listen.as_ref() }) else {
+            // Its listener was destroyed after the event was taken off the channel: the request
+            // goes with it, as the kernel's destroy takes a listener's requests.
+            let _ = ev.id.destroy();
+            return None;
+        };
+        let id = new_id(ev.id.clone(), ch, l.id.context);
+        // The new id is of the listener's QP type, as librdmacm makes it.
+        // SAFETY: just made, ours.
+        unsafe { (*id).id.qp_type = l.id.qp_type };
+        (id, listen)
     } else {
-        ev.id.user_data() as *mut ShimCmId
+        let id = ev.id.user_data() as *mut ShimCmId;
+        (id, id)
     };
     if id.is_null() {
         return None;
+    }
+    {
+        // SAFETY: a live id of ours (we hold EVENT_IDS, which its destroy takes to retire it).
+        let mut x = unsafe { &*owner }.extra.lock();
+        x.reported += 1;
+        if let Some(g) = ev.group.and_then(|a| x.groups.iter_mut().find(|g| g.addr == a)) {
+            g.reported += 1;
+        }
     }
     refresh(id);
     if ev.event == CmEventType::Established {
@@ -614,7 +671,7 @@ fn shim_event(ch: *mut rdma_event_channel, ev: CmEvent) -> Option<*mut ShimCmEve
     (c.event, c.status) = (ev.event.code(), ev.status);
     let p = &ev.param;
     let private_data = p.private_data.clone();
-    let mut s = Box::new(ShimCmEvent { ev: c, private_data });
+    let mut s = Box::new(ShimCmEvent { ev: c, private_data, owner, group: ev.group });
     // The conn member of the param union over the ud member's storage.
     let conn = rdma_conn_param {
         private_data: if s.private_data.is_empty() {
@@ -710,7 +767,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_join_multicast_
         // SAFETY: NULL or the application's address.
         let Some(group) = (unsafe { socket_addr(a.addr) }) else { return fail_with(libc::EINVAL) };
         let send_only = a.join_flags == SENDONLY_FULLMEMBER;
-        let g = Group { addr: group, context, send_only, attached: None };
+        let g = Group { addr: group, context, send_only, attached: None, reported: 0, acked: 0 };
         s.extra.lock().groups.push(g);
         match s.emu.join_multicast(group) {
             Ok(()) => 0,
@@ -738,6 +795,11 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_leave_multicast
         if let Err(e) = s.emu.leave_multicast(group) {
             return fail(e);
         }
+        let unacked = |x: &Extra| {
+            let g = x.groups.iter().find(|g| g.addr == group);
+            g.map_or(0, |g| g.reported - g.acked)
+        };
+        wait_for_acks(s, "rdma_leave_multicast", unacked);
         let mut extra = s.extra.lock();
         if let Some(i) = extra.groups.iter().position(|g| g.addr == group) {
             let g = extra.groups.remove(i);
@@ -760,6 +822,17 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_ack_cm_event(
         let Some(s) = (unsafe { obj::<_, ShimCmEvent>(ev) }) else {
             return fail_with(libc::EINVAL);
         };
+        // SAFETY: the id the event counts for waits for this acknowledgement before it is
+        // freed (`wait_for_acks`).
+        let owner = unsafe { &*s.owner };
+        {
+            let mut x = owner.extra.lock();
+            x.acked += 1;
+            if let Some(g) = s.group.and_then(|a| x.groups.iter_mut().find(|g| g.addr == a)) {
+                g.acked += 1;
+            }
+        }
+        owner.acks.notify_all();
         // SAFETY: as above.
         unsafe { free(s as *const ShimCmEvent) };
         0
@@ -1417,6 +1490,9 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_migrate_id(
                 rdma_emu_shim__rdma_emu_cm__rdma_destroy_event_channel(old);
             }
         }
+        // No event of the id is read from the old channel after the move (librdmacm waits so
+        // too).
+        wait_for_acks(s, "rdma_migrate_id", |x| x.reported - x.acked);
         0
     })
 }
