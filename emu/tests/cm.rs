@@ -593,8 +593,10 @@ fn datagram_ids_learn_each_others_qpn_and_address() {
     let c = ud_side(&client);
     client.connect(&ConnParam { private_data: b"sidr".to_vec(), ..Default::default() }).unwrap();
     let req = next(&sch, E::ConnectRequest);
-    let to_client = req.ud.expect("a UD request carries the requester's address");
-    assert_eq!((to_client.qp_num, to_client.qkey), (c.qp.qp_num(), cm::UDP_QKEY));
+    // A SIDR REQ names neither the requester's QP nor its address (as on rxe): the server
+    // learns them from the first datagram.
+    let nothing = req.ud.expect("a UD request has its param.ud");
+    assert_eq!((nothing.qp_num, nothing.qkey, nothing.ah_attr), (0, 0, AhAttr::default()));
     assert_eq!(req.param.private_data.len(), cm::SIDR_REQ_PRIVATE_DATA);
     let s = ud_side(&req.id);
     req.id.accept(&ConnParam::default()).unwrap();
@@ -611,10 +613,11 @@ fn datagram_ids_learn_each_others_qpn_and_address() {
     assert_eq!(wait1(&c.cq).status, WcStatus::SUCCESS);
     let wc = wait1(&s.cq);
     assert_eq!((wc.status, wc.src_qp), (WcStatus::SUCCESS, c.qp.qp_num()));
-    let back = s.pd.create_ah(&to_client.ah_attr).unwrap();
+    let to_client = AhAttr { dlid: wc.slid, port_num: 1, ..Default::default() };
+    let back = s.pd.create_ah(&to_client).unwrap();
     post_recv(&c.qp, 3, &[sge(&c.mr, 1024, 256)]);
     let sg = [sge(&s.mr, 40, 8)];
-    let reply = SendWr::send_ud(4, &sg, &back, to_client.qp_num, to_client.qkey);
+    let reply = SendWr::send_ud(4, &sg, &back, wc.src_qp, cm::UDP_QKEY);
     s.qp.post_send(&reply.signaled()).unwrap();
     assert_eq!(wait1(&s.cq).status, WcStatus::SUCCESS);
     assert_eq!(wait1(&c.cq).status, WcStatus::SUCCESS);
@@ -694,10 +697,10 @@ fn init_qp_attr_gives_what_takes_a_qp_of_ones_own_through_the_connection() {
         let mr = pd.reg_mr(4096, ALL_ACCESS).unwrap();
         let qp = pd.create_qp(&QpInitAttr::new(QpType::RC, &cq, cap(8))).unwrap();
         let (init, mask) = conn.init_qp_attr(QpState::INIT).unwrap();
-        assert_eq!(
-            (init.port_num, init.qp_access_flags),
-            (1, ALL_ACCESS.union(AccessFlags::LOCAL_WRITE))
-        );
+        // The kernel CM's access: remote writes, and reads and atomics since the client
+        // sends some (its initiator depth is not 0); no local write (the MRs' business).
+        let remote = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+        assert_eq!((init.port_num, init.qp_access_flags), (1, remote | AccessFlags::REMOTE_ATOMIC));
         qp.modify(&init, mask).unwrap();
         let (rtr, mask) = conn.init_qp_attr(QpState::RTR).unwrap();
         assert_eq!(rtr.dest_qp_num, c.qp.qp_num());
@@ -963,4 +966,75 @@ fn a_request_whose_id_goes_unanswered_is_refused() {
     drop((req, server, sch));
     drop(fa);
     assert_eq!(next(&cch, E::Rejected).status, REJ_CONSUMER_DEFINED);
+}
+
+/// A connection sets both QPs up as the kernel's CM does (measured on rxe with the same
+/// parameters, `docs/rdma-cm.md`): INIT gives no access before the other side is known, then
+/// remote writes, and reads and atomics only toward a side that sends some (a non-zero
+/// initiator depth); each QP retries RNR NAKs as often as the other side asked, takes its
+/// read depths from the reply, and times out after 2^19 x 4.096 us (the path's packet lifetime
+/// 18, plus one); flow control is told to the other side, a reply carries no retry count;
+/// the active side hears `Established` first (the other side's comes of its RTU); the route's
+/// path reads as RoCE's made-up one.
+#[test]
+fn a_connection_sets_its_qps_up_as_the_kernels_cm_does() {
+    let f = fabric(Profile::Rxe);
+    let ch = CmChannel::new(&f).unwrap();
+    let server = CmId::create(&ch, PortSpace::Tcp).unwrap();
+    server.bind_addr(addr("127.0.0.2:7490")).unwrap();
+    server.listen(4).unwrap();
+    let client = resolved(&ch, PortSpace::Tcp, None, "127.0.0.2:7490");
+    let path = client.path().expect("a resolved route has a path");
+    let gid = Gid::of_ip(addr("127.0.0.2:0").ip());
+    assert_eq!((path.sgid, path.dgid, path.hop_limit, path.pkey), (gid, gid, 64, 0xffff));
+    assert_eq!((path.mtu, path.packet_life_time, path.rate), (Mtu::MTU_1024, 18, 0));
+    let sport = client.local_addr().unwrap().port();
+    assert_eq!(path.flow_label, (u32::from(sport) * 31 + 7490) & 0xf_ffff);
+    assert_eq!(server.path(), None, "a listener has no path");
+    let c = side(&client);
+    let access = |qp: &Qp| qp.query().unwrap().qp_access_flags;
+    assert_eq!(access(&c.qp), AccessFlags::empty(), "nobody to give access to yet");
+    let ask = ConnParam {
+        responder_resources: 0,
+        initiator_depth: 0,
+        flow_control: 1,
+        retry_count: 1,
+        rnr_retry_count: 2,
+        ..Default::default()
+    };
+    client.connect(&ask).unwrap();
+    let req = next(&ch, E::ConnectRequest);
+    assert_eq!((req.param.flow_control, req.param.rnr_retry_count), (1, 2));
+    let conn = req.id;
+    assert_eq!(conn.path().map(|p| p.flow_label), Some(path.flow_label), "the request's path");
+    let s = side(&conn);
+    let writes = AccessFlags::REMOTE_WRITE;
+    assert_eq!(access(&s.qp), writes, "the client sends no reads: none are let in");
+    let answer = ConnParam {
+        responder_resources: 4,
+        initiator_depth: 4,
+        flow_control: 1,
+        retry_count: 7,
+        rnr_retry_count: 7,
+        ..Default::default()
+    };
+    conn.accept(&answer).unwrap();
+    let est = next(&ch, E::Established);
+    assert_eq!(est.id.local_addr(), client.local_addr(), "the active side's first");
+    let p = &est.param;
+    assert_eq!((p.responder_resources, p.initiator_depth), (4, 4));
+    assert_eq!((p.flow_control, p.retry_count, p.rnr_retry_count), (1, 0, 7));
+    assert_eq!(next(&ch, E::Established).id.local_addr(), conn.local_addr());
+    let (ca, sa) = (c.qp.query().unwrap(), s.qp.query().unwrap());
+    let reads = writes | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
+    assert_eq!((ca.qp_access_flags, sa.qp_access_flags), (reads, writes));
+    assert_eq!((ca.rnr_retry, sa.rnr_retry), (7, 2), "as the other side asked");
+    assert_eq!((ca.retry_cnt, sa.retry_cnt), (1, 1), "the request's");
+    assert_eq!((ca.max_rd_atomic, ca.max_dest_rd_atomic), (4, 4), "the reply's");
+    assert_eq!((sa.max_rd_atomic, sa.max_dest_rd_atomic), (4, 4));
+    assert_eq!((ca.timeout, sa.timeout), (19, 19));
+    // The server's QP refuses the client's READ (no remote read), as rxe's does.
+    let (src, dst) = ([sge(&c.mr, 0, 8)], s.mr.addr());
+    c.qp.post_send(&SendWr::read(1, &src, dst, s.mr.rkey()).signaled()).unwrap();
+    assert_eq!(wait1(&c.cq).status, WcStatus::REM_INV_REQ_ERR);
 }

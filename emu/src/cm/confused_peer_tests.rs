@@ -34,6 +34,7 @@ fn remote() -> impl Strategy<Value = Remote> {
             initiator_depth: b[1],
             retry_count: b[2],
             rnr_retry_count: b[3],
+            flow_control: b[3] & 1,
             ece_vendor: vendor,
             ece_options: options,
             wire: None,

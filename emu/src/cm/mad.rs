@@ -57,6 +57,7 @@ pub(crate) struct Req {
     pub(crate) psn: u32,
     pub(crate) retry_count: u8,
     pub(crate) rnr_retry_count: u8,
+    pub(crate) flow_control: bool,
     /// Path MTU, as `enum ibv_mtu` (1: 256 .. 5: 4096).
     pub(crate) mtu: u8,
     pub(crate) srq: bool,
@@ -79,6 +80,7 @@ pub(crate) struct Rep {
     pub(crate) responder_resources: u8,
     pub(crate) initiator_depth: u8,
     pub(crate) rnr_retry_count: u8,
+    pub(crate) flow_control: bool,
     pub(crate) srq: bool,
     pub(crate) ca_guid: u64,
     pub(crate) private: [u8; REP_PRIVATE],
@@ -199,8 +201,8 @@ impl Mad {
                 o.u64(16, r.ca_guid);
                 o.u24(32, r.qpn, r.responder_resources);
                 o.u24(36, 0, r.initiator_depth);
-                // Remote CM response timeout 20 (4.3 s), transport, no end-to-end credits.
-                o.u24(40, 0, 20 << 3 | (r.transport & 3) << 1);
+                // Remote CM response timeout 20 (4.3 s), transport, end-to-end flow control.
+                o.u24(40, 0, 20 << 3 | (r.transport & 3) << 1 | u8::from(r.flow_control));
                 // Local CM response timeout 20, retry count.
                 o.u24(44, r.psn, 20 << 3 | (r.retry_count & 7));
                 o.u16(48, 0xffff);
@@ -226,8 +228,8 @@ impl Mad {
                 o.u8(24, r.responder_resources);
                 o.u8(25, r.initiator_depth);
                 // Target ACK delay 15 (rxe's local_ca_ack_delay), failover accepted (0) as
-                // rdma_cm asks, no end-to-end credits.
-                o.u8(26, 15 << 3);
+                // rdma_cm asks, end-to-end flow control.
+                o.u8(26, 15 << 3 | u8::from(r.flow_control));
                 o.u8(27, (r.rnr_retry_count & 7) << 5 | u8::from(r.srq) << 4);
                 o.u64(28, r.ca_guid);
                 o.bytes(36, &r.private);
@@ -310,6 +312,7 @@ impl Mad {
                 responder_resources: i.u8(35),
                 initiator_depth: i.u8(39),
                 transport: i.u8(43) >> 1 & 3,
+                flow_control: i.u8(43) & 1 != 0,
                 psn: i.u24(44),
                 retry_count: i.u8(47) & 7,
                 mtu: i.u8(50) >> 4,
@@ -330,6 +333,7 @@ impl Mad {
                 responder_resources: i.u8(24),
                 initiator_depth: i.u8(25),
                 rnr_retry_count: i.u8(27) >> 5,
+                flow_control: i.u8(26) & 1 != 0,
                 srq: i.u8(27) & 0x10 != 0,
                 ca_guid: i.u64(28),
                 private: i.bytes(36),
@@ -487,6 +491,7 @@ mod test {
             psn: 0x12_3456,
             retry_count: 6,
             rnr_retry_count: 5,
+            flow_control: true,
             mtu: 5,
             srq: true,
             local_gid: gid,
@@ -504,6 +509,7 @@ mod test {
             responder_resources: 4,
             initiator_depth: 2,
             rnr_retry_count: 7,
+            flow_control: true,
             srq: false,
             ca_guid: 1,
             private: [3; REP_PRIVATE],

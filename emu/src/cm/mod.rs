@@ -38,7 +38,7 @@ use crate::{
     error::{Errno, Error, Result},
     fabric::FabricInner,
     objects::{cq::CqInner, device::DeviceInner, event::EventQueue},
-    types::{AhAttr, Ece, Gid, LinkLayer, Mtu, QpAttrMask as M, QpState, QpType},
+    types::{AccessFlags, AhAttr, Ece, Gid, LinkLayer, Mtu, QpAttrMask as M, QpState, QpType},
 };
 
 /// A port space: which transport and which kind of port numbers (`enum rdma_port_space`).
@@ -183,6 +183,31 @@ pub struct UdParam {
     pub qp_num: u32,
     pub qkey: u32,
 }
+
+/// The path a route runs along, as the kernel's CM reports it (`struct ibv_sa_path_rec`, the
+/// one of `id->route.path_rec`): on RoCE made up from the two IP addresses (the GIDs they
+/// map to, the flow label of the two ports, hop limit 64, the packet lifetime 18, the port's
+/// current rate); on InfiniBand the two ports' GIDs and LIDs, as the subnet manager answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PathRecord {
+    pub sgid: Gid,
+    pub dgid: Gid,
+    pub slid: u16,
+    pub dlid: u16,
+    pub flow_label: u32,
+    pub hop_limit: u8,
+    pub traffic_class: u8,
+    pub pkey: u16,
+    pub sl: u8,
+    pub mtu: Mtu,
+    /// `enum ibv_rate`: 0, the port's current rate.
+    pub rate: u8,
+    pub packet_life_time: u8,
+}
+
+/// The packet lifetime of a path the kernel's CM makes up for RoCE (`CMA_IBOE_PACKET_LIFETIME`)
+/// and the one a subnet manager gives by default: a connected QP's ACK timeout is one more.
+pub const PACKET_LIFE_TIME: u8 = 18;
 
 /// A connection manager event (`struct rdma_cm_event`).
 #[derive(Debug, Clone)]
@@ -490,6 +515,15 @@ struct IdState {
     held: Option<Held>,
 }
 
+impl IdState {
+    /// The access INIT gives the id's connected QP: none before the other side is known
+    /// (the kernel's CM has no connection yet), else the connection's (see
+    /// [`remote_access`]).
+    fn init_access(&self) -> AccessFlags {
+        self.remote.map_or(AccessFlags::empty(), |r| remote_access(r.initiator_depth))
+    }
+}
+
 /// The ids bound to each port of each port space.
 type Bound = HashMap<(PortSpace, u16), Vec<Weak<IdInner>>>;
 
@@ -529,7 +563,7 @@ struct Options {
     reuse_addr: bool,
     /// `RDMA_OPTION_ID_AFONLY`: an IPv6 wildcard bind covers IPv6 addresses only.
     af_only: bool,
-    /// `RDMA_OPTION_ID_ACK_TIMEOUT`: the QP's local ACK timeout (else 14).
+    /// `RDMA_OPTION_ID_ACK_TIMEOUT`: the QP's local ACK timeout (else [`ACK_TIMEOUT`]).
     ack_timeout: Option<u8>,
 }
 
@@ -846,6 +880,85 @@ impl CmId {
         self.0.st.lock().peer
     }
 
+    /// The path of its route, once resolved (active side) or once a request brought it
+    /// (passive side); `None` before, and for a listener.
+    pub fn path(&self) -> Option<PathRecord> {
+        let st = self.0.st.lock();
+        let routed = matches!(
+            st.state,
+            State::RouteResolved
+                | State::Connecting
+                | State::Request
+                | State::Accepting
+                | State::Connected
+                | State::DreqSent
+                | State::DreqRcvd
+                | State::Disconnected
+        );
+        let (local, peer, (dev, port)) = (st.local?, st.peer?, st.port?);
+        // (A UD request, SIDR's, carries no path.)
+        if !routed || st.listener.is_some() && self.datagram() {
+            return None;
+        }
+        let fabric = self.fabric();
+        let lport = fabric.devices.get(dev as usize)?.port(port).ok()?;
+        let lattr = lport.attr.lock().clone();
+        // The other end's port, where this fabric knows it.
+        let rport = match st.remote {
+            Some(r) if r.wire.is_none() => Some((r.device, r.port)),
+            Some(_) => None,
+            None => fabric.addrs.port_of(peer.ip()),
+        };
+        let rattr = rport.and_then(|(d, p)| {
+            let port = fabric.devices.get(d as usize)?.port(p).ok()?;
+            Some((port.attr.lock().clone(), port.gids.first().map(|e| e.gid)))
+        });
+        let mtu = match (&rattr, st.listener.is_some()) {
+            // A request's path has the MTU the requester named, its port's and ours the
+            // smaller (as the QP takes it).
+            (Some((r, _)), true) => Mtu(lattr.active_mtu.0.min(r.active_mtu.0)),
+            _ => lattr.active_mtu,
+        };
+        let tclass = st.options.tos;
+        if lattr.link_layer == LinkLayer::ETHERNET {
+            // The kernel's RoCE v2 flow label: the two UDP ports, the requester's first.
+            let (sport, dport) = match st.listener {
+                Some(_) => (peer.port(), local.port()),
+                None => (local.port(), peer.port()),
+            };
+            let flow_label = (u32::from(sport) * 31 + u32::from(dport)) & 0xf_ffff;
+            return Some(PathRecord {
+                sgid: Gid::of_ip(local.ip()),
+                dgid: Gid::of_ip(peer.ip()),
+                slid: 0,
+                dlid: 0,
+                flow_label,
+                hop_limit: 64,
+                traffic_class: tclass,
+                pkey: 0xffff,
+                sl: 0,
+                mtu,
+                rate: 0,
+                packet_life_time: PACKET_LIFE_TIME,
+            });
+        }
+        let (rlid, rgid) = rattr.map_or((0, None), |(a, g)| (a.lid, g));
+        Some(PathRecord {
+            sgid: lport.gids.first().map(|e| e.gid).unwrap_or_default(),
+            dgid: rgid.unwrap_or_default(),
+            slid: lattr.lid,
+            dlid: rlid,
+            flow_label: 0,
+            hop_limit: 0,
+            traffic_class: tclass,
+            pkey: 0xffff,
+            sl: 0,
+            mtu,
+            rate: 0,
+            packet_life_time: PACKET_LIFE_TIME,
+        })
+    }
+
     /// The QP it connects ([`CmId::set_qp`]).
     pub fn qp(&self) -> Option<Qp> {
         self.0.st.lock().qp.clone()
@@ -1073,14 +1186,16 @@ impl CmId {
             ece_or_none(qp.set_ece(&want).map(|()| want))?;
         }
         if matches!(qp.qp_type(), QpType::RC | QpType::UC | QpType::XRC_SEND | QpType::XRC_RECV) {
-            let (init, mask) = init_attr(port, false);
+            let (init, mask) = init_attr(port, false, st.init_access());
             qp.modify(&init, mask)?;
             if asked.vendor_id != 0 {
                 st.local_ece.options = ece_or_none(qp.query_ece())?.options;
             }
         } else if qp.qp_type() == QpType::UD {
             // A datagram QP is ready at once, as librdmacm makes it (RTS, the CM's Q_Key).
-            for (attr, mask) in [init_attr(port, true), ud_rtr(), ud_rts(st.psn)] {
+            for (attr, mask) in
+                [init_attr(port, true, AccessFlags::empty()), ud_rtr(), ud_rts(st.psn)]
+            {
                 qp.modify(&attr, mask)?;
             }
         }
@@ -1154,7 +1269,7 @@ impl CmId {
         let Some((dev, port)) = st.port else { return Err(einval("the id has no address yet")) };
         let ud = st.qp.as_ref().map_or(self.datagram(), |q| q.qp_type() == QpType::UD);
         match state {
-            QpState::INIT => return Ok(init_attr(port, ud)),
+            QpState::INIT => return Ok(init_attr(port, ud, st.init_access())),
             QpState::RTR if ud => return Ok(ud_rtr()),
             QpState::RTS if ud => return Ok(ud_rts(st.psn)),
             QpState::RTR | QpState::RTS => {}
@@ -1213,6 +1328,7 @@ impl CmId {
             initiator_depth: p.initiator_depth,
             retry_count: p.retry_count,
             rnr_retry_count: p.rnr_retry_count,
+            flow_control: p.flow_control.min(1),
             ece_vendor: st.local_ece.vendor_id,
             ece_options: st.local_ece.options,
             wire: None,
@@ -1325,6 +1441,7 @@ impl CmId {
             initiator_depth: p.initiator_depth,
             retry_count: p.retry_count,
             rnr_retry_count: p.rnr_retry_count,
+            flow_control: p.flow_control.min(1),
             ece_vendor,
             ece_options,
             wire: None,
@@ -1376,6 +1493,10 @@ impl CmId {
             State::Connected | State::Accepting | State::Connecting => st.state = State::DreqSent,
             State::DreqRcvd => st.state = State::Disconnected,
             State::DreqSent | State::Disconnected => {}
+            // A listener on a device has the kernel's CM id, which takes a disconnection it
+            // has nothing to end (measured on rxe); one on every device (a wildcard) has none
+            // (librdmacm refuses it for want of a device).
+            State::Listen if st.port.is_some() => return Ok(()),
             _ => return Err(einval("the id is not connected")),
         }
         let (qp, remote) = (st.qp.clone(), st.remote);
@@ -1517,8 +1638,9 @@ impl CmId {
             private_data: padded(private_data, REP_PRIVATE_DATA),
             responder_resources: remote.initiator_depth,
             initiator_depth: remote.responder_resources,
-            retry_count: remote.retry_count,
+            // (A REP carries no retry count: the kernel's event says 0.)
             rnr_retry_count: remote.rnr_retry_count,
+            flow_control: remote.flow_control,
             qp_num: remote.qpn,
             ..Default::default()
         };
@@ -1541,8 +1663,10 @@ impl CmId {
         }
         st.state = State::Connected;
         drop(st);
-        send(self.fabric(), &remote, Msg::Rtu { to: remote.id });
+        // This side's event first: the other side's comes of the RTU (on one channel, as the
+        // kernel orders them).
         self.raise(CmEventType::Established, 0, param, None);
+        send(self.fabric(), &remote, Msg::Rtu { to: remote.id });
     }
 
     /// `rdma_set_local_ece`: the ECE to offer in the REQ (or answer with in the REP) for an id
@@ -1865,12 +1989,13 @@ fn request(
         st.remote_incarnation = incarnation;
     }
     if ps == PortSpace::Udp {
+        // A SIDR REQ names neither the requester's QP nor its address (the reply goes back
+        // to the port it came from): the event's `param.ud` has nothing but the private data,
+        // as the kernel's CM fills it.
         let private_data = padded(&private, SIDR_REQ_PRIVATE_DATA);
-        let param = ConnParam { private_data, qp_num: from.qpn, ..Default::default() };
-        let path = Path::of(&conn.0.st.lock(), &from);
-        let ud = path.and_then(|path| ah_toward(fabric, path));
-        let ud = ud.map(|ah_attr| UdParam { ah_attr, qp_num: from.qpn, qkey: UDP_QKEY });
-        return conn.raise_ud(CmEventType::ConnectRequest, 0, param, Some(listener), ud);
+        let param = ConnParam { private_data, ..Default::default() };
+        let ud = UdParam { ah_attr: AhAttr::default(), qp_num: 0, qkey: 0 };
+        return conn.raise_ud(CmEventType::ConnectRequest, 0, param, Some(listener), Some(ud));
     }
     let param = ConnParam {
         private_data: padded(&private, REQ_PRIVATE_DATA),
@@ -1878,6 +2003,7 @@ fn request(
         initiator_depth: from.responder_resources,
         retry_count: from.retry_count,
         rnr_retry_count: from.rnr_retry_count,
+        flow_control: from.flow_control,
         qp_num: from.qpn,
         ..Default::default()
     };
@@ -1963,22 +2089,34 @@ impl QpSetup {
             max_dest_rd_atomic: p.responder_resources,
             max_rd_atomic: p.initiator_depth,
             retry_count: remote.retry_count,
-            rnr_retry_count: p.rnr_retry_count,
+            // The RNR retries the other side asked for (the REQ's), as the kernel's CM sets
+            // them (measured on rxe).
+            rnr_retry_count: remote.rnr_retry_count,
         }
     }
 
-    /// The active side's, once `remote` replied: the smaller of what each side offered.
+    /// The active side's, once `remote` replied: the read depths the reply gives (the
+    /// other side's initiator depth is what this side must answer, and its responder
+    /// resources what this side may ask), and the RNR retries it asks for; the retries this
+    /// side asked for. So the kernel's CM sets them (measured on rxe).
     fn active(st: &IdState, remote: Remote) -> QpSetup {
         QpSetup {
             path: Path::of(st, &remote).expect("the port is set"),
             options: st.options,
             remote,
             psn: st.psn,
-            max_dest_rd_atomic: st.mine.responder_resources.min(remote.initiator_depth.max(1)),
-            max_rd_atomic: st.mine.initiator_depth.min(remote.responder_resources.max(1)),
+            max_dest_rd_atomic: remote.initiator_depth,
+            max_rd_atomic: remote.responder_resources,
             retry_count: st.mine.retry_count,
-            rnr_retry_count: st.mine.rnr_retry_count,
+            rnr_retry_count: remote.rnr_retry_count,
         }
+    }
+
+    /// The access the connection gives the QP (at INIT, before RTR): remote writes, and
+    /// remote reads and atomics if the other side may send any (its initiator depth is not
+    /// 0), as the kernel's CM gives it (no local write: that is the MRs').
+    fn access(&self) -> AccessFlags {
+        remote_access(self.remote.initiator_depth)
     }
 
     /// The first PSN this side sends, and the first it takes. Between our CMs a message names
@@ -1991,9 +2129,14 @@ impl QpSetup {
         }
     }
 
-    /// RTR toward the remote QP, then RTS, as librdmacm does with the kernel's attributes.
+    /// INIT again with the connection's access, RTR toward the remote QP, then RTS, as
+    /// librdmacm does with the kernel's attributes.
     fn rtr_rts(&self, fabric: &FabricInner, qp: &Qp) -> Result<()> {
         let ty = qp.qp_type();
+        if ty != QpType::XRC_SEND {
+            let (init, mask) = init_attr(self.path.port, false, self.access());
+            qp.modify(&init, mask)?;
+        }
         let (rtr, mask) = self.rtr(fabric, &qp.0.ctx.device, ty)?;
         qp.modify(&rtr, mask)?;
         let (rts, mask) = self.rts(ty);
@@ -2043,7 +2186,7 @@ impl QpSetup {
         let rts = QpAttr {
             qp_state: QpState::RTS,
             sq_psn: self.psns().0,
-            timeout: self.options.ack_timeout.unwrap_or(14),
+            timeout: self.options.ack_timeout.unwrap_or(ACK_TIMEOUT),
             retry_cnt: self.retry_count.min(7),
             rnr_retry: self.rnr_retry_count.min(7),
             max_rd_atomic: self.max_rd_atomic,
@@ -2082,20 +2225,29 @@ fn multicast_gid(ip: IpAddr, roce: bool) -> Gid {
     }
 }
 
-/// INIT on `port`: a connected QP with the access a connection needs (local write, remote
-/// read and write, atomics), a datagram QP (`ud`) with the CM's Q_Key.
-fn init_attr(port: u8, ud: bool) -> (QpAttr, M) {
+/// INIT on `port`: a connected QP with `access`, a datagram QP (`ud`) with the CM's Q_Key.
+fn init_attr(port: u8, ud: bool, access: AccessFlags) -> (QpAttr, M) {
     let base = QpAttr { qp_state: QpState::INIT, port_num: port, ..Default::default() };
     let mask = M::STATE | M::PKEY_INDEX | M::PORT;
     if ud {
         return (QpAttr { qkey: UDP_QKEY, ..base }, mask | M::QKEY);
     }
-    let access = crate::types::AccessFlags::LOCAL_WRITE
-        | crate::types::AccessFlags::REMOTE_WRITE
-        | crate::types::AccessFlags::REMOTE_READ
-        | crate::types::AccessFlags::REMOTE_ATOMIC;
     (QpAttr { qp_access_flags: access, ..base }, mask | M::ACCESS_FLAGS)
 }
+
+/// The remote access the kernel's CM gives a connected QP whose other side sends reads and
+/// atomics `initiator_depth` deep: writes always, reads and atomics unless it sends none.
+fn remote_access(initiator_depth: u8) -> AccessFlags {
+    match initiator_depth {
+        0 => AccessFlags::REMOTE_WRITE,
+        _ => AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC,
+    }
+}
+
+/// A connected QP's local ACK timeout unless `RDMA_OPTION_ID_ACK_TIMEOUT` sets one: the
+/// path's packet lifetime (18, the kernel's for RoCE) plus one, as the kernel's CM sets it
+/// (measured on rxe).
+const ACK_TIMEOUT: u8 = PACKET_LIFE_TIME + 1;
 
 /// A datagram QP's RTR: nothing but the state.
 fn ud_rtr() -> (QpAttr, M) {

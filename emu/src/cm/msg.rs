@@ -21,6 +21,8 @@ pub(crate) struct Remote {
     pub(crate) initiator_depth: u8,
     pub(crate) retry_count: u8,
     pub(crate) rnr_retry_count: u8,
+    /// End-to-end flow control offered (REQ) or taken (REP): 0 or 1, told to the other side.
+    pub(crate) flow_control: u8,
     /// Enhanced Connection Establishment: the vendor and the options offered (REQ) or taken
     /// (REP); vendor 0 for none.
     pub(crate) ece_vendor: u32,
@@ -153,6 +155,7 @@ fn put_remote(o: &mut Vec<u8>, r: &Remote) {
         r.initiator_depth,
         r.retry_count,
         r.rnr_retry_count,
+        r.flow_control,
     ]);
 }
 
@@ -179,7 +182,8 @@ fn remote(r: &mut Reader<'_>) -> Option<Remote> {
     let slot = r.take::<1>()?[0];
     let (id, qpn, psn, device) = (r.u32()?, r.u32()?, r.u32()?, r.u32()?);
     let (ece_vendor, ece_options) = (r.u32()?, r.u32()?);
-    let [port, responder_resources, initiator_depth, retry_count, rnr_retry_count] = r.take()?;
+    let [port, responder_resources, initiator_depth, retry_count, rnr_retry_count, flow_control] =
+        r.take()?;
     Some(Remote {
         slot,
         id,
@@ -191,6 +195,7 @@ fn remote(r: &mut Reader<'_>) -> Option<Remote> {
         initiator_depth,
         retry_count,
         rnr_retry_count,
+        flow_control,
         ece_vendor,
         ece_options,
         wire: None,
@@ -224,6 +229,7 @@ mod test {
             initiator_depth: 2,
             retry_count: 7,
             rnr_retry_count: 6,
+            flow_control: 1,
             ece_vendor: 0x00ff_ffff,
             ece_options: 3,
             wire: None,

@@ -71,6 +71,7 @@ fn rep(fabric: &FabricInner, to: u32, from: &Remote, private: &[u8]) -> mad::Rep
         responder_resources: from.responder_resources,
         initiator_depth: from.initiator_depth,
         rnr_retry_count: from.rnr_retry_count.min(7),
+        flow_control: from.flow_control != 0,
         srq: false,
         ca_guid: ca_guid(fabric, from.device),
         private: data,
@@ -178,6 +179,7 @@ fn req(
         psn: from.psn,
         retry_count: from.retry_count.min(7),
         rnr_retry_count: from.rnr_retry_count.min(7),
+        flow_control: from.flow_control != 0,
         mtu: mtu.0 as u8,
         srq: p.srq,
         local_gid: Gid::of_ip(src.ip()),
@@ -293,6 +295,7 @@ pub(super) fn arrived(fabric: &FabricInner, local: IpAddr, peer: IpAddr, bytes: 
         initiator_depth,
         retry_count: 7,
         rnr_retry_count: 7,
+        flow_control: 0,
         ece_vendor: 0,
         ece_options: 0,
         wire: Some(wire),
@@ -325,6 +328,7 @@ pub(super) fn arrived(fabric: &FabricInner, local: IpAddr, peer: IpAddr, bytes: 
             let from = Remote {
                 retry_count: r.retry_count,
                 rnr_retry_count: r.rnr_retry_count,
+                flow_control: u8::from(r.flow_control),
                 ..remote(r.local_id, r.qpn, r.psn, rd, wire(0, mtu, r.service_id))
             };
             let private = r.private[mad::IP_HEADER..].to_vec();
@@ -358,6 +362,7 @@ pub(super) fn arrived(fabric: &FabricInner, local: IpAddr, peer: IpAddr, bytes: 
             let w = wire(id.0.num, Mtu::MTU_4096, 0);
             let from = Remote {
                 rnr_retry_count: r.rnr_retry_count,
+                flow_control: u8::from(r.flow_control),
                 ..remote(r.local_id, r.qpn, r.psn, rd, w)
             };
             id.replied(from, &r.private);
@@ -482,6 +487,7 @@ mod test {
             psn: 0x42,
             retry_count: 7,
             rnr_retry_count: 7,
+            flow_control: false,
             mtu: 3,
             srq: false,
             local_gid: Gid::of_ip(peer.ip()),
@@ -651,6 +657,7 @@ mod test {
             responder_resources: 1,
             initiator_depth: 1,
             rnr_retry_count: 7,
+            flow_control: false,
             srq: false,
             ca_guid: 9,
             private: [0; mad::REP_PRIVATE],

@@ -875,9 +875,11 @@ impl Qp {
         a.rq_psn = g.resp.epsn;
         a.sq_draining = (g.state == QpState::SQD && g.sq.in_flight() > 0) as u8;
         if self.0.ctx.device.profile == crate::Profile::Rxe {
-            // rxe's address vector keeps no SL or static rate (RoCE carries neither), and a
-            // QP's path MTU starts at 256 bytes.
+            // rxe's address vector keeps no SL or static rate (RoCE carries neither) and is
+            // read back as global (a GRH, RoCE's, even before one is set), and a QP's path MTU
+            // starts at 256 bytes.
             (a.ah_attr.sl, a.ah_attr.static_rate) = (0, 0);
+            a.ah_attr.is_global = true;
             if a.path_mtu == Mtu(0) {
                 a.path_mtu = Mtu::MTU_256;
             }

@@ -202,6 +202,53 @@ fn refresh(s: *mut ShimCmId) {
     s.id.port_num = emu.port_num();
     write_addr(&mut s.id.route.addr.src_storage, emu.local_addr());
     write_addr(&mut s.id.route.addr.dst_storage, emu.peer_addr());
+    // The route's path, once there is one, as librdmacm reads it from the kernel (kept
+    // until the id is destroyed).
+    if s.id.route.num_paths == 0
+        && let Some(p) = emu.path()
+    {
+        let rec = ibv_sa_path_rec {
+            dgid: ibv_gid { raw: p.dgid.0 },
+            sgid: ibv_gid { raw: p.sgid.0 },
+            dlid: p.dlid.to_be(),
+            slid: p.slid.to_be(),
+            raw_traffic: 0,
+            flow_label: p.flow_label.to_be(),
+            hop_limit: p.hop_limit,
+            traffic_class: p.traffic_class,
+            reversible: 1,
+            numb_path: 1,
+            pkey: p.pkey.to_be(),
+            sl: p.sl,
+            // IB_SA_EQ: exactly these.
+            mtu_selector: 2,
+            mtu: p.mtu.0 as u8,
+            rate_selector: 2,
+            rate: p.rate,
+            packet_life_time_selector: 2,
+            packet_life_time: p.packet_life_time,
+            preference: 0,
+        };
+        s.id.route.path_rec = Box::into_raw(Box::new(rec)).cast();
+        s.id.route.num_paths = 1;
+        s.id.route.addr.addr = rdma_ib_addr {
+            sgid: ibv_gid { raw: p.sgid.0 },
+            dgid: ibv_gid { raw: p.dgid.0 },
+            pkey: p.pkey.to_be(),
+        };
+    }
+}
+
+/// Frees the path record [`refresh`] gave the id `s`, if any.
+fn free_path(s: *mut ShimCmId) {
+    // SAFETY: a live id of ours, whose fields C no longer reads (it is being destroyed).
+    let s = unsafe { &mut *s };
+    let p = std::mem::replace(&mut s.id.route.path_rec, ptr::null_mut());
+    s.id.route.num_paths = 0;
+    if !p.is_null() {
+        // SAFETY: made by `refresh` with `Box::into_raw`, and handed out to nobody else.
+        drop(unsafe { Box::from_raw(p.cast::<ibv_sa_path_rec>()) });
+    }
 }
 
 /// Brings `id->qp->state` up to date after the CM moved the QP, where librdmacm's own
@@ -409,6 +456,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_destroy_id(
             // SAFETY: the id's own channel, which nobody else holds.
             unsafe { rdma_emu_shim__rdma_emu_cm__rdma_destroy_event_channel(sync) };
         }
+        free_path(id.cast());
         // SAFETY: not used by C after rdma_destroy_id (the contract), nor by any event of it
         // (all acknowledged).
         unsafe { free(s as *const ShimCmId) };

@@ -124,6 +124,8 @@ int main(void)
 	CHECK(rdma_listen(listen, 4) == -1 && errno == EINVAL);
 	CHECK(rdma_accept(listen, &p) == -1 && errno == EINVAL);
 	CHECK(rdma_reject(listen, NULL, 0) == -1 && errno == EINVAL);
+	/* A listener on a device takes a disconnection it has nothing to end (as on rxe). */
+	CHECK(rdma_disconnect(listen) == 0);
 	CHECK(rdma_resolve_addr(other, NULL, (struct sockaddr *)&nowhere, 100) == 0);
 	ev = next(ch, RDMA_CM_EVENT_ADDR_ERROR);
 	CHECK(ev->status < 0 && ev->id == other);
@@ -207,6 +209,11 @@ int main(void)
 	/* A connection, both ends in this process. */
 	client = resolved(ch, 7471);
 	CHECK(client->verbs == devs[0] && client->port_num == 1);
+	/* The route's path, as librdmacm reads it from the kernel's CM; the listener has none. */
+	CHECK(client->route.num_paths == 1 && client->route.path_rec && listen->route.num_paths == 0);
+	CHECK(client->route.path_rec->packet_life_time == 18 && client->route.path_rec->mtu_selector == 2);
+	CHECK(client->route.path_rec->pkey == htobe16(0xffff) && client->route.path_rec->numb_path == 1);
+	CHECK(memcmp(&client->route.addr.addr.ibaddr.dgid, &client->route.path_rec->dgid, 16) == 0);
 	CHECK(pd = ibv_alloc_pd(client->verbs));
 	CHECK(cq = ibv_create_cq(client->verbs, 16, NULL, NULL, 0));
 	init = qp_attr(cq);
@@ -228,7 +235,7 @@ int main(void)
 	CHECK(ev->param.conn.qp_num == client->qp->qp_num);
 	conn = ev->id;
 	rdma_ack_cm_event(ev);
-	CHECK(conn->verbs == devs[0]);
+	CHECK(conn->verbs == devs[0] && conn->route.num_paths == 1);
 	/* rdma_init_qp_attr: what the connection will give the QP. */
 	struct ibv_qp_attr qa = { .qp_state = IBV_QPS_RTR };
 	int qmask = 0;
