@@ -336,6 +336,20 @@ fn the_connection_manager_waits_for_every_event_of_an_id_to_be_acknowledged() {
     }
 }
 
+/// librdmacm's synchronous mode, `rdma_getaddrinfo`'s results and errors, and a synchronous
+/// `rdma_disconnect` that waits for the other side's answer, as on the kernel's rxe (the
+/// program passes there too, with `CM_SYNC_HOST` its port's address).
+#[test]
+fn the_synchronous_mode_waits_for_each_event_as_librdmacm() {
+    let exe = common::c_test("cm_sync");
+    for profile in ["full", "rxe"] {
+        let mut cmd = Command::new(&exe);
+        cmd.env("RDMA_EMU_PROFILE", profile).env("RDMA_EMU_FABRIC", "none");
+        let out = run_on_shim(&mut cmd);
+        assert!(out.contains("cm_sync ok"), "{profile}: {out}");
+    }
+}
+
 /// Children of a process that opened a device use the verbs and the CM on their own, and
 /// leave their parent reachable when they exit (see `tests/c/fork.c`).
 #[test]
@@ -586,6 +600,7 @@ fn the_c_tests_run_clean_under_valgrind_memcheck() {
         "parent",
         "cm",
         "cm_acks",
+        "cm_sync",
         "pure_functions",
         "raw",
         "tm",

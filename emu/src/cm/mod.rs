@@ -1663,10 +1663,12 @@ impl CmId {
         }
         st.state = State::Connected;
         drop(st);
-        // This side's event first: the other side's comes of the RTU (on one channel, as the
-        // kernel orders them).
-        self.raise(CmEventType::Established, 0, param, None);
+        // The RTU before this side hears of the connection: nothing this side does once it
+        // knows may reach the other side before it (its data, a DREQ), as on a wire, where
+        // the RTU leaves first. (On one channel the kernel's order is this side's event
+        // first, which this gives up.)
         send(self.fabric(), &remote, Msg::Rtu { to: remote.id });
+        self.raise(CmEventType::Established, 0, param, None);
     }
 
     /// `rdma_set_local_ece`: the ECE to offer in the REQ (or answer with in the REP) for an id

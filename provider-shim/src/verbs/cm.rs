@@ -628,7 +628,12 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_disconnect(
         let res = s.emu.disconnect();
         refresh(id.cast());
         refresh_qp_state(id.cast());
-        done(res)
+        if let Err(e) = res {
+            return fail(e);
+        }
+        // A synchronous id waits for its `DISCONNECTED` (the other side's answer), as
+        // librdmacm's does.
+        complete(s)
     })
 }
 
@@ -1683,8 +1688,11 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rdma_getaddrinfo(
             // SAFETY: NUL-terminated strings or NULL, valid hints or NULL, `ai` writable.
             let r = unsafe { libc::getaddrinfo(node, service, hp, &mut ai) };
             if r != 0 {
-                return fail_with(r);
+                // getaddrinfo's own code (`EAI_NONAME`, ...), as librdmacm returns it.
+                return r;
             }
+            // A result's flags say only whether it is passive (librdmacm's, measured on rxe).
+            rai.ai_flags = 0;
             // SAFETY: getaddrinfo succeeded: `ai` is a valid list with at least one entry.
             let a = unsafe { &*ai };
             if rai.ai_qp_type == 0 {
