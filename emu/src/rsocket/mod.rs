@@ -95,6 +95,20 @@ impl Default for Options {
 }
 
 impl Options {
+    /// What an accepted socket takes of its listener's options: the buffer, queue, inline
+    /// and I/O map sizes; the flags start over (librdmacm's `rs_alloc`, measured on rxe).
+    fn inherited(&self) -> Options {
+        Options {
+            send_buffer: self.send_buffer,
+            recv_buffer: self.recv_buffer,
+            sq_size: self.sq_size,
+            rq_size: self.rq_size,
+            inline_size: self.inline_size,
+            iomap_size: self.iomap_size,
+            ..Options::default()
+        }
+    }
+
     fn sizes(&self) -> Sizes {
         Sizes {
             ring: self.recv_buffer.clamp(MIN_RING, MAX_RING),
@@ -415,7 +429,7 @@ impl RSocket {
         };
         let (v6, opts, nonblocking) = {
             let st = self.0.st.lock();
-            (st.v6, st.opts, st.nonblocking)
+            (st.v6, st.opts.inherited(), st.nonblocking)
         };
         let new = RSocket::accepted(&self.0.fabric, ev, v6, opts)?;
         new.0.st.lock().nonblocking = nonblocking;
@@ -471,9 +485,9 @@ impl RSocket {
             Phase::Resolving | Phase::Connecting => {
                 return Err(err(libc::EALREADY, "a connection is being made"));
             }
-            Phase::Connected | Phase::Accepting => {
-                return Err(err(libc::EISCONN, "the socket is connected"));
-            }
+            // Connected already: librdmacm's answer is 0.
+            Phase::Connected => return Ok(()),
+            Phase::Accepting => return Err(err(libc::EISCONN, "the socket is connected")),
             _ => return Err(err(libc::EINVAL, "the socket cannot connect")),
         }
         st.id.resolve_addr(None, unmapped(addr), RESOLVE_MS)?;
@@ -681,18 +695,26 @@ impl RSocket {
         self.0.st.lock().id.local_addr()
     }
 
-    /// `rgetpeername`: `ENOTCONN` unless connected.
+    /// `rgetpeername`: a datagram socket's destination (`ENOTCONN` without one); a stream
+    /// socket's peer, the unspecified address of its family before it has one (librdmacm
+    /// copies its id's destination whatever the state, measured on rxe).
     pub fn peer_addr(&self) -> Result<SocketAddr> {
         if let Some(m) = &self.0.dgram {
             return m.lock().peer.ok_or(err(libc::ENOTCONN, "not connected"));
         }
         let st = self.lock();
-        match st.phase {
-            Phase::Connected | Phase::Accepting => {
-                st.id.peer_addr().ok_or(err(libc::ENOTCONN, "no peer"))
-            }
-            _ => Err(err(libc::ENOTCONN, "not connected")),
-        }
+        let none = match st.v6 {
+            true => SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, 0)),
+            false => SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, 0)),
+        };
+        Ok(st.id.peer_addr().unwrap_or(none))
+    }
+
+    /// `TCP_MAXSEG` as librdmacm reads it: the MTU of the connection's path, 2,048 before it
+    /// has one.
+    pub fn max_segment(&self) -> usize {
+        let mtu = self.0.st.lock().id.path().and_then(|p| p.mtu.bytes());
+        mtu.map_or(2048, |b| b as usize)
     }
 
     /// Whether the socket is IPv6 (`AF_INET6`).

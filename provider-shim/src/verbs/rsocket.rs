@@ -679,11 +679,17 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rsetsockopt(
             if val.is_null() {
                 return fail(libc::EFAULT);
             }
-            if (len as usize) < size_of::<libc::linger>() {
+            // librdmacm reads the first word alone, whatever the length (measured on rxe).
+            if (len as usize) < size_of::<c_int>() {
                 return fail(libc::EINVAL);
             }
-            // SAFETY: readable for a struct linger.
-            let l = unsafe { ptr::read_unaligned(val.cast::<libc::linger>()) };
+            // SAFETY: readable for an int, and for a struct linger when it is that long.
+            let l = unsafe {
+                match (len as usize) < size_of::<libc::linger>() {
+                    true => libc::linger { l_onoff: ptr::read_unaligned(val.cast()), l_linger: 0 },
+                    false => ptr::read_unaligned(val.cast::<libc::linger>()),
+                }
+            };
             return res(sock.set_options(|o| o.linger = (l.l_onoff != 0).then_some(l.l_linger)));
         }
         // SAFETY: the caller's value of `len` bytes.
@@ -711,6 +717,8 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rsetsockopt(
                 sock.set_options(|o| o.iomap_size = v.clamp(0, 16) as u32)
             }
             (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE) => return fail(libc::EINVAL),
+            // Taken and let be, as librdmacm does.
+            (libc::IPPROTO_TCP, libc::TCP_MAXSEG) => Ok(()),
             _ => return fail(libc::ENOTSUP),
         };
         res(r)
@@ -756,7 +764,7 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rgetsockopt(
             (libc::SOL_SOCKET, libc::SO_ERROR) => sock.take_error().map_or(0, |e| e.raw()),
             (libc::SOL_SOCKET, libc::SO_TYPE) => libc::SOCK_STREAM,
             (libc::IPPROTO_TCP, libc::TCP_NODELAY) => o.no_delay.into(),
-            (libc::IPPROTO_TCP, libc::TCP_MAXSEG) => 2048,
+            (libc::IPPROTO_TCP, libc::TCP_MAXSEG) => sock.max_segment() as c_int,
             (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE) => o.keep_idle,
             (libc::IPPROTO_IPV6, libc::IPV6_V6ONLY) => o.v6_only.into(),
             (SOL_RDMA, RDMA_SQSIZE) => o.sq_size as c_int,

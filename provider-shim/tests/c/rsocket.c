@@ -60,7 +60,16 @@ int main(void)
 	FAILS_WITH(rbind(l, &un, sizeof un), EAFNOSUPPORT);
 	FAILS_WITH(raccept(l, NULL, NULL), EINVAL); /* not listening */
 	CHECK(rbind(l, (struct sockaddr *)&at, sizeof at) == 0);
+	/* Flags the accepted socket does not take over (sizes it does), as librdmacm's. */
+	CHECK(rsetsockopt(l, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) == 0);
 	CHECK(rlisten(l, 4) == 0);
+	{
+		/* A listener has no peer: the unspecified address (librdmacm, measured on rxe). */
+		struct sockaddr_in none = { .sin_family = 99 };
+		len = sizeof none;
+		CHECK(rgetpeername(l, (struct sockaddr *)&none, &len) == 0);
+		CHECK(none.sin_addr.s_addr == 0 && none.sin_port == 0);
+	}
 
 	/* Nobody on 7791: refused. */
 	int lone = rsocket(AF_INET, SOCK_STREAM, 0);
@@ -84,7 +93,24 @@ int main(void)
 	wait_for(c, POLLOUT);
 	len = sizeof v;
 	CHECK(rgetsockopt(c, SOL_SOCKET, SO_ERROR, &v, &len) == 0 && v == 0);
+	/* Connected already: 0. */
+	CHECK(rconnect(c, (struct sockaddr *)&at, sizeof at) == 0);
 	CHECK(rfcntl(c, F_SETFL, 0) == 0 && !(rfcntl(c, F_GETFL) & O_NONBLOCK));
+	len = sizeof v;
+	CHECK(rgetsockopt(s, IPPROTO_TCP, TCP_NODELAY, &v, &len) == 0 && v == 0);
+	/* The segment size is the path's MTU (a connection has a path); setting it is taken and
+	 * let be; SO_LINGER reads the first word whatever the length, as librdmacm. */
+	len = sizeof v;
+	CHECK(rgetsockopt(c, IPPROTO_TCP, TCP_MAXSEG, &v, &len) == 0 && v >= 256 && v <= 4096);
+	CHECK(rsetsockopt(c, IPPROTO_TCP, TCP_MAXSEG, &one, sizeof one) == 0);
+	CHECK(rsetsockopt(c, SOL_SOCKET, SO_LINGER, &one, sizeof one) == 0);
+	{
+		struct linger lg;
+		len = sizeof lg;
+		CHECK(rgetsockopt(c, SOL_SOCKET, SO_LINGER, &lg, &len) == 0 && lg.l_onoff == 1);
+		lg.l_onoff = 0;
+		CHECK(rsetsockopt(c, SOL_SOCKET, SO_LINGER, &lg, sizeof lg) == 0);
+	}
 
 	/* Names. */
 	struct sockaddr_in name;
