@@ -56,7 +56,7 @@ pub struct Options {
     pub keep_alive: bool,
     pub no_delay: bool,
     pub oob_inline: bool,
-    /// `SO_LINGER`: on, and the seconds.
+    /// `SO_LINGER`: on (librdmacm's default), and the seconds.
     pub linger: Option<i32>,
     /// `SO_SNDBUF` / `SO_RCVBUF` as the socket reports them (twice what was set, as Linux).
     pub send_buffer: usize,
@@ -74,17 +74,18 @@ pub struct Options {
 }
 
 impl Default for Options {
-    /// librdmacm's defaults: 128 KiB buffers, 384-entry queues, 64 bytes inline, no I/O maps.
+    /// librdmacm's defaults: 128 KiB buffers, 384-entry queues, 64 bytes inline, no I/O maps,
+    /// lingering on, no keepalive time (each read back on rxe).
     fn default() -> Options {
         Options {
             reuse_addr: false,
             keep_alive: false,
             no_delay: false,
             oob_inline: false,
-            linger: None,
+            linger: Some(0),
             send_buffer: 1 << 17,
             recv_buffer: 1 << 17,
-            keep_idle: 7200,
+            keep_idle: 0,
             v6_only: false,
             sq_size: 384,
             rq_size: 384,
@@ -488,6 +489,7 @@ impl RSocket {
             // Connected already: librdmacm's answer is 0.
             Phase::Connected => return Ok(()),
             Phase::Accepting => return Err(err(libc::EISCONN, "the socket is connected")),
+            Phase::Failed => return Err(err(libc::ENOTCONN, "the connection failed")),
             _ => return Err(err(libc::EINVAL, "the socket cannot connect")),
         }
         st.id.resolve_addr(None, unmapped(addr), RESOLVE_MS)?;
@@ -497,7 +499,8 @@ impl RSocket {
             return match st.phase {
                 Phase::Connected => Ok(()),
                 Phase::Failed => {
-                    Err(Error::new(st.error.take().expect("failed"), "connect failed"))
+                    let e = st.error.take().unwrap_or(Errno(libc::ECONNREFUSED));
+                    Err(Error::new(e, "connect failed"))
                 }
                 _ => Err(err(libc::EINPROGRESS, "connecting")),
             };
@@ -512,7 +515,8 @@ impl RSocket {
             match st.phase {
                 Phase::Connected => return Ok(()),
                 Phase::Failed => {
-                    return Err(Error::new(st.error.take().expect("failed"), "connect failed"));
+                    let e = st.error.take().unwrap_or(Errno(libc::ECONNREFUSED));
+                    return Err(Error::new(e, "connect failed"));
                 }
                 Phase::Resolving | Phase::Connecting | Phase::Accepting => self.wait(st, None)?,
                 _ => return Err(err(libc::ENOTCONN, "not connected")),
@@ -524,9 +528,10 @@ impl RSocket {
     fn check(st: &St, writing: bool) -> Result<()> {
         match st.phase {
             Phase::Connected | Phase::Resolving | Phase::Connecting | Phase::Accepting => Ok(()),
-            Phase::Failed => {
-                Err(Error::new(st.error.unwrap_or(Errno(libc::ECONNREFUSED)), "failed"))
-            }
+            // A failed connection reads as ended and refuses writes as reset, as librdmacm's
+            // (measured on rxe after a refused connect).
+            Phase::Failed if writing => Err(err(libc::ECONNRESET, "the connection failed")),
+            Phase::Failed => Ok(()),
             Phase::Closed => Err(err(libc::EBADF, "the socket is closed")),
             Phase::Open | Phase::Listening => Err(err(libc::ENOTCONN, "not connected")),
         }?;
@@ -594,6 +599,9 @@ impl RSocket {
             let mut st = self.lock();
             let nb = flags.dont_wait || st.nonblocking;
             Self::check(&st, false)?;
+            if st.phase == Phase::Failed {
+                return Ok(done);
+            }
             if st.phase == Phase::Connected {
                 let ended = st.disconnected || st.shut_rd;
                 let s = st.stream.as_mut().expect("connected");
@@ -624,6 +632,10 @@ impl RSocket {
             return d.peer.map(|_| ()).ok_or(err(libc::ENOTCONN, "not connected"));
         }
         let mut st = self.lock();
+        if st.phase == Phase::Failed {
+            // Nothing left to end (librdmacm's answer: 0).
+            return Ok(());
+        }
         if st.phase != Phase::Connected {
             return Err(err(libc::ENOTCONN, "not connected"));
         }
@@ -710,6 +722,14 @@ impl RSocket {
         Ok(st.id.peer_addr().unwrap_or(none))
     }
 
+    /// The path of the socket's connection, once it has one (`RDMA_ROUTE`).
+    pub fn path(&self) -> Option<crate::cm::PathRecord> {
+        if self.0.dgram.is_some() {
+            return None;
+        }
+        self.0.st.lock().id.path()
+    }
+
     /// `TCP_MAXSEG` as librdmacm reads it: the MTU of the connection's path, 2,048 before it
     /// has one.
     pub fn max_segment(&self) -> usize {
@@ -758,6 +778,11 @@ impl RSocket {
         Ok(())
     }
 
+    /// Whether the socket's connection has begun (`SOL_RDMA` options may no longer change).
+    pub fn opened(&self) -> bool {
+        self.0.dgram.is_none() && !matches!(self.0.st.lock().phase, Phase::Open | Phase::Listening)
+    }
+
     /// `SO_ERROR`: the pending error, cleared.
     pub fn take_error(&self) -> Option<Errno> {
         if self.0.dgram.is_some() {
@@ -766,7 +791,7 @@ impl RSocket {
         let mut st = self.lock();
         let stream_error = st.stream.as_ref().and_then(|s| s.error);
         if st.phase == Phase::Failed {
-            return st.error;
+            return st.error.take();
         }
         st.error.take().or(stream_error)
     }
@@ -987,7 +1012,8 @@ impl St {
             Phase::Open => POLLOUT | POLLHUP,
             Phase::Listening if !self.requests.is_empty() => POLLIN,
             Phase::Listening | Phase::Resolving | Phase::Connecting | Phase::Accepting => 0,
-            Phase::Failed => POLLOUT | POLLERR | POLLHUP,
+            // (librdmacm's, measured on rxe after a refused connect.)
+            Phase::Failed => POLLIN | POLLOUT | POLLERR,
             Phase::Closed => POLLNVAL,
             Phase::Connected => {
                 let s = self.stream.as_ref().expect("connected");

@@ -26,6 +26,32 @@ const RDMA_SQSIZE: c_int = 0;
 const RDMA_RQSIZE: c_int = 1;
 const RDMA_INLINE: c_int = 2;
 const RDMA_IOMAPSIZE: c_int = 3;
+const RDMA_ROUTE: c_int = 4;
+/// `struct ibv_path_data`: flags, a reserved word, `struct ibv_path_record`.
+const PATH_DATA: usize = 72;
+
+/// The `struct ibv_path_data` librdmacm's rsockets give for `path` under `RDMA_ROUTE`.
+fn path_data(p: &rdma_emu::cm::PathRecord) -> [u8; PATH_DATA] {
+    let mut d = [0u8; PATH_DATA];
+    // (flags: the path's preference, 0; service ID 0.)
+    let r = &mut d[8..];
+    r[8..24].copy_from_slice(&p.dgid.0);
+    r[24..40].copy_from_slice(&p.sgid.0);
+    r[40..42].copy_from_slice(&p.dlid.to_be_bytes());
+    r[42..44].copy_from_slice(&p.slid.to_be_bytes());
+    let flow_hop = (p.flow_label << 8) | u32::from(p.hop_limit);
+    r[44..48].copy_from_slice(&flow_hop.to_be_bytes());
+    r[48] = p.traffic_class;
+    // Reversible, one path.
+    r[49] = 1 << 7 | 1;
+    r[50..52].copy_from_slice(&p.pkey.to_be_bytes());
+    r[52..54].copy_from_slice(&u16::from(p.sl).to_be_bytes());
+    // Each with the selector "exactly" (2) in its top bits.
+    r[54] = p.mtu.0 as u8 | 2 << 6;
+    r[55] = p.rate | 2 << 6;
+    r[56] = p.packet_life_time | 2 << 6;
+    d
+}
 
 /// A socket and the descriptor flags `rfcntl` keeps for it.
 struct Entry {
@@ -699,6 +725,12 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rsetsockopt(
         };
         let on = v != 0;
         let size = |v: c_int| (v.max(0) as usize) << 1;
+        // Queue and inline sizes are the connection's: fixed once it is begun (librdmacm).
+        if level == SOL_RDMA && sock.opened() {
+            return fail(libc::EINVAL);
+        }
+        // librdmacm's largest queue.
+        let queue = |v: c_int| (v.max(0) as u32).min(0xfffe);
         let r = match (level, name) {
             (libc::SOL_SOCKET, libc::SO_REUSEADDR) => sock.set_options(|o| o.reuse_addr = on),
             (libc::SOL_SOCKET, libc::SO_KEEPALIVE) => sock.set_options(|o| o.keep_alive = on),
@@ -710,8 +742,8 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rsetsockopt(
                 sock.set_options(|o| o.keep_idle = v)
             }
             (libc::IPPROTO_IPV6, libc::IPV6_V6ONLY) => sock.set_options(|o| o.v6_only = on),
-            (SOL_RDMA, RDMA_SQSIZE) => sock.set_options(|o| o.sq_size = v.max(1) as u32),
-            (SOL_RDMA, RDMA_RQSIZE) => sock.set_options(|o| o.rq_size = v.max(1) as u32),
+            (SOL_RDMA, RDMA_SQSIZE) => sock.set_options(|o| o.sq_size = queue(v)),
+            (SOL_RDMA, RDMA_RQSIZE) => sock.set_options(|o| o.rq_size = queue(v)),
             (SOL_RDMA, RDMA_INLINE) => sock.set_options(|o| o.inline_size = v.max(0) as u32),
             (SOL_RDMA, RDMA_IOMAPSIZE) => {
                 sock.set_options(|o| o.iomap_size = v.clamp(0, 16) as u32)
@@ -740,13 +772,29 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rgetsockopt(
         // SAFETY: the caller's length.
         let room = unsafe { *len } as usize;
         let o = sock.options();
+        if (level, name) == (SOL_RDMA, RDMA_ROUTE) {
+            // The connection's path as librdmacm gives it: room for one at least, or EINVAL.
+            if room < PATH_DATA {
+                return fail(libc::EINVAL);
+            }
+            let data = sock.path().map(|p| path_data(&p));
+            let n = data.as_ref().map_or(0, |d| d.len());
+            if let Some(d) = data {
+                // SAFETY: `room` >= PATH_DATA writable bytes at `val`.
+                unsafe { ptr::copy_nonoverlapping(d.as_ptr(), val.cast::<u8>(), d.len()) };
+            }
+            // SAFETY: the caller's length.
+            unsafe { *len = n as libc::socklen_t };
+            return 0;
+        }
         if (level, name) == (libc::SOL_SOCKET, libc::SO_LINGER) {
             if room < size_of::<libc::linger>() {
                 return fail(libc::EINVAL);
             }
             let l = libc::linger {
                 l_onoff: c_int::from(o.linger.is_some()),
-                l_linger: o.linger.unwrap_or(0),
+                // (librdmacm keeps no time: 0.)
+                l_linger: 0,
             };
             // SAFETY: writable for a struct linger; its length updated.
             unsafe {
@@ -766,6 +814,8 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rgetsockopt(
             (libc::IPPROTO_TCP, libc::TCP_NODELAY) => o.no_delay.into(),
             (libc::IPPROTO_TCP, libc::TCP_MAXSEG) => sock.max_segment() as c_int,
             (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE) => o.keep_idle,
+            // Not kept: librdmacm says 1.
+            (libc::IPPROTO_TCP, libc::TCP_KEEPCNT | libc::TCP_KEEPINTVL) => 1,
             (libc::IPPROTO_IPV6, libc::IPV6_V6ONLY) => o.v6_only.into(),
             (SOL_RDMA, RDMA_SQSIZE) => o.sq_size as c_int,
             (SOL_RDMA, RDMA_RQSIZE) => o.rq_size as c_int,

@@ -76,6 +76,39 @@ int main(void)
 	struct sockaddr_in nobody = addr(7791);
 	FAILS_WITH(rconnect(lone, (struct sockaddr *)&nobody, sizeof nobody), ECONNREFUSED);
 	CHECK(rclose(lone) == 0);
+	/* Refused without waiting: SO_ERROR says so once; the socket then reads as ended,
+	 * writes as reset, shuts down quietly and polls readable, writable and in error, as
+	 * librdmacm's (measured on rxe). */
+	{
+		int r = rsocket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+		char b[4];
+		FAILS_WITH(rconnect(r, (struct sockaddr *)&nobody, sizeof nobody), EINPROGRESS);
+		struct pollfd p = { .fd = r, .events = POLLIN | POLLOUT };
+		CHECK(rpoll(&p, 1, 5000) == 1 && p.revents == (POLLIN | POLLOUT | POLLERR));
+		len = sizeof v;
+		CHECK(rgetsockopt(r, SOL_SOCKET, SO_ERROR, &v, &len) == 0 && v == ECONNREFUSED);
+		CHECK(rgetsockopt(r, SOL_SOCKET, SO_ERROR, &v, &len) == 0 && v == 0);
+		CHECK(rrecv(r, b, sizeof b, 0) == 0);
+		FAILS_WITH(rsend(r, "x", 1, 0), ECONNRESET);
+		CHECK(rshutdown(r, SHUT_RDWR) == 0);
+		FAILS_WITH(rconnect(r, (struct sockaddr *)&nobody, sizeof nobody), ENOTCONN);
+		CHECK(rclose(r) == 0);
+	}
+	/* librdmacm's defaults: lingering on (no time), no keepalive time, 1 for the keepalive
+	 * counts it does not keep; queues at most 65534. */
+	{
+		struct linger lg;
+		int r = rsocket(AF_INET, SOCK_STREAM, 0), big = 1 << 20;
+		len = sizeof lg;
+		CHECK(rgetsockopt(r, SOL_SOCKET, SO_LINGER, &lg, &len) == 0);
+		CHECK(lg.l_onoff == 1 && lg.l_linger == 0);
+		len = sizeof v;
+		CHECK(rgetsockopt(r, IPPROTO_TCP, TCP_KEEPIDLE, &v, &len) == 0 && v == 0);
+		CHECK(rgetsockopt(r, IPPROTO_TCP, TCP_KEEPCNT, &v, &len) == 0 && v == 1);
+		CHECK(rsetsockopt(r, SOL_RDMA, RDMA_SQSIZE, &big, sizeof big) == 0);
+		CHECK(rgetsockopt(r, SOL_RDMA, RDMA_SQSIZE, &v, &len) == 0 && v == 65534);
+		CHECK(rclose(r) == 0);
+	}
 
 	int c = rsocket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
 	CHECK(c >= 0);
@@ -104,6 +137,15 @@ int main(void)
 	CHECK(rgetsockopt(c, IPPROTO_TCP, TCP_MAXSEG, &v, &len) == 0 && v >= 256 && v <= 4096);
 	CHECK(rsetsockopt(c, IPPROTO_TCP, TCP_MAXSEG, &one, sizeof one) == 0);
 	CHECK(rsetsockopt(c, SOL_SOCKET, SO_LINGER, &one, sizeof one) == 0);
+	/* The connection's sizes are fixed; its path reads as one struct ibv_path_data. */
+	FAILS_WITH(rsetsockopt(c, SOL_RDMA, RDMA_SQSIZE, &one, sizeof one), EINVAL);
+	{
+		unsigned char route[256];
+		len = 4;
+		FAILS_WITH(rgetsockopt(c, SOL_RDMA, RDMA_ROUTE, route, &len), EINVAL);
+		len = sizeof route;
+		CHECK(rgetsockopt(c, SOL_RDMA, RDMA_ROUTE, route, &len) == 0 && len == 72);
+	}
 	{
 		struct linger lg;
 		len = sizeof lg;
