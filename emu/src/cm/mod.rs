@@ -919,38 +919,29 @@ impl CmId {
             (Some((r, _)), true) => Mtu(lattr.active_mtu.0.min(r.active_mtu.0)),
             _ => lattr.active_mtu,
         };
-        let tclass = st.options.tos;
-        if lattr.link_layer == LinkLayer::ETHERNET {
-            // The kernel's RoCE v2 flow label: the two UDP ports, the requester's first.
-            let (sport, dport) = match st.listener {
-                Some(_) => (peer.port(), local.port()),
-                None => (local.port(), peer.port()),
+        // RoCE's path is made up of the two addresses; InfiniBand's is the ports'.
+        let (sgid, dgid, slid, dlid, flow_label, hop_limit) =
+            if lattr.link_layer == LinkLayer::ETHERNET {
+                // The kernel's RoCE v2 flow label: the two UDP ports, the requester's first.
+                let (sport, dport) = match st.listener {
+                    Some(_) => (peer.port(), local.port()),
+                    None => (local.port(), peer.port()),
+                };
+                let flow = (u32::from(sport) * 31 + u32::from(dport)) & 0xf_ffff;
+                (Gid::of_ip(local.ip()), Gid::of_ip(peer.ip()), 0, 0, flow, 64)
+            } else {
+                let (rlid, rgid) = rattr.map_or((0, None), |(a, g)| (a.lid, g));
+                let sgid = lport.gids.first().map(|e| e.gid).unwrap_or_default();
+                (sgid, rgid.unwrap_or_default(), lattr.lid, rlid, 0, 0)
             };
-            let flow_label = (u32::from(sport) * 31 + u32::from(dport)) & 0xf_ffff;
-            return Some(PathRecord {
-                sgid: Gid::of_ip(local.ip()),
-                dgid: Gid::of_ip(peer.ip()),
-                slid: 0,
-                dlid: 0,
-                flow_label,
-                hop_limit: 64,
-                traffic_class: tclass,
-                pkey: 0xffff,
-                sl: 0,
-                mtu,
-                rate: 0,
-                packet_life_time: PACKET_LIFE_TIME,
-            });
-        }
-        let (rlid, rgid) = rattr.map_or((0, None), |(a, g)| (a.lid, g));
         Some(PathRecord {
-            sgid: lport.gids.first().map(|e| e.gid).unwrap_or_default(),
-            dgid: rgid.unwrap_or_default(),
-            slid: lattr.lid,
-            dlid: rlid,
-            flow_label: 0,
-            hop_limit: 0,
-            traffic_class: tclass,
+            sgid,
+            dgid,
+            slid,
+            dlid,
+            flow_label,
+            hop_limit,
+            traffic_class: st.options.tos,
             pkey: 0xffff,
             sl: 0,
             mtu,

@@ -9,32 +9,7 @@
 #include <rdma/rdma_cma.h>
 #include <rdma/rdma_verbs.h>
 
-#include "common.h"
-
-static struct sockaddr_in addr(const char *ip, int port)
-{
-	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(port) };
-	CHECK(inet_pton(AF_INET, ip, &a.sin_addr) == 1);
-	return a;
-}
-
-/* The next event, which must be `want`; a connection's end of time-wait (2 s after it ended)
- * may come in between, whenever the clock says, and is passed over. */
-static struct rdma_cm_event *next(struct rdma_event_channel *ch, enum rdma_cm_event_type want)
-{
-	struct rdma_cm_event *ev;
-	CHECK(rdma_get_cm_event(ch, &ev) == 0);
-	while (ev->event == RDMA_CM_EVENT_TIMEWAIT_EXIT && want != ev->event) {
-		rdma_ack_cm_event(ev);
-		CHECK(rdma_get_cm_event(ch, &ev) == 0);
-	}
-	if (ev->event != want) {
-		fprintf(stderr, "got %s (status %d), want %s\n", rdma_event_str(ev->event), ev->status,
-			rdma_event_str(want));
-		exit(1);
-	}
-	return ev;
-}
+#include "cm_common.h"
 
 /* A client id on `ch` whose route to 127.0.0.1:port is resolved. */
 static struct rdma_cm_id *resolved(struct rdma_event_channel *ch, int port)

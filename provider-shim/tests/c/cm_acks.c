@@ -12,30 +12,7 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include "common.h"
-
-static struct sockaddr_in addr(const char *ip, int port)
-{
-	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(port) };
-	CHECK(inet_pton(AF_INET, ip, &a.sin_addr) == 1);
-	return a;
-}
-
-static struct rdma_cm_event *next(struct rdma_event_channel *ch, enum rdma_cm_event_type want)
-{
-	struct rdma_cm_event *ev;
-	CHECK(rdma_get_cm_event(ch, &ev) == 0);
-	while (ev->event == RDMA_CM_EVENT_TIMEWAIT_EXIT && want != ev->event) {
-		rdma_ack_cm_event(ev);
-		CHECK(rdma_get_cm_event(ch, &ev) == 0);
-	}
-	if (ev->event != want) {
-		fprintf(stderr, "got %s (status %d), want %s\n", rdma_event_str(ev->event), ev->status,
-			rdma_event_str(want));
-		exit(1);
-	}
-	return ev;
-}
+#include "cm_common.h"
 
 /* An event acknowledged by a thread of its own, a while after it starts; `acked` is set just
  * before the acknowledgement, and `context` read just before that from the id the event
