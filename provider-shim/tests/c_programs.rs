@@ -309,16 +309,21 @@ fn null_destroyed_and_foreign_handles_get_errnos() {
     c_program("bad_input", &["full"]);
 }
 
-#[test]
-fn the_connection_manager_in_one_process_and_its_bad_input() {
-    let exe = common::c_test("cm");
+/// [`c_program`] for the connection manager's tests: no host fabric, so the ports a test
+/// binds are its process's alone.
+fn cm_c_program(name: &str) {
+    let exe = common::c_test(name);
     for profile in ["full", "rxe"] {
-        // No host fabric: the ports it binds are this process's alone.
         let mut cmd = Command::new(&exe);
         cmd.env("RDMA_EMU_PROFILE", profile).env("RDMA_EMU_FABRIC", "none");
         let out = run_on_shim(&mut cmd);
-        assert!(out.contains("cm ok"), "{profile}: {out}");
+        assert!(out.contains(&format!("{name} ok")), "{profile}: {out}");
     }
+}
+
+#[test]
+fn the_connection_manager_in_one_process_and_its_bad_input() {
+    cm_c_program("cm");
 }
 
 /// `rdma_destroy_id`, `rdma_migrate_id` and `rdma_leave_multicast` wait, as librdmacm's do,
@@ -327,13 +332,7 @@ fn the_connection_manager_in_one_process_and_its_bad_input() {
 /// with `CM_ACKS_HOST` its port's address and a multicast route).
 #[test]
 fn the_connection_manager_waits_for_every_event_of_an_id_to_be_acknowledged() {
-    let exe = common::c_test("cm_acks");
-    for profile in ["full", "rxe"] {
-        let mut cmd = Command::new(&exe);
-        cmd.env("RDMA_EMU_PROFILE", profile).env("RDMA_EMU_FABRIC", "none");
-        let out = run_on_shim(&mut cmd);
-        assert!(out.contains("cm_acks ok"), "{profile}: {out}");
-    }
+    cm_c_program("cm_acks");
 }
 
 /// librdmacm's synchronous mode, `rdma_getaddrinfo`'s results and errors, and a synchronous
@@ -341,13 +340,7 @@ fn the_connection_manager_waits_for_every_event_of_an_id_to_be_acknowledged() {
 /// program passes there too, with `CM_SYNC_HOST` its port's address).
 #[test]
 fn the_synchronous_mode_waits_for_each_event_as_librdmacm() {
-    let exe = common::c_test("cm_sync");
-    for profile in ["full", "rxe"] {
-        let mut cmd = Command::new(&exe);
-        cmd.env("RDMA_EMU_PROFILE", profile).env("RDMA_EMU_FABRIC", "none");
-        let out = run_on_shim(&mut cmd);
-        assert!(out.contains("cm_sync ok"), "{profile}: {out}");
-    }
+    cm_c_program("cm_sync");
 }
 
 /// Children of a process that opened a device use the verbs and the CM on their own, and

@@ -49,14 +49,6 @@ static void ended_by(struct later *l, void *context)
 	CHECK(l->context == context);
 }
 
-static void hung(int sig)
-{
-	static const char m[] = "cm_acks: a call waited for an acknowledgement never coming\n";
-	(void)sig;
-	CHECK(write(2, m, sizeof m - 1) > 0);
-	_exit(1);
-}
-
 int main(void)
 {
 	const char *host = getenv("CM_ACKS_HOST") ? getenv("CM_ACKS_HOST") : "127.0.0.1";
@@ -67,8 +59,7 @@ int main(void)
 	struct later l;
 	int tag[4];
 
-	signal(SIGALRM, hung);
-	alarm(30);
+	fail_if_hung(30);
 	CHECK(ch = rdma_create_event_channel());
 	CHECK(own = rdma_create_event_channel());
 	CHECK(rdma_create_id(ch, &listen, &tag[0], RDMA_PS_TCP) == 0);

@@ -5,6 +5,8 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <rdma/rdma_cma.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include "common.h"
 
@@ -32,6 +34,22 @@ static inline struct rdma_cm_event *next(struct rdma_event_channel *ch,
 		exit(1);
 	}
 	return ev;
+}
+
+static inline void cm_call_hung(int sig)
+{
+	static const char m[] = "a connection manager call never returned\n";
+	(void)sig;
+	CHECK(write(2, m, sizeof m - 1) > 0);
+	_exit(1);
+}
+
+/* A call that waits for ever (for an acknowledgement, an event never coming) fails the test
+ * after `seconds` instead of hanging it. */
+static inline void fail_if_hung(unsigned seconds)
+{
+	signal(SIGALRM, cm_call_hung);
+	alarm(seconds);
 }
 
 #endif

@@ -13,7 +13,7 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include "common.h"
+#include "cm_common.h"
 
 static struct rdma_cm_id *listen_id;
 static int server_answers;
@@ -49,14 +49,6 @@ static void *server(void *arg)
 	return NULL;
 }
 
-static void hung(int sig)
-{
-	static const char m[] = "cm_sync: a synchronous call never returned\n";
-	(void)sig;
-	CHECK(write(2, m, sizeof m - 1) > 0);
-	_exit(1);
-}
-
 int main(void)
 {
 	const char *host = getenv("CM_SYNC_HOST") ? getenv("CM_SYNC_HOST") : "127.0.0.1";
@@ -70,8 +62,7 @@ int main(void)
 	pthread_t t;
 	char msg[16] = "hello";
 
-	signal(SIGALRM, hung);
-	alarm(30);
+	fail_if_hung(30);
 	/* Results say only whether they are passive; errors are getaddrinfo's own codes. */
 	hints.ai_flags = RAI_NUMERICHOST;
 	CHECK(rdma_getaddrinfo(host, "7487", &hints, &res) == 0);
