@@ -733,8 +733,7 @@ impl RSocket {
     /// `TCP_MAXSEG` as librdmacm reads it: the MTU of the connection's path, 2,048 before it
     /// has one.
     pub fn max_segment(&self) -> usize {
-        let mtu = self.0.st.lock().id.path().and_then(|p| p.mtu.bytes());
-        mtu.map_or(2048, |b| b as usize)
+        self.path().and_then(|p| p.mtu.bytes()).map_or(2048, |b| b as usize)
     }
 
     /// Whether the socket is IPv6 (`AF_INET6`).
