@@ -476,6 +476,7 @@ fn modify_checks_transitions_masks_and_values() {
     einval(n.qp.modify(&QpAttr { qp_state: QpState(9), ..to(QpState::INIT) }, M::STATE));
     n.qp.modify(&to(QpState::INIT), M::STATE | M::PORT | M::PKEY_INDEX | M::ACCESS_FLAGS).unwrap();
     assert_eq!(n.qp.query().unwrap().path_mtu, Mtu::MTU_256, "rxe starts a QP's path MTU at 256");
+    assert!(n.qp.query().unwrap().ah_attr.is_global, "rxe reads every address vector as global");
     let ep = peer.qp.endpoint(0);
     let rtr = QpAttr {
         qp_state: QpState::RTR,
