@@ -513,6 +513,9 @@ struct IdState {
     wire_rep: Option<Box<[u8; mad::MAD_LEN]>>,
     /// The `Disconnected` event held back, if any.
     held: Option<Held>,
+    /// A datagram listener's QP, with which the CM answers each lookup (SIDR request) at
+    /// once, without an event (see [`CmId::answer_lookups`]).
+    answers: Option<u32>,
 }
 
 impl IdState {
@@ -810,6 +813,7 @@ impl CmId {
             wire_tid: 0,
             wire_rep: None,
             held: None,
+            answers: None,
         };
         let (fabric, channel) = (channel.fabric.clone(), Mutex::new(channel.clone()));
         let (st, user_data) = (Mutex::new(st), AtomicUsize::new(0));
@@ -1145,6 +1149,20 @@ impl CmId {
         }
         st.backlog =
             if backlog > 0 && backlog < MAX_BACKLOG { backlog } else { MAX_BACKLOG } as usize;
+        Ok(())
+    }
+
+    /// A datagram (`PortSpace::Udp`) listener's answer to every lookup (SIDR request) from
+    /// now on: the QP `qp_num`, sent by the CM as each request arrives, with no
+    /// `ConnectRequest` event (the emulator's datagram rsockets, whose owner may be busy
+    /// elsewhere when a first datagram's lookup comes; librdmacm's service thread answers
+    /// its peers' lookups the same way). `EINVAL` for another id.
+    pub(crate) fn answer_lookups(&self, qp_num: u32) -> Result<()> {
+        let mut st = self.0.st.lock();
+        if !self.datagram() || st.state != State::Listen {
+            return Err(einval("only a datagram listener answers lookups"));
+        }
+        st.answers = Some(qp_num);
         Ok(())
     }
 
@@ -1534,7 +1552,8 @@ impl CmId {
                 let reason = REJ_CONSUMER_DEFINED;
                 Some((r, Msg::Rej { to: r.id, reason, private: Vec::new() }))
             }
-            (State::Connected | State::Accepting, r) => {
+            // (A datagram exchange ends with its reply: nothing to disconnect.)
+            (State::Connected | State::Accepting, r) if !self.datagram() => {
                 Some((r, Msg::Dreq { to: r.id, from: self.0.num }))
             }
             (State::DreqRcvd, r) => Some((r, Msg::Drep { to: r.id })),
@@ -1946,6 +1965,7 @@ fn request(
     let Some(listener) = listener(fabric, ps, dst) else {
         return reject(REJ_INVALID_SERVICE_ID);
     };
+    let answers = if ps == PortSpace::Udp { listener.0.st.lock().answers } else { None };
     let waiting = {
         let ids = cm.ids.lock();
         ids.values()
@@ -1960,7 +1980,7 @@ fn request(
             })
             .count()
     };
-    if waiting >= listener.0.st.lock().backlog {
+    if answers.is_none() && waiting >= listener.0.st.lock().backlog {
         return reject(REJ_CONSUMER_DEFINED);
     }
     let conn = CmId::create_on(&listener.0.channel.lock(), listener.0.ps);
@@ -1980,6 +2000,13 @@ fn request(
         st.listener = Some(Arc::downgrade(&listener.0));
         st.remote_ece = Ece { vendor_id: from.ece_vendor, options: from.ece_options, comp_mask: 0 };
         st.remote_incarnation = incarnation;
+    }
+    if let Some(qp_num) = answers {
+        // Answered here, in whichever thread brought the request: the listener's owner may
+        // not call in for a while (a datagram rsocket's first datagram waits on this).
+        let _ = conn.accept(&ConnParam { qp_num, ..Default::default() });
+        let _ = conn.destroy();
+        return;
     }
     if ps == PortSpace::Udp {
         // A SIDR REQ names neither the requester's QP nor its address (the reply goes back

@@ -154,7 +154,9 @@ impl Dgram {
         }
         self.id.bind_addr(addr)?;
         self.id.listen(0)?;
-        self.ud = Some(self.make_ud(fabric)?);
+        let ud = self.make_ud(fabric)?;
+        self.id.answer_lookups(ud.qp.qp_num())?;
+        self.ud = Some(ud);
         Ok(())
     }
 
@@ -214,6 +216,11 @@ impl Dgram {
     /// The CM id holding the socket's port.
     pub(super) fn id(&self) -> &CmId {
         &self.id
+    }
+
+    /// Whether the socket has its address and QP (an `rbind`, or the first send's own).
+    pub(super) fn bound(&self) -> bool {
+        self.ud.is_some()
     }
 
     /// The socket's address (none before a bind).

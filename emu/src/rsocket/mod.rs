@@ -318,6 +318,10 @@ impl RSocket {
             if d.closed {
                 return Err(err(libc::EBADF, "the socket is closed"));
             }
+            // Not bound (nor sent from) yet: nothing could come, librdmacm says EINVAL.
+            if !d.bound() {
+                return Err(err(libc::EINVAL, "the datagram socket is not bound"));
+            }
             if let Some((whole, from)) = d.recv_from(out, flags.peek) {
                 return Ok((whole.min(out.len()), Some(from)));
             }
@@ -739,6 +743,11 @@ impl RSocket {
     /// Whether the socket is IPv6 (`AF_INET6`).
     pub fn is_v6(&self) -> bool {
         self.0.st.lock().v6
+    }
+
+    /// Whether the socket is a datagram one (`SOCK_DGRAM`).
+    pub fn is_datagram(&self) -> bool {
+        self.0.dgram.is_some()
     }
 
     /// `O_NONBLOCK`.

@@ -810,6 +810,9 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rgetsockopt(
             (libc::SOL_SOCKET, libc::SO_SNDBUF) => o.send_buffer as c_int,
             (libc::SOL_SOCKET, libc::SO_RCVBUF) => o.recv_buffer as c_int,
             (libc::SOL_SOCKET, libc::SO_ERROR) => sock.take_error().map_or(0, |e| e.raw()),
+            // (librdmacm 44 does not know SO_TYPE: EOPNOTSUPP. Programs under librspreload
+            // ask it of what they think a kernel socket; the true type serves them better.)
+            (libc::SOL_SOCKET, libc::SO_TYPE) if sock.is_datagram() => libc::SOCK_DGRAM,
             (libc::SOL_SOCKET, libc::SO_TYPE) => libc::SOCK_STREAM,
             (libc::IPPROTO_TCP, libc::TCP_NODELAY) => o.no_delay.into(),
             (libc::IPPROTO_TCP, libc::TCP_MAXSEG) => sock.max_segment() as c_int,
