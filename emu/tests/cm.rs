@@ -624,6 +624,11 @@ fn datagram_ids_learn_each_others_qpn_and_address() {
     let mut got = [0u8; 8];
     c.mr.read(1024 + 40, &mut got).unwrap();
     assert_eq!(&got, b"datagram");
+    // The exchange ended with the reply: destroying either id tells the other nothing (it
+    // sent a DREQ, and the client heard `Disconnected`).
+    req.id.destroy().unwrap();
+    cch.set_nonblocking(true).unwrap();
+    assert_eq!(cch.get_event().unwrap_err().errno(), Errno::EAGAIN);
 }
 
 #[test]
