@@ -1018,8 +1018,11 @@ impl St {
         use libc::{POLLERR, POLLHUP, POLLIN, POLLNVAL, POLLOUT};
         match self.phase {
             Phase::Open => POLLOUT | POLLHUP,
-            Phase::Listening if !self.requests.is_empty() => POLLIN,
-            Phase::Listening | Phase::Resolving | Phase::Connecting | Phase::Accepting => 0,
+            // Always writable, as librdmacm's listener (its accept queue is one end of a
+            // socketpair; measured on rxe), unlike a kernel TCP listener.
+            Phase::Listening if !self.requests.is_empty() => POLLIN | POLLOUT,
+            Phase::Listening => POLLOUT,
+            Phase::Resolving | Phase::Connecting | Phase::Accepting => 0,
             // (librdmacm's, measured on rxe after a refused connect.)
             Phase::Failed => POLLIN | POLLOUT | POLLERR,
             Phase::Closed => POLLNVAL,

@@ -137,8 +137,18 @@ int main(void)
 	FAILS_WITH(riomap(c, &v, sizeof v, PROT_WRITE, 0, 0), EINVAL); /* not connected */
 	/* The client keeps a table for one of the server's mappings. */
 	CHECK(rsetsockopt(c, SOL_RDMA, RDMA_IOMAPSIZE, &one, sizeof one) == 0);
+	{
+		/* A listener polls writable, as librdmacm's (measured on rxe), readable only once
+		 * a connection waits. */
+		struct pollfd p = { .fd = l, .events = POLLIN | POLLOUT };
+		CHECK(rpoll(&p, 1, 0) == 1 && p.revents == POLLOUT);
+	}
 	FAILS_WITH(rconnect(c, (struct sockaddr *)&at, sizeof at), EINPROGRESS);
 	wait_for(l, POLLIN);
+	{
+		struct pollfd p = { .fd = l, .events = POLLIN | POLLOUT };
+		CHECK(rpoll(&p, 1, 0) == 1 && p.revents == (POLLIN | POLLOUT));
+	}
 	struct sockaddr_in peer;
 	len = sizeof peer;
 	int s = raccept(l, (struct sockaddr *)&peer, &len);
