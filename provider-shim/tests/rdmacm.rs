@@ -378,6 +378,48 @@ fn nc_and_socat_talk_over_rsockets_through_librspreload() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Datagrams through librspreload: `nc -u` sends lines to socat's `UDP4-RECV`, each line a
+/// datagram over the emulator's datagram rsockets (the port is the CM's `RDMA_PS_UDP` one, no
+/// kernel UDP socket is bound there), and the file socat writes is the lines, in order.
+#[test]
+fn nc_sends_datagrams_to_socat_over_rsockets_through_librspreload() {
+    let fabric = Fabric::new("rdmacm");
+    let dir = common::profile_dir().join(format!("rsockets-udp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let output = dir.join("out.txt");
+    let _ = std::fs::remove_file(&output);
+    let create = format!("CREATE:{}", output.display());
+    let recv = ["-u", "UDP4-RECV:7783,bind=127.0.0.1", &create];
+    let mut s = over_rsockets(&fabric, "socat", &recv).spawn().unwrap();
+    fabric.wait_cm_listener(Some("111"), Some(7783));
+    let mut nc = over_rsockets(&fabric, "nc", &["-u", "-w", "1", "127.0.0.1", "7783"]);
+    let mut nc = nc.stdin(Stdio::piped()).spawn().unwrap();
+    let lines: Vec<String> =
+        (0..20).map(|i| format!("datagram {i} {}\n", "x".repeat(i * 7))).collect();
+    {
+        use std::io::Write;
+        let mut stdin = nc.stdin.take().unwrap();
+        for l in &lines {
+            stdin.write_all(l.as_bytes()).unwrap();
+            // One read, and so one datagram, a line: nc sends what each read gives.
+            std::thread::sleep(Duration::from_millis(30));
+        }
+    }
+    let (c_ok, c_out) = finish(nc, Duration::from_secs(30));
+    let want = lines.concat();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while std::fs::read_to_string(&output).unwrap_or_default().len() < want.len()
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = s.kill();
+    let (_, s_out) = finish(s, Duration::from_secs(10));
+    let got = std::fs::read_to_string(&output).unwrap_or_default();
+    assert!(c_ok && got == want, "got {got:?}\n--- nc:\n{c_out}\n--- socat:\n{s_out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// HTTP clients over rsockets: curl and wget each fetch a 3 MB file from socat, which serves a
 /// canned HTTP response from a file (`-U`: from its right address to its left, the client),
 /// and the body each saved is the file, byte for byte. curl waits in poll() (librspreload's
