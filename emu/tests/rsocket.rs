@@ -315,6 +315,47 @@ fn datagrams_go_both_ways_with_their_sources() {
     }
 }
 
+/// Datagram sockets share a port as UDP ones do, both with `SO_REUSEADDR` (iperf3's server
+/// binds a new one once its first is connected to a client): a socket connected to a peer
+/// gets that peer's datagrams, another on the port everybody else's.
+#[test]
+fn datagram_sockets_share_a_port_and_a_connected_one_gets_its_peers_datagrams() {
+    let f = Fabric::new(Default::default());
+    let port = addr("127.0.0.1:9131");
+    let reusing = || {
+        let s = RSocket::new_dgram(&f, false).unwrap();
+        s.set_options(|o| o.reuse_addr = true).unwrap();
+        s
+    };
+    let (a, x, y) = (reusing(), reusing(), reusing());
+    a.bind(port).unwrap();
+    let dont = RecvFlags { dont_wait: true, ..Default::default() };
+    let take = |s: &RSocket| {
+        let mut entries =
+            [PollEntry { target: PollTarget::Socket(s.clone()), events: libc::POLLIN, revents: 0 }];
+        assert_eq!(poll(&mut entries, Some(Duration::from_secs(30))).unwrap(), 1, "nothing came");
+        let mut b = [0u8; 16];
+        let (n, from) = s.recv_from(&mut b, dont).unwrap();
+        (b[..n].to_vec(), from.unwrap())
+    };
+    x.send_to(b"x1", port, false).unwrap();
+    let (got, from_x) = take(&a);
+    assert_eq!(got, b"x1");
+    a.connect(from_x).unwrap();
+    // A socket without the option cannot join them.
+    let lone = RSocket::new_dgram(&f, false).unwrap();
+    assert_eq!(lone.bind(port).unwrap_err().errno(), Errno::EADDRNOTAVAIL);
+    let b = reusing();
+    b.bind(port).unwrap();
+    y.send_to(b"y1", port, false).unwrap();
+    assert_eq!(take(&b).0, b"y1");
+    x.send_to(b"x2", port, false).unwrap();
+    assert_eq!(take(&a).0, b"x2");
+    for s in [&a, &b] {
+        assert_eq!(s.recv(&mut [0u8; 8], dont).unwrap_err().errno(), Errno::EAGAIN);
+    }
+}
+
 /// A datagram socket keeps as many datagrams unread as librdmacm's would: one per 2 KiB of its
 /// receive buffer (64 by default), at most its receive queue's size (384), once bound; more
 /// are dropped, as UDP drops what overflows a socket's buffer.

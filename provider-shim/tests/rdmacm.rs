@@ -479,6 +479,42 @@ fn iperf3_runs_over_rsockets_through_librspreload() {
     assert!(received >= 60.0, "the server received {received} MB: {s_out}");
 }
 
+/// iperf3's UDP test over datagram rsockets, three streams: each stream's datagrams go to the
+/// server's socket connected to that stream (each socket took the shared port with
+/// `SO_REUSEADDR`, as iperf3's server replaces its listener once a stream connects), and the
+/// server counts each stream's datagrams by their sequence numbers (lost, out of order).
+#[test]
+fn iperf3_udp_streams_run_over_rsockets_through_librspreload() {
+    let fabric = Fabric::new("rdmacm");
+    let s = over_rsockets(&fabric, "iperf3", &["-s", "-1", "-p", "7789"]).spawn().unwrap();
+    wait_listening(&fabric, 7789);
+    let args =
+        ["-u", "-c", "127.0.0.1", "-p", "7789", "-b", "20M", "-t", "1", "-l", "1400", "-P", "3"];
+    let (c_ok, c_out) =
+        finish(over_rsockets(&fabric, "iperf3", &args).spawn().unwrap(), Duration::from_secs(60));
+    let (s_ok, s_out) = finish(s, Duration::from_secs(20));
+    assert!(
+        c_ok && s_ok && c_out.contains("iperf Done."),
+        "--- client:\n{c_out}\n--- server:\n{s_out}"
+    );
+    // Each stream's line on the server: `lost/total`; none empty, most of each arrived
+    // (datagrams may be dropped, as UDP's, only when the server falls behind).
+    let streams: Vec<(u64, u64)> = s_out
+        .lines()
+        .filter(|l| l.ends_with("receiver") && !l.starts_with("[SUM]"))
+        .filter_map(|l| {
+            l.split_whitespace().find_map(|w| {
+                let (lost, total) = w.split_once('/')?;
+                Some((lost.parse().ok()?, total.parse().ok()?))
+            })
+        })
+        .collect();
+    assert_eq!(streams.len(), 3, "{s_out}");
+    for (lost, total) in streams {
+        assert!(total > 100 && lost * 2 < total, "{lost} of {total} lost: {s_out}");
+    }
+}
+
 /// The MBytes of an iperf3 report line (0 if it has none).
 fn mbytes(line: &str) -> f64 {
     let words = line.split_whitespace();

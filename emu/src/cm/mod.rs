@@ -513,9 +513,18 @@ struct IdState {
     wire_rep: Option<Box<[u8; mad::MAD_LEN]>>,
     /// The `Disconnected` event held back, if any.
     held: Option<Held>,
-    /// A datagram listener's QP, with which the CM answers each lookup (SIDR request) at
-    /// once, without an event (see [`CmId::answer_lookups`]).
-    answers: Option<u32>,
+    /// A datagram listener's answer to lookups (SIDR requests), given by the CM at once,
+    /// without an event (see [`CmId::answer_lookups`]).
+    answers: Option<Answer>,
+}
+
+/// How a datagram listener answers lookups: with its QP, to every requester or only to those
+/// whose private data begin with `only` (a socket connected to one peer, as a connected UDP
+/// socket takes that peer's datagrams and no other's).
+#[derive(Debug, Clone)]
+struct Answer {
+    qp_num: u32,
+    only: Option<Vec<u8>>,
 }
 
 impl IdState {
@@ -992,7 +1001,10 @@ impl CmId {
             let v = bound.get(&(self.0.ps, p))?;
             v.iter().filter_map(Weak::upgrade).find_map(|o| {
                 let st = o.st.lock();
-                let reused = mine.reuse_addr && st.options.reuse_addr && st.state != State::Listen;
+                // (A datagram socket's port is shared as UDP shares one: its id listens only
+                // to answer lookups.)
+                let listens = st.state == State::Listen && st.answers.is_none();
+                let reused = mine.reuse_addr && st.options.reuse_addr && !listens;
                 let other = st.local.map(|a| a.ip());
                 let clash = other.is_none_or(|o| overlap(o, st.options.af_only, ip, mine.af_only));
                 (!reused && clash).then(|| conflict(other))
@@ -1162,8 +1174,18 @@ impl CmId {
         if !self.datagram() || st.state != State::Listen {
             return Err(einval("only a datagram listener answers lookups"));
         }
-        st.answers = Some(qp_num);
+        st.answers = Some(Answer { qp_num, only: None });
         Ok(())
+    }
+
+    /// Keeps the lookups [`CmId::answer_lookups`] answers to requesters whose private data
+    /// begin with `key` (`None`: anybody again). Of the datagram listeners sharing a port, one
+    /// kept for a requester answers it before one that answers anybody, and none answers a
+    /// requester it is not kept for.
+    pub(crate) fn answer_lookups_from(&self, key: Option<Vec<u8>>) {
+        if let Some(a) = &mut self.0.st.lock().answers {
+            a.only = key;
+        }
     }
 
     /// The QP the application put in the id itself, or none: librdmacm reads `id->qp` at each
@@ -1929,23 +1951,47 @@ impl CmId {
 /// Where a request to `dst` in `ps` finds its listener: in this process (our slot), in the
 /// process holding the port on the host fabric, or nowhere.
 fn listening_slot(fabric: &FabricInner, ps: PortSpace, dst: SocketAddr) -> Option<u8> {
-    if listener(fabric, ps, dst).is_some() {
+    if listener(fabric, ps, dst, None).is_some() {
         return Some(my_slot(fabric));
     }
     fabric.joined().ok().flatten()?.holder(&port_name(ps, dst.port()))
 }
 
-/// The id listening in this fabric for requests to `dst` in `ps`.
-fn listener(fabric: &FabricInner, ps: PortSpace, dst: SocketAddr) -> Option<CmId> {
+/// The id listening in this fabric for requests to `dst` in `ps`; for the request whose
+/// private data are `private`, among datagram listeners sharing the port, the one reserved
+/// for that requester before one that answers anybody (`None`: any listener).
+fn listener(
+    fabric: &FabricInner,
+    ps: PortSpace,
+    dst: SocketAddr,
+    private: Option<&[u8]>,
+) -> Option<CmId> {
     let cm = manager(fabric);
     let bound = cm.bound.lock();
     let ids = bound.get(&(ps, dst.port()))?.iter().filter_map(Weak::upgrade).map(CmId);
-    ids.into_iter().find(|l| {
+    // 2: reserved for this requester, 1: answers anybody, none: not for it.
+    let rank = |l: &CmId| {
         let st = l.0.st.lock();
         let ip = st.local.map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |a| a.ip());
         let names = |ip| fabric.addrs.port_of(ip);
-        st.state == State::Listen && (ip.is_unspecified() || names(ip) == names(dst.ip()))
-    })
+        if st.state != State::Listen || !(ip.is_unspecified() || names(ip) == names(dst.ip())) {
+            return None;
+        }
+        match (st.answers.as_ref().and_then(|a| a.only.as_deref()), private) {
+            (None, _) => Some(1),
+            (Some(_), None) => Some(1),
+            (Some(key), Some(p)) => p.starts_with(key).then_some(2),
+        }
+    };
+    let mut best: Option<(u8, CmId)> = None;
+    for l in ids {
+        if let Some(r) = rank(&l)
+            && best.as_ref().is_none_or(|(b, _)| r > *b)
+        {
+            best = Some((r, l));
+        }
+    }
+    best.map(|(_, l)| l)
 }
 
 /// Hands a connection request to the listener of its destination here, or rejects it.
@@ -1962,10 +2008,10 @@ fn request(
         let msg = Msg::Rej { to: from.id, reason, private: Vec::new() };
         send(fabric, &from, msg);
     };
-    let Some(listener) = listener(fabric, ps, dst) else {
+    let Some(listener) = listener(fabric, ps, dst, Some(&private)) else {
         return reject(REJ_INVALID_SERVICE_ID);
     };
-    let answers = if ps == PortSpace::Udp { listener.0.st.lock().answers } else { None };
+    let answers = listener.0.st.lock().answers.as_ref().map(|a| a.qp_num);
     let waiting = {
         let ids = cm.ids.lock();
         ids.values()

@@ -157,7 +157,16 @@ impl Dgram {
         let ud = self.make_ud(fabric)?;
         self.id.answer_lookups(ud.qp.qp_num())?;
         self.ud = Some(ud);
+        self.id.answer_lookups_from(self.peer.map(|p| encode_addr(p).to_vec()));
         Ok(())
+    }
+
+    /// `rconnect`: `peer` the default destination and the only source; lookups from other
+    /// sockets are left to another socket on the port, as a connected UDP socket leaves
+    /// their datagrams.
+    pub(super) fn connect(&mut self, peer: SocketAddr) {
+        self.peer = Some(peer);
+        self.id.answer_lookups_from(Some(encode_addr(peer).to_vec()));
     }
 
     /// Binds to the wildcard address, on a port picked for it, unless bound.
@@ -266,7 +275,11 @@ impl Dgram {
         }
         let Some(i) = self.lookups.iter().position(|(_, id)| id.same(&ev.id)) else { return };
         let qpn = self.ud.as_ref().map_or(0, |u| u.qp.qp_num());
-        let p = ConnParam { qp_num: qpn, ..Default::default() };
+        // The lookup names the socket it is for, as its datagrams do: a socket connected to
+        // this one answers it before any other on the port.
+        let me = self.local_addr().map(|a| source_for(a, self.lookups[i].0));
+        let private_data = me.map(|a| encode_addr(a).to_vec()).unwrap_or_default();
+        let p = ConnParam { qp_num: qpn, private_data, ..Default::default() };
         match ev.event {
             E::AddrResolved if self.lookups[i].1.resolve_route(2000).is_ok() => return,
             E::RouteResolved if self.lookups[i].1.connect(&p).is_ok() => return,

@@ -481,7 +481,7 @@ impl RSocket {
     pub fn connect(&self, addr: SocketAddr) -> Result<()> {
         if let Some(mut d) = self.dgram() {
             // A datagram socket's default destination and only source.
-            d.peer = Some(unmapped(addr));
+            d.connect(unmapped(addr));
             return Ok(());
         }
         let mut st = self.lock();
