@@ -311,6 +311,15 @@ fn refusals_come_back_as_rejected_with_the_reason() {
     let rej = next(&cch, E::Rejected);
     assert_eq!(rej.status, REJ_CONSUMER_DEFINED);
     assert_eq!(&rej.param.private_data[..7], b"go away");
+    // The rejected id is good for nothing but destroying, as the kernel's: it was made idle
+    // again, a bind failing there left it without its local address, and a connect from it
+    // then panicked (the CM fuzzer's find).
+    let taken = addr("127.0.0.2:7471");
+    assert_eq!(req.id.bind_addr(taken).unwrap_err().errno(), Errno::EINVAL);
+    let (to, route) = (addr("127.0.0.2:7471"), 2000);
+    assert_eq!(req.id.resolve_addr(None, to, route).unwrap_err().errno(), Errno::EINVAL);
+    assert_eq!(req.id.connect(&ConnParam::default()).unwrap_err().errno(), Errno::EINVAL);
+    req.id.destroy().unwrap();
 
     // Nobody listens on that port: the CM's "invalid service ID".
     let other = CmId::create(&cch, PortSpace::Tcp).unwrap();

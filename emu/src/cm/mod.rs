@@ -366,6 +366,10 @@ enum State {
     Connecting,
     /// Passive side: a REQ arrived, the application has yet to accept or reject it.
     Request,
+    /// Passive side: the request was rejected. Nothing is left but destroying the id (the
+    /// kernel's stays in its connect state, whose calls but `rdma_accept` then fail, and
+    /// that one fails in its IB CM).
+    Rejected,
     /// Passive side: accepted, waiting for the RTU.
     Accepting,
     Connected,
@@ -1048,6 +1052,9 @@ impl CmId {
             let p = self.fabric().addrs.port_of(addr.ip());
             Some(p.ok_or_else(|| Error::new(Errno::EADDRNOTAVAIL, "no port has that address"))?)
         };
+        // (An id idle again after a failed connection still has its addresses: a failed bind
+        // leaves them as they were.)
+        let before = (st.local, st.ctx.clone());
         if let Some((dev, _)) = port {
             st.ctx = Some(self.open_device(dev)?);
         }
@@ -1058,7 +1065,7 @@ impl CmId {
             Ok(n) => n,
             Err(e) => {
                 let mut st = self.0.st.lock();
-                (st.local, st.ctx) = (None, None);
+                (st.local, st.ctx) = before;
                 return Err(e);
             }
         };
@@ -1503,7 +1510,9 @@ impl CmId {
             return Err(einval("too much private data for a reject"));
         }
         let remote = st.remote.expect("a request has a remote");
-        st.state = State::Idle;
+        // (Idle, it could be bound again while still naming the requester's port: a connect
+        // from it then found no local address.)
+        st.state = State::Rejected;
         drop(st);
         let private = private_data.to_vec();
         send(self.fabric(), &remote, Msg::Rej { to: remote.id, reason, private });
