@@ -389,10 +389,10 @@ fn nc_sends_datagrams_to_socat_over_rsockets_through_librspreload() {
     let output = dir.join("out.txt");
     let _ = std::fs::remove_file(&output);
     let create = format!("CREATE:{}", output.display());
-    let recv = ["-u", "UDP4-RECV:7783,bind=127.0.0.1", &create];
+    let recv = ["-u", "UDP4-RECV:7784,bind=127.0.0.1", &create];
     let mut s = over_rsockets(&fabric, "socat", &recv).spawn().unwrap();
-    fabric.wait_cm_listener(Some("111"), Some(7783));
-    let mut nc = over_rsockets(&fabric, "nc", &["-u", "-w", "1", "127.0.0.1", "7783"]);
+    fabric.wait_cm_listener(Some("111"), Some(7784));
+    let mut nc = over_rsockets(&fabric, "nc", &["-u", "-w", "1", "127.0.0.1", "7784"]);
     let mut nc = nc.stdin(Stdio::piped()).spawn().unwrap();
     let lines: Vec<String> =
         (0..20).map(|i| format!("datagram {i} {}\n", "x".repeat(i * 7))).collect();

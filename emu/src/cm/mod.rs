@@ -1987,9 +1987,8 @@ fn listener(
             return None;
         }
         match (st.answers.as_ref().and_then(|a| a.only.as_deref()), private) {
-            (None, _) => Some(1),
-            (Some(_), None) => Some(1),
             (Some(key), Some(p)) => p.starts_with(key).then_some(2),
+            _ => Some(1),
         }
     };
     let mut best: Option<(u8, CmId)> = None;
