@@ -7,8 +7,8 @@ export CARGO_TERM_COLOR=never
 # System packages the tests need: readelf (binutils) for the export-table test, the verbs and
 # rdma_cm headers and link library for the C tests and layout checks, Debian's ibverbs-utils,
 # rdmacm-utils and perftest to run unmodified, as server and client processes, infiniband-diags
-# (ibstat, ibstatus), netcat-openbsd, socat, iperf3, curl, wget and sockperf to run over rsockets
-# (librspreload), tshark to decode the packet traces, and ucx-utils (UCX's ucx_info and
+# (ibstat, ibstatus), netcat-openbsd, socat, iperf3, iperf, curl, wget and sockperf to run over
+# rsockets (librspreload), tshark to decode the packet traces, and ucx-utils (UCX's ucx_info and
 # ucx_perftest), qperf, Open MPI (openmpi-bin, and libopenmpi-dev for mpicc), MPICH (mpich,
 # libmpich-dev), fio and libfabric-bin to run real RDMA stacks over the emulator, python3-pyverbs
 # for rdma-core's own tests (it ships them), valgrind to run a pingpong pair under memcheck,
@@ -24,9 +24,9 @@ export CARGO_TERM_COLOR=never
 need_pkgs=()
 for p in binutils gcc libibverbs-dev librdmacm-dev ibverbs-utils rdmacm-utils perftest tshark \
     infiniband-diags \
-    netcat-openbsd socat iperf3 curl wget sockperf ucx-utils qperf openmpi-bin libopenmpi-dev mpich \
-    libmpich-dev fio libfabric-bin python3-pyverbs valgrind iproute2 gdb qemu-system-x86 tgt \
-    qemu-utils qemu-block-extra dapl2-utils hpcc \
+    netcat-openbsd socat iperf3 iperf curl wget sockperf ucx-utils qperf openmpi-bin \
+    libopenmpi-dev mpich libmpich-dev fio libfabric-bin python3-pyverbs valgrind iproute2 gdb \
+    qemu-system-x86 tgt qemu-utils qemu-block-extra dapl2-utils hpcc \
     netpipe-openmpi ceph-mon ceph-osd librpma-dev libgloo-dev g++; do
     dpkg -s "$p" >/dev/null 2>&1 || need_pkgs+=("$p")
 done

@@ -354,6 +354,39 @@ fn datagram_sockets_share_a_port_and_a_connected_one_gets_its_peers_datagrams() 
     for s in [&a, &b] {
         assert_eq!(s.recv(&mut [0u8; 8], dont).unwrap_err().errno(), Errno::EAGAIN);
     }
+    // A sender that looked the port up before `c` connected (iperf 2's parallel streams all
+    // start at once) keeps sending to `c`, which passes what is not its peer's on to the
+    // socket on the port that takes it, the sender named as before (what came before `c`
+    // connected too).
+    let (c, z) = (reusing(), reusing());
+    let port2 = addr("127.0.0.1:9132");
+    c.bind(port2).unwrap();
+    x.send_to(b"x3", port2, false).unwrap();
+    z.send_to(b"z1", port2, false).unwrap();
+    let (got, from_x) = take(&c);
+    assert_eq!(got, b"x3");
+    c.connect(from_x).unwrap();
+    let d = reusing();
+    d.bind(port2).unwrap();
+    // `c`'s owner reads on (here: looks without waiting), which moves what came for `d`.
+    let mut entries =
+        [PollEntry { target: PollTarget::Socket(d.clone()), events: libc::POLLIN, revents: 0 }];
+    let mut waited = 0;
+    while poll(&mut entries, Some(Duration::from_millis(10))).unwrap() == 0 {
+        assert_eq!(c.recv(&mut [0u8; 8], dont).unwrap_err().errno(), Errno::EAGAIN);
+        waited += 1;
+        assert!(waited < 3000, "never passed on");
+    }
+    let mut b2 = [0u8; 16];
+    let (n, from) = d.recv_from(&mut b2, dont).unwrap();
+    assert_eq!(
+        (&b2[..n], from),
+        (&b"z1"[..], z.local_addr().map(|a| addr(&format!("127.0.0.1:{}", a.port()))))
+    );
+    z.send_to(b"z2", port2, false).unwrap();
+    x.send_to(b"x4", port2, false).unwrap();
+    assert_eq!(take(&c).0, b"x4");
+    assert_eq!(take(&d).0, b"z2");
 }
 
 /// A datagram socket keeps as many datagrams unread as librdmacm's would: one per 2 KiB of its

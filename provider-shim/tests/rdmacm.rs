@@ -337,7 +337,7 @@ fn over_rsockets(fabric: &Fabric, prog: &str, args: &[&str]) -> Command {
     for p in [RSPRELOAD, &path] {
         assert!(
             std::path::Path::new(p).exists(),
-            "{p} is missing: install Debian's librdmacm1, netcat-openbsd, socat, iperf3, curl, wget and sockperf \
+            "{p} is missing: install Debian's librdmacm1, netcat-openbsd, socat, iperf3, iperf, curl, wget, sockperf \
              (./ci.sh does)"
         );
     }
@@ -513,6 +513,40 @@ fn iperf3_udp_streams_run_over_rsockets_through_librspreload() {
     assert_eq!(streams.len(), 3, "{s_out}");
     for (lost, total) in streams {
         assert!(total > 100 && lost * 2 < total, "{lost} of {total} lost: {s_out}");
+    }
+}
+
+/// iperf 2's UDP test, two streams started at once: both look the server's port up before its
+/// socket connects to the first, so the second's datagrams come to that socket, which passes
+/// them on to the socket iperf binds next; the server reports both streams.
+#[test]
+fn iperf2_parallel_udp_streams_both_arrive_over_rsockets() {
+    let fabric = Fabric::new("rdmacm");
+    let s = over_rsockets(&fabric, "iperf", &["-s", "-u", "-p", "7806"]).spawn().unwrap();
+    fabric.wait_cm_listener(Some("111"), Some(7806));
+    let args = ["-c", "127.0.0.1", "-u", "-b", "20M", "-p", "7806", "-t", "1", "-P", "2"];
+    let (c_ok, c_out) =
+        finish(over_rsockets(&fabric, "iperf", &args).spawn().unwrap(), Duration::from_secs(60));
+    // iperf 2's server serves until it is stopped.
+    std::thread::sleep(Duration::from_millis(500));
+    let mut s = s;
+    let _ = s.kill();
+    let (_, s_out) = finish(s, Duration::from_secs(10));
+    assert!(c_ok, "--- client:\n{c_out}\n--- server:\n{s_out}");
+    // The client's copy of each stream's server report: `lost/total`, most of each arrived.
+    let reports: Vec<(u64, u64)> = c_out
+        .lines()
+        .filter(|l| l.contains(" ms ") && l.contains('%'))
+        .filter_map(|l| {
+            l.split_whitespace().find_map(|w| {
+                let (lost, total) = w.split_once('/')?;
+                Some((lost.parse().ok()?, total.parse().ok()?))
+            })
+        })
+        .collect();
+    assert_eq!(reports.len(), 2, "both streams' server reports: {c_out}");
+    for (lost, total) in reports {
+        assert!(total > 100 && lost * 2 < total, "{lost} of {total} lost: {c_out}");
     }
 }
 

@@ -69,6 +69,9 @@ pub(super) struct Dgram {
     /// `rconnect`: where `rsend` goes and the only source `rrecv` takes.
     pub(super) peer: Option<SocketAddr>,
     inbox: VecDeque<(SocketAddr, Vec<u8>)>,
+    /// Datagrams that came for another socket on the port (this one is connected elsewhere):
+    /// sent on to it, as the kernel would have delivered them, once it is known.
+    forwards: VecDeque<(SocketAddr, Vec<u8>)>,
     pub(super) closed: bool,
     /// How many receives are kept posted, and sends may be in flight, once bound.
     queues: Queues,
@@ -133,6 +136,7 @@ impl Dgram {
             lookups: Vec::new(),
             unreachable: Vec::new(),
             peer: None,
+            forwards: VecDeque::new(),
             inbox: VecDeque::new(),
             closed: false,
             queues,
@@ -167,6 +171,10 @@ impl Dgram {
     pub(super) fn connect(&mut self, peer: SocketAddr) {
         self.peer = Some(peer);
         self.id.answer_lookups_from(Some(encode_addr(peer).to_vec()));
+        // What others sent meanwhile goes on to the socket on the port that takes it now.
+        let (mine, others) = self.inbox.drain(..).partition(|(from, _)| *from == peer);
+        self.inbox = mine;
+        self.forwards.extend(others);
     }
 
     /// Binds to the wildcard address, on a port picked for it, unless bound.
@@ -250,13 +258,49 @@ impl Dgram {
         loop {
             let n = ud.cq.poll(&mut wcs);
             for wc in &wcs[..n] {
-                if let Some(d) = ud.completion(wc) {
-                    self.inbox.push_back(d);
+                match ud.completion(wc) {
+                    // Not from the peer: a sender that looked this socket up before it
+                    // connected (the answer is kept), whose datagram another socket on the
+                    // port takes now. At most a queue's worth wait (the oldest dropped, as UDP
+                    // drops what overflows).
+                    Some(d) if self.peer.is_some_and(|p| p != d.0) => {
+                        while self.forwards.len() >= ud.recvs {
+                            self.forwards.pop_front();
+                        }
+                        self.forwards.push_back(d);
+                    }
+                    Some(d) => self.inbox.push_back(d),
+                    None => {}
                 }
             }
             any |= n > 0;
             if n < wcs.len() {
-                return any;
+                break;
+            }
+        }
+        self.send_forwards(channel);
+        any
+    }
+
+    /// Sends on what [`Dgram::progress`] kept for another socket on the port, through its
+    /// lookup (from this socket's own address, which a socket connected elsewhere does not
+    /// answer), the original sender's address in front; what nobody takes is dropped.
+    fn send_forwards(&mut self, channel: &CmChannel) {
+        let Some(me) = self.local_addr() else { return };
+        let here = match me.ip() {
+            IpAddr::V4(ip) if ip.is_unspecified() => {
+                SocketAddr::new(Ipv4Addr::LOCALHOST.into(), me.port())
+            }
+            IpAddr::V6(ip) if ip.is_unspecified() => {
+                SocketAddr::new(Ipv6Addr::LOCALHOST.into(), me.port())
+            }
+            _ => me,
+        };
+        while let Some((from, data)) = self.forwards.pop_front() {
+            if let Ok(None) = self.send_as(channel, &data, here, from) {
+                // (Its lookup, or a free send slot, is awaited.)
+                self.forwards.push_front((from, data));
+                return;
             }
         }
     }
@@ -330,6 +374,18 @@ impl Dgram {
         dest: SocketAddr,
     ) -> Result<Option<usize>> {
         self.autobind(fabric)?;
+        let from = source_for(self.id.local_addr().expect("bound"), dest);
+        self.send_as(channel, data, dest, from)
+    }
+
+    /// [`Dgram::send_to`] of a bound socket, the datagram saying it is from `from`.
+    fn send_as(
+        &mut self,
+        channel: &CmChannel,
+        data: &[u8],
+        dest: SocketAddr,
+        from: SocketAddr,
+    ) -> Result<Option<usize>> {
         let max = self.ud.as_ref().expect("bound").max;
         if data.len() > max {
             return Err(err(libc::EMSGSIZE, "larger than a datagram of the port's MTU"));
@@ -339,7 +395,6 @@ impl Dgram {
             Some(false) => return Ok(Some(data.len())),
             Some(true) => {}
         }
-        let from = source_for(self.id.local_addr().expect("bound"), dest);
         let d = &self.dests[&dest];
         let ud = self.ud.as_mut().expect("bound");
         let Some(i) = ud.free_sends.pop() else { return Ok(None) };
