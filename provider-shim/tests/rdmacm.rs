@@ -503,12 +503,7 @@ fn iperf3_udp_streams_run_over_rsockets_through_librspreload() {
     let streams: Vec<(u64, u64)> = s_out
         .lines()
         .filter(|l| l.ends_with("receiver") && !l.starts_with("[SUM]"))
-        .filter_map(|l| {
-            l.split_whitespace().find_map(|w| {
-                let (lost, total) = w.split_once('/')?;
-                Some((lost.parse().ok()?, total.parse().ok()?))
-            })
-        })
+        .filter_map(lost_of_total)
         .collect();
     assert_eq!(streams.len(), 3, "{s_out}");
     for (lost, total) in streams {
@@ -537,12 +532,7 @@ fn iperf2_parallel_udp_streams_both_arrive_over_rsockets() {
     let reports: Vec<(u64, u64)> = c_out
         .lines()
         .filter(|l| l.contains(" ms ") && l.contains('%'))
-        .filter_map(|l| {
-            l.split_whitespace().find_map(|w| {
-                let (lost, total) = w.split_once('/')?;
-                Some((lost.parse().ok()?, total.parse().ok()?))
-            })
-        })
+        .filter_map(lost_of_total)
         .collect();
     assert_eq!(reports.len(), 2, "both streams' server reports: {c_out}");
     for (lost, total) in reports {
@@ -575,6 +565,14 @@ fn sockperf_udp_ping_pong_checks_every_byte_over_rsockets() {
     );
     let counts = "# dropped messages = 0; # duplicated messages = 0; # out-of-order messages = 0";
     assert!(c_out.contains(counts), "{c_out}");
+}
+
+/// The `lost/total` datagrams of an iperf (2 or 3) UDP report line.
+fn lost_of_total(line: &str) -> Option<(u64, u64)> {
+    line.split_whitespace().find_map(|w| {
+        let (lost, total) = w.split_once('/')?;
+        Some((lost.parse().ok()?, total.parse().ok()?))
+    })
 }
 
 /// The MBytes of an iperf3 report line (0 if it has none).
