@@ -291,15 +291,8 @@ impl Dgram {
             return;
         }
         let Some(me) = self.local_addr() else { return };
-        let here = match me.ip() {
-            IpAddr::V4(ip) if ip.is_unspecified() => {
-                SocketAddr::new(Ipv4Addr::LOCALHOST.into(), me.port())
-            }
-            IpAddr::V6(ip) if ip.is_unspecified() => {
-                SocketAddr::new(Ipv6Addr::LOCALHOST.into(), me.port())
-            }
-            _ => me,
-        };
+        // Where this socket is reached from itself (a wildcard's: loopback).
+        let here = source_for(me, me);
         while let Some((from, data)) = self.forwards.pop_front() {
             if let Ok(None) = self.send_as(channel, &data, here, from) {
                 // (Its lookup, or a free send slot, is awaited.)
