@@ -327,11 +327,54 @@ fn refusals_come_back_as_rejected_with_the_reason() {
     next(&cch, E::AddrResolved);
     other.resolve_route(2000).unwrap();
     next(&cch, E::RouteResolved);
-    other.connect(&ConnParam::default()).unwrap();
-    assert_eq!(next(&cch, E::Rejected).status, REJ_INVALID_SERVICE_ID);
     let too_much = ConnParam { private_data: vec![1; REQ_PRIVATE_DATA + 1], ..Default::default() };
     assert_eq!(other.connect(&too_much).unwrap_err().errno(), Errno::EINVAL);
+    other.connect(&ConnParam::default()).unwrap();
+    assert_eq!(next(&cch, E::Rejected).status, REJ_INVALID_SERVICE_ID);
     drop(server);
+}
+
+/// What is left of both ids of a rejected connection, as on rxe (librdmacm 44, kernel 6.1;
+/// docs/rdma-cm.md): the requester's QP goes to the error state with the rejection and its id
+/// stays in its connect state, where connecting, resolving or listening again fails; each id
+/// takes a disconnection, which has nothing to end (0, nothing sent, its QP to the error
+/// state). A disconnection of an id that never connected fails, its QP still moved (librdmacm
+/// moves it before it asks the kernel).
+#[test]
+fn a_rejected_connection_leaves_each_id_a_disconnection_with_nothing_to_end() {
+    let f = fabric(Profile::Rxe);
+    let (sch, _server, cch, client) = listening(&f);
+    let c = side(&client);
+    client.connect(&ConnParam::default()).unwrap();
+    let req = next(&sch, E::ConnectRequest);
+    let s = side(&req.id);
+    req.id.reject(&[]).unwrap();
+    assert_eq!(s.qp.state(), QpState::INIT, "a rejection leaves the rejecting side's QP");
+    req.id.disconnect().unwrap();
+    assert_eq!(s.qp.state(), QpState::ERR);
+    assert_eq!(req.id.reject(&[]).unwrap_err().errno(), Errno::EINVAL);
+
+    assert_eq!(next(&cch, E::Rejected).status, REJ_CONSUMER_DEFINED);
+    assert_eq!(c.qp.state(), QpState::ERR, "librdmacm's move as it reads the rejection");
+    let to = addr("127.0.0.2:7471");
+    assert_eq!(client.resolve_route(2000).unwrap_err().errno(), Errno::EINVAL);
+    assert_eq!(client.resolve_addr(None, to, 2000).unwrap_err().errno(), Errno::EINVAL);
+    assert_eq!(client.connect(&ConnParam::default()).unwrap_err().errno(), Errno::EINVAL);
+    assert_eq!(client.listen(1).unwrap_err().errno(), Errno::EINVAL);
+    client.disconnect().unwrap();
+    client.disconnect().unwrap();
+    assert!(client.path().is_some(), "the route stays");
+    cch.set_nonblocking(true).unwrap();
+    sch.set_nonblocking(true).unwrap();
+    assert_eq!(cch.get_event().unwrap_err().errno(), Errno::EAGAIN, "nothing was ended");
+    assert_eq!(sch.get_event().unwrap_err().errno(), Errno::EAGAIN, "nothing was sent");
+
+    let never = resolved(&cch, PortSpace::Tcp, None, "127.0.0.2:7471");
+    let n = side(&never);
+    assert_eq!(never.disconnect().unwrap_err().errno(), Errno::EINVAL);
+    assert_eq!(n.qp.state(), QpState::ERR);
+    req.id.destroy().unwrap();
+    client.destroy().unwrap();
 }
 
 /// A request sent before its server listens is judged where it arrives, as the kernel's CM
@@ -879,7 +922,7 @@ fn ece_is_offered_in_the_request_and_taken_in_the_reply() {
     let rej = next(&cch, E::Rejected);
     assert_eq!(rej.status, REJ_VENDOR_OPTION_NOT_SUPPORTED);
     assert_eq!(&rej.param.private_data[..2], b"no");
-    assert_eq!(c.qp.state(), QpState::INIT);
+    assert_eq!(c.qp.state(), QpState::ERR, "as librdmacm moves it with a rejection");
     drop((server, req));
 
     // Both sides with QPs the CM connects: the server's takes what the client's offers, the

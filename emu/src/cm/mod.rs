@@ -368,8 +368,12 @@ enum State {
     Request,
     /// Passive side: the request was rejected. Nothing is left but destroying the id (the
     /// kernel's stays in its connect state, whose calls but `rdma_accept` then fail, and
-    /// that one fails in its IB CM).
+    /// that one fails in its IB CM) and disconnecting it, which has nothing to end.
     Rejected,
+    /// Active side (RC): the request was rejected or went unanswered. As the kernel's, the
+    /// id stays in its connect state: connecting, resolving or listening again fails, and a
+    /// disconnection has nothing to end (measured on rxe); only destroying it is left.
+    Refused,
     /// Passive side: accepted, waiting for the RTU.
     Accepting,
     Connected,
@@ -769,7 +773,7 @@ fn peer_died(fabric: &FabricInner, slot: u8, incarnation: Option<u128>) -> Vec<u
             // Our DREQ will never be answered: the disconnection is complete.
             State::DreqSent => id.disconnect_replied(),
             State::Connecting => {
-                id.0.st.lock().state = State::RouteResolved;
+                id.0.st.lock().state = id.refused_state();
                 id.raise(CmEventType::Unreachable, -libc::ETIMEDOUT, ConnParam::default(), None);
             }
             // Nobody is left to answer.
@@ -905,7 +909,9 @@ impl CmId {
             st.state,
             State::RouteResolved
                 | State::Connecting
+                | State::Refused
                 | State::Request
+                | State::Rejected
                 | State::Accepting
                 | State::Connected
                 | State::DreqSent
@@ -1524,28 +1530,40 @@ impl CmId {
     /// the other side sees `Disconnected` at once, this side once the other answers by
     /// disconnecting too (or destroying its id), as with the kernel's IB CM. Answering sends
     /// that DREP. Both ids then stay in time-wait for a while and see `TimewaitExit`.
-    /// Once the connection is over, again 0 and nothing more but the QP's move to error (as
-    /// librdmacm moves it before it asks the kernel); `EINVAL` for an id that never connected.
+    /// Once the connection is over, again 0 and nothing more but the QP's move to error;
+    /// `EINVAL` for an id that never asked for or heard of a connection. The id's QP goes to
+    /// the error state whatever the answer (librdmacm moves it before it asks the kernel).
     pub fn disconnect(&self) -> Result<()> {
         let mut st = self.0.st.lock();
         let state = st.state;
-        match state {
-            State::Connected | State::Accepting | State::Connecting => st.state = State::DreqSent,
-            State::DreqRcvd => st.state = State::Disconnected,
-            State::DreqSent | State::Disconnected => {}
-            // A listener on a device has the kernel's CM id, which takes a disconnection it
-            // has nothing to end (measured on rxe); one on every device (a wildcard) has none
-            // (librdmacm refuses it for want of a device).
-            State::Listen if st.port.is_some() => return Ok(()),
-            _ => return Err(einval("the id is not connected")),
-        }
+        let answer = match state {
+            State::Connected | State::Accepting | State::Connecting => {
+                st.state = State::DreqSent;
+                Ok(())
+            }
+            State::DreqRcvd => {
+                st.state = State::Disconnected;
+                Ok(())
+            }
+            // The kernel's CM id is there, with nothing to end (measured on rxe): a
+            // connection over, refused either way, or a listener on a device (one on every
+            // device, a wildcard, has none: librdmacm refuses it for want of a device).
+            State::DreqSent | State::Disconnected | State::Rejected | State::Refused => Ok(()),
+            State::Listen if st.port.is_some() => Ok(()),
+            _ => Err(einval("the id is not connected")),
+        };
         let (qp, remote) = (st.qp.clone(), st.remote);
         drop(st);
         if let Some(qp) = qp {
             to_error(&qp);
         }
-        if matches!(state, State::DreqSent | State::Disconnected) {
-            return Ok(());
+        if answer.is_err()
+            || !matches!(
+                state,
+                State::Connected | State::Accepting | State::Connecting | State::DreqRcvd
+            )
+        {
+            return answer;
         }
         let num = self.0.num;
         match (state, remote) {
@@ -1557,6 +1575,13 @@ impl CmId {
             (_, None) => self.disconnect_replied(),
         }
         Ok(())
+    }
+
+    /// Where an id whose request was refused or went unanswered is left: an RC one in its
+    /// connect state ([`State::Refused`]); a datagram one (a lookup) free to connect again,
+    /// as before (unmeasured on rxe, where librdmacm's datagram exchange fails earlier).
+    fn refused_state(&self) -> State {
+        if self.datagram() { State::RouteResolved } else { State::Refused }
     }
 
     /// The other side answered our DREQ (or can no longer).
@@ -1782,8 +1807,14 @@ impl CmId {
         if st.state != State::Connecting {
             return;
         }
-        st.state = State::RouteResolved;
+        st.state = self.refused_state();
+        // librdmacm moves the QP of a rejected connection to the error state as it reads the
+        // event (here as the event is raised, as the other QP moves of the CM are made).
+        let qp = st.qp.clone().filter(|_| !self.datagram());
         drop(st);
+        if let Some(qp) = qp {
+            to_error(&qp);
+        }
         if self.datagram() {
             let status =
                 if reason == REJ_INVALID_SERVICE_ID { SIDR_UNSUPPORTED } else { SIDR_REJECT };

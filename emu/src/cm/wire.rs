@@ -146,7 +146,7 @@ fn send_request(
                 sends + 1,
             );
         }
-        st.state = State::RouteResolved;
+        st.state = id.refused_state();
         drop(st);
         id.raise(super::CmEventType::Unreachable, -libc::ETIMEDOUT, ConnParam::default(), None);
     };
@@ -598,12 +598,18 @@ mod test {
         let (f, ch, peer) = wired("127.0.3.11", "127.0.3.12");
         let (ours, peer_at): (IpAddr, _) =
             ("127.0.3.11".parse().unwrap(), peer.local_addr().unwrap());
-        let id = CmId::create(&ch, PortSpace::Tcp).unwrap();
-        id.resolve_addr(None, SocketAddr::new(peer_at.ip(), 7001), 1000).unwrap();
-        assert_eq!(event(&ch).unwrap().event, CmEventType::AddrResolved);
-        assert_eq!(id.local_addr().map(|a| a.ip()), Some(ours), "from the wire port's address");
-        id.resolve_route(1000).unwrap();
-        assert_eq!(event(&ch).unwrap().event, CmEventType::RouteResolved);
+        // (A refused or unanswered id stays in its connect state: each try takes a new one.)
+        let resolved = || {
+            let id = CmId::create(&ch, PortSpace::Tcp).unwrap();
+            id.resolve_addr(None, SocketAddr::new(peer_at.ip(), 7001), 1000).unwrap();
+            assert_eq!(event(&ch).unwrap().event, CmEventType::AddrResolved);
+            let from = id.local_addr().map(|a| a.ip());
+            assert_eq!(from, Some(ours), "from the wire port's address");
+            id.resolve_route(1000).unwrap();
+            assert_eq!(event(&ch).unwrap().event, CmEventType::RouteResolved);
+            id
+        };
+        let id = resolved();
         id.connect(&ConnParam { qp_num: 0x55, ..Default::default() }).unwrap();
         let Mad { msg: CmMad::Req(first), .. } = mad_at(&peer) else { panic!("no REQ") };
         assert_eq!(mad::of_service_id(first.service_id), Some((PortSpace::Tcp.code(), 7001)));
@@ -624,8 +630,11 @@ mod test {
         arrived(&f.0, ours, peer_at.ip(), &Mad { tid: 1, msg: rej }.encode());
         let e = event(&ch).unwrap();
         assert_eq!((e.event, e.status), (CmEventType::Rejected, REJ_INVALID_SERVICE_ID));
+        let again = ConnParam { qp_num: 0x55, ..Default::default() };
+        assert_eq!(id.connect(&again).unwrap_err().errno(), crate::Errno::EINVAL);
         // Asked again, and never answered: Unreachable once the sends run out.
-        id.connect(&ConnParam { qp_num: 0x55, ..Default::default() }).unwrap();
+        let id = resolved();
+        id.connect(&again).unwrap();
         let deadline = Instant::now() + Duration::from_secs(30);
         let e = loop {
             if let Some(e) = event(&ch) {
@@ -647,7 +656,9 @@ mod test {
         // reply and establishes, which sends the RTU; the REP again (our RTU lost) is
         // answered with the RTU again.
         peer.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        id.connect(&ConnParam { qp_num: 0x55, ..Default::default() }).unwrap();
+        assert_eq!(id.connect(&again).unwrap_err().errno(), crate::Errno::EINVAL);
+        let id = resolved();
+        id.connect(&again).unwrap();
         let Mad { tid, msg: CmMad::Req(req) } = mad_at(&peer) else { panic!("no REQ") };
         let rep = mad::Rep {
             local_id: 77,

@@ -714,8 +714,9 @@ fn shim_event(ch: *mut rdma_event_channel, ev: CmEvent) -> Option<*mut ShimCmEve
         }
     }
     refresh(id);
-    if ev.event == CmEventType::Established {
-        // librdmacm moves an active side's QP to RTS while it takes this event in.
+    if matches!(ev.event, CmEventType::Established | CmEventType::Rejected) {
+        // librdmacm moves an active side's QP to RTS while it takes this event in (to the
+        // error state for a rejection).
         refresh_qp_state(id);
     }
     // SAFETY: all-zero is a valid rdma_cm_event.

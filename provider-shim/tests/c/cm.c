@@ -377,6 +377,44 @@ int main(void)
 		CHECK(rdma_destroy_id(s3) == 0 && rdma_destroy_id(c3) == 0);
 	}
 
+	/* What a rejection leaves (as on rxe): the client's QP in the error state (cached too)
+	 * and its id in its connect state, where connecting or resolving again is EINVAL; each
+	 * id takes a disconnection with nothing to end (0, no event), its QP to the error state.
+	 * An id that never connected refuses one, its QP still moved (librdmacm moves it first). */
+	{
+		struct rdma_cm_id *c4 = resolved(ch, 7471), *s4, *c5;
+		struct sockaddr_in to = addr("127.0.0.1", 7471);
+		init = qp_attr(cq);
+		CHECK(rdma_create_qp(c4, pd, &init) == 0);
+		CHECK(rdma_connect(c4, &p) == 0);
+		ev = next(ch, RDMA_CM_EVENT_CONNECT_REQUEST);
+		s4 = ev->id;
+		rdma_ack_cm_event(ev);
+		CHECK(rdma_create_qp(s4, pd, &init) == 0);
+		CHECK(rdma_reject(s4, NULL, 0) == 0);
+		CHECK(s4->qp->state == IBV_QPS_INIT);
+		CHECK(rdma_disconnect(s4) == 0 && s4->qp->state == IBV_QPS_ERR);
+		CHECK(rdma_reject(s4, NULL, 0) == -1 && errno == EINVAL);
+		ev = next(ch, RDMA_CM_EVENT_REJECTED);
+		CHECK(ev->id == c4 && ev->status == 28 && c4->qp->state == IBV_QPS_ERR);
+		rdma_ack_cm_event(ev);
+		CHECK(rdma_resolve_route(c4, 2000) == -1 && errno == EINVAL);
+		CHECK(rdma_resolve_addr(c4, NULL, (struct sockaddr *)&to, 2000) == -1 && errno == EINVAL);
+		CHECK(rdma_connect(c4, &p) == -1 && errno == EINVAL);
+		CHECK(rdma_disconnect(c4) == 0 && rdma_disconnect(c4) == 0);
+		c5 = resolved(ch, 7471);
+		CHECK(rdma_create_qp(c5, pd, &init) == 0);
+		CHECK(rdma_disconnect(c5) == -1 && errno == EINVAL && c5->qp->state == IBV_QPS_ERR);
+		flags = fcntl(ch->fd, F_GETFL);
+		CHECK(fcntl(ch->fd, F_SETFL, flags | O_NONBLOCK) == 0);
+		CHECK(rdma_get_cm_event(ch, &ev) == -1 && errno == EAGAIN);
+		CHECK(fcntl(ch->fd, F_SETFL, flags) == 0);
+		rdma_destroy_qp(s4);
+		rdma_destroy_qp(c4);
+		rdma_destroy_qp(c5);
+		CHECK(rdma_destroy_id(s4) == 0 && rdma_destroy_id(c4) == 0 && rdma_destroy_id(c5) == 0);
+	}
+
 	/* The device hot-unplugged (the emulator's device-removal fault): each id on it hears
 	 * DEVICE_REMOVAL, once; a removed id can only be destroyed. */
 	{
