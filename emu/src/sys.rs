@@ -117,6 +117,18 @@ impl EventFd {
         if n == 8 { Ok(()) } else { Err(io::Error::last_os_error()) }
     }
 
+    /// Takes one from the counter if it is not zero, without blocking whatever the
+    /// descriptor's `O_NONBLOCK` (a read with `RWF_NOWAIT`, which eventfd takes since Linux
+    /// 5.12); whether it took one. (On a kernel without it, nothing is taken.)
+    pub(crate) fn try_take(&self) -> bool {
+        let mut v: u64 = 0;
+        let io = libc::iovec { iov_base: (&mut v as *mut u64).cast(), iov_len: 8 };
+        // SAFETY: one iovec naming a live u64's 8 bytes, from a descriptor we own; offset -1
+        // reads as read(2) does.
+        let n = unsafe { libc::preadv2(self.fd.as_raw_fd(), &io, 1, -1, libc::RWF_NOWAIT) };
+        n == 8
+    }
+
     /// Whether the descriptor currently has `O_NONBLOCK` set (by us or by the application).
     pub(crate) fn is_nonblocking(&self) -> bool {
         // SAFETY: F_GETFL on a descriptor we own takes no pointers.

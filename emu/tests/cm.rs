@@ -375,6 +375,53 @@ fn a_rejected_connection_leaves_each_id_a_disconnection_with_nothing_to_end() {
     assert_eq!(n.qp.state(), QpState::ERR);
     req.id.destroy().unwrap();
     client.destroy().unwrap();
+
+    // An id destroyed with its event unread takes the event's readiness along: the channel
+    // polled readable for it, and a blocking read then waited for ever.
+    cch.set_nonblocking(false).unwrap();
+    never.connect(&ConnParam::default()).unwrap();
+    let req = next(&sch, E::ConnectRequest);
+    req.id.reject(&[]).unwrap();
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&cch);
+    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    // SAFETY: one pollfd, live for the call.
+    assert_eq!(unsafe { libc::poll(&mut p, 1, 5000) }, 1, "the rejection arrives");
+    never.destroy().unwrap();
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::poll(&mut p, 1, 0) }, 0, "readable for an event gone");
+    req.id.destroy().unwrap();
+}
+
+/// A request not yet answered is left standing by a disconnection at either end, as the
+/// kernel's IB CM sends nothing before the connection is established (measured on rxe,
+/// `tests/c/cm_states.c`): 0, the QP to the error state, no event; the server can still
+/// answer it. The server's `rdma_establish` of a request (librdmacm's accept as an RTU) is
+/// `EINVAL` and rejects it, as the kernel's accept does; a listener takes no QP and gives no
+/// QP attributes, nor does an id whose connection is over.
+#[test]
+fn a_request_not_yet_answered_stands_a_disconnection_at_either_end() {
+    let f = fabric(Profile::Rxe);
+    let (sch, server, cch, client) = listening(&f);
+    let c = side(&client);
+    client.connect(&ConnParam::default()).unwrap();
+    let req = next(&sch, E::ConnectRequest);
+    client.disconnect().unwrap();
+    assert_eq!(c.qp.state(), QpState::ERR);
+    req.id.disconnect().unwrap();
+    cch.set_nonblocking(true).unwrap();
+    sch.set_nonblocking(true).unwrap();
+    assert_eq!(cch.get_event().unwrap_err().errno(), Errno::EAGAIN, "no DISCONNECTED");
+    assert_eq!(sch.get_event().unwrap_err().errno(), Errno::EAGAIN, "nothing was sent");
+    assert_eq!(req.id.establish().unwrap_err().errno(), Errno::EINVAL);
+    cch.set_nonblocking(false).unwrap();
+    assert_eq!(next(&cch, E::Rejected).status, REJ_CONSUMER_DEFINED);
+    assert_eq!(client.init_qp_attr(QpState::INIT).unwrap_err().errno(), Errno::EINVAL);
+
+    assert_eq!(server.init_qp_attr(QpState::INIT).unwrap_err().errno(), Errno::EINVAL);
+    let ctx = server.context().unwrap();
+    let (pd, cq) = (ctx.alloc_pd().unwrap(), ctx.create_cq(4, None, 0).unwrap());
+    let qp = pd.create_qp(&QpInitAttr::new(QpType::RC, &cq, cap(4))).unwrap();
+    assert_eq!(server.set_qp(&qp).unwrap_err().errno(), Errno::EINVAL);
 }
 
 /// A request sent before its server listens is judged where it arrives, as the kernel's CM

@@ -228,9 +228,46 @@ fn unread_events_of_a_destroyed_qp_are_discarded() {
     let (_f, a, b) = pair(Profile::Full);
     a.qp.post_send(&SendWr::write(1, &[sge(&a.mr, 0, 8)], b.mr.addr(), 0xbad00)).unwrap();
     wait1(&a.cq);
+    assert!(readable(&b.ctx, 1000));
     b.qp.destroy().unwrap(); // nothing was handed out: no wait
+    // Gone with its count: a program that polls first does not then block in the read.
+    assert!(!readable(&b.ctx, 0));
     b.ctx.set_async_nonblocking(true).unwrap();
     assert_eq!(b.ctx.get_async_event().unwrap_err().errno(), Errno::EAGAIN);
+}
+
+/// A CQ destroyed with an event unread on its channel takes the event and its readiness
+/// along, as the kernel's channel drops a destroyed CQ's events: the channel polled readable
+/// after, and a blocking `ibv_get_cq_event` then waited for ever. Another CQ's event stays.
+#[test]
+fn a_destroyed_cqs_unread_event_leaves_its_channel_unreadable() {
+    let f = Fabric::new(FabricConfig::default());
+    let ctx = f.devices()[0].open().unwrap();
+    let ch = ctx.create_comp_channel().unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let mr = pd.reg_mr(64, ALL_ACCESS).unwrap();
+    let event_on = |cq: &Cq| {
+        let mk = || new_qp(&pd, cq, QpType::RC, 4, true);
+        let (q1, q2) = (mk(), mk());
+        connect(&q1, &q2, &RcParams::default(), &RcParams::default());
+        cq.req_notify(false).unwrap();
+        q1.post_send(&SendWr::write(1, &[sge(&mr, 0, 8)], mr.addr(), mr.rkey())).unwrap();
+        wait1(cq);
+        q1.destroy().unwrap();
+        q2.destroy().unwrap();
+    };
+    let (gone, kept) =
+        (ctx.create_cq(4, Some(&ch), 0).unwrap(), ctx.create_cq(4, Some(&ch), 0).unwrap());
+    event_on(&gone);
+    assert!(readable(&ch, 1000));
+    gone.destroy().unwrap();
+    assert!(!readable(&ch, 0), "readable for an event gone");
+    event_on(&kept);
+    assert!(readable(&ch, 1000));
+    let ev = ch.get_cq_event().unwrap();
+    assert!(ev.same(&kept));
+    ev.ack_events(1);
+    assert!(!readable(&ch, 0));
 }
 
 #[test]

@@ -389,6 +389,23 @@ enum State {
     Destroyed,
 }
 
+impl State {
+    /// Whether the kernel's IB CM id of an id in this state is past its connection (or
+    /// listens), so that `rdma_init_qp_attr` fails for a connected QP (its IB CM's answer
+    /// outside REQ..ESTABLISHED; measured on rxe).
+    fn connection_over(self) -> bool {
+        matches!(
+            self,
+            State::Listen
+                | State::Rejected
+                | State::Refused
+                | State::DreqSent
+                | State::DreqRcvd
+                | State::Disconnected
+        )
+    }
+}
+
 /// How long a connection's ids stay in time-wait after the DREQ/DREP exchange before
 /// `TimewaitExit` (the kernel's IB CM on rxe, measured: 2.07 to 2.3 s).
 const TIMEWAIT_NS: u64 = 2_000_000_000;
@@ -1229,7 +1246,13 @@ impl CmId {
             };
             ece_or_none(qp.set_ece(&want).map(|()| want))?;
         }
-        if matches!(qp.qp_type(), QpType::RC | QpType::UC | QpType::XRC_SEND | QpType::XRC_RECV) {
+        let connected =
+            matches!(qp.qp_type(), QpType::RC | QpType::UC | QpType::XRC_SEND | QpType::XRC_RECV);
+        // librdmacm sets a connected QP up with `rdma_init_qp_attr`, which fails there.
+        if connected && st.state.connection_over() {
+            return Err(einval("the id's connection is over, or it listens"));
+        }
+        if connected {
             let (init, mask) = init_attr(port, false, st.init_access());
             qp.modify(&init, mask)?;
             if asked.vendor_id != 0 {
@@ -1312,6 +1335,9 @@ impl CmId {
         let st = self.0.st.lock();
         let Some((dev, port)) = st.port else { return Err(einval("the id has no address yet")) };
         let ud = st.qp.as_ref().map_or(self.datagram(), |q| q.qp_type() == QpType::UD);
+        if !ud && st.state.connection_over() {
+            return Err(einval("the id's connection is over, or it listens"));
+        }
         match state {
             QpState::INIT => return Ok(init_attr(port, ud, st.init_access())),
             QpState::RTR if ud => return Ok(ud_rtr()),
@@ -1537,7 +1563,7 @@ impl CmId {
         let mut st = self.0.st.lock();
         let state = st.state;
         let answer = match state {
-            State::Connected | State::Accepting | State::Connecting => {
+            State::Connected | State::Accepting => {
                 st.state = State::DreqSent;
                 Ok(())
             }
@@ -1546,9 +1572,15 @@ impl CmId {
                 Ok(())
             }
             // The kernel's CM id is there, with nothing to end (measured on rxe): a
-            // connection over, refused either way, or a listener on a device (one on every
-            // device, a wildcard, has none: librdmacm refuses it for want of a device).
-            State::DreqSent | State::Disconnected | State::Rejected | State::Refused => Ok(()),
+            // connection over, refused either way, not yet answered (either side: nothing is
+            // sent, the request stands), or a listener on a device (one on every device, a
+            // wildcard, has none: librdmacm refuses it for want of a device).
+            State::DreqSent
+            | State::Disconnected
+            | State::Rejected
+            | State::Refused
+            | State::Connecting
+            | State::Request => Ok(()),
             State::Listen if st.port.is_some() => Ok(()),
             _ => Err(einval("the id is not connected")),
         };
@@ -1558,10 +1590,7 @@ impl CmId {
             to_error(&qp);
         }
         if answer.is_err()
-            || !matches!(
-                state,
-                State::Connected | State::Accepting | State::Connecting | State::DreqRcvd
-            )
+            || !matches!(state, State::Connected | State::Accepting | State::DreqRcvd)
         {
             return answer;
         }
@@ -1762,6 +1791,13 @@ impl CmId {
     /// `rdma_establish`: for an active id without a QP of its own, after `ConnectResponse`.
     pub fn establish(&self) -> Result<()> {
         let mut st = self.0.st.lock();
+        if st.state == State::Request && st.qp.is_none() {
+            // librdmacm asks the kernel to accept it as an RTU, which its IB CM cannot send
+            // for a request: the kernel's accept then rejects it (measured on rxe).
+            drop(st);
+            let _ = self.reject_for(REJ_CONSUMER_DEFINED, &[]);
+            return Err(einval("establish needs a connection response"));
+        }
         if st.state != State::Connecting || st.remote.is_none() {
             return Err(einval("establish needs a connection response"));
         }

@@ -15,7 +15,8 @@ use crate::{
 };
 
 /// A queue of events whose readiness is an eventfd: the fd is readable exactly while the queue
-/// holds an event (modulo events removed by a destroy, which make one wake-up spurious).
+/// holds an event, as the kernel's channels poll (events a destroy removes take their counts
+/// with them; a reader that took one first finds its event gone and waits for the next).
 #[derive(Debug)]
 pub(crate) struct EventQueue<T> {
     fd: EventFd,
@@ -92,7 +93,11 @@ impl<T> EventQueue<T> {
     }
 
     /// Takes out every queued event for which `pred` holds (dropped by the caller, after the
-    /// queue's lock is released).
+    /// queue's lock is released), and their counts on the fd: a program that polls the fd
+    /// must not see it readable for an event gone, then block in a read that finds none
+    /// (the kernel's channels drop a destroyed object's events from their list). A count a
+    /// reader already took, not yet here for its event, is not there to take: that reader
+    /// finds the queue short of it and waits again.
     pub(crate) fn remove_if(&self, mut pred: impl FnMut(&T) -> bool) -> Vec<T> {
         let mut q = self.q.lock();
         let mut taken = Vec::new();
@@ -100,6 +105,11 @@ impl<T> EventQueue<T> {
             if pred(&e) { taken.push(e) } else { q.push_back(e) }
         }
         self.pending.fetch_sub(taken.len(), Ordering::Release);
+        for _ in 0..taken.len() {
+            if !self.fd.try_take() {
+                break;
+            }
+        }
         taken
     }
 
@@ -191,5 +201,36 @@ pub(crate) mod test {
         assert_eq!(q.try_pop(), Some(8));
         assert!(!crate::sys::wait_readable(q.as_raw_fd(), Some(Duration::ZERO)).unwrap());
         assert_eq!(q.try_pop(), None);
+    }
+
+    /// Events a destroy removes take their counts: the descriptor is readable only while an
+    /// event is left (it read readable, and a blocking read then waited for ever), and a
+    /// reader that took a count before the removal waits for the next event.
+    #[test]
+    fn removed_events_leave_the_descriptor_readable_only_for_those_left() {
+        let readable = |q: &EventQueue<u32>| {
+            crate::sys::wait_readable(q.as_raw_fd(), Some(Duration::ZERO)).unwrap()
+        };
+        let q = EventQueue::<u32>::new().unwrap();
+        for ev in [1, 2, 3] {
+            q.push(ev);
+        }
+        assert_eq!(q.remove_if(|&ev| ev != 2), [1, 3]);
+        assert!(readable(&q));
+        assert_eq!(q.pop().unwrap(), 2);
+        assert!(!readable(&q), "no count left for the events removed");
+
+        // A reader holding the count of an event removed meanwhile waits for the next one.
+        q.push(4);
+        q.fd.wait().unwrap();
+        assert_eq!(q.remove_if(|_| true), [4]);
+        assert!(!readable(&q));
+        std::thread::scope(|s| {
+            let reader = s.spawn(|| q.pop().unwrap());
+            std::thread::sleep(Duration::from_millis(20));
+            q.push(5);
+            assert_eq!(reader.join().unwrap(), 5);
+        });
+        assert!(!readable(&q));
     }
 }
