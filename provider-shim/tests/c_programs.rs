@@ -335,18 +335,26 @@ fn the_connection_manager_waits_for_every_event_of_an_id_to_be_acknowledged() {
     cm_c_program("cm_acks");
 }
 
-/// Every connection manager call on an RC id in each of its states (before and after
-/// connecting, refused, disconnected either way, listening, each side) answers as on the
-/// kernel's rxe: the same return and errno, the QP left in the same state, the same events
-/// at both ends. `tests/c/cm_states.rxe` is the program's output recorded in the VM; a line
-/// that differs is a deviation (docs/rdma-cm.md).
+/// Every connection manager call on an id in each of its states (before and after
+/// connecting, refused, disconnected either way, listening, each side; RC, and UD's SIDR
+/// exchange) answers as on the kernel's rxe: the same return and errno, the QP left in the
+/// same state, the same events at both ends. `tests/c/cm_states.rxe` and `cm_states_ud.rxe`
+/// are the program's output recorded in the VM; a line that differs is a deviation
+/// (docs/rdma-cm.md).
 #[test]
 fn each_call_in_each_state_of_an_id_answers_as_on_rxe() {
     let exe = common::c_test("cm_states");
-    let recorded = include_str!("c/cm_states.rxe");
-    for profile in ["full", "rxe"] {
+    let runs = [
+        ("full", false, include_str!("c/cm_states.rxe")),
+        ("rxe", false, include_str!("c/cm_states.rxe")),
+        ("rxe", true, include_str!("c/cm_states_ud.rxe")),
+    ];
+    for (profile, ud, recorded) in runs {
         let mut cmd = Command::new(&exe);
         cmd.env("RDMA_EMU_PROFILE", profile).env("RDMA_EMU_FABRIC", "none");
+        if ud {
+            cmd.env("CM_STATES_UD", "1");
+        }
         let out = run_on_shim(&mut cmd);
         let differ: Vec<String> = recorded
             .lines()
@@ -359,8 +367,8 @@ emu: {emu}"
                 )
             })
             .collect();
-        assert!(differ.is_empty(), "{profile}: {}", differ.join("\n"));
-        assert_eq!(out.lines().count(), recorded.lines().count(), "{profile}: {out}");
+        assert!(differ.is_empty(), "{profile} (UD: {ud}): {}", differ.join("\n"));
+        assert_eq!(out.lines().count(), recorded.lines().count(), "{profile} (UD: {ud}): {out}");
     }
 }
 

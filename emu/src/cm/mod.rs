@@ -370,9 +370,10 @@ enum State {
     /// kernel's stays in its connect state, whose calls but `rdma_accept` then fail, and
     /// that one fails in its IB CM) and disconnecting it, which has nothing to end.
     Rejected,
-    /// Active side (RC): the request was rejected or went unanswered. As the kernel's, the
-    /// id stays in its connect state: connecting, resolving or listening again fails, and a
-    /// disconnection has nothing to end (measured on rxe); only destroying it is left.
+    /// Active side: the request was rejected or went unanswered (a UD lookup too). As the
+    /// kernel's, the id stays in its connect state: connecting, resolving or listening again
+    /// fails, and a disconnection has nothing to end (measured on rxe); only destroying it is
+    /// left.
     Refused,
     /// Passive side: accepted, waiting for the RTU.
     Accepting,
@@ -790,7 +791,7 @@ fn peer_died(fabric: &FabricInner, slot: u8, incarnation: Option<u128>) -> Vec<u
             // Our DREQ will never be answered: the disconnection is complete.
             State::DreqSent => id.disconnect_replied(),
             State::Connecting => {
-                id.0.st.lock().state = id.refused_state();
+                id.0.st.lock().state = State::Refused;
                 id.raise(CmEventType::Unreachable, -libc::ETIMEDOUT, ConnParam::default(), None);
             }
             // Nobody is left to answer.
@@ -1468,6 +1469,12 @@ impl CmId {
     pub fn accept(&self, p: &ConnParam) -> Result<()> {
         let mut st = self.0.st.lock();
         if st.state != State::Request {
+            // librdmacm hands a UD accept to the kernel at once, and moves the QP to the
+            // error state when the kernel refuses it (measured on rxe).
+            if let Some(qp) = st.qp.clone().filter(|_| self.datagram()) {
+                drop(st);
+                to_error(&qp);
+            }
             return Err(einval("accept needs an id with a connection request"));
         }
         let remote = st.remote.expect("a request has a remote");
@@ -1563,7 +1570,8 @@ impl CmId {
         let mut st = self.0.st.lock();
         let state = st.state;
         let answer = match state {
-            State::Connected | State::Accepting => {
+            // (A UD exchange has nothing to end: its IB CM id is SIDR's.)
+            State::Connected | State::Accepting if !self.datagram() => {
                 st.state = State::DreqSent;
                 Ok(())
             }
@@ -1580,7 +1588,9 @@ impl CmId {
             | State::Rejected
             | State::Refused
             | State::Connecting
-            | State::Request => Ok(()),
+            | State::Request
+            | State::Connected
+            | State::Accepting => Ok(()),
             State::Listen if st.port.is_some() => Ok(()),
             _ => Err(einval("the id is not connected")),
         };
@@ -1589,9 +1599,8 @@ impl CmId {
         if let Some(qp) = qp {
             to_error(&qp);
         }
-        if answer.is_err()
-            || !matches!(state, State::Connected | State::Accepting | State::DreqRcvd)
-        {
+        let ends = matches!(state, State::Connected | State::Accepting | State::DreqRcvd);
+        if answer.is_err() || !ends || self.datagram() {
             return answer;
         }
         let num = self.0.num;
@@ -1604,13 +1613,6 @@ impl CmId {
             (_, None) => self.disconnect_replied(),
         }
         Ok(())
-    }
-
-    /// Where an id whose request was refused or went unanswered is left: an RC one in its
-    /// connect state ([`State::Refused`]); a datagram one (a lookup) free to connect again,
-    /// as before (unmeasured on rxe, where librdmacm's datagram exchange fails earlier).
-    fn refused_state(&self) -> State {
-        if self.datagram() { State::RouteResolved } else { State::Refused }
     }
 
     /// The other side answered our DREQ (or can no longer).
@@ -1792,9 +1794,13 @@ impl CmId {
     pub fn establish(&self) -> Result<()> {
         let mut st = self.0.st.lock();
         if st.state == State::Request && st.qp.is_none() {
-            // librdmacm asks the kernel to accept it as an RTU, which its IB CM cannot send
-            // for a request: the kernel's accept then rejects it (measured on rxe).
+            // librdmacm asks the kernel to accept it as an RTU: a UD request's accept is a
+            // SIDR reply, sent; an RC one's IB CM cannot send an RTU for a request, and the
+            // kernel's accept then rejects it (both measured on rxe).
             drop(st);
+            if self.datagram() {
+                return self.accept(&ConnParam::default());
+            }
             let _ = self.reject_for(REJ_CONSUMER_DEFINED, &[]);
             return Err(einval("establish needs a connection response"));
         }
@@ -1813,6 +1819,8 @@ impl CmId {
     /// it comes, changes nothing). `EISCONN` when it is already, `EINVAL` in other states.
     pub fn notify_established(&self) -> Result<()> {
         match self.0.st.lock().state {
+            // A UD exchange has no connection to establish (its IB CM id is SIDR's).
+            _ if self.datagram() => return Err(einval("nothing to establish")),
             State::Accepting => {}
             State::Connected => {
                 return Err(Error::new(Errno(libc::EISCONN), "established already"));
@@ -1843,7 +1851,7 @@ impl CmId {
         if st.state != State::Connecting {
             return;
         }
-        st.state = self.refused_state();
+        st.state = State::Refused;
         // librdmacm moves the QP of a rejected connection to the error state as it reads the
         // event (here as the event is raised, as the other QP moves of the CM are made).
         let qp = st.qp.clone().filter(|_| !self.datagram());

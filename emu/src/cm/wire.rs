@@ -146,7 +146,7 @@ fn send_request(
                 sends + 1,
             );
         }
-        st.state = id.refused_state();
+        st.state = super::State::Refused;
         drop(st);
         id.raise(super::CmEventType::Unreachable, -libc::ETIMEDOUT, ConnParam::default(), None);
     };

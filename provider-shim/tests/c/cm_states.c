@@ -1,4 +1,5 @@
-/* Every connection manager call on an RC id in each state it can be in: for each (state, call)
+/* Every connection manager call on an id in each state it can be in (RC, or UD with CM_STATES_UD
+ * set, whose exchange is SIDR's and has no disconnection): for each (state, call)
  * a fresh id is brought to the state, the call made, and one line printed: its return and
  * errno, its QP's state after, and the events each side heard then. The test compares the
  * lines with those recorded on the kernel's rxe (cm_states.rxe, made by this program in the
@@ -16,7 +17,8 @@ static struct rdma_event_channel *cch, *sch;
 static struct sockaddr_in to, local;
 static struct ibv_pd *pd;
 static struct ibv_cq *cq;
-static int wait_ms = 10, next_port = 7580;
+static int wait_ms = 10, next_port = 7580, ud;
+static enum rdma_port_space ps = RDMA_PS_TCP;
 
 /* The next event on `ch` within `ms`, or NULL. */
 static struct rdma_cm_event *within(struct rdma_event_channel *ch, int ms)
@@ -67,7 +69,8 @@ static void heard(struct rdma_event_channel *ch, const char *who, int ms, char *
 
 static struct ibv_qp_init_attr qp_attr(void)
 {
-	struct ibv_qp_init_attr a = { .send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+	struct ibv_qp_init_attr a = { .send_cq = cq, .recv_cq = cq,
+				      .qp_type = ud ? IBV_QPT_UD : IBV_QPT_RC,
 				      .cap = { .max_send_wr = 4, .max_recv_wr = 4,
 					       .max_send_sge = 1, .max_recv_sge = 1 } };
 	return a;
@@ -91,6 +94,8 @@ static const char *call_name[] = { "bind", "resolve_addr", "resolve_route", "lis
 
 static int left_out(enum state s, enum call k)
 {
+	if (ud && (s == DISC_SELF || s == DISC_PEER || s == P_DISC_PEER))
+		return 1;
 	return (s == CREATED && (k == RESOLVE_ROUTE || k == CONNECT || k == ACCEPT)) ||
 	       (s == CONNECTING && k == REJECT);
 }
@@ -98,7 +103,7 @@ static int left_out(enum state s, enum call k)
 static struct rdma_cm_id *with_route(int qp)
 {
 	struct rdma_cm_id *id;
-	CHECK(rdma_create_id(cch, &id, NULL, RDMA_PS_TCP) == 0);
+	CHECK(rdma_create_id(cch, &id, NULL, ps) == 0);
 	CHECK(rdma_resolve_addr(id, NULL, (struct sockaddr *)&to, 2000) == 0);
 	expect(cch, RDMA_CM_EVENT_ADDR_RESOLVED, NULL);
 	CHECK(rdma_resolve_route(id, 2000) == 0);
@@ -118,7 +123,7 @@ static struct rdma_cm_id *make(enum state s, struct rdma_cm_id **other)
 	*other = NULL;
 	if (s <= ADDR || s == LISTENING) {
 		struct sockaddr_in l = local;
-		CHECK(rdma_create_id(cch, &id, NULL, RDMA_PS_TCP) == 0);
+		CHECK(rdma_create_id(cch, &id, NULL, ps) == 0);
 		if (s == BOUND)
 			CHECK(rdma_bind_addr(id, (struct sockaddr *)&local) == 0);
 		if (s == ADDR) {
@@ -148,13 +153,14 @@ static struct rdma_cm_id *make(enum state s, struct rdma_cm_id **other)
 		return p;
 	if (s == REJECTED || s == P_REJECTED) {
 		CHECK(rdma_reject(p, NULL, 0) == 0);
-		expect(cch, RDMA_CM_EVENT_REJECTED, NULL);
+		expect(cch, ud ? RDMA_CM_EVENT_UNREACHABLE : RDMA_CM_EVENT_REJECTED, NULL);
 		*other = s == REJECTED ? p : c;
 		return s == REJECTED ? c : p;
 	}
 	CHECK(rdma_accept(p, &param) == 0);
 	expect(cch, RDMA_CM_EVENT_ESTABLISHED, NULL);
-	expect(sch, RDMA_CM_EVENT_ESTABLISHED, NULL);
+	if (!ud) /* (a SIDR reply has no RTU) */
+		expect(sch, RDMA_CM_EVENT_ESTABLISHED, NULL);
 	if (s == P_ACCEPTED)
 		return p;
 	*other = p;
@@ -212,12 +218,14 @@ int main(void)
 	struct rdma_cm_id *listener;
 	if (getenv("CM_STATES_WAIT_MS"))
 		wait_ms = atoi(getenv("CM_STATES_WAIT_MS"));
+	ud = getenv("CM_STATES_UD") != NULL;
+	ps = ud ? RDMA_PS_UDP : RDMA_PS_TCP;
 	setvbuf(stdout, NULL, _IONBF, 0);
 	fail_if_hung(600);
 	to = addr(host, 7480);
 	local = addr(host, 0);
 	CHECK((cch = rdma_create_event_channel()) && (sch = rdma_create_event_channel()));
-	CHECK(rdma_create_id(sch, &listener, NULL, RDMA_PS_TCP) == 0);
+	CHECK(rdma_create_id(sch, &listener, NULL, ps) == 0);
 	CHECK(rdma_bind_addr(listener, (struct sockaddr *)&to) == 0);
 	CHECK(rdma_listen(listener, 16) == 0);
 	CHECK((pd = ibv_alloc_pd(listener->verbs)) && (cq = ibv_create_cq(listener->verbs, 64, NULL, NULL, 0)));
