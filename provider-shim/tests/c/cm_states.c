@@ -1,7 +1,8 @@
 /* Every connection manager call on an id in each state it can be in (RC, or UD with CM_STATES_UD
  * set, whose exchange is SIDR's and has no disconnection): for each (state, call)
  * a fresh id is brought to the state, the call made, and one line printed: its return and
- * errno, its QP's state after, and the events each side heard then. The test compares the
+ * errno, its QP's state after, what the id shows of its port, device, route and ports, and
+ * the events each side heard then. The test compares the
  * lines with those recorded on the kernel's rxe (cm_states.rxe, made by this program in the
  * VM with CM_STATES_HOST its port's address and CM_STATES_WAIT_MS 100). Left out: three
  * calls that crash librdmacm 44 on an id with no address (the emulator answers EINVAL), and
@@ -246,8 +247,10 @@ int main(void)
 			heard(sch, "s", wait_ms, events, sizeof events);
 			if (id->qp && ibv_query_qp(id->qp, &qa, IBV_QP_STATE, &qi) == 0)
 				qp_state = qa.qp_state;
-			printf("%-12s %-13s rc %d errno %d qp %d |%s\n", state_name[s], call_name[k], rc,
-			       err, qp_state, events);
+			printf("%-12s %-13s rc %d errno %d qp %d port %d dev %d paths %d sport %d dport %d |%s\n",
+			       state_name[s], call_name[k], rc, err, qp_state, id->port_num, id->verbs != NULL,
+			       id->route.num_paths, rdma_get_src_port(id) != 0, rdma_get_dst_port(id) != 0,
+			       events);
 			for (int i = 0; i < 2; i++) {
 				struct rdma_cm_id *x = i ? id : other;
 				if (x && x->qp)
