@@ -428,7 +428,8 @@ impl RSocket {
         let ev = loop {
             let mut st = self.lock();
             if st.phase != Phase::Listening {
-                return Err(err(libc::EINVAL, "the socket is not listening"));
+                // (librdmacm's answer, measured on rxe; TCP's is `EINVAL`.)
+                return Err(err(libc::EBADF, "the socket is not listening"));
             }
             if let Some(ev) = st.requests.pop_front() {
                 break ev;
@@ -642,8 +643,8 @@ impl RSocket {
             return d.peer.map(|_| ()).ok_or(err(libc::ENOTCONN, "not connected"));
         }
         let mut st = self.lock();
-        if st.phase == Phase::Failed {
-            // Nothing left to end (librdmacm's answer: 0).
+        if matches!(st.phase, Phase::Failed | Phase::Open | Phase::Listening) {
+            // Nothing to end: librdmacm's answer is 0 (measured on rxe; TCP's `ENOTCONN`).
             return Ok(());
         }
         if st.phase != Phase::Connected {
@@ -719,7 +720,8 @@ impl RSocket {
 
     /// `rgetpeername`: a datagram socket's destination (`ENOTCONN` without one); a stream
     /// socket's peer, the unspecified address of its family before it has one (librdmacm
-    /// copies its id's destination whatever the state, measured on rxe).
+    /// copies its id's destination whatever the state, measured on rxe; for a socket neither
+    /// bound nor connected that is no address at all: see [`RSocket::has_address`]).
     pub fn peer_addr(&self) -> Result<SocketAddr> {
         if let Some(m) = &self.0.dgram {
             return m.lock().peer.ok_or(err(libc::ENOTCONN, "not connected"));
@@ -730,6 +732,17 @@ impl RSocket {
             false => SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, 0)),
         };
         Ok(st.id.peer_addr().unwrap_or(none))
+    }
+
+    /// Whether a stream socket's id names an address yet (bound, or connecting): before,
+    /// librdmacm's `rgetpeername` copies an id's empty destination, of no family (measured on
+    /// rxe). A datagram socket always has.
+    pub fn has_address(&self) -> bool {
+        if self.0.dgram.is_some() {
+            return true;
+        }
+        let st = self.0.st.lock();
+        st.id.local_addr().is_some() || st.id.peer_addr().is_some()
     }
 
     /// The path of the socket's connection, once it has one (`RDMA_ROUTE`).
@@ -1023,7 +1036,8 @@ impl St {
     fn events(&self) -> i16 {
         use libc::{POLLERR, POLLHUP, POLLIN, POLLNVAL, POLLOUT};
         match self.phase {
-            Phase::Open => POLLOUT | POLLHUP,
+            // Nothing yet (librdmacm's, measured on rxe; TCP's is `POLLOUT | POLLHUP`).
+            Phase::Open => 0,
             // Always writable, as librdmacm's listener (its accept queue is one end of a
             // socketpair; measured on rxe), unlike a kernel TCP listener.
             Phase::Listening if !self.requests.is_empty() => POLLIN | POLLOUT,
@@ -1038,7 +1052,10 @@ impl St {
                 if s.readable() > 0 || s.fin_in || self.disconnected || self.shut_rd {
                     ev |= POLLIN;
                 }
-                if s.writable() && !self.shut_wr && !self.disconnected {
+                // Whenever a send has room, shut down or not (librdmacm's, measured on rxe; TCP
+                // too says `POLLOUT` once its sending side is shut, for the writer to hear
+                // `EPIPE`).
+                if s.writable() {
                     ev |= POLLOUT;
                 }
                 // As TCP: hung up once both directions are over, and not while there is still

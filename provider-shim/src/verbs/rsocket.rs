@@ -107,11 +107,33 @@ unsafe fn read_addr(p: *const libc::sockaddr, len: libc::socklen_t) -> Result<So
     unsafe { sockaddr::from_c(p, Some(len as usize)) }
 }
 
+/// Writes no address: zeros of an IPv6 address's size (no family), truncated to `*len`, as
+/// librdmacm copies the empty destination of an id neither bound nor connected; `*len`
+/// becomes that size.
+///
+/// # Safety
+/// `p` and `len` are NULL or valid, `p` writable for `*len` bytes.
+unsafe fn write_no_addr(p: *mut libc::sockaddr, len: *mut libc::socklen_t) -> c_int {
+    if len.is_null() {
+        return fail(libc::EFAULT);
+    }
+    let size = size_of::<libc::sockaddr_in6>();
+    // SAFETY: `len` is valid by the caller's contract.
+    let room = unsafe { *len } as usize;
+    if !p.is_null() {
+        // SAFETY: `p` is writable for `room` bytes; we write at most that.
+        unsafe { ptr::write_bytes(p.cast::<u8>(), 0, room.min(size)) };
+    }
+    // SAFETY: as above.
+    unsafe { *len = size as libc::socklen_t };
+    0
+}
+
 /// Writes `a` the way the socket's family names it (an IPv6 socket names an IPv4 peer by its
 /// IPv4-mapped address), truncated to `*len`; `*len` becomes the full size.
 ///
 /// # Safety
-/// `p` and `len` are NULL or valid, `p` writable for `*len` bytes.
+/// As [`write_no_addr`].
 unsafe fn write_addr(
     p: *mut libc::sockaddr,
     len: *mut libc::socklen_t,
@@ -653,6 +675,10 @@ pub(crate) unsafe extern "C" fn rdma_emu_shim__rdma_emu_cm__rgetpeername(
     len: *mut libc::socklen_t,
 ) -> c_int {
     on_socket(s, fail, |sock| {
+        if !sock.has_address() {
+            // SAFETY: the caller's buffer and length.
+            return unsafe { write_no_addr(addr, len) };
+        }
         match sock.peer_addr() {
             // SAFETY: the caller's buffer and length.
             Ok(a) => unsafe { write_addr(addr, len, a, sock.is_v6()) },

@@ -58,7 +58,20 @@ int main(void)
 	FAILS_WITH(rbind(l, (struct sockaddr *)&at, sizeof at - 4), EINVAL);
 	struct sockaddr un = { .sa_family = AF_UNIX };
 	FAILS_WITH(rbind(l, &un, sizeof un), EAFNOSUPPORT);
-	FAILS_WITH(raccept(l, NULL, NULL), EINVAL); /* not listening */
+	{
+		/* A socket neither bound nor connected, as librdmacm's (measured on rxe): no
+		 * address of any family, no poll events, nothing to shut down, EBADF for an
+		 * accept (TCP's are ENOTCONN, POLLOUT | POLLHUP, ENOTCONN and EINVAL). */
+		struct sockaddr_in6 none6;
+		struct pollfd p = { .fd = l, .events = POLLIN | POLLOUT };
+		memset(&none6, 0xff, sizeof none6);
+		len = sizeof none6;
+		CHECK(rgetpeername(l, (struct sockaddr *)&none6, &len) == 0);
+		CHECK(len == sizeof none6 && none6.sin6_family == 0 && none6.sin6_port == 0);
+		CHECK(rpoll(&p, 1, 0) == 0 && p.revents == 0);
+		CHECK(rshutdown(l, SHUT_RDWR) == 0);
+		FAILS_WITH(raccept(l, NULL, NULL), EBADF); /* not listening */
+	}
 	CHECK(rbind(l, (struct sockaddr *)&at, sizeof at) == 0);
 	/* Flags the accepted socket does not take over (sizes it does), as librdmacm's. */
 	CHECK(rsetsockopt(l, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) == 0);
