@@ -355,21 +355,34 @@ fn each_call_in_each_state_of_an_id_answers_as_on_rxe() {
         if ud {
             cmd.env("CM_STATES_UD", "1");
         }
-        let out = run_on_shim(&mut cmd);
-        let differ: Vec<String> = recorded
-            .lines()
-            .zip(out.lines())
-            .filter(|(rxe, emu)| rxe != emu)
-            .map(|(rxe, emu)| {
-                format!(
-                    "rxe: {rxe}
-emu: {emu}"
-                )
-            })
-            .collect();
-        assert!(differ.is_empty(), "{profile} (UD: {ud}): {}", differ.join("\n"));
-        assert_eq!(out.lines().count(), recorded.lines().count(), "{profile} (UD: {ud}): {out}");
+        same_as_recorded(&run_on_shim(&mut cmd), recorded, &format!("{profile}, UD {ud}"));
     }
+}
+
+/// Each rsocket call on a stream socket in each of its states (fresh, bound, listening,
+/// connected, accepted, shut down either way, the peer closed or shut down) answers as
+/// librdmacm's on the kernel's rxe: the same return and errno, the same address, option and
+/// poll events (`tests/c/rs_states.rxe`, the program's output recorded in the VM).
+#[test]
+fn each_rsocket_call_in_each_state_answers_as_librdmacm_on_rxe() {
+    let exe = common::c_test("rs_states");
+    for profile in ["full", "rxe"] {
+        let mut cmd = Command::new(&exe);
+        cmd.env("RDMA_EMU_PROFILE", profile).env("RDMA_EMU_FABRIC", "none");
+        same_as_recorded(&run_on_shim(&mut cmd), include_str!("c/rs_states.rxe"), profile);
+    }
+}
+
+/// `out`, line for line, is `recorded`; each line that differs is shown with its recording.
+fn same_as_recorded(out: &str, recorded: &str, what: &str) {
+    let differ: Vec<String> = recorded
+        .lines()
+        .zip(out.lines())
+        .filter(|(rxe, emu)| rxe != emu)
+        .map(|(rxe, emu)| format!("rxe: {rxe}\nemu: {emu}"))
+        .collect();
+    assert!(differ.is_empty(), "{what}: {}", differ.join("\n"));
+    assert_eq!(out.lines().count(), recorded.lines().count(), "{what}: {out}");
 }
 
 /// librdmacm's synchronous mode, `rdma_getaddrinfo`'s results and errors, and a synchronous
