@@ -1234,6 +1234,12 @@ impl CmId {
         if st.qp.is_some() {
             return Err(einval("the id has a QP already"));
         }
+        let connected =
+            matches!(qp.qp_type(), QpType::RC | QpType::UC | QpType::XRC_SEND | QpType::XRC_RECV);
+        // librdmacm sets a connected QP up with `rdma_init_qp_attr`, which fails there.
+        if connected && st.state.connection_over() {
+            return Err(einval("the id's connection is over, or it listens"));
+        }
         // ECE, as librdmacm's rdma_create_qp: the QP's options become the id's; a QP made for
         // a request asks for those the requester offered (none from another vendor), and the
         // INIT transition takes up what the device has of them.
@@ -1246,12 +1252,6 @@ impl CmId {
                 no_options(st.local_ece)
             };
             ece_or_none(qp.set_ece(&want).map(|()| want))?;
-        }
-        let connected =
-            matches!(qp.qp_type(), QpType::RC | QpType::UC | QpType::XRC_SEND | QpType::XRC_RECV);
-        // librdmacm sets a connected QP up with `rdma_init_qp_attr`, which fails there.
-        if connected && st.state.connection_over() {
-            return Err(einval("the id's connection is over, or it listens"));
         }
         if connected {
             let (init, mask) = init_attr(port, false, st.init_access());

@@ -92,6 +92,19 @@ static int make(int s)
 	return -1;
 }
 
+/* `get`'s answer for `fd` (rgetsockname's or rgetpeername's), what it wrote described in
+ * `extra`. */
+static int named(int fd, int (*get)(int, struct sockaddr *, socklen_t *), char *extra, size_t n)
+{
+	struct sockaddr_in a;
+	socklen_t len = sizeof a;
+	int rc;
+	memset(&a, 0, sizeof a);
+	rc = get(fd, (struct sockaddr *)&a, &len);
+	snprintf(extra, n, " len %u fam %d port %d", len, a.sin_family, a.sin_port != 0);
+	return rc;
+}
+
 static int left_out(int s, int k)
 {
 	return ((s == CREATED || s == BOUND || s == LISTENING) && (k == C_SEND || k == C_RECV)) ||
@@ -102,7 +115,6 @@ static void one(int s, int k)
 {
 	int fd = make(s), rc, e, v = 0;
 	socklen_t len;
-	struct sockaddr_in a;
 	char buf[8] = "abcd", extra[96] = "";
 	struct pollfd p;
 	struct sockaddr_in to2 = to;
@@ -129,18 +141,8 @@ static void one(int s, int k)
 	case C_SHUTDOWN: rc = rshutdown(fd, SHUT_RDWR); break;
 	case C_SEND: rc = rsend(fd, buf, 4, MSG_DONTWAIT); break;
 	case C_RECV: rc = rrecv(fd, buf, 8, MSG_DONTWAIT); break;
-	case C_SOCKNAME:
-		len = sizeof a;
-		memset(&a, 0, sizeof a);
-		rc = rgetsockname(fd, (struct sockaddr *)&a, &len);
-		snprintf(extra, sizeof extra, " len %u fam %d port %d", len, a.sin_family, a.sin_port != 0);
-		break;
-	case C_PEERNAME:
-		len = sizeof a;
-		memset(&a, 0, sizeof a);
-		rc = rgetpeername(fd, (struct sockaddr *)&a, &len);
-		snprintf(extra, sizeof extra, " len %u fam %d port %d", len, a.sin_family, a.sin_port != 0);
-		break;
+	case C_SOCKNAME: rc = named(fd, rgetsockname, extra, sizeof extra); break;
+	case C_PEERNAME: rc = named(fd, rgetpeername, extra, sizeof extra); break;
 	case C_SOERROR:
 		len = sizeof v;
 		rc = rgetsockopt(fd, SOL_SOCKET, SO_ERROR, &v, &len);
