@@ -32,9 +32,10 @@ enum { CREATED, BOUND, LISTENING, CONNECTED, ACCEPTED, SHUT_WR_, SHUT_RD_, PEER_
 static const char *sname[] = { "created", "bound", "listening", "connected", "accepted", "shut-wr",
 	"shut-rd", "peer-closed", "peer-shut-wr" };
 enum { C_BIND, C_LISTEN, C_CONNECT, C_ACCEPT, C_SHUTDOWN, C_SEND, C_RECV, C_SOCKNAME, C_PEERNAME,
-       C_SOERROR, C_NODELAY, C_POLL, C_CLOSE, NCALLS };
+       C_SOERROR, C_NODELAY, C_POLL, C_CLOSE, C_GETFL, C_RCVBUF, C_KEEPALIVE, C_PEEK, NCALLS };
 static const char *cname[] = { "bind", "listen", "connect", "accept", "shutdown", "send", "recv",
-	"sockname", "peername", "so_error", "nodelay", "poll", "close" };
+	"sockname", "peername", "so_error", "nodelay", "poll", "close", "getfl", "rcvbuf",
+	"keepalive", "peek" };
 
 static void *acceptor(void *arg)
 {
@@ -107,7 +108,8 @@ static int named(int fd, int (*get)(int, struct sockaddr *, socklen_t *), char *
 
 static int left_out(int s, int k)
 {
-	return ((s == CREATED || s == BOUND || s == LISTENING) && (k == C_SEND || k == C_RECV)) ||
+	return ((s == CREATED || s == BOUND || s == LISTENING) &&
+		(k == C_SEND || k == C_RECV || k == C_PEEK)) ||
 	       ((s == SHUT_WR_ || s == PEER_CLOSED) && k == C_SEND);
 }
 
@@ -155,6 +157,16 @@ static void one(int s, int k)
 		snprintf(extra, sizeof extra, " revents %#x", p.revents);
 		break;
 	case C_CLOSE: rc = rclose(fd); break;
+	case C_GETFL:
+		rc = rfcntl(fd, F_GETFL);
+		break;
+	case C_RCVBUF:
+		len = sizeof v;
+		rc = rgetsockopt(fd, SOL_SOCKET, SO_RCVBUF, &v, &len);
+		snprintf(extra, sizeof extra, " value %d len %u", v, len);
+		break;
+	case C_KEEPALIVE: v = 1; rc = rsetsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &v, sizeof v); break;
+	case C_PEEK: rc = rrecv(fd, buf, 8, MSG_PEEK | MSG_DONTWAIT); break;
 	default: rc = -3;
 	}
 	e = rc < 0 ? errno : 0;
