@@ -112,37 +112,23 @@ unsafe fn read_addr(p: *const libc::sockaddr, len: libc::socklen_t) -> Result<So
 /// becomes that size.
 ///
 /// # Safety
-/// `p` and `len` are NULL or valid, `p` writable for `*len` bytes.
+/// As [`write_sockaddr`].
 unsafe fn write_no_addr(p: *mut libc::sockaddr, len: *mut libc::socklen_t) -> c_int {
-    if len.is_null() {
-        return fail(libc::EFAULT);
-    }
-    let size = size_of::<libc::sockaddr_in6>();
-    // SAFETY: `len` is valid by the caller's contract.
-    let room = unsafe { *len } as usize;
-    if !p.is_null() {
-        // SAFETY: `p` is writable for `room` bytes; we write at most that.
-        unsafe { ptr::write_bytes(p.cast::<u8>(), 0, room.min(size)) };
-    }
-    // SAFETY: as above.
-    unsafe { *len = size as libc::socklen_t };
-    0
+    // SAFETY: forwarded contract.
+    unsafe { write_sockaddr(p, len, &[0; size_of::<libc::sockaddr_in6>()]) }
 }
 
 /// Writes `a` the way the socket's family names it (an IPv6 socket names an IPv4 peer by its
 /// IPv4-mapped address), truncated to `*len`; `*len` becomes the full size.
 ///
 /// # Safety
-/// As [`write_no_addr`].
+/// As [`write_sockaddr`].
 unsafe fn write_addr(
     p: *mut libc::sockaddr,
     len: *mut libc::socklen_t,
     a: SocketAddr,
     v6: bool,
 ) -> c_int {
-    if len.is_null() {
-        return fail(libc::EFAULT);
-    }
     let a = match a {
         SocketAddr::V4(v4) if v6 => {
             SocketAddr::new(IpAddr::V6(v4.ip().to_ipv6_mapped()), v4.port())
@@ -150,20 +136,29 @@ unsafe fn write_addr(
         other => other,
     };
     let (storage, size) = sockaddr::to_c(a);
+    // SAFETY: `to_c` wrote `size` bytes of the storage, which holds at least that many.
+    let bytes = unsafe { std::slice::from_raw_parts(ptr::from_ref(&storage).cast::<u8>(), size) };
+    // SAFETY: forwarded contract.
+    unsafe { write_sockaddr(p, len, bytes) }
+}
+
+/// Copies the address `bytes` to the caller's buffer, truncated to `*len`; `*len` becomes
+/// their full length (`EFAULT` for a NULL `len`).
+///
+/// # Safety
+/// `p` and `len` are NULL or valid, `p` writable for `*len` bytes.
+unsafe fn write_sockaddr(p: *mut libc::sockaddr, len: *mut libc::socklen_t, bytes: &[u8]) -> c_int {
+    if len.is_null() {
+        return fail(libc::EFAULT);
+    }
     // SAFETY: `len` is valid by the caller's contract.
     let room = unsafe { *len } as usize;
     if !p.is_null() {
         // SAFETY: `p` is writable for `room` bytes; we copy at most that.
-        unsafe {
-            ptr::copy_nonoverlapping(
-                ptr::from_ref(&storage).cast::<u8>(),
-                p.cast::<u8>(),
-                room.min(size),
-            )
-        };
+        unsafe { ptr::copy_nonoverlapping(bytes.as_ptr(), p.cast::<u8>(), room.min(bytes.len())) };
     }
     // SAFETY: as above.
-    unsafe { *len = size as libc::socklen_t };
+    unsafe { *len = bytes.len() as libc::socklen_t };
     0
 }
 
