@@ -1569,15 +1569,16 @@ impl CmId {
     pub fn disconnect(&self) -> Result<()> {
         let mut st = self.0.st.lock();
         let state = st.state;
-        let answer = match state {
+        // What the call answers, and whether it ends something (a DREQ or DREP to send).
+        let (answer, ends) = match state {
             // (A UD exchange has nothing to end: its IB CM id is SIDR's.)
             State::Connected | State::Accepting if !self.datagram() => {
                 st.state = State::DreqSent;
-                Ok(())
+                (Ok(()), true)
             }
             State::DreqRcvd => {
                 st.state = State::Disconnected;
-                Ok(())
+                (Ok(()), true)
             }
             // The kernel's CM id is there, with nothing to end (measured on rxe): a
             // connection over, refused either way, not yet answered (either side: nothing is
@@ -1590,17 +1591,16 @@ impl CmId {
             | State::Connecting
             | State::Request
             | State::Connected
-            | State::Accepting => Ok(()),
-            State::Listen if st.port.is_some() => Ok(()),
-            _ => Err(einval("the id is not connected")),
+            | State::Accepting => (Ok(()), false),
+            State::Listen if st.port.is_some() => (Ok(()), false),
+            _ => (Err(einval("the id is not connected")), false),
         };
         let (qp, remote) = (st.qp.clone(), st.remote);
         drop(st);
         if let Some(qp) = qp {
             to_error(&qp);
         }
-        let ends = matches!(state, State::Connected | State::Accepting | State::DreqRcvd);
-        if answer.is_err() || !ends || self.datagram() {
+        if !ends {
             return answer;
         }
         let num = self.0.num;
