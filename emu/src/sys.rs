@@ -153,6 +153,14 @@ impl EventFd {
     }
 }
 
+impl EventFd {
+    /// A second descriptor of the same eventfd (its lowest free number, from 3 on).
+    pub(crate) fn duplicate(&self) -> io::Result<OwnedFd> {
+        use std::os::fd::AsFd;
+        self.fd.as_fd().try_clone_to_owned()
+    }
+}
+
 impl AsRawFd for EventFd {
     fn as_raw_fd(&self) -> RawFd {
         self.fd.as_raw_fd()

@@ -449,3 +449,68 @@ fn a_datagram_socket_holds_what_its_receive_buffer_holds() {
         }
     }
 }
+
+#[test]
+fn a_listener_accepts_in_the_background_so_one_thread_connects_to_its_own() {
+    let f = Fabric::new(Default::default());
+    let l = RSocket::new(&f, false).unwrap();
+    l.bind(addr("127.0.0.1:9021")).unwrap();
+    l.listen(4).unwrap();
+    // No raccept under way: the listen service accepts, as librdmacm's does (a listener that
+    // accepted only in raccept left this blocking connect waiting for ever).
+    let c = RSocket::new(&f, false).unwrap();
+    c.connect(addr("127.0.0.1:9021")).unwrap();
+    assert_eq!(c.send(b"early", false).unwrap(), 5, "sent before the server took it");
+    let mut e =
+        [PollEntry { target: PollTarget::Socket(l.clone()), events: libc::POLLIN, revents: 0 }];
+    assert_eq!(poll(&mut e, Some(Duration::from_secs(5))).unwrap(), 1, "a connection waits");
+    let s = l.accept().unwrap();
+    assert_eq!(read_exactly(&s, 5), b"early");
+    assert_eq!(s.peer_addr().unwrap(), c.local_addr().unwrap());
+    s.send(b"back", false).unwrap();
+    assert_eq!(read_exactly(&c, 4), b"back");
+    // Nothing more waits: a non-blocking accept says so, and the poll sees nothing.
+    l.set_nonblocking(true);
+    assert_eq!(l.accept().unwrap_err().errno(), Errno::EAGAIN);
+    assert_eq!(poll(&mut e, Some(Duration::ZERO)).unwrap(), 0);
+    for x in [c, s, l] {
+        x.close().unwrap();
+    }
+}
+
+#[test]
+fn connections_queue_on_a_listener_until_accepted_and_its_close_ends_those_left() {
+    let f = Fabric::new(Default::default());
+    let l = RSocket::new(&f, false).unwrap();
+    l.bind(addr("127.0.0.1:9022")).unwrap();
+    l.listen(8).unwrap();
+    let clients: Vec<RSocket> = (0..3u8)
+        .map(|i| {
+            let c = RSocket::new(&f, false).unwrap();
+            c.connect(addr("127.0.0.1:9022")).unwrap();
+            c.send(&[i; 3], false).unwrap();
+            c
+        })
+        .collect();
+    // Taken in the order they came, each with what its client sent first.
+    for i in 0..2u8 {
+        let s = l.accept().unwrap();
+        assert_eq!(read_exactly(&s, 3), [i; 3]);
+        assert_eq!(s.peer_addr().unwrap(), clients[usize::from(i)].local_addr().unwrap());
+        s.close().unwrap();
+    }
+    // The third, accepted and never taken, ends with the listener.
+    l.close().unwrap();
+    let mut b = [0u8; 4];
+    for (i, c) in clients.iter().enumerate() {
+        assert_eq!(c.recv(&mut b, RecvFlags::default()).unwrap(), 0, "client {i}: the end");
+        c.close().unwrap();
+    }
+    // And the port is free again: the service holds no listener of its own.
+    let again = RSocket::new(&f, false).unwrap();
+    again.bind(addr("127.0.0.1:9022")).unwrap();
+    again.listen(1).unwrap();
+    drop(again);
+    let other = RSocket::new(&f, false).unwrap();
+    other.bind(addr("127.0.0.1:9022")).unwrap_or_else(|e| panic!("a dropped listener's port: {e}"));
+}

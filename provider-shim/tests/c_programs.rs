@@ -373,6 +373,30 @@ fn each_rsocket_call_in_each_state_answers_as_librdmacm_on_rxe() {
     }
 }
 
+/// A listener accepts in the background, as librdmacm's listen service: a client's blocking
+/// `rconnect` completes (and its first bytes go) before the server calls `raccept`, in one
+/// thread connecting to its own listener and across processes with the server outside any
+/// rsocket call; connections are taken in the order they came (`tests/c/rs_backlog.c`, each
+/// line as recorded on the kernel's rxe), in one process and on a host fabric.
+#[test]
+fn a_listener_accepts_before_raccept_as_librdmacms_listen_service() {
+    let exe = common::c_test("rs_backlog");
+    let recorded = include_str!("c/rs_backlog.rxe");
+    let in_one: String =
+        recorded.lines().filter(|l| !l.starts_with("across")).map(|l| format!("{l}\n")).collect();
+    for profile in ["full", "rxe"] {
+        let mut cmd = Command::new(&exe);
+        cmd.env("RDMA_EMU_PROFILE", profile).env("RDMA_EMU_FABRIC", "none");
+        same_as_recorded(&run_on_shim(&mut cmd), &in_one, &format!("{profile}, one process"));
+        let fabric = common::Fabric::new("rs_backlog");
+        let mut cmd = Command::new(&exe);
+        cmd.env("RDMA_EMU_PROFILE", profile)
+            .env("RDMA_EMU_FABRIC", &fabric.0)
+            .env("RS_BACKLOG_ACROSS", "1");
+        same_as_recorded(&run_on_shim(&mut cmd), recorded, &format!("{profile}, two processes"));
+    }
+}
+
 /// `out`, line for line, is `recorded`; each line that differs is shown with its recording.
 fn same_as_recorded(out: &str, recorded: &str, what: &str) {
     let differ: Vec<String> = recorded

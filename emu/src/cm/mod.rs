@@ -348,6 +348,13 @@ impl CmChannel {
     }
 }
 
+impl CmChannel {
+    /// A second descriptor of the channel's (readable as it is).
+    pub(crate) fn duplicate_fd(&self) -> std::io::Result<std::os::fd::OwnedFd> {
+        self.0.queue.duplicate_fd()
+    }
+}
+
 impl AsRawFd for CmChannel {
     fn as_raw_fd(&self) -> RawFd {
         self.0.queue.as_raw_fd()

@@ -118,6 +118,13 @@ impl<T> EventQueue<T> {
     }
 }
 
+impl<T> EventQueue<T> {
+    /// A second descriptor of the queue's eventfd.
+    pub(crate) fn duplicate_fd(&self) -> std::io::Result<std::os::fd::OwnedFd> {
+        self.fd.duplicate()
+    }
+}
+
 impl<T> AsRawFd for EventQueue<T> {
     fn as_raw_fd(&self) -> RawFd {
         self.fd.as_raw_fd()

@@ -6,11 +6,13 @@
 //! A socket is a CM id in `RDMA_PS_TCP` with a channel of its own (the channel's descriptor
 //! is the socket's number, as in librdmacm). Connecting makes an RC QP on the id's device and
 //! trades a hello (where each side's receive ring is) in the CM's private data; the data path
-//! is in `stream`. Nothing runs in the background: every call (and [`poll`]) moves the
-//! socket's connection and completions along, and blocking calls wait on the CM channel's and
-//! the completion channel's descriptors. A datagram rsocket is a UD QP (see `dgram`).
+//! is in `stream`. Only the accepting of connections runs in the background (a thread of
+//! its own, as librdmacm's: see `listen_service`); otherwise every call (and [`poll`]) moves
+//! the socket's connection and completions along, and blocking calls wait on the CM channel's
+//! and the completion channel's descriptors. A datagram rsocket is a UD QP (see `dgram`).
 
 mod dgram;
+mod listen_service;
 mod poll;
 mod stream;
 mod wire;
@@ -18,8 +20,8 @@ mod wire;
 use std::{
     collections::VecDeque,
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
-    os::fd::{AsRawFd, RawFd},
-    sync::Arc,
+    os::fd::{AsRawFd, OwnedFd, RawFd},
+    sync::{Arc, OnceLock},
     time::{Duration, Instant},
 };
 
@@ -166,6 +168,8 @@ struct Inner {
     st: Mutex<St>,
     /// A datagram socket's state (`st` then only keeps its options and flags).
     dgram: Option<Mutex<Dgram>>,
+    /// An accepted socket's number, given as `raccept` takes it (see [`RSocket::renumber`]).
+    number: OnceLock<OwnedFd>,
 }
 
 #[derive(Debug)]
@@ -178,6 +182,17 @@ struct St {
     stream: Option<Stream>,
     /// Listener: connection requests not yet accepted.
     requests: VecDeque<CmEvent>,
+    /// Listener: the sockets of requests accepted (by the listen service or a `raccept`),
+    /// waiting for `raccept` to take them.
+    accepted: VecDeque<RSocket>,
+    /// Listener: requests taken out of `requests` and being accepted (by the listen service or
+    /// a `raccept`), not yet in `accepted`: a poll counts them, so a `raccept` after it waits
+    /// for them rather than saying `EAGAIN` (librdmacm's listener is readable only once its
+    /// service queued the socket).
+    accepting: usize,
+    /// Listener: posted once for each socket in `accepted` (taken with it), which a sleep in
+    /// `raccept` or `rpoll` wakes on (librdmacm's accept queue is a socketpair).
+    backlog_bell: Option<sys::EventFd>,
     /// Why the connection could not be made or broke (`SO_ERROR` reads and clears it).
     error: Option<Errno>,
     /// The CM says the connection ended.
@@ -222,6 +237,7 @@ impl RSocket {
         RSocket(Arc::new(Inner {
             fabric: fabric.clone(),
             dgram: None,
+            number: OnceLock::new(),
             channel,
             st: Mutex::new(St {
                 phase,
@@ -231,6 +247,9 @@ impl RSocket {
                 opts,
                 stream: None,
                 requests: VecDeque::new(),
+                accepted: VecDeque::new(),
+                accepting: 0,
+                backlog_bell: None,
                 error: None,
                 disconnected: false,
                 shut_rd: false,
@@ -338,9 +357,24 @@ impl RSocket {
         }
     }
 
-    /// The socket's number: its CM channel's descriptor (unique while the socket lives).
+    /// The socket's number: its CM channel's descriptor (unique while the socket lives), or
+    /// a second one of it that an accepted socket got in `raccept`.
     pub fn number(&self) -> RawFd {
-        self.0.channel.as_raw_fd()
+        self.0.number.get().map_or_else(|| self.0.channel.as_raw_fd(), AsRawFd::as_raw_fd)
+    }
+
+    /// Numbers a socket the listen service accepted as `raccept` takes it: the lowest free
+    /// descriptor now, as if its channel were made now (as it was when `raccept` accepted).
+    /// Debian's librspreload (rdma-core 44) maps `select`'s answer back to the program's
+    /// descriptors by scanning them upward for the first whose socket number matches (fixed
+    /// in rdma-core 63), so a socket numbered below the descriptor it opened for it before
+    /// `raccept` reads as another descriptor's: `select` says ready and the program, finding
+    /// its own socket not, spins (socat serving wget and curl did). Without a descriptor to
+    /// spare, the channel's own stays the number.
+    fn renumber(&self) {
+        if let Ok(fd) = self.0.channel.duplicate_fd() {
+            let _ = self.0.number.set(fd);
+        }
     }
 
     /// Whether `self` and `other` are the same socket.
@@ -367,6 +401,7 @@ impl RSocket {
         }
         let mut fds = vec![self.0.channel.as_raw_fd()];
         fds.extend(st.stream.as_ref().map(|s| s.comp.as_raw_fd()));
+        fds.extend(st.backlog_bell.as_ref().map(|b| b.as_raw_fd()));
         drop(st);
         if !self.look_before_sleeping(|| self.woken(), deadline) {
             let slice =
@@ -415,40 +450,90 @@ impl RSocket {
             };
             st.id.bind_addr(SocketAddr::new(any, 0))?;
         }
+        let bell = sys::EventFd::new()
+            .map_err(|e| err(e.raw_os_error().unwrap_or(libc::EMFILE), "no descriptor"))?;
         st.id.listen(backlog)?;
         st.phase = Phase::Listening;
+        st.backlog_bell = Some(bell);
+        drop(st);
+        listen_service::watch(self);
         Ok(())
     }
 
-    /// `raccept`: the next connection; `EAGAIN` when none waits on a non-blocking socket.
+    /// `raccept`: the next connection (accepted already by the listen service, or now);
+    /// `EAGAIN` when none waits on a non-blocking socket.
     pub fn accept(&self) -> Result<RSocket> {
         if self.0.dgram.is_some() {
             return Err(Error::new(Errno::EOPNOTSUPP, "a datagram socket does not accept"));
         }
-        let ev = loop {
+        listen_service::ensure();
+        let new = loop {
             let mut st = self.lock();
             if st.phase != Phase::Listening {
                 // (librdmacm's answer, measured on rxe; TCP's is `EINVAL`.)
                 return Err(err(libc::EBADF, "the socket is not listening"));
             }
-            if let Some(ev) = st.requests.pop_front() {
-                break ev;
+            if let Some(new) = st.accepted.pop_front() {
+                if let Some(bell) = &st.backlog_bell {
+                    bell.try_take();
+                }
+                break new;
             }
-            if st.nonblocking {
+            if !st.requests.is_empty() {
+                drop(st);
+                self.serve();
+                continue;
+            }
+            if st.nonblocking && st.accepting == 0 {
                 return Err(Error::new(Errno::EAGAIN, "no connection waits"));
             }
             self.wait(st, None)?;
         };
-        let (v6, opts, nonblocking) = {
-            let st = self.0.st.lock();
-            (st.v6, st.opts.inherited(), st.nonblocking)
-        };
-        let new = RSocket::accepted(&self.0.fabric, ev, v6, opts)?;
-        new.0.st.lock().nonblocking = nonblocking;
-        if !nonblocking {
+        new.renumber();
+        if !new.is_nonblocking() {
             new.wait_connected()?;
         }
         Ok(new)
+    }
+
+    /// Whether the socket listens (its state as it stands, no event taken in).
+    fn listening(&self) -> bool {
+        self.0.st.lock().phase == Phase::Listening
+    }
+
+    /// A listener accepts the connection requests that wait, queueing their sockets for
+    /// `raccept` (librdmacm's `rs_accept`: the new socket takes the listener's `O_NONBLOCK`
+    /// as it is now); a request that cannot be accepted (not an rsocket's, or no resources)
+    /// is rejected and forgotten, as there.
+    fn serve(&self) {
+        loop {
+            let (ev, v6, opts, nonblocking) = {
+                let mut st = self.lock();
+                if st.phase != Phase::Listening {
+                    return;
+                }
+                let Some(ev) = st.requests.pop_front() else { return };
+                st.accepting += 1;
+                (ev, st.v6, st.opts.inherited(), st.nonblocking)
+            };
+            // (Not under `st`: the accept makes a QP and answers the peer.)
+            let new = RSocket::accepted(&self.0.fabric, ev, v6, opts);
+            let mut st = self.0.st.lock();
+            st.accepting -= 1;
+            let Ok(new) = new else { continue };
+            new.0.st.lock().nonblocking = nonblocking;
+            match (st.phase, &st.backlog_bell) {
+                (Phase::Listening, Some(bell)) => {
+                    bell.post();
+                    st.accepted.push_back(new);
+                }
+                // Closed meanwhile: as the connections it had accepted.
+                _ => {
+                    drop(st);
+                    let _ = new.close();
+                }
+            }
+        }
     }
 
     /// The socket of a connection request, accepted (its connection is being established).
@@ -698,14 +783,25 @@ impl RSocket {
             let _ = self.shutdown(Shutdown::Both);
         }
         let mut st = self.0.st.lock();
+        let listened = st.phase == Phase::Listening;
         st.phase = Phase::Closed;
         for ev in st.requests.drain(..) {
             let _ = ev.id.reject(&[]);
             let _ = ev.id.destroy();
         }
+        // Accepted, never taken: ended as a TCP listener's backlog is at its close.
+        let accepted: Vec<RSocket> = st.accepted.drain(..).collect();
+        st.backlog_bell = None;
         let _ = st.id.destroy();
         if let Some(s) = st.stream.take() {
             s.destroy();
+        }
+        drop(st);
+        for s in accepted {
+            let _ = s.close();
+        }
+        if listened {
+            listen_service::changed();
         }
         Ok(())
     }
@@ -898,6 +994,7 @@ impl RSocket {
             s.arm();
             fds.push(s.comp.as_raw_fd());
         }
+        fds.extend(st.backlog_bell.as_ref().map(|b| b.as_raw_fd()));
         fds
     }
 
@@ -910,7 +1007,8 @@ impl RSocket {
         if let Some(m) = &self.0.dgram {
             return m.lock().woken();
         }
-        self.0.st.lock().stream.as_ref().is_some_and(|s| s.comp.ready())
+        let st = self.0.st.lock();
+        !st.accepted.is_empty() || st.stream.as_ref().is_some_and(|s| s.comp.ready())
     }
 
     /// Before a sleep on the socket (and others: `ready`), looks for what it waits for as a
@@ -1040,7 +1138,11 @@ impl St {
             Phase::Open => 0,
             // Always writable, as librdmacm's listener (its accept queue is one end of a
             // socketpair; measured on rxe), unlike a kernel TCP listener.
-            Phase::Listening if !self.requests.is_empty() => POLLIN | POLLOUT,
+            Phase::Listening
+                if !self.requests.is_empty() || self.accepting > 0 || !self.accepted.is_empty() =>
+            {
+                POLLIN | POLLOUT
+            }
             Phase::Listening => POLLOUT,
             Phase::Resolving | Phase::Connecting | Phase::Accepting => 0,
             // (librdmacm's, measured on rxe after a refused connect.)

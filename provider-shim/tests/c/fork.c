@@ -5,11 +5,14 @@
  * parent where it was: the parent then serves a third child's connection, a fourth's that
  * dies connected (a DISCONNECTED for the parent, which keeps its QP as it was), and a fifth's
  * that dies leaving a child of its own alive; last, a child posts to a QP of the parent's,
- * which reaches nobody. */
+ * which reaches nobody. Then, with a listening rsocket of the parent's, a child connects to a
+ * listener of its own in one thread: its own listen service accepts. */
 #include "common.h"
 
 #include <rdma/rdma_cma.h>
 #include <rdma/rdma_verbs.h>
+#include <rdma/rsocket.h>
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -254,6 +257,30 @@ int main(void)
 	pid_t served = child(serve, "7815", NULL);
 	connect_and_send_after_a_childs_post("7815");
 	reap(served);
+
+	/* The parent's listener has the parent's listen service running; a child of it has no
+	 * such thread, and starts its own as it listens. */
+	struct sockaddr_in at = { .sin_family = AF_INET, .sin_port = htons(7816) };
+	inet_pton(AF_INET, "127.0.0.1", &at.sin_addr);
+	int pl = rsocket(AF_INET, SOCK_STREAM, 0);
+	CHECK(pl >= 0 && rbind(pl, (struct sockaddr *)&at, sizeof at) == 0 && rlisten(pl, 1) == 0);
+	pid_t lone = fork();
+	CHECK(lone >= 0);
+	if (lone == 0) {
+		char b = 0;
+		alarm(30);
+		at.sin_port = htons(7817);
+		int l = rsocket(AF_INET, SOCK_STREAM, 0), c = rsocket(AF_INET, SOCK_STREAM, 0);
+		CHECK(l >= 0 && c >= 0 && rbind(l, (struct sockaddr *)&at, sizeof at) == 0);
+		CHECK(rlisten(l, 1) == 0 && rconnect(c, (struct sockaddr *)&at, sizeof at) == 0);
+		CHECK(rsend(c, "x", 1, 0) == 1);
+		int s = raccept(l, NULL, NULL);
+		CHECK(s >= 0 && rrecv(s, &b, 1, MSG_WAITALL) == 1 && b == 'x');
+		CHECK(rclose(s) == 0 && rclose(c) == 0 && rclose(l) == 0);
+		exit(0);
+	}
+	reap(lone);
+	CHECK(rclose(pl) == 0);
 
 	CHECK(ibv_close_device(ctx) == 0);
 	ibv_free_device_list(list);

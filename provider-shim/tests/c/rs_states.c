@@ -126,8 +126,8 @@ static void one(int s, int k)
 	case C_BIND: rc = rbind(fd, (struct sockaddr *)&any, sizeof any); break;
 	case C_LISTEN: rc = rlisten(fd, 1); break;
 	case C_CONNECT: {
-		/* To a listener of its own that accepts (librdmacm's accepts in a thread of its
-		 * own, the emulator's in raccept). */
+		/* To a listener of its own (which accepts in a thread of its own, librdmacm's as
+		 * the emulator's: rs_backlog.c; the thread that calls raccept is not needed). */
 		pthread_t t;
 		lfd = rsocket(AF_INET, SOCK_STREAM, 0);
 		CHECK(lfd >= 0 && rbind(lfd, (struct sockaddr *)&to2, sizeof to2) == 0);

@@ -10,6 +10,7 @@
 #include <rdma/rsocket.h>
 #include <sys/mman.h>
 #include <sys/select.h>
+#include <unistd.h>
 
 #include "common.h"
 
@@ -164,8 +165,13 @@ int main(void)
 	}
 	struct sockaddr_in peer;
 	len = sizeof peer;
+	/* Accepted by the listen service already, the socket is numbered as raccept takes it:
+	 * above a descriptor opened just before, as librspreload's accept opens one (its select
+	 * of rdma-core 44 takes a socket numbered below it for another descriptor). */
+	int before = open("/dev/null", O_RDONLY);
 	int s = raccept(l, (struct sockaddr *)&peer, &len);
 	CHECK(s >= 0 && len == sizeof peer && peer.sin_family == AF_INET);
+	CHECK(before >= 0 && s > before && close(before) == 0);
 	wait_for(c, POLLOUT);
 	len = sizeof v;
 	CHECK(rgetsockopt(c, SOL_SOCKET, SO_ERROR, &v, &len) == 0 && v == 0);

@@ -1,0 +1,133 @@
+//! The listen service: a thread per process that accepts the connection requests of every
+//! listening stream socket as they come, as librdmacm's rsockets do (its `listen_svc`, which
+//! answers a request with `rdma_accept` at once and queues the new socket for `raccept`).
+//!
+//! So a client's `rconnect` completes whether or not the server is in `raccept` (as a TCP
+//! backlog lets it), and one thread may connect to its own listener before it accepts — where
+//! a listener that accepted only in `raccept` left such a client waiting for ever. `raccept`
+//! still accepts what it finds itself (the thread is not needed for it to make progress: a
+//! child made by `fork` starts its own only when it listens or accepts).
+//!
+//! The thread starts with the first listener and ends once none is left; it holds listeners
+//! only weakly, so a socket dropped without `rclose` is not kept alive by it.
+
+use std::{
+    os::fd::AsRawFd,
+    sync::{Arc, Weak},
+};
+
+use parking_lot::Mutex;
+
+use super::{Inner, RSocket};
+use crate::sys::{self, EventFd};
+
+/// The process's service; `None` until a socket first listens.
+static SERVICE: Mutex<Option<Arc<Service>>> = Mutex::new(None);
+
+#[derive(Debug)]
+struct Service {
+    /// Rung when a listener is added or closed, so the thread looks at its list again.
+    bell: EventFd,
+    list: Mutex<List>,
+    /// The fork generation the service belongs to: a child made by `fork` has neither its
+    /// parent's thread nor a bell of its own (the parent's descriptor is shared), so it makes
+    /// a service of its own, watching the listeners it inherited.
+    generation: u64,
+}
+
+#[derive(Debug)]
+struct List {
+    listeners: Vec<Weak<Inner>>,
+    /// Whether the thread runs (it clears this, under the list's lock, as it ends).
+    running: bool,
+}
+
+/// Has the service accept `sock`'s requests from now on, starting its thread if need be.
+pub(super) fn watch(sock: &RSocket) {
+    let Some(service) = service(true) else { return };
+    service.list.lock().listeners.push(Arc::downgrade(&sock.0));
+    service.start();
+    service.bell.post();
+}
+
+/// Makes sure the thread runs while listeners are watched (in a child made by `fork`, the
+/// parent's thread is not there).
+pub(super) fn ensure() {
+    if let Some(service) = service(false) {
+        service.start();
+    }
+}
+
+/// Tells the thread to look at its list again (a listener closed).
+pub(super) fn changed() {
+    if let Some(service) = service(false) {
+        service.bell.post();
+    }
+}
+
+/// This process's service, made if there is none (or only the parent's, in a child made by
+/// `fork`) and `make` or the parent's watched listeners; `None` without a descriptor for its
+/// bell (`raccept` still accepts).
+fn service(make: bool) -> Option<Arc<Service>> {
+    let mut slot = SERVICE.lock();
+    let generation = sys::fork_generation();
+    let inherited = match &*slot {
+        Some(s) if s.generation == generation => return Some(s.clone()),
+        // (Held by a parent's thread at the fork, the list is never let go in the child: it
+        // starts without, and `raccept` accepts for those.)
+        Some(parents) => parents.list.try_lock().map(|mut l| std::mem::take(&mut l.listeners)),
+        None if make => None,
+        None => return None,
+    };
+    let bell = EventFd::new().ok()?;
+    let list = Mutex::new(List { listeners: inherited.unwrap_or_default(), running: false });
+    let service = Arc::new(Service { bell, list, generation });
+    *slot = Some(service.clone());
+    Some(service)
+}
+
+impl Service {
+    /// Starts the thread unless it runs or there is nothing to watch.
+    fn start(self: &Arc<Self>) {
+        let mut list = self.list.lock();
+        if list.running || list.listeners.is_empty() {
+            return;
+        }
+        let me = self.clone();
+        if sys::spawn("rdma-emu-listen".into(), move || me.run()).is_ok() {
+            list.running = true;
+        }
+    }
+
+    fn run(&self) {
+        loop {
+            let socks: Vec<RSocket> = {
+                let mut list = self.list.lock();
+                list.listeners.retain(|w| w.upgrade().is_some_and(|i| RSocket(i).listening()));
+                if list.listeners.is_empty() {
+                    list.running = false;
+                    return;
+                }
+                list.listeners.iter().filter_map(Weak::upgrade).map(RSocket).collect()
+            };
+            let mut fds: Vec<libc::pollfd> = std::iter::once(self.bell.as_raw_fd())
+                .chain(socks.iter().map(|s| s.0.channel.as_raw_fd()))
+                .map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 })
+                .collect();
+            // Weakly held while asleep: a listener dropped meanwhile goes.
+            let watched: Vec<Weak<Inner>> = socks.iter().map(|s| Arc::downgrade(&s.0)).collect();
+            drop(socks);
+            if sys::poll(&mut fds, None).is_err() {
+                continue; // (EINTR: every signal is blocked here, but a stop resumes)
+            }
+            while self.bell.try_take() {}
+            for (p, w) in fds[1..].iter().zip(&watched) {
+                if p.revents != 0
+                    && let Some(inner) = w.upgrade()
+                {
+                    RSocket(inner).serve();
+                }
+            }
+        }
+    }
+}
