@@ -514,3 +514,30 @@ fn connections_queue_on_a_listener_until_accepted_and_its_close_ends_those_left(
     let other = RSocket::new(&f, false).unwrap();
     other.bind(addr("127.0.0.1:9022")).unwrap_or_else(|e| panic!("a dropped listener's port: {e}"));
 }
+
+#[test]
+fn a_poll_asleep_on_a_listener_wakes_for_a_connection_its_service_accepted() {
+    let f = Fabric::new(Default::default());
+    let l = RSocket::new(&f, false).unwrap();
+    l.bind(addr("127.0.0.1:9023")).unwrap();
+    l.listen(4).unwrap();
+    let fc = f.clone();
+    let client = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(20));
+        let c = RSocket::new(&fc, false).unwrap();
+        c.connect(addr("127.0.0.1:9023")).unwrap();
+        c
+    });
+    // The service takes the request off the listener's channel, which the poll also sleeps
+    // on: what wakes it is the listener's backlog (without, it slept to its timeout: 0).
+    let mut e =
+        [PollEntry { target: PollTarget::Socket(l.clone()), events: libc::POLLIN, revents: 0 }];
+    assert_eq!(poll(&mut e, Some(Duration::from_secs(20))).unwrap(), 1);
+    assert_eq!(e[0].revents, libc::POLLIN);
+    let c = client.join().unwrap();
+    let s = l.accept().unwrap();
+    assert_eq!(s.peer_addr().unwrap(), c.local_addr().unwrap());
+    for x in [c, s, l] {
+        x.close().unwrap();
+    }
+}
