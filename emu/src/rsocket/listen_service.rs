@@ -100,23 +100,26 @@ impl Service {
     }
 
     fn run(&self) {
+        let pollin = |fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
         loop {
-            let socks: Vec<RSocket> = {
+            // Weakly held while asleep: a listener dropped meanwhile goes.
+            let (watched, mut fds) = {
                 let mut list = self.list.lock();
-                list.listeners.retain(|w| w.upgrade().is_some_and(|i| RSocket(i).listening()));
+                let mut fds = vec![pollin(self.bell.as_raw_fd())];
+                list.listeners.retain(|w| {
+                    let Some(sock) = w.upgrade().map(RSocket) else { return false };
+                    let listening = sock.listening();
+                    if listening {
+                        fds.push(pollin(sock.0.channel.as_raw_fd()));
+                    }
+                    listening
+                });
                 if list.listeners.is_empty() {
                     list.running = false;
                     return;
                 }
-                list.listeners.iter().filter_map(Weak::upgrade).map(RSocket).collect()
+                (list.listeners.clone(), fds)
             };
-            let mut fds: Vec<libc::pollfd> = std::iter::once(self.bell.as_raw_fd())
-                .chain(socks.iter().map(|s| s.0.channel.as_raw_fd()))
-                .map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 })
-                .collect();
-            // Weakly held while asleep: a listener dropped meanwhile goes.
-            let watched: Vec<Weak<Inner>> = socks.iter().map(|s| Arc::downgrade(&s.0)).collect();
-            drop(socks);
             if sys::poll(&mut fds, None).is_err() {
                 continue; // (EINTR: every signal is blocked here, but a stop resumes)
             }

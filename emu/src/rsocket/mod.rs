@@ -399,9 +399,7 @@ impl RSocket {
         if st.stream.as_mut().is_some_and(|s| s.process()) {
             return Ok(());
         }
-        let mut fds = vec![self.0.channel.as_raw_fd()];
-        fds.extend(st.stream.as_ref().map(|s| s.comp.as_raw_fd()));
-        fds.extend(st.backlog_bell.as_ref().map(|b| b.as_raw_fd()));
+        let fds = st.wake_fds(&self.0.channel);
         drop(st);
         if !self.look_before_sleeping(|| self.woken(), deadline) {
             let slice =
@@ -989,13 +987,10 @@ impl RSocket {
             return fds;
         }
         let st = self.0.st.lock();
-        let mut fds = vec![self.0.channel.as_raw_fd()];
         if let Some(s) = &st.stream {
             s.arm();
-            fds.push(s.comp.as_raw_fd());
         }
-        fds.extend(st.backlog_bell.as_ref().map(|b| b.as_raw_fd()));
-        fds
+        st.wake_fds(&self.0.channel)
     }
 
     /// Whether an event that a sleep on the socket wakes on has come (a look without a system
@@ -1053,6 +1048,15 @@ fn conn_param(s: &Stream) -> ConnParam {
 }
 
 impl St {
+    /// What a sleep on the socket watches: its CM channel's descriptor, its completion
+    /// channel's, a listener's backlog's.
+    fn wake_fds(&self, channel: &CmChannel) -> Vec<RawFd> {
+        let mut fds = vec![channel.as_raw_fd()];
+        fds.extend(self.stream.as_ref().map(|s| s.comp.as_raw_fd()));
+        fds.extend(self.backlog_bell.as_ref().map(|b| b.as_raw_fd()));
+        fds
+    }
+
     /// Takes every CM event and completion the socket has.
     fn progress(&mut self, channel: &CmChannel) {
         while let Some(ev) = channel.queued_event() {
