@@ -151,9 +151,7 @@ impl EventFd {
         }
         Ok(())
     }
-}
 
-impl EventFd {
     /// A second descriptor of the same eventfd (its lowest free number, from 3 on).
     pub(crate) fn duplicate(&self) -> io::Result<OwnedFd> {
         use std::os::fd::AsFd;

@@ -346,9 +346,7 @@ impl CmChannel {
     pub fn set_nonblocking(&self, on: bool) -> Result<()> {
         self.0.queue.set_nonblocking(on)
     }
-}
 
-impl CmChannel {
     /// A second descriptor of the channel's (readable as it is).
     pub(crate) fn duplicate_fd(&self) -> std::io::Result<std::os::fd::OwnedFd> {
         self.0.queue.duplicate_fd()

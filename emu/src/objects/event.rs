@@ -116,9 +116,7 @@ impl<T> EventQueue<T> {
     pub(crate) fn set_nonblocking(&self, on: bool) -> Result<()> {
         self.fd.set_nonblocking(on).map_err(|e| io_error(&e))
     }
-}
 
-impl<T> EventQueue<T> {
     /// A second descriptor of the queue's eventfd.
     pub(crate) fn duplicate_fd(&self) -> std::io::Result<std::os::fd::OwnedFd> {
         self.fd.duplicate()
