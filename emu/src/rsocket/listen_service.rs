@@ -58,7 +58,8 @@ pub(super) fn ensure() {
     }
 }
 
-/// Tells the thread to look at its list again (a listener closed).
+/// Tells the thread to look at its list and every listener again (a listener closed, or a
+/// request was taken off a listener's channel by another thread).
 pub(super) fn changed() {
     if let Some(service) = service(false) {
         service.bell.post();
@@ -123,9 +124,12 @@ impl Service {
             if sys::poll(&mut fds, None).is_err() {
                 continue; // (EINTR: every signal is blocked here, but a stop resumes)
             }
+            // The bell also says that a request was taken off a channel by another thread's
+            // call: then every listener is looked at (each look that finds none is cheap).
+            let rung = fds[0].revents != 0;
             while self.bell.try_take() {}
             for (p, w) in fds[1..].iter().zip(&watched) {
-                if p.revents != 0
+                if (rung || p.revents != 0)
                     && let Some(inner) = w.upgrade()
                 {
                     RSocket(inner).serve();

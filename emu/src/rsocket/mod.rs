@@ -385,7 +385,14 @@ impl RSocket {
     /// The socket's state, with every CM event and completion taken into account.
     fn lock(&self) -> MutexGuard<'_, St> {
         let mut st = self.0.st.lock();
+        let waiting = st.requests.len();
         st.progress(&self.0.channel);
+        // A request this call took off a listener's channel was taken from under the listen
+        // service's watch (the channel reads empty again): it is told, or the request waited
+        // for a `raccept` that a program waiting on its client may never make.
+        if st.requests.len() > waiting {
+            listen_service::changed();
+        }
         st
     }
 
