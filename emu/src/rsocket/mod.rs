@@ -597,8 +597,10 @@ impl RSocket {
         st.phase = Phase::Resolving;
         st.progress(&self.0.channel);
         if st.nonblocking {
+            // In progress even if a listen service accepted meanwhile (on the in-process
+            // fabric, it may have): librdmacm's waits for its peer's answer, never there
+            // within the call, and a program may count on it.
             return match st.phase {
-                Phase::Connected => Ok(()),
                 Phase::Failed => {
                     let e = st.error.take().unwrap_or(Errno(libc::ECONNREFUSED));
                     Err(Error::new(e, "connect failed"))
