@@ -25,7 +25,7 @@ use std::{
     },
 };
 
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 
 use crate::shared_mem::{SharedMem, SharedView};
 

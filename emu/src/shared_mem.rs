@@ -34,14 +34,14 @@ use std::{
     io,
     os::fd::{AsRawFd, OwnedFd},
     sync::{
-        Arc, Once, Weak,
+        Arc, Weak,
         atomic::{AtomicU32, Ordering},
     },
 };
 
-use parking_lot::Mutex;
+use crate::sync::{Mutex, MutexGuard};
 
-use crate::sys::mm;
+use crate::sys::{ForkHooks, ForkStage, mm};
 
 /// MRs that peers may write whose whole pages span less are left where they are: nothing of
 /// them can be mapped. (A page is worth moving: `ib_write_lat`'s buffers are two, and a peer
@@ -106,23 +106,17 @@ impl SharedMem {
 }
 
 /// The lists below are held across fork (see `fork_prepare`), and released in the child by
-/// the thread that forked, the child's only thread: a futex lock, whose release frees it
-/// whoever waited in the parent, where parking_lot's hands itself to a waiter now and then
-/// (its fairness), a thread the child has not: the child hung.
-type ForkLock<T> = std::sync::Mutex<T>;
-
-/// Takes a [`ForkLock`] (a panic while it was held left the list whole: each change is one
-/// step).
-fn take<T>(lock: &ForkLock<T>) -> std::sync::MutexGuard<'_, T> {
-    lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
+/// the thread that forked, the child's only thread: [`Mutex`] is a futex lock, whose release
+/// frees it whoever waited in the parent (parking_lot's, used before, handed itself to a
+/// waiter now and then, a thread the child has not: the child hung).
+type ForkLock<T> = Mutex<T>;
 
 /// The memory moved, with how many MRs hold it.
 static MOVED: ForkLock<Moved> = ForkLock::new(Vec::new());
 
 /// The memory moved into the file named `id`, if it is still there.
 pub(crate) fn find(id: u32) -> Option<Arc<SharedMem>> {
-    take(&MOVED).iter().find(|(m, _)| m.id == id).map(|(m, _)| m.clone())
+    MOVED.lock().iter().find(|(m, _)| m.id == id).map(|(m, _)| m.clone())
 }
 /// While a fork is under way, each moved range (address, length) and what the child gets
 /// there (see `fork_prepare`).
@@ -142,8 +136,7 @@ enum AtFork {
     /// (against the contract): inherited as the kernel forks it, untouched by us.
     Gone,
 }
-type HeldAcrossFork =
-    (std::sync::MutexGuard<'static, Moved>, std::sync::MutexGuard<'static, Forking>);
+type HeldAcrossFork = (MutexGuard<'static, Moved>, MutexGuard<'static, Forking>);
 
 std::thread_local! {
     /// Both lists, held by the forking thread from `fork_prepare` to `fork_parent` or
@@ -158,7 +151,6 @@ fn held_across_fork() -> Option<HeldAcrossFork> {
 }
 
 static NEXT_ID: AtomicU32 = AtomicU32::new(1);
-static AT_FORK: Once = Once::new();
 
 /// What an MR holds of moved memory; the pages move back to private memory when the last MR
 /// over them lets go (at deregistration, while the application still has them mapped).
@@ -173,7 +165,7 @@ impl Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        let mut moved = take(&MOVED);
+        let mut moved = MOVED.lock();
         let Some(i) = moved.iter().position(|(m, _)| Arc::ptr_eq(m, &self.0)) else { return };
         moved[i].1 -= 1;
         if moved[i].1 > 0 {
@@ -238,7 +230,7 @@ pub(crate) fn adopt(addr: u64, len: usize) -> Option<Lease> {
     // A copy out of moved memory the application unmapped (see `fork_prepare`) fails
     // instead of faulting.
     crate::guarded::install();
-    let mut moved = take(&MOVED);
+    let mut moved = MOVED.lock();
     // With every range in use and none that holds these pages, nothing moves unless a range
     // the application unmapped is found and forgotten (below). Looked for only every
     // [`FULL_LOOKS`]th time: each look reads the process's mappings (tens of microseconds
@@ -283,10 +275,8 @@ pub(crate) fn adopt(addr: u64, len: usize) -> Option<Lease> {
         privatize(start, n);
         return None;
     }
-    AT_FORK.call_once(|| {
-        // SAFETY: the handlers are plain functions that live as long as the process.
-        unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
-    });
+    let hooks = ForkHooks { prepare: fork_prepare, parent: fork_parent, child: fork_child };
+    crate::sys::on_fork(ForkStage::SharedMem, hooks);
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
     let told = Mutex::default();
     let m = Arc::new(SharedMem { id, base: start, len: n, fd, ino, told });
@@ -375,9 +365,9 @@ fn put_in_place(tmp: *mut libc::c_void, start: u64, n: usize) -> bool {
 /// A range the application unmapped under a live MR is left alone: copying it faulted (the
 /// process died in `fork`), and moving a copy there in the child replaced whatever the
 /// application had mapped there since.
-extern "C" fn fork_prepare() {
-    let moved = take(&MOVED);
-    let mut forking = take(&FORKING);
+fn fork_prepare() {
+    let moved = MOVED.lock();
+    let mut forking = FORKING.lock();
     let maps = if moved.is_empty() { None } else { Maps::read().ok() };
     for (m, _) in moved.iter() {
         let ours = maps.as_ref().is_none_or(|maps| maps.all(m.base, m.len, |v| v.is_ours(m.ino)));
@@ -397,7 +387,7 @@ extern "C" fn fork_prepare() {
     HELD_ACROSS_FORK.with(|held| *held.borrow_mut() = Some((moved, forking)));
 }
 
-extern "C" fn fork_parent() {
+fn fork_parent() {
     let Some((_moved, mut forking)) = held_across_fork() else { return };
     for (base, len, at_fork) in forking.drain(..) {
         // SAFETY: the copy is ours, made in `fork_prepare`; a shared range is moved memory.
@@ -411,7 +401,7 @@ extern "C" fn fork_parent() {
     }
 }
 
-extern "C" fn fork_child() {
+fn fork_child() {
     let Some((mut moved, mut forking)) = held_across_fork() else { return };
     // The child's pages are its own, as private memory's are after fork. Its MRs are of no
     // use to it (as with a NIC), so nothing of them stays moved.

@@ -32,13 +32,15 @@ use std::{
 };
 
 use crossbeam_utils::CachePadded;
-use parking_lot::{Mutex, MutexGuard};
 
 pub(crate) mod barrier;
 pub(crate) mod bias;
 pub(crate) mod lock;
+pub(crate) mod plain;
 pub(crate) mod prefetch;
 pub(crate) mod tls;
+
+pub use plain::{Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// Threads per lock with a slot of their own (more than a 2- to 8-core host runs at once).
 const SLOTS: usize = 32;
@@ -97,8 +99,23 @@ const UNSET: usize = usize::MAX;
 /// Indexes handed back, and the next never handed out.
 static FREE: Mutex<(Vec<usize>, usize)> = Mutex::new((Vec::new(), 0));
 
+std::thread_local! {
+    /// [`FREE`], held by the thread that forks across `fork`: a thread that started or ended
+    /// in the parent meanwhile would leave it held for ever in the child, whose every new
+    /// thread then waited at its first read.
+    static FREE_HELD: plain::HeldGuard<(Vec<usize>, usize)> = const { std::cell::RefCell::new(None) };
+}
+
 impl ThreadIndex {
     fn take() -> ThreadIndex {
+        crate::sys::on_fork(
+            crate::sys::ForkStage::ThreadIndexes,
+            crate::sys::ForkHooks {
+                prepare: || FREE_HELD.with(|h| *h.borrow_mut() = Some(FREE.lock())),
+                parent: || drop(FREE_HELD.with(|h| h.borrow_mut().take())),
+                child: || drop(FREE_HELD.with(|h| h.borrow_mut().take())),
+            },
+        );
         let mut free = FREE.lock();
         let i = match free.0.pop() {
             Some(i) => i,

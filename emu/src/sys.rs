@@ -48,30 +48,72 @@ pub(crate) fn keep_in_children(fd: RawFd) {
 /// Starts counting forks (once per process).
 pub(crate) fn watch_forks() {
     static WATCHING: std::sync::Once = std::sync::Once::new();
-    extern "C" fn forked() {
-        FORKS.fetch_add(1, Ordering::Relaxed);
-        for e in &LET_GO_IN_CHILDREN {
-            let fd = e.load(Ordering::Relaxed);
-            if fd < 0 {
-                continue;
-            }
-            // SAFETY: open, dup3 and close are async-signal-safe, as a fork handler needs; `fd`
-            // is a descriptor the parent holds open (listed until closed), so the child has it.
-            unsafe {
-                let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
-                if null >= 0 {
-                    libc::dup3(null, fd, libc::O_CLOEXEC);
-                    libc::close(null);
-                }
+    WATCHING.call_once(|| {
+        // SAFETY: registers plain functions that live as long as the process; in the child,
+        // before any hook, `forked` adds to an atomic and replaces descriptors, all
+        // async-signal-safe (as a fork handler must be).
+        unsafe { libc::pthread_atfork(Some(prepare_fork), Some(forked_parent), Some(forked)) };
+    });
+}
+
+/// What a module does around `fork`, in the thread that forks: `prepare` before it, then
+/// `parent` or `child` after it, in the same thread of the parent or of the child.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ForkHooks {
+    pub(crate) prepare: fn(),
+    pub(crate) parent: fn(),
+    pub(crate) child: fn(),
+}
+
+/// When a module's [`ForkHooks`] run: prepared in this order, done in the reverse one. Fixed,
+/// where `pthread_atfork` orders handlers by when each module first registered: a later stage
+/// may hold what an earlier one waits for a thread of ours to let go of.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum ForkStage {
+    /// The listen service's thread, waited for until it sleeps: it takes the later stages'
+    /// locks (an accept registers memory).
+    ListenService,
+    /// The memory moved into shared files, copied for the child.
+    SharedMem,
+    /// The thread indexes' list: its holders wait for nothing.
+    ThreadIndexes,
+}
+
+static FORK_HOOKS: [std::sync::OnceLock<ForkHooks>; 3] = [const { std::sync::OnceLock::new() }; 3];
+
+/// Runs `hooks` around every `fork` from now on, at `stage` (once per stage: a second
+/// registration is ignored).
+pub(crate) fn on_fork(stage: ForkStage, hooks: ForkHooks) {
+    watch_forks();
+    let _ = FORK_HOOKS[stage as usize].set(hooks);
+}
+
+extern "C" fn prepare_fork() {
+    FORK_HOOKS.iter().filter_map(|h| h.get()).for_each(|h| (h.prepare)());
+}
+
+extern "C" fn forked_parent() {
+    FORK_HOOKS.iter().rev().filter_map(|h| h.get()).for_each(|h| (h.parent)());
+}
+
+extern "C" fn forked() {
+    FORKS.fetch_add(1, Ordering::Relaxed);
+    for e in &LET_GO_IN_CHILDREN {
+        let fd = e.load(Ordering::Relaxed);
+        if fd < 0 {
+            continue;
+        }
+        // SAFETY: open, dup3 and close are async-signal-safe, as a fork handler needs; `fd`
+        // is a descriptor the parent holds open (listed until closed), so the child has it.
+        unsafe {
+            let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+            if null >= 0 {
+                libc::dup3(null, fd, libc::O_CLOEXEC);
+                libc::close(null);
             }
         }
     }
-    WATCHING.call_once(|| {
-        // SAFETY: registers a plain function that lives as long as the process; in the child
-        // it adds to an atomic and replaces descriptors, all async-signal-safe (as a fork
-        // handler must be).
-        unsafe { libc::pthread_atfork(None, None, Some(forked)) };
-    });
+    FORK_HOOKS.iter().rev().filter_map(|h| h.get()).for_each(|h| (h.child)());
 }
 
 /// An eventfd in semaphore mode: each `post` adds one, each successful `wait` takes one.
@@ -393,6 +435,36 @@ pub(crate) fn futex_wake(word: &AtomicU32) {
     // SAFETY: `word` is a live, aligned u32; FUTEX_WAKE only uses its address as a key.
     unsafe {
         libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX);
+    }
+}
+
+/// Sleeps while `word` (this process's alone) holds `expected`; woken by
+/// [`futex_wake_one_private`] on it, a signal, or a change before the sleep began.
+pub(crate) fn futex_wait_private(word: &AtomicU32, expected: u32) {
+    // SAFETY: `word` is a live, aligned u32 for the call's duration, which the kernel only
+    // reads; no timeout. An error (EAGAIN: the word changed; EINTR) is a wake-up like any
+    // other: the caller looks again.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+            expected,
+            std::ptr::null::<libc::timespec>(),
+        );
+    }
+}
+
+/// Wakes one thread sleeping in [`futex_wait_private`] on `word`.
+pub(crate) fn futex_wake_one_private(word: &AtomicU32) {
+    // SAFETY: `word` is a live, aligned u32; FUTEX_WAKE only uses its address as a key.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+            1,
+        );
     }
 }
 

@@ -140,7 +140,7 @@ pub(crate) struct ShimQp {
     /// Created through `ibv_create_qp_ex` with send ops: `ibv_qp_to_qp_ex` returns it.
     pub(crate) extended: bool,
     /// The `ibv_wr_*` batch being built between `wr_start` and `wr_complete`.
-    pub(crate) batch: parking_lot::Mutex<crate::verbs::wr::Batch>,
+    pub(crate) batch: rdma_emu::sync::Mutex<crate::verbs::wr::Batch>,
     /// Made through a parent domain: its use of it and the buffers its allocator gave.
     pub(crate) parent_use: Option<crate::verbs::parent::ParentUse>,
 }

@@ -31,7 +31,7 @@ use std::{
     },
 };
 
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 
 use crate::{
     Context, Device, Fabric, Qp, QpAttr,

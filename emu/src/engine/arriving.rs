@@ -45,7 +45,7 @@ use crate::{
         host::{Node, Whole},
     },
     qp::{QpInner, QpShared},
-    sync::lock::RawLock,
+    sync::lock::LockGuard,
     types::{AccessFlags, QpState, QpType, Sge, WcOpcode, WrOpcode},
     wire::{self, Ack, Op, RequestHead},
 };
@@ -58,7 +58,7 @@ fn taker<'q, 'f>(
     qp: &'q Arc<QpShared>,
     f: &'f FabricInner,
     m: &RequestHead,
-) -> Option<(parking_lot::lock_api::MutexGuard<'q, RawLock, QpInner>, Option<&'f Node>)> {
+) -> Option<(LockGuard<'q, QpInner>, Option<&'f Node>)> {
     if !matches!(qp.qp_type, QpType::RC | QpType::UC) || m.transport != qp.qp_type {
         return None;
     }
@@ -388,10 +388,7 @@ pub(crate) fn ack<'f>(
 
 /// Our QP `qp`, locked, if it takes a response the short way now: an RC QP in RTS, nothing
 /// in its inbox, nothing that must see packets.
-fn idle_requester<'q>(
-    qp: &'q Arc<QpShared>,
-    f: &FabricInner,
-) -> Option<parking_lot::lock_api::MutexGuard<'q, RawLock, QpInner>> {
+fn idle_requester<'q>(qp: &'q Arc<QpShared>, f: &FabricInner) -> Option<LockGuard<'q, QpInner>> {
     if qp.qp_type != QpType::RC || !f.express() {
         return None;
     }

@@ -7,7 +7,7 @@
 //! --faults`. Every random choice comes from the fabric's seeded generator, in packet order,
 //! so a seed replays a run.
 
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 
 use super::{FabricInner, timer::Job};
 use crate::{

@@ -28,7 +28,7 @@ use std::{
     sync::{Arc, OnceLock, Weak},
 };
 
-use parking_lot::{Mutex, RwLock};
+use crate::sync::{Mutex, RwLock};
 use rustc_hash::FxHashMap;
 
 use crate::{

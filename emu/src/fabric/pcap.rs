@@ -9,7 +9,7 @@
 
 use std::{fs::File, io::Write, path::Path};
 
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 
 use super::{
     FabricInner,

@@ -21,7 +21,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use parking_lot::{Condvar, Mutex};
+use crate::sync::{Condvar, Mutex};
 
 use super::FabricInner;
 use crate::{
@@ -282,14 +282,14 @@ fn run(shared: &Shared, fabric: &Weak<FabricInner>) {
                     return;
                 }
                 let now = shared.now();
-                match st.heap.peek() {
-                    None => shared.cv.wait(&mut st),
+                st = match st.heap.peek() {
+                    None => shared.cv.wait(st),
                     Some(e) if e.deadline > now => {
                         let wait = Duration::from_nanos(e.deadline - now);
-                        shared.cv.wait_for(&mut st, wait);
+                        shared.cv.wait_timeout(st, wait).0
                     }
                     Some(_) => break,
-                }
+                };
             }
             let now = shared.now();
             while due.len() < DUE_AT_ONCE && st.heap.peek().is_some_and(|e| e.deadline <= now) {

@@ -27,7 +27,7 @@ use std::{
     thread::JoinHandle,
 };
 
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 use rustc_hash::FxHashMap;
 
 use super::{

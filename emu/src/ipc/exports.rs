@@ -24,7 +24,7 @@ use std::{
     sync::atomic::{AtomicU64, Ordering, fence},
 };
 
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 use rustc_hash::FxHashMap;
 
 use super::ring::Ring;

@@ -5,7 +5,7 @@ use std::sync::{
     atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence},
 };
 
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 
 use super::{
     Lifecycle,
@@ -348,7 +348,7 @@ impl CqInner {
     }
 
     /// Disarms the CQ and puts its event on the channel.
-    fn fire(self: &Arc<CqInner>, mut st: parking_lot::MutexGuard<'_, CqState>) {
+    fn fire(self: &Arc<CqInner>, mut st: crate::sync::MutexGuard<'_, CqState>) {
         self.arm(&mut st, Notify::None);
         st.held = 0;
         st.generation += 1;

@@ -37,8 +37,8 @@ use std::{
     sync::atomic::{AtomicPtr, AtomicU64, Ordering},
 };
 
+use crate::sync::Mutex;
 use crossbeam_utils::CachePadded;
-use parking_lot::Mutex;
 
 use crate::{
     sync::bias::{Bias, Entry},

@@ -5,7 +5,7 @@ use std::sync::{
     atomic::{AtomicU32, Ordering},
 };
 
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 
 use super::{context::Context, keys::Keys};
 use crate::{

@@ -7,7 +7,7 @@ use std::{
     sync::atomic::{AtomicUsize, Ordering},
 };
 
-use parking_lot::{Condvar, Mutex};
+use crate::sync::{Condvar, Mutex};
 
 use crate::{
     error::{Errno, Error, Result},
@@ -166,7 +166,7 @@ impl EventCount {
     pub(crate) fn wait_all_acked(&self, give_up: impl Fn() -> bool) {
         let mut c = self.counts.lock();
         while c.1 < c.0 && !give_up() {
-            self.acked.wait(&mut c);
+            c = self.acked.wait(c);
         }
     }
 }
@@ -179,7 +179,7 @@ pub(crate) mod test {
 
     /// Held (written) by a test, this keeps a thread that set [`PAUSE_AFTER_POP`] waiting
     /// just after it took an event: an event read while another thread destroys its object.
-    pub(crate) static HOLD_AFTER_POP: parking_lot::RwLock<()> = parking_lot::RwLock::new(());
+    pub(crate) static HOLD_AFTER_POP: crate::sync::RwLock<()> = crate::sync::RwLock::new(());
 
     thread_local! {
         pub(crate) static PAUSE_AFTER_POP: Cell<bool> = const { Cell::new(false) };

@@ -5,7 +5,7 @@ use std::sync::{
     atomic::{AtomicU32, Ordering},
 };
 
-use parking_lot::{Mutex, RwLock};
+use crate::sync::{Mutex, RwLock};
 
 use super::{
     Lifecycle,

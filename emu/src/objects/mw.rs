@@ -11,7 +11,7 @@ use std::sync::{
     atomic::{AtomicU32, Ordering},
 };
 
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 
 use super::{
     Lifecycle,

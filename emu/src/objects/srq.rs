@@ -5,7 +5,7 @@ use std::sync::{
     atomic::{AtomicUsize, Ordering},
 };
 
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 
 use super::{
     Lifecycle,

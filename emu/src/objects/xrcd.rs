@@ -14,7 +14,7 @@ use std::{
     },
 };
 
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 
 use super::{
     Lifecycle,

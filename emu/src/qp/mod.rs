@@ -264,7 +264,7 @@ pub(crate) struct QpShared {
     /// The (group, LID) pairs attached, in attach order, as the kernel's uverbs lists them
     /// for the QP: what `ibv_attach_mcast` finds already there it takes as done, what
     /// `ibv_detach_mcast` does not find it refuses. (Last: off the lines a post reads.)
-    mcast: parking_lot::Mutex<Vec<([u8; 16], u16)>>,
+    mcast: crate::sync::Mutex<Vec<([u8; 16], u16)>>,
 }
 
 impl QpShared {

@@ -358,7 +358,7 @@ mod tests {
         for _ in 0..50 {
             let rq = Arc::new(RecvRing::new(1 << 12));
             rq.set_state(QpState::RTS);
-            let lock = Arc::new(parking_lot::Mutex::new(Vec::<u64>::new()));
+            let lock = Arc::new(crate::sync::Mutex::new(Vec::<u64>::new()));
             let posters: Vec<_> = (0..2u64)
                 .map(|p| {
                     let (rq, lock) = (rq.clone(), lock.clone());

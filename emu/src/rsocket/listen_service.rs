@@ -16,13 +16,25 @@ use std::{
     sync::{Arc, Weak},
 };
 
-use parking_lot::Mutex;
-
 use super::{Inner, RSocket};
-use crate::sys::{self, EventFd};
+use crate::{
+    sync::{Mutex, plain::HeldGuard},
+    sys::{self, EventFd, ForkHooks, ForkStage},
+};
 
 /// The process's service; `None` until a socket first listens.
 static SERVICE: Mutex<Option<Arc<Service>>> = Mutex::new(None);
+
+/// Held by the service's thread while it is awake (not asleep in `poll`), and by the thread
+/// that forks across `fork`: the thread is then asleep, holding none of the locks (a
+/// listener's, the CM's, the fabric's) that the child may take next, as it would have held
+/// them for ever there.
+static AWAKE: Mutex<()> = Mutex::new(());
+
+std::thread_local! {
+    /// [`AWAKE`], as the thread that forks holds it.
+    static AWAKE_HELD: HeldGuard<()> = const { std::cell::RefCell::new(None) };
+}
 
 #[derive(Debug)]
 struct Service {
@@ -80,6 +92,14 @@ fn service(make: bool) -> Option<Arc<Service>> {
         None if make => None,
         None => return None,
     };
+    sys::on_fork(
+        ForkStage::ListenService,
+        ForkHooks {
+            prepare: || AWAKE_HELD.with(|h| *h.borrow_mut() = Some(AWAKE.lock())),
+            parent: || drop(AWAKE_HELD.with(|h| h.borrow_mut().take())),
+            child: || drop(AWAKE_HELD.with(|h| h.borrow_mut().take())),
+        },
+    );
     let bell = EventFd::new().ok()?;
     let list = Mutex::new(List { listeners: inherited.unwrap_or_default(), running: false });
     let service = Arc::new(Service { bell, list, generation });
@@ -103,6 +123,7 @@ impl Service {
     fn run(&self) {
         let pollin = |fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
         loop {
+            let awake = AWAKE.lock();
             // Weakly held while asleep: a listener dropped meanwhile goes.
             let (watched, mut fds) = {
                 let mut list = self.list.lock();
@@ -121,7 +142,10 @@ impl Service {
                 }
                 (list.listeners.clone(), fds)
             };
-            if sys::poll(&mut fds, None).is_err() {
+            drop(awake);
+            let polled = sys::poll(&mut fds, None);
+            let _awake = AWAKE.lock();
+            if polled.is_err() {
                 continue; // (EINTR: every signal is blocked here, but a stop resumes)
             }
             // The bell also says that a request was taken off a channel by another thread's

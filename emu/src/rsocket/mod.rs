@@ -25,7 +25,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use parking_lot::{Mutex, MutexGuard};
+use crate::sync::{Mutex, MutexGuard};
 
 pub use self::poll::{PollEntry, PollTarget, poll};
 use self::{

@@ -11,13 +11,14 @@
 //!   (a locked instruction, ~5 ns on this machine's cores). Here sleepers count themselves on
 //!   a word of their own: a release stores, then reads the count; a sleeper counts itself,
 //!   then reads the lock: Dekker's protocol, whose two fences are asymmetric (see
-//!   [`barrier`]): the sleeper, about to sleep anyway, pays the heavy one. Sleeping and waking
-//!   go through `parking_lot_core`'s parking lot, keyed by the lock's address; a waiter spins
-//!   a little first, as parking_lot's does.
+//!   [`barrier`]): the sleeper, about to sleep anyway, pays the heavy one. A sleeper sleeps on
+//!   a futex of the lock's own (a count of wake-ups), after spinning a little; not in
+//!   parking_lot's process-wide table, which a child made by `fork` inherits with its parent's
+//!   sleepers in it (see [`super::plain`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering};
 
-use parking_lot_core::{DEFAULT_PARK_TOKEN, DEFAULT_UNPARK_TOKEN, SpinWait};
+use crossbeam_utils::Backoff;
 
 use super::{
     barrier,
@@ -25,7 +26,9 @@ use super::{
 };
 
 /// A value behind a [`RawLock`].
-pub(crate) type Lock<T> = parking_lot::lock_api::Mutex<RawLock, T>;
+pub(crate) type Lock<T> = lock_api::Mutex<RawLock, T>;
+/// A held [`Lock`].
+pub(crate) type LockGuard<'a, T> = lock_api::MutexGuard<'a, RawLock, T>;
 
 /// `RawLock::door`: taken by the word (the bias revoked, or not the caller's).
 const WORD: u8 = 0;
@@ -43,15 +46,16 @@ pub(crate) struct RawLock {
     /// [`BIAS`] or [`LENT`] (the bias lent, [`Entry::Lent`]). Written and read by the holder
     /// only; one byte, so that a release asks once.
     door: AtomicU8,
-    /// Threads past spinning, about to sleep or asleep on this lock's address.
+    /// The futex sleepers sleep on: below [`WAKE`], how many threads are past spinning, about
+    /// to sleep or asleep; above, a count of wake-ups, so that a sleeper whose wake-up came
+    /// between its look at the lock and its sleep does not sleep (the futex compares the word).
     sleepers: AtomicU32,
 }
 
-impl RawLock {
-    fn key(&self) -> usize {
-        self as *const RawLock as usize
-    }
+/// One wake-up in `RawLock::sleepers` (the sleepers counted below it).
+const WAKE: u32 = 1 << 16;
 
+impl RawLock {
     #[inline]
     fn enter_biased(&self) -> bool {
         self.entered(self.bias.enter())
@@ -121,34 +125,26 @@ impl RawLock {
         if !self.bias.is_revoked() {
             self.bias.revoke();
         }
-        let mut spin = SpinWait::new();
-        loop {
+        let spin = Backoff::new();
+        while !spin.is_completed() {
             if self.free() && self.try_word() {
                 return;
             }
-            if !spin.spin() {
-                break;
-            }
+            spin.snooze();
         }
         self.sleepers.fetch_add(1, Ordering::SeqCst);
         // Every release made before this point is seen below; a release after it sees the
-        // count (see `wake_sleeper`).
+        // count (see `wake_sleeper`), and adds a wake-up after its release: a `seen` that
+        // includes it sees the release too, one that does not has the futex not sleep (or
+        // wakes it).
         barrier::heavy();
         loop {
+            let seen = self.sleepers.load(Ordering::Acquire);
             if self.try_word() {
                 break;
             }
-            // SAFETY: the key is this lock's address, which no other parking use shares; the
-            // closures neither park nor panic.
-            unsafe {
-                parking_lot_core::park(
-                    self.key(),
-                    || !self.free(),
-                    || {},
-                    |_, _| {},
-                    DEFAULT_PARK_TOKEN,
-                    None,
-                );
+            if !self.free() {
+                crate::sys::futex_wait_private(&self.sleepers, seen);
             }
         }
         self.sleepers.fetch_sub(1, Ordering::Relaxed);
@@ -200,7 +196,7 @@ impl RawLock {
     /// After a release and its barrier.
     #[inline]
     fn wake_if_sleeper(&self) {
-        if self.sleepers.load(Ordering::Relaxed) != 0 {
+        if !self.sleepers.load(Ordering::Relaxed).is_multiple_of(WAKE) {
             self.wake_one();
         }
     }
@@ -208,10 +204,9 @@ impl RawLock {
     #[cold]
     #[inline(never)]
     fn wake_one(&self) {
-        // SAFETY: as in `lock_slow`; the callback does nothing.
-        unsafe {
-            parking_lot_core::unpark_one(self.key(), |_| DEFAULT_UNPARK_TOKEN);
-        }
+        // (The count wraps: only a change matters.)
+        self.sleepers.fetch_add(WAKE, Ordering::Release);
+        crate::sys::futex_wake_one_private(&self.sleepers);
     }
 }
 
@@ -221,7 +216,7 @@ impl RawLock {
 // while the owner is not in. Holders of the word exclude each other by its compare-and-swap.
 // Each release (a release store of the bias's `inside` or of the word) is seen by the next
 // holder's acquire load of it.
-unsafe impl parking_lot::lock_api::RawMutex for RawLock {
+unsafe impl lock_api::RawMutex for RawLock {
     #[allow(clippy::declare_interior_mutable_const)]
     const INIT: RawLock = RawLock {
         locked: AtomicBool::new(false),
@@ -230,7 +225,7 @@ unsafe impl parking_lot::lock_api::RawMutex for RawLock {
         sleepers: AtomicU32::new(0),
     };
 
-    type GuardMarker = parking_lot::lock_api::GuardSend;
+    type GuardMarker = lock_api::GuardSend;
 
     #[inline]
     fn lock(&self) {
@@ -264,7 +259,7 @@ unsafe impl parking_lot::lock_api::RawMutex for RawLock {
 /// (another thread's to use, often): without keeping the lock's bias, so that the thread that
 /// then uses the object owns it, with no revocation (a process-wide barrier, ~10 us, per
 /// object) and the compare-and-swap of every later take that follows one.
-pub(crate) fn lock_lent<T>(lock: &Lock<T>) -> parking_lot::lock_api::MutexGuard<'_, RawLock, T> {
+pub(crate) fn lock_lent<T>(lock: &Lock<T>) -> LockGuard<'_, T> {
     // SAFETY: the raw lock is taken here, and released by the guard made for it.
     unsafe {
         lock.raw().lock_lent();
@@ -492,7 +487,7 @@ mod test {
             }
             // SAFETY: only reads the lock's counter.
             let raw = unsafe { lock.raw() };
-            while raw.sleepers.load(Ordering::SeqCst) == 0 {
+            while raw.sleepers.load(Ordering::SeqCst).is_multiple_of(super::WAKE) {
                 std::thread::yield_now();
             }
             drop(g);

@@ -8,8 +8,8 @@
 use core::ffi::{c_char, c_int, c_void};
 use std::{net::SocketAddr, os::fd::AsRawFd, ptr, sync::OnceLock, time::Duration};
 
-use parking_lot::{Condvar, Mutex};
 use rdma_emu::cm::{CmChannel, CmEvent, CmEventType, CmId, ConnParam, PortSpace};
+use rdma_emu::sync::{Condvar, Mutex};
 
 use super::sockaddr;
 use crate::{
@@ -108,7 +108,9 @@ fn wait_for_acks(s: &ShimCmId, what: &str, pending: impl Fn(&Extra) -> u64) {
     let mut x = s.extra.lock();
     let mut told = false;
     while pending(&x) > 0 {
-        if s.acks.wait_for(&mut x, ACK_WAIT_TOLD).timed_out() && !told {
+        let timed_out;
+        (x, timed_out) = s.acks.wait_timeout(x, ACK_WAIT_TOLD);
+        if timed_out && !told {
             eprintln!(
                 "rdma-emu: {what} waits for {} event(s) of the id to be acknowledged \
                  (rdma_ack_cm_event), as librdmacm waits",

@@ -19,7 +19,7 @@ use std::{
     },
 };
 
-use parking_lot::Mutex;
+use rdma_emu::sync::Mutex;
 
 use crate::{
     abi::*,

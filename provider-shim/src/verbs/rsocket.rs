@@ -11,7 +11,7 @@ use std::{
     time::Duration,
 };
 
-use parking_lot::Mutex;
+use rdma_emu::sync::Mutex;
 use rdma_emu::{
     RawMemory,
     rsocket::{PollEntry, PollTarget, RSocket, RecvFlags, Shutdown, poll},

@@ -48,7 +48,7 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
-use parking_lot::{Condvar, Mutex};
+use crate::sync::{Condvar, Mutex};
 use rustc_hash::FxHashMap;
 
 use super::{
@@ -467,7 +467,7 @@ impl Node {
             any_wanted: AtomicBool::new(false),
             ack_deferred: AtomicBool::new(false),
             #[cfg(test)]
-            reader_held: parking_lot::RwLock::new(()),
+            reader_held: crate::sync::RwLock::new(()),
             #[cfg(test)]
             acks_sent: AtomicU32::new(0),
         });

@@ -540,7 +540,7 @@ impl Peer {
                             break (d, tx.ring.clone());
                         }
                     }
-                    self.cv.wait(&mut w);
+                    w = self.cv.wait(w);
                 }
             };
             let sent = match ring {

@@ -51,7 +51,7 @@ pub(super) struct Inbound {
     /// Held (written) by a test, keeps the reader from taking anything in once it wakes, as
     /// when its thread is not scheduled for a while.
     #[cfg(test)]
-    pub(super) reader_held: parking_lot::RwLock<()>,
+    pub(super) reader_held: crate::sync::RwLock<()>,
     /// ACKs sent in their short form, as records of their own.
     #[cfg(test)]
     pub(super) acks_sent: AtomicU32,

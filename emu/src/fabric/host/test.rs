@@ -364,13 +364,13 @@ fn inbound_of(f: &Fabric) -> &Inbound {
 
 /// Holds the reader of `inbound` once it sleeps: woken, it takes nothing in until the guard
 /// goes.
-fn reader_held_asleep(inbound: &Inbound) -> parking_lot::RwLockWriteGuard<'_, ()> {
+fn reader_held_asleep(inbound: &Inbound) -> crate::sync::RwLockWriteGuard<'_, ()> {
     until_reader_asleep(inbound);
     inbound.reader_held.write()
 }
 
 /// Watchers are held one at a time (the tests below would hold each other's).
-static ONE_AT_A_TIME: parking_lot::Mutex<()> = parking_lot::const_mutex(());
+static ONE_AT_A_TIME: crate::sync::Mutex<()> = crate::sync::Mutex::new(());
 
 /// Whether the lock of `slot` in `dir` is free of its owner, and held (shared) by a
 /// watcher: with `shared`, or free of both.
