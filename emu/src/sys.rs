@@ -14,9 +14,10 @@ use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 static FORKS: AtomicU64 = AtomicU64::new(0);
 
 /// This process's generation: 0 in the process that loaded the emulator, one more in each
-/// child made by `fork` (forks are counted from the first fabric made on, which registers the
-/// fork handler). A host-fabric node belongs to the generation that joined: a child holds a
-/// copy of its parent's, which must not act for it (see `fabric::host::Node::inherited`).
+/// child made by `fork` (forks are counted from the first fabric made, or the first fork hook
+/// registered, on: see `watch_forks`). A host-fabric node belongs to the generation that
+/// joined: a child holds a copy of its parent's, which must not act for it (see
+/// `fabric::host::Node::inherited`).
 pub fn fork_generation() -> u64 {
     FORKS.load(Ordering::Relaxed)
 }
@@ -49,9 +50,10 @@ pub(crate) fn keep_in_children(fd: RawFd) {
 pub(crate) fn watch_forks() {
     static WATCHING: std::sync::Once = std::sync::Once::new();
     WATCHING.call_once(|| {
-        // SAFETY: registers plain functions that live as long as the process; in the child,
-        // before any hook, `forked` adds to an atomic and replaces descriptors, all
-        // async-signal-safe (as a fork handler must be).
+        // SAFETY: registers plain functions that live as long as the process. In the child,
+        // before any module's hook, `forked` adds to an atomic and replaces descriptors, all
+        // async-signal-safe; the hooks then let go of what their prepare hooks held, as the
+        // child's only thread.
         unsafe { libc::pthread_atfork(Some(prepare_fork), Some(forked_parent), Some(forked)) };
     });
 }
