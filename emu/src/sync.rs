@@ -99,22 +99,14 @@ const UNSET: usize = usize::MAX;
 /// Indexes handed back, and the next never handed out.
 static FREE: Mutex<(Vec<usize>, usize)> = Mutex::new((Vec::new(), 0));
 
-std::thread_local! {
-    /// [`FREE`], held by the thread that forks across `fork`: a thread that started or ended
-    /// in the parent meanwhile would leave it held for ever in the child, whose every new
-    /// thread then waited at its first read.
-    static FREE_HELD: plain::HeldGuard<(Vec<usize>, usize)> = const { std::cell::RefCell::new(None) };
-}
-
 impl ThreadIndex {
     fn take() -> ThreadIndex {
-        crate::sys::on_fork(
+        // A thread that started or ended in the parent at a fork would leave the list held for
+        // ever in the child, whose every new thread then waited at its first read.
+        crate::sys::hold_across_fork!(
             crate::sys::ForkStage::ThreadIndexes,
-            crate::sys::ForkHooks {
-                prepare: || FREE_HELD.with(|h| *h.borrow_mut() = Some(FREE.lock())),
-                parent: || drop(FREE_HELD.with(|h| h.borrow_mut().take())),
-                child: || drop(FREE_HELD.with(|h| h.borrow_mut().take())),
-            },
+            FREE,
+            (Vec<usize>, usize)
         );
         let mut free = FREE.lock();
         let i = match free.0.pop() {

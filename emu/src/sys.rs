@@ -90,6 +90,31 @@ pub(crate) fn on_fork(stage: ForkStage, hooks: ForkHooks) {
     let _ = FORK_HOOKS[stage as usize].set(hooks);
 }
 
+/// Makes the thread that forks hold the `static` [`Mutex`](crate::sync::Mutex) `$lock` (over a
+/// `$T`) across every `fork` from now on, taken at `$stage`'s prepare and let go in the parent
+/// and in the child: a thread of ours that held it at the fork would have left it held for ever
+/// in the child. Registers once, however often it runs.
+macro_rules! hold_across_fork {
+    ($stage:expr, $lock:path, $T:ty) => {{
+        std::thread_local! {
+            static HELD: $crate::sync::plain::HeldGuard<$T> = const { std::cell::RefCell::new(None) };
+        }
+        static REGISTERED: std::sync::Once = std::sync::Once::new();
+        REGISTERED.call_once(|| {
+            let let_go = || drop(HELD.with(|h| h.borrow_mut().take()));
+            $crate::sys::on_fork(
+                $stage,
+                $crate::sys::ForkHooks {
+                    prepare: || HELD.with(|h| *h.borrow_mut() = Some($lock.lock())),
+                    parent: let_go,
+                    child: let_go,
+                },
+            )
+        });
+    }};
+}
+pub(crate) use hold_across_fork;
+
 extern "C" fn prepare_fork() {
     FORK_HOOKS.iter().filter_map(|h| h.get()).for_each(|h| (h.prepare)());
 }

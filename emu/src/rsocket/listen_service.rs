@@ -18,8 +18,8 @@ use std::{
 
 use super::{Inner, RSocket};
 use crate::{
-    sync::{Mutex, plain::HeldGuard},
-    sys::{self, EventFd, ForkHooks, ForkStage},
+    sync::Mutex,
+    sys::{self, EventFd, ForkStage},
 };
 
 /// The process's service; `None` until a socket first listens.
@@ -30,11 +30,6 @@ static SERVICE: Mutex<Option<Arc<Service>>> = Mutex::new(None);
 /// listener's, the CM's, the fabric's) that the child may take next, as it would have held
 /// them for ever there.
 static AWAKE: Mutex<()> = Mutex::new(());
-
-std::thread_local! {
-    /// [`AWAKE`], as the thread that forks holds it.
-    static AWAKE_HELD: HeldGuard<()> = const { std::cell::RefCell::new(None) };
-}
 
 #[derive(Debug)]
 struct Service {
@@ -92,14 +87,7 @@ fn service(make: bool) -> Option<Arc<Service>> {
         None if make => None,
         None => return None,
     };
-    sys::on_fork(
-        ForkStage::ListenService,
-        ForkHooks {
-            prepare: || AWAKE_HELD.with(|h| *h.borrow_mut() = Some(AWAKE.lock())),
-            parent: || drop(AWAKE_HELD.with(|h| h.borrow_mut().take())),
-            child: || drop(AWAKE_HELD.with(|h| h.borrow_mut().take())),
-        },
-    );
+    sys::hold_across_fork!(ForkStage::ListenService, AWAKE, ());
     let bell = EventFd::new().ok()?;
     let list = Mutex::new(List { listeners: inherited.unwrap_or_default(), running: false });
     let service = Arc::new(Service { bell, list, generation });
