@@ -424,6 +424,61 @@ fn a_request_not_yet_answered_stands_a_disconnection_at_either_end() {
     assert_eq!(server.set_qp(&qp).unwrap_err().errno(), Errno::EINVAL);
 }
 
+/// A client may withdraw its own RC request before the answer (`rdma_reject` of it), as the
+/// kernel's IB CM lets it (measured on rxe, `tests/c/cm_states.c`): 0, no event either side,
+/// its QP left in INIT. The server's answer, accept or reject, is then ignored, and the id is
+/// good for nothing but a disconnection with nothing to end (its QP to the error state) and
+/// destroying, as the kernel's code reads (docs/rdma-cm.md says why this part is not
+/// recorded). A SIDR request cannot be withdrawn (`EINVAL`, as on rxe).
+#[test]
+fn a_client_withdraws_its_own_request_and_ignores_the_answer() {
+    let quiet = |ch: &CmChannel| {
+        let fd = std::os::fd::AsRawFd::as_raw_fd(ch);
+        let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut p, 1, 100) == 0 }
+    };
+    let f = fabric(Profile::Rxe);
+    let (sch, _server, cch, client) = listening(&f);
+    let c = side(&client);
+    client.connect(&ConnParam::default()).unwrap();
+    let req = next(&sch, E::ConnectRequest);
+    assert_eq!(client.reject(&[0; 149]).unwrap_err().errno(), Errno::EINVAL, "too long");
+    client.reject(b"never mind").unwrap();
+    assert_eq!(c.qp.state(), QpState::INIT);
+    assert!(quiet(&cch) && quiet(&sch), "nothing heard either side");
+    let s = side(&req.id);
+    req.id.accept(&ConnParam::default()).unwrap();
+    assert!(quiet(&cch), "the answer is ignored");
+    assert_eq!(c.qp.state(), QpState::INIT);
+    assert_eq!(client.reject(&[]).unwrap_err().errno(), Errno::EINVAL, "withdrawn already");
+    assert_eq!(client.connect(&ConnParam::default()).unwrap_err().errno(), Errno::EINVAL);
+    assert_eq!(client.establish().unwrap_err().errno(), Errno::EINVAL);
+    assert_eq!(client.init_qp_attr(QpState::INIT).unwrap_err().errno(), Errno::EINVAL);
+    client.disconnect().unwrap();
+    assert_eq!(c.qp.state(), QpState::ERR);
+    assert!(quiet(&cch) && quiet(&sch), "nothing to end");
+    drop(s);
+
+    // A rejection that comes after the withdrawal is ignored too.
+    let client = resolved(&cch, PortSpace::Tcp, None, "127.0.0.2:7471");
+    client.connect(&ConnParam::default()).unwrap();
+    let req = next(&sch, E::ConnectRequest);
+    client.reject(&[]).unwrap();
+    req.id.reject(b"no").unwrap();
+    assert!(quiet(&cch), "no REJECTED");
+
+    let server = CmId::create(&sch, PortSpace::Udp).unwrap();
+    server.bind_addr(addr("127.0.0.1:7487")).unwrap();
+    server.listen(1).unwrap();
+    let client = resolved(&cch, PortSpace::Udp, None, "127.0.0.1:7487");
+    client.connect(&ConnParam::default()).unwrap();
+    let req = next(&sch, E::ConnectRequest);
+    assert_eq!(client.reject(&[]).unwrap_err().errno(), Errno::EINVAL);
+    req.id.accept(&ConnParam::default()).unwrap();
+    next(&cch, E::Established);
+}
+
 /// A request sent before its server listens is judged where it arrives, as the kernel's CM
 /// judges it: a listener that comes meanwhile gets it (perftest's `-R` makes its data
 /// connection's listener while its client connects). In simulated time, where the request's

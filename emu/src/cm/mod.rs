@@ -371,9 +371,11 @@ enum State {
     Connecting,
     /// Passive side: a REQ arrived, the application has yet to accept or reject it.
     Request,
-    /// Passive side: the request was rejected. Nothing is left but destroying the id (the
-    /// kernel's stays in its connect state, whose calls but `rdma_accept` then fail, and
-    /// that one fails in its IB CM) and disconnecting it, which has nothing to end.
+    /// Rejected by this side: the passive side's request it refused, or the active side's own
+    /// request it withdrew before an answer (which it then ignores). Nothing is left but
+    /// destroying the id (the kernel's stays in its connect state, whose calls but
+    /// `rdma_accept` then fail, and that one fails in its IB CM) and disconnecting it, which
+    /// has nothing to end.
     Rejected,
     /// Active side: the request was rejected or went unanswered (a UD lookup too). As the
     /// kernel's, the id stays in its connect state: connecting, resolving or listening again
@@ -1534,7 +1536,9 @@ impl CmId {
     }
 
     /// `rdma_reject`: refuses a connection request; the active side sees `Rejected` with
-    /// reason [`REJ_CONSUMER_DEFINED`] and `private_data`.
+    /// reason [`REJ_CONSUMER_DEFINED`] and `private_data`. On the active side, before an
+    /// answer, it withdraws the id's own RC request: nothing is heard either side, and the
+    /// answer, when it comes, is ignored (as the kernel's CM does).
     pub fn reject(&self, private_data: &[u8]) -> Result<()> {
         self.reject_for(REJ_CONSUMER_DEFINED, private_data)
     }
@@ -1547,11 +1551,22 @@ impl CmId {
 
     fn reject_for(&self, reason: i32, private_data: &[u8]) -> Result<()> {
         let mut st = self.0.st.lock();
-        if st.state != State::Request {
-            return Err(einval("reject needs an id with a connection request"));
-        }
+        let withdrawn = match st.state {
+            State::Request => false,
+            // The active side withdrawing its own RC request, not yet answered: the kernel's IB
+            // CM sends a REJ that the passive side cannot match to the request (it names no
+            // id of the passive side's yet) and goes idle, so the other side hears nothing and
+            // this one ignores its answer (measured on rxe: 0, no event either side, the QP as
+            // it was). A SIDR request cannot be withdrawn (EINVAL, as there).
+            State::Connecting if !self.datagram() => true,
+            _ => return Err(einval("reject needs an id with a connection request")),
+        };
         if private_data.len() > REJ_PRIVATE_DATA {
             return Err(einval("too much private data for a reject"));
+        }
+        if withdrawn {
+            st.state = State::Rejected;
+            return Ok(());
         }
         let remote = st.remote.expect("a request has a remote");
         // (Idle, it could be bound again while still naming the requester's port: a connect

@@ -5,9 +5,10 @@
  * the events each side heard then. The test compares the
  * lines with those recorded on the kernel's rxe (cm_states.rxe, made by this program in the
  * VM with CM_STATES_HOST its port's address and CM_STATES_WAIT_MS 100). Left out: three
- * calls that crash librdmacm 44 on an id with no address (the emulator answers EINVAL), and
- * the active side rejecting its own request, which the emulator does not model
- * (docs/rdma-cm.md). */
+ * calls that crash librdmacm 44 on an id with no address (the emulator answers EINVAL)
+ * (docs/rdma-cm.md). What a client's id that withdrew its request answers next is not
+ * recorded: on rxe (kernel 6.1) its rdma_accept never returned, and after four or five
+ * withdrawals in a row destroying the ids hung (tests/cm.rs covers the emulator's). */
 #define _GNU_SOURCE
 #include <poll.h>
 #include <rdma/rdma_cma.h>
@@ -97,8 +98,7 @@ static int left_out(enum state s, enum call k)
 {
 	if (ud && (s == DISC_SELF || s == DISC_PEER || s == P_DISC_PEER))
 		return 1;
-	return (s == CREATED && (k == RESOLVE_ROUTE || k == CONNECT || k == ACCEPT)) ||
-	       (s == CONNECTING && k == REJECT);
+	return s == CREATED && (k == RESOLVE_ROUTE || k == CONNECT || k == ACCEPT);
 }
 
 static struct rdma_cm_id *with_route(int qp)
@@ -251,8 +251,12 @@ int main(void)
 			       state_name[s], call_name[k], rc, err, qp_state, id->port_num, id->verbs != NULL,
 			       id->route.num_paths, rdma_get_src_port(id) != 0, rdma_get_dst_port(id) != 0,
 			       events);
+			/* The client first where it withdrew its request: the kernel's CM keeps
+			 * resending a REQ its own reject left, which the listener takes as a new
+			 * request once the first one's id is gone (an artefact of its MADs). */
+			int client_first = s == CONNECTING && k == REJECT;
 			for (int i = 0; i < 2; i++) {
-				struct rdma_cm_id *x = i ? id : other;
+				struct rdma_cm_id *x = (client_first ? !i : i) ? id : other;
 				if (x && x->qp)
 					rdma_destroy_qp(x);
 				if (x)
