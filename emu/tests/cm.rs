@@ -479,6 +479,48 @@ fn a_client_withdraws_its_own_request_and_ignores_the_answer() {
     next(&cch, E::Established);
 }
 
+/// A request whose requester's id goes before the answer can no longer be answered, as with
+/// the kernel's IB CM (its REJ, reason "timeout", as it destroys an id whose request is out;
+/// measured on rxe): the server hears nothing, its QP is left as it was, and its accept is
+/// `EINVAL`. In one process, and between two fabrics joined as two processes are.
+#[test]
+fn a_request_whose_requester_goes_can_no_longer_be_accepted() {
+    let quiet = |ch: &CmChannel| {
+        let fd = std::os::fd::AsRawFd::as_raw_fd(ch);
+        let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut p, 1, 100) == 0 }
+    };
+    let one = fabric(Profile::Rxe);
+    let host = Host::new("requester-gone");
+    let (fa, fb) = (host.fabric(), host.fabric());
+    for (fs, fc, to) in [(&one, &one, "127.0.0.2:7610"), (&fa, &fb, "127.0.0.2:7611")] {
+        let (sch, cch) = (CmChannel::new(fs).unwrap(), CmChannel::new(fc).unwrap());
+        let server = CmId::create(&sch, PortSpace::Tcp).unwrap();
+        server.bind_addr(addr(to)).unwrap();
+        server.listen(2).unwrap();
+        let client = resolved(&cch, PortSpace::Tcp, None, to);
+        let c = side(&client);
+        client.connect(&ConnParam::default()).unwrap();
+        let req = next(&sch, E::ConnectRequest);
+        let s = side(&req.id);
+        drop(c);
+        client.destroy().unwrap();
+        // Across processes the word travels: the request's QP attributes, which an id whose
+        // connection is over no longer gives, show when it came.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while req.id.init_qp_attr(QpState::INIT).is_ok() {
+            assert!(std::time::Instant::now() < deadline, "the request still stands");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let refused = req.id.accept(&ConnParam::default()).unwrap_err();
+        assert_eq!(refused.errno(), Errno::EINVAL);
+        assert_eq!(s.qp.state(), QpState::INIT);
+        assert!(quiet(&sch), "no event");
+        req.id.disconnect().unwrap();
+    }
+}
+
 /// A request sent before its server listens is judged where it arrives, as the kernel's CM
 /// judges it: a listener that comes meanwhile gets it (perftest's `-R` makes its data
 /// connection's listener while its client connects). In simulated time, where the request's

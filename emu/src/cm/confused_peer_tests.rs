@@ -75,6 +75,7 @@ fn message() -> impl Strategy<Value = Msg> {
         }),
         (0u32..10, 0u32..10).prop_map(|(to, from)| Msg::Dreq { to, from }),
         (0u32..10).prop_map(|to| Msg::Drep { to }),
+        (any::<u8>(), 0u32..10).prop_map(|(slot, from)| Msg::Withdrawn { slot, from }),
     ]
 }
 

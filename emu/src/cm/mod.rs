@@ -525,6 +525,9 @@ struct IdState {
     remote_incarnation: u128,
     /// Active side: the node slot its request went to (0: none, or this process).
     asked: u8,
+    /// Active side: the slot of the CM its request was delivered to (0: this process's), while
+    /// it is not answered; `None` before, and for a request beyond a wire port.
+    delivered_to: Option<u8>,
     /// Listener: at most this many requests not yet accepted or rejected.
     backlog: usize,
     /// Connection of a listener: the listener.
@@ -718,6 +721,7 @@ fn arrived(fabric: &FabricInner, slot: u8, bytes: &[u8]) {
             from.slot = slot;
             handle(fabric, Msg::Rep { to, from, private })
         }
+        Some(Msg::Withdrawn { from, .. }) => handle(fabric, Msg::Withdrawn { slot, from }),
         Some(m) => handle(fabric, m),
         None => {}
     }
@@ -744,6 +748,16 @@ fn handle(fabric: &FabricInner, m: Msg) {
         },
         Msg::Drep { to } => {
             cm.id(to).inspect(CmId::disconnect_replied);
+        }
+        Msg::Withdrawn { slot, from } => {
+            let ids: Vec<CmId> =
+                cm.ids.lock().values().filter_map(Weak::upgrade).map(CmId).collect();
+            let asker = |id: &CmId| {
+                let st = id.0.st.lock();
+                st.state == State::Request
+                    && st.remote.is_some_and(|r| r.wire.is_none() && r.slot == slot && r.id == from)
+            };
+            ids.iter().filter(|id| asker(id)).for_each(CmId::requester_gone);
         }
     }
 }
@@ -845,6 +859,7 @@ impl CmId {
             remote: None,
             remote_incarnation: 0,
             asked: 0,
+            delivered_to: None,
             backlog: 0,
             listener: None,
             mine: ConnParam::default(),
@@ -1467,6 +1482,7 @@ impl CmId {
         let asked = if incarnation != 0 { slot } else { 0 };
         let mut st = self.0.st.lock();
         (st.asked, st.remote_incarnation) = (asked, incarnation);
+        st.delivered_to = Some(slot);
         drop(st);
         deliver(fabric, slot, req);
     }
@@ -1691,11 +1707,19 @@ impl CmId {
             return Err(einval("the id was destroyed"));
         }
         let state = std::mem::replace(&mut st.state, State::Destroyed);
-        let remote = st.remote;
+        let (remote, delivered_to) = (st.remote, st.delivered_to);
         (st.qp, st.ctx) = (None, None);
         drop(st);
         if let Some((to, m)) = self.last_word(state, remote) {
             send(self.fabric(), &to, m);
+        }
+        // A request not yet answered ends where it was delivered (an RC one: a SIDR request's
+        // id goes without a word, as the kernel's).
+        if let (State::Connecting, None, Some(slot)) = (state, remote, delivered_to)
+            && !self.datagram()
+        {
+            let fabric = self.fabric();
+            deliver(fabric, slot, Msg::Withdrawn { slot: my_slot(fabric), from: self.0.num });
         }
         // Its unread events go, as the kernel's ucma drops them; a connection request to a
         // listener takes its new id with it.
@@ -1849,6 +1873,18 @@ impl CmId {
         }
         self.ready_to_use();
         Ok(())
+    }
+
+    /// Passive side: the requester's id went before the request was answered (its CM's REJ,
+    /// reason "timeout", as the kernel's IB CM sends it as it destroys such an id). As on rxe
+    /// (measured): no event, the QP as it was, and the request can no longer be answered
+    /// (`rdma_accept` is `EINVAL`, the kernel's IB CM id having gone idle); the id is left to
+    /// destroy, a disconnection of it having nothing to end.
+    fn requester_gone(&self) {
+        let mut st = self.0.st.lock();
+        if st.state == State::Request {
+            st.state = State::Rejected;
+        }
     }
 
     /// Passive side: the RTU came.

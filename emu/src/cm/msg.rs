@@ -63,6 +63,11 @@ pub(crate) enum Msg {
     Dreq { to: u32, from: u32 },
     /// The other side took the DREQ of id `to`.
     Drep { to: u32 },
+    /// The requester's id `from`, of the node in `slot`, went before its request was answered:
+    /// the request ends. (The kernel's IB CM sends a REJ, reason "timeout", that names no id
+    /// of the other side's and that the other side matches to the request by its requester.)
+    /// `slot` is where it came from, never in the byte form.
+    Withdrawn { slot: u8, from: u32 },
 }
 
 /// The most private data any message carries.
@@ -105,6 +110,10 @@ impl Msg {
                 o.push(5);
                 o.extend_from_slice(&to.to_le_bytes());
             }
+            Msg::Withdrawn { slot: _, from } => {
+                o.push(6);
+                o.extend_from_slice(&from.to_le_bytes());
+            }
         }
         o
     }
@@ -123,6 +132,7 @@ impl Msg {
             3 => Msg::Rej { to: r.u32()?, reason: r.u32()? as i32, private: bytes(&mut r)? },
             4 => Msg::Dreq { to: r.u32()?, from: r.u32()? },
             5 => Msg::Drep { to: r.u32()? },
+            6 => Msg::Withdrawn { slot: 0, from: r.u32()? },
             _ => return None,
         };
         r.0.is_empty().then_some(m)
@@ -242,6 +252,7 @@ mod test {
             Msg::Rej { to: 9, reason: 28, private: vec![] },
             Msg::Dreq { to: 1, from: 2 },
             Msg::Drep { to: 2 },
+            Msg::Withdrawn { slot: 0, from: 3 },
         ] {
             let b = m.encode();
             assert_eq!(Msg::decode(&b), Some(m));

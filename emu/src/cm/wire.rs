@@ -195,8 +195,9 @@ fn req(
 pub(super) fn send(fabric: &FabricInner, w: &WirePeer, peer_qpn: u32, m: Msg) {
     let sidr = mad::of_service_id(w.service_id).map(|(ps, _)| ps) == Some(PortSpace::Udp.code());
     let msg = match m {
-        // Requests go out through `connect`.
-        Msg::Req { .. } => return,
+        // Requests go out through `connect`; a request beyond a wire port is not withdrawn
+        // (the kernel's REJ for it names the requester by its CA's GUID, not sent here).
+        Msg::Req { .. } | Msg::Withdrawn { .. } => return,
         Msg::Rep { to, from, private } if sidr => CmMad::SidrRep {
             request_id: to,
             status: 0,
