@@ -30,6 +30,14 @@ fn next(ch: &CmChannel, want: E) -> CmEvent {
     ev
 }
 
+/// Whether `ch` stays without an event for 100 ms.
+fn quiet(ch: &CmChannel) -> bool {
+    let fd = std::os::fd::AsRawFd::as_raw_fd(ch);
+    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    // SAFETY: one valid pollfd.
+    unsafe { libc::poll(&mut p, 1, 100) == 0 }
+}
+
 /// The verbs objects of one side of a connection, on its id's context.
 struct Side {
     pd: Pd,
@@ -432,12 +440,6 @@ fn a_request_not_yet_answered_stands_a_disconnection_at_either_end() {
 /// recorded). A SIDR request cannot be withdrawn (`EINVAL`, as on rxe).
 #[test]
 fn a_client_withdraws_its_own_request_and_ignores_the_answer() {
-    let quiet = |ch: &CmChannel| {
-        let fd = std::os::fd::AsRawFd::as_raw_fd(ch);
-        let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-        // SAFETY: one valid pollfd.
-        unsafe { libc::poll(&mut p, 1, 100) == 0 }
-    };
     let f = fabric(Profile::Rxe);
     let (sch, _server, cch, client) = listening(&f);
     let c = side(&client);
@@ -485,12 +487,6 @@ fn a_client_withdraws_its_own_request_and_ignores_the_answer() {
 /// `EINVAL`. In one process, and between two fabrics joined as two processes are.
 #[test]
 fn a_request_whose_requester_goes_can_no_longer_be_accepted() {
-    let quiet = |ch: &CmChannel| {
-        let fd = std::os::fd::AsRawFd::as_raw_fd(ch);
-        let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-        // SAFETY: one valid pollfd.
-        unsafe { libc::poll(&mut p, 1, 100) == 0 }
-    };
     let one = fabric(Profile::Rxe);
     let host = Host::new("requester-gone");
     let (fa, fb) = (host.fabric(), host.fabric());
