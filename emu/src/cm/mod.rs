@@ -525,8 +525,9 @@ struct IdState {
     remote_incarnation: u128,
     /// Active side: the node slot its request went to (0: none, or this process).
     asked: u8,
-    /// Active side: the slot of the CM its request was delivered to (0: this process's), while
-    /// it is not answered; `None` before, and for a request beyond a wire port.
+    /// Active side: the slot of the CM its request was delivered to (0: this process's; read
+    /// only while the request is unanswered); `None` before, and for a request beyond a wire
+    /// port.
     delivered_to: Option<u8>,
     /// Listener: at most this many requests not yet accepted or rejected.
     backlog: usize,
