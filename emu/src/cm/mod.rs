@@ -634,6 +634,12 @@ impl Manager {
     fn id(&self, num: u32) -> Option<CmId> {
         self.ids.lock().get(&num).and_then(Weak::upgrade).map(CmId)
     }
+
+    /// Every id alive, out of the table (each may then be locked, which the table's lock is
+    /// not taken under).
+    fn live_ids(&self) -> Vec<CmId> {
+        self.ids.lock().values().filter_map(Weak::upgrade).map(CmId).collect()
+    }
 }
 
 impl Default for Manager {
@@ -751,8 +757,7 @@ fn handle(fabric: &FabricInner, m: Msg) {
             cm.id(to).inspect(CmId::disconnect_replied);
         }
         Msg::Withdrawn { slot, from } => {
-            let ids: Vec<CmId> =
-                cm.ids.lock().values().filter_map(Weak::upgrade).map(CmId).collect();
+            let ids = cm.live_ids();
             let asker = |id: &CmId| {
                 let st = id.0.st.lock();
                 st.state == State::Request
@@ -767,8 +772,7 @@ fn handle(fabric: &FabricInner, m: Msg) {
 /// device) hears `DeviceRemoval` and can only be destroyed; a connection it had is ended, the
 /// peer hearing `Disconnected`, as the kernel's CM destroys its IB CM id then.
 fn device_removed(fabric: &FabricInner, dev: u32) {
-    let ids: Vec<CmId> =
-        manager(fabric).ids.lock().values().filter_map(Weak::upgrade).map(CmId).collect();
+    let ids = manager(fabric).live_ids();
     for id in ids {
         let mut st = id.0.st.lock();
         if st.port.is_none_or(|(d, _)| d != dev) || st.state == State::Destroyed {
@@ -792,8 +796,7 @@ fn device_removed(fabric: &FabricInner, dev: u32) {
 /// a dead process's (a DREQ for it, see `fabric::host::peer_died`).
 /// With `incarnation`, only the connections to that node (another took its slot since).
 fn peer_died(fabric: &FabricInner, slot: u8, incarnation: Option<u128>) -> Vec<u32> {
-    let ids: Vec<CmId> =
-        manager(fabric).ids.lock().values().filter_map(Weak::upgrade).map(CmId).collect();
+    let ids = manager(fabric).live_ids();
     let mut qps = Vec::new();
     for id in ids {
         let st = id.0.st.lock();
