@@ -484,24 +484,37 @@ fn a_client_withdraws_its_own_request_and_ignores_the_answer() {
 /// A request whose requester's id goes before the answer can no longer be answered, as with
 /// the kernel's IB CM (its REJ, reason "timeout", as it destroys an id whose request is out;
 /// measured on rxe): the server hears nothing, its QP is left as it was, and its accept is
-/// `EINVAL`. In one process, and between two fabrics joined as two processes are.
+/// `EINVAL`. In one process, and between two fabrics joined as two processes are; the id
+/// destroyed, or its device removed (the kernel's CM destroys its IB CM id then too).
 #[test]
 fn a_request_whose_requester_goes_can_no_longer_be_accepted() {
     let one = fabric(Profile::Rxe);
     let host = Host::new("requester-gone");
     let (fa, fb) = (host.fabric(), host.fabric());
-    for (fs, fc, to) in [(&one, &one, "127.0.0.2:7610"), (&fa, &fb, "127.0.0.2:7611")] {
+    let cases = [
+        (&one, &one, "127.0.0.2:7610", false),
+        (&fa, &fb, "127.0.0.2:7611", false),
+        (&one, &one, "127.0.0.2:7612", true),
+        (&fa, &fb, "127.0.0.2:7613", true),
+    ];
+    for (fs, fc, to, removed) in cases {
         let (sch, cch) = (CmChannel::new(fs).unwrap(), CmChannel::new(fc).unwrap());
         let server = CmId::create(&sch, PortSpace::Tcp).unwrap();
         server.bind_addr(addr(to)).unwrap();
         server.listen(2).unwrap();
-        let client = resolved(&cch, PortSpace::Tcp, None, to);
+        // The client on emu0 (127.0.0.1), the server on emu1.
+        let client = resolved(&cch, PortSpace::Tcp, Some("127.0.0.1:0"), to);
         let c = side(&client);
         client.connect(&ConnParam::default()).unwrap();
         let req = next(&sch, E::ConnectRequest);
         let s = side(&req.id);
         drop(c);
-        client.destroy().unwrap();
+        if removed {
+            fc.set_faults(FaultRule::parse("device-removal:dev=emu0").unwrap());
+            next(&cch, E::DeviceRemoval);
+        } else {
+            client.destroy().unwrap();
+        }
         // Across processes the word travels: the request's QP attributes, which an id whose
         // connection is over no longer gives, show when it came.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);

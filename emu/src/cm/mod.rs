@@ -523,11 +523,9 @@ struct IdState {
     /// Which node of the host fabric the remote side's process is (0: none, or not known):
     /// its death ends the connection, a newcomer's in its slot does not.
     remote_incarnation: u128,
-    /// Active side: the node slot its request went to (0: none, or this process).
-    asked: u8,
     /// Active side: the slot of the CM its request was delivered to (0: this process's; read
     /// only while the request is unanswered); `None` before, and for a request beyond a wire
-    /// port.
+    /// port. With `remote_incarnation` set, another process's, watched for its death.
     delivered_to: Option<u8>,
     /// Listener: at most this many requests not yet accepted or rejected.
     backlog: usize,
@@ -779,13 +777,11 @@ fn device_removed(fabric: &FabricInner, dev: u32) {
             continue;
         }
         let state = std::mem::replace(&mut st.state, State::DeviceRemoved);
-        let remote = st.remote;
+        let (remote, delivered_to) = (st.remote, st.delivered_to);
         drop(st);
         // A `Disconnected` held back goes first, as its DREQ came first.
         id.release_held(u64::MAX);
-        if let Some((to, m)) = id.last_word(state, remote) {
-            send(fabric, &to, m);
-        }
+        id.send_last_word(state, remote, delivered_to);
         id.raise(CmEventType::DeviceRemoval, 0, ConnParam::default(), None);
     }
 }
@@ -803,7 +799,10 @@ fn peer_died(fabric: &FabricInner, slot: u8, incarnation: Option<u128>) -> Vec<u
         let known = st.remote_incarnation;
         let other = incarnation.is_some_and(|i| known != 0 && known != i);
         // A request it never answered.
-        let asked = st.state == State::Connecting && st.remote.is_none() && st.asked == slot;
+        let asked = st.state == State::Connecting
+            && st.remote.is_none()
+            && known != 0
+            && st.delivered_to == Some(slot);
         if !(asked || st.remote.is_some_and(|r| r.slot == slot)) || other {
             continue;
         }
@@ -862,7 +861,6 @@ impl CmId {
             psn: first_psn(num),
             remote: None,
             remote_incarnation: 0,
-            asked: 0,
             delivered_to: None,
             backlog: 0,
             listener: None,
@@ -1483,10 +1481,8 @@ impl CmId {
     /// death before it answers must end the request here.
     fn request_to(&self, fabric: &FabricInner, slot: u8, req: Msg) {
         let incarnation = watched(fabric, slot);
-        let asked = if incarnation != 0 { slot } else { 0 };
         let mut st = self.0.st.lock();
-        (st.asked, st.remote_incarnation) = (asked, incarnation);
-        st.delivered_to = Some(slot);
+        (st.delivered_to, st.remote_incarnation) = (Some(slot), incarnation);
         drop(st);
         deliver(fabric, slot, req);
     }
@@ -1670,22 +1666,33 @@ impl CmId {
         }
     }
 
-    /// What an id going away in `state` owes its peer: a connection still up is ended (a
-    /// DREQ), the other side's DREQ answered (a DREP), a request never answered refused (a
-    /// REJ, "consumer defined", as the kernel's CM refuses it when its id goes).
-    fn last_word(&self, state: State, remote: Option<Remote>) -> Option<(Remote, Msg)> {
-        match (state, remote?) {
-            (State::Request, r) => {
-                let reason = REJ_CONSUMER_DEFINED;
-                Some((r, Msg::Rej { to: r.id, reason, private: Vec::new() }))
+    /// What an id going away in `state` owes the other side: a connection still up is ended
+    /// (a DREQ), the other side's DREQ answered (a DREP), a request it heard and never
+    /// answered refused (a REJ, "consumer defined"), a request it made and never had answered
+    /// withdrawn (an RC one; a SIDR request's id goes without a word): as the kernel's CM
+    /// does when its IB CM id goes.
+    fn send_last_word(&self, state: State, remote: Option<Remote>, delivered_to: Option<u8>) {
+        let fabric = self.fabric();
+        let Some(r) = remote else {
+            if let (State::Connecting, Some(slot)) = (state, delivered_to)
+                && !self.datagram()
+            {
+                deliver(fabric, slot, Msg::Withdrawn { slot: my_slot(fabric), from: self.0.num });
+            }
+            return;
+        };
+        let m = match state {
+            State::Request => {
+                Msg::Rej { to: r.id, reason: REJ_CONSUMER_DEFINED, private: Vec::new() }
             }
             // (A datagram exchange ends with its reply: nothing to disconnect.)
-            (State::Connected | State::Accepting, r) if !self.datagram() => {
-                Some((r, Msg::Dreq { to: r.id, from: self.0.num }))
+            State::Connected | State::Accepting if !self.datagram() => {
+                Msg::Dreq { to: r.id, from: self.0.num }
             }
-            (State::DreqRcvd, r) => Some((r, Msg::Drep { to: r.id })),
-            _ => None,
-        }
+            State::DreqRcvd => Msg::Drep { to: r.id },
+            _ => return,
+        };
+        send(fabric, &r, m);
     }
 
     /// Time-wait: `TimewaitExit` comes after [`TIMEWAIT_NS`], unless the id is destroyed.
@@ -1714,17 +1721,7 @@ impl CmId {
         let (remote, delivered_to) = (st.remote, st.delivered_to);
         (st.qp, st.ctx) = (None, None);
         drop(st);
-        if let Some((to, m)) = self.last_word(state, remote) {
-            send(self.fabric(), &to, m);
-        }
-        // A request not yet answered ends where it was delivered (an RC one: a SIDR request's
-        // id goes without a word, as the kernel's).
-        if let (State::Connecting, None, Some(slot)) = (state, remote, delivered_to)
-            && !self.datagram()
-        {
-            let fabric = self.fabric();
-            deliver(fabric, slot, Msg::Withdrawn { slot: my_slot(fabric), from: self.0.num });
-        }
+        self.send_last_word(state, remote, delivered_to);
         // Its unread events go, as the kernel's ucma drops them; a connection request to a
         // listener takes its new id with it.
         let me = |id: &CmId| Arc::ptr_eq(&id.0, &self.0);
