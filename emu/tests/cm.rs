@@ -530,6 +530,76 @@ fn a_request_whose_requester_goes_can_no_longer_be_accepted() {
     }
 }
 
+/// A requester without a QP of its own that hears the reply (`ConnectResponse`) and then
+/// rejects it or goes: the server that accepted hears `Rejected` (reason 28, consumer
+/// defined, the private data padded to 148 bytes) and its QP goes to the error state; the
+/// requester hears nothing more (measured on rxe).
+#[test]
+fn a_reply_refused_by_its_requester_is_rejected_at_the_server() {
+    let one = fabric(Profile::Rxe);
+    let host = Host::new("reply-refused");
+    let (fa, fb) = (host.fabric(), host.fabric());
+    let cases = [
+        (&one, &one, "127.0.0.2:7620", true),
+        (&one, &one, "127.0.0.2:7621", false),
+        (&fa, &fb, "127.0.0.2:7622", false),
+    ];
+    for (fs, fc, to, rejects) in cases {
+        let (sch, cch) = (CmChannel::new(fs).unwrap(), CmChannel::new(fc).unwrap());
+        let server = CmId::create(&sch, PortSpace::Tcp).unwrap();
+        server.bind_addr(addr(to)).unwrap();
+        server.listen(2).unwrap();
+        let client = resolved(&cch, PortSpace::Tcp, None, to);
+        client.connect(&ConnParam::default()).unwrap();
+        let req = next(&sch, E::ConnectRequest);
+        let s = side(&req.id);
+        req.id.accept(&ConnParam::default()).unwrap();
+        next(&cch, E::ConnectResponse);
+        if rejects {
+            client.reject(b"x").unwrap();
+        } else {
+            client.destroy().unwrap();
+        }
+        let rej = next(&sch, E::Rejected);
+        assert_eq!(rej.status, REJ_CONSUMER_DEFINED);
+        let private = &rej.param.private_data;
+        assert_eq!(private.len(), 148);
+        assert_eq!(&private[..1], if rejects { &b"x"[..] } else { &[0][..] });
+        assert_eq!(s.qp.state(), QpState::ERR);
+        if rejects {
+            assert!(quiet(&cch), "the requester hears nothing");
+            assert_eq!(client.accept(&ConnParam::default()).unwrap_err().errno(), Errno::EINVAL);
+        }
+    }
+}
+
+/// A server that accepts a request its requester withdrew waits for the RTU as the kernel's
+/// IB CM does, its REP sent 16 times ~4.3 s apart, then hears `Unreachable` (`ETIMEDOUT`), its
+/// QP left as it was (measured on rxe: after 68.3 s). In simulated time.
+#[test]
+fn an_accepted_request_whose_requester_withdrew_becomes_unreachable() {
+    let addresses = PortAddress::parse_list("127.0.0.2=emu1").unwrap();
+    let f = Fabric::new(FabricConfig { addresses, seed: Some(9), ..Default::default() });
+    let (sch, cch) = (CmChannel::new(&f).unwrap(), CmChannel::new(&f).unwrap());
+    let server = CmId::create(&sch, PortSpace::Tcp).unwrap();
+    server.bind_addr(addr("127.0.0.2:7623")).unwrap();
+    server.listen(2).unwrap();
+    let client = resolved(&cch, PortSpace::Tcp, None, "127.0.0.2:7623");
+    let _c = side(&client);
+    client.connect(&ConnParam::default()).unwrap();
+    let req = next(&sch, E::ConnectRequest);
+    let s = side(&req.id);
+    client.reject(&[]).unwrap();
+    req.id.accept(&ConnParam::default()).unwrap();
+    let t0 = f.now_ns();
+    let gave_up = next(&sch, E::Unreachable);
+    assert_eq!(gave_up.status, -libc::ETIMEDOUT);
+    let waited = f.now_ns() - t0;
+    assert!((68_000_000_000..69_000_000_000).contains(&waited), "after {waited} ns");
+    assert_eq!(s.qp.state(), QpState::RTS, "left as it was");
+    assert_eq!(req.id.accept(&ConnParam::default()).unwrap_err().errno(), Errno::EINVAL);
+}
+
 /// A request sent before its server listens is judged where it arrives, as the kernel's CM
 /// judges it: a listener that comes meanwhile gets it (perftest's `-R` makes its data
 /// connection's listener while its client connects). In simulated time, where the request's

@@ -418,6 +418,11 @@ impl State {
 /// `TimewaitExit` (the kernel's IB CM on rxe, measured: 2.07 to 2.3 s).
 const TIMEWAIT_NS: u64 = 2_000_000_000;
 
+/// How long a server that accepted waits for the RTU: the kernel's IB CM sends its REP 16
+/// times (15 retries), each after the CM response timeout librdmacm asks for (4.096 us x
+/// 2^20), and then reports `Unreachable` (measured on rxe: 68.3 s).
+const RTU_WAIT_NS: u64 = 16 * 4_096 * (1 << 20);
+
 /// How long a `Disconnected` event waits for the application to read what its QP's CQs held
 /// as the DREQ came (see [`Held`]) while a thread of it is blocked reading the event channel
 /// (it waits for the event rather than reading its CQs): on a NIC the DREQ follows the peer's
@@ -1548,7 +1553,30 @@ impl CmId {
         };
         let private = p.private_data.clone();
         send(self.fabric(), &remote, Msg::Rep { to: remote.id, from: mine, private });
+        if !self.datagram() {
+            self.await_rtu();
+        }
         Ok(())
+    }
+
+    /// A reply that no RTU answers within [`RTU_WAIT_NS`] (its requester withdrew, or
+    /// ignores it) ends the connection's setup: `Unreachable`, `ETIMEDOUT`, the QP left as it
+    /// is (measured on rxe), the id as a refused one.
+    fn await_rtu(&self) {
+        let id = Arc::downgrade(&self.0);
+        let give_up = move |_: &FabricInner| {
+            let Some(id) = id.upgrade().map(CmId) else { return };
+            let mut st = id.0.st.lock();
+            if st.state != State::Accepting {
+                return;
+            }
+            st.state = State::Refused;
+            drop(st);
+            id.raise(CmEventType::Unreachable, -libc::ETIMEDOUT, ConnParam::default(), None);
+        };
+        let fabric = self.fabric();
+        let job = crate::fabric::timer::Job::Later(crate::fabric::timer::Later(Box::new(give_up)));
+        fabric.timer.schedule(fabric.now() + RTU_WAIT_NS, job);
     }
 
     /// `rdma_reject`: refuses a connection request; the active side sees `Rejected` with
@@ -1574,7 +1602,7 @@ impl CmId {
             // id of the passive side's yet) and goes idle, so the other side hears nothing and
             // this one ignores its answer (measured on rxe: 0, no event either side, the QP as
             // it was). A SIDR request cannot be withdrawn (EINVAL, as there).
-            State::Connecting if !self.datagram() => true,
+            State::Connecting if !self.datagram() => st.remote.is_none(),
             _ => return Err(einval("reject needs an id with a connection request")),
         };
         if private_data.len() > REJ_PRIVATE_DATA {
@@ -1584,7 +1612,9 @@ impl CmId {
             st.state = State::Rejected;
             return Ok(());
         }
-        let remote = st.remote.expect("a request has a remote");
+        // A request heard of, or (active side) a reply heard of, with no QP of its own
+        // (`ConnectResponse`): the other side hears `Rejected` (measured on rxe).
+        let remote = st.remote.expect("a request or a reply has a remote");
         // (Idle, it could be bound again while still naming the requester's port: a connect
         // from it then found no local address.)
         st.state = State::Rejected;
@@ -1682,7 +1712,8 @@ impl CmId {
             return;
         };
         let m = match state {
-            State::Request => {
+            // (Connecting with a remote: the reply came to an id without a QP.)
+            State::Request | State::Connecting => {
                 Msg::Rej { to: r.id, reason: REJ_CONSUMER_DEFINED, private: Vec::new() }
             }
             // (A datagram exchange ends with its reply: nothing to disconnect.)
@@ -1903,9 +1934,13 @@ impl CmId {
     /// request (SIDR) is answered by a SIDR REP with a status instead, which the kernel's CM
     /// reports as `Unreachable`: [`SIDR_UNSUPPORTED`] when nobody listens, [`SIDR_REJECT`]
     /// when the listener's application refused (as measured on rxe).
+    ///
+    /// Passive side: the reply it accepted with was refused (the requester's id, without a QP
+    /// of its own, rejected it or went): `Rejected`, its QP to the error state (measured on
+    /// rxe), the id as a refused one.
     fn rejected(&self, reason: i32, private_data: &[u8]) {
         let mut st = self.0.st.lock();
-        if st.state != State::Connecting {
+        if !matches!(st.state, State::Connecting | State::Accepting) {
             return;
         }
         st.state = State::Refused;
