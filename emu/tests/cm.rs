@@ -69,11 +69,21 @@ fn resolved(ch: &CmChannel, ps: PortSpace, src: Option<&str>, dst: &str) -> CmId
 
 /// A listener on 127.0.0.2:7471 and a client that resolved it.
 fn listening(f: &Fabric) -> (CmChannel, CmId, CmChannel, CmId) {
-    let (sch, cch) = (CmChannel::new(f).unwrap(), CmChannel::new(f).unwrap());
+    listening_on(f, f, "127.0.0.2:7471", None)
+}
+
+/// A listener at `to` on `fs` and a client on `fc` (from `src`, if given) that resolved it.
+fn listening_on(
+    fs: &Fabric,
+    fc: &Fabric,
+    to: &str,
+    src: Option<&str>,
+) -> (CmChannel, CmId, CmChannel, CmId) {
+    let (sch, cch) = (CmChannel::new(fs).unwrap(), CmChannel::new(fc).unwrap());
     let server = CmId::create(&sch, PortSpace::Tcp).unwrap();
-    server.bind_addr(addr("127.0.0.2:7471")).unwrap();
+    server.bind_addr(addr(to)).unwrap();
     server.listen(4).unwrap();
-    let client = resolved(&cch, PortSpace::Tcp, None, "127.0.0.2:7471");
+    let client = resolved(&cch, PortSpace::Tcp, src, to);
     (sch, server, cch, client)
 }
 
@@ -498,12 +508,8 @@ fn a_request_whose_requester_goes_can_no_longer_be_accepted() {
         (&fa, &fb, "127.0.0.2:7613", true),
     ];
     for (fs, fc, to, removed) in cases {
-        let (sch, cch) = (CmChannel::new(fs).unwrap(), CmChannel::new(fc).unwrap());
-        let server = CmId::create(&sch, PortSpace::Tcp).unwrap();
-        server.bind_addr(addr(to)).unwrap();
-        server.listen(2).unwrap();
         // The client on emu0 (127.0.0.1), the server on emu1.
-        let client = resolved(&cch, PortSpace::Tcp, Some("127.0.0.1:0"), to);
+        let (sch, _server, cch, client) = listening_on(fs, fc, to, Some("127.0.0.1:0"));
         let c = side(&client);
         client.connect(&ConnParam::default()).unwrap();
         let req = next(&sch, E::ConnectRequest);
@@ -545,11 +551,7 @@ fn a_reply_refused_by_its_requester_is_rejected_at_the_server() {
         (&fa, &fb, "127.0.0.2:7622", false),
     ];
     for (fs, fc, to, rejects) in cases {
-        let (sch, cch) = (CmChannel::new(fs).unwrap(), CmChannel::new(fc).unwrap());
-        let server = CmId::create(&sch, PortSpace::Tcp).unwrap();
-        server.bind_addr(addr(to)).unwrap();
-        server.listen(2).unwrap();
-        let client = resolved(&cch, PortSpace::Tcp, None, to);
+        let (sch, _server, cch, client) = listening_on(fs, fc, to, None);
         client.connect(&ConnParam::default()).unwrap();
         let req = next(&sch, E::ConnectRequest);
         let s = side(&req.id);
@@ -580,11 +582,7 @@ fn a_reply_refused_by_its_requester_is_rejected_at_the_server() {
 fn an_accepted_request_whose_requester_withdrew_becomes_unreachable() {
     let addresses = PortAddress::parse_list("127.0.0.2=emu1").unwrap();
     let f = Fabric::new(FabricConfig { addresses, seed: Some(9), ..Default::default() });
-    let (sch, cch) = (CmChannel::new(&f).unwrap(), CmChannel::new(&f).unwrap());
-    let server = CmId::create(&sch, PortSpace::Tcp).unwrap();
-    server.bind_addr(addr("127.0.0.2:7623")).unwrap();
-    server.listen(2).unwrap();
-    let client = resolved(&cch, PortSpace::Tcp, None, "127.0.0.2:7623");
+    let (sch, _server, _cch, client) = listening_on(&f, &f, "127.0.0.2:7623", None);
     let _c = side(&client);
     client.connect(&ConnParam::default()).unwrap();
     let req = next(&sch, E::ConnectRequest);
