@@ -85,6 +85,59 @@ fn ucx_perftest_runs_over_rc_and_ud_verbs_between_two_processes() {
     }
 }
 
+/// UCX's `io_demo` (ucx-utils): clients connect to a server through UCX's sockaddr wireup,
+/// which takes the rdmacm connection manager first (here the emulator's librdmacm), then move
+/// READs and WRITEs of 1 byte to 64 KiB over RC verbs, each one's data checked (`-q`), through
+/// UCX's tag API and its active messages (`-A`); two clients at once in the second run.
+#[test]
+fn ucx_io_demo_connects_through_rdma_cm_and_checks_every_transfer() {
+    for (profile, api, clients) in [("rxe", None, 1), ("full", Some("-A"), 2)] {
+        let port = &free_port();
+        let fabric = Fabric::new("stacks");
+        let io_demo = |args: &[&str]| {
+            let mut c = program(
+                &fabric,
+                profile,
+                "io_demo",
+                &[&["-q", "-d", "1:65536", "-p", port][..], args].concat(),
+            );
+            // rc_verbs alone: with ud_verbs too, UCX's address outgrows the 54 bytes its
+            // rdmacm manager can carry, and it falls back to its TCP one (as on the kernel's).
+            c.env("UCX_TLS", "rc_verbs,self").env("UCX_LOG_LEVEL", "debug");
+            c.env("RDMA_EMU_DEVICES", "1");
+            c.args(api);
+            c
+        };
+        let mut server = Killed(Some(io_demo(&[]).spawn().unwrap()));
+        wait_listening(port);
+        fabric.wait_cm_listener(None, Some(port.parse().unwrap()));
+        let run = ["-o", "read,write", "-i", "2000", "-c", "1", "127.0.0.1"];
+        let spawned: Vec<_> = (0..clients).map(|_| io_demo(&run).spawn().unwrap()).collect();
+        for client in spawned {
+            let (ok, out) = finish(client, Duration::from_secs(90));
+            let what = format!("{profile} {api:?}\n--- client:\n{out}");
+            assert!(ok && out.contains("Client exit with status 'OK'"), "{what}");
+            assert!(out.contains("lane[0]: cm rdmacm"), "not through rdma_cm: {what}");
+            assert!(out.contains("after 1 attempts") && !out.contains("reconnecting"), "{what}");
+            // Its last report: every one of the 2,000 operations done, READs and WRITEs both.
+            let last = out.lines().rfind(|l| l.contains("total min:")).expect(&what);
+            assert!(last.contains("total min:2000 max:2000 total:2000"), "{what}");
+            for op in ["read", "write"] {
+                let mb: f64 = last
+                    .split(&format!("| {op} "))
+                    .nth(1)
+                    .and_then(|r| r.split(' ').next())
+                    .and_then(|n| n.parse().ok())
+                    .expect(&what);
+                assert!(mb > 0.0, "no {op}: {what}");
+            }
+        }
+        assert!(!server.exited(), "the server failed");
+        let (_, s_out) = finish(server.take(), Duration::from_secs(5));
+        assert_eq!(s_out.matches("on the rdmacm sockaddr transport").count(), clients, "{s_out}");
+    }
+}
+
 /// qperf in its default mode, which waits for completions on a completion channel and ends
 /// each test with SIGALRM (so a blocked ibv_get_cq_event must return EINTR): every test named
 /// completes and reports its figure (the `poll_lat` ones spin on the buffer for each other's
