@@ -1085,7 +1085,16 @@ mod test {
         }
         super::keep_in_children(file.as_raw_fd());
         drop(file);
-        let free = std::fs::File::open(&path).unwrap().try_lock().is_ok();
+        // Other tests of this binary fork too: a child of theirs made while the file was open
+        // and not listed holds the lock until it exits, which they do at once. Ours sleeps on.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let free = loop {
+            let free = std::fs::File::open(&path).unwrap().try_lock().is_ok();
+            if free || std::time::Instant::now() > deadline {
+                break free;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
         // SAFETY: our own child, killed and reaped.
         unsafe {
             libc::kill(child, libc::SIGKILL);
