@@ -1463,9 +1463,10 @@ impl CmId {
         req: Msg,
         deadline: u64,
     ) {
-        let id = Arc::downgrade(&self.0);
-        let look = move |f: &FabricInner| {
-            let Some(id) = id.upgrade().map(CmId) else { return };
+        // In simulated time one look, at the deadline: a program waiting for its answer moves
+        // the virtual clock only once its wait has seemed idle for a while (`fabric::timer`).
+        let next = if fabric.timer.simulated() { deadline } else { fabric.now() + REQ_LOOK_NS };
+        self.at(next.min(deadline), move |id, f| {
             if id.0.st.lock().state != State::Connecting {
                 return;
             }
@@ -1474,12 +1475,7 @@ impl CmId {
                 None if f.now() >= deadline => id.request_to(f, my_slot(f), req),
                 None => id.look_for_listener(f, to, req, deadline),
             }
-        };
-        let job = crate::fabric::timer::Job::Later(crate::fabric::timer::Later(Box::new(look)));
-        // In simulated time one look, at the deadline: a program waiting for its answer moves
-        // the virtual clock only once its wait has seemed idle for a while (`fabric::timer`).
-        let next = if fabric.timer.simulated() { deadline } else { fabric.now() + REQ_LOOK_NS };
-        fabric.timer.schedule(next.min(deadline), job);
+        });
     }
 
     /// Sends the connection request `req` to the CM of `slot`, watching that process: its
@@ -1563,9 +1559,7 @@ impl CmId {
     /// ignores it) ends the connection's setup: `Unreachable`, `ETIMEDOUT`, the QP left as it
     /// is (measured on rxe), the id as a refused one.
     fn await_rtu(&self) {
-        let id = Arc::downgrade(&self.0);
-        let give_up = move |_: &FabricInner| {
-            let Some(id) = id.upgrade().map(CmId) else { return };
+        self.at(self.fabric().now() + RTU_WAIT_NS, |id, _| {
             let mut st = id.0.st.lock();
             if st.state != State::Accepting {
                 return;
@@ -1573,10 +1567,20 @@ impl CmId {
             st.state = State::Refused;
             drop(st);
             id.raise(CmEventType::Unreachable, -libc::ETIMEDOUT, ConnParam::default(), None);
+        });
+    }
+
+    /// Has the fabric's timer run `f` on this id at `at` (the fabric's clock), unless the id
+    /// is gone by then.
+    fn at(&self, at: u64, f: impl FnOnce(CmId, &FabricInner) + Send + 'static) {
+        let id = Arc::downgrade(&self.0);
+        let run = move |fabric: &FabricInner| {
+            if let Some(id) = id.upgrade().map(CmId) {
+                f(id, fabric);
+            }
         };
-        let fabric = self.fabric();
-        let job = crate::fabric::timer::Job::Later(crate::fabric::timer::Later(Box::new(give_up)));
-        fabric.timer.schedule(fabric.now() + RTU_WAIT_NS, job);
+        let job = crate::fabric::timer::Job::Later(crate::fabric::timer::Later(Box::new(run)));
+        self.fabric().timer.schedule(at, job);
     }
 
     /// `rdma_reject`: refuses a connection request; the active side sees `Rejected` with
@@ -1728,17 +1732,11 @@ impl CmId {
 
     /// Time-wait: `TimewaitExit` comes after [`TIMEWAIT_NS`], unless the id is destroyed.
     fn enter_timewait(&self) {
-        let id = Arc::downgrade(&self.0);
-        let exit = move |_: &FabricInner| {
-            if let Some(id) = id.upgrade().map(CmId)
-                && id.0.st.lock().state == State::Disconnected
-            {
+        self.at(self.fabric().now() + TIMEWAIT_NS, |id, _| {
+            if id.0.st.lock().state == State::Disconnected {
                 id.raise(CmEventType::TimewaitExit, 0, ConnParam::default(), None);
             }
-        };
-        let fabric = self.fabric();
-        let job = crate::fabric::timer::Job::Later(crate::fabric::timer::Later(Box::new(exit)));
-        fabric.timer.schedule(fabric.now() + TIMEWAIT_NS, job);
+        });
     }
 
     /// `rdma_destroy_id`: a connection still up is ended first (the peer sees
@@ -2019,19 +2017,13 @@ impl CmId {
 
     /// Has the fabric's timer look now and then whether the held event may go.
     fn watch_held(&self) {
-        let id = Arc::downgrade(&self.0);
-        let look = move |f: &FabricInner| {
-            if let Some(id) = id.upgrade().map(CmId)
-                && !id.release_held(f.now())
-            {
+        let now = self.fabric().now();
+        let late = self.0.st.lock().held.as_ref().is_some_and(|h| now >= h.soon);
+        self.at(now + if late { HOLD_LATE_LOOK_NS } else { HOLD_LOOK_NS }, |id, f| {
+            if !id.release_held(f.now()) {
                 id.watch_held();
             }
-        };
-        let fabric = self.fabric();
-        let job = crate::fabric::timer::Job::Later(crate::fabric::timer::Later(Box::new(look)));
-        let now = fabric.now();
-        let late = self.0.st.lock().held.as_ref().is_some_and(|h| now >= h.soon);
-        fabric.timer.schedule(now + if late { HOLD_LATE_LOOK_NS } else { HOLD_LOOK_NS }, job);
+        });
     }
 
     /// The opaque word set by [`CmId::set_user_data`] (0 until set).
