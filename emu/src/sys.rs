@@ -75,13 +75,16 @@ pub(crate) enum ForkStage {
     /// The listen service's thread, waited for until it sleeps: it takes the later stages'
     /// locks (an accept registers memory).
     ListenService,
+    /// The listen service's slot, which the application's threads take as they listen, accept
+    /// and close.
+    ListenServiceSlot,
     /// The memory moved into shared files, copied for the child.
     SharedMem,
     /// The thread indexes' list: its holders wait for nothing.
     ThreadIndexes,
 }
 
-static FORK_HOOKS: [std::sync::OnceLock<ForkHooks>; 3] = [const { std::sync::OnceLock::new() }; 3];
+static FORK_HOOKS: [std::sync::OnceLock<ForkHooks>; 4] = [const { std::sync::OnceLock::new() }; 4];
 
 /// Runs `hooks` around every `fork` from now on, at `stage` (once per stage: a second
 /// registration is ignored).

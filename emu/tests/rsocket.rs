@@ -541,3 +541,95 @@ fn a_poll_asleep_on_a_listener_wakes_for_a_connection_its_service_accepted() {
         x.close().unwrap();
     }
 }
+
+/// A child made by `fork` while its parent's listen service serves a stream of connection
+/// requests (and the parent's threads connect and close) listens and accepts on a fabric of
+/// its own, as the C ABI gives a child: it finds free every lock of the service's that a
+/// thread of the parent's held (the service waits to be asleep at the fork), and its own
+/// service leaves the parent's listener alone. (A child's service that watched the listener
+/// it inherited took requests' counts off the parent's channel, which the parent shares: the
+/// parent's requests then waited for ever.)
+#[test]
+fn a_child_made_by_fork_accepts_on_its_own_and_leaves_its_parents_requests_alone() {
+    use std::sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+    };
+    let f = Fabric::new(Default::default());
+    let l = RSocket::new(&f, false).unwrap();
+    l.bind(addr("127.0.0.1:7690")).unwrap();
+    l.listen(64).unwrap();
+    l.set_nonblocking(true);
+    let stop = Arc::new(AtomicBool::new(false));
+    let connected = Arc::new(AtomicUsize::new(0));
+    // Connect and close in a loop: the service takes each request as it comes.
+    let clients: Vec<_> = (0..2)
+        .map(|_| {
+            let (f, stop, connected) = (f.clone(), stop.clone(), connected.clone());
+            thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let c = RSocket::new(&f, false).unwrap();
+                    c.connect(addr("127.0.0.1:7690")).unwrap();
+                    connected.fetch_add(1, Ordering::Relaxed);
+                    c.close().unwrap();
+                }
+            })
+        })
+        .collect();
+    // Accepts in a thread of its own (each `raccept` takes the service's slot).
+    let acceptor = {
+        let (l, stop) = (l.clone(), stop.clone());
+        thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                match l.accept() {
+                    Ok(s) => s.close().unwrap(),
+                    Err(e) => assert_eq!(e.errno(), Errno::EAGAIN),
+                }
+            }
+        })
+    };
+    for round in 0..100u16 {
+        // SAFETY: the child uses a fabric of its own and exits at once, running no handler of
+        // the parent's.
+        let child = unsafe { libc::fork() };
+        if child == 0 {
+            let mine = Fabric::new(Default::default());
+            let at = addr(&format!("127.0.0.1:{}", 7700 + round));
+            let served = (|| {
+                let own = RSocket::new(&mine, false)?;
+                own.bind(at)?;
+                own.listen(1)?;
+                let c = RSocket::new(&mine, false)?;
+                c.connect(at)?;
+                own.accept()?.close()?;
+                c.close()?;
+                own.close()
+            })();
+            // SAFETY: as above.
+            unsafe { libc::_exit(i32::from(served.is_err())) };
+        }
+        assert!(child > 0);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut status = 0;
+        // SAFETY: waits for our own child, without blocking.
+        while unsafe { libc::waitpid(child, &mut status, libc::WNOHANG) } == 0 {
+            if Instant::now() > deadline {
+                // SAFETY: our own child.
+                unsafe { libc::kill(child, libc::SIGKILL) };
+                panic!("round {round}: the child hung");
+            }
+            thread::sleep(Duration::from_millis(1));
+        }
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "round {round}");
+    }
+    let before = connected.load(Ordering::Relaxed);
+    // The clients go on being served: none waits for ever.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while connected.load(Ordering::Relaxed) < before + 100 {
+        assert!(Instant::now() < deadline, "a request of the parent's was never accepted");
+        thread::sleep(Duration::from_millis(1));
+    }
+    stop.store(true, Ordering::Relaxed);
+    clients.into_iter().for_each(|t| t.join().unwrap());
+    acceptor.join().unwrap();
+}

@@ -22,7 +22,8 @@ use crate::{
     sys::{self, EventFd, ForkStage},
 };
 
-/// The process's service; `None` until a socket first listens.
+/// The process's service; `None` until a socket first listens. Held across `fork` (any
+/// thread may be in [`service`] then).
 static SERVICE: Mutex<Option<Arc<Service>>> = Mutex::new(None);
 
 /// Held by the service's thread while it is awake (not asleep in `poll`), and by the thread
@@ -38,7 +39,7 @@ struct Service {
     list: Mutex<List>,
     /// The fork generation the service belongs to: a child made by `fork` has neither its
     /// parent's thread nor a bell of its own (the parent's descriptor is shared), so it makes
-    /// a service of its own, watching the listeners it inherited.
+    /// a service of its own once it listens.
     generation: u64,
 }
 
@@ -73,24 +74,23 @@ pub(super) fn changed() {
     }
 }
 
-/// This process's service, made if there is none (or only the parent's, in a child made by
-/// `fork`) and `make` or the parent's watched listeners; `None` without a descriptor for its
-/// bell (`raccept` still accepts).
+/// This process's service, made if there is none (or only its parent's, in a child made by
+/// `fork`) and `make`; `None` without a descriptor for its bell (`raccept` still accepts).
 fn service(make: bool) -> Option<Arc<Service>> {
     let mut slot = SERVICE.lock();
-    let generation = sys::fork_generation();
-    let inherited = match &*slot {
-        Some(s) if s.generation == generation => return Some(s.clone()),
-        // (Held by a parent's thread at the fork, the list is never let go in the child: it
-        // starts without, and `raccept` accepts for those.)
-        Some(parents) => parents.list.try_lock().map(|mut l| std::mem::take(&mut l.listeners)),
-        None if make => None,
-        None => return None,
-    };
+    match &*slot {
+        Some(s) if s.generation == sys::fork_generation() => return Some(s.clone()),
+        // A child's service watches none of the listeners it inherited: they are its parent's,
+        // and their channels' descriptors are the parent's too, so a request the child took
+        // off one took the parent's count with it, and the parent's request waited for ever.
+        _ if !make => return None,
+        _ => {}
+    }
     sys::hold_across_fork!(ForkStage::ListenService, AWAKE, ());
+    sys::hold_across_fork!(ForkStage::ListenServiceSlot, SERVICE, Option<Arc<Service>>);
     let bell = EventFd::new().ok()?;
-    let list = Mutex::new(List { listeners: inherited.unwrap_or_default(), running: false });
-    let service = Arc::new(Service { bell, list, generation });
+    let list = Mutex::new(List { listeners: Vec::new(), running: false });
+    let service = Arc::new(Service { bell, list, generation: sys::fork_generation() });
     *slot = Some(service.clone());
     Some(service)
 }
