@@ -658,6 +658,11 @@ impl FabricInner {
 ///
 /// Every device, context and object created from it shares one network; two fabrics never
 /// see each other.
+///
+/// A child made by `fork` makes a fabric of its own, as the C ABI does for it: the one it
+/// inherited is its parent's as it stood at the fork, with locks that other threads of the
+/// parent's may have held then (the child would wait on them for ever) and descriptors that
+/// the parent still reads (a host fabric's refuses the child with `EPERM`).
 #[derive(Clone, Debug)]
 pub struct Fabric(pub(crate) Arc<FabricInner>);
 
