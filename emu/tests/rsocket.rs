@@ -633,3 +633,90 @@ fn a_child_made_by_fork_accepts_on_its_own_and_leaves_its_parents_requests_alone
     clients.into_iter().for_each(|t| t.join().unwrap());
     acceptor.join().unwrap();
 }
+
+/// A storm of clients on a listener nobody accepts on takes no more than librdmacm's accept
+/// queue holds: its listen service accepts 278 connections, the next requests wait for an
+/// answer (as many as the backlog), and the CM refuses the rest; each `raccept` makes room for
+/// one more. (The service accepted every request, three descriptors each until `raccept`
+/// took it: a storm ran the server out of descriptors.)
+#[test]
+fn a_listener_nobody_accepts_on_holds_what_librdmacms_accept_queue_holds() {
+    const QUEUE: usize = 278;
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: `lim` is a valid rlimit to fill, then to set as read but for the soft limit.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim), 0);
+        lim.rlim_cur = lim.rlim_max.min(8192);
+        assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &lim), 0);
+    }
+    assert!(lim.rlim_cur >= 4096, "descriptors for 600 sockets: {} at most", lim.rlim_max);
+    let f = Fabric::new(Default::default());
+    let at = addr("127.0.0.1:9041");
+    let l = RSocket::new(&f, false).unwrap();
+    l.bind(at).unwrap();
+    l.listen(4).unwrap();
+    let mut clients = Vec::new();
+    // How a client stands: connected, refused, or waiting for an answer.
+    let stands = |c: &RSocket| {
+        let mut e = [PollEntry {
+            target: PollTarget::Socket(c.clone()),
+            events: libc::POLLOUT,
+            revents: 0,
+        }];
+        poll(&mut e, Some(Duration::ZERO)).unwrap();
+        match e[0].revents {
+            0 => "waiting",
+            libc::POLLOUT => "connected",
+            r if r & libc::POLLERR != 0 => "refused",
+            r => panic!("revents {r:#x}"),
+        }
+    };
+    let settles_as = |i: usize, c: &RSocket, want: &str| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while stands(c) != want {
+            assert!(Instant::now() < deadline, "client {i}: {} ({want} expected)", stands(c));
+            thread::sleep(Duration::from_micros(200));
+        }
+    };
+    for i in 0..QUEUE + 4 + 8 {
+        let c = RSocket::new(&f, false).unwrap();
+        c.set_nonblocking(true);
+        let e = c.connect(at).unwrap_err().errno();
+        match i {
+            _ if i < QUEUE => settles_as(i, &c, "connected"),
+            _ if i < QUEUE + 4 => assert_eq!(e, Errno(libc::EINPROGRESS)),
+            // (Refused at once here: the in-process CM answers in the call.)
+            _ if e == Errno(libc::ECONNREFUSED) => {}
+            _ => {
+                settles_as(i, &c, "refused");
+                assert_eq!(c.take_error(), Some(Errno(libc::ECONNREFUSED)));
+            }
+        }
+        clients.push(c);
+    }
+    assert!(clients[QUEUE..QUEUE + 4].iter().all(|c| stands(c) == "waiting"));
+    // Each taken makes room: the oldest waiting request is accepted.
+    let mut served = vec![l.accept().unwrap()];
+    settles_as(QUEUE, &clients[QUEUE], "connected");
+    assert_eq!(stands(&clients[QUEUE + 1]), "waiting");
+    l.set_nonblocking(true);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while served.len() < QUEUE + 4 {
+        match l.accept() {
+            Ok(s) => served.push(s),
+            Err(e) => assert_eq!(e.errno(), Errno::EAGAIN),
+        }
+        assert!(Instant::now() < deadline, "{} accepted", served.len());
+    }
+    // Those that came first, and nothing more (in the order they came but where `raccept`
+    // and the service accepted two at once).
+    let peers: std::collections::BTreeSet<_> =
+        served.iter().map(|s| s.peer_addr().unwrap()).collect();
+    let first: std::collections::BTreeSet<_> =
+        clients[..QUEUE + 4].iter().map(|c| c.local_addr().unwrap()).collect();
+    assert_eq!(peers, first);
+    assert_eq!(l.accept().unwrap_err().errno(), Errno::EAGAIN);
+    for s in served.into_iter().chain(clients).chain([l]) {
+        s.close().unwrap();
+    }
+}

@@ -112,23 +112,27 @@ impl Service {
         let pollin = |fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
         loop {
             let awake = AWAKE.lock();
-            // Weakly held while asleep: a listener dropped meanwhile goes.
+            // Weakly held while asleep: a listener dropped meanwhile goes. One whose accept
+            // queue is full is not watched until `raccept` takes from it (its channel stays
+            // readable meanwhile).
             let (watched, mut fds) = {
                 let mut list = self.list.lock();
                 let mut fds = vec![pollin(self.bell.as_raw_fd())];
+                let mut watched = Vec::new();
                 list.listeners.retain(|w| {
                     let Some(sock) = w.upgrade().map(RSocket) else { return false };
-                    let listening = sock.listening();
-                    if listening {
+                    let Some(room) = sock.accept_queue_room() else { return false };
+                    if room {
                         fds.push(pollin(sock.0.channel.as_raw_fd()));
+                        watched.push(w.clone());
                     }
-                    listening
+                    true
                 });
                 if list.listeners.is_empty() {
                     list.running = false;
                     return;
                 }
-                (list.listeners.clone(), fds)
+                (watched, fds)
             };
             drop(awake);
             let polled = sys::poll(&mut fds, None);
@@ -137,15 +141,18 @@ impl Service {
                 continue; // (EINTR: every signal is blocked here, but a stop resumes)
             }
             // The bell also says that a request was taken off a channel by another thread's
-            // call: then every listener is looked at (each look that finds none is cheap).
+            // call, or that `raccept` made room in a full queue: then every listener is looked
+            // at (each look that finds none is cheap).
             let rung = fds[0].revents != 0;
             while self.bell.try_take() {}
-            for (p, w) in fds[1..].iter().zip(&watched) {
-                if (rung || p.revents != 0)
-                    && let Some(inner) = w.upgrade()
-                {
-                    RSocket(inner).serve();
-                }
+            let ready: Vec<Weak<Inner>> = if rung {
+                self.list.lock().listeners.clone()
+            } else {
+                let ready = fds[1..].iter().zip(watched).filter(|(p, _)| p.revents != 0);
+                ready.map(|(_, w)| w).collect()
+            };
+            for inner in ready.iter().filter_map(Weak::upgrade) {
+                RSocket(inner).serve();
             }
         }
     }

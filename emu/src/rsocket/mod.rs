@@ -46,6 +46,12 @@ use crate::{
 const RESOLVE_MS: u32 = 2000;
 /// How long closing waits for what was written to reach the peer.
 const LINGER: Duration = Duration::from_secs(5);
+/// How many accepted connections wait for `raccept` on a listener before its service accepts
+/// no more (later requests wait for an answer, as many as the listener's backlog, and the CM
+/// refuses those beyond): librdmacm's service queues each on a socketpair, whose default
+/// buffer (`net.core.wmem_default`, 212,992 bytes on Debian 12) takes 278 such writes; its
+/// next write blocks its thread, and every listener of the process with it.
+const ACCEPT_QUEUE: usize = 278;
 /// Longest single sleep of a blocking call: a completion event another thread took cannot
 /// delay it longer than this.
 const WAIT_SLICE: Duration = Duration::from_millis(100);
@@ -478,9 +484,14 @@ impl RSocket {
                 // (librdmacm's answer, measured on rxe; TCP's is `EINVAL`.)
                 return Err(err(libc::EBADF, "the socket is not listening"));
             }
+            let full = !st.accept_queue_room();
             if let Some(new) = st.accepted.pop_front() {
                 if let Some(bell) = &st.backlog_bell {
                     bell.try_take();
+                }
+                if full {
+                    // The service watches the listener again.
+                    listen_service::changed();
                 }
                 break new;
             }
@@ -501,9 +512,11 @@ impl RSocket {
         Ok(new)
     }
 
-    /// Whether the socket listens (its state as it stands, no event taken in).
-    fn listening(&self) -> bool {
-        self.0.st.lock().phase == Phase::Listening
+    /// A listener's: whether its accept queue has room (`None`: it no longer listens; its
+    /// state as it stands, no event taken in).
+    fn accept_queue_room(&self) -> Option<bool> {
+        let st = self.0.st.lock();
+        (st.phase == Phase::Listening).then(|| st.accept_queue_room())
     }
 
     /// A listener accepts the connection requests that wait, queueing their sockets for
@@ -515,6 +528,9 @@ impl RSocket {
             let (ev, v6, opts, nonblocking) = {
                 let mut st = self.lock();
                 if st.phase != Phase::Listening {
+                    return;
+                }
+                if !st.accept_queue_room() {
                     return;
                 }
                 let Some(ev) = st.requests.pop_front() else { return };
@@ -1141,6 +1157,11 @@ impl St {
         self.id.connect(&p)?;
         self.phase = Phase::Connecting;
         Ok(())
+    }
+
+    /// A listener's: whether another request may be accepted before `raccept` takes one.
+    fn accept_queue_room(&self) -> bool {
+        self.accepted.len() + self.accepting < ACCEPT_QUEUE
     }
 
     /// The poll events of the socket's state.
