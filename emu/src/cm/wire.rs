@@ -113,45 +113,30 @@ pub(super) fn connect(
     };
     id.0.st.lock().wire_tid = tid;
     let mad = Mad { tid, msg }.encode();
-    send_request(fabric, std::sync::Arc::downgrade(&id.0), (src.ip(), dst.ip()), mad, 1);
+    send_request(id, (src.ip(), dst.ip()), mad, 1);
     Ok(())
 }
 
 /// Sends request `mad` (send number `sends`) of the id `id`, and sends it again later unless
 /// it was answered by then.
-fn send_request(
-    fabric: &FabricInner,
-    id: std::sync::Weak<super::IdInner>,
-    (local, peer): (IpAddr, IpAddr),
-    mad: [u8; mad::MAD_LEN],
-    sends: u32,
-) {
-    if let Some(w) = fabric.wire.get() {
+fn send_request(id: &CmId, (local, peer): (IpAddr, IpAddr), mad: [u8; mad::MAD_LEN], sends: u32) {
+    if let Some(w) = id.fabric().wire.get() {
         w.send_mad(local, peer, &mad);
     }
     let tid = u64::from_be_bytes(mad[8..16].try_into().expect("8 bytes"));
-    let again = move |f: &FabricInner| {
-        let Some(id) = id.upgrade().map(CmId) else { return };
+    id.at(id.fabric().now() + REQUEST_RETRY_NS, move |id, _| {
         let mut st = id.0.st.lock();
         if st.state != State::Connecting || st.remote.is_some() || st.wire_tid != tid {
             return;
         }
         if sends < REQUEST_SENDS {
             drop(st);
-            return send_request(
-                f,
-                std::sync::Arc::downgrade(&id.0),
-                (local, peer),
-                mad,
-                sends + 1,
-            );
+            return send_request(&id, (local, peer), mad, sends + 1);
         }
         st.state = super::State::Refused;
         drop(st);
         id.raise(super::CmEventType::Unreachable, -libc::ETIMEDOUT, ConnParam::default(), None);
-    };
-    let job = crate::fabric::timer::Job::Later(crate::fabric::timer::Later(Box::new(again)));
-    fabric.timer.schedule(fabric.now() + REQUEST_RETRY_NS, job);
+    });
 }
 
 /// The REQ for `from`, our side, from `src` to `dst`.
