@@ -162,6 +162,7 @@ pub(crate) fn objects() {
         .collect();
     report("MRs of 4 KiB over one buffer", mrs.len(), (m0, t0));
     // (The objects above kept meanwhile: memory they freed would be counted again.)
+    cm_connections();
     host_mrs();
     drop(mrs);
     drop(qps);
@@ -200,4 +201,43 @@ fn host_mrs() {
     // SAFETY: our mapping, no MR over it any more.
     unsafe { libc::munmap(pages.cast(), N * 4096) };
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Connections made through the connection manager (ids without QPs, in one process): the
+/// first 1,000, then 1,000 more once 5,000 are up (a connection's cost must not grow with the
+/// connections it does not touch).
+fn cm_connections() {
+    use rdma_emu::cm::{CmChannel, CmEventType as E, CmId, ConnParam, PortSpace};
+    let f = Fabric::new(FabricConfig::default());
+    let at: std::net::SocketAddr = "127.0.0.1:7471".parse().unwrap();
+    let (lch, cch) = (CmChannel::new(&f).unwrap(), CmChannel::new(&f).unwrap());
+    let l = CmId::create(&lch, PortSpace::Tcp).unwrap();
+    l.bind_addr(at).unwrap();
+    l.listen(0).unwrap();
+    let next = |ch: &CmChannel, want| {
+        let ev = ch.get_event().unwrap();
+        assert_eq!(ev.event, want, "status {}", ev.status);
+        ev
+    };
+    let connect = || {
+        let c = CmId::create(&cch, PortSpace::Tcp).unwrap();
+        c.resolve_addr(None, at, 2000).unwrap();
+        next(&cch, E::AddrResolved);
+        c.resolve_route(2000).unwrap();
+        next(&cch, E::RouteResolved);
+        c.connect(&ConnParam::default()).unwrap();
+        let req = next(&lch, E::ConnectRequest);
+        req.id.accept(&ConnParam::default()).unwrap();
+        next(&cch, E::ConnectResponse);
+        c.establish().unwrap();
+        next(&lch, E::Established);
+        (c, req.id)
+    };
+    let (m0, t0) = (rss(), Instant::now());
+    let mut up: Vec<_> = (0..1_000).map(|_| connect()).collect();
+    report("CM connections, the first 1,000 (two ids each)", 1_000, (m0, t0));
+    up.extend((0..4_000).map(|_| connect()));
+    let (m0, t0) = (rss(), Instant::now());
+    up.extend((0..1_000).map(|_| connect()));
+    report("CM connections, 1,000 more with 5,000 up", 1_000, (m0, t0));
 }

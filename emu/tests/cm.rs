@@ -1316,3 +1316,46 @@ fn a_connection_sets_its_qps_up_as_the_kernels_cm_does() {
     c.qp.post_send(&SendWr::read(1, &src, dst, s.mr.rkey()).signaled()).unwrap();
     assert_eq!(wait1(&c.cq).status, WcStatus::REM_INV_REQ_ERR);
 }
+
+/// At most `backlog` requests wait for an answer at once: the next is rejected at once
+/// (`REJ_CONSUMER_DEFINED`, as the kernel's when a listener's backlog is spent), and each
+/// request answered, by a reject or an accept, makes room for one more.
+#[test]
+fn a_listeners_backlog_bounds_the_requests_waiting_for_an_answer() {
+    let f = fabric(Profile::Rxe);
+    let lch = CmChannel::new(&f).unwrap();
+    let l = CmId::create(&lch, PortSpace::Tcp).unwrap();
+    l.bind_addr(addr("127.0.0.2:7480")).unwrap();
+    l.listen(2).unwrap();
+    let cch = CmChannel::new(&f).unwrap();
+    let ask = || {
+        let c = resolved(&cch, PortSpace::Tcp, None, "127.0.0.2:7480");
+        c.connect(&ConnParam::default()).unwrap();
+        c
+    };
+    let refused = |c: &CmId| {
+        let ev = next(&cch, E::Rejected);
+        assert!(ev.id.same(c));
+        assert_eq!(ev.status, REJ_CONSUMER_DEFINED);
+    };
+    let (a, b) = (ask(), ask());
+    let ra = next(&lch, E::ConnectRequest);
+    let rb = next(&lch, E::ConnectRequest);
+    refused(&ask());
+    assert!(quiet(&lch), "nothing more for the listener");
+    // Rejected: room for one.
+    ra.id.reject(&[]).unwrap();
+    refused(&a);
+    let d = ask();
+    let rd = next(&lch, E::ConnectRequest);
+    refused(&ask());
+    // Accepted: room for one.
+    rb.id.accept(&ConnParam::default()).unwrap();
+    let ev = next(&cch, E::ConnectResponse);
+    assert!(ev.id.same(&b));
+    let e = ask();
+    let re = next(&lch, E::ConnectRequest);
+    refused(&ask());
+    assert!(quiet(&cch) && quiet(&lch));
+    drop((d, e, rd, re));
+}

@@ -536,6 +536,9 @@ struct IdState {
     backlog: usize,
     /// Connection of a listener: the listener.
     listener: Option<Weak<IdInner>>,
+    /// Listener: the ids of the requests it was handed (those answered since are let go as
+    /// the next request comes: see [`unanswered`]).
+    requests: Vec<Weak<IdInner>>,
     /// Our own connection parameters, for the QP transitions.
     mine: ConnParam,
     /// `rdma_set_option`s: what the id's options say.
@@ -869,6 +872,7 @@ impl CmId {
             delivered_to: None,
             backlog: 0,
             listener: None,
+            requests: Vec::new(),
             mine: ConnParam::default(),
             options: Options::default(),
             groups: Vec::new(),
@@ -2161,6 +2165,21 @@ fn listener(
     best.map(|(_, l)| l)
 }
 
+/// How many of `listener`'s requests are neither accepted nor rejected yet: its backlog's
+/// count (as many as are waiting, not as many as the process has ids).
+fn unanswered(listener: &CmId) -> usize {
+    // Each id is looked at outside the listener's lock, and what is kept is added back (a
+    // request that came meanwhile was added to an empty list).
+    let asked = std::mem::take(&mut listener.0.st.lock().requests);
+    let asking: Vec<_> = asked
+        .into_iter()
+        .filter(|w| w.upgrade().is_some_and(|c| c.st.lock().state == State::Request))
+        .collect();
+    let n = asking.len();
+    listener.0.st.lock().requests.extend(asking);
+    n
+}
+
 /// Hands a connection request to the listener of its destination here, or rejects it.
 fn request(
     fabric: &FabricInner,
@@ -2170,7 +2189,6 @@ fn request(
     from: Remote,
     private: Vec<u8>,
 ) {
-    let cm = manager(fabric);
     let reject = |reason| {
         let msg = Msg::Rej { to: from.id, reason, private: Vec::new() };
         send(fabric, &from, msg);
@@ -2179,20 +2197,7 @@ fn request(
         return reject(REJ_INVALID_SERVICE_ID);
     };
     let answers = listener.0.st.lock().answers.as_ref().map(|a| a.qp_num);
-    let waiting = {
-        let ids = cm.ids.lock();
-        ids.values()
-            .filter_map(Weak::upgrade)
-            .filter(|c| {
-                let st = c.st.lock();
-                st.state == State::Request
-                    && st
-                        .listener
-                        .as_ref()
-                        .is_some_and(|l| std::ptr::eq(l.as_ptr(), Arc::as_ptr(&listener.0)))
-            })
-            .count()
-    };
+    let waiting = unanswered(&listener);
     if answers.is_none() && waiting >= listener.0.st.lock().backlog {
         return reject(REJ_CONSUMER_DEFINED);
     }
@@ -2214,6 +2219,7 @@ fn request(
         st.remote_ece = Ece { vendor_id: from.ece_vendor, options: from.ece_options, comp_mask: 0 };
         st.remote_incarnation = incarnation;
     }
+    listener.0.st.lock().requests.push(Arc::downgrade(&conn.0));
     if let Some(qp_num) = answers {
         // Answered here, in whichever thread brought the request: the listener's owner may
         // not call in for a while (a datagram rsocket's first datagram waits on this).

@@ -104,9 +104,13 @@ impl Context {
             async_q: EventQueue::new()?,
             closed: AtomicBool::new(false),
         });
-        // Closed contexts leave dead entries: drop them here, or every open would grow the list.
+        // Closed contexts leave dead entries: dropped when the list is full, so that it does
+        // not grow with every open, nor does each open look at every context (the CM opens
+        // one for each id).
         let mut contexts = dev.inner.contexts.lock();
-        contexts.retain(|w| w.strong_count() > 0);
+        if contexts.len() == contexts.capacity() {
+            contexts.retain(|w| w.strong_count() > 0);
+        }
         contexts.push(Arc::downgrade(&c));
         drop(contexts);
         Ok(Context(c))

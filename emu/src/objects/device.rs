@@ -297,11 +297,14 @@ mod test {
     fn test_opening_and_closing_contexts_does_not_grow_the_device() {
         let f = crate::Fabric::new(crate::FabricConfig { devices: 1, ..Default::default() });
         let dev = &f.devices()[0];
-        for _ in 0..100 {
+        let kept = dev.open().unwrap();
+        for _ in 0..10_000 {
             dev.open().unwrap().close();
         }
-        let kept = dev.open().unwrap();
-        assert_eq!(dev.inner.contexts.lock().len(), 1, "only the open context is listed");
+        let listed = dev.inner.contexts.lock().len();
+        assert!(listed <= 8, "{listed} listed: closed contexts are dropped from the list");
+        let live = dev.inner.contexts.lock().iter().filter(|w| w.strong_count() > 0).count();
+        assert_eq!(live, 1);
         drop(kept);
     }
 }
