@@ -49,9 +49,10 @@ const LINGER: Duration = Duration::from_secs(5);
 /// How many accepted connections wait for `raccept` on a listener before its service accepts
 /// no more (later requests wait for an answer, as many as the listener's backlog, and the CM
 /// refuses those beyond): librdmacm's service queues each on a socketpair, whose default
-/// buffer (`net.core.wmem_default`, 212,992 bytes on Debian 12) takes 278 such writes; its
-/// next write blocks its thread, and every listener of the process with it.
-const ACCEPT_QUEUE: usize = 278;
+/// buffer (`net.core.wmem_default`, 212,992 bytes on Debian 12) takes 278 such writes; it
+/// accepts the 279th, and that one's write blocks its thread (every listener of the process's
+/// with it) until `raccept` reads.
+const ACCEPT_QUEUE: usize = 279;
 /// Longest single sleep of a blocking call: a completion event another thread took cannot
 /// delay it longer than this.
 const WAIT_SLICE: Duration = Duration::from_millis(100);
