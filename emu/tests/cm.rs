@@ -80,11 +80,17 @@ fn listening_on(
     src: Option<&str>,
 ) -> (CmChannel, CmId, CmChannel, CmId) {
     let (sch, cch) = (CmChannel::new(fs).unwrap(), CmChannel::new(fc).unwrap());
-    let server = CmId::create(&sch, PortSpace::Tcp).unwrap();
-    server.bind_addr(addr(to)).unwrap();
-    server.listen(4).unwrap();
+    let server = listener(&sch, to, 4);
     let client = resolved(&cch, PortSpace::Tcp, src, to);
     (sch, server, cch, client)
+}
+
+/// An id on `ch` listening at `at` (TCP port space) with `backlog`.
+fn listener(ch: &CmChannel, at: &str, backlog: i32) -> CmId {
+    let l = CmId::create(ch, PortSpace::Tcp).unwrap();
+    l.bind_addr(addr(at)).unwrap();
+    l.listen(backlog).unwrap();
+    l
 }
 
 #[test]
@@ -1257,9 +1263,7 @@ fn a_request_whose_id_goes_unanswered_is_refused() {
 fn a_connection_sets_its_qps_up_as_the_kernels_cm_does() {
     let f = fabric(Profile::Rxe);
     let ch = CmChannel::new(&f).unwrap();
-    let server = CmId::create(&ch, PortSpace::Tcp).unwrap();
-    server.bind_addr(addr("127.0.0.2:7490")).unwrap();
-    server.listen(4).unwrap();
+    let server = listener(&ch, "127.0.0.2:7490", 4);
     let client = resolved(&ch, PortSpace::Tcp, None, "127.0.0.2:7490");
     let path = client.path().expect("a resolved route has a path");
     let gid = Gid::of_ip(addr("127.0.0.2:0").ip());
@@ -1324,9 +1328,7 @@ fn a_connection_sets_its_qps_up_as_the_kernels_cm_does() {
 fn a_listeners_backlog_bounds_the_requests_waiting_for_an_answer() {
     let f = fabric(Profile::Rxe);
     let lch = CmChannel::new(&f).unwrap();
-    let l = CmId::create(&lch, PortSpace::Tcp).unwrap();
-    l.bind_addr(addr("127.0.0.2:7480")).unwrap();
-    l.listen(2).unwrap();
+    let _l = listener(&lch, "127.0.0.2:7480", 2);
     let cch = CmChannel::new(&f).unwrap();
     let ask = || {
         let c = resolved(&cch, PortSpace::Tcp, None, "127.0.0.2:7480");
