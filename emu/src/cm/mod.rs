@@ -2197,8 +2197,8 @@ fn request(
         return reject(REJ_INVALID_SERVICE_ID);
     };
     let answers = listener.0.st.lock().answers.as_ref().map(|a| a.qp_num);
-    let waiting = unanswered(&listener);
-    if answers.is_none() && waiting >= listener.0.st.lock().backlog {
+    // (A listener that answers every request itself has none waiting.)
+    if answers.is_none() && unanswered(&listener) >= listener.0.st.lock().backlog {
         return reject(REJ_CONSUMER_DEFINED);
     }
     let conn = CmId::create_on(&listener.0.channel.lock(), listener.0.ps);
@@ -2219,7 +2219,6 @@ fn request(
         st.remote_ece = Ece { vendor_id: from.ece_vendor, options: from.ece_options, comp_mask: 0 };
         st.remote_incarnation = incarnation;
     }
-    listener.0.st.lock().requests.push(Arc::downgrade(&conn.0));
     if let Some(qp_num) = answers {
         // Answered here, in whichever thread brought the request: the listener's owner may
         // not call in for a while (a datagram rsocket's first datagram waits on this).
@@ -2227,6 +2226,7 @@ fn request(
         let _ = conn.destroy();
         return;
     }
+    listener.0.st.lock().requests.push(Arc::downgrade(&conn.0));
     if ps == PortSpace::Udp {
         // A SIDR REQ names neither the requester's QP nor its address (the reply goes back
         // to the port it came from): the event's `param.ud` has nothing but the private data,
