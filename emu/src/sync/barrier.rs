@@ -108,6 +108,8 @@ fn light_undecided_or_fenced() {
 
 /// The rare side.
 pub(crate) fn heavy() {
+    #[cfg(test)]
+    test::HEAVY.with(|n| n.set(n.get() + 1));
     if how() != SYSCALL {
         fence(Ordering::SeqCst);
         return;
@@ -123,6 +125,18 @@ pub(crate) fn heavy() {
 
 #[cfg(test)]
 pub(crate) mod test {
+    std::thread_local! {
+        /// The heavy barriers this thread issued.
+        pub(crate) static HEAVY: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    }
+
+    /// How many heavy barriers `f` issued on this thread.
+    pub(crate) fn heavy_in(f: impl FnOnce()) -> u32 {
+        let before = HEAVY.get();
+        f();
+        HEAVY.get() - before
+    }
+
     use std::sync::Arc;
 
     use crate::{
