@@ -11,7 +11,7 @@ use std::{
     },
 };
 
-use rdma_emu::sync::{ReadGuard, ReadMostly, WriteGuard};
+use rdma_emu::sync::RwLock;
 
 use crate::abi::*;
 
@@ -220,20 +220,35 @@ fn live() -> &'static Live {
     LIVE.get_or_init(Default::default)
 }
 
-/// The registry's table. Every verb reads it (`ibv_post_send` and `ibv_poll_cq` included), so
-/// it is keyed by FxHash (rustc-hash): SipHash's defence against chosen keys buys nothing for
-/// addresses the allocator picked and cost more than the lookup. Each reading thread takes a
-/// shard of the lock of its own (`rdma_emu::sync::ReadMostly`), so threads posting at once do
-/// not pass a lock word between cores; creating and destroying objects wait for every shard.
+/// The registry's table, in shards by address. A verb finds the objects the data path names
+/// in [`HITS`] without a lock; the rest (and a first use) look up their shard under its read
+/// lock. Creating and destroying an object write its shard alone: one uncontended lock, where a
+/// table that every reader could read without a locked instruction (`rdma_emu::sync::ReadMostly`,
+/// which this was) made each write wait for a process-wide barrier (`membarrier(2)`, ~7 us
+/// when another thread of the process runs, and an interruption of that thread), some twenty
+/// a connection through librdmacm. Keyed by FxHash (rustc-hash): SipHash's defence against
+/// chosen keys buys nothing for addresses the allocator picked.
 #[derive(Default)]
 struct Live {
-    table: ReadMostly<Table>,
+    shards: [RwLock<Table>; SHARDS],
+}
+
+/// An object taken out of the registry to be torn down: its rank, address and teardown.
+type Teardown = (u8, usize, unsafe fn(usize));
+
+/// Shards of [`Live`] (a power of two).
+const SHARDS: usize = 16;
+
+/// Fibonacci hashing of an object's address into `slots` (a power of two): objects a few
+/// hundred bytes apart spread.
+fn spread(p: usize, slots: usize) -> usize {
+    (p >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (usize::BITS - slots.ilog2())
 }
 
 /// Lookups that found a live object of a kind the data path asks for (see [`hot_tag`]), by
-/// address: the address with the kind's tag in its top bits. Filled under the read side of
-/// [`Live`]'s table, emptied under its write side, so an entry names an object live since it
-/// was filled. Shared by all threads and written only on a miss: steady traffic reads it. A
+/// address: the address with the kind's tag in its top bits. Filled under the read lock of the
+/// object's shard of [`Live`], and the object's entry emptied under that shard's write lock as
+/// the object leaves the table, so an entry names an object live since it was filled. Shared by all threads and written only on a miss: steady traffic reads it. A
 /// static of its own, not in [`Live`]: a hit then reads no `OnceLock`'s state first.
 static HITS: Hits = Hits([const { AtomicUsize::new(0) }; HIT_SLOTS]);
 
@@ -244,13 +259,16 @@ struct Hits([AtomicUsize; HIT_SLOTS]);
 
 impl Hits {
     fn slot(&self, p: usize) -> &AtomicUsize {
-        // Fibonacci hashing of the address: objects a few hundred bytes apart spread.
-        &self.0[(p >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (usize::BITS - HIT_SLOTS.ilog2())]
+        &self.0[spread(p, HIT_SLOTS)]
     }
 
-    fn clear(&self) {
-        for h in &self.0 {
-            h.store(0, Ordering::Relaxed);
+    /// Forgets `p` (call under the write lock of its shard, as it leaves the table): a lookup
+    /// that remembered it did so under the read lock, so before, and none finds it after.
+    /// Another object's hit in the slot stays.
+    fn forget(&self, p: usize) {
+        let slot = self.slot(p);
+        if slot.load(Ordering::Relaxed) & ((1 << 57) - 1) == p {
+            slot.store(0, Ordering::Relaxed);
         }
     }
 }
@@ -287,15 +305,37 @@ fn hot_tag<S: 'static>(p: usize) -> Option<usize> {
 type Table = HashMap<usize, Entry, rustc_hash::FxBuildHasher>;
 
 impl Live {
-    fn read(&self) -> ReadGuard<'_, Table> {
-        self.table.read()
+    fn shard(&self, p: usize) -> &RwLock<Table> {
+        &self.shards[spread(p, SHARDS)]
     }
 
-    fn write(&self) -> WriteGuard<'_, Table> {
-        let g = self.table.write();
-        // Under the write side: no reader fills a slot until the change is made.
-        HITS.clear();
-        g
+    /// The entry of `p`: its type, handle and owner.
+    fn get(&self, p: usize) -> Option<(TypeId, u32, usize)> {
+        self.shard(p).read().get(&p).map(|e| (e.ty, e.handle, e.owner))
+    }
+
+    fn insert(&self, p: usize, e: Entry) {
+        // Nothing to forget: a hit at this address was forgotten as its object left.
+        self.shard(p).write().insert(p, e);
+    }
+
+    fn remove(&self, p: usize) {
+        let mut shard = self.shard(p).write();
+        shard.remove(&p);
+        HITS.forget(p);
+    }
+
+    /// Takes out every object of the ufile at `owner` that has a teardown.
+    fn take_owned(&self, owner: usize) -> Vec<Teardown> {
+        let mut taken = Vec::new();
+        for shard in &self.shards {
+            let mut shard = shard.write();
+            for (p, e) in shard.extract_if(|_, e| e.owner == owner && e.teardown.is_some()) {
+                HITS.forget(p);
+                taken.extend(e.teardown.map(|t| (e.rank, p, t)));
+            }
+        }
+        taken
     }
 
     /// Whether `p` is a live `S` that [`HITS`] remembers. `ibv_post_send` and `ibv_poll_cq`
@@ -312,13 +352,13 @@ impl Live {
     #[cold]
     fn look_up<S: 'static>(&self, p: usize) -> bool {
         let (ty, tag) = (TypeId::of::<S>(), hot_tag::<S>(p));
-        let table = self.read();
-        let found = table.get(&p).map(|e| e.ty) == Some(ty);
+        let shard = self.shard(p).read();
+        let found = shard.get(&p).map(|e| e.ty) == Some(ty);
         if found && let Some(tag) = tag {
-            // Under the read side: a destroy clears it after (see `write`).
+            // Under the read lock: a destroy forgets it after (see `remove`).
             HITS.slot(p).store(p | tag, Ordering::Release);
         }
-        drop(table);
+        drop(shard);
         found
     }
 }
@@ -326,7 +366,7 @@ impl Live {
 /// Records an object handed to C that no context owns (a device, a context).
 pub(crate) fn register<S: 'static>(p: *const S) {
     let e = Entry { ty: TypeId::of::<S>(), owner: 0, handle: 0, rank: 0, teardown: None };
-    live().write().insert(p as usize, e);
+    live().insert(p as usize, e);
 }
 
 /// Recovers the object behind a C pointer, if it is a live object of type `S`.
@@ -386,8 +426,7 @@ pub(crate) unsafe fn optional<'a, C, S: 'static>(p: *mut C) -> Result<Option<&'a
 /// # Safety
 /// As [`obj`].
 pub(crate) unsafe fn checked<'a, C, S: Owned>(p: *mut C) -> Option<&'a S> {
-    let entry = live().read().get(&(p as usize)).map(|e| (e.ty, e.handle, e.owner));
-    let (ty, handle, owner) = entry?;
+    let (ty, handle, owner) = live().get(p as usize)?;
     if ty != TypeId::of::<S>() {
         return None;
     }
@@ -445,7 +484,7 @@ pub(crate) fn leak<S: Owned>(s: S) -> *mut S {
     let p = Box::into_raw(Box::new(s));
     let rank = S::RANK;
     let e = Entry { ty: TypeId::of::<S>(), owner, handle, rank, teardown: Some(teardown::<S>) };
-    live().write().insert(p as usize, e);
+    live().insert(p as usize, e);
     p
 }
 
@@ -475,12 +514,7 @@ unsafe fn teardown<S: Owned>(p: usize) {
 /// Destroys every object of the ufile at `owner` (its last context has closed), in their
 /// ranks' order, and frees their structs: their pointers are refused from now on.
 pub(crate) fn close_owned(owner: usize) {
-    type Teardown = (u8, usize, unsafe fn(usize));
-    let mut taken: Vec<Teardown> = live()
-        .write()
-        .extract_if(|_, e| e.owner == owner && e.teardown.is_some())
-        .filter_map(|(p, e)| Some((e.rank, p, e.teardown?)))
-        .collect();
+    let mut taken = live().take_owned(owner);
     taken.sort_by_key(|&(rank, p, _)| (rank, p));
     for (_, p, teardown) in taken {
         // SAFETY: taken off the registry just now, so nothing else frees it; C does not use
@@ -494,7 +528,7 @@ pub(crate) fn close_owned(owner: usize) {
 /// # Safety
 /// `p` came from `leak::<S>` or `leak_unowned` and is not used afterwards.
 pub(crate) unsafe fn free<S: 'static>(p: *const S) {
-    live().write().remove(&(p as usize));
+    live().remove(p as usize);
     // SAFETY: by the caller's contract `p` is a live Box<S> allocation.
     drop(unsafe { Box::from_raw(p as *mut S) });
 }
@@ -523,7 +557,7 @@ pub(crate) unsafe fn destroy<C, S: Owned>(
     }
     match f(s) {
         Ok(()) if S::RETIRED_LATE => {
-            live().write().remove(&(s as *const S as usize));
+            live().remove(s as *const S as usize);
             retire::<S>(s as *const S as usize);
             0
         }
@@ -682,7 +716,7 @@ mod test {
     fn test_a_retired_object_stays_readable_until_enough_others_follow() {
         static DROPS: AtomicUsize = AtomicUsize::new(0);
         let first = leak_unowned(Counted(41, &DROPS));
-        live().write().remove(&(first as usize));
+        live().remove(first as usize);
         retire::<Counted>(first as usize);
         // SAFETY: refused by the registry, so never dereferenced.
         assert!(unsafe { obj::<Counted, Counted>(first) }.is_none());
@@ -691,7 +725,7 @@ mod test {
         let before = DROPS.load(Ordering::SeqCst);
         for i in 0..RETIRED {
             let p = leak_unowned(Counted(i as u32, &DROPS));
-            live().write().remove(&(p as usize));
+            live().remove(p as usize);
             retire::<Counted>(p as usize);
         }
         // Other tests may retire objects meanwhile: at least the first is gone now.
