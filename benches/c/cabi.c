@@ -2,7 +2,8 @@
  * through ibv_post_send / ibv_poll_cq, one thread) and a polled SEND ping-pong round trip
  * between two threads on cores 0 and 1. Run on the shim by `ratios`; prints
  * "mops <Mops/s>" and "rtt_us <microseconds>". Usage: cabi <rate iterations> <rtt iterations>
- * [<hop iterations>: then only the hops below, for callgrind, after the rate] */
+ * [<hop iterations>: then only the hops below, for callgrind, after the rate]
+ * [<churn rounds>: then only the churn below, "churn_us <microseconds per round>"] */
 #define _GNU_SOURCE
 #include <infiniband/verbs.h>
 #include <pthread.h>
@@ -163,6 +164,43 @@ __attribute__((noinline)) static void measured_hop(long n)
 	}
 }
 
+static volatile int churning;
+
+/* Polls B's (empty) CQ for as long as the churn runs, as an application's progress thread. */
+static void *poller(void *arg)
+{
+	struct ibv_wc wc;
+	(void)arg;
+	pin(1);
+	while (churning)
+		if (ibv_poll_cq(B.cq, 1, &wc) < 0)
+			DIE("poll");
+	return NULL;
+}
+
+/* n rounds of a CQ, an MR and an RC QP made and destroyed on A's context while another
+ * thread polls: what connection churn costs a process that moves data meanwhile. */
+static double churn(long n)
+{
+	struct ibv_qp_init_attr init = { .cap = { 16, 16, 1, 1, 0 }, .qp_type = IBV_QPT_RC };
+	pthread_t th;
+	churning = 1;
+	pthread_create(&th, NULL, poller, NULL);
+	double t = now();
+	for (long i = 0; i < n; i++) {
+		struct ibv_cq *cq = ibv_create_cq(A.ctx, 16, NULL, NULL, 0);
+		struct ibv_mr *mr = ibv_reg_mr(A.pd, A.buf, sizeof(A.buf), IBV_ACCESS_LOCAL_WRITE);
+		init.send_cq = init.recv_cq = cq;
+		struct ibv_qp *qp = cq ? ibv_create_qp(A.pd, &init) : NULL;
+		if (!qp || !mr || ibv_destroy_qp(qp) || ibv_dereg_mr(mr) || ibv_destroy_cq(cq))
+			DIE("churn");
+	}
+	t = now() - t;
+	churning = 0;
+	pthread_join(th, NULL);
+	return t * 1e6 / n;
+}
+
 int main(int argc, char **argv)
 {
 	long rate_iters = argc > 1 ? atol(argv[1]) : 1000000;
@@ -187,6 +225,12 @@ int main(int argc, char **argv)
 	measured_loop(&wr, rate_iters);
 	printf("mops %.4f\n", rate_iters / (now() - t) / 1e6);
 
+	long churn_rounds = argc > 4 ? atol(argv[4]) : 0;
+	if (churn_rounds) {
+		churn(churn_rounds / 10 + 1); /* first uses */
+		printf("churn_us %.4f\n", churn(churn_rounds));
+		return 0;
+	}
 	long hop_iters = argc > 3 ? atol(argv[3]) : 0;
 	if (hop_iters) {
 		post_recv(&B);

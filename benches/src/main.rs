@@ -273,6 +273,25 @@ fn pingpong_us(iters: usize, events: bool) -> f64 {
 /// Compiles `benches/c/cabi.c` against the system headers and runs it on the shim built next to
 /// this binary; returns (8-byte WRITE Mops/s, ping-pong RTT in us) through the C ABI.
 fn cabi(rate_iters: usize, rtt_iters: usize) -> Result<(f64, f64), String> {
+    let text = cabi_run(&[rate_iters, rtt_iters])?;
+    Ok((cabi_value(&text, "mops")?, cabi_value(&text, "rtt_us")?))
+}
+
+/// The C program's microseconds per round of a CQ, an MR and a QP made and destroyed while
+/// another thread polls (`rounds` rounds).
+pub(crate) fn cabi_churn(rounds: usize) -> Result<f64, String> {
+    cabi_value(&cabi_run(&[0, 0, 0, rounds])?, "churn_us")
+}
+
+/// `key`'s value in the C program's output.
+fn cabi_value(text: &str, key: &str) -> Result<f64, String> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(key).and_then(|v| v.trim().parse::<f64>().ok()))
+        .ok_or(format!("no {key} in {text}"))
+}
+
+/// Compiles `benches/c/cabi.c` and runs it on the shim with `args`; its output.
+fn cabi_run(args: &[usize]) -> Result<String, String> {
     let exe_dir =
         std::env::current_exe().map_err(|e| e.to_string())?.parent().unwrap().to_path_buf();
     let lib = exe_dir.join("libibverbs.so");
@@ -297,17 +316,11 @@ fn cabi(rate_iters: usize, rtt_iters: usize) -> Result<(f64, f64), String> {
         return Err(String::from_utf8_lossy(&cc.stderr).into_owned());
     }
     let out = std::process::Command::new(&bin)
-        .args([rate_iters.to_string(), rtt_iters.to_string()])
+        .args(args.iter().map(usize::to_string))
         .env("LD_LIBRARY_PATH", &shim)
         .output()
         .map_err(|e| e.to_string())?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let get = |k: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(k).and_then(|v| v.trim().parse::<f64>().ok()))
-            .ok_or(format!("no {k} in {text}"))
-    };
-    Ok((get("mops")?, get("rtt_us")?))
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// G3b (C-ABI message rate against the lock-free model) and G6 (C-ABI ping-pong RTT against the

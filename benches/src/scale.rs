@@ -164,8 +164,21 @@ pub(crate) fn objects() {
     // (The objects above kept meanwhile: memory they freed would be counted again.)
     cm_connections();
     host_mrs();
+    churn();
     drop(mrs);
     drop(qps);
+}
+
+/// A CQ, an MR and an RC QP made and destroyed 5,000 times through the C ABI (the shim) while
+/// another thread of the process polls: each barrier a creation or destruction issues across
+/// the process's threads interrupts that thread and waits for it.
+fn churn() {
+    const ROUNDS: usize = 5_000;
+    let what = "a CQ, an MR and an RC QP made and destroyed through the C ABI, another thread polling (per round)";
+    match crate::cabi_churn(ROUNDS) {
+        Ok(us) => println!("| {what} | {ROUNDS} | {us:.2} us | |"),
+        Err(e) => println!("| {what} | failed: {} | | |", e.trim()),
+    }
 }
 
 /// 100,000 MRs of a page each, with remote write access, on a host fabric (as every process
