@@ -679,6 +679,46 @@ mod test {
         unsafe { free(t) };
     }
 
+    /// Threads that make, look up and destroy objects at once (each write its shard alone)
+    /// each find their own live objects, and none of them once destroyed, whatever the others
+    /// do to the shards and the remembered hits meanwhile.
+    #[test]
+    fn test_threads_making_and_destroying_objects_at_once_see_only_live_ones() {
+        let threads: Vec<_> = (0..4u32)
+            .map(|t| {
+                std::thread::spawn(move || {
+                    // Freed only at the end: a freed address that the allocator handed out
+                    // again would be found live, as the object now there.
+                    let mut gone = Vec::new();
+                    for round in 0..200u32 {
+                        let v = t << 16 | round;
+                        let made: Vec<_> = (0..8).map(|i| leak_unowned(Hot(v + i))).collect();
+                        for (i, &p) in made.iter().enumerate() {
+                            for _ in 0..2 {
+                                // SAFETY: live (the registry says so before the reference).
+                                let got = unsafe { obj::<Hot, Hot>(p) }.map(|h| h.0);
+                                assert_eq!(got, Some(v + i as u32));
+                            }
+                        }
+                        for p in made {
+                            live().remove(p as usize);
+                            // SAFETY: refused by the registry, so never dereferenced.
+                            assert!(unsafe { obj::<Hot, Hot>(p) }.is_none());
+                            gone.push(p as usize);
+                        }
+                    }
+                    for p in gone {
+                        // SAFETY: from `leak_unowned`, out of the registry: freed once, here.
+                        drop(unsafe { Box::from_raw(p as *mut Hot) });
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+    }
+
     /// As above, for a kind looked up in the table every time.
     #[test]
     fn test_a_lookup_of_a_cold_kind_ends_with_its_object() {
