@@ -243,6 +243,13 @@ pub(crate) fn uid() -> u32 {
     unsafe { libc::getuid() }
 }
 
+/// Whether this process may make entries in the directory at `path` (write and search it), as
+/// the kernel judges it for the real user.
+pub(crate) fn may_make_entries_in(path: &std::ffi::CStr) -> bool {
+    // SAFETY: a NUL-terminated path, which access(2) only reads.
+    unsafe { libc::access(path.as_ptr(), libc::W_OK | libc::X_OK) == 0 }
+}
+
 /// Blocks until `fd` is readable (or reports an error or hang-up), at most `timeout`
 /// (`None`: no limit); whether it is.
 pub(crate) fn wait_readable(fd: RawFd, timeout: Option<std::time::Duration>) -> io::Result<bool> {

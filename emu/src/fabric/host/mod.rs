@@ -178,7 +178,8 @@ pub(crate) fn slot_of(qpn: u32) -> u8 {
 }
 
 /// Where the fabric called `name` lives: an absolute path as given, else
-/// `$RDMA_EMU_RUNTIME_DIR`, `$XDG_RUNTIME_DIR` or `/tmp`, then `rdma-emu-<uid>/<name>`.
+/// `$RDMA_EMU_RUNTIME_DIR`, `$XDG_RUNTIME_DIR` or `/dev/shm` (`/tmp` where it is missing), then
+/// `rdma-emu-<uid>/<name>`.
 pub fn fabric_dir(name: &str) -> PathBuf {
     Location::of(name).path()
 }
