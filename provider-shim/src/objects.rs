@@ -11,7 +11,7 @@ use std::{
     },
 };
 
-use rdma_emu::sync::RwLock;
+use rdma_emu::sync::{RwLock, RwLockWriteGuard};
 
 use crate::abi::*;
 
@@ -216,8 +216,35 @@ struct Entry {
 /// (Inline verbs such as `ibv_post_send` read the object before calling us; for those the
 /// application's pointer must be valid, as with every provider.)
 fn live() -> &'static Live {
-    static LIVE: OnceLock<Live> = OnceLock::new();
-    LIVE.get_or_init(Default::default)
+    LIVE.get_or_init(|| {
+        // SAFETY: the handlers are functions of this library, which stays loaded (it is
+        // libibverbs); they take and let go of the table's locks on the forking thread.
+        unsafe { libc::pthread_atfork(Some(hold_for_fork), Some(let_go), Some(let_go)) };
+        Live::default()
+    })
+}
+
+static LIVE: OnceLock<Live> = OnceLock::new();
+
+std::thread_local! {
+    /// The shards' write locks, held by the thread that forks from just before the fork until
+    /// it returns, in the parent and in the child.
+    static HELD_FOR_FORK: std::cell::RefCell<Vec<RwLockWriteGuard<'static, Table>>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Before a fork: takes every shard's write lock, so that the child's table is whole and
+/// unlocked. A thread that held one at the fork (making or destroying an object) would have
+/// left it held for ever in the child, whose next object of that shard would wait for it.
+extern "C" fn hold_for_fork() {
+    if let Some(live) = LIVE.get() {
+        HELD_FOR_FORK.with(|h| h.borrow_mut().extend(live.shards.iter().map(|s| s.write())));
+    }
+}
+
+/// After a fork, in the parent and in the child: lets go of what [`hold_for_fork`] took.
+extern "C" fn let_go() {
+    HELD_FOR_FORK.with(|h| h.borrow_mut().clear());
 }
 
 /// The registry's table, in shards by address. A verb finds the objects the data path names
@@ -679,6 +706,27 @@ mod test {
         unsafe { free(t) };
     }
 
+    /// As above, for a kind looked up in the table every time.
+    #[test]
+    fn test_a_lookup_of_a_cold_kind_ends_with_its_object() {
+        let p = leak_unowned(Thing(7));
+        for _ in 0..3 {
+            // SAFETY: `p` is live (the registry says so before the reference is made).
+            assert_eq!(unsafe { obj::<Thing, Thing>(p) }.map(|t| t.0), Some(7));
+            // SAFETY: asked as another type: refused before any reference is made.
+            assert!(unsafe { obj::<Thing, Other>(p) }.is_none());
+        }
+        // SAFETY: `p` came from `leak_unowned` and is not used after this but to be refused.
+        unsafe { free(p) };
+        // SAFETY: refused by the registry, so never dereferenced.
+        assert!(unsafe { obj::<Thing, Thing>(p) }.is_none());
+        let q = leak_unowned(Thing(8));
+        // SAFETY: live.
+        assert_eq!(unsafe { obj::<Thing, Thing>(q) }.map(|t| t.0), Some(8));
+        // SAFETY: `q` came from `leak_unowned`.
+        unsafe { free(q) };
+    }
+
     /// Threads that make, look up and destroy objects at once (each write its shard alone)
     /// each find their own live objects, and none of them once destroyed, whatever the others
     /// do to the shards and the remembered hits meanwhile.
@@ -719,25 +767,48 @@ mod test {
         }
     }
 
-    /// As above, for a kind looked up in the table every time.
+    /// A child made by `fork` while another thread held a shard's lock (making or destroying an
+    /// object: here, held on purpose for a while) makes, finds and destroys objects in every
+    /// shard: the fork waits for the lock, which is then let go in the child as in the parent.
+    /// (Without that, the child waited for ever on a lock whose holder it does not have.)
     #[test]
-    fn test_a_lookup_of_a_cold_kind_ends_with_its_object() {
-        let p = leak_unowned(Thing(7));
-        for _ in 0..3 {
-            // SAFETY: `p` is live (the registry says so before the reference is made).
-            assert_eq!(unsafe { obj::<Thing, Thing>(p) }.map(|t| t.0), Some(7));
-            // SAFETY: asked as another type: refused before any reference is made.
-            assert!(unsafe { obj::<Thing, Other>(p) }.is_none());
+    fn test_a_child_forked_while_another_thread_holds_a_shard_makes_its_own() {
+        let (held, go) = std::sync::mpsc::channel();
+        let holder = std::thread::spawn(move || {
+            let shard = live().shards[0].write();
+            held.send(()).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            drop(shard);
+        });
+        go.recv().unwrap();
+        // SAFETY: the child uses the registry and plain Rust on its own thread, then leaves
+        // with _exit (or is ended by its alarm if it hangs).
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: as above.
+            unsafe { libc::alarm(5) };
+            // Enough objects, all live at once (a freed one's address comes again), that
+            // every shard has some.
+            let made: Vec<_> = (0..256u32).map(|i| leak_unowned(Thing(i))).collect();
+            let ok = made.iter().enumerate().all(|(i, &p)| {
+                // SAFETY: live until freed below.
+                unsafe { obj::<Thing, Thing>(p) }.map(|t| t.0) == Some(i as u32)
+            });
+            for p in made {
+                // SAFETY: from `leak_unowned`, used no more.
+                unsafe { free(p) };
+            }
+            // SAFETY: ends the child without running the parent's destructors.
+            unsafe { libc::_exit(if ok { 0 } else { 1 }) };
         }
-        // SAFETY: `p` came from `leak_unowned` and is not used after this but to be refused.
-        unsafe { free(p) };
-        // SAFETY: refused by the registry, so never dereferenced.
-        assert!(unsafe { obj::<Thing, Thing>(p) }.is_none());
-        let q = leak_unowned(Thing(8));
-        // SAFETY: live.
-        assert_eq!(unsafe { obj::<Thing, Thing>(q) }.map(|t| t.0), Some(8));
-        // SAFETY: `q` came from `leak_unowned`.
-        unsafe { free(q) };
+        let mut status = 0;
+        // SAFETY: waits for our own child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "the child hung (killed by its alarm) or found a wrong object: status {status:#x}"
+        );
+        holder.join().unwrap();
     }
 
     /// Counts its drops.
