@@ -174,7 +174,7 @@ pub(crate) fn objects() {
 /// the process's threads interrupts that thread and waits for it.
 fn churn() {
     const ROUNDS: usize = 5_000;
-    let what = "a CQ, an MR and an RC QP made and destroyed through the C ABI, another thread polling (per round)";
+    let what = "CQ + MR + RC QP made and destroyed, C ABI, another thread polling (per round)";
     match crate::cabi_churn(ROUNDS) {
         Ok(us) => println!("| {what} | {ROUNDS} | {us:.2} us | |"),
         Err(e) => println!("| {what} | failed: {} | | |", e.trim()),

@@ -249,12 +249,12 @@ extern "C" fn let_go() {
 
 /// The registry's table, in shards by address. A verb finds the objects the data path names
 /// in [`HITS`] without a lock; the rest (and a first use) look up their shard under its read
-/// lock. Creating and destroying an object write its shard alone: one uncontended lock, where a
-/// table that every reader could read without a locked instruction (`rdma_emu::sync::ReadMostly`,
-/// which this was) made each write wait for a process-wide barrier (`membarrier(2)`, ~7 us
-/// when another thread of the process runs, and an interruption of that thread), some twenty
-/// a connection through librdmacm. Keyed by FxHash (rustc-hash): SipHash's defence against
-/// chosen keys buys nothing for addresses the allocator picked.
+/// lock. Creating and destroying an object write its shard alone: one uncontended lock, where
+/// a table that every reader could read without a locked instruction (`ReadMostly`, which this
+/// was) made each write wait for a process-wide barrier (`membarrier(2)`, ~7 us when another
+/// thread of the process runs, and an interruption of that thread), some twenty a connection
+/// through librdmacm. Keyed by FxHash (rustc-hash): SipHash's defence against chosen keys buys
+/// nothing for addresses the allocator picked.
 #[derive(Default)]
 struct Live {
     shards: [RwLock<Table>; SHARDS],
@@ -275,8 +275,9 @@ fn spread(p: usize, slots: usize) -> usize {
 /// Lookups that found a live object of a kind the data path asks for (see [`hot_tag`]), by
 /// address: the address with the kind's tag in its top bits. Filled under the read lock of the
 /// object's shard of [`Live`], and the object's entry emptied under that shard's write lock as
-/// the object leaves the table, so an entry names an object live since it was filled. Shared by all threads and written only on a miss: steady traffic reads it. A
-/// static of its own, not in [`Live`]: a hit then reads no `OnceLock`'s state first.
+/// the object leaves the table, so an entry names an object live since it was filled. Shared
+/// by all threads and written only on a miss: steady traffic reads it. A static of its own,
+/// not in [`Live`]: a hit then reads no `OnceLock`'s state first.
 static HITS: Hits = Hits([const { AtomicUsize::new(0) }; HIT_SLOTS]);
 
 /// Slots of [`HITS`] (a power of two).

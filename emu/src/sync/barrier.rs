@@ -125,6 +125,14 @@ pub(crate) fn heavy() {
 
 #[cfg(test)]
 pub(crate) mod test {
+    use std::sync::Arc;
+
+    use crate::{
+        engine::testkit,
+        sync::{ReadMostly, lock::Lock},
+        *,
+    };
+
     std::thread_local! {
         /// The heavy barriers this thread issued.
         pub(crate) static HEAVY: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
@@ -136,14 +144,6 @@ pub(crate) mod test {
         f();
         HEAVY.get() - before
     }
-
-    use std::sync::Arc;
-
-    use crate::{
-        engine::testkit,
-        sync::{ReadMostly, lock::Lock},
-        *,
-    };
 
     /// Set in the process the test below runs itself in.
     pub(super) const WITHOUT_MEMBARRIER: &str = "RDMA_EMU_TEST_WITHOUT_MEMBARRIER";

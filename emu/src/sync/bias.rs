@@ -250,9 +250,10 @@ impl Bias {
     /// be in by the bias, so no barrier is needed to see an owner in. The owner's word goes
     /// from one of those two to `NOBODY` before the revocation is stored, so that nobody takes
     /// the bias meanwhile (`take` wants 0), and a thread that sees the revocation (acquiring
-    /// it) sees all that a former owner did inside. A destroyed CQ's ends and a QP's lock
-    /// first taken by another thread are revoked this way at no cost: each barrier is ~7 us
-    /// and an interruption of every running thread of the process. Whether it was.
+    /// it) sees all that a former owner did inside. A CQ destroyed before any poll, or by the
+    /// thread that polled it, has its ends revoked this way at no cost, where each barrier is
+    /// ~7 us and an interruption of every other running thread of the process. (Not in the
+    /// model below, which has the owner and the revoker as two threads.) Whether it was.
     fn revoke_unentered(&self) -> bool {
         let owner = self.owner.load(Ordering::Relaxed);
         // (The owner's own `inside` is its own last store: it can read it.)
