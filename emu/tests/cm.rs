@@ -759,6 +759,33 @@ fn processes_binding_free_ports_at_once_get_different_ones() {
     assert_eq!(all.len(), n, "a port handed to both processes");
 }
 
+/// A port another process holds is refused; its id's destroy gives it back at once (each
+/// destroy gives back its own ports alone). One whose id was dropped without a destroy is
+/// given back once as many ports were taken since as are bound (64 at least).
+#[test]
+fn a_port_is_given_back_to_other_processes_by_its_ids_destroy_or_later_by_a_sweep() {
+    let host = Host::new("give-back");
+    let (fa, fb) = (host.fabric(), host.fabric());
+    let (cha, chb) = (CmChannel::new(&fa).unwrap(), CmChannel::new(&fb).unwrap());
+    let bind = |ch: &CmChannel, port: u16| {
+        let id = CmId::create(ch, PortSpace::Tcp).unwrap();
+        let bound = id.bind_addr(SocketAddr::from(([0, 0, 0, 0], port)));
+        bound.map(|()| id).map_err(|e| e.errno())
+    };
+    let held = bind(&cha, 7700).unwrap();
+    assert_eq!(bind(&chb, 7700).unwrap_err(), Errno::EADDRNOTAVAIL);
+    held.destroy().unwrap();
+    bind(&chb, 7700).unwrap().destroy().unwrap();
+
+    drop(bind(&cha, 7701).unwrap());
+    assert_eq!(bind(&chb, 7701).unwrap_err(), Errno::EADDRNOTAVAIL, "not swept yet");
+    let more: Vec<CmId> = (0..64).map(|_| bind(&cha, 0).unwrap()).collect();
+    bind(&chb, 7701).expect("swept").destroy().unwrap();
+    for id in more {
+        id.destroy().unwrap();
+    }
+}
+
 #[test]
 fn connections_cross_between_processes_and_end_when_one_dies() {
     let host = Host::new("cross");
