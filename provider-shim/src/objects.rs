@@ -295,18 +295,21 @@ impl Hits {
     /// Another object's hit in the slot stays.
     fn forget(&self, p: usize) {
         let slot = self.slot(p);
-        if slot.load(Ordering::Relaxed) & ((1 << 57) - 1) == p {
+        if slot.load(Ordering::Relaxed) & (ADDRESSES - 1) == p {
             slot.store(0, Ordering::Relaxed);
         }
     }
 }
+
+/// Where x86-64 user addresses end (2^57, with 5-level paging): [`HITS`]' tags go above.
+const ADDRESSES: usize = 1 << 57;
 
 /// The tag of the kinds every work request names (QPs, CQs, SRQs, WQs, address handles), for
 /// the top bits of `p` (x86-64 user addresses stay below 2^57); `None` for the rest, and for
 /// an address reaching those bits, which are looked up in the table every time.
 #[inline(always)]
 fn hot_tag<S: 'static>(p: usize) -> Option<usize> {
-    if p >= 1 << 57 {
+    if p >= ADDRESSES {
         return None;
     }
     let ty = TypeId::of::<S>();

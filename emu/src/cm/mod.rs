@@ -1106,7 +1106,6 @@ impl CmId {
         let unswept = cm.takes_unswept.fetch_add(1, Ordering::Relaxed) + 1;
         if unswept >= bound.len().max(64) {
             cm.takes_unswept.store(0, Ordering::Relaxed);
-            let node = self.fabric().node.get();
             bound.retain(|&(ps, p), v| {
                 v.retain(|w| w.strong_count() > 0);
                 if v.is_empty()
