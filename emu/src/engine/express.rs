@@ -384,7 +384,7 @@ pub(super) fn local_span<'k>(
     write: bool,
 ) -> Option<Span<'k>> {
     let access = if write { AccessFlags::LOCAL_WRITE } else { AccessFlags::empty() };
-    keys.span((sge.lkey, false), pd, access, sge.addr, sge.length as u64)
+    keys.span(sge.lkey, pd, access, sge.addr, sge.length as u64)
 }
 
 /// The source of one SGE (not empty) as [`local_span`] finds it.
@@ -492,7 +492,7 @@ pub(super) fn remote<'k>(
     if key.2 == 0 {
         return Some(None);
     }
-    keys.range((key.0, true), pd, access, key.1, u64::from(key.2)).map(Some)
+    keys.range(key.0, pd, access, key.1, u64::from(key.2)).map(Some)
 }
 
 /// Takes the responder's next receive WQE (from its SRQ if it has one) if `place` succeeds
@@ -631,7 +631,7 @@ pub(super) fn remote_span<'k>(
     if len == 0 {
         return Some(None);
     }
-    keys.span((rkey, true), pd, access, va, u64::from(len)).map(Some)
+    keys.span(rkey, pd, access, va, u64::from(len)).map(Some)
 }
 
 #[cfg(test)]

@@ -326,7 +326,7 @@ impl Mr {
         let region = Arc::new(region);
         let profile = dev.profile;
         let mut made = None;
-        let inserted = dev.keys.write().insert(|key| {
+        let inserted = dev.keys.insert(|key| {
             let mr = Arc::new(MrInner {
                 pd: pd.0.clone(),
                 region,

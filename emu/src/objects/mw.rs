@@ -73,7 +73,7 @@ pub(crate) struct MwShared {
     pub(crate) pd: Arc<PdInner>,
     mw_type: MwType,
     /// The key the slot was allocated with (freed at dealloc).
-    key: u32,
+    pub(super) key: u32,
     /// The rkey the application holds (`ibv_mw.rkey`): for type 1 it moves at post time, as
     /// the provider updates it when it posts the bind.
     posted_rkey: AtomicU32,
@@ -180,7 +180,7 @@ impl Mw {
             return Err(e);
         }
         let mut made = None;
-        let inserted = dev.keys.write().insert(|key| {
+        let inserted = dev.keys.insert(|key| {
             let mw = Arc::new(MwShared {
                 dev: dev.clone(),
                 pd: pd.0.clone(),
