@@ -13,9 +13,12 @@
 //!
 //! What the poster must not miss: a QP that enters ERR flushes what is posted (under the QP's
 //! lock), and a receive posted after that must complete flushed too. The poster publishes its
-//! WQE, then reads the state's mirror here; the flusher sets the mirror, then flushes what is
-//! published. An asymmetric barrier between the two steps on each side (`sync::barrier`) makes
-//! at least one of them see the other: the poster then flushes it itself, under the QP's lock.
+//! WQE and reads the state's mirror here under the posters' lock; the flusher sets the mirror
+//! under that lock too, then flushes what is published. A post either published before (the
+//! flush takes it) or reads ERR (the poster then flushes it itself, under the QP's lock). The
+//! flusher takes the lock lent (`sync::lock::lock_lent`): the posting thread keeps its bias,
+//! and entering ERR costs no process-wide barrier unless another thread owns it (then a
+//! revocation's, as every entry into ERR cost when the two sides met by asymmetric fences).
 //!
 //! Slots are made in chunks as posting first reaches them, so a queue created with the
 //! device's largest depth takes memory only as deep as it is used.
@@ -34,7 +37,7 @@ use crossbeam_utils::CachePadded;
 use crate::objects::recv_queue::{RecvWqe, RecvWr, Sges};
 use crate::{
     error::{Errno, Error, Result},
-    sync::{barrier, lock::Lock},
+    sync::lock::{Lock, lock_lent},
     types::QpState,
 };
 
@@ -147,9 +150,11 @@ impl RecvRing {
     /// The QP's state changed (called under the QP's lock): what posters check. Entering ERR
     /// pairs with [`RecvRing::post`]'s check (see the module's text): call it before flushing.
     pub(crate) fn set_state(&self, state: QpState) {
-        let was = self.state.swap(state.0, Ordering::Relaxed);
-        if state == QpState::ERR && was != QpState::ERR.0 {
-            barrier::heavy();
+        if state == QpState::ERR && self.state() != QpState::ERR {
+            let _posters = lock_lent(&self.poster);
+            self.state.store(state.0, Ordering::Relaxed);
+        } else {
+            self.state.store(state.0, Ordering::Relaxed);
         }
     }
 
@@ -179,8 +184,7 @@ impl RecvRing {
         unsafe { (*slot.wqe.get()).fill(wr) };
         slot.seq.store(head.wrapping_add(1), Ordering::Release);
         p.head = head.wrapping_add(1);
-        drop(p);
-        barrier::light_any();
+        // Under the posters' lock, as `set_state` stores ERR (see the module's text).
         Ok(self.state() == QpState::ERR)
     }
 
@@ -393,5 +397,28 @@ mod tests {
             want.sort_unstable();
             assert_eq!(done, want);
         }
+    }
+
+    /// Entering ERR takes the posters' lock lent: no process-wide barrier when the thread that
+    /// posts enters it (or nobody has posted); one, the bias's revocation, when another thread
+    /// owns the posters' bias.
+    #[test]
+    fn entering_err_stops_other_threads_only_when_another_thread_posts() {
+        use crate::sync::barrier::test::heavy_in;
+        let sge = [Sge { addr: 0x1000, length: 8, lkey: 1 }];
+        let rq = RecvRing::new(4);
+        rq.set_state(QpState::RTS);
+        assert_eq!(heavy_in(|| rq.set_state(QpState::ERR)), 0, "nobody posted");
+        let rq = RecvRing::new(4);
+        rq.set_state(QpState::RTS);
+        rq.post(&wr(1, &sge), 1, "full").unwrap();
+        assert_eq!(heavy_in(|| rq.set_state(QpState::ERR)), 0, "this thread posts");
+        assert!(rq.post(&wr(2, &sge), 1, "full").unwrap(), "a post after ERR sees it");
+        let rq = Arc::new(RecvRing::new(4));
+        rq.set_state(QpState::RTS);
+        let poster = rq.clone();
+        std::thread::spawn(move || poster.post(&wr(3, &sge), 1, "full").unwrap()).join().unwrap();
+        let expected = u32::from(crate::sync::barrier::asymmetric());
+        assert_eq!(heavy_in(|| rq.set_state(QpState::ERR)), expected, "another thread posts");
     }
 }
