@@ -264,9 +264,14 @@ impl KeyTable {
         unsafe { self.slots[(key >> 8) as usize].fill(key, entry) };
     }
 
-    /// Doubles the slots (under the write: they move), up to the key space's end.
-    pub(crate) fn grow(&mut self) -> Result<()> {
+    /// Doubles the slots (under the write: they move), up to the key space's end, unless a
+    /// slot is free again (another registration grew the table first, or a key was freed).
+    fn grow(&mut self) -> Result<()> {
         let len = self.slots.len();
+        let alloc = self.alloc.get_mut();
+        if !alloc.free.is_empty() || (alloc.next as usize) < len {
+            return Ok(());
+        }
         if len > MAX_INDEX as usize {
             return Err(Error::new(Errno::ENOMEM, "key space exhausted"));
         }
@@ -289,6 +294,7 @@ impl KeyTable {
             KeyEntry::Mw(_) => None,
         }
     }
+
     /// The memory of `[va, va + len)` and its offset there, if `key` names an MR of `pd` (as
     /// its lkey, or as its rkey where `access` asks a remote access) that grants `access`,
     /// whose range holds it, over memory that cannot fault: what the express path asks of a

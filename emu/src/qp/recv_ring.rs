@@ -262,7 +262,9 @@ impl RecvRing {
     /// Forgets every posted WQE, without completions (RESET, destroy). Call under the QP's
     /// lock.
     pub(crate) fn clear(&self) {
-        let p = self.poster.lock();
+        // Lent, as in `set_state`: the thread that resets or destroys the QP does not keep
+        // the posters' bias from the one that posts.
+        let p = lock_lent(&self.poster);
         // Counters go on from where posting is: a slot's old word never matches a new one.
         self.tail.store(p.head, Ordering::Release);
     }
@@ -401,7 +403,7 @@ mod tests {
 
     /// Entering ERR takes the posters' lock lent: no process-wide barrier when the thread that
     /// posts enters it (or nobody has posted); one, the bias's revocation, when another thread
-    /// owns the posters' bias.
+    /// owns the posters' bias. Clearing the queue lends it too.
     #[test]
     fn entering_err_stops_other_threads_only_when_another_thread_posts() {
         use crate::sync::barrier::test::heavy_in;
@@ -420,5 +422,15 @@ mod tests {
         std::thread::spawn(move || poster.post(&wr(3, &sge), 1, "full").unwrap()).join().unwrap();
         let expected = u32::from(crate::sync::barrier::asymmetric());
         assert_eq!(heavy_in(|| rq.set_state(QpState::ERR)), expected, "another thread posts");
+        // A queue cleared (RESET) by a thread that never posts leaves the bias to the poster.
+        let rq = Arc::new(RecvRing::new(4));
+        rq.clear();
+        let poster = rq.clone();
+        let revoked = std::thread::spawn(move || {
+            heavy_in(|| {
+                poster.post(&wr(4, &sge), 1, "full").unwrap();
+            })
+        });
+        assert_eq!(revoked.join().unwrap(), 0, "the poster takes a bias nobody kept");
     }
 }
