@@ -595,6 +595,17 @@ pub(crate) struct Manager {
     /// Ports taken since `bound` was last swept of ids dropped without a destroy.
     takes_unswept: AtomicUsize,
     next_port: AtomicU32,
+    /// The ids that took a request from beyond a wire port, by the requester's id and address
+    /// (canonical): a REQ sent again finds its id at once (`wire::taken`).
+    wire_requests: Mutex<WireRequests>,
+}
+
+/// [`Manager::wire_requests`]: entries of ids gone are dropped as they are found, and all at
+/// once when the map has doubled since it was last swept.
+#[derive(Debug, Default)]
+struct WireRequests {
+    by_requester: HashMap<(u32, IpAddr), Weak<IdInner>>,
+    swept_at: usize,
 }
 
 /// The largest listen backlog (the kernel's `net.rdma_ucm.max_backlog` default).
@@ -640,7 +651,29 @@ impl Manager {
             bound: Mutex::default(),
             takes_unswept: AtomicUsize::new(0),
             next_port: AtomicU32::new(EPHEMERAL),
+            wire_requests: Mutex::default(),
         }
+    }
+
+    /// Notes that `conn` took the request of id `requester.0` from the address `requester.1`.
+    fn took_wire_request(&self, (id, peer): (u32, IpAddr), conn: &CmId) {
+        let mut w = self.wire_requests.lock();
+        if w.by_requester.len() >= 2 * w.swept_at.max(32) {
+            w.by_requester.retain(|_, c| c.strong_count() > 0);
+            w.swept_at = w.by_requester.len();
+        }
+        w.by_requester.insert((id, peer.to_canonical()), Arc::downgrade(&conn.0));
+    }
+
+    /// The id that took the request of id `id` from `peer`, if it is still here.
+    pub(super) fn wire_request(&self, id: u32, peer: IpAddr) -> Option<CmId> {
+        let key = (id, peer.to_canonical());
+        let mut w = self.wire_requests.lock();
+        let found = w.by_requester.get(&key)?.upgrade();
+        if found.is_none() {
+            w.by_requester.remove(&key);
+        }
+        found.map(CmId)
     }
 
     fn id(&self, num: u32) -> Option<CmId> {
@@ -2246,6 +2279,9 @@ fn request(
         st.listener = Some(Arc::downgrade(&listener.0));
         st.remote_ece = Ece { vendor_id: from.ece_vendor, options: from.ece_options, comp_mask: 0 };
         st.remote_incarnation = incarnation;
+    }
+    if let Some(w) = from.wire {
+        manager(fabric).took_wire_request((from.id, w.peer), &conn);
     }
     if let Some(qp_num) = answers {
         // Answered here, in whichever thread brought the request: the listener's owner may

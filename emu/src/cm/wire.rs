@@ -402,12 +402,9 @@ pub(super) fn arrived(fabric: &FabricInner, local: IpAddr, peer: IpAddr, bytes: 
 /// Our id that took the request of id `id` from `peer` already, if one did (the other side
 /// sent it again).
 fn taken(fabric: &FabricInner, id: u32, peer: IpAddr) -> Option<CmId> {
-    let ids = super::manager(fabric).ids.lock();
-    let mut all = ids.values().filter_map(std::sync::Weak::upgrade);
-    all.find(|c| {
-        c.st.lock().remote.is_some_and(|r| r.id == id && r.wire.is_some_and(|w| same(w.peer, peer)))
-    })
-    .map(CmId)
+    let c = super::manager(fabric).wire_request(id, peer)?;
+    let r = c.0.st.lock().remote;
+    r.is_some_and(|r| r.id == id && r.wire.is_some_and(|w| same(w.peer, peer))).then_some(c)
 }
 
 #[cfg(test)]
