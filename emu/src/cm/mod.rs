@@ -655,7 +655,7 @@ impl Manager {
         }
     }
 
-    /// Notes that `conn` took the request of id `requester.0` from the address `requester.1`.
+    /// Notes that `conn` took the request of id `id` from the address `peer`.
     fn took_wire_request(&self, (id, peer): (u32, IpAddr), conn: &CmId) {
         let mut w = self.wire_requests.lock();
         if w.by_requester.len() >= 2 * w.swept_at.max(32) {

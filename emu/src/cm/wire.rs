@@ -574,6 +574,37 @@ mod test {
         assert_eq!((local_id, remote_id), (mine, 5));
     }
 
+    /// The ids that took requests from beyond the wire are found by the requester's id and
+    /// address; those destroyed are forgotten (the index stays as small as what is up), and a
+    /// request of a destroyed one sent again is a new request.
+    #[test]
+    fn test_requests_of_ids_destroyed_are_forgotten() {
+        let (f, ch, peer) = wired("127.0.4.1", "127.0.4.2");
+        let (ours, peer_at): (IpAddr, _) =
+            ("127.0.4.1".parse().unwrap(), peer.local_addr().unwrap());
+        let listener = CmId::create(&ch, PortSpace::Tcp).unwrap();
+        listener.bind_addr(SocketAddr::new(ours, 7000)).unwrap();
+        listener.listen(4).unwrap();
+        let request = |local_id| {
+            arrived(&f.0, ours, peer_at.ip(), &req_from(peer_at, ours, local_id));
+            let e = event(&ch).unwrap();
+            assert_eq!(e.event, CmEventType::ConnectRequest);
+            e.id
+        };
+        let kept = request(1);
+        for local_id in 2..300 {
+            let id = request(local_id);
+            assert!(taken(&f.0, local_id, peer_at.ip()).is_some_and(|c| c.0.num == id.0.num));
+            id.destroy().unwrap();
+        }
+        let index = super::super::manager(&f.0).wire_requests.lock().by_requester.len();
+        assert!(index <= 64, "{index} requests remembered, one id up");
+        assert!(taken(&f.0, 1, peer_at.ip()).is_some_and(|c| c.0.num == kept.0.num));
+        assert!(taken(&f.0, 299, peer_at.ip()).is_none());
+        let again = request(299);
+        assert!(taken(&f.0, 299, peer_at.ip()).is_some_and(|c| c.0.num == again.0.num));
+    }
+
     /// A request beyond the wire port that nobody answers is sent again, then reported
     /// `Unreachable` (`ETIMEDOUT`); one to a port nobody listens on is refused.
     #[test]
