@@ -32,6 +32,14 @@ fn rc_basic_c_program_runs_on_the_shim() {
     c_program("rc_basic", &["full", "rxe"]);
 }
 
+/// The library registers the process for the kernel's barrier at load, before `main` and
+/// any verb: a barrier asked for first thing is allowed (the registration, made at the first
+/// QP, cost that QP ~15 ms once the process had threads).
+#[test]
+fn the_process_is_registered_for_the_barrier_at_load() {
+    c_program("barrier_at_load", &["rxe"]);
+}
+
 /// A program that loads the verbs library only through `dlopen` of a library that links it
 /// (as UCX, Open MPI and Python load theirs) runs verbs in a thread started before the load:
 /// `rc_basic` built as that library. Twice: with the loader's default reserve of static TLS,

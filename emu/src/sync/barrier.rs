@@ -56,6 +56,18 @@ fn decide() -> u8 {
     how
 }
 
+/// Decides at load, while the process most likely has one thread: the kernel registers a
+/// process of one thread at once, and one of several only after an RCU grace period
+/// (`synchronize_rcu`, ~15 ms on this VM), which the first object's creation paid, in every
+/// process (`cmtime`'s first `create qp` 15.8 ms, its second 8 us).
+#[used]
+#[unsafe(link_section = ".init_array")]
+static DECIDE_AT_LOAD: extern "C" fn() = decide_at_load;
+
+extern "C" fn decide_at_load() {
+    how();
+}
+
 #[inline]
 fn how() -> u8 {
     match HOW.load(Ordering::Acquire) {
@@ -147,6 +159,34 @@ pub(crate) mod test {
 
     /// Set in the process the test below runs itself in.
     pub(super) const WITHOUT_MEMBARRIER: &str = "RDMA_EMU_TEST_WITHOUT_MEMBARRIER";
+
+    /// Set in the process the test below runs itself in.
+    const FRESH: &str = "RDMA_EMU_TEST_FRESH_PROCESS";
+
+    /// A program that links the library (a Rust one, as this test binary) is registered for
+    /// the kernel's barrier as it is loaded, before anything of the library is used: in a
+    /// process of its own, where nothing made an object yet, a barrier is allowed at once (the
+    /// kernel refuses it, EPERM, to a process not registered).
+    #[cfg(not(feature = "tsan"))]
+    #[test]
+    fn the_process_is_registered_for_the_barrier_at_load() {
+        const NAME: &str = "sync::barrier::test::the_process_is_registered_for_the_barrier_at_load";
+        if std::env::var_os(FRESH).is_none() {
+            let exe = std::env::current_exe().unwrap();
+            let out = std::process::Command::new(exe)
+                .args(["--exact", NAME, "--test-threads=1"])
+                .env(FRESH, "1")
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success() && text.contains("1 passed"), "{text}");
+            return;
+        }
+        let supported = super::membarrier(super::QUERY);
+        assert!(supported >= 0 && supported & libc::c_long::from(super::PRIVATE_EXPEDITED) != 0);
+        assert_eq!(super::membarrier(super::PRIVATE_EXPEDITED), 0, "registered at load");
+    }
 
     /// Where the kernel lacks the process-wide barrier, no object takes a way whose light side
     /// is a bare compiler fence: a lock's bias is never granted (its first user revokes it),
