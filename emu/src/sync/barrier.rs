@@ -80,7 +80,7 @@ fn how() -> u8 {
 const LIGHT_IS_FENCE: bool = cfg!(feature = "tsan");
 
 /// Whether the ways that rely on a bare [`light`] side may be taken: the heavy side is the
-/// kernel's barrier (or the light side a fence). Decided once, at the first object's use.
+/// kernel's barrier (or the light side a fence). Decided once, as the library loads.
 #[inline]
 pub(crate) fn asymmetric() -> bool {
     LIGHT_IS_FENCE || how() == SYSCALL
