@@ -63,6 +63,21 @@ pub(crate) unsafe fn store(p: *mut u64, word: u64) -> bool {
     unsafe { arch::store(p, word) == 0 }
 }
 
+/// Whether the `len` bytes at `src` (a multiple of 32) hold anything but zeros; `None` if
+/// they faulted.
+///
+/// # Safety
+/// As [`copy`]'s source.
+pub(crate) unsafe fn any_set(src: *const u8, len: usize) -> Option<bool> {
+    debug_assert!(len.is_multiple_of(32), "{len} bytes");
+    // SAFETY: as `copy`.
+    match unsafe { arch::any_set(src, len) } {
+        0 => Some(false),
+        1 => None,
+        _ => Some(true),
+    }
+}
+
 /// Makes the handler catch faults in the routines above (once per process; later calls do
 /// nothing). Called before the first application memory is registered.
 pub(crate) fn install() {
@@ -192,6 +207,27 @@ mod arch {
         "xchg qword ptr [rdi], rsi",
         "xor eax, eax",
         "ret",
+        // any_set(src: rdi, len: rsi, a multiple of 32) -> eax: 0 if all zeros, 2 if not
+        ".globl rdma_emu_guarded_any_set",
+        ".hidden rdma_emu_guarded_any_set",
+        "rdma_emu_guarded_any_set:",
+        "xor eax, eax",
+        "test rsi, rsi",
+        "jz 22f",
+        "21:",
+        "mov rcx, qword ptr [rdi]",
+        "or rcx, qword ptr [rdi + 8]",
+        "or rcx, qword ptr [rdi + 16]",
+        "or rcx, qword ptr [rdi + 24]",
+        "jnz 23f",
+        "add rdi, 32",
+        "sub rsi, 32",
+        "jnz 21b",
+        "22:",
+        "ret",
+        "23:",
+        "mov eax, 2",
+        "ret",
         ".globl rdma_emu_guarded_end",
         ".hidden rdma_emu_guarded_end",
         "rdma_emu_guarded_end:",
@@ -214,6 +250,8 @@ mod arch {
         pub(super) fn compare_swap(p: *mut u64, compare: u64, swap: u64, old: *mut u64) -> u32;
         #[link_name = "rdma_emu_guarded_store"]
         pub(super) fn store(p: *mut u64, word: u64) -> u32;
+        #[link_name = "rdma_emu_guarded_any_set"]
+        pub(super) fn any_set(src: *const u8, len: usize) -> u32;
         fn rdma_emu_guarded_start();
         fn rdma_emu_guarded_end();
         fn rdma_emu_guarded_landing();
@@ -320,6 +358,12 @@ mod arch {
         0
     }
 
+    pub(super) unsafe fn any_set(src: *const u8, len: usize) -> u32 {
+        // SAFETY: the caller's range, valid (no recovery here).
+        let bytes = unsafe { std::slice::from_raw_parts(src, len) };
+        if bytes.iter().any(|&b| b != 0) { 2 } else { 0 }
+    }
+
     pub(super) fn install() {}
 }
 
@@ -386,6 +430,19 @@ mod tests {
             assert!(store(&mut w, 9));
         }
         assert_eq!(w, 9);
+        // A byte set anywhere in the range, at either end of a word, is found; none past it.
+        let mut page = [0u8; 4096];
+        // SAFETY: a live array; every length a multiple of 32 inside it.
+        unsafe {
+            assert_eq!(any_set(page.as_ptr(), 0), Some(false));
+            assert_eq!(any_set(page.as_ptr(), 4096), Some(false));
+            for at in [0, 7, 8, 31, 32, 2047, 4064, 4095] {
+                page[at] = 1;
+                assert_eq!(any_set(page.as_ptr(), 4096), Some(true), "byte {at}");
+                assert_eq!(any_set(page.as_ptr(), at / 32 * 32), Some(false), "before {at}");
+                page[at] = 0;
+            }
+        }
     }
 
     #[test]
@@ -423,6 +480,9 @@ mod tests {
             assert_eq!(fetch_add(gone.cast(), 1), None);
             assert_eq!(compare_swap(ro.cast(), 0, 1), None);
             assert!(!store(gone.cast(), 1));
+            assert_eq!(any_set(gone, 64), None, "a look at unmapped memory");
+            assert_eq!(any_set(ro.add(4096 - 32), 64), None, "a look across into the hole");
+            assert_eq!(any_set(ro, 4096), Some(false), "read-only memory is looked at");
             // Still fine after recovering.
             let mut w = 1u64;
             assert_eq!(fetch_add(&mut w, 1), Some(1));

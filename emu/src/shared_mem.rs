@@ -5,8 +5,9 @@
 //! On a host fabric, the whole pages of application memory an MR spans (from one page if
 //! peers may write it, [`MIN_BYTES`], else from 16 KiB) move into a memfd at the same
 //! addresses when it is registered
-//! ([`adopt`]): the bytes are copied into the file, whose shared mapping then replaces the
-//! private pages in one `mremap`. The application sees the same addresses and the same bytes.
+//! ([`adopt`]): the bytes are copied into the file (its pages of zeros left holes), whose
+//! shared mapping then replaces the private pages in one `mremap`. The application sees the
+//! same addresses and the same bytes.
 //! A message pulled from that memory names the file ([`SharedMem::id`]); the receiver, passed
 //! the descriptor once, maps it ([`SharedView`]) and copies from there (where it has no view
 //! yet, it pulls as before: both read the very same pages). A peer that carries out an RDMA
@@ -176,7 +177,7 @@ impl Drop for Lease {
         if let Ok(maps) = Maps::read()
             && maps.all(m.base, m.len, |v| v.is_ours(m.ino))
         {
-            privatize(m.base, m.len);
+            privatize(m.base, m.len, Some(&m.fd));
         }
         drop(moved);
         m.retire();
@@ -272,7 +273,7 @@ pub(crate) fn adopt(addr: u64, len: usize) -> Option<Lease> {
     // SAFETY: F_ADD_SEALS on a descriptor we own takes an int. The file may no longer change
     // size: a peer's mapping never faults.
     if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals | libc::F_SEAL_SEAL) } != 0 {
-        privatize(start, n);
+        privatize(start, n, Some(&fd));
         return None;
     }
     let hooks = ForkHooks { prepare: fork_prepare, parent: fork_parent, child: fork_child };
@@ -293,12 +294,13 @@ fn move_into(fd: &OwnedFd, start: u64, n: usize) -> bool {
     if tmp == libc::MAP_FAILED {
         return false;
     }
-    filled(tmp, start, n).is_ok_and(|tmp| put_in_place(tmp, start, n))
+    filled(tmp, start, n, None).is_ok_and(|tmp| put_in_place(tmp, start, n))
 }
 
-/// Moves the pages of `start..start+n` back into private memory with the same bytes.
-fn privatize(start: u64, n: usize) -> bool {
-    private_copy(start, n).is_ok_and(|copy| put_in_place(copy, start, n))
+/// Moves the pages of `start..start+n` back into private memory with the same bytes (`file`:
+/// the file mapped there, if known, whose holes are left alone).
+fn privatize(start: u64, n: usize, file: Option<&OwnedFd>) -> bool {
+    private_copy(start, n, file).is_ok_and(|copy| put_in_place(copy, start, n))
 }
 
 /// Why [`private_copy`] made none.
@@ -310,8 +312,8 @@ enum NoCopy {
     Gone,
 }
 
-/// A fresh private mapping with a copy of the `n` bytes at `start`.
-fn private_copy(start: u64, n: usize) -> Result<*mut libc::c_void, NoCopy> {
+/// A fresh private mapping with a copy of the `n` bytes at `start` (of `file`, if known).
+fn private_copy(start: u64, n: usize, file: Option<&OwnedFd>) -> Result<*mut libc::c_void, NoCopy> {
     let (rw, private) =
         (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS);
     // SAFETY: a new anonymous mapping the kernel places.
@@ -319,13 +321,18 @@ fn private_copy(start: u64, n: usize) -> Result<*mut libc::c_void, NoCopy> {
     if tmp == libc::MAP_FAILED {
         return Err(NoCopy::NoRoom);
     }
-    filled(tmp, start, n)
+    filled(tmp, start, n, file)
 }
 
-/// The fresh mapping `tmp` (`n` bytes) with a copy of the `n` bytes at `start`; unmapped if
-/// `start..start+n` is no longer all mapped.
-fn filled(tmp: *mut libc::c_void, start: u64, n: usize) -> Result<*mut libc::c_void, NoCopy> {
-    if !copy_out(start, tmp, n) {
+/// The fresh mapping `tmp` (`n` bytes) with a copy of the `n` bytes at `start` (of `file`, if
+/// known); unmapped if `start..start+n` is no longer all mapped.
+fn filled(
+    tmp: *mut libc::c_void,
+    start: u64,
+    n: usize,
+    file: Option<&OwnedFd>,
+) -> Result<*mut libc::c_void, NoCopy> {
+    if !copy_out(start, tmp, n, file) {
         // SAFETY: `tmp` is ours, just mapped.
         unsafe { mm::munmap(tmp, n) };
         return Err(NoCopy::Gone);
@@ -333,13 +340,71 @@ fn filled(tmp: *mut libc::c_void, start: u64, n: usize) -> Result<*mut libc::c_v
     Ok(tmp)
 }
 
-/// Copies the `n` bytes at `start` into `tmp`; false if `start..start+n` is no longer all
-/// mapped (the application unmapped it under a live MR, or is doing so on another thread).
-fn copy_out(start: u64, tmp: *mut libc::c_void, n: usize) -> bool {
-    let at = std::ptr::with_exposed_provenance::<u8>(start as usize);
-    // SAFETY: `tmp` is a fresh writable mapping of `n` bytes, no memory Rust refers to, and
-    // does not overlap the range; the range may be unmapped (the copy then fails).
-    unsafe { crate::guarded::copy(at, tmp.cast::<u8>(), n) }
+/// Copies the `n` bytes at `start` into `tmp`, a mapping just made (all zeros), a page at a
+/// time, leaving out the pages of zeros: the new mapping's page then stays unallocated until
+/// it is written (16 MiB zeroed, registered and deregistered: 14 + 12 ms -> 3.7 + 0.2 here;
+/// as it came from `mmap`, 18 + 12 -> 7.6 + 0.1; filled, unchanged).
+/// Where the bytes are those of `file`, only its data is looked at (a hole reads as zeros,
+/// and a look at it through the mapping would put a page there). False if
+/// `start..start+n` is no longer all mapped (the application unmapped it under a live MR, or
+/// is doing so on another thread). Under Valgrind every page is copied: Memcheck would report
+/// the look at bytes the application never wrote as its error.
+fn copy_out(start: u64, tmp: *mut libc::c_void, n: usize, file: Option<&OwnedFd>) -> bool {
+    let page = crate::sys::page_size() as usize;
+    let looked_at = !crate::sys::under_valgrind();
+    let (at, to) = (std::ptr::with_exposed_provenance::<u8>(start as usize), tmp.cast::<u8>());
+    let mut off = 0;
+    while off < n {
+        let (from, end) = match file {
+            None => (off, n),
+            Some(fd) => match data_from(fd, off, n, page) {
+                Some(extent) => extent,
+                None => break,
+            },
+        };
+        for p in (from..end).step_by(page) {
+            // `p + page <= n` (`start`, `n` and the extents are page-aligned): the page is
+            // inside the range, which may be unmapped (the access then fails), and inside
+            // `tmp`, a fresh writable mapping no memory Rust refers to, not overlapping it.
+            let set = if looked_at {
+                // SAFETY: as above, the range's page.
+                unsafe { crate::guarded::any_set(at.add(p), page) }
+            } else {
+                Some(true)
+            };
+            let copied = match set {
+                None => false,
+                Some(false) => true,
+                // SAFETY: as above, the range's page and `tmp`'s.
+                Some(true) => unsafe { crate::guarded::copy(at.add(p), to.add(p), page) },
+            };
+            if !copied {
+                return false;
+            }
+        }
+        off = end;
+    }
+    true
+}
+
+/// The first extent of the file's data at or after `off` (widened to whole pages, ending by
+/// `n`); `None` past its last. Where the file cannot say (`lseek` fails otherwise), the rest.
+fn data_from(fd: &OwnedFd, off: usize, n: usize, page: usize) -> Option<(usize, usize)> {
+    let seek = |from: usize, whence| {
+        // SAFETY: lseek on a descriptor we own takes no pointers.
+        let r = unsafe { libc::lseek(fd.as_raw_fd(), from as libc::off_t, whence) };
+        usize::try_from(r).map_err(|_| io::Error::last_os_error().raw_os_error())
+    };
+    let from = match seek(off, libc::SEEK_DATA) {
+        Ok(from) => from / page * page,
+        Err(Some(libc::ENXIO)) => return None,
+        Err(_) => return Some((off, n)),
+    };
+    if from >= n {
+        return None;
+    }
+    let end = seek(from, libc::SEEK_HOLE).map_or(n, |end| end.next_multiple_of(page).min(n));
+    Some((from.max(off), end.max(from + page).min(n)))
 }
 
 /// Moves the mapping `tmp` (`n` bytes) to `start`, in place of what is there.
@@ -371,7 +436,7 @@ fn fork_prepare() {
     let maps = if moved.is_empty() { None } else { Maps::read().ok() };
     for (m, _) in moved.iter() {
         let ours = maps.as_ref().is_none_or(|maps| maps.all(m.base, m.len, |v| v.is_ours(m.ino)));
-        let at_fork = match ours.then(|| private_copy(m.base, m.len)) {
+        let at_fork = match ours.then(|| private_copy(m.base, m.len, Some(&m.fd))) {
             Some(Ok(copy)) => AtFork::Copy(copy as usize),
             // (Unmapped while we copied: the application's doing, as above.)
             None | Some(Err(NoCopy::Gone)) => AtFork::Gone,
@@ -408,7 +473,7 @@ fn fork_child() {
     for (base, len, at_fork) in forking.drain(..) {
         match at_fork {
             AtFork::Shared => {
-                privatize(base, len);
+                privatize(base, len, None);
             }
             // The copy (ours) where the shared mapping, not inherited, was.
             AtFork::Copy(copy) => {
@@ -725,6 +790,54 @@ mod test {
         assert!(view.read(p as u64 + 5000, &mut got[..1]));
         // SAFETY: our mapping.
         unsafe { libc::munmap(p.cast(), n + 8192) };
+    }
+
+    /// Pages of zeros move without being copied: the file holds only the pages with bytes
+    /// set (its blocks counted), its holes are not looked at on the way back (they stay
+    /// holes), the private pages made then are only those (the rest stay unallocated:
+    /// `mincore`), and the bytes read back the same.
+    #[test]
+    fn test_pages_of_zeros_are_left_out_of_the_moves() {
+        let page = crate::sys::page_size() as usize;
+        let n = 64 * page;
+        let p = anon(n);
+        // SAFETY: `p` is ours, `n` bytes.
+        let buf = unsafe { std::slice::from_raw_parts_mut(p, n) };
+        // Page 0's last byte, page 9's first, page 10 written with zeros, page 40 whole;
+        // the rest never touched.
+        let set = [(page - 1, 7u8), (9 * page, 9), (40 * page + page / 2, 40)];
+        buf[10 * page..11 * page].fill(0);
+        buf[40 * page..41 * page].fill(0x40);
+        for &(at, b) in &set {
+            buf[at] = b;
+        }
+        let expected = buf.to_vec();
+        let lease = adopt(p as u64, n).expect("private memory moves");
+        let m = lease.shared().clone();
+        assert!(mapping_of(p as u64).contains("/memfd:rdma-emu-mr"));
+        let file_bytes = || {
+            // SAFETY: an all-zero stat is valid, and fstat fills it from a descriptor we own.
+            let blocks = unsafe {
+                let mut st: libc::stat = std::mem::zeroed();
+                assert_eq!(libc::fstat(m.fd().as_raw_fd(), &mut st), 0);
+                st.st_blocks
+            };
+            blocks as usize * 512
+        };
+        assert_eq!(file_bytes(), 3 * page, "only the pages with bytes set");
+        drop(lease);
+        assert!(!mapping_of(p as u64).contains("memfd"));
+        // Moved back from the file's data alone: a look at its holes would have filled them.
+        assert_eq!(file_bytes(), 3 * page, "the holes stay holes");
+        // (Looked at before the bytes are read: a read maps the zero page, which counts.)
+        let mut resident = vec![0u8; 64];
+        // SAFETY: `p` is ours, page-aligned, `n` bytes; one byte per page for the answer.
+        assert_eq!(unsafe { libc::mincore(p.cast(), n, resident.as_mut_ptr()) }, 0);
+        let made: Vec<usize> = (0..64).filter(|&i| resident[i] & 1 != 0).collect();
+        assert_eq!(made, [0, 9, 40], "the pages of zeros stay unallocated");
+        assert!(buf == &expected[..], "bytes kept on the way back");
+        // SAFETY: our mapping.
+        unsafe { libc::munmap(p.cast(), n) };
     }
 
     /// An MR whose ends are not on page boundaries has only its whole pages moved: a peer

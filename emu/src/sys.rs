@@ -809,6 +809,42 @@ pub(crate) fn has_capability(cap: u32) -> bool {
 }
 
 /// The host's page size.
+/// Whether the process runs under Valgrind, asked once with its `RUNNING_ON_VALGRIND` client
+/// request (valgrind.h's documented sequence: rotations of `rdi` by 128 bits in all and an
+/// `xchg` of `rbx` with itself, no-ops on a CPU, that Valgrind recognises; it answers in `rdx`
+/// the number of Valgrinds the process runs under, where a CPU leaves the default, 0).
+/// Memcheck reports a branch on bytes no one wrote, which a look at application memory may
+/// take (`shared_mem`), as an error of the program's.
+pub(crate) fn under_valgrind() -> bool {
+    static UNDER: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *UNDER.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            // VG_USERREQ__RUNNING_ON_VALGRIND, and five arguments it ignores.
+            let request: [u64; 6] = [0x1001, 0, 0, 0, 0, 0];
+            let mut answer: u64 = 0;
+            // SAFETY: the sequence changes no register on a CPU (`rdi` comes back as it was);
+            // under Valgrind it reads the six words at `rax` and writes `rdx` only.
+            unsafe {
+                std::arch::asm!(
+                    "rol rdi, 3",
+                    "rol rdi, 13",
+                    "rol rdi, 61",
+                    "rol rdi, 51",
+                    "xchg rbx, rbx",
+                    in("rax") request.as_ptr(),
+                    inout("rdx") answer,
+                    inout("rdi") 0u64 => _,
+                    options(nostack, preserves_flags),
+                );
+            }
+            answer != 0
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    })
+}
+
 pub(crate) fn page_size() -> u64 {
     // SAFETY: sysconf takes no pointers.
     unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64
@@ -1011,6 +1047,15 @@ where
 mod test {
     use std::os::fd::AsRawFd;
     use std::os::unix::thread::JoinHandleExt;
+
+    /// On a CPU, Valgrind's client request is a run of no-ops that leaves the default answer
+    /// (under Valgrind, Memcheck's run of the C tests depends on the other answer:
+    /// `c_programs`' `the_c_tests_run_clean_under_valgrind_memcheck`).
+    #[test]
+    fn outside_valgrind_the_client_request_answers_no() {
+        assert!(!super::under_valgrind());
+        assert!(!super::under_valgrind(), "asked again");
+    }
 
     /// The name of the thread `t`, as the kernel has it (read from its own `comm` file: a
     /// listing of `/proc/self/task` skips threads while others end, as other tests' do).
