@@ -823,8 +823,8 @@ pub(crate) fn under_valgrind() -> bool {
             // VG_USERREQ__RUNNING_ON_VALGRIND, and five arguments it ignores.
             let request: [u64; 6] = [0x1001, 0, 0, 0, 0, 0];
             let mut answer: u64 = 0;
-            // SAFETY: the sequence changes no register on a CPU (`rdi` comes back as it was);
-            // under Valgrind it reads the six words at `rax` and writes `rdx` only.
+            // SAFETY: the sequence changes no register but the flags on a CPU (`rdi` comes back
+            // as it was); under Valgrind it reads the six words at `rax` and writes `rdx`.
             unsafe {
                 std::arch::asm!(
                     "rol rdi, 3",
@@ -835,7 +835,7 @@ pub(crate) fn under_valgrind() -> bool {
                     in("rax") request.as_ptr(),
                     inout("rdx") answer,
                     inout("rdi") 0u64 => _,
-                    options(nostack, preserves_flags),
+                    options(nostack),
                 );
             }
             answer != 0

@@ -163,6 +163,21 @@ pub(crate) mod test {
     /// Set in the process the test below runs itself in.
     const FRESH: &str = "RDMA_EMU_TEST_FRESH_PROCESS";
 
+    /// Runs the test `name` of this binary again, alone, in a process of its own with `var`
+    /// set (where the way is decided anew), and asserts that it passed there.
+    #[cfg(not(feature = "tsan"))]
+    fn passes_in_a_process_of_its_own(name: &str, var: &str) {
+        let exe = std::env::current_exe().unwrap();
+        let out = std::process::Command::new(exe)
+            .args(["--exact", name, "--test-threads=1"])
+            .env(var, "1")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success() && text.contains("1 passed"), "{text}");
+    }
+
     /// A program that links the library (a Rust one, as this test binary) is registered for
     /// the kernel's barrier as it is loaded, before anything of the library is used: in a
     /// process of its own, where nothing made an object yet, a barrier is allowed at once (the
@@ -172,15 +187,7 @@ pub(crate) mod test {
     fn the_process_is_registered_for_the_barrier_at_load() {
         const NAME: &str = "sync::barrier::test::the_process_is_registered_for_the_barrier_at_load";
         if std::env::var_os(FRESH).is_none() {
-            let exe = std::env::current_exe().unwrap();
-            let out = std::process::Command::new(exe)
-                .args(["--exact", NAME, "--test-threads=1"])
-                .env(FRESH, "1")
-                .output()
-                .unwrap();
-            let text = String::from_utf8_lossy(&out.stdout).into_owned()
-                + &String::from_utf8_lossy(&out.stderr);
-            assert!(out.status.success() && text.contains("1 passed"), "{text}");
+            passes_in_a_process_of_its_own(NAME, FRESH);
             return;
         }
         let supported = super::membarrier(super::QUERY);
@@ -200,15 +207,7 @@ pub(crate) mod test {
         const NAME: &str =
             "sync::barrier::test::without_the_kernels_barrier_objects_take_their_symmetric_ways";
         if std::env::var_os(WITHOUT_MEMBARRIER).is_none() {
-            let exe = std::env::current_exe().unwrap();
-            let out = std::process::Command::new(exe)
-                .args(["--exact", NAME, "--test-threads=1"])
-                .env(WITHOUT_MEMBARRIER, "1")
-                .output()
-                .unwrap();
-            let text = String::from_utf8_lossy(&out.stdout).into_owned()
-                + &String::from_utf8_lossy(&out.stderr);
-            assert!(out.status.success() && text.contains("1 passed"), "{text}");
+            passes_in_a_process_of_its_own(NAME, WITHOUT_MEMBARRIER);
             return;
         }
         assert!(!super::asymmetric());
