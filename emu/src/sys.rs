@@ -808,7 +808,6 @@ pub(crate) fn has_capability(cap: u32) -> bool {
     rc == 0 && d[0].effective & (1 << cap) != 0
 }
 
-/// The host's page size.
 /// Whether the process runs under Valgrind, asked once with its `RUNNING_ON_VALGRIND` client
 /// request (valgrind.h's documented sequence: rotations of `rdi` by 128 bits in all and an
 /// `xchg` of `rbx` with itself, no-ops on a CPU, that Valgrind recognises; it answers in `rdx`
@@ -845,6 +844,7 @@ pub(crate) fn under_valgrind() -> bool {
     })
 }
 
+/// The host's page size.
 pub(crate) fn page_size() -> u64 {
     // SAFETY: sysconf takes no pointers.
     unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64

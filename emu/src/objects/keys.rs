@@ -437,18 +437,22 @@ mod test {
 
     /// Work requests on one thread while another registers (the table doubling meanwhile),
     /// writes through each new key on a pair of its own and deregisters: every request lands
-    /// where its keys say.
+    /// where its keys say. The registering thread waits at checkpoints for the writer to have
+    /// completed a request more, so the two interleave however the threads are scheduled.
     #[test]
     fn work_requests_go_on_while_another_thread_registers_and_deregisters() {
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
         let (f, a, b) = testkit::pair();
         let all = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let done = std::sync::Arc::new(AtomicU64::new(0));
         let writer = {
-            let (qp, cq, src, dst, stop) = (a.qp.clone(), a.cq, a.mr, b.mr.clone(), stop.clone());
+            let (qp, cq, src, dst) = (a.qp.clone(), a.cq, a.mr, b.mr.clone());
+            let (stop, done) = (stop.clone(), done.clone());
             std::thread::spawn(move || {
                 let sge = [Sge { addr: src.addr(), length: 8, lkey: src.lkey() }];
                 let mut n = 0u64;
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                while !stop.load(Ordering::Relaxed) {
                     n += 1;
                     src.write(0, &n.to_le_bytes()).unwrap();
                     qp.post_send(&SendWr::write(n, &sge, dst.addr(), dst.rkey()).signaled())
@@ -462,9 +466,19 @@ mod test {
                     let mut got = [0; 8];
                     dst.read(0, &mut got).unwrap();
                     assert_eq!(u64::from_le_bytes(got), n);
+                    done.store(n, Ordering::Release);
                 }
                 n
             })
+        };
+        let mut seen = 0;
+        let mut wait_for_the_writer = || {
+            while done.load(Ordering::Acquire) == seen {
+                // A writer that failed has printed why; waiting for it would hang.
+                assert!(!writer.is_finished(), "the writing thread stopped");
+                std::thread::yield_now();
+            }
+            seen = done.load(Ordering::Acquire);
         };
         let devs = f.devices();
         let (c, d) = (testkit::side(&devs[0]), testkit::side(&devs[1]));
@@ -472,7 +486,11 @@ mod test {
         d.qp.connect(400, &c.qp.endpoint(300), &RcParams::default()).unwrap();
         let (pd, src) = (d.qp.pd(), [Sge { addr: c.mr.addr(), length: 8, lkey: c.mr.lkey() }]);
         let mut held = Vec::new();
+        let checkpoints = (0..3000u64).step_by(250).count() as u64;
         for i in 0..3000u64 {
+            if i % 250 == 0 {
+                wait_for_the_writer();
+            }
             let mr = pd.reg_mr(64, all).unwrap();
             c.mr.write(0, &i.to_le_bytes()).unwrap();
             c.qp.post_send(&SendWr::write(i, &src, mr.addr(), mr.rkey()).signaled()).unwrap();
@@ -491,7 +509,7 @@ mod test {
                 held.push(mr);
             }
         }
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        assert!(writer.join().unwrap() > 0);
+        stop.store(true, Ordering::Relaxed);
+        assert!(writer.join().unwrap() >= checkpoints);
     }
 }
