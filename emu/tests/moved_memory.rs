@@ -1,6 +1,9 @@
 //! Registered memory moved into shared memory on a host fabric, at the limit of ranges moved
 //! at once. (One test per binary: the limit is the process's.)
 
+mod common;
+
+use common::moved;
 use rdma_emu::*;
 
 const PAGE: usize = 4096;
@@ -17,16 +20,6 @@ fn anon_page() -> *mut u8 {
     let p = unsafe { libc::mmap(std::ptr::null_mut(), PAGE, rw, private, -1, 0) };
     assert_ne!(p, libc::MAP_FAILED);
     p.cast()
-}
-
-/// Whether the page at `p` is mapped from one of the files memory moves into.
-fn moved(p: *mut u8) -> bool {
-    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
-    let hex = |h| u64::from_str_radix(h, 16).unwrap();
-    maps.lines().any(|l| {
-        let (start, end) = l.split(' ').next().unwrap().split_once('-').unwrap();
-        (hex(start)..hex(end)).contains(&(p as u64)) && l.contains("/memfd:rdma-emu-mr")
-    })
 }
 
 /// With every range in use, the memory of a new MR stays where it is; once the application

@@ -246,6 +246,56 @@ fn pin(region: &MemRegion, access: AccessFlags) -> Result<()> {
     }
 }
 
+/// Pins the application memory of `region` for `access` and, where the fabric's peers take
+/// it so, moves it into shared memory (`share`); the locked-memory charge and the lease.
+///
+/// Memory that may move is first brought in for reading only: a page the application never
+/// touched is then the kernel's one page of zeros, which the move leaves out, where pinning it
+/// for writing allocated and cleared a page, which the move then looked through and freed
+/// (64 MiB never touched, registered: see docs/benchmarks.md, session 108). The pages that
+/// moved are writable (the move takes only private writable memory) and stay so; the rest is
+/// pinned for writing after, as any MR's.
+fn pin_and_share(
+    fabric: &crate::fabric::FabricInner,
+    region: &mut MemRegion,
+    access: AccessFlags,
+) -> Result<(Charge, Option<Lease>)> {
+    if !may_share(fabric, region, access) || !writable(access) {
+        pin(region, access)?;
+        let charge = charged_to(fabric, region)?;
+        return Ok((charge, share(fabric, region, access)));
+    }
+    pin(region, AccessFlags::empty())?;
+    let charge = charged_to(fabric, region)?;
+    let lease = share(fabric, region, access);
+    let (addr, end) = (region.host_addr(), region.host_addr() + region.len() as u64);
+    let (moved_from, moved_to) = match &lease {
+        Some(lease) => {
+            let (base, len) = lease.shared().range();
+            (base.clamp(addr, end), (base + len as u64).clamp(addr, end))
+        }
+        None => (end, end),
+    };
+    // What did not move: the whole region, or the parts of pages at its ends.
+    for (from, to) in [(addr, moved_from), (moved_to, end)] {
+        if from < to && !crate::sys::fault_in(from, (to - from) as usize, true) {
+            return Err(Error::new(
+                Errno::EFAULT,
+                "the memory cannot be pinned (unmapped or read-only)",
+            ));
+        }
+    }
+    Ok((charge, lease))
+}
+
+/// Whether `share` would try to move `region` (a fabric that shares MRs, and enough bytes).
+fn may_share(fabric: &crate::fabric::FabricInner, region: &MemRegion, access: AccessFlags) -> bool {
+    use crate::shared_mem::{MIN_BYTES, MIN_READ_ONLY_BYTES};
+    let min =
+        if access.contains(AccessFlags::REMOTE_WRITE) { MIN_BYTES } else { MIN_READ_ONLY_BYTES };
+    fabric.share_mr && region.len() >= min
+}
+
 /// Moves the application memory of `region` into shared memory where the fabric's peers
 /// read it, and write it if `access` lets them (see `crate::shared_mem`); what the MR then
 /// holds.
@@ -254,10 +304,7 @@ fn share(
     region: &mut MemRegion,
     access: AccessFlags,
 ) -> Option<Lease> {
-    use crate::shared_mem::{MIN_BYTES, MIN_READ_ONLY_BYTES};
-    let min =
-        if access.contains(AccessFlags::REMOTE_WRITE) { MIN_BYTES } else { MIN_READ_ONLY_BYTES };
-    if !fabric.share_mr || region.len() < min {
+    if !may_share(fabric, region, access) {
         return None;
     }
     let (addr, len) = region.movable();
@@ -266,11 +313,7 @@ fn share(
     Some(lease)
 }
 
-/// The locked-memory charge of registering `region` in `pd` (see `pinned`).
-fn charged(pd: &Pd, region: &MemRegion) -> Result<Charge> {
-    charged_to(&pd.0.ctx.fabric, region)
-}
-
+/// The locked-memory charge of registering `region` on `fabric` (see `pinned`).
 fn charged_to(fabric: &crate::fabric::FabricInner, region: &MemRegion) -> Result<Charge> {
     if !fabric.memlock {
         return Ok(Charge::default());
@@ -294,9 +337,7 @@ impl Mr {
         let region = if on_demand && dm.is_none() { region.into_on_demand() } else { region };
         let mut region = region;
         let (charge, lease) = if app_memory && !on_demand {
-            pin(&region, access)?;
-            let charge = charged(pd, &region)?;
-            (charge, share(&pd.0.ctx.fabric, &mut region, access))
+            pin_and_share(&pd.0.ctx.fabric, &mut region, access)?
         } else {
             // The emulator's own buffers (an rsocket's ring and send buffer) are shared as an
             // application's are: a peer then writes into the ring and pulls from the send
@@ -510,10 +551,9 @@ impl Mr {
             }
             Some((mut mem, iova)) => {
                 check_range(mem.0.len(), iova, false)?;
-                pin(&mem.0, access)?;
                 let pd = what.pd.map_or(&old.pd, |p| &p.0);
-                charge = Some(charged_to(&pd.ctx.fabric, &mem.0)?);
-                lease = Some(share(&pd.ctx.fabric, &mut mem.0, access));
+                let (c, l) = pin_and_share(&pd.ctx.fabric, &mut mem.0, access)?;
+                (charge, lease) = (Some(c), Some(l));
                 (Arc::new(mem.0), effective_iova(self.0.dev.profile, access, iova))
             }
             None => {

@@ -136,3 +136,14 @@ pub fn assert_empty(cq: &Cq) {
 pub fn post_recv(qp: &Qp, wr_id: u64, sges: &[Sge]) {
     qp.post_recv(&RecvWr { wr_id, sg_list: sges }).unwrap();
 }
+
+/// Whether the page at `p` is mapped from one of the files registered memory moves into on a
+/// host fabric.
+pub fn moved(p: *const u8) -> bool {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let hex = |h| u64::from_str_radix(h, 16).unwrap();
+    maps.lines().any(|l| {
+        let (start, end) = l.split(' ').next().unwrap().split_once('-').unwrap();
+        (hex(start)..hex(end)).contains(&(p as u64)) && l.contains("/memfd:rdma-emu-mr")
+    })
+}
