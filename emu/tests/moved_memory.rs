@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::moved;
+use common::{host_fabric, mapped, moved};
 use rdma_emu::*;
 
 const PAGE: usize = 4096;
@@ -14,12 +14,7 @@ const MAX_LIVE: usize = 64;
 const FULL_LOOKS: usize = 64;
 
 fn anon_page() -> *mut u8 {
-    let (rw, private) =
-        (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS);
-    // SAFETY: a fresh anonymous mapping.
-    let p = unsafe { libc::mmap(std::ptr::null_mut(), PAGE, rw, private, -1, 0) };
-    assert_ne!(p, libc::MAP_FAILED);
-    p.cast()
+    mapped(PAGE, libc::PROT_READ | libc::PROT_WRITE)
 }
 
 /// With every range in use, the memory of a new MR stays where it is; once the application
@@ -28,9 +23,7 @@ fn anon_page() -> *mut u8 {
 /// moves its own memory in its place. The bytes of each MR stay what the application wrote.
 #[test]
 fn an_unmapped_leaked_range_gives_its_place_among_the_moved_back() {
-    let dir = std::env::temp_dir().join(format!("rdma-emu-moved-{}", std::process::id()));
-    let host = Some(dir.to_str().unwrap().to_owned());
-    let f = Fabric::new(FabricConfig { host, ..Default::default() });
+    let (f, dir) = host_fabric("moved");
     let pd = f.devices()[0].open().unwrap().alloc_pd().unwrap();
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
     let pages: Vec<*mut u8> = (0..MAX_LIVE + 1 + FULL_LOOKS).map(|_| anon_page()).collect();

@@ -3,20 +3,11 @@
 
 mod common;
 
-use common::moved;
+use common::{host_fabric, mapped, moved};
 use rdma_emu::*;
 
 const PAGE: usize = 4096;
 const MIB: usize = 1 << 20;
-
-fn mapped(len: usize, prot: libc::c_int) -> *mut u8 {
-    // SAFETY: a fresh anonymous mapping the kernel places.
-    let p = unsafe {
-        libc::mmap(std::ptr::null_mut(), len, prot, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
-    };
-    assert_ne!(p, libc::MAP_FAILED);
-    p.cast()
-}
 
 /// A field of /proc/self/status, in bytes.
 fn status_bytes(field: &str) -> usize {
@@ -34,9 +25,7 @@ fn status_bytes(field: &str) -> usize {
 /// their bytes.
 #[test]
 fn memory_never_touched_is_registered_without_allocating_it() {
-    let dir = std::env::temp_dir().join(format!("rdma-emu-untouched-{}", std::process::id()));
-    let host = Some(dir.to_str().unwrap().to_owned());
-    let f = Fabric::new(FabricConfig { host, ..Default::default() });
+    let (f, dir) = host_fabric("untouched");
     let pd = f.devices()[0].open().unwrap().alloc_pd().unwrap();
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
 

@@ -147,3 +147,21 @@ pub fn moved(p: *const u8) -> bool {
         (hex(start)..hex(end)).contains(&(p as u64)) && l.contains("/memfd:rdma-emu-mr")
     })
 }
+
+/// A fabric joined to a host fabric in a directory of the test's own (`tag` and the process's
+/// id name it; the caller removes it), as two processes' fabrics are.
+pub fn host_fabric(tag: &str) -> (Fabric, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("rdma-emu-{tag}-{}", std::process::id()));
+    let host = Some(dir.to_str().unwrap().to_owned());
+    (Fabric::new(FabricConfig { host, ..Default::default() }), dir)
+}
+
+/// A fresh private anonymous mapping of `len` bytes with protection `prot`.
+pub fn mapped(len: usize, prot: libc::c_int) -> *mut u8 {
+    // SAFETY: a fresh mapping the kernel places, aliasing nothing.
+    let p = unsafe {
+        libc::mmap(std::ptr::null_mut(), len, prot, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+    };
+    assert_ne!(p, libc::MAP_FAILED);
+    p.cast()
+}
