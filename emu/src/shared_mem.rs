@@ -36,7 +36,7 @@ use std::{
     os::fd::{AsRawFd, OwnedFd},
     sync::{
         Arc, Weak,
-        atomic::{AtomicU32, Ordering},
+        atomic::{AtomicU32, AtomicU64, Ordering},
     },
 };
 
@@ -50,10 +50,10 @@ use crate::sys::{ForkHooks, ForkStage, mm};
 pub(crate) const MIN_BYTES: usize = 4096;
 /// MRs that peers may only read are moved from this size, the smallest message their peers
 /// read from them (`fabric::host::PULL_MIN`; smaller ones go through the ring whole). Moving
-/// costs ~0.1 ms at registration and deregistration (against ~3 us left where they are), but
-/// a message of 16..64 KiB out of memory left in place goes as packets: `ib_send_lat -s 16384`
-/// between two processes here took 4.45 us from a 32 KiB MR left in place (from 64 KiB, as
-/// before), 2.41 moved; `-s 24576` 5.76 against 2.78.
+/// 8 KiB costs ~65 us at registration and ~25 at deregistration (~2 and ~1 left where they
+/// are), but a message of 16..64 KiB out of memory left in place goes as packets:
+/// `ib_send_lat -s 16384` between two processes here took 4.45 us from a 32 KiB MR left in
+/// place (from 64 KiB, as before), 2.41 moved; `-s 24576` 5.76 against 2.78.
 pub(crate) const MIN_READ_ONLY_BYTES: usize = 16 * 1024;
 /// Pages moved at once at most, so that the descriptors they hold open stay few.
 pub(crate) const MAX_LIVE: usize = 64;
@@ -74,6 +74,8 @@ pub(crate) struct SharedMem {
     len: usize,
     fd: OwnedFd,
     ino: u64,
+    /// What the kernel's link for the file's mapping reads (see [`SharedMem::in_place`]).
+    link: Box<str>,
     /// Those it was passed to, told when it moves back.
     told: Mutex<Vec<Weak<dyn Holder>>>,
 }
@@ -96,6 +98,24 @@ impl SharedMem {
     pub(crate) fn covers(&self, addr: u64, len: usize) -> bool {
         addr >= self.base
             && addr.checked_add(len as u64).is_some_and(|end| end <= self.base + self.len as u64)
+    }
+
+    /// Whether the file's mapping is, for sure, still whole where the memory was moved: one
+    /// mapping of exactly its range, of this file. Asked of the kernel for that mapping alone
+    /// (its link in `/proc/self/map_files`, which names the file: ours by this process's
+    /// mark and the id), where reading every mapping (`Maps`) cost ~35 us of a
+    /// deregistration's ~60 here. `false` says only that this cannot tell (the range split
+    /// into several mappings, say, or replaced by the application): `Maps` then says.
+    fn in_place(&self) -> bool {
+        let end = self.base + self.len as u64;
+        let link = std::fs::read_link(format!("/proc/self/map_files/{:x}-{end:x}", self.base));
+        link.is_ok_and(|l| l.as_os_str() == &*self.link)
+    }
+
+    /// Whether its pages are still its file's mapping (see [`SharedMem::in_place`]), where
+    /// `maps`, if read, lists this process's mappings.
+    fn still_ours(&self, maps: Option<&Maps>) -> bool {
+        maps.is_some_and(|maps| maps.all(self.base, self.len, |v| v.is_ours(self.ino)))
     }
 
     /// `holder` was passed the file: it is told when the memory moves back.
@@ -153,6 +173,36 @@ fn held_across_fork() -> Option<HeldAcrossFork> {
 
 static NEXT_ID: AtomicU32 = AtomicU32::new(1);
 
+/// This process's mark, in the name of each file it moves memory into (with the file's id),
+/// so that the name alone tells its files from any other (a peer's, mapped here as a view,
+/// numbers its own): random, drawn at the first move (0: not yet), and drawn anew in a child
+/// made by fork.
+static MARK: AtomicU64 = AtomicU64::new(0);
+
+/// See [`MARK`].
+fn mark() -> u64 {
+    match MARK.load(Ordering::Relaxed) {
+        0 => {
+            let mut b = [0u8; 8];
+            // SAFETY: `b` is 8 writable bytes.
+            let got = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+            let drawn = match got {
+                8 => u64::from_ne_bytes(b),
+                // (No getrandom: the process and the time tell it from its peers well enough.)
+                _ => {
+                    let since = std::time::UNIX_EPOCH.elapsed().unwrap_or_default();
+                    u64::from(std::process::id()) << 32 ^ since.as_nanos() as u64
+                }
+            };
+            // (Drawn under `MOVED`'s lock, by one thread at a time.)
+            let m = drawn.max(1);
+            MARK.store(m, Ordering::Relaxed);
+            m
+        }
+        m => m,
+    }
+}
+
 /// What an MR holds of moved memory; the pages move back to private memory when the last MR
 /// over them lets go (at deregistration, while the application still has them mapped).
 #[derive(Debug)]
@@ -174,9 +224,7 @@ impl Drop for Lease {
         }
         let (m, _) = moved.swap_remove(i);
         // Pages the application unmapped (against the contract) are not written to.
-        if let Ok(maps) = Maps::read()
-            && maps.all(m.base, m.len, |v| v.is_ours(m.ino))
-        {
+        if m.in_place() || m.still_ours(Maps::read().ok().as_ref()) {
             privatize(m.base, m.len, Some(&m.fd));
         }
         drop(moved);
@@ -232,6 +280,13 @@ pub(crate) fn adopt(addr: u64, len: usize) -> Option<Lease> {
     // instead of faulting.
     crate::guarded::install();
     let mut moved = MOVED.lock();
+    // Pages moved already, still in place: taken as they are, the mappings not read.
+    if let Some((m, users)) = moved.iter_mut().find(|(m, _)| m.covers(start, n))
+        && m.in_place()
+    {
+        *users += 1;
+        return Some(Lease(m.clone()));
+    }
     // With every range in use and none that holds these pages, nothing moves unless a range
     // the application unmapped is found and forgotten (below). Looked for only every
     // [`FULL_LOOKS`]th time: each look reads the process's mappings (tens of microseconds
@@ -260,7 +315,11 @@ pub(crate) fn adopt(addr: u64, len: usize) -> Option<Lease> {
     {
         return None;
     }
-    let fd = crate::sys::memfd_unsealed(c"rdma-emu-mr", n).ok()?;
+    // Ids are never reused, so one taken for a move that then fails is skipped.
+    let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+    let name = format!("rdma-emu-mr.{:016x}.{id}", mark());
+    let c_name = std::ffi::CString::new(name.as_str()).ok()?;
+    let fd = crate::sys::memfd_unsealed(&c_name, n).ok()?;
     let ino = crate::sys::fstat(fd.as_raw_fd()).ok()?.ino;
     if !move_into(&fd, start, n) {
         return None;
@@ -278,9 +337,9 @@ pub(crate) fn adopt(addr: u64, len: usize) -> Option<Lease> {
     }
     let hooks = ForkHooks { prepare: fork_prepare, parent: fork_parent, child: fork_child };
     crate::sys::on_fork(ForkStage::SharedMem, hooks);
-    let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
     let told = Mutex::default();
-    let m = Arc::new(SharedMem { id, base: start, len: n, fd, ino, told });
+    let link = format!("/memfd:{name} (deleted)").into_boxed_str();
+    let m = Arc::new(SharedMem { id, base: start, len: n, fd, ino, link, told });
     moved.push((m.clone(), 1));
     Some(Lease(m))
 }
@@ -433,9 +492,17 @@ fn put_in_place(tmp: *mut libc::c_void, start: u64, n: usize) -> bool {
 fn fork_prepare() {
     let moved = MOVED.lock();
     let mut forking = FORKING.lock();
-    let maps = if moved.is_empty() { None } else { Maps::read().ok() };
+    // Read only if the kernel's link for some range's mapping cannot say it is in place.
+    let maps = match moved.iter().all(|(m, _)| m.in_place()) {
+        true => None,
+        false => Some(Maps::read().ok()),
+    };
     for (m, _) in moved.iter() {
-        let ours = maps.as_ref().is_none_or(|maps| maps.all(m.base, m.len, |v| v.is_ours(m.ino)));
+        // (Where the mappings could not be read, taken for ours, as before.)
+        let ours = match &maps {
+            None | Some(None) => true,
+            Some(Some(maps)) => m.in_place() || m.still_ours(Some(maps)),
+        };
         let at_fork = match ours.then(|| private_copy(m.base, m.len, Some(&m.fd))) {
             Some(Ok(copy)) => AtFork::Copy(copy as usize),
             // (Unmapped while we copied: the application's doing, as above.)
@@ -467,6 +534,8 @@ fn fork_parent() {
 }
 
 fn fork_child() {
+    // The child names its files apart from its parent's (see `MARK`).
+    MARK.store(0, Ordering::Relaxed);
     let Some((mut moved, mut forking)) = held_across_fork() else { return };
     // The child's pages are its own, as private memory's are after fork. Its MRs are of no
     // use to it (as with a NIC), so nothing of them stays moved.
@@ -535,6 +604,8 @@ struct Maps(Vec<Vma>);
 
 impl Maps {
     fn read() -> io::Result<Maps> {
+        #[cfg(test)]
+        test::MAPS_READ.with(|n| n.set(n.get() + 1));
         let text = std::fs::read_to_string("/proc/self/maps")?;
         Ok(Maps(text.lines().filter_map(Vma::parse).collect()))
     }
@@ -712,6 +783,11 @@ impl SharedView {
 #[cfg(test)]
 mod test {
     use super::*;
+
+    std::thread_local! {
+        /// How many times this thread read the process's mappings (`Maps::read`).
+        pub(super) static MAPS_READ: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    }
 
     fn anon(n: usize) -> *mut u8 {
         let (rw, private) =
@@ -1023,6 +1099,67 @@ mod test {
         assert!(mapping_of(p as u64).contains("rw-s"), "left as the application mapped it");
         // SAFETY: our mapping.
         unsafe { libc::munmap(p.cast(), n) };
+    }
+
+    /// A registration over pages moved already, and the deregistration that moves them back,
+    /// find them in place from the kernel's link for their one mapping, which names the file
+    /// by this process's mark and the file's id, without reading every mapping of the process.
+    #[test]
+    fn test_moved_pages_are_found_in_place_without_reading_every_mapping() {
+        let n = 64 * 1024;
+        let p = anon(n);
+        // SAFETY: `p` is ours, `n` bytes.
+        unsafe { p.add(100).write(7) };
+        let lease = adopt(p as u64, n).unwrap();
+        let name = format!("/memfd:rdma-emu-mr.{:016x}.{}", mark(), lease.shared().id());
+        assert!(mapping_of(p as u64).contains(&format!("{name} (deleted)")));
+        assert!(lease.shared().in_place());
+        let before = MAPS_READ.with(|n| n.get());
+        // A second MR over those pages shares the file, as found in place.
+        let inner = adopt(p as u64 + 4096, 8192).unwrap();
+        assert!(Arc::ptr_eq(inner.shared(), lease.shared()));
+        drop((lease, inner));
+        assert_eq!(MAPS_READ.with(|n| n.get()), before, "the mappings were read");
+        assert!(!mapping_of(p as u64).contains("memfd"), "moved back");
+        // SAFETY: our mapping, private again.
+        assert_eq!(unsafe { p.add(100).read() }, 7);
+        // SAFETY: our mapping.
+        unsafe { libc::munmap(p.cast(), n) };
+    }
+
+    /// Moved pages the application replaced (against the contract) with a mapping of a file
+    /// named as ours are left alone: another process's mark (a view of a peer's memory is
+    /// named so), or our own mark with another id, is not this file.
+    #[test]
+    fn test_a_file_named_as_another_of_ours_is_not_taken_for_the_moved_pages() {
+        let n = 64 * 1024;
+        for ours in [false, true] {
+            let p = anon(n);
+            let leaked = adopt(p as u64, n).unwrap();
+            let id = leaked.shared().id();
+            // Another process's mark with this id; our mark with another id.
+            let name = match ours {
+                false => format!("rdma-emu-mr.{:016x}.{id}", !mark()),
+                true => format!("rdma-emu-mr.{:016x}.{}", mark(), id + 1_000_000),
+            };
+            let fd = crate::sys::memfd_unsealed(&std::ffi::CString::new(name).unwrap(), n).unwrap();
+            let (rw, fixed) =
+                (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED | libc::MAP_FIXED);
+            // SAFETY: the range is ours; its MR (the lease) lives on, against the contract.
+            let q = unsafe { libc::mmap(p.cast(), n, rw, fixed, fd.as_raw_fd(), 0) };
+            assert_eq!(q, p.cast());
+            // SAFETY: the application's new mapping, `n` bytes.
+            unsafe { p.add(5).write(0x55) };
+            assert!(!leaked.shared().in_place());
+            let before = MAPS_READ.with(|n| n.get());
+            drop(leaked);
+            assert_eq!(MAPS_READ.with(|n| n.get()), before + 1, "asked the mappings");
+            assert!(mapping_of(p as u64).contains("rw-s"), "left as the application mapped it");
+            // SAFETY: still the application's mapping of its file.
+            assert_eq!(unsafe { p.add(5).read() }, 0x55);
+            // SAFETY: our mapping.
+            unsafe { libc::munmap(p.cast(), n) };
+        }
     }
 
     struct Seen(Mutex<Vec<u32>>);
