@@ -50,8 +50,8 @@ use crate::sys::{ForkHooks, ForkStage, mm};
 pub(crate) const MIN_BYTES: usize = 4096;
 /// MRs that peers may only read are moved from this size, the smallest message their peers
 /// read from them (`fabric::host::PULL_MIN`; smaller ones go through the ring whole). Moving
-/// 8 KiB costs ~65 us at registration and ~25 at deregistration (~2 and ~1 left where they
-/// are), but a message of 16..64 KiB out of memory left in place goes as packets:
+/// 8 KiB costs ~30 us at registration (~65 on a kernel before 6.11: see `Maps`) and ~25 at
+/// deregistration (~2 and ~1 left where they are), but a message of 16..64 KiB out of memory left in place goes as packets:
 /// `ib_send_lat -s 16384` between two processes here took 4.45 us from a 32 KiB MR left in
 /// place (from 64 KiB, as before), 2.41 moved; `-s 24576` 5.76 against 2.78.
 pub(crate) const MIN_READ_ONLY_BYTES: usize = 16 * 1024;
@@ -103,9 +103,10 @@ impl SharedMem {
     /// Whether the file's mapping is, for sure, still whole where the memory was moved: one
     /// mapping of exactly its range, of this file. Asked of the kernel for that mapping alone
     /// (its link in `/proc/self/map_files`, which names the file: ours by this process's
-    /// mark and the id), where reading every mapping (`Maps`) cost ~35 us of a
-    /// deregistration's ~60 here. `false` says only that this cannot tell (the range split
-    /// into several mappings, say, or replaced by the application): `Maps` then says.
+    /// mark and the id, on any kernel), where listing every mapping (`Maps`, on a kernel
+    /// that answers no query for one) cost ~35 us of a deregistration's ~60 here. `false`
+    /// says only that this cannot tell (the range split into several mappings, say, or
+    /// replaced by the application): `Maps` then says.
     fn in_place(&self) -> bool {
         let end = self.base + self.len as u64;
         let link = std::fs::read_link(format!("/proc/self/map_files/{:x}-{end:x}", self.base));
@@ -554,8 +555,8 @@ fn fork_child() {
     moved.clear();
 }
 
-/// One mapping of this process, as a line of /proc/self/maps lists it: what a move needs to
-/// know of it.
+/// One mapping of this process, as the kernel lists or answers it: what a move needs to know
+/// of it.
 #[derive(Debug, Clone, Copy)]
 struct Vma {
     start: u64,
@@ -566,26 +567,43 @@ struct Vma {
     ours: Option<u64>,
 }
 
+/// What decides a [`Vma`]'s kind: its permissions, its sharing, its file's inode and its name.
+struct Traits<'a> {
+    readable: bool,
+    writable: bool,
+    shared: bool,
+    inode: u64,
+    name: &'a str,
+}
+
 impl Vma {
+    fn new(start: u64, end: u64, t: Traits<'_>) -> Vma {
+        let Traits { readable, writable, shared, inode, name } = t;
+        let private_memory = readable
+            && writable
+            && !shared
+            && inode == 0
+            && (name.is_empty() || name == "[heap]" || name.starts_with("[anon:"));
+        let ours = (shared && name.starts_with("/memfd:rdma-emu-mr")).then_some(inode);
+        Vma { start, end, private_memory, ours }
+    }
+
+    /// A line of /proc/self/maps.
     fn parse(line: &str) -> Option<Vma> {
         let mut f = line.splitn(6, ' ');
         let (range, perms, _off, _dev, inode) =
             (f.next()?, f.next()?, f.next()?, f.next()?, f.next()?);
         let (start, end) = range.split_once('-')?;
-        let inode: u64 = inode.parse().ok()?;
-        let path = f.next().unwrap_or("").trim();
-        let sharing = perms.as_bytes().get(3).copied();
-        let private_memory = perms.starts_with("rw")
-            && sharing == Some(b'p')
-            && inode == 0
-            && (path.is_empty() || path == "[heap]" || path.starts_with("[anon:"));
-        Some(Vma {
-            start: u64::from_str_radix(start, 16).ok()?,
-            end: u64::from_str_radix(end, 16).ok()?,
-            private_memory,
-            ours: (sharing == Some(b's') && path.starts_with("/memfd:rdma-emu-mr"))
-                .then_some(inode),
-        })
+        let perms = perms.as_bytes();
+        let traits = Traits {
+            readable: perms.first() == Some(&b'r'),
+            writable: perms.get(1) == Some(&b'w'),
+            shared: perms.get(3) == Some(&b's'),
+            inode: inode.parse().ok()?,
+            name: f.next().unwrap_or("").trim(),
+        };
+        let hex = |h| u64::from_str_radix(h, 16).ok();
+        Some(Vma::new(hex(start)?, hex(end)?, traits))
     }
 
     fn is_private_memory(&self) -> bool {
@@ -597,35 +615,160 @@ impl Vma {
     }
 }
 
-/// This process's mappings, as the kernel lists them: in address order, read and parsed once
-/// per look. (Parsed anew for each range looked at, an MR registered while 64 moved ranges
-/// had split the heap into some hundred mappings took ~1.2 ms.)
-struct Maps(Vec<Vma>);
+/// `struct procmap_query` (`linux/fs.h`, Linux 6.11 on): the kernel's answer for the one
+/// mapping that holds an address, asked of an open /proc/self/maps.
+#[repr(C)]
+#[derive(Debug, Default)]
+struct ProcmapQuery {
+    size: u64,
+    query_flags: u64,
+    query_addr: u64,
+    vma_start: u64,
+    vma_end: u64,
+    vma_flags: u64,
+    vma_page_size: u64,
+    vma_offset: u64,
+    inode: u64,
+    dev_major: u32,
+    dev_minor: u32,
+    vma_name_size: u32,
+    build_id_size: u32,
+    vma_name_addr: u64,
+    build_id_addr: u64,
+}
+
+const _: () = assert!(std::mem::size_of::<ProcmapQuery>() == 104);
+/// `_IOWR('f', 17, struct procmap_query)`.
+const PROCMAP_QUERY: libc::c_ulong = 0xC068_6611;
+/// `vma_flags`: `PROCMAP_QUERY_VMA_READABLE`, `_WRITABLE`, `_SHARED`.
+const VMA_READABLE: u64 = 0x1;
+const VMA_WRITABLE: u64 = 0x2;
+const VMA_SHARED: u64 = 0x8;
+
+/// Whether the kernel answers [`PROCMAP_QUERY`]: [`UNASKED`], [`ANSWERS`] or [`LISTS_ONLY`].
+static QUERIES: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(UNASKED);
+const UNASKED: u8 = 0;
+const ANSWERS: u8 = 1;
+const LISTS_ONLY: u8 = 2;
+
+/// This process's mappings: asked of the kernel one at a time where it answers that
+/// (`PROCMAP_QUERY`: a look at the few mappings a range spans, ~1 us each), else listed whole,
+/// in address order, and parsed once per look (/proc/self/maps: ~35 us here for a small
+/// process, the kernel writing out each mapping's line, and more with each mapping; parsed
+/// anew for each range looked at, an MR registered while 64 moved ranges had split the heap
+/// into some hundred mappings took ~1.2 ms).
+enum Maps {
+    Asked(std::fs::File),
+    Listed(Vec<Vma>),
+}
 
 impl Maps {
     fn read() -> io::Result<Maps> {
         #[cfg(test)]
         test::MAPS_READ.with(|n| n.set(n.get() + 1));
+        if QUERIES.load(Ordering::Relaxed) != LISTS_ONLY
+            && let Some(asked) = Maps::asked()
+        {
+            return Ok(asked);
+        }
+        Maps::listed()
+    }
+
+    /// The mappings to be asked one at a time, if the kernel answers (asked once per process
+    /// whether it does, with a look at a mapping that surely exists: this function's code).
+    fn asked() -> Option<Maps> {
+        let file = std::fs::File::open("/proc/self/maps").ok()?;
+        if QUERIES.load(Ordering::Relaxed) == UNASKED {
+            let here = Maps::asked as fn() -> Option<Maps> as usize as u64;
+            let answers = match query(&file, here) {
+                Ok(_) => ANSWERS,
+                // No such query (ENOTTY), or none of this shape (EINVAL): an older kernel.
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTTY | libc::EINVAL)) => {
+                    LISTS_ONLY
+                }
+                Err(_) => return None,
+            };
+            QUERIES.store(answers, Ordering::Relaxed);
+            if answers == LISTS_ONLY {
+                return None;
+            }
+        }
+        Some(Maps::Asked(file))
+    }
+
+    /// The mappings listed whole.
+    fn listed() -> io::Result<Maps> {
         let text = std::fs::read_to_string("/proc/self/maps")?;
-        Ok(Maps(text.lines().filter_map(Vma::parse).collect()))
+        Ok(Maps::Listed(text.lines().filter_map(Vma::parse).collect()))
     }
 
     /// Whether `start..start+n` is mapped without a gap, every mapping there meeting `ok`.
     fn all(&self, start: u64, n: usize, ok: impl Fn(&Vma) -> bool) -> bool {
         let end = start + n as u64;
-        let mut at = start;
-        let first = self.0.partition_point(|v| v.end <= start);
-        for v in &self.0[first..] {
-            if v.start > at || !ok(v) {
-                return false;
+        match self {
+            Maps::Listed(list) => {
+                let mut at = start;
+                let first = list.partition_point(|v| v.end <= start);
+                for v in &list[first..] {
+                    if v.start > at || !ok(v) {
+                        return false;
+                    }
+                    at = v.end;
+                    if at >= end {
+                        return true;
+                    }
+                }
+                false
             }
-            at = v.end;
-            if at >= end {
-                return true;
+            Maps::Asked(file) => {
+                let mut at = start;
+                while at < end {
+                    match query(file, at) {
+                        Ok(Some(v)) if ok(&v) => at = v.end,
+                        // A mapping that does not do, or a gap.
+                        Ok(_) => return false,
+                        // An answer the kernel could not give: the list says.
+                        Err(_) => return Maps::listed().is_ok_and(|l| l.all(start, n, ok)),
+                    }
+                }
+                true
             }
         }
-        false
     }
+}
+
+/// The mapping that holds `addr`, asked of `maps` (an open /proc/self/maps) with
+/// `PROCMAP_QUERY`: `None` where nothing is mapped there.
+fn query(maps: &std::fs::File, addr: u64) -> io::Result<Option<Vma>> {
+    // The longest name the kernel gives (a path), and its NUL.
+    let mut name = [0u8; libc::PATH_MAX as usize];
+    let mut q = ProcmapQuery {
+        size: std::mem::size_of::<ProcmapQuery>() as u64,
+        query_addr: addr,
+        vma_name_size: name.len() as u32,
+        vma_name_addr: name.as_mut_ptr() as u64,
+        ..Default::default()
+    };
+    // SAFETY: PROCMAP_QUERY reads and writes `q`, a live `procmap_query` whose size it is
+    // told, and writes at most `vma_name_size` bytes at `vma_name_addr`, `name`'s.
+    let r = unsafe { libc::ioctl(maps.as_raw_fd(), PROCMAP_QUERY, &mut q as *mut ProcmapQuery) };
+    if r != 0 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ENOENT) => Ok(None),
+            _ => Err(e),
+        };
+    }
+    // The name's length, its NUL counted (0 for a mapping without one).
+    let len = (q.vma_name_size as usize).min(name.len()).saturating_sub(1);
+    let traits = Traits {
+        readable: q.vma_flags & VMA_READABLE != 0,
+        writable: q.vma_flags & VMA_WRITABLE != 0,
+        shared: q.vma_flags & VMA_SHARED != 0,
+        inode: q.inode,
+        name: std::str::from_utf8(&name[..len]).unwrap_or(""),
+    };
+    Ok(Some(Vma::new(q.vma_start, q.vma_end, traits)))
 }
 
 /// Another process's moved memory, mapped here: where a payload it sends from there is
@@ -1159,6 +1302,66 @@ mod test {
             assert_eq!(unsafe { p.add(5).read() }, 0x55);
             // SAFETY: our mapping.
             unsafe { libc::munmap(p.cast(), n) };
+        }
+    }
+
+    /// The kernel's answers for one mapping at a time (where it gives them) and its list of
+    /// every mapping say the same of each kind of memory: private, anonymous and writable
+    /// memory may move; read-only, shared or a file's memory, the main thread's stack and a
+    /// gap may not; moved memory is its file's.
+    #[test]
+    fn test_the_kernels_answers_for_one_mapping_agree_with_its_list() {
+        let n = 64 * 1024;
+        let map = |prot, flags, fd| {
+            // SAFETY: a fresh mapping the kernel places.
+            let p = unsafe { libc::mmap(std::ptr::null_mut(), n, prot, flags, fd, 0) };
+            assert_ne!(p, libc::MAP_FAILED);
+            p as u64
+        };
+        let (rw, private, shared) = (
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+        );
+        let file = crate::sys::memfd_unsealed(c"file", n).unwrap();
+        // Below the lowest address a mapping may take (`vm.mmap_min_addr`): a gap for sure.
+        let gap = 4096;
+        let stack = std::fs::read_to_string("/proc/self/maps")
+            .unwrap()
+            .lines()
+            .find(|l| l.ends_with("[stack]"))
+            .map(|l| u64::from_str_radix(l.split('-').next().unwrap(), 16).unwrap())
+            .unwrap();
+        let moved_at = map(rw, private, -1);
+        let lease = adopt(moved_at, n).unwrap();
+        let ino = lease.shared().ino;
+        type Kind<'k> = &'k dyn Fn(&Vma) -> bool;
+        let private_memory: Kind<'_> = &|v| v.is_private_memory();
+        let ours: Kind<'_> = &|v| v.is_ours(ino);
+        let cases: [(&str, u64, usize, Kind<'_>, bool); 8] = [
+            ("private memory", map(rw, private, -1), n, private_memory, true),
+            ("read-only", map(libc::PROT_READ, private, -1), n, private_memory, false),
+            ("shared", map(rw, shared, -1), n, private_memory, false),
+            ("a file's", map(rw, libc::MAP_PRIVATE, file.as_raw_fd()), n, private_memory, false),
+            ("the stack", stack, 4096, private_memory, false),
+            ("moved", moved_at, n, ours, true),
+            ("moved, as private memory", moved_at, n, private_memory, false),
+            ("a gap", gap, 4096, &|_: &Vma| true, false),
+        ];
+        let listed = Maps::listed().unwrap();
+        for (what, at, len, ok, want) in cases {
+            assert_eq!(listed.all(at, len, ok), want, "{what}, as listed");
+            if let Some(asked) = Maps::asked() {
+                assert!(matches!(asked, Maps::Asked(_)));
+                assert_eq!(asked.all(at, len, ok), want, "{what}, as answered");
+            }
+        }
+        drop(lease);
+        for (what, at, ..) in cases.iter().filter(|c| !matches!(c.0, "the stack" | "a gap")) {
+            if !what.starts_with("moved,") {
+                // SAFETY: our mappings, made above.
+                unsafe { libc::munmap(*at as *mut libc::c_void, n) };
+            }
         }
     }
 
