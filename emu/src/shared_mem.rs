@@ -51,9 +51,10 @@ pub(crate) const MIN_BYTES: usize = 4096;
 /// MRs that peers may only read are moved from this size, the smallest message their peers
 /// read from them (`fabric::host::PULL_MIN`; smaller ones go through the ring whole). Moving
 /// 8 KiB costs ~30 us at registration (~65 on a kernel before 6.11: see `Maps`) and ~25 at
-/// deregistration (~2 and ~1 left where they are), but a message of 16..64 KiB out of memory left in place goes as packets:
-/// `ib_send_lat -s 16384` between two processes here took 4.45 us from a 32 KiB MR left in
-/// place (from 64 KiB, as before), 2.41 moved; `-s 24576` 5.76 against 2.78.
+/// deregistration (~2 and ~1 left where they are), but a message of 16..64 KiB out of memory
+/// left in place goes as packets: `ib_send_lat -s 16384` between two processes here took
+/// 4.45 us from a 32 KiB MR left in place (from 64 KiB, as before), 2.41 moved; `-s 24576`
+/// 5.76 against 2.78.
 pub(crate) const MIN_READ_ONLY_BYTES: usize = 16 * 1024;
 /// Pages moved at once at most, so that the descriptors they hold open stay few.
 pub(crate) const MAX_LIVE: usize = 64;
@@ -652,11 +653,12 @@ const ANSWERS: u8 = 1;
 const LISTS_ONLY: u8 = 2;
 
 /// This process's mappings: asked of the kernel one at a time where it answers that
-/// (`PROCMAP_QUERY`: a look at the few mappings a range spans, ~1 us each), else listed whole,
-/// in address order, and parsed once per look (/proc/self/maps: ~35 us here for a small
-/// process, the kernel writing out each mapping's line, and more with each mapping; parsed
-/// anew for each range looked at, an MR registered while 64 moved ranges had split the heap
-/// into some hundred mappings took ~1.2 ms).
+/// (`PROCMAP_QUERY`: a look at the few mappings a range spans, ~1.5 us each here, and ~7 us
+/// to open and close the file they are asked of), else listed whole, in address order, and
+/// parsed once per look (/proc/self/maps: ~35 us here for a small process, the kernel
+/// writing out each mapping's line, and more with each mapping; parsed anew for each range
+/// looked at, an MR registered while 64 moved ranges had split the heap into some hundred
+/// mappings took ~1.2 ms).
 enum Maps {
     Asked(std::fs::File),
     Listed(Vec<Vma>),
